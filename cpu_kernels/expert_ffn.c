@@ -1,0 +1,201 @@
+/* expert_ffn: SwiGLU expert on the CPU (contract in expert_ffn.h).
+ *
+ * One parallel region runs every batch of up to MATMUL_MAX_BATCH tokens in four phases:
+ *   1. convert the batch's x rows for gate (and up, if its activation format differs)
+ *   2. gate and up rows [r0, r1) of this thread, then h = silu(g) * u on the same rows
+ *   3. convert the h rows for down
+ *   4. down rows [r0, r1) of this thread, accumulated into out
+ * with a barrier after phases 1, 2 and 3. Phase 2 and 4 split rows with matmul_split, so the
+ * thread that computed g and u of a row also forms its h, and the thread that owns an out
+ * element is the same in every batch. No barrier is needed after phase 4: a thread entering
+ * the next batch's phase k has passed the barrier that ends every reader of what phase k
+ * writes (phase 1 -> act_x read in phase 2; 2 -> g, u read in 3; 3 -> act_h read in 4).
+ */
+#include "expert_ffn.h"
+
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdbool.h>
+
+#include "matmul.h"
+#include "vec_dot.h"
+
+#define BATCH MATMUL_MAX_BATCH
+
+static size_t align64(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
+/* Bytes between converted activation rows (F32 activations are copied, like the others). */
+static size_t act_stride(uint32_t wtype, int64_t n)
+{
+    return align64(vec_dot_act_bytes(wtype, n));
+}
+
+/* Byte offsets of the scratch regions. */
+struct ffn_layout {
+    size_t act_gate; /* (BATCH, act_stride(gate_type, n_embd)) x converted for gate */
+    size_t act_up;   /* (BATCH, act_stride(up_type, n_embd)) x for up; = act_gate if shared */
+    size_t g;        /* (BATCH, n_ff) floats: gate outputs, then h in place */
+    size_t u;        /* (BATCH, n_ff) floats: up outputs */
+    size_t act_h;    /* (BATCH, act_stride(down_type, n_ff)) h converted for down */
+    size_t yv;       /* (BATCH, n_embd) floats: down outputs */
+    size_t total;
+};
+
+static bool shapes_ok(const struct expert_ffn_weights *w)
+{
+    return w && vec_dot_supported(w->gate_type) && vec_dot_supported(w->up_type) &&
+           vec_dot_supported(w->down_type) && w->n_embd > 0 && w->n_ff > 0 &&
+           w->n_embd % vec_dot_block(w->gate_type) == 0 &&
+           w->n_embd % vec_dot_block(w->up_type) == 0 && w->n_ff % vec_dot_block(w->down_type) == 0;
+}
+
+static bool up_shares_act(const struct expert_ffn_weights *w)
+{
+    return vec_dot_act_type(w->up_type) == vec_dot_act_type(w->gate_type);
+}
+
+static void layout_get(const struct expert_ffn_weights *w, struct ffn_layout *l)
+{
+    size_t off = 0;
+    l->act_gate = off;
+    off += BATCH * act_stride(w->gate_type, w->n_embd);
+    l->act_up = l->act_gate;
+    if (!up_shares_act(w)) {
+        l->act_up = off;
+        off += BATCH * act_stride(w->up_type, w->n_embd);
+    }
+    l->g = off;
+    off += align64(BATCH * (size_t)w->n_ff * sizeof(float));
+    l->u = off;
+    off += align64(BATCH * (size_t)w->n_ff * sizeof(float));
+    l->act_h = off;
+    off += BATCH * act_stride(w->down_type, w->n_ff);
+    l->yv = off;
+    off += align64(BATCH * (size_t)w->n_embd * sizeof(float));
+    l->total = off;
+}
+
+size_t expert_ffn_scratch_bytes(const struct expert_ffn_weights *w)
+{
+    struct ffn_layout l;
+    if (!shapes_ok(w))
+        return 0;
+    layout_get(w, &l);
+    return l.total;
+}
+
+static int args_check(const struct expert_ffn_args *a)
+{
+    if (!a || !shapes_ok(a->w) || a->n_tokens < 0)
+        return -EINVAL;
+    if (a->n_tokens == 0)
+        return 0;
+    if (!a->w->gate || !a->w->up || !a->w->down || !a->x || !a->out || !a->scratch)
+        return -EINVAL;
+    if ((uintptr_t)a->scratch % sizeof(float) != 0 ||
+        a->scratch_bytes < expert_ffn_scratch_bytes(a->w))
+        return -EINVAL;
+    if (a->x_stride < a->w->n_embd || a->out_stride < a->w->n_embd)
+        return -EINVAL;
+    if (a->tokens)
+        for (int i = 0; i < a->n_tokens; i++)
+            if (a->tokens[i] < 0)
+                return -EINVAL;
+    return 0;
+}
+
+static inline float silu(float v)
+{
+    return v / (1.0f + expf(-v));
+}
+
+/* The work of thread ith of nth for the batch of tokens [t0, t0 + mb). */
+static void batch_run(const struct expert_ffn_args *a, const struct ffn_layout *l, int t0, int mb,
+                      int ith, int nth)
+{
+    const struct expert_ffn_weights *w = a->w;
+    uint8_t *s = a->scratch;
+    const size_t gate_stride = act_stride(w->gate_type, w->n_embd);
+    const size_t up_stride = act_stride(w->up_type, w->n_embd);
+    const size_t h_stride = act_stride(w->down_type, w->n_ff);
+    float *g = (float *)(s + l->g), *u = (float *)(s + l->u), *yv = (float *)(s + l->yv);
+    int64_t r0, r1;
+
+    /* 1. convert x */
+    vec_dot_quantize_fn q_gate = vec_dot_quantize_get(w->gate_type, CPU_ISA_COUNT);
+    vec_dot_quantize_fn q_up = vec_dot_quantize_get(w->up_type, CPU_ISA_COUNT);
+    for (int j = ith; j < mb; j += nth) {
+        int64_t row = a->tokens ? a->tokens[t0 + j] : t0 + j;
+        const float *xr = a->x + row * a->x_stride;
+        q_gate(xr, s + l->act_gate + j * gate_stride, w->n_embd);
+        if (!up_shares_act(w))
+            q_up(xr, s + l->act_up + j * up_stride, w->n_embd);
+    }
+#pragma omp barrier
+
+    /* 2. gate, up and h on this thread's rows of n_ff */
+    struct matmul_args mg = {
+        .wtype = w->gate_type, .w = w->gate, .w_stride = vec_dot_row_bytes(w->gate_type, w->n_embd),
+        .n_in = w->n_embd, .n_out = w->n_ff, .m = mb, .y = g, .y_stride = w->n_ff};
+    struct matmul_args mu = mg;
+    mu.wtype = w->up_type;
+    mu.w = w->up;
+    mu.w_stride = vec_dot_row_bytes(w->up_type, w->n_embd);
+    mu.y = u;
+    matmul_split(w->n_ff, ith, nth, &r0, &r1);
+    matmul_rows(&mg, s + l->act_gate, gate_stride, r0, r1);
+    matmul_rows(&mu, s + l->act_up, up_stride, r0, r1);
+    for (int j = 0; j < mb; j++)
+        for (int64_t r = r0; r < r1; r++)
+            g[j * w->n_ff + r] = silu(g[j * w->n_ff + r]) * u[j * w->n_ff + r];
+#pragma omp barrier
+
+    /* 3. convert h */
+    vec_dot_quantize_fn q_down = vec_dot_quantize_get(w->down_type, CPU_ISA_COUNT);
+    for (int j = ith; j < mb; j += nth)
+        q_down(g + j * w->n_ff, s + l->act_h + j * h_stride, w->n_ff);
+#pragma omp barrier
+
+    /* 4. down on this thread's rows of n_embd, accumulated into out */
+    struct matmul_args md = {
+        .wtype = w->down_type, .w = w->down, .w_stride = vec_dot_row_bytes(w->down_type, w->n_ff),
+        .n_in = w->n_ff, .n_out = w->n_embd, .m = mb, .y = yv, .y_stride = w->n_embd};
+    matmul_split(w->n_embd, ith, nth, &r0, &r1);
+    matmul_rows(&md, s + l->act_h, h_stride, r0, r1);
+    for (int j = 0; j < mb; j++) {
+        int64_t row = a->tokens ? a->tokens[t0 + j] : t0 + j;
+        float wt = a->token_weights ? a->token_weights[t0 + j] : 1.0f;
+        float *o = a->out + row * a->out_stride;
+        for (int64_t r = r0; r < r1; r++)
+            o[r] += wt * yv[j * w->n_embd + r];
+    }
+}
+
+int expert_ffn_run(const struct expert_ffn_args *a)
+{
+    int rc = args_check(a);
+    if (rc || a->n_tokens == 0)
+        return rc;
+
+    struct ffn_layout l;
+    layout_get(a->w, &l);
+    int64_t widest = a->w->n_ff > a->w->n_embd ? a->w->n_ff : a->w->n_embd;
+    int64_t units = (widest + 15) / 16;
+    int nt = a->n_threads > 0 ? a->n_threads : omp_get_max_threads();
+    if (nt > units)
+        nt = (int)units;
+
+#pragma omp parallel num_threads(nt)
+    {
+        int ith = omp_get_thread_num(), nth = omp_get_num_threads();
+        for (int t0 = 0; t0 < a->n_tokens; t0 += BATCH) {
+            int mb = a->n_tokens - t0 < BATCH ? a->n_tokens - t0 : BATCH;
+            batch_run(a, &l, t0, mb, ith, nth);
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,51 @@
+/* expert_ffn: one expert's SwiGLU feed-forward on the CPU for a list of tokens, OpenMP.
+ *
+ * For each listed token t (row tokens[i] of x and out, router weight wt_i):
+ *     h = silu(gate x_t) * (up x_t)        (n_ff)
+ *     out_t += wt_i * (down h)            (n_embd)
+ * The result is ACCUMULATED into out, so a caller combining several experts zeroes out (or
+ * starts from the residual) once and calls this per expert. Tokens are processed in batches of
+ * up to MATMUL_MAX_BATCH through matmul's pieces, all inside one parallel region; every output
+ * element is computed by one thread in a fixed order, so results do not depend on the thread
+ * count.
+ */
+#ifndef STRATA_EXPERT_FFN_H
+#define STRATA_EXPERT_FFN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* One expert's weights, each a contiguous row-major matrix of its quant type. */
+struct expert_ffn_weights {
+    uint32_t gate_type, up_type, down_type; /* ggml type ids, vec_dot_supported() */
+    const void *gate;                       /* (n_ff rows, n_embd) gate_type, host memory */
+    const void *up;                         /* (n_ff rows, n_embd) up_type, host memory */
+    const void *down;                       /* (n_embd rows, n_ff) down_type, host memory */
+    int64_t n_embd;                         /* model width; a block multiple of gate/up */
+    int64_t n_ff;                           /* expert hidden width; a block multiple of down */
+};
+
+struct expert_ffn_args {
+    const struct expert_ffn_weights *w;
+    int n_tokens;                /* listed tokens, >= 0 */
+    const int32_t *tokens;       /* (n_tokens) row indices into x and out; NULL: 0..n_tokens-1 */
+    const float *token_weights;  /* (n_tokens) router weight per listed token; NULL: all 1 */
+    const float *x;              /* (rows, x_stride) input hidden states, n_embd used per row */
+    int64_t x_stride;            /* floats between rows of x, >= n_embd */
+    float *out;                  /* (rows, out_stride) accumulated into, n_embd per row;
+                                  * must not overlap x */
+    int64_t out_stride;          /* floats between rows of out, >= n_embd */
+    void *scratch;               /* expert_ffn_scratch_bytes(w) bytes, caller-owned */
+    size_t scratch_bytes;        /* size of scratch */
+    int n_threads;               /* threads to use; 0: OpenMP's default */
+};
+
+/* Scratch bytes expert_ffn_run needs for these weights (any number of tokens); 0 if a weight
+ * type is unsupported or a shape is not a block multiple. */
+size_t expert_ffn_scratch_bytes(const struct expert_ffn_weights *w);
+
+/* Runs the expert for the listed tokens. Returns 0, or -EINVAL for unsupported types, shapes
+ * that are not block multiples, strides too small, NULL pointers or too little scratch. */
+int expert_ffn_run(const struct expert_ffn_args *a);
+
+#endif

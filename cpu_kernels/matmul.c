@@ -1,0 +1,118 @@
+/* matmul: small-batch quantized matmul over OpenMP threads (contract in matmul.h). */
+#include "matmul.h"
+
+#include <errno.h>
+#include <omp.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "vec_dot.h"
+
+#define ROWS_PER_UNIT 16 /* split granularity: 16 float outputs = one 64-byte line */
+
+/* Bytes between converted activation rows in the scratch: rounded up to a cache line. */
+static size_t act_stride_bytes(uint32_t wtype, int64_t n_in)
+{
+    return (vec_dot_act_bytes(wtype, n_in) + 63) & ~(size_t)63;
+}
+
+static bool act_is_f32(uint32_t wtype)
+{
+    return vec_dot_act_type(wtype) == QUANT_F32;
+}
+
+size_t matmul_scratch_bytes(uint32_t wtype, int64_t n_in, int m)
+{
+    if (!vec_dot_supported(wtype) || act_is_f32(wtype) || n_in <= 0 || m <= 0)
+        return 0;
+    return act_stride_bytes(wtype, n_in) * (size_t)m;
+}
+
+int matmul_check(const struct matmul_args *a)
+{
+    if (!a || !vec_dot_supported(a->wtype))
+        return -EINVAL;
+    if (a->n_in <= 0 || a->n_in % vec_dot_block(a->wtype) != 0 || a->n_out < 0)
+        return -EINVAL;
+    if (a->m < 1 || a->m > MATMUL_MAX_BATCH)
+        return -EINVAL;
+    if (a->w_stride < vec_dot_row_bytes(a->wtype, a->n_in) || a->y_stride < a->n_out)
+        return -EINVAL;
+    if (a->m > 1 && a->x_stride < a->n_in)
+        return -EINVAL;
+    if ((!a->w && a->n_out > 0) || !a->x || !a->y)
+        return -EINVAL;
+    if (a->scratch && a->scratch_bytes < matmul_scratch_bytes(a->wtype, a->n_in, a->m))
+        return -EINVAL;
+    return 0;
+}
+
+void matmul_split(int64_t n_out, int ith, int nth, int64_t *r0, int64_t *r1)
+{
+    int64_t units = (n_out + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
+    int64_t u0 = units * ith / nth, u1 = units * (ith + 1) / nth;
+    *r0 = u0 * ROWS_PER_UNIT < n_out ? u0 * ROWS_PER_UNIT : n_out;
+    *r1 = u1 * ROWS_PER_UNIT < n_out ? u1 * ROWS_PER_UNIT : n_out;
+}
+
+void matmul_rows(const struct matmul_args *a, const void *act, size_t act_stride, int64_t r0,
+                 int64_t r1)
+{
+    vec_dot_fn dot = vec_dot_get(a->wtype, CPU_ISA_COUNT);
+    const uint8_t *w = (const uint8_t *)a->w + (size_t)r0 * a->w_stride;
+    const int64_t n = a->n_in;
+
+    if (a->m == 1) {
+        for (int64_t r = r0; r < r1; r++, w += a->w_stride)
+            a->y[r] = dot(n, w, act);
+        return;
+    }
+    /* each weight row once from memory, then from L1 for the other activation rows */
+    for (int64_t r = r0; r < r1; r++, w += a->w_stride) {
+        const uint8_t *x = act;
+        for (int j = 0; j < a->m; j++, x += act_stride)
+            a->y[j * a->y_stride + r] = dot(n, w, x);
+    }
+}
+
+int matmul_run(const struct matmul_args *a)
+{
+    int rc = matmul_check(a);
+    if (rc)
+        return rc;
+    if (a->n_out == 0)
+        return 0;
+
+    const bool f32 = act_is_f32(a->wtype);
+    void *owned = NULL, *scratch = a->scratch;
+    if (!f32 && !scratch) {
+        owned = aligned_alloc(64, matmul_scratch_bytes(a->wtype, a->n_in, a->m));
+        if (!owned)
+            return -ENOMEM;
+        scratch = owned;
+    }
+    const void *act = f32 ? (const void *)a->x : scratch;
+    const size_t act_stride =
+        f32 ? (size_t)a->x_stride * sizeof(float) : act_stride_bytes(a->wtype, a->n_in);
+    vec_dot_quantize_fn quantize = vec_dot_quantize_get(a->wtype, CPU_ISA_COUNT);
+
+    int64_t units = (a->n_out + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
+    int nt = a->n_threads > 0 ? a->n_threads : omp_get_max_threads();
+    if (nt > units)
+        nt = (int)units;
+
+#pragma omp parallel num_threads(nt)
+    {
+        int ith = omp_get_thread_num(), nth = omp_get_num_threads();
+        if (!f32) {
+            for (int j = ith; j < a->m; j += nth)
+                quantize(a->x + j * a->x_stride, (uint8_t *)scratch + j * act_stride, a->n_in);
+#pragma omp barrier
+        }
+        int64_t r0, r1;
+        matmul_split(a->n_out, ith, nth, &r0, &r1);
+        matmul_rows(a, act, act_stride, r0, r1);
+    }
+    free(owned);
+    return 0;
+}

@@ -1,0 +1,56 @@
+/* matmul: y = W x on the CPU for a quantized weight matrix W (n_out rows of n_in) and a small
+ * batch of m = 1..MATMUL_MAX_BATCH activation rows (m = 1 is the decode matvec), OpenMP.
+ *
+ * The activations are converted once per call to the format of vec_dot (vec_dot.h); threads
+ * then take contiguous ranges of output rows (so each streams its own part of W in order) and
+ * each weight row is used for all m activations while it is in L1. Every output element is
+ * one vec_dot call made by one thread, so results do not depend on the thread count.
+ */
+#ifndef STRATA_MATMUL_H
+#define STRATA_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MATMUL_MAX_BATCH 16
+
+struct matmul_args {
+    uint32_t wtype;       /* ggml type id of W; vec_dot_supported(wtype) */
+    const void *w;        /* (n_out rows of w_stride bytes) weight rows, any host memory */
+    size_t w_stride;      /* bytes between weight rows, >= vec_dot_row_bytes(wtype, n_in) */
+    int64_t n_in;         /* elements per weight row, a multiple of vec_dot_block(wtype) */
+    int64_t n_out;        /* weight rows = outputs per activation row */
+    int m;                /* activation rows, 1..MATMUL_MAX_BATCH */
+    const float *x;       /* (m rows of x_stride floats) activations, n_in used per row */
+    int64_t x_stride;     /* floats between activation rows, >= n_in */
+    float *y;             /* (m rows of y_stride floats) outputs, n_out written per row */
+    int64_t y_stride;     /* floats between output rows, >= n_out */
+    void *scratch;        /* matmul_scratch_bytes() bytes for the converted activations,
+                           * caller-owned; NULL: allocated and freed inside the call */
+    size_t scratch_bytes; /* size of scratch */
+    int n_threads;        /* threads to use; 0: OpenMP's default */
+};
+
+/* Scratch bytes matmul_run needs for these shapes (0 for F32/F16/BF16 weights, whose
+ * activations are used as they are). */
+size_t matmul_scratch_bytes(uint32_t wtype, int64_t n_in, int m);
+
+/* Validates the arguments: 0, or -EINVAL for an unsupported type, a shape that is not a block
+ * multiple, m out of range, a stride too small, a NULL pointer or too little scratch. */
+int matmul_check(const struct matmul_args *a);
+
+/* y = W x. Returns 0, -EINVAL (see matmul_check) or -ENOMEM (scratch allocation). */
+int matmul_run(const struct matmul_args *a);
+
+/* ---- pieces for callers that run their own parallel region (expert_ffn) ---- */
+
+/* Row range [*r0, *r1) of thread ith of nth: contiguous, in units of 16 rows (64 bytes of
+ * float output) so that threads never share an output cache line. */
+void matmul_split(int64_t n_out, int ith, int nth, int64_t *r0, int64_t *r1);
+
+/* Rows [r0, r1) of y = W x for activations already converted: act holds a->m rows of
+ * act_stride bytes in the vec_dot format of a->wtype (a->x and a->scratch are not used). */
+void matmul_rows(const struct matmul_args *a, const void *act, size_t act_stride, int64_t r0,
+                 int64_t r1);
+
+#endif

@@ -1,0 +1,41 @@
+/* ops_cpu: the non-matmul ops of the CPU backend, in float32 with OpenMP: RMSNorm, NEOX RoPE,
+ * causal GQA attention over a KV cache, softmax, SiLU. Shapes (rows, cols), cols contiguous. */
+#ifndef STRATA_OPS_CPU_H
+#define STRATA_OPS_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define OPS_MAX_HEAD_DIM 1024
+
+/* out (rows, dim) = in / sqrt(mean(in^2) + eps) * w; w (dim) may be NULL (no scale).
+ * out may equal in. */
+void ops_rmsnorm(float *out, const float *in, const float *w, int rows, int dim, float eps);
+
+/* NEOX RoPE in place: x (n_tok, n_heads*head_dim); token t at position pos0+t; the pair
+ * (x[i], x[i + head_dim/2]) of each head rotates by pos * base^(-2i/head_dim). */
+void ops_rope_neox(float *x, int n_tok, int n_heads, int head_dim, int pos0, float base);
+
+struct ops_attn {
+    float *out;           /* (n_tok, n_head*head_dim) */
+    const float *q;       /* (n_tok, n_head*head_dim) */
+    const float *k_cache; /* (>= pos0+n_tok, n_head_kv*head_dim) */
+    const float *v_cache; /* same */
+    int pos0, n_tok;
+    int n_head, n_head_kv, head_dim;
+    float scale;
+};
+
+/* Causal attention (head_dim <= OPS_MAX_HEAD_DIM): query t (position pos0+t) of head h attends to keys 0..pos0+t of kv head
+ * h / (n_head/n_head_kv), softmax(scale q.k) weighted sum of v. Online softmax in float. */
+void ops_attention(const struct ops_attn *a);
+
+/* In-place softmax of x (n). */
+void ops_softmax(float *x, int n);
+
+static inline float ops_silu(float x)
+{
+    return x / (1.0f + __builtin_expf(-x));
+}
+
+#endif

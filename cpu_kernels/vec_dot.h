@@ -1,0 +1,103 @@
+/* vec_dot: the dot product of one quantized weight row with one activation row, the inner
+ * loop of every CPU matmul. The activation is first converted to the 8-bit format matching the
+ * weight type (the scheme of ggml's CPU kernels), so the inner loop multiplies integers:
+ *
+ *   weight type                    activation format
+ *   Q8_0, Q4_0, MXFP4              Q8_0 (block 32: f16 d, 32 int8 codes in [-127, 127])
+ *   Q2_K, Q3_K, Q4_K, Q5_K, Q6_K   Q8_K (block 256: f32 d, 256 int8 codes in [-127, 127],
+ *                                        16 int16 sums of 16 codes)
+ *   F32, F16, BF16                 F32 (a plain copy)
+ *
+ * Every kernel has a scalar reference; AVX2 and AVX-512 (with VNNI where present) variants are
+ * chosen at run time from cpu_isa_best(). Integer sums are exact in every variant; only the
+ * order of float accumulation differs between variants.
+ * Activation quantization: d = max|x| / 127, q = round-half-even(x / d) computed as x * (1/d);
+ * the SIMD quantizers produce the same codes and sums as the scalar one, bit for bit.
+ */
+#ifndef STRATA_VEC_DOT_H
+#define STRATA_VEC_DOT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu_features.h"
+#include "quant_blocks.h"
+
+/* Whether a dot kernel exists for weights of this ggml type id. */
+bool vec_dot_supported(uint32_t wtype);
+
+/* Elements per block of a supported weight type (n must be a multiple); 0 if unsupported. */
+int64_t vec_dot_block(uint32_t wtype);
+
+/* Bytes of a weight row of n elements (n a block multiple); 0 if unsupported. */
+size_t vec_dot_row_bytes(uint32_t wtype, int64_t n);
+
+/* QUANT_Q8_0, QUANT_Q8_K or QUANT_F32 for a supported weight type; QUANT_TYPE_COUNT if not. */
+enum quant_type vec_dot_act_type(uint32_t wtype);
+
+/* Bytes of one activation row of n elements for weights of type wtype; 0 if unsupported. */
+size_t vec_dot_act_bytes(uint32_t wtype, int64_t n);
+
+/* Converts n floats (a block multiple) to the activation format of wtype. */
+typedef void (*vec_dot_quantize_fn)(const float *x, void *act, int64_t n);
+
+/* The activation quantizer for wtype at the given ISA level (clamped to cpu_isa_best(); the
+ * best variant at or below that level). NULL if wtype is unsupported. */
+vec_dot_quantize_fn vec_dot_quantize_get(uint32_t wtype, enum cpu_isa isa);
+
+/* Converts x (n floats) into act (vec_dot_act_bytes(wtype, n) bytes) with the best quantizer.
+ * wtype must be supported and n a block multiple. */
+void vec_dot_quantize_act(uint32_t wtype, const float *x, void *act, int64_t n);
+
+/* sum_i w[i] * a[i] over n elements (a block multiple) of one weight row and one activation
+ * row in the matching format. */
+typedef float (*vec_dot_fn)(int64_t n, const void *w_row, const void *act);
+
+/* The dot kernel for wtype at the given ISA level: isa is clamped to cpu_isa_best() and the
+ * best variant at or below it is returned (a type without a SIMD variant at that level gets
+ * the next lower one). NULL if wtype is unsupported. */
+vec_dot_fn vec_dot_get(uint32_t wtype, enum cpu_isa isa);
+
+/* ---- per-ISA tables: for vec_dot.c only. Each returns NULL for a type it does not cover.
+ * The SIMD files are compiled with their instruction sets, so these must only be called when
+ * cpu_isa_best() reaches that level. */
+vec_dot_fn vec_dot_scalar_get(uint32_t wtype);
+vec_dot_quantize_fn vec_dot_scalar_quantize_get(enum quant_type act_type);
+vec_dot_fn vec_dot_avx2_get(uint32_t wtype);
+vec_dot_quantize_fn vec_dot_avx2_quantize_get(enum quant_type act_type);
+vec_dot_fn vec_dot_avx512_get(uint32_t wtype, bool vnni);
+vec_dot_quantize_fn vec_dot_avx512_quantize_get(enum quant_type act_type);
+
+/* ---- helpers shared by the scalar and SIMD kernels (internal) ---- */
+
+/* Unpacks the 12-byte 6-bit scale/min field of Q4_K/Q5_K (FORMATS.md §2.4) into 8 scales and
+ * 8 mins, one byte each: word 0 = scales 0..3, 1 = scales 4..7, 2 = mins 0..3, 3 = mins 4..7. */
+static inline void vec_dot_k4_scales(const uint8_t *s12, uint32_t out[4])
+{
+    uint32_t u0 = (uint32_t)s12[0] | (uint32_t)s12[1] << 8 | (uint32_t)s12[2] << 16 |
+                  (uint32_t)s12[3] << 24;
+    uint32_t u1 = (uint32_t)s12[4] | (uint32_t)s12[5] << 8 | (uint32_t)s12[6] << 16 |
+                  (uint32_t)s12[7] << 24;
+    uint32_t u2 = (uint32_t)s12[8] | (uint32_t)s12[9] << 8 | (uint32_t)s12[10] << 16 |
+                  (uint32_t)s12[11] << 24;
+    out[0] = u0 & 0x3f3f3f3fu;
+    out[1] = (u2 & 0x0f0f0f0fu) | ((u0 >> 6) & 0x03030303u) << 4;
+    out[2] = u1 & 0x3f3f3f3fu;
+    out[3] = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 6) & 0x03030303u) << 4;
+}
+
+/* Half the MXFP4 block scale, 2^(e - 128): the E2M1 code table used by the kernels holds
+ * doubled values (integers), FORMATS.md §2.6. e < 2 gives the float denormals 2^-128, 2^-127. */
+static inline float vec_dot_e8m0_half(uint8_t e)
+{
+    uint32_t bits = e >= 2 ? (uint32_t)(e - 1) << 23 : 0x00200000u << e;
+    float f;
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* E2M1 code -> twice its value (int8), FORMATS.md §2.6. */
+#define VEC_DOT_MXFP4_VALUES {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}
+
+#endif

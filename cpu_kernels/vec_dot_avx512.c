@@ -1,0 +1,477 @@
+/* vec_dot_avx512: AVX-512 (F/BW/VL/DQ) dot kernels and activation quantizers, each in two
+ * variants: with VNNI (vpdpbusd, vpdpwssd) and without (vpmaddubsw + vpmaddwd + add). The file
+ * is compiled with every AVX-512 flag, so it is called only when cpu_isa_best() >=
+ * CPU_ISA_AVX512, and the VNNI instructions only appear in the vnni=true instances.
+ *
+ * vpdpbusd multiplies unsigned by signed bytes. Weights that are naturally unsigned (Q4_0
+ * nibbles, K-quant codes) go in as they are, with the offset removed afterwards (Q4_0: 8 *
+ * sum of activation codes; Q6_K: 32 * bsums); signed weights (Q8_0) use |w| times a * sign(w),
+ * MXFP4 a table of magnitudes with the sign bit applied to the activation. Activation codes
+ * are in [-127, 127], so negating them cannot overflow.
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "vec_dot.h"
+
+#define AI static inline __attribute__((always_inline))
+
+/* acc + sum over each 4 bytes of u (unsigned) * s (signed); pair sums must fit int16 on the
+ * non-VNNI path (|u| * |s| * 2 <= 32767), true for every caller here. */
+AI __m512i dpbusd(__m512i acc, __m512i u, __m512i s, bool vnni)
+{
+    if (vnni)
+        return _mm512_dpbusd_epi32(acc, u, s);
+    __m512i p = _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+    return _mm512_add_epi32(acc, p);
+}
+
+AI __m256i dpbusd_256(__m256i acc, __m256i u, __m256i s, bool vnni)
+{
+    if (vnni)
+        return _mm256_dpbusd_epi32(acc, u, s);
+    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+    return _mm256_add_epi32(acc, p);
+}
+
+/* acc + sum over each 2 words of a * b (int16). */
+AI __m512i dpwssd(__m512i acc, __m512i a, __m512i b, bool vnni)
+{
+    if (vnni)
+        return _mm512_dpwssd_epi32(acc, a, b);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+}
+
+AI __m512i load_2x256(const void *lo, const void *hi)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)lo)),
+                              _mm256_loadu_si256((const __m256i *)hi), 1);
+}
+
+/* A zmm of 32 words: the low 16 = a, the high 16 = b. */
+AI __m512i words_2x16(short a, short b)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(a)),
+                              _mm256_set1_epi16(b), 1);
+}
+
+/* A zmm of 16 floats: the low 8 = a, the high 8 = b. */
+AI __m512 floats_2x8(float a, float b)
+{
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
+}
+
+AI float f16_load(uint16_t h)
+{
+    return _cvtsh_ss(h);
+}
+
+/* 16 packed nibbles -> 32 bytes: element j = low nibble of q[j], element j+16 = high nibble. */
+AI __m256i nibbles_32(const uint8_t *q)
+{
+    __m128i x = _mm_loadu_si128((const __m128i *)q);
+    __m256i both = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+AI __m512i nibbles_2x32(const uint8_t *q0, const uint8_t *q1)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(nibbles_32(q0)), nibbles_32(q1), 1);
+}
+
+/* ---- activation quantizers (same codes as the scalar ones, bit for bit) ---- */
+
+/* 16 floats * id -> 16 int32 codes, clamped to [-127, 127] and rounded half to even. */
+AI __m512i act_codes(const float *x, __m512 id)
+{
+    __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x), id);
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+    return _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+AI float absmax(const float *x, int n)
+{
+    __m512 m = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16)
+        m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + j)));
+    return _mm512_reduce_max_ps(m);
+}
+
+static void quantize_q8_0_avx512(const float *x, void *act, int64_t n)
+{
+    struct block_q8_0 *y = act;
+    for (int64_t b = 0; b < n / QK_32; b++, x += QK_32) {
+        float d = absmax(x, QK_32) / 127.0f;
+        __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+        y[b].d = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        _mm_storeu_si128((__m128i *)y[b].qs, _mm512_cvtepi32_epi8(act_codes(x, id)));
+        _mm_storeu_si128((__m128i *)(y[b].qs + 16), _mm512_cvtepi32_epi8(act_codes(x + 16, id)));
+    }
+}
+
+static void quantize_q8_k_avx512(const float *x, void *act, int64_t n)
+{
+    struct block_q8_k *y = act;
+    for (int64_t b = 0; b < n / QK_K; b++, x += QK_K) {
+        float d = absmax(x, QK_K) / 127.0f;
+        __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+        y[b].d = d;
+        for (int g = 0; g < QK_K / 16; g++) {
+            __m512i c = act_codes(x + 16 * g, id);
+            _mm_storeu_si128((__m128i *)(y[b].qs + 16 * g), _mm512_cvtepi32_epi8(c));
+            y[b].bsums[g] = (int16_t)_mm512_reduce_add_epi32(c);
+        }
+    }
+}
+
+static void quantize_f32_copy(const float *x, void *act, int64_t n)
+{
+    memcpy(act, x, (size_t)n * sizeof(float));
+}
+
+vec_dot_quantize_fn vec_dot_avx512_quantize_get(enum quant_type act_type)
+{
+    switch (act_type) {
+    case QUANT_Q8_0: return quantize_q8_0_avx512;
+    case QUANT_Q8_K: return quantize_q8_k_avx512;
+    case QUANT_F32: return quantize_f32_copy;
+    default: return NULL;
+    }
+}
+
+/* ---- 32-element blocks with Q8_0 activations, two blocks per zmm ----
+ * Each kernel body is written once as an always-inline function of `vnni` and instantiated
+ * twice below. The odd last block goes through the 256-bit path. */
+
+/* Signed weight bytes w times activation bytes a: |w| * (a * sign(w)). */
+AI __m512i dot_s8_512(__m512i w, __m512i a, bool vnni)
+{
+    __m512i as = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(w), _mm512_setzero_si512(), a);
+    return dpbusd(_mm512_setzero_si512(), _mm512_abs_epi8(w), as, vnni);
+}
+
+AI __m256i dot_s8_256(__m256i w, __m256i a, bool vnni)
+{
+    return dpbusd_256(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w),
+                      vnni);
+}
+
+AI float hsum_256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AI float dot_q8_0_body(int64_t n, const void *w_row, const void *act, bool vnni)
+{
+    const struct block_q8_0 *w = w_row;
+    const struct block_q8_0 *a = act;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t nb = n / QK_32, b = 0;
+    for (; b + 3 < nb; b += 4) {
+        __m512i p0 = dot_s8_512(load_2x256(w[b].qs, w[b + 1].qs),
+                                load_2x256(a[b].qs, a[b + 1].qs), vnni);
+        __m512i p1 = dot_s8_512(load_2x256(w[b + 2].qs, w[b + 3].qs),
+                                load_2x256(a[b + 2].qs, a[b + 3].qs), vnni);
+        __m512 d0 = floats_2x8(f16_load(w[b].d) * f16_load(a[b].d),
+                               f16_load(w[b + 1].d) * f16_load(a[b + 1].d));
+        __m512 d1 = floats_2x8(f16_load(w[b + 2].d) * f16_load(a[b + 2].d),
+                               f16_load(w[b + 3].d) * f16_load(a[b + 3].d));
+        acc0 = _mm512_fmadd_ps(d0, _mm512_cvtepi32_ps(p0), acc0);
+        acc1 = _mm512_fmadd_ps(d1, _mm512_cvtepi32_ps(p1), acc1);
+    }
+    __m512 acc = _mm512_add_ps(acc0, acc1);
+    __m256 tail = _mm256_setzero_ps();
+    for (; b < nb; b++) {
+        __m256i p = dot_s8_256(_mm256_loadu_si256((const __m256i *)w[b].qs),
+                               _mm256_loadu_si256((const __m256i *)a[b].qs), vnni);
+        float d = f16_load(w[b].d) * f16_load(a[b].d);
+        tail = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), tail);
+    }
+    return _mm512_reduce_add_ps(acc) + hsum_256(tail);
+}
+
+/* Q4_0: nibbles (0..15) go in unsigned; subtract 8 * sum(a) per block. */
+AI float dot_q4_0_body(int64_t n, const void *w_row, const void *act, bool vnni)
+{
+    const struct block_q4_0 *w = w_row;
+    const struct block_q8_0 *a = act;
+    const __m512i eight = _mm512_set1_epi8(8);
+    __m512 acc = _mm512_setzero_ps();
+    int64_t nb = n / QK_32, b = 0;
+    for (; b + 1 < nb; b += 2) {
+        __m512i q = nibbles_2x32(w[b].qs, w[b + 1].qs);
+        __m512i y = load_2x256(a[b].qs, a[b + 1].qs);
+        __m512i p = dpbusd(_mm512_setzero_si512(), q, y, vnni);
+        __m512i off = dpbusd(_mm512_setzero_si512(), eight, y, vnni);
+        __m512 d = floats_2x8(f16_load(w[b].d) * f16_load(a[b].d),
+                              f16_load(w[b + 1].d) * f16_load(a[b + 1].d));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(p, off)), acc);
+    }
+    __m256 tail = _mm256_setzero_ps();
+    for (; b < nb; b++) {
+        __m256i y = _mm256_loadu_si256((const __m256i *)a[b].qs);
+        __m256i p = dpbusd_256(_mm256_setzero_si256(), nibbles_32(w[b].qs), y, vnni);
+        __m256i off = dpbusd_256(_mm256_setzero_si256(), _mm256_set1_epi8(8), y, vnni);
+        float d = f16_load(w[b].d) * f16_load(a[b].d);
+        tail = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(p, off)),
+                               tail);
+    }
+    return _mm512_reduce_add_ps(acc) + hsum_256(tail);
+}
+
+/* MXFP4: |value| from a table of the doubled E2M1 magnitudes, the sign (code bit 3) applied
+ * to the activation, scaled by 2^(e-128). */
+AI float dot_mxfp4_body(int64_t n, const void *w_row, const void *act, bool vnni)
+{
+    const struct block_mxfp4 *w = w_row;
+    const struct block_q8_0 *a = act;
+    const __m512i mag = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12));
+    const __m512i sign_bit = _mm512_set1_epi8(8);
+    __m512 acc = _mm512_setzero_ps();
+    int64_t nb = n / QK_32, b = 0;
+    for (; b + 1 < nb; b += 2) {
+        __m512i q = nibbles_2x32(w[b].qs, w[b + 1].qs);
+        __m512i y = load_2x256(a[b].qs, a[b + 1].qs);
+        __m512i ys = _mm512_mask_sub_epi8(y, _mm512_test_epi8_mask(q, sign_bit),
+                                          _mm512_setzero_si512(), y);
+        __m512i p = dpbusd(_mm512_setzero_si512(), _mm512_shuffle_epi8(mag, q), ys, vnni);
+        __m512 d = floats_2x8(vec_dot_e8m0_half(w[b].e) * f16_load(a[b].d),
+                              vec_dot_e8m0_half(w[b + 1].e) * f16_load(a[b + 1].d));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
+    }
+    __m256 tail = _mm256_setzero_ps();
+    for (; b < nb; b++) {
+        static const int8_t values[16] = VEC_DOT_MXFP4_VALUES;
+        __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)values));
+        __m256i q = _mm256_shuffle_epi8(table, nibbles_32(w[b].qs));
+        __m256i p = dot_s8_256(q, _mm256_loadu_si256((const __m256i *)a[b].qs), vnni);
+        float d = vec_dot_e8m0_half(w[b].e) * f16_load(a[b].d);
+        tail = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), tail);
+    }
+    return _mm512_reduce_add_ps(acc) + hsum_256(tail);
+}
+
+/* ---- K-quants with Q8_K activations ---- */
+
+/* sum_s mins[s] * (bsums[2s] + bsums[2s+1]) as 4 int32 lanes (8 mins as bytes). */
+AI __m128i k4_min_sums(const int16_t *bsums, uint64_t mins8)
+{
+    __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
+                                _mm_loadu_si128((const __m128i *)(bsums + 8)));
+    __m128i m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mins8));
+    return _mm_madd_epi16(bs, m);
+}
+
+AI float hsum_128(__m128 v)
+{
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    v = _mm_add_ss(v, _mm_movehdup_ps(v));
+    return _mm_cvtss_f32(v);
+}
+
+/* Q4_K and Q5_K share everything but the 5th bit. One zmm holds 64 code bytes of qs: its low
+ * nibbles are sub-blocks 4j (bytes 0..31) and 4j+2 (bytes 32..63), its high nibbles 4j+1 and
+ * 4j+3, so the matching activations are the 256-bit halves of two 64-byte loads. */
+AI float dot_k45_body(int64_t n, const void *w_row, const void *act, bool five, bool vnni)
+{
+    const struct block_q8_k *a = act;
+    const size_t bsize = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    /* word index vectors selecting the scale of each 16-word half */
+    const __m512i sidx[4] = {words_2x16(0, 2), words_2x16(1, 3), words_2x16(4, 6),
+                             words_2x16(5, 7)};
+    __m512 acc = _mm512_setzero_ps();
+    __m128 acc_m = _mm_setzero_ps();
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = (const uint8_t *)w_row + b * bsize;
+        /* Q4_K and Q5_K start alike: d, dmin, scales[12]; then Q5_K has qh[32] before qs */
+        const struct block_q4_k *w4 = (const struct block_q4_k *)blk;
+        const uint8_t *qs = five ? ((const struct block_q5_k *)blk)->qs : w4->qs;
+        uint32_t sm[4];
+        vec_dot_k4_scales(w4->scales, sm);
+        uint64_t mins8 = (uint64_t)sm[2] | (uint64_t)sm[3] << 32;
+        __m512i sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(
+            _mm_cvtsi64_si128((long long)((uint64_t)sm[0] | (uint64_t)sm[1] << 32))));
+        __m512i qh = _mm512_setzero_si512();
+        if (five)
+            qh = _mm512_broadcast_i64x4(
+                _mm256_loadu_si256((const __m256i *)((const struct block_q5_k *)blk)->qh));
+        const int8_t *y = a[b].qs;
+        __m512i isum = _mm512_setzero_si512();
+        for (int j = 0; j < 2; j++) {
+            __m512i qb = _mm512_loadu_si512(qs + 64 * j);
+            __m512i lo = _mm512_and_si512(qb, m4);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(qb, 4), m4);
+            if (five) {
+                /* 5th bit of sub-block s is bit s of qh: add 16 where it is set */
+                const __m512i sixteen = _mm512_set1_epi8(16);
+                __m512i blo = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (4 * j))),
+                                                 _mm256_set1_epi8((char)(1 << (4 * j + 2))), 1);
+                __m512i bhi = _mm512_slli_epi16(blo, 1);
+                lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, blo), lo, sixteen);
+                hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, bhi), hi, sixteen);
+            }
+            __m512i y0 = _mm512_loadu_si512(y + 128 * j);
+            __m512i y1 = _mm512_loadu_si512(y + 128 * j + 64);
+            __m512i plo = _mm512_maddubs_epi16(lo, _mm512_shuffle_i64x2(y0, y1, 0x44));
+            __m512i phi = _mm512_maddubs_epi16(hi, _mm512_shuffle_i64x2(y0, y1, 0xee));
+            isum = dpwssd(isum, plo, _mm512_permutexvar_epi16(sidx[2 * j], sc), vnni);
+            isum = dpwssd(isum, phi, _mm512_permutexvar_epi16(sidx[2 * j + 1], sc), vnni);
+        }
+        float d = f16_load(w4->d) * a[b].d;
+        float dmin = f16_load(w4->dmin) * a[b].d;
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), acc);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_min_sums(a[b].bsums, mins8)),
+                             acc_m);
+    }
+    return _mm512_reduce_add_ps(acc) - hsum_128(acc_m);
+}
+
+/* Q6_K: per half h, one zmm of ql gives sub-blocks (of 32) 0,1 in its low nibbles and 2,3 in
+ * its high nibbles, in element order; codes go in unsigned (0..63), minus 32 * bsums. */
+AI float dot_q6_k_body(int64_t n, const void *w_row, const void *act, bool vnni)
+{
+    const struct block_q6_k *w = w_row;
+    const struct block_q8_k *a = act;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i m3 = _mm512_set1_epi8(3);
+    const __m512i shift_lo = words_2x16(0, 2), shift_hi = words_2x16(4, 6);
+    /* word i of the products of half h, part t uses scale 8h + 4t + i/8 */
+    __m512i sidx[4];
+    for (int k = 0; k < 4; k++) {
+        short base = (short)(4 * k);
+        sidx[k] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_setr_epi16(base, base, base, base, base, base, base,
+                                                     base, base + 1, base + 1, base + 1,
+                                                     base + 1, base + 1, base + 1, base + 1,
+                                                     base + 1)),
+            _mm256_setr_epi16(base + 2, base + 2, base + 2, base + 2, base + 2, base + 2,
+                              base + 2, base + 2, base + 3, base + 3, base + 3, base + 3,
+                              base + 3, base + 3, base + 3, base + 3),
+            1);
+    }
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[b].scales));
+        __m512i sc = _mm512_castsi256_si512(sc16);
+        const int8_t *y = a[b].qs;
+        __m512i isum = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m512i ql = _mm512_loadu_si512(w[b].ql + 64 * h);
+            __m512i qh = _mm512_broadcast_i64x4(
+                _mm256_loadu_si256((const __m256i *)(w[b].qh + 32 * h)));
+            __m512i hlo = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), m3);
+            __m512i hhi = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), m3);
+            __m512i qlo = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(hlo, 4));
+            __m512i qhi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                          _mm512_slli_epi16(hhi, 4));
+            __m512i plo = _mm512_maddubs_epi16(qlo, _mm512_loadu_si512(y + 128 * h));
+            __m512i phi = _mm512_maddubs_epi16(qhi, _mm512_loadu_si512(y + 128 * h + 64));
+            isum = dpwssd(isum, plo, _mm512_permutexvar_epi16(sidx[2 * h], sc), vnni);
+            isum = dpwssd(isum, phi, _mm512_permutexvar_epi16(sidx[2 * h + 1], sc), vnni);
+        }
+        __m256i offset = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[b].bsums), sc16);
+        isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(_mm256_slli_epi32(offset, 5)));
+        float d = f16_load(w[b].d) * a[b].d;
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* ---- float weights with F32 activations ---- */
+
+AI __m512 load_f32x16(const void *p, __mmask16 k)
+{
+    return _mm512_maskz_loadu_ps(k, p);
+}
+
+AI __m512 load_f16x16(const void *p, __mmask16 k)
+{
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, p));
+}
+
+AI __m512 load_bf16x16(const void *p, __mmask16 k)
+{
+    __m512i x = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+}
+
+/* wsize: bytes per weight element (4 F32, 2 F16/BF16); bf16 selects the BF16 decoding. */
+AI float dot_float_body(int64_t n, const void *w_row, const void *act, int wsize, bool bf16)
+{
+    const uint8_t *w = w_row;
+    const float *a = act;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+#define LOADW(i, k)                                                                            \
+    (wsize == 4 ? load_f32x16(w + 4 * (i), k)                                                  \
+                : bf16 ? load_bf16x16(w + 2 * (i), k) : load_f16x16(w + 2 * (i), k))
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int k = 0; k < 4; k++)
+            acc[k] = _mm512_fmadd_ps(LOADW(i + 16 * k, 0xffff), _mm512_loadu_ps(a + i + 16 * k),
+                                     acc[k]);
+    for (; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        acc[0] = _mm512_fmadd_ps(LOADW(i, k), _mm512_maskz_loadu_ps(k, a + i), acc[0]);
+    }
+#undef LOADW
+    return _mm512_reduce_add_ps(
+        _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+/* ---- instances ---- */
+
+#define INSTANCES(name, call)                                                                  \
+    static float dot_##name##_avx512(int64_t n, const void *w, const void *a)                  \
+    {                                                                                          \
+        bool vnni = false;                                                                     \
+        return call;                                                                           \
+    }                                                                                          \
+    static float dot_##name##_avx512vnni(int64_t n, const void *w, const void *a)              \
+    {                                                                                          \
+        bool vnni = true;                                                                      \
+        return call;                                                                           \
+    }
+
+INSTANCES(q8_0, dot_q8_0_body(n, w, a, vnni))
+INSTANCES(q4_0, dot_q4_0_body(n, w, a, vnni))
+INSTANCES(mxfp4, dot_mxfp4_body(n, w, a, vnni))
+INSTANCES(q4_k, dot_k45_body(n, w, a, false, vnni))
+INSTANCES(q5_k, dot_k45_body(n, w, a, true, vnni))
+INSTANCES(q6_k, dot_q6_k_body(n, w, a, vnni))
+
+static float dot_f32_avx512(int64_t n, const void *w, const void *a)
+{
+    return dot_float_body(n, w, a, 4, false);
+}
+
+static float dot_f16_avx512(int64_t n, const void *w, const void *a)
+{
+    return dot_float_body(n, w, a, 2, false);
+}
+
+static float dot_bf16_avx512(int64_t n, const void *w, const void *a)
+{
+    return dot_float_body(n, w, a, 2, true);
+}
+
+vec_dot_fn vec_dot_avx512_get(uint32_t wtype, bool vnni)
+{
+    switch (wtype) {
+    case QUANT_F32: return dot_f32_avx512;
+    case QUANT_F16: return dot_f16_avx512;
+    case QUANT_BF16: return dot_bf16_avx512;
+    case QUANT_Q8_0: return vnni ? dot_q8_0_avx512vnni : dot_q8_0_avx512;
+    case QUANT_Q4_0: return vnni ? dot_q4_0_avx512vnni : dot_q4_0_avx512;
+    case QUANT_MXFP4: return vnni ? dot_mxfp4_avx512vnni : dot_mxfp4_avx512;
+    case QUANT_Q4_K: return vnni ? dot_q4_k_avx512vnni : dot_q4_k_avx512;
+    case QUANT_Q5_K: return vnni ? dot_q5_k_avx512vnni : dot_q5_k_avx512;
+    case QUANT_Q6_K: return vnni ? dot_q6_k_avx512vnni : dot_q6_k_avx512;
+    default: return NULL;
+    }
+}

@@ -1,0 +1,88 @@
+/* backend: an executor of the op table. Each architecture's forward (runtime/arch/) is written
+ * once as a sequence of these calls. The CPU backend executes each op at once; the CUDA backend
+ * enqueues kernels on a stream, so a whole decode step can be captured in a graph.
+ *
+ * Activation pointers (float *) live in the backend's memory (host for cpu, device for cuda)
+ * and come from backend->ops->alloc; pointer arithmetic on them is allowed (row offsets).
+ * Shapes are written (rows, cols) with cols contiguous.
+ */
+#ifndef STRATA_BACKEND_H
+#define STRATA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+struct backend;
+
+struct attn_args {
+    float *out;           /* (n_tok, n_head*head_dim) */
+    const float *q;       /* (n_tok, n_head*head_dim), already normed and rotated */
+    const float *k_cache; /* (n_ctx, n_head_kv*head_dim) of this layer, rows < pos0+n_tok valid */
+    const float *v_cache; /* (n_ctx, n_head_kv*head_dim) */
+    int pos0;             /* position of the first query token */
+    int n_tok;
+    int n_head, n_head_kv, head_dim;
+    float scale;          /* 1/sqrt(head_dim) */
+};
+
+struct moe_args {
+    float *out;                       /* (n_tok, n_embd): written (not accumulated) */
+    const float *in;                  /* (n_tok, n_embd): the ffn-normed hidden states */
+    int n_tok;
+    int layer;
+    const struct layer_weights *lw;   /* router and stacked experts of this layer */
+    const struct model_hparams *hp;
+};
+
+struct backend_ops {
+    const char *name;
+    /* Activation memory: n floats, 64-byte aligned, NULL on failure (err_msg says why). */
+    float *(*alloc)(struct backend *b, size_t n);
+    void (*free)(struct backend *b, float *p);
+    /* out (n, n_embd) = rows ids[0..n) of the embedding table (any supported type). */
+    int (*embed)(struct backend *b, float *out, const struct weight *w, const int32_t *ids, int n);
+    /* out (rows, dim) = in / rms(in) * w ; w (dim) F32. out may equal in. */
+    int (*rmsnorm)(struct backend *b, float *out, const float *in, const struct weight *w,
+                   int rows, int dim, float eps);
+    /* out (m, w->ne[1]) = in (m, w->ne[0]) x W^T. */
+    int (*matmul)(struct backend *b, float *out, const struct weight *w, const float *in, int m);
+    /* NEOX RoPE in place on x (n_tok, n_heads*head_dim); token t is at position pos0 + t. */
+    int (*rope)(struct backend *b, float *x, int n_tok, int n_heads, int head_dim, int pos0,
+                float base);
+    /* dst rows [pos0, pos0+n_tok) of a (n_ctx, width) cache = src (n_tok, width). */
+    int (*kv_store)(struct backend *b, float *cache, const float *src, int pos0, int n_tok,
+                    int width);
+    /* Causal GQA attention over the cache. */
+    int (*attention)(struct backend *b, const struct attn_args *a);
+    /* x (n) += y (n). */
+    int (*add)(struct backend *b, float *x, const float *y, size_t n);
+    /* The MoE FFN of one layer: routing, plan, dispatch to tiers, combine. */
+    int (*moe_ffn)(struct backend *b, const struct moe_args *a);
+    /* Copies n floats of backend memory to the host. */
+    int (*read)(struct backend *b, float *host, const float *src, size_t n);
+    void (*close)(struct backend *b);
+};
+
+struct backend {
+    const struct backend_ops *ops;
+    const struct model *model;
+    void *impl; /* the backend's own state */
+};
+
+struct backend_cpu_config {
+    int n_threads; /* 0 = OpenMP's default */
+};
+
+/* Creates the CPU backend for model m. 0 or -errno. */
+int backend_cpu_open(const struct model *m, const struct backend_cpu_config *cfg,
+                     struct backend **out);
+
+static inline void backend_close(struct backend *b)
+{
+    if (b)
+        b->ops->close(b);
+}
+
+#endif

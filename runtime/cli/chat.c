@@ -1,0 +1,98 @@
+/* strata chat: an interactive conversation in the model's chat template (ChatML). The KV cache
+ * is kept across turns: each turn evaluates only its new tokens. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat.h"
+#include "model.h"
+#include "cli.h"
+#include "run_opts.h"
+#include "stream.h"
+
+
+
+static int chat_emit(void *ctx, const char *text, size_t len)
+{
+    (void)ctx;
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    return 0;
+}
+
+/* Evaluates one turn: the rendered text of the new messages, then the reply. */
+static int chat_turn(struct run_session *s, const struct run_opts *o, const char *rendered)
+{
+    struct generate_stats st;
+    struct generate_config gc = o->gen;
+    int32_t *ids = NULL;
+    int n = 0, rc;
+
+    if (run_tokenize(s, rendered, &ids, &n))
+        return 1;
+    if (gc.n_stop < GENERATE_MAX_STOP)
+        gc.stop[gc.n_stop++] = "<|im_end|>";
+    rc = generate_run(s->stream, s->model->tok, ids, n, &gc, chat_emit, NULL, NULL, &st);
+    free(ids);
+    if (rc)
+        return cli_fail("generation");
+    /* close the assistant turn in the cache so the next turn follows the template */
+    if (run_tokenize(s, "<|im_end|>\n", &ids, &n))
+        return 1;
+    rc = stream_eval(s->stream, ids, n, NULL);
+    free(ids);
+    if (rc)
+        return cli_fail("generation");
+    if (o->verbose)
+        run_print_stats(&st);
+    else
+        putchar('\n');
+    return 0;
+}
+
+int cmd_chat(int argc, char **argv)
+{
+    struct run_opts o;
+    struct run_session s;
+    char line[8192];
+    bool first = true;
+    int rc;
+
+    run_opts_init(&o);
+    o.gen.n_predict = 1024;
+    rc = run_opts_parse(&o, argc, argv, "chat");
+    if (rc)
+        return rc == 1 ? 0 : rc;
+    if (run_session_open(&o, &s))
+        return 1;
+    fprintf(stderr, "strata chat: type a message and press Enter; Ctrl-D or /exit to quit\n");
+    for (;;) {
+        struct chat_msg msgs[2];
+        char *rendered = NULL;
+        int nm = 0;
+
+        fputs("> ", stdout);
+        fflush(stdout);
+        if (!fgets(line, sizeof(line), stdin))
+            break;
+        line[strcspn(line, "\n")] = '\0';
+        if (!strcmp(line, "/exit"))
+            break;
+        if (!line[0])
+            continue;
+        if (first && o.system)
+            msgs[nm++] = (struct chat_msg){"system", o.system};
+        msgs[nm++] = (struct chat_msg){"user", line};
+        first = false;
+        if (chat_render_chatml(msgs, nm, true, o.think, &rendered)) {
+            rc = cli_fail("chat template");
+            break;
+        }
+        rc = chat_turn(&s, &o, rendered);
+        free(rendered);
+        if (rc)
+            break;
+    }
+    run_session_close(&s);
+    return rc;
+}

@@ -1,0 +1,16 @@
+/* cli: the strata subcommands. Each takes the arguments after its name (argv[0] is the
+ * subcommand) and returns the process exit code; only these functions print to the user. */
+#ifndef STRATA_CLI_H
+#define STRATA_CLI_H
+
+int cmd_inspect(int argc, char **argv);       /* runtime/cli/inspect.c */
+int cmd_gen(int argc, char **argv);           /* runtime/cli/gen.c */
+int cmd_info(int argc, char **argv);          /* runtime/cli/info.c */
+int cmd_bench_kernels(int argc, char **argv); /* runtime/cli/bench_kernels.c */
+int cmd_run(int argc, char **argv);           /* runtime/cli/run.c */
+int cmd_chat(int argc, char **argv);          /* runtime/cli/chat.c */
+
+/* Prints "strata: <what>: <err_msg()>" to stderr and returns 1. */
+int cli_fail(const char *what);
+
+#endif

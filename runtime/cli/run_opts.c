@@ -1,0 +1,257 @@
+#include "run_opts.h"
+
+#include <omp.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "arch/arch.h"
+#include "backend.h"
+#include "cli.h"
+#include "model.h"
+#include "stream.h"
+#include "tokenizer.h"
+
+void run_opts_init(struct run_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->n_ctx = 4096;
+    o->n_batch = 512;
+    o->think = true;
+    o->device = "cpu";
+    o->gen.n_predict = 128;
+    o->gen.sampling = sampler_config_default();
+    o->gen.sampling.seed = 0xC0FFEE;
+}
+
+const char *run_opts_default_model(void)
+{
+    static const char *candidates[] = {STRATA_DEFAULT_MODEL, "models/strata-default.gguf"};
+    for (size_t i = 0; i < sizeof(candidates) / sizeof(candidates[0]); i++) {
+        if (access(candidates[i], R_OK) == 0)
+            return candidates[i];
+    }
+    return NULL;
+}
+
+static void run_opts_usage(const char *cmd)
+{
+    struct run_opts d;
+    run_opts_init(&d);
+    printf("usage: strata %s [-m FILE] %s[options]\n\n", cmd,
+           strcmp(cmd, "run") ? "" : "-p PROMPT ");
+    printf("model and machine:\n"
+           "  -m, --model FILE        GGUF model (default: the shipped default model, %s)\n"
+           "  -t, --threads N         CPU threads (default: all cores)\n"
+           "  -c, --ctx-size N        context length in tokens (default %d)\n"
+           "  -b, --batch-size N      prompt tokens per forward pass (default %d)\n"
+           "      --device cpu        backend (default %s; cuda comes with the GPU backend)\n",
+           STRATA_DEFAULT_MODEL, d.n_ctx, d.n_batch, d.device);
+    printf("prompt:\n"
+           "  -p, --prompt TEXT       prompt text\n"
+           "  -f, --file FILE         read the prompt from FILE\n"
+           "      --chat              wrap the prompt in the model's chat template (ChatML)\n"
+           "      --system TEXT       system message for --chat and strata chat\n"
+           "      --no-think          Qwen3: pre-fill an empty <think></think> block\n");
+    printf("generation:\n"
+           "  -n, --n-predict N       tokens to generate (default %d)\n"
+           "      --temp T            temperature, 0 = greedy (default %.2f)\n"
+           "      --top-k K           0 = off (default %d)\n"
+           "      --top-p P           1 = off (default %.2f)\n"
+           "      --min-p P           0 = off (default %.2f)\n"
+           "      --repeat-penalty R  1 = off (default %.2f)\n"
+           "      --repeat-last-n N   tokens the penalty looks back (default %d)\n"
+           "  -s, --seed S            sampling seed (default %llu)\n"
+           "      --stop TEXT         stop when TEXT is generated (up to %d)\n"
+           "      --ignore-eos        do not stop at end-of-generation tokens\n"
+           "  -v, --verbose           print model and timing details\n",
+           d.gen.n_predict, d.gen.sampling.temperature, d.gen.sampling.top_k,
+           d.gen.sampling.top_p, d.gen.sampling.min_p, d.gen.sampling.repeat_penalty,
+           d.gen.sampling.repeat_last_n, (unsigned long long)d.gen.sampling.seed,
+           GENERATE_MAX_STOP);
+}
+
+static int run_opts_int(const char *opt, const char *v, int lo, int hi, int *out)
+{
+    char *end;
+    long x;
+    errno = 0;
+    x = strtol(v, &end, 10);
+    if (errno || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "strata: %s expects an integer in [%d, %d], got '%s'\n", opt, lo, hi, v);
+        return 2;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int run_opts_float(const char *opt, const char *v, float lo, float hi, float *out)
+{
+    char *end;
+    float x;
+    errno = 0;
+    x = strtof(v, &end);
+    if (errno || *end || end == v || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "strata: %s expects a number in [%g, %g], got '%s'\n", opt, lo, hi, v);
+        return 2;
+    }
+    *out = x;
+    return 0;
+}
+
+static bool opt_is(const char *arg, const char *a, const char *b)
+{
+    return !strcmp(arg, a) || (b && !strcmp(arg, b));
+}
+
+#define IS(a, b) opt_is(arg, a, b)
+
+int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
+{
+    struct sampler_config *sc = &o->gen.sampling;
+
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0, used = 1;
+
+        if (IS("-h", "--help")) {
+            run_opts_usage(cmd);
+            return 1;
+        } else if (IS("--chat", NULL)) {
+            o->chat_template = true, used = 0;
+        } else if (IS("--no-think", NULL)) {
+            o->think = false, used = 0;
+        } else if (IS("--think", NULL)) {
+            o->think = true, used = 0;
+        } else if (IS("--ignore-eos", NULL)) {
+            o->gen.ignore_eos = true, used = 0;
+        } else if (IS("-v", "--verbose")) {
+            o->verbose = true, used = 0;
+        } else if (!v) {
+            fprintf(stderr, "strata %s: %s needs a value (or is unknown; see --help)\n", cmd,
+                    arg);
+            return 2;
+        } else if (IS("-m", "--model")) {
+            o->model = v;
+        } else if (IS("-p", "--prompt")) {
+            o->prompt = v;
+        } else if (IS("-f", "--file")) {
+            o->prompt_file = v;
+        } else if (IS("--system", NULL)) {
+            o->system = v;
+        } else if (IS("--device", NULL)) {
+            o->device = v;
+        } else if (IS("-t", "--threads")) {
+            rc = run_opts_int(arg, v, 1, 4096, &o->n_threads);
+        } else if (IS("-c", "--ctx-size")) {
+            rc = run_opts_int(arg, v, 16, 1 << 20, &o->n_ctx);
+        } else if (IS("-b", "--batch-size")) {
+            rc = run_opts_int(arg, v, 1, 65536, &o->n_batch);
+        } else if (IS("-n", "--n-predict")) {
+            rc = run_opts_int(arg, v, 0, 1 << 20, &o->gen.n_predict);
+        } else if (IS("--temp", NULL)) {
+            rc = run_opts_float(arg, v, 0, 100, &sc->temperature);
+        } else if (IS("--top-k", NULL)) {
+            rc = run_opts_int(arg, v, 0, 1 << 24, &sc->top_k);
+        } else if (IS("--top-p", NULL)) {
+            rc = run_opts_float(arg, v, 0, 1, &sc->top_p);
+        } else if (IS("--min-p", NULL)) {
+            rc = run_opts_float(arg, v, 0, 1, &sc->min_p);
+        } else if (IS("--repeat-penalty", NULL)) {
+            rc = run_opts_float(arg, v, 0.01f, 100, &sc->repeat_penalty);
+        } else if (IS("--repeat-last-n", NULL)) {
+            rc = run_opts_int(arg, v, 0, 1 << 20, &sc->repeat_last_n);
+        } else if (IS("-s", "--seed")) {
+            sc->seed = strtoull(v, NULL, 0);
+        } else if (IS("--stop", NULL)) {
+            if (o->gen.n_stop == GENERATE_MAX_STOP) {
+                fprintf(stderr, "strata: at most %d --stop strings\n", GENERATE_MAX_STOP);
+                return 2;
+            }
+            o->gen.stop[o->gen.n_stop++] = v;
+        } else {
+            fprintf(stderr, "strata %s: unknown option '%s' (see --help)\n", cmd, arg);
+            return 2;
+        }
+        if (rc)
+            return rc;
+        i += used;
+    }
+    if (strcmp(o->device, "cpu")) {
+        fprintf(stderr, "strata %s: --device %s is not available in this build (cpu only)\n",
+                cmd, o->device);
+        return 2;
+    }
+    return 0;
+}
+
+int run_session_open(const struct run_opts *o, struct run_session *s)
+{
+    const char *path = o->model ? o->model : run_opts_default_model();
+    struct backend_cpu_config bc = {.n_threads = o->n_threads};
+    double t0 = generate_now();
+
+    memset(s, 0, sizeof(*s));
+    if (!path) {
+        fprintf(stderr, "strata: no -m FILE given and the default model (%s) is not present\n",
+                STRATA_DEFAULT_MODEL);
+        return 1;
+    }
+    if (model_open(path, &s->model))
+        return cli_fail("loading the model");
+    if (!s->model->tok) {
+        fprintf(stderr, "strata: %s has no tokenizer (tokenizer.ggml.* keys)\n", path);
+        run_session_close(s);
+        return 1;
+    }
+    if (backend_cpu_open(s->model, &bc, &s->backend) ||
+        stream_open(s->backend, o->n_ctx, o->n_batch, &s->stream)) {
+        run_session_close(s);
+        return cli_fail("starting the engine");
+    }
+    if (o->verbose) {
+        const struct model_hparams *hp = &s->model->hp;
+        fprintf(stderr,
+                "strata: %s: %s, %u layers, d %u, %u/%u heads of %u, %u experts (top %u) of "
+                "ffn %u, vocab %u; backend %s, %d threads; loaded in %.2f s\n",
+                path, s->model->arch->name, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv,
+                hp->head_dim, hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_vocab,
+                s->backend->ops->name, omp_get_max_threads(), generate_now() - t0);
+    }
+    return 0;
+}
+
+void run_session_close(struct run_session *s)
+{
+    stream_close(s->stream);
+    backend_close(s->backend);
+    model_close(s->model);
+    memset(s, 0, sizeof(*s));
+}
+
+int run_tokenize(const struct run_session *s, const char *text, int32_t **ids, int *n)
+{
+    size_t len = strlen(text);
+    int32_t *buf = malloc(sizeof(int32_t) * (len + 4));
+    int rc;
+
+    if (!buf) {
+        fprintf(stderr, "strata: out of memory\n");
+        return 1;
+    }
+    /* byte-level BPE never yields more ids than bytes (+ BOS/EOS) */
+    rc = tokenizer_encode(s->model->tok, text, len,
+                          TOKENIZER_ENCODE_PARSE_SPECIAL | TOKENIZER_ENCODE_ADD_SPECIAL, buf,
+                          len + 4);
+    if (rc < 0) {
+        free(buf);
+        return cli_fail("tokenizing the prompt");
+    }
+    *ids = buf;
+    *n = rc;
+    return 0;
+}

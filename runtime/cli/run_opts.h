@@ -1,0 +1,60 @@
+/* run_opts: the options strata run and strata chat share (model, threads, context, sampling),
+ * parsed llama.cpp-style. */
+#ifndef STRATA_RUN_OPTS_H
+#define STRATA_RUN_OPTS_H
+
+#include <stdbool.h>
+
+#include <stdint.h>
+
+#include "generate.h"
+
+struct run_opts {
+    const char *model;     /* -m */
+    const char *prompt;    /* -p */
+    const char *prompt_file; /* -f */
+    const char *system;    /* --system (chat) */
+    int n_threads;         /* -t, 0 = all cores */
+    int n_ctx;             /* -c */
+    int n_batch;           /* -b */
+    bool chat_template;    /* --chat: wrap -p in the ChatML template */
+    bool think;            /* --think / --no-think */
+    bool verbose;
+    const char *device;    /* --device cpu */
+    struct generate_config gen;
+};
+
+/* Sets the defaults. */
+void run_opts_init(struct run_opts *o);
+
+/* Parses argv[1..argc); returns 0, 1 when --help was printed, or 2 on a bad option (message
+ * printed). cmd is "run" or "chat" (for the help text). */
+int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd);
+
+/* The default model path (shipped with strata), or NULL if it is not present. */
+const char *run_opts_default_model(void);
+
+#endif
+
+struct model;
+struct backend;
+struct stream;
+
+/* What run and chat hold open. */
+struct run_session {
+    struct model *model;
+    struct backend *backend;
+    struct stream *stream;
+};
+
+/* Opens the model (o->model or the default), the backend and a stream; prints what it loaded
+ * with -v. 0, or 1 after printing the error. */
+int run_session_open(const struct run_opts *o, struct run_session *s);
+void run_session_close(struct run_session *s);
+
+/* Tokenizes text (specials parsed) into a malloc'd array; *n receives the count. 0 or 1 after
+ * printing the error. */
+int run_tokenize(const struct run_session *s, const char *text, int32_t **ids, int *n);
+
+/* Prints "prompt: N tokens, X tok/s | generation: M tokens, Y tok/s" to stderr. */
+void run_print_stats(const struct generate_stats *st);

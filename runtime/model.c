@@ -1,0 +1,142 @@
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arch/arch.h"
+#include "errors.h"
+#include "gguf.h"
+#include "quant.h"
+#include "tokenizer.h"
+
+static const struct arch *const arch_table[] = {&arch_qwen3moe};
+
+const struct arch *arch_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof(arch_table) / sizeof(arch_table[0]); i++) {
+        if (!strcmp(arch_table[i]->name, name))
+            return arch_table[i];
+    }
+    return NULL;
+}
+
+static int model_weight_fill(const struct gguf_tensor *t, uint32_t n_dims, const uint64_t *ne,
+                             struct weight *w)
+{
+    const struct quant_type_info *ti = quant_type_find(t->type);
+
+    if (!ti || !ti->can_dequantize)
+        return err_set(-EINVAL, "tensor '%s' has type %s, which strata cannot compute with",
+                       t->name, quant_type_name(t->type));
+    for (uint32_t i = 0; i < GGUF_MAX_DIMS; i++) {
+        uint64_t want = i < n_dims ? ne[i] : 1;
+        if (t->ne[i] != want) {
+            char got[96], exp[96];
+            snprintf(got, sizeof(got), "{%llu, %llu, %llu, %llu}", (unsigned long long)t->ne[0],
+                     (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
+                     (unsigned long long)t->ne[3]);
+            snprintf(exp, sizeof(exp), "{%llu, %llu, %llu, %llu}", (unsigned long long)ne[0],
+                     (unsigned long long)(n_dims > 1 ? ne[1] : 1),
+                     (unsigned long long)(n_dims > 2 ? ne[2] : 1),
+                     (unsigned long long)(n_dims > 3 ? ne[3] : 1));
+            return err_set(-EINVAL, "tensor '%s' has shape %s, expected %s", t->name, got, exp);
+        }
+    }
+    memset(w, 0, sizeof(*w));
+    w->name = t->name;
+    w->type = t->type;
+    w->n_dims = n_dims;
+    memcpy(w->ne, t->ne, sizeof(w->ne));
+    w->bytes = t->size;
+    w->data = t->data;
+    return quant_row_bytes(t->type, t->ne[0], &w->row_bytes);
+}
+
+int model_weight_find(const struct model *m, const char *name, uint32_t n_dims,
+                      const uint64_t *ne, struct weight *w)
+{
+    const struct gguf_tensor *t = gguf_find_tensor(m->file, name);
+    if (!t)
+        return -ENOENT;
+    return model_weight_fill(t, n_dims, ne, w);
+}
+
+int model_weight_get(const struct model *m, const char *name, uint32_t n_dims,
+                     const uint64_t *ne, struct weight *w)
+{
+    int rc = model_weight_find(m, name, n_dims, ne, w);
+    if (rc == -ENOENT)
+        return err_set(rc, "required tensor '%s' is missing", name);
+    return rc;
+}
+
+uint64_t model_expert_bytes(const struct model *m, uint32_t layer)
+{
+    const struct layer_weights *lw = &m->layers[layer];
+    uint64_t n = m->hp.n_expert;
+    return lw->gate_exps.bytes / n + lw->up_exps.bytes / n + lw->down_exps.bytes / n;
+}
+
+static int model_load_arch(struct model *m)
+{
+    struct gguf_str s;
+    char name[64];
+    int rc = gguf_get_str(m->file, "general.architecture", &s);
+
+    if (rc)
+        return rc;
+    if (s.len >= sizeof(name))
+        return err_set(-EINVAL, "general.architecture is %llu bytes long",
+                       (unsigned long long)s.len);
+    memcpy(name, s.ptr, s.len);
+    name[s.len] = '\0';
+    m->arch = arch_find(name);
+    if (!m->arch)
+        return err_set(-ENOTSUP, "unsupported architecture '%s' (strata supports: qwen3moe)",
+                       name);
+    return m->arch->load(m);
+}
+
+int model_open(const char *path, struct model **out)
+{
+    struct model *m = calloc(1, sizeof(*m));
+    int rc;
+
+    if (!m)
+        return err_set(-ENOMEM, "out of memory");
+    rc = gguf_open(path, &m->file);
+    if (rc)
+        goto out_free;
+    rc = model_load_arch(m);
+    if (rc)
+        goto out_wrap;
+    if (gguf_find_kv(m->file, "tokenizer.ggml.tokens")) {
+        rc = tokenizer_open_gguf(m->file, &m->tok);
+        if (rc)
+            goto out_wrap;
+        if ((uint32_t)tokenizer_n_vocab(m->tok) > m->hp.n_vocab) {
+            rc = err_set(-EINVAL, "the vocabulary has %d tokens but token_embd has %u rows",
+                         tokenizer_n_vocab(m->tok), m->hp.n_vocab);
+            goto out_wrap;
+        }
+    }
+    *out = m;
+    return 0;
+
+out_wrap:
+    err_wrap(rc, "%s: ", path);
+out_free:
+    model_close(m);
+    return rc;
+}
+
+void model_close(struct model *m)
+{
+    if (!m)
+        return;
+    tokenizer_close(m->tok);
+    free(m->layers);
+    gguf_close(m->file);
+    free(m);
+}

@@ -1,0 +1,82 @@
+/* model: an opened checkpoint: the GGUF file, the architecture's hyperparameters, the weight
+ * views into the mapping, and (when the file has one) the tokenizer.
+ *
+ * model_open validates what the architecture requires (keys, tensor names, types and shapes)
+ * and names what is missing or wrong; the arch files (runtime/arch/) do the per-architecture
+ * part through struct arch.
+ */
+#ifndef STRATA_MODEL_H
+#define STRATA_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct gguf_file;
+struct gguf_tensor;
+struct tokenizer;
+struct arch;
+
+/* A weight: a tensor of the model file, viewed in place. */
+struct weight {
+    const char *name;     /* the tensor's name, owned by the gguf file */
+    uint32_t type;        /* ggml type id */
+    uint32_t n_dims;
+    uint64_t ne[4];       /* ne[0] contiguous (the input dimension of a matrix) */
+    uint64_t row_bytes;   /* bytes of one ne[0] row */
+    uint64_t bytes;       /* whole tensor */
+    const void *data;     /* host, the mmapped file */
+    void *dev;            /* device copy when a GPU backend placed it there, else NULL */
+};
+
+struct model_hparams {
+    uint32_t n_layer;
+    uint32_t n_embd;
+    uint32_t n_head, n_head_kv, head_dim;
+    uint32_t n_expert, n_expert_used, n_ff_exp;
+    uint32_t n_ctx_train;
+    uint32_t n_vocab;
+    float rms_eps;
+    float rope_base;
+};
+
+/* Weights of one qwen3moe-style layer. Stacked experts: gate/up (n_embd, n_ff_exp, n_expert),
+ * down (n_ff_exp, n_embd, n_expert); expert e is slice ne[2] = e. */
+struct layer_weights {
+    struct weight attn_norm;          /* (n_embd) F32 */
+    struct weight wq, wk, wv, wo;     /* (n_embd, n_head*head_dim) ... wo (n_head*head_dim, n_embd) */
+    struct weight q_norm, k_norm;     /* (head_dim) F32 */
+    struct weight ffn_norm;           /* (n_embd) F32 */
+    struct weight router;             /* (n_embd, n_expert) F32 */
+    struct weight gate_exps, up_exps; /* (n_embd, n_ff_exp, n_expert) */
+    struct weight down_exps;          /* (n_ff_exp, n_embd, n_expert) */
+};
+
+struct model {
+    struct gguf_file *file;        /* owned */
+    const struct arch *arch;       /* static table entry */
+    struct model_hparams hp;
+    struct weight tok_embd;        /* (n_embd, n_vocab) */
+    struct weight output_norm;     /* (n_embd) F32 */
+    struct weight output;          /* (n_embd, n_vocab); tok_embd's view when tied */
+    struct layer_weights *layers;  /* (n_layer) owned */
+    struct tokenizer *tok;         /* owned; NULL when the file has no vocabulary */
+};
+
+/* Opens PATH, validates it for its architecture and loads the tokenizer. 0 or -errno; the
+ * message names the file and the key/tensor at fault. */
+int model_open(const char *path, struct model **out);
+void model_close(struct model *m);
+
+/* Fills *w from tensor NAME checking its type is one the kernels support and its dims equal
+ * ne[0..n_dims). -ENOENT / -EINVAL with a message naming the tensor otherwise. */
+int model_weight_get(const struct model *m, const char *name, uint32_t n_dims,
+                     const uint64_t *ne, struct weight *w);
+
+/* Like model_weight_get but returns -ENOENT without a message when the tensor is absent. */
+int model_weight_find(const struct model *m, const char *name, uint32_t n_dims,
+                      const uint64_t *ne, struct weight *w);
+
+/* Bytes of one expert (gate + up + down slices) of layer l. */
+uint64_t model_expert_bytes(const struct model *m, uint32_t layer);
+
+#endif

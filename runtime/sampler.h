@@ -1,0 +1,45 @@
+/* sampler: picks the next token from logits. Order of the chain (llama.cpp's habit):
+ * repetition penalty -> top-k -> temperature -> softmax -> top-p -> min-p -> draw.
+ * temperature <= 0 means greedy (argmax; ties to the lowest id). Deterministic for a seed. */
+#ifndef STRATA_SAMPLER_H
+#define STRATA_SAMPLER_H
+
+#include <stdint.h>
+
+#include "rng.h"
+
+struct sampler_config {
+    float temperature;    /* 0 = greedy; default 0.8 */
+    int top_k;            /* 0 = off; default 40 */
+    float top_p;          /* 1 = off; default 0.95 */
+    float min_p;          /* 0 = off; default 0.05 */
+    float repeat_penalty; /* 1 = off; default 1.0 */
+    int repeat_last_n;    /* window of recent tokens the penalty looks at; default 64 */
+    uint64_t seed;
+};
+
+/* The defaults above. */
+struct sampler_config sampler_config_default(void);
+
+struct sampler {
+    struct sampler_config cfg;
+    struct rng rng;
+    int n_vocab;
+    int32_t *recent;   /* (repeat_last_n) ring of recent tokens, owned */
+    int n_recent, recent_head;
+    struct sampler_cand *cand; /* (n_vocab) scratch, owned */
+};
+
+int sampler_init(struct sampler *s, const struct sampler_config *cfg, int n_vocab);
+void sampler_free(struct sampler *s);
+
+/* Chooses a token from logits (n_vocab floats; modified in place by the penalty). */
+int32_t sampler_sample(struct sampler *s, float *logits);
+
+/* Records a token (prompt or generated) for the repetition penalty. */
+void sampler_accept(struct sampler *s, int32_t tok);
+
+/* argmax with ties to the lowest id. */
+int32_t sampler_argmax(const float *logits, int n);
+
+#endif

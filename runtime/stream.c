@@ -1,0 +1,82 @@
+#include "stream.h"
+
+#include <stdlib.h>
+
+#include "arch/arch.h"
+#include "backend.h"
+#include "errors.h"
+
+int stream_open(struct backend *b, int n_ctx, int max_tok, struct stream **out)
+{
+    const struct model_hparams *hp = &b->model->hp;
+    struct stream *s;
+    size_t qw = (size_t)hp->n_head * hp->head_dim, kvw = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t e = hp->n_embd, t = (size_t)max_tok, total;
+
+    if (n_ctx <= 0 || max_tok <= 0)
+        return err_set(-EINVAL, "stream: context %d and batch %d must be positive", n_ctx,
+                       max_tok);
+    s = calloc(1, sizeof(*s));
+    if (!s)
+        return err_set(-ENOMEM, "out of memory");
+    s->b = b;
+    s->m = b->model;
+    s->n_ctx = n_ctx;
+    s->max_tok = max_tok;
+    s->kv_layer_floats = (size_t)n_ctx * kvw;
+    s->k_cache = b->ops->alloc(b, s->kv_layer_floats * hp->n_layer);
+    s->v_cache = b->ops->alloc(b, s->kv_layer_floats * hp->n_layer);
+    total = t * e * 3 + t * qw * 2 + t * kvw * 2 + hp->n_vocab;
+    s->arena = b->ops->alloc(b, total);
+    if (!s->k_cache || !s->v_cache || !s->arena) {
+        stream_close(s);
+        return err_wrap(-ENOMEM, "stream of %d tokens: ", n_ctx);
+    }
+    s->x = s->arena;
+    s->xn = s->x + t * e;
+    s->proj = s->xn + t * e;
+    s->q = s->proj + t * e;
+    s->att = s->q + t * qw;
+    s->k = s->att + t * qw;
+    s->v = s->k + t * kvw;
+    s->logits = s->v + t * kvw;
+    *out = s;
+    return 0;
+}
+
+void stream_close(struct stream *s)
+{
+    if (!s)
+        return;
+    s->b->ops->free(s->b, s->k_cache);
+    s->b->ops->free(s->b, s->v_cache);
+    s->b->ops->free(s->b, s->arena);
+    free(s);
+}
+
+int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host)
+{
+    int rc;
+
+    if (n <= 0)
+        return err_set(-EINVAL, "stream_eval: no tokens");
+    if (s->pos + n > s->n_ctx)
+        return err_set(-ENOSPC, "context full: %d tokens in the cache + %d new > %d", s->pos, n,
+                       s->n_ctx);
+    for (int i = 0; i < n; i += s->max_tok) {
+        int chunk = n - i < s->max_tok ? n - i : s->max_tok;
+        rc = s->m->arch->forward(s->b, s, ids + i, chunk);
+        if (rc)
+            return rc;
+        s->pos += chunk;
+    }
+    if (logits_host)
+        return s->b->ops->read(s->b, logits_host, s->logits, s->m->hp.n_vocab);
+    return 0;
+}
+
+void stream_truncate(struct stream *s, int pos)
+{
+    if (pos >= 0 && pos <= s->pos)
+        s->pos = pos;
+}

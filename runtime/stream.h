@@ -1,0 +1,43 @@
+/* stream: one generating sequence: its KV cache, position and the activation scratch of the
+ * forward, all in the backend's memory. */
+#ifndef STRATA_STREAM_H
+#define STRATA_STREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct backend;
+struct model;
+
+struct stream {
+    struct backend *b;
+    const struct model *m;
+    int n_ctx;     /* KV cache capacity in tokens */
+    int max_tok;   /* tokens per forward call (prefill chunk) */
+    int pos;       /* tokens already in the KV cache */
+    size_t kv_layer_floats; /* n_ctx * n_head_kv * head_dim */
+    float *k_cache, *v_cache; /* (n_layer, n_ctx, n_head_kv*head_dim), backend memory */
+    /* scratch, backend memory, views into one allocation (arena) */
+    float *arena;
+    float *x;      /* (max_tok, n_embd) residual stream */
+    float *xn;     /* (max_tok, n_embd) normed */
+    float *q;      /* (max_tok, n_head*head_dim) */
+    float *k, *v;  /* (max_tok, n_head_kv*head_dim) */
+    float *att;    /* (max_tok, n_head*head_dim) */
+    float *proj;   /* (max_tok, n_embd) attention output / moe output */
+    float *logits; /* (n_vocab) of the last position */
+};
+
+/* Allocates a stream of n_ctx tokens on backend b; 0 or -errno. */
+int stream_open(struct backend *b, int n_ctx, int max_tok, struct stream **out);
+void stream_close(struct stream *s);
+
+/* Evaluates n ids from the current position (in chunks of max_tok), appends them to the KV
+ * cache and copies the last position's logits (n_vocab floats) to logits_host if non-NULL.
+ * -ENOSPC (message says so) when the cache would overflow. */
+int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host);
+
+/* Forgets tokens from position pos on (pos <= s->pos). */
+void stream_truncate(struct stream *s, int pos);
+
+#endif

@@ -1,0 +1,71 @@
+#include "testutil.h"
+
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+int test_failures;
+
+int test_finish(const char *name)
+{
+    if (test_failures) {
+        fprintf(stderr, "%s: %d check(s) FAILED\n", name, test_failures);
+        return 1;
+    }
+    printf("%s: all checks passed\n", name);
+    return 0;
+}
+
+void test_poison_f32(float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = NAN;
+}
+
+void test_poison_bytes(void *p, size_t n)
+{
+    memset(p, 0xA5, n);
+}
+
+double test_max_rel_err(const float *a, const float *b, size_t n)
+{
+    double maxdiff = 0, maxref = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(b[i]))
+            return INFINITY;
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d > maxdiff)
+            maxdiff = d;
+        if (fabs((double)b[i]) > maxref)
+            maxref = fabs((double)b[i]);
+    }
+    return maxdiff / maxref;
+}
+
+double test_norm_rel_err(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(b[i]))
+            return INFINITY;
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+const char *test_data_path(char *buf, size_t size, const char *name)
+{
+    snprintf(buf, size, "%s/%s", STRATA_TEST_DATA, name);
+    return buf;
+}
+
+uint64_t test_seed(const char *name)
+{
+    const char *env = getenv("STRATA_TEST_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ (uint64_t)clock();
+    printf("%s: seed %llu (replay with STRATA_TEST_SEED=%llu)\n", name, (unsigned long long)seed,
+           (unsigned long long)seed);
+    return seed;
+}

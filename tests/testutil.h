@@ -1,0 +1,48 @@
+/* testutil: what every test program shares: a check macro that reports file and line, the
+ * skip code, poisoning of outputs, error measures and the test data directory. */
+#ifndef STRATA_TESTUTIL_H
+#define STRATA_TESTUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../runtime/rng.h"
+
+#define TEST_SKIP 77
+
+extern int test_failures;
+
+/* Records a failure with file and line and the formatted reason; the test goes on. */
+#define CHECK(cond, ...)                                                                       \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);          \
+            fprintf(stderr, __VA_ARGS__);                                                      \
+            fputc('\n', stderr);                                                               \
+            test_failures++;                                                                   \
+        }                                                                                      \
+    } while (0)
+
+/* Ends the test: prints a summary line and returns the exit code main should return. */
+int test_finish(const char *name);
+
+/* Fills n floats with a NaN pattern so an unwritten output element fails every comparison. */
+void test_poison_f32(float *p, size_t n);
+/* Fills bytes with 0xA5. */
+void test_poison_bytes(void *p, size_t n);
+
+/* max_i |a_i - b_i| / max(max_i |b_i|, tiny); NaN in either gives +inf. */
+double test_max_rel_err(const float *a, const float *b, size_t n);
+/* ||a - b||_2 / ||b||_2; NaN gives +inf. */
+double test_norm_rel_err(const float *a, const float *b, size_t n);
+
+/* Path under tests/data: writes into buf and returns it. */
+const char *test_data_path(char *buf, size_t size, const char *name);
+
+/* Seed for fresh random data: STRATA_TEST_SEED if set (to replay a failure), else the time.
+ * The seed is printed so a failure can be reproduced. */
+uint64_t test_seed(const char *name);
+
+#endif

@@ -1,0 +1,440 @@
+/* gen: lays out a synthetic qwen3moe GGUF and fills it from worker threads.
+ *
+ * DESIGN. The calling thread builds the plan (metadata, tensor list with types, shapes and
+ * value distributions), declares it to the GGUF writer and calls gguf_writer_begin_data. Tensor
+ * data is cut into jobs: fixed chunks of GEN_CHUNK_ELEMS values of one tensor, numbered in file
+ * order. Workers take the next job number from an atomic counter, draw the chunk into their
+ * own buffer from the random stream (seed, tensor index << 32 | chunk index) and write it with
+ * gguf_writer_pwrite (positional, thread-safe). A chunk's bytes depend only on the seed, the
+ * tensor and the chunk, so the file does not depend on the thread count or on scheduling.
+ * Shared state: the job counter and the byte counter (atomics), and under `lock` the first
+ * error and the count of finished workers; the calling thread waits on `done_cond` with a
+ * timeout to report progress. A failing or cancelled worker stops all others at their next
+ * job. Shutdown: every worker exits after the last job; the calling thread joins them, then
+ * finishes (fsync, rename) or aborts (temp file removed) the writer.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "errors.h"
+#include "gen.h"
+#include "gguf.h"
+#include "quant.h"
+
+#define GEN_CHUNK_ELEMS (1u << 20) /* values per job: a multiple of every block size */
+#define GEN_MAX_TENSORS_PER_LAYER 12
+#define GEN_NORM_STD 0.05f /* norm weights are 1 + N(0, GEN_NORM_STD^2) */
+
+/* A short ChatML template of our own for the Qwen3 special tokens. */
+static const char chat_template[] =
+    "{%- for message in messages -%}\n"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "{{- '<|im_start|>assistant\\n' -}}\n"
+    "{%- endif -%}\n";
+
+struct gen_tensor {
+    char name[64];
+    uint32_t type;
+    uint32_t n_dims;
+    uint64_t ne[3];      /* ggml order: ne[0] contiguous */
+    uint64_t n_elem;
+    float mean, std;     /* distribution of the dequantized values */
+    int idx;             /* index in the GGUF writer */
+    uint64_t first_job;  /* job number of chunk 0 */
+    uint64_t n_chunks;
+};
+
+struct gen_run {
+    const struct gen_config *cfg;
+    struct gguf_writer *w;
+    struct gen_tensor *t; /* (n_t) in file order, owned */
+    uint32_t n_t;
+    uint64_t n_jobs;
+    uint64_t total_bytes;
+    size_t buf_bytes;     /* largest chunk in bytes */
+
+    _Atomic uint64_t next_job;
+    _Atomic uint64_t done_bytes;
+    atomic_bool stop;
+
+    pthread_mutex_t lock;
+    pthread_cond_t done_cond;
+    uint32_t n_finished;  /* under lock */
+    int rc;               /* first error, under lock */
+    char msg[512];        /* its message, under lock */
+};
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- plan --------------------------------------------------------------------------------- */
+
+static int plan_add(struct gen_run *run, const struct gen_config *cfg, uint64_t *n_fallback,
+                    const char *name, uint32_t n_dims, const uint64_t *ne, float mean,
+                    float std)
+{
+    struct gen_tensor *t = &run->t[run->n_t++];
+    bool fell_back;
+
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    t->n_dims = n_dims;
+    t->n_elem = 1;
+    for (uint32_t d = 0; d < n_dims; d++) {
+        t->ne[d] = ne[d];
+        t->n_elem *= ne[d];
+    }
+    t->type = gen_mix_tensor_type(cfg->mix, name, n_dims, ne[0], &fell_back);
+    *n_fallback += fell_back;
+    t->mean = mean;
+    t->std = std;
+    t->n_chunks = (t->n_elem + GEN_CHUNK_ELEMS - 1) / GEN_CHUNK_ELEMS;
+    t->first_job = run->n_jobs;
+    run->n_jobs += t->n_chunks;
+    return 0;
+}
+
+/* The qwen3moe tensor list (FORMATS.md §4(a)) in file order: token_embd, the layers, then
+ * output_norm and output. Fan-in scaling: std = 1/sqrt(input length of the product). */
+static int plan_build(struct gen_run *run, const struct gen_config *cfg, uint32_t n_vocab,
+                      uint64_t *n_fallback)
+{
+    const struct gen_preset *p = &cfg->preset;
+    uint64_t d = p->n_embd, q = (uint64_t)p->n_head * p->head_dim;
+    uint64_t kv = (uint64_t)p->n_head_kv * p->head_dim, ff = p->n_ff_exp, e = p->n_expert;
+    float s_d = 1.0f / sqrtf((float)d), s_q = 1.0f / sqrtf((float)q);
+    float s_ff = 1.0f / sqrtf((float)ff);
+    char name[64];
+
+    run->t = calloc((size_t)p->n_layer * GEN_MAX_TENSORS_PER_LAYER + 3, sizeof(*run->t));
+    if (!run->t)
+        return err_set(-ENOMEM, "gen: out of memory for the tensor list");
+
+#define ADD(nm, nd, m, s, ...)                                                                 \
+    plan_add(run, cfg, n_fallback, nm, nd, (const uint64_t[]){__VA_ARGS__}, m, s)
+#define BLK(suffix) (snprintf(name, sizeof(name), "blk.%u.%s", l, suffix), name)
+
+    ADD("token_embd.weight", 2, 0.0f, 1.0f, d, n_vocab);
+    for (uint32_t l = 0; l < p->n_layer; l++) {
+        ADD(BLK("attn_norm.weight"), 1, 1.0f, GEN_NORM_STD, d);
+        ADD(BLK("attn_q.weight"), 2, 0.0f, s_d, d, q);
+        ADD(BLK("attn_k.weight"), 2, 0.0f, s_d, d, kv);
+        ADD(BLK("attn_v.weight"), 2, 0.0f, s_d, d, kv);
+        ADD(BLK("attn_output.weight"), 2, 0.0f, s_q, q, d);
+        ADD(BLK("attn_q_norm.weight"), 1, 1.0f, GEN_NORM_STD, p->head_dim);
+        ADD(BLK("attn_k_norm.weight"), 1, 1.0f, GEN_NORM_STD, p->head_dim);
+        ADD(BLK("ffn_norm.weight"), 1, 1.0f, GEN_NORM_STD, d);
+        ADD(BLK("ffn_gate_inp.weight"), 2, 0.0f, s_d, d, e);
+        ADD(BLK("ffn_gate_exps.weight"), 3, 0.0f, s_d, d, ff, e);
+        ADD(BLK("ffn_up_exps.weight"), 3, 0.0f, s_d, d, ff, e);
+        ADD(BLK("ffn_down_exps.weight"), 3, 0.0f, s_ff, ff, d, e);
+    }
+    ADD("output_norm.weight", 1, 1.0f, GEN_NORM_STD, d);
+    ADD("output.weight", 2, 0.0f, s_d, d, n_vocab);
+#undef BLK
+#undef ADD
+    return 0;
+}
+
+static int check_preset(const struct gen_config *cfg)
+{
+    const struct gen_preset *p = &cfg->preset;
+
+    if (!cfg->arch || strcmp(cfg->arch, "qwen3moe"))
+        return err_set(-EINVAL, "gen: unknown architecture '%s' (known: qwen3moe)",
+                       cfg->arch ? cfg->arch : "(none)");
+    if (!cfg->out_path)
+        return err_set(-EINVAL, "gen: no output path");
+    if (!p->n_layer || !p->n_embd || !p->n_ff_exp || !p->n_expert || !p->n_head ||
+        !p->n_head_kv || !p->head_dim || !p->n_vocab)
+        return err_set(-EINVAL, "gen: preset '%s' has a zero dimension", p->name);
+    if (p->n_expert_used == 0 || p->n_expert_used > p->n_expert)
+        return err_set(-EINVAL, "gen: preset '%s' uses %u of %u experts", p->name,
+                       p->n_expert_used, p->n_expert);
+    if (p->n_head % p->n_head_kv)
+        return err_set(-EINVAL, "gen: %u query heads are not a multiple of %u kv heads",
+                       p->n_head, p->n_head_kv);
+    if (p->n_layer > 100000)
+        return err_set(-EINVAL, "gen: %u layers is not a model", p->n_layer);
+    return 0;
+}
+
+/* ---- metadata ----------------------------------------------------------------------------- */
+
+static int write_metadata(struct gguf_writer *w, const struct gen_config *cfg,
+                          const struct gen_vocab *v)
+{
+    const struct gen_preset *p = &cfg->preset, *base = gen_preset_find(p->name);
+    char name[160], layers[32] = "";
+    int rc = 0;
+
+    if (base && base->n_layer != p->n_layer)
+        snprintf(layers, sizeof(layers), ", %u layers", p->n_layer);
+    snprintf(name, sizeof(name), "%s (synthetic, strata gen %s seed %" PRIu64 "%s)",
+             p->model_name, gen_mix_name(cfg->mix), cfg->seed, layers);
+
+#define U32(key, val) (rc = rc ? rc : gguf_writer_add_u32(w, key, val))
+#define F32(key, val) (rc = rc ? rc : gguf_writer_add_f32(w, key, val))
+#define STR(key, val) (rc = rc ? rc : gguf_writer_add_str(w, key, val))
+    STR("general.architecture", "qwen3moe");
+    STR("general.name", name);
+    U32("general.file_type", gen_mix_file_type(cfg->mix));
+    U32("general.quantization_version", 2);
+    U32("qwen3moe.block_count", p->n_layer);
+    U32("qwen3moe.context_length", p->n_ctx);
+    U32("qwen3moe.embedding_length", p->n_embd);
+    U32("qwen3moe.feed_forward_length", p->n_ff);
+    U32("qwen3moe.expert_feed_forward_length", p->n_ff_exp);
+    U32("qwen3moe.expert_count", p->n_expert);
+    U32("qwen3moe.expert_used_count", p->n_expert_used);
+    U32("qwen3moe.attention.head_count", p->n_head);
+    U32("qwen3moe.attention.head_count_kv", p->n_head_kv);
+    U32("qwen3moe.attention.key_length", p->head_dim);
+    U32("qwen3moe.attention.value_length", p->head_dim);
+    F32("qwen3moe.attention.layer_norm_rms_epsilon", p->rms_eps);
+    F32("qwen3moe.rope.freq_base", p->rope_base);
+    STR("tokenizer.ggml.model", "gpt2");
+    STR("tokenizer.ggml.pre", "qwen2");
+    if (!rc)
+        rc = gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens",
+                                     (const char *const *)v->tokens, NULL, v->n_tokens);
+    if (!rc)
+        rc = gguf_writer_add_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, v->types,
+                                 v->n_tokens);
+    if (!rc)
+        rc = gguf_writer_add_arr_str(w, "tokenizer.ggml.merges",
+                                     (const char *const *)v->merges, NULL, v->n_merges);
+    U32("tokenizer.ggml.bos_token_id", v->bos_id);
+    U32("tokenizer.ggml.eos_token_id", v->eos_id);
+    U32("tokenizer.ggml.padding_token_id", v->pad_id);
+    if (!rc)
+        rc = gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", false);
+    STR("tokenizer.chat_template", chat_template);
+#undef U32
+#undef F32
+#undef STR
+    return rc;
+}
+
+/* ---- workers ------------------------------------------------------------------------------ */
+
+static void run_fail(struct gen_run *run, int rc, const char *msg)
+{
+    pthread_mutex_lock(&run->lock);
+    if (!run->rc) {
+        run->rc = rc;
+        snprintf(run->msg, sizeof(run->msg), "%s", msg);
+    }
+    pthread_mutex_unlock(&run->lock);
+    atomic_store(&run->stop, true);
+}
+
+/* The tensor that owns job j: binary search over first_job. */
+static struct gen_tensor *job_tensor(struct gen_run *run, uint64_t j)
+{
+    uint32_t lo = 0, hi = run->n_t;
+    while (hi - lo > 1) {
+        uint32_t mid = (lo + hi) / 2;
+        if (run->t[mid].first_job <= j)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return &run->t[lo];
+}
+
+static int do_job(struct gen_run *run, uint64_t j, void *buf)
+{
+    struct gen_tensor *t = job_tensor(run, j);
+    uint64_t chunk = j - t->first_job, first = chunk * GEN_CHUNK_ELEMS;
+    uint64_t n = t->n_elem - first < GEN_CHUNK_ELEMS ? t->n_elem - first : GEN_CHUNK_ELEMS;
+    uint64_t at, bytes;
+    struct rng r;
+    int rc;
+
+    if ((rc = quant_row_bytes(t->type, first, &at)) || (rc = quant_row_bytes(t->type, n, &bytes)))
+        return rc;
+    rng_seed(&r, run->cfg->seed, (uint64_t)(t - run->t) << 32 | chunk);
+    if ((rc = gen_blocks_draw(t->type, buf, n, t->mean, t->std, &r)))
+        return err_wrap(rc, "tensor '%s': ", t->name);
+    if ((rc = gguf_writer_pwrite(run->w, t->idx, at, buf, bytes)))
+        return err_wrap(rc, "tensor '%s' chunk %" PRIu64 ": ", t->name, chunk);
+    atomic_fetch_add(&run->done_bytes, bytes);
+    return 0;
+}
+
+static void *worker_main(void *arg)
+{
+    struct gen_run *run = arg;
+    void *buf = malloc(run->buf_bytes);
+
+    if (!buf)
+        run_fail(run, -ENOMEM, "gen: out of memory for a chunk buffer");
+    while (buf && !atomic_load(&run->stop)) {
+        if (run->cfg->cancel && *run->cfg->cancel) {
+            run_fail(run, -EINTR, "gen: interrupted");
+            break;
+        }
+        uint64_t j = atomic_fetch_add(&run->next_job, 1);
+        if (j >= run->n_jobs)
+            break;
+        int rc = do_job(run, j, buf);
+        if (rc) {
+            run_fail(run, rc, err_msg());
+            break;
+        }
+    }
+    free(buf);
+    pthread_mutex_lock(&run->lock);
+    run->n_finished++;
+    pthread_cond_signal(&run->done_cond);
+    pthread_mutex_unlock(&run->lock);
+    return NULL;
+}
+
+/* Starts n workers, reports progress until all have finished, joins them. */
+static int run_workers(struct gen_run *run, uint32_t n, double t0)
+{
+    pthread_t *th = calloc(n, sizeof(*th));
+    uint32_t started = 0;
+    int rc = 0;
+
+    if (!th)
+        return err_set(-ENOMEM, "gen: out of memory for %u threads", n);
+    for (; started < n; started++) {
+        if ((rc = pthread_create(&th[started], NULL, worker_main, run))) {
+            run_fail(run, -rc, "gen: cannot start a worker thread");
+            break;
+        }
+    }
+    pthread_mutex_lock(&run->lock);
+    while (run->n_finished < started) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 250 * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&run->done_cond, &run->lock, &until);
+        if (run->n_finished < started && run->cfg->progress) {
+            pthread_mutex_unlock(&run->lock);
+            run->cfg->progress(run->cfg->progress_arg, atomic_load(&run->done_bytes),
+                               run->total_bytes, now_seconds() - t0);
+            pthread_mutex_lock(&run->lock);
+        }
+    }
+    pthread_mutex_unlock(&run->lock);
+    for (uint32_t i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    free(th);
+    if (run->rc)
+        return err_set(run->rc, "%s", run->msg);
+    return rc;
+}
+
+/* ---- the whole write ---------------------------------------------------------------------- */
+
+static int declare_tensors(struct gen_run *run, uint64_t *n_params)
+{
+    uint64_t max_chunk = 0;
+
+    *n_params = 0;
+    for (uint32_t i = 0; i < run->n_t; i++) {
+        struct gen_tensor *t = &run->t[i];
+        uint64_t bytes;
+        int rc = quant_tensor_bytes(t->type, t->n_dims, t->ne, &bytes);
+        if (rc)
+            return err_wrap(rc, "tensor '%s': ", t->name);
+        t->idx = gguf_writer_add_tensor(run->w, t->name, t->type, t->n_dims, t->ne);
+        if (t->idx < 0)
+            return t->idx;
+        if ((rc = quant_row_bytes(t->type, t->n_elem < GEN_CHUNK_ELEMS ? t->n_elem
+                                                                        : GEN_CHUNK_ELEMS,
+                                  &bytes)))
+            return rc;
+        if (bytes > max_chunk)
+            max_chunk = bytes;
+        *n_params += t->n_elem;
+    }
+    run->buf_bytes = (size_t)max_chunk;
+    return 0;
+}
+
+static uint32_t default_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 1024 ? 1024 : (uint32_t)n;
+}
+
+int gen_file_write(const struct gen_config *cfg, struct gen_stats *stats)
+{
+    struct gen_run run = {.cfg = cfg};
+    struct gen_vocab vocab = {0};
+    struct gen_stats st = {0};
+    double t0 = now_seconds();
+    int rc;
+
+    if ((rc = check_preset(cfg)))
+        return rc;
+    rc = cfg->vocab_path ? gen_vocab_load(cfg->vocab_path, cfg->preset.n_vocab, &vocab)
+                         : gen_vocab_build(cfg->preset.n_vocab, cfg->preset.special_base, &vocab);
+    if (rc)
+        return rc;
+    if ((rc = plan_build(&run, cfg, vocab.n_tokens, &st.n_fallback)))
+        goto out_vocab;
+    if ((rc = gguf_writer_open(cfg->out_path, GGUF_DEFAULT_ALIGNMENT, &run.w)))
+        goto out_plan;
+    if ((rc = write_metadata(run.w, cfg, &vocab)) || (rc = declare_tensors(&run, &st.n_params)) ||
+        (rc = gguf_writer_begin_data(run.w)))
+        goto out_abort;
+    for (uint32_t i = 0; i < run.n_t; i++) {
+        uint64_t off, size;
+        if ((rc = gguf_writer_tensor_extent(run.w, run.t[i].idx, &off, &size)))
+            goto out_abort;
+        run.total_bytes += size;
+    }
+
+    st.n_threads = cfg->n_threads ? cfg->n_threads : default_threads();
+    pthread_mutex_init(&run.lock, NULL);
+    pthread_cond_init(&run.done_cond, NULL);
+    rc = run_workers(&run, st.n_threads, t0);
+    pthread_cond_destroy(&run.done_cond);
+    pthread_mutex_destroy(&run.lock);
+    if (rc)
+        goto out_abort;
+    if (cfg->progress)
+        cfg->progress(cfg->progress_arg, run.total_bytes, run.total_bytes, now_seconds() - t0);
+    rc = gguf_writer_finish(run.w);
+    run.w = NULL;
+    if (rc)
+        goto out_plan;
+
+    st.n_tensors = run.n_t;
+    st.data_bytes = run.total_bytes;
+    st.n_vocab = vocab.n_tokens;
+    st.seconds = now_seconds() - t0;
+    if (stats)
+        *stats = st;
+    goto out_plan;
+
+out_abort:
+    gguf_writer_abort(run.w);
+out_plan:
+    free(run.t);
+out_vocab:
+    gen_vocab_free(&vocab);
+    return rc;
+}
