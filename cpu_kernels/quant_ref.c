@@ -4,11 +4,12 @@
  * Dequantizers are the numerical definition of each format and match gguf-py's numpy
  * dequantizers bit for bit. Numpy rounds every array operation to float32 separately, so the code
  * below performs the same operations in the same order: first the per-sub-block factor (d*sc,
- * dmin*m), then factor*q, then the subtraction of the min term. Order matters for Q6_K, where
- * d*sc*q can need 25 significant bits (f16 d, int8 sc, 6-bit q) and (d*sc)*q rounds differently
- * from d*(sc*q); for the other formats those products are exact in float32, which also makes
- * their results independent of FMA contraction. Contraction is switched off for the whole file
- * anyway so that the quantizers' output does not depend on the build (-march=native).
+ * dmin*m), then factor*q, then the subtraction of the min term. The order shows in the sign of
+ * zero ((d*sc)*0 is -0 when d*sc < 0, d*(sc*0) is not) and, for Q6_K, in the last bit: d*sc*q
+ * can need 25 significant bits there (f16 d, int8 sc, 6-bit q). The other products are exact in
+ * float32, which also makes the results independent of FMA contraction. Contraction is switched
+ * off for the whole file anyway so that the quantizers' output does not depend on the build
+ * (-march=native).
  *
  * Quantizers are plain and unhurried: Q8_0/Q4_0/MXFP4 follow the formulas in FORMATS.md; the
  * K-quants search a scale (and min) per sub-block over a few candidate grids, refitting each by
