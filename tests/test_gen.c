@@ -95,10 +95,10 @@ static void test_draw(uint64_t seed)
         /* The expected errors are ~0.3% of std for the mean and < 1% for the std. */
         CHECK(fabs(mean) < 0.02 * std, "%s: mean %g, std %g", quant_type_name(type), mean,
               (double)std);
-        CHECK(fabs(sd / std - 1.0) < 0.03, "%s: std %g, want %g (fan-in %u)",
-              quant_type_name(type), sd, (double)std, fan_in);
-        printf("draw %-5s fan-in %4u: mean %+.4f std, std %.4f of target\n",
-               quant_type_name(type), fan_in, mean / std, sd / std);
+        CHECK(fabs(sd / std - 1.0) < 0.03, "%s: std %g, want %g (fan-in %u)", quant_type_name(type),
+              sd, (double)std, fan_in);
+        printf("draw %-5s fan-in %4u: mean %+.4f std, std %.4f of target\n", quant_type_name(type),
+               fan_in, mean / std, sd / std);
 
         if (type == QUANT_Q8_0) {
             const struct block_q8_0 *q = (const void *)a;
@@ -117,8 +117,8 @@ static void test_draw(uint64_t seed)
     CHECK(gen_blocks_draw(QUANT_F32, y, n, 1.0f, 0.05f, &r) == 0, "F32 with mean");
     double mean, sd;
     moments(y, n, &mean, &sd);
-    CHECK(fabs(mean - 1.0) < 0.002 && fabs(sd / 0.05 - 1.0) < 0.03, "norm: mean %g std %g",
-          mean, sd);
+    CHECK(fabs(mean - 1.0) < 0.002 && fabs(sd / 0.05 - 1.0) < 0.03, "norm: mean %g std %g", mean,
+          sd);
 
     uint8_t blk[sizeof(struct block_q8_0) * 4];
     CHECK(gen_blocks_draw(QUANT_Q4_0, blk, 32, 0.0f, 1.0f, &r) == -EINVAL, "Q4_0 is not drawn");
@@ -137,8 +137,8 @@ static void test_mixes(void)
 
     CHECK(gen_mix_parse("Q4_K_M", &m) == 0 && m == GEN_MIX_Q4_K_M, "parse Q4_K_M");
     CHECK(gen_mix_parse("q8_0", &m) == 0 && m == GEN_MIX_Q8_0, "parse q8_0");
-    CHECK(gen_mix_parse("q4_k_s", &m) == -EINVAL && strstr(err_msg(), "q4_k_s"),
-          "unknown mix: %s", err_msg());
+    CHECK(gen_mix_parse("q4_k_s", &m) == -EINVAL && strstr(err_msg(), "q4_k_s"), "unknown mix: %s",
+          err_msg());
     CHECK(gen_mix_file_type(GEN_MIX_F32) == 0 && gen_mix_file_type(GEN_MIX_Q8_0) == 7 &&
               gen_mix_file_type(GEN_MIX_Q4_K_M) == 15,
           "file types");
@@ -169,8 +169,8 @@ static void test_mixes(void)
         {GEN_MIX_F32, "blk.0.ffn_up_exps.weight", 3, 2048, QUANT_F32, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        uint32_t t = gen_mix_tensor_type(cases[i].mix, cases[i].name, cases[i].n_dims,
-                                         cases[i].ne0, &fb);
+        uint32_t t =
+            gen_mix_tensor_type(cases[i].mix, cases[i].name, cases[i].n_dims, cases[i].ne0, &fb);
         CHECK(t == cases[i].want && fb == cases[i].fell_back, "%s %s ne0 %llu: %s%s, want %s",
               gen_mix_name(cases[i].mix), cases[i].name, (unsigned long long)cases[i].ne0,
               quant_type_name(t), fb ? " (fallback)" : "", quant_type_name(cases[i].want));
@@ -260,8 +260,7 @@ static void write_tokenizer_json(const char *path, uint32_t extra_id)
                             "{\"id\": 261, \"content\": \"<|im_end|>\", \"special\": true},"
                             "{\"id\": %u, \"content\": \"<think>\", \"special\": false}",
                             extra_id);
-    len += (size_t)snprintf(s + len, cap - len,
-                            "], \"model\": {\"type\": \"BPE\", \"vocab\": {");
+    len += (size_t)snprintf(s + len, cap - len, "], \"model\": {\"type\": \"BPE\", \"vocab\": {");
     for (int b = 0; b < 256; b++) {
         char u[3];
         gen_byte_to_utf8((uint8_t)b, u);
@@ -292,8 +291,7 @@ static void test_vocab(void)
 
     CHECK(gen_vocab_build(200, 0, &v) == -EINVAL, "200 tokens accepted");
     CHECK(gen_vocab_build(151936, 151643, &v) == 0, "qwen-size vocab: %s", err_msg());
-    CHECK(v.n_tokens == 151936 && v.bos_id == 151643 && v.eos_id == 151645 &&
-              v.pad_id == 151643,
+    CHECK(v.n_tokens == 151936 && v.bos_id == 151643 && v.eos_id == 151645 && v.pad_id == 151643,
           "qwen-size ids");
     CHECK(!strcmp(v.tokens[151643], "<|endoftext|>") && !strcmp(v.tokens[151644], "<|im_start|>") &&
               !strcmp(v.tokens[151645], "<|im_end|>") && v.types[151644] == GEN_TOKEN_CONTROL,
@@ -304,15 +302,14 @@ static void test_vocab(void)
     uint32_t n_normal = 0;
     for (uint32_t i = 0; i < v.n_tokens; i++)
         n_normal += v.types[i] == GEN_TOKEN_NORMAL;
-    CHECK(n_normal > 1000 && v.n_merges >= n_normal - 256, "%u learned tokens, %u merges",
-          n_normal, v.n_merges);
+    CHECK(n_normal > 1000 && v.n_merges >= n_normal - 256, "%u learned tokens, %u merges", n_normal,
+          v.n_merges);
     check_vocab("qwen-size synthetic", v.tokens, v.n_tokens, v.merges, v.n_merges);
     gen_vocab_free(&v);
 
     write_tokenizer_json(tmp_path(path, sizeof(path), "tokenizer.json"), 262);
     CHECK(gen_vocab_load(path, 1024, &v) == 0, "load tokenizer.json: %s", err_msg());
-    CHECK(v.n_tokens == 1024 && v.n_merges == 3, "%u tokens, %u merges", v.n_tokens,
-          v.n_merges);
+    CHECK(v.n_tokens == 1024 && v.n_merges == 3, "%u tokens, %u merges", v.n_tokens, v.n_merges);
     if (v.n_tokens == 1024 && v.n_merges == 3) {
         CHECK(!strcmp(v.merges[1], "h e") && !strcmp(v.merges[2], "\xC4\xA0t he"),
               "merges '%s' '%s'", v.merges[1], v.merges[2]);
@@ -329,8 +326,7 @@ static void test_vocab(void)
     gen_vocab_free(&v);
 
     write_tokenizer_json(path, 1500); /* larger than the preset: the vocabulary grows */
-    CHECK(gen_vocab_load(path, 1024, &v) == 0 && v.n_tokens == 1501, "grown vocab: %u",
-          v.n_tokens);
+    CHECK(gen_vocab_load(path, 1024, &v) == 0 && v.n_tokens == 1501, "grown vocab: %u", v.n_tokens);
     gen_vocab_free(&v);
 
     write_text(path, "{\"model\": {\"vocab\": [1, 2]}}");
@@ -360,12 +356,12 @@ static uint32_t want_tensors(const struct gen_preset *p, enum gen_mix mix, uint3
     uint32_t big = mix == GEN_MIX_F32 ? QUANT_F32 : QUANT_Q8_0;
     uint32_t n = 0;
 
-#define W(nm, nd, ty, m, s, ...)                                                               \
-    do {                                                                                       \
-        w[n] = (struct want_tensor){.n_dims = nd, .ne = {__VA_ARGS__}, .type = ty,            \
-                                    .mean = m, .std = s};                                      \
-        snprintf(w[n].name, sizeof(w[n].name), "%s", nm);                                      \
-        n++;                                                                                   \
+#define W(nm, nd, ty, m, s, ...)                                                                   \
+    do {                                                                                           \
+        w[n] = (struct want_tensor){                                                               \
+            .n_dims = nd, .ne = {__VA_ARGS__}, .type = ty, .mean = m, .std = s};                   \
+        snprintf(w[n].name, sizeof(w[n].name), "%s", nm);                                          \
+        n++;                                                                                       \
     } while (0)
     char nm[64];
 #define B(l, s) (snprintf(nm, sizeof(nm), "blk.%u.%s", l, s), nm)
@@ -396,12 +392,16 @@ static uint32_t want_tensors(const struct gen_preset *p, enum gen_mix mix, uint3
     return n;
 }
 
-static int write_file(const struct gen_preset *p, enum gen_mix mix, uint64_t seed,
-                      uint32_t threads, const char *vocab, const char *path,
-                      struct gen_stats *st)
+static int write_file(const struct gen_preset *p, enum gen_mix mix, uint64_t seed, uint32_t threads,
+                      const char *vocab, const char *path, struct gen_stats *st)
 {
-    struct gen_config cfg = {.arch = "qwen3moe", .preset = *p, .mix = mix, .seed = seed,
-                             .n_threads = threads, .vocab_path = vocab, .out_path = path};
+    struct gen_config cfg = {.arch = "qwen3moe",
+                             .preset = *p,
+                             .mix = mix,
+                             .seed = seed,
+                             .n_threads = threads,
+                             .vocab_path = vocab,
+                             .out_path = path};
     return gen_file_write(&cfg, st);
 }
 
@@ -441,8 +441,8 @@ static void free_strs(char **s, uint32_t n)
     free(s);
 }
 
-static void check_metadata(const struct gguf_file *f, const struct gen_preset *p,
-                           enum gen_mix mix, uint32_t n_vocab)
+static void check_metadata(const struct gguf_file *f, const struct gen_preset *p, enum gen_mix mix,
+                           uint32_t n_vocab)
 {
     float eps = 0, base = 0;
 
@@ -530,8 +530,8 @@ static void check_tensors(const struct gguf_file *f, const struct want_tensor *w
         CHECK(all_finite(y, ne), "%s: non-finite value", w[i].name);
         CHECK(fabs(mean - w[i].mean) < tol_mean, "%s (%s): mean %g, want %g +- %g", w[i].name,
               quant_type_name(t->type), mean, w[i].mean, tol_mean);
-        CHECK(fabs(sd / w[i].std - 1) < tol_std, "%s (%s): std %g, want %g +- %.0f%%",
-              w[i].name, quant_type_name(t->type), sd, w[i].std, 100 * tol_std);
+        CHECK(fabs(sd / w[i].std - 1) < tol_std, "%s (%s): std %g, want %g +- %.0f%%", w[i].name,
+              quant_type_name(t->type), sd, w[i].std, 100 * tol_std);
         if (strstr(w[i].name, "blk.0.ffn_") && strstr(w[i].name, "_exps"))
             printf("  %-26s %-5s fan-in %4llu: mean %+.4f std, std %.4f of 1/sqrt(fan-in)\n",
                    w[i].name, quant_type_name(t->type), (unsigned long long)t->ne[0],
@@ -599,8 +599,7 @@ static void test_files(uint64_t seed)
 
     for (int m = 0; m < GEN_MIX_COUNT; m++) {
         snprintf(path, sizeof(path), "%s/tiny-%s.gguf", tmpdir, gen_mix_name(m));
-        CHECK(write_file(tiny, m, seed, 2, NULL, path, &st) == 0, "write %s: %s", path,
-              err_msg());
+        CHECK(write_file(tiny, m, seed, 2, NULL, path, &st) == 0, "write %s: %s", path, err_msg());
         uint64_t size = file_size(path);
         printf("tiny %-6s: %llu bytes, %llu tensors, %llu fallback\n", gen_mix_name(m),
                (unsigned long long)size, (unsigned long long)st.n_tensors,
@@ -620,8 +619,7 @@ static void test_files(uint64_t seed)
     CHECK(files_equal(path, path2), "same seed, 1 vs 2 threads: files differ");
     CHECK(write_file(tiny, GEN_MIX_Q4_K_M, seed, 5, NULL, path2, NULL) == 0, "%s", err_msg());
     CHECK(files_equal(path, path2), "same seed, 2 vs 5 threads: files differ");
-    CHECK(write_file(tiny, GEN_MIX_Q4_K_M, seed + 1, 2, NULL, path2, NULL) == 0, "%s",
-          err_msg());
+    CHECK(write_file(tiny, GEN_MIX_Q4_K_M, seed + 1, 2, NULL, path2, NULL) == 0, "%s", err_msg());
     CHECK(!files_equal(path, path2), "seeds %llu and %llu gave the same file",
           (unsigned long long)seed, (unsigned long long)seed + 1);
 
@@ -655,14 +653,19 @@ static void test_files(uint64_t seed)
     /* Failures leave nothing behind. */
     CHECK(count_dir_entries(tmpdir) == 0, "leftover files in %s", tmpdir);
     volatile sig_atomic_t cancel = 1;
-    struct gen_config cfg = {.arch = "qwen3moe", .preset = *tiny, .mix = GEN_MIX_Q8_0,
-                             .seed = seed, .n_threads = 2, .out_path = path, .cancel = &cancel};
+    struct gen_config cfg = {.arch = "qwen3moe",
+                             .preset = *tiny,
+                             .mix = GEN_MIX_Q8_0,
+                             .seed = seed,
+                             .n_threads = 2,
+                             .out_path = path,
+                             .cancel = &cancel};
     CHECK(gen_file_write(&cfg, NULL) == -EINTR, "cancelled write: %s", err_msg());
     CHECK(count_dir_entries(tmpdir) == 0, "cancelled write left a file in %s", tmpdir);
     cfg.cancel = NULL;
     cfg.arch = "llama";
-    CHECK(gen_file_write(&cfg, NULL) == -EINVAL && strstr(err_msg(), "llama"),
-          "unknown arch: %s", err_msg());
+    CHECK(gen_file_write(&cfg, NULL) == -EINVAL && strstr(err_msg(), "llama"), "unknown arch: %s",
+          err_msg());
     cfg.arch = "qwen3moe";
     cfg.vocab_path = "/nonexistent/tokenizer.json";
     CHECK(gen_file_write(&cfg, NULL) == -EINVAL && strstr(err_msg(), "/nonexistent"),
@@ -673,6 +676,10 @@ static void test_files(uint64_t seed)
           err_msg());
     cfg.out_path = NULL;
     CHECK(gen_file_write(&cfg, NULL) == -EINVAL, "no output path");
+    cfg.out_path = path;
+    cfg.preset.n_expert_used = cfg.preset.n_expert + 1;
+    CHECK(gen_file_write(&cfg, NULL) == -EINVAL, "top-%u of %u experts accepted",
+          cfg.preset.n_expert_used, cfg.preset.n_expert);
     CHECK(count_dir_entries(tmpdir) == 0, "failed writes left files in %s", tmpdir);
 }
 

@@ -43,8 +43,8 @@ static void gen_usage(FILE *out)
         fprintf(out,
                 "                     %-10s %u layers, d %u, %u/%u heads x %u, %u experts "
                 "top-%u x %u, vocab %u\n",
-                p[i].name, p[i].n_layer, p[i].n_embd, p[i].n_head, p[i].n_head_kv,
-                p[i].head_dim, p[i].n_expert, p[i].n_expert_used, p[i].n_ff_exp, p[i].n_vocab);
+                p[i].name, p[i].n_layer, p[i].n_embd, p[i].n_head, p[i].n_head_kv, p[i].head_dim,
+                p[i].n_expert, p[i].n_expert_used, p[i].n_ff_exp, p[i].n_vocab);
     fprintf(out,
             "  --quant MIX      f32, q8_0 or q4_k_m (default %s)\n"
             "  --seed S         random seed (default %d)\n"
@@ -105,18 +105,22 @@ static void gen_progress(void *arg, uint64_t done, uint64_t total, double second
     ps->shown = true;
     ps->last_decile = decile;
     fprintf(stderr, "%sgen: %5.1f%%  %.2f / %.2f GB  %.2f GB/s%s", ps->tty ? "\r" : "", pct,
-            (double)done / 1e9, (double)total / 1e9, gbs,
-            !ps->tty || done == total ? "\n" : "   ");
+            (double)done / 1e9, (double)total / 1e9, gbs, !ps->tty || done == total ? "\n" : "   ");
 }
 
 int cmd_gen(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"arch", required_argument, NULL, 'a'},    {"preset", required_argument, NULL, 'p'},
-        {"quant", required_argument, NULL, 'm'},   {"seed", required_argument, NULL, 's'},
-        {"threads", required_argument, NULL, 't'}, {"layers", required_argument, NULL, 'l'},
-        {"vocab", required_argument, NULL, 'v'},   {"output", required_argument, NULL, 'o'},
-        {"quiet", no_argument, NULL, 'q'},         {"help", no_argument, NULL, 'h'},
+        {"arch", required_argument, NULL, 'a'},
+        {"preset", required_argument, NULL, 'p'},
+        {"quant", required_argument, NULL, 'm'},
+        {"seed", required_argument, NULL, 's'},
+        {"threads", required_argument, NULL, 't'},
+        {"layers", required_argument, NULL, 'l'},
+        {"vocab", required_argument, NULL, 'v'},
+        {"output", required_argument, NULL, 'o'},
+        {"quiet", no_argument, NULL, 'q'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *preset_name = GEN_DEFAULT_PRESET, *mix_name = GEN_DEFAULT_MIX;
@@ -129,12 +133,24 @@ int cmd_gen(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, "o:qh", opts, NULL)) != -1) {
         switch (c) {
-        case 'a': cfg.arch = optarg; break;
-        case 'p': preset_name = optarg; break;
-        case 'm': mix_name = optarg; break;
-        case 'v': cfg.vocab_path = optarg; break;
-        case 'o': cfg.out_path = optarg; break;
-        case 'q': quiet = true; break;
+        case 'a':
+            cfg.arch = optarg;
+            break;
+        case 'p':
+            preset_name = optarg;
+            break;
+        case 'm':
+            mix_name = optarg;
+            break;
+        case 'v':
+            cfg.vocab_path = optarg;
+            break;
+        case 'o':
+            cfg.out_path = optarg;
+            break;
+        case 'q':
+            quiet = true;
+            break;
         case 's':
             if (!gen_parse_u64(optarg, 0, UINT64_MAX, &cfg.seed))
                 return gen_usage_error("--seed wants a non-negative integer, not '%s'", optarg);
@@ -148,8 +164,11 @@ int cmd_gen(int argc, char **argv)
             if (!gen_parse_u64(optarg, 1, 100000, &layers))
                 return gen_usage_error("--layers wants a positive integer, not '%s'", optarg);
             break;
-        case 'h': gen_usage(stdout); return 0;
-        default: return gen_usage_error("bad option");
+        case 'h':
+            gen_usage(stdout);
+            return 0;
+        default:
+            return gen_usage_error("bad option");
         }
     }
     if (optind < argc)
@@ -192,9 +211,9 @@ int cmd_gen(int argc, char **argv)
                 st.n_fallback);
     printf("wrote %s: %s %s, %u layers, %" PRIu64 " tensors, %.4g M params, %.4g GB of "
            "weights, vocab %u, seed %" PRIu64 ", %u threads, %.1f s (%.2f GB/s)\n",
-           cfg.out_path, cfg.preset.name, gen_mix_name(cfg.mix), cfg.preset.n_layer,
-           st.n_tensors, (double)st.n_params / 1e6, (double)st.data_bytes / 1e9, st.n_vocab,
-           cfg.seed, st.n_threads, st.seconds,
+           cfg.out_path, cfg.preset.name, gen_mix_name(cfg.mix), cfg.preset.n_layer, st.n_tensors,
+           (double)st.n_params / 1e6, (double)st.data_bytes / 1e9, st.n_vocab, cfg.seed,
+           st.n_threads, st.seconds,
            st.seconds > 0 ? (double)st.data_bytes / st.seconds / 1e9 : 0.0);
     return 0;
 }

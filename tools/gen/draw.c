@@ -4,11 +4,14 @@
  * the dequantized values have the requested std, and mins (Q4_K/Q5_K) cancel the code mean of
  * each sub-block, so that the values have mean ~0. Block layouts: FORMATS.md §2.
  *
- *   format  codes q            E[(q - mean)^2]       scale per sub-block s      super scale d
- *   Q8_0    -127..127          (255^2 - 1)/12        (per block) d·u, u~U[.5,1.5]  std/sqrt(E q^2 E u^2)
- *   Q4_K    0..15, mean 7.5    (16^2 - 1)/12         sc 32..63, m = sc          std/sqrt(21.25 E sc^2), dmin = 7.5 d
- *   Q5_K    0..31, mean 15.5   (32^2 - 1)/12         sc 32..63, m = sc          std/sqrt(85.25 E sc^2), dmin = 15.5 d
- *   Q6_K    -32..31            341.25 (+0.25 mean^2)  ±(64..127), random sign   std/sqrt(341.5 E sc^2)
+ *   format  codes q           code variance       sub-block scale        super-block scale d
+ *   Q8_0    -127..127         (255^2 - 1)/12      -                      std·u/sqrt(E q² E u²),
+ *                                                                          u ~ U[.5, 1.5)
+ *   Q4_K    0..15 (mean 7.5)  (16^2 - 1)/12       sc 32..63, min m = sc  std/sqrt(21.25 E sc²),
+ *                                                                          dmin = 7.5 d
+ *   Q5_K    0..31 (mean 15.5) (32^2 - 1)/12       sc 32..63, min m = sc  std/sqrt(85.25 E sc²),
+ *                                                                          dmin = 15.5 d
+ *   Q6_K    -32..31           341.25 (+0.25 mean²) ±(64..127)           std/sqrt(341.5 E sc²)
  *
  * Q6_K has no min; its codes have mean -0.5, and the random sign of each sub-block's scale
  * makes the tensor mean 0 (a sub-block's own mean is off by 0.5/18.5 of its std).

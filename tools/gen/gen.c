@@ -45,11 +45,11 @@ struct gen_tensor {
     char name[64];
     uint32_t type;
     uint32_t n_dims;
-    uint64_t ne[3];      /* ggml order: ne[0] contiguous */
+    uint64_t ne[3]; /* ggml order: ne[0] contiguous */
     uint64_t n_elem;
-    float mean, std;     /* distribution of the dequantized values */
-    int idx;             /* index in the GGUF writer */
-    uint64_t first_job;  /* job number of chunk 0 */
+    float mean, std;    /* distribution of the dequantized values */
+    int idx;            /* index in the GGUF writer */
+    uint64_t first_job; /* job number of chunk 0 */
     uint64_t n_chunks;
 };
 
@@ -60,7 +60,7 @@ struct gen_run {
     uint32_t n_t;
     uint64_t n_jobs;
     uint64_t total_bytes;
-    size_t buf_bytes;     /* largest chunk in bytes */
+    size_t buf_bytes; /* largest chunk in bytes */
 
     _Atomic uint64_t next_job;
     _Atomic uint64_t done_bytes;
@@ -68,9 +68,9 @@ struct gen_run {
 
     pthread_mutex_t lock;
     pthread_cond_t done_cond;
-    uint32_t n_finished;  /* under lock */
-    int rc;               /* first error, under lock */
-    char msg[512];        /* its message, under lock */
+    uint32_t n_finished; /* under lock */
+    int rc;              /* first error, under lock */
+    char msg[512];       /* its message, under lock */
 };
 
 static double now_seconds(void)
@@ -82,9 +82,8 @@ static double now_seconds(void)
 
 /* ---- plan --------------------------------------------------------------------------------- */
 
-static int plan_add(struct gen_run *run, const struct gen_config *cfg, uint64_t *n_fallback,
-                    const char *name, uint32_t n_dims, const uint64_t *ne, float mean,
-                    float std)
+static void plan_add(struct gen_run *run, const struct gen_config *cfg, uint64_t *n_fallback,
+                     const char *name, uint32_t n_dims, const uint64_t *ne, float mean, float std)
 {
     struct gen_tensor *t = &run->t[run->n_t++];
     bool fell_back;
@@ -103,7 +102,6 @@ static int plan_add(struct gen_run *run, const struct gen_config *cfg, uint64_t 
     t->n_chunks = (t->n_elem + GEN_CHUNK_ELEMS - 1) / GEN_CHUNK_ELEMS;
     t->first_job = run->n_jobs;
     run->n_jobs += t->n_chunks;
-    return 0;
 }
 
 /* The qwen3moe tensor list (FORMATS.md §4(a)) in file order: token_embd, the layers, then
@@ -122,7 +120,7 @@ static int plan_build(struct gen_run *run, const struct gen_config *cfg, uint32_
     if (!run->t)
         return err_set(-ENOMEM, "gen: out of memory for the tensor list");
 
-#define ADD(nm, nd, m, s, ...)                                                                 \
+#define ADD(nm, nd, m, s, ...)                                                                     \
     plan_add(run, cfg, n_fallback, nm, nd, (const uint64_t[]){__VA_ARGS__}, m, s)
 #define BLK(suffix) (snprintf(name, sizeof(name), "blk.%u.%s", l, suffix), name)
 
@@ -157,15 +155,16 @@ static int check_preset(const struct gen_config *cfg)
                        cfg->arch ? cfg->arch : "(none)");
     if (!cfg->out_path)
         return err_set(-EINVAL, "gen: no output path");
-    if (!p->n_layer || !p->n_embd || !p->n_ff_exp || !p->n_expert || !p->n_head ||
-        !p->n_head_kv || !p->head_dim || !p->n_vocab)
-        return err_set(-EINVAL, "gen: preset '%s' has a zero dimension", p->name);
+    if (!p->n_layer || !p->n_embd || !p->n_ff_exp || !p->n_expert || !p->n_head || !p->n_head_kv ||
+        !p->head_dim || !p->n_vocab)
+        return err_set(-EINVAL, "gen: preset '%s' has a zero dimension",
+                       p->name ? p->name : "(custom)");
     if (p->n_expert_used == 0 || p->n_expert_used > p->n_expert)
-        return err_set(-EINVAL, "gen: preset '%s' uses %u of %u experts", p->name,
-                       p->n_expert_used, p->n_expert);
+        return err_set(-EINVAL, "gen: %u of %u experts used per token", p->n_expert_used,
+                       p->n_expert);
     if (p->n_head % p->n_head_kv)
-        return err_set(-EINVAL, "gen: %u query heads are not a multiple of %u kv heads",
-                       p->n_head, p->n_head_kv);
+        return err_set(-EINVAL, "gen: %u query heads are not a multiple of %u kv heads", p->n_head,
+                       p->n_head_kv);
     if (p->n_layer > 100000)
         return err_set(-EINVAL, "gen: %u layers is not a model", p->n_layer);
     return 0;
@@ -176,14 +175,15 @@ static int check_preset(const struct gen_config *cfg)
 static int write_metadata(struct gguf_writer *w, const struct gen_config *cfg,
                           const struct gen_vocab *v)
 {
-    const struct gen_preset *p = &cfg->preset, *base = gen_preset_find(p->name);
+    const struct gen_preset *p = &cfg->preset;
+    const struct gen_preset *base = p->name ? gen_preset_find(p->name) : NULL;
     char name[160], layers[32] = "";
     int rc = 0;
 
     if (base && base->n_layer != p->n_layer)
         snprintf(layers, sizeof(layers), ", %u layers", p->n_layer);
     snprintf(name, sizeof(name), "%s (synthetic, strata gen %s seed %" PRIu64 "%s)",
-             p->model_name, gen_mix_name(cfg->mix), cfg->seed, layers);
+             p->model_name ? p->model_name : "qwen3moe", gen_mix_name(cfg->mix), cfg->seed, layers);
 
 #define U32(key, val) (rc = rc ? rc : gguf_writer_add_u32(w, key, val))
 #define F32(key, val) (rc = rc ? rc : gguf_writer_add_f32(w, key, val))
@@ -208,14 +208,14 @@ static int write_metadata(struct gguf_writer *w, const struct gen_config *cfg,
     STR("tokenizer.ggml.model", "gpt2");
     STR("tokenizer.ggml.pre", "qwen2");
     if (!rc)
-        rc = gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens",
-                                     (const char *const *)v->tokens, NULL, v->n_tokens);
+        rc = gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v->tokens,
+                                     NULL, v->n_tokens);
     if (!rc)
         rc = gguf_writer_add_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, v->types,
                                  v->n_tokens);
     if (!rc)
-        rc = gguf_writer_add_arr_str(w, "tokenizer.ggml.merges",
-                                     (const char *const *)v->merges, NULL, v->n_merges);
+        rc = gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v->merges,
+                                     NULL, v->n_merges);
     U32("tokenizer.ggml.bos_token_id", v->bos_id);
     U32("tokenizer.ggml.eos_token_id", v->eos_id);
     U32("tokenizer.ggml.padding_token_id", v->pad_id);
@@ -361,9 +361,8 @@ static int declare_tensors(struct gen_run *run, uint64_t *n_params)
         t->idx = gguf_writer_add_tensor(run->w, t->name, t->type, t->n_dims, t->ne);
         if (t->idx < 0)
             return t->idx;
-        if ((rc = quant_row_bytes(t->type, t->n_elem < GEN_CHUNK_ELEMS ? t->n_elem
-                                                                        : GEN_CHUNK_ELEMS,
-                                  &bytes)))
+        if ((rc = quant_row_bytes(
+                 t->type, t->n_elem < GEN_CHUNK_ELEMS ? t->n_elem : GEN_CHUNK_ELEMS, &bytes)))
             return rc;
         if (bytes > max_chunk)
             max_chunk = bytes;

@@ -26,23 +26,23 @@
 
 /* The shapes and hyper-parameters of one model size. */
 struct gen_preset {
-    const char *name;          /* "tiny", "30b-a3b", "235b-a22b" */
-    const char *model_name;    /* general.name stem, e.g. "Qwen3-30B-A3B" */
-    uint32_t n_layer;          /* block_count */
-    uint32_t n_ctx;            /* context_length */
-    uint32_t n_embd;           /* embedding_length */
-    uint32_t n_ff;             /* feed_forward_length (dense size; unused by the MoE forward) */
-    uint32_t n_ff_exp;         /* expert_feed_forward_length */
-    uint32_t n_expert;         /* expert_count */
-    uint32_t n_expert_used;    /* expert_used_count (top-k) */
-    uint32_t n_head;           /* attention.head_count */
-    uint32_t n_head_kv;        /* attention.head_count_kv */
-    uint32_t head_dim;         /* attention.key_length = value_length */
-    uint32_t n_vocab;          /* rows of token_embd / output */
-    uint32_t special_base;     /* id of <|endoftext|> (then <|im_start|>, <|im_end|>);
-                                  0 = the last three ids */
-    float rms_eps;             /* attention.layer_norm_rms_epsilon */
-    float rope_base;           /* rope.freq_base */
+    const char *name;       /* "tiny", "30b-a3b", "235b-a22b"; may be NULL in a custom one */
+    const char *model_name; /* general.name stem, e.g. "Qwen3-30B-A3B"; may be NULL */
+    uint32_t n_layer;       /* block_count */
+    uint32_t n_ctx;         /* context_length */
+    uint32_t n_embd;        /* embedding_length */
+    uint32_t n_ff;          /* feed_forward_length (dense size; unused by the MoE forward) */
+    uint32_t n_ff_exp;      /* expert_feed_forward_length */
+    uint32_t n_expert;      /* expert_count */
+    uint32_t n_expert_used; /* expert_used_count (top-k) */
+    uint32_t n_head;        /* attention.head_count */
+    uint32_t n_head_kv;     /* attention.head_count_kv */
+    uint32_t head_dim;      /* attention.key_length = value_length */
+    uint32_t n_vocab;       /* rows of token_embd / output */
+    uint32_t special_base;  /* id of <|endoftext|> (then <|im_start|>, <|im_end|>);
+                               0 = the last three ids */
+    float rms_eps;          /* attention.layer_norm_rms_epsilon */
+    float rope_base;        /* rope.freq_base */
 };
 
 /* The built-in presets, in the order --help lists them; *n receives their count. */
@@ -96,13 +96,13 @@ enum gen_token_type {
 /* A byte-level BPE vocabulary as GGUF stores it (tokenizer.ggml.*). */
 struct gen_vocab {
     uint32_t n_tokens;
-    char **tokens;     /* (n_tokens) NUL-terminated UTF-8 in the GPT-2 byte map, owned */
-    int32_t *types;    /* (n_tokens) enum gen_token_type, owned */
+    char **tokens;  /* (n_tokens) NUL-terminated UTF-8 in the GPT-2 byte map, owned */
+    int32_t *types; /* (n_tokens) enum gen_token_type, owned */
     uint32_t n_merges;
-    char **merges;     /* (n_merges) "left right", rank = index, owned */
-    uint32_t bos_id;   /* <|endoftext|> */
-    uint32_t eos_id;   /* <|im_end|> */
-    uint32_t pad_id;   /* <|endoftext|> */
+    char **merges;   /* (n_merges) "left right", rank = index, owned */
+    uint32_t bos_id; /* <|endoftext|> */
+    uint32_t eos_id; /* <|im_end|> */
+    uint32_t pad_id; /* <|endoftext|> */
 };
 
 /* The GPT-2 byte-to-unicode map: writes the UTF-8 of byte b's code point (1 or 2 bytes) and a
@@ -117,7 +117,8 @@ int gen_vocab_build(uint32_t n_vocab, uint32_t special_base, struct gen_vocab *o
 
 /* Loads a Hugging Face tokenizer.json (BPE model: vocab, merges, added_tokens) and pads it with
  * `[PAD<id>]` UNUSED tokens to n_vocab, or to its own size if that is larger. Added tokens
- * become CONTROL (special or spelled <|...|>) or USER_DEFINED. 0 or -errno (message names the file and field). */
+ * become CONTROL (special or spelled <|...|>) or USER_DEFINED. 0 or -errno (message names the file
+ * and field). */
 int gen_vocab_load(const char *path, uint32_t n_vocab, struct gen_vocab *out);
 
 void gen_vocab_free(struct gen_vocab *v);
@@ -133,14 +134,14 @@ typedef void (*gen_progress_fn)(void *arg, uint64_t done_bytes, uint64_t total_b
                                 double seconds);
 
 struct gen_config {
-    const char *arch;              /* "qwen3moe" (the only one so far) */
-    struct gen_preset preset;      /* a copy, with overrides (n_layer) already applied */
+    const char *arch;         /* "qwen3moe" (the only one so far) */
+    struct gen_preset preset; /* a copy, with overrides (n_layer) already applied */
     enum gen_mix mix;
     uint64_t seed;
-    uint32_t n_threads;            /* worker threads; 0 = online CPUs */
-    const char *vocab_path;        /* tokenizer.json, or NULL for the synthetic vocabulary */
-    const char *out_path;          /* written via a temp file and renamed on success */
-    gen_progress_fn progress;      /* may be NULL */
+    uint32_t n_threads;       /* worker threads; 0 = online CPUs */
+    const char *vocab_path;   /* tokenizer.json, or NULL for the synthetic vocabulary */
+    const char *out_path;     /* written via a temp file and renamed on success */
+    gen_progress_fn progress; /* may be NULL */
     void *progress_arg;
     volatile sig_atomic_t *cancel; /* abort (-EINTR, temp file removed) once *cancel != 0;
                                       may be NULL; meant to be set from a signal handler */
@@ -148,12 +149,12 @@ struct gen_config {
 
 struct gen_stats {
     uint64_t n_tensors;
-    uint64_t n_params;      /* weight elements */
-    uint64_t data_bytes;    /* bytes of tensor data */
-    uint64_t n_fallback;    /* tensors whose mix type fell back (rows not a block multiple) */
-    uint32_t n_vocab;       /* tokens written (after padding) */
-    uint32_t n_threads;     /* threads used */
-    double seconds;         /* wall time of the whole write */
+    uint64_t n_params;   /* weight elements */
+    uint64_t data_bytes; /* bytes of tensor data */
+    uint64_t n_fallback; /* tensors whose mix type fell back (rows not a block multiple) */
+    uint32_t n_vocab;    /* tokens written (after padding) */
+    uint32_t n_threads;  /* threads used */
+    double seconds;      /* wall time of the whole write */
 };
 
 /* Writes the file described by cfg; stats may be NULL. 0 or -errno; on failure nothing is left

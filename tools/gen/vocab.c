@@ -22,8 +22,7 @@
 #define N_BYTE_TOKENS 256
 #define N_SPECIAL 3
 
-static const char *const special_names[N_SPECIAL] = {"<|endoftext|>", "<|im_start|>",
-                                                     "<|im_end|>"};
+static const char *const special_names[N_SPECIAL] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
 
 int gen_byte_to_utf8(uint8_t b, char out[3])
 {
@@ -107,8 +106,8 @@ static size_t piece_len(const uint8_t *p, size_t n)
     if (len)
         return len;
     /* [^\r\n\p{L}\p{N}]?\p{L}+ */
-    i = (!is_letter(p[0]) && !isdigit(p[0]) && !is_newline(p[0]) && n > 1 && is_letter(p[1]))
-            ? 1 : 0;
+    i = (!is_letter(p[0]) && !isdigit(p[0]) && !is_newline(p[0]) && n > 1 && is_letter(p[1])) ? 1
+                                                                                              : 0;
     if (is_letter(p[i])) {
         while (i < n && is_letter(p[i]))
             i++;
@@ -150,9 +149,9 @@ struct word {
 struct bpe {
     struct word *words; /* (n_words) unique pieces */
     uint32_t n_words;
-    int32_t *arena;     /* all words' ids, owned */
-    uint8_t **tok;      /* (n_tok) token bytes, owned */
-    uint32_t *tok_len;  /* (n_tok) */
+    int32_t *arena;    /* all words' ids, owned */
+    uint8_t **tok;     /* (n_tok) token bytes, owned */
+    uint32_t *tok_len; /* (n_tok) */
     uint32_t n_tok, cap_tok;
     uint32_t (*merges)[2]; /* (n_merges) left, right ids */
     uint32_t n_merges, cap_merges;
@@ -170,7 +169,11 @@ static uint64_t hash_bytes(const uint8_t *p, size_t n)
 static int bpe_words_init(struct bpe *b, const uint8_t *text, size_t n)
 {
     size_t cap = 4096, mask = cap - 1; /* hash table of piece starts; corpus pieces < cap/2 */
-    struct { size_t off, len; uint32_t freq; bool used; } *tab = calloc(cap, sizeof(*tab));
+    struct {
+        size_t off, len;
+        uint32_t freq;
+        bool used;
+    } *tab = calloc(cap, sizeof(*tab));
     size_t n_unique = 0, n_sym = 0;
 
     if (!tab)
@@ -268,8 +271,7 @@ struct pair_count {
 };
 
 /* The most frequent adjacent pair over all words (ties: smallest key); false if none. */
-static bool bpe_best_pair(const struct bpe *b, struct pair_count *tab, size_t cap,
-                          uint64_t *best)
+static bool bpe_best_pair(const struct bpe *b, struct pair_count *tab, size_t cap, uint64_t *best)
 {
     size_t mask = cap - 1;
     struct pair_count top = {UINT64_MAX, 0};
@@ -437,8 +439,10 @@ int gen_vocab_build(uint32_t n_vocab, uint32_t special_base, struct gen_vocab *o
     if (special_base == 0 && n_vocab >= N_SPECIAL)
         special_base = n_vocab - N_SPECIAL;
     if (special_base < N_BYTE_TOKENS || special_base > n_vocab - N_SPECIAL)
-        return err_set(-EINVAL, "gen vocab: %u tokens cannot hold 256 byte tokens and the "
-                                "special tokens at id %u", n_vocab, special_base);
+        return err_set(-EINVAL,
+                       "gen vocab: %u tokens cannot hold 256 byte tokens and the "
+                       "special tokens at id %u",
+                       n_vocab, special_base);
     if ((rc = bpe_train(&b, special_base)))
         goto out;
     if ((rc = vocab_alloc(out, n_vocab, b.n_merges)))
@@ -481,12 +485,11 @@ out:
 
 #define HF_MAX_TOKENS (1u << 24) /* ids above this are rejected as corrupt */
 
-static int hf_put(struct gen_vocab *v, const char *path, int64_t id, const char *text,
-                  int32_t type)
+static int hf_put(struct gen_vocab *v, const char *path, int64_t id, const char *text, int32_t type)
 {
     if (id < 0 || id >= (int64_t)v->n_tokens)
-        return err_set(-EINVAL, "%s: token '%s' has id %" PRId64 " outside 0..%u", path, text,
-                       id, v->n_tokens - 1);
+        return err_set(-EINVAL, "%s: token '%s' has id %" PRId64 " outside 0..%u", path, text, id,
+                       v->n_tokens - 1);
     if (v->tokens[id]) {
         if (strcmp(v->tokens[id], text))
             return err_set(-EINVAL, "%s: id %" PRId64 " is both '%s' and '%s'", path, id,
@@ -554,8 +557,7 @@ static int hf_fill(struct gen_vocab *v, const char *path, struct json_object *vo
     }
     for (uint32_t m = 0; m < v->n_merges; m++) {
         if (!(v->merges[m] = hf_merge_text(json_object_array_get_idx(merges, m))))
-            return err_set(-EINVAL, "%s: model.merges[%u] is neither \"a b\" nor [a, b]", path,
-                           m);
+            return err_set(-EINVAL, "%s: model.merges[%u] is neither \"a b\" nor [a, b]", path, m);
     }
     return vocab_pad(v);
 }
@@ -583,8 +585,7 @@ static uint32_t hf_count(struct json_object *vocab, struct json_object *added)
 
 int gen_vocab_load(const char *path, uint32_t n_vocab, struct gen_vocab *out)
 {
-    struct json_object *root = json_object_from_file(path), *model, *vocab, *merges, *added,
-                       *type;
+    struct json_object *root = json_object_from_file(path), *model, *vocab, *merges, *added, *type;
     int rc;
 
     memset(out, 0, sizeof(*out));
