@@ -39,8 +39,8 @@
 /* The file plus what only the reader needs: sorted views for lookup. */
 struct gguf_file_impl {
     struct gguf_file pub;
-    const struct gguf_kv **kv_by_key;           /* (n_kv) sorted by key, owned */
-    const struct gguf_tensor **tensor_by_name;  /* (n_tensors) sorted by name, owned */
+    const struct gguf_kv **kv_by_key;          /* (n_kv) sorted by key, owned */
+    const struct gguf_tensor **tensor_by_name; /* (n_tensors) sorted by name, owned */
 };
 
 static struct gguf_file_impl *impl_of(const struct gguf_file *f)
@@ -126,21 +126,23 @@ static int cur_name(struct cursor *c, uint64_t max, char **out, const char *what
     return 0;
 }
 
-/* Ensures room for n + 1 elements of elem bytes in *arr (capacity *cap), zeroing new room. */
-static int table_grow(void **arr, uint64_t *cap, uint64_t n, size_t elem)
+/* Returns arr with room for n + 1 elements of elem bytes (capacity *cap; new room zeroed),
+ * or NULL with a message (arr is then unchanged and still the caller's). */
+static void *table_grow(void *arr, uint64_t *cap, uint64_t n, size_t elem)
 {
     uint64_t new_cap = *cap ? *cap * 2 : 16;
-    void *p;
+    char *p;
 
     if (n < *cap)
-        return 0;
-    p = realloc(*arr, new_cap * elem);
-    if (!p)
-        return err_set(-ENOMEM, "out of memory growing a table to %llu entries", (ull)new_cap);
-    memset((char *)p + *cap * elem, 0, (new_cap - *cap) * elem);
-    *arr = p;
+        return arr;
+    p = realloc(arr, new_cap * elem);
+    if (!p) {
+        err_set(-ENOMEM, "out of memory growing a table to %llu entries", (ull)new_cap);
+        return NULL;
+    }
+    memset(p + *cap * elem, 0, (new_cap - *cap) * elem);
     *cap = new_cap;
-    return 0;
+    return p;
 }
 
 /* ---- values -------------------------------------------------------------------------------- */
@@ -231,9 +233,13 @@ static int read_str_array(struct cursor *c, uint64_t count, struct gguf_value *v
         return err_set(-EINVAL, "array of %llu STRINGs at byte %llu cannot fit in the %llu "
                        "bytes left", (ull)count, (ull)c->pos, (ull)cur_left(c));
     for (uint64_t i = 0; i < count && rc == 0; i++) {
-        rc = table_grow((void **)&strs, &cap, i, sizeof(*strs));
-        if (rc == 0)
-            rc = cur_str(c, &strs[i], "array STRING element");
+        struct gguf_str *grown = table_grow(strs, &cap, i, sizeof(*strs));
+        if (!grown) {
+            rc = -ENOMEM;
+            break;
+        }
+        strs = grown;
+        rc = cur_str(c, &strs[i], "array STRING element");
     }
     if (rc) {
         free(strs);
@@ -302,10 +308,12 @@ static int read_kvs(struct cursor *c, struct gguf_file *f, uint64_t n_kv)
     uint64_t cap = 0;
 
     for (uint64_t i = 0; i < n_kv; i++) {
-        struct gguf_kv *kv;
-        int rc = table_grow((void **)&f->kv, &cap, i, sizeof(*f->kv));
-        if (rc)
-            return rc;
+        struct gguf_kv *kv = table_grow(f->kv, &cap, i, sizeof(*f->kv));
+        int rc;
+
+        if (!kv)
+            return -ENOMEM;
+        f->kv = kv;
         kv = &f->kv[i];
         kv->offset = c->pos;
         rc = cur_name(c, GGUF_KEY_MAX, &kv->key, "key");
@@ -367,10 +375,12 @@ static int read_tensor_infos(struct cursor *c, struct gguf_file *f, uint64_t n_t
     uint64_t cap = 0;
 
     for (uint64_t i = 0; i < n_tensors; i++) {
-        struct gguf_tensor *t;
-        int rc = table_grow((void **)&f->tensors, &cap, i, sizeof(*f->tensors));
-        if (rc)
-            return rc;
+        struct gguf_tensor *t = table_grow(f->tensors, &cap, i, sizeof(*f->tensors));
+        int rc;
+
+        if (!t)
+            return -ENOMEM;
+        f->tensors = t;
         t = &f->tensors[i];
         t->info_offset = c->pos;
         rc = cur_name(c, GGUF_NAME_MAX, &t->name, "tensor name");
@@ -480,29 +490,32 @@ static int cmp_tensor_offset(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Fills *out with pointers to the n elements of arr (elem bytes each), sorted by cmp. */
-static int index_sorted(const void *arr, uint64_t n, size_t elem,
-                        int (*cmp)(const void *, const void *), const void ***out)
+/* (n) pointers to the n tensors of f, sorted by cmp; NULL when out of memory. */
+static const struct gguf_tensor **tensors_sorted(const struct gguf_file *f,
+                                                 int (*cmp)(const void *, const void *))
 {
-    const void **idx = malloc((n ? n : 1) * sizeof(*idx));
+    const struct gguf_tensor **idx = malloc((f->n_tensors ? f->n_tensors : 1) * sizeof(*idx));
     if (!idx)
-        return err_set(-ENOMEM, "out of memory indexing %llu records", (ull)n);
-    for (uint64_t i = 0; i < n; i++)
-        idx[i] = (const char *)arr + i * elem;
-    qsort(idx, n, sizeof(*idx), cmp);
-    *out = idx;
-    return 0;
+        return NULL;
+    for (uint64_t i = 0; i < f->n_tensors; i++)
+        idx[i] = &f->tensors[i];
+    qsort(idx, f->n_tensors, sizeof(*idx), cmp);
+    return idx;
 }
 
 static int kv_index_build(struct gguf_file_impl *fi)
 {
     struct gguf_file *f = &fi->pub;
-    int rc = index_sorted(f->kv, f->n_kv, sizeof(*f->kv), cmp_kv_key,
-                          (const void ***)&fi->kv_by_key);
-    if (rc)
-        return rc;
+    const struct gguf_kv **idx = malloc((f->n_kv ? f->n_kv : 1) * sizeof(*idx));
+
+    if (!idx)
+        return err_set(-ENOMEM, "out of memory indexing %llu keys", (ull)f->n_kv);
+    for (uint64_t i = 0; i < f->n_kv; i++)
+        idx[i] = &f->kv[i];
+    qsort(idx, f->n_kv, sizeof(*idx), cmp_kv_key);
+    fi->kv_by_key = idx;
     for (uint64_t i = 1; i < f->n_kv; i++) {
-        const struct gguf_kv *a = fi->kv_by_key[i - 1], *b = fi->kv_by_key[i];
+        const struct gguf_kv *a = idx[i - 1], *b = idx[i];
         if (!strcmp(a->key, b->key))
             return err_set(-EINVAL, "duplicate key '%s' (records at bytes %llu and %llu)",
                            a->key, (ull)a->offset, (ull)b->offset);
@@ -513,12 +526,13 @@ static int kv_index_build(struct gguf_file_impl *fi)
 static int tensor_index_build(struct gguf_file_impl *fi)
 {
     struct gguf_file *f = &fi->pub;
-    int rc = index_sorted(f->tensors, f->n_tensors, sizeof(*f->tensors), cmp_tensor_name,
-                          (const void ***)&fi->tensor_by_name);
-    if (rc)
-        return rc;
+    const struct gguf_tensor **idx = tensors_sorted(f, cmp_tensor_name);
+
+    if (!idx)
+        return err_set(-ENOMEM, "out of memory indexing %llu tensors", (ull)f->n_tensors);
+    fi->tensor_by_name = idx;
     for (uint64_t i = 1; i < f->n_tensors; i++) {
-        const struct gguf_tensor *a = fi->tensor_by_name[i - 1], *b = fi->tensor_by_name[i];
+        const struct gguf_tensor *a = idx[i - 1], *b = idx[i];
         if (!strcmp(a->name, b->name))
             return err_set(-EINVAL, "duplicate tensor name '%s' (infos at bytes %llu and %llu)",
                            a->name, (ull)a->info_offset, (ull)b->info_offset);
@@ -526,14 +540,15 @@ static int tensor_index_build(struct gguf_file_impl *fi)
     return 0;
 }
 
-/* Sorts a copy of the table by offset: each tensor must end before the next begins. */
+/* Sorts a copy of the table by offset: each tensor must end before the next begins. Runs
+ * after tensors_place, so offset + size cannot overflow. */
 static int overlap_check(const struct gguf_file *f)
 {
-    const struct gguf_tensor **by_off = NULL;
-    int rc = index_sorted(f->tensors, f->n_tensors, sizeof(*f->tensors), cmp_tensor_offset,
-                          (const void ***)&by_off);
-    if (rc)
-        return rc;
+    const struct gguf_tensor **by_off = tensors_sorted(f, cmp_tensor_offset);
+    int rc = 0;
+
+    if (!by_off)
+        return err_set(-ENOMEM, "out of memory sorting %llu tensors", (ull)f->n_tensors);
     for (uint64_t i = 1; i < f->n_tensors && rc == 0; i++) {
         const struct gguf_tensor *a = by_off[i - 1], *b = by_off[i];
         if (a->offset + a->size > b->offset)

@@ -72,20 +72,22 @@ static uint64_t align_up(uint64_t x, uint64_t a)
     return (x + a - 1) & ~(a - 1);
 }
 
-/* Ensures room for n + 1 elements of elem bytes in *arr (capacity *cap). */
-static int grow(void **arr, uint64_t *cap, uint64_t n, size_t elem)
+/* Returns arr with room for n + 1 elements of elem bytes (capacity *cap), or NULL with a
+ * message (arr is then unchanged). */
+static void *grow(void *arr, uint64_t *cap, uint64_t n, size_t elem)
 {
     uint64_t new_cap = *cap ? *cap * 2 : 16;
     void *p;
 
     if (n < *cap)
-        return 0;
-    p = realloc(*arr, new_cap * elem);
-    if (!p)
-        return err_set(-ENOMEM, "out of memory");
-    *arr = p;
+        return arr;
+    p = realloc(arr, new_cap * elem);
+    if (!p) {
+        err_set(-ENOMEM, "out of memory");
+        return NULL;
+    }
     *cap = new_cap;
-    return 0;
+    return p;
 }
 
 static int buf_put(struct bytebuf *b, const void *p, uint64_t n)
@@ -217,6 +219,7 @@ static int writer_check_open(const struct gguf_writer *w, const char *what, cons
 static int key_claim(struct gguf_writer *w, const char *key, bool internal)
 {
     size_t len = strlen(key);
+    char **keys;
     int rc = writer_check_open(w, "key", key);
 
     if (rc)
@@ -231,9 +234,10 @@ static int key_claim(struct gguf_writer *w, const char *key, bool internal)
         if (!strcmp(w->keys[i], key))
             return err_set(-EINVAL, "%s: duplicate key '%s'", w->path, key);
     }
-    rc = grow((void **)&w->keys, &w->keys_cap, w->n_kv, sizeof(*w->keys));
-    if (rc)
-        return rc;
+    keys = grow(w->keys, &w->keys_cap, w->n_kv, sizeof(*w->keys));
+    if (!keys)
+        return -ENOMEM;
+    w->keys = keys;
     w->keys[w->n_kv] = strdup(key);
     if (!w->keys[w->n_kv])
         return err_set(-ENOMEM, "out of memory");
@@ -437,9 +441,10 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t typ
         return rc;
     if (w->n_tensors >= INT32_MAX)
         return err_set(-EOVERFLOW, "%s: too many tensors", w->path);
-    rc = grow((void **)&w->tensors, &w->tensors_cap, w->n_tensors, sizeof(*w->tensors));
-    if (rc)
-        return rc;
+    t = grow(w->tensors, &w->tensors_cap, w->n_tensors, sizeof(*w->tensors));
+    if (!t)
+        return -ENOMEM;
+    w->tensors = t;
     t = &w->tensors[w->n_tensors];
     memset(t, 0, sizeof(*t));
     t->name = strdup(name);
