@@ -111,7 +111,7 @@ static int cur_str(struct cursor *c, struct gguf_str *s, const char *what)
 static int cur_name(struct cursor *c, uint64_t max, char **out, const char *what)
 {
     uint64_t at = c->pos;
-    struct gguf_str s;
+    struct gguf_str s = {0};
     int rc = cur_str(c, &s, what);
     if (rc)
         return rc;
@@ -567,7 +567,7 @@ static int file_parse(struct gguf_file_impl *fi)
 {
     struct gguf_file *f = &fi->pub;
     struct cursor c = {.base = f->base, .size = f->size, .pos = 0};
-    uint64_t n_tensors, n_kv;
+    uint64_t n_tensors = 0, n_kv = 0;
     int rc = read_header(&c, f, &n_tensors, &n_kv);
 
     if (rc == 0)

@@ -74,7 +74,7 @@ int quant_row_bytes(uint32_t type, uint64_t n, uint64_t *out)
 
 int quant_tensor_bytes(uint32_t type, uint32_t n_dims, const uint64_t *ne, uint64_t *out)
 {
-    uint64_t bytes;
+    uint64_t bytes = 0;
     int rc;
 
     if (n_dims == 0)

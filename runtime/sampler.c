@@ -128,8 +128,9 @@ int32_t sampler_sample(struct sampler *s, float *logits)
     if (c->temperature <= 0.0f)
         return sampler_argmax(logits, s->n_vocab);
     n = sampler_top_k(s, logits, c->top_k);
+    float mx = s->cand[0].v;
     for (int i = 0; i < n; i++) {
-        s->cand[i].v = expf((s->cand[i].v - s->cand[0].v) / c->temperature);
+        s->cand[i].v = expf((s->cand[i].v - mx) / c->temperature);
         sum += s->cand[i].v;
     }
     for (int i = 0; i < n; i++)
