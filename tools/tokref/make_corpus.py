@@ -7,7 +7,8 @@ Usage: tools/tokref/make_corpus.py [OUT]   (default: tests/data/tokenizer/corpus
 
 Deliberately absent: U+0085 (NEL) and U+FEFF, where JavaScript's \\s (the reference) and
 Oniguruma's \\s (Hugging Face) disagree; letters assigned after Unicode 15.0 (PCRE2 10.42 and
-utf8proc 2.8 know Unicode 15.0); 'ſ' / 'K' after an apostrophe (case folding differs).
+utf8proc 2.8 know Unicode 15.0); 'ſ' / 'K' after an apostrophe (case folding differs). U+180E,
+which PCRE2's \\s matches and both references do not, is present.
 """
 import json
 import os
@@ -95,6 +96,7 @@ CASES = [
     ("spaces_1000", " " * 1000),
     ("ws_unicode", "a\u00a0b\u2009c\u3000d\u2028e\u2029f\u202fg"),
     ("ws_vt_ff", "a\x0bb\x0cc\x0b\x0c d"),
+    ("ws_not_space", "a\u180eb \u180e c\u180e\u180e d\u200b e"),  # PCRE2's \s takes U+180E
     ("indent_then_word", "        return x\n    }\n}"),
     # Numbers
     ("digits", "0 1 2 3 4 5 6 7 8 9 10 99 100"),
