@@ -1,0 +1,164 @@
+/* strata bench: prompt processing and decode speed of one model, next to the floor set by
+ * the bandwidth measured in the same run (DESIGN §2). CPU backend for now: the floor of a
+ * decode token is the bytes it must read (trunk weights, the routed experts, the output head,
+ * the KV cache) over the host read bandwidth. */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arch/arch.h"
+#include "backend.h"
+#include "cli.h"
+#include "generate.h"
+#include "membw.h"
+#include "model.h"
+#include "rng.h"
+#include "sampler.h"
+#include "stream.h"
+
+struct bench_opts {
+    const char *model;
+    int n_prompt, n_gen, n_threads;
+    double bw_gib; /* size of the bandwidth probe */
+};
+
+static void bench_usage(void)
+{
+    printf("usage: strata bench -m FILE [options]\n\n"
+           "Measures prompt processing (pp) and decode (tg) speed and prints decode as a fraction\n"
+           "of its floor: bytes read per token / host read bandwidth measured in the same run.\n\n"
+           "  -m, --model FILE      GGUF model (required)\n"
+           "  -p, --n-prompt N      prompt tokens, evaluated in one batch (default 512)\n"
+           "  -n, --n-gen N         decode steps (default 128)\n"
+           "  -t, --threads N       CPU threads (default: all)\n"
+           "      --bw-gib G        size of the bandwidth probe in GiB (default 2)\n");
+}
+
+static int bench_parse(int argc, char **argv, struct bench_opts *o)
+{
+    *o = (struct bench_opts){.n_prompt = 512, .n_gen = 128, .bw_gib = 2.0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            bench_usage();
+            return 1;
+        }
+        if (!v) {
+            fprintf(stderr, "strata bench: %s needs a value (see --help)\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+            o->model = v;
+        else if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt"))
+            o->n_prompt = atoi(v);
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen"))
+            o->n_gen = atoi(v);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
+            o->n_threads = atoi(v);
+        else if (!strcmp(a, "--bw-gib"))
+            o->bw_gib = atof(v);
+        else {
+            fprintf(stderr, "strata bench: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+        i++;
+    }
+    if (!o->model || o->n_prompt < 1 || o->n_gen < 1 || o->n_threads < 0 || !(o->bw_gib > 0)) {
+        fprintf(stderr, "strata bench: need -m FILE, -p >= 1, -n >= 1 (see --help)\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* Weight bytes one decode token reads, outside the KV cache. */
+static double bench_token_bytes(const struct model *m)
+{
+    const struct model_hparams *hp = &m->hp;
+    double b = (double)m->output.bytes + (double)m->output_norm.bytes +
+               (double)m->tok_embd.row_bytes;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const struct layer_weights *lw = &m->layers[l];
+        b += (double)(lw->wq.bytes + lw->wk.bytes + lw->wv.bytes + lw->wo.bytes +
+                      lw->attn_norm.bytes + lw->q_norm.bytes + lw->k_norm.bytes +
+                      lw->ffn_norm.bytes + lw->router.bytes);
+        b += (double)hp->n_expert_used * (double)model_expert_bytes(m, l);
+    }
+    return b;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    struct bench_opts o;
+    struct model *m = NULL;
+    struct backend *b = NULL;
+    struct stream *s = NULL;
+    struct backend_cpu_config bc;
+    int rc = bench_parse(argc, argv, &o);
+    if (rc)
+        return rc == 1 ? 0 : rc;
+
+    bc.n_threads = o.n_threads;
+    if (model_open(o.model, &m))
+        return cli_fail("loading the model");
+    if (backend_cpu_open(m, &bc, &b) || stream_open(b, o.n_prompt + o.n_gen + 1, o.n_prompt, &s)) {
+        rc = cli_fail("starting the engine");
+        goto out;
+    }
+    int threads = omp_get_max_threads();
+    const struct model_hparams *hp = &m->hp;
+    double bw = membw_measure((size_t)(o.bw_gib * (1u << 30)), threads, 5);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)o.n_prompt);
+    float *logits = malloc(sizeof(float) * hp->n_vocab);
+    struct rng r;
+    rng_seed(&r, 1234, 0);
+    for (int i = 0; i < o.n_prompt; i++)
+        ids[i] = (int32_t)rng_below(&r, hp->n_vocab);
+
+    /* touch the weights once so the page cache, not the disk, is measured */
+    double t0 = generate_now();
+    rc = stream_eval(s, ids, 1, logits);
+    double t_warm = generate_now() - t0;
+    stream_truncate(s, 0);
+
+    t0 = generate_now();
+    rc = rc ? rc : stream_eval(s, ids, o.n_prompt, logits);
+    double t_pp = generate_now() - t0;
+    int32_t tok = sampler_argmax(logits, (int)hp->n_vocab);
+    t0 = generate_now();
+    for (int i = 0; !rc && i < o.n_gen; i++) {
+        rc = stream_eval(s, &tok, 1, logits);
+        tok = sampler_argmax(logits, (int)hp->n_vocab);
+    }
+    double t_tg = generate_now() - t0;
+    if (rc) {
+        rc = cli_fail("benchmark");
+        free(ids);
+        free(logits);
+        goto out;
+    }
+    double wbytes = bench_token_bytes(m);
+    double kv_per_pos = 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * sizeof(float);
+    double kvbytes = kv_per_pos * (o.n_prompt + o.n_gen / 2.0); /* mean context of the run */
+    double floor_s = (wbytes + kvbytes) / bw;
+    double tg = o.n_gen / t_tg;
+    printf("model        %s (%s, %u layers, %u experts top-%u)\n", o.model, m->arch->name,
+           hp->n_layer, hp->n_expert, hp->n_expert_used);
+    printf("backend      cpu, %d threads\n", threads);
+    printf("host read    %.1f GB/s (%.1f GiB probe, %d threads, median of 5)\n", bw / 1e9,
+           o.bw_gib, threads);
+    printf("first token  %.2f s (page-in)\n", t_warm);
+    printf("pp%-4d       %.1f tok/s\n", o.n_prompt, o.n_prompt / t_pp);
+    printf("tg%-4d       %.2f tok/s\n", o.n_gen, tg);
+    printf("bytes/token  %.3f GB weights + %.3f GB KV cache (mean)\n", wbytes / 1e9,
+           kvbytes / 1e9);
+    printf("floor        %.2f tok/s at %.1f GB/s -> decode at %.0f%% of the floor\n",
+           1.0 / floor_s, bw / 1e9, 100.0 * tg * floor_s);
+    free(ids);
+    free(logits);
+out:
+    stream_close(s);
+    backend_close(b);
+    model_close(m);
+    return rc;
+}
