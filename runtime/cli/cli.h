@@ -9,6 +9,9 @@ int cmd_info(int argc, char **argv);          /* runtime/cli/info.c */
 int cmd_bench_kernels(int argc, char **argv); /* runtime/cli/bench_kernels.c */
 int cmd_run(int argc, char **argv);           /* runtime/cli/run.c */
 int cmd_chat(int argc, char **argv);          /* runtime/cli/chat.c */
+int cmd_bench(int argc, char **argv);         /* runtime/cli/bench.c */
+int cmd_convert(int argc, char **argv);       /* runtime/cli/convert.c */
+int cmd_logits(int argc, char **argv);        /* runtime/cli/logits.c */
 
 /* Prints "strata: <what>: <err_msg()>" to stderr and returns 1. */
 int cli_fail(const char *what);

@@ -1,0 +1,317 @@
+/* strata logits: evaluates a prompt and writes the last position's logits, optionally followed
+ * by a greedy continuation, so that another implementation (tests/hf/) can compare them.
+ *
+ * OUT holds (1 + N) blocks of n_vocab float32 (little-endian, as the machine stores them):
+ * block 0 = the logits after the prompt; block i = the logits after greedy token i was fed
+ * back. Greedy token i + 1 is the argmax (lowest id on ties) of block i.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cli.h"
+#include "errors.h"
+#include "model.h"
+#include "stream.h"
+#include "tokenizer.h"
+
+struct logits_opts {
+    const char *model;  /* -m */
+    const char *prompt; /* -p */
+    const char *ids;    /* --ids */
+    const char *out;    /* -o */
+    int n_greedy;       /* --greedy */
+    int n_threads;      /* -t, 0 = OpenMP's default */
+    bool one_by_one;    /* --decode-one-by-one */
+};
+
+static void logits_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: strata logits -m FILE (-p TEXT | --ids 1,2,3) [options]\n\n"
+            "Evaluates the prompt (special tokens parsed, BOS as the vocabulary says, no chat\n"
+            "template) and prints the last position's logits summary; with -o writes them as\n"
+            "raw float32. With --greedy N it then feeds back N argmax tokens, printing\n"
+            "\"greedy: id id ...\" and appending the logits after each one: OUT holds 1 + N\n"
+            "blocks of n_vocab floats.\n\n"
+            "options:\n"
+            "  -m, --model FILE       GGUF model (required)\n"
+            "  -p, --prompt TEXT      prompt text\n"
+            "      --ids LIST         prompt token ids, comma-separated (instead of -p)\n"
+            "      --greedy N         greedy tokens to generate after the prompt (default 0)\n"
+            "  -o, --output FILE      write the logits there (default: summary only)\n"
+            "  -t, --threads N        CPU threads (default: all cores)\n"
+            "      --decode-one-by-one  feed the prompt one token per forward pass (the decode\n"
+            "                         path) instead of one batched prefill\n"
+            "  -h, --help             this text\n");
+}
+
+static int logits_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int logits_usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "strata logits: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(strata logits --help lists the options)\n");
+    va_end(ap);
+    return 2;
+}
+
+/* Parses "1,2,3" into a malloc'd array; -EINVAL for anything else. */
+static int logits_parse_ids(const char *s, int32_t **ids, int *n)
+{
+    int cap = 1;
+    for (const char *p = s; *p; p++)
+        cap += *p == ',';
+    int32_t *v = malloc(sizeof(*v) * (size_t)cap);
+    int k = 0;
+    if (!v)
+        return -ENOMEM;
+    while (*s) {
+        char *end;
+        errno = 0;
+        long x = strtol(s, &end, 10);
+        if (errno || end == s || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
+            free(v);
+            return -EINVAL;
+        }
+        v[k++] = (int32_t)x;
+        s = *end ? end + 1 : end;
+    }
+    if (k == 0) {
+        free(v);
+        return -EINVAL;
+    }
+    *ids = v;
+    *n = k;
+    return 0;
+}
+
+static int logits_prompt(const struct logits_opts *o, const struct model *m, int32_t **ids, int *n)
+{
+    if (o->ids) {
+        if (logits_parse_ids(o->ids, ids, n))
+            return logits_usage_error("--ids expects comma-separated non-negative integers");
+    } else {
+        size_t len = strlen(o->prompt);
+        if (!m->tok) {
+            fprintf(stderr, "strata logits: %s has no tokenizer; use --ids\n", o->model);
+            return 1;
+        }
+        *ids = malloc(sizeof(int32_t) * (len + 4));
+        if (!*ids)
+            return 1;
+        /* byte-level BPE never yields more ids than bytes (+ BOS/EOS) */
+        int rc = tokenizer_encode(m->tok, o->prompt, len,
+                                  TOKENIZER_ENCODE_PARSE_SPECIAL | TOKENIZER_ENCODE_ADD_SPECIAL,
+                                  *ids, len + 4);
+        if (rc < 0)
+            return cli_fail("tokenizing the prompt");
+        *n = rc;
+    }
+    if (*n == 0) {
+        fprintf(stderr, "strata logits: the prompt is empty\n");
+        return 2;
+    }
+    for (int i = 0; i < *n; i++) {
+        if ((uint32_t)(*ids)[i] >= m->hp.n_vocab) {
+            fprintf(stderr, "strata logits: token id %d is outside the vocabulary (%u)\n",
+                    (*ids)[i], m->hp.n_vocab);
+            return 2;
+        }
+    }
+    return 0;
+}
+
+/* Index of the largest value (lowest on ties); counts non-finite values in *bad. */
+static int32_t logits_argmax(const float *x, uint32_t n, uint32_t *bad)
+{
+    int32_t best = 0;
+    *bad = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!isfinite(x[i]))
+            (*bad)++;
+        else if (x[i] > x[best] || !isfinite(x[best]))
+            best = (int32_t)i;
+    }
+    return best;
+}
+
+static void logits_summary(const float *x, uint32_t n)
+{
+    uint32_t bad;
+    int32_t am = logits_argmax(x, n, &bad);
+    double sum = 0, sq = 0;
+    float lo = INFINITY;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!isfinite(x[i]))
+            continue;
+        sum += x[i];
+        sq += (double)x[i] * x[i];
+        lo = x[i] < lo ? x[i] : lo;
+    }
+    printf("n_vocab: %u\nlogits: argmax %d (%.6g), min %.6g, mean %.6g, rms %.6g, "
+           "non-finite %u\n",
+           n, am, x[am], lo, sum / n, sqrt(sq / n), bad);
+}
+
+/* Evaluates ids (batched or one by one) into logits. */
+static int logits_eval(struct stream *s, const int32_t *ids, int n, bool one_by_one, float *logits)
+{
+    if (!one_by_one)
+        return stream_eval(s, ids, n, logits);
+    for (int i = 0; i < n; i++) {
+        int rc = stream_eval(s, ids + i, 1, i == n - 1 ? logits : NULL);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int logits_run(const struct logits_opts *o, struct model *m)
+{
+    struct backend_cpu_config bc = {.n_threads = o->n_threads};
+    struct backend *b = NULL;
+    struct stream *s = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    FILE *out = NULL;
+    uint32_t nv = m->hp.n_vocab, bad = 0;
+    int n = 0, rc;
+
+    rc = logits_prompt(o, m, &ids, &n);
+    if (rc)
+        goto out;
+    printf("ids:");
+    for (int i = 0; i < n; i++)
+        printf(" %d", ids[i]);
+    printf("\n");
+    logits = malloc(sizeof(float) * nv);
+    if (!logits) {
+        rc = 1;
+        goto out;
+    }
+    if (backend_cpu_open(m, &bc, &b) || stream_open(b, n + o->n_greedy + 1, 512, &s)) {
+        rc = cli_fail("starting the engine");
+        goto out;
+    }
+    if (o->out && !(out = fopen(o->out, "wb"))) {
+        fprintf(stderr, "strata logits: %s: %s\n", o->out, strerror(errno));
+        rc = 1;
+        goto out;
+    }
+    if (logits_eval(s, ids, n, o->one_by_one, logits)) {
+        rc = cli_fail("evaluating the prompt");
+        goto out;
+    }
+    logits_summary(logits, nv);
+    if (o->n_greedy > 0)
+        printf("greedy:");
+    for (int i = 0;; i++) {
+        uint32_t nb;
+        if (out && fwrite(logits, sizeof(float), nv, out) != nv) {
+            fprintf(stderr, "strata logits: %s: write failed\n", o->out);
+            rc = 1;
+            goto out;
+        }
+        int32_t next = logits_argmax(logits, nv, &nb);
+        bad += nb;
+        if (i == o->n_greedy)
+            break;
+        printf(" %d", next);
+        fflush(stdout);
+        if (stream_eval(s, &next, 1, logits)) {
+            rc = cli_fail("decoding");
+            goto out;
+        }
+    }
+    if (o->n_greedy > 0)
+        printf("\n");
+    if (bad) {
+        fprintf(stderr, "strata logits: %u non-finite logits\n", bad);
+        rc = 1;
+    }
+out:
+    if (out && fclose(out) != 0 && !rc) {
+        fprintf(stderr, "strata logits: %s: write failed\n", o->out);
+        rc = 1;
+    }
+    stream_close(s);
+    backend_close(b);
+    free(logits);
+    free(ids);
+    return rc;
+}
+
+int cmd_logits(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'},
+        {"prompt", required_argument, NULL, 'p'},
+        {"ids", required_argument, NULL, 'i'},
+        {"greedy", required_argument, NULL, 'g'},
+        {"output", required_argument, NULL, 'o'},
+        {"threads", required_argument, NULL, 't'},
+        {"decode-one-by-one", no_argument, NULL, 'd'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    struct logits_opts o = {0};
+    struct model *m = NULL;
+    char *end;
+    long v;
+    int c;
+
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:p:o:t:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            o.model = optarg;
+            break;
+        case 'p':
+            o.prompt = optarg;
+            break;
+        case 'i':
+            o.ids = optarg;
+            break;
+        case 'o':
+            o.out = optarg;
+            break;
+        case 'd':
+            o.one_by_one = true;
+            break;
+        case 'g':
+        case 't':
+            errno = 0;
+            v = strtol(optarg, &end, 10);
+            if (errno || *end || end == optarg || v < (c == 'g' ? 0 : 1) || v > (1 << 20))
+                return logits_usage_error("%s expects a non-negative integer, got '%s'",
+                                          c == 'g' ? "--greedy" : "--threads", optarg);
+            *(c == 'g' ? &o.n_greedy : &o.n_threads) = (int)v;
+            break;
+        case 'h':
+            logits_usage(stdout);
+            return 0;
+        default:
+            return logits_usage_error("bad option");
+        }
+    }
+    if (optind != argc)
+        return logits_usage_error("unexpected argument '%s'", argv[optind]);
+    if (!o.model)
+        return logits_usage_error("-m FILE is required");
+    if (!o.prompt == !o.ids)
+        return logits_usage_error("give exactly one of -p TEXT and --ids LIST");
+    if (model_open(o.model, &m))
+        return cli_fail("loading the model");
+    int rc = logits_run(&o, m);
+    model_close(m);
+    return rc;
+}

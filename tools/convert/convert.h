@@ -1,0 +1,98 @@
+/* convert: Hugging Face checkpoint -> GGUF, behind `strata convert`.
+ *
+ * Input: a directory with config.json (Qwen3MoeForCausalLM, model_type qwen3_moe), safetensors
+ * weights (model.safetensors, or shards listed by model.safetensors.index.json) in F32, BF16 or
+ * F16, tokenizer.json, and optionally tokenizer_config.json / chat_template.jinja.
+ * Output: a qwen3moe GGUF with the names, shapes and keys of FORMATS.md §4(a), §5 and §6.1.
+ *
+ * Experts are accepted per expert (mlp.experts.E.{gate,up,down}_proj.weight, what transformers
+ * 4.x and the released checkpoints store) or fused (mlp.experts.gate_up_proj [E, 2F, H] with
+ * the gate rows first, mlp.experts.down_proj [E, H, F], what transformers 5.x keeps in memory
+ * and writes with save_original_format=False); each layer may use either.
+ *
+ * Each output tensor is a list of row segments of source tensors (one for a plain weight, one
+ * per expert when stacking, one per expert slice of a fused tensor); rows are converted and
+ * quantized with the reference quantizers in parallel (OpenMP) and written in place with
+ * gguf_writer_pwrite. Nothing appears at the output path until the file is complete.
+ */
+#ifndef STRATA_CONVERT_H
+#define STRATA_CONVERT_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* ---- quant mixes -------------------------------------------------------------------------- */
+
+enum convert_mix {
+    CONVERT_MIX_F32,    /* every tensor F32 */
+    CONVERT_MIX_BF16,   /* >= 2-D weights BF16; norms and router F32 */
+    CONVERT_MIX_Q8_0,   /* >= 2-D weights Q8_0; norms and router F32 */
+    CONVERT_MIX_Q4_K_M, /* experts gate/up Q4_K, down Q6_K; attention q/k/v/output Q8_0;
+                           token_embd Q4_K; output Q6_K; norms and router F32 */
+    CONVERT_MIX_COUNT
+};
+
+/* Parses "f32", "bf16", "q8_0", "q4_k_m" (case-insensitive); -EINVAL (message lists them). */
+int convert_mix_parse(const char *name, enum convert_mix *out);
+const char *convert_mix_name(enum convert_mix mix);
+/* general.file_type (llama_ftype) of the mix: 0, 32, 7 or 15. */
+uint32_t convert_mix_file_type(enum convert_mix mix);
+
+/* The ggml type the mix gives GGUF tensor NAME with n_dims dims and row length ne0. When ne0 is
+ * not a multiple of the chosen type's block, falls back to Q8_0 (if ne0 % 32 == 0) or F32 and
+ * sets *fell_back (may be NULL). */
+uint32_t convert_mix_tensor_type(enum convert_mix mix, const char *name, uint32_t n_dims,
+                                 uint64_t ne0, bool *fell_back);
+
+/* ---- running a conversion ----------------------------------------------------------------- */
+
+enum convert_event_kind {
+    CONVERT_EVENT_NOTICE, /* text: something the user should know (ignored tensors, ...) */
+    CONVERT_EVENT_TENSOR, /* a tensor has been written */
+};
+
+struct convert_event {
+    enum convert_event_kind kind;
+    const char *text; /* NOTICE */
+    const char *name; /* TENSOR: GGUF name */
+    uint32_t type;    /* TENSOR: ggml type written */
+    uint32_t n_dims;
+    const uint64_t *ne;    /* (n_dims) */
+    bool fell_back;        /* the mix's type did not fit the row length */
+    uint32_t index, count; /* tensor index (1-based) of count */
+    uint64_t done_bytes, total_bytes;
+    double seconds; /* since the start */
+};
+
+/* Called from the thread that runs convert_run. */
+typedef void (*convert_progress_fn)(void *arg, const struct convert_event *ev);
+
+struct convert_config {
+    const char *hf_dir;   /* the checkpoint directory */
+    const char *out_path; /* written via a temp file and renamed on success */
+    enum convert_mix mix;
+    uint32_t n_threads;           /* OpenMP threads; 0 = OpenMP's default */
+    const char *name;             /* general.name; NULL = the directory's base name */
+    convert_progress_fn progress; /* may be NULL */
+    void *progress_arg;
+    volatile sig_atomic_t *cancel; /* abort (-EINTR, temp file removed) once *cancel != 0;
+                                      may be NULL */
+};
+
+struct convert_stats {
+    uint32_t n_tensors;  /* tensors written */
+    uint64_t n_params;   /* weight elements */
+    uint64_t data_bytes; /* bytes of tensor data written */
+    uint32_t n_fallback; /* tensors whose mix type fell back */
+    uint32_t n_vocab;    /* tokens written (after padding) */
+    uint32_t n_unused;   /* checkpoint tensors that were not converted */
+    double seconds;
+};
+
+/* Converts cfg->hf_dir into cfg->out_path; stats may be NULL. 0 or -errno; on failure nothing
+ * is left at out_path and err_msg() names what failed (missing file, unsupported architecture,
+ * missing tensor, shape mismatch with both shapes, malformed input). */
+int convert_run(const struct convert_config *cfg, struct convert_stats *stats);
+
+#endif

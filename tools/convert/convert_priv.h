@@ -1,0 +1,21 @@
+/* convert_priv: what the pieces of the converter share (not part of its API). */
+#ifndef STRATA_CONVERT_PRIV_H
+#define STRATA_CONVERT_PRIV_H
+
+#include <stdint.h>
+
+#include "convert.h"
+
+struct gguf_writer;
+struct hf_ckpt;
+
+/* Sends a NOTICE event to cfg->progress (printf-style). */
+void convert_notice(const struct convert_config *cfg, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Adds the tokenizer.* keys from c's tokenizer.json (+ tokenizer_config.json, chat_template.jinja),
+ * padded to n_vocab tokens; *n_written receives the token count. 0 or -errno. */
+int convert_vocab_add(const struct convert_config *cfg, struct hf_ckpt *c, struct gguf_writer *w,
+                      uint32_t n_vocab, uint32_t *n_written);
+
+#endif
