@@ -48,9 +48,9 @@ static void detect_x86(struct cpu_features *f)
     bool f16c = ecx & (1u << 29);
 
     uint64_t xcr0 = osxsave ? read_xcr0() : 0;
-    bool os_avx = (xcr0 & 0x6) == 0x6;              /* SSE + AVX (YMM) state */
+    bool os_avx = (xcr0 & 0x6) == 0x6;                /* SSE + AVX (YMM) state */
     bool os_avx512 = os_avx && (xcr0 & 0xe0) == 0xe0; /* opmask + ZMM_Hi256 + Hi16_ZMM */
-    bool os_amx = (xcr0 & 0x60000) == 0x60000;      /* TILECFG + TILEDATA */
+    bool os_amx = (xcr0 & 0x60000) == 0x60000;        /* TILECFG + TILEDATA */
 
     if (max_leaf < 7 || !os_avx)
         return;
@@ -98,8 +98,10 @@ static enum cpu_isa isa_apply_env_cap(enum cpu_isa isa)
         if (!strcmp(env, isa_names[i]))
             return (enum cpu_isa)i < isa ? (enum cpu_isa)i : isa;
     }
-    fprintf(stderr, "strata: STRATA_CPU_ISA='%s' is not one of scalar, avx2, avx512, "
-                    "avx512vnni; ignored\n", env);
+    fprintf(stderr,
+            "strata: STRATA_CPU_ISA='%s' is not one of scalar, avx2, avx512, "
+            "avx512vnni; ignored\n",
+            env);
     return isa;
 }
 

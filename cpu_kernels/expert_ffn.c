@@ -138,9 +138,14 @@ static void batch_run(const struct expert_ffn_args *a, const struct ffn_layout *
 #pragma omp barrier
 
     /* 2. gate, up and h on this thread's rows of n_ff */
-    struct matmul_args mg = {
-        .wtype = w->gate_type, .w = w->gate, .w_stride = vec_dot_row_bytes(w->gate_type, w->n_embd),
-        .n_in = w->n_embd, .n_out = w->n_ff, .m = mb, .y = g, .y_stride = w->n_ff};
+    struct matmul_args mg = {.wtype = w->gate_type,
+                             .w = w->gate,
+                             .w_stride = vec_dot_row_bytes(w->gate_type, w->n_embd),
+                             .n_in = w->n_embd,
+                             .n_out = w->n_ff,
+                             .m = mb,
+                             .y = g,
+                             .y_stride = w->n_ff};
     struct matmul_args mu = mg;
     mu.wtype = w->up_type;
     mu.w = w->up;
@@ -161,9 +166,14 @@ static void batch_run(const struct expert_ffn_args *a, const struct ffn_layout *
 #pragma omp barrier
 
     /* 4. down on this thread's rows of n_embd, accumulated into out */
-    struct matmul_args md = {
-        .wtype = w->down_type, .w = w->down, .w_stride = vec_dot_row_bytes(w->down_type, w->n_ff),
-        .n_in = w->n_ff, .n_out = w->n_embd, .m = mb, .y = yv, .y_stride = w->n_embd};
+    struct matmul_args md = {.wtype = w->down_type,
+                             .w = w->down,
+                             .w_stride = vec_dot_row_bytes(w->down_type, w->n_ff),
+                             .n_in = w->n_ff,
+                             .n_out = w->n_embd,
+                             .m = mb,
+                             .y = yv,
+                             .y_stride = w->n_embd};
     matmul_split(w->n_embd, ith, nth, &r0, &r1);
     matmul_rows(&md, s + l->act_h, h_stride, r0, r1);
     for (int j = 0; j < mb; j++) {

@@ -27,17 +27,17 @@ struct expert_ffn_weights {
 
 struct expert_ffn_args {
     const struct expert_ffn_weights *w;
-    int n_tokens;                /* listed tokens, >= 0 */
-    const int32_t *tokens;       /* (n_tokens) row indices into x and out; NULL: 0..n_tokens-1 */
-    const float *token_weights;  /* (n_tokens) router weight per listed token; NULL: all 1 */
-    const float *x;              /* (rows, x_stride) input hidden states, n_embd used per row */
-    int64_t x_stride;            /* floats between rows of x, >= n_embd */
-    float *out;                  /* (rows, out_stride) accumulated into, n_embd per row;
-                                  * must not overlap x */
-    int64_t out_stride;          /* floats between rows of out, >= n_embd */
-    void *scratch;               /* expert_ffn_scratch_bytes(w) bytes, caller-owned */
-    size_t scratch_bytes;        /* size of scratch */
-    int n_threads;               /* threads to use; 0: OpenMP's default */
+    int n_tokens;               /* listed tokens, >= 0 */
+    const int32_t *tokens;      /* (n_tokens) row indices into x and out; NULL: 0..n_tokens-1 */
+    const float *token_weights; /* (n_tokens) router weight per listed token; NULL: all 1 */
+    const float *x;             /* (rows, x_stride) input hidden states, n_embd used per row */
+    int64_t x_stride;           /* floats between rows of x, >= n_embd */
+    float *out;                 /* (rows, out_stride) accumulated into, n_embd per row;
+                                 * must not overlap x */
+    int64_t out_stride;         /* floats between rows of out, >= n_embd */
+    void *scratch;              /* expert_ffn_scratch_bytes(w) bytes, caller-owned */
+    size_t scratch_bytes;       /* size of scratch */
+    int n_threads;              /* threads to use; 0: OpenMP's default */
 };
 
 /* Scratch bytes expert_ffn_run needs for these weights (any number of tokens); 0 if a weight

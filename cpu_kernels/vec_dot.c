@@ -13,9 +13,9 @@
 /* ---- type table ---- */
 
 struct vec_dot_type {
-    int64_t block;             /* elements per block */
-    size_t bytes;              /* bytes per block */
-    enum quant_type act;       /* activation format */
+    int64_t block;       /* elements per block */
+    size_t bytes;        /* bytes per block */
+    enum quant_type act; /* activation format */
 };
 
 static const struct vec_dot_type *type_get(uint32_t wtype)
@@ -33,18 +33,30 @@ static const struct vec_dot_type *type_get(uint32_t wtype)
     static const struct vec_dot_type q6_k = {QK_K, sizeof(struct block_q6_k), QUANT_Q8_K};
 
     switch (wtype) {
-    case QUANT_F32: return &f32;
-    case QUANT_F16: return &f16;
-    case QUANT_BF16: return &bf16;
-    case QUANT_Q8_0: return &q8_0;
-    case QUANT_Q4_0: return &q4_0;
-    case QUANT_MXFP4: return &mxfp4;
-    case QUANT_Q2_K: return &q2_k;
-    case QUANT_Q3_K: return &q3_k;
-    case QUANT_Q4_K: return &q4_k;
-    case QUANT_Q5_K: return &q5_k;
-    case QUANT_Q6_K: return &q6_k;
-    default: return NULL;
+    case QUANT_F32:
+        return &f32;
+    case QUANT_F16:
+        return &f16;
+    case QUANT_BF16:
+        return &bf16;
+    case QUANT_Q8_0:
+        return &q8_0;
+    case QUANT_Q4_0:
+        return &q4_0;
+    case QUANT_MXFP4:
+        return &mxfp4;
+    case QUANT_Q2_K:
+        return &q2_k;
+    case QUANT_Q3_K:
+        return &q3_k;
+    case QUANT_Q4_K:
+        return &q4_k;
+    case QUANT_Q5_K:
+        return &q5_k;
+    case QUANT_Q6_K:
+        return &q6_k;
+    default:
+        return NULL;
     }
 }
 
@@ -74,10 +86,14 @@ enum quant_type vec_dot_act_type(uint32_t wtype)
 size_t vec_dot_act_bytes(uint32_t wtype, int64_t n)
 {
     switch (vec_dot_act_type(wtype)) {
-    case QUANT_Q8_0: return (size_t)(n / QK_32) * sizeof(struct block_q8_0);
-    case QUANT_Q8_K: return (size_t)(n / QK_K) * sizeof(struct block_q8_k);
-    case QUANT_F32: return (size_t)n * sizeof(float);
-    default: return 0;
+    case QUANT_Q8_0:
+        return (size_t)(n / QK_32) * sizeof(struct block_q8_0);
+    case QUANT_Q8_K:
+        return (size_t)(n / QK_K) * sizeof(struct block_q8_k);
+    case QUANT_F32:
+        return (size_t)n * sizeof(float);
+    default:
+        return 0;
     }
 }
 
@@ -134,10 +150,14 @@ static void quantize_f32_copy(const float *x, void *act, int64_t n)
 vec_dot_quantize_fn vec_dot_scalar_quantize_get(enum quant_type act_type)
 {
     switch (act_type) {
-    case QUANT_Q8_0: return quantize_q8_0_scalar;
-    case QUANT_Q8_K: return quantize_q8_k_scalar;
-    case QUANT_F32: return quantize_f32_copy;
-    default: return NULL;
+    case QUANT_Q8_0:
+        return quantize_q8_0_scalar;
+    case QUANT_Q8_K:
+        return quantize_q8_k_scalar;
+    case QUANT_F32:
+        return quantize_f32_copy;
+    default:
+        return NULL;
     }
 }
 
@@ -247,8 +267,7 @@ static float dot_q3_k_scalar(int64_t n, const void *w_row, const void *act)
             for (int j = 0; j < 4; j++) {
                 for (int l = 0; l < 32; l++) {
                     int e = 128 * h + 32 * j + l;
-                    int v = ((q[32 * h + l] >> (2 * j)) & 3) -
-                            ((hm[l] >> (4 * h + j)) & 1 ? 0 : 4);
+                    int v = ((q[32 * h + l] >> (2 * j)) & 3) - ((hm[l] >> (4 * h + j)) & 1 ? 0 : 4);
                     isum += q3_k_scale(w[b].scales, e / 16) * v * y[e];
                 }
             }
@@ -381,18 +400,30 @@ static float dot_bf16_scalar(int64_t n, const void *w_row, const void *act)
 vec_dot_fn vec_dot_scalar_get(uint32_t wtype)
 {
     switch (wtype) {
-    case QUANT_F32: return dot_f32_scalar;
-    case QUANT_F16: return dot_f16_scalar;
-    case QUANT_BF16: return dot_bf16_scalar;
-    case QUANT_Q8_0: return dot_q8_0_scalar;
-    case QUANT_Q4_0: return dot_q4_0_scalar;
-    case QUANT_MXFP4: return dot_mxfp4_scalar;
-    case QUANT_Q2_K: return dot_q2_k_scalar;
-    case QUANT_Q3_K: return dot_q3_k_scalar;
-    case QUANT_Q4_K: return dot_q4_k_scalar;
-    case QUANT_Q5_K: return dot_q5_k_scalar;
-    case QUANT_Q6_K: return dot_q6_k_scalar;
-    default: return NULL;
+    case QUANT_F32:
+        return dot_f32_scalar;
+    case QUANT_F16:
+        return dot_f16_scalar;
+    case QUANT_BF16:
+        return dot_bf16_scalar;
+    case QUANT_Q8_0:
+        return dot_q8_0_scalar;
+    case QUANT_Q4_0:
+        return dot_q4_0_scalar;
+    case QUANT_MXFP4:
+        return dot_mxfp4_scalar;
+    case QUANT_Q2_K:
+        return dot_q2_k_scalar;
+    case QUANT_Q3_K:
+        return dot_q3_k_scalar;
+    case QUANT_Q4_K:
+        return dot_q4_k_scalar;
+    case QUANT_Q5_K:
+        return dot_q5_k_scalar;
+    case QUANT_Q6_K:
+        return dot_q6_k_scalar;
+    default:
+        return NULL;
     }
 }
 

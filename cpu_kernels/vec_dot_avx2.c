@@ -120,10 +120,14 @@ static void quantize_f32_copy(const float *x, void *act, int64_t n)
 vec_dot_quantize_fn vec_dot_avx2_quantize_get(enum quant_type act_type)
 {
     switch (act_type) {
-    case QUANT_Q8_0: return quantize_q8_0_avx2;
-    case QUANT_Q8_K: return quantize_q8_k_avx2;
-    case QUANT_F32: return quantize_f32_copy;
-    default: return NULL;
+    case QUANT_Q8_0:
+        return quantize_q8_0_avx2;
+    case QUANT_Q8_K:
+        return quantize_q8_k_avx2;
+    case QUANT_F32:
+        return quantize_f32_copy;
+    default:
+        return NULL;
     }
 }
 
@@ -136,6 +140,7 @@ static float dot_q8_0_avx2(int64_t n, const void *w_row, const void *act)
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t nb = n / QK_32, b = 0;
     for (; b + 1 < nb; b += 2) {
+        VEC_DOT_PREFETCH(&w[b], 2 * sizeof(*w));
         __m256i p0 = dot_i8_i8(_mm256_loadu_si256((const __m256i *)w[b].qs),
                                _mm256_loadu_si256((const __m256i *)a[b].qs));
         __m256i p1 = dot_i8_i8(_mm256_loadu_si256((const __m256i *)w[b + 1].qs),
@@ -162,6 +167,7 @@ static float dot_q4_0_avx2(int64_t n, const void *w_row, const void *act)
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t nb = n / QK_32, b = 0;
     for (; b + 1 < nb; b += 2) {
+        VEC_DOT_PREFETCH(&w[b], 2 * sizeof(*w));
         __m256i q0 = _mm256_sub_epi8(nibbles_32(w[b].qs), eight);
         __m256i q1 = _mm256_sub_epi8(nibbles_32(w[b + 1].qs), eight);
         __m256i p0 = dot_i8_i8(q0, _mm256_loadu_si256((const __m256i *)a[b].qs));
@@ -189,6 +195,7 @@ static float dot_mxfp4_avx2(int64_t n, const void *w_row, const void *act)
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t nb = n / QK_32, b = 0;
     for (; b + 1 < nb; b += 2) {
+        VEC_DOT_PREFETCH(&w[b], 2 * sizeof(*w));
         __m256i q0 = _mm256_shuffle_epi8(table, nibbles_32(w[b].qs));
         __m256i q1 = _mm256_shuffle_epi8(table, nibbles_32(w[b + 1].qs));
         __m256i p0 = dot_i8_i8(q0, _mm256_loadu_si256((const __m256i *)a[b].qs));
@@ -227,6 +234,7 @@ static float dot_q4_k_avx2(int64_t n, const void *w_row, const void *act)
     __m128 acc_m = _mm_setzero_ps();
     for (int64_t b = 0; b < n / QK_K; b++) {
         uint32_t sm[4];
+        VEC_DOT_PREFETCH(&w[b], sizeof(*w));
         vec_dot_k4_scales(w[b].scales, sm);
         uint64_t mins8 = (uint64_t)sm[2] | (uint64_t)sm[3] << 32;
         /* scales as words, each duplicated into both 128-bit lanes for a per-lane shuffle */
@@ -239,20 +247,23 @@ static float dot_q4_k_avx2(int64_t n, const void *w_row, const void *act)
             __m256i qb = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
             __m256i lo = _mm256_and_si256(qb, m4);
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
-            __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(y + 64 * c)));
+            __m256i plo =
+                _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(y + 64 * c)));
             __m256i phi =
                 _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 64 * c + 32)));
             /* broadcast word 2c / 2c+1 of the scales */
-            __m256i slo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 * (4 * c + 1) + 4 * c)));
-            __m256i shi = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 * (4 * c + 3) + 4 * c + 2)));
+            __m256i slo =
+                _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 * (4 * c + 1) + 4 * c)));
+            __m256i shi = _mm256_shuffle_epi8(
+                sc16, _mm256_set1_epi16((short)(0x0100 * (4 * c + 3) + 4 * c + 2)));
             isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, slo));
             isum = _mm256_add_epi32(isum, _mm256_madd_epi16(phi, shi));
         }
         float d = f16_load(w[b].d) * a[b].d;
         float dmin = f16_load(w[b].dmin) * a[b].d;
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_min_sums(a[b].bsums, mins8)),
-                             acc_m);
+        acc_m =
+            _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_min_sums(a[b].bsums, mins8)), acc_m);
     }
     __m128 m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
     m = _mm_add_ss(m, _mm_movehdup_ps(m));
@@ -269,6 +280,7 @@ static float dot_q5_k_avx2(int64_t n, const void *w_row, const void *act)
     __m128 acc_m = _mm_setzero_ps();
     for (int64_t b = 0; b < n / QK_K; b++) {
         uint32_t sm[4];
+        VEC_DOT_PREFETCH(&w[b], sizeof(*w));
         vec_dot_k4_scales(w[b].scales, sm);
         uint64_t mins8 = (uint64_t)sm[2] | (uint64_t)sm[3] << 32;
         __m128i sc8 = _mm_cvtsi64_si128((long long)((uint64_t)sm[0] | (uint64_t)sm[1] << 32));
@@ -285,19 +297,22 @@ static float dot_q5_k_avx2(int64_t n, const void *w_row, const void *act)
                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), m1), 4);
             __m256i lo = _mm256_or_si256(_mm256_and_si256(qb, m4), hlo);
             __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4), hhi);
-            __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(y + 64 * c)));
+            __m256i plo =
+                _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(y + 64 * c)));
             __m256i phi =
                 _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 64 * c + 32)));
-            __m256i slo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 * (4 * c + 1) + 4 * c)));
-            __m256i shi = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 * (4 * c + 3) + 4 * c + 2)));
+            __m256i slo =
+                _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 * (4 * c + 1) + 4 * c)));
+            __m256i shi = _mm256_shuffle_epi8(
+                sc16, _mm256_set1_epi16((short)(0x0100 * (4 * c + 3) + 4 * c + 2)));
             isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, slo));
             isum = _mm256_add_epi32(isum, _mm256_madd_epi16(phi, shi));
         }
         float d = f16_load(w[b].d) * a[b].d;
         float dmin = f16_load(w[b].dmin) * a[b].d;
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_min_sums(a[b].bsums, mins8)),
-                             acc_m);
+        acc_m =
+            _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_min_sums(a[b].bsums, mins8)), acc_m);
     }
     __m128 m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
     m = _mm_add_ss(m, _mm_movehdup_ps(m));
@@ -313,11 +328,11 @@ static float dot_q6_k_avx2(int64_t n, const void *w_row, const void *act)
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / QK_K; b++) {
         __m128i sc8 = _mm_loadu_si128((const __m128i *)w[b].scales);
+        VEC_DOT_PREFETCH(&w[b], sizeof(*w));
         const int8_t *y = a[b].qs;
         /* codes are used unsigned (0..63); the -32 offset is taken out with the bsums */
         __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-        __m256i offset = _mm256_madd_epi16(
-            _mm256_loadu_si256((const __m256i *)a[b].bsums), sc16);
+        __m256i offset = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[b].bsums), sc16);
         __m256i isum = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = w[b].ql + 64 * h;
@@ -327,12 +342,15 @@ static float dot_q6_k_avx2(int64_t n, const void *w_row, const void *act)
             __m256i q[4];
             q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
                                    _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+            q[1] = _mm256_or_si256(
+                _mm256_and_si256(l1, m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
+            q[2] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
+            q[3] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
             for (int s = 0; s < 4; s++) {
                 int k = 8 * h + 2 * s; /* scale index of the first 16 elements */
                 __m128i idx = _mm_setr_epi8(k, k, k, k, k, k, k, k, k + 1, k + 1, k + 1, k + 1,
@@ -359,14 +377,16 @@ static float dot_f32_avx2(int64_t n, const void *w_row, const void *act)
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                      _mm256_setzero_ps()};
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32)
+    for (; i + 32 <= n; i += 32) {
+        VEC_DOT_PREFETCH(w + i, 32 * sizeof(float));
         for (int k = 0; k < 4; k++)
-            acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8 * k),
-                                     _mm256_loadu_ps(a + i + 8 * k), acc[k]);
+            acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8 * k), _mm256_loadu_ps(a + i + 8 * k),
+                                     acc[k]);
+    }
     for (; i + 8 <= n; i += 8)
         acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(a + i), acc[0]);
-    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]),
-                                      _mm256_add_ps(acc[2], acc[3])));
+    float sum =
+        hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     for (; i < n; i++)
         sum += w[i] * a[i];
     return sum;
@@ -390,14 +410,16 @@ static float dot_f16_avx2(int64_t n, const void *w_row, const void *act)
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                      _mm256_setzero_ps()};
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32)
+    for (; i + 32 <= n; i += 32) {
+        VEC_DOT_PREFETCH(w + i, 32 * sizeof(uint16_t));
         for (int k = 0; k < 4; k++)
-            acc[k] = _mm256_fmadd_ps(load_f16x8(w + i + 8 * k), _mm256_loadu_ps(a + i + 8 * k),
-                                     acc[k]);
+            acc[k] =
+                _mm256_fmadd_ps(load_f16x8(w + i + 8 * k), _mm256_loadu_ps(a + i + 8 * k), acc[k]);
+    }
     for (; i + 8 <= n; i += 8)
         acc[0] = _mm256_fmadd_ps(load_f16x8(w + i), _mm256_loadu_ps(a + i), acc[0]);
-    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]),
-                                      _mm256_add_ps(acc[2], acc[3])));
+    float sum =
+        hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     for (; i < n; i++)
         sum += f16_load(w[i]) * a[i];
     return sum;
@@ -410,14 +432,16 @@ static float dot_bf16_avx2(int64_t n, const void *w_row, const void *act)
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                      _mm256_setzero_ps()};
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32)
+    for (; i + 32 <= n; i += 32) {
+        VEC_DOT_PREFETCH(w + i, 32 * sizeof(uint16_t));
         for (int k = 0; k < 4; k++)
-            acc[k] = _mm256_fmadd_ps(load_bf16x8(w + i + 8 * k), _mm256_loadu_ps(a + i + 8 * k),
-                                     acc[k]);
+            acc[k] =
+                _mm256_fmadd_ps(load_bf16x8(w + i + 8 * k), _mm256_loadu_ps(a + i + 8 * k), acc[k]);
+    }
     for (; i + 8 <= n; i += 8)
         acc[0] = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(a + i), acc[0]);
-    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]),
-                                      _mm256_add_ps(acc[2], acc[3])));
+    float sum =
+        hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     for (; i < n; i++) {
         uint32_t bits = (uint32_t)w[i] << 16;
         float f;
@@ -430,15 +454,25 @@ static float dot_bf16_avx2(int64_t n, const void *w_row, const void *act)
 vec_dot_fn vec_dot_avx2_get(uint32_t wtype)
 {
     switch (wtype) {
-    case QUANT_F32: return dot_f32_avx2;
-    case QUANT_F16: return dot_f16_avx2;
-    case QUANT_BF16: return dot_bf16_avx2;
-    case QUANT_Q8_0: return dot_q8_0_avx2;
-    case QUANT_Q4_0: return dot_q4_0_avx2;
-    case QUANT_MXFP4: return dot_mxfp4_avx2;
-    case QUANT_Q4_K: return dot_q4_k_avx2;
-    case QUANT_Q5_K: return dot_q5_k_avx2;
-    case QUANT_Q6_K: return dot_q6_k_avx2;
-    default: return NULL;
+    case QUANT_F32:
+        return dot_f32_avx2;
+    case QUANT_F16:
+        return dot_f16_avx2;
+    case QUANT_BF16:
+        return dot_bf16_avx2;
+    case QUANT_Q8_0:
+        return dot_q8_0_avx2;
+    case QUANT_Q4_0:
+        return dot_q4_0_avx2;
+    case QUANT_MXFP4:
+        return dot_mxfp4_avx2;
+    case QUANT_Q4_K:
+        return dot_q4_k_avx2;
+    case QUANT_Q5_K:
+        return dot_q5_k_avx2;
+    case QUANT_Q6_K:
+        return dot_q6_k_avx2;
+    default:
+        return NULL;
     }
 }

@@ -3,11 +3,12 @@
  * is compiled with every AVX-512 flag, so it is called only when cpu_isa_best() >=
  * CPU_ISA_AVX512, and the VNNI instructions only appear in the vnni=true instances.
  *
- * vpdpbusd multiplies unsigned by signed bytes. Weights that are naturally unsigned (Q4_0
- * nibbles, K-quant codes) go in as they are, with the offset removed afterwards (Q4_0: 8 *
- * sum of activation codes; Q6_K: 32 * bsums); signed weights (Q8_0) use |w| times a * sign(w),
- * MXFP4 a table of magnitudes with the sign bit applied to the activation. Activation codes
- * are in [-127, 127], so negating them cannot overflow.
+ * vpdpbusd multiplies unsigned by signed bytes. Weights that are naturally unsigned or made so
+ * by an offset go in as they are, with the offset times the activation sum removed afterwards
+ * (Q4_0: nibble = value + 8; MXFP4: table of value + 12; Q6_K: code = value + 32, removed with
+ * the bsums; Q8_0: w + 128, a flip of the sign bit). Without VNNI, Q8_0 uses |w| times
+ * a * sign(w) instead, since vpmaddubsw saturates; activation codes are in [-127, 127], so
+ * negating them cannot overflow.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -51,8 +52,8 @@ AI __m512i load_2x256(const void *lo, const void *hi)
 /* A zmm of 32 words: the low 16 = a, the high 16 = b. */
 AI __m512i words_2x16(short a, short b)
 {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(a)),
-                              _mm256_set1_epi16(b), 1);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(a)), _mm256_set1_epi16(b),
+                              1);
 }
 
 /* A zmm of 16 floats: the low 8 = a, the high 8 = b. */
@@ -72,11 +73,6 @@ AI __m256i nibbles_32(const uint8_t *q)
     __m128i x = _mm_loadu_si128((const __m128i *)q);
     __m256i both = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
     return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
-}
-
-AI __m512i nibbles_2x32(const uint8_t *q0, const uint8_t *q1)
-{
-    return _mm512_inserti64x4(_mm512_castsi256_si512(nibbles_32(q0)), nibbles_32(q1), 1);
 }
 
 /* ---- activation quantizers (same codes as the scalar ones, bit for bit) ---- */
@@ -132,28 +128,64 @@ static void quantize_f32_copy(const float *x, void *act, int64_t n)
 vec_dot_quantize_fn vec_dot_avx512_quantize_get(enum quant_type act_type)
 {
     switch (act_type) {
-    case QUANT_Q8_0: return quantize_q8_0_avx512;
-    case QUANT_Q8_K: return quantize_q8_k_avx512;
-    case QUANT_F32: return quantize_f32_copy;
-    default: return NULL;
+    case QUANT_Q8_0:
+        return quantize_q8_0_avx512;
+    case QUANT_Q8_K:
+        return quantize_q8_k_avx512;
+    case QUANT_F32:
+        return quantize_f32_copy;
+    default:
+        return NULL;
     }
 }
 
-/* ---- 32-element blocks with Q8_0 activations, two blocks per zmm ----
- * Each kernel body is written once as an always-inline function of `vnni` and instantiated
- * twice below. The odd last block goes through the 256-bit path. */
+/* ---- 32-element blocks with Q8_0 activations ----
+ * Blocks go in groups of 16: one gather each fetches the 16 weight and the 16 activation
+ * scales (a vector conversion instead of 32 scalar ones), then pairs of blocks fill a zmm and
+ * take their two scales from that vector with one permute. Leftover blocks (fewer than 16)
+ * use scalar scales. Each body is an always-inline function of `vnni`, instantiated twice. */
 
-/* Signed weight bytes w times activation bytes a: |w| * (a * sign(w)). */
+#define GROUP 16
+
+/* Byte offsets of 16 consecutive blocks of `size` bytes. */
+AI __m512i block_offsets(int size)
+{
+    return _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(size));
+}
+
+/* The f16 at the start of each of 16 blocks (offsets from block_offsets), as floats. The
+ * gather reads 4 bytes per block, all inside the block. */
+AI __m512 f16_scales16(const void *base, __m512i offs)
+{
+    __m512i g = _mm512_i32gather_epi32(offs, base, 1);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+}
+
+/* Permute indices giving lanes [s ... s (8 lanes), s+1 ... s+1 (8 lanes)] for s = 2k. */
+AI __m512i pair_index(int k)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(2 * k)),
+                              _mm256_set1_epi32(2 * k + 1), 1);
+}
+
+/* Signed weight bytes w times activation bytes a, with VNNI as (w + 128) * a - 128 * a (the
+ * +128 is a flip of the sign bit), else as |w| * (a * sign(w)) (maddubs would saturate). */
 AI __m512i dot_s8_512(__m512i w, __m512i a, bool vnni)
 {
+    if (vnni) {
+        const __m512i bias = _mm512_set1_epi8((char)0x80);
+        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(w, bias), a);
+        return _mm512_sub_epi32(p, _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, a));
+    }
     __m512i as = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(w), _mm512_setzero_si512(), a);
     return dpbusd(_mm512_setzero_si512(), _mm512_abs_epi8(w), as, vnni);
 }
 
 AI __m256i dot_s8_256(__m256i w, __m256i a, bool vnni)
 {
-    return dpbusd_256(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w),
-                      vnni);
+    return dpbusd_256(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w), vnni);
 }
 
 AI float hsum_256(__m256 v)
@@ -164,25 +196,50 @@ AI float hsum_256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* Nibbles of two blocks as one zmm in element order: [b0 0-31, b1 0-31], matching two Q8_0
+ * activation blocks loaded side by side. */
+AI __m512i nibbles_pair(const uint8_t *q0, const uint8_t *q1)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256i x =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q0)),
+                                _mm_loadu_si128((const __m128i *)q1), 1);
+    __m256i lo = _mm256_and_si256(x, m4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+    /* qwords: lo 0,1 (b0 first half), hi 0,1 (b0 second half), lo 2,3, hi 2,3 */
+    return _mm512_permutex2var_epi64(_mm512_castsi256_si512(lo),
+                                     _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11),
+                                     _mm512_castsi256_si512(hi));
+}
+
 AI float dot_q8_0_body(int64_t n, const void *w_row, const void *act, bool vnni)
 {
     const struct block_q8_0 *w = w_row;
     const struct block_q8_0 *a = act;
+    const __m512i offs = block_offsets(sizeof(struct block_q8_0));
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     int64_t nb = n / QK_32, b = 0;
-    for (; b + 3 < nb; b += 4) {
-        __m512i p0 = dot_s8_512(load_2x256(w[b].qs, w[b + 1].qs),
-                                load_2x256(a[b].qs, a[b + 1].qs), vnni);
-        __m512i p1 = dot_s8_512(load_2x256(w[b + 2].qs, w[b + 3].qs),
-                                load_2x256(a[b + 2].qs, a[b + 3].qs), vnni);
-        __m512 d0 = floats_2x8(f16_load(w[b].d) * f16_load(a[b].d),
-                               f16_load(w[b + 1].d) * f16_load(a[b + 1].d));
-        __m512 d1 = floats_2x8(f16_load(w[b + 2].d) * f16_load(a[b + 2].d),
-                               f16_load(w[b + 3].d) * f16_load(a[b + 3].d));
-        acc0 = _mm512_fmadd_ps(d0, _mm512_cvtepi32_ps(p0), acc0);
-        acc1 = _mm512_fmadd_ps(d1, _mm512_cvtepi32_ps(p1), acc1);
+    for (; b + GROUP <= nb; b += GROUP) {
+        VEC_DOT_PREFETCH(&w[b], GROUP * sizeof(*w));
+        __m512 d = _mm512_mul_ps(f16_scales16(&w[b], offs), f16_scales16(&a[b], offs));
+        for (int k = 0; k < GROUP / 2; k += 2) {
+            const int64_t i = b + 2 * k;
+            __m512i p0 = dot_s8_512(load_2x256(w[i].qs, w[i + 1].qs),
+                                    load_2x256(a[i].qs, a[i + 1].qs), vnni);
+            __m512i p1 = dot_s8_512(load_2x256(w[i + 2].qs, w[i + 3].qs),
+                                    load_2x256(a[i + 2].qs, a[i + 3].qs), vnni);
+            acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(k), d), _mm512_cvtepi32_ps(p0),
+                                   acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(k + 1), d),
+                                   _mm512_cvtepi32_ps(p1), acc1);
+        }
     }
-    __m512 acc = _mm512_add_ps(acc0, acc1);
+    for (; b + 1 < nb; b += 2) {
+        __m512i p =
+            dot_s8_512(load_2x256(w[b].qs, w[b + 1].qs), load_2x256(a[b].qs, a[b + 1].qs), vnni);
+        __m512 d = floats_2x8(f16_load(w[b].d) * f16_load(a[b].d),
+                              f16_load(w[b + 1].d) * f16_load(a[b + 1].d));
+        acc0 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc0);
+    }
     __m256 tail = _mm256_setzero_ps();
     for (; b < nb; b++) {
         __m256i p = dot_s8_256(_mm256_loadu_si256((const __m256i *)w[b].qs),
@@ -190,25 +247,37 @@ AI float dot_q8_0_body(int64_t n, const void *w_row, const void *act, bool vnni)
         float d = f16_load(w[b].d) * f16_load(a[b].d);
         tail = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), tail);
     }
-    return _mm512_reduce_add_ps(acc) + hsum_256(tail);
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + hsum_256(tail);
 }
 
 /* Q4_0: nibbles (0..15) go in unsigned; subtract 8 * sum(a) per block. */
+AI __m512i q4_0_pair(const struct block_q4_0 *w, const struct block_q8_0 *a, bool vnni)
+{
+    __m512i y = load_2x256(a[0].qs, a[1].qs);
+    __m512i p = dpbusd(_mm512_setzero_si512(), nibbles_pair(w[0].qs, w[1].qs), y, vnni);
+    return _mm512_sub_epi32(p, dpbusd(_mm512_setzero_si512(), _mm512_set1_epi8(8), y, vnni));
+}
+
 AI float dot_q4_0_body(int64_t n, const void *w_row, const void *act, bool vnni)
 {
     const struct block_q4_0 *w = w_row;
     const struct block_q8_0 *a = act;
-    const __m512i eight = _mm512_set1_epi8(8);
-    __m512 acc = _mm512_setzero_ps();
+    const __m512i woffs = block_offsets(sizeof(struct block_q4_0));
+    const __m512i aoffs = block_offsets(sizeof(struct block_q8_0));
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     int64_t nb = n / QK_32, b = 0;
-    for (; b + 1 < nb; b += 2) {
-        __m512i q = nibbles_2x32(w[b].qs, w[b + 1].qs);
-        __m512i y = load_2x256(a[b].qs, a[b + 1].qs);
-        __m512i p = dpbusd(_mm512_setzero_si512(), q, y, vnni);
-        __m512i off = dpbusd(_mm512_setzero_si512(), eight, y, vnni);
-        __m512 d = floats_2x8(f16_load(w[b].d) * f16_load(a[b].d),
-                              f16_load(w[b + 1].d) * f16_load(a[b + 1].d));
-        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(p, off)), acc);
+    for (; b + GROUP <= nb; b += GROUP) {
+        VEC_DOT_PREFETCH(&w[b], GROUP * sizeof(*w));
+        __m512 d = _mm512_mul_ps(f16_scales16(&w[b], woffs), f16_scales16(&a[b], aoffs));
+        for (int k = 0; k < GROUP / 2; k += 2) {
+            const int64_t i = b + 2 * k;
+            __m512i p0 = q4_0_pair(&w[i], &a[i], vnni);
+            __m512i p1 = q4_0_pair(&w[i + 2], &a[i + 2], vnni);
+            acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(k), d), _mm512_cvtepi32_ps(p0),
+                                   acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(k + 1), d),
+                                   _mm512_cvtepi32_ps(p1), acc1);
+        }
     }
     __m256 tail = _mm256_setzero_ps();
     for (; b < nb; b++) {
@@ -216,32 +285,54 @@ AI float dot_q4_0_body(int64_t n, const void *w_row, const void *act, bool vnni)
         __m256i p = dpbusd_256(_mm256_setzero_si256(), nibbles_32(w[b].qs), y, vnni);
         __m256i off = dpbusd_256(_mm256_setzero_si256(), _mm256_set1_epi8(8), y, vnni);
         float d = f16_load(w[b].d) * f16_load(a[b].d);
-        tail = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(p, off)),
-                               tail);
+        tail =
+            _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(p, off)), tail);
     }
-    return _mm512_reduce_add_ps(acc) + hsum_256(tail);
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + hsum_256(tail);
 }
 
-/* MXFP4: |value| from a table of the doubled E2M1 magnitudes, the sign (code bit 3) applied
- * to the activation, scaled by 2^(e-128). */
+/* MXFP4: the doubled E2M1 values plus 12 (0..24) go in unsigned from a table; subtract
+ * 12 * sum(a) per block; scaled by 2^(e-128). */
+AI __m512i mxfp4_pair(const struct block_mxfp4 *w, const struct block_q8_0 *a, bool vnni)
+{
+    const __m512i table = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    __m512i y = load_2x256(a[0].qs, a[1].qs);
+    __m512i q = _mm512_shuffle_epi8(table, nibbles_pair(w[0].qs, w[1].qs));
+    __m512i p = dpbusd(_mm512_setzero_si512(), q, y, vnni);
+    return _mm512_sub_epi32(p, dpbusd(_mm512_setzero_si512(), _mm512_set1_epi8(12), y, vnni));
+}
+
+/* 2^(e-128) for the E8M0 byte at the start of each of 16 blocks (vec_dot_e8m0_half). */
+AI __m512 e8m0_half16(const void *base, __m512i offs)
+{
+    __m512i e = _mm512_and_si512(_mm512_i32gather_epi32(offs, base, 1), _mm512_set1_epi32(0xff));
+    __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    __m512i denormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, denormal));
+}
+
 AI float dot_mxfp4_body(int64_t n, const void *w_row, const void *act, bool vnni)
 {
     const struct block_mxfp4 *w = w_row;
     const struct block_q8_0 *a = act;
-    const __m512i mag = _mm512_broadcast_i32x4(
-        _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12));
-    const __m512i sign_bit = _mm512_set1_epi8(8);
-    __m512 acc = _mm512_setzero_ps();
+    const __m512i woffs = block_offsets(sizeof(struct block_mxfp4));
+    const __m512i aoffs = block_offsets(sizeof(struct block_q8_0));
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     int64_t nb = n / QK_32, b = 0;
-    for (; b + 1 < nb; b += 2) {
-        __m512i q = nibbles_2x32(w[b].qs, w[b + 1].qs);
-        __m512i y = load_2x256(a[b].qs, a[b + 1].qs);
-        __m512i ys = _mm512_mask_sub_epi8(y, _mm512_test_epi8_mask(q, sign_bit),
-                                          _mm512_setzero_si512(), y);
-        __m512i p = dpbusd(_mm512_setzero_si512(), _mm512_shuffle_epi8(mag, q), ys, vnni);
-        __m512 d = floats_2x8(vec_dot_e8m0_half(w[b].e) * f16_load(a[b].d),
-                              vec_dot_e8m0_half(w[b + 1].e) * f16_load(a[b + 1].d));
-        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
+    for (; b + GROUP <= nb; b += GROUP) {
+        VEC_DOT_PREFETCH(&w[b], GROUP * sizeof(*w));
+        __m512 d = _mm512_mul_ps(e8m0_half16(&w[b], woffs), f16_scales16(&a[b], aoffs));
+        for (int k = 0; k < GROUP / 2; k += 2) {
+            const int64_t i = b + 2 * k;
+            __m512i p0 = mxfp4_pair(&w[i], &a[i], vnni);
+            __m512i p1 = mxfp4_pair(&w[i + 2], &a[i + 2], vnni);
+            acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(k), d), _mm512_cvtepi32_ps(p0),
+                                   acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(k + 1), d),
+                                   _mm512_cvtepi32_ps(p1), acc1);
+        }
     }
     __m256 tail = _mm256_setzero_ps();
     for (; b < nb; b++) {
@@ -252,25 +343,26 @@ AI float dot_mxfp4_body(int64_t n, const void *w_row, const void *act, bool vnni
         float d = vec_dot_e8m0_half(w[b].e) * f16_load(a[b].d);
         tail = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), tail);
     }
-    return _mm512_reduce_add_ps(acc) + hsum_256(tail);
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + hsum_256(tail);
 }
 
 /* ---- K-quants with Q8_K activations ---- */
 
-/* sum_s mins[s] * (bsums[2s] + bsums[2s+1]) as 4 int32 lanes (8 mins as bytes). */
-AI __m128i k4_min_sums(const int16_t *bsums, uint64_t mins8)
+/* sum_s mins[s] * (bsums[2s] + bsums[2s+1]) as 8 int32 lanes (8 mins as bytes): each min is
+ * duplicated to the two bsums of its sub-block. */
+AI __m256i k4_min_sums(const int16_t *bsums, uint64_t mins8)
 {
-    __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
-                                _mm_loadu_si128((const __m128i *)(bsums + 8)));
-    __m128i m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mins8));
-    return _mm_madd_epi16(bs, m);
+    const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    __m256i m = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128((long long)mins8), dup));
+    return _mm256_madd_epi16(m, _mm256_loadu_si256((const __m256i *)bsums));
 }
 
-AI float hsum_128(__m128 v)
+/* [d * a_d, dmin * a_d] of a Q4_K/Q5_K block (d, dmin adjacent f16) and its Q8_K block. */
+AI __m128 k4_factors(const void *d_dmin, float a_d)
 {
-    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    v = _mm_add_ss(v, _mm_movehdup_ps(v));
-    return _mm_cvtss_f32(v);
+    uint32_t bits;
+    memcpy(&bits, d_dmin, 4);
+    return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)bits)), _mm_set1_ps(a_d));
 }
 
 /* Q4_K and Q5_K share everything but the 5th bit. One zmm holds 64 code bytes of qs: its low
@@ -285,9 +377,10 @@ AI float dot_k45_body(int64_t n, const void *w_row, const void *act, bool five, 
     const __m512i sidx[4] = {words_2x16(0, 2), words_2x16(1, 3), words_2x16(4, 6),
                              words_2x16(5, 7)};
     __m512 acc = _mm512_setzero_ps();
-    __m128 acc_m = _mm_setzero_ps();
+    __m256 acc_m = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = (const uint8_t *)w_row + b * bsize;
+        VEC_DOT_PREFETCH(blk, bsize);
         /* Q4_K and Q5_K start alike: d, dmin, scales[12]; then Q5_K has qh[32] before qs */
         const struct block_q4_k *w4 = (const struct block_q4_k *)blk;
         const uint8_t *qs = five ? ((const struct block_q5_k *)blk)->qs : w4->qs;
@@ -301,7 +394,7 @@ AI float dot_k45_body(int64_t n, const void *w_row, const void *act, bool five, 
             qh = _mm512_broadcast_i64x4(
                 _mm256_loadu_si256((const __m256i *)((const struct block_q5_k *)blk)->qh));
         const int8_t *y = a[b].qs;
-        __m512i isum = _mm512_setzero_si512();
+        __m512i isum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
         for (int j = 0; j < 2; j++) {
             __m512i qb = _mm512_loadu_si512(qs + 64 * j);
             __m512i lo = _mm512_and_si512(qb, m4);
@@ -319,16 +412,17 @@ AI float dot_k45_body(int64_t n, const void *w_row, const void *act, bool five, 
             __m512i y1 = _mm512_loadu_si512(y + 128 * j + 64);
             __m512i plo = _mm512_maddubs_epi16(lo, _mm512_shuffle_i64x2(y0, y1, 0x44));
             __m512i phi = _mm512_maddubs_epi16(hi, _mm512_shuffle_i64x2(y0, y1, 0xee));
-            isum = dpwssd(isum, plo, _mm512_permutexvar_epi16(sidx[2 * j], sc), vnni);
-            isum = dpwssd(isum, phi, _mm512_permutexvar_epi16(sidx[2 * j + 1], sc), vnni);
+            isum[j] = dpwssd(isum[j], plo, _mm512_permutexvar_epi16(sidx[2 * j], sc), vnni);
+            isum[j] = dpwssd(isum[j], phi, _mm512_permutexvar_epi16(sidx[2 * j + 1], sc), vnni);
         }
-        float d = f16_load(w4->d) * a[b].d;
-        float dmin = f16_load(w4->dmin) * a[b].d;
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), acc);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_min_sums(a[b].bsums, mins8)),
-                             acc_m);
+        __m128 f = k4_factors(&w4->d, a[b].d); /* [d * a_d, dmin * a_d] */
+        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(f),
+                              _mm512_cvtepi32_ps(_mm512_add_epi32(isum[0], isum[1])), acc);
+        acc_m =
+            _mm256_fmadd_ps(_mm256_permutexvar_ps(_mm256_set1_epi32(1), _mm256_castps128_ps256(f)),
+                            _mm256_cvtepi32_ps(k4_min_sums(a[b].bsums, mins8)), acc_m);
     }
-    return _mm512_reduce_add_ps(acc) - hsum_128(acc_m);
+    return _mm512_reduce_add_ps(acc) - hsum_256(acc_m);
 }
 
 /* Q6_K: per half h, one zmm of ql gives sub-blocks (of 32) 0,1 in its low nibbles and 2,3 in
@@ -345,25 +439,25 @@ AI float dot_q6_k_body(int64_t n, const void *w_row, const void *act, bool vnni)
     for (int k = 0; k < 4; k++) {
         short base = (short)(4 * k);
         sidx[k] = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_setr_epi16(base, base, base, base, base, base, base,
-                                                     base, base + 1, base + 1, base + 1,
+            _mm512_castsi256_si512(_mm256_setr_epi16(base, base, base, base, base, base, base, base,
                                                      base + 1, base + 1, base + 1, base + 1,
-                                                     base + 1)),
-            _mm256_setr_epi16(base + 2, base + 2, base + 2, base + 2, base + 2, base + 2,
-                              base + 2, base + 2, base + 3, base + 3, base + 3, base + 3,
-                              base + 3, base + 3, base + 3, base + 3),
+                                                     base + 1, base + 1, base + 1, base + 1)),
+            _mm256_setr_epi16(base + 2, base + 2, base + 2, base + 2, base + 2, base + 2, base + 2,
+                              base + 2, base + 3, base + 3, base + 3, base + 3, base + 3, base + 3,
+                              base + 3, base + 3),
             1);
     }
     __m512 acc = _mm512_setzero_ps();
     for (int64_t b = 0; b < n / QK_K; b++) {
+        VEC_DOT_PREFETCH(&w[b], sizeof(*w));
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[b].scales));
         __m512i sc = _mm512_castsi256_si512(sc16);
         const int8_t *y = a[b].qs;
         __m512i isum = _mm512_setzero_si512();
         for (int h = 0; h < 2; h++) {
             __m512i ql = _mm512_loadu_si512(w[b].ql + 64 * h);
-            __m512i qh = _mm512_broadcast_i64x4(
-                _mm256_loadu_si256((const __m256i *)(w[b].qh + 32 * h)));
+            __m512i qh =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w[b].qh + 32 * h)));
             __m512i hlo = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), m3);
             __m512i hhi = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), m3);
             __m512i qlo = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(hlo, 4));
@@ -407,14 +501,17 @@ AI float dot_float_body(int64_t n, const void *w_row, const void *act, int wsize
     const float *a = act;
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                      _mm512_setzero_ps()};
-#define LOADW(i, k)                                                                            \
-    (wsize == 4 ? load_f32x16(w + 4 * (i), k)                                                  \
-                : bf16 ? load_bf16x16(w + 2 * (i), k) : load_f16x16(w + 2 * (i), k))
+#define LOADW(i, k)                                                                                \
+    (wsize == 4 ? load_f32x16(w + 4 * (i), k)                                                      \
+     : bf16     ? load_bf16x16(w + 2 * (i), k)                                                     \
+                : load_f16x16(w + 2 * (i), k))
     int64_t i = 0;
-    for (; i + 64 <= n; i += 64)
+    for (; i + 64 <= n; i += 64) {
+        VEC_DOT_PREFETCH(w + wsize * i, 64 * wsize);
         for (int k = 0; k < 4; k++)
-            acc[k] = _mm512_fmadd_ps(LOADW(i + 16 * k, 0xffff), _mm512_loadu_ps(a + i + 16 * k),
-                                     acc[k]);
+            acc[k] =
+                _mm512_fmadd_ps(LOADW(i + 16 * k, 0xffff), _mm512_loadu_ps(a + i + 16 * k), acc[k]);
+    }
     for (; i < n; i += 16) {
         __mmask16 k = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
         acc[0] = _mm512_fmadd_ps(LOADW(i, k), _mm512_maskz_loadu_ps(k, a + i), acc[0]);
@@ -426,16 +523,16 @@ AI float dot_float_body(int64_t n, const void *w_row, const void *act, int wsize
 
 /* ---- instances ---- */
 
-#define INSTANCES(name, call)                                                                  \
-    static float dot_##name##_avx512(int64_t n, const void *w, const void *a)                  \
-    {                                                                                          \
-        bool vnni = false;                                                                     \
-        return call;                                                                           \
-    }                                                                                          \
-    static float dot_##name##_avx512vnni(int64_t n, const void *w, const void *a)              \
-    {                                                                                          \
-        bool vnni = true;                                                                      \
-        return call;                                                                           \
+#define INSTANCES(name, call)                                                                      \
+    static float dot_##name##_avx512(int64_t n, const void *w, const void *a)                      \
+    {                                                                                              \
+        bool vnni = false;                                                                         \
+        return call;                                                                               \
+    }                                                                                              \
+    static float dot_##name##_avx512vnni(int64_t n, const void *w, const void *a)                  \
+    {                                                                                              \
+        bool vnni = true;                                                                          \
+        return call;                                                                               \
     }
 
 INSTANCES(q8_0, dot_q8_0_body(n, w, a, vnni))
@@ -463,15 +560,25 @@ static float dot_bf16_avx512(int64_t n, const void *w, const void *a)
 vec_dot_fn vec_dot_avx512_get(uint32_t wtype, bool vnni)
 {
     switch (wtype) {
-    case QUANT_F32: return dot_f32_avx512;
-    case QUANT_F16: return dot_f16_avx512;
-    case QUANT_BF16: return dot_bf16_avx512;
-    case QUANT_Q8_0: return vnni ? dot_q8_0_avx512vnni : dot_q8_0_avx512;
-    case QUANT_Q4_0: return vnni ? dot_q4_0_avx512vnni : dot_q4_0_avx512;
-    case QUANT_MXFP4: return vnni ? dot_mxfp4_avx512vnni : dot_mxfp4_avx512;
-    case QUANT_Q4_K: return vnni ? dot_q4_k_avx512vnni : dot_q4_k_avx512;
-    case QUANT_Q5_K: return vnni ? dot_q5_k_avx512vnni : dot_q5_k_avx512;
-    case QUANT_Q6_K: return vnni ? dot_q6_k_avx512vnni : dot_q6_k_avx512;
-    default: return NULL;
+    case QUANT_F32:
+        return dot_f32_avx512;
+    case QUANT_F16:
+        return dot_f16_avx512;
+    case QUANT_BF16:
+        return dot_bf16_avx512;
+    case QUANT_Q8_0:
+        return vnni ? dot_q8_0_avx512vnni : dot_q8_0_avx512;
+    case QUANT_Q4_0:
+        return vnni ? dot_q4_0_avx512vnni : dot_q4_0_avx512;
+    case QUANT_MXFP4:
+        return vnni ? dot_mxfp4_avx512vnni : dot_mxfp4_avx512;
+    case QUANT_Q4_K:
+        return vnni ? dot_q4_k_avx512vnni : dot_q4_k_avx512;
+    case QUANT_Q5_K:
+        return vnni ? dot_q5_k_avx512vnni : dot_q5_k_avx512;
+    case QUANT_Q6_K:
+        return vnni ? dot_q6_k_avx512vnni : dot_q6_k_avx512;
+    default:
+        return NULL;
     }
 }

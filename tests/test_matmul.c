@@ -11,8 +11,8 @@
  */
 #include <errno.h>
 #include <math.h>
-#include <stdbool.h>
 #include <omp.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,9 +31,9 @@
 #define TOL_FFN_Q8 3e-2
 #define TOL_FFN_F 1e-5
 
-static const uint32_t types[] = {QUANT_F32,  QUANT_F16,  QUANT_BF16, QUANT_Q8_0,
+static const uint32_t types[] = {QUANT_F32,  QUANT_F16,   QUANT_BF16, QUANT_Q8_0,
                                  QUANT_Q4_0, QUANT_MXFP4, QUANT_Q2_K, QUANT_Q3_K,
-                                 QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K};
+                                 QUANT_Q4_K, QUANT_Q5_K,  QUANT_Q6_K};
 
 /* Offsets of the f16 scale fields of a block (-1: none), to overwrite random bytes with sane
  * scales; MXFP4's exponent byte is handled apart. */
@@ -42,13 +42,24 @@ static void scale_offsets(uint32_t type, int *d, int *dmin)
     *d = -1, *dmin = -1;
     switch (type) {
     case QUANT_Q8_0:
-    case QUANT_Q4_0: *d = 0; break;
-    case QUANT_Q2_K: *d = 80, *dmin = 82; break;
-    case QUANT_Q3_K: *d = 108; break;
+    case QUANT_Q4_0:
+        *d = 0;
+        break;
+    case QUANT_Q2_K:
+        *d = 80, *dmin = 82;
+        break;
+    case QUANT_Q3_K:
+        *d = 108;
+        break;
     case QUANT_Q4_K:
-    case QUANT_Q5_K: *d = 0, *dmin = 2; break;
-    case QUANT_Q6_K: *d = 208; break;
-    default: break;
+    case QUANT_Q5_K:
+        *d = 0, *dmin = 2;
+        break;
+    case QUANT_Q6_K:
+        *d = 208;
+        break;
+    default:
+        break;
     }
 }
 
@@ -156,9 +167,18 @@ static double run_matmul_case(const struct mm_case *c, struct rng *r, double *bo
     test_poison_f32(y1, (size_t)(c->m * y_stride));
     test_poison_f32(y2, (size_t)(c->m * y_stride));
 
-    struct matmul_args a = {.wtype = c->type, .w = w, .w_stride = w_stride, .n_in = c->n_in,
-                            .n_out = c->n_out, .m = c->m, .x = x, .x_stride = x_stride, .y = y1,
-                            .y_stride = y_stride, .scratch = scratch, .scratch_bytes = sbytes,
+    struct matmul_args a = {.wtype = c->type,
+                            .w = w,
+                            .w_stride = w_stride,
+                            .n_in = c->n_in,
+                            .n_out = c->n_out,
+                            .m = c->m,
+                            .x = x,
+                            .x_stride = x_stride,
+                            .y = y1,
+                            .y_stride = y_stride,
+                            .scratch = scratch,
+                            .scratch_bytes = sbytes,
                             .n_threads = 1};
     CHECK(matmul_run(&a) == 0, "%s matmul_run failed", tn);
     a.y = y2;
@@ -212,10 +232,13 @@ static double run_matmul_case(const struct mm_case *c, struct rng *r, double *bo
             ref[j * c->n_out + o] = (float)s;
             got[j * c->n_out + o] = y1[j * y_stride + o];
         }
-    CHECK(over == 0, "%s n_in %lld n_out %lld m %d: %d outputs beyond the error bound (worst "
-          "%.3g of it)", tn, (long long)c->n_in, (long long)c->n_out, c->m, over, worst);
+    CHECK(over == 0,
+          "%s n_in %lld n_out %lld m %d: %d outputs beyond the error bound (worst "
+          "%.3g of it)",
+          tn, (long long)c->n_in, (long long)c->n_out, c->m, over, worst);
     *bound_used = fmax(*bound_used, worst);
-    double err = test_norm_rel_err(got, ref, (size_t)(c->m * c->n_out));
+    /* informational: the norm-relative error is only meaningful over many outputs */
+    double err = c->m * c->n_out >= 64 ? test_norm_rel_err(got, ref, (size_t)(c->m * c->n_out)) : 0;
 
     free(w), free(x), free(y1), free(y2), free(scratch), free(act), free(wf), free(ref), free(got);
     return err;
@@ -229,13 +252,14 @@ static void test_matmul(struct rng *r)
         int64_t n_in = blk == QK_K ? 768 : blk == QK_32 ? 32 * 37 : 300;
         double worst = 0, bound_used = 0;
         const struct mm_case cases[] = {
-            {type, n_in, 1, 1, 0},    {type, n_in, 37, 1, 64},  {type, n_in, 300, 1, 0},
-            {type, n_in, 300, 3, 64}, {type, n_in, 70, 16, 0},  {type, 2 * n_in, 33, 5, 0},
+            {type, n_in, 1, 1, 0},    {type, n_in, 37, 1, 64}, {type, n_in, 300, 1, 0},
+            {type, n_in, 300, 3, 64}, {type, n_in, 70, 16, 0}, {type, 2 * n_in, 33, 5, 0},
         };
         for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
             worst = fmax(worst, run_matmul_case(&cases[k], r, &bound_used));
-        printf("  matmul %-6s vs float reference: norm-relative error %.2e, worst element at "
-               "%.2f of its bound\n", quant_type_name(type), worst, bound_used);
+        printf("  matmul %-6s vs float reference: norm-relative error %.2e (cases with >= 64 "
+               "outputs), worst element at %.3f of its bound\n",
+               quant_type_name(type), worst, bound_used);
     }
 }
 
@@ -244,8 +268,16 @@ static void test_matmul_args(void)
     float x[256] = {0}, y[16];
     uint8_t w[sizeof(struct block_q4_k)] = {0};
     char scratch[512];
-    struct matmul_args ok = {.wtype = QUANT_Q4_K, .w = w, .w_stride = sizeof(w), .n_in = 256,
-                             .n_out = 1, .m = 1, .x = x, .x_stride = 256, .y = y, .y_stride = 1};
+    struct matmul_args ok = {.wtype = QUANT_Q4_K,
+                             .w = w,
+                             .w_stride = sizeof(w),
+                             .n_in = 256,
+                             .n_out = 1,
+                             .m = 1,
+                             .x = x,
+                             .x_stride = 256,
+                             .y = y,
+                             .y_stride = 1};
     struct matmul_args a = ok;
     CHECK(matmul_run(&a) == 0, "valid arguments refused");
     a.m = 0;
@@ -313,17 +345,30 @@ static double run_ffn_case(const struct ffn_case *c, struct rng *r)
     if (c->n_tokens > 2)
         tok[c->n_tokens - 1] = tok[0];
 
-    struct expert_ffn_weights ew = {.gate_type = c->gate, .up_type = c->up, .down_type = c->down,
-                                    .gate = gate, .up = up, .down = down, .n_embd = E, .n_ff = F};
+    struct expert_ffn_weights ew = {.gate_type = c->gate,
+                                    .up_type = c->up,
+                                    .down_type = c->down,
+                                    .gate = gate,
+                                    .up = up,
+                                    .down = down,
+                                    .n_embd = E,
+                                    .n_ff = F};
     size_t sbytes = expert_ffn_scratch_bytes(&ew);
     void *scratch = malloc(sbytes);
     CHECK(sbytes > 0, "no scratch size");
     memcpy(out1, out0, (size_t)(rows * xs) * sizeof(float));
     memcpy(out2, out0, (size_t)(rows * xs) * sizeof(float));
     test_poison_bytes(scratch, sbytes);
-    struct expert_ffn_args a = {.w = &ew, .n_tokens = c->n_tokens, .tokens = tok,
-                                .token_weights = tw, .x = x, .x_stride = xs, .out = out1,
-                                .out_stride = xs, .scratch = scratch, .scratch_bytes = sbytes,
+    struct expert_ffn_args a = {.w = &ew,
+                                .n_tokens = c->n_tokens,
+                                .tokens = tok,
+                                .token_weights = tw,
+                                .x = x,
+                                .x_stride = xs,
+                                .out = out1,
+                                .out_stride = xs,
+                                .scratch = scratch,
+                                .scratch_bytes = sbytes,
                                 .n_threads = 1};
     CHECK(expert_ffn_run(&a) == 0, "expert_ffn_run failed");
     a.out = out2;
@@ -379,8 +424,8 @@ static double run_ffn_case(const struct ffn_case *c, struct rng *r)
     bool all_f = is_f32_act(c->gate) && is_f32_act(c->up) && is_f32_act(c->down);
     double tol = all_f ? TOL_FFN_F : TOL_FFN_Q8;
     CHECK(err <= tol, "expert FFN %s/%s/%s, %d tokens: norm-relative error %.3g > %.0e",
-          quant_type_name(c->gate), quant_type_name(c->up), quant_type_name(c->down),
-          c->n_tokens, err, tol);
+          quant_type_name(c->gate), quant_type_name(c->up), quant_type_name(c->down), c->n_tokens,
+          err, tol);
 
     free(gate), free(up), free(down), free(x), free(out0), free(out1), free(out2), free(tok);
     free(tw), free(perm), free(scratch), free(gf), free(uf), free(df), free(ref), free(h);
@@ -402,12 +447,15 @@ static void test_expert_ffn(struct rng *r)
         printf("  expert FFN %s/%s/%s n_embd %lld n_ff %lld, %d tokens: norm-relative error "
                "%.2e\n",
                quant_type_name(cases[k].gate), quant_type_name(cases[k].up),
-               quant_type_name(cases[k].down), (long long)cases[k].n_embd,
-               (long long)cases[k].n_ff, cases[k].n_tokens, err);
+               quant_type_name(cases[k].down), (long long)cases[k].n_embd, (long long)cases[k].n_ff,
+               cases[k].n_tokens, err);
     }
 
-    struct expert_ffn_weights ew = {.gate_type = QUANT_Q4_K, .up_type = QUANT_Q4_K,
-                                    .down_type = QUANT_Q4_K, .n_embd = 256, .n_ff = 100};
+    struct expert_ffn_weights ew = {.gate_type = QUANT_Q4_K,
+                                    .up_type = QUANT_Q4_K,
+                                    .down_type = QUANT_Q4_K,
+                                    .n_embd = 256,
+                                    .n_ff = 100};
     CHECK(expert_ffn_scratch_bytes(&ew) == 0, "n_ff not a block multiple accepted");
 }
 

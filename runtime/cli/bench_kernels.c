@@ -4,15 +4,17 @@
  * For each type a weight matrix larger than the caches (default >= 1 GiB) is filled with
  * rows quantized by quant_ref from random normals (a tile of rows repeated), and
  * y = W x (matmul, m = 1) is timed with one thread and with all threads. The read bandwidth
- * is a streaming sum over a buffer of the same size with the same thread counts and the same
- * static contiguous split, so "fraction" compares like with like. Every figure is the median
- * of repetitions run for --seconds each. GB = 1e9 bytes.
+ * is a streaming sum over a buffer as large as the largest matrix, with the same thread counts
+ * and the same static contiguous split, timed alternately with each matvec so that the
+ * fraction compares runs made under the same machine state (shared hosts drift). Every figure
+ * is the median of repetitions run for --seconds each. GB = 1e9 bytes.
  */
-#include <emmintrin.h>
 #include <errno.h>
 #include <getopt.h>
+#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,14 +41,14 @@
 #define BENCH_TILE_ROWS 256 /* distinct quantized rows, repeated to fill the matrix */
 
 struct bench_opts {
-    int threads;                          /* all-threads count */
+    int threads; /* all-threads count */
     enum quant_type types[BENCH_MAX_TYPES];
     int n_types;
-    int64_t rows;                         /* 0: from mib */
+    int64_t rows; /* 0: from mib */
     int64_t cols;
     int64_t mib;
-    double seconds;                       /* per measurement */
-    int batch;                            /* > 1: also time m = batch */
+    double seconds; /* per measurement */
+    int batch;      /* > 1: also time m = batch */
 };
 
 static void bench_usage(FILE *out)
@@ -54,8 +56,9 @@ static void bench_usage(FILE *out)
     fprintf(out,
             "usage: strata bench-kernels [options]\n\n"
             "Times CPU matvec (y = W x) per weight type with one thread and with all threads,\n"
-            "next to the host read bandwidth measured in the same run, and prints GB/s of weight\n"
-            "bytes and the fraction of read bandwidth. Medians of repetitions.\n\n"
+            "next to the host read bandwidth measured in the same run (alternating with it), and\n"
+            "prints GB/s of weight bytes and the fraction of read bandwidth. Medians of\n"
+            "repetitions; GB = 1e9 bytes.\n\n"
             "options:\n"
             "  --threads N     threads for the all-threads column (default: OpenMP's, %d)\n"
             "  --types LIST    comma-separated weight types (default %s)\n"
@@ -71,8 +74,10 @@ static void bench_usage(FILE *out)
 
 static int bench_usage_error(const char *what, const char *arg)
 {
-    fprintf(stderr, "strata bench-kernels: %s '%s'\n(strata bench-kernels --help lists the "
-                    "options)\n", what, arg);
+    fprintf(stderr,
+            "strata bench-kernels: %s '%s'\n(strata bench-kernels --help lists the "
+            "options)\n",
+            what, arg);
     return 2;
 }
 
@@ -108,17 +113,22 @@ static int parse_types(const char *list, struct bench_opts *o)
 
 static int bench_parse(int argc, char **argv, struct bench_opts *o)
 {
-    static const struct option longopts[] = {
-        {"threads", required_argument, NULL, 't'}, {"types", required_argument, NULL, 'y'},
-        {"rows", required_argument, NULL, 'r'},    {"cols", required_argument, NULL, 'c'},
-        {"mib", required_argument, NULL, 'm'},     {"seconds", required_argument, NULL, 's'},
-        {"batch", required_argument, NULL, 'b'},   {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    static const struct option longopts[] = {{"threads", required_argument, NULL, 't'},
+                                             {"types", required_argument, NULL, 'y'},
+                                             {"rows", required_argument, NULL, 'r'},
+                                             {"cols", required_argument, NULL, 'c'},
+                                             {"mib", required_argument, NULL, 'm'},
+                                             {"seconds", required_argument, NULL, 's'},
+                                             {"batch", required_argument, NULL, 'b'},
+                                             {"help", no_argument, NULL, 'h'},
+                                             {NULL, 0, NULL, 0}};
     int64_t v;
     int c;
 
-    *o = (struct bench_opts){.threads = omp_get_max_threads(), .cols = BENCH_DEFAULT_COLS,
-                             .mib = BENCH_DEFAULT_MIB, .seconds = BENCH_DEFAULT_SECONDS,
+    *o = (struct bench_opts){.threads = omp_get_max_threads(),
+                             .cols = BENCH_DEFAULT_COLS,
+                             .mib = BENCH_DEFAULT_MIB,
+                             .seconds = BENCH_DEFAULT_SECONDS,
                              .batch = 1};
     if (parse_types(BENCH_DEFAULT_TYPES, o))
         return cli_fail("bench-kernels");
@@ -189,21 +199,33 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Runs fn(ctx) repeatedly for about `seconds` (BENCH_MIN_REPS..BENCH_MAX_REPS times, after one
- * warm-up) and returns the median duration of one run. */
-static double time_median(void (*fn)(void *), void *ctx, double seconds)
+static double median(double *t, int n)
 {
-    double t[BENCH_MAX_REPS];
+    qsort(t, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+/* Alternates runs of a(ctx_a) and b(ctx_b) for about `seconds` (BENCH_MIN_REPS..BENCH_MAX_REPS
+ * pairs, after one warm-up pair) and stores the median duration of each: interleaving makes
+ * the two see the same machine state (other load, memory clock) so their ratio is stable. */
+static void time_pair(void (*a)(void *), void *ctx_a, void (*b)(void *), void *ctx_b,
+                      double seconds, double *ta, double *tb)
+{
+    double da[BENCH_MAX_REPS], db[BENCH_MAX_REPS];
     int n = 0;
-    fn(ctx);
+    a(ctx_a);
+    b(ctx_b);
     double start = now_s();
     while (n < BENCH_MAX_REPS && (n < BENCH_MIN_REPS || now_s() - start < seconds)) {
         double t0 = now_s();
-        fn(ctx);
-        t[n++] = now_s() - t0;
+        a(ctx_a);
+        double t1 = now_s();
+        b(ctx_b);
+        da[n] = t1 - t0;
+        db[n++] = now_s() - t1;
     }
-    qsort(t, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+    *ta = median(da, n);
+    *tb = median(db, n);
 }
 
 /* ---- memory ---- */
@@ -225,8 +247,45 @@ struct read_ctx {
     const uint8_t *buf;
     size_t bytes; /* multiple of 64 * threads */
     int threads;
+    bool wide; /* use the AVX-512 loop (cpu_isa_best() >= CPU_ISA_AVX512) */
     uint64_t sink;
 };
+
+/* Sum of the 64-bit words of lines [l0, l1) of 64 bytes, 16-byte loads (baseline x86-64). */
+static uint64_t read_lines_sse2(const uint8_t *buf, size_t l0, size_t l1)
+{
+    const __m128i *q = (const __m128i *)(buf + l0 * 64);
+    __m128i a0 = _mm_setzero_si128(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t l = l0; l < l1; l++, q += 4) {
+        a0 = _mm_add_epi64(a0, _mm_load_si128(q));
+        a1 = _mm_add_epi64(a1, _mm_load_si128(q + 1));
+        a2 = _mm_add_epi64(a2, _mm_load_si128(q + 2));
+        a3 = _mm_add_epi64(a3, _mm_load_si128(q + 3));
+    }
+    __m128i s = _mm_add_epi64(_mm_add_epi64(a0, a1), _mm_add_epi64(a2, a3));
+    uint64_t v[2];
+    _mm_storeu_si128((__m128i *)v, s);
+    return v[0] + v[1];
+}
+
+/* The same with one 64-byte load per line, four lines per iteration. */
+__attribute__((target("avx512f"))) static uint64_t read_lines_avx512(const uint8_t *buf, size_t l0,
+                                                                     size_t l1)
+{
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    size_t l = l0;
+    for (; l + 4 <= l1; l += 4) {
+        const uint8_t *p = buf + l * 64;
+        a0 = _mm512_add_epi64(a0, _mm512_load_si512(p));
+        a1 = _mm512_add_epi64(a1, _mm512_load_si512(p + 64));
+        a2 = _mm512_add_epi64(a2, _mm512_load_si512(p + 128));
+        a3 = _mm512_add_epi64(a3, _mm512_load_si512(p + 192));
+    }
+    for (; l < l1; l++)
+        a0 = _mm512_add_epi64(a0, _mm512_load_si512(buf + l * 64));
+    return (uint64_t)_mm512_reduce_add_epi64(
+        _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+}
 
 static void read_run(void *p)
 {
@@ -237,18 +296,7 @@ static void read_run(void *p)
         int ith = omp_get_thread_num(), nth = omp_get_num_threads();
         size_t lines = c->bytes / 64;
         size_t l0 = lines * ith / nth, l1 = lines * (ith + 1) / nth;
-        const __m128i *q = (const __m128i *)(c->buf + l0 * 64);
-        __m128i a0 = _mm_setzero_si128(), a1 = a0, a2 = a0, a3 = a0;
-        for (size_t l = l0; l < l1; l++, q += 4) {
-            a0 = _mm_add_epi64(a0, _mm_load_si128(q));
-            a1 = _mm_add_epi64(a1, _mm_load_si128(q + 1));
-            a2 = _mm_add_epi64(a2, _mm_load_si128(q + 2));
-            a3 = _mm_add_epi64(a3, _mm_load_si128(q + 3));
-        }
-        __m128i s = _mm_add_epi64(_mm_add_epi64(a0, a1), _mm_add_epi64(a2, a3));
-        uint64_t v[2];
-        _mm_storeu_si128((__m128i *)v, s);
-        total += v[0] + v[1];
+        total += c->wide ? read_lines_avx512(c->buf, l0, l1) : read_lines_sse2(c->buf, l0, l1);
     }
     c->sink += total;
 }
@@ -304,11 +352,13 @@ static int fill_matrix(uint32_t type, uint8_t *w, int64_t rows, int64_t cols, in
 }
 
 struct type_result {
-    double gbs[2];  /* matvec GB/s: 1 thread, all threads */
-    double batch_gbs; /* all threads, m = batch */
+    double read_gbs[2]; /* read bandwidth: 1 thread, all threads */
+    double mv_gbs[2];   /* matvec GB/s of weights: 1 thread, all threads */
+    double batch_gbs;   /* all threads, m = batch (0: not measured) */
 };
 
-static int bench_type(const struct bench_opts *o, uint32_t type, int64_t rows,
+/* Times one type: matvec interleaved with the read kernel over `rd` at each thread count. */
+static int bench_type(const struct bench_opts *o, uint32_t type, int64_t rows, struct read_ctx *rd,
                       struct type_result *res)
 {
     size_t row_bytes = vec_dot_row_bytes(type, o->cols);
@@ -316,9 +366,11 @@ static int bench_type(const struct bench_opts *o, uint32_t type, int64_t rows,
     uint8_t *w = big_alloc(bytes);
     float *x = malloc((size_t)(MATMUL_MAX_BATCH * o->cols) * sizeof(float));
     float *y = malloc((size_t)(MATMUL_MAX_BATCH * rows) * sizeof(float));
+    size_t sbytes = matmul_scratch_bytes(type, o->cols, MATMUL_MAX_BATCH);
+    void *scratch = sbytes ? malloc(sbytes) : NULL;
     int rc = 0;
 
-    if (!w || !x || !y) {
+    if (!w || !x || !y || (sbytes && !scratch)) {
         rc = err_set(-ENOMEM, "no memory for a %.0f MiB %s matrix", bytes / 1048576.0,
                      quant_type_name(type));
         goto out;
@@ -330,27 +382,36 @@ static int bench_type(const struct bench_opts *o, uint32_t type, int64_t rows,
     for (int64_t i = 0; i < MATMUL_MAX_BATCH * o->cols; i++)
         x[i] = rng_normal(&r);
 
-    size_t sbytes = matmul_scratch_bytes(type, o->cols, MATMUL_MAX_BATCH);
-    void *scratch = sbytes ? malloc(sbytes) : NULL;
-    struct mv_ctx c = {.args = {.wtype = type, .w = w, .w_stride = row_bytes, .n_in = o->cols,
-                                .n_out = rows, .m = 1, .x = x, .x_stride = o->cols, .y = y,
-                                .y_stride = rows, .scratch = scratch, .scratch_bytes = sbytes}};
+    struct mv_ctx c = {.args = {.wtype = type,
+                                .w = w,
+                                .w_stride = row_bytes,
+                                .n_in = o->cols,
+                                .n_out = rows,
+                                .m = 1,
+                                .x = x,
+                                .x_stride = o->cols,
+                                .y = y,
+                                .y_stride = rows,
+                                .scratch = scratch,
+                                .scratch_bytes = sbytes}};
     const int threads[2] = {1, o->threads};
     for (int k = 0; k < 2; k++) {
-        c.args.n_threads = threads[k];
-        res->gbs[k] = bytes / time_median(mv_run, &c, o->seconds) * 1e-9;
+        double t_read, t_mv;
+        c.args.n_threads = rd->threads = threads[k];
+        time_pair(read_run, rd, mv_run, &c, o->seconds, &t_read, &t_mv);
+        res->read_gbs[k] = rd->bytes / t_read * 1e-9;
+        res->mv_gbs[k] = bytes / t_mv * 1e-9;
     }
-    res->batch_gbs = 0;
     if (o->batch > 1) {
+        double t_read, t_mv;
         c.args.m = o->batch;
-        c.args.n_threads = o->threads;
-        res->batch_gbs = bytes / time_median(mv_run, &c, o->seconds) * 1e-9;
+        time_pair(read_run, rd, mv_run, &c, o->seconds, &t_read, &t_mv);
+        res->batch_gbs = bytes / t_mv * 1e-9;
     }
-    free(scratch);
     if (c.rc)
         rc = err_set(c.rc, "matmul_run refused the %s matrix", quant_type_name(type));
 out:
-    free(w), free(x), free(y);
+    free(w), free(x), free(y), free(scratch);
     return rc;
 }
 
@@ -404,41 +465,37 @@ int cmd_bench_kernels(int argc, char **argv)
         return cli_fail("bench-kernels");
     }
     rd.buf = buf;
+    rd.wide = cpu_isa_best() >= CPU_ISA_AVX512;
 #pragma omp parallel for num_threads(o.threads) schedule(static)
     for (size_t i = 0; i < rd.bytes / 4096; i++)
         memset(buf + i * 4096, (int)(i & 0xff), 4096);
-    double read_gbs[2];
-    const int threads[2] = {1, o.threads};
-    for (int k = 0; k < 2; k++) {
-        rd.threads = threads[k];
-        read_gbs[k] = rd.bytes / time_median(read_run, &rd, o.seconds) * 1e-9;
-    }
-    free(buf);
-    printf("# read bandwidth (%.0f MiB buffer): 1 thread %.1f GB/s, %d threads %.1f GB/s\n\n",
-           rd.bytes / 1048576.0, read_gbs[0], o.threads, read_gbs[1]);
-
-    printf("%-6s %9s %7s %11s %6s %11s %6s", "type", "rows", "MiB", "1-thr GB/s", "frac",
-           "all GB/s", "frac");
-    if (o.batch > 1) {
-        char col[32];
-        snprintf(col, sizeof(col), "all m=%d GB/s", o.batch);
-        printf(" %14s", col);
-    }
+    printf("# read bandwidth: streaming sum (%s loads) over a %.0f MiB buffer, timed "
+           "alternately with each matvec\n\n",
+           rd.wide ? "64-byte" : "16-byte", rd.bytes / 1048576.0);
+    printf("%-6s %9s %6s | %-27s | %-27s", "", "", "", "1 thread", "all threads");
+    printf("\n%-6s %9s %6s | %8s %10s %6s | %8s %10s %6s", "type", "rows", "MiB", "read", "matvec",
+           "frac", "read", "matvec", "frac");
+    if (o.batch > 1)
+        printf(" | m=%-2d matvec", o.batch);
     printf("\n");
     for (int i = 0; i < o.n_types; i++) {
         uint32_t type = o.types[i];
         int64_t rows = rows_for(&o, type);
         struct type_result res = {0};
-        if (bench_type(&o, type, rows, &res))
+        if (bench_type(&o, type, rows, &rd, &res)) {
+            free(buf);
             return cli_fail("bench-kernels");
-        printf("%-6s %9lld %7.0f %11.1f %5.0f%% %11.1f %5.0f%%", quant_type_name(type),
-               (long long)rows, rows * (double)vec_dot_row_bytes(type, o.cols) / 1048576.0,
-               res.gbs[0], 100 * res.gbs[0] / read_gbs[0], res.gbs[1],
-               100 * res.gbs[1] / read_gbs[1]);
+        }
+        printf("%-6s %9lld %6.0f", quant_type_name(type), (long long)rows,
+               rows * (double)vec_dot_row_bytes(type, o.cols) / 1048576.0);
+        for (int k = 0; k < 2; k++)
+            printf(" | %8.1f %10.1f %5.0f%%", res.read_gbs[k], res.mv_gbs[k],
+                   100 * res.mv_gbs[k] / res.read_gbs[k]);
         if (o.batch > 1)
-            printf(" %14.1f", res.batch_gbs);
+            printf(" | %11.1f", res.batch_gbs);
         printf("\n");
         fflush(stdout);
     }
+    free(buf);
     return 0;
 }
