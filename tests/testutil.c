@@ -57,7 +57,9 @@ double test_norm_rel_err(const float *a, const float *b, size_t n)
 
 const char *test_data_path(char *buf, size_t size, const char *name)
 {
-    snprintf(buf, size, "%s/%s", STRATA_TEST_DATA, name);
+    /* STRATA_TEST_DATA relocates the data folder (tests run from a copied build tree) */
+    const char *dir = getenv("STRATA_TEST_DATA");
+    snprintf(buf, size, "%s/%s", dir ? dir : STRATA_TEST_DATA, name);
     return buf;
 }
 
