@@ -209,3 +209,205 @@ int expert_ffn_run(const struct expert_ffn_args *a)
     }
     return 0;
 }
+
+/* ---- group ---- */
+
+/* Byte offsets of the group scratch: per pair, x converted for gate (and up), g/u floats, and
+ * h converted for down; per thread, one batch of down outputs for a unit of rows. */
+struct group_layout {
+    size_t act_gate, act_up, g, u, act_h, ytmp, total;
+    size_t gate_stride, up_stride, h_stride;
+};
+
+#define GROUP_MAX_THREADS 1024
+
+static void group_layout_get(const struct expert_ffn_weights *w, int n_pairs,
+                             struct group_layout *l)
+{
+    size_t off = 0, n = (size_t)n_pairs;
+    l->gate_stride = act_stride(w->gate_type, w->n_embd);
+    l->up_stride = act_stride(w->up_type, w->n_embd);
+    l->h_stride = act_stride(w->down_type, w->n_ff);
+    l->act_gate = off;
+    off += n * l->gate_stride;
+    l->act_up = l->act_gate;
+    if (!up_shares_act(w)) {
+        l->act_up = off;
+        off += n * l->up_stride;
+    }
+    l->g = off;
+    off += align64(n * (size_t)w->n_ff * sizeof(float));
+    l->u = off;
+    off += align64(n * (size_t)w->n_ff * sizeof(float));
+    l->act_h = off;
+    off += n * l->h_stride;
+    l->ytmp = off; /* (threads, BATCH, 16) floats */
+    off += align64((size_t)GROUP_MAX_THREADS * BATCH * 16 * sizeof(float));
+    l->total = off;
+}
+
+size_t expert_ffn_group_scratch_bytes(const struct expert_ffn_weights *w, int n_pairs)
+{
+    struct group_layout l;
+    if (!shapes_ok(w) || n_pairs < 0)
+        return 0;
+    group_layout_get(w, n_pairs, &l);
+    return l.total;
+}
+
+static int group_check(const struct expert_ffn_group_args *a)
+{
+    if (!a || a->n_experts < 0 || !a->w || !a->offset || !shapes_ok(&a->w[0]))
+        return -EINVAL;
+    const struct expert_ffn_weights *w0 = &a->w[0];
+    for (int i = 0; i < a->n_experts; i++) {
+        const struct expert_ffn_weights *w = &a->w[i];
+        if (w->gate_type != w0->gate_type || w->up_type != w0->up_type ||
+            w->down_type != w0->down_type || w->n_embd != w0->n_embd || w->n_ff != w0->n_ff ||
+            !w->gate || !w->up || !w->down || a->offset[i + 1] < a->offset[i])
+            return -EINVAL;
+    }
+    int n_pairs = a->offset[a->n_experts] - a->offset[0];
+    if (n_pairs > 0 && (!a->tokens || !a->x || !a->out || !a->scratch))
+        return -EINVAL;
+    if (a->scratch_bytes < expert_ffn_group_scratch_bytes(w0, a->offset[a->n_experts]))
+        return -EINVAL;
+    if (a->x_stride < w0->n_embd || a->out_stride < w0->n_embd)
+        return -EINVAL;
+    return 0;
+}
+
+/* Phase 2 of the group: gate/up/h for rows [u0*16, u1*16) of expert i, all its pairs. */
+static void group_gate_up(const struct expert_ffn_group_args *a, const struct group_layout *l,
+                          int i, int64_t r0, int64_t r1)
+{
+    const struct expert_ffn_weights *w = &a->w[i];
+    uint8_t *s = a->scratch;
+    int64_t nf = w->n_ff;
+    struct matmul_args mg = {.wtype = w->gate_type,
+                             .w = w->gate,
+                             .w_stride = vec_dot_row_bytes(w->gate_type, w->n_embd),
+                             .n_in = w->n_embd,
+                             .n_out = nf,
+                             .y_stride = nf};
+    struct matmul_args mu = mg;
+    mu.wtype = w->up_type;
+    mu.w = w->up;
+    mu.w_stride = vec_dot_row_bytes(w->up_type, w->n_embd);
+    for (int p0 = a->offset[i]; p0 < a->offset[i + 1]; p0 += BATCH) {
+        int mb = a->offset[i + 1] - p0 < BATCH ? a->offset[i + 1] - p0 : BATCH;
+        float *g = (float *)(s + l->g) + (size_t)p0 * nf;
+        float *u = (float *)(s + l->u) + (size_t)p0 * nf;
+        mg.m = mu.m = mb;
+        mg.y = g;
+        mu.y = u;
+        matmul_rows(&mg, s + l->act_gate + (size_t)p0 * l->gate_stride, l->gate_stride, r0, r1);
+        matmul_rows(&mu, s + l->act_up + (size_t)p0 * l->up_stride, l->up_stride, r0, r1);
+        for (int j = 0; j < mb; j++)
+            for (int64_t r = r0; r < r1; r++)
+                g[j * nf + r] = silu(g[j * nf + r]) * u[j * nf + r];
+    }
+}
+
+/* Phase 4: rows [r0, r1) (at most 16) of every expert's down projection, accumulated. The
+ * matmul sees the slice of rows as its own matrix, so its outputs land in ytmp (BATCH, 16). */
+static void group_down(const struct expert_ffn_group_args *a, const struct group_layout *l,
+                       float *ytmp, int64_t r0, int64_t r1)
+{
+    uint8_t *s = a->scratch;
+    for (int i = 0; i < a->n_experts; i++) {
+        const struct expert_ffn_weights *w = &a->w[i];
+        size_t row_bytes = vec_dot_row_bytes(w->down_type, w->n_ff);
+        struct matmul_args md = {.wtype = w->down_type,
+                                 .w = (const uint8_t *)w->down + (size_t)r0 * row_bytes,
+                                 .w_stride = row_bytes,
+                                 .n_in = w->n_ff,
+                                 .n_out = r1 - r0,
+                                 .y = ytmp,
+                                 .y_stride = 16};
+        for (int p0 = a->offset[i]; p0 < a->offset[i + 1]; p0 += BATCH) {
+            int mb = a->offset[i + 1] - p0 < BATCH ? a->offset[i + 1] - p0 : BATCH;
+            md.m = mb;
+            matmul_rows(&md, s + l->act_h + (size_t)p0 * l->h_stride, l->h_stride, 0, r1 - r0);
+            for (int j = 0; j < mb; j++) {
+                float *o = a->out + (int64_t)a->tokens[p0 + j] * a->out_stride;
+                float wt = a->token_weights ? a->token_weights[p0 + j] : 1.0f;
+                for (int64_t r = r0; r < r1; r++)
+                    o[r] += wt * ytmp[j * 16 + r - r0];
+            }
+        }
+    }
+}
+
+int expert_ffn_group_run(const struct expert_ffn_group_args *a)
+{
+    int rc = group_check(a);
+    if (rc || a->n_experts == 0 || a->offset[a->n_experts] == a->offset[0])
+        return rc;
+
+    const struct expert_ffn_weights *w0 = &a->w[0];
+    struct group_layout l;
+    group_layout_get(w0, a->offset[a->n_experts], &l);
+    int p_begin = a->offset[0], p_end = a->offset[a->n_experts];
+    int64_t ff_units = (w0->n_ff + 15) / 16, embd_units = (w0->n_embd + 15) / 16;
+    int64_t gu_items = (int64_t)a->n_experts * ff_units;
+    int nt = a->n_threads > 0 ? a->n_threads : omp_get_max_threads();
+    if (nt > GROUP_MAX_THREADS)
+        nt = GROUP_MAX_THREADS;
+    uint8_t *s = a->scratch;
+    vec_dot_quantize_fn q_gate = vec_dot_quantize_get(w0->gate_type, CPU_ISA_COUNT);
+    vec_dot_quantize_fn q_up = vec_dot_quantize_get(w0->up_type, CPU_ISA_COUNT);
+    vec_dot_quantize_fn q_down = vec_dot_quantize_get(w0->down_type, CPU_ISA_COUNT);
+
+#pragma omp parallel num_threads(nt)
+    {
+        int ith = omp_get_thread_num(), nth = omp_get_num_threads();
+        float *ytmp = (float *)(s + l.ytmp) + (size_t)ith * BATCH * 16;
+
+        /* 1. x of every pair, converted */
+#pragma omp for schedule(static)
+        for (int p = p_begin; p < p_end; p++) {
+            const float *xr = a->x + (int64_t)a->tokens[p] * a->x_stride;
+            q_gate(xr, s + l.act_gate + (size_t)p * l.gate_stride, w0->n_embd);
+            if (!up_shares_act(w0))
+                q_up(xr, s + l.act_up + (size_t)p * l.up_stride, w0->n_embd);
+        }
+        /* 2. gate, up, h over (expert, 16-row unit) items. With one pair per expert (decode)
+         * every item costs the same: contiguous ranges per thread keep each thread's reads
+         * sequential. With uneven token lists (prefill), items are handed out dynamically. */
+        if (p_end - p_begin > a->n_experts) {
+#pragma omp for schedule(dynamic, 1) nowait
+            for (int64_t it = 0; it < gu_items; it++) {
+                int64_t u = it % ff_units;
+                int64_t r1 = (u + 1) * 16 < w0->n_ff ? (u + 1) * 16 : w0->n_ff;
+                group_gate_up(a, &l, (int)(it / ff_units), u * 16, r1);
+            }
+        } else {
+            int64_t i0 = gu_items * ith / nth, i1 = gu_items * (ith + 1) / nth;
+            for (int64_t it = i0; it < i1;) {
+                int e = (int)(it / ff_units);
+                int64_t u0 = it % ff_units, u1 = ff_units;
+                if (i1 - it < u1 - u0)
+                    u1 = u0 + (i1 - it);
+                int64_t r1 = u1 * 16 < w0->n_ff ? u1 * 16 : w0->n_ff;
+                group_gate_up(a, &l, e, u0 * 16, r1);
+                it += u1 - u0;
+            }
+        }
+#pragma omp barrier
+        /* 3. h of every pair, converted */
+#pragma omp for schedule(static)
+        for (int p = p_begin; p < p_end; p++)
+            q_down((float *)(s + l.g) + (size_t)p * w0->n_ff, s + l.act_h + (size_t)p * l.h_stride,
+                   w0->n_ff);
+        /* 4. down: 16-row units of n_embd, contiguous ranges per thread */
+        {
+            int64_t u0 = embd_units * ith / nth, u1 = embd_units * (ith + 1) / nth;
+            for (int64_t u = u0; u < u1; u++) {
+                int64_t r1 = (u + 1) * 16 < w0->n_embd ? (u + 1) * 16 : w0->n_embd;
+                group_down(a, &l, ytmp, u * 16, r1);
+            }
+        }
+    }
+    return 0;
+}

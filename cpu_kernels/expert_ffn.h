@@ -49,3 +49,35 @@ size_t expert_ffn_scratch_bytes(const struct expert_ffn_weights *w);
 int expert_ffn_run(const struct expert_ffn_args *a);
 
 #endif
+
+/* ---- a group of experts (one MoE layer) in one parallel region ---------------------------
+ *
+ * The experts of one layer, each with its own list of (token, router weight) pairs, as the
+ * MoE plan groups them: pairs [offset[i], offset[i+1]) belong to expert i. All experts share
+ * the types and shapes of w[0]. Four phases separated by barriers, each split over all threads
+ * at once rather than expert by expert: convert x for every pair; gate/up rows of all experts;
+ * convert h; down rows of n_embd for all experts, accumulated into out in expert order, then
+ * pair order. Every output element sees the same operations in the same order as calling
+ * expert_ffn_run per expert in that order, so the result is bit-identical to it and does not
+ * depend on the thread count.
+ */
+struct expert_ffn_group_args {
+    int n_experts;
+    const struct expert_ffn_weights *w; /* (n_experts) same types and shapes */
+    const int32_t *offset;              /* (n_experts + 1) pair ranges, ascending */
+    const int32_t *tokens;              /* (offset[n_experts]) rows of x and out */
+    const float *token_weights;         /* (offset[n_experts]) router weights */
+    const float *x;                     /* (rows, x_stride) */
+    int64_t x_stride;
+    float *out;                         /* (rows, out_stride) accumulated into */
+    int64_t out_stride;
+    void *scratch;                      /* expert_ffn_group_scratch_bytes() bytes */
+    size_t scratch_bytes;
+    int n_threads;                      /* 0: OpenMP's default */
+};
+
+/* Scratch bytes for n_pairs (token, expert) pairs of experts shaped like w; 0 if unsupported. */
+size_t expert_ffn_group_scratch_bytes(const struct expert_ffn_weights *w, int n_pairs);
+
+/* Runs the group. 0, or -EINVAL (types/shapes differ between experts, bad arguments). */
+int expert_ffn_group_run(const struct expert_ffn_group_args *a);

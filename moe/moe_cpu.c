@@ -1,6 +1,7 @@
-/* moe_cpu: the CPU lane. Each selected expert runs over its token list with expert_ffn
- * (OpenMP inside), accumulating router-weighted outputs in plan order, so the sum is the same
- * for any thread count. */
+/* moe_cpu: the CPU lane. The layer's CPU-lane experts run together through
+ * expert_ffn_group_run (one OpenMP region per layer, work split over all experts' rows), which
+ * accumulates router-weighted outputs in plan order, so the sum is the same for any thread
+ * count. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,8 +10,11 @@
 #include "moe.h"
 
 struct moe_cpu {
-    void *scratch; /* expert_ffn scratch, sized for the largest expert types */
+    void *scratch; /* expert_ffn_group scratch, grown to the largest need seen */
     size_t scratch_bytes;
+    struct expert_ffn_weights *w; /* (n_expert_cap) per-expert views of the plan */
+    int32_t *offset;              /* (n_expert_cap + 1) */
+    int n_expert_cap;
     int max_tok, n_embd, n_ff;
 };
 
@@ -31,15 +35,27 @@ void moe_cpu_close(struct moe_cpu *c)
     if (!c)
         return;
     free(c->scratch);
+    free(c->w);
+    free(c->offset);
     free(c);
 }
 
-/* Grows the scratch to what expert_ffn needs for these weights. */
-static int moe_cpu_scratch(struct moe_cpu *c, const struct expert_ffn_weights *w)
+/* Grows the scratch and the per-expert arrays to what this plan needs. */
+static int moe_cpu_reserve(struct moe_cpu *c, const struct expert_ffn_weights *w, int n_pairs,
+                           int n_active)
 {
-    size_t need = expert_ffn_scratch_bytes(w);
+    size_t need = expert_ffn_group_scratch_bytes(w, n_pairs);
     if (need == 0)
         return -EINVAL;
+    if (n_active > c->n_expert_cap) {
+        free(c->w);
+        free(c->offset);
+        c->w = malloc(sizeof(*c->w) * (size_t)n_active);
+        c->offset = malloc(sizeof(*c->offset) * (size_t)(n_active + 1));
+        c->n_expert_cap = c->w && c->offset ? n_active : 0;
+        if (!c->n_expert_cap)
+            return -ENOMEM;
+    }
     if (need <= c->scratch_bytes)
         return 0;
     free(c->scratch);
@@ -54,32 +70,40 @@ static int moe_cpu_scratch(struct moe_cpu *c, const struct expert_ffn_weights *w
 int moe_cpu_run(struct moe_cpu *c, const struct moe_plan *p, const struct moe_experts *ex,
                 const float *in, float *out)
 {
-    struct expert_ffn_weights w = {
+    struct expert_ffn_weights w0 = {
         .gate_type = ex->gate_type, .up_type = ex->up_type, .down_type = ex->down_type,
         .n_embd = ex->n_embd, .n_ff = ex->n_ff,
     };
-    int rc;
+    int n = 0, rc;
 
     memset(out, 0, sizeof(float) * (size_t)p->n_tok * ex->n_embd);
+    rc = moe_cpu_reserve(c, &w0, p->offset[p->n_active], p->n_active);
+    if (rc)
+        return rc;
+    /* The plan's pairs are grouped by expert; each maximal run of consecutive CPU-lane
+     * experts has contiguous pair ranges and goes through the kernel in one call. */
     for (int i = 0; i < p->n_active; i++) {
-        int e = p->expert[i];
         if (p->lane[i] != MOE_LANE_CPU)
             continue;
-        w.gate = ex->gate + (size_t)e * ex->gate_stride;
-        w.up = ex->up + (size_t)e * ex->up_stride;
-        w.down = ex->down + (size_t)e * ex->down_stride;
-        rc = moe_cpu_scratch(c, &w);
-        if (rc)
-            return rc;
-        struct expert_ffn_args a = {
-            .w = &w, .n_tokens = p->offset[i + 1] - p->offset[i],
-            .tokens = p->tok + p->offset[i], .token_weights = p->wt + p->offset[i],
-            .x = in, .x_stride = ex->n_embd, .out = out, .out_stride = ex->n_embd,
-            .scratch = c->scratch, .scratch_bytes = c->scratch_bytes,
+        int e = p->expert[i];
+        c->w[n] = w0;
+        c->w[n].gate = ex->gate + (size_t)e * ex->gate_stride;
+        c->w[n].up = ex->up + (size_t)e * ex->up_stride;
+        c->w[n].down = ex->down + (size_t)e * ex->down_stride;
+        c->offset[n] = p->offset[i];
+        c->offset[n + 1] = p->offset[i + 1];
+        n++;
+        if (i + 1 < p->n_active && p->lane[i + 1] == MOE_LANE_CPU)
+            continue;
+        struct expert_ffn_group_args a = {
+            .n_experts = n, .w = c->w, .offset = c->offset, .tokens = p->tok,
+            .token_weights = p->wt, .x = in, .x_stride = ex->n_embd, .out = out,
+            .out_stride = ex->n_embd, .scratch = c->scratch, .scratch_bytes = c->scratch_bytes,
         };
-        rc = expert_ffn_run(&a);
+        rc = expert_ffn_group_run(&a);
         if (rc)
             return rc;
+        n = 0;
     }
     return 0;
 }

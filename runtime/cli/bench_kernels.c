@@ -25,6 +25,7 @@
 #include "cpu_features.h"
 #include "errors.h"
 #include "matmul.h"
+#include "membw.h"
 #include "quant.h"
 #include "quant_ref.h"
 #include "rng.h"
@@ -228,77 +229,19 @@ static void time_pair(void (*a)(void *), void *ctx_a, void (*b)(void *), void *c
     *tb = median(db, n);
 }
 
-/* ---- memory ---- */
-
-/* A buffer of `bytes` on 2 MiB boundaries with transparent huge pages requested (fewer TLB
- * misses while streaming); NULL on failure. Freed with free(). */
-static void *big_alloc(size_t bytes)
-{
-    size_t align = (size_t)2 << 20;
-    void *p = aligned_alloc(align, (bytes + align - 1) / align * align);
-    if (p)
-        madvise(p, bytes, MADV_HUGEPAGE);
-    return p;
-}
-
-/* ---- read bandwidth: each thread sums its contiguous part of the buffer ---- */
+/* ---- read bandwidth: the shared probe (cpu_kernels/membw.h) ---- */
 
 struct read_ctx {
     const uint8_t *buf;
     size_t bytes; /* multiple of 64 * threads */
     int threads;
-    bool wide; /* use the AVX-512 loop (cpu_isa_best() >= CPU_ISA_AVX512) */
     uint64_t sink;
 };
-
-/* Sum of the 64-bit words of lines [l0, l1) of 64 bytes, 16-byte loads (baseline x86-64). */
-static uint64_t read_lines_sse2(const uint8_t *buf, size_t l0, size_t l1)
-{
-    const __m128i *q = (const __m128i *)(buf + l0 * 64);
-    __m128i a0 = _mm_setzero_si128(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t l = l0; l < l1; l++, q += 4) {
-        a0 = _mm_add_epi64(a0, _mm_load_si128(q));
-        a1 = _mm_add_epi64(a1, _mm_load_si128(q + 1));
-        a2 = _mm_add_epi64(a2, _mm_load_si128(q + 2));
-        a3 = _mm_add_epi64(a3, _mm_load_si128(q + 3));
-    }
-    __m128i s = _mm_add_epi64(_mm_add_epi64(a0, a1), _mm_add_epi64(a2, a3));
-    uint64_t v[2];
-    _mm_storeu_si128((__m128i *)v, s);
-    return v[0] + v[1];
-}
-
-/* The same with one 64-byte load per line, four lines per iteration. */
-__attribute__((target("avx512f"))) static uint64_t read_lines_avx512(const uint8_t *buf, size_t l0,
-                                                                     size_t l1)
-{
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    size_t l = l0;
-    for (; l + 4 <= l1; l += 4) {
-        const uint8_t *p = buf + l * 64;
-        a0 = _mm512_add_epi64(a0, _mm512_load_si512(p));
-        a1 = _mm512_add_epi64(a1, _mm512_load_si512(p + 64));
-        a2 = _mm512_add_epi64(a2, _mm512_load_si512(p + 128));
-        a3 = _mm512_add_epi64(a3, _mm512_load_si512(p + 192));
-    }
-    for (; l < l1; l++)
-        a0 = _mm512_add_epi64(a0, _mm512_load_si512(buf + l * 64));
-    return (uint64_t)_mm512_reduce_add_epi64(
-        _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
-}
 
 static void read_run(void *p)
 {
     struct read_ctx *c = p;
-    uint64_t total = 0;
-#pragma omp parallel num_threads(c->threads) reduction(+ : total)
-    {
-        int ith = omp_get_thread_num(), nth = omp_get_num_threads();
-        size_t lines = c->bytes / 64;
-        size_t l0 = lines * ith / nth, l1 = lines * (ith + 1) / nth;
-        total += c->wide ? read_lines_avx512(c->buf, l0, l1) : read_lines_sse2(c->buf, l0, l1);
-    }
-    c->sink += total;
+    c->sink += membw_sweep(c->buf, c->bytes, c->threads);
 }
 
 /* ---- matvec ---- */
@@ -363,7 +306,7 @@ static int bench_type(const struct bench_opts *o, uint32_t type, int64_t rows, s
 {
     size_t row_bytes = vec_dot_row_bytes(type, o->cols);
     size_t bytes = (size_t)rows * row_bytes;
-    uint8_t *w = big_alloc(bytes);
+    uint8_t *w = membw_alloc(bytes, o->threads);
     float *x = malloc((size_t)(MATMUL_MAX_BATCH * o->cols) * sizeof(float));
     float *y = malloc((size_t)(MATMUL_MAX_BATCH * rows) * sizeof(float));
     size_t sbytes = matmul_scratch_bytes(type, o->cols, MATMUL_MAX_BATCH);
@@ -459,19 +402,18 @@ int cmd_bench_kernels(int argc, char **argv)
     }
     size_t unit = (size_t)64 * o.threads;
     struct read_ctx rd = {.bytes = (max_bytes + unit - 1) / unit * unit};
-    uint8_t *buf = big_alloc(rd.bytes);
+    uint8_t *buf = membw_alloc(rd.bytes, o.threads);
     if (!buf) {
         err_set(-ENOMEM, "no memory for a %.0f MiB read buffer", rd.bytes / 1048576.0);
         return cli_fail("bench-kernels");
     }
     rd.buf = buf;
-    rd.wide = cpu_isa_best() >= CPU_ISA_AVX512;
 #pragma omp parallel for num_threads(o.threads) schedule(static)
     for (size_t i = 0; i < rd.bytes / 4096; i++)
         memset(buf + i * 4096, (int)(i & 0xff), 4096);
     printf("# read bandwidth: streaming sum (%s loads) over a %.0f MiB buffer, timed "
            "alternately with each matvec\n\n",
-           rd.wide ? "64-byte" : "16-byte", rd.bytes / 1048576.0);
+           membw_wide() ? "64-byte" : "16-byte", rd.bytes / 1048576.0);
     printf("%-6s %9s %6s | %-27s | %-27s", "", "", "", "1 thread", "all threads");
     printf("\n%-6s %9s %6s | %8s %10s %6s | %8s %10s %6s", "type", "rows", "MiB", "read", "matvec",
            "frac", "read", "matvec", "frac");

@@ -1,0 +1,106 @@
+/* expert_ffn_group_run: one MoE layer's experts in one parallel region must give exactly the
+ * bytes of calling expert_ffn_run expert by expert (same operations, same order), for decode
+ * (one token) and prefill-like plans (uneven token lists, repeated tokens), for 1 and 2
+ * threads, on fresh random Q4_K/Q6_K and Q8_0 experts. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "expert_ffn.h"
+#include "gen.h"
+#include "moe.h"
+#include "quant.h"
+#include "testutil.h"
+
+static void *draw(uint32_t type, int64_t n, float std, struct rng *r)
+{
+    uint64_t bytes;
+    quant_row_bytes(type, (uint64_t)n, &bytes);
+    void *p = malloc(bytes);
+    gen_blocks_draw(type, p, (uint64_t)n, 0.0f, std, r);
+    return p;
+}
+
+static void one_case(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_tok, int k)
+{
+    const int n_exp = 16, n_embd = 512, n_ff = 256;
+    uint64_t gs, ds;
+    quant_row_bytes(gu_type, (uint64_t)n_embd * n_ff, &gs);
+    quant_row_bytes(down_type, (uint64_t)n_embd * n_ff, &ds);
+    uint8_t *gate = draw(gu_type, (int64_t)n_exp * n_embd * n_ff, 0.05f, r);
+    uint8_t *up = draw(gu_type, (int64_t)n_exp * n_embd * n_ff, 0.05f, r);
+    uint8_t *down = draw(down_type, (int64_t)n_exp * n_embd * n_ff, 0.06f, r);
+    float *x = malloc(sizeof(float) * n_tok * n_embd);
+    float *logits = malloc(sizeof(float) * n_tok * n_exp);
+    int32_t *ids = malloc(sizeof(int32_t) * n_tok * k);
+    float *wt = malloc(sizeof(float) * n_tok * k);
+    size_t ob = sizeof(float) * n_tok * n_embd;
+    float *ref = malloc(ob), *got[2] = {malloc(ob), malloc(ob)};
+    struct moe_plan p;
+
+    for (int i = 0; i < n_tok * n_embd; i++)
+        x[i] = rng_normal(r);
+    for (int i = 0; i < n_tok * n_exp; i++)
+        logits[i] = rng_normal(r);
+    moe_route_softmax_topk(logits, n_tok, n_exp, k, ids, wt);
+    moe_plan_init(&p, n_tok, k, n_exp);
+    moe_plan_build(&p, ids, wt, n_tok);
+    for (int i = 0; i < n_tok * n_embd; i++)
+        ref[i] = rng_normal(r); /* outputs accumulate: start from the same random values */
+    memcpy(got[0], ref, ob);
+    memcpy(got[1], ref, ob);
+
+    struct expert_ffn_weights *w = malloc(sizeof(*w) * p.n_active);
+    for (int i = 0; i < p.n_active; i++) {
+        int e = p.expert[i];
+        w[i] = (struct expert_ffn_weights){
+            .gate_type = gu_type, .up_type = gu_type, .down_type = down_type,
+            .gate = gate + e * gs, .up = up + e * gs, .down = down + e * ds,
+            .n_embd = n_embd, .n_ff = n_ff};
+    }
+    size_t sb = expert_ffn_scratch_bytes(&w[0]);
+    void *scratch = malloc(sb);
+    for (int i = 0; i < p.n_active; i++) {
+        struct expert_ffn_args a = {
+            .w = &w[i], .n_tokens = p.offset[i + 1] - p.offset[i],
+            .tokens = p.tok + p.offset[i], .token_weights = p.wt + p.offset[i], .x = x,
+            .x_stride = n_embd, .out = ref, .out_stride = n_embd, .scratch = scratch,
+            .scratch_bytes = sb};
+        CHECK(expert_ffn_run(&a) == 0, "expert_ffn_run");
+    }
+    size_t gb = expert_ffn_group_scratch_bytes(&w[0], p.offset[p.n_active]);
+    void *gscratch = malloc(gb);
+    for (int t = 0; t < 2; t++) {
+        test_poison_bytes(gscratch, gb);
+        struct expert_ffn_group_args g = {
+            .n_experts = p.n_active, .w = w, .offset = p.offset, .tokens = p.tok,
+            .token_weights = p.wt, .x = x, .x_stride = n_embd, .out = got[t],
+            .out_stride = n_embd, .scratch = gscratch, .scratch_bytes = gb, .n_threads = t + 1};
+        CHECK(expert_ffn_group_run(&g) == 0, "expert_ffn_group_run");
+        CHECK(memcmp(got[t], ref, ob) == 0,
+              "group (%d threads, %s/%s, %d tokens top-%d) differs from expert-by-expert: "
+              "max rel err %g",
+              t + 1, quant_type_name(gu_type), quant_type_name(down_type), n_tok, k,
+              test_max_rel_err(got[t], ref, (size_t)n_tok * n_embd));
+    }
+    /* too little scratch and mismatched shapes are refused */
+    struct expert_ffn_group_args bad = {
+        .n_experts = p.n_active, .w = w, .offset = p.offset, .tokens = p.tok, .x = x,
+        .x_stride = n_embd, .out = got[0], .out_stride = n_embd, .scratch = gscratch,
+        .scratch_bytes = gb - 1};
+    CHECK(expert_ffn_group_run(&bad) == -EINVAL, "short scratch accepted");
+    free(w), free(scratch), free(gscratch), free(gate), free(up), free(down), free(x);
+    free(logits), free(ids), free(wt), free(ref), free(got[0]), free(got[1]);
+    moe_plan_free(&p);
+}
+
+int main(void)
+{
+    struct rng r;
+    rng_seed(&r, test_seed("test_expert_group"), 4);
+    one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 1, 4);  /* decode */
+    one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 37, 4); /* prefill: uneven lists, > 16 per expert */
+    one_case(&r, QUANT_Q8_0, QUANT_Q8_0, 5, 2);
+    one_case(&r, QUANT_F32, QUANT_F32, 3, 3);
+    return test_finish("test_expert_group");
+}
