@@ -39,4 +39,6 @@ dir=/dev/shm
 
 step bench 30b-a3b on 16 threads
 "$B/strata" bench -m $dir/30b.gguf -t 16 -p 512 -n 128 2>&1 | tee "$OUT/bench-30b-cpu.txt"
+step bench 30b-a3b on 12 threads
+"$B/strata" bench -m $dir/30b.gguf -t 12 -p 128 -n 64 2>&1 | tee "$OUT/bench-30b-cpu-t12.txt"
 step done
