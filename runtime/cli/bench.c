@@ -9,6 +9,7 @@
 
 #include "arch/arch.h"
 #include "backend.h"
+#include "backend_profile.h"
 #include "cli.h"
 #include "generate.h"
 #include "gguf.h"
@@ -22,6 +23,7 @@ struct bench_opts {
     const char *model;
     int n_prompt, n_gen, n_threads;
     double bw_gib; /* size of the bandwidth probe */
+    int profile;   /* --profile: time per op */
 };
 
 static void bench_usage(void)
@@ -33,7 +35,8 @@ static void bench_usage(void)
            "  -p, --n-prompt N      prompt tokens, evaluated in one batch (default 512)\n"
            "  -n, --n-gen N         decode steps (default 128)\n"
            "  -t, --threads N       CPU threads (default: all)\n"
-           "      --bw-gib G        size of the bandwidth probe in GiB (default 2)\n");
+           "      --bw-gib G        size of the bandwidth probe in GiB (default 2)\n"
+           "      --profile         also print the time spent in each op (pp and tg)\n");
 }
 
 static int bench_parse(int argc, char **argv, struct bench_opts *o)
@@ -44,6 +47,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             bench_usage();
             return 1;
+        }
+        if (!strcmp(a, "--profile")) {
+            o->profile = 1;
+            continue;
         }
         if (!v) {
             fprintf(stderr, "strata bench: %s needs a value (see --help)\n", a);
@@ -102,7 +109,8 @@ int cmd_bench(int argc, char **argv)
     bc.n_threads = o.n_threads;
     if (model_open(o.model, &m))
         return cli_fail("loading the model");
-    if (backend_cpu_open(m, &bc, &b) || stream_open(b, o.n_prompt + o.n_gen + 1, o.n_prompt, &s)) {
+    if (backend_cpu_open(m, &bc, &b) || (o.profile && backend_profile_open(b, &b)) ||
+        stream_open(b, o.n_prompt + o.n_gen + 1, o.n_prompt, &s)) {
         rc = cli_fail("starting the engine");
         goto out;
     }
@@ -128,9 +136,13 @@ int cmd_bench(int argc, char **argv)
     double t_warm = generate_now() - t0;
     stream_truncate(s, 0);
 
+    if (o.profile)
+        backend_profile_report(b, stdout, "the first token");
     t0 = generate_now();
     rc = rc ? rc : stream_eval(s, ids, o.n_prompt, logits);
     double t_pp = generate_now() - t0;
+    if (o.profile)
+        backend_profile_report(b, stdout, "prompt processing");
     int32_t tok = sampler_argmax(logits, (int)hp->n_vocab);
     t0 = generate_now();
     for (int i = 0; !rc && i < o.n_gen; i++) {
@@ -138,6 +150,8 @@ int cmd_bench(int argc, char **argv)
         tok = sampler_argmax(logits, (int)hp->n_vocab);
     }
     double t_tg = generate_now() - t0;
+    if (o.profile)
+        backend_profile_report(b, stdout, "decode");
     if (rc) {
         rc = cli_fail("benchmark");
         free(ids);

@@ -1,0 +1,150 @@
+#include "backend_profile.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "errors.h"
+#include "generate.h"
+
+enum prof_op { P_EMBED, P_RMSNORM, P_MATMUL, P_ROPE, P_KV, P_ATTN, P_ADD, P_MOE, P_READ, P_N };
+
+static const char *const prof_names[P_N] = {"embed", "rmsnorm", "matmul", "rope", "kv_store",
+                                            "attention", "add", "moe_ffn", "read"};
+
+struct backend_prof {
+    struct backend base;
+    struct backend *inner;
+    double t[P_N];
+    long n[P_N];
+};
+
+static struct backend_prof *prof_of(struct backend *b)
+{
+    return (struct backend_prof *)b;
+}
+
+/* Times one forwarded call: evaluates CALL with `in` bound to the wrapped backend. */
+#define PROF(op, CALL)                                                                         \
+    do {                                                                                       \
+        struct backend_prof *p = prof_of(b);                                                   \
+        struct backend *in = p->inner;                                                         \
+        double t0 = generate_now();                                                            \
+        int rc = CALL;                                                                         \
+        p->t[op] += generate_now() - t0;                                                       \
+        p->n[op]++;                                                                            \
+        return rc;                                                                             \
+    } while (0)
+
+static float *prof_alloc(struct backend *b, size_t n)
+{
+    return prof_of(b)->inner->ops->alloc(prof_of(b)->inner, n);
+}
+
+static void prof_free(struct backend *b, float *x)
+{
+    prof_of(b)->inner->ops->free(prof_of(b)->inner, x);
+}
+
+static int prof_embed(struct backend *b, float *out, const struct weight *w, const int32_t *ids,
+                      int n)
+{
+    PROF(P_EMBED, in->ops->embed(in, out, w, ids, n));
+}
+
+static int prof_rmsnorm(struct backend *b, float *out, const float *x, const struct weight *w,
+                        int rows, int dim, float eps)
+{
+    PROF(P_RMSNORM, in->ops->rmsnorm(in, out, x, w, rows, dim, eps));
+}
+
+static int prof_matmul(struct backend *b, float *out, const struct weight *w, const float *x,
+                       int m)
+{
+    PROF(P_MATMUL, in->ops->matmul(in, out, w, x, m));
+}
+
+static int prof_rope(struct backend *b, float *x, int n_tok, int n_heads, int head_dim, int pos0,
+                     float base)
+{
+    PROF(P_ROPE, in->ops->rope(in, x, n_tok, n_heads, head_dim, pos0, base));
+}
+
+static int prof_kv_store(struct backend *b, float *cache, const float *src, int pos0, int n_tok,
+                         int width)
+{
+    PROF(P_KV, in->ops->kv_store(in, cache, src, pos0, n_tok, width));
+}
+
+static int prof_attention(struct backend *b, const struct attn_args *a)
+{
+    PROF(P_ATTN, in->ops->attention(in, a));
+}
+
+static int prof_add(struct backend *b, float *x, const float *y, size_t n)
+{
+    PROF(P_ADD, in->ops->add(in, x, y, n));
+}
+
+static int prof_moe_ffn(struct backend *b, const struct moe_args *a)
+{
+    PROF(P_MOE, in->ops->moe_ffn(in, a));
+}
+
+static int prof_read(struct backend *b, float *host, const float *src, size_t n)
+{
+    PROF(P_READ, in->ops->read(in, host, src, n));
+}
+
+static void prof_close(struct backend *b)
+{
+    backend_close(prof_of(b)->inner);
+    free(b);
+}
+
+static const struct backend_ops prof_ops = {
+    .name = "profiled",
+    .alloc = prof_alloc,
+    .free = prof_free,
+    .embed = prof_embed,
+    .rmsnorm = prof_rmsnorm,
+    .matmul = prof_matmul,
+    .rope = prof_rope,
+    .kv_store = prof_kv_store,
+    .attention = prof_attention,
+    .add = prof_add,
+    .moe_ffn = prof_moe_ffn,
+    .read = prof_read,
+    .close = prof_close,
+};
+
+int backend_profile_open(struct backend *inner, struct backend **out)
+{
+    struct backend_prof *p = calloc(1, sizeof(*p));
+    if (!p)
+        return err_set(-ENOMEM, "out of memory");
+    p->base.ops = &prof_ops;
+    p->base.model = inner->model;
+    p->base.impl = p;
+    p->inner = inner;
+    *out = &p->base;
+    return 0;
+}
+
+void backend_profile_report(struct backend *b, FILE *f, const char *title)
+{
+    struct backend_prof *p = prof_of(b);
+    double total = 0;
+    for (int i = 0; i < P_N; i++)
+        total += p->t[i];
+    fprintf(f, "profile of %s: %.1f ms in ops\n", title, total * 1e3);
+    fprintf(f, "  %-10s %8s %10s %9s %6s\n", "op", "calls", "total ms", "mean us", "share");
+    for (int i = 0; i < P_N; i++) {
+        if (!p->n[i])
+            continue;
+        fprintf(f, "  %-10s %8ld %10.2f %9.1f %5.1f%%\n", prof_names[i], p->n[i], p->t[i] * 1e3,
+                p->t[i] / p->n[i] * 1e6, total > 0 ? 100 * p->t[i] / total : 0.0);
+    }
+    memset(p->t, 0, sizeof(p->t));
+    memset(p->n, 0, sizeof(p->n));
+}
