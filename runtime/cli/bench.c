@@ -30,7 +30,8 @@ static void bench_usage(void)
 {
     printf("usage: strata bench -m FILE [options]\n\n"
            "Measures prompt processing (pp) and decode (tg) speed and prints decode as a fraction\n"
-           "of its floor: bytes read per token / host read bandwidth measured in the same run.\n\n"
+           "of its floor: bytes read per token / host read bandwidth (all processors reading)\n"
+           "measured in the same run.\n\n"
            "  -m, --model FILE      GGUF model (required)\n"
            "  -p, --n-prompt N      prompt tokens, evaluated in one batch (default 512)\n"
            "  -n, --n-gen N         decode steps (default 128)\n"
@@ -116,7 +117,13 @@ int cmd_bench(int argc, char **argv)
     }
     int threads = omp_get_max_threads();
     const struct model_hparams *hp = &m->hp;
-    double bw = membw_measure((size_t)(o.bw_gib * (1u << 30)), threads, 5);
+    /* The floor is physical: the machine's read bandwidth with every processor reading,
+     * whatever thread count the kernels run best with. */
+    int procs = omp_get_num_procs();
+    double bw_all = membw_measure((size_t)(o.bw_gib * (1u << 30)), procs, 5);
+    double bw_run = threads == procs ? bw_all
+                                     : membw_measure((size_t)(o.bw_gib * (1u << 30)), threads, 5);
+    double bw = bw_all > bw_run ? bw_all : bw_run;
     /* the same sweep over the model's own mapping (page cache, usually 4 KiB pages) */
     const struct gguf_file *gf = m->file;
     uint64_t m0 = gf->data_offset / 4096 * 4096;
@@ -166,8 +173,9 @@ int cmd_bench(int argc, char **argv)
     printf("model        %s (%s, %u layers, %u experts top-%u)\n", o.model, m->arch->name,
            hp->n_layer, hp->n_expert, hp->n_expert_used);
     printf("backend      cpu, %d threads\n", threads);
-    printf("host read    %.1f GB/s (%.1f GiB probe, %d threads, median of 5)\n", bw / 1e9,
-           o.bw_gib, threads);
+    printf("host read    %.1f GB/s with %d threads, %.1f GB/s with %d (%.1f GiB probe, median "
+           "of 5); the floor uses the higher\n",
+           bw_all / 1e9, procs, bw_run / 1e9, threads, o.bw_gib);
     printf("model read   %.1f GB/s (the same sweep over %.2f GiB of the model's mapping)\n",
            bw_map / 1e9, mlen / 1073741824.0);
     printf("first token  %.2f s (page-in)\n", t_warm);
