@@ -372,26 +372,27 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
             if (!up_shares_act(w0))
                 q_up(xr, s + l.act_up + (size_t)p * l.up_stride, w0->n_embd);
         }
-        /* 2. gate, up, h over (expert, 16-row unit) items. With one pair per expert (decode)
-         * every item costs the same: contiguous ranges per thread keep each thread's reads
-         * sequential. With uneven token lists (prefill), items are handed out dynamically. */
-        if (p_end - p_begin > a->n_experts) {
+        /* 2. gate, up, h over (expert, 16-row unit) items, handed out dynamically so a
+         * preempted thread does not hold up the layer: chunks of about a quarter of a
+         * thread's share when every expert has one pair (decode: contiguous reads), single
+         * items when token lists are uneven (prefill). */
+        {
+            int64_t chunk = p_end - p_begin > a->n_experts ? 1 : gu_items / ((int64_t)nth * 4);
+            if (chunk < 1)
+                chunk = 1;
+            int64_t n_chunks = (gu_items + chunk - 1) / chunk;
 #pragma omp for schedule(dynamic, 1) nowait
-            for (int64_t it = 0; it < gu_items; it++) {
-                int64_t u = it % ff_units;
-                int64_t r1 = (u + 1) * 16 < w0->n_ff ? (u + 1) * 16 : w0->n_ff;
-                group_gate_up(a, &l, (int)(it / ff_units), u * 16, r1);
-            }
-        } else {
-            int64_t i0 = gu_items * ith / nth, i1 = gu_items * (ith + 1) / nth;
-            for (int64_t it = i0; it < i1;) {
-                int e = (int)(it / ff_units);
-                int64_t u0 = it % ff_units, u1 = ff_units;
-                if (i1 - it < u1 - u0)
-                    u1 = u0 + (i1 - it);
-                int64_t r1 = u1 * 16 < w0->n_ff ? u1 * 16 : w0->n_ff;
-                group_gate_up(a, &l, e, u0 * 16, r1);
-                it += u1 - u0;
+            for (int64_t c = 0; c < n_chunks; c++) {
+                int64_t i1 = (c + 1) * chunk < gu_items ? (c + 1) * chunk : gu_items;
+                for (int64_t it = c * chunk; it < i1;) {
+                    int e = (int)(it / ff_units);
+                    int64_t u0 = it % ff_units, u1 = ff_units;
+                    if (i1 - it < u1 - u0)
+                        u1 = u0 + (i1 - it);
+                    int64_t r1 = u1 * 16 < w0->n_ff ? u1 * 16 : w0->n_ff;
+                    group_gate_up(a, &l, e, u0 * 16, r1);
+                    it += u1 - u0;
+                }
             }
         }
 #pragma omp barrier
@@ -400,13 +401,11 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
         for (int p = p_begin; p < p_end; p++)
             q_down((float *)(s + l.g) + (size_t)p * w0->n_ff, s + l.act_h + (size_t)p * l.h_stride,
                    w0->n_ff);
-        /* 4. down: 16-row units of n_embd, contiguous ranges per thread */
-        {
-            int64_t u0 = embd_units * ith / nth, u1 = embd_units * (ith + 1) / nth;
-            for (int64_t u = u0; u < u1; u++) {
-                int64_t r1 = (u + 1) * 16 < w0->n_embd ? (u + 1) * 16 : w0->n_embd;
-                group_down(a, &l, ytmp, u * 16, r1);
-            }
+        /* 4. down: 16-row units of n_embd, handed out dynamically */
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t u = 0; u < embd_units; u++) {
+            int64_t r1 = (u + 1) * 16 < w0->n_embd ? (u + 1) * 16 : w0->n_embd;
+            group_down(a, &l, ytmp, u * 16, r1);
         }
     }
     return 0;

@@ -109,9 +109,17 @@ int matmul_run(const struct matmul_args *a)
                 quantize(a->x + j * a->x_stride, (uint8_t *)scratch + j * act_stride, a->n_in);
 #pragma omp barrier
         }
-        int64_t r0, r1;
-        matmul_split(a->n_out, ith, nth, &r0, &r1);
-        matmul_rows(a, act, act_stride, r0, r1);
+        /* Rows go out in chunks of about a quarter of a thread's share, handed out
+         * dynamically: a thread the OS or hypervisor preempts does not hold up the rest. */
+        int64_t chunk = units / ((int64_t)nth * 4);
+        if (chunk < 1)
+            chunk = 1;
+        int64_t n_chunks = (units + chunk - 1) / chunk;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t c = 0; c < n_chunks; c++) {
+            int64_t r0 = c * chunk * ROWS_PER_UNIT, r1 = (c + 1) * chunk * ROWS_PER_UNIT;
+            matmul_rows(a, act, act_stride, r0, r1 < a->n_out ? r1 : a->n_out);
+        }
     }
     free(owned);
     return 0;
