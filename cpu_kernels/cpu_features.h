@@ -4,6 +4,10 @@
 
 #include <stdbool.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Instruction-set levels of the CPU kernels, lowest first. */
 enum cpu_isa {
     CPU_ISA_SCALAR = 0,
@@ -27,5 +31,9 @@ enum cpu_isa cpu_isa_best(void);
 
 /* "scalar", "avx2", "avx512", "avx512vnni". */
 const char *cpu_isa_name(enum cpu_isa isa);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -6,6 +6,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define OPS_MAX_HEAD_DIM 1024
 
 /* out (rows, dim) = in / sqrt(mean(in^2) + eps) * w; w (dim) may be NULL (no scale).
@@ -37,5 +41,9 @@ static inline float ops_silu(float x)
 {
     return x / (1.0f + __builtin_expf(-x));
 }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

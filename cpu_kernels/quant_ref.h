@@ -10,6 +10,10 @@
 
 #include "quant_blocks.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Decodes n elements (a multiple of the type's block size) of `type` at src into dst.
  * Returns 0, or -EINVAL if the type has no dequantizer or n is not a block multiple. */
 int quant_ref_dequantize(uint32_t type, const void *src, float *dst, int64_t n);
@@ -29,5 +33,9 @@ bool quant_ref_can_quantize(uint32_t type);
  * for Q8_0, ~ 1e-4 for Q6_K (its scale is max|x|/4096). F16 itself overflows to inf above
  * 65504. Q2_K and Q3_K are dequantize-only. Measured round-trip errors of each type:
  * docs/quant-tolerances.md. */
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -24,6 +24,10 @@
 #include "cpu_features.h"
 #include "quant_blocks.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Whether a dot kernel exists for weights of this ggml type id. */
 bool vec_dot_supported(uint32_t wtype);
 
@@ -117,5 +121,9 @@ static inline float vec_dot_e8m0_half(uint8_t e)
     {                                                                                              \
         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12                                    \
     }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

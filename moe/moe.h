@@ -8,6 +8,10 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Softmax over the n_expert logits of each token, top-k (ties to the lower id), weights
  * renormalised to sum 1 (qwen3moe). logits (n_tok, n_expert); ids, w (n_tok, k). */
 void moe_route_softmax_topk(const float *logits, int n_tok, int n_expert, int k, int32_t *ids,
@@ -58,5 +62,9 @@ void moe_cpu_close(struct moe_cpu *c);
  * element of out (zeros where no expert contributes). in (n_tok, n_embd). */
 int moe_cpu_run(struct moe_cpu *c, const struct moe_plan *p, const struct moe_experts *ex,
                 const float *in, float *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -10,6 +10,10 @@
 
 #include <errno.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Records a formatted message for this thread and returns code (a negative errno), so that a
  * failing path reads `return err_set(-EINVAL, "tensor '%s': ...", name);`. */
 int err_set(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -21,5 +25,9 @@ int err_wrap(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 const char *err_msg(void);
 
 void err_clear(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -9,6 +9,10 @@
 
 #include "../cpu_kernels/quant_blocks.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct quant_type_info {
     const char *name;    /* "Q4_K", as llama.cpp prints it */
     uint32_t block;      /* elements per block */
@@ -32,5 +36,9 @@ int quant_row_bytes(uint32_t type, uint64_t n, uint64_t *out);
 
 /* Bytes of a tensor with dims ne[0..n_dims) (ne[0] contiguous), checked like quant_row_bytes. */
 int quant_tensor_bytes(uint32_t type, uint32_t n_dims, const uint64_t *ne, uint64_t *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -1,5 +1,7 @@
 #include "testutil.h"
 
+#include "cuda_info.h"
+
 #include <math.h>
 #include <string.h>
 #include <time.h>
@@ -70,4 +72,13 @@ uint64_t test_seed(const char *name)
     printf("%s: seed %llu (replay with STRATA_TEST_SEED=%llu)\n", name, (unsigned long long)seed,
            (unsigned long long)seed);
     return seed;
+}
+
+int test_gpu_available(const char *name)
+{
+    const char *why = NULL;
+    if (cuda_device_count(&why) > 0)
+        return 1;
+    printf("%s: skipped: no usable CUDA device (%s)\n", name, why ? why : "unknown");
+    return 0;
 }

@@ -10,6 +10,10 @@
 
 #include "../runtime/rng.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define TEST_SKIP 77
 
 extern int test_failures;
@@ -41,8 +45,16 @@ double test_norm_rel_err(const float *a, const float *b, size_t n);
 /* Path under tests/data: writes into buf and returns it. */
 const char *test_data_path(char *buf, size_t size, const char *name);
 
+/* For GPU tests: returns 1 when a CUDA device is usable; else prints why and returns 0 (the
+ * test then exits TEST_SKIP). */
+int test_gpu_available(const char *name);
+
 /* Seed for fresh random data: STRATA_TEST_SEED if set (to replay a failure), else the time.
  * The seed is printed so a failure can be reproduced. */
 uint64_t test_seed(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

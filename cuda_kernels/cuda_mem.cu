@@ -1,0 +1,86 @@
+/* cuda_mem with CUDA: thin checked wrappers over the runtime API. */
+#include "cuda_check.h"
+#include "cuda_mem.h"
+
+#include <errno.h>
+
+static int cuda_rc(cudaError_t e)
+{
+    return e == cudaSuccess ? 0 : (e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO);
+}
+
+extern "C" int cuda_set_device(int dev)
+{
+    return cuda_rc(CUDA_CHECK(cudaSetDevice(dev)));
+}
+
+extern "C" int cuda_malloc(void **p, size_t bytes)
+{
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* an allocation failure is not sticky: clear it */
+        *p = NULL;
+    }
+    return cuda_rc(e);
+}
+
+extern "C" void cuda_free(void *p)
+{
+    if (p)
+        CUDA_CHECK(cudaFree(p));
+}
+
+extern "C" int cuda_memset(void *p, int value, size_t bytes, void *stream)
+{
+    return cuda_rc(CUDA_CHECK(cudaMemsetAsync(p, value, bytes, (cudaStream_t)stream)));
+}
+
+extern "C" int cuda_h2d(void *dst, const void *src, size_t bytes, void *stream)
+{
+    return cuda_rc(CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)stream)));
+}
+
+extern "C" int cuda_d2h(void *dst, const void *src, size_t bytes, void *stream)
+{
+    return cuda_rc(CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream)));
+}
+
+extern "C" int cuda_d2d(void *dst, const void *src, size_t bytes, void *stream)
+{
+    return cuda_rc(CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)stream)));
+}
+
+extern "C" int cuda_stream_create(void **stream)
+{
+    cudaStream_t s;
+    int rc = cuda_rc(CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)));
+    *stream = rc ? NULL : (void *)s;
+    return rc;
+}
+
+extern "C" void cuda_stream_destroy(void *stream)
+{
+    if (stream)
+        CUDA_CHECK(cudaStreamDestroy((cudaStream_t)stream));
+}
+
+extern "C" int cuda_stream_sync(void *stream)
+{
+    return cuda_rc(CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream)));
+}
+
+extern "C" int cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+    return cuda_rc(CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes)));
+}
+
+extern "C" int cuda_last_error(const char *what)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        fprintf(stderr, "%s: %s (%s)\n", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    return cuda_rc(e);
+}

@@ -1,0 +1,32 @@
+/* cuda_mem: the device memory, streams and events the C side of strata uses, behind a plain
+ * C API (no CUDA headers), so runtime/ compiles without the toolkit. Without a CUDA build
+ * (cuda_mem_stub.c) every call fails with -ENODEV. All functions return 0 or -errno and
+ * print the failing CUDA call with file and line. A "stream" is a cudaStream_t as void *. */
+#ifndef STRATA_CUDA_MEM_H
+#define STRATA_CUDA_MEM_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int cuda_set_device(int dev);
+int cuda_malloc(void **p, size_t bytes);
+void cuda_free(void *p);
+int cuda_memset(void *p, int value, size_t bytes, void *stream);
+int cuda_h2d(void *dst, const void *src, size_t bytes, void *stream);  /* async on stream */
+int cuda_d2h(void *dst, const void *src, size_t bytes, void *stream);  /* async on stream */
+int cuda_d2d(void *dst, const void *src, size_t bytes, void *stream);
+int cuda_stream_create(void **stream);
+void cuda_stream_destroy(void *stream);
+int cuda_stream_sync(void *stream);
+/* Bytes free and total on the current device. */
+int cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+/* Checks for an error left by an earlier launch (cudaGetLastError); names WHAT in the report. */
+int cuda_last_error(const char *what);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
