@@ -535,13 +535,13 @@ static void expects_build(void)
 
 /* The type each mix must give a tensor of this checkpoint (the rules of `strata convert
  * --help`, with this checkpoint's row lengths: expert down rows of 64 fall back to Q8_0). */
-static uint32_t expect_type(enum convert_mix mix, const struct expect *e)
+static uint32_t expect_type(enum quant_mix mix, const struct expect *e)
 {
-    if (mix == CONVERT_MIX_F32 || e->n_dims == 1 || strstr(e->name, "ffn_gate_inp"))
+    if (mix == QUANT_MIX_F32 || e->n_dims == 1 || strstr(e->name, "ffn_gate_inp"))
         return QUANT_F32;
-    if (mix == CONVERT_MIX_BF16)
+    if (mix == QUANT_MIX_BF16)
         return QUANT_BF16;
-    if (mix == CONVERT_MIX_Q8_0)
+    if (mix == QUANT_MIX_Q8_0)
         return QUANT_Q8_0;
     if (strstr(e->name, "ffn_gate_exps") || strstr(e->name, "ffn_up_exps") ||
         !strcmp(e->name, "token_embd.weight"))
@@ -628,7 +628,7 @@ static void check_kv_str(const struct gguf_file *f, const char *key, const char 
           "%s: '%.*s' (rc %d), expected '%s'", key, (int)s.len, s.ptr ? s.ptr : "", rc, want);
 }
 
-static void check_metadata(const struct gguf_file *f, enum convert_mix mix)
+static void check_metadata(const struct gguf_file *f, enum quant_mix mix)
 {
     static const uint32_t ftype[] = {0, 32, 7, 15};
     float base = 0, eps = 0;
@@ -721,9 +721,9 @@ static double max_rel(const float *a, const float *b, int n)
     return test_max_rel_err(a, b, (size_t)n);
 }
 
-static float *mix_logits[CONVERT_MIX_COUNT];
+static float *mix_logits[QUANT_MIX_COUNT];
 
-static void check_converted(const char *path, enum convert_mix mix)
+static void check_converted(const char *path, enum quant_mix mix)
 {
     struct gguf_file *f = NULL;
     struct model *m = NULL;
@@ -737,11 +737,11 @@ static void check_converted(const char *path, enum convert_mix mix)
     for (int i = 0; i < n_expects; i++) {
         const struct expect *e = &expects[i];
         const struct gguf_tensor *t = gguf_find_tensor(f, e->name);
-        CHECK(t != NULL, "%s: tensor %s missing", convert_mix_name(mix), e->name);
+        CHECK(t != NULL, "%s: tensor %s missing", quant_mix_name(mix), e->name);
         if (!t)
             continue;
         uint32_t want = expect_type(mix, e);
-        CHECK(t->type == want, "%s %s: type %s, expected %s", convert_mix_name(mix), e->name,
+        CHECK(t->type == want, "%s %s: type %s, expected %s", quant_mix_name(mix), e->name,
               quant_type_name(t->type), quant_type_name(want));
         CHECK(t->n_dims == e->n_dims && t->ne[0] == e->ne[0] && t->ne[1] == e->ne[1] &&
                   t->ne[2] == e->ne[2],
@@ -776,10 +776,10 @@ static void check_converted(const char *path, enum convert_mix mix)
         int bad = 0;
         for (int i = 0; i < VOCAB; i++)
             bad += !isfinite(lg[i]);
-        CHECK(bad == 0, "%s: %d non-finite logits", convert_mix_name(mix), bad);
+        CHECK(bad == 0, "%s: %d non-finite logits", quant_mix_name(mix), bad);
         mix_logits[mix] = lg;
     }
-    if (mix == CONVERT_MIX_F32 && lg) {
+    if (mix == QUANT_MIX_F32 && lg) {
         float *one = model_logits(m, true);
         double d = one ? max_rel(one, lg, VOCAB) : INFINITY;
         printf("  f32: prefill vs one-by-one decode: max rel diff %.3g\n", d);
@@ -828,7 +828,7 @@ static uint8_t *file_slurp(const char *path, size_t *len)
     return buf;
 }
 
-static int convert_to(const char *dir, const char *out, enum convert_mix mix, uint32_t threads)
+static int convert_to(const char *dir, const char *out, enum quant_mix mix, uint32_t threads)
 {
     struct convert_config cfg = {
         .hf_dir = dir, .out_path = out, .mix = mix, .n_threads = threads, .name = "tiny"};
@@ -842,7 +842,7 @@ static void expect_failure(const char *dir, int want, const char *part)
 {
     char out[600];
     snprintf(out, sizeof(out), "%s/fail.gguf", tmp_root);
-    int rc = convert_to(dir, out, CONVERT_MIX_F32, 2);
+    int rc = convert_to(dir, out, QUANT_MIX_F32, 2);
     printf("  expected failure (%s): %s\n", part, err_msg());
     CHECK(rc == want, "%s: rc %d, expected %d (%s)", dir, rc, want, err_msg());
     CHECK(strstr(err_msg(), part) != NULL, "message '%s' does not name '%s'", err_msg(), part);
@@ -906,12 +906,12 @@ static void test_safetensors_hostile(void)
 static void test_mixes(const char *dir)
 {
     char out[600];
-    for (int mix = 0; mix < CONVERT_MIX_COUNT; mix++) {
-        snprintf(out, sizeof(out), "%s/tiny-%s.gguf", tmp_root, convert_mix_name(mix));
-        int rc = convert_to(dir, out, (enum convert_mix)mix, 2);
-        CHECK(rc == 0, "convert %s: %s", convert_mix_name(mix), err_msg());
+    for (int mix = 0; mix < QUANT_MIX_COUNT; mix++) {
+        snprintf(out, sizeof(out), "%s/tiny-%s.gguf", tmp_root, quant_mix_name(mix));
+        int rc = convert_to(dir, out, (enum quant_mix)mix, 2);
+        CHECK(rc == 0, "convert %s: %s", quant_mix_name(mix), err_msg());
         if (!rc)
-            check_converted(out, (enum convert_mix)mix);
+            check_converted(out, (enum quant_mix)mix);
     }
     printf("  quantized round trip (normalised RMS, worst tensor): Q8_0 %.4f (worst block %.3f "
            "steps), Q4_K %.4f, Q6_K %.4f\n",
@@ -921,14 +921,14 @@ static void test_mixes(const char *dir)
      * Over 30 seeds the normalised error was 0.002-0.003 (bf16), 0.014-0.22 (q8_0) and
      * 0.07-0.40 (q4_k_m): a changed top-2 choice among 8 random experts gives the tail.
      * Unrelated logits of the same scale would give about 1.4. */
-    static const double bound[CONVERT_MIX_COUNT] = {0, 0.5, 0.7, 1.0};
-    for (int mix = 1; mix < CONVERT_MIX_COUNT; mix++) {
+    static const double bound[QUANT_MIX_COUNT] = {0, 0.5, 0.7, 1.0};
+    for (int mix = 1; mix < QUANT_MIX_COUNT; mix++) {
         if (!mix_logits[0] || !mix_logits[mix])
             continue;
         double d = test_norm_rel_err(mix_logits[mix], mix_logits[0], VOCAB);
         printf("  logits %s vs f32: normalised error %.4f (sanity bound %.1f)\n",
-               convert_mix_name(mix), d, bound[mix]);
-        CHECK(d <= bound[mix], "%s logits differ from f32 by %g", convert_mix_name(mix), d);
+               quant_mix_name(mix), d, bound[mix]);
+        CHECK(d <= bound[mix], "%s logits differ from f32 by %g", quant_mix_name(mix), d);
     }
 }
 
@@ -939,7 +939,7 @@ static void test_sharded_and_threads(const char *single_dir)
     ckpt_write("sharded", &v5, dir, sizeof(dir));
     snprintf(a, sizeof(a), "%s/tiny-f32.gguf", tmp_root);
     snprintf(b, sizeof(b), "%s/sharded-f32.gguf", tmp_root);
-    int rc = convert_to(dir, b, CONVERT_MIX_F32, 2);
+    int rc = convert_to(dir, b, QUANT_MIX_F32, 2);
     CHECK(rc == 0, "sharded convert: %s", err_msg());
     size_t la = 0, lb = 0;
     uint8_t *fa = file_slurp(a, &la), *fb = rc ? NULL : file_slurp(b, &lb);
@@ -951,8 +951,8 @@ static void test_sharded_and_threads(const char *single_dir)
     /* q4_k_m with 1 and 3 threads: the same bytes */
     snprintf(b, sizeof(b), "%s/t1.gguf", tmp_root);
     snprintf(c, sizeof(c), "%s/t3.gguf", tmp_root);
-    rc = convert_to(single_dir, b, CONVERT_MIX_Q4_K_M, 1);
-    rc = rc ? rc : convert_to(single_dir, c, CONVERT_MIX_Q4_K_M, 3);
+    rc = convert_to(single_dir, b, QUANT_MIX_Q4_K_M, 1);
+    rc = rc ? rc : convert_to(single_dir, c, QUANT_MIX_Q4_K_M, 3);
     CHECK(rc == 0, "convert: %s", err_msg());
     fa = file_slurp(b, &la);
     fb = file_slurp(c, &lb);
@@ -1108,7 +1108,7 @@ int main(void)
         free(srcs[i].v);
     for (int i = 0; i < n_expects; i++)
         free(expects[i].v);
-    for (int i = 0; i < CONVERT_MIX_COUNT; i++)
+    for (int i = 0; i < QUANT_MIX_COUNT; i++)
         free(mix_logits[i]);
     return test_finish(NAME);
 }

@@ -27,10 +27,10 @@ static char tmpdir[] = "/tmp/strata-test-engine-XXXXXX";
 static int gen_tiny(const char *mix_name, uint64_t seed, char *path, size_t size)
 {
     struct gen_config cfg = {0};
-    enum gen_mix mix;
+    enum quant_mix mix;
 
     snprintf(path, size, "%s/tiny-%s.gguf", tmpdir, mix_name);
-    if (gen_mix_parse(mix_name, &mix))
+    if (quant_mix_parse(mix_name, &mix))
         return -1;
     cfg.arch = "qwen3moe";
     cfg.preset = *gen_preset_find("tiny");

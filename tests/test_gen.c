@@ -132,47 +132,47 @@ static void test_draw(uint64_t seed)
 
 static void test_mixes(void)
 {
-    enum gen_mix m;
+    enum quant_mix m;
     bool fb;
 
-    CHECK(gen_mix_parse("Q4_K_M", &m) == 0 && m == GEN_MIX_Q4_K_M, "parse Q4_K_M");
-    CHECK(gen_mix_parse("q8_0", &m) == 0 && m == GEN_MIX_Q8_0, "parse q8_0");
-    CHECK(gen_mix_parse("q4_k_s", &m) == -EINVAL && strstr(err_msg(), "q4_k_s"), "unknown mix: %s",
+    CHECK(quant_mix_parse("Q4_K_M", &m) == 0 && m == QUANT_MIX_Q4_K_M, "parse Q4_K_M");
+    CHECK(quant_mix_parse("q8_0", &m) == 0 && m == QUANT_MIX_Q8_0, "parse q8_0");
+    CHECK(quant_mix_parse("q4_k_s", &m) == -EINVAL && strstr(err_msg(), "q4_k_s"), "unknown mix: %s",
           err_msg());
-    CHECK(gen_mix_file_type(GEN_MIX_F32) == 0 && gen_mix_file_type(GEN_MIX_Q8_0) == 7 &&
-              gen_mix_file_type(GEN_MIX_Q4_K_M) == 15,
+    CHECK(quant_mix_file_type(QUANT_MIX_F32) == 0 && quant_mix_file_type(QUANT_MIX_Q8_0) == 7 &&
+              quant_mix_file_type(QUANT_MIX_Q4_K_M) == 15,
           "file types");
 
     static const struct {
-        enum gen_mix mix;
+        enum quant_mix mix;
         const char *name;
         uint32_t n_dims;
         uint64_t ne0;
         uint32_t want;
         bool fell_back;
     } cases[] = {
-        {GEN_MIX_Q4_K_M, "blk.0.ffn_gate_exps.weight", 3, 2048, QUANT_Q4_K, false},
-        {GEN_MIX_Q4_K_M, "blk.7.ffn_up_exps.weight", 3, 2048, QUANT_Q4_K, false},
-        {GEN_MIX_Q4_K_M, "blk.7.ffn_down_exps.weight", 3, 768, QUANT_Q6_K, false},
-        {GEN_MIX_Q4_K_M, "blk.7.ffn_down_exps.weight", 3, 128, QUANT_Q8_0, true},
-        {GEN_MIX_Q4_K_M, "blk.7.ffn_down_exps.weight", 3, 100, QUANT_F32, true},
-        {GEN_MIX_Q4_K_M, "blk.0.attn_q.weight", 2, 2048, QUANT_Q8_0, false},
-        {GEN_MIX_Q4_K_M, "blk.0.attn_output.weight", 2, 4096, QUANT_Q8_0, false},
-        {GEN_MIX_Q4_K_M, "token_embd.weight", 2, 2048, QUANT_Q4_K, false},
-        {GEN_MIX_Q4_K_M, "output.weight", 2, 2048, QUANT_Q6_K, false},
-        {GEN_MIX_Q4_K_M, "blk.0.ffn_gate_inp.weight", 2, 2048, QUANT_F32, false},
-        {GEN_MIX_Q4_K_M, "blk.0.attn_q_norm.weight", 1, 128, QUANT_F32, false},
-        {GEN_MIX_Q8_0, "blk.0.ffn_down_exps.weight", 3, 768, QUANT_Q8_0, false},
-        {GEN_MIX_Q8_0, "blk.0.ffn_gate_inp.weight", 2, 2048, QUANT_F32, false},
-        {GEN_MIX_Q8_0, "output_norm.weight", 1, 2048, QUANT_F32, false},
-        {GEN_MIX_Q8_0, "token_embd.weight", 2, 40, QUANT_F32, true},
-        {GEN_MIX_F32, "blk.0.ffn_up_exps.weight", 3, 2048, QUANT_F32, false},
+        {QUANT_MIX_Q4_K_M, "blk.0.ffn_gate_exps.weight", 3, 2048, QUANT_Q4_K, false},
+        {QUANT_MIX_Q4_K_M, "blk.7.ffn_up_exps.weight", 3, 2048, QUANT_Q4_K, false},
+        {QUANT_MIX_Q4_K_M, "blk.7.ffn_down_exps.weight", 3, 768, QUANT_Q6_K, false},
+        {QUANT_MIX_Q4_K_M, "blk.7.ffn_down_exps.weight", 3, 128, QUANT_Q8_0, true},
+        {QUANT_MIX_Q4_K_M, "blk.7.ffn_down_exps.weight", 3, 100, QUANT_F32, true},
+        {QUANT_MIX_Q4_K_M, "blk.0.attn_q.weight", 2, 2048, QUANT_Q8_0, false},
+        {QUANT_MIX_Q4_K_M, "blk.0.attn_output.weight", 2, 4096, QUANT_Q8_0, false},
+        {QUANT_MIX_Q4_K_M, "token_embd.weight", 2, 2048, QUANT_Q4_K, false},
+        {QUANT_MIX_Q4_K_M, "output.weight", 2, 2048, QUANT_Q6_K, false},
+        {QUANT_MIX_Q4_K_M, "blk.0.ffn_gate_inp.weight", 2, 2048, QUANT_F32, false},
+        {QUANT_MIX_Q4_K_M, "blk.0.attn_q_norm.weight", 1, 128, QUANT_F32, false},
+        {QUANT_MIX_Q8_0, "blk.0.ffn_down_exps.weight", 3, 768, QUANT_Q8_0, false},
+        {QUANT_MIX_Q8_0, "blk.0.ffn_gate_inp.weight", 2, 2048, QUANT_F32, false},
+        {QUANT_MIX_Q8_0, "output_norm.weight", 1, 2048, QUANT_F32, false},
+        {QUANT_MIX_Q8_0, "token_embd.weight", 2, 40, QUANT_F32, true},
+        {QUANT_MIX_F32, "blk.0.ffn_up_exps.weight", 3, 2048, QUANT_F32, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         uint32_t t =
-            gen_mix_tensor_type(cases[i].mix, cases[i].name, cases[i].n_dims, cases[i].ne0, &fb);
+            quant_mix_tensor_type(cases[i].mix, cases[i].name, cases[i].n_dims, cases[i].ne0, &fb);
         CHECK(t == cases[i].want && fb == cases[i].fell_back, "%s %s ne0 %llu: %s%s, want %s",
-              gen_mix_name(cases[i].mix), cases[i].name, (unsigned long long)cases[i].ne0,
+              quant_mix_name(cases[i].mix), cases[i].name, (unsigned long long)cases[i].ne0,
               quant_type_name(t), fb ? " (fallback)" : "", quant_type_name(cases[i].want));
     }
 
@@ -347,13 +347,13 @@ struct want_tensor {
 };
 
 /* The tensor list of a qwen3moe file, written out independently of gen.c. */
-static uint32_t want_tensors(const struct gen_preset *p, enum gen_mix mix, uint32_t n_vocab,
+static uint32_t want_tensors(const struct gen_preset *p, enum quant_mix mix, uint32_t n_vocab,
                              struct want_tensor *w)
 {
     uint64_t d = p->n_embd, q = (uint64_t)p->n_head * p->head_dim;
     uint64_t kv = (uint64_t)p->n_head_kv * p->head_dim, ff = p->n_ff_exp, e = p->n_expert;
-    bool kq = mix == GEN_MIX_Q4_K_M;
-    uint32_t big = mix == GEN_MIX_F32 ? QUANT_F32 : QUANT_Q8_0;
+    bool kq = mix == QUANT_MIX_Q4_K_M;
+    uint32_t big = mix == QUANT_MIX_F32 ? QUANT_F32 : QUANT_Q8_0;
     uint32_t n = 0;
 
 #define W(nm, nd, ty, m, s, ...)                                                                   \
@@ -392,7 +392,7 @@ static uint32_t want_tensors(const struct gen_preset *p, enum gen_mix mix, uint3
     return n;
 }
 
-static int write_file(const struct gen_preset *p, enum gen_mix mix, uint64_t seed, uint32_t threads,
+static int write_file(const struct gen_preset *p, enum quant_mix mix, uint64_t seed, uint32_t threads,
                       const char *vocab, const char *path, struct gen_stats *st)
 {
     struct gen_config cfg = {.arch = "qwen3moe",
@@ -441,14 +441,14 @@ static void free_strs(char **s, uint32_t n)
     free(s);
 }
 
-static void check_metadata(const struct gguf_file *f, const struct gen_preset *p, enum gen_mix mix,
+static void check_metadata(const struct gguf_file *f, const struct gen_preset *p, enum quant_mix mix,
                            uint32_t n_vocab)
 {
     float eps = 0, base = 0;
 
     CHECK(kv_str_is(f, "general.architecture", "qwen3moe"), "general.architecture");
     CHECK(gguf_find_kv(f, "general.name") != NULL, "general.name");
-    CHECK(kv_u32(f, "general.file_type") == gen_mix_file_type(mix), "file_type");
+    CHECK(kv_u32(f, "general.file_type") == quant_mix_file_type(mix), "file_type");
     CHECK(kv_u32(f, "general.quantization_version") == 2, "quantization_version");
     CHECK(kv_u32(f, "qwen3moe.block_count") == p->n_layer, "block_count");
     CHECK(kv_u32(f, "qwen3moe.context_length") == p->n_ctx, "context_length");
@@ -563,7 +563,7 @@ static uint64_t file_size(const char *path)
     return stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
 }
 
-static void check_file(const char *path, const struct gen_preset *p, enum gen_mix mix,
+static void check_file(const char *path, const struct gen_preset *p, enum quant_mix mix,
                        uint32_t n_vocab)
 {
     struct gguf_file *f = NULL;
@@ -597,17 +597,23 @@ static void test_files(uint64_t seed)
     char path[128], path2[128];
     struct gen_stats st;
 
-    for (int m = 0; m < GEN_MIX_COUNT; m++) {
-        snprintf(path, sizeof(path), "%s/tiny-%s.gguf", tmpdir, gen_mix_name(m));
+    snprintf(path, sizeof(path), "%s/tiny-bf16.gguf", tmpdir);
+    CHECK(write_file(tiny, QUANT_MIX_BF16, seed, 2, NULL, path, &st) == -EINVAL &&
+              access(path, F_OK) != 0,
+          "gen accepted the bf16 mix, which it cannot draw");
+    for (int m = 0; m < QUANT_MIX_COUNT; m++) {
+        if (m == QUANT_MIX_BF16)
+            continue; /* refused above */
+        snprintf(path, sizeof(path), "%s/tiny-%s.gguf", tmpdir, quant_mix_name(m));
         CHECK(write_file(tiny, m, seed, 2, NULL, path, &st) == 0, "write %s: %s", path, err_msg());
         uint64_t size = file_size(path);
-        printf("tiny %-6s: %llu bytes, %llu tensors, %llu fallback\n", gen_mix_name(m),
+        printf("tiny %-6s: %llu bytes, %llu tensors, %llu fallback\n", quant_mix_name(m),
                (unsigned long long)size, (unsigned long long)st.n_tensors,
                (unsigned long long)st.n_fallback);
         CHECK(size > 0 && size < 10u * 1000 * 1000, "%s: %llu bytes", path,
               (unsigned long long)size);
         /* ffn_down_exps rows are 128 long in tiny: Q6_K falls back to Q8_0 in both layers. */
-        CHECK(st.n_fallback == (m == GEN_MIX_Q4_K_M ? 2u : 0u), "%llu fallbacks",
+        CHECK(st.n_fallback == (m == QUANT_MIX_Q4_K_M ? 2u : 0u), "%llu fallbacks",
               (unsigned long long)st.n_fallback);
         check_file(path, tiny, m, tiny->n_vocab);
     }
@@ -615,11 +621,11 @@ static void test_files(uint64_t seed)
     /* Same seed, other thread counts: identical bytes; another seed: other bytes. */
     snprintf(path, sizeof(path), "%s/tiny-q4_k_m.gguf", tmpdir);
     tmp_path(path2, sizeof(path2), "tiny-again.gguf");
-    CHECK(write_file(tiny, GEN_MIX_Q4_K_M, seed, 1, NULL, path2, NULL) == 0, "%s", err_msg());
+    CHECK(write_file(tiny, QUANT_MIX_Q4_K_M, seed, 1, NULL, path2, NULL) == 0, "%s", err_msg());
     CHECK(files_equal(path, path2), "same seed, 1 vs 2 threads: files differ");
-    CHECK(write_file(tiny, GEN_MIX_Q4_K_M, seed, 5, NULL, path2, NULL) == 0, "%s", err_msg());
+    CHECK(write_file(tiny, QUANT_MIX_Q4_K_M, seed, 5, NULL, path2, NULL) == 0, "%s", err_msg());
     CHECK(files_equal(path, path2), "same seed, 2 vs 5 threads: files differ");
-    CHECK(write_file(tiny, GEN_MIX_Q4_K_M, seed + 1, 2, NULL, path2, NULL) == 0, "%s", err_msg());
+    CHECK(write_file(tiny, QUANT_MIX_Q4_K_M, seed + 1, 2, NULL, path2, NULL) == 0, "%s", err_msg());
     CHECK(!files_equal(path, path2), "seeds %llu and %llu gave the same file",
           (unsigned long long)seed, (unsigned long long)seed + 1);
 
@@ -628,25 +634,27 @@ static void test_files(uint64_t seed)
     wide.n_layer = 1;
     wide.n_ff_exp = 256;
     tmp_path(path2, sizeof(path2), "wide.gguf");
-    CHECK(write_file(&wide, GEN_MIX_Q4_K_M, seed, 2, NULL, path2, &st) == 0, "%s", err_msg());
+    CHECK(write_file(&wide, QUANT_MIX_Q4_K_M, seed, 2, NULL, path2, &st) == 0, "%s", err_msg());
     CHECK(st.n_fallback == 0, "wide: %llu fallbacks", (unsigned long long)st.n_fallback);
-    check_file(path2, &wide, GEN_MIX_Q4_K_M, wide.n_vocab);
+    check_file(path2, &wide, QUANT_MIX_Q4_K_M, wide.n_vocab);
 
     /* A real-style tokenizer.json: its tokens, padded to the preset's vocabulary. */
     char tok[128];
     write_tokenizer_json(tmp_path(tok, sizeof(tok), "tokenizer.json"), 262);
-    CHECK(write_file(&wide, GEN_MIX_Q8_0, seed, 2, tok, path2, &st) == 0, "%s", err_msg());
+    CHECK(write_file(&wide, QUANT_MIX_Q8_0, seed, 2, tok, path2, &st) == 0, "%s", err_msg());
     CHECK(st.n_vocab == wide.n_vocab, "vocab %u", st.n_vocab);
-    check_file(path2, &wide, GEN_MIX_Q8_0, wide.n_vocab);
+    check_file(path2, &wide, QUANT_MIX_Q8_0, wide.n_vocab);
     write_tokenizer_json(tok, 1500);
-    CHECK(write_file(&wide, GEN_MIX_Q8_0, seed, 2, tok, path2, &st) == 0, "%s", err_msg());
+    CHECK(write_file(&wide, QUANT_MIX_Q8_0, seed, 2, tok, path2, &st) == 0, "%s", err_msg());
     CHECK(st.n_vocab == 1501, "grown vocab %u", st.n_vocab);
-    check_file(path2, &wide, GEN_MIX_Q8_0, 1501);
+    check_file(path2, &wide, QUANT_MIX_Q8_0, 1501);
     unlink(tok);
     unlink(path2);
     unlink(tmp_path(path2, sizeof(path2), "tiny-again.gguf"));
-    for (int m = 0; m < GEN_MIX_COUNT; m++) {
-        snprintf(path, sizeof(path), "%s/tiny-%s.gguf", tmpdir, gen_mix_name(m));
+    for (int m = 0; m < QUANT_MIX_COUNT; m++) {
+        if (m == QUANT_MIX_BF16)
+            continue; /* gen does not draw bf16 (refused: checked in check_errors) */
+        snprintf(path, sizeof(path), "%s/tiny-%s.gguf", tmpdir, quant_mix_name(m));
         unlink(path);
     }
 
@@ -655,7 +663,7 @@ static void test_files(uint64_t seed)
     volatile sig_atomic_t cancel = 1;
     struct gen_config cfg = {.arch = "qwen3moe",
                              .preset = *tiny,
-                             .mix = GEN_MIX_Q8_0,
+                             .mix = QUANT_MIX_Q8_0,
                              .seed = seed,
                              .n_threads = 2,
                              .out_path = path,

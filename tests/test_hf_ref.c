@@ -143,7 +143,7 @@ static void check_reconvert(const char *dir, const char *gguf_path)
     if (!mkdtemp(tmpdir))
         return;
     snprintf(out, sizeof(out), "%s/re.gguf", tmpdir);
-    struct convert_config cfg = {.hf_dir = hf, .out_path = out, .mix = CONVERT_MIX_F32};
+    struct convert_config cfg = {.hf_dir = hf, .out_path = out, .mix = QUANT_MIX_F32};
     int rc = convert_run(&cfg, NULL);
     CHECK(rc == 0, "converting %s: %s", hf, err_msg());
     struct gguf_file *a = NULL, *b = NULL;

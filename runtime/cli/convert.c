@@ -142,7 +142,7 @@ int cmd_convert(int argc, char **argv)
     cfg.hf_dir = argv[optind];
     if (!cfg.out_path)
         return convert_usage_error("-o FILE is required");
-    if (convert_mix_parse(mix, &cfg.mix))
+    if (quant_mix_parse(mix, &cfg.mix))
         return convert_usage_error("%s", err_msg());
     cfg.progress = convert_progress;
     cfg.progress_arg = &st;
@@ -159,7 +159,7 @@ int cmd_convert(int argc, char **argv)
     fprintf(stderr,
             "strata convert: wrote %s: %s, %u tensors, %.2f %c params, %.1f MB, vocab %u, %u "
             "fallback%s, %.1f s\n",
-            cfg.out_path, convert_mix_name(cfg.mix), stats.n_tensors,
+            cfg.out_path, quant_mix_name(cfg.mix), stats.n_tensors,
             (double)stats.n_params / (billions ? 1e9 : 1e6), billions ? 'B' : 'M',
             (double)stats.data_bytes / 1e6, stats.n_vocab, stats.n_fallback,
             stats.n_fallback == 1 ? "" : "s", stats.seconds);

@@ -179,7 +179,7 @@ int cmd_gen(int argc, char **argv)
     if (!preset)
         return gen_usage_error("unknown preset '%s' (known: tiny, 30b-a3b, 235b-a22b)",
                                preset_name);
-    if (gen_mix_parse(mix_name, &cfg.mix))
+    if (quant_mix_parse(mix_name, &cfg.mix))
         return gen_usage_error("%s", err_msg());
     if (!cfg.out_path)
         return gen_usage_error("missing output file: -o FILE");
@@ -211,7 +211,7 @@ int cmd_gen(int argc, char **argv)
                 st.n_fallback);
     printf("wrote %s: %s %s, %u layers, %" PRIu64 " tensors, %.4g M params, %.4g GB of "
            "weights, vocab %u, seed %" PRIu64 ", %u threads, %.1f s (%.2f GB/s)\n",
-           cfg.out_path, cfg.preset.name, gen_mix_name(cfg.mix), cfg.preset.n_layer, st.n_tensors,
+           cfg.out_path, cfg.preset.name, quant_mix_name(cfg.mix), cfg.preset.n_layer, st.n_tensors,
            (double)st.n_params / 1e6, (double)st.data_bytes / 1e9, st.n_vocab, cfg.seed,
            st.n_threads, st.seconds,
            st.seconds > 0 ? (double)st.data_bytes / st.seconds / 1e9 : 0.0);

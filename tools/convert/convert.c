@@ -242,7 +242,7 @@ static int add_hparams(struct gguf_writer *w, const struct convert_config *cfg,
 #define STR(key, val) (rc = rc ? rc : gguf_writer_add_str(w, key, val))
     STR("general.architecture", ARCH);
     STR("general.name", name);
-    U32("general.file_type", convert_mix_file_type(cfg->mix));
+    U32("general.file_type", quant_mix_file_type(cfg->mix));
     U32("general.quantization_version", 2);
     if (hp->n_ctx)
         U32(ARCH ".context_length", hp->n_ctx);
@@ -611,7 +611,7 @@ static int plan_types(const struct convert_config *cfg, struct convert_plan *p,
     for (uint32_t i = 0; i < p->n; i++) {
         struct convert_tensor *t = &p->t[i];
         int rc;
-        t->type = convert_mix_tensor_type(cfg->mix, t->name, t->n_dims, t->ne[0], &t->fell_back);
+        t->type = quant_mix_tensor_type(cfg->mix, t->name, t->n_dims, t->ne[0], &t->fell_back);
         if ((rc = quant_row_bytes(t->type, t->ne[0], &t->row_bytes)))
             return err_wrap(rc, "tensor '%s': ", t->name);
         if (t->type != QUANT_F32 && !quant_ref_can_quantize(t->type))
@@ -668,7 +668,7 @@ int convert_run(const struct convert_config *cfg, struct convert_stats *stats)
     double t0 = now_s();
     int rc;
 
-    if (cfg->mix >= CONVERT_MIX_COUNT)
+    if (cfg->mix >= QUANT_MIX_COUNT)
         return err_set(-EINVAL, "bad quant mix %d", (int)cfg->mix);
     rc = hf_ckpt_open(cfg->hf_dir, &c);
     rc = rc ? rc : read_hparams(cfg, c, &hp);

@@ -22,28 +22,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* ---- quant mixes -------------------------------------------------------------------------- */
+#include "quant_mix.h"
 
-enum convert_mix {
-    CONVERT_MIX_F32,    /* every tensor F32 */
-    CONVERT_MIX_BF16,   /* >= 2-D weights BF16; norms and router F32 */
-    CONVERT_MIX_Q8_0,   /* >= 2-D weights Q8_0; norms and router F32 */
-    CONVERT_MIX_Q4_K_M, /* experts gate/up Q4_K, down Q6_K; attention q/k/v/output Q8_0;
-                           token_embd Q4_K; output Q6_K; norms and router F32 */
-    CONVERT_MIX_COUNT
-};
-
-/* Parses "f32", "bf16", "q8_0", "q4_k_m" (case-insensitive); -EINVAL (message lists them). */
-int convert_mix_parse(const char *name, enum convert_mix *out);
-const char *convert_mix_name(enum convert_mix mix);
-/* general.file_type (llama_ftype) of the mix: 0, 32, 7 or 15. */
-uint32_t convert_mix_file_type(enum convert_mix mix);
-
-/* The ggml type the mix gives GGUF tensor NAME with n_dims dims and row length ne0. When ne0 is
- * not a multiple of the chosen type's block, falls back to Q8_0 (if ne0 % 32 == 0) or F32 and
- * sets *fell_back (may be NULL). */
-uint32_t convert_mix_tensor_type(enum convert_mix mix, const char *name, uint32_t n_dims,
-                                 uint64_t ne0, bool *fell_back);
+/* Quant mixes: runtime/quant_mix.h. */
 
 /* ---- running a conversion ----------------------------------------------------------------- */
 
@@ -71,7 +52,7 @@ typedef void (*convert_progress_fn)(void *arg, const struct convert_event *ev);
 struct convert_config {
     const char *hf_dir;   /* the checkpoint directory */
     const char *out_path; /* written via a temp file and renamed on success */
-    enum convert_mix mix;
+    enum quant_mix mix;
     uint32_t n_threads;           /* OpenMP threads; 0 = OpenMP's default */
     const char *name;             /* general.name; NULL = the directory's base name */
     convert_progress_fn progress; /* may be NULL */

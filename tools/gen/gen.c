@@ -95,7 +95,7 @@ static void plan_add(struct gen_run *run, const struct gen_config *cfg, uint64_t
         t->ne[d] = ne[d];
         t->n_elem *= ne[d];
     }
-    t->type = gen_mix_tensor_type(cfg->mix, name, n_dims, ne[0], &fell_back);
+    t->type = quant_mix_tensor_type(cfg->mix, name, n_dims, ne[0], &fell_back);
     *n_fallback += fell_back;
     t->mean = mean;
     t->std = std;
@@ -155,6 +155,9 @@ static int check_preset(const struct gen_config *cfg)
                        cfg->arch ? cfg->arch : "(none)");
     if (!cfg->out_path)
         return err_set(-EINVAL, "gen: no output path");
+    if (cfg->mix != QUANT_MIX_F32 && cfg->mix != QUANT_MIX_Q8_0 && cfg->mix != QUANT_MIX_Q4_K_M)
+        return err_set(-EINVAL, "gen: mix '%s' cannot be drawn (gen writes f32, q8_0, q4_k_m)",
+                       quant_mix_name(cfg->mix));
     if (!p->n_layer || !p->n_embd || !p->n_ff_exp || !p->n_expert || !p->n_head || !p->n_head_kv ||
         !p->head_dim || !p->n_vocab)
         return err_set(-EINVAL, "gen: preset '%s' has a zero dimension",
@@ -183,14 +186,14 @@ static int write_metadata(struct gguf_writer *w, const struct gen_config *cfg,
     if (base && base->n_layer != p->n_layer)
         snprintf(layers, sizeof(layers), ", %u layers", p->n_layer);
     snprintf(name, sizeof(name), "%s (synthetic, strata gen %s seed %" PRIu64 "%s)",
-             p->model_name ? p->model_name : "qwen3moe", gen_mix_name(cfg->mix), cfg->seed, layers);
+             p->model_name ? p->model_name : "qwen3moe", quant_mix_name(cfg->mix), cfg->seed, layers);
 
 #define U32(key, val) (rc = rc ? rc : gguf_writer_add_u32(w, key, val))
 #define F32(key, val) (rc = rc ? rc : gguf_writer_add_f32(w, key, val))
 #define STR(key, val) (rc = rc ? rc : gguf_writer_add_str(w, key, val))
     STR("general.architecture", "qwen3moe");
     STR("general.name", name);
-    U32("general.file_type", gen_mix_file_type(cfg->mix));
+    U32("general.file_type", quant_mix_file_type(cfg->mix));
     U32("general.quantization_version", 2);
     U32("qwen3moe.block_count", p->n_layer);
     U32("qwen3moe.context_length", p->n_ctx);

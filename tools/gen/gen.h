@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "quant_mix.h"
 #include "rng.h"
 
 /* ---- presets ------------------------------------------------------------------------------ */
@@ -51,27 +52,7 @@ const struct gen_preset *gen_presets(uint32_t *n);
 /* The preset called name, or NULL. */
 const struct gen_preset *gen_preset_find(const char *name);
 
-/* ---- quant mixes -------------------------------------------------------------------------- */
-
-enum gen_mix {
-    GEN_MIX_F32,    /* everything F32 */
-    GEN_MIX_Q8_0,   /* 2-D/3-D weights Q8_0; norms and router F32 */
-    GEN_MIX_Q4_K_M, /* experts gate/up Q4_K, down Q6_K; attention Q8_0; token_embd Q4_K;
-                       output Q6_K; norms and router F32 */
-    GEN_MIX_COUNT
-};
-
-/* Parses "f32", "q8_0", "q4_k_m" (case-insensitive); -EINVAL (message lists them) if unknown. */
-int gen_mix_parse(const char *name, enum gen_mix *out);
-const char *gen_mix_name(enum gen_mix mix);
-/* general.file_type (llama_ftype) of the mix: 0, 7 or 15. */
-uint32_t gen_mix_file_type(enum gen_mix mix);
-
-/* The ggml type the mix gives tensor `name` ("blk.3.ffn_up_exps.weight", ...) with n_dims dims
- * and row length ne0. When ne0 is not a multiple of the chosen type's block, falls back to
- * Q8_0 (if ne0 % 32 == 0) or F32, and sets *fell_back (may be NULL). */
-uint32_t gen_mix_tensor_type(enum gen_mix mix, const char *name, uint32_t n_dims, uint64_t ne0,
-                             bool *fell_back);
+/* Quant mixes: runtime/quant_mix.h (gen draws f32, q8_0 and q4_k_m; bf16 is refused). */
 
 /* ---- drawing ------------------------------------------------------------------------------ */
 
@@ -136,7 +117,7 @@ typedef void (*gen_progress_fn)(void *arg, uint64_t done_bytes, uint64_t total_b
 struct gen_config {
     const char *arch;         /* "qwen3moe" (the only one so far) */
     struct gen_preset preset; /* a copy, with overrides (n_layer) already applied */
-    enum gen_mix mix;
+    enum quant_mix mix;
     uint64_t seed;
     uint32_t n_threads;       /* worker threads; 0 = online CPUs */
     const char *vocab_path;   /* tokenizer.json, or NULL for the synthetic vocabulary */
