@@ -1,8 +1,10 @@
 #include "model.h"
 
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "arch/arch.h"
 #include "errors.h"
@@ -131,10 +133,66 @@ out_free:
     return rc;
 }
 
+void model_weights_each(struct model *m, void (*fn)(struct weight *w, void *arg), void *arg)
+{
+    fn(&m->tok_embd, arg);
+    fn(&m->output_norm, arg);
+    if (m->output.data != m->tok_embd.data)
+        fn(&m->output, arg);
+    else
+        m->output = m->tok_embd; /* keep the tie: output follows tok_embd */
+    for (uint32_t l = 0; m->layers && l < m->hp.n_layer; l++) {
+        struct layer_weights *lw = &m->layers[l];
+        struct weight *all[] = {&lw->attn_norm, &lw->wq,       &lw->wk,        &lw->wv,
+                                &lw->wo,        &lw->q_norm,   &lw->k_norm,    &lw->ffn_norm,
+                                &lw->router,    &lw->gate_exps, &lw->up_exps, &lw->down_exps};
+        for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+            fn(all[i], arg);
+    }
+}
+
+struct model_rebase {
+    const uint8_t *from; /* start of the file's data section */
+    uint8_t *to;         /* start of the copy */
+};
+
+static void model_rebase_one(struct weight *w, void *arg)
+{
+    const struct model_rebase *r = arg;
+    w->data = r->to + ((const uint8_t *)w->data - r->from);
+}
+
+int model_load_copy(struct model *m, int n_threads)
+{
+    const uint8_t *src = m->file->base + m->file->data_offset;
+    uint64_t bytes = m->file->size - m->file->data_offset;
+    size_t align = (size_t)2 << 20, rounded = (bytes + align - 1) / align * align;
+    uint8_t *dst;
+
+    if (m->copy)
+        return 0;
+    dst = aligned_alloc(align, rounded ? rounded : align);
+    if (!dst)
+        return err_set(-ENOMEM, "cannot allocate %.2f GB to copy the weights",
+                       (double)bytes / 1e9);
+    madvise(dst, rounded, MADV_HUGEPAGE);
+    if (n_threads <= 0)
+        n_threads = omp_get_max_threads();
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (uint64_t off = 0; off < bytes; off += align)
+        memcpy(dst + off, src + off, bytes - off < align ? bytes - off : align);
+    struct model_rebase r = {.from = src, .to = dst};
+    model_weights_each(m, model_rebase_one, &r);
+    m->copy = dst;
+    m->copy_bytes = bytes;
+    return 0;
+}
+
 void model_close(struct model *m)
 {
     if (!m)
         return;
+    free(m->copy);
     tokenizer_close(m->tok);
     free(m->layers);
     gguf_close(m->file);

@@ -60,6 +60,8 @@ struct model {
     struct weight output;          /* (n_embd, n_vocab); tok_embd's view when tied */
     struct layer_weights *layers;  /* (n_layer) owned */
     struct tokenizer *tok;         /* owned; NULL when the file has no vocabulary */
+    void *copy;                    /* model_load_copy's buffer (weights point into it), or NULL */
+    uint64_t copy_bytes;
 };
 
 /* Opens PATH, validates it for its architecture and loads the tokenizer. 0 or -errno; the
@@ -75,6 +77,15 @@ int model_weight_get(const struct model *m, const char *name, uint32_t n_dims,
 /* Like model_weight_get but returns -ENOENT without a message when the tensor is absent. */
 int model_weight_find(const struct model *m, const char *name, uint32_t n_dims,
                       const uint64_t *ne, struct weight *w);
+
+/* Copies the file's data section into anonymous memory on 2 MiB pages (transparent huge
+ * pages requested; fewer TLB misses than the page cache's 4 KiB pages when many threads read
+ * scattered experts), filled by n_threads threads, and points every weight into the copy.
+ * Costs the model's size in RAM. 0 or -ENOMEM. */
+int model_load_copy(struct model *m, int n_threads);
+
+/* Calls fn on every weight of the model once (a tied output is visited once). */
+void model_weights_each(struct model *m, void (*fn)(struct weight *w, void *arg), void *arg);
 
 /* Bytes of one expert (gate + up + down slices) of layer l. */
 uint64_t model_expert_bytes(const struct model *m, uint32_t layer);

@@ -88,6 +88,35 @@ static int greedy(const char *path, int threads, const int32_t *prompt, int32_t 
     return rc;
 }
 
+/* model_load_copy moves every weight into anonymous memory: same logits, bit for bit. */
+static void check_load_copy(const char *path, const int32_t *prompt)
+{
+    struct engine a, b;
+    if (engine_open(&a, path, 2) || model_open(path, &b.m)) {
+        CHECK(0, "cannot open %s", path);
+        return;
+    }
+    struct backend_cpu_config bc = {.n_threads = 2};
+    CHECK(model_load_copy(b.m, 2) == 0, "model_load_copy: %s", err_msg());
+    CHECK(b.m->copy != NULL && (const uint8_t *)b.m->layers[0].down_exps.data >=
+                                   (const uint8_t *)b.m->copy,
+          "weights not moved into the copy");
+    if (backend_cpu_open(b.m, &bc, &b.b) || stream_open(b.b, 256, 64, &b.s)) {
+        CHECK(0, "engine on the copy: %s", err_msg());
+        return;
+    }
+    int nv = (int)a.m->hp.n_vocab;
+    float *la = malloc(sizeof(float) * nv), *lb = malloc(sizeof(float) * nv);
+    CHECK(stream_eval(a.s, prompt, N_PROMPT, la) == 0, "eval: %s", err_msg());
+    CHECK(stream_eval(b.s, prompt, N_PROMPT, lb) == 0, "eval on copy: %s", err_msg());
+    CHECK(memcmp(la, lb, sizeof(float) * nv) == 0, "%s: logits differ after model_load_copy",
+          path);
+    free(la);
+    free(lb);
+    engine_close(&a);
+    engine_close(&b);
+}
+
 static void check_prefill_vs_decode(const char *path, const int32_t *prompt)
 {
     struct engine a, b;
@@ -310,6 +339,7 @@ int main(void)
         prompt[i] = (int32_t)rng_below(&r, 1000);
     check_prefill_vs_decode(f32, prompt);
     check_prefill_vs_decode(q4, prompt);
+    check_load_copy(q4, prompt);
     check_determinism(f32, prompt);
     check_determinism(q4, prompt);
     check_malformed(q4);

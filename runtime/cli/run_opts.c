@@ -48,7 +48,9 @@ static void run_opts_usage(const char *cmd)
            "  -t, --threads N         CPU threads (default: all cores)\n"
            "  -c, --ctx-size N        context length in tokens (default %d)\n"
            "  -b, --batch-size N      prompt tokens per forward pass (default %d)\n"
-           "      --device cpu        backend (default %s; cuda comes with the GPU backend)\n",
+           "      --device cpu        backend (default %s; cuda comes with the GPU backend)\n"
+           "      --no-mmap           copy the weights into anonymous memory on huge pages\n"
+           "                          (more RAM, faster CPU decode than the page cache)\n",
            STRATA_DEFAULT_MODEL, d.n_ctx, d.n_batch, d.device);
     printf("prompt:\n"
            "  -p, --prompt TEXT       prompt text\n"
@@ -129,6 +131,8 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->think = true, used = 0;
         } else if (IS("--ignore-eos", NULL)) {
             o->gen.ignore_eos = true, used = 0;
+        } else if (IS("--no-mmap", NULL)) {
+            o->no_mmap = true, used = 0;
         } else if (IS("-v", "--verbose")) {
             o->verbose = true, used = 0;
         } else if (!v) {
@@ -203,6 +207,10 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
     }
     if (model_open(path, &s->model))
         return cli_fail("loading the model");
+    if (o->no_mmap && model_load_copy(s->model, o->n_threads)) {
+        run_session_close(s);
+        return cli_fail("copying the weights");
+    }
     if (!s->model->tok) {
         fprintf(stderr, "strata: %s has no tokenizer (tokenizer.ggml.* keys)\n", path);
         run_session_close(s);

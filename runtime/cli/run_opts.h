@@ -20,6 +20,7 @@ struct run_opts {
     bool chat_template;    /* --chat: wrap -p in the ChatML template */
     bool think;            /* --think / --no-think */
     bool verbose;
+    bool no_mmap;          /* --no-mmap: weights copied to anonymous huge pages */
     const char *device;    /* --device cpu */
     struct generate_config gen;
 };
