@@ -79,6 +79,19 @@ struct backend_cpu_config {
 int backend_cpu_open(const struct model *m, const struct backend_cpu_config *cfg,
                      struct backend **out);
 
+struct backend_cuda_config {
+    int device; /* CUDA device index */
+};
+
+/* Creates the CUDA backend: uploads every weight of m to the device (recording the device
+ * copies in the weights' dev fields until close). 0, -ENODEV (no device, or a build without
+ * CUDA), -ENOMEM (the weights do not fit: the message says how far it got), -ENOTSUP. */
+int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
+                      struct backend **out);
+
+/* Device memory the CUDA backend holds: weights, scratch and everything alloc handed out. */
+size_t backend_cuda_vram_bytes(const struct backend *b);
+
 static inline void backend_close(struct backend *b)
 {
     if (b)

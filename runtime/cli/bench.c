@@ -25,6 +25,7 @@ struct bench_opts {
     double bw_gib; /* size of the bandwidth probe */
     int profile;   /* --profile: time per op */
     int no_mmap;   /* --no-mmap: weights copied to anonymous huge pages */
+    int cuda;      /* --device cuda */
 };
 
 static void bench_usage(void)
@@ -39,7 +40,9 @@ static void bench_usage(void)
            "  -t, --threads N       CPU threads (default: all)\n"
            "      --bw-gib G        size of the bandwidth probe in GiB (default 2)\n"
            "      --profile         also print the time spent in each op (pp and tg)\n"
-           "      --no-mmap         copy the weights into anonymous memory on huge pages\n");
+           "      --no-mmap         copy the weights into anonymous memory on huge pages\n"
+           "      --device cpu|cuda backend (default cpu; cuda: every weight on the GPU, no floor\n"
+           "                        printed yet)\n");
 }
 
 static int bench_parse(int argc, char **argv, struct bench_opts *o)
@@ -65,6 +68,8 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         }
         if (!strcmp(a, "-m") || !strcmp(a, "--model"))
             o->model = v;
+        else if (!strcmp(a, "--device") && (!strcmp(v, "cpu") || !strcmp(v, "cuda")))
+            o->cuda = !strcmp(v, "cuda");
         else if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt"))
             o->n_prompt = atoi(v);
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen"))
@@ -122,7 +127,14 @@ int cmd_bench(int argc, char **argv)
         goto out;
     }
     t_copy = generate_now() - t_copy;
-    if (backend_cpu_open(m, &bc, &b) || (o.profile && backend_profile_open(b, &b)) ||
+    struct backend_cuda_config cc = {.device = 0};
+    int brc = o.cuda ? backend_cuda_open(m, &cc, &b) : backend_cpu_open(m, &bc, &b);
+    struct backend *core = b; /* b may become the profiling wrapper around it */
+    if (o.cuda && o.profile) {
+        fprintf(stderr, "strata bench: --profile times ops as they run, so only with --device cpu\n");
+        o.profile = 0;
+    }
+    if (brc || (o.profile && backend_profile_open(b, &b)) ||
         stream_open(b, o.n_prompt + o.n_gen + 1, o.n_prompt, &s)) {
         rc = cli_fail("starting the engine");
         goto out;
@@ -184,7 +196,10 @@ int cmd_bench(int argc, char **argv)
     double tg = o.n_gen / t_tg;
     printf("model        %s (%s, %u layers, %u experts top-%u)\n", o.model, m->arch->name,
            hp->n_layer, hp->n_expert, hp->n_expert_used);
-    printf("backend      cpu, %d threads\n", threads);
+    if (o.cuda)
+        printf("backend      cuda, %.2f GiB of VRAM\n", backend_cuda_vram_bytes(core) / 1073741824.0);
+    else
+        printf("backend      cpu, %d threads\n", threads);
     printf("host read    %.1f GB/s with %d threads, %.1f GB/s with %d (%.1f GiB probe, median "
            "of 5); the floor uses the higher\n",
            bw_all / 1e9, procs, bw_run / 1e9, threads, o.bw_gib);

@@ -48,7 +48,7 @@ static void run_opts_usage(const char *cmd)
            "  -t, --threads N         CPU threads (default: all cores)\n"
            "  -c, --ctx-size N        context length in tokens (default %d)\n"
            "  -b, --batch-size N      prompt tokens per forward pass (default %d)\n"
-           "      --device cpu        backend (default %s; cuda comes with the GPU backend)\n"
+           "      --device cpu|cuda   backend (default %s; cuda keeps every weight on the GPU)\n"
            "      --no-mmap           copy the weights into anonymous memory on huge pages\n"
            "                          (more RAM, faster CPU decode than the page cache)\n",
            STRATA_DEFAULT_MODEL, d.n_ctx, d.n_batch, d.device);
@@ -185,9 +185,8 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             return rc;
         i += used;
     }
-    if (strcmp(o->device, "cpu")) {
-        fprintf(stderr, "strata %s: --device %s is not available in this build (cpu only)\n",
-                cmd, o->device);
+    if (strcmp(o->device, "cpu") && strcmp(o->device, "cuda")) {
+        fprintf(stderr, "strata %s: --device must be cpu or cuda, not '%s'\n", cmd, o->device);
         return 2;
     }
     return 0;
@@ -216,8 +215,10 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
         run_session_close(s);
         return 1;
     }
-    if (backend_cpu_open(s->model, &bc, &s->backend) ||
-        stream_open(s->backend, o->n_ctx, o->n_batch, &s->stream)) {
+    struct backend_cuda_config cc = {.device = 0};
+    int brc = strcmp(o->device, "cuda") ? backend_cpu_open(s->model, &bc, &s->backend)
+                                        : backend_cuda_open(s->model, &cc, &s->backend);
+    if (brc || stream_open(s->backend, o->n_ctx, o->n_batch, &s->stream)) {
         run_session_close(s);
         return cli_fail("starting the engine");
     }
@@ -230,6 +231,9 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
                 hp->head_dim, hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_vocab,
                 s->backend->ops->name, omp_get_max_threads(), generate_now() - t0);
     }
+    if (!strcmp(o->device, "cuda"))
+        fprintf(stderr, "strata: cuda: %.2f GiB of VRAM in use (weights, KV cache, scratch)\n",
+                backend_cuda_vram_bytes(s->backend) / 1073741824.0);
     return 0;
 }
 

@@ -1,0 +1,353 @@
+/* backend_cuda: the op table enqueued on one CUDA stream with the kernels of cuda_kernels/.
+ * Every weight is uploaded to the device at open (the all-resident mode: the ceiling every
+ * offload mode is measured against). Plain C over the C launchers: no CUDA headers here.
+ *
+ * Ownership: the backend owns the device copies of the weights (recorded in each weight's dev
+ * field of the model, cleared again at close), the scratch buffers below, and the stream.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cuda_info.h"
+#include "cuda_matmul.h"
+#include "cuda_mem.h"
+#include "cuda_moe.h"
+#include "cuda_ops.h"
+#include "errors.h"
+
+#define CUDA_BACKEND_MAX_TOK 512 /* tokens per launch of the batched ops; larger calls split */
+
+struct backend_cuda {
+    struct backend base;
+    struct model *model;      /* the model whose weights carry our dev pointers */
+    void *stream;             /* cudaStream_t */
+    int32_t *ids_dev;         /* (MAX_TOK) token ids for embed */
+    void *mm_scratch;         /* cuda_matmul scratch for any weight at MAX_TOK rows */
+    size_t mm_scratch_bytes;
+    void *attn_scratch;
+    size_t attn_scratch_bytes;
+    float *router_logits;     /* (MAX_TOK, n_expert) */
+    int32_t *route_ids;       /* (MAX_TOK, k) */
+    float *route_w;           /* (MAX_TOK, k) */
+    void *moe_scratch;
+    size_t moe_scratch_bytes;
+    size_t weight_bytes;      /* uploaded weights */
+    size_t alloc_bytes;       /* everything else cuda_alloc handed out */
+    int rc;                   /* first error of the weight upload */
+};
+
+static struct backend_cuda *cuda_of(struct backend *b)
+{
+    return (struct backend_cuda *)b;
+}
+
+static int cuda_fail(int rc, const char *what)
+{
+    return err_set(rc ? rc : -EIO, "cuda backend: %s failed", what);
+}
+
+static float *cuda_alloc(struct backend *b, size_t n)
+{
+    void *p = NULL;
+    if (cuda_malloc(&p, (n ? n : 1) * sizeof(float))) {
+        err_set(-ENOMEM, "cuda backend: cannot allocate %.1f MiB of device memory",
+                n * sizeof(float) / 1048576.0);
+        return NULL;
+    }
+    cuda_memset(p, 0, n * sizeof(float), cuda_of(b)->stream);
+    cuda_of(b)->alloc_bytes += n * sizeof(float);
+    return p;
+}
+
+static void cuda_free_op(struct backend *b, float *p)
+{
+    (void)b;
+    cuda_free(p);
+}
+
+static int cuda_embed_op(struct backend *b, float *out, const struct weight *w,
+                         const int32_t *ids, int n)
+{
+    struct backend_cuda *c = cuda_of(b);
+    for (int i0 = 0; i0 < n; i0 += CUDA_BACKEND_MAX_TOK) {
+        int m = n - i0 < CUDA_BACKEND_MAX_TOK ? n - i0 : CUDA_BACKEND_MAX_TOK;
+        for (int i = 0; i < m; i++) {
+            if (ids[i0 + i] < 0 || (uint64_t)ids[i0 + i] >= w->ne[1])
+                return err_set(-EINVAL, "token id %d is outside the vocabulary (%llu)",
+                               ids[i0 + i], (unsigned long long)w->ne[1]);
+        }
+        int rc = cuda_h2d(c->ids_dev, ids + i0, sizeof(int32_t) * (size_t)m, c->stream);
+        struct cuda_embed_args a = {
+            .out = out + (size_t)i0 * w->ne[0], .table = w->dev, .type = w->type,
+            .row_bytes = w->row_bytes, .n_embd = (int64_t)w->ne[0],
+            .n_vocab = (int64_t)w->ne[1], .ids = c->ids_dev, .n = m, .stream = c->stream,
+        };
+        rc = rc ? rc : cuda_embed(&a);
+        if (rc)
+            return cuda_fail(rc, "embed");
+        /* ids_dev is reused by the next chunk: the copy above must not overtake this launch */
+        if (i0 + m < n && (rc = cuda_stream_sync(c->stream)))
+            return cuda_fail(rc, "embed");
+    }
+    return 0;
+}
+
+static int cuda_rmsnorm_op(struct backend *b, float *out, const float *in, const struct weight *w,
+                           int rows, int dim, float eps)
+{
+    struct cuda_rmsnorm_args a = {
+        .out = out, .in = in, .w = w->dev, .rows = rows, .dim = dim, .eps = eps,
+        .stream = cuda_of(b)->stream,
+    };
+    int rc = cuda_rmsnorm(&a);
+    return rc ? cuda_fail(rc, "rmsnorm") : 0;
+}
+
+static int cuda_matmul_op(struct backend *b, float *out, const struct weight *w, const float *in,
+                          int m)
+{
+    struct backend_cuda *c = cuda_of(b);
+    for (int r = 0; r < m; r += CUDA_BACKEND_MAX_TOK) {
+        int n = m - r < CUDA_BACKEND_MAX_TOK ? m - r : CUDA_BACKEND_MAX_TOK;
+        struct cuda_matmul_args a = {
+            .wtype = w->type, .w = w->dev, .w_stride = w->row_bytes,
+            .n_in = (int64_t)w->ne[0], .n_out = (int64_t)w->ne[1], .m = n,
+            .x = in + (size_t)r * w->ne[0], .x_stride = (int64_t)w->ne[0],
+            .y = out + (size_t)r * w->ne[1], .y_stride = (int64_t)w->ne[1],
+            .scratch = c->mm_scratch, .scratch_bytes = c->mm_scratch_bytes,
+            .stream = c->stream,
+        };
+        int rc = cuda_matmul(&a);
+        if (rc)
+            return err_set(rc, "cuda matmul over '%s' (%llu x %llu, m %d) failed", w->name,
+                           (unsigned long long)w->ne[1], (unsigned long long)w->ne[0], n);
+    }
+    return 0;
+}
+
+static int cuda_rope_op(struct backend *b, float *x, int n_tok, int n_heads, int head_dim,
+                        int pos0, float base)
+{
+    struct cuda_rope_args a = {
+        .x = x, .n_tok = n_tok, .n_heads = n_heads, .head_dim = head_dim, .pos0 = pos0,
+        .base = base, .stream = cuda_of(b)->stream,
+    };
+    int rc = cuda_rope_neox(&a);
+    return rc ? cuda_fail(rc, "rope") : 0;
+}
+
+static int cuda_kv_store_op(struct backend *b, float *cache, const float *src, int pos0,
+                            int n_tok, int width)
+{
+    struct cuda_kv_store_args a = {
+        .cache = cache, .src = src, .n_tok = n_tok, .width = width, .n_ctx = pos0 + n_tok,
+        .pos0 = pos0, .stream = cuda_of(b)->stream,
+    };
+    int rc = cuda_kv_store(&a);
+    return rc ? cuda_fail(rc, "kv_store") : 0;
+}
+
+static int cuda_attention_op(struct backend *b, const struct attn_args *at)
+{
+    struct backend_cuda *c = cuda_of(b);
+    struct cuda_attn_args a = {
+        .out = at->out, .q = at->q, .k_cache = at->k_cache, .v_cache = at->v_cache,
+        .pos0 = at->pos0, .n_tok = at->n_tok, .n_ctx = at->pos0 + at->n_tok,
+        .n_head = at->n_head, .n_head_kv = at->n_head_kv, .head_dim = at->head_dim,
+        .scale = at->scale, .scratch = c->attn_scratch, .scratch_bytes = c->attn_scratch_bytes,
+        .stream = c->stream,
+    };
+    int rc = cuda_attention(&a);
+    return rc ? cuda_fail(rc, "attention") : 0;
+}
+
+static int cuda_add_op(struct backend *b, float *x, const float *y, size_t n)
+{
+    int rc = cuda_add(x, y, n, cuda_of(b)->stream);
+    return rc ? cuda_fail(rc, "add") : 0;
+}
+
+static int cuda_moe_ffn_op(struct backend *b, const struct moe_args *ma)
+{
+    struct backend_cuda *c = cuda_of(b);
+    const struct layer_weights *lw = ma->lw;
+    const struct model_hparams *hp = ma->hp;
+    uint64_t n = hp->n_expert;
+    int rc = 0;
+
+    for (int t0 = 0; t0 < ma->n_tok && !rc; t0 += CUDA_BACKEND_MAX_TOK) {
+        int nt = ma->n_tok - t0 < CUDA_BACKEND_MAX_TOK ? ma->n_tok - t0 : CUDA_BACKEND_MAX_TOK;
+        const float *in = ma->in + (size_t)t0 * hp->n_embd;
+        rc = cuda_matmul_op(b, c->router_logits, &lw->router, in, nt);
+        if (rc)
+            break;
+        struct cuda_topk_args tk = {
+            .logits = c->router_logits, .n_tok = nt, .n_expert = (int)n,
+            .k = (int)hp->n_expert_used, .ids = c->route_ids, .w = c->route_w,
+            .stream = c->stream,
+        };
+        rc = cuda_softmax_topk(&tk);
+        struct cuda_moe_args a = {
+            .out = ma->out + (size_t)t0 * hp->n_embd, .out_stride = hp->n_embd, .in = in,
+            .in_stride = hp->n_embd, .n_tok = nt, .k = (int)hp->n_expert_used,
+            .n_expert = (int)n, .n_embd = hp->n_embd, .n_ff = hp->n_ff_exp,
+            .ids = c->route_ids, .weights = c->route_w, .gate_type = lw->gate_exps.type,
+            .up_type = lw->up_exps.type, .down_type = lw->down_exps.type,
+            .gate = lw->gate_exps.dev, .up = lw->up_exps.dev, .down = lw->down_exps.dev,
+            .gate_stride = lw->gate_exps.bytes / n, .up_stride = lw->up_exps.bytes / n,
+            .down_stride = lw->down_exps.bytes / n, .scratch = c->moe_scratch,
+            .scratch_bytes = c->moe_scratch_bytes, .stream = c->stream,
+        };
+        rc = rc ? rc : cuda_moe_ffn(&a);
+        if (rc)
+            rc = err_set(rc, "layer %d: cuda experts failed (types %u/%u/%u)", ma->layer,
+                         lw->gate_exps.type, lw->up_exps.type, lw->down_exps.type);
+    }
+    return rc;
+}
+
+static int cuda_read_op(struct backend *b, float *host, const float *src, size_t n)
+{
+    struct backend_cuda *c = cuda_of(b);
+    int rc = cuda_d2h(host, src, n * sizeof(float), c->stream);
+    rc = rc ? rc : cuda_stream_sync(c->stream);
+    return rc ? cuda_fail(rc, "reading results back") : 0;
+}
+
+static void cuda_weight_release(struct weight *w, void *arg)
+{
+    (void)arg;
+    cuda_free(w->dev);
+    w->dev = NULL;
+}
+
+static void cuda_close_op(struct backend *b)
+{
+    struct backend_cuda *c = cuda_of(b);
+    if (c->stream)
+        cuda_stream_sync(c->stream);
+    model_weights_each(c->model, cuda_weight_release, NULL);
+    cuda_free(c->ids_dev);
+    cuda_free(c->mm_scratch);
+    cuda_free(c->attn_scratch);
+    cuda_free(c->router_logits);
+    cuda_free(c->route_ids);
+    cuda_free(c->route_w);
+    cuda_free(c->moe_scratch);
+    cuda_stream_destroy(c->stream);
+    free(c);
+}
+
+static const struct backend_ops cuda_ops_table = {
+    .name = "cuda",
+    .alloc = cuda_alloc,
+    .free = cuda_free_op,
+    .embed = cuda_embed_op,
+    .rmsnorm = cuda_rmsnorm_op,
+    .matmul = cuda_matmul_op,
+    .rope = cuda_rope_op,
+    .kv_store = cuda_kv_store_op,
+    .attention = cuda_attention_op,
+    .add = cuda_add_op,
+    .moe_ffn = cuda_moe_ffn_op,
+    .read = cuda_read_op,
+    .close = cuda_close_op,
+};
+
+/* Uploads one weight and grows the matmul scratch to what it needs at MAX_TOK rows. */
+static void cuda_weight_upload(struct weight *w, void *arg)
+{
+    struct backend_cuda *c = arg;
+    if (c->rc)
+        return;
+    if (cuda_malloc(&w->dev, w->bytes)) {
+        c->rc = err_set(-ENOMEM, "cuda backend: no device memory for '%s' (%.1f MiB; %.2f GiB "
+                                 "of weights uploaded so far)",
+                        w->name, w->bytes / 1048576.0, c->weight_bytes / 1073741824.0);
+        return;
+    }
+    if (cuda_h2d(w->dev, w->data, w->bytes, c->stream)) {
+        c->rc = err_set(-EIO, "cuda backend: uploading '%s' failed", w->name);
+        return;
+    }
+    c->weight_bytes += w->bytes;
+    if (w->n_dims >= 2 && !cuda_matmul_supported(w->type) && w != &c->model->tok_embd)
+        c->rc = err_set(-ENOTSUP, "cuda backend: no GPU kernel for '%s' of type %u", w->name,
+                        w->type);
+    size_t s = cuda_matmul_scratch_bytes(w->type, (int64_t)w->ne[0], (int64_t)w->ne[1],
+                                         CUDA_BACKEND_MAX_TOK);
+    if (w->n_dims == 2 && s > c->mm_scratch_bytes)
+        c->mm_scratch_bytes = s;
+}
+
+static int cuda_buffers(struct backend_cuda *c)
+{
+    const struct model_hparams *hp = &c->model->hp;
+    const struct layer_weights *lw = &c->model->layers[0];
+    size_t t = CUDA_BACKEND_MAX_TOK, k = hp->n_expert_used;
+    struct cuda_moe_args probe = {
+        .n_tok = (int)t, .k = (int)k, .n_expert = (int)hp->n_expert, .n_embd = hp->n_embd,
+        .n_ff = hp->n_ff_exp, .gate_type = lw->gate_exps.type, .up_type = lw->up_exps.type,
+        .down_type = lw->down_exps.type,
+    };
+    int rc = 0;
+
+    c->attn_scratch_bytes = cuda_attention_scratch_bytes((int)hp->n_head, (int)hp->head_dim);
+    c->moe_scratch_bytes = cuda_moe_scratch_bytes(&probe);
+    rc = rc ? rc : cuda_malloc((void **)&c->ids_dev, sizeof(int32_t) * t);
+    rc = rc ? rc : cuda_malloc(&c->mm_scratch, c->mm_scratch_bytes);
+    rc = rc ? rc : cuda_malloc(&c->attn_scratch, c->attn_scratch_bytes);
+    rc = rc ? rc : cuda_malloc((void **)&c->router_logits, sizeof(float) * t * hp->n_expert);
+    rc = rc ? rc : cuda_malloc((void **)&c->route_ids, sizeof(int32_t) * t * k);
+    rc = rc ? rc : cuda_malloc((void **)&c->route_w, sizeof(float) * t * k);
+    rc = rc ? rc : cuda_malloc(&c->moe_scratch, c->moe_scratch_bytes);
+    if (rc)
+        return err_set(rc, "cuda backend: cannot allocate the scratch buffers");
+    c->alloc_bytes += c->mm_scratch_bytes + c->attn_scratch_bytes + c->moe_scratch_bytes +
+                      t * (sizeof(int32_t) + sizeof(float) * hp->n_expert) +
+                      t * k * (sizeof(int32_t) + sizeof(float));
+    return 0;
+}
+
+int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
+                      struct backend **out)
+{
+    const char *why = NULL;
+    struct backend_cuda *c;
+    int rc;
+
+    if (cuda_device_count(&why) <= (cfg ? cfg->device : 0))
+        return err_set(-ENODEV, "no CUDA device %d: %s", cfg ? cfg->device : 0,
+                       why ? why : "fewer devices");
+    c = calloc(1, sizeof(*c));
+    if (!c)
+        return err_set(-ENOMEM, "out of memory");
+    c->base.ops = &cuda_ops_table;
+    c->base.model = m;
+    c->base.impl = c;
+    c->model = m;
+    rc = cuda_set_device(cfg ? cfg->device : 0);
+    rc = rc ? rc : cuda_stream_create(&c->stream);
+    rc = rc ? rc : cuda_matmul_init();
+    if (rc) {
+        cuda_close_op(&c->base);
+        return err_set(rc, "cuda backend: cannot start on device %d", cfg ? cfg->device : 0);
+    }
+    model_weights_each(m, cuda_weight_upload, c);
+    rc = c->rc ? c->rc : cuda_buffers(c);
+    rc = rc ? rc : cuda_stream_sync(c->stream);
+    if (rc) {
+        cuda_close_op(&c->base);
+        return rc;
+    }
+    *out = &c->base;
+    return 0;
+}
+
+size_t backend_cuda_vram_bytes(const struct backend *b)
+{
+    const struct backend_cuda *c = (const struct backend_cuda *)b;
+    return c->weight_bytes + c->alloc_bytes;
+}
