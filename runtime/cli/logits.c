@@ -28,6 +28,7 @@ struct logits_opts {
     int n_greedy;       /* --greedy */
     int n_threads;      /* -t, 0 = OpenMP's default */
     bool one_by_one;    /* --decode-one-by-one */
+    bool cuda;          /* --device cuda */
 };
 
 static void logits_usage(FILE *out)
@@ -46,6 +47,7 @@ static void logits_usage(FILE *out)
             "      --greedy N         greedy tokens to generate after the prompt (default 0)\n"
             "  -o, --output FILE      write the logits there (default: summary only)\n"
             "  -t, --threads N        CPU threads (default: all cores)\n"
+            "      --device cpu|cuda  backend (default cpu)\n"
             "      --decode-one-by-one  feed the prompt one token per forward pass (the decode\n"
             "                         path) instead of one batched prefill\n"
             "  -h, --help             this text\n");
@@ -198,7 +200,9 @@ static int logits_run(const struct logits_opts *o, struct model *m)
         rc = 1;
         goto out;
     }
-    if (backend_cpu_open(m, &bc, &b) || stream_open(b, n + o->n_greedy + 1, 512, &s)) {
+    struct backend_cuda_config cc = {.device = 0};
+    if ((o->cuda ? backend_cuda_open(m, &cc, &b) : backend_cpu_open(m, &bc, &b)) ||
+        stream_open(b, n + o->n_greedy + 1, 512, &s)) {
         rc = cli_fail("starting the engine");
         goto out;
     }
@@ -260,6 +264,7 @@ int cmd_logits(int argc, char **argv)
         {"output", required_argument, NULL, 'o'},
         {"threads", required_argument, NULL, 't'},
         {"decode-one-by-one", no_argument, NULL, 'd'},
+        {"device", required_argument, NULL, 'D'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -286,6 +291,11 @@ int cmd_logits(int argc, char **argv)
             break;
         case 'd':
             o.one_by_one = true;
+            break;
+        case 'D':
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
+                return logits_usage_error("--device must be cpu or cuda, not '%s'", optarg);
+            o.cuda = !strcmp(optarg, "cuda");
             break;
         case 'g':
         case 't':
