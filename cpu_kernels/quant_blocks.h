@@ -7,6 +7,13 @@
 
 #include <stdint.h>
 
+/* The size checks below, in C11 and in C++ (.cu files include this header too). */
+#ifdef __cplusplus
+#define QUANT_STATIC_ASSERT static_assert
+#else
+#define QUANT_STATIC_ASSERT _Static_assert
+#endif
+
 /* ggml_type ids as stored in GGUF tensor infos. */
 enum quant_type {
     QUANT_F32 = 0,
@@ -138,20 +145,20 @@ struct block_iq4_xs {
     uint8_t qs[QK_K / 2];
 };
 
-_Static_assert(sizeof(struct block_q4_0) == 18, "block_q4_0 size");
-_Static_assert(sizeof(struct block_q4_1) == 20, "block_q4_1 size");
-_Static_assert(sizeof(struct block_q5_0) == 22, "block_q5_0 size");
-_Static_assert(sizeof(struct block_q5_1) == 24, "block_q5_1 size");
-_Static_assert(sizeof(struct block_q8_0) == 34, "block_q8_0 size");
-_Static_assert(sizeof(struct block_q8_1) == 36, "block_q8_1 size");
-_Static_assert(sizeof(struct block_mxfp4) == 17, "block_mxfp4 size");
-_Static_assert(sizeof(struct block_q2_k) == 84, "block_q2_k size");
-_Static_assert(sizeof(struct block_q3_k) == 110, "block_q3_k size");
-_Static_assert(sizeof(struct block_q4_k) == 144, "block_q4_k size");
-_Static_assert(sizeof(struct block_q5_k) == 176, "block_q5_k size");
-_Static_assert(sizeof(struct block_q6_k) == 210, "block_q6_k size");
-_Static_assert(sizeof(struct block_q8_k) == 292, "block_q8_k size");
-_Static_assert(sizeof(struct block_iq4_nl) == 18, "block_iq4_nl size");
-_Static_assert(sizeof(struct block_iq4_xs) == 136, "block_iq4_xs size");
+QUANT_STATIC_ASSERT(sizeof(struct block_q4_0) == 18, "block_q4_0 size");
+QUANT_STATIC_ASSERT(sizeof(struct block_q4_1) == 20, "block_q4_1 size");
+QUANT_STATIC_ASSERT(sizeof(struct block_q5_0) == 22, "block_q5_0 size");
+QUANT_STATIC_ASSERT(sizeof(struct block_q5_1) == 24, "block_q5_1 size");
+QUANT_STATIC_ASSERT(sizeof(struct block_q8_0) == 34, "block_q8_0 size");
+QUANT_STATIC_ASSERT(sizeof(struct block_q8_1) == 36, "block_q8_1 size");
+QUANT_STATIC_ASSERT(sizeof(struct block_mxfp4) == 17, "block_mxfp4 size");
+QUANT_STATIC_ASSERT(sizeof(struct block_q2_k) == 84, "block_q2_k size");
+QUANT_STATIC_ASSERT(sizeof(struct block_q3_k) == 110, "block_q3_k size");
+QUANT_STATIC_ASSERT(sizeof(struct block_q4_k) == 144, "block_q4_k size");
+QUANT_STATIC_ASSERT(sizeof(struct block_q5_k) == 176, "block_q5_k size");
+QUANT_STATIC_ASSERT(sizeof(struct block_q6_k) == 210, "block_q6_k size");
+QUANT_STATIC_ASSERT(sizeof(struct block_q8_k) == 292, "block_q8_k size");
+QUANT_STATIC_ASSERT(sizeof(struct block_iq4_nl) == 18, "block_iq4_nl size");
+QUANT_STATIC_ASSERT(sizeof(struct block_iq4_xs) == 136, "block_iq4_xs size");
 
 #endif
