@@ -1,0 +1,502 @@
+/* cuda_moe with CUDA: kernels first, then the launcher. Contracts in cuda_moe.h; design and
+ * tolerances in docs/cuda-ops.md.
+ *
+ * Every dot product is one warp walking a weight row in 256-element groups (cuda_ops_quant.cuh):
+ * lane l decodes its 8 weights once and applies them to each activation row of the work item,
+ * accumulating with fmaf in group order, then the warp sums its lanes by a fixed butterfly. A
+ * work item is one (token, expert) pair on the direct path and a tile of up to 4 or 16 pairs of
+ * one expert on the grouped path (by the average pairs per expert); the per-pair arithmetic is
+ * the same either way, which is why the two paths agree bit for bit.
+ */
+#include "cuda_check.h"
+#include "cuda_mem.h"
+#include "cuda_moe.h"
+#include "cuda_ops_quant.cuh"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+
+#define MOE_WARPS 8          /* output rows per block, one per warp */
+#define MOE_TILE_SMALL 4     /* pairs per tile on the grouped path: few pairs per expert */
+#define MOE_TILE_LARGE 16    /* ... and from MOE_TILE_LARGE / 2 pairs per expert on average */
+#define MOE_SORT_THREADS 256 /* chunks of the counting sort, one per thread */
+
+static __host__ __device__ __forceinline__ int64_t moe_cdiv(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+struct moe_params {
+    const float *in; /* (n_tok, in_stride) */
+    int64_t in_stride;
+    float *out; /* (n_tok, out_stride) */
+    int64_t out_stride;
+    int n_tok, k, n_expert, n_pairs;
+    int tile; /* pairs per tile on the grouped path: MOE_TILE_SMALL or MOE_TILE_LARGE */
+    int64_t n_embd, n_ff;
+    const int32_t *ids; /* (n_pairs) */
+    const float *wts;   /* (n_pairs) */
+    const uint8_t *gate, *up, *down;
+    uint64_t gate_stride, up_stride, down_stride; /* bytes per expert */
+    const void *const *gate_ptrs;
+    const void *const *up_ptrs;
+    const void *const *down_ptrs;
+    uint64_t gate_row, up_row, down_row; /* bytes per row */
+    /* scratch views */
+    float *h;         /* (n_pairs, n_ff) silu(gate x) * up x of each pair */
+    float *y;         /* (n_pairs, n_embd) w * down h of each pair (grouped path) */
+    int32_t *cnt;     /* (MOE_SORT_THREADS, n_expert + 1) per-chunk counts, then cursors */
+    int32_t *off;     /* (n_expert + 2) start of each bin in sorted */
+    int32_t *sorted;  /* (n_pairs) pair indices grouped by expert, ascending within one */
+    int32_t *tile_e;  /* (max_tiles) bin (expert; n_expert = invalid id) of each tile */
+    int32_t *tile_b;  /* (max_tiles) first position in sorted */
+    int32_t *tile_n;  /* (max_tiles) pairs in the tile, 1..tile */
+    int32_t *n_tiles; /* (1) tiles written by the sort */
+};
+
+/* ==== kernels ================================================================================ */
+
+static __device__ __forceinline__ const uint8_t *moe_expert(const uint8_t *base, uint64_t stride,
+                                                            const void *const *ptrs, int e)
+{
+    return ptrs ? (const uint8_t *)ptrs[e] : base + (uint64_t)e * stride;
+}
+
+static __device__ __forceinline__ float moe_silu(float v)
+{
+    return v / (1.0f + expf(-v));
+}
+
+/* The pairs of work item w: on the direct path pair w alone, on the grouped path tile w of the
+ * sort. Fills pairs[0..TM) (unused slots repeat a valid pair) and *e; returns the number of
+ * pairs, 0 when the tile does not exist. */
+template <int TM>
+static __device__ __forceinline__ int moe_work(const struct moe_params &p, bool grouped, int w,
+                                               int *pairs, int *e)
+{
+    if (!grouped) {
+#pragma unroll
+        for (int i = 0; i < TM; i++)
+            pairs[i] = w;
+        *e = p.ids[w];
+        return 1;
+    }
+    if (w >= *p.n_tiles)
+        return 0;
+    int b = p.tile_b[w], n = p.tile_n[w];
+    *e = p.tile_e[w];
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+        pairs[i] = p.sorted[b + (i < n ? i : 0)];
+    return n;
+}
+
+/* h[pair, r] = silu(gate_e[r] . x) * (up_e[r] . x) for the pairs of one work item. */
+template <uint32_t WT, int TM>
+static __global__ void __launch_bounds__(MOE_WARPS * 32)
+    k_moe_gate_up(struct moe_params p, bool grouped)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
+    if (r >= p.n_ff)
+        return;
+    int pairs[TM], e;
+    int np = moe_work<TM>(p, grouped, blockIdx.x, pairs, &e);
+    if (np == 0)
+        return;
+    if (e < 0 || e >= p.n_expert) {
+#pragma unroll
+        for (int i = 0; i < TM; i++)
+            if (lane == 0 && i < np)
+                p.h[(int64_t)pairs[i] * p.n_ff + r] = NAN;
+        return;
+    }
+    const uint8_t *gr = moe_expert(p.gate, p.gate_stride, p.gate_ptrs, e) + r * p.gate_row;
+    const uint8_t *ur = moe_expert(p.up, p.up_stride, p.up_ptrs, e) + r * p.up_row;
+    const float *x[TM];
+    float ag[TM], au[TM];
+#pragma unroll
+    for (int i = 0; i < TM; i++) {
+        x[i] = p.in + (int64_t)(pairs[i] / p.k) * p.in_stride;
+        ag[i] = au[i] = 0.0f;
+    }
+    const int64_t ng = moe_cdiv(p.n_embd, CQ_GROUP);
+    for (int64_t g = 0; g < ng; g++) {
+        float v[8];
+        int64_t a0, a1;
+        if (cq_decoder<WT>::decode(gr, p.n_embd, g, lane, v, &a0, &a1)) {
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+                ag[i] = cq_dot8(v, x[i], a0, a1, ag[i]);
+        }
+        if (cq_decoder<WT>::decode(ur, p.n_embd, g, lane, v, &a0, &a1)) {
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+                au[i] = cq_dot8(v, x[i], a0, a1, au[i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < TM; i++) {
+        float gs = cq_warp_sum(ag[i]), us = cq_warp_sum(au[i]);
+        if (lane == 0 && i < np)
+            p.h[(int64_t)pairs[i] * p.n_ff + r] = __fmul_rn(moe_silu(gs), us);
+    }
+}
+
+/* Direct path: out[t, r] = sum_j w_j * (down_{e_j}[r] . h_j), j = 0..k-1 in order. */
+template <uint32_t WT>
+static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_direct(struct moe_params p)
+{
+    const int lane = threadIdx.x & 31, t = blockIdx.x;
+    const int64_t r = (int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
+    if (r >= p.n_embd)
+        return;
+    const int64_t ng = moe_cdiv(p.n_ff, CQ_GROUP);
+    float acc = 0.0f;
+    for (int j = 0; j < p.k; j++) {
+        int pr = t * p.k + j, e = p.ids[pr];
+        if (e < 0 || e >= p.n_expert) {
+            acc = NAN;
+            continue;
+        }
+        const uint8_t *dr = moe_expert(p.down, p.down_stride, p.down_ptrs, e) + r * p.down_row;
+        const float *hx = p.h + (int64_t)pr * p.n_ff;
+        float s = 0.0f;
+        for (int64_t g = 0; g < ng; g++) {
+            float v[8];
+            int64_t a0, a1;
+            if (cq_decoder<WT>::decode(dr, p.n_ff, g, lane, v, &a0, &a1))
+                s = cq_dot8(v, hx, a0, a1, s);
+        }
+        s = cq_warp_sum(s);
+        acc = __fadd_rn(acc, __fmul_rn(p.wts[pr], s));
+    }
+    if (lane == 0)
+        p.out[(int64_t)t * p.out_stride + r] = acc;
+}
+
+/* Grouped path: y[pair, r] = w_pair * (down_e[r] . h_pair) for the pairs of one tile. */
+template <uint32_t WT, int TM>
+static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_grouped(struct moe_params p)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
+    if (r >= p.n_embd)
+        return;
+    int pairs[TM], e;
+    int np = moe_work<TM>(p, true, blockIdx.x, pairs, &e);
+    if (np == 0)
+        return;
+    if (e < 0 || e >= p.n_expert) {
+#pragma unroll
+        for (int i = 0; i < TM; i++)
+            if (lane == 0 && i < np)
+                p.y[(int64_t)pairs[i] * p.n_embd + r] = NAN;
+        return;
+    }
+    const uint8_t *dr = moe_expert(p.down, p.down_stride, p.down_ptrs, e) + r * p.down_row;
+    float acc[TM];
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+        acc[i] = 0.0f;
+    const int64_t ng = moe_cdiv(p.n_ff, CQ_GROUP);
+    for (int64_t g = 0; g < ng; g++) {
+        float v[8];
+        int64_t a0, a1;
+        if (cq_decoder<WT>::decode(dr, p.n_ff, g, lane, v, &a0, &a1)) {
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+                acc[i] = cq_dot8(v, p.h + (int64_t)pairs[i] * p.n_ff, a0, a1, acc[i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < TM; i++) {
+        float s = cq_warp_sum(acc[i]);
+        if (lane == 0 && i < np)
+            p.y[(int64_t)pairs[i] * p.n_embd + r] = __fmul_rn(p.wts[pairs[i]], s);
+    }
+}
+
+/* Grouped path: out[t, r] = sum_j y[t*k + j, r], j in order (the direct path's sum). */
+static __global__ void k_moe_combine(struct moe_params p)
+{
+    const int64_t total = (int64_t)p.n_tok * p.n_embd;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = i / p.n_embd, r = i - t * p.n_embd;
+        float s = 0.0f;
+        for (int j = 0; j < p.k; j++)
+            s = __fadd_rn(s, p.y[(t * p.k + j) * p.n_embd + r]);
+        p.out[t * p.out_stride + r] = s;
+    }
+}
+
+/* Bin of an expert id: the id, or n_expert for an invalid one. */
+static __device__ __forceinline__ int moe_bin(const struct moe_params &p, int e)
+{
+    return e >= 0 && e < p.n_expert ? e : p.n_expert;
+}
+
+/* Stable counting sort of the pairs by expert, in one block (deterministic, no atomics).
+ * Thread c owns the contiguous chunk c of the pairs and row c of cnt:
+ *   1. cnt[c][b] = pairs of chunk c in bin b;
+ *   2. per bin b (threads over bins): exclusive scan over the chunks -> cnt[c][b] is where
+ *      chunk c starts inside bin b; off[b] = the bin's size;
+ *   3. thread 0: exclusive scan of the sizes -> off, and the tile list (up to p.tile pairs of
+ *      one bin per tile);
+ *   4. thread c places its chunk's pairs in order at off[b] + cnt[c][b]++.
+ * Global memory written before a __syncthreads is visible to the block after it. */
+static __global__ void __launch_bounds__(MOE_SORT_THREADS) k_moe_sort(struct moe_params p)
+{
+    const int nb = p.n_expert + 1, c = threadIdx.x;
+    const int len = (int)moe_cdiv(p.n_pairs, MOE_SORT_THREADS);
+    const int q0 = c * len < p.n_pairs ? c * len : p.n_pairs;
+    const int q1 = q0 + len < p.n_pairs ? q0 + len : p.n_pairs;
+    int32_t *my = p.cnt + (int64_t)c * nb;
+
+    for (int b = 0; b < nb; b++)
+        my[b] = 0;
+    for (int q = q0; q < q1; q++)
+        my[moe_bin(p, p.ids[q])]++;
+    __syncthreads();
+    for (int b = c; b < nb; b += MOE_SORT_THREADS) {
+        int run = 0;
+        for (int c2 = 0; c2 < MOE_SORT_THREADS; c2++) {
+            int v = p.cnt[(int64_t)c2 * nb + b];
+            p.cnt[(int64_t)c2 * nb + b] = run;
+            run += v;
+        }
+        p.off[b] = run;
+    }
+    __syncthreads();
+    if (c == 0) {
+        int pos = 0, nt = 0;
+        for (int b = 0; b < nb; b++) {
+            int n = p.off[b];
+            p.off[b] = pos;
+            for (int s = 0; s < n; s += p.tile) {
+                p.tile_e[nt] = b;
+                p.tile_b[nt] = pos + s;
+                p.tile_n[nt] = n - s < p.tile ? n - s : p.tile;
+                nt++;
+            }
+            pos += n;
+        }
+        p.off[nb] = pos;
+        *p.n_tiles = nt;
+    }
+    __syncthreads();
+    for (int q = q0; q < q1; q++) {
+        int b = moe_bin(p, p.ids[q]);
+        p.sorted[p.off[b] + my[b]++] = q;
+    }
+}
+
+/* ==== launcher =============================================================================== */
+
+/* Scratch layout: each array starts on a 256-byte boundary. */
+struct moe_layout {
+    size_t h, y, cnt, off, sorted, tile_e, tile_b, tile_n, n_tiles, total;
+    int max_tiles;
+};
+
+static size_t moe_take(size_t *at, size_t bytes)
+{
+    size_t o = *at;
+    *at += (bytes + 255) & ~(size_t)255;
+    return o;
+}
+
+/* Pairs per tile: large tiles share each decoded weight among more pairs, but cost their full
+ * width in arithmetic even when an expert has few pairs. */
+static int moe_tile_of(int n_tok, int k, int n_expert)
+{
+    return (int64_t)n_tok * k >= (int64_t)n_expert * (MOE_TILE_LARGE / 2) ? MOE_TILE_LARGE
+                                                                          : MOE_TILE_SMALL;
+}
+
+static void moe_layout_make(int n_tok, int k, int n_expert, int64_t n_embd, int64_t n_ff,
+                            struct moe_layout *l)
+{
+    size_t pairs = (size_t)n_tok * k, at = 0;
+    size_t bins = (size_t)n_expert + 1;
+    /* sum over bins of ceil(count / tile) <= pairs / tile + non-empty bins; the small tile
+     * bounds both choices */
+    l->max_tiles = (int)(moe_cdiv((int64_t)pairs, MOE_TILE_SMALL) + (pairs < bins ? pairs : bins));
+    l->h = moe_take(&at, sizeof(float) * pairs * n_ff);
+    l->y = moe_take(&at, sizeof(float) * pairs * n_embd);
+    l->cnt = moe_take(&at, sizeof(int32_t) * MOE_SORT_THREADS * bins);
+    l->off = moe_take(&at, sizeof(int32_t) * (bins + 1));
+    l->sorted = moe_take(&at, sizeof(int32_t) * pairs);
+    l->tile_e = moe_take(&at, sizeof(int32_t) * l->max_tiles);
+    l->tile_b = moe_take(&at, sizeof(int32_t) * l->max_tiles);
+    l->tile_n = moe_take(&at, sizeof(int32_t) * l->max_tiles);
+    l->n_tiles = moe_take(&at, sizeof(int32_t));
+    l->total = at;
+}
+
+static bool moe_shapes_ok(const struct cuda_moe_args *a)
+{
+    return a && a->n_tok >= 0 && a->n_expert >= 1 && a->k >= 1 && a->k <= a->n_expert &&
+           a->n_embd >= 1 && a->n_ff >= 1 && (int64_t)a->n_tok * a->k <= INT32_MAX / 2;
+}
+
+extern "C" size_t cuda_moe_scratch_bytes(const struct cuda_moe_args *a)
+{
+    struct moe_layout l;
+    if (!moe_shapes_ok(a))
+        return 0;
+    moe_layout_make(a->n_tok, a->k, a->n_expert, a->n_embd, a->n_ff, &l);
+    return l.total;
+}
+
+static bool moe_aligned(const void *p, uint64_t a)
+{
+    return ((uintptr_t)p & (a - 1)) == 0;
+}
+
+/* Checks one stacked weight: rows of n_in elements of type, n_rows rows per expert. */
+static bool moe_weight_ok(const void *base, uint64_t stride, const void *const *ptrs, uint32_t type,
+                          int64_t n_in, int64_t n_rows)
+{
+    uint64_t rb = cq_row_bytes(type, n_in), al = cq_row_align(type);
+    if (!rb || rb % al)
+        return false;
+    if (ptrs)
+        return true; /* device pointers: their alignment is the caller's contract */
+    return base && stride >= rb * (uint64_t)n_rows && stride % al == 0 && moe_aligned(base, al);
+}
+
+template <uint32_t WT>
+static void moe_launch_gate_up(const struct moe_params &p, bool grouped, unsigned items,
+                               cudaStream_t s)
+{
+    dim3 grid(items, (unsigned)moe_cdiv(p.n_ff, MOE_WARPS));
+    if (grouped && p.tile == MOE_TILE_LARGE)
+        k_moe_gate_up<WT, MOE_TILE_LARGE><<<grid, MOE_WARPS * 32, 0, s>>>(p, true);
+    else if (grouped)
+        k_moe_gate_up<WT, MOE_TILE_SMALL><<<grid, MOE_WARPS * 32, 0, s>>>(p, true);
+    else
+        k_moe_gate_up<WT, 1><<<grid, MOE_WARPS * 32, 0, s>>>(p, false);
+}
+
+template <uint32_t WT>
+static void moe_launch_down(const struct moe_params &p, bool grouped, unsigned items,
+                            cudaStream_t s)
+{
+    dim3 grid(items, (unsigned)moe_cdiv(p.n_embd, MOE_WARPS));
+    if (grouped && p.tile == MOE_TILE_LARGE)
+        k_moe_down_grouped<WT, MOE_TILE_LARGE><<<grid, MOE_WARPS * 32, 0, s>>>(p);
+    else if (grouped)
+        k_moe_down_grouped<WT, MOE_TILE_SMALL><<<grid, MOE_WARPS * 32, 0, s>>>(p);
+    else
+        k_moe_down_direct<WT><<<grid, MOE_WARPS * 32, 0, s>>>(p);
+}
+
+#define MOE_DISPATCH(type, fn, ...)                                                                \
+    switch (type) {                                                                                \
+    case QUANT_F32:                                                                                \
+        fn<QUANT_F32>(__VA_ARGS__);                                                                \
+        break;                                                                                     \
+    case QUANT_F16:                                                                                \
+        fn<QUANT_F16>(__VA_ARGS__);                                                                \
+        break;                                                                                     \
+    case QUANT_BF16:                                                                               \
+        fn<QUANT_BF16>(__VA_ARGS__);                                                               \
+        break;                                                                                     \
+    case QUANT_Q4_0:                                                                               \
+        fn<QUANT_Q4_0>(__VA_ARGS__);                                                               \
+        break;                                                                                     \
+    case QUANT_Q8_0:                                                                               \
+        fn<QUANT_Q8_0>(__VA_ARGS__);                                                               \
+        break;                                                                                     \
+    case QUANT_MXFP4:                                                                              \
+        fn<QUANT_MXFP4>(__VA_ARGS__);                                                              \
+        break;                                                                                     \
+    case QUANT_Q4_K:                                                                               \
+        fn<QUANT_Q4_K>(__VA_ARGS__);                                                               \
+        break;                                                                                     \
+    case QUANT_Q5_K:                                                                               \
+        fn<QUANT_Q5_K>(__VA_ARGS__);                                                               \
+        break;                                                                                     \
+    case QUANT_Q6_K:                                                                               \
+        fn<QUANT_Q6_K>(__VA_ARGS__);                                                               \
+        break;                                                                                     \
+    default:                                                                                       \
+        return -EINVAL;                                                                            \
+    }
+
+extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
+{
+    if (!moe_shapes_ok(a) || a->gate_type != a->up_type || !cq_supported(a->gate_type) ||
+        !cq_supported(a->down_type))
+        return -EINVAL;
+    if (!moe_weight_ok(a->gate, a->gate_stride, a->gate_ptrs, a->gate_type, a->n_embd, a->n_ff) ||
+        !moe_weight_ok(a->up, a->up_stride, a->up_ptrs, a->up_type, a->n_embd, a->n_ff) ||
+        !moe_weight_ok(a->down, a->down_stride, a->down_ptrs, a->down_type, a->n_ff, a->n_embd))
+        return -EINVAL;
+    if (a->n_embd % 4 || a->n_ff % 4 || a->in_stride < a->n_embd || a->in_stride % 4 ||
+        a->out_stride < a->n_embd)
+        return -EINVAL;
+    if (a->n_tok == 0)
+        return 0;
+    struct moe_layout l;
+    moe_layout_make(a->n_tok, a->k, a->n_expert, a->n_embd, a->n_ff, &l);
+    if (!a->out || !a->in || !moe_aligned(a->in, 16) || !a->ids || !a->weights || !a->scratch ||
+        !moe_aligned(a->scratch, 16) || a->scratch_bytes < l.total)
+        return -EINVAL;
+
+    struct moe_params p = {};
+    uint8_t *sc = (uint8_t *)a->scratch;
+    p.in = a->in;
+    p.in_stride = a->in_stride;
+    p.out = a->out;
+    p.out_stride = a->out_stride;
+    p.n_tok = a->n_tok;
+    p.k = a->k;
+    p.n_expert = a->n_expert;
+    p.n_pairs = a->n_tok * a->k;
+    p.tile = moe_tile_of(a->n_tok, a->k, a->n_expert);
+    p.n_embd = a->n_embd;
+    p.n_ff = a->n_ff;
+    p.ids = a->ids;
+    p.wts = a->weights;
+    p.gate = (const uint8_t *)a->gate;
+    p.up = (const uint8_t *)a->up;
+    p.down = (const uint8_t *)a->down;
+    p.gate_stride = a->gate_stride;
+    p.up_stride = a->up_stride;
+    p.down_stride = a->down_stride;
+    p.gate_ptrs = a->gate_ptrs;
+    p.up_ptrs = a->up_ptrs;
+    p.down_ptrs = a->down_ptrs;
+    p.gate_row = cq_row_bytes(a->gate_type, a->n_embd);
+    p.up_row = cq_row_bytes(a->up_type, a->n_embd);
+    p.down_row = cq_row_bytes(a->down_type, a->n_ff);
+    p.h = (float *)(sc + l.h);
+    p.y = (float *)(sc + l.y);
+    p.cnt = (int32_t *)(sc + l.cnt);
+    p.off = (int32_t *)(sc + l.off);
+    p.sorted = (int32_t *)(sc + l.sorted);
+    p.tile_e = (int32_t *)(sc + l.tile_e);
+    p.tile_b = (int32_t *)(sc + l.tile_b);
+    p.tile_n = (int32_t *)(sc + l.tile_n);
+    p.n_tiles = (int32_t *)(sc + l.n_tiles);
+
+    bool grouped = a->path == CUDA_MOE_PATH_GROUPED ||
+                   (a->path == CUDA_MOE_PATH_AUTO && a->n_tok > CUDA_MOE_DIRECT_MAX_TOK);
+    cudaStream_t s = (cudaStream_t)a->stream;
+    if (grouped) {
+        k_moe_sort<<<1, MOE_SORT_THREADS, 0, s>>>(p);
+        MOE_DISPATCH(a->gate_type, moe_launch_gate_up, p, true, (unsigned)l.max_tiles, s);
+        MOE_DISPATCH(a->down_type, moe_launch_down, p, true, (unsigned)l.max_tiles, s);
+        int64_t total = (int64_t)a->n_tok * a->n_embd;
+        unsigned blocks = (unsigned)(moe_cdiv(total, 256) < 4096 ? moe_cdiv(total, 256) : 4096);
+        k_moe_combine<<<blocks, 256, 0, s>>>(p);
+    } else {
+        MOE_DISPATCH(a->gate_type, moe_launch_gate_up, p, false, (unsigned)p.n_pairs, s);
+        MOE_DISPATCH(a->down_type, moe_launch_down, p, false, (unsigned)a->n_tok, s);
+    }
+    return cuda_last_error("cuda_moe_ffn");
+}

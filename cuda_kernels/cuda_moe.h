@@ -1,0 +1,82 @@
+/* cuda_moe: the expert part of one MoE layer on the device, for n_tok tokens already routed
+ * (cuda_softmax_topk in cuda_ops.h, on the same stream: no host round trip).
+ *
+ * For each token t and each of its k selected experts e_j with router weight w_j:
+ *     h_j   = silu(gate_e x_t) * (up_e x_t)          (n_ff)
+ *     out_t = sum_j w_j * (down_e h_j)                (n_embd), j = 0..k-1 in order
+ * Weights stay quantized (float activations, weights decoded exactly as quant_ref does, dot
+ * products in float with FMAs in a fixed order). The result is deterministic and does not
+ * depend on the path:
+ *   direct  (few tokens, decode): one warp per (pair, gate/up row) writes h; one warp per
+ *           (token, down row) sums its k experts in order j;
+ *   grouped (many tokens, prefill): a one-block counting sort groups the (token, j) pairs by
+ *           expert (stable: pairs keep their order), tiles of up to 16 pairs of one expert
+ *           share every decoded weight, down results go per pair to scratch and a last kernel
+ *           sums each token's k pairs in order j.
+ * Both paths perform the same float operations for every output, so they agree bit for bit.
+ * Launch rules as cuda_ops.h: enqueue only (no allocation, no sync, no host reads), capturable
+ * in a CUDA graph; 0, -EINVAL (nothing launched) or -EIO. Without CUDA: -ENODEV.
+ * Design and tolerances: docs/cuda-ops.md.
+ */
+#ifndef STRATA_CUDA_MOE_H
+#define STRATA_CUDA_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum cuda_moe_path {
+    CUDA_MOE_PATH_AUTO = 0,    /* direct for n_tok <= CUDA_MOE_DIRECT_MAX_TOK, else grouped */
+    CUDA_MOE_PATH_DIRECT = 1,  /* one pass per (token, expert) pair */
+    CUDA_MOE_PATH_GROUPED = 2, /* pairs grouped by expert on the device */
+};
+
+#define CUDA_MOE_DIRECT_MAX_TOK 4
+
+struct cuda_moe_args {
+    float *out;         /* (n_tok rows of out_stride floats) device: n_embd written per row */
+    int64_t out_stride; /* >= n_embd */
+    const float *in;    /* (n_tok rows of in_stride floats) device, 16-byte aligned: the
+                         * ffn-normed hidden states; must not overlap out */
+    int64_t in_stride;  /* >= n_embd, a multiple of 4 */
+    int n_tok;          /* >= 0 */
+    int k;              /* experts per token, 1..n_expert */
+    int n_expert;
+    int64_t n_embd;       /* a multiple of gate_type's block (8 for F32/F16/BF16) */
+    int64_t n_ff;         /* a multiple of down_type's block */
+    const int32_t *ids;   /* (n_tok, k) device: expert of each pair; an id outside
+                           * [0, n_expert) makes that token's output NaN */
+    const float *weights; /* (n_tok, k) device: router weight of each pair */
+    uint32_t gate_type, up_type, down_type; /* cuda_type_supported(); gate_type == up_type */
+    const void *gate; /* (n_expert, n_ff rows of n_embd) device (or mapped host) */
+    const void *up;   /* (n_expert, n_ff rows of n_embd) */
+    const void *down; /* (n_expert, n_embd rows of n_ff) */
+    uint64_t gate_stride, up_stride, down_stride; /* bytes between experts; rows are packed */
+    /* Optional slot tables: (n_expert) device arrays of per-expert base pointers (VRAM slots or
+     * mapped host memory). When non-NULL, expert e's matrix is at ptrs[e] instead of
+     * base + e * stride; the pointers must meet the same alignment as the bases. */
+    const void *const *gate_ptrs;
+    const void *const *up_ptrs;
+    const void *const *down_ptrs;
+    enum cuda_moe_path path;
+    void *scratch; /* cuda_moe_scratch_bytes() bytes of device memory, 16-byte aligned */
+    size_t scratch_bytes;
+    void *stream; /* cudaStream_t */
+};
+
+/* Scratch needed by a call with these shapes (n_tok, k, n_expert, n_embd, n_ff are read), on
+ * any path, and by every call with fewer tokens. 0 for invalid shapes. */
+size_t cuda_moe_scratch_bytes(const struct cuda_moe_args *a);
+
+/* Runs the experts. The gate/up/down bases and strides must be aligned to 16 bytes for F32, F16
+ * and BF16, 2 bytes for Q4_0, Q8_0 and the K-quants (any address for MXFP4). */
+int cuda_moe_ffn(const struct cuda_moe_args *a);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,704 @@
+/* cuda_ops with CUDA: kernels first, then the C launchers that check shapes, compute the grid
+ * and check the launch. Contracts in cuda_ops.h; design and tolerances in docs/cuda-ops.md. */
+#include "cuda_check.h"
+#include "cuda_mem.h"
+#include "cuda_ops.h"
+#include "cuda_ops_quant.cuh"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+
+static __host__ __device__ __forceinline__ int ops_imin(int a, int b)
+{
+    return a < b ? a : b;
+}
+
+static __host__ __device__ __forceinline__ int ops_imax(int a, int b)
+{
+    return a > b ? a : b;
+}
+
+static __host__ __device__ __forceinline__ int ops_cdiv(int a, int b)
+{
+    return (a + b - 1) / b;
+}
+
+/* ==== kernels ================================================================================ */
+
+/* ---- embedding: one warp per 256-element group of one row ---------------------------------- */
+
+#define EMBED_WARPS 4
+
+struct embed_params {
+    float *out;           /* (n, n_embd) */
+    const uint8_t *table; /* (n_vocab rows of row_bytes) */
+    uint64_t row_bytes;
+    int64_t n_embd, n_vocab;
+    const int32_t *ids; /* (n) */
+};
+
+template <uint32_t TYPE>
+static __global__ void __launch_bounds__(EMBED_WARPS * 32) k_embed(struct embed_params p)
+{
+    int lane = threadIdx.x & 31;
+    int64_t g = (int64_t)blockIdx.y * EMBED_WARPS + (threadIdx.x >> 5);
+    if (g * CQ_GROUP >= p.n_embd)
+        return;
+    int32_t id = p.ids[blockIdx.x];
+    bool ok = id >= 0 && id < p.n_vocab;
+    const uint8_t *row = p.table + (uint64_t)(ok ? id : 0) * p.row_bytes;
+    float v[8];
+    int64_t a0, a1;
+    if (!cq_decoder<TYPE>::decode(row, p.n_embd, g, lane, v, &a0, &a1))
+        return;
+    float *o = p.out + (int64_t)blockIdx.x * p.n_embd;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        o[a0 + c] = ok ? v[c] : NAN;
+        o[a1 + c] = ok ? v[4 + c] : NAN;
+    }
+}
+
+/* ---- RMSNorm: one block per row, the sum of squares in double ------------------------------ */
+
+#define NORM_THREADS 256
+
+struct rmsnorm_params {
+    float *out;
+    const float *in;
+    float *resid;
+    const float *w;
+    int dim;
+    float eps;
+};
+
+static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_params p)
+{
+    __shared__ double part[NORM_THREADS / 32];
+    int64_t base = (int64_t)blockIdx.x * p.dim;
+    const float *in = p.in + base;
+    float *res = p.resid ? p.resid + base : NULL;
+    float *out = p.out + base;
+    double ss = 0.0;
+
+    /* each thread touches the same elements in both passes, so in/out/resid may alias */
+    for (int i = threadIdx.x; i < p.dim; i += NORM_THREADS) {
+        float x = in[i];
+        if (res) {
+            x = __fadd_rn(res[i], x);
+            res[i] = x;
+        }
+        ss += (double)x * x;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    double tot = 0.0;
+#pragma unroll
+    for (int i = 0; i < NORM_THREADS / 32; i++)
+        tot += part[i];
+    float inv = 1.0f / sqrtf((float)(tot / p.dim) + p.eps);
+    for (int i = threadIdx.x; i < p.dim; i += NORM_THREADS) {
+        float y = __fmul_rn(res ? res[i] : in[i], inv);
+        out[i] = p.w ? __fmul_rn(y, p.w[i]) : y;
+    }
+}
+
+/* ---- RoPE: one block per token; cos/sin of each pair index once, then every head ------------ */
+
+#define ROPE_THREADS 128
+#define ROPE_MAX_HALF 512 /* head_dim <= 1024 */
+
+struct rope_params {
+    float *x;
+    int n_heads, head_dim, pos0;
+    const int32_t *pos_dev;
+    float base;
+};
+
+static __global__ void __launch_bounds__(ROPE_THREADS) k_rope_neox(struct rope_params p)
+{
+    __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+    int t = blockIdx.x, half = p.head_dim / 2;
+    double pos = p.pos_dev ? p.pos_dev[t] : p.pos0 + t;
+
+    for (int i = threadIdx.x; i < half; i += ROPE_THREADS) {
+        double theta = pos * pow((double)p.base, -2.0 * i / p.head_dim);
+        cs[i] = (float)cos(theta);
+        sn[i] = (float)sin(theta);
+    }
+    __syncthreads();
+    float *x = p.x + (int64_t)t * p.n_heads * p.head_dim;
+    for (int e = threadIdx.x; e < p.n_heads * half; e += ROPE_THREADS) {
+        int h = e / half, i = e - h * half;
+        float *v = x + (int64_t)h * p.head_dim;
+        float a = v[i], b = v[i + half], c = cs[i], s = sn[i];
+        v[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        v[i + half] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    }
+}
+
+/* ---- KV store and add: grid-stride copies -------------------------------------------------- */
+
+struct kv_store_params {
+    float *cache;
+    const float *src;
+    int64_t total; /* n_tok * width */
+    int width, n_ctx, pos0;
+    const int32_t *pos_dev;
+};
+
+static __global__ void k_kv_store(struct kv_store_params p)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int t = (int)(i / p.width), c = (int)(i - (int64_t)t * p.width);
+        int pos = p.pos_dev ? p.pos_dev[t] : p.pos0 + t;
+        if (pos >= 0 && pos < p.n_ctx)
+            p.cache[(int64_t)pos * p.width + c] = p.src[i];
+    }
+}
+
+static __global__ void k_add(float *x, const float *y, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __fadd_rn(x[i], y[i]);
+}
+
+/* ---- argmax: one block per row; (value, index) pairs reduced with ties to the lower index --- */
+
+#define ARGMAX_THREADS 256
+
+/* Whether candidate (v2, i2) beats (v1, i1); i < 0 marks "no candidate". */
+static __device__ __forceinline__ bool ops_better(float v2, int i2, float v1, int i1)
+{
+    return i2 >= 0 && (i1 < 0 || v2 > v1 || (v2 == v1 && i2 < i1));
+}
+
+/* Butterfly reduction of (v, i) over a warp; every lane ends with the best pair. */
+static __device__ __forceinline__ void ops_warp_best(float *v, int *i)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, *v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, *i, o);
+        if (ops_better(ov, oi, *v, *i))
+            *v = ov, *i = oi;
+    }
+}
+
+static __global__ void __launch_bounds__(ARGMAX_THREADS)
+    k_argmax(const float *x, int n, int32_t *out)
+{
+    __shared__ float sv[ARGMAX_THREADS / 32];
+    __shared__ int si[ARGMAX_THREADS / 32];
+    const float *row = x + (int64_t)blockIdx.x * n;
+    float bv = -INFINITY;
+    int bi = -1;
+
+    for (int i = threadIdx.x; i < n; i += ARGMAX_THREADS) {
+        float v = row[i];
+        if (bi < 0 || v > bv) /* ascending i: the first of equal values stays */
+            bv = v, bi = i;
+    }
+    ops_warp_best(&bv, &bi);
+    if ((threadIdx.x & 31) == 0) {
+        sv[threadIdx.x >> 5] = bv;
+        si[threadIdx.x >> 5] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < ARGMAX_THREADS / 32; w++)
+            if (ops_better(sv[w], si[w], bv, bi))
+                bv = sv[w], bi = si[w];
+        out[blockIdx.x] = bi;
+    }
+}
+
+/* ---- router: one warp per token; k rounds of a warp argmax over the untaken experts -------- */
+
+#define TOPK_WARPS 4
+#define TOPK_PER_LANE (CUDA_TOPK_MAX_EXPERT / 32)
+
+struct topk_params {
+    const float *logits;
+    int n_tok, n_expert, k;
+    int32_t *ids;
+    float *w;
+};
+
+static __global__ void __launch_bounds__(TOPK_WARPS * 32) k_softmax_topk(struct topk_params p)
+{
+    int lane = threadIdx.x & 31, t = blockIdx.x * TOPK_WARPS + (threadIdx.x >> 5);
+    if (t >= p.n_tok) /* whole warps leave together */
+        return;
+    const float *l = p.logits + (int64_t)t * p.n_expert;
+    float v[TOPK_PER_LANE], selv[CUDA_TOPK_MAX_K];
+    float mx = -INFINITY, sum = 0.0f;
+    uint32_t taken = 0; /* bit i: expert lane + 32 i already selected */
+
+#pragma unroll
+    for (int i = 0; i < TOPK_PER_LANE; i++) {
+        int e = lane + 32 * i;
+        v[i] = e < p.n_expert ? l[e] : -INFINITY;
+        mx = fmaxf(mx, v[i]);
+    }
+    mx = cq_warp_max(mx);
+#pragma unroll
+    for (int i = 0; i < TOPK_PER_LANE; i++)
+        if (lane + 32 * i < p.n_expert)
+            sum += expf(v[i] - mx);
+    sum = cq_warp_sum(sum);
+    for (int r = 0; r < p.k; r++) {
+        float bv = -INFINITY;
+        int bi = -1;
+#pragma unroll
+        for (int i = 0; i < TOPK_PER_LANE; i++) {
+            int e = lane + 32 * i;
+            if (e < p.n_expert && !((taken >> i) & 1) && (bi < 0 || v[i] > bv))
+                bv = v[i], bi = e;
+        }
+        ops_warp_best(&bv, &bi);
+        if ((bi & 31) == lane)
+            taken |= 1u << (bi >> 5);
+        if (lane == 0)
+            p.ids[(int64_t)t * p.k + r] = bi;
+        selv[r] = bv;
+    }
+    /* as moe_route_softmax_topk: w_r = exp(l - mx) / sum, then divided by their sum in order */
+    float sel = 0.0f;
+    for (int r = 0; r < p.k; r++)
+        sel += expf(selv[r] - mx) / sum;
+    for (int r = lane; r < p.k; r += 32)
+        p.w[(int64_t)t * p.k + r] = expf(selv[r] - mx) / sum / sel;
+}
+
+/* ---- attention -------------------------------------------------------------------------------
+ * One block of ATT_THREADS handles R query rows of one kv head for one key split. A row is a
+ * (token, head) pair of that kv head's group: row index rg = t * G + g over the whole call, so
+ * a block's rows can span tokens (decode: the G heads of the token; prefill: G heads x R/G
+ * tokens). The block walks its key range in tiles of T keys through shared memory:
+ *   scores S = scale * Q K^T (R x T), masked to -inf past each row's position and the range;
+ *   per row (one warp): new max, p = exp(S - max), l and the rescale factor alpha, while the
+ *   V tile is loaded over the K tile;
+ *   the accumulators (R x head_dim, in registers, ATT_MAX_ACC per thread) = alpha * acc + P V.
+ * With one split the block writes acc / l; with several it writes (acc, max, l) to scratch
+ * and k_attn_combine merges the splits of each row. Shared memory per block stays under 48 KiB
+ * for head_dim <= 256: R = min(64, 4096 / head_dim) rows, T = 32 keys (16 above head_dim 128),
+ * rows padded to head_dim + 1 floats so that column walks hit distinct banks. */
+
+#define ATT_THREADS 128
+#define ATT_WARPS (ATT_THREADS / 32)
+#define ATT_MAX_ACC 32 /* R * head_dim <= ATT_THREADS * ATT_MAX_ACC = 4096 */
+#define ATT_MAX_ROWS 64
+#define ATT_MAX_SPLIT 32
+#define ATT_SPLIT_ROWS 64     /* n_split * n_tok <= 64: bounds the scratch for any n_tok */
+#define ATT_TARGET_BLOCKS 256 /* enough blocks to fill an H100/H200-class GPU twice */
+
+struct attn_params {
+    float *out;
+    const float *q, *k, *v;
+    const int32_t *pos_dev;
+    int pos0, n_tok, n_ctx, n_head, n_head_kv, hd, G;
+    float scale;
+    int R, T, n_split;
+    float *part_acc;        /* (n_split, n_tok * n_head, hd) */
+    float *part_m, *part_l; /* (n_split, n_tok * n_head) */
+};
+
+static __device__ __forceinline__ int attn_pos(const struct attn_params &p, int t)
+{
+    int pos = p.pos_dev ? p.pos_dev[t] : p.pos0 + t;
+    return pos < p.n_ctx ? pos : p.n_ctx - 1;
+}
+
+static __global__ void __launch_bounds__(ATT_THREADS) k_attn(struct attn_params p)
+{
+    extern __shared__ float att_smem[];
+    const int R = p.R, T = p.T, hd = p.hd, ld = hd + 1;
+    float *qs = att_smem;        /* (R, ld) query rows */
+    float *kv = qs + R * ld;     /* (T, ld) the K tile, then the V tile */
+    float *ps = kv + T * ld;     /* (R, T) scores, then probabilities */
+    float *ms = ps + R * T;      /* (R) running max */
+    float *ls = ms + R;          /* (R) running sum of probabilities */
+    float *al = ls + R;          /* (R) rescale factor of this tile */
+    int *rpos = (int *)(al + R); /* (R) last key of each row, -1 for padding rows */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int kvh = blockIdx.y, split = blockIdx.z, r0 = blockIdx.x * R;
+    const int n_rows = ops_imin(R, p.n_tok * p.G - r0);
+    const int64_t qw = (int64_t)p.n_head * hd, kvw = (int64_t)p.n_head_kv * hd;
+    const int64_t kv_off = (int64_t)kvh * hd;
+
+    for (int r = tid; r < R; r += ATT_THREADS) {
+        rpos[r] = r < n_rows ? attn_pos(p, (r0 + r) / p.G) : -1;
+        ms[r] = -INFINITY;
+        ls[r] = 0.0f;
+    }
+    for (int e = tid; e < R * hd; e += ATT_THREADS) {
+        int r = e / hd, d = e - r * hd;
+        float val = 0.0f;
+        if (r < n_rows) {
+            int rg = r0 + r, t = rg / p.G, h = kvh * p.G + rg % p.G;
+            val = p.q[t * qw + (int64_t)h * hd + d];
+        }
+        qs[r * ld + d] = val;
+    }
+    __syncthreads();
+
+    /* this split's keys: the block's key count divided evenly, in whole tiles */
+    int kmax = 0;
+    for (int r = 0; r < n_rows; r++)
+        kmax = ops_imax(kmax, rpos[r] + 1);
+    int chunk = ops_cdiv(ops_cdiv(kmax, p.n_split), T) * T;
+    int kb = split * chunk, ke = ops_imin(kb + chunk, kmax);
+
+    float acc[ATT_MAX_ACC];
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_ACC; i++)
+        acc[i] = 0.0f;
+
+    for (int k0 = kb; k0 < ke; k0 += T) {
+        for (int e = tid; e < T * hd; e += ATT_THREADS) {
+            int j = e / hd, d = e - j * hd, key = k0 + j;
+            kv[j * ld + d] = key < ke ? p.k[(int64_t)key * kvw + kv_off + d] : 0.0f;
+        }
+        __syncthreads();
+        for (int e = tid; e < R * T; e += ATT_THREADS) {
+            int r = e / T, j = e - r * T, key = k0 + j;
+            float s = -INFINITY;
+            if (key < ke && key <= rpos[r]) {
+                const float *qr = qs + r * ld, *kr = kv + j * ld;
+                float dot = 0.0f;
+                for (int d = 0; d < hd; d++)
+                    dot = fmaf(qr[d], kr[d], dot);
+                s = dot * p.scale;
+            }
+            ps[e] = s;
+        }
+        __syncthreads();
+        /* the K tile was last read before this barrier: load V over it, then the softmax */
+        for (int e = tid; e < T * hd; e += ATT_THREADS) {
+            int j = e / hd, d = e - j * hd, key = k0 + j;
+            kv[j * ld + d] = key < ke ? p.v[(int64_t)key * kvw + kv_off + d] : 0.0f;
+        }
+        for (int r = warp; r < R; r += ATT_WARPS) {
+            float s = lane < T ? ps[r * T + lane] : -INFINITY;
+            float m_old = ms[r];
+            float m_new = fmaxf(m_old, cq_warp_max(s));
+            float pr = 0.0f, alpha = 1.0f;
+            if (m_new != -INFINITY) { /* a row without keys yet keeps acc = 0, l = 0 */
+                pr = expf(s - m_new);
+                alpha = expf(m_old - m_new);
+            }
+            float psum = cq_warp_sum(pr);
+            if (lane < T)
+                ps[r * T + lane] = pr;
+            if (lane == 0) {
+                ms[r] = m_new;
+                ls[r] = ls[r] * alpha + psum;
+                al[r] = alpha;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_ACC; i++) {
+            int e = tid + i * ATT_THREADS;
+            if (e < R * hd) {
+                int r = e / hd, d = e - r * hd;
+                const float *pr = ps + r * T;
+                float a = acc[i] * al[r];
+                for (int j = 0; j < T; j++)
+                    a = fmaf(pr[j], kv[j * ld + d], a);
+                acc[i] = a;
+            }
+        }
+        __syncthreads(); /* before the next tile overwrites kv and ps */
+    }
+
+    const int64_t nth = (int64_t)p.n_tok * p.n_head;
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_ACC; i++) {
+        int e = tid + i * ATT_THREADS;
+        if (e < n_rows * hd) {
+            int r = e / hd, d = e - r * hd, rg = r0 + r;
+            int64_t row = (int64_t)(rg / p.G) * p.n_head + kvh * p.G + rg % p.G;
+            if (p.n_split == 1)
+                p.out[row * hd + d] = acc[i] / ls[r];
+            else
+                p.part_acc[((int64_t)split * nth + row) * hd + d] = acc[i];
+        }
+    }
+    if (p.n_split > 1) {
+        for (int r = tid; r < n_rows; r += ATT_THREADS) {
+            int rg = r0 + r;
+            int64_t row = (int64_t)(rg / p.G) * p.n_head + kvh * p.G + rg % p.G;
+            p.part_m[split * nth + row] = ms[r];
+            p.part_l[split * nth + row] = ls[r];
+        }
+    }
+}
+
+/* Merges the splits of one (token, head) row: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M)
+ * l_s, splits in order; a split without keys (m = -inf) contributes nothing. */
+static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn_params p)
+{
+    const int64_t nth = (int64_t)p.n_tok * p.n_head, row = blockIdx.x;
+    float mx = -INFINITY, l = 0.0f;
+    for (int s = 0; s < p.n_split; s++)
+        mx = fmaxf(mx, p.part_m[s * nth + row]);
+    for (int s = 0; s < p.n_split; s++) {
+        float m = p.part_m[s * nth + row];
+        if (m != -INFINITY)
+            l += p.part_l[s * nth + row] * expf(m - mx);
+    }
+    for (int d = threadIdx.x; d < p.hd; d += ATT_THREADS) {
+        float o = 0.0f;
+        for (int s = 0; s < p.n_split; s++) {
+            float m = p.part_m[s * nth + row];
+            if (m != -INFINITY)
+                o += p.part_acc[(s * nth + row) * p.hd + d] * expf(m - mx);
+        }
+        p.out[row * p.hd + d] = o / l;
+    }
+}
+
+/* ==== launchers ============================================================================== */
+
+static bool ops_aligned(const void *p, uint64_t a)
+{
+    return ((uintptr_t)p & (a - 1)) == 0;
+}
+
+extern "C" int cuda_type_supported(uint32_t type)
+{
+    return cq_supported(type);
+}
+
+template <uint32_t TYPE>
+static void embed_launch(const struct embed_params &p, dim3 grid, cudaStream_t s)
+{
+    k_embed<TYPE><<<grid, EMBED_WARPS * 32, 0, s>>>(p);
+}
+
+extern "C" int cuda_embed(const struct cuda_embed_args *a)
+{
+    uint64_t rb = a ? cq_row_bytes(a->type, a->n_embd) : 0;
+    if (!rb || a->n < 0 || a->n_vocab <= 0 || a->row_bytes < rb ||
+        !ops_aligned(a->table, cq_row_align(a->type)) || a->row_bytes % cq_row_align(a->type))
+        return -EINVAL;
+    if (a->n == 0)
+        return 0;
+    if (!a->out || !a->table || !a->ids)
+        return -EINVAL;
+    struct embed_params p = {a->out, (const uint8_t *)a->table, a->row_bytes, a->n_embd, a->n_vocab,
+                             a->ids};
+    int64_t n_groups = (a->n_embd + CQ_GROUP - 1) / CQ_GROUP;
+    dim3 grid((unsigned)a->n, (unsigned)((n_groups + EMBED_WARPS - 1) / EMBED_WARPS));
+    cudaStream_t s = (cudaStream_t)a->stream;
+    switch (a->type) {
+    case QUANT_F32:
+        embed_launch<QUANT_F32>(p, grid, s);
+        break;
+    case QUANT_F16:
+        embed_launch<QUANT_F16>(p, grid, s);
+        break;
+    case QUANT_BF16:
+        embed_launch<QUANT_BF16>(p, grid, s);
+        break;
+    case QUANT_Q4_0:
+        embed_launch<QUANT_Q4_0>(p, grid, s);
+        break;
+    case QUANT_Q8_0:
+        embed_launch<QUANT_Q8_0>(p, grid, s);
+        break;
+    case QUANT_MXFP4:
+        embed_launch<QUANT_MXFP4>(p, grid, s);
+        break;
+    case QUANT_Q4_K:
+        embed_launch<QUANT_Q4_K>(p, grid, s);
+        break;
+    case QUANT_Q5_K:
+        embed_launch<QUANT_Q5_K>(p, grid, s);
+        break;
+    case QUANT_Q6_K:
+        embed_launch<QUANT_Q6_K>(p, grid, s);
+        break;
+    default:
+        return -EINVAL;
+    }
+    return cuda_last_error("cuda_embed");
+}
+
+extern "C" int cuda_rmsnorm(const struct cuda_rmsnorm_args *a)
+{
+    if (!a || a->rows < 0 || a->dim < 1)
+        return -EINVAL;
+    if (a->rows == 0)
+        return 0;
+    if (!a->out || !a->in)
+        return -EINVAL;
+    struct rmsnorm_params p = {a->out, a->in, a->resid, a->w, a->dim, a->eps};
+    k_rmsnorm<<<a->rows, NORM_THREADS, 0, (cudaStream_t)a->stream>>>(p);
+    return cuda_last_error("cuda_rmsnorm");
+}
+
+extern "C" int cuda_rope_neox(const struct cuda_rope_args *a)
+{
+    if (!a || a->n_tok < 0 || a->n_heads < 1 || a->head_dim < 2 || a->head_dim % 2 ||
+        a->head_dim / 2 > ROPE_MAX_HALF)
+        return -EINVAL;
+    if (a->n_tok == 0)
+        return 0;
+    if (!a->x)
+        return -EINVAL;
+    struct rope_params p = {a->x, a->n_heads, a->head_dim, a->pos0, a->pos_dev, a->base};
+    k_rope_neox<<<a->n_tok, ROPE_THREADS, 0, (cudaStream_t)a->stream>>>(p);
+    return cuda_last_error("cuda_rope_neox");
+}
+
+/* Blocks for a grid-stride loop over n elements. */
+static unsigned ops_stride_blocks(int64_t n, int threads)
+{
+    int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : b > 4096 ? 4096 : b);
+}
+
+extern "C" int cuda_kv_store(const struct cuda_kv_store_args *a)
+{
+    if (!a || a->n_tok < 0 || a->width < 1 || a->n_ctx < 1)
+        return -EINVAL;
+    if (!a->pos_dev && (a->pos0 < 0 || (int64_t)a->pos0 + a->n_tok > a->n_ctx))
+        return -EINVAL;
+    if (a->n_tok == 0)
+        return 0;
+    if (!a->cache || !a->src)
+        return -EINVAL;
+    struct kv_store_params p = {
+        a->cache, a->src, (int64_t)a->n_tok * a->width, a->width, a->n_ctx, a->pos0, a->pos_dev};
+    k_kv_store<<<ops_stride_blocks(p.total, 256), 256, 0, (cudaStream_t)a->stream>>>(p);
+    return cuda_last_error("cuda_kv_store");
+}
+
+/* How cuda_attention runs a call: rows per block, keys per tile, key splits, shared bytes. */
+struct attn_plan {
+    int R, T, n_split;
+    size_t smem;
+};
+
+static void attn_plan_make(const struct cuda_attn_args *a, struct attn_plan *pl)
+{
+    int G = a->n_head / a->n_head_kv, rows = a->n_tok * G;
+    int R = ops_imin(ATT_MAX_ROWS, 4096 / a->head_dim);
+    R = ops_imin(R, rows);
+    int T = a->head_dim > 128 ? 16 : 32;
+    int blocks = ops_cdiv(rows, R) * a->n_head_kv;
+    int keys = a->pos_dev ? a->n_ctx : ops_imin(a->pos0 + a->n_tok, a->n_ctx);
+    int ns = ops_cdiv(ATT_TARGET_BLOCKS, blocks);
+    ns = ops_imin(ns, ATT_MAX_SPLIT);
+    ns = ops_imin(ns, ATT_SPLIT_ROWS / a->n_tok);
+    ns = ops_imin(ns, ops_cdiv(keys, T));
+    pl->R = R;
+    pl->T = T;
+    pl->n_split = ops_imax(ns, 1);
+    pl->smem = sizeof(float) * ((size_t)(R + T) * (a->head_dim + 1) + (size_t)R * T + 4 * R);
+}
+
+extern "C" size_t cuda_attention_scratch_bytes(int n_head, int head_dim)
+{
+    if (n_head < 1 || head_dim < 1)
+        return 0;
+    return sizeof(float) * (size_t)ATT_SPLIT_ROWS * n_head * (head_dim + 2);
+}
+
+extern "C" int cuda_attention(const struct cuda_attn_args *a)
+{
+    if (!a || a->n_tok < 0 || a->n_ctx < 1 || a->n_head < 1 || a->n_head_kv < 1 ||
+        a->n_head % a->n_head_kv || a->head_dim < 2 || a->head_dim % 2 ||
+        a->head_dim > CUDA_ATTN_MAX_HEAD_DIM)
+        return -EINVAL;
+    if (!a->pos_dev && (a->pos0 < 0 || (int64_t)a->pos0 + a->n_tok > a->n_ctx))
+        return -EINVAL;
+    if (a->n_tok == 0)
+        return 0;
+    if (!a->out || !a->q || !a->k_cache || !a->v_cache)
+        return -EINVAL;
+    struct attn_plan pl;
+    attn_plan_make(a, &pl);
+    if (pl.smem > 48 * 1024) /* cannot happen for head_dim <= 256; no opt-in attribute is set */
+        return -EINVAL;
+    int64_t nth = (int64_t)a->n_tok * a->n_head;
+    struct attn_params p = {};
+    p.out = a->out;
+    p.q = a->q;
+    p.k = a->k_cache;
+    p.v = a->v_cache;
+    p.pos_dev = a->pos_dev;
+    p.pos0 = a->pos0;
+    p.n_tok = a->n_tok;
+    p.n_ctx = a->n_ctx;
+    p.n_head = a->n_head;
+    p.n_head_kv = a->n_head_kv;
+    p.hd = a->head_dim;
+    p.G = a->n_head / a->n_head_kv;
+    p.scale = a->scale;
+    p.R = pl.R;
+    p.T = pl.T;
+    p.n_split = pl.n_split;
+    if (pl.n_split > 1) {
+        size_t need = sizeof(float) * (size_t)pl.n_split * nth * (a->head_dim + 2);
+        if (!a->scratch || a->scratch_bytes < need || !ops_aligned(a->scratch, 4))
+            return -EINVAL;
+        p.part_acc = (float *)a->scratch;
+        p.part_m = p.part_acc + (size_t)pl.n_split * nth * a->head_dim;
+        p.part_l = p.part_m + (size_t)pl.n_split * nth;
+    }
+    cudaStream_t s = (cudaStream_t)a->stream;
+    dim3 grid((unsigned)ops_cdiv(a->n_tok * p.G, pl.R), (unsigned)a->n_head_kv,
+              (unsigned)pl.n_split);
+    k_attn<<<grid, ATT_THREADS, pl.smem, s>>>(p);
+    if (pl.n_split > 1)
+        k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(p);
+    return cuda_last_error("cuda_attention");
+}
+
+extern "C" int cuda_add(float *x, const float *y, size_t n, void *stream)
+{
+    if (n == 0)
+        return 0;
+    if (!x || !y)
+        return -EINVAL;
+    k_add<<<ops_stride_blocks((int64_t)n, 256), 256, 0, (cudaStream_t)stream>>>(x, y, n);
+    return cuda_last_error("cuda_add");
+}
+
+extern "C" int cuda_argmax(const float *x, int rows, int n, int32_t *out, void *stream)
+{
+    if (rows < 0 || n < 1)
+        return -EINVAL;
+    if (rows == 0)
+        return 0;
+    if (!x || !out)
+        return -EINVAL;
+    k_argmax<<<rows, ARGMAX_THREADS, 0, (cudaStream_t)stream>>>(x, n, out);
+    return cuda_last_error("cuda_argmax");
+}
+
+extern "C" int cuda_softmax_topk(const struct cuda_topk_args *a)
+{
+    if (!a || a->n_tok < 0 || a->n_expert < 1 || a->n_expert > CUDA_TOPK_MAX_EXPERT || a->k < 1 ||
+        a->k > a->n_expert || a->k > CUDA_TOPK_MAX_K)
+        return -EINVAL;
+    if (a->n_tok == 0)
+        return 0;
+    if (!a->logits || !a->ids || !a->w)
+        return -EINVAL;
+    struct topk_params p = {a->logits, a->n_tok, a->n_expert, a->k, a->ids, a->w};
+    k_softmax_topk<<<ops_cdiv(a->n_tok, TOPK_WARPS), TOPK_WARPS * 32, 0, (cudaStream_t)a->stream>>>(
+        p);
+    return cuda_last_error("cuda_softmax_topk");
+}

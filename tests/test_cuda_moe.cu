@@ -1,0 +1,514 @@
+/* cuda_moe: one whole MoE layer on the device (cuda_softmax_topk then cuda_moe_ffn) against the
+ * CPU path (moe_route_softmax_topk + moe_plan_build + moe_cpu_run) and against a double-precision
+ * reference over the exactly dequantized weights, on fresh random data with NaN-poisoned
+ * outputs, for gate/up and down types Q4_K/Q5_K/Q6_K/Q8_0/Q4_0/MXFP4/F32/F16/BF16, n_expert
+ * 8..128, k 2..8, n_tok 1..300. Per case it prints the errors and checks:
+ *   routing: ids equal the CPU's exactly (selection compares the same floats), weights 2e-6;
+ *   vs the double reference: norm rel err <= 2e-5 and max err <= 1e-4 of max |ref| (float
+ *     dot products with FMAs over exactly decoded weights);
+ *   vs the CPU path: norm rel err <= 5e-2 (the CPU quantizes activations to Q8_0 / Q8_K; its
+ *     own error against the double reference is printed next to it);
+ *   the direct and grouped paths, and the slot-table pointers vs the stacked tensors, agree bit
+ *     for bit;
+ *   an expert id outside the table turns that token's row (only) into NaN;
+ *   a router + experts step captured in a CUDA graph and replayed on new inputs equals the
+ *     eager launches bit for bit (direct and grouped paths).
+ * Replay a failure with STRATA_TEST_SEED. Exits 77 without a GPU. */
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_check.h"
+#include "cuda_mem.h"
+#include "cuda_moe.h"
+#include "cuda_ops.h"
+#include "moe.h"
+#include "quant.h"
+#include "quant_ref.h"
+#include "testutil.h"
+extern "C" { /* C headers without their own guard */
+#include "gen.h"
+}
+
+#define TOL_REF_NORM 2e-5
+#define TOL_REF_MAX 1e-4
+#define TOL_CPU_NORM 5e-2
+#define TOL_TOPK_W 2e-6
+
+static const char *NAME = "test_cuda_moe";
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static void fatal(const char *what)
+{
+    fprintf(stderr, "%s: %s failed\n", NAME, what);
+    exit(1);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        fatal("malloc");
+    return p;
+}
+
+static void *dev_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (cuda_malloc(&p, bytes))
+        fatal("cuda_malloc");
+    return p;
+}
+
+static void dev_put(void *d, const void *h, size_t bytes)
+{
+    if (cuda_h2d(d, h, bytes, NULL) || cuda_stream_sync(NULL))
+        fatal("cuda_h2d");
+}
+
+static void *dev_dup(const void *h, size_t bytes)
+{
+    void *d = dev_alloc(bytes);
+    dev_put(d, h, bytes);
+    return d;
+}
+
+static void dev_get(void *h, const void *d, size_t bytes)
+{
+    if (cuda_stream_sync(NULL) || cuda_d2h(h, d, bytes, NULL) || cuda_stream_sync(NULL))
+        fatal("cuda_d2h");
+}
+
+static void dev_poison(void *d, size_t bytes)
+{
+    if (cuda_memset(d, 0xFF, bytes, NULL) || cuda_stream_sync(NULL))
+        fatal("cuda_memset");
+}
+
+static float *rand_normal(struct rng *r, size_t n, float std)
+{
+    float *v = (float *)xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        v[i] = std * rng_normal(r);
+    return v;
+}
+
+static uint64_t row_bytes_of(uint32_t type, int64_t n)
+{
+    uint64_t rb = 0;
+    if (quant_row_bytes(type, (uint64_t)n, &rb))
+        fatal("quant_row_bytes");
+    return rb;
+}
+
+/* n_rows rows of n elements ~ N(0, std^2): drawn codes where gen supports the type, else the
+ * reference quantizer over normals. */
+static uint8_t *weights_draw(struct rng *r, uint32_t type, int64_t n_rows, int64_t n, float std)
+{
+    uint64_t rb = row_bytes_of(type, n);
+    uint8_t *w = (uint8_t *)xmalloc(rb * n_rows);
+    float *x = (float *)xmalloc(sizeof(float) * n);
+    for (int64_t row = 0; row < n_rows; row++) {
+        if (type != QUANT_F32 && gen_blocks_can_draw(type)) {
+            if (gen_blocks_draw(type, w + row * rb, (uint64_t)n, 0.0f, std, r))
+                fatal("gen_blocks_draw");
+            continue;
+        }
+        for (int64_t i = 0; i < n; i++)
+            x[i] = std * rng_normal(r);
+        if (quant_ref_quantize(type, x, w + row * rb, n))
+            fatal("quant_ref_quantize");
+    }
+    free(x);
+    return w;
+}
+
+static size_t bits_differ(const float *a, const float *b, size_t n)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += memcmp(a + i, b + i, sizeof(float)) != 0;
+    return bad;
+}
+
+/* max |a - b| / max |b| and ||a - b|| / ||b|| */
+static void errs(const float *a, const float *b, size_t n, double *emax, double *enorm)
+{
+    *emax = test_max_rel_err(a, b, n);
+    *enorm = test_norm_rel_err(a, b, n);
+}
+
+/* ---- one layer ------------------------------------------------------------------------------ */
+
+struct moe_case {
+    uint32_t gt, dt; /* gate/up type, down type */
+    int n_embd, n_ff, n_expert, k, n_tok;
+};
+
+/* Host and device copies of one layer's experts and inputs. */
+struct layer {
+    const struct moe_case *c;
+    uint64_t g_row, d_row, g_stride, d_stride;
+    uint8_t *gate, *up, *down;    /* host, stacked */
+    float **deq;                  /* (n_expert * 3) lazily dequantized gate, up, down */
+    void *d_gate, *d_up, *d_down; /* device, stacked */
+    void *d_slots;                /* device: every expert again, in reverse order */
+    const void **d_ptrs;          /* device (3, n_expert) pointers into d_slots */
+};
+
+static const float *layer_deq(struct layer *L, int e, int which)
+{
+    const struct moe_case *c = L->c;
+    float **slot = &L->deq[e * 3 + which];
+    if (!*slot) {
+        int64_t rows = which == 2 ? c->n_embd : c->n_ff, n = which == 2 ? c->n_ff : c->n_embd;
+        uint32_t t = which == 2 ? c->dt : c->gt;
+        const uint8_t *src = which == 0   ? L->gate + e * L->g_stride
+                             : which == 1 ? L->up + e * L->g_stride
+                                          : L->down + e * L->d_stride;
+        *slot = (float *)xmalloc(sizeof(float) * rows * n);
+        if (quant_ref_dequantize(t, src, *slot, rows * n))
+            fatal("quant_ref_dequantize");
+    }
+    return *slot;
+}
+
+static void layer_make(struct rng *r, const struct moe_case *c, struct layer *L)
+{
+    memset(L, 0, sizeof(*L));
+    L->c = c;
+    L->g_row = row_bytes_of(c->gt, c->n_embd);
+    L->d_row = row_bytes_of(c->dt, c->n_ff);
+    L->g_stride = L->g_row * c->n_ff;
+    L->d_stride = L->d_row * c->n_embd;
+    L->gate = weights_draw(r, c->gt, (int64_t)c->n_expert * c->n_ff, c->n_embd,
+                           1.0f / sqrtf((float)c->n_embd));
+    L->up = weights_draw(r, c->gt, (int64_t)c->n_expert * c->n_ff, c->n_embd,
+                         1.0f / sqrtf((float)c->n_embd));
+    L->down = weights_draw(r, c->dt, (int64_t)c->n_expert * c->n_embd, c->n_ff,
+                           1.0f / sqrtf((float)c->n_ff));
+    L->deq = (float **)calloc((size_t)c->n_expert * 3, sizeof(float *));
+    L->d_gate = dev_dup(L->gate, L->g_stride * c->n_expert);
+    L->d_up = dev_dup(L->up, L->g_stride * c->n_expert);
+    L->d_down = dev_dup(L->down, L->d_stride * c->n_expert);
+    /* the slot copy: gate, up, down of expert e in slot n_expert - 1 - e */
+    uint64_t slot = 2 * L->g_stride + L->d_stride;
+    slot = (slot + 255) & ~(uint64_t)255;
+    L->d_slots = dev_alloc(slot * c->n_expert);
+    const void **ptrs = (const void **)xmalloc(sizeof(void *) * 3 * c->n_expert);
+    for (int e = 0; e < c->n_expert; e++) {
+        uint8_t *s = (uint8_t *)L->d_slots + slot * (c->n_expert - 1 - e);
+        dev_put(s, L->gate + e * L->g_stride, L->g_stride);
+        dev_put(s + L->g_stride, L->up + e * L->g_stride, L->g_stride);
+        dev_put(s + 2 * L->g_stride, L->down + e * L->d_stride, L->d_stride);
+        ptrs[e] = s;
+        ptrs[c->n_expert + e] = s + L->g_stride;
+        ptrs[2 * c->n_expert + e] = s + 2 * L->g_stride;
+    }
+    L->d_ptrs = (const void **)dev_dup(ptrs, sizeof(void *) * 3 * c->n_expert);
+    free(ptrs);
+}
+
+static void layer_free(struct layer *L)
+{
+    for (int i = 0; i < L->c->n_expert * 3; i++)
+        free(L->deq[i]);
+    free(L->deq), free(L->gate), free(L->up), free(L->down);
+    cuda_free(L->d_gate), cuda_free(L->d_up), cuda_free(L->d_down), cuda_free(L->d_slots);
+    cuda_free(L->d_ptrs);
+}
+
+static struct cuda_moe_args layer_args(const struct layer *L, float *out, const float *in,
+                                       const int32_t *ids, const float *w, void *scratch,
+                                       size_t scratch_bytes, enum cuda_moe_path path, bool slots)
+{
+    const struct moe_case *c = L->c;
+    struct cuda_moe_args a = {};
+    a.out = out, a.out_stride = c->n_embd, a.in = in, a.in_stride = c->n_embd;
+    a.n_tok = c->n_tok, a.k = c->k, a.n_expert = c->n_expert;
+    a.n_embd = c->n_embd, a.n_ff = c->n_ff, a.ids = ids, a.weights = w;
+    a.gate_type = a.up_type = c->gt, a.down_type = c->dt;
+    a.gate = L->d_gate, a.up = L->d_up, a.down = L->d_down;
+    a.gate_stride = a.up_stride = L->g_stride, a.down_stride = L->d_stride;
+    if (slots) {
+        a.gate_ptrs = L->d_ptrs;
+        a.up_ptrs = L->d_ptrs + c->n_expert;
+        a.down_ptrs = L->d_ptrs + 2 * c->n_expert;
+    }
+    a.path = path, a.scratch = scratch, a.scratch_bytes = scratch_bytes;
+    return a;
+}
+
+/* out (n_tok, n_embd) = sum_j w_j down_e(silu(gate_e x) * up_e x), in double. */
+static void reference_double(struct layer *L, const float *x, const int32_t *ids, const float *w,
+                             float *out)
+{
+    const struct moe_case *c = L->c;
+    double *h = (double *)xmalloc(sizeof(double) * c->n_ff);
+    double *o = (double *)xmalloc(sizeof(double) * c->n_embd);
+    for (int t = 0; t < c->n_tok; t++) {
+        const float *xt = x + (size_t)t * c->n_embd;
+        memset(o, 0, sizeof(double) * c->n_embd);
+        for (int j = 0; j < c->k; j++) {
+            int e = ids[t * c->k + j];
+            const float *g = layer_deq(L, e, 0), *u = layer_deq(L, e, 1), *d = layer_deq(L, e, 2);
+            for (int r = 0; r < c->n_ff; r++) {
+                double sg = 0, su = 0;
+                for (int i = 0; i < c->n_embd; i++) {
+                    sg += (double)g[(size_t)r * c->n_embd + i] * xt[i];
+                    su += (double)u[(size_t)r * c->n_embd + i] * xt[i];
+                }
+                h[r] = sg / (1.0 + exp(-sg)) * su;
+            }
+            for (int i = 0; i < c->n_embd; i++) {
+                double s = 0;
+                for (int r = 0; r < c->n_ff; r++)
+                    s += (double)d[(size_t)i * c->n_ff + r] * h[r];
+                o[i] += w[t * c->k + j] * s;
+            }
+        }
+        for (int i = 0; i < c->n_embd; i++)
+            out[(size_t)t * c->n_embd + i] = (float)o[i];
+    }
+    free(h), free(o);
+}
+
+/* The CPU backend's path: plan + moe_cpu_run (activations quantized to the dot formats). */
+static void reference_cpu(const struct layer *L, const float *x, const int32_t *ids, const float *w,
+                          float *out)
+{
+    const struct moe_case *c = L->c;
+    struct moe_plan plan;
+    struct moe_cpu *cpu;
+    if (moe_plan_init(&plan, c->n_tok, c->k, c->n_expert) ||
+        moe_cpu_open(c->n_tok, c->n_embd, c->n_ff, &cpu))
+        fatal("moe_plan_init / moe_cpu_open");
+    moe_plan_build(&plan, ids, w, c->n_tok);
+    struct moe_experts ex = {L->gate,     L->up,       L->down,     c->gt,     c->gt,  c->dt,
+                             L->g_stride, L->g_stride, L->d_stride, c->n_embd, c->n_ff};
+    if (moe_cpu_run(cpu, &plan, &ex, x, out))
+        fatal("moe_cpu_run");
+    moe_cpu_close(cpu);
+    moe_plan_free(&plan);
+}
+
+static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
+{
+    struct layer L;
+    layer_make(r, c, &L);
+    size_t nx = (size_t)c->n_tok * c->n_embd, nl = (size_t)c->n_tok * c->n_expert;
+    size_t nk = (size_t)c->n_tok * c->k;
+    float *x = rand_normal(r, nx, 1.0f), *logits = rand_normal(r, nl, 1.5f);
+    int32_t *ids_ref = (int32_t *)xmalloc(sizeof(int32_t) * nk),
+            *ids_got = (int32_t *)xmalloc(sizeof(int32_t) * nk);
+    float *w_ref = (float *)xmalloc(sizeof(float) * nk),
+          *w_got = (float *)xmalloc(sizeof(float) * nk);
+    float *ref = (float *)xmalloc(sizeof(float) * nx), *cpu = (float *)xmalloc(sizeof(float) * nx);
+    float *got[3];
+    for (int i = 0; i < 3; i++)
+        got[i] = (float *)xmalloc(sizeof(float) * nx);
+
+    moe_route_softmax_topk(logits, c->n_tok, c->n_expert, c->k, ids_ref, w_ref);
+    reference_double(&L, x, ids_ref, w_ref, ref);
+    reference_cpu(&L, x, ids_ref, w_ref, cpu);
+
+    float *d_x = (float *)dev_dup(x, nx * sizeof(float));
+    float *d_logits = (float *)dev_dup(logits, nl * sizeof(float));
+    int32_t *d_ids = (int32_t *)dev_alloc(sizeof(int32_t) * nk);
+    float *d_w = (float *)dev_alloc(sizeof(float) * nk),
+          *d_out = (float *)dev_alloc(sizeof(float) * nx);
+    struct cuda_moe_args probe =
+        layer_args(&L, NULL, NULL, NULL, NULL, NULL, 0, CUDA_MOE_PATH_AUTO, false);
+    size_t sb = cuda_moe_scratch_bytes(&probe);
+    void *d_scratch = dev_alloc(sb);
+    CHECK(sb > 0, "cuda_moe_scratch_bytes returned 0");
+
+    dev_poison(d_ids, sizeof(int32_t) * nk);
+    dev_poison(d_w, sizeof(float) * nk);
+    struct cuda_topk_args ta = {d_logits, c->n_tok, c->n_expert, c->k, d_ids, d_w, NULL};
+    int rc = cuda_softmax_topk(&ta);
+    dev_get(ids_got, d_ids, sizeof(int32_t) * nk);
+    dev_get(w_got, d_w, sizeof(float) * nk);
+    size_t id_bad = 0;
+    double werr = 0;
+    for (size_t i = 0; i < nk; i++) {
+        id_bad += ids_got[i] != ids_ref[i];
+        double d = isnan(w_got[i]) ? INFINITY : fabs((double)w_got[i] - w_ref[i]);
+        werr = d > werr ? d : werr;
+    }
+    CHECK(rc == 0 && id_bad == 0 && werr <= TOL_TOPK_W,
+          "routing: rc %d, %zu ids differ, "
+          "weight err %g",
+          rc, id_bad, werr);
+
+    /* 0: direct, 1: grouped, 2: slot tables on the automatic path */
+    static const enum cuda_moe_path paths[3] = {CUDA_MOE_PATH_DIRECT, CUDA_MOE_PATH_GROUPED,
+                                                CUDA_MOE_PATH_AUTO};
+    for (int i = 0; i < 3; i++) {
+        dev_poison(d_out, sizeof(float) * nx);
+        struct cuda_moe_args a =
+            layer_args(&L, d_out, d_x, d_ids, d_w, d_scratch, sb, paths[i], i == 2);
+        int rci = cuda_moe_ffn(&a);
+        dev_get(got[i], d_out, sizeof(float) * nx);
+        CHECK(rci == 0, "cuda_moe_ffn path %d: rc %d", i, rci);
+    }
+    double em, en, cm, cn, gm, gn;
+    errs(got[0], ref, nx, &em, &en);
+    errs(cpu, ref, nx, &cm, &cn);
+    errs(got[0], cpu, nx, &gm, &gn);
+    size_t dg = bits_differ(got[0], got[1], nx), ds = bits_differ(got[0], got[2], nx);
+    printf("moe %-5s/%-5s n_embd %4d n_ff %4d experts %3d k %d n_tok %3d: routing %zu ids "
+           "differ, w err %.2g | gpu vs double: norm %.3g max %.3g | cpu vs double: norm %.3g | "
+           "gpu vs cpu: norm %.3g | grouped/slots vs direct: %zu/%zu bits differ\n",
+           quant_type_name(c->gt), quant_type_name(c->dt), c->n_embd, c->n_ff, c->n_expert, c->k,
+           c->n_tok, id_bad, werr, en, em, cn, gn, dg, ds);
+    CHECK(en <= TOL_REF_NORM && em <= TOL_REF_MAX, "gpu vs double reference: norm %g max %g", en,
+          em);
+    CHECK(gn <= TOL_CPU_NORM, "gpu vs cpu path: norm %g", gn);
+    CHECK(dg == 0 && ds == 0, "paths disagree: grouped %zu, slots %zu elements differ", dg, ds);
+
+    if (bad_id) { /* one pair routed to a nonexistent expert: only its token turns NaN */
+        int t = (int)rng_below(r, (uint32_t)c->n_tok), j = (int)rng_below(r, (uint32_t)c->k);
+        int32_t bad = rng_below(r, 2) ? c->n_expert : -1;
+        dev_put(d_ids + t * c->k + j, &bad, sizeof(bad));
+        for (int i = 0; i < 2; i++) {
+            dev_poison(d_out, sizeof(float) * nx);
+            struct cuda_moe_args a =
+                layer_args(&L, d_out, d_x, d_ids, d_w, d_scratch, sb, paths[i], false);
+            int rci = cuda_moe_ffn(&a);
+            float *o = got[2];
+            dev_get(o, d_out, sizeof(float) * nx);
+            size_t nan_ok = 0, same = 0;
+            for (int tt = 0; tt < c->n_tok; tt++)
+                for (int e = 0; e < c->n_embd; e++) {
+                    size_t at = (size_t)tt * c->n_embd + e;
+                    if (tt == t)
+                        nan_ok += isnan(o[at]) != 0;
+                    else
+                        same += memcmp(o + at, got[0] + at, sizeof(float)) == 0;
+                }
+            printf("moe invalid id %d at (token %d, k %d), %s path: rc %d, %zu/%d NaN in its row, "
+                   "%zu/%zu other elements unchanged\n",
+                   bad, t, j, i ? "grouped" : "direct", rci, nan_ok, c->n_embd, same,
+                   nx - c->n_embd);
+            CHECK(rci == 0 && nan_ok == (size_t)c->n_embd && same == nx - c->n_embd,
+                  "invalid expert id not contained (path %d)", i);
+        }
+    }
+
+    struct cuda_moe_args small =
+        layer_args(&L, d_out, d_x, d_ids, d_w, d_scratch, sb - 1, CUDA_MOE_PATH_AUTO, false);
+    CHECK(cuda_moe_ffn(&small) == -EINVAL, "too little scratch was not refused");
+
+    cuda_free(d_x), cuda_free(d_logits), cuda_free(d_ids), cuda_free(d_w), cuda_free(d_out);
+    cuda_free(d_scratch);
+    free(x), free(logits), free(ids_ref), free(ids_got), free(w_ref), free(w_got), free(ref);
+    free(cpu), free(got[0]), free(got[1]), free(got[2]);
+    layer_free(&L);
+}
+
+/* Router + experts captured once in a CUDA graph, replayed on new inputs; each replay must
+ * equal the eager launches on the same inputs bit for bit. */
+static void run_graph_case(struct rng *r, const struct moe_case *c)
+{
+    struct layer L;
+    layer_make(r, c, &L);
+    size_t nx = (size_t)c->n_tok * c->n_embd, nl = (size_t)c->n_tok * c->n_expert;
+    size_t nk = (size_t)c->n_tok * c->k;
+    float *d_x = (float *)dev_alloc(nx * sizeof(float)),
+          *d_logits = (float *)dev_alloc(nl * sizeof(float));
+    int32_t *d_ids = (int32_t *)dev_alloc(sizeof(int32_t) * nk);
+    float *d_w = (float *)dev_alloc(sizeof(float) * nk),
+          *d_out = (float *)dev_alloc(sizeof(float) * nx);
+    float *g_out = (float *)xmalloc(sizeof(float) * nx),
+          *e_out = (float *)xmalloc(sizeof(float) * nx);
+    struct cuda_moe_args probe =
+        layer_args(&L, NULL, NULL, NULL, NULL, NULL, 0, CUDA_MOE_PATH_AUTO, false);
+    size_t sb = cuda_moe_scratch_bytes(&probe);
+    void *d_scratch = dev_alloc(sb);
+    cudaStream_t s;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+
+    if (CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) ||
+        CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal)))
+        fatal("stream capture");
+    struct cuda_topk_args ta = {d_logits, c->n_tok, c->n_expert, c->k, d_ids, d_w, s};
+    struct cuda_moe_args ma =
+        layer_args(&L, d_out, d_x, d_ids, d_w, d_scratch, sb, CUDA_MOE_PATH_AUTO, false);
+    ma.stream = s;
+    int rc = cuda_softmax_topk(&ta) | cuda_moe_ffn(&ma);
+    if (CUDA_CHECK(cudaStreamEndCapture(s, &graph)) ||
+        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0)))
+        fatal("graph instantiate");
+    CHECK(rc == 0, "launch inside capture failed: %d", rc);
+    size_t worst = 0;
+    for (int step = 0; step < 3; step++) {
+        float *x = rand_normal(r, nx, 1.0f), *logits = rand_normal(r, nl, 1.5f);
+        dev_put(d_x, x, nx * sizeof(float));
+        dev_put(d_logits, logits, nl * sizeof(float));
+        dev_poison(d_out, nx * sizeof(float));
+        if (CUDA_CHECK(cudaGraphLaunch(exec, s)) || CUDA_CHECK(cudaStreamSynchronize(s)))
+            fatal("cudaGraphLaunch");
+        dev_get(g_out, d_out, nx * sizeof(float));
+        dev_poison(d_out, nx * sizeof(float));
+        ta.stream = ma.stream = NULL;
+        rc = cuda_softmax_topk(&ta) | cuda_moe_ffn(&ma);
+        ta.stream = ma.stream = s;
+        dev_get(e_out, d_out, nx * sizeof(float));
+        size_t bad = bits_differ(g_out, e_out, nx);
+        worst = bad > worst ? bad : worst;
+        CHECK(rc == 0 && bad == 0, "graph replay %d: rc %d, %zu elements differ from eager", step,
+              rc, bad);
+        free(x), free(logits);
+    }
+    printf("moe graph %-5s/%-5s experts %3d k %d n_tok %3d (%s path): 3 replays, %zu elements "
+           "differ from eager launches\n",
+           quant_type_name(c->gt), quant_type_name(c->dt), c->n_expert, c->k, c->n_tok,
+           c->n_tok > CUDA_MOE_DIRECT_MAX_TOK ? "grouped" : "direct", worst);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(s);
+    cuda_free(d_x), cuda_free(d_logits), cuda_free(d_ids), cuda_free(d_w), cuda_free(d_out);
+    cuda_free(d_scratch);
+    free(g_out), free(e_out);
+    layer_free(&L);
+}
+
+int main(void)
+{
+    if (!test_gpu_available(NAME))
+        return TEST_SKIP;
+    struct rng r;
+    rng_seed(&r, test_seed(NAME), 0);
+    static const struct moe_case cases[] = {
+        /* qwen3moe Q4_K_M experts: decode and few tokens, 128 experts top-8 */
+        {QUANT_Q4_K, QUANT_Q6_K, 512, 768, 128, 8, 1},
+        {QUANT_Q4_K, QUANT_Q6_K, 512, 768, 128, 8, 3},
+        {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 128, 8, 100},
+        {QUANT_Q4_K, QUANT_Q6_K, 512, 256, 64, 8, 300},
+        {QUANT_Q5_K, QUANT_Q8_0, 256, 512, 32, 4, 33},
+        {QUANT_Q6_K, QUANT_Q5_K, 256, 512, 128, 8, 2},
+        {QUANT_Q8_0, QUANT_Q8_0, 352, 96, 8, 2, 1},     /* rows not a multiple of 256 */
+        {QUANT_Q8_0, QUANT_Q8_0, 352, 96, 8, 2, 40},    /* large tiles */
+        {QUANT_MXFP4, QUANT_MXFP4, 352, 160, 32, 4, 5}, /* gpt-oss experts */
+        {QUANT_MXFP4, QUANT_MXFP4, 352, 160, 8, 4, 30},
+        {QUANT_Q4_0, QUANT_Q4_K, 256, 256, 60, 4, 64},
+        {QUANT_F32, QUANT_F32, 200, 72, 8, 2, 16},
+        {QUANT_F16, QUANT_BF16, 256, 128, 16, 4, 4},
+        {QUANT_BF16, QUANT_F16, 128, 64, 8, 8, 7}, /* k = n_expert */
+    };
+    int n = (int)(sizeof(cases) / sizeof(cases[0]));
+    for (int i = 0; i < n; i++)
+        run_case(&r, &cases[i], i % 3 == 0);
+    static const struct moe_case graph_cases[] = {
+        {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 64, 8, 1},
+        {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 64, 8, 40},
+    };
+    for (int i = 0; i < 2; i++)
+        run_graph_case(&r, &graph_cases[i]);
+    return test_finish(NAME);
+}

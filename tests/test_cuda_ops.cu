@@ -1,0 +1,738 @@
+/* cuda_ops against the CPU references on fresh random data, outputs NaN-poisoned before each
+ * run, one line per case with its shape and error:
+ *   embed      vs quant_ref_dequantize: bit-exact (every type, random and drawn blocks), and
+ *              NaN rows for ids outside the table;
+ *   rmsnorm    vs ops_rmsnorm (plain, no weight, in place, fused residual): max rel 2e-6;
+ *   rope       vs ops_rope_neox (pos0 and per-token device positions): max rel 2e-6;
+ *   kv_store   exact copy, rows outside the cache skipped;
+ *   attention  vs ops_attention: head_dim 64/128/256, GQA 1/4/8, contexts 1..1000, decode
+ *              (split-K) and prefill (tiled), host and device positions, in place: max rel 2e-5
+ *              (cache rows past the last position are NaN, so reading them fails the case);
+ *   add        exact; argmax: the index of sampler_argmax (ties to the lowest);
+ *   topk       vs moe_route_softmax_topk: ids exact (also with tied logits), weights 2e-6 abs;
+ *   graph      a decode step (rope, kv_store, attention with device positions) captured once in
+ *              a CUDA graph and replayed at changing positions, vs the CPU step: max rel 2e-5.
+ * Replay a failure with STRATA_TEST_SEED. Exits 77 without a GPU. */
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_check.h"
+#include "cuda_mem.h"
+#include "cuda_ops.h"
+#include "moe.h"
+#include "ops_cpu.h"
+#include "quant.h"
+#include "quant_ref.h"
+#include "testutil.h"
+extern "C" { /* C headers without their own guard */
+#include "gen.h"
+#include "sampler.h"
+}
+
+#define TOL_NORM 2e-6
+#define TOL_ROPE 2e-6
+#define TOL_ATTN 2e-5
+#define TOL_TOPK_W 2e-6
+
+static const char *NAME = "test_cuda_ops";
+
+/* ---- host/device helpers ------------------------------------------------------------------ */
+
+static void fatal(const char *what)
+{
+    fprintf(stderr, "%s: %s failed\n", NAME, what);
+    exit(1);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        fatal("malloc");
+    return p;
+}
+
+static void *dev_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (cuda_malloc(&p, bytes))
+        fatal("cuda_malloc");
+    return p;
+}
+
+/* A device copy of host bytes. */
+static void *dev_dup(const void *h, size_t bytes)
+{
+    void *d = dev_alloc(bytes);
+    if (cuda_h2d(d, h, bytes, NULL) || cuda_stream_sync(NULL))
+        fatal("cuda_h2d");
+    return d;
+}
+
+static void dev_put(void *d, const void *h, size_t bytes)
+{
+    if (cuda_h2d(d, h, bytes, NULL) || cuda_stream_sync(NULL))
+        fatal("cuda_h2d");
+}
+
+static void dev_get(void *h, const void *d, size_t bytes)
+{
+    if (cuda_stream_sync(NULL) || cuda_d2h(h, d, bytes, NULL) || cuda_stream_sync(NULL))
+        fatal("cuda_d2h");
+}
+
+/* Fills device floats with NaN (all bits set). */
+static void dev_poison(void *d, size_t bytes)
+{
+    if (cuda_memset(d, 0xFF, bytes, NULL) || cuda_stream_sync(NULL))
+        fatal("cuda_memset");
+}
+
+static float *rand_normal(struct rng *r, size_t n, float std)
+{
+    float *v = (float *)xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        v[i] = std * rng_normal(r);
+    return v;
+}
+
+static uint64_t row_bytes_of(uint32_t type, int64_t n)
+{
+    uint64_t rb = 0;
+    if (quant_row_bytes(type, (uint64_t)n, &rb))
+        fatal("quant_row_bytes");
+    return rb;
+}
+
+/* Replaces an all-ones exponent (inf/NaN) of the f16 at p with a finite one. */
+static void f16_sanitize(uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    if (((h >> 10) & 0x1f) == 0x1f)
+        h &= ~0x4000;
+    memcpy(p, &h, 2);
+}
+
+/* Random bytes for n_rows rows of type with every float field finite: every code and scale
+ * bit pattern gets exercised. */
+static void rows_random_bytes(struct rng *r, uint32_t type, uint8_t *dst, int64_t n_rows, int64_t n,
+                              uint64_t row_bytes)
+{
+    const struct quant_type_info *ti = quant_type_find(type);
+    for (uint64_t i = 0; i < (uint64_t)n_rows * row_bytes; i++)
+        dst[i] = (uint8_t)rng_u32(r);
+    for (int64_t row = 0; row < n_rows; row++) {
+        uint8_t *p = dst + row * row_bytes;
+        for (int64_t b = 0; b < n / ti->block; b++) {
+            uint8_t *blk = p + b * ti->bytes;
+            switch (type) {
+            case QUANT_F32:
+                blk[3] &= ((blk[3] & 0x7f) == 0x7f && (blk[2] & 0x80)) ? 0xbf : 0xff;
+                break;
+            case QUANT_F16:
+                f16_sanitize(blk);
+                break;
+            case QUANT_BF16:
+                blk[1] &= ((blk[1] & 0x7f) == 0x7f && (blk[0] & 0x80)) ? 0xbf : 0xff;
+                break;
+            case QUANT_Q4_0:
+            case QUANT_Q8_0:
+                f16_sanitize(blk);
+                break;
+            case QUANT_Q4_K:
+            case QUANT_Q5_K:
+                f16_sanitize(blk), f16_sanitize(blk + 2);
+                break;
+            case QUANT_Q6_K:
+                f16_sanitize(blk + 208);
+                break;
+            default:
+                break; /* MXFP4: every byte pattern is finite or inf, never NaN */
+            }
+        }
+    }
+}
+
+/* Valid weights ~ N(0, std^2): gen_blocks_draw's direct code draws where it supports the type
+ * (and `draw`), else quant_ref_quantize of normals. */
+static void rows_draw(struct rng *r, uint32_t type, uint8_t *dst, int64_t n_rows, int64_t n,
+                      uint64_t row_bytes, float std, bool draw)
+{
+    float *x = (float *)xmalloc(sizeof(float) * n);
+    for (int64_t row = 0; row < n_rows; row++) {
+        uint8_t *p = dst + row * row_bytes;
+        if (draw && gen_blocks_can_draw(type)) {
+            if (gen_blocks_draw(type, p, (uint64_t)n, 0.0f, std, r))
+                fatal("gen_blocks_draw");
+            continue;
+        }
+        for (int64_t i = 0; i < n; i++)
+            x[i] = std * rng_normal(r);
+        if (quant_ref_quantize(type, x, p, n))
+            fatal("quant_ref_quantize");
+    }
+    free(x);
+}
+
+/* Number of float elements whose bits differ. */
+static size_t bits_differ(const float *a, const float *b, size_t n, size_t *first)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (memcmp(a + i, b + i, sizeof(float))) {
+            if (!bad)
+                *first = i;
+            bad++;
+        }
+    }
+    return bad;
+}
+
+/* ---- embed -------------------------------------------------------------------------------- */
+
+static void test_embed(struct rng *r)
+{
+    static const uint32_t types[] = {QUANT_F32,   QUANT_F16,  QUANT_BF16, QUANT_Q4_0, QUANT_Q8_0,
+                                     QUANT_MXFP4, QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K};
+    for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+        uint32_t type = types[ti];
+        int64_t blk = quant_type_find(type)->block;
+        const int64_t *dims;
+        static const int64_t d_k[] = {256, 768, 2048, 0}, d_32[] = {96, 2880, 4096, 0},
+                             d_f[] = {8, 200, 1024, 0};
+        dims = blk == 256 ? d_k : blk == 32 ? d_32 : d_f;
+        for (int di = 0; dims[di]; di++) {
+            for (int variant = 0; variant < 2; variant++) {
+                int64_t n_embd = dims[di], n_vocab = 20 + rng_below(r, 200);
+                int n = 1 + (int)rng_below(r, 40);
+                uint64_t rb = row_bytes_of(type, n_embd), row_bytes = rb + 16 * variant;
+                uint8_t *table = (uint8_t *)xmalloc(row_bytes * n_vocab);
+                if (variant == 0)
+                    rows_random_bytes(r, type, table, n_vocab, n_embd, row_bytes);
+                else
+                    rows_draw(r, type, table, n_vocab, n_embd, row_bytes, 1.0f, rng_below(r, 2));
+                int32_t *ids = (int32_t *)xmalloc(sizeof(int32_t) * n);
+                for (int i = 0; i < n; i++)
+                    ids[i] = (int32_t)rng_below(r, (uint32_t)n_vocab);
+                int bad_row = n > 2 ? (int)rng_below(r, (uint32_t)n) : -1;
+                if (bad_row >= 0)
+                    ids[bad_row] = rng_below(r, 2) ? (int32_t)n_vocab : -1;
+                float *ref = (float *)xmalloc(sizeof(float) * n * n_embd);
+                float *got = (float *)xmalloc(sizeof(float) * n * n_embd);
+                for (int i = 0; i < n; i++)
+                    if (i != bad_row &&
+                        quant_ref_dequantize(type, table + (uint64_t)ids[i] * row_bytes,
+                                             ref + (int64_t)i * n_embd, n_embd))
+                        fatal("quant_ref_dequantize");
+                void *d_table = dev_dup(table, row_bytes * n_vocab);
+                int32_t *d_ids = (int32_t *)dev_dup(ids, sizeof(int32_t) * n);
+                float *d_out = (float *)dev_alloc(sizeof(float) * n * n_embd);
+                dev_poison(d_out, sizeof(float) * n * n_embd);
+                struct cuda_embed_args a = {d_out,   d_table, type, row_bytes, n_embd,
+                                            n_vocab, d_ids,   n,    NULL};
+                int rc = cuda_embed(&a);
+                dev_get(got, d_out, sizeof(float) * n * n_embd);
+                size_t bad = 0, first = 0, nan_ok = 1;
+                for (int i = 0; i < n; i++) {
+                    size_t f = 0, b;
+                    if (i == bad_row) {
+                        for (int64_t j = 0; j < n_embd; j++)
+                            nan_ok &= isnan(got[(int64_t)i * n_embd + j]) != 0;
+                        continue;
+                    }
+                    b = bits_differ(got + (int64_t)i * n_embd, ref + (int64_t)i * n_embd, n_embd,
+                                    &f);
+                    if (b && !bad)
+                        first = (size_t)i * n_embd + f;
+                    bad += b;
+                }
+                printf("embed %-5s n_embd %5lld rows %3d of %3lld (%s%s): rc %d, %zu elements "
+                       "differ from quant_ref\n",
+                       quant_type_name(type), (long long)n_embd, n, (long long)n_vocab,
+                       variant ? "drawn" : "random bytes", variant ? ", padded rows" : "", rc, bad);
+                CHECK(rc == 0, "embed %s rc %d", quant_type_name(type), rc);
+                CHECK(bad == 0, "embed %s n_embd %lld: %zu differ, first at %zu: %.9g vs %.9g",
+                      quant_type_name(type), (long long)n_embd, bad, first, got[first], ref[first]);
+                CHECK(nan_ok, "embed %s: id outside the table did not give NaN",
+                      quant_type_name(type));
+                cuda_free(d_table), cuda_free(d_ids), cuda_free(d_out);
+                free(table), free(ids), free(ref), free(got);
+            }
+        }
+    }
+}
+
+/* ---- rmsnorm ------------------------------------------------------------------------------ */
+
+static void test_rmsnorm(struct rng *r)
+{
+    static const int shapes[][2] = {{1, 64},   {3, 128}, {7, 2048}, {300, 1024},
+                                    {2, 2880}, {5, 33},  {1, 7168}};
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        for (int mode = 0; mode < 4; mode++) { /* 0 plain, 1 no weight, 2 in place, 3 resid */
+            int rows = shapes[si][0], dim = shapes[si][1];
+            size_t n = (size_t)rows * dim;
+            float eps = mode == 1 ? 1e-5f : 1e-6f;
+            float *x =
+                rand_normal(r, n, powf(10.0f, rng_uniform(r, -3.0f, 1.0f))); /* eps matters */
+            float *res = rand_normal(r, n, 1.0f);
+            float *w = rand_normal(r, dim, 1.0f);
+            float *ref = (float *)xmalloc(n * sizeof(float)),
+                  *got = (float *)xmalloc(n * sizeof(float));
+            float *res_ref = (float *)xmalloc(n * sizeof(float)),
+                  *res_got = (float *)xmalloc(n * sizeof(float));
+            float *d_x = (float *)dev_dup(x, n * sizeof(float));
+            float *d_res = (float *)dev_dup(res, n * sizeof(float));
+            float *d_w = (float *)dev_dup(w, dim * sizeof(float));
+            float *d_out = mode == 2 ? d_x : (float *)dev_alloc(n * sizeof(float));
+            if (mode != 2)
+                dev_poison(d_out, n * sizeof(float));
+
+            if (mode == 3) {
+                for (size_t i = 0; i < n; i++)
+                    res_ref[i] = res[i] + x[i];
+                ops_rmsnorm(ref, res_ref, w, rows, dim, eps);
+            } else {
+                ops_rmsnorm(ref, x, mode == 1 ? NULL : w, rows, dim, eps);
+            }
+            struct cuda_rmsnorm_args a = {
+                d_out, d_x, mode == 3 ? d_res : NULL, mode == 1 ? NULL : d_w, rows, dim, eps, NULL};
+            int rc = cuda_rmsnorm(&a);
+            dev_get(got, d_out, n * sizeof(float));
+            double e = test_max_rel_err(got, ref, n);
+            double er = 0;
+            if (mode == 3) {
+                dev_get(res_got, d_res, n * sizeof(float));
+                er = test_max_rel_err(res_got, res_ref, n);
+            }
+            static const char *modes[] = {"weighted", "no weight", "in place", "fused resid"};
+            printf("rmsnorm rows %3d dim %5d %-11s: rc %d, max rel err %.3g%s", rows, dim,
+                   modes[mode], rc, e, mode == 3 ? "" : "\n");
+            if (mode == 3)
+                printf(", resid max rel err %.3g\n", er);
+            CHECK(rc == 0 && e <= TOL_NORM && er == 0,
+                  "rmsnorm rows %d dim %d mode %d: rc %d "
+                  "err %g resid err %g",
+                  rows, dim, mode, rc, e, er);
+            cuda_free(d_x), cuda_free(d_res), cuda_free(d_w);
+            if (mode != 2)
+                cuda_free(d_out);
+            free(x), free(res), free(w), free(ref), free(got), free(res_ref), free(res_got);
+        }
+    }
+}
+
+/* ---- rope --------------------------------------------------------------------------------- */
+
+static void test_rope(struct rng *r)
+{
+    struct {
+        int n_tok, heads, hd, pos0;
+        float base;
+        bool dev;
+    } cases[] = {
+        {1, 32, 128, 0, 1e6f, false},     {1, 4, 128, 977, 1e6f, true},
+        {7, 8, 64, 3, 10000.f, false},    {300, 4, 128, 0, 1e6f, false},
+        {33, 2, 256, 30000, 1e6f, true},  {5, 16, 96, 123, 5e5f, false},
+        {64, 1, 256, 999, 10000.f, true},
+    };
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+        int n_tok = cases[ci].n_tok, heads = cases[ci].heads, hd = cases[ci].hd;
+        size_t row = (size_t)heads * hd, n = n_tok * row;
+        float *x = rand_normal(r, n, 1.0f), *ref = (float *)xmalloc(n * sizeof(float));
+        float *got = (float *)xmalloc(n * sizeof(float));
+        int32_t *pos = (int32_t *)xmalloc(sizeof(int32_t) * n_tok);
+        memcpy(ref, x, n * sizeof(float));
+        for (int t = 0; t < n_tok; t++) {
+            /* device positions: arbitrary per token (lockstep streams), not pos0 + t */
+            pos[t] = cases[ci].dev ? (int32_t)rng_below(r, 40000) : cases[ci].pos0 + t;
+            ops_rope_neox(ref + t * row, 1, heads, hd, pos[t], cases[ci].base);
+        }
+        float *d_x = (float *)dev_dup(x, n * sizeof(float));
+        int32_t *d_pos = (int32_t *)dev_dup(pos, sizeof(int32_t) * n_tok);
+        struct cuda_rope_args a = {
+            d_x, n_tok, heads, hd, cases[ci].pos0, cases[ci].dev ? d_pos : NULL, cases[ci].base,
+            NULL};
+        int rc = cuda_rope_neox(&a);
+        dev_get(got, d_x, n * sizeof(float));
+        double e = test_max_rel_err(got, ref, n);
+        printf("rope n_tok %3d heads %2d head_dim %3d %s base %g: rc %d, max rel err %.3g\n", n_tok,
+               heads, hd, cases[ci].dev ? "device positions" : "pos0 + t        ", cases[ci].base,
+               rc, e);
+        CHECK(rc == 0 && e <= TOL_ROPE, "rope case %zu: rc %d err %g", ci, rc, e);
+        cuda_free(d_x), cuda_free(d_pos);
+        free(x), free(ref), free(got), free(pos);
+    }
+}
+
+/* ---- kv_store ----------------------------------------------------------------------------- */
+
+static void test_kv_store(struct rng *r)
+{
+    for (int ci = 0; ci < 4; ci++) {
+        int n_ctx = 50 + rng_below(r, 200), width = 1 + rng_below(r, 1100);
+        int n_tok = 1 + rng_below(r, 40), pos0 = rng_below(r, n_ctx - n_tok + 1);
+        bool dev = ci & 1;
+        size_t cn = (size_t)n_ctx * width;
+        float *cache = rand_normal(r, cn, 1.0f), *src = rand_normal(r, (size_t)n_tok * width, 1.0f);
+        float *ref = (float *)xmalloc(cn * sizeof(float)),
+              *got = (float *)xmalloc(cn * sizeof(float));
+        int32_t *pos = (int32_t *)xmalloc(sizeof(int32_t) * n_tok);
+        memcpy(ref, cache, cn * sizeof(float));
+        for (int t = 0; t < n_tok; t++) {
+            /* device positions: distinct random rows, one outside the cache when possible */
+            pos[t] = dev ? (int32_t)((t * 7919 + ci) % n_ctx) : pos0 + t;
+            if (dev && t == n_tok - 1 && n_tok > 1)
+                pos[t] = rng_below(r, 2) ? n_ctx : -1;
+        }
+        if (dev) /* the rows must be distinct for the result to be defined */
+            for (int t = 0; t < n_tok; t++)
+                for (int u = 0; u < t; u++)
+                    if (pos[u] == pos[t])
+                        pos[t] = -1;
+        for (int t = 0; t < n_tok; t++)
+            if (pos[t] >= 0 && pos[t] < n_ctx)
+                memcpy(ref + (size_t)pos[t] * width, src + (size_t)t * width,
+                       width * sizeof(float));
+        float *d_cache = (float *)dev_dup(cache, cn * sizeof(float));
+        float *d_src = (float *)dev_dup(src, (size_t)n_tok * width * sizeof(float));
+        int32_t *d_pos = (int32_t *)dev_dup(pos, sizeof(int32_t) * n_tok);
+        struct cuda_kv_store_args a = {
+            d_cache, d_src, n_tok, width, n_ctx, pos0, dev ? d_pos : NULL, NULL};
+        int rc = cuda_kv_store(&a);
+        dev_get(got, d_cache, cn * sizeof(float));
+        size_t first = 0, bad = bits_differ(got, ref, cn, &first);
+        printf("kv_store n_ctx %3d width %4d n_tok %2d %s: rc %d, %zu elements differ\n", n_ctx,
+               width, n_tok, dev ? "device positions" : "pos0 + t", rc, bad);
+        CHECK(rc == 0 && bad == 0, "kv_store case %d: rc %d, %zu differ", ci, rc, bad);
+        cuda_free(d_cache), cuda_free(d_src), cuda_free(d_pos);
+        free(cache), free(src), free(ref), free(got), free(pos);
+    }
+    struct cuda_kv_store_args bad = {(float *)8, (const float *)8, 4, 16, 10, 7, NULL, NULL};
+    CHECK(cuda_kv_store(&bad) == -EINVAL, "kv_store past the cache end was not refused");
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+struct attn_case {
+    int hd, G, n_kv, n_tok, pos0, ctx_slack;
+    bool dev;     /* positions from device memory */
+    bool inplace; /* out == q */
+    float qscale; /* larger: peakier softmax */
+};
+
+static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scratch,
+                          size_t scratch_bytes)
+{
+    int n_head = c->G * c->n_kv, hd = c->hd, n_tok = c->n_tok;
+    int n_ctx = c->pos0 + n_tok + c->ctx_slack;
+    size_t qn = (size_t)n_tok * n_head * hd, kvw = (size_t)c->n_kv * hd, cn = (size_t)n_ctx * kvw;
+    float *q = rand_normal(r, qn, c->qscale);
+    float *kc = rand_normal(r, cn, 1.0f), *vc = rand_normal(r, cn, 1.0f);
+    float *ref = (float *)xmalloc(qn * sizeof(float)), *got = (float *)xmalloc(qn * sizeof(float));
+    int32_t *pos = (int32_t *)xmalloc(sizeof(int32_t) * n_tok);
+    int last = c->pos0 + n_tok - 1;
+
+    for (int t = 0; t < n_tok; t++)
+        pos[t] = c->pos0 + t;
+    /* rows past the last position are never valid keys: NaN there fails any case that reads
+     * them (the CPU reference never does) */
+    for (size_t i = (size_t)(last + 1) * kvw; i < cn; i++)
+        kc[i] = vc[i] = NAN;
+    float scale = 1.0f / sqrtf((float)hd);
+    struct ops_attn o = {ref, q, kc, vc, c->pos0, n_tok, n_head, c->n_kv, hd, scale};
+    ops_attention(&o);
+
+    float *d_q = (float *)dev_dup(q, qn * sizeof(float));
+    float *d_k = (float *)dev_dup(kc, cn * sizeof(float));
+    float *d_v = (float *)dev_dup(vc, cn * sizeof(float));
+    int32_t *d_pos = (int32_t *)dev_dup(pos, sizeof(int32_t) * n_tok);
+    float *d_out = c->inplace ? d_q : (float *)dev_alloc(qn * sizeof(float));
+    if (!c->inplace)
+        dev_poison(d_out, qn * sizeof(float));
+    struct cuda_attn_args a = {};
+    a.out = d_out;
+    a.q = d_q;
+    a.k_cache = d_k;
+    a.v_cache = d_v;
+    a.pos0 = c->dev ? -12345 : c->pos0; /* must be ignored with device positions */
+    a.pos_dev = c->dev ? d_pos : NULL;
+    a.n_tok = n_tok;
+    a.n_ctx = n_ctx;
+    a.n_head = n_head;
+    a.n_head_kv = c->n_kv;
+    a.head_dim = hd;
+    a.scale = scale;
+    a.scratch = d_scratch;
+    a.scratch_bytes = scratch_bytes;
+    int rc = cuda_attention(&a);
+    dev_get(got, d_out, qn * sizeof(float));
+    double e = test_max_rel_err(got, ref, qn), en = test_norm_rel_err(got, ref, qn);
+    printf("attention head_dim %3d heads %2d/%d (GQA %d) n_tok %3d keys %4d..%4d n_ctx %4d %s%s:"
+           " rc %d, max rel %.3g, norm rel %.3g\n",
+           hd, n_head, c->n_kv, c->G, n_tok, c->pos0 + 1, last + 1, n_ctx,
+           c->dev ? "dev-pos" : "pos0", c->inplace ? " in-place" : "", rc, e, en);
+    CHECK(rc == 0 && e <= TOL_ATTN, "attention hd %d G %d n_kv %d n_tok %d pos0 %d: rc %d err %g",
+          hd, c->G, c->n_kv, n_tok, c->pos0, rc, e);
+    cuda_free(d_q), cuda_free(d_k), cuda_free(d_v), cuda_free(d_pos);
+    if (!c->inplace)
+        cuda_free(d_out);
+    free(q), free(kc), free(vc), free(ref), free(got), free(pos);
+}
+
+static void test_attention(struct rng *r)
+{
+    static const int hds[] = {64, 128, 256}, gs[] = {1, 4, 8};
+    size_t scratch_bytes = cuda_attention_scratch_bytes(64, 256);
+    void *d_scratch = dev_alloc(scratch_bytes);
+    CHECK(scratch_bytes > 0, "cuda_attention_scratch_bytes returned 0");
+    for (int hi = 0; hi < 3; hi++) {
+        for (int gi = 0; gi < 3; gi++) {
+            int n_kv = gs[gi] == 8 ? 1 + rng_below(r, 2) : 1 + rng_below(r, 4);
+            /* decode: contexts 1..1000, tile and split boundaries included */
+            static const int dpos[] = {0, 1, 15, 16, 31, 32, 33, 100};
+            int np = (int)(sizeof(dpos) / sizeof(dpos[0]));
+            for (int pi = 0; pi <= np; pi++) {
+                int pos0 = pi < np ? dpos[pi] : 500 + (int)rng_below(r, 500);
+                struct attn_case c = {hds[hi],     gs[gi], n_kv,
+                                      1,           pos0,   (int)rng_below(r, 50),
+                                      pi % 2 == 1, false,  1.0f + 2.0f * rng_f32(r)};
+                run_attn_case(r, &c, d_scratch, scratch_bytes);
+            }
+            /* decode with a graph-sized cache: the split comes from n_ctx, not the position */
+            struct attn_case big = {hds[hi], gs[gi], n_kv,  1,   (int)rng_below(r, 40),
+                                    960,     true,   false, 1.0f};
+            run_attn_case(r, &big, d_scratch, scratch_bytes);
+            /* prefill and few-token cases */
+            static const int toks[] = {2, 5, 17, 64, 300};
+            for (int ti = 0; ti < 5; ti++) {
+                int n_tok = toks[ti];
+                int pos0 = ti % 2 ? (int)rng_below(r, 700) : 0;
+                struct attn_case c = {hds[hi], gs[gi],  n_kv,
+                                      n_tok,   pos0,    (int)rng_below(r, 20),
+                                      ti == 2, ti == 3, 1.0f + 2.0f * rng_f32(r)};
+                run_attn_case(r, &c, d_scratch, scratch_bytes);
+            }
+        }
+    }
+    struct attn_case odd = {96, 2, 3, 9, 41, 3, false, false, 2.0f}; /* head_dim 96, GQA 2 */
+    run_attn_case(r, &odd, d_scratch, scratch_bytes);
+    cuda_free(d_scratch);
+}
+
+/* ---- add, argmax, topk -------------------------------------------------------------------- */
+
+static void test_add(struct rng *r)
+{
+    static const size_t ns[] = {1, 7, 2048, 100003};
+    for (int i = 0; i < 4; i++) {
+        size_t n = ns[i];
+        float *x = rand_normal(r, n, 1.0f), *y = rand_normal(r, n, 1.0f);
+        float *ref = (float *)xmalloc(n * sizeof(float)),
+              *got = (float *)xmalloc(n * sizeof(float));
+        for (size_t j = 0; j < n; j++)
+            ref[j] = x[j] + y[j];
+        float *d_x = (float *)dev_dup(x, n * sizeof(float)),
+              *d_y = (float *)dev_dup(y, n * sizeof(float));
+        int rc = cuda_add(d_x, d_y, n, NULL);
+        dev_get(got, d_x, n * sizeof(float));
+        size_t first = 0, bad = bits_differ(got, ref, n, &first);
+        printf("add n %6zu: rc %d, %zu elements differ\n", n, rc, bad);
+        CHECK(rc == 0 && bad == 0, "add n %zu: rc %d, %zu differ", n, rc, bad);
+        cuda_free(d_x), cuda_free(d_y);
+        free(x), free(y), free(ref), free(got);
+    }
+}
+
+static void test_argmax(struct rng *r)
+{
+    static const int ns[] = {1, 7, 1000, 151936};
+    for (int i = 0; i < 4; i++) {
+        int n = ns[i], rows = 1 + rng_below(r, 4);
+        float *x = rand_normal(r, (size_t)rows * n, 3.0f);
+        int32_t *got = (int32_t *)xmalloc(sizeof(int32_t) * rows);
+        for (int row = 0; row < rows; row++) {
+            float *xr = x + (size_t)row * n;
+            if (row % 2 == 1) { /* ties: the maximum at several places, the lowest must win */
+                float mx = xr[sampler_argmax(xr, n)];
+                for (int k = 0; k < 3; k++)
+                    xr[rng_below(r, n)] = mx;
+            }
+            if (row == 2)
+                for (int j = 0; j < n; j++)
+                    xr[j] = -1.5f; /* all equal: index 0 */
+        }
+        float *d_x = (float *)dev_dup(x, sizeof(float) * rows * n);
+        int32_t *d_out = (int32_t *)dev_alloc(sizeof(int32_t) * rows);
+        dev_poison(d_out, sizeof(int32_t) * rows);
+        int rc = cuda_argmax(d_x, rows, n, d_out, NULL);
+        dev_get(got, d_out, sizeof(int32_t) * rows);
+        int bad = 0;
+        for (int row = 0; row < rows; row++)
+            bad += got[row] != sampler_argmax(x + (size_t)row * n, n);
+        printf("argmax rows %d n %6d (with ties): rc %d, %d rows differ\n", rows, n, rc, bad);
+        CHECK(rc == 0 && bad == 0, "argmax n %d: rc %d, %d rows differ", n, rc, bad);
+        cuda_free(d_x), cuda_free(d_out);
+        free(x), free(got);
+    }
+}
+
+static void test_topk(struct rng *r)
+{
+    static const int experts[] = {8, 32, 60, 64, 128, 256, 512, 1024};
+    static const int ks[] = {1, 2, 4, 8};
+    static const int toks[] = {1, 7, 300};
+    for (int ei = 0; ei < 8; ei++) {
+        for (int ki = 0; ki < 4; ki++) {
+            int n_expert = experts[ei], k = ks[ki], n_tok = toks[(ei + ki) % 3];
+            bool ties = (ei + ki) % 2;
+            size_t nl = (size_t)n_tok * n_expert, nk = (size_t)n_tok * k;
+            float *l = rand_normal(r, nl, 2.0f);
+            if (ties) /* exact ties: coarse values so that many logits are equal */
+                for (size_t i = 0; i < nl; i++)
+                    l[i] = floorf(l[i] * 2.0f) * 0.5f;
+            int32_t *ids_ref = (int32_t *)xmalloc(sizeof(int32_t) * nk);
+            int32_t *ids_got = (int32_t *)xmalloc(sizeof(int32_t) * nk);
+            float *w_ref = (float *)xmalloc(sizeof(float) * nk),
+                  *w_got = (float *)xmalloc(sizeof(float) * nk);
+            moe_route_softmax_topk(l, n_tok, n_expert, k, ids_ref, w_ref);
+            float *d_l = (float *)dev_dup(l, nl * sizeof(float));
+            int32_t *d_ids = (int32_t *)dev_alloc(sizeof(int32_t) * nk);
+            float *d_w = (float *)dev_alloc(sizeof(float) * nk);
+            dev_poison(d_ids, sizeof(int32_t) * nk);
+            dev_poison(d_w, sizeof(float) * nk);
+            struct cuda_topk_args a = {d_l, n_tok, n_expert, k, d_ids, d_w, NULL};
+            int rc = cuda_softmax_topk(&a);
+            dev_get(ids_got, d_ids, sizeof(int32_t) * nk);
+            dev_get(w_got, d_w, sizeof(float) * nk);
+            size_t id_bad = 0;
+            double werr = 0;
+            for (size_t i = 0; i < nk; i++) {
+                id_bad += ids_got[i] != ids_ref[i];
+                double d = fabs((double)w_got[i] - w_ref[i]);
+                werr = isnan(w_got[i]) ? INFINITY : d > werr ? d : werr;
+            }
+            printf("topk n_expert %4d k %d n_tok %3d%s: rc %d, %zu ids differ, weights max abs "
+                   "err %.3g\n",
+                   n_expert, k, n_tok, ties ? " (tied logits)" : "", rc, id_bad, werr);
+            CHECK(rc == 0 && id_bad == 0 && werr <= TOL_TOPK_W,
+                  "topk n_expert %d k %d: rc %d, %zu ids differ, weight err %g", n_expert, k, rc,
+                  id_bad, werr);
+            cuda_free(d_l), cuda_free(d_ids), cuda_free(d_w);
+            free(l), free(ids_ref), free(ids_got), free(w_ref), free(w_got);
+        }
+    }
+    struct cuda_topk_args bad = {(const float *)8, 1, 8, 9, (int32_t *)8, (float *)8, NULL};
+    CHECK(cuda_softmax_topk(&bad) == -EINVAL, "topk with k > n_expert was not refused");
+}
+
+/* ---- a decode step captured in a CUDA graph, replayed at changing positions --------------- */
+
+static void test_graph(struct rng *r)
+{
+    const int hd = 128, n_kv = 2, G = 4, n_head = n_kv * G, n_ctx = 300;
+    const float base = 1e6f, scale = 1.0f / sqrtf((float)hd);
+    const size_t qn = (size_t)n_head * hd, kvw = (size_t)n_kv * hd, cn = (size_t)n_ctx * kvw;
+    float *kc = (float *)xmalloc(cn * sizeof(float)), *vc = (float *)xmalloc(cn * sizeof(float));
+    float *ref = (float *)xmalloc(qn * sizeof(float)), *got = (float *)xmalloc(qn * sizeof(float));
+    for (size_t i = 0; i < cn; i++)
+        kc[i] = vc[i] = NAN; /* unwritten cache rows */
+    float *d_q = (float *)dev_alloc(qn * sizeof(float)),
+          *d_out = (float *)dev_alloc(qn * sizeof(float));
+    float *d_knew = (float *)dev_alloc(kvw * sizeof(float)),
+          *d_vnew = (float *)dev_alloc(kvw * sizeof(float));
+    float *d_k = (float *)dev_dup(kc, cn * sizeof(float)),
+          *d_v = (float *)dev_dup(vc, cn * sizeof(float));
+    int32_t *d_pos = (int32_t *)dev_alloc(sizeof(int32_t));
+    size_t sb = cuda_attention_scratch_bytes(n_head, hd);
+    void *d_scratch = dev_alloc(sb);
+    cudaStream_t s;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    int rc = 0;
+
+    if (CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)))
+        fatal("cudaStreamCreate");
+    if (CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal)))
+        fatal("cudaStreamBeginCapture");
+    struct cuda_rope_args rq = {d_q, 1, n_head, hd, 0, d_pos, base, s};
+    struct cuda_rope_args rk = {d_knew, 1, n_kv, hd, 0, d_pos, base, s};
+    struct cuda_kv_store_args sk = {d_k, d_knew, 1, (int)kvw, n_ctx, 0, d_pos, s};
+    struct cuda_kv_store_args sv = {d_v, d_vnew, 1, (int)kvw, n_ctx, 0, d_pos, s};
+    struct cuda_attn_args at = {};
+    at.out = d_out, at.q = d_q, at.k_cache = d_k, at.v_cache = d_v, at.pos_dev = d_pos;
+    at.n_tok = 1, at.n_ctx = n_ctx, at.n_head = n_head, at.n_head_kv = n_kv, at.head_dim = hd;
+    at.scale = scale, at.scratch = d_scratch, at.scratch_bytes = sb, at.stream = s;
+    rc |= cuda_rope_neox(&rq) | cuda_rope_neox(&rk) | cuda_kv_store(&sk) | cuda_kv_store(&sv);
+    rc |= cuda_attention(&at);
+    if (CUDA_CHECK(cudaStreamEndCapture(s, &graph)) ||
+        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0)))
+        fatal("graph capture");
+    CHECK(rc == 0, "launch inside capture failed: %d", rc);
+
+    double worst = 0;
+    int steps = 0;
+    for (int pos = 0; pos < n_ctx; pos++) {
+        float *q = rand_normal(r, qn, 2.0f), *kn = rand_normal(r, kvw, 1.0f);
+        float *vn = rand_normal(r, kvw, 1.0f);
+        bool run = pos < 40 || pos >= n_ctx - 8;
+        int32_t p32 = pos;
+        if (run) { /* a graph step on the device, the same step on the CPU */
+            dev_put(d_q, q, qn * sizeof(float));
+            dev_put(d_knew, kn, kvw * sizeof(float));
+            dev_put(d_vnew, vn, kvw * sizeof(float));
+            dev_put(d_pos, &p32, sizeof(int32_t));
+            dev_poison(d_out, qn * sizeof(float));
+            if (CUDA_CHECK(cudaGraphLaunch(exec, s)) || CUDA_CHECK(cudaStreamSynchronize(s)))
+                fatal("cudaGraphLaunch");
+        }
+        ops_rope_neox(q, 1, n_head, hd, pos, base);
+        ops_rope_neox(kn, 1, n_kv, hd, pos, base);
+        memcpy(kc + pos * kvw, kn, kvw * sizeof(float));
+        memcpy(vc + pos * kvw, vn, kvw * sizeof(float));
+        if (!run) { /* positions skipped by the graph: fill the device cache directly */
+            dev_put(d_k + pos * kvw, kn, kvw * sizeof(float));
+            dev_put(d_v + pos * kvw, vn, kvw * sizeof(float));
+        } else {
+            struct ops_attn o = {ref, q, kc, vc, pos, 1, n_head, n_kv, hd, scale};
+            ops_attention(&o);
+            dev_get(got, d_out, qn * sizeof(float));
+            double e = test_max_rel_err(got, ref, qn);
+            worst = e > worst ? e : worst;
+            steps++;
+            CHECK(e <= TOL_ATTN, "graph replay at position %d: max rel err %g", pos, e);
+        }
+        free(q), free(kn), free(vn);
+    }
+    printf("graph decode step (rope q/k, kv_store k/v, attention; head_dim %d, heads %d/%d, "
+           "n_ctx %d) replayed %d times at positions 0..39 and %d..%d: worst max rel err %.3g\n",
+           hd, n_head, n_kv, n_ctx, steps, n_ctx - 8, n_ctx - 1, worst);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(s);
+    cuda_free(d_q), cuda_free(d_out), cuda_free(d_knew), cuda_free(d_vnew), cuda_free(d_k);
+    cuda_free(d_v), cuda_free(d_pos), cuda_free(d_scratch);
+    free(kc), free(vc), free(ref), free(got);
+}
+
+int main(void)
+{
+    if (!test_gpu_available(NAME))
+        return TEST_SKIP;
+    struct rng r;
+    rng_seed(&r, test_seed(NAME), 0);
+    test_embed(&r);
+    test_rmsnorm(&r);
+    test_rope(&r);
+    test_kv_store(&r);
+    test_attention(&r);
+    test_add(&r);
+    test_argmax(&r);
+    test_topk(&r);
+    test_graph(&r);
+    return test_finish(NAME);
+}
