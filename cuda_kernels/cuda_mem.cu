@@ -3,6 +3,7 @@
 #include "cuda_mem.h"
 
 #include <errno.h>
+#include <stdlib.h>
 
 static int cuda_rc(cudaError_t e)
 {
@@ -83,4 +84,46 @@ extern "C" int cuda_last_error(const char *what)
     if (e != cudaSuccess)
         fprintf(stderr, "%s: %s (%s)\n", what, cudaGetErrorString(e), cudaGetErrorName(e));
     return cuda_rc(e);
+}
+
+static int cuda_cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+extern "C" double cuda_copy_bandwidth(size_t bytes, int reps)
+{
+    void *src = NULL, *dst = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float *ms = (float *)calloc((size_t)(reps > 0 ? reps : 1), sizeof(float));
+    double bw = 0;
+
+    if (!ms || reps < 1 || cudaMalloc(&src, bytes) != cudaSuccess ||
+        cudaMalloc(&dst, bytes) != cudaSuccess || cudaEventCreate(&e0) != cudaSuccess ||
+        cudaEventCreate(&e1) != cudaSuccess)
+        goto out;
+    cudaMemset(src, 1, bytes);
+    cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice); /* warm-up */
+    for (int r = 0; r < reps; r++) {
+        cudaEventRecord(e0, 0);
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0);
+        cudaEventRecord(e1, 0);
+        if (CUDA_CHECK(cudaEventSynchronize(e1)) != cudaSuccess)
+            goto out;
+        cudaEventElapsedTime(&ms[r], e0, e1);
+    }
+    qsort(ms, (size_t)reps, sizeof(float), cuda_cmp_float);
+    if (ms[reps / 2] > 0)
+        bw = 2.0 * (double)bytes / (ms[reps / 2] * 1e-3);
+out:
+    (void)cudaGetLastError();
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    cudaFree(src);
+    cudaFree(dst);
+    free(ms);
+    return bw;
 }

@@ -23,6 +23,10 @@ void cuda_stream_destroy(void *stream);
 int cuda_stream_sync(void *stream);
 /* Bytes free and total on the current device. */
 int cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+/* Device memory bandwidth: median over reps of a device-to-device copy of `bytes`, counted
+ * as bytes read plus bytes written per second (the HBM floor's denominator). 0 on failure. */
+double cuda_copy_bandwidth(size_t bytes, int reps);
+
 /* Checks for an error left by an earlier launch (cudaGetLastError); names WHAT in the report. */
 int cuda_last_error(const char *what);
 
