@@ -47,50 +47,9 @@ static void fatal(const char *what)
     exit(1);
 }
 
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p)
-        fatal("malloc");
-    return p;
-}
-
-static void *dev_alloc(size_t bytes)
-{
-    void *p = NULL;
-    if (cuda_malloc(&p, bytes))
-        fatal("cuda_malloc");
-    return p;
-}
-
-static void dev_put(void *d, const void *h, size_t bytes)
-{
-    if (cuda_h2d(d, h, bytes, NULL) || cuda_stream_sync(NULL))
-        fatal("cuda_h2d");
-}
-
-static void *dev_dup(const void *h, size_t bytes)
-{
-    void *d = dev_alloc(bytes);
-    dev_put(d, h, bytes);
-    return d;
-}
-
-static void dev_get(void *h, const void *d, size_t bytes)
-{
-    if (cuda_stream_sync(NULL) || cuda_d2h(h, d, bytes, NULL) || cuda_stream_sync(NULL))
-        fatal("cuda_d2h");
-}
-
-static void dev_poison(void *d, size_t bytes)
-{
-    if (cuda_memset(d, 0xFF, bytes, NULL) || cuda_stream_sync(NULL))
-        fatal("cuda_memset");
-}
-
 static float *rand_normal(struct rng *r, size_t n, float std)
 {
-    float *v = (float *)xmalloc(n * sizeof(float));
+    float *v = (float *)test_xmalloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++)
         v[i] = std * rng_normal(r);
     return v;
@@ -109,8 +68,8 @@ static uint64_t row_bytes_of(uint32_t type, int64_t n)
 static uint8_t *weights_draw(struct rng *r, uint32_t type, int64_t n_rows, int64_t n, float std)
 {
     uint64_t rb = row_bytes_of(type, n);
-    uint8_t *w = (uint8_t *)xmalloc(rb * n_rows);
-    float *x = (float *)xmalloc(sizeof(float) * n);
+    uint8_t *w = (uint8_t *)test_xmalloc(rb * n_rows);
+    float *x = (float *)test_xmalloc(sizeof(float) * n);
     for (int64_t row = 0; row < n_rows; row++) {
         if (type != QUANT_F32 && gen_blocks_can_draw(type)) {
             if (gen_blocks_draw(type, w + row * rb, (uint64_t)n, 0.0f, std, r))
@@ -169,7 +128,7 @@ static const float *layer_deq(struct layer *L, int e, int which)
         const uint8_t *src = which == 0   ? L->gate + e * L->g_stride
                              : which == 1 ? L->up + e * L->g_stride
                                           : L->down + e * L->d_stride;
-        *slot = (float *)xmalloc(sizeof(float) * rows * n);
+        *slot = (float *)test_xmalloc(sizeof(float) * rows * n);
         if (quant_ref_dequantize(t, src, *slot, rows * n))
             fatal("quant_ref_dequantize");
     }
@@ -191,24 +150,24 @@ static void layer_make(struct rng *r, const struct moe_case *c, struct layer *L)
     L->down = weights_draw(r, c->dt, (int64_t)c->n_expert * c->n_embd, c->n_ff,
                            1.0f / sqrtf((float)c->n_ff));
     L->deq = (float **)calloc((size_t)c->n_expert * 3, sizeof(float *));
-    L->d_gate = dev_dup(L->gate, L->g_stride * c->n_expert);
-    L->d_up = dev_dup(L->up, L->g_stride * c->n_expert);
-    L->d_down = dev_dup(L->down, L->d_stride * c->n_expert);
+    L->d_gate = test_dev_dup(L->gate, L->g_stride * c->n_expert);
+    L->d_up = test_dev_dup(L->up, L->g_stride * c->n_expert);
+    L->d_down = test_dev_dup(L->down, L->d_stride * c->n_expert);
     /* the slot copy: gate, up, down of expert e in slot n_expert - 1 - e */
     uint64_t slot = 2 * L->g_stride + L->d_stride;
     slot = (slot + 255) & ~(uint64_t)255;
-    L->d_slots = dev_alloc(slot * c->n_expert);
-    const void **ptrs = (const void **)xmalloc(sizeof(void *) * 3 * c->n_expert);
+    L->d_slots = test_dev_alloc(slot * c->n_expert);
+    const void **ptrs = (const void **)test_xmalloc(sizeof(void *) * 3 * c->n_expert);
     for (int e = 0; e < c->n_expert; e++) {
         uint8_t *s = (uint8_t *)L->d_slots + slot * (c->n_expert - 1 - e);
-        dev_put(s, L->gate + e * L->g_stride, L->g_stride);
-        dev_put(s + L->g_stride, L->up + e * L->g_stride, L->g_stride);
-        dev_put(s + 2 * L->g_stride, L->down + e * L->d_stride, L->d_stride);
+        test_dev_put(s, L->gate + e * L->g_stride, L->g_stride);
+        test_dev_put(s + L->g_stride, L->up + e * L->g_stride, L->g_stride);
+        test_dev_put(s + 2 * L->g_stride, L->down + e * L->d_stride, L->d_stride);
         ptrs[e] = s;
         ptrs[c->n_expert + e] = s + L->g_stride;
         ptrs[2 * c->n_expert + e] = s + 2 * L->g_stride;
     }
-    L->d_ptrs = (const void **)dev_dup(ptrs, sizeof(void *) * 3 * c->n_expert);
+    L->d_ptrs = (const void **)test_dev_dup(ptrs, sizeof(void *) * 3 * c->n_expert);
     free(ptrs);
 }
 
@@ -247,8 +206,8 @@ static void reference_double(struct layer *L, const float *x, const int32_t *ids
                              float *out)
 {
     const struct moe_case *c = L->c;
-    double *h = (double *)xmalloc(sizeof(double) * c->n_ff);
-    double *o = (double *)xmalloc(sizeof(double) * c->n_embd);
+    double *h = (double *)test_xmalloc(sizeof(double) * c->n_ff);
+    double *o = (double *)test_xmalloc(sizeof(double) * c->n_embd);
     for (int t = 0; t < c->n_tok; t++) {
         const float *xt = x + (size_t)t * c->n_embd;
         memset(o, 0, sizeof(double) * c->n_embd);
@@ -302,36 +261,36 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
     size_t nx = (size_t)c->n_tok * c->n_embd, nl = (size_t)c->n_tok * c->n_expert;
     size_t nk = (size_t)c->n_tok * c->k;
     float *x = rand_normal(r, nx, 1.0f), *logits = rand_normal(r, nl, 1.5f);
-    int32_t *ids_ref = (int32_t *)xmalloc(sizeof(int32_t) * nk),
-            *ids_got = (int32_t *)xmalloc(sizeof(int32_t) * nk);
-    float *w_ref = (float *)xmalloc(sizeof(float) * nk),
-          *w_got = (float *)xmalloc(sizeof(float) * nk);
-    float *ref = (float *)xmalloc(sizeof(float) * nx), *cpu = (float *)xmalloc(sizeof(float) * nx);
+    int32_t *ids_ref = (int32_t *)test_xmalloc(sizeof(int32_t) * nk),
+            *ids_got = (int32_t *)test_xmalloc(sizeof(int32_t) * nk);
+    float *w_ref = (float *)test_xmalloc(sizeof(float) * nk),
+          *w_got = (float *)test_xmalloc(sizeof(float) * nk);
+    float *ref = (float *)test_xmalloc(sizeof(float) * nx), *cpu = (float *)test_xmalloc(sizeof(float) * nx);
     float *got[3];
     for (int i = 0; i < 3; i++)
-        got[i] = (float *)xmalloc(sizeof(float) * nx);
+        got[i] = (float *)test_xmalloc(sizeof(float) * nx);
 
     moe_route_softmax_topk(logits, c->n_tok, c->n_expert, c->k, ids_ref, w_ref);
     reference_double(&L, x, ids_ref, w_ref, ref);
     reference_cpu(&L, x, ids_ref, w_ref, cpu);
 
-    float *d_x = (float *)dev_dup(x, nx * sizeof(float));
-    float *d_logits = (float *)dev_dup(logits, nl * sizeof(float));
-    int32_t *d_ids = (int32_t *)dev_alloc(sizeof(int32_t) * nk);
-    float *d_w = (float *)dev_alloc(sizeof(float) * nk),
-          *d_out = (float *)dev_alloc(sizeof(float) * nx);
+    float *d_x = (float *)test_dev_dup(x, nx * sizeof(float));
+    float *d_logits = (float *)test_dev_dup(logits, nl * sizeof(float));
+    int32_t *d_ids = (int32_t *)test_dev_alloc(sizeof(int32_t) * nk);
+    float *d_w = (float *)test_dev_alloc(sizeof(float) * nk),
+          *d_out = (float *)test_dev_alloc(sizeof(float) * nx);
     struct cuda_moe_args probe =
         layer_args(&L, NULL, NULL, NULL, NULL, NULL, 0, CUDA_MOE_PATH_AUTO, false);
     size_t sb = cuda_moe_scratch_bytes(&probe);
-    void *d_scratch = dev_alloc(sb);
+    void *d_scratch = test_dev_alloc(sb);
     CHECK(sb > 0, "cuda_moe_scratch_bytes returned 0");
 
-    dev_poison(d_ids, sizeof(int32_t) * nk);
-    dev_poison(d_w, sizeof(float) * nk);
+    test_dev_poison(d_ids, sizeof(int32_t) * nk);
+    test_dev_poison(d_w, sizeof(float) * nk);
     struct cuda_topk_args ta = {d_logits, c->n_tok, c->n_expert, c->k, d_ids, d_w, NULL};
     int rc = cuda_softmax_topk(&ta);
-    dev_get(ids_got, d_ids, sizeof(int32_t) * nk);
-    dev_get(w_got, d_w, sizeof(float) * nk);
+    test_dev_get(ids_got, d_ids, sizeof(int32_t) * nk);
+    test_dev_get(w_got, d_w, sizeof(float) * nk);
     size_t id_bad = 0;
     double werr = 0;
     for (size_t i = 0; i < nk; i++) {
@@ -348,11 +307,11 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
     static const enum cuda_moe_path paths[3] = {CUDA_MOE_PATH_DIRECT, CUDA_MOE_PATH_GROUPED,
                                                 CUDA_MOE_PATH_AUTO};
     for (int i = 0; i < 3; i++) {
-        dev_poison(d_out, sizeof(float) * nx);
+        test_dev_poison(d_out, sizeof(float) * nx);
         struct cuda_moe_args a =
             layer_args(&L, d_out, d_x, d_ids, d_w, d_scratch, sb, paths[i], i == 2);
         int rci = cuda_moe_ffn(&a);
-        dev_get(got[i], d_out, sizeof(float) * nx);
+        test_dev_get(got[i], d_out, sizeof(float) * nx);
         CHECK(rci == 0, "cuda_moe_ffn path %d: rc %d", i, rci);
     }
     double em, en, cm, cn, gm, gn;
@@ -373,14 +332,14 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
     if (bad_id) { /* one pair routed to a nonexistent expert: only its token turns NaN */
         int t = (int)rng_below(r, (uint32_t)c->n_tok), j = (int)rng_below(r, (uint32_t)c->k);
         int32_t bad = rng_below(r, 2) ? c->n_expert : -1;
-        dev_put(d_ids + t * c->k + j, &bad, sizeof(bad));
+        test_dev_put(d_ids + t * c->k + j, &bad, sizeof(bad));
         for (int i = 0; i < 2; i++) {
-            dev_poison(d_out, sizeof(float) * nx);
+            test_dev_poison(d_out, sizeof(float) * nx);
             struct cuda_moe_args a =
                 layer_args(&L, d_out, d_x, d_ids, d_w, d_scratch, sb, paths[i], false);
             int rci = cuda_moe_ffn(&a);
             float *o = got[2];
-            dev_get(o, d_out, sizeof(float) * nx);
+            test_dev_get(o, d_out, sizeof(float) * nx);
             size_t nan_ok = 0, same = 0;
             for (int tt = 0; tt < c->n_tok; tt++)
                 for (int e = 0; e < c->n_embd; e++) {
@@ -418,17 +377,17 @@ static void run_graph_case(struct rng *r, const struct moe_case *c)
     layer_make(r, c, &L);
     size_t nx = (size_t)c->n_tok * c->n_embd, nl = (size_t)c->n_tok * c->n_expert;
     size_t nk = (size_t)c->n_tok * c->k;
-    float *d_x = (float *)dev_alloc(nx * sizeof(float)),
-          *d_logits = (float *)dev_alloc(nl * sizeof(float));
-    int32_t *d_ids = (int32_t *)dev_alloc(sizeof(int32_t) * nk);
-    float *d_w = (float *)dev_alloc(sizeof(float) * nk),
-          *d_out = (float *)dev_alloc(sizeof(float) * nx);
-    float *g_out = (float *)xmalloc(sizeof(float) * nx),
-          *e_out = (float *)xmalloc(sizeof(float) * nx);
+    float *d_x = (float *)test_dev_alloc(nx * sizeof(float)),
+          *d_logits = (float *)test_dev_alloc(nl * sizeof(float));
+    int32_t *d_ids = (int32_t *)test_dev_alloc(sizeof(int32_t) * nk);
+    float *d_w = (float *)test_dev_alloc(sizeof(float) * nk),
+          *d_out = (float *)test_dev_alloc(sizeof(float) * nx);
+    float *g_out = (float *)test_xmalloc(sizeof(float) * nx),
+          *e_out = (float *)test_xmalloc(sizeof(float) * nx);
     struct cuda_moe_args probe =
         layer_args(&L, NULL, NULL, NULL, NULL, NULL, 0, CUDA_MOE_PATH_AUTO, false);
     size_t sb = cuda_moe_scratch_bytes(&probe);
-    void *d_scratch = dev_alloc(sb);
+    void *d_scratch = test_dev_alloc(sb);
     cudaStream_t s;
     cudaGraph_t graph;
     cudaGraphExec_t exec;
@@ -448,17 +407,17 @@ static void run_graph_case(struct rng *r, const struct moe_case *c)
     size_t worst = 0;
     for (int step = 0; step < 3; step++) {
         float *x = rand_normal(r, nx, 1.0f), *logits = rand_normal(r, nl, 1.5f);
-        dev_put(d_x, x, nx * sizeof(float));
-        dev_put(d_logits, logits, nl * sizeof(float));
-        dev_poison(d_out, nx * sizeof(float));
+        test_dev_put(d_x, x, nx * sizeof(float));
+        test_dev_put(d_logits, logits, nl * sizeof(float));
+        test_dev_poison(d_out, nx * sizeof(float));
         if (CUDA_CHECK(cudaGraphLaunch(exec, s)) || CUDA_CHECK(cudaStreamSynchronize(s)))
             fatal("cudaGraphLaunch");
-        dev_get(g_out, d_out, nx * sizeof(float));
-        dev_poison(d_out, nx * sizeof(float));
+        test_dev_get(g_out, d_out, nx * sizeof(float));
+        test_dev_poison(d_out, nx * sizeof(float));
         ta.stream = ma.stream = NULL;
         rc = cuda_softmax_topk(&ta) | cuda_moe_ffn(&ma);
         ta.stream = ma.stream = s;
-        dev_get(e_out, d_out, nx * sizeof(float));
+        test_dev_get(e_out, d_out, nx * sizeof(float));
         size_t bad = bits_differ(g_out, e_out, nx);
         worst = bad > worst ? bad : worst;
         CHECK(rc == 0 && bad == 0, "graph replay %d: rc %d, %zu elements differ from eager", step,

@@ -47,53 +47,11 @@ static void fatal(const char *what)
     exit(1);
 }
 
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p)
-        fatal("malloc");
-    return p;
-}
-
-static void *dev_alloc(size_t bytes)
-{
-    void *p = NULL;
-    if (cuda_malloc(&p, bytes))
-        fatal("cuda_malloc");
-    return p;
-}
-
 /* A device copy of host bytes. */
-static void *dev_dup(const void *h, size_t bytes)
-{
-    void *d = dev_alloc(bytes);
-    if (cuda_h2d(d, h, bytes, NULL) || cuda_stream_sync(NULL))
-        fatal("cuda_h2d");
-    return d;
-}
-
-static void dev_put(void *d, const void *h, size_t bytes)
-{
-    if (cuda_h2d(d, h, bytes, NULL) || cuda_stream_sync(NULL))
-        fatal("cuda_h2d");
-}
-
-static void dev_get(void *h, const void *d, size_t bytes)
-{
-    if (cuda_stream_sync(NULL) || cuda_d2h(h, d, bytes, NULL) || cuda_stream_sync(NULL))
-        fatal("cuda_d2h");
-}
-
 /* Fills device floats with NaN (all bits set). */
-static void dev_poison(void *d, size_t bytes)
-{
-    if (cuda_memset(d, 0xFF, bytes, NULL) || cuda_stream_sync(NULL))
-        fatal("cuda_memset");
-}
-
 static float *rand_normal(struct rng *r, size_t n, float std)
 {
-    float *v = (float *)xmalloc(n * sizeof(float));
+    float *v = (float *)test_xmalloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++)
         v[i] = std * rng_normal(r);
     return v;
@@ -162,7 +120,7 @@ static void rows_random_bytes(struct rng *r, uint32_t type, uint8_t *dst, int64_
 static void rows_draw(struct rng *r, uint32_t type, uint8_t *dst, int64_t n_rows, int64_t n,
                       uint64_t row_bytes, float std, bool draw)
 {
-    float *x = (float *)xmalloc(sizeof(float) * n);
+    float *x = (float *)test_xmalloc(sizeof(float) * n);
     for (int64_t row = 0; row < n_rows; row++) {
         uint8_t *p = dst + row * row_bytes;
         if (draw && gen_blocks_can_draw(type)) {
@@ -210,32 +168,32 @@ static void test_embed(struct rng *r)
                 int64_t n_embd = dims[di], n_vocab = 20 + rng_below(r, 200);
                 int n = 1 + (int)rng_below(r, 40);
                 uint64_t rb = row_bytes_of(type, n_embd), row_bytes = rb + 16 * variant;
-                uint8_t *table = (uint8_t *)xmalloc(row_bytes * n_vocab);
+                uint8_t *table = (uint8_t *)test_xmalloc(row_bytes * n_vocab);
                 if (variant == 0)
                     rows_random_bytes(r, type, table, n_vocab, n_embd, row_bytes);
                 else
                     rows_draw(r, type, table, n_vocab, n_embd, row_bytes, 1.0f, rng_below(r, 2));
-                int32_t *ids = (int32_t *)xmalloc(sizeof(int32_t) * n);
+                int32_t *ids = (int32_t *)test_xmalloc(sizeof(int32_t) * n);
                 for (int i = 0; i < n; i++)
                     ids[i] = (int32_t)rng_below(r, (uint32_t)n_vocab);
                 int bad_row = n > 2 ? (int)rng_below(r, (uint32_t)n) : -1;
                 if (bad_row >= 0)
                     ids[bad_row] = rng_below(r, 2) ? (int32_t)n_vocab : -1;
-                float *ref = (float *)xmalloc(sizeof(float) * n * n_embd);
-                float *got = (float *)xmalloc(sizeof(float) * n * n_embd);
+                float *ref = (float *)test_xmalloc(sizeof(float) * n * n_embd);
+                float *got = (float *)test_xmalloc(sizeof(float) * n * n_embd);
                 for (int i = 0; i < n; i++)
                     if (i != bad_row &&
                         quant_ref_dequantize(type, table + (uint64_t)ids[i] * row_bytes,
                                              ref + (int64_t)i * n_embd, n_embd))
                         fatal("quant_ref_dequantize");
-                void *d_table = dev_dup(table, row_bytes * n_vocab);
-                int32_t *d_ids = (int32_t *)dev_dup(ids, sizeof(int32_t) * n);
-                float *d_out = (float *)dev_alloc(sizeof(float) * n * n_embd);
-                dev_poison(d_out, sizeof(float) * n * n_embd);
+                void *d_table = test_dev_dup(table, row_bytes * n_vocab);
+                int32_t *d_ids = (int32_t *)test_dev_dup(ids, sizeof(int32_t) * n);
+                float *d_out = (float *)test_dev_alloc(sizeof(float) * n * n_embd);
+                test_dev_poison(d_out, sizeof(float) * n * n_embd);
                 struct cuda_embed_args a = {d_out,   d_table, type, row_bytes, n_embd,
                                             n_vocab, d_ids,   n,    NULL};
                 int rc = cuda_embed(&a);
-                dev_get(got, d_out, sizeof(float) * n * n_embd);
+                test_dev_get(got, d_out, sizeof(float) * n * n_embd);
                 size_t bad = 0, first = 0, nan_ok = 1;
                 for (int i = 0; i < n; i++) {
                     size_t f = 0, b;
@@ -281,16 +239,16 @@ static void test_rmsnorm(struct rng *r)
                 rand_normal(r, n, powf(10.0f, rng_uniform(r, -3.0f, 1.0f))); /* eps matters */
             float *res = rand_normal(r, n, 1.0f);
             float *w = rand_normal(r, dim, 1.0f);
-            float *ref = (float *)xmalloc(n * sizeof(float)),
-                  *got = (float *)xmalloc(n * sizeof(float));
-            float *res_ref = (float *)xmalloc(n * sizeof(float)),
-                  *res_got = (float *)xmalloc(n * sizeof(float));
-            float *d_x = (float *)dev_dup(x, n * sizeof(float));
-            float *d_res = (float *)dev_dup(res, n * sizeof(float));
-            float *d_w = (float *)dev_dup(w, dim * sizeof(float));
-            float *d_out = mode == 2 ? d_x : (float *)dev_alloc(n * sizeof(float));
+            float *ref = (float *)test_xmalloc(n * sizeof(float)),
+                  *got = (float *)test_xmalloc(n * sizeof(float));
+            float *res_ref = (float *)test_xmalloc(n * sizeof(float)),
+                  *res_got = (float *)test_xmalloc(n * sizeof(float));
+            float *d_x = (float *)test_dev_dup(x, n * sizeof(float));
+            float *d_res = (float *)test_dev_dup(res, n * sizeof(float));
+            float *d_w = (float *)test_dev_dup(w, dim * sizeof(float));
+            float *d_out = mode == 2 ? d_x : (float *)test_dev_alloc(n * sizeof(float));
             if (mode != 2)
-                dev_poison(d_out, n * sizeof(float));
+                test_dev_poison(d_out, n * sizeof(float));
 
             if (mode == 3) {
                 for (size_t i = 0; i < n; i++)
@@ -302,11 +260,11 @@ static void test_rmsnorm(struct rng *r)
             struct cuda_rmsnorm_args a = {
                 d_out, d_x, mode == 3 ? d_res : NULL, mode == 1 ? NULL : d_w, rows, dim, eps, NULL};
             int rc = cuda_rmsnorm(&a);
-            dev_get(got, d_out, n * sizeof(float));
+            test_dev_get(got, d_out, n * sizeof(float));
             double e = test_max_rel_err(got, ref, n);
             double er = 0;
             if (mode == 3) {
-                dev_get(res_got, d_res, n * sizeof(float));
+                test_dev_get(res_got, d_res, n * sizeof(float));
                 er = test_max_rel_err(res_got, res_ref, n);
             }
             static const char *modes[] = {"weighted", "no weight", "in place", "fused resid"};
@@ -343,22 +301,22 @@ static void test_rope(struct rng *r)
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
         int n_tok = cases[ci].n_tok, heads = cases[ci].heads, hd = cases[ci].hd;
         size_t row = (size_t)heads * hd, n = n_tok * row;
-        float *x = rand_normal(r, n, 1.0f), *ref = (float *)xmalloc(n * sizeof(float));
-        float *got = (float *)xmalloc(n * sizeof(float));
-        int32_t *pos = (int32_t *)xmalloc(sizeof(int32_t) * n_tok);
+        float *x = rand_normal(r, n, 1.0f), *ref = (float *)test_xmalloc(n * sizeof(float));
+        float *got = (float *)test_xmalloc(n * sizeof(float));
+        int32_t *pos = (int32_t *)test_xmalloc(sizeof(int32_t) * n_tok);
         memcpy(ref, x, n * sizeof(float));
         for (int t = 0; t < n_tok; t++) {
             /* device positions: arbitrary per token (lockstep streams), not pos0 + t */
             pos[t] = cases[ci].dev ? (int32_t)rng_below(r, 40000) : cases[ci].pos0 + t;
             ops_rope_neox(ref + t * row, 1, heads, hd, pos[t], cases[ci].base);
         }
-        float *d_x = (float *)dev_dup(x, n * sizeof(float));
-        int32_t *d_pos = (int32_t *)dev_dup(pos, sizeof(int32_t) * n_tok);
+        float *d_x = (float *)test_dev_dup(x, n * sizeof(float));
+        int32_t *d_pos = (int32_t *)test_dev_dup(pos, sizeof(int32_t) * n_tok);
         struct cuda_rope_args a = {
             d_x, n_tok, heads, hd, cases[ci].pos0, cases[ci].dev ? d_pos : NULL, cases[ci].base,
             NULL};
         int rc = cuda_rope_neox(&a);
-        dev_get(got, d_x, n * sizeof(float));
+        test_dev_get(got, d_x, n * sizeof(float));
         double e = test_max_rel_err(got, ref, n);
         printf("rope n_tok %3d heads %2d head_dim %3d %s base %g: rc %d, max rel err %.3g\n", n_tok,
                heads, hd, cases[ci].dev ? "device positions" : "pos0 + t        ", cases[ci].base,
@@ -379,9 +337,9 @@ static void test_kv_store(struct rng *r)
         bool dev = ci & 1;
         size_t cn = (size_t)n_ctx * width;
         float *cache = rand_normal(r, cn, 1.0f), *src = rand_normal(r, (size_t)n_tok * width, 1.0f);
-        float *ref = (float *)xmalloc(cn * sizeof(float)),
-              *got = (float *)xmalloc(cn * sizeof(float));
-        int32_t *pos = (int32_t *)xmalloc(sizeof(int32_t) * n_tok);
+        float *ref = (float *)test_xmalloc(cn * sizeof(float)),
+              *got = (float *)test_xmalloc(cn * sizeof(float));
+        int32_t *pos = (int32_t *)test_xmalloc(sizeof(int32_t) * n_tok);
         memcpy(ref, cache, cn * sizeof(float));
         for (int t = 0; t < n_tok; t++) {
             /* device positions: distinct random rows, one outside the cache when possible */
@@ -398,13 +356,13 @@ static void test_kv_store(struct rng *r)
             if (pos[t] >= 0 && pos[t] < n_ctx)
                 memcpy(ref + (size_t)pos[t] * width, src + (size_t)t * width,
                        width * sizeof(float));
-        float *d_cache = (float *)dev_dup(cache, cn * sizeof(float));
-        float *d_src = (float *)dev_dup(src, (size_t)n_tok * width * sizeof(float));
-        int32_t *d_pos = (int32_t *)dev_dup(pos, sizeof(int32_t) * n_tok);
+        float *d_cache = (float *)test_dev_dup(cache, cn * sizeof(float));
+        float *d_src = (float *)test_dev_dup(src, (size_t)n_tok * width * sizeof(float));
+        int32_t *d_pos = (int32_t *)test_dev_dup(pos, sizeof(int32_t) * n_tok);
         struct cuda_kv_store_args a = {
             d_cache, d_src, n_tok, width, n_ctx, pos0, dev ? d_pos : NULL, NULL};
         int rc = cuda_kv_store(&a);
-        dev_get(got, d_cache, cn * sizeof(float));
+        test_dev_get(got, d_cache, cn * sizeof(float));
         size_t first = 0, bad = bits_differ(got, ref, cn, &first);
         printf("kv_store n_ctx %3d width %4d n_tok %2d %s: rc %d, %zu elements differ\n", n_ctx,
                width, n_tok, dev ? "device positions" : "pos0 + t", rc, bad);
@@ -433,8 +391,8 @@ static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scra
     size_t qn = (size_t)n_tok * n_head * hd, kvw = (size_t)c->n_kv * hd, cn = (size_t)n_ctx * kvw;
     float *q = rand_normal(r, qn, c->qscale);
     float *kc = rand_normal(r, cn, 1.0f), *vc = rand_normal(r, cn, 1.0f);
-    float *ref = (float *)xmalloc(qn * sizeof(float)), *got = (float *)xmalloc(qn * sizeof(float));
-    int32_t *pos = (int32_t *)xmalloc(sizeof(int32_t) * n_tok);
+    float *ref = (float *)test_xmalloc(qn * sizeof(float)), *got = (float *)test_xmalloc(qn * sizeof(float));
+    int32_t *pos = (int32_t *)test_xmalloc(sizeof(int32_t) * n_tok);
     int last = c->pos0 + n_tok - 1;
 
     for (int t = 0; t < n_tok; t++)
@@ -447,13 +405,13 @@ static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scra
     struct ops_attn o = {ref, q, kc, vc, c->pos0, n_tok, n_head, c->n_kv, hd, scale};
     ops_attention(&o);
 
-    float *d_q = (float *)dev_dup(q, qn * sizeof(float));
-    float *d_k = (float *)dev_dup(kc, cn * sizeof(float));
-    float *d_v = (float *)dev_dup(vc, cn * sizeof(float));
-    int32_t *d_pos = (int32_t *)dev_dup(pos, sizeof(int32_t) * n_tok);
-    float *d_out = c->inplace ? d_q : (float *)dev_alloc(qn * sizeof(float));
+    float *d_q = (float *)test_dev_dup(q, qn * sizeof(float));
+    float *d_k = (float *)test_dev_dup(kc, cn * sizeof(float));
+    float *d_v = (float *)test_dev_dup(vc, cn * sizeof(float));
+    int32_t *d_pos = (int32_t *)test_dev_dup(pos, sizeof(int32_t) * n_tok);
+    float *d_out = c->inplace ? d_q : (float *)test_dev_alloc(qn * sizeof(float));
     if (!c->inplace)
-        dev_poison(d_out, qn * sizeof(float));
+        test_dev_poison(d_out, qn * sizeof(float));
     struct cuda_attn_args a = {};
     a.out = d_out;
     a.q = d_q;
@@ -470,7 +428,7 @@ static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scra
     a.scratch = d_scratch;
     a.scratch_bytes = scratch_bytes;
     int rc = cuda_attention(&a);
-    dev_get(got, d_out, qn * sizeof(float));
+    test_dev_get(got, d_out, qn * sizeof(float));
     double e = test_max_rel_err(got, ref, qn), en = test_norm_rel_err(got, ref, qn);
     printf("attention head_dim %3d heads %2d/%d (GQA %d) n_tok %3d keys %4d..%4d n_ctx %4d %s%s:"
            " rc %d, max rel %.3g, norm rel %.3g\n",
@@ -488,7 +446,7 @@ static void test_attention(struct rng *r)
 {
     static const int hds[] = {64, 128, 256}, gs[] = {1, 4, 8};
     size_t scratch_bytes = cuda_attention_scratch_bytes(64, 256);
-    void *d_scratch = dev_alloc(scratch_bytes);
+    void *d_scratch = test_dev_alloc(scratch_bytes);
     CHECK(scratch_bytes > 0, "cuda_attention_scratch_bytes returned 0");
     for (int hi = 0; hi < 3; hi++) {
         for (int gi = 0; gi < 3; gi++) {
@@ -532,14 +490,14 @@ static void test_add(struct rng *r)
     for (int i = 0; i < 4; i++) {
         size_t n = ns[i];
         float *x = rand_normal(r, n, 1.0f), *y = rand_normal(r, n, 1.0f);
-        float *ref = (float *)xmalloc(n * sizeof(float)),
-              *got = (float *)xmalloc(n * sizeof(float));
+        float *ref = (float *)test_xmalloc(n * sizeof(float)),
+              *got = (float *)test_xmalloc(n * sizeof(float));
         for (size_t j = 0; j < n; j++)
             ref[j] = x[j] + y[j];
-        float *d_x = (float *)dev_dup(x, n * sizeof(float)),
-              *d_y = (float *)dev_dup(y, n * sizeof(float));
+        float *d_x = (float *)test_dev_dup(x, n * sizeof(float)),
+              *d_y = (float *)test_dev_dup(y, n * sizeof(float));
         int rc = cuda_add(d_x, d_y, n, NULL);
-        dev_get(got, d_x, n * sizeof(float));
+        test_dev_get(got, d_x, n * sizeof(float));
         size_t first = 0, bad = bits_differ(got, ref, n, &first);
         printf("add n %6zu: rc %d, %zu elements differ\n", n, rc, bad);
         CHECK(rc == 0 && bad == 0, "add n %zu: rc %d, %zu differ", n, rc, bad);
@@ -554,7 +512,7 @@ static void test_argmax(struct rng *r)
     for (int i = 0; i < 4; i++) {
         int n = ns[i], rows = 1 + rng_below(r, 4);
         float *x = rand_normal(r, (size_t)rows * n, 3.0f);
-        int32_t *got = (int32_t *)xmalloc(sizeof(int32_t) * rows);
+        int32_t *got = (int32_t *)test_xmalloc(sizeof(int32_t) * rows);
         for (int row = 0; row < rows; row++) {
             float *xr = x + (size_t)row * n;
             if (row % 2 == 1) { /* ties: the maximum at several places, the lowest must win */
@@ -566,11 +524,11 @@ static void test_argmax(struct rng *r)
                 for (int j = 0; j < n; j++)
                     xr[j] = -1.5f; /* all equal: index 0 */
         }
-        float *d_x = (float *)dev_dup(x, sizeof(float) * rows * n);
-        int32_t *d_out = (int32_t *)dev_alloc(sizeof(int32_t) * rows);
-        dev_poison(d_out, sizeof(int32_t) * rows);
+        float *d_x = (float *)test_dev_dup(x, sizeof(float) * rows * n);
+        int32_t *d_out = (int32_t *)test_dev_alloc(sizeof(int32_t) * rows);
+        test_dev_poison(d_out, sizeof(int32_t) * rows);
         int rc = cuda_argmax(d_x, rows, n, d_out, NULL);
-        dev_get(got, d_out, sizeof(int32_t) * rows);
+        test_dev_get(got, d_out, sizeof(int32_t) * rows);
         int bad = 0;
         for (int row = 0; row < rows; row++)
             bad += got[row] != sampler_argmax(x + (size_t)row * n, n);
@@ -595,20 +553,20 @@ static void test_topk(struct rng *r)
             if (ties) /* exact ties: coarse values so that many logits are equal */
                 for (size_t i = 0; i < nl; i++)
                     l[i] = floorf(l[i] * 2.0f) * 0.5f;
-            int32_t *ids_ref = (int32_t *)xmalloc(sizeof(int32_t) * nk);
-            int32_t *ids_got = (int32_t *)xmalloc(sizeof(int32_t) * nk);
-            float *w_ref = (float *)xmalloc(sizeof(float) * nk),
-                  *w_got = (float *)xmalloc(sizeof(float) * nk);
+            int32_t *ids_ref = (int32_t *)test_xmalloc(sizeof(int32_t) * nk);
+            int32_t *ids_got = (int32_t *)test_xmalloc(sizeof(int32_t) * nk);
+            float *w_ref = (float *)test_xmalloc(sizeof(float) * nk),
+                  *w_got = (float *)test_xmalloc(sizeof(float) * nk);
             moe_route_softmax_topk(l, n_tok, n_expert, k, ids_ref, w_ref);
-            float *d_l = (float *)dev_dup(l, nl * sizeof(float));
-            int32_t *d_ids = (int32_t *)dev_alloc(sizeof(int32_t) * nk);
-            float *d_w = (float *)dev_alloc(sizeof(float) * nk);
-            dev_poison(d_ids, sizeof(int32_t) * nk);
-            dev_poison(d_w, sizeof(float) * nk);
+            float *d_l = (float *)test_dev_dup(l, nl * sizeof(float));
+            int32_t *d_ids = (int32_t *)test_dev_alloc(sizeof(int32_t) * nk);
+            float *d_w = (float *)test_dev_alloc(sizeof(float) * nk);
+            test_dev_poison(d_ids, sizeof(int32_t) * nk);
+            test_dev_poison(d_w, sizeof(float) * nk);
             struct cuda_topk_args a = {d_l, n_tok, n_expert, k, d_ids, d_w, NULL};
             int rc = cuda_softmax_topk(&a);
-            dev_get(ids_got, d_ids, sizeof(int32_t) * nk);
-            dev_get(w_got, d_w, sizeof(float) * nk);
+            test_dev_get(ids_got, d_ids, sizeof(int32_t) * nk);
+            test_dev_get(w_got, d_w, sizeof(float) * nk);
             size_t id_bad = 0;
             double werr = 0;
             for (size_t i = 0; i < nk; i++) {
@@ -637,19 +595,19 @@ static void test_graph(struct rng *r)
     const int hd = 128, n_kv = 2, G = 4, n_head = n_kv * G, n_ctx = 300;
     const float base = 1e6f, scale = 1.0f / sqrtf((float)hd);
     const size_t qn = (size_t)n_head * hd, kvw = (size_t)n_kv * hd, cn = (size_t)n_ctx * kvw;
-    float *kc = (float *)xmalloc(cn * sizeof(float)), *vc = (float *)xmalloc(cn * sizeof(float));
-    float *ref = (float *)xmalloc(qn * sizeof(float)), *got = (float *)xmalloc(qn * sizeof(float));
+    float *kc = (float *)test_xmalloc(cn * sizeof(float)), *vc = (float *)test_xmalloc(cn * sizeof(float));
+    float *ref = (float *)test_xmalloc(qn * sizeof(float)), *got = (float *)test_xmalloc(qn * sizeof(float));
     for (size_t i = 0; i < cn; i++)
         kc[i] = vc[i] = NAN; /* unwritten cache rows */
-    float *d_q = (float *)dev_alloc(qn * sizeof(float)),
-          *d_out = (float *)dev_alloc(qn * sizeof(float));
-    float *d_knew = (float *)dev_alloc(kvw * sizeof(float)),
-          *d_vnew = (float *)dev_alloc(kvw * sizeof(float));
-    float *d_k = (float *)dev_dup(kc, cn * sizeof(float)),
-          *d_v = (float *)dev_dup(vc, cn * sizeof(float));
-    int32_t *d_pos = (int32_t *)dev_alloc(sizeof(int32_t));
+    float *d_q = (float *)test_dev_alloc(qn * sizeof(float)),
+          *d_out = (float *)test_dev_alloc(qn * sizeof(float));
+    float *d_knew = (float *)test_dev_alloc(kvw * sizeof(float)),
+          *d_vnew = (float *)test_dev_alloc(kvw * sizeof(float));
+    float *d_k = (float *)test_dev_dup(kc, cn * sizeof(float)),
+          *d_v = (float *)test_dev_dup(vc, cn * sizeof(float));
+    int32_t *d_pos = (int32_t *)test_dev_alloc(sizeof(int32_t));
     size_t sb = cuda_attention_scratch_bytes(n_head, hd);
-    void *d_scratch = dev_alloc(sb);
+    void *d_scratch = test_dev_alloc(sb);
     cudaStream_t s;
     cudaGraph_t graph;
     cudaGraphExec_t exec;
@@ -682,11 +640,11 @@ static void test_graph(struct rng *r)
         bool run = pos < 40 || pos >= n_ctx - 8;
         int32_t p32 = pos;
         if (run) { /* a graph step on the device, the same step on the CPU */
-            dev_put(d_q, q, qn * sizeof(float));
-            dev_put(d_knew, kn, kvw * sizeof(float));
-            dev_put(d_vnew, vn, kvw * sizeof(float));
-            dev_put(d_pos, &p32, sizeof(int32_t));
-            dev_poison(d_out, qn * sizeof(float));
+            test_dev_put(d_q, q, qn * sizeof(float));
+            test_dev_put(d_knew, kn, kvw * sizeof(float));
+            test_dev_put(d_vnew, vn, kvw * sizeof(float));
+            test_dev_put(d_pos, &p32, sizeof(int32_t));
+            test_dev_poison(d_out, qn * sizeof(float));
             if (CUDA_CHECK(cudaGraphLaunch(exec, s)) || CUDA_CHECK(cudaStreamSynchronize(s)))
                 fatal("cudaGraphLaunch");
         }
@@ -695,12 +653,12 @@ static void test_graph(struct rng *r)
         memcpy(kc + pos * kvw, kn, kvw * sizeof(float));
         memcpy(vc + pos * kvw, vn, kvw * sizeof(float));
         if (!run) { /* positions skipped by the graph: fill the device cache directly */
-            dev_put(d_k + pos * kvw, kn, kvw * sizeof(float));
-            dev_put(d_v + pos * kvw, vn, kvw * sizeof(float));
+            test_dev_put(d_k + pos * kvw, kn, kvw * sizeof(float));
+            test_dev_put(d_v + pos * kvw, vn, kvw * sizeof(float));
         } else {
             struct ops_attn o = {ref, q, kc, vc, pos, 1, n_head, n_kv, hd, scale};
             ops_attention(&o);
-            dev_get(got, d_out, qn * sizeof(float));
+            test_dev_get(got, d_out, qn * sizeof(float));
             double e = test_max_rel_err(got, ref, qn);
             worst = e > worst ? e : worst;
             steps++;

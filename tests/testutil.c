@@ -1,6 +1,7 @@
 #include "testutil.h"
 
 #include "cuda_info.h"
+#include "cuda_mem.h"
 
 #include <math.h>
 #include <string.h>
@@ -81,4 +82,51 @@ int test_gpu_available(const char *name)
         return 1;
     printf("%s: skipped: no usable CUDA device (%s)\n", name, why ? why : "unknown");
     return 0;
+}
+
+static void test_fatal(const char *what)
+{
+    fprintf(stderr, "%s failed\n", what);
+    exit(1);
+}
+
+void *test_xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        test_fatal("malloc");
+    return p;
+}
+
+void *test_dev_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (cuda_malloc(&p, bytes))
+        test_fatal("cuda_malloc");
+    return p;
+}
+
+void test_dev_put(void *dev, const void *host, size_t bytes)
+{
+    if (cuda_h2d(dev, host, bytes, NULL) || cuda_stream_sync(NULL))
+        test_fatal("cuda_h2d");
+}
+
+void *test_dev_dup(const void *host, size_t bytes)
+{
+    void *d = test_dev_alloc(bytes);
+    test_dev_put(d, host, bytes);
+    return d;
+}
+
+void test_dev_get(void *host, const void *dev, size_t bytes)
+{
+    if (cuda_stream_sync(NULL) || cuda_d2h(host, dev, bytes, NULL) || cuda_stream_sync(NULL))
+        test_fatal("cuda_d2h");
+}
+
+void test_dev_poison(void *dev, size_t bytes)
+{
+    if (cuda_memset(dev, 0xFF, bytes, NULL) || cuda_stream_sync(NULL))
+        test_fatal("cuda_memset");
 }

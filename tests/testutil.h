@@ -45,6 +45,15 @@ double test_norm_rel_err(const float *a, const float *b, size_t n);
 /* Path under tests/data: writes into buf and returns it. */
 const char *test_data_path(char *buf, size_t size, const char *name);
 
+/* Allocation helpers that end the test (exit 1, naming what failed) instead of returning
+ * NULL. The dev_ ones use the default CUDA stream and synchronise. */
+void *test_xmalloc(size_t n);
+void *test_dev_alloc(size_t bytes);
+void test_dev_put(void *dev, const void *host, size_t bytes);
+void *test_dev_dup(const void *host, size_t bytes);
+void test_dev_get(void *host, const void *dev, size_t bytes);
+void test_dev_poison(void *dev, size_t bytes); /* 0xFF bytes: NaN floats, -1 ints */
+
 /* For GPU tests: returns 1 when a CUDA device is usable; else prints why and returns 0 (the
  * test then exits TEST_SKIP). */
 int test_gpu_available(const char *name);
