@@ -186,11 +186,52 @@ out:
     return rc;
 }
 
+/* Checks the header length of f->base/f->size and parses the header; messages name f->path. */
+static int safetensors_parse(struct safetensors_file *f)
+{
+    uint64_t hlen = 0;
+
+    if (f->size < 8)
+        return err_set(-EINVAL, "%s: %llu bytes, too short for a safetensors header", f->path,
+                       (unsigned long long)f->size);
+    for (int i = 0; i < 8; i++)
+        hlen |= (uint64_t)f->base[i] << (8 * i);
+    if (hlen < 2 || hlen > SAFETENSORS_MAX_HEADER || hlen > f->size - 8)
+        return err_set(-EINVAL,
+                       "%s: header length %llu does not fit the file of %llu bytes "
+                       "(limit %u)",
+                       f->path, (unsigned long long)hlen, (unsigned long long)f->size,
+                       SAFETENSORS_MAX_HEADER);
+    f->data_offset = 8 + hlen;
+    return header_parse(f, hlen);
+}
+
+int safetensors_open_memory(const void *buf, uint64_t size, const char *name,
+                            struct safetensors_file **out)
+{
+    struct safetensors_file *f = calloc(1, sizeof(*f));
+    int rc;
+
+    *out = NULL;
+    if (!f || !(f->path = strdup(name ? name : "(memory)"))) {
+        free(f);
+        return err_set(-ENOMEM, "out of memory");
+    }
+    f->base = buf;
+    f->size = size;
+    rc = safetensors_parse(f);
+    if (rc) {
+        safetensors_close(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
 int safetensors_open(const char *path, struct safetensors_file **out)
 {
     struct safetensors_file *f;
     struct stat st;
-    uint64_t hlen = 0;
     int fd, rc;
 
     *out = NULL;
@@ -221,18 +262,8 @@ int safetensors_open(const char *path, struct safetensors_file **out)
     close(fd);
     fd = -1;
     f->base = map;
-    for (int i = 0; i < 8; i++)
-        hlen |= (uint64_t)f->base[i] << (8 * i);
-    if (hlen < 2 || hlen > SAFETENSORS_MAX_HEADER || hlen > f->size - 8) {
-        rc = err_set(-EINVAL,
-                     "%s: header length %llu does not fit the file of %llu bytes "
-                     "(limit %u)",
-                     path, (unsigned long long)hlen, (unsigned long long)f->size,
-                     SAFETENSORS_MAX_HEADER);
-        goto out_close;
-    }
-    f->data_offset = 8 + hlen;
-    rc = header_parse(f, hlen);
+    f->mapped = true;
+    rc = safetensors_parse(f);
     if (rc)
         goto out_close;
     *out = f;
@@ -252,7 +283,7 @@ void safetensors_close(struct safetensors_file *f)
     for (uint32_t i = 0; i < f->n_tensors; i++)
         free(f->tensors[i].name);
     free(f->tensors);
-    if (f->base)
+    if (f->base && f->mapped)
         munmap((void *)f->base, f->size);
     free(f->path);
     free(f);

@@ -49,7 +49,8 @@ struct safetensors_tensor {
 
 struct safetensors_file {
     char *path;           /* owned copy */
-    const uint8_t *base;  /* the mapping */
+    const uint8_t *base;  /* the mapping, or the caller's buffer (safetensors_open_memory) */
+    bool mapped;          /* base is our mapping, unmapped by safetensors_close */
     uint64_t size;        /* bytes in the file */
     uint64_t data_offset; /* 8 + header length */
     uint32_t n_tensors;
@@ -59,6 +60,11 @@ struct safetensors_file {
 /* Opens and validates PATH. 0, or -ENOENT/-EIO (the file), -EINVAL (malformed: the message
  * names the file, the tensor and the field), -ENOMEM. */
 int safetensors_open(const char *path, struct safetensors_file **out);
+/* The same checks over a caller-owned buffer that must outlive f (tests, fuzzing); NAME stands
+ * for the file in messages. */
+int safetensors_open_memory(const void *buf, uint64_t size, const char *name,
+                            struct safetensors_file **out);
+
 void safetensors_close(struct safetensors_file *f);
 
 /* The tensor called NAME, or NULL. */
