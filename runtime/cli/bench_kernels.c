@@ -407,10 +407,7 @@ int cmd_bench_kernels(int argc, char **argv)
         err_set(-ENOMEM, "no memory for a %.0f MiB read buffer", rd.bytes / 1048576.0);
         return cli_fail("bench-kernels");
     }
-    rd.buf = buf;
-#pragma omp parallel for num_threads(o.threads) schedule(static)
-    for (size_t i = 0; i < rd.bytes / 4096; i++)
-        memset(buf + i * 4096, (int)(i & 0xff), 4096);
+    rd.buf = buf; /* membw_alloc filled it, by the threads that will read it */
     printf("# read bandwidth: streaming sum (%s loads) over a %.0f MiB buffer, timed "
            "alternately with each matvec\n\n",
            membw_wide() ? "64-byte" : "16-byte", rd.bytes / 1048576.0);
