@@ -1,0 +1,301 @@
+#include "slru.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+enum slru_seg { SEG_FREE = 0, SEG_PROB, SEG_PROT };
+
+struct slru_slot {
+    int32_t layer, expert; /* -1 when free */
+    int32_t prev, next;    /* links in its segment list (toward MRU / toward LRU), -1 ends */
+    uint8_t seg;           /* enum slru_seg */
+    bool pinned;
+    uint64_t used;         /* step in which it was last looked up or admitted */
+};
+
+struct slru_list {
+    int32_t head, tail; /* head = most recent, tail = least recent */
+    int32_t n;
+};
+
+struct slru {
+    struct slru_config cfg;
+    int prot_cap;                   /* most slots the protected segment holds */
+    int fair;                       /* n_slots / n_layer, at least 1 */
+    struct slru_slot *slots;        /* (n_slots) */
+    int32_t *map;                   /* (n_layer * n_expert) slot of a key, or -1 */
+    int32_t *free_stack;            /* (n_slots) free slot indices */
+    int n_free;
+    int32_t *held;                  /* (n_layer) slots held per layer */
+    struct slru_layer_stats *stats; /* (n_layer) */
+    struct slru_list prob, prot;
+    uint64_t step;                  /* current step, starts at 1 */
+};
+
+static struct slru_list *slru_list_of(struct slru *c, int seg)
+{
+    return seg == SEG_PROT ? &c->prot : &c->prob;
+}
+
+static void slru_unlink(struct slru *c, int s)
+{
+    struct slru_slot *x = &c->slots[s];
+    struct slru_list *l = slru_list_of(c, x->seg);
+    if (x->prev >= 0)
+        c->slots[x->prev].next = x->next;
+    else
+        l->head = x->next;
+    if (x->next >= 0)
+        c->slots[x->next].prev = x->prev;
+    else
+        l->tail = x->prev;
+    x->prev = x->next = -1;
+    l->n--;
+}
+
+static void slru_push_head(struct slru *c, int s, int seg)
+{
+    struct slru_slot *x = &c->slots[s];
+    struct slru_list *l = slru_list_of(c, seg);
+    x->seg = (uint8_t)seg;
+    x->prev = -1;
+    x->next = l->head;
+    if (l->head >= 0)
+        c->slots[l->head].prev = s;
+    else
+        l->tail = s;
+    l->head = s;
+    l->n++;
+}
+
+int slru_open(const struct slru_config *cfg, struct slru **out)
+{
+    struct slru *c;
+    size_t keys;
+
+    if (!cfg || cfg->n_layer < 1 || cfg->n_expert < 1 || cfg->n_slots < 1 ||
+        cfg->protected_pct < 0 || cfg->protected_pct > 100)
+        return -EINVAL;
+    keys = (size_t)cfg->n_layer * (size_t)cfg->n_expert;
+    c = calloc(1, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    c->cfg = *cfg;
+    c->prot_cap = cfg->n_slots * (cfg->protected_pct ? cfg->protected_pct : 50) / 100;
+    c->fair = cfg->n_slots / cfg->n_layer > 0 ? cfg->n_slots / cfg->n_layer : 1;
+    c->slots = calloc((size_t)cfg->n_slots, sizeof(*c->slots));
+    c->map = malloc(keys * sizeof(*c->map));
+    c->free_stack = malloc((size_t)cfg->n_slots * sizeof(*c->free_stack));
+    c->held = calloc((size_t)cfg->n_layer, sizeof(*c->held));
+    c->stats = calloc((size_t)cfg->n_layer, sizeof(*c->stats));
+    if (!c->slots || !c->map || !c->free_stack || !c->held || !c->stats) {
+        slru_close(c);
+        return -ENOMEM;
+    }
+    for (size_t k = 0; k < keys; k++)
+        c->map[k] = -1;
+    for (int s = 0; s < cfg->n_slots; s++) {
+        c->slots[s] = (struct slru_slot){.layer = -1, .expert = -1, .prev = -1, .next = -1};
+        c->free_stack[c->n_free++] = cfg->n_slots - 1 - s; /* slot 0 is handed out first */
+    }
+    c->prob = c->prot = (struct slru_list){.head = -1, .tail = -1, .n = 0};
+    c->step = 1;
+    *out = c;
+    return 0;
+}
+
+void slru_close(struct slru *c)
+{
+    if (!c)
+        return;
+    free(c->slots);
+    free(c->map);
+    free(c->free_stack);
+    free(c->held);
+    free(c->stats);
+    free(c);
+}
+
+static bool slru_key_ok(const struct slru *c, int layer, int expert)
+{
+    return layer >= 0 && layer < c->cfg.n_layer && expert >= 0 && expert < c->cfg.n_expert;
+}
+
+int slru_peek(const struct slru *c, int layer, int expert)
+{
+    if (!slru_key_ok(c, layer, expert))
+        return -1;
+    return c->map[(size_t)layer * c->cfg.n_expert + expert];
+}
+
+/* Moves a protected-segment overflow back to probation (its most recent end). */
+static void slru_demote_overflow(struct slru *c)
+{
+    while (c->prot.n > c->prot_cap) {
+        int s = c->prot.tail;
+        while (s >= 0 && c->slots[s].pinned)
+            s = c->slots[s].prev;
+        if (s < 0)
+            return; /* only pinned slots are protected: they may exceed the cap */
+        slru_unlink(c, s);
+        slru_push_head(c, s, SEG_PROB);
+    }
+}
+
+void slru_step(struct slru *c)
+{
+    c->step++;
+}
+
+int slru_lookup(struct slru *c, int layer, int expert)
+{
+    int s = slru_peek(c, layer, expert);
+    if (!slru_key_ok(c, layer, expert))
+        return -1;
+    if (s < 0) {
+        c->stats[layer].misses++;
+        return -1;
+    }
+    c->stats[layer].hits++;
+    c->slots[s].used = c->step;
+    if (c->slots[s].seg == SEG_PROB)
+        c->stats[layer].promotions++;
+    slru_unlink(c, s);
+    slru_push_head(c, s, SEG_PROT);
+    slru_demote_overflow(c);
+    return s;
+}
+
+/* The next layer after the guard is off limits; so is anything in use this step. */
+static bool slru_guarded(const struct slru *c, const struct slru_slot *x, int guard)
+{
+    return x->used == c->step || (guard >= 0 && x->layer == (guard + 1) % c->cfg.n_layer);
+}
+
+/* The least recent slot of list l that is evictable for an admission into `layer`.
+ * fairness: 1 = only layers above their share, 2 = only `layer` itself, 0 = any. */
+static int slru_victim_in(const struct slru *c, const struct slru_list *l, int layer, int guard,
+                          int fairness)
+{
+    for (int s = l->tail; s >= 0; s = c->slots[s].prev) {
+        const struct slru_slot *x = &c->slots[s];
+        if (x->pinned || slru_guarded(c, x, guard))
+            continue;
+        if (fairness == 1 && c->held[x->layer] <= c->fair)
+            continue;
+        if (fairness == 2 && x->layer != layer)
+            continue;
+        return s;
+    }
+    return -1;
+}
+
+static int slru_victim(const struct slru *c, int layer, int guard)
+{
+    int fairness = c->held[layer] < c->fair ? 1 : 2;
+    int s = slru_victim_in(c, &c->prob, layer, guard, fairness);
+    if (s < 0)
+        s = slru_victim_in(c, &c->prot, layer, guard, fairness);
+    if (s < 0) /* nobody to take from fairly: the least recent evictable slot of all */
+        s = slru_victim_in(c, &c->prob, layer, guard, 0);
+    if (s < 0)
+        s = slru_victim_in(c, &c->prot, layer, guard, 0);
+    return s;
+}
+
+int slru_admit(struct slru *c, int layer, int expert, int guard, int *ev_layer, int *ev_expert)
+{
+    int s;
+
+    *ev_layer = *ev_expert = -1;
+    if (!slru_key_ok(c, layer, expert))
+        return -EINVAL;
+    if (slru_peek(c, layer, expert) >= 0)
+        return -EEXIST;
+    if (c->n_free > 0) {
+        s = c->free_stack[--c->n_free];
+    } else {
+        s = slru_victim(c, layer, guard);
+        if (s < 0)
+            return -ENOSPC;
+        struct slru_slot *v = &c->slots[s];
+        *ev_layer = v->layer;
+        *ev_expert = v->expert;
+        c->stats[v->layer].evictions++;
+        c->held[v->layer]--;
+        c->map[(size_t)v->layer * c->cfg.n_expert + v->expert] = -1;
+        slru_unlink(c, s);
+    }
+    c->slots[s].layer = layer;
+    c->slots[s].expert = expert;
+    c->slots[s].pinned = false;
+    c->slots[s].used = c->step;
+    c->map[(size_t)layer * c->cfg.n_expert + expert] = s;
+    c->held[layer]++;
+    c->stats[layer].admissions++;
+    slru_push_head(c, s, SEG_PROB);
+    return s;
+}
+
+int slru_pin(struct slru *c, int layer, int expert)
+{
+    int s = slru_peek(c, layer, expert);
+    if (s < 0)
+        return -ENOENT;
+    slru_unlink(c, s);
+    c->slots[s].pinned = true;
+    slru_push_head(c, s, SEG_PROT);
+    slru_demote_overflow(c);
+    return 0;
+}
+
+int slru_slot_key(const struct slru *c, int slot, int *layer, int *expert)
+{
+    if (slot < 0 || slot >= c->cfg.n_slots || c->slots[slot].layer < 0)
+        return -ENOENT;
+    *layer = c->slots[slot].layer;
+    *expert = c->slots[slot].expert;
+    return 0;
+}
+
+const struct slru_layer_stats *slru_stats(const struct slru *c, int layer)
+{
+    return layer >= 0 && layer < c->cfg.n_layer ? &c->stats[layer] : NULL;
+}
+
+int slru_layer_held(const struct slru *c, int layer)
+{
+    return layer >= 0 && layer < c->cfg.n_layer ? c->held[layer] : 0;
+}
+
+/* Walks one list checking links, segment tags and map entries; returns its length or -1. */
+static int slru_check_list(const struct slru *c, const struct slru_list *l, int seg)
+{
+    int n = 0, prev = -1;
+    for (int s = l->head; s >= 0; prev = s, s = c->slots[s].next) {
+        const struct slru_slot *x = &c->slots[s];
+        if (n++ > c->cfg.n_slots || x->seg != seg || x->prev != prev || x->layer < 0 ||
+            c->map[(size_t)x->layer * c->cfg.n_expert + x->expert] != s)
+            return -1;
+    }
+    return prev == l->tail && n == l->n ? n : -1;
+}
+
+int slru_check(const struct slru *c)
+{
+    int prob = slru_check_list(c, &c->prob, SEG_PROB);
+    int prot = slru_check_list(c, &c->prot, SEG_PROT);
+    int pinned_prot = 0, held = 0, mapped = 0;
+
+    if (prob < 0 || prot < 0 || prob + prot + c->n_free != c->cfg.n_slots)
+        return -EFAULT;
+    for (int s = 0; s < c->cfg.n_slots; s++)
+        pinned_prot += c->slots[s].pinned;
+    if (prot > c->prot_cap && prot > pinned_prot)
+        return -EFAULT;
+    for (int l = 0; l < c->cfg.n_layer; l++)
+        held += c->held[l];
+    for (size_t k = 0; k < (size_t)c->cfg.n_layer * c->cfg.n_expert; k++)
+        mapped += c->map[k] >= 0;
+    return held == prob + prot && mapped == held ? 0 : -EFAULT;
+}

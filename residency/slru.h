@@ -1,0 +1,69 @@
+/* slru: the host-side policy of the VRAM expert slot cache (DESIGN §6).
+ *
+ * DESIGN. Fixed-size slots hold experts, keyed by (layer, expert). New arrivals enter the
+ * probation segment; a second hit promotes to the protected segment (whose size is capped;
+ * its LRU tail is demoted back to probation's head). A victim is the least recent evictable
+ * slot of probation, then of protected, where evictable means: not pinned (a frozen profile),
+ * not in use in the current step (looked up or admitted since the last slru_step: the experts
+ * of the layer being computed), not of the layer after the guard (the next one to compute: a
+ * global LRU would evict exactly the experts needed soonest), and fair: while the admitting
+ * layer holds fewer slots
+ * than its share (n_slots / n_layer), victims come only from layers above their share, so one
+ * layer cannot starve the others; once at its share, a layer recycles its own slots.
+ * Ownership: single-threaded; the MoE dispatch that owns it calls every function (the device
+ * side reads a slot table the caller keeps in sync). No locks.
+ */
+#ifndef STRATA_SLRU_H
+#define STRATA_SLRU_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct slru_config {
+    int n_layer, n_expert; /* key space */
+    int n_slots;           /* slots in the pool, >= 1 */
+    int protected_pct;     /* protected segment cap as % of n_slots; 0 = default 50 */
+};
+
+struct slru_layer_stats {
+    uint64_t hits, misses, promotions, evictions, admissions;
+};
+
+struct slru;
+
+/* 0, -EINVAL (bad sizes) or -ENOMEM. */
+int slru_open(const struct slru_config *cfg, struct slru **out);
+void slru_close(struct slru *c);
+
+/* Starts a step (one layer's plan): slots used before it are no longer "in use". */
+void slru_step(struct slru *c);
+
+/* The slot holding (layer, expert), or -1. Marks it in use for this step. Counts a hit (and promotes a probation slot hit
+ * for the second time) or a miss in the layer's stats. */
+int slru_lookup(struct slru *c, int layer, int expert);
+
+/* The slot holding (layer, expert), or -1, without touching recency or stats. */
+int slru_peek(const struct slru *c, int layer, int expert);
+
+/* Places (layer, expert) (not resident) in a slot: a free one, or a victim as the DESIGN above
+ * says: never a slot in use this step, never one of layer (guard + 1) % n_layer (guard < 0: no
+ * guard). The new slot is in use for this step. Returns the slot
+ * (>= 0) and, when a resident expert was evicted, its key in *ev_layer and *ev_expert (else -1);
+ * -ENOSPC when every slot is pinned, in use or guarded (the caller then serves the expert without
+ * caching it), -EEXIST if it is already resident, -EINVAL for a bad key. */
+int slru_admit(struct slru *c, int layer, int expert, int guard, int *ev_layer, int *ev_expert);
+
+/* Pins a resident expert into the protected segment for good (frozen profile); 0, -ENOENT. */
+int slru_pin(struct slru *c, int layer, int expert);
+
+/* Key of a slot: 0 and the key, or -ENOENT for a free slot. */
+int slru_slot_key(const struct slru *c, int slot, int *layer, int *expert);
+
+const struct slru_layer_stats *slru_stats(const struct slru *c, int layer);
+/* Slots held by a layer. */
+int slru_layer_held(const struct slru *c, int layer);
+
+/* Checks every internal invariant (lists, map, counts, caps); 0 or -EFAULT. For tests. */
+int slru_check(const struct slru *c);
+
+#endif
