@@ -31,6 +31,7 @@ struct moe_args {
     float *out;                       /* (n_tok, n_embd): written (not accumulated) */
     const float *in;                  /* (n_tok, n_embd): the ffn-normed hidden states */
     int n_tok;
+    int pos0;                         /* stream position of token 0 */
     int layer;
     const struct layer_weights *lw;   /* router and stacked experts of this layer */
     const struct model_hparams *hp;
@@ -71,8 +72,20 @@ struct backend {
     void *impl; /* the backend's own state */
 };
 
+/* What the router chose for a batch of tokens at one layer (for statistics tools). */
+struct route_event {
+    int layer, n_tok, k;
+    int pos0;              /* stream position of token 0 */
+    const int32_t *ids;    /* (n_tok, k) selected experts */
+    const float *weights;  /* (n_tok, k) their renormalised router weights */
+    const float *in;       /* (n_tok, n_embd) the layer's MoE input (ffn-normed hidden) */
+};
+
 struct backend_cpu_config {
     int n_threads; /* 0 = OpenMP's default */
+    /* Called after each layer's routing, on the calling thread; NULL for none. */
+    void (*route_observer)(void *ctx, const struct route_event *ev);
+    void *route_ctx;
 };
 
 /* Creates the CPU backend for model m. 0 or -errno. */

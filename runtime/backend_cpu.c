@@ -19,6 +19,7 @@ struct backend_cpu {
     int32_t *route_ids;      /* (max_tok, k) */
     float *route_w;          /* (max_tok, k) */
     int max_tok;
+    struct backend_cpu_config cfg;
 };
 
 #define CPU_MAX_TOK 512 /* tokens per moe_ffn call; larger batches are split */
@@ -157,6 +158,13 @@ static int cpu_moe_ffn(struct backend *b, const struct moe_args *a)
             break;
         moe_route_softmax_topk(c->router_logits, n, (int)hp->n_expert, (int)hp->n_expert_used,
                                c->route_ids, c->route_w);
+        if (c->cfg.route_observer) {
+            struct route_event ev = {
+                .layer = a->layer, .n_tok = n, .k = (int)hp->n_expert_used,
+                .pos0 = a->pos0 + t0, .ids = c->route_ids, .weights = c->route_w, .in = in,
+            };
+            c->cfg.route_observer(c->cfg.route_ctx, &ev);
+        }
         moe_plan_build(&c->plan, c->route_ids, c->route_w, n);
         rc = moe_cpu_run(c->moe, &c->plan, &ex, in, a->out + (size_t)t0 * hp->n_embd);
         if (rc)
@@ -213,6 +221,8 @@ int backend_cpu_open(const struct model *m, const struct backend_cpu_config *cfg
     c->base.model = m;
     c->base.impl = c;
     c->max_tok = CPU_MAX_TOK;
+    if (cfg)
+        c->cfg = *cfg;
     if (cfg && cfg->n_threads > 0)
         omp_set_num_threads(cfg->n_threads);
     c->router_logits = malloc(sizeof(float) * (size_t)c->max_tok * hp->n_expert);

@@ -199,7 +199,8 @@ static int qwen3moe_forward(struct backend *b, struct stream *s, const int32_t *
         if (rc)
             break;
         struct moe_args ma = {
-            .out = s->proj, .in = s->xn, .n_tok = n, .layer = (int)l, .lw = lw, .hp = hp,
+            .out = s->proj, .in = s->xn, .n_tok = n, .pos0 = s->pos, .layer = (int)l, .lw = lw,
+            .hp = hp,
         };
         rc = op->moe_ffn(b, &ma);
         rc = rc ? rc : op->add(b, s->x, s->proj, (size_t)n * hp->n_embd);

@@ -10,6 +10,7 @@ int cmd_bench_kernels(int argc, char **argv); /* runtime/cli/bench_kernels.c */
 int cmd_run(int argc, char **argv);           /* runtime/cli/run.c */
 int cmd_chat(int argc, char **argv);          /* runtime/cli/chat.c */
 int cmd_bench(int argc, char **argv);         /* runtime/cli/bench.c */
+int cmd_stats_routing(int argc, char **argv); /* runtime/cli/stats_routing.c */
 int cmd_convert(int argc, char **argv);       /* runtime/cli/convert.c */
 int cmd_logits(int argc, char **argv);        /* runtime/cli/logits.c */
 

@@ -19,6 +19,8 @@ static const struct command commands[] = {
     {"convert", cmd_convert, "convert a Hugging Face checkpoint (safetensors) to GGUF"},
     {"logits", cmd_logits, "print or dump a prompt's logits and greedy tokens (for comparisons)"},
     {"bench", cmd_bench, "prompt and decode speed against the floor of measured bandwidth"},
+    {"stats-routing", cmd_stats_routing,
+     "expert popularity, reuse distance and next-layer prediction recall over texts"},
     {"info", cmd_info, "print this machine's CPU features, topology and libraries"},
     {"bench-kernels", cmd_bench_kernels,
      "CPU matvec per quant type against the measured host read bandwidth"},

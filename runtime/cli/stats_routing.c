@@ -1,0 +1,224 @@
+/* strata stats-routing: runs texts through a model on the CPU and reports how its routers
+ * behave (runtime/routing_stats.h): popularity concentration, reuse distances, and the recall
+ * of predicting layer l+1's experts by applying its router to layer l's MoE input. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cli.h"
+#include "errors.h"
+#include "model.h"
+#include "moe.h"
+#include "routing_stats.h"
+#include "stream.h"
+#include "tokenizer.h"
+
+struct sr_opts {
+    const char *model, *prompts, *plot, *dat;
+    int n_threads, max_tokens;
+};
+
+struct sr_ctx {
+    const struct model *m;
+    struct routing_stats *rs;
+    float *logits;   /* (n_expert) scratch */
+    float *pw;       /* (k) scratch */
+    int32_t *pred;   /* (k) scratch */
+};
+
+static void sr_usage(void)
+{
+    printf("usage: strata stats-routing -m FILE --prompts FILE [options]\n\n"
+           "Runs every line of the prompts file (one text per line) through the model on the\n"
+           "CPU and prints, per layer: the share of expert activations taken by the most\n"
+           "popular 10%% and 20%% of experts, how often a selected expert was also selected at\n"
+           "the previous token (reuse@1) or within 8 tokens, and the recall of predicting the\n"
+           "layer's top-k by applying its router to the previous layer's MoE input.\n\n"
+           "  -m, --model FILE      GGUF model (required)\n"
+           "      --prompts FILE    texts, one per line (required)\n"
+           "      --max-tokens N    tokens per text at most (default 2048)\n"
+           "  -t, --threads N       CPU threads (default: all)\n"
+           "      --dat FILE        also write the per-layer figures as columns\n"
+           "      --plot FILE.png   also draw them with gnuplot (needs gnuplot installed)\n");
+}
+
+static int sr_parse(int argc, char **argv, struct sr_opts *o)
+{
+    *o = (struct sr_opts){.max_tokens = 2048};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            sr_usage();
+            return 1;
+        }
+        if (!v) {
+            fprintf(stderr, "strata stats-routing: %s needs a value (see --help)\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+            o->model = v;
+        else if (!strcmp(a, "--prompts"))
+            o->prompts = v;
+        else if (!strcmp(a, "--plot"))
+            o->plot = v;
+        else if (!strcmp(a, "--dat"))
+            o->dat = v;
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
+            o->n_threads = atoi(v);
+        else if (!strcmp(a, "--max-tokens"))
+            o->max_tokens = atoi(v);
+        else {
+            fprintf(stderr, "strata stats-routing: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+        i++;
+    }
+    if (!o->model || !o->prompts || o->max_tokens < 1) {
+        fprintf(stderr, "strata stats-routing: need -m FILE and --prompts FILE (see --help)\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* Records layer l's choice and predicts layer l+1's from the same input with its router. */
+static void sr_observe(void *arg, const struct route_event *ev)
+{
+    struct sr_ctx *c = arg;
+    const struct model_hparams *hp = &c->m->hp;
+    int next = ev->layer + 1;
+
+    for (int t = 0; t < ev->n_tok; t++)
+        routing_stats_add(c->rs, ev->layer, ev->pos0 + t, ev->ids + (size_t)t * ev->k);
+    if (next >= (int)hp->n_layer)
+        return;
+    const float *w = c->m->layers[next].router.data; /* (n_expert rows of n_embd) F32 */
+    for (int t = 0; t < ev->n_tok; t++) {
+        const float *x = ev->in + (size_t)t * hp->n_embd;
+        for (uint32_t e = 0; e < hp->n_expert; e++) {
+            const float *row = w + (size_t)e * hp->n_embd;
+            double s = 0;
+            for (uint32_t i = 0; i < hp->n_embd; i++)
+                s += (double)row[i] * x[i];
+            c->logits[e] = (float)s;
+        }
+        moe_route_softmax_topk(c->logits, 1, (int)hp->n_expert, ev->k, c->pred, c->pw);
+        routing_stats_predict(c->rs, next, ev->pos0 + t, c->pred);
+    }
+}
+
+/* Evaluates every line of the prompts file on a fresh stream. */
+static int sr_run(const struct sr_opts *o, struct model *m, struct sr_ctx *ctx, int *n_texts,
+                  long *n_tokens)
+{
+    struct backend_cpu_config bc = {
+        .n_threads = o->n_threads, .route_observer = sr_observe, .route_ctx = ctx,
+    };
+    struct backend *b = NULL;
+    struct stream *s = NULL;
+    FILE *f = fopen(o->prompts, "r");
+    char *line = NULL;
+    size_t cap = 0;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)o->max_tokens);
+    int rc = 0;
+
+    if (!f) {
+        free(ids);
+        return err_set(-errno, "%s: cannot read the prompts", o->prompts);
+    }
+    if (!ids || backend_cpu_open(m, &bc, &b) || stream_open(b, o->max_tokens, 512, &s))
+        rc = err_wrap(-ENOMEM, "starting the engine: ");
+    while (!rc && getline(&line, &cap, f) > 0) {
+        size_t len = strcspn(line, "\r\n");
+        if (len == 0)
+            continue;
+        int n = tokenizer_encode(m->tok, line, len, 0, ids, (size_t)o->max_tokens);
+        if (n < 0) {
+            rc = n;
+            break;
+        }
+        n = n < o->max_tokens ? n : o->max_tokens;
+        stream_truncate(s, 0);
+        routing_stats_new_text(ctx->rs);
+        rc = stream_eval(s, ids, n, NULL);
+        (*n_texts)++;
+        *n_tokens += n;
+    }
+    free(line);
+    fclose(f);
+    free(ids);
+    stream_close(s);
+    backend_close(b);
+    return rc;
+}
+
+static int sr_plot(const struct sr_opts *o, const char *dat)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "gnuplot -e \"set terminal png size 900,500; set output '%s'; "
+             "set xlabel 'layer'; set ylabel 'percent'; set key outside; set yrange [0:100]; "
+             "plot '%s' u 1:2 w lp t 'top 10%% share', '' u 1:3 w lp t 'top 20%% share', "
+             "'' u 1:4 w lp t 'reuse at next token', '' u 1:5 w lp t 'reuse within 8', "
+             "'' u 1:6 w lp t 'recall l-1 -> l'\"",
+             o->plot, dat);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "strata stats-routing: gnuplot failed (is it installed?)\n");
+        return 1;
+    }
+    printf("plot: %s\n", o->plot);
+    return 0;
+}
+
+int cmd_stats_routing(int argc, char **argv)
+{
+    struct sr_opts o;
+    struct model *m = NULL;
+    struct sr_ctx ctx = {0};
+    int rc = sr_parse(argc, argv, &o), n_texts = 0;
+    long n_tokens = 0;
+    char dat[1024];
+
+    if (rc)
+        return rc == 1 ? 0 : rc;
+    if (model_open(o.model, &m))
+        return cli_fail("loading the model");
+    if (!m->tok) {
+        model_close(m);
+        fprintf(stderr, "strata stats-routing: %s has no tokenizer\n", o.model);
+        return 1;
+    }
+    ctx.m = m;
+    ctx.logits = malloc(sizeof(float) * m->hp.n_expert);
+    ctx.pw = malloc(sizeof(float) * m->hp.n_expert_used);
+    ctx.pred = malloc(sizeof(int32_t) * m->hp.n_expert_used);
+    rc = routing_stats_open((int)m->hp.n_layer, (int)m->hp.n_expert, (int)m->hp.n_expert_used,
+                            &ctx.rs);
+    if (!rc && (!ctx.logits || !ctx.pw || !ctx.pred))
+        rc = err_set(-ENOMEM, "out of memory");
+    rc = rc ? rc : sr_run(&o, m, &ctx, &n_texts, &n_tokens);
+    if (rc) {
+        rc = cli_fail("stats-routing");
+        goto out;
+    }
+    printf("%s: %d texts, %ld tokens, %u layers, %u experts, top-%u\n", o.model, n_texts,
+           n_tokens, m->hp.n_layer, m->hp.n_expert, m->hp.n_expert_used);
+    routing_stats_print(ctx.rs, stdout);
+    if (o.dat || o.plot) {
+        snprintf(dat, sizeof(dat), "%s", o.dat ? o.dat : "/tmp/strata-routing.dat");
+        if (routing_stats_write_dat(ctx.rs, dat)) {
+            rc = cli_fail("writing the figures");
+            goto out;
+        }
+        if (o.plot)
+            rc = sr_plot(&o, dat);
+    }
+out:
+    routing_stats_close(ctx.rs);
+    free(ctx.logits);
+    free(ctx.pw);
+    free(ctx.pred);
+    model_close(m);
+    return rc;
+}

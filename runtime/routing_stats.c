@@ -1,0 +1,206 @@
+#include "routing_stats.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+
+#define PRED_SLOTS 4096 /* pending predictions per layer, indexed by token % PRED_SLOTS */
+
+struct routing_stats {
+    int n_layer, n_expert, k;
+    uint64_t *count;      /* (n_layer, n_expert) selections */
+    int64_t *last;        /* (n_layer, n_expert) token of the previous selection, -1 none */
+    uint64_t *reuse;      /* (n_layer, REUSE_BUCKETS) */
+    int32_t *pred;        /* (n_layer, PRED_SLOTS, k) pending predictions */
+    int32_t *pred_tok;    /* (n_layer, PRED_SLOTS) token a pending prediction is for, -1 */
+    uint64_t *pred_n, *pred_hit; /* (n_layer) */
+    int64_t text_base;    /* added to token indices so texts never look adjacent */
+    int64_t text_end;     /* one past the largest index seen in the current text */
+};
+
+int routing_stats_open(int n_layer, int n_expert, int k, struct routing_stats **out)
+{
+    struct routing_stats *rs;
+    size_t le = (size_t)n_layer * n_expert;
+
+    if (n_layer < 1 || n_expert < 1 || k < 1 || k > n_expert)
+        return err_set(-EINVAL, "routing stats: %d layers, %d experts, top-%d", n_layer,
+                       n_expert, k);
+    rs = calloc(1, sizeof(*rs));
+    if (!rs)
+        return err_set(-ENOMEM, "out of memory");
+    rs->n_layer = n_layer;
+    rs->n_expert = n_expert;
+    rs->k = k;
+    rs->count = calloc(le, sizeof(*rs->count));
+    rs->last = malloc(le * sizeof(*rs->last));
+    rs->reuse = calloc((size_t)n_layer * REUSE_BUCKETS, sizeof(*rs->reuse));
+    rs->pred = malloc((size_t)n_layer * PRED_SLOTS * k * sizeof(*rs->pred));
+    rs->pred_tok = malloc((size_t)n_layer * PRED_SLOTS * sizeof(*rs->pred_tok));
+    rs->pred_n = calloc((size_t)n_layer, sizeof(*rs->pred_n));
+    rs->pred_hit = calloc((size_t)n_layer, sizeof(*rs->pred_hit));
+    if (!rs->count || !rs->last || !rs->reuse || !rs->pred || !rs->pred_tok || !rs->pred_n ||
+        !rs->pred_hit) {
+        routing_stats_close(rs);
+        return err_set(-ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < le; i++)
+        rs->last[i] = -1;
+    for (size_t i = 0; i < (size_t)n_layer * PRED_SLOTS; i++)
+        rs->pred_tok[i] = -1;
+    *out = rs;
+    return 0;
+}
+
+void routing_stats_close(struct routing_stats *rs)
+{
+    if (!rs)
+        return;
+    free(rs->count);
+    free(rs->last);
+    free(rs->reuse);
+    free(rs->pred);
+    free(rs->pred_tok);
+    free(rs->pred_n);
+    free(rs->pred_hit);
+    free(rs);
+}
+
+void routing_stats_new_text(struct routing_stats *rs)
+{
+    /* a gap larger than any bucket: the first selection of a text counts as REUSE_FIRST */
+    rs->text_base = rs->text_end + 1000000;
+    rs->text_end = rs->text_base;
+}
+
+static enum routing_reuse routing_bucket(int64_t d)
+{
+    return d == 1 ? REUSE_1 : d <= 8 ? REUSE_2_8 : d <= 64 ? REUSE_9_64 : REUSE_FAR;
+}
+
+void routing_stats_predict(struct routing_stats *rs, int layer, int tok, const int32_t *pred)
+{
+    size_t slot = (size_t)layer * PRED_SLOTS + (size_t)tok % PRED_SLOTS;
+    rs->pred_tok[slot] = tok;
+    memcpy(rs->pred + slot * rs->k, pred, sizeof(int32_t) * (size_t)rs->k);
+}
+
+void routing_stats_add(struct routing_stats *rs, int layer, int tok, const int32_t *ids)
+{
+    int64_t t = rs->text_base + tok;
+    size_t slot = (size_t)layer * PRED_SLOTS + (size_t)tok % PRED_SLOTS;
+
+    if (t + 1 > rs->text_end)
+        rs->text_end = t + 1;
+    for (int j = 0; j < rs->k; j++) {
+        size_t key = (size_t)layer * rs->n_expert + ids[j];
+        int64_t prev = rs->last[key];
+        enum routing_reuse b =
+            prev < rs->text_base || prev < 0 ? REUSE_FIRST : routing_bucket(t - prev);
+        rs->reuse[(size_t)layer * REUSE_BUCKETS + b]++;
+        rs->count[key]++;
+        rs->last[key] = t;
+    }
+    if (rs->pred_tok[slot] == tok) {
+        const int32_t *p = rs->pred + slot * rs->k;
+        for (int j = 0; j < rs->k; j++)
+            for (int i = 0; i < rs->k; i++)
+                rs->pred_hit[layer] += p[i] == ids[j];
+        rs->pred_n[layer] += (uint64_t)rs->k;
+        rs->pred_tok[slot] = -1;
+    }
+}
+
+static int routing_cmp_desc(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+void routing_stats_layer(const struct routing_stats *rs, int layer, struct routing_layer_report *r)
+{
+    uint64_t *c = malloc(sizeof(uint64_t) * (size_t)rs->n_expert);
+    uint64_t total = 0, top10 = 0, top20 = 0;
+    int n10 = (rs->n_expert + 9) / 10, n20 = (rs->n_expert + 4) / 5;
+
+    memset(r, 0, sizeof(*r));
+    if (!c)
+        return;
+    memcpy(c, rs->count + (size_t)layer * rs->n_expert, sizeof(uint64_t) * (size_t)rs->n_expert);
+    qsort(c, (size_t)rs->n_expert, sizeof(uint64_t), routing_cmp_desc);
+    for (int e = 0; e < rs->n_expert; e++) {
+        total += c[e];
+        top10 += e < n10 ? c[e] : 0;
+        top20 += e < n20 ? c[e] : 0;
+    }
+    free(c);
+    r->selections = total;
+    r->top10_share = total ? (double)top10 / total : 0;
+    r->top20_share = total ? (double)top20 / total : 0;
+    memcpy(r->reuse, rs->reuse + (size_t)layer * REUSE_BUCKETS, sizeof(r->reuse));
+    r->predicted = rs->pred_n[layer];
+    r->predicted_hit = rs->pred_hit[layer];
+}
+
+static double routing_pct(uint64_t a, uint64_t b)
+{
+    return b ? 100.0 * (double)a / (double)b : 0.0;
+}
+
+void routing_stats_print(const struct routing_stats *rs, FILE *f)
+{
+    struct routing_layer_report t = {0};
+    double s10 = 0, s20 = 0;
+
+    fprintf(f, "%5s %10s %7s %7s %8s %8s %8s %8s %9s\n", "layer", "selections", "top10%",
+            "top20%", "reuse@1", "reuse<=8", "<=64", "first", "recall");
+    for (int l = 0; l < rs->n_layer; l++) {
+        struct routing_layer_report r;
+        routing_stats_layer(rs, l, &r);
+        uint64_t again = r.selections - r.reuse[REUSE_FIRST];
+        fprintf(f, "%5d %10llu %6.1f%% %6.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% ", l,
+                (unsigned long long)r.selections, 100 * r.top10_share, 100 * r.top20_share,
+                routing_pct(r.reuse[REUSE_1], r.selections),
+                routing_pct(r.reuse[REUSE_1] + r.reuse[REUSE_2_8], r.selections),
+                routing_pct(again - r.reuse[REUSE_FAR], r.selections),
+                routing_pct(r.reuse[REUSE_FIRST], r.selections));
+        if (r.predicted)
+            fprintf(f, "%8.1f%%\n", routing_pct(r.predicted_hit, r.predicted));
+        else
+            fprintf(f, "%9s\n", "-");
+        t.selections += r.selections;
+        for (int b = 0; b < REUSE_BUCKETS; b++)
+            t.reuse[b] += r.reuse[b];
+        t.predicted += r.predicted;
+        t.predicted_hit += r.predicted_hit;
+        s10 += r.top10_share * (double)r.selections;
+        s20 += r.top20_share * (double)r.selections;
+    }
+    fprintf(f, "%5s %10llu %6.1f%% %6.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %8.1f%%\n", "all",
+            (unsigned long long)t.selections, routing_pct((uint64_t)s10, t.selections),
+            routing_pct((uint64_t)s20, t.selections),
+            routing_pct(t.reuse[REUSE_1], t.selections),
+            routing_pct(t.reuse[REUSE_1] + t.reuse[REUSE_2_8], t.selections),
+            routing_pct(t.selections - t.reuse[REUSE_FIRST] - t.reuse[REUSE_FAR], t.selections),
+            routing_pct(t.reuse[REUSE_FIRST], t.selections),
+            routing_pct(t.predicted_hit, t.predicted));
+}
+
+int routing_stats_write_dat(const struct routing_stats *rs, const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return err_set(-errno, "%s: cannot write", path);
+    fprintf(f, "# layer top10 top20 reuse1 reuse8 recall (percent)\n");
+    for (int l = 0; l < rs->n_layer; l++) {
+        struct routing_layer_report r;
+        routing_stats_layer(rs, l, &r);
+        fprintf(f, "%d %.3f %.3f %.3f %.3f %.3f\n", l, 100 * r.top10_share, 100 * r.top20_share,
+                routing_pct(r.reuse[REUSE_1], r.selections),
+                routing_pct(r.reuse[REUSE_1] + r.reuse[REUSE_2_8], r.selections),
+                routing_pct(r.predicted_hit, r.predicted));
+    }
+    return fclose(f) ? err_set(-EIO, "%s: write failed", path) : 0;
+}
