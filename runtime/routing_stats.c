@@ -193,14 +193,17 @@ int routing_stats_write_dat(const struct routing_stats *rs, const char *path)
     FILE *f = fopen(path, "w");
     if (!f)
         return err_set(-errno, "%s: cannot write", path);
-    fprintf(f, "# layer top10 top20 reuse1 reuse8 recall (percent)\n");
+    fprintf(f, "# layer top10 top20 reuse1 reuse8 recall (percent; NaN: no prediction)\n");
     for (int l = 0; l < rs->n_layer; l++) {
         struct routing_layer_report r;
         routing_stats_layer(rs, l, &r);
-        fprintf(f, "%d %.3f %.3f %.3f %.3f %.3f\n", l, 100 * r.top10_share, 100 * r.top20_share,
+        fprintf(f, "%d %.3f %.3f %.3f %.3f ", l, 100 * r.top10_share, 100 * r.top20_share,
                 routing_pct(r.reuse[REUSE_1], r.selections),
-                routing_pct(r.reuse[REUSE_1] + r.reuse[REUSE_2_8], r.selections),
-                routing_pct(r.predicted_hit, r.predicted));
+                routing_pct(r.reuse[REUSE_1] + r.reuse[REUSE_2_8], r.selections));
+        if (r.predicted) /* layer 0 has no earlier layer to predict from: NaN, not plotted */
+            fprintf(f, "%.3f\n", routing_pct(r.predicted_hit, r.predicted));
+        else
+            fprintf(f, "NaN\n");
     }
     return fclose(f) ? err_set(-EIO, "%s: write failed", path) : 0;
 }
