@@ -47,27 +47,11 @@ static void fatal(const char *what)
     exit(1);
 }
 
-static float *rand_normal(struct rng *r, size_t n, float std)
-{
-    float *v = (float *)test_xmalloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++)
-        v[i] = std * rng_normal(r);
-    return v;
-}
-
-static uint64_t row_bytes_of(uint32_t type, int64_t n)
-{
-    uint64_t rb = 0;
-    if (quant_row_bytes(type, (uint64_t)n, &rb))
-        fatal("quant_row_bytes");
-    return rb;
-}
-
 /* n_rows rows of n elements ~ N(0, std^2): drawn codes where gen supports the type, else the
  * reference quantizer over normals. */
 static uint8_t *weights_draw(struct rng *r, uint32_t type, int64_t n_rows, int64_t n, float std)
 {
-    uint64_t rb = row_bytes_of(type, n);
+    uint64_t rb = test_row_bytes(type, n);
     uint8_t *w = (uint8_t *)test_xmalloc(rb * n_rows);
     float *x = (float *)test_xmalloc(sizeof(float) * n);
     for (int64_t row = 0; row < n_rows; row++) {
@@ -139,8 +123,8 @@ static void layer_make(struct rng *r, const struct moe_case *c, struct layer *L)
 {
     memset(L, 0, sizeof(*L));
     L->c = c;
-    L->g_row = row_bytes_of(c->gt, c->n_embd);
-    L->d_row = row_bytes_of(c->dt, c->n_ff);
+    L->g_row = test_row_bytes(c->gt, c->n_embd);
+    L->d_row = test_row_bytes(c->dt, c->n_ff);
     L->g_stride = L->g_row * c->n_ff;
     L->d_stride = L->d_row * c->n_embd;
     L->gate = weights_draw(r, c->gt, (int64_t)c->n_expert * c->n_ff, c->n_embd,
@@ -260,7 +244,7 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
     layer_make(r, c, &L);
     size_t nx = (size_t)c->n_tok * c->n_embd, nl = (size_t)c->n_tok * c->n_expert;
     size_t nk = (size_t)c->n_tok * c->k;
-    float *x = rand_normal(r, nx, 1.0f), *logits = rand_normal(r, nl, 1.5f);
+    float *x = test_rand_normal(r, nx, 1.0f), *logits = test_rand_normal(r, nl, 1.5f);
     int32_t *ids_ref = (int32_t *)test_xmalloc(sizeof(int32_t) * nk),
             *ids_got = (int32_t *)test_xmalloc(sizeof(int32_t) * nk);
     float *w_ref = (float *)test_xmalloc(sizeof(float) * nk),
@@ -406,7 +390,7 @@ static void run_graph_case(struct rng *r, const struct moe_case *c)
     CHECK(rc == 0, "launch inside capture failed: %d", rc);
     size_t worst = 0;
     for (int step = 0; step < 3; step++) {
-        float *x = rand_normal(r, nx, 1.0f), *logits = rand_normal(r, nl, 1.5f);
+        float *x = test_rand_normal(r, nx, 1.0f), *logits = test_rand_normal(r, nl, 1.5f);
         test_dev_put(d_x, x, nx * sizeof(float));
         test_dev_put(d_logits, logits, nl * sizeof(float));
         test_dev_poison(d_out, nx * sizeof(float));

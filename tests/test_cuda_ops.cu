@@ -47,24 +47,6 @@ static void fatal(const char *what)
     exit(1);
 }
 
-/* A device copy of host bytes. */
-/* Fills device floats with NaN (all bits set). */
-static float *rand_normal(struct rng *r, size_t n, float std)
-{
-    float *v = (float *)test_xmalloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++)
-        v[i] = std * rng_normal(r);
-    return v;
-}
-
-static uint64_t row_bytes_of(uint32_t type, int64_t n)
-{
-    uint64_t rb = 0;
-    if (quant_row_bytes(type, (uint64_t)n, &rb))
-        fatal("quant_row_bytes");
-    return rb;
-}
-
 /* Replaces an all-ones exponent (inf/NaN) of the f16 at p with a finite one. */
 static void f16_sanitize(uint8_t *p)
 {
@@ -167,7 +149,7 @@ static void test_embed(struct rng *r)
             for (int variant = 0; variant < 2; variant++) {
                 int64_t n_embd = dims[di], n_vocab = 20 + rng_below(r, 200);
                 int n = 1 + (int)rng_below(r, 40);
-                uint64_t rb = row_bytes_of(type, n_embd), row_bytes = rb + 16 * variant;
+                uint64_t rb = test_row_bytes(type, n_embd), row_bytes = rb + 16 * variant;
                 uint8_t *table = (uint8_t *)test_xmalloc(row_bytes * n_vocab);
                 if (variant == 0)
                     rows_random_bytes(r, type, table, n_vocab, n_embd, row_bytes);
@@ -236,9 +218,9 @@ static void test_rmsnorm(struct rng *r)
             size_t n = (size_t)rows * dim;
             float eps = mode == 1 ? 1e-5f : 1e-6f;
             float *x =
-                rand_normal(r, n, powf(10.0f, rng_uniform(r, -3.0f, 1.0f))); /* eps matters */
-            float *res = rand_normal(r, n, 1.0f);
-            float *w = rand_normal(r, dim, 1.0f);
+                test_rand_normal(r, n, powf(10.0f, rng_uniform(r, -3.0f, 1.0f))); /* eps matters */
+            float *res = test_rand_normal(r, n, 1.0f);
+            float *w = test_rand_normal(r, dim, 1.0f);
             float *ref = (float *)test_xmalloc(n * sizeof(float)),
                   *got = (float *)test_xmalloc(n * sizeof(float));
             float *res_ref = (float *)test_xmalloc(n * sizeof(float)),
@@ -301,7 +283,7 @@ static void test_rope(struct rng *r)
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
         int n_tok = cases[ci].n_tok, heads = cases[ci].heads, hd = cases[ci].hd;
         size_t row = (size_t)heads * hd, n = n_tok * row;
-        float *x = rand_normal(r, n, 1.0f), *ref = (float *)test_xmalloc(n * sizeof(float));
+        float *x = test_rand_normal(r, n, 1.0f), *ref = (float *)test_xmalloc(n * sizeof(float));
         float *got = (float *)test_xmalloc(n * sizeof(float));
         int32_t *pos = (int32_t *)test_xmalloc(sizeof(int32_t) * n_tok);
         memcpy(ref, x, n * sizeof(float));
@@ -336,7 +318,7 @@ static void test_kv_store(struct rng *r)
         int n_tok = 1 + rng_below(r, 40), pos0 = rng_below(r, n_ctx - n_tok + 1);
         bool dev = ci & 1;
         size_t cn = (size_t)n_ctx * width;
-        float *cache = rand_normal(r, cn, 1.0f), *src = rand_normal(r, (size_t)n_tok * width, 1.0f);
+        float *cache = test_rand_normal(r, cn, 1.0f), *src = test_rand_normal(r, (size_t)n_tok * width, 1.0f);
         float *ref = (float *)test_xmalloc(cn * sizeof(float)),
               *got = (float *)test_xmalloc(cn * sizeof(float));
         int32_t *pos = (int32_t *)test_xmalloc(sizeof(int32_t) * n_tok);
@@ -389,8 +371,8 @@ static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scra
     int n_head = c->G * c->n_kv, hd = c->hd, n_tok = c->n_tok;
     int n_ctx = c->pos0 + n_tok + c->ctx_slack;
     size_t qn = (size_t)n_tok * n_head * hd, kvw = (size_t)c->n_kv * hd, cn = (size_t)n_ctx * kvw;
-    float *q = rand_normal(r, qn, c->qscale);
-    float *kc = rand_normal(r, cn, 1.0f), *vc = rand_normal(r, cn, 1.0f);
+    float *q = test_rand_normal(r, qn, c->qscale);
+    float *kc = test_rand_normal(r, cn, 1.0f), *vc = test_rand_normal(r, cn, 1.0f);
     float *ref = (float *)test_xmalloc(qn * sizeof(float)), *got = (float *)test_xmalloc(qn * sizeof(float));
     int32_t *pos = (int32_t *)test_xmalloc(sizeof(int32_t) * n_tok);
     int last = c->pos0 + n_tok - 1;
@@ -489,7 +471,7 @@ static void test_add(struct rng *r)
     static const size_t ns[] = {1, 7, 2048, 100003};
     for (int i = 0; i < 4; i++) {
         size_t n = ns[i];
-        float *x = rand_normal(r, n, 1.0f), *y = rand_normal(r, n, 1.0f);
+        float *x = test_rand_normal(r, n, 1.0f), *y = test_rand_normal(r, n, 1.0f);
         float *ref = (float *)test_xmalloc(n * sizeof(float)),
               *got = (float *)test_xmalloc(n * sizeof(float));
         for (size_t j = 0; j < n; j++)
@@ -511,7 +493,7 @@ static void test_argmax(struct rng *r)
     static const int ns[] = {1, 7, 1000, 151936};
     for (int i = 0; i < 4; i++) {
         int n = ns[i], rows = 1 + rng_below(r, 4);
-        float *x = rand_normal(r, (size_t)rows * n, 3.0f);
+        float *x = test_rand_normal(r, (size_t)rows * n, 3.0f);
         int32_t *got = (int32_t *)test_xmalloc(sizeof(int32_t) * rows);
         for (int row = 0; row < rows; row++) {
             float *xr = x + (size_t)row * n;
@@ -549,7 +531,7 @@ static void test_topk(struct rng *r)
             int n_expert = experts[ei], k = ks[ki], n_tok = toks[(ei + ki) % 3];
             bool ties = (ei + ki) % 2;
             size_t nl = (size_t)n_tok * n_expert, nk = (size_t)n_tok * k;
-            float *l = rand_normal(r, nl, 2.0f);
+            float *l = test_rand_normal(r, nl, 2.0f);
             if (ties) /* exact ties: coarse values so that many logits are equal */
                 for (size_t i = 0; i < nl; i++)
                     l[i] = floorf(l[i] * 2.0f) * 0.5f;
@@ -635,8 +617,8 @@ static void test_graph(struct rng *r)
     double worst = 0;
     int steps = 0;
     for (int pos = 0; pos < n_ctx; pos++) {
-        float *q = rand_normal(r, qn, 2.0f), *kn = rand_normal(r, kvw, 1.0f);
-        float *vn = rand_normal(r, kvw, 1.0f);
+        float *q = test_rand_normal(r, qn, 2.0f), *kn = test_rand_normal(r, kvw, 1.0f);
+        float *vn = test_rand_normal(r, kvw, 1.0f);
         bool run = pos < 40 || pos >= n_ctx - 8;
         int32_t p32 = pos;
         if (run) { /* a graph step on the device, the same step on the CPU */

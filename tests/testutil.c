@@ -2,6 +2,7 @@
 
 #include "cuda_info.h"
 #include "cuda_mem.h"
+#include "quant.h"
 
 #include <math.h>
 #include <string.h>
@@ -129,4 +130,20 @@ void test_dev_poison(void *dev, size_t bytes)
 {
     if (cuda_memset(dev, 0xFF, bytes, NULL) || cuda_stream_sync(NULL))
         test_fatal("cuda_memset");
+}
+
+float *test_rand_normal(struct rng *r, size_t n, float std)
+{
+    float *v = test_xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        v[i] = std * rng_normal(r);
+    return v;
+}
+
+uint64_t test_row_bytes(uint32_t type, int64_t n)
+{
+    uint64_t rb = 0;
+    if (n < 0 || quant_row_bytes(type, (uint64_t)n, &rb))
+        test_fatal("quant_row_bytes");
+    return rb;
 }

@@ -54,6 +54,11 @@ void *test_dev_dup(const void *host, size_t bytes);
 void test_dev_get(void *host, const void *dev, size_t bytes);
 void test_dev_poison(void *dev, size_t bytes); /* 0xFF bytes: NaN floats, -1 ints */
 
+/* n floats drawn from normal(0, std^2), test_xmalloc'd. */
+float *test_rand_normal(struct rng *r, size_t n, float std);
+/* Bytes of a row of n elements of a ggml type (ends the test on a bad type or length). */
+uint64_t test_row_bytes(uint32_t type, int64_t n);
+
 /* For GPU tests: returns 1 when a CUDA device is usable; else prints why and returns 0 (the
  * test then exits TEST_SKIP). */
 int test_gpu_available(const char *name);
