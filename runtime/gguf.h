@@ -177,4 +177,7 @@ int gguf_arr_get(const struct gguf_value *arr, uint64_t i, struct gguf_value *ou
 int gguf_writer_add_scalar(struct gguf_writer *w, const char *key, enum gguf_value_type type,
                            const void *value);
 
+/* Adds a copy of a key/value record read by gguf_open (any type, arrays included). */
+int gguf_writer_copy_kv(struct gguf_writer *w, const struct gguf_kv *kv);
+
 #endif

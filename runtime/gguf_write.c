@@ -666,3 +666,50 @@ int gguf_writer_finish(struct gguf_writer *w)
     writer_free(w);
     return 0;
 }
+
+int gguf_writer_copy_kv(struct gguf_writer *w, const struct gguf_kv *kv)
+{
+    const struct gguf_value *v = &kv->value;
+
+    if (v->type == GGUF_TYPE_STRING) {
+        char *str = strndup(v->str.ptr, v->str.len);
+        int rc = str ? gguf_writer_add_str(w, kv->key, str) : -ENOMEM;
+        free(str);
+        return rc;
+    }
+    if (v->type == GGUF_TYPE_ARRAY && v->arr.elem_type == GGUF_TYPE_STRING) {
+        const char **strs = malloc(sizeof(char *) * (v->arr.count ? v->arr.count : 1));
+        uint64_t *lens = malloc(sizeof(uint64_t) * (v->arr.count ? v->arr.count : 1));
+        int rc = -ENOMEM;
+        if (strs && lens) {
+            for (uint64_t i = 0; i < v->arr.count; i++) {
+                strs[i] = v->arr.strs[i].ptr;
+                lens[i] = v->arr.strs[i].len;
+            }
+            rc = gguf_writer_add_arr_str(w, kv->key, strs, lens, v->arr.count);
+        }
+        free(strs);
+        free(lens);
+        return rc;
+    }
+    if (v->type == GGUF_TYPE_ARRAY)
+        return gguf_writer_add_arr(w, kv->key, v->arr.elem_type, v->arr.data, v->arr.count);
+    union {
+        uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32;
+        float f32; bool b; uint64_t u64; int64_t i64; double f64;
+    } x;
+    switch (v->type) {
+    case GGUF_TYPE_UINT8: x.u8 = (uint8_t)v->u64; break;
+    case GGUF_TYPE_INT8: x.i8 = (int8_t)v->i64; break;
+    case GGUF_TYPE_UINT16: x.u16 = (uint16_t)v->u64; break;
+    case GGUF_TYPE_INT16: x.i16 = (int16_t)v->i64; break;
+    case GGUF_TYPE_UINT32: x.u32 = (uint32_t)v->u64; break;
+    case GGUF_TYPE_INT32: x.i32 = (int32_t)v->i64; break;
+    case GGUF_TYPE_FLOAT32: x.f32 = (float)v->f64; break;
+    case GGUF_TYPE_BOOL: x.b = v->u64 != 0; break;
+    case GGUF_TYPE_UINT64: x.u64 = v->u64; break;
+    case GGUF_TYPE_INT64: x.i64 = v->i64; break;
+    default: x.f64 = v->f64; break;
+    }
+    return gguf_writer_add_scalar(w, kv->key, v->type, &x);
+}
