@@ -52,6 +52,10 @@ static void gen_usage(FILE *out)
             "  --layers N       override the preset's layer count (quick files at real shapes)\n"
             "  --vocab PATH     take vocab, merges and added tokens from a Hugging Face\n"
             "                   tokenizer.json (default: a synthetic BPE vocabulary)\n"
+            "  --inflate SMALL  instead of random weights, grow the qwen3moe model SMALL to the\n"
+            "                   preset's per-layer shapes (hidden size, heads, head dim, expert\n"
+            "                   FFN) keeping its function and routing; layers, vocabulary and\n"
+            "                   tokenizer stay SMALL's; its expert count and top-k must match\n"
             "  -o, --output F   output file (required; written to a temp file, then renamed)\n"
             "  -q, --quiet      no progress on stderr\n"
             "  -h, --help       this text\n",
@@ -118,12 +122,14 @@ int cmd_gen(int argc, char **argv)
         {"threads", required_argument, NULL, 't'},
         {"layers", required_argument, NULL, 'l'},
         {"vocab", required_argument, NULL, 'v'},
+        {"inflate", required_argument, NULL, 'i'},
         {"output", required_argument, NULL, 'o'},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *preset_name = GEN_DEFAULT_PRESET, *mix_name = GEN_DEFAULT_MIX;
+    const char *inflate = NULL; /* --inflate SMALL */
     struct gen_config cfg = {.arch = GEN_DEFAULT_ARCH, .seed = GEN_DEFAULT_SEED};
     struct gen_progress_state ps = {.tty = isatty(STDERR_FILENO), .last_decile = -1};
     uint64_t layers = 0, v;
@@ -141,6 +147,9 @@ int cmd_gen(int argc, char **argv)
             break;
         case 'm':
             mix_name = optarg;
+            break;
+        case 'i':
+            inflate = optarg;
             break;
         case 'v':
             cfg.vocab_path = optarg;
@@ -189,6 +198,20 @@ int cmd_gen(int argc, char **argv)
     if (!quiet) {
         cfg.progress = gen_progress;
         cfg.progress_arg = &ps;
+    }
+
+    if (inflate) {
+        struct gen_inflate_config ic = {
+            .small_path = inflate, .target = cfg.preset, .mix = cfg.mix, .seed = cfg.seed,
+            .noise = 1e-3f, .out_path = cfg.out_path,
+        };
+        struct gen_stats ist;
+        if (gen_inflate(&ic, &ist))
+            return cli_fail("gen --inflate");
+        printf("wrote %s: %s inflated to %s shapes, %s, %" PRIu64 " tensors, %.4g GB of weights\n",
+               cfg.out_path, inflate, cfg.preset.name, quant_mix_name(cfg.mix), ist.n_tensors,
+               (double)ist.data_bytes / 1e9);
+        return 0;
     }
 
     struct sigaction sa = {.sa_handler = gen_on_signal}, old_int, old_term;

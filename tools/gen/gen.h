@@ -142,4 +142,21 @@ struct gen_stats {
  * at out_path and err_msg() names what failed. */
 int gen_file_write(const struct gen_config *cfg, struct gen_stats *stats);
 
+/* ---- inflating a small model ------------------------------------------------------------- */
+
+struct gen_inflate_config {
+    const char *small_path;   /* a qwen3moe GGUF (any supported types) */
+    struct gen_preset target; /* per-layer shapes of the result: n_embd, n_head, n_head_kv,
+                                 head_dim, n_ff_exp, n_ff; n_expert and n_expert_used must equal
+                                 the small model's (layers, vocab, rope come from it) */
+    enum quant_mix mix;
+    uint64_t seed;            /* of the padding noise */
+    float noise;              /* padding noise std times sqrt(fan-in); e.g. 1e-3 */
+    const char *out_path;     /* temp file + rename */
+};
+
+/* Writes the small model grown to the target's shapes with its function kept (up to the
+ * noise and the mix's rounding): see tools/gen/inflate.c. stats may be NULL; 0 or -errno. */
+int gen_inflate(const struct gen_inflate_config *cfg, struct gen_stats *stats);
+
 #endif
