@@ -18,7 +18,9 @@ void moe_route_softmax_topk(const float *logits, int n_tok, int n_expert, int k,
                             float *w);
 
 enum moe_lane {
-    MOE_LANE_CPU = 0, /* computed on the CPU from host memory */
+    MOE_LANE_CPU = 0,  /* computed on the CPU from host memory */
+    MOE_LANE_GPU = 1,  /* computed on the GPU from its VRAM slot (a hit) */
+    MOE_LANE_PCIE = 2, /* streamed over PCIe into a slot, then computed on the GPU */
 };
 
 /* The plan of one layer for one step. */
