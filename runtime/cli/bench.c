@@ -19,6 +19,7 @@
 #include "rng.h"
 #include "sampler.h"
 #include "stream.h"
+#include "topo.h"
 
 struct bench_opts {
     const char *model;
@@ -27,6 +28,7 @@ struct bench_opts {
     int profile;   /* --profile: time per op */
     int no_mmap;   /* --no-mmap: weights copied to anonymous huge pages */
     int cuda;      /* --device cuda */
+    int bind;      /* --bind: one thread per physical core, bound */
 };
 
 static void bench_usage(void)
@@ -42,6 +44,7 @@ static void bench_usage(void)
            "      --bw-gib G        size of the bandwidth probe in GiB (default 2)\n"
            "      --profile         also print the time spent in each op (pp and tg)\n"
            "      --no-mmap         copy the weights into anonymous memory on huge pages\n"
+           "      --bind            bind the CPU threads one per physical core (hwloc)\n"
            "      --device cpu|cuda backend (default cpu; cuda: every weight on the GPU, and the\n"
            "                        floor is bytes per token / device copy bandwidth)\n");
 }
@@ -61,6 +64,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         }
         if (!strcmp(a, "--no-mmap")) {
             o->no_mmap = 1;
+            continue;
+        }
+        if (!strcmp(a, "--bind")) {
+            o->bind = 1;
             continue;
         }
         if (!v) {
@@ -120,6 +127,13 @@ int cmd_bench(int argc, char **argv)
         return rc == 1 ? 0 : rc;
 
     bc.n_threads = o.n_threads;
+    if (o.bind) {
+        struct topo *t = NULL;
+        int nb = topo_open(&t) ? -1 : topo_bind_openmp(t, -1, o.n_threads);
+        topo_close(t);
+        if (nb < 0)
+            return cli_fail("--bind");
+    }
     if (model_open(o.model, &m))
         return cli_fail("loading the model");
     double t_copy = generate_now();

@@ -14,6 +14,8 @@
 #include "model.h"
 #include "stream.h"
 #include "tokenizer.h"
+#include "topo.h"
+#include "cuda_info.h"
 
 void run_opts_init(struct run_opts *o)
 {
@@ -49,6 +51,8 @@ static void run_opts_usage(const char *cmd)
            "  -c, --ctx-size N        context length in tokens (default %d)\n"
            "  -b, --batch-size N      prompt tokens per forward pass (default %d)\n"
            "      --device cpu|cuda   backend (default %s; cuda keeps every weight on the GPU)\n"
+           "      --bind              bind the CPU threads one per physical core (hwloc), on\n"
+           "                          the GPU's NUMA node with --device cuda\n"
            "      --no-mmap           copy the weights into anonymous memory on huge pages\n"
            "                          (more RAM, faster CPU decode than the page cache)\n",
            STRATA_DEFAULT_MODEL, d.n_ctx, d.n_batch, d.device);
@@ -131,6 +135,8 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->think = true, used = 0;
         } else if (IS("--ignore-eos", NULL)) {
             o->gen.ignore_eos = true, used = 0;
+        } else if (IS("--bind", NULL)) {
+            o->bind = true, used = 0;
         } else if (IS("--no-mmap", NULL)) {
             o->no_mmap = true, used = 0;
         } else if (IS("-v", "--verbose")) {
@@ -192,6 +198,26 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
     return 0;
 }
 
+/* --bind: OpenMP threads one per physical core, near the GPU when it is used. */
+static int run_bind(const struct run_opts *o)
+{
+    struct topo *t;
+    struct cuda_device_info d;
+    int node = -1, rc;
+
+    if (topo_open(&t))
+        return cli_fail("--bind");
+    if (!strcmp(o->device, "cuda") && cuda_device_info_get(0, &d) == 0)
+        node = topo_pci_numa_node(t, d.pci_bus_id);
+    rc = topo_bind_openmp(t, node, o->n_threads);
+    topo_close(t);
+    if (rc < 0)
+        return cli_fail("--bind");
+    if (o->verbose)
+        fprintf(stderr, "strata: %d threads bound one per core (NUMA node %d)\n", rc, node);
+    return 0;
+}
+
 int run_session_open(const struct run_opts *o, struct run_session *s)
 {
     const char *path = o->model ? o->model : run_opts_default_model();
@@ -206,6 +232,8 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
     }
     if (model_open(path, &s->model))
         return cli_fail("loading the model");
+    if (o->bind && run_bind(o))
+        return 1;
     if (o->no_mmap && model_load_copy(s->model, o->n_threads)) {
         run_session_close(s);
         return cli_fail("copying the weights");

@@ -21,6 +21,7 @@ struct run_opts {
     bool think;            /* --think / --no-think */
     bool verbose;
     bool no_mmap;          /* --no-mmap: weights copied to anonymous huge pages */
+    bool bind;             /* --bind: one OpenMP thread per physical core, bound */
     const char *device;    /* --device cpu */
     struct generate_config gen;
 };
