@@ -1,16 +1,26 @@
 #!/usr/bin/env python3
 """Train strata's small default MoE model (issue 7) on the GPU machine, offline.
 
-Qwen3-30B-A3B's routing geometry (128 experts, top-8, renormalised softmax router, the
-load-balancing loss Qwen3 trains with) at a small hidden size and expert FFN, 16 layers, on the
-Python sources of the installed packages, with a byte-level BPE tokenizer trained here on the
-same corpus (Qwen2 pre-tokenizer regex, so strata's tokenizer reads it). Saves a Hugging Face
-checkpoint (safetensors + config.json + tokenizer.json + tokenizer_config.json) for
-`strata convert`, plus the loss curve and the held-out loss as JSON.
+Qwen3-30B-A3B's routing geometry (128 experts, top-8, softmax router renormalised over the
+top-k, the load-balancing loss Qwen3 trains with, coefficient 0.001) at a small hidden size and
+expert FFN, on the Python sources installed on the machine, with a byte-level BPE tokenizer
+trained here on the same corpus (Qwen2 pre-tokenizer regex, so strata's tokenizer reads it).
 
-Status: written for the GPU machine (torch, transformers 5.x, tokenizers); not yet run.
+The model is a plain PyTorch re-statement of transformers' Qwen3MoeForCausalLM. Its MoE block
+computes every expert densely and weights the ones not chosen by exactly zero: with 128
+experts of FFN length 32 that is one (tokens x 256) @ (256 x 8192) matmul per layer, which
+is far faster than a loop over experts, and it gives the same function and the same gradients
+(an unchosen expert's output is multiplied by 0, so it gets no gradient from that token).
 
-    python3 tools/train/train_moe.py --out OUT --minutes 15
+Outputs, under --out:
+  hf/            safetensors (per-expert tensor names, as on the Hub) + config.json +
+                 tokenizer.json + tokenizer_config.json, for `strata convert`
+  training.json  arguments, loss curve (train and held-out), final held-out loss, timings
+  check.json     the exported checkpoint loaded back by transformers: max |logit difference|
+                 against this script's model on held-out text (float32)
+  heldout.txt    a few held-out files, for `strata stats-routing --prompts`
+
+    python3 tools/train/train_moe.py --out OUT --minutes 5.5
     build/strata convert OUT/hf -o models/strata-default.gguf --quant q4_k_m
 """
 import argparse
@@ -31,26 +41,30 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% endif %}")
 
 
+def log(msg):
+    print(msg, flush=True)
+
+
 def corpus_files(max_bytes):
-    """Python sources of the installed packages, in a stable order, up to max_bytes."""
-    roots = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    """Python sources of the installed packages and the standard library, in a stable order
+    (by path hash, so no package dominates a prefix), up to max_bytes."""
+    p = sysconfig.get_paths()
+    roots = sorted({p["purelib"], p["platlib"], p["stdlib"]})
     files = []
-    for root in sorted(roots):
+    for root in roots:
         for d, _, names in os.walk(root):
-            for n in sorted(names):
-                if n.endswith(".py"):
-                    files.append(os.path.join(d, n))
-    files.sort(key=lambda p: hashlib.sha1(p.encode()).hexdigest())
+            files.extend(os.path.join(d, n) for n in names if n.endswith(".py"))
+    files = sorted(set(files), key=lambda q: hashlib.sha1(q.encode()).hexdigest())
     out, total = [], 0
-    for p in files:
+    for path in files:
         try:
-            with open(p, encoding="utf-8") as f:
+            with open(path, encoding="utf-8") as f:
                 text = f.read()
         except (UnicodeDecodeError, OSError):
             continue
-        if not text.strip():
+        if not text.strip() or len(text) > 400_000:
             continue
-        out.append((p, text))
+        out.append((path, text))
         total += len(text)
         if total >= max_bytes:
             break
@@ -60,15 +74,19 @@ def corpus_files(max_bytes):
 def split_heldout(files, frac):
     """Files whose path hash falls below frac go to the held-out set."""
     train, held = [], []
-    for p, t in files:
-        h = int(hashlib.sha1(p.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-        (held if h < frac else train).append(t)
+    for path, text in files:
+        h = int(hashlib.sha1(path.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+        (held if h < frac else train).append(text)
+    if not held and len(train) > 1:
+        held.append(train.pop())
     return train, held
 
 
 def train_tokenizer(texts, vocab_size, out_dir):
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                            trainers)
     tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()  # as Qwen's tokenizer.json, which strata's 'qwen2' expects
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
@@ -78,10 +96,9 @@ def train_tokenizer(texts, vocab_size, out_dir):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
-    path = os.path.join(out_dir, "tokenizer.json")
-    tok.save(path)
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump({"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+        json.dump({"bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
                    "add_bos_token": False, "chat_template": CHAT_TEMPLATE,
                    "model_max_length": 1024}, f, indent=1)
     return tok
@@ -95,109 +112,340 @@ def encode_all(tok, texts, eot):
     return ids
 
 
+def build_model(cfg):
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    H, E, FF, K = cfg["hidden_size"], cfg["num_experts"], cfg["moe_intermediate_size"], \
+        cfg["num_experts_per_tok"]
+    NH, NKV, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
+
+    class RMSNorm(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(n))
+
+        def forward(self, x):
+            xf = x.float()
+            y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+            return self.weight * y.to(x.dtype)
+
+    def rotate_half(x):
+        a, b = x.chunk(2, dim=-1)
+        return torch.cat((-b, a), dim=-1)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj = nn.Linear(H, NH * D, bias=False)
+            self.k_proj = nn.Linear(H, NKV * D, bias=False)
+            self.v_proj = nn.Linear(H, NKV * D, bias=False)
+            self.o_proj = nn.Linear(NH * D, H, bias=False)
+            self.q_norm = RMSNorm(D)
+            self.k_norm = RMSNorm(D)
+
+        def forward(self, x, cos, sin):
+            B, T, _ = x.shape
+            q = self.q_norm(self.q_proj(x).view(B, T, NH, D)).transpose(1, 2)
+            k = self.k_norm(self.k_proj(x).view(B, T, NKV, D)).transpose(1, 2)
+            v = self.v_proj(x).view(B, T, NKV, D).transpose(1, 2)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            k = k.repeat_interleave(NH // NKV, dim=1)
+            v = v.repeat_interleave(NH // NKV, dim=1)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o_proj(o.transpose(1, 2).reshape(B, T, NH * D))
+
+    class MoE(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = nn.Linear(H, E, bias=False)
+            # [gate|up][expert][row][hidden] and down stored transposed ([expert][row][hidden])
+            self.gate_up = nn.Parameter(torch.empty(2, E, FF, H))
+            self.down_t = nn.Parameter(torch.empty(E, FF, H))
+
+        def forward(self, x):
+            shape = x.shape
+            x = x.reshape(-1, H)
+            logits = self.gate(x)
+            probs = torch.softmax(logits.float(), dim=-1)
+            top_w, top_i = probs.topk(K, dim=-1)
+            top_w = top_w / top_w.sum(-1, keepdim=True)
+            dense_w = torch.zeros_like(probs).scatter(1, top_i, top_w)
+            gu = F.linear(x, self.gate_up.view(2 * E * FF, H))
+            g, u = gu.split(E * FF, dim=-1)
+            a = (F.silu(g) * u).view(-1, E, FF) * dense_w.to(gu.dtype).unsqueeze(-1)
+            y = a.view(-1, E * FF) @ self.down_t.view(E * FF, H).to(a.dtype)
+            return y.view(shape), logits
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm = RMSNorm(H)
+            self.self_attn = Attention()
+            self.post_attention_layernorm = RMSNorm(H)
+            self.mlp = MoE()
+
+        def forward(self, x, cos, sin):
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+            y, logits = self.mlp(self.post_attention_layernorm(x))
+            return x + y, logits
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(cfg["vocab_size"], H)
+            self.layers = nn.ModuleList(Layer() for _ in range(cfg["num_hidden_layers"]))
+            self.norm = RMSNorm(H)
+            self.lm_head = nn.Linear(H, cfg["vocab_size"], bias=False)
+            inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+            self.register_buffer("inv_freq", inv, persistent=False)
+            std = cfg["initializer_range"]
+            for n, p in self.named_parameters():
+                if p.dim() >= 2:
+                    nn.init.normal_(p, std=std)
+
+        def forward(self, ids):
+            T = ids.shape[1]
+            pos = torch.arange(T, device=ids.device, dtype=torch.float32)
+            f = torch.outer(pos, self.inv_freq)
+            emb = torch.cat((f, f), dim=-1)
+            cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+            x = self.embed_tokens(ids)
+            router = []
+            for layer in self.layers:
+                x, r = layer(x, cos.to(x.dtype), sin.to(x.dtype))
+                router.append(r)
+            return self.lm_head(self.norm(x)), router
+
+    def aux_loss(router):
+        """transformers' load_balancing_loss_func: all layers' router logits together."""
+        g = torch.cat(router, dim=0).float()
+        p = torch.softmax(g, dim=-1)
+        sel = p.topk(K, dim=-1).indices            # [N, K]
+        # the mean over tokens of one_hot(sel) ([K, E]), without the [N, K, E] tensor
+        tokens_per_expert = torch.zeros(K, E, device=g.device).scatter_add_(
+            1, sel.t(), torch.ones(K, sel.shape[0], device=g.device)) / sel.shape[0]
+        prob_per_expert = p.mean(0)                # [E]
+        return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * E
+
+    return Model(), aux_loss
+
+
+def hf_state_dict(model, cfg):
+    """The model's tensors under the Hub's Qwen3-MoE names (per-expert), float32, contiguous."""
+    out = {}
+    E = cfg["num_experts"]
+    for n, p in model.state_dict().items():
+        t = p.detach().float().cpu()
+        if n.endswith("mlp.gate_up"):
+            base = n[: -len("gate_up")]
+            for e in range(E):
+                out[f"model.{base}experts.{e}.gate_proj.weight"] = t[0, e].contiguous()
+                out[f"model.{base}experts.{e}.up_proj.weight"] = t[1, e].contiguous()
+        elif n.endswith("mlp.down_t"):
+            base = n[: -len("down_t")]
+            for e in range(E):
+                out[f"model.{base}experts.{e}.down_proj.weight"] = t[e].t().contiguous()
+        elif n.startswith("lm_head"):
+            out[n] = t.contiguous()
+        else:
+            out["model." + n] = t.contiguous()
+    return out
+
+
+def strata_check(a, model, held_ids, out_dir):
+    """Convert the export with strata (f32 and --quant), then compare strata's CPU logits on a
+    held-out prompt and 16 greedy tokens with this script's model (float32, teacher-forced on
+    strata's tokens). Returns a dict for check.json."""
+    import subprocess
+
+    import numpy as np
+    import torch
+    res = {}
+    prompt = held_ids[:64].tolist()
+    for quant in ("f32", a.quant):
+        gguf = os.path.join(out_dir, f"model-{quant}.gguf")
+        t = time.time()
+        subprocess.run([a.strata, "convert", os.path.join(out_dir, "hf"), "-o", gguf,
+                        "--quant", quant], check=True)
+        conv_s = time.time() - t
+        lg = os.path.join(out_dir, f"logits-{quant}.bin")
+        r = subprocess.run([a.strata, "logits", "-m", gguf, "--ids", ",".join(map(str, prompt)),
+                            "--greedy", "16", "-o", lg], check=True, capture_output=True,
+                           text=True)
+        greedy = [int(v) for v in r.stdout.split("greedy:")[1].split()]
+        theirs = np.fromfile(lg, dtype=np.float32).reshape(17, -1)
+        x = torch.tensor([prompt + greedy], device="cuda")
+        with torch.no_grad():
+            mine = model(x)[0][0, len(prompt) - 1:].float().cpu().numpy()
+        rel = float(np.abs(mine - theirs).max() / np.abs(mine).max())
+        agree = float((mine.argmax(-1) == theirs.argmax(-1)).mean())
+        res[quant] = {"bytes": os.path.getsize(gguf), "convert_s": round(conv_s, 1),
+                      "max_rel_err": rel, "argmax_agree": agree, "greedy": greedy}
+        log(f"strata {quant}: {os.path.getsize(gguf) / 1e6:.1f} MB, max rel err {rel:.2e}, "
+            f"argmax agrees on {agree * 17:.0f}/17")
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--minutes", type=float, default=15.0, help="training wall-clock budget")
-    ap.add_argument("--corpus-mb", type=float, default=200.0)
-    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--minutes", type=float, default=5.5, help="training wall-clock budget")
+    ap.add_argument("--corpus-mb", type=float, default=160.0)
+    ap.add_argument("--tokenizer-mb", type=float, default=30.0,
+                    help="corpus share the BPE merges are learned from")
+    ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--expert-ffn", type=int, default=32)
-    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=20261130)
+    ap.add_argument("--strata", help="strata binary: convert the export and check its logits")
+    ap.add_argument("--quant", default="q4_k_m", help="the shipped mix (with --strata)")
     a = ap.parse_args()
 
     import torch
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    import torch.nn.functional as F
+    from safetensors.torch import save_file
 
     torch.manual_seed(a.seed)
     random.seed(a.seed)
+    torch.backends.cuda.matmul.allow_tf32 = False  # the float32 checks below compare to 1e-5
     hf_dir = os.path.join(a.out, "hf")
     os.makedirs(hf_dir, exist_ok=True)
     t0 = time.time()
     files = corpus_files(int(a.corpus_mb * 1e6))
     train_texts, held_texts = split_heldout(files, 0.02)
-    print(f"corpus: {len(files)} files, {sum(len(t) for _, t in files) / 1e6:.1f} MB "
-          f"({len(held_texts)} held out), {time.time() - t0:.1f} s", flush=True)
-    tok = train_tokenizer(train_texts, a.vocab, hf_dir)
+    log(f"corpus: {len(files)} files, {sum(len(t) for _, t in files) / 1e6:.1f} MB "
+        f"({len(held_texts)} held out), {time.time() - t0:.1f} s")
+    tok_texts, n = [], 0
+    for t in train_texts:
+        if n >= a.tokenizer_mb * 1e6:
+            break
+        tok_texts.append(t)
+        n += len(t)
+    tok = train_tokenizer(tok_texts, a.vocab, hf_dir)
     eot = tok.token_to_id("<|endoftext|>")
-    train_ids = torch.tensor(encode_all(tok, train_texts, eot), dtype=torch.long)
-    held_ids = torch.tensor(encode_all(tok, held_texts, eot), dtype=torch.long)
-    print(f"tokens: {train_ids.numel() / 1e6:.1f} M train, {held_ids.numel() / 1e6:.2f} M held "
-          f"out; vocab {tok.get_vocab_size()}", flush=True)
-
-    cfg = Qwen3MoeConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=a.hidden, num_hidden_layers=a.layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        intermediate_size=4 * a.hidden, moe_intermediate_size=a.expert_ffn, num_experts=128,
-        num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
-        output_router_logits=True, router_aux_loss_coef=0.001,
-        max_position_embeddings=1024, rope_theta=1e6, rms_norm_eps=1e-6,
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=tok.token_to_id("<|im_end|>"),
-        pad_token_id=eot)
+    log(f"tokenizer: vocab {tok.get_vocab_size()} from {n / 1e6:.1f} MB, {time.time() - t0:.1f} s")
     dev = "cuda"
-    model = Qwen3MoeForCausalLM(cfg).to(dev)
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {n_params / 1e6:.1f} M parameters", flush=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    train_ids = torch.tensor(encode_all(tok, train_texts, eot), dtype=torch.long, device=dev)
+    held_ids = torch.tensor(encode_all(tok, held_texts, eot), dtype=torch.long, device=dev)
+    n_bytes = sum(len(t.encode()) for t in train_texts)
+    log(f"tokens: {train_ids.numel() / 1e6:.1f} M train ({n_bytes / train_ids.numel():.2f} "
+        f"bytes/token), {held_ids.numel() / 1e6:.2f} M held out, {time.time() - t0:.1f} s")
+    with open(os.path.join(a.out, "heldout.txt"), "w") as f:
+        f.write("\n".join(t for t in held_texts[:40] if len(t) < 20000))
 
-    def batch(ids, n):
-        ix = torch.randint(0, ids.numel() - a.seq - 1, (n,))
-        x = torch.stack([ids[i:i + a.seq] for i in ix])
-        return x.to(dev)
+    cfg = {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "vocab_size": tok.get_vocab_size(), "hidden_size": a.hidden,
+        "intermediate_size": 4 * a.hidden, "moe_intermediate_size": a.expert_ffn,
+        "num_hidden_layers": a.layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "router_aux_loss_coef": 0.001,
+        "output_router_logits": False, "max_position_embeddings": 1024, "rope_theta": 1e6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "rope_scaling": None,
+        "rms_norm_eps": 1e-6, "hidden_act": "silu", "attention_bias": False,
+        "attention_dropout": 0.0, "tie_word_embeddings": False, "initializer_range": 0.02,
+        "bos_token_id": None, "eos_token_id": eot, "pad_token_id": eot, "use_cache": True,
+        "torch_dtype": "float32", "dtype": "float32",
+    }
+    model, aux_loss = build_model(cfg)
+    model = model.to(dev)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {n_params / 1e6:.1f} M parameters")
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=True)
+
+    def batch(ids, n, gen=None):
+        ix = torch.randint(0, ids.numel() - a.seq - 1, (n,), device=dev, generator=gen)
+        return ids[ix[:, None] + torch.arange(a.seq + 1, device=dev)[None, :]]
+
+    def lm_loss(x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits, router = model(x[:, :-1])
+        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        return ce, aux_loss(router)
 
     @torch.no_grad()
-    def held_loss(n_batches=20):
+    def held_loss(n_batches=16):
         model.eval()
-        tot = 0.0
-        g = torch.Generator().manual_seed(0)
-        for _ in range(n_batches):
-            ix = torch.randint(0, held_ids.numel() - a.seq - 1, (a.batch,), generator=g)
-            x = torch.stack([held_ids[i:i + a.seq] for i in ix]).to(dev)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                tot += model(input_ids=x, labels=x).loss.item()
+        g = torch.Generator(device=dev).manual_seed(0)
+        tot = sum(lm_loss(batch(held_ids, a.batch, g))[0].item() for _ in range(n_batches))
         model.train()
         return tot / n_batches
 
     budget = a.minutes * 60.0
-    curve, step, start = [], 0, time.time()
+    curve, step, start, warm = [], 0, time.time(), 100
     model.train()
     while time.time() - start < budget:
         frac = (time.time() - start) / budget
-        lr = a.lr * min(1.0, (step + 1) / 200) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        lr = a.lr * min(1.0, (step + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
-        x = batch(train_ids, a.batch)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = model(input_ids=x, labels=x)
-        out.loss.backward()
+        ce, aux = lm_loss(batch(train_ids, a.batch))
+        (ce + cfg["router_aux_loss_coef"] * aux).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if step % 50 == 0:
-            aux = float(out.aux_loss) if getattr(out, "aux_loss", None) is not None else float("nan")
-            curve.append({"step": step, "seconds": round(time.time() - start, 1),
-                          "loss": round(out.loss.item(), 4), "aux_loss": round(aux, 4),
-                          "lr": lr})
-            print(json.dumps(curve[-1]), flush=True)
+        if step % 100 == 0:
+            row = {"step": step, "seconds": round(time.time() - start, 1),
+                   "loss": round(ce.item(), 4), "aux_loss": round(aux.item(), 4),
+                   "lr": round(lr, 6)}
+            if step % 500 == 0:
+                row["held_out_loss"] = round(held_loss(4), 4)
+            curve.append(row)
+            log(json.dumps(row))
         step += 1
+    train_s = time.time() - start
     final = held_loss()
-    print(f"held-out loss {final:.4f} after {step} steps, {(time.time() - start) / 60:.1f} min",
-          flush=True)
-    model.save_pretrained(hf_dir, safe_serialization=True)
+    tokens_seen = step * a.batch * a.seq
+    log(f"held-out loss {final:.4f} (ppl {math.exp(final):.2f}) after {step} steps, "
+        f"{tokens_seen / 1e6:.0f} M tokens, {train_s / 60:.1f} min "
+        f"({tokens_seen / train_s / 1e3:.0f} k tokens/s)")
+
+    with open(os.path.join(hf_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    save_file(hf_state_dict(model, cfg), os.path.join(hf_dir, "model.safetensors"),
+              metadata={"format": "pt"})
     with open(os.path.join(a.out, "training.json"), "w") as f:
         json.dump({"args": vars(a), "params": n_params, "steps": step,
-                   "train_tokens": int(train_ids.numel()), "held_out_loss": final,
-                   "curve": curve, "torch": torch.__version__}, f, indent=1)
-    model.eval()
-    prompt = "def fibonacci(n):\n"
-    ids = torch.tensor([tok.encode(prompt).ids], device=dev)
-    with torch.no_grad():
-        gen = model.generate(ids, max_new_tokens=48, do_sample=False)
-    print("sample:", json.dumps(tok.decode(gen[0].tolist())), flush=True)
+                   "tokens_seen": tokens_seen, "train_seconds": round(train_s, 1),
+                   "train_tokens": int(train_ids.numel()), "held_out_tokens": int(held_ids.numel()),
+                   "corpus_files": len(files), "held_out_loss": final, "curve": curve,
+                   "torch": torch.__version__}, f, indent=1)
+
+    # The export checked by transformers itself: the same function, float32, no autocast.
+    check = {}
+    try:
+        import transformers
+        from transformers import AutoModelForCausalLM
+        hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).to(dev).eval()
+        model.eval()
+        x = batch(held_ids, 4, torch.Generator(device=dev).manual_seed(1))[:, :128]
+        with torch.no_grad():
+            mine = model(x)[0].float()
+            theirs = hf(input_ids=x).logits.float()
+        diff = (mine - theirs).abs().max().item()
+        check = {"transformers": transformers.__version__, "max_abs_diff": diff,
+                 "max_abs_logit": theirs.abs().max().item(),
+                 "argmax_agree": (mine.argmax(-1) == theirs.argmax(-1)).float().mean().item()}
+    except Exception as e:  # reported, not fatal: strata convert does not need transformers
+        check = {"error": repr(e)}
+    log("transformers check: " + json.dumps(check))
+    if a.strata:
+        try:
+            check["strata"] = strata_check(a, model.float(), held_ids, a.out)
+        except Exception as e:
+            check["strata"] = {"error": repr(e)}
+            log("strata check failed: " + repr(e))
+    with open(os.path.join(a.out, "check.json"), "w") as f:
+        json.dump(check, f, indent=1)
     return 0
 
 
