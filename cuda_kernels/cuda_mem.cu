@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int cuda_rc(cudaError_t e)
 {
@@ -86,6 +87,77 @@ extern "C" int cuda_last_error(const char *what)
     return cuda_rc(e);
 }
 
+extern "C" int cuda_host_register(void *p, size_t bytes, int read_only, void **dev_ptr)
+{
+    unsigned flags = cudaHostRegisterMapped | cudaHostRegisterPortable;
+    if (read_only)
+        flags |= cudaHostRegisterReadOnly;
+    cudaError_t e = cudaHostRegister(p, bytes, flags);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* not sticky: the caller falls back to a copy */
+        fprintf(stderr, "strata: cudaHostRegister of %.2f GiB refused: %s\n",
+                bytes / 1073741824.0, cudaGetErrorString(e));
+        return -ENOTSUP;
+    }
+    if (CUDA_CHECK(cudaHostGetDevicePointer(dev_ptr, p, 0)) != cudaSuccess) {
+        cudaHostUnregister(p);
+        return -EIO;
+    }
+    return 0;
+}
+
+extern "C" void cuda_host_unregister(void *p)
+{
+    if (p)
+        CUDA_CHECK(cudaHostUnregister(p));
+}
+
+extern "C" int cuda_host_alloc(void **p, size_t bytes, void **dev_ptr)
+{
+    cudaError_t e = cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *p = NULL;
+        return cuda_rc(e);
+    }
+    if (CUDA_CHECK(cudaHostGetDevicePointer(dev_ptr, *p, 0)) != cudaSuccess) {
+        cudaFreeHost(*p);
+        *p = NULL;
+        return -EIO;
+    }
+    return 0;
+}
+
+extern "C" void cuda_host_free(void *p)
+{
+    if (p)
+        CUDA_CHECK(cudaFreeHost(p));
+}
+
+extern "C" int cuda_event_create(void **ev)
+{
+    cudaEvent_t e;
+    int rc = cuda_rc(CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
+    *ev = rc ? NULL : (void *)e;
+    return rc;
+}
+
+extern "C" void cuda_event_destroy(void *ev)
+{
+    if (ev)
+        CUDA_CHECK(cudaEventDestroy((cudaEvent_t)ev));
+}
+
+extern "C" int cuda_event_record(void *ev, void *stream)
+{
+    return cuda_rc(CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)stream)));
+}
+
+extern "C" int cuda_stream_wait(void *stream, void *ev)
+{
+    return cuda_rc(CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)ev, 0)));
+}
+
 static int cuda_cmp_float(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
@@ -124,6 +196,45 @@ out:
         cudaEventDestroy(e1);
     cudaFree(src);
     cudaFree(dst);
+    free(ms);
+    return bw;
+}
+
+extern "C" double cuda_h2d_bandwidth(const void *src, size_t bytes, int reps)
+{
+    void *own = NULL, *dst = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float *ms = (float *)calloc((size_t)(reps > 0 ? reps : 1), sizeof(float));
+    double bw = 0;
+
+    if (!src && cudaHostAlloc(&own, bytes, cudaHostAllocDefault) == cudaSuccess) {
+        memset(own, 1, bytes);
+        src = own;
+    }
+    if (!ms || !src || reps < 1 || cudaMalloc(&dst, bytes) != cudaSuccess ||
+        cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
+        goto out;
+    cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice); /* warm-up */
+    for (int r = 0; r < reps; r++) {
+        cudaEventRecord(e0, 0);
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0);
+        cudaEventRecord(e1, 0);
+        if (CUDA_CHECK(cudaEventSynchronize(e1)) != cudaSuccess)
+            goto out;
+        cudaEventElapsedTime(&ms[r], e0, e1);
+    }
+    qsort(ms, (size_t)reps, sizeof(float), cuda_cmp_float);
+    if (ms[reps / 2] > 0)
+        bw = (double)bytes / (ms[reps / 2] * 1e-3);
+out:
+    (void)cudaGetLastError();
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    cudaFree(dst);
+    if (own)
+        cudaFreeHost(own);
     free(ms);
     return bw;
 }

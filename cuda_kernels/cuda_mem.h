@@ -27,6 +27,26 @@ int cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
  * as bytes read plus bytes written per second (the HBM floor's denominator). 0 on failure. */
 double cuda_copy_bandwidth(size_t bytes, int reps);
 
+/* Pins [p, p + bytes) of ordinary host memory (page-aligned by the caller) for DMA and maps
+ * it into the device's address space; read_only for a read-only mapping (a mmapped file).
+ * *dev_ptr gets the address kernels read it at (zero-copy). -ENOTSUP where the OS or driver
+ * refuses (the message names CUDA's reason). */
+int cuda_host_register(void *p, size_t bytes, int read_only, void **dev_ptr);
+void cuda_host_unregister(void *p);
+/* Pinned, device-mapped host memory; *dev_ptr as above. */
+int cuda_host_alloc(void **p, size_t bytes, void **dev_ptr);
+void cuda_host_free(void *p);
+
+/* Events (cudaEvent_t as void *, timing disabled) for ordering one stream after another. */
+int cuda_event_create(void **ev);
+void cuda_event_destroy(void *ev);
+int cuda_event_record(void *ev, void *stream);
+int cuda_stream_wait(void *stream, void *ev);
+
+/* Pinned host-to-device bandwidth in bytes/s: median over reps of one copy of `bytes` from
+ * src (pinned host memory; NULL: a buffer of its own). 0 on failure. */
+double cuda_h2d_bandwidth(const void *src, size_t bytes, int reps);
+
 /* Checks for an error left by an earlier launch (cudaGetLastError); names WHAT in the report. */
 int cuda_last_error(const char *what);
 

@@ -79,3 +79,56 @@ double cuda_copy_bandwidth(size_t bytes, int reps)
     (void)bytes, (void)reps;
     return 0;
 }
+
+int cuda_host_register(void *p, size_t bytes, int read_only, void **dev_ptr)
+{
+    (void)p, (void)bytes, (void)read_only;
+    *dev_ptr = NULL;
+    return -ENODEV;
+}
+
+void cuda_host_unregister(void *p)
+{
+    (void)p;
+}
+
+int cuda_host_alloc(void **p, size_t bytes, void **dev_ptr)
+{
+    (void)bytes;
+    *p = *dev_ptr = NULL;
+    return -ENODEV;
+}
+
+void cuda_host_free(void *p)
+{
+    (void)p;
+}
+
+int cuda_event_create(void **ev)
+{
+    *ev = NULL;
+    return -ENODEV;
+}
+
+void cuda_event_destroy(void *ev)
+{
+    (void)ev;
+}
+
+int cuda_event_record(void *ev, void *stream)
+{
+    (void)ev, (void)stream;
+    return -ENODEV;
+}
+
+int cuda_stream_wait(void *stream, void *ev)
+{
+    (void)stream, (void)ev;
+    return -ENODEV;
+}
+
+double cuda_h2d_bandwidth(const void *src, size_t bytes, int reps)
+{
+    (void)src, (void)bytes, (void)reps;
+    return 0;
+}
