@@ -78,10 +78,10 @@ def split_heldout(files, frac):
         # a hash independent of the corpus order (which sorts by sha1 of the path)
         h = int(hashlib.sha1(b"held-out:" + path.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
         (held if h < frac else train).append(text)
-    if not train or not held:
-        raise SystemExit(f"held-out split left {len(train)} training and {len(held)} held-out files")
     if not held and len(train) > 1:
         held.append(train.pop())
+    if not train or not held:
+        raise SystemExit(f"held-out split left {len(train)} training and {len(held)} held-out files")
     return train, held
 
 
