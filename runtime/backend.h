@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "model.h"
 
@@ -92,8 +93,22 @@ struct backend_cpu_config {
 int backend_cpu_open(const struct model *m, const struct backend_cpu_config *cfg,
                      struct backend **out);
 
+/* How misses of the expert cache are served (residency/expert_cache.h). */
+enum backend_residency {
+    BACKEND_RESIDENCY_COPY = 0,     /* (a) copied into slots before the layer runs */
+    BACKEND_RESIDENCY_ZEROCOPY = 1, /* (b) read in place; admitted between tokens */
+};
+
 struct backend_cuda_config {
-    int device; /* CUDA device index */
+    int device;           /* CUDA device index */
+    uint64_t vram_budget; /* bytes of device memory strata may allocate; 0 = no cap, every
+                           * weight resident (unless expert_slots is set) */
+    int n_ctx, max_tok;   /* the stream the caller opens next (its KV cache and activations
+                           * count against the budget); 0 = 4096 and 512 */
+    int expert_slots;     /* > 0: exactly this many expert slots (tests), experts in host
+                           * memory; overrides the budget's count */
+    enum backend_residency residency; /* for decode-sized calls; prefill always copies */
+    FILE *log;            /* set-up reports (host path, slots, shrinking), NULL = quiet */
 };
 
 /* Creates the CUDA backend: uploads every weight of m to the device (recording the device
@@ -104,6 +119,18 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
 
 /* Device memory the CUDA backend holds: weights, scratch and everything alloc handed out. */
 size_t backend_cuda_vram_bytes(const struct backend *b);
+
+/* The expert cache's per-layer table (text, --stats) or JSON (--stats-json); 0 when the
+ * backend runs without one (all resident: nothing printed), -errno on a write error. */
+int backend_cuda_print_stats(const struct backend *b, FILE *f);
+int backend_cuda_write_stats_json(const struct backend *b, const char *path);
+
+/* The expert cache's totals over all layers so far; -ENOENT when there is no cache. */
+struct backend_cache_totals {
+    uint64_t hits, misses, evictions, bytes_copied, bytes_zerocopy;
+    int slots;
+};
+int backend_cuda_cache_totals(const struct backend *b, struct backend_cache_totals *t);
 
 static inline void backend_close(struct backend *b)
 {

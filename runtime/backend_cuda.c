@@ -1,6 +1,9 @@
 /* backend_cuda: the op table enqueued on one CUDA stream with the kernels of cuda_kernels/.
- * Every weight is uploaded to the device at open (the all-resident mode: the ceiling every
- * offload mode is measured against). Plain C over the C launchers: no CUDA headers here.
+ * Without a budget every weight is uploaded to the device at open (the all-resident mode: the
+ * ceiling every offload mode is measured against). Under --vram-budget the trunk (everything
+ * but the stacked experts) is uploaded and the experts are served by the expert cache
+ * (residency/expert_cache.h) from VRAM slots or pinned host memory. Plain C over the C
+ * launchers: no CUDA headers here.
  *
  * Ownership: the backend owns the device copies of the weights (recorded in each weight's dev
  * field of the model, cleared again at close), the scratch buffers below, and the stream.
@@ -10,12 +13,14 @@
 #include <string.h>
 
 #include "backend.h"
+#include "budget.h"
 #include "cuda_info.h"
 #include "cuda_matmul.h"
 #include "cuda_mem.h"
 #include "cuda_moe.h"
 #include "cuda_ops.h"
 #include "errors.h"
+#include "expert_cache.h"
 
 #define CUDA_BACKEND_MAX_TOK 512 /* tokens per launch of the batched ops; larger calls split */
 
@@ -36,7 +41,13 @@ struct backend_cuda {
     size_t weight_bytes;      /* uploaded weights */
     size_t alloc_bytes;       /* everything else cuda_alloc handed out */
     int rc;                   /* first error of the weight upload */
+    bool offload;             /* experts stay in host memory, served by cache */
+    struct expert_cache *cache;
+    enum backend_residency residency;
+    uint64_t budget;          /* 0 = no cap */
 };
+
+#define CUDA_BACKEND_ZEROCOPY_MAX_TOK 16 /* larger calls (prefill) copy misses into slots */
 
 static struct backend_cuda *cuda_of(struct backend *b)
 {
@@ -48,9 +59,23 @@ static int cuda_fail(int rc, const char *what)
     return err_set(rc ? rc : -EIO, "cuda backend: %s failed", what);
 }
 
+static size_t cuda_held_bytes(const struct backend_cuda *c)
+{
+    return c->weight_bytes + c->alloc_bytes + (c->cache ? expert_cache_vram_bytes(c->cache) : 0);
+}
+
 static float *cuda_alloc(struct backend *b, size_t n)
 {
+    struct backend_cuda *c = cuda_of(b);
     void *p = NULL;
+    if (c->budget && cuda_held_bytes(c) + n * sizeof(float) > c->budget) {
+        err_set(-ENOMEM,
+                "cuda backend: %.1f MiB more would exceed --vram-budget (%.2f of %.2f GiB "
+                "held); open the backend with the stream's context and batch sizes",
+                n * sizeof(float) / 1048576.0, cuda_held_bytes(c) / 1073741824.0,
+                c->budget / 1073741824.0);
+        return NULL;
+    }
     if (cuda_malloc(&p, (n ? n : 1) * sizeof(float))) {
         err_set(-ENOMEM, "cuda backend: cannot allocate %.1f MiB of device memory",
                 n * sizeof(float) / 1048576.0);
@@ -189,6 +214,15 @@ static int cuda_moe_ffn_op(struct backend *b, const struct moe_args *ma)
             .stream = c->stream,
         };
         rc = cuda_softmax_topk(&tk);
+        struct expert_tables tab = {0};
+        if (!rc && c->cache) {
+            int pairs = nt * (int)hp->n_expert_used;
+            rc = c->residency == BACKEND_RESIDENCY_ZEROCOPY && nt <= CUDA_BACKEND_ZEROCOPY_MAX_TOK
+                     ? expert_cache_prepare_zerocopy(c->cache, ma->layer, c->route_ids, pairs, &tab)
+                     : expert_cache_prepare_copy(c->cache, ma->layer, c->route_ids, pairs, &tab);
+            if (rc)
+                break;
+        }
         struct cuda_moe_args a = {
             .out = ma->out + (size_t)t0 * hp->n_embd, .out_stride = hp->n_embd, .in = in,
             .in_stride = hp->n_embd, .n_tok = nt, .k = (int)hp->n_expert_used,
@@ -197,7 +231,8 @@ static int cuda_moe_ffn_op(struct backend *b, const struct moe_args *ma)
             .up_type = lw->up_exps.type, .down_type = lw->down_exps.type,
             .gate = lw->gate_exps.dev, .up = lw->up_exps.dev, .down = lw->down_exps.dev,
             .gate_stride = lw->gate_exps.bytes / n, .up_stride = lw->up_exps.bytes / n,
-            .down_stride = lw->down_exps.bytes / n, .scratch = c->moe_scratch,
+            .down_stride = lw->down_exps.bytes / n, .gate_ptrs = tab.gate, .up_ptrs = tab.up,
+            .down_ptrs = tab.down, .scratch = c->moe_scratch,
             .scratch_bytes = c->moe_scratch_bytes, .stream = c->stream,
         };
         rc = rc ? rc : cuda_moe_ffn(&a);
@@ -213,7 +248,10 @@ static int cuda_read_op(struct backend *b, float *host, const float *src, size_t
     struct backend_cuda *c = cuda_of(b);
     int rc = cuda_d2h(host, src, n * sizeof(float), c->stream);
     rc = rc ? rc : cuda_stream_sync(c->stream);
-    return rc ? cuda_fail(rc, "reading results back") : 0;
+    if (rc)
+        return cuda_fail(rc, "reading results back");
+    /* the step is over and the stream idle: the cache's between-token work */
+    return c->cache ? expert_cache_step_end(c->cache) : 0;
 }
 
 static void cuda_weight_release(struct weight *w, void *arg)
@@ -228,6 +266,7 @@ static void cuda_close_op(struct backend *b)
     struct backend_cuda *c = cuda_of(b);
     if (c->stream)
         cuda_stream_sync(c->stream);
+    expert_cache_close(c->cache);
     model_weights_each(c->model, cuda_weight_release, NULL);
     cuda_free(c->ids_dev);
     cuda_free(c->mm_scratch);
@@ -256,11 +295,21 @@ static const struct backend_ops cuda_ops_table = {
     .close = cuda_close_op,
 };
 
+static bool cuda_is_expert(const struct model *m, const struct weight *w)
+{
+    for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+        const struct layer_weights *lw = &m->layers[l];
+        if (w == &lw->gate_exps || w == &lw->up_exps || w == &lw->down_exps)
+            return true;
+    }
+    return false;
+}
+
 /* Uploads one weight and grows the matmul scratch to what it needs at MAX_TOK rows. */
 static void cuda_weight_upload(struct weight *w, void *arg)
 {
     struct backend_cuda *c = arg;
-    if (c->rc)
+    if (c->rc || (c->offload && cuda_is_expert(c->model, w)))
         return;
     if (cuda_malloc(&w->dev, w->bytes)) {
         c->rc = err_set(-ENOMEM, "cuda backend: no device memory for '%s' (%.1f MiB; %.2f GiB "
@@ -311,6 +360,8 @@ static int cuda_buffers(struct backend_cuda *c)
     return 0;
 }
 
+static int cuda_open_cache(struct backend_cuda *c, const struct backend_cuda_config *cfg);
+
 int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
                       struct backend **out)
 {
@@ -335,9 +386,13 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
         cuda_close_op(&c->base);
         return err_set(rc, "cuda backend: cannot start on device %d", cfg ? cfg->device : 0);
     }
+    c->budget = cfg ? cfg->vram_budget : 0;
+    c->offload = cfg && (cfg->vram_budget || cfg->expert_slots > 0);
+    c->residency = cfg ? cfg->residency : BACKEND_RESIDENCY_COPY;
     model_weights_each(m, cuda_weight_upload, c);
     rc = c->rc ? c->rc : cuda_buffers(c);
     rc = rc ? rc : cuda_stream_sync(c->stream);
+    rc = rc ? rc : cuda_open_cache(c, cfg);
     if (rc) {
         cuda_close_op(&c->base);
         return rc;
@@ -346,8 +401,84 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
     return 0;
 }
 
+/* What stream_open will allocate for n_ctx positions and max_tok tokens (stream.c's sizes). */
+static uint64_t cuda_stream_bytes(const struct model_hparams *hp, uint64_t n_ctx, uint64_t t)
+{
+    uint64_t qw = (uint64_t)hp->n_head * hp->head_dim, kvw = (uint64_t)hp->n_head_kv * hp->head_dim;
+    uint64_t kv = 2 * n_ctx * kvw * hp->n_layer;
+    uint64_t arena = t * hp->n_embd * 3 + t * qw * 2 + t * kvw * 2 + hp->n_vocab;
+    return sizeof(float) * (kv + arena);
+}
+
+/* Under a budget or a slot count: the expert cache gets what the trunk, scratch and the
+ * stream leave. */
+static int cuda_open_cache(struct backend_cuda *c, const struct backend_cuda_config *cfg)
+{
+    const struct model_hparams *hp = &c->model->hp;
+    if (!c->offload)
+        return 0;
+    uint64_t stream = cuda_stream_bytes(hp, cfg->n_ctx > 0 ? (uint64_t)cfg->n_ctx : 4096,
+                                        cfg->max_tok > 0 ? (uint64_t)cfg->max_tok : 512);
+    uint64_t fixed = c->weight_bytes + c->alloc_bytes + stream;
+    struct expert_cache_config ec = {
+        .n_slots = cfg->expert_slots, .max_pairs = CUDA_BACKEND_MAX_TOK * (int)hp->n_expert_used,
+        .log = cfg->log,
+    };
+    if (cfg->vram_budget) {
+        uint64_t trunk, slot;
+        struct budget_plan plan;
+        budget_model_sizes(c->model, &trunk, &slot);
+        int rc = budget_plan_slots(cfg->vram_budget, c->weight_bytes, stream,
+                                   c->alloc_bytes, slot, (int)hp->n_layer, &plan);
+        if (rc)
+            return rc;
+        /* the slot tables come out of the pool too */
+        uint64_t tables = (uint64_t)hp->n_layer * 3 * hp->n_expert * sizeof(void *);
+        ec.pool_bytes = cfg->vram_budget - fixed > tables ? cfg->vram_budget - fixed - tables : 0;
+        if (cfg->log)
+            fprintf(cfg->log,
+                    "strata: --vram-budget %.2f GiB: trunk %.2f GiB, KV cache and activations "
+                    "%.2f GiB, scratch %.2f GiB, %.2f GiB left for expert slots\n",
+                    cfg->vram_budget / 1073741824.0, c->weight_bytes / 1073741824.0,
+                    stream / 1073741824.0, c->alloc_bytes / 1073741824.0,
+                    ec.pool_bytes / 1073741824.0);
+    }
+    return expert_cache_open(c->model, &ec, c->stream, &c->cache);
+}
+
 size_t backend_cuda_vram_bytes(const struct backend *b)
 {
+    return cuda_held_bytes((const struct backend_cuda *)b);
+}
+
+int backend_cuda_print_stats(const struct backend *b, FILE *f)
+{
     const struct backend_cuda *c = (const struct backend_cuda *)b;
-    return c->weight_bytes + c->alloc_bytes;
+    if (c->cache)
+        expert_cache_print_stats(c->cache, f);
+    return 0;
+}
+
+int backend_cuda_write_stats_json(const struct backend *b, const char *path)
+{
+    const struct backend_cuda *c = (const struct backend_cuda *)b;
+    return c->cache ? expert_cache_write_stats_json(c->cache, path) : 0;
+}
+
+int backend_cuda_cache_totals(const struct backend *b, struct backend_cache_totals *t)
+{
+    const struct backend_cuda *c = (const struct backend_cuda *)b;
+    memset(t, 0, sizeof(*t));
+    if (!c->cache)
+        return -ENOENT;
+    for (uint32_t l = 0; l < c->model->hp.n_layer; l++) {
+        const struct expert_cache_layer_stats *s = expert_cache_stats(c->cache, (int)l);
+        t->hits += s->hits;
+        t->misses += s->misses;
+        t->evictions += s->evictions;
+        t->bytes_copied += s->bytes_copied;
+        t->bytes_zerocopy += s->bytes_zerocopy;
+    }
+    t->slots = expert_cache_slots(c->cache);
+    return 0;
 }

@@ -10,6 +10,9 @@
 #include "arch/arch.h"
 #include "backend.h"
 #include "backend_profile.h"
+#include "budget.h"
+#include "errors.h"
+#include "run_opts.h"
 #include "cuda_mem.h"
 #include "cli.h"
 #include "generate.h"
@@ -29,6 +32,10 @@ struct bench_opts {
     int no_mmap;   /* --no-mmap: weights copied to anonymous huge pages */
     int cuda;      /* --device cuda */
     int bind;      /* --bind: one thread per physical core, bound */
+    uint64_t vram_budget; /* --vram-budget */
+    int residency;        /* --residency */
+    int stats;            /* --stats */
+    const char *stats_json;
 };
 
 static void bench_usage(void)
@@ -46,7 +53,14 @@ static void bench_usage(void)
            "      --no-mmap         copy the weights into anonymous memory on huge pages\n"
            "      --bind            bind the CPU threads one per physical core (hwloc)\n"
            "      --device cpu|cuda backend (default cpu; cuda: every weight on the GPU, and the\n"
-           "                        floor is bytes per token / device copy bandwidth)\n");
+           "                        floor is bytes per token / device copy bandwidth)\n"
+           "      --vram-budget SIZE  cap GPU memory (implies --device cuda): experts served by\n"
+           "                        the VRAM slot cache from pinned host memory; also reports\n"
+           "                        hit rate and streamed GB/s against the pinned H2D\n"
+           "                        bandwidth measured in the same run\n"
+           "      --residency copy|zerocopy  how decode serves cache misses (default copy)\n"
+           "      --stats           print the expert cache's per-layer table\n"
+           "      --stats-json FILE write it as JSON\n");
 }
 
 static int bench_parse(int argc, char **argv, struct bench_opts *o)
@@ -70,6 +84,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             o->bind = 1;
             continue;
         }
+        if (!strcmp(a, "--stats")) {
+            o->stats = 1;
+            continue;
+        }
         if (!v) {
             fprintf(stderr, "strata bench: %s needs a value (see --help)\n", a);
             return 2;
@@ -86,6 +104,18 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             o->n_threads = atoi(v);
         else if (!strcmp(a, "--bw-gib"))
             o->bw_gib = atof(v);
+        else if (!strcmp(a, "--vram-budget")) {
+            if (budget_parse_size(v, &o->vram_budget) || !o->vram_budget) {
+                fprintf(stderr, "strata bench: --vram-budget: %s\n",
+                        o->vram_budget ? err_msg() : "must be positive");
+                return 2;
+            }
+            o->cuda = 1;
+        } else if (!strcmp(a, "--residency")) {
+            if (run_opts_residency(v, "bench", &o->residency))
+                return 2;
+        } else if (!strcmp(a, "--stats-json"))
+            o->stats_json = v;
         else {
             fprintf(stderr, "strata bench: unknown option '%s' (see --help)\n", a);
             return 2;
@@ -142,7 +172,10 @@ int cmd_bench(int argc, char **argv)
         goto out;
     }
     t_copy = generate_now() - t_copy;
-    struct backend_cuda_config cc = {.device = 0};
+    struct backend_cuda_config cc = {
+        .device = 0, .vram_budget = o.vram_budget, .n_ctx = o.n_prompt + o.n_gen + 1,
+        .max_tok = o.n_prompt, .residency = (enum backend_residency)o.residency, .log = stderr,
+    };
     int brc = o.cuda ? backend_cuda_open(m, &cc, &b) : backend_cpu_open(m, &bc, &b);
     struct backend *core = b; /* b may become the profiling wrapper around it */
     if (o.cuda && o.profile) {
@@ -190,12 +223,16 @@ int cmd_bench(int argc, char **argv)
     if (o.profile)
         backend_profile_report(b, stdout, "prompt processing");
     int32_t tok = sampler_argmax(logits, (int)hp->n_vocab);
+    struct backend_cache_totals c0 = {0}, c1 = {0};
+    bool cached = o.cuda && backend_cuda_cache_totals(core, &c0) == 0;
     t0 = generate_now();
     for (int i = 0; !rc && i < o.n_gen; i++) {
         rc = stream_eval(s, &tok, 1, logits);
         tok = sampler_argmax(logits, (int)hp->n_vocab);
     }
     double t_tg = generate_now() - t0;
+    if (cached)
+        backend_cuda_cache_totals(core, &c1);
     if (o.profile)
         backend_profile_report(b, stdout, "decode");
     if (rc) {
@@ -233,8 +270,35 @@ int cmd_bench(int argc, char **argv)
         double hbm_floor = (wbytes + kvbytes) / hbm;
         printf("device copy  %.0f GB/s (1 GiB device-to-device, read + written, median of 10)\n",
                hbm / 1e9);
-        printf("floor        %.1f tok/s at %.0f GB/s of HBM -> decode at %.1f%% of the floor\n",
-               1.0 / hbm_floor, hbm / 1e9, 100.0 * tg * hbm_floor);
+        if (!cached)
+            printf("floor        %.1f tok/s at %.0f GB/s of HBM -> decode at %.1f%% of the "
+                   "floor\n",
+                   1.0 / hbm_floor, hbm / 1e9, 100.0 * tg * hbm_floor);
+    }
+    if (cached) {
+        /* the streaming lane: misses over PCIe, against pinned H2D measured now */
+        double h2d = cuda_h2d_bandwidth(NULL, (size_t)256 << 20, 10);
+        uint64_t acc = (c1.hits - c0.hits) + (c1.misses - c0.misses);
+        double moved = (double)(c1.bytes_copied - c0.bytes_copied) +
+                       (double)(c1.bytes_zerocopy - c0.bytes_zerocopy);
+        double per_tok = moved / o.n_gen, pcie_floor = per_tok / h2d;
+        printf("cache        %d slots; decode hit rate %.1f%% (%llu of %llu expert uses), %llu "
+               "evictions\n",
+               c1.slots, acc ? 100.0 * (c1.hits - c0.hits) / acc : 0.0,
+               (unsigned long long)(c1.hits - c0.hits), (unsigned long long)acc,
+               (unsigned long long)(c1.evictions - c0.evictions));
+        printf("pcie         %.1f GB/s pinned H2D (256 MiB, median of 10); decode moved %.1f MB "
+               "per token (%.1f copied, %.1f read in place) = %.1f GB/s = %.0f%% of H2D\n",
+               h2d / 1e9, per_tok / 1e6, (double)(c1.bytes_copied - c0.bytes_copied) / o.n_gen / 1e6,
+               (double)(c1.bytes_zerocopy - c0.bytes_zerocopy) / o.n_gen / 1e6,
+               moved / t_tg / 1e9, 100.0 * moved / t_tg / h2d);
+        printf("floor        %.1f tok/s if streaming alone bounds decode (bytes moved / H2D) -> "
+               "decode at %.0f%% of it\n",
+               pcie_floor > 0 ? 1.0 / pcie_floor : 0.0, 100.0 * tg * pcie_floor);
+        if (o.stats)
+            backend_cuda_print_stats(core, stdout);
+        if (o.stats_json && backend_cuda_write_stats_json(core, o.stats_json))
+            cli_fail("--stats-json");
     } else {
         printf("floor        %.2f tok/s at %.1f GB/s -> decode at %.0f%% of the floor\n",
                1.0 / floor_s, bw / 1e9, 100.0 * tg * floor_s);

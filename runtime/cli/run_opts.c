@@ -10,6 +10,8 @@
 
 #include "arch/arch.h"
 #include "backend.h"
+#include "budget.h"
+#include "errors.h"
 #include "cli.h"
 #include "model.h"
 #include "stream.h"
@@ -24,6 +26,7 @@ void run_opts_init(struct run_opts *o)
     o->n_batch = 512;
     o->think = true;
     o->device = "cpu";
+    o->residency = "copy";
     o->gen.n_predict = 128;
     o->gen.sampling = sampler_config_default();
     o->gen.sampling.seed = 0xC0FFEE;
@@ -50,12 +53,22 @@ static void run_opts_usage(const char *cmd)
            "  -t, --threads N         CPU threads (default: all cores)\n"
            "  -c, --ctx-size N        context length in tokens (default %d)\n"
            "  -b, --batch-size N      prompt tokens per forward pass (default %d)\n"
-           "      --device cpu|cuda   backend (default %s; cuda keeps every weight on the GPU)\n"
+           "      --device cpu|cuda   backend (default %s; cuda keeps every weight on the GPU\n"
+           "                          unless --vram-budget is given)\n"
+           "      --vram-budget SIZE  cap strata's GPU memory (e.g. 8G, 7.5GiB, 8000MB): the\n"
+           "                          trunk and KV cache stay resident, experts live in pinned\n"
+           "                          host memory and are cached in VRAM slots (implies\n"
+           "                          --device cuda)\n"
+           "      --residency copy|zerocopy  how expert-cache misses are served in decode:\n"
+           "                          copied into slots before the layer runs, or read in\n"
+           "                          place over PCIe and cached between tokens (default %s)\n"
+           "      --stats             print the expert cache's per-layer table at exit\n"
+           "      --stats-json FILE   write that table as JSON\n"
            "      --bind              bind the CPU threads one per physical core (hwloc), on\n"
            "                          the GPU's NUMA node with --device cuda\n"
            "      --no-mmap           copy the weights into anonymous memory on huge pages\n"
            "                          (more RAM, faster CPU decode than the page cache)\n",
-           STRATA_DEFAULT_MODEL, d.n_ctx, d.n_batch, d.device);
+           STRATA_DEFAULT_MODEL, d.n_ctx, d.n_batch, d.device, d.residency);
     printf("prompt:\n"
            "  -p, --prompt TEXT       prompt text\n"
            "  -f, --file FILE         read the prompt from FILE\n"
@@ -141,6 +154,8 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->no_mmap = true, used = 0;
         } else if (IS("-v", "--verbose")) {
             o->verbose = true, used = 0;
+        } else if (IS("--stats", NULL)) {
+            o->stats = true, used = 0;
         } else if (!v) {
             fprintf(stderr, "strata %s: %s needs a value (or is unknown; see --help)\n", cmd,
                     arg);
@@ -155,6 +170,20 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->system = v;
         } else if (IS("--device", NULL)) {
             o->device = v;
+            o->device_set = true;
+        } else if (IS("--vram-budget", NULL)) {
+            if (budget_parse_size(v, &o->vram_budget) || !o->vram_budget) {
+                fprintf(stderr, "strata %s: --vram-budget: %s\n", cmd,
+                        o->vram_budget ? err_msg() : "must be positive");
+                return 2;
+            }
+        } else if (IS("--residency", NULL)) {
+            int mode;
+            if ((rc = run_opts_residency(v, cmd, &mode)))
+                return rc;
+            o->residency = v;
+        } else if (IS("--stats-json", NULL)) {
+            o->stats_json = v;
         } else if (IS("-t", "--threads")) {
             rc = run_opts_int(arg, v, 1, 4096, &o->n_threads);
         } else if (IS("-c", "--ctx-size")) {
@@ -193,6 +222,25 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
     }
     if (strcmp(o->device, "cpu") && strcmp(o->device, "cuda")) {
         fprintf(stderr, "strata %s: --device must be cpu or cuda, not '%s'\n", cmd, o->device);
+        return 2;
+    }
+    if (o->vram_budget && o->device_set && strcmp(o->device, "cuda")) {
+        fprintf(stderr, "strata %s: --vram-budget needs --device cuda\n", cmd);
+        return 2;
+    }
+    if (o->vram_budget)
+        o->device = "cuda";
+    return 0;
+}
+
+int run_opts_residency(const char *v, const char *cmd, int *out)
+{
+    if (!strcmp(v, "copy"))
+        *out = BACKEND_RESIDENCY_COPY;
+    else if (!strcmp(v, "zerocopy"))
+        *out = BACKEND_RESIDENCY_ZEROCOPY;
+    else {
+        fprintf(stderr, "strata %s: --residency must be copy or zerocopy, not '%s'\n", cmd, v);
         return 2;
     }
     return 0;
@@ -243,7 +291,14 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
         run_session_close(s);
         return 1;
     }
-    struct backend_cuda_config cc = {.device = 0};
+    int mode = 0;
+    run_opts_residency(o->residency, "run", &mode);
+    struct backend_cuda_config cc = {
+        .device = 0, .vram_budget = o->vram_budget, .n_ctx = o->n_ctx, .max_tok = o->n_batch,
+        .residency = (enum backend_residency)mode, .log = stderr,
+    };
+    s->stats = o->stats;
+    s->stats_json = o->stats_json;
     int brc = strcmp(o->device, "cuda") ? backend_cpu_open(s->model, &bc, &s->backend)
                                         : backend_cuda_open(s->model, &cc, &s->backend);
     if (brc || stream_open(s->backend, o->n_ctx, o->n_batch, &s->stream)) {
@@ -267,6 +322,12 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
 
 void run_session_close(struct run_session *s)
 {
+    if (s->backend && !strcmp(s->backend->ops->name, "cuda")) {
+        if (s->stats)
+            backend_cuda_print_stats(s->backend, stderr);
+        if (s->stats_json && backend_cuda_write_stats_json(s->backend, s->stats_json))
+            cli_fail("--stats-json");
+    }
     stream_close(s->stream);
     backend_close(s->backend);
     model_close(s->model);

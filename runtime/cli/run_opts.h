@@ -23,6 +23,11 @@ struct run_opts {
     bool no_mmap;          /* --no-mmap: weights copied to anonymous huge pages */
     bool bind;             /* --bind: one OpenMP thread per physical core, bound */
     const char *device;    /* --device cpu */
+    bool device_set;       /* --device was given */
+    uint64_t vram_budget;  /* --vram-budget, 0 = none */
+    const char *residency; /* --residency copy|zerocopy */
+    bool stats;            /* --stats */
+    const char *stats_json; /* --stats-json FILE */
     struct generate_config gen;
 };
 
@@ -47,10 +52,16 @@ struct run_session {
     struct model *model;
     struct backend *backend;
     struct stream *stream;
+    bool stats;             /* print the expert cache's table at close */
+    const char *stats_json; /* and/or write it there */
 };
 
+/* --residency's value: 0 and *out, or 2 after printing the error. */
+int run_opts_residency(const char *v, const char *cmd, int *out);
+
 /* Opens the model (o->model or the default), the backend and a stream; prints what it loaded
- * with -v. 0, or 1 after printing the error. */
+ * with -v. 0, or 1 after printing the error. run_session_close prints/writes the expert
+ * cache's statistics when --stats / --stats-json asked for them. */
 int run_session_open(const struct run_opts *o, struct run_session *s);
 void run_session_close(struct run_session *s);
 

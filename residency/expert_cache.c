@@ -1,0 +1,634 @@
+#include "expert_cache.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_mem.h"
+#include "errors.h"
+#include "model.h"
+#include "slru.h"
+
+#define REG_CHUNK (1ull << 30) /* host registration granule (progress, and the UVA check) */
+#define SLOT_ALIGN 256
+#define SLOTS_PER_ALLOC 32
+
+enum { P_GATE = 0, P_UP, P_DOWN, P_N };
+
+struct ec_layer {
+    const uint8_t *host[P_N]; /* expert 0 of each stacked tensor in host memory */
+    uint8_t *mapped[P_N];     /* the same bytes as kernels address them (zero-copy) */
+    uint64_t stride[P_N];     /* bytes per expert */
+};
+
+struct ec_pending {
+    int layer, expert, slot;
+};
+
+struct expert_cache {
+    struct model *m;
+    int n_layer, n_expert, n_slots, max_pairs;
+    struct slru *slru;
+    void *compute, *copy;
+    void *copy_done; /* event */
+    FILE *log;
+
+    /* host tier */
+    uint8_t *reg_lo;  /* registered range (in place), or NULL */
+    size_t reg_bytes;
+    void *pinned;     /* the copy (fallback), or NULL */
+    struct ec_layer *lay;
+
+    /* slots */
+    void **chunks;
+    int n_chunks;
+    uint8_t **slot;
+    uint64_t slot_bytes, off[P_N];
+
+    /* tables: [(layer * 3 + part) * n_expert + expert] */
+    void **tab_host; /* pinned mirror */
+    void *tab_host_dev;
+    void **tab_dev;
+    uint8_t *dirty; /* (n_layer) the device copy is stale */
+
+    /* (b) */
+    int32_t *ids_host; /* pinned (n_layer * max_pairs) */
+    void *ids_host_dev;
+    int *n_pending_ids; /* (n_layer), -1 = none */
+    struct ec_pending *pend; /* admissions whose copies may still run */
+    int n_pend, cap_pend;
+    struct ec_pending *next; /* admissions of this step end */
+    int n_next;
+
+    uint32_t *seen; /* (n_expert) stamp of the last call that saw the expert */
+    uint32_t stamp;
+    struct expert_cache_layer_stats *stats;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t align_up(uint64_t x, uint64_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+static const struct weight *ec_weight(const struct model *m, int l, int p)
+{
+    const struct layer_weights *lw = &m->layers[l];
+    return p == P_GATE ? &lw->gate_exps : p == P_UP ? &lw->up_exps : &lw->down_exps;
+}
+
+static uint64_t ec_expert_bytes(const struct expert_cache *c, int l)
+{
+    return c->lay[l].stride[P_GATE] + c->lay[l].stride[P_UP] + c->lay[l].stride[P_DOWN];
+}
+
+/* Registers [lo, lo + bytes) in place, 1 GiB at a time (progress); every piece must map to
+ * its own host address (UVA), so one expert may straddle two pieces. */
+static int ec_register(struct expert_cache *c, uint8_t *lo, size_t bytes, bool read_only)
+{
+    size_t done = 0;
+    int rc = 0;
+    bool tty = c->log && isatty(fileno(c->log));
+
+    while (done < bytes) {
+        size_t n = bytes - done < REG_CHUNK ? bytes - done : REG_CHUNK;
+        void *dev = NULL;
+        rc = cuda_host_register(lo + done, n, read_only, &dev);
+        if (!rc && dev != (void *)(lo + done)) {
+            cuda_host_unregister(lo + done);
+            rc = -ENOTSUP;
+        }
+        if (rc)
+            break;
+        done += n;
+        if (tty)
+            fprintf(c->log, "\rstrata: pinning host experts in place: %.1f / %.1f GiB", done / 1073741824.0,
+                    bytes / 1073741824.0);
+    }
+    if (tty)
+        fprintf(c->log, "\n");
+    if (rc) {
+        for (size_t off = 0; off < done; off += REG_CHUNK)
+            cuda_host_unregister(lo + off);
+        return rc;
+    }
+    c->reg_lo = lo;
+    c->reg_bytes = bytes;
+    return 0;
+}
+
+/* Copies every stacked expert tensor into pinned mapped memory (when in-place fails). */
+static int ec_copy_pinned(struct expert_cache *c)
+{
+    uint64_t total = 0, done = 0;
+    void *dev = NULL;
+    bool tty = c->log && isatty(fileno(c->log));
+
+    for (int l = 0; l < c->n_layer; l++)
+        for (int p = 0; p < P_N; p++)
+            total += align_up(ec_weight(c->m, l, p)->bytes, 4096);
+    if (cuda_host_alloc(&c->pinned, total, &dev))
+        return err_set(-ENOMEM, "cannot allocate %.2f GiB of pinned host memory for the experts",
+                       total / 1073741824.0);
+    uint8_t *h = c->pinned, *d = dev;
+    for (int l = 0; l < c->n_layer; l++) {
+        for (int p = 0; p < P_N; p++) {
+            const struct weight *w = ec_weight(c->m, l, p);
+            memcpy(h, w->data, w->bytes);
+            c->lay[l].host[p] = h;
+            c->lay[l].mapped[p] = d;
+            h += align_up(w->bytes, 4096);
+            d += align_up(w->bytes, 4096);
+            done += align_up(w->bytes, 4096);
+        }
+        if (tty)
+            fprintf(c->log, "\rstrata: copying experts to pinned memory: %.1f / %.1f GiB",
+                    done / 1073741824.0, total / 1073741824.0);
+    }
+    if (tty)
+        fprintf(c->log, "\n");
+    return 0;
+}
+
+static int ec_host_tier(struct expert_cache *c)
+{
+    const struct model *m = c->m;
+    uintptr_t lo = UINTPTR_MAX, hi = 0, page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    double t0 = now_s();
+    uint64_t expert_bytes = 0;
+
+    for (int l = 0; l < c->n_layer; l++) {
+        for (int p = 0; p < P_N; p++) {
+            const struct weight *w = ec_weight(m, l, p);
+            uintptr_t a = (uintptr_t)w->data;
+            lo = a < lo ? a : lo;
+            hi = a + w->bytes > hi ? a + w->bytes : hi;
+            c->lay[l].stride[p] = w->bytes / (uint64_t)c->n_expert;
+            c->lay[l].host[p] = w->data;
+            expert_bytes += w->bytes;
+        }
+    }
+    lo &= ~(page - 1);
+    hi = (hi + page - 1) & ~(page - 1);
+    int rc = ec_register(c, (uint8_t *)lo, hi - lo, m->copy == NULL);
+    if (!rc) {
+        for (int l = 0; l < c->n_layer; l++)
+            for (int p = 0; p < P_N; p++)
+                c->lay[l].mapped[p] = (uint8_t *)c->lay[l].host[p];
+        if (c->log)
+            fprintf(c->log,
+                    "strata: host experts (%.2f GiB): the %s registered in place as pinned, "
+                    "mapped memory in %.2f s\n",
+                    expert_bytes / 1073741824.0, m->copy ? "--no-mmap copy" : "file mapping",
+                    now_s() - t0);
+        return 0;
+    }
+    err_clear();
+    rc = ec_copy_pinned(c);
+    if (!rc && c->log)
+        fprintf(c->log,
+                "strata: host experts (%.2f GiB): in-place pinning refused, copied into pinned "
+                "mapped memory in %.2f s\n",
+                expert_bytes / 1073741824.0, now_s() - t0);
+    return rc;
+}
+
+static int ec_slots(struct expert_cache *c, const struct expert_cache_config *cfg)
+{
+    uint64_t s[P_N] = {0};
+    for (int l = 0; l < c->n_layer; l++)
+        for (int p = 0; p < P_N; p++)
+            s[p] = c->lay[l].stride[p] > s[p] ? c->lay[l].stride[p] : s[p];
+    c->off[P_GATE] = 0;
+    c->off[P_UP] = align_up(s[P_GATE], SLOT_ALIGN);
+    c->off[P_DOWN] = c->off[P_UP] + align_up(s[P_UP], SLOT_ALIGN);
+    c->slot_bytes = c->off[P_DOWN] + align_up(s[P_DOWN], SLOT_ALIGN);
+
+    uint64_t want = cfg->n_slots > 0 ? (uint64_t)cfg->n_slots : cfg->pool_bytes / c->slot_bytes;
+    uint64_t all = (uint64_t)c->n_layer * c->n_expert;
+    if (want > all)
+        want = all;
+    if (want < 1)
+        return err_set(-ENOSPC, "the budget leaves no room for a single expert slot (%.1f MiB)",
+                       c->slot_bytes / 1048576.0);
+    c->slot = calloc(want, sizeof(*c->slot));
+    c->chunks = calloc(want, sizeof(*c->chunks));
+    if (!c->slot || !c->chunks)
+        return err_set(-ENOMEM, "out of memory");
+    uint64_t got = 0;
+    int per = SLOTS_PER_ALLOC;
+    while (got < want) {
+        int n = want - got < (uint64_t)per ? (int)(want - got) : per;
+        void *p = NULL;
+        if (cuda_malloc(&p, (size_t)n * c->slot_bytes)) {
+            if (per > 1) {
+                per /= 2;
+                continue;
+            }
+            break;
+        }
+        c->chunks[c->n_chunks++] = p;
+        for (int i = 0; i < n; i++)
+            c->slot[got + i] = (uint8_t *)p + (size_t)i * c->slot_bytes;
+        got += n;
+    }
+    if (got == 0)
+        return err_set(-ENOMEM, "no device memory for even one expert slot (%.1f MiB)",
+                       c->slot_bytes / 1048576.0);
+    if (got < want && c->log)
+        fprintf(c->log,
+                "strata: the device refused memory after %" PRIu64 " of %" PRIu64
+                " expert slots: continuing with the smaller pool\n",
+                got, want);
+    c->n_slots = (int)got;
+    return 0;
+}
+
+int expert_cache_open(struct model *m, const struct expert_cache_config *cfg, void *compute_stream,
+                      struct expert_cache **out)
+{
+    struct expert_cache *c = calloc(1, sizeof(*c));
+    int rc;
+
+    if (!c)
+        return err_set(-ENOMEM, "out of memory");
+    c->m = m;
+    c->n_layer = (int)m->hp.n_layer;
+    c->n_expert = (int)m->hp.n_expert;
+    c->max_pairs = cfg->max_pairs > 0 ? cfg->max_pairs : 1;
+    c->compute = compute_stream;
+    c->log = cfg->log;
+    size_t nt = (size_t)c->n_layer * P_N * (size_t)c->n_expert;
+    c->lay = calloc((size_t)c->n_layer, sizeof(*c->lay));
+    c->dirty = calloc((size_t)c->n_layer, 1);
+    c->n_pending_ids = malloc(sizeof(int) * (size_t)c->n_layer);
+    c->seen = calloc((size_t)c->n_expert, sizeof(*c->seen));
+    c->stats = calloc((size_t)c->n_layer, sizeof(*c->stats));
+    if (!c->lay || !c->dirty || !c->n_pending_ids || !c->seen || !c->stats) {
+        rc = err_set(-ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (int l = 0; l < c->n_layer; l++)
+        c->n_pending_ids[l] = -1;
+    rc = cuda_stream_create(&c->copy);
+    rc = rc ? rc : cuda_event_create(&c->copy_done);
+    rc = rc ? rc : ec_host_tier(c);
+    rc = rc ? rc : ec_slots(c, cfg);
+    if (rc)
+        goto fail;
+    struct slru_config sc = {.n_layer = c->n_layer, .n_expert = c->n_expert,
+                             .n_slots = c->n_slots, .protected_pct = cfg->protected_pct};
+    rc = slru_open(&sc, &c->slru);
+    rc = rc ? rc : cuda_host_alloc((void **)&c->tab_host, nt * sizeof(void *), &c->tab_host_dev);
+    rc = rc ? rc : cuda_malloc((void **)&c->tab_dev, nt * sizeof(void *));
+    rc = rc ? rc : cuda_host_alloc((void **)&c->ids_host,
+                                   sizeof(int32_t) * (size_t)c->n_layer * (size_t)c->max_pairs,
+                                   &c->ids_host_dev);
+    if (rc) {
+        rc = err_set(rc, "expert cache: cannot allocate its tables");
+        goto fail;
+    }
+    for (int l = 0; l < c->n_layer; l++)
+        for (int p = 0; p < P_N; p++)
+            for (int e = 0; e < c->n_expert; e++)
+                c->tab_host[((size_t)l * P_N + p) * c->n_expert + e] =
+                    c->lay[l].mapped[p] + (uint64_t)e * c->lay[l].stride[p];
+    rc = cuda_h2d(c->tab_dev, c->tab_host, nt * sizeof(void *), c->compute);
+    rc = rc ? rc : cuda_stream_sync(c->compute);
+    if (rc) {
+        rc = err_set(rc, "expert cache: uploading its tables failed");
+        goto fail;
+    }
+    if (c->log)
+        fprintf(c->log,
+                "strata: expert cache: %d slots of %.2f MiB (%.2f GiB, %.1f per layer, %.1f%% of "
+                "the %d experts)\n",
+                c->n_slots, c->slot_bytes / 1048576.0,
+                (double)c->n_slots * c->slot_bytes / 1073741824.0,
+                (double)c->n_slots / c->n_layer,
+                100.0 * c->n_slots / ((double)c->n_layer * c->n_expert), c->n_layer * c->n_expert);
+    *out = c;
+    return 0;
+fail:
+    expert_cache_close(c);
+    return rc;
+}
+
+void expert_cache_close(struct expert_cache *c)
+{
+    if (!c)
+        return;
+    if (c->copy)
+        cuda_stream_sync(c->copy);
+    if (c->compute)
+        cuda_stream_sync(c->compute);
+    for (int i = 0; i < c->n_chunks; i++)
+        cuda_free(c->chunks[i]);
+    if (c->reg_lo)
+        for (size_t off = 0; off < c->reg_bytes; off += REG_CHUNK)
+            cuda_host_unregister(c->reg_lo + off);
+    cuda_host_free(c->pinned);
+    cuda_host_free(c->tab_host);
+    cuda_host_free(c->ids_host);
+    cuda_free(c->tab_dev);
+    cuda_event_destroy(c->copy_done);
+    cuda_stream_destroy(c->copy);
+    slru_close(c->slru);
+    free(c->chunks);
+    free(c->slot);
+    free(c->lay);
+    free(c->dirty);
+    free(c->n_pending_ids);
+    free(c->pend);
+    free(c->next);
+    free(c->seen);
+    free(c->stats);
+    free(c);
+}
+
+int expert_cache_slots(const struct expert_cache *c)
+{
+    return c->n_slots;
+}
+
+uint64_t expert_cache_slot_bytes(const struct expert_cache *c)
+{
+    return c->slot_bytes;
+}
+
+uint64_t expert_cache_vram_bytes(const struct expert_cache *c)
+{
+    return (uint64_t)c->n_slots * c->slot_bytes +
+           (uint64_t)c->n_layer * P_N * c->n_expert * sizeof(void *);
+}
+
+static void **ec_entry(struct expert_cache *c, int l, int p, int e)
+{
+    return &c->tab_host[((size_t)l * P_N + p) * c->n_expert + e];
+}
+
+static void ec_point_host(struct expert_cache *c, int l, int e)
+{
+    for (int p = 0; p < P_N; p++)
+        *ec_entry(c, l, p, e) = c->lay[l].mapped[p] + (uint64_t)e * c->lay[l].stride[p];
+    c->dirty[l] = 1;
+}
+
+static void ec_point_slot(struct expert_cache *c, int l, int e, int s)
+{
+    for (int p = 0; p < P_N; p++)
+        *ec_entry(c, l, p, e) = c->slot[s] + c->off[p];
+    c->dirty[l] = 1;
+}
+
+static bool ec_in_slot(struct expert_cache *c, int l, int e)
+{
+    return *ec_entry(c, l, P_GATE, e) !=
+           (void *)(c->lay[l].mapped[P_GATE] + (uint64_t)e * c->lay[l].stride[P_GATE]);
+}
+
+/* Admits (l, e) into a slot and enqueues its copy; the evicted expert goes back to host. The
+ * slot, or -1 when every slot is guarded (the expert stays in host memory). */
+static int ec_admit(struct expert_cache *c, int l, int e, int *rc)
+{
+    int el = -1, ee = -1;
+    int s = slru_admit(c->slru, l, e, l, &el, &ee);
+    if (s < 0) {
+        if (s != -ENOSPC)
+            *rc = err_set(s, "expert cache: admitting expert %d of layer %d failed", e, l);
+        return -1;
+    }
+    if (el >= 0)
+        ec_point_host(c, el, ee);
+    for (int p = 0; p < P_N && !*rc; p++)
+        *rc = cuda_h2d(c->slot[s] + c->off[p],
+                       c->lay[l].host[p] + (uint64_t)e * c->lay[l].stride[p], c->lay[l].stride[p],
+                       c->copy);
+    if (*rc)
+        *rc = err_set(*rc, "expert cache: streaming expert %d of layer %d failed", e, l);
+    c->stats[l].bytes_copied += ec_expert_bytes(c, l);
+    return s;
+}
+
+static void ec_tables(struct expert_cache *c, int l, struct expert_tables *t)
+{
+    void **base = c->tab_dev + (size_t)l * P_N * c->n_expert;
+    t->gate = (const void *const *)base;
+    t->up = (const void *const *)(base + c->n_expert);
+    t->down = (const void *const *)(base + 2 * (size_t)c->n_expert);
+}
+
+static int ec_upload(struct expert_cache *c, int l)
+{
+    if (!c->dirty[l])
+        return 0;
+    size_t off = (size_t)l * P_N * c->n_expert;
+    int rc = cuda_h2d(c->tab_dev + off, c->tab_host + off, sizeof(void *) * P_N * c->n_expert,
+                      c->compute);
+    c->dirty[l] = 0;
+    return rc ? err_set(rc, "expert cache: updating the slot table of layer %d failed", l) : 0;
+}
+
+int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *ids_dev,
+                              int n_pairs, struct expert_tables *t)
+{
+    int32_t *ids = c->ids_host + (size_t)layer * c->max_pairs;
+    bool copied = false;
+    int rc = 0;
+
+    if (n_pairs > c->max_pairs)
+        return err_set(-EINVAL, "expert cache: %d pairs (at most %d)", n_pairs, c->max_pairs);
+    if (c->n_pending_ids[layer] >= 0 && (rc = expert_cache_step_end(c)))
+        return rc;
+    rc = cuda_d2h(ids, ids_dev, sizeof(int32_t) * (size_t)n_pairs, c->compute);
+    rc = rc ? rc : cuda_stream_sync(c->compute);
+    if (rc)
+        return err_set(rc, "expert cache: reading layer %d's routing back failed", layer);
+    slru_step(c->slru);
+    c->stamp++;
+    for (int i = 0; i < n_pairs && !rc; i++) {
+        int e = ids[i];
+        if (e < 0 || e >= c->n_expert || c->seen[e] == c->stamp)
+            continue; /* a bad id is the kernel's to report (NaN) */
+        c->seen[e] = c->stamp;
+        if (slru_lookup(c->slru, layer, e) >= 0) {
+            if (!ec_in_slot(c, layer, e)) /* admitted by (b) and not yet switched */
+                c->stats[layer].bytes_zerocopy += ec_expert_bytes(c, layer);
+            continue;
+        }
+        int s = ec_admit(c, layer, e, &rc);
+        if (s >= 0) {
+            ec_point_slot(c, layer, e, s);
+            copied = true;
+        } else {
+            c->stats[layer].bytes_zerocopy += ec_expert_bytes(c, layer);
+        }
+    }
+    rc = rc ? rc : ec_upload(c, layer);
+    if (!rc && copied) {
+        rc = cuda_event_record(c->copy_done, c->copy);
+        rc = rc ? rc : cuda_stream_wait(c->compute, c->copy_done);
+        if (rc)
+            rc = err_set(rc, "expert cache: ordering layer %d after its copies failed", layer);
+    }
+    ec_tables(c, layer, t);
+    return rc;
+}
+
+int expert_cache_prepare_zerocopy(struct expert_cache *c, int layer, const int32_t *ids_dev,
+                                  int n_pairs, struct expert_tables *t)
+{
+    int rc = 0;
+    if (n_pairs > c->max_pairs)
+        return err_set(-EINVAL, "expert cache: %d pairs (at most %d)", n_pairs, c->max_pairs);
+    if (c->n_pending_ids[layer] >= 0) { /* the layer ran twice in one step: settle the first */
+        rc = cuda_stream_sync(c->compute);
+        rc = rc ? err_set(rc, "expert cache: sync failed") : expert_cache_step_end(c);
+        if (rc)
+            return rc;
+    }
+    rc = ec_upload(c, layer);
+    rc = rc ? rc
+            : cuda_d2h(c->ids_host + (size_t)layer * c->max_pairs, ids_dev,
+                       sizeof(int32_t) * (size_t)n_pairs, c->compute);
+    if (rc)
+        return err_set(rc, "expert cache: layer %d: enqueueing the routing read-back failed",
+                       layer);
+    c->n_pending_ids[layer] = n_pairs;
+    ec_tables(c, layer, t);
+    return 0;
+}
+
+static int ec_push_next(struct expert_cache *c, int l, int e, int s)
+{
+    if (c->n_next == c->cap_pend) {
+        int cap = c->cap_pend ? 2 * c->cap_pend : 256;
+        struct ec_pending *a = realloc(c->pend, sizeof(*a) * (size_t)cap);
+        if (!a)
+            return err_set(-ENOMEM, "out of memory");
+        c->pend = a;
+        struct ec_pending *b = realloc(c->next, sizeof(*b) * (size_t)cap);
+        if (!b)
+            return err_set(-ENOMEM, "out of memory");
+        c->next = b;
+        c->cap_pend = cap;
+    }
+    c->next[c->n_next++] = (struct ec_pending){l, e, s};
+    return 0;
+}
+
+int expert_cache_step_end(struct expert_cache *c)
+{
+    int rc = cuda_stream_sync(c->copy); /* the previous step end's admissions have landed */
+    if (rc)
+        return err_set(rc, "expert cache: waiting for the copy stream failed");
+    c->n_next = 0;
+    for (int l = 0; l < c->n_layer && !rc; l++) {
+        int n = c->n_pending_ids[l];
+        if (n < 0)
+            continue;
+        c->n_pending_ids[l] = -1;
+        const int32_t *ids = c->ids_host + (size_t)l * c->max_pairs;
+        slru_step(c->slru);
+        c->stamp++;
+        for (int i = 0; i < n && !rc; i++) {
+            int e = ids[i];
+            if (e < 0 || e >= c->n_expert || c->seen[e] == c->stamp)
+                continue;
+            c->seen[e] = c->stamp;
+            if (!ec_in_slot(c, l, e))
+                c->stats[l].bytes_zerocopy += ec_expert_bytes(c, l);
+            if (slru_lookup(c->slru, l, e) >= 0)
+                continue;
+            int s = ec_admit(c, l, e, &rc);
+            if (s >= 0 && !rc)
+                rc = ec_push_next(c, l, e, s);
+        }
+    }
+    /* the previous step end's admissions are complete: switch those still resident */
+    for (int i = 0; i < c->n_pend; i++) {
+        struct ec_pending *p = &c->pend[i];
+        if (slru_peek(c->slru, p->layer, p->expert) == p->slot)
+            ec_point_slot(c, p->layer, p->expert, p->slot);
+    }
+    struct ec_pending *t = c->pend;
+    c->pend = c->next;
+    c->next = t;
+    c->n_pend = c->n_next;
+    c->n_next = 0;
+    return rc;
+}
+
+const struct expert_cache_layer_stats *expert_cache_stats(const struct expert_cache *c, int layer)
+{
+    struct expert_cache_layer_stats *s = &c->stats[layer];
+    const struct slru_layer_stats *q = slru_stats(c->slru, layer);
+    s->hits = q->hits;
+    s->misses = q->misses;
+    s->promotions = q->promotions;
+    s->evictions = q->evictions;
+    s->admissions = q->admissions;
+    return s;
+}
+
+void expert_cache_print_stats(const struct expert_cache *c, FILE *f)
+{
+    struct expert_cache_layer_stats tot = {0};
+    fprintf(f, "expert cache: %d slots of %.2f MiB\n", c->n_slots, c->slot_bytes / 1048576.0);
+    fprintf(f, "%5s %6s %10s %10s %7s %10s %10s %10s %12s %12s\n", "layer", "slots", "hits",
+            "misses", "hit%", "promoted", "evicted", "admitted", "streamed MB", "zero-copy MB");
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct expert_cache_layer_stats *s = expert_cache_stats(c, l);
+        uint64_t acc = s->hits + s->misses;
+        fprintf(f, "%5d %6d %10" PRIu64 " %10" PRIu64 " %6.1f%% %10" PRIu64 " %10" PRIu64
+                   " %10" PRIu64 " %12.1f %12.1f\n",
+                l, slru_layer_held(c->slru, l), s->hits, s->misses,
+                acc ? 100.0 * s->hits / acc : 0.0, s->promotions, s->evictions, s->admissions,
+                s->bytes_copied / 1e6, s->bytes_zerocopy / 1e6);
+        tot.hits += s->hits;
+        tot.misses += s->misses;
+        tot.promotions += s->promotions;
+        tot.evictions += s->evictions;
+        tot.admissions += s->admissions;
+        tot.bytes_copied += s->bytes_copied;
+        tot.bytes_zerocopy += s->bytes_zerocopy;
+    }
+    uint64_t acc = tot.hits + tot.misses;
+    fprintf(f, "%5s %6d %10" PRIu64 " %10" PRIu64 " %6.1f%% %10" PRIu64 " %10" PRIu64
+               " %10" PRIu64 " %12.1f %12.1f\n",
+            "all", c->n_slots, tot.hits, tot.misses, acc ? 100.0 * tot.hits / acc : 0.0,
+            tot.promotions, tot.evictions, tot.admissions, tot.bytes_copied / 1e6,
+            tot.bytes_zerocopy / 1e6);
+}
+
+int expert_cache_write_stats_json(const struct expert_cache *c, const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return err_set(-errno, "%s: %s", path, strerror(errno));
+    fprintf(f, "{\"slots\": %d, \"slot_bytes\": %" PRIu64 ", \"layers\": [", c->n_slots,
+            c->slot_bytes);
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct expert_cache_layer_stats *s = expert_cache_stats(c, l);
+        fprintf(f,
+                "%s\n  {\"layer\": %d, \"slots\": %d, \"hits\": %" PRIu64 ", \"misses\": %" PRIu64
+                ", \"promotions\": %" PRIu64 ", \"evictions\": %" PRIu64
+                ", \"admissions\": %" PRIu64 ", \"bytes_streamed\": %" PRIu64
+                ", \"bytes_zero_copy\": %" PRIu64 "}",
+                l ? "," : "", l, slru_layer_held(c->slru, l), s->hits, s->misses, s->promotions,
+                s->evictions, s->admissions, s->bytes_copied, s->bytes_zerocopy);
+    }
+    fprintf(f, "\n]}\n");
+    if (fclose(f))
+        return err_set(-EIO, "%s: write failed", path);
+    return 0;
+}

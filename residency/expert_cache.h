@@ -1,0 +1,94 @@
+/* expert_cache: the VRAM expert slot pool of the CUDA backend under --vram-budget (issue 5).
+ *
+ * DESIGN. The stacked expert tensors stay in host memory (tier T1): the model's mapping
+ * registered in place as pinned, device-mapped memory where the driver allows, else copied
+ * into pinned mapped memory. A pool of fixed-size VRAM slots (one expert's gate + up + down
+ * each) caches experts under the SLRU policy of slru.h. The MoE kernels read every expert
+ * through per-layer pointer tables (cuda_moe's gate_ptrs/up_ptrs/down_ptrs): an entry points
+ * at the expert's slot when it is resident, else at its bytes in mapped host memory. The
+ * bytes are the same either way, so logits do not depend on the budget.
+ *
+ * Two ways to fill the slots (DESIGN §5), chosen per call:
+ *   copy      (a) host-driven: after a layer's routing the host reads the chosen ids, looks
+ *                 them up, copies misses into slots on a copy stream, makes the compute stream
+ *                 wait for them and only then runs the layer's experts (one sync per layer).
+ *   zerocopy  (b) device-driven: nothing waits; misses are read in place over PCIe by the
+ *                 kernels. The chosen ids go back to the host asynchronously and, once per step
+ *                 (expert_cache_step_end, when the host has synced anyway), the SLRU is updated
+ *                 and misses are admitted: copied into their slots on the copy stream, their
+ *                 table entries switched to the slot once the copy is known complete (at a
+ *                 later step end). A victim's entry goes back to host memory before its slot is
+ *                 overwritten, while nothing runs.
+ * Ownership: single-threaded, owned by the CUDA backend; all CUDA calls go through cuda_mem.
+ */
+#ifndef STRATA_EXPERT_CACHE_H
+#define STRATA_EXPERT_CACHE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+struct model;
+
+enum expert_cache_mode {
+    EXPERT_CACHE_COPY = 0,     /* (a) */
+    EXPERT_CACHE_ZEROCOPY = 1, /* (b) */
+};
+
+struct expert_cache_config {
+    uint64_t pool_bytes; /* VRAM for slots */
+    int n_slots;         /* exact slot count instead (tests); 0 = pool_bytes / slot size */
+    int protected_pct;   /* SLRU protected cap, 0 = default */
+    int max_pairs;       /* most (token, expert) pairs one layer call routes (tokens * k) */
+    FILE *log;           /* where the set-up reports go (host path, slots), NULL = quiet */
+};
+
+struct expert_cache_layer_stats {
+    uint64_t hits, misses, promotions, evictions, admissions;
+    uint64_t bytes_copied;    /* streamed into slots */
+    uint64_t bytes_zerocopy;  /* read in place from host memory by the kernels */
+};
+
+struct expert_cache;
+
+/* Opens the host tier and the slot pool for model m (whose weights' data are host memory).
+ * compute_stream is the backend's stream. 0 or -errno (message set). If fewer slots could be
+ * allocated than the budget holds, the pool shrinks and the log says so. */
+int expert_cache_open(struct model *m, const struct expert_cache_config *cfg, void *compute_stream,
+                      struct expert_cache **out);
+void expert_cache_close(struct expert_cache *c);
+
+/* Slots in the pool, and bytes of one slot. */
+int expert_cache_slots(const struct expert_cache *c);
+uint64_t expert_cache_slot_bytes(const struct expert_cache *c);
+/* VRAM the cache holds (slots and tables). */
+uint64_t expert_cache_vram_bytes(const struct expert_cache *c);
+
+/* The device pointer tables of a layer: (n_expert) each. */
+struct expert_tables {
+    const void *const *gate, *const *up, *const *down;
+};
+
+/* (a): ids_dev (n_pairs) are the layer's chosen experts on the device, just written on the
+ * compute stream. Reads them back (syncing the compute stream), serves hits from slots, copies
+ * misses into slots (or, when every slot is guarded, leaves them in host memory) and makes the
+ * compute stream wait for the copies. *t is then valid for the layer's expert kernels. */
+int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *ids_dev,
+                              int n_pairs, struct expert_tables *t);
+
+/* (b): enqueues the read-back of the layer's ids (no wait) and returns the tables as they are;
+ * the accounting happens at expert_cache_step_end. */
+int expert_cache_prepare_zerocopy(struct expert_cache *c, int layer, const int32_t *ids_dev,
+                                  int n_pairs, struct expert_tables *t);
+
+/* (b): call once the compute stream has been synced after a step that used
+ * expert_cache_prepare_zerocopy: stats, SLRU updates and admissions for every such layer. */
+int expert_cache_step_end(struct expert_cache *c);
+
+const struct expert_cache_layer_stats *expert_cache_stats(const struct expert_cache *c, int layer);
+
+/* Prints the per-layer table and totals (text), or writes them as JSON. */
+void expert_cache_print_stats(const struct expert_cache *c, FILE *f);
+int expert_cache_write_stats_json(const struct expert_cache *c, const char *path);
+
+#endif

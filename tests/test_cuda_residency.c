@@ -1,0 +1,201 @@
+/* cuda residency (issue 5): with experts in pinned host memory and a VRAM slot pool far too
+ * small to hold them, every logit must be bit-identical to the all-resident run, in both ways
+ * of serving misses (copy into slots; read in place and cache between tokens), with the model
+ * mapped and with --no-mmap's copy, while the pool evicts on every token. Also: a budget the
+ * trunk cannot fit in is refused with the shortfall named, and a budget that fits gives a
+ * pool. Models: the `tiny` preset widened to 4 layers of 16 experts (top-4), f32 and q4_k_m.
+ * Exits 77 without a GPU. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "errors.h"
+#include "gen.h"
+#include "model.h"
+#include "sampler.h"
+#include "stream.h"
+#include "testutil.h"
+
+#define N_PROMPT 12
+#define N_STEPS 48
+
+static char tmpdir[] = "/tmp/strata-test-cuda-residency-XXXXXX";
+
+struct run {
+    float *logits;  /* (1 + N_STEPS, n_vocab): the prompt's, then one per greedy step */
+    int32_t ids[N_STEPS];
+    struct backend_cache_totals tot;
+};
+
+/* Prompt, then greedy steps, recording every logit vector. */
+static int run_model(const char *path, const struct backend_cuda_config *cc, int no_mmap,
+                     const int32_t *prompt, struct run *out)
+{
+    struct model *m = NULL;
+    struct backend *b = NULL;
+    struct stream *s = NULL;
+    int rc = model_open(path, &m);
+    rc = rc ? rc : (no_mmap ? model_load_copy(m, 2) : 0);
+    rc = rc ? rc : backend_cuda_open(m, cc, &b);
+    rc = rc ? rc : stream_open(b, 128, 32, &s);
+    if (rc) {
+        fprintf(stderr, "%s: %s\n", path, err_msg());
+        goto out;
+    }
+    int nv = (int)m->hp.n_vocab;
+    out->logits = test_xmalloc(sizeof(float) * (size_t)nv * (N_STEPS + 1));
+    test_poison_f32(out->logits, (size_t)nv * (N_STEPS + 1));
+    rc = stream_eval(s, prompt, N_PROMPT, out->logits);
+    for (int i = 0; !rc && i < N_STEPS; i++) {
+        out->ids[i] = sampler_argmax(out->logits + (size_t)i * nv, nv);
+        rc = stream_eval(s, &out->ids[i], 1, out->logits + (size_t)(i + 1) * nv);
+    }
+    if (rc)
+        fprintf(stderr, "%s: %s\n", path, err_msg());
+    backend_cuda_cache_totals(b, &out->tot);
+    if (!rc && getenv("STRATA_TEST_VERBOSE"))
+        backend_cuda_print_stats(b, stdout);
+out:
+    stream_close(s);
+    backend_close(b);
+    model_close(m);
+    return rc;
+}
+
+static void exact(const char *path, const int32_t *prompt)
+{
+    struct backend_cuda_config all = {.device = 0};
+    struct run ref = {0};
+    if (run_model(path, &all, 0, prompt, &ref)) {
+        CHECK(0, "%s: the all-resident run failed", path);
+        return;
+    }
+    struct model *m = NULL;
+    model_open(path, &m);
+    int nv = (int)m->hp.n_vocab, n_keys = (int)(m->hp.n_layer * m->hp.n_expert);
+    int k = (int)m->hp.n_expert_used;
+    model_close(m);
+    static const char *mode_name[] = {"copy", "zerocopy"};
+    const int slots[] = {k + 1, 2 * k, n_keys / 3};
+    for (int mode = 0; mode < 2; mode++) {
+        for (size_t si = 0; si < sizeof(slots) / sizeof(slots[0]); si++) {
+            for (int no_mmap = 0; no_mmap < 2; no_mmap++) {
+                if (no_mmap && si)
+                    continue;
+                struct backend_cuda_config cc = {
+                    .device = 0, .expert_slots = slots[si],
+                    .residency = (enum backend_residency)mode,
+                };
+                struct run r = {0};
+                int rc = run_model(path, &cc, no_mmap, prompt, &r);
+                CHECK(rc == 0, "%s %s %d slots: failed", path, mode_name[mode], slots[si]);
+                if (rc)
+                    continue;
+                size_t n = (size_t)nv * (N_STEPS + 1);
+                size_t first = n;
+                for (size_t i = 0; i < n && first == n; i++)
+                    if (memcmp(&r.logits[i], &ref.logits[i], sizeof(float)))
+                        first = i;
+                uint64_t acc = r.tot.hits + r.tot.misses;
+                printf("%s: %-8s %3d slots%s: %s; hit rate %.1f%%, %llu evictions, %.2f MB "
+                       "copied, %.2f MB read in place\n",
+                       path, mode_name[mode], r.tot.slots, no_mmap ? " (--no-mmap)" : "",
+                       first == n ? "logits bit-identical" : "LOGITS DIFFER",
+                       acc ? 100.0 * r.tot.hits / acc : 0.0,
+                       (unsigned long long)r.tot.evictions, r.tot.bytes_copied / 1e6,
+                       r.tot.bytes_zerocopy / 1e6);
+                CHECK(first == n, "%s %s %d slots: logit %zu (step %zu) differs: %g vs %g", path,
+                      mode_name[mode], slots[si], first, first / nv, r.logits[first],
+                      ref.logits[first]);
+                CHECK(r.tot.slots == slots[si], "pool of %d slots, asked for %d", r.tot.slots,
+                      slots[si]);
+                /* the smallest pools must be evicting all the time */
+                if (si == 0)
+                    CHECK(r.tot.evictions >= N_STEPS, "%s %s: only %llu evictions", path,
+                          mode_name[mode], (unsigned long long)r.tot.evictions);
+                CHECK(r.tot.bytes_copied > 0, "nothing was streamed");
+                free(r.logits);
+            }
+        }
+    }
+    free(ref.logits);
+}
+
+static void budgets(const char *path)
+{
+    struct model *m = NULL;
+    struct backend *b = NULL;
+    CHECK(model_open(path, &m) == 0, "%s", err_msg());
+    if (!m)
+        return;
+    /* 1 MiB cannot hold the trunk: refused, and the message says by how much */
+    struct backend_cuda_config cc = {.device = 0, .vram_budget = 1 << 20, .n_ctx = 128,
+                                     .max_tok = 32};
+    int rc = backend_cuda_open(m, &cc, &b);
+    printf("1 MiB budget: rc %d: %s\n", rc, rc ? err_msg() : "");
+    CHECK(rc == -ENOSPC, "a 1 MiB budget gave %d", rc);
+    CHECK(strstr(err_msg(), "short") != NULL, "the message does not name the shortfall: %s",
+          err_msg());
+    if (!rc)
+        backend_close(b);
+    /* 64 MiB holds the trunk and every expert of these models: a pool, and the stream fits */
+    cc.vram_budget = 64ull << 20;
+    struct stream *s = NULL;
+    rc = backend_cuda_open(m, &cc, &b);
+    CHECK(rc == 0, "64 MiB budget: %s", err_msg());
+    if (!rc) {
+        struct backend_cache_totals t;
+        CHECK(backend_cuda_cache_totals(b, &t) == 0 && t.slots > 0, "no slots");
+        CHECK(stream_open(b, 128, 32, &s) == 0, "the stream does not fit: %s", err_msg());
+        CHECK(backend_cuda_vram_bytes(b) <= cc.vram_budget, "%zu bytes held over the budget",
+              backend_cuda_vram_bytes(b));
+        printf("64 MiB budget: %d slots, %.1f MiB held\n", t.slots,
+               backend_cuda_vram_bytes(b) / 1048576.0);
+        stream_close(s);
+        backend_close(b);
+    }
+    model_close(m);
+}
+
+static int gen_model(enum quant_mix mix, char *path, size_t size)
+{
+    struct gen_config cfg = {0};
+    snprintf(path, size, "%s/wide-%s.gguf", tmpdir, quant_mix_name(mix));
+    cfg.arch = "qwen3moe";
+    cfg.preset = *gen_preset_find("tiny");
+    cfg.preset.n_layer = 4;
+    cfg.preset.n_expert = 16;
+    cfg.preset.n_expert_used = 4;
+    cfg.mix = mix;
+    cfg.seed = 23;
+    cfg.n_threads = 2;
+    cfg.out_path = path;
+    return gen_file_write(&cfg, NULL);
+}
+
+int main(void)
+{
+    char f32[512], q4[512];
+    int32_t prompt[N_PROMPT];
+    struct rng r;
+
+    if (!test_gpu_available("test_cuda_residency"))
+        return TEST_SKIP;
+    rng_seed(&r, test_seed("test_cuda_residency"), 7);
+    if (!mkdtemp(tmpdir) || gen_model(QUANT_MIX_F32, f32, sizeof(f32)) ||
+        gen_model(QUANT_MIX_Q4_K_M, q4, sizeof(q4))) {
+        fprintf(stderr, "setup: %s\n", err_msg());
+        return 1;
+    }
+    for (int i = 0; i < N_PROMPT; i++)
+        prompt[i] = (int32_t)rng_below(&r, 1000);
+    exact(f32, prompt);
+    exact(q4, prompt);
+    budgets(q4);
+    unlink(f32);
+    unlink(q4);
+    rmdir(tmpdir);
+    return test_finish("test_cuda_residency");
+}
