@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# GPU machine (issue 5): the GPU tests, then 30b-a3b Q4_K_M decode/prefill all-resident and
+# under --vram-budget 4/8/12 GiB with both ways of serving misses (copy, zerocopy); with
+# INFLATED=path also the inflated trained model. Carry: .carry/bin (stripped binaries).
+set -u
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+B=$PWD/.carry/bin
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+for t in test_cuda_residency test_cuda_backend test_cuda_moe test_cuda_ops test_cuda_matmul; do
+    [ -x "$B/$t" ] || continue
+    STRATA_TEST_VERBOSE=${VERBOSE:-} "$B/$t" >"$OUT/$t.log" 2>&1; echo "$t rc=$?"
+    grep -E "FAIL|failed|bit-identical|DIFFER|budget" "$OUT/$t.log" | head -20
+done
+M=/dev/shm/30b.gguf
+"$B/strata" gen --preset 30b-a3b --quant q4_k_m -q -o $M 2>&1 | tail -1
+R="$OUT/bench-residency.txt"
+: >"$R"
+run() { echo "### strata bench $*" | tee -a "$R"; "$B/strata" bench "$@" 2>&1 | grep -vE "^(model|host read|model read|first token|bytes/token)" | tee -a "$R"; }
+run -m $M --device cuda -p 512 -n 128 --bw-gib 0.5
+for b in ${BUDGETS:-4G 8G 12G}; do
+    for mode in ${MODES:-copy zerocopy}; do
+        run -m $M --vram-budget $b --residency $mode -p 512 -n 128 --bw-gib 0.5
+    done
+done
+if [ -n "${INFLATED:-}" ]; then
+    I=/dev/shm/inflated.gguf
+    "$B/strata" gen --inflate "$INFLATED" --preset 30b-a3b -o $I 2>&1 | tail -2
+    run -m $I --device cuda -p 512 -n 128 --bw-gib 0.5
+    for b in ${IBUDGETS:-2G 4G}; do
+        for mode in copy zerocopy; do
+            run -m $I --vram-budget $b --residency $mode -p 512 -n 128 --bw-gib 0.5 --stats-json "$OUT/stats-inflated-$b-$mode.json"
+        done
+    done
+fi
