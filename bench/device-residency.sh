@@ -9,8 +9,9 @@ B=$PWD/.carry/bin
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 for t in test_cuda_residency test_cuda_backend test_cuda_moe test_cuda_ops test_cuda_matmul; do
     [ -x "$B/$t" ] || continue
-    STRATA_TEST_VERBOSE=${VERBOSE:-} "$B/$t" >"$OUT/$t.log" 2>&1; echo "$t rc=$?"
-    grep -E "FAIL|failed|bit-identical|DIFFER|budget" "$OUT/$t.log" | head -20
+    STRATA_TEST_VERBOSE=${VERBOSE:-} "$B/$t" >/tmp/$t.log 2>&1; echo "$t rc=$?" | tee -a "$OUT/tests.log"
+    cat /tmp/$t.log >>"$OUT/tests.log"
+    grep -E "FAIL|failed|bit-identical|DIFFER|budget" /tmp/$t.log | head -24
 done
 M=/dev/shm/30b.gguf
 "$B/strata" gen --preset 30b-a3b --quant q4_k_m -q -o $M 2>&1 | tail -1
