@@ -2,6 +2,8 @@
  * behave (runtime/routing_stats.h): popularity concentration, reuse distances, and the recall
  * of predicting layer l+1's experts by applying its router to layer l's MoE input. */
 #include <errno.h>
+#include <stdbool.h>
+#include <sys/types.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,7 @@
 
 struct sr_opts {
     const char *model, *prompts, *plot, *dat;
+    const char *separator; /* texts span lines, separated by a line equal to this */
     int n_threads, max_tokens;
 };
 
@@ -31,13 +34,16 @@ struct sr_ctx {
 static void sr_usage(void)
 {
     printf("usage: strata stats-routing -m FILE --prompts FILE [options]\n\n"
-           "Runs every line of the prompts file (one text per line) through the model on the\n"
+           "Runs every text of the prompts file (one per line, or with --separator texts of\n"
+           "many lines) through the model on the\n"
            "CPU and prints, per layer: the share of expert activations taken by the most\n"
            "popular 10%% and 20%% of experts, how often a selected expert was also selected at\n"
            "the previous token (reuse@1) or within 8 tokens, and the recall of predicting the\n"
            "layer's top-k by applying its router to the previous layer's MoE input.\n\n"
            "  -m, --model FILE      GGUF model (required)\n"
            "      --prompts FILE    texts, one per line (required)\n"
+           "      --separator LINE  texts span several lines and end at a line equal to LINE\n"
+           "                        (e.g. source files joined with '<|endoftext|>')\n"
            "      --max-tokens N    tokens per text at most (default 2048)\n"
            "  -t, --threads N       CPU threads (default: all)\n"
            "      --dat FILE        also write the per-layer figures as columns\n"
@@ -65,6 +71,8 @@ static int sr_parse(int argc, char **argv, struct sr_opts *o)
             o->plot = v;
         else if (!strcmp(a, "--dat"))
             o->dat = v;
+        else if (!strcmp(a, "--separator"))
+            o->separator = v;
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
             o->n_threads = atoi(v);
         else if (!strcmp(a, "--max-tokens"))
@@ -108,7 +116,47 @@ static void sr_observe(void *arg, const struct route_event *ev)
     }
 }
 
-/* Evaluates every line of the prompts file on a fresh stream. */
+/* The next text of f into *text (malloc'd, grown as needed): a line without its newline, or
+ * with a separator every line up to the next separator line. Its length, or -1 at the end. */
+static long sr_next_text(FILE *f, const char *sep, char **text, size_t *cap)
+{
+    char *line = NULL;
+    size_t lcap = 0, len = 0;
+    ssize_t n;
+    bool any = false;
+
+    while ((n = getline(&line, &lcap, f)) > 0) {
+        any = true;
+        size_t body = strcspn(line, "\r\n");
+        if (!sep) {
+            n = (ssize_t)body;
+        } else if (body == strlen(sep) && !strncmp(line, sep, body)) {
+            break;
+        }
+        if (len + (size_t)n + 1 > *cap) {
+            size_t c = 2 * (len + (size_t)n + 1);
+            char *t = realloc(*text, c);
+            if (!t) {
+                free(line);
+                return -1;
+            }
+            *text = t;
+            *cap = c;
+        }
+        memcpy(*text + len, line, (size_t)n);
+        len += (size_t)n;
+        if (!sep)
+            break;
+    }
+    free(line);
+    if (!any)
+        return -1;
+    if (*text)
+        (*text)[len] = 0;
+    return (long)len;
+}
+
+/* Evaluates every text of the prompts file on a fresh stream. */
 static int sr_run(const struct sr_opts *o, struct model *m, struct sr_ctx *ctx, int *n_texts,
                   long *n_tokens)
 {
@@ -129,8 +177,9 @@ static int sr_run(const struct sr_opts *o, struct model *m, struct sr_ctx *ctx, 
     }
     if (!ids || backend_cpu_open(m, &bc, &b) || stream_open(b, o->max_tokens, 512, &s))
         rc = err_wrap(-ENOMEM, "starting the engine: ");
-    while (!rc && getline(&line, &cap, f) > 0) {
-        size_t len = strcspn(line, "\r\n");
+    long got;
+    while (!rc && (got = sr_next_text(f, o->separator, &line, &cap)) >= 0) {
+        size_t len = (size_t)got;
         if (len == 0)
             continue;
         int n = tokenizer_encode(m->tok, line, len, 0, ids, (size_t)o->max_tokens);
