@@ -6,6 +6,9 @@ set -u
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
 B=$PWD/.carry/bin
+# the binaries travel xz-compressed (the checkout, with the 45 MB default model, plus them must
+# stay under the device's 64 MiB): tar -cJf .carry/bin.tar.xz -C .carry bin
+[ -f .carry/bin.tar.xz ] && tar -xJf .carry/bin.tar.xz -C .carry
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 for t in test_cuda_residency test_cuda_backend test_cuda_moe test_cuda_ops test_cuda_matmul; do
     [ -x "$B/$t" ] || continue
@@ -24,6 +27,10 @@ for b in ${BUDGETS:-4G 8G 12G}; do
         run -m $M --vram-budget $b --residency $mode -p 512 -n 128 --bw-gib 0.5
     done
 done
+if [ -n "${SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null; then
+    timeout 300 compute-sanitizer --tool memcheck "$B/test_cuda_residency" >"$OUT/memcheck.log" 2>&1
+    echo "memcheck test_cuda_residency rc=$?"; tail -3 "$OUT/memcheck.log"
+fi
 if [ -n "${INFLATED:-}" ]; then
     I=/dev/shm/inflated.gguf
     "$B/strata" gen --inflate "$INFLATED" --preset 30b-a3b -o $I 2>&1 | tail -2

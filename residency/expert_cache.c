@@ -447,8 +447,12 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
 
     if (n_pairs > c->max_pairs)
         return err_set(-EINVAL, "expert cache: %d pairs (at most %d)", n_pairs, c->max_pairs);
-    if (c->n_pending_ids[layer] >= 0 && (rc = expert_cache_step_end(c)))
-        return rc;
+    if (c->n_pending_ids[layer] >= 0) { /* (b) ids of this layer not yet accounted */
+        rc = cuda_stream_sync(c->compute); /* nothing may read a slot it re-assigns */
+        rc = rc ? err_set(rc, "expert cache: sync failed") : expert_cache_step_end(c);
+        if (rc)
+            return rc;
+    }
     rc = cuda_d2h(ids, ids_dev, sizeof(int32_t) * (size_t)n_pairs, c->compute);
     rc = rc ? rc : cuda_stream_sync(c->compute);
     if (rc)
