@@ -3,6 +3,7 @@
 # under --vram-budget 4/8/12 GiB with both ways of serving misses (copy, zerocopy); with
 # INFLATED=path also the inflated trained model. Carry: .carry/bin (stripped binaries).
 set -u
+export PATH=$PATH:/usr/local/cuda/bin
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
 B=$PWD/.carry/bin
@@ -20,7 +21,7 @@ M=/dev/shm/30b.gguf
 "$B/strata" gen --preset 30b-a3b --quant q4_k_m -q -o $M 2>&1 | tail -1
 R="$OUT/bench-residency.txt"
 : >"$R"
-run() { echo "### strata bench $*" | tee -a "$R"; "$B/strata" bench "$@" 2>&1 | grep -vE "^(model|host read|model read|first token|bytes/token)" | tee -a "$R"; }
+run() { echo "### strata bench $*" | tee -a "$R"; timeout 150 "$B/strata" bench "$@" 2>&1 | grep -vE "^(model|host read|model read|first token|bytes/token)" | tee -a "$R"; }
 run -m $M --device cuda -p 512 -n 128 --bw-gib 0.5
 for b in ${BUDGETS:-4G 8G 12G}; do
     for mode in ${MODES:-copy zerocopy}; do
