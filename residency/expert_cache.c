@@ -12,7 +12,10 @@
 #include "model.h"
 #include "slru.h"
 
-#define REG_CHUNK (1ull << 30) /* host registration granule (progress, and the UVA check) */
+/* Host registration granule (progress reports, and the UVA check), 1 GiB; the environment
+ * variable STRATA_PIN_CHUNK (bytes, a multiple of the page size) overrides it, so tests make
+ * experts straddle registrations without gigabytes of model. */
+#define REG_CHUNK_DEFAULT (1ull << 30)
 #define SLOT_ALIGN 256
 #define SLOTS_PER_ALLOC 32
 
@@ -39,6 +42,7 @@ struct expert_cache {
     /* host tier */
     uint8_t *reg_lo;  /* registered range (in place), or NULL */
     size_t reg_bytes;
+    uint64_t reg_chunk; /* its pieces */
     void *pinned;     /* the copy (fallback), or NULL */
     struct ec_layer *lay;
 
@@ -100,7 +104,7 @@ static int ec_register(struct expert_cache *c, uint8_t *lo, size_t bytes, bool r
     bool tty = c->log && isatty(fileno(c->log));
 
     while (done < bytes) {
-        size_t n = bytes - done < REG_CHUNK ? bytes - done : REG_CHUNK;
+        size_t n = bytes - done < c->reg_chunk ? bytes - done : c->reg_chunk;
         void *dev = NULL;
         rc = cuda_host_register(lo + done, n, read_only, &dev);
         if (!rc && dev != (void *)(lo + done)) {
@@ -117,7 +121,7 @@ static int ec_register(struct expert_cache *c, uint8_t *lo, size_t bytes, bool r
     if (tty)
         fprintf(c->log, "\n");
     if (rc) {
-        for (size_t off = 0; off < done; off += REG_CHUNK)
+        for (size_t off = 0; off < done; off += c->reg_chunk)
             cuda_host_unregister(lo + off);
         return rc;
     }
@@ -267,6 +271,11 @@ int expert_cache_open(struct model *m, const struct expert_cache_config *cfg, vo
     c->max_pairs = cfg->max_pairs > 0 ? cfg->max_pairs : 1;
     c->compute = compute_stream;
     c->log = cfg->log;
+    const char *chunk = getenv("STRATA_PIN_CHUNK");
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    c->reg_chunk = chunk ? strtoull(chunk, NULL, 0) / page * page : 0;
+    if (!c->reg_chunk)
+        c->reg_chunk = REG_CHUNK_DEFAULT;
     size_t nt = (size_t)c->n_layer * P_N * (size_t)c->n_expert;
     c->lay = calloc((size_t)c->n_layer, sizeof(*c->lay));
     c->dirty = calloc((size_t)c->n_layer, 1);
@@ -334,7 +343,7 @@ void expert_cache_close(struct expert_cache *c)
     for (int i = 0; i < c->n_chunks; i++)
         cuda_free(c->chunks[i]);
     if (c->reg_lo)
-        for (size_t off = 0; off < c->reg_bytes; off += REG_CHUNK)
+        for (size_t off = 0; off < c->reg_bytes; off += c->reg_chunk)
             cuda_host_unregister(c->reg_lo + off);
     cuda_host_free(c->pinned);
     cuda_host_free(c->tab_host);
@@ -396,6 +405,26 @@ static bool ec_in_slot(struct expert_cache *c, int l, int e)
            (void *)(c->lay[l].mapped[P_GATE] + (uint64_t)e * c->lay[l].stride[P_GATE]);
 }
 
+/* Enqueues a host-to-slot copy. DMA from registered memory must stay inside one registration,
+ * so a source that straddles two of ec_register's pieces is copied in two parts. */
+static int ec_h2d(struct expert_cache *c, uint8_t *dst, const uint8_t *src, uint64_t n)
+{
+    while (n) {
+        uint64_t part = n;
+        if (c->reg_lo) {
+            uint64_t off = (uint64_t)(src - c->reg_lo), end = (off / c->reg_chunk + 1) * c->reg_chunk;
+            part = end - off < n ? end - off : n;
+        }
+        int rc = cuda_h2d(dst, src, part, c->copy);
+        if (rc)
+            return rc;
+        dst += part;
+        src += part;
+        n -= part;
+    }
+    return 0;
+}
+
 /* Admits (l, e) into a slot and enqueues its copy; the evicted expert goes back to host. The
  * slot, or -1 when every slot is guarded (the expert stays in host memory). */
 static int ec_admit(struct expert_cache *c, int l, int e, int *rc)
@@ -410,9 +439,8 @@ static int ec_admit(struct expert_cache *c, int l, int e, int *rc)
     if (el >= 0)
         ec_point_host(c, el, ee);
     for (int p = 0; p < P_N && !*rc; p++)
-        *rc = cuda_h2d(c->slot[s] + c->off[p],
-                       c->lay[l].host[p] + (uint64_t)e * c->lay[l].stride[p], c->lay[l].stride[p],
-                       c->copy);
+        *rc = ec_h2d(c, c->slot[s] + c->off[p],
+                     c->lay[l].host[p] + (uint64_t)e * c->lay[l].stride[p], c->lay[l].stride[p]);
     if (*rc)
         *rc = err_set(*rc, "expert cache: streaming expert %d of layer %d failed", e, l);
     c->stats[l].bytes_copied += ec_expert_bytes(c, l);

@@ -3,7 +3,8 @@
  * of serving misses (copy into slots; read in place and cache between tokens), with the model
  * mapped and with --no-mmap's copy, while the pool evicts on every token. Also: a budget the
  * trunk cannot fit in is refused with the shortfall named, and a budget that fits gives a
- * pool. Models: the `tiny` preset widened to 4 layers of 16 experts (top-4), f32 and q4_k_m.
+ * pool. Host memory is pinned in 64 KiB pieces here (STRATA_PIN_CHUNK), so expert copies
+ * straddle registrations as they do in 1 GiB pieces on real models. Models: the `tiny` preset widened to 4 layers of 16 experts (top-4), f32 and q4_k_m.
  * Exits 77 without a GPU. */
 #include <errno.h>
 #include <stdlib.h>
@@ -183,6 +184,7 @@ int main(void)
 
     if (!test_gpu_available("test_cuda_residency"))
         return TEST_SKIP;
+    setenv("STRATA_PIN_CHUNK", "65536", 1);
     rng_seed(&r, test_seed("test_cuda_residency"), 7);
     if (!mkdtemp(tmpdir) || gen_model(QUANT_MIX_F32, f32, sizeof(f32)) ||
         gen_model(QUANT_MIX_Q4_K_M, q4, sizeof(q4))) {

@@ -299,7 +299,7 @@ int cmd_bench(int argc, char **argv)
             backend_cuda_print_stats(core, stdout);
         if (o.stats_json && backend_cuda_write_stats_json(core, o.stats_json))
             cli_fail("--stats-json");
-    } else {
+    } else if (!o.cuda) {
         printf("floor        %.2f tok/s at %.1f GB/s -> decode at %.0f%% of the floor\n",
                1.0 / floor_s, bw / 1e9, 100.0 * tg * floor_s);
     }
