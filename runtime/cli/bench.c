@@ -3,6 +3,7 @@
  * decode token is the bytes it must read (trunk weights, the routed experts, the output head,
  * the KV cache) over the host read bandwidth. */
 #include <omp.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include "rng.h"
 #include "sampler.h"
 #include "stream.h"
+#include "tokenizer.h"
 #include "topo.h"
 
 struct bench_opts {
@@ -36,6 +38,8 @@ struct bench_opts {
     int residency;        /* --residency */
     int stats;            /* --stats */
     const char *stats_json;
+    const char *prompt_file; /* -f: prompt text instead of random ids */
+    int tg_greedy;           /* --tg greedy: decode feeds back the argmax */
 };
 
 static void bench_usage(void)
@@ -47,6 +51,11 @@ static void bench_usage(void)
            "  -m, --model FILE      GGUF model (required)\n"
            "  -p, --n-prompt N      prompt tokens, evaluated in one batch (default 512)\n"
            "  -n, --n-gen N         decode steps (default 128)\n"
+           "  -f, --file FILE       prompt text (tokenized, cut to -p tokens; fewer tokens\n"
+           "                        shorten the prompt) instead of random token ids\n"
+           "      --tg random|greedy  decode input: random ids (default: with random weights\n"
+           "                        greedy decoding repeats itself and so does its routing),\n"
+           "                        or the argmax fed back (trained models, with -f)\n"
            "  -t, --threads N       CPU threads (default: all)\n"
            "      --bw-gib G        size of the bandwidth probe in GiB (default 2)\n"
            "      --profile         also print the time spent in each op (pp and tg)\n"
@@ -116,6 +125,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
                 return 2;
         } else if (!strcmp(a, "--stats-json"))
             o->stats_json = v;
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file"))
+            o->prompt_file = v;
+        else if (!strcmp(a, "--tg") && (!strcmp(v, "random") || !strcmp(v, "greedy")))
+            o->tg_greedy = !strcmp(v, "greedy");
         else {
             fprintf(stderr, "strata bench: unknown option '%s' (see --help)\n", a);
             return 2;
@@ -126,6 +139,40 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         fprintf(stderr, "strata bench: need -m FILE, -p >= 1, -n >= 1 (see --help)\n");
         return 2;
     }
+    return 0;
+}
+
+/* -f: the prompt file's tokens, at most *n of them (*n becomes the count). 0, or 1 after
+ * printing the error. */
+static int bench_prompt_text(const struct model *m, const char *path, int32_t *ids, int *n)
+{
+    FILE *f = fopen(path, "r");
+    if (!f || !m->tok) {
+        fprintf(stderr, "strata bench: %s: %s\n", path,
+                f ? "the model has no tokenizer" : strerror(errno));
+        if (f)
+            fclose(f);
+        return 1;
+    }
+    size_t cap = 1 << 20, len = 0;
+    char *text = malloc(cap + 1);
+    if (text)
+        len = fread(text, 1, cap, f);
+    fclose(f);
+    if (!text)
+        return 1;
+    text[len] = 0;
+    int32_t *all = malloc(sizeof(int32_t) * (len + 4));
+    int k = all ? tokenizer_encode(m->tok, text, len, 0, all, len + 4) : -ENOMEM;
+    free(text);
+    if (k <= 0) {
+        fprintf(stderr, "strata bench: %s: no prompt tokens\n", path);
+        free(all);
+        return 1;
+    }
+    *n = k < *n ? k : *n;
+    memcpy(ids, all, sizeof(int32_t) * (size_t)*n);
+    free(all);
     return 0;
 }
 
@@ -208,6 +255,11 @@ int cmd_bench(int argc, char **argv)
     rng_seed(&r, 1234, 0);
     for (int i = 0; i < o.n_prompt; i++)
         ids[i] = (int32_t)rng_below(&r, hp->n_vocab);
+    if (o.prompt_file && (rc = bench_prompt_text(m, o.prompt_file, ids, &o.n_prompt))) {
+        free(ids);
+        free(logits);
+        goto out;
+    }
 
     /* touch the weights once so the page cache, not the disk, is measured */
     double t0 = generate_now();
@@ -227,6 +279,8 @@ int cmd_bench(int argc, char **argv)
     bool cached = o.cuda && backend_cuda_cache_totals(core, &c0) == 0;
     t0 = generate_now();
     for (int i = 0; !rc && i < o.n_gen; i++) {
+        if (!o.tg_greedy)
+            tok = (int32_t)rng_below(&r, hp->n_vocab);
         rc = stream_eval(s, &tok, 1, logits);
         tok = sampler_argmax(logits, (int)hp->n_vocab);
     }
