@@ -29,6 +29,7 @@ struct ec_layer {
 
 struct ec_pending {
     int layer, expert, slot;
+    uint32_t gen; /* the slot's admission count when this copy was enqueued */
 };
 
 struct expert_cache {
@@ -50,6 +51,7 @@ struct expert_cache {
     void **chunks;
     int n_chunks;
     uint8_t **slot;
+    uint32_t *slot_gen; /* (n_slots) admissions into each slot so far */
     uint64_t slot_bytes, off[P_N];
 
     /* tables: [(layer * 3 + part) * n_expert + expert] */
@@ -225,8 +227,9 @@ static int ec_slots(struct expert_cache *c, const struct expert_cache_config *cf
         return err_set(-ENOSPC, "the budget leaves no room for a single expert slot (%.1f MiB)",
                        c->slot_bytes / 1048576.0);
     c->slot = calloc(want, sizeof(*c->slot));
+    c->slot_gen = calloc(want, sizeof(*c->slot_gen));
     c->chunks = calloc(want, sizeof(*c->chunks));
-    if (!c->slot || !c->chunks)
+    if (!c->slot || !c->chunks || !c->slot_gen)
         return err_set(-ENOMEM, "out of memory");
     uint64_t got = 0;
     int per = SLOTS_PER_ALLOC;
@@ -354,6 +357,7 @@ void expert_cache_close(struct expert_cache *c)
     slru_close(c->slru);
     free(c->chunks);
     free(c->slot);
+    free(c->slot_gen);
     free(c->lay);
     free(c->dirty);
     free(c->n_pending_ids);
@@ -438,6 +442,7 @@ static int ec_admit(struct expert_cache *c, int l, int e, int *rc)
     }
     if (el >= 0)
         ec_point_host(c, el, ee);
+    c->slot_gen[s]++;
     for (int p = 0; p < P_N && !*rc; p++)
         *rc = ec_h2d(c, c->slot[s] + c->off[p],
                      c->lay[l].host[p] + (uint64_t)e * c->lay[l].stride[p], c->lay[l].stride[p]);
@@ -540,7 +545,7 @@ int expert_cache_prepare_zerocopy(struct expert_cache *c, int layer, const int32
     return 0;
 }
 
-static int ec_push_next(struct expert_cache *c, int l, int e, int s)
+static int ec_push_next(struct expert_cache *c, int l, int e, int s, uint32_t gen)
 {
     if (c->n_next == c->cap_pend) {
         int cap = c->cap_pend ? 2 * c->cap_pend : 256;
@@ -554,7 +559,7 @@ static int ec_push_next(struct expert_cache *c, int l, int e, int s)
         c->next = b;
         c->cap_pend = cap;
     }
-    c->next[c->n_next++] = (struct ec_pending){l, e, s};
+    c->next[c->n_next++] = (struct ec_pending){l, e, s, gen};
     return 0;
 }
 
@@ -583,13 +588,16 @@ int expert_cache_step_end(struct expert_cache *c)
                 continue;
             int s = ec_admit(c, l, e, &rc);
             if (s >= 0 && !rc)
-                rc = ec_push_next(c, l, e, s);
+                rc = ec_push_next(c, l, e, s, c->slot_gen[s]);
         }
     }
-    /* the previous step end's admissions are complete: switch those still resident */
+    /* The previous step end's admissions are complete: switch those whose slot has seen no
+     * admission since. Still holding the expert is not enough: evicted and admitted again into
+     * the same slot above, its new copy is in flight behind another expert's bytes. */
     for (int i = 0; i < c->n_pend; i++) {
         struct ec_pending *p = &c->pend[i];
-        if (slru_peek(c->slru, p->layer, p->expert) == p->slot)
+        if (c->slot_gen[p->slot] == p->gen &&
+            slru_peek(c->slru, p->layer, p->expert) == p->slot)
             ec_point_slot(c, p->layer, p->expert, p->slot);
     }
     struct ec_pending *t = c->pend;

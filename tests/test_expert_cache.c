@@ -1,0 +1,414 @@
+/* expert_cache bookkeeping without a GPU: this program supplies its own cuda_mem (host memory
+ * as "device" memory, streams as queues of deferred operations), drives the cache the way the
+ * CUDA backend does, layer by layer and step by step, and has a fake expert kernel, queued on
+ * the compute stream like the real one, read every chosen expert through the device tables at
+ * the moment it would run and compare the bytes with the model's. The copy stream's work runs
+ * eagerly, lazily (only when waited for), or interleaved at random with the compute stream's,
+ * so a table entry that points at a slot before its copy has landed, or a slot overwritten
+ * while an entry still points at it, shows up as wrong bytes. Both ways of serving misses
+ * (copy, zerocopy) and mixes of them (prefill-sized calls take the copy path), with host
+ * memory registered in pieces small enough that copies straddle them. */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_mem.h"
+#include "errors.h"
+#include "expert_cache.h"
+#include "model.h"
+#include "testutil.h"
+
+/* ---- a queued, host-memory cuda_mem --------------------------------------------------- */
+
+enum op_kind { OP_COPY, OP_CHECK, OP_WAIT };
+
+struct op {
+    enum op_kind kind;
+    void *dst;
+    const void *src;
+    size_t n;
+    void (*check)(void *arg);
+    void *arg;
+    struct mstream *wait_on; /* OP_WAIT: flush that stream up to wait_upto */
+    uint64_t wait_upto;
+};
+
+struct mstream {
+    struct op *q;
+    size_t n, cap, head; /* ops [head, n) pending */
+    uint64_t done;       /* ops executed so far (absolute index) */
+};
+
+struct mevent {
+    struct mstream *s;
+    uint64_t upto; /* absolute op count at record time */
+};
+
+enum copy_mode { COPY_EAGER, COPY_LAZY, COPY_RANDOM };
+static enum copy_mode g_mode;
+static struct mstream *g_copy_stream; /* the second stream the cache creates */
+static struct rng g_rng;
+static int g_streams;
+
+static void run_one(struct mstream *s);
+
+static void flush_to(struct mstream *s, uint64_t upto)
+{
+    while (s->done < upto && s->head < s->n)
+        run_one(s);
+}
+
+static void run_one(struct mstream *s)
+{
+    struct op o = s->q[s->head++];
+    s->done++;
+    if (o.kind == OP_COPY)
+        memcpy(o.dst, o.src, o.n);
+    else if (o.kind == OP_CHECK)
+        o.check(o.arg);
+    else
+        flush_to(o.wait_on, o.wait_upto);
+}
+
+/* The copy stream advances at random while the compute stream works. */
+static void maybe_progress_copies(void)
+{
+    if (g_mode == COPY_RANDOM && g_copy_stream)
+        while (g_copy_stream->head < g_copy_stream->n && rng_below(&g_rng, 2))
+            run_one(g_copy_stream);
+}
+
+static void push(struct mstream *s, struct op o)
+{
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 64;
+        s->q = realloc(s->q, sizeof(*s->q) * s->cap);
+        if (!s->q)
+            abort();
+    }
+    s->q[s->n++] = o;
+    if (s == g_copy_stream && g_mode == COPY_EAGER)
+        flush_to(s, s->done + (s->n - s->head));
+    if (s != g_copy_stream)
+        maybe_progress_copies();
+}
+
+int cuda_set_device(int dev)
+{
+    (void)dev;
+    return 0;
+}
+
+int cuda_malloc(void **p, size_t bytes)
+{
+    *p = malloc(bytes ? bytes : 1);
+    if (*p)
+        memset(*p, 0xA5, bytes); /* "device" memory starts as garbage */
+    return *p ? 0 : -ENOMEM;
+}
+
+void cuda_free(void *p)
+{
+    free(p);
+}
+
+int cuda_memset(void *p, int value, size_t bytes, void *stream)
+{
+    (void)stream;
+    memset(p, value, bytes);
+    return 0;
+}
+
+int cuda_h2d(void *dst, const void *src, size_t bytes, void *stream)
+{
+    push(stream, (struct op){.kind = OP_COPY, .dst = dst, .src = src, .n = bytes});
+    return 0;
+}
+
+int cuda_d2h(void *dst, const void *src, size_t bytes, void *stream)
+{
+    return cuda_h2d(dst, src, bytes, stream);
+}
+
+int cuda_d2d(void *dst, const void *src, size_t bytes, void *stream)
+{
+    return cuda_h2d(dst, src, bytes, stream);
+}
+
+int cuda_stream_create(void **stream)
+{
+    struct mstream *s = calloc(1, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    if (++g_streams == 2) /* the test's compute stream is first, the cache's copy stream next */
+        g_copy_stream = s;
+    *stream = s;
+    return 0;
+}
+
+void cuda_stream_destroy(void *stream)
+{
+    struct mstream *s = stream;
+    if (!s)
+        return;
+    if (s == g_copy_stream)
+        g_copy_stream = NULL;
+    g_streams--;
+    free(s->q);
+    free(s);
+}
+
+int cuda_stream_sync(void *stream)
+{
+    struct mstream *s = stream;
+    flush_to(s, s->done + (s->n - s->head));
+    return 0;
+}
+
+int cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+    *free_bytes = *total_bytes = (size_t)1 << 30;
+    return 0;
+}
+
+double cuda_copy_bandwidth(size_t bytes, int reps)
+{
+    (void)bytes, (void)reps;
+    return 0;
+}
+
+double cuda_h2d_bandwidth(const void *src, size_t bytes, int reps)
+{
+    (void)src, (void)bytes, (void)reps;
+    return 0;
+}
+
+int cuda_host_register(void *p, size_t bytes, int read_only, void **dev_ptr)
+{
+    (void)bytes, (void)read_only;
+    *dev_ptr = p;
+    return 0;
+}
+
+void cuda_host_unregister(void *p)
+{
+    (void)p;
+}
+
+int cuda_host_alloc(void **p, size_t bytes, void **dev_ptr)
+{
+    *p = *dev_ptr = malloc(bytes ? bytes : 1);
+    return *p ? 0 : -ENOMEM;
+}
+
+void cuda_host_free(void *p)
+{
+    free(p);
+}
+
+int cuda_event_create(void **ev)
+{
+    *ev = calloc(1, sizeof(struct mevent));
+    return *ev ? 0 : -ENOMEM;
+}
+
+void cuda_event_destroy(void *ev)
+{
+    free(ev);
+}
+
+int cuda_event_record(void *ev, void *stream)
+{
+    struct mevent *e = ev;
+    struct mstream *s = stream;
+    e->s = s;
+    e->upto = s->done + (s->n - s->head);
+    return 0;
+}
+
+int cuda_stream_wait(void *stream, void *ev)
+{
+    struct mevent *e = ev;
+    push(stream, (struct op){.kind = OP_WAIT, .wait_on = e->s, .wait_upto = e->upto});
+    return 0;
+}
+
+int cuda_last_error(const char *what)
+{
+    (void)what;
+    return 0;
+}
+
+/* ---- the model and the fake kernel ------------------------------------------------------- */
+
+#define N_LAYER 4
+#define N_EXPERT 16
+#define K 4
+#define MAX_TOK 24
+
+static const uint64_t strides[3] = {4096 + 96, 4096 + 96, 6144 + 32}; /* not page multiples */
+
+struct kernel_check {
+    const struct model *m;
+    int layer, n_pairs;
+    int32_t ids[MAX_TOK * K];
+    struct expert_tables t;
+    int *bad;
+};
+
+static void kernel_read(void *arg)
+{
+    struct kernel_check *k = arg;
+    const struct layer_weights *lw = &k->m->layers[k->layer];
+    const struct weight *w[3] = {&lw->gate_exps, &lw->up_exps, &lw->down_exps};
+    const void *const *tab[3] = {k->t.gate, k->t.up, k->t.down};
+    for (int i = 0; i < k->n_pairs; i++) {
+        int e = k->ids[i];
+        for (int p = 0; p < 3; p++) {
+            const uint8_t *want = (const uint8_t *)w[p]->data + (uint64_t)e * strides[p];
+            if (memcmp(tab[p][e], want, strides[p])) {
+                if (getenv("DEBUG_EC"))
+                    fprintf(stderr, "layer %d expert %d part %d: entry %p, host %p\n", k->layer, e, p,
+                            tab[p][e], (const void *)want);
+                (*k->bad)++;
+            }
+        }
+    }
+    free(k);
+}
+
+static void make_model(struct model *m, struct layer_weights *layers, struct rng *r)
+{
+    memset(m, 0, sizeof(*m));
+    m->hp.n_layer = N_LAYER;
+    m->hp.n_expert = N_EXPERT;
+    m->hp.n_expert_used = K;
+    m->layers = layers;
+    for (int l = 0; l < N_LAYER; l++) {
+        struct weight *w[3] = {&layers[l].gate_exps, &layers[l].up_exps, &layers[l].down_exps};
+        for (int p = 0; p < 3; p++) {
+            uint8_t *d = test_xmalloc(strides[p] * N_EXPERT);
+            for (uint64_t i = 0; i < strides[p] * N_EXPERT; i++)
+                d[i] = (uint8_t)rng_below(r, 256);
+            w[p]->data = d;
+            w[p]->bytes = strides[p] * N_EXPERT;
+        }
+    }
+}
+
+/* Skewed routing: a few experts per layer are popular, so the cache both hits and evicts. */
+static int32_t pick_expert(struct rng *r)
+{
+    return rng_below(r, 3) ? (int32_t)rng_below(r, 5) : (int32_t)rng_below(r, N_EXPERT);
+}
+
+static void route(struct rng *r, int n_tok, int32_t *ids)
+{
+    for (int t = 0; t < n_tok; t++) {
+        for (int j = 0; j < K; j++) {
+            int32_t e;
+            bool dup;
+            do {
+                e = pick_expert(r);
+                dup = false;
+                for (int i = 0; i < j; i++)
+                    dup |= ids[t * K + i] == e;
+            } while (dup);
+            ids[t * K + j] = e;
+        }
+    }
+}
+
+/* One scenario: steps of a prompt (n_prompt tokens) then decode, served as the backend would. */
+static void scenario(const struct model *m, enum copy_mode mode, int zerocopy, int n_slots,
+                     int n_steps, uint64_t seed)
+{
+    static const char *mode_name[] = {"eager", "lazy", "random"};
+    void *compute = NULL;
+    struct expert_cache *c = NULL;
+    int32_t *ids_dev = NULL;
+    int bad = 0;
+    struct rng r;
+
+    g_mode = mode;
+    rng_seed(&g_rng, seed, 1);
+    rng_seed(&r, seed, 2);
+    CHECK(cuda_stream_create(&compute) == 0, "stream");
+    struct expert_cache_config cfg = {.n_slots = n_slots, .max_pairs = MAX_TOK * K};
+    int rc = expert_cache_open((struct model *)m, &cfg, compute, &c);
+    CHECK(rc == 0, "open: %s", err_msg());
+    if (rc)
+        return;
+    CHECK(cuda_malloc((void **)&ids_dev, sizeof(int32_t) * MAX_TOK * K) == 0, "ids");
+    for (int step = 0; step < n_steps && !rc; step++) {
+        int n_tok = step == 0 ? MAX_TOK : 1 + (int)rng_below(&r, 2);
+        for (int l = 0; l < N_LAYER && !rc; l++) {
+            /* the router's kernel writes the ids on the compute stream */
+            int32_t *routed = test_xmalloc(sizeof(int32_t) * MAX_TOK * K);
+            route(&r, n_tok, routed);
+            struct kernel_check *k = test_xmalloc(sizeof(*k));
+            k->m = m;
+            k->layer = l;
+            k->n_pairs = n_tok * K;
+            k->bad = &bad;
+            memcpy(k->ids, routed, sizeof(int32_t) * (size_t)n_tok * K);
+            cuda_h2d(ids_dev, k->ids, sizeof(int32_t) * (size_t)n_tok * K, compute);
+            free(routed);
+            /* the backend's rule: decode-sized calls take the chosen path, prefill copies */
+            rc = zerocopy && n_tok <= 16
+                     ? expert_cache_prepare_zerocopy(c, l, ids_dev, n_tok * K, &k->t)
+                     : expert_cache_prepare_copy(c, l, ids_dev, n_tok * K, &k->t);
+            CHECK(rc == 0, "prepare: %s", err_msg());
+            push(compute, (struct op){.kind = OP_CHECK, .check = kernel_read, .arg = k});
+        }
+        /* the logits read-back syncs the compute stream, then the step ends */
+        cuda_stream_sync(compute);
+        if (!rc)
+            rc = expert_cache_step_end(c);
+    }
+    cuda_stream_sync(compute);
+    uint64_t hits = 0, misses = 0, ev = 0, zc = 0;
+    for (int l = 0; l < N_LAYER; l++) {
+        const struct expert_cache_layer_stats *s = expert_cache_stats(c, l);
+        hits += s->hits;
+        misses += s->misses;
+        ev += s->evictions;
+        zc += s->bytes_zerocopy;
+    }
+    printf("%-8s %-6s %2d slots: %d wrong expert reads; %llu hits, %llu misses, %llu evictions, "
+           "%llu bytes read in place\n",
+           zerocopy ? "zerocopy" : "copy", mode_name[mode], n_slots, bad,
+           (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)ev,
+           (unsigned long long)zc);
+    CHECK(bad == 0, "%s, %s copies, %d slots: %d expert reads saw wrong bytes",
+          zerocopy ? "zerocopy" : "copy", mode_name[mode], n_slots, bad);
+    CHECK(misses > 0 && (n_slots >= N_LAYER * N_EXPERT || ev > 0), "the scenario never evicted");
+    expert_cache_close(c);
+    cuda_free(ids_dev);
+    cuda_stream_destroy(compute);
+}
+
+int main(void)
+{
+    struct model m;
+    static struct layer_weights layers[N_LAYER];
+    struct rng r;
+    uint64_t seed = test_seed("test_expert_cache");
+
+    rng_seed(&r, seed, 0);
+    make_model(&m, layers, &r);
+    setenv("STRATA_PIN_CHUNK", "4096", 1); /* copies straddle registrations */
+    static const int slots[] = {K + 1, 2 * K, 3 * K, N_LAYER * N_EXPERT};
+    for (int zc = 0; zc < 2; zc++)
+        for (int mode = 0; mode < 3; mode++)
+            for (size_t s = 0; s < sizeof(slots) / sizeof(slots[0]); s++)
+                scenario(&m, (enum copy_mode)mode, zc, slots[s], 40, seed + s);
+    for (int l = 0; l < N_LAYER; l++) {
+        free((void *)layers[l].gate_exps.data);
+        free((void *)layers[l].up_exps.data);
+        free((void *)layers[l].down_exps.data);
+    }
+    return test_finish("test_expert_cache");
+}
