@@ -114,9 +114,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         else if (!strcmp(a, "--bw-gib"))
             o->bw_gib = atof(v);
         else if (!strcmp(a, "--vram-budget")) {
-            if (budget_parse_size(v, &o->vram_budget) || !o->vram_budget) {
+            int bad = budget_parse_size(v, &o->vram_budget);
+            if (bad || !o->vram_budget) {
                 fprintf(stderr, "strata bench: --vram-budget: %s\n",
-                        o->vram_budget ? err_msg() : "must be positive");
+                        bad ? err_msg() : "must be positive");
                 return 2;
             }
             o->cuda = 1;

@@ -61,7 +61,8 @@ static void run_opts_usage(const char *cmd)
            "                          --device cuda)\n"
            "      --residency copy|zerocopy  how expert-cache misses are served in decode:\n"
            "                          copied into slots before the layer runs, or read in\n"
-           "                          place over PCIe and cached between tokens (default %s)\n"
+           "                          place over PCIe and cached between tokens (default %s;\n"
+           "                          copy measured faster, bench/residency.md)\n"
            "      --stats             print the expert cache's per-layer table at exit\n"
            "      --stats-json FILE   write that table as JSON\n"
            "      --bind              bind the CPU threads one per physical core (hwloc), on\n"
@@ -172,9 +173,10 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->device = v;
             o->device_set = true;
         } else if (IS("--vram-budget", NULL)) {
-            if (budget_parse_size(v, &o->vram_budget) || !o->vram_budget) {
+            int bad = budget_parse_size(v, &o->vram_budget);
+            if (bad || !o->vram_budget) {
                 fprintf(stderr, "strata %s: --vram-budget: %s\n", cmd,
-                        o->vram_budget ? err_msg() : "must be positive");
+                        bad ? err_msg() : "must be positive");
                 return 2;
             }
         } else if (IS("--residency", NULL)) {
