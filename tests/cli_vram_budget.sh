@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# --vram-budget and friends on the command line: bad values are refused with the reason and
+# exit code 2, before anything is loaded; --residency takes copy or zerocopy; without a GPU a
+# budget fails cleanly (exit 1, the CUDA reason named). The budget's effect is tested on the
+# GPU machine (test_cuda_residency).
+set -uo pipefail
+strata=$1
+fail() { echo "FAIL: $*"; exit 1; }
+expect() { # expect CODE PATTERN -- args...
+    local code=$1 pat=$2; shift 3
+    out=$("$strata" "$@" 2>&1); rc=$?
+    [ "$rc" = "$code" ] || fail "strata $* exited $rc, not $code: $out"
+    grep -q -- "$pat" <<<"$out" || fail "strata $*: no '$pat' in: $out"
+    echo "ok: strata $* -> $rc: $(head -1 <<<"$out")"
+}
+expect 2 "unknown unit 'X'" -- run --vram-budget 4X -p hi
+expect 2 "must be positive" -- run --vram-budget 0 -p hi
+expect 2 "needs --device cuda" -- run --device cpu --vram-budget 4G -p hi
+expect 2 "copy or zerocopy" -- run --residency fast -p hi
+expect 2 "unknown unit" -- bench -m x --vram-budget 12Q
+"$strata" run --help | grep -q -- "--vram-budget SIZE" || fail "run --help lacks --vram-budget"
+"$strata" bench --help | grep -q -- "--residency" || fail "bench --help lacks --residency"
+if "$strata" info 2>/dev/null | grep -q "^cuda: *none"; then
+    expect 1 "CUDA" -- run --vram-budget 4G -p hi -n 1
+fi
