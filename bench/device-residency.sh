@@ -28,6 +28,7 @@ for b in ${BUDGETS:-4G 8G 12G}; do
     for mode in ${MODES:-copy zerocopy}; do
         run -m $M --vram-budget $b --residency $mode -p 512 -n 128 --bw-gib 0.5 --tg random
     done
+    [ -n "${PREFETCH:-}" ] && run -m $M --vram-budget $b --prefetch -p 512 -n 128 --bw-gib 0.5 --tg random
 done
 if [ -n "${SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null; then
     timeout 300 compute-sanitizer --tool memcheck "$B/test_cuda_residency" >"$OUT/memcheck.log" 2>&1
@@ -43,5 +44,6 @@ if [ -n "${INFLATED:-}" ]; then
         for mode in copy zerocopy; do
             run -m $I --vram-budget $b --residency $mode -p 512 -n 128 --bw-gib 0.5 "${P[@]}" --stats-json "$OUT/stats-inflated-$b-$mode.json"
         done
+        [ -n "${PREFETCH:-}" ] && run -m $I --vram-budget $b --prefetch -p 512 -n 128 --bw-gib 0.5 "${P[@]}"
     done
 fi

@@ -60,6 +60,14 @@ struct expert_cache {
     void **tab_dev;
     uint8_t *dirty; /* (n_layer) the device copy is stale */
 
+    /* prefetch */
+    const int32_t *pred_dev; /* set by expert_cache_predict_next for the next prepare_copy */
+    int n_pred;
+    int32_t *pred_host;      /* pinned (max_pairs) */
+    void *pred_host_dev;
+    bool copies_pending;     /* copies enqueued that no compute work has waited for yet */
+    uint8_t *prefetched;     /* (n_layer * n_expert) admitted by prediction, not yet used */
+
     /* (b) */
     int32_t *ids_host; /* pinned (n_layer * max_pairs) */
     void *ids_host_dev;
@@ -285,7 +293,8 @@ int expert_cache_open(struct model *m, const struct expert_cache_config *cfg, vo
     c->n_pending_ids = malloc(sizeof(int) * (size_t)c->n_layer);
     c->seen = calloc((size_t)c->n_expert, sizeof(*c->seen));
     c->stats = calloc((size_t)c->n_layer, sizeof(*c->stats));
-    if (!c->lay || !c->dirty || !c->n_pending_ids || !c->seen || !c->stats) {
+    c->prefetched = calloc((size_t)c->n_layer * (size_t)c->n_expert, 1);
+    if (!c->lay || !c->dirty || !c->n_pending_ids || !c->seen || !c->stats || !c->prefetched) {
         rc = err_set(-ENOMEM, "out of memory");
         goto fail;
     }
@@ -302,6 +311,8 @@ int expert_cache_open(struct model *m, const struct expert_cache_config *cfg, vo
     rc = slru_open(&sc, &c->slru);
     rc = rc ? rc : cuda_host_alloc((void **)&c->tab_host, nt * sizeof(void *), &c->tab_host_dev);
     rc = rc ? rc : cuda_malloc((void **)&c->tab_dev, nt * sizeof(void *));
+    rc = rc ? rc : cuda_host_alloc((void **)&c->pred_host, sizeof(int32_t) * (size_t)c->max_pairs,
+                                   &c->pred_host_dev);
     rc = rc ? rc : cuda_host_alloc((void **)&c->ids_host,
                                    sizeof(int32_t) * (size_t)c->n_layer * (size_t)c->max_pairs,
                                    &c->ids_host_dev);
@@ -351,6 +362,7 @@ void expert_cache_close(struct expert_cache *c)
     cuda_host_free(c->pinned);
     cuda_host_free(c->tab_host);
     cuda_host_free(c->ids_host);
+    cuda_host_free(c->pred_host);
     cuda_free(c->tab_dev);
     cuda_event_destroy(c->copy_done);
     cuda_stream_destroy(c->copy);
@@ -365,6 +377,7 @@ void expert_cache_close(struct expert_cache *c)
     free(c->next);
     free(c->seen);
     free(c->stats);
+    free(c->prefetched);
     free(c);
 }
 
@@ -440,8 +453,10 @@ static int ec_admit(struct expert_cache *c, int l, int e, int *rc)
             *rc = err_set(s, "expert cache: admitting expert %d of layer %d failed", e, l);
         return -1;
     }
-    if (el >= 0)
+    if (el >= 0) {
         ec_point_host(c, el, ee);
+        c->prefetched[(size_t)el * c->n_expert + ee] = 0;
+    }
     c->slot_gen[s]++;
     for (int p = 0; p < P_N && !*rc; p++)
         *rc = ec_h2d(c, c->slot[s] + c->off[p],
@@ -486,7 +501,13 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
         if (rc)
             return rc;
     }
+    int n_pred = layer + 1 < c->n_layer && c->pred_dev ? c->n_pred : 0;
+    if (n_pred > c->max_pairs)
+        n_pred = c->max_pairs;
     rc = cuda_d2h(ids, ids_dev, sizeof(int32_t) * (size_t)n_pairs, c->compute);
+    if (!rc && n_pred)
+        rc = cuda_d2h(c->pred_host, c->pred_dev, sizeof(int32_t) * (size_t)n_pred, c->compute);
+    c->pred_dev = NULL;
     rc = rc ? rc : cuda_stream_sync(c->compute);
     if (rc)
         return err_set(rc, "expert cache: reading layer %d's routing back failed", layer);
@@ -497,6 +518,10 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
         if (e < 0 || e >= c->n_expert || c->seen[e] == c->stamp)
             continue; /* a bad id is the kernel's to report (NaN) */
         c->seen[e] = c->stamp;
+        uint8_t *pf = &c->prefetched[(size_t)layer * c->n_expert + e];
+        if (*pf && slru_peek(c->slru, layer, e) >= 0)
+            c->stats[layer].prefetch_used++;
+        *pf = 0;
         if (slru_lookup(c->slru, layer, e) >= 0) {
             if (!ec_in_slot(c, layer, e)) /* admitted by (b) and not yet switched */
                 c->stats[layer].bytes_zerocopy += ec_expert_bytes(c, layer);
@@ -511,14 +536,36 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
         }
     }
     rc = rc ? rc : ec_upload(c, layer);
-    if (!rc && copied) {
+    /* this layer's experts wait for every copy enqueued so far: its misses, and experts a
+     * prediction at the previous layer admitted, whose entries already point at their slots */
+    if (!rc && (copied || c->copies_pending)) {
         rc = cuda_event_record(c->copy_done, c->copy);
         rc = rc ? rc : cuda_stream_wait(c->compute, c->copy_done);
         if (rc)
             rc = err_set(rc, "expert cache: ordering layer %d after its copies failed", layer);
+        c->copies_pending = false;
+    }
+    /* then the predicted experts of the next layer start copying behind them */
+    for (int i = 0; i < n_pred && !rc; i++) {
+        int e = c->pred_host[i], next = layer + 1;
+        if (e < 0 || e >= c->n_expert || slru_peek(c->slru, next, e) >= 0)
+            continue;
+        int s = ec_admit(c, next, e, &rc);
+        if (s < 0)
+            continue;
+        ec_point_slot(c, next, e, s);
+        c->prefetched[(size_t)next * c->n_expert + e] = 1;
+        c->stats[next].prefetched++;
+        c->copies_pending = true;
     }
     ec_tables(c, layer, t);
     return rc;
+}
+
+void expert_cache_predict_next(struct expert_cache *c, const int32_t *pred_dev, int n)
+{
+    c->pred_dev = pred_dev;
+    c->n_pred = n;
 }
 
 int expert_cache_prepare_zerocopy(struct expert_cache *c, int layer, const int32_t *ids_dev,
@@ -534,6 +581,11 @@ int expert_cache_prepare_zerocopy(struct expert_cache *c, int layer, const int32
             return rc;
     }
     rc = ec_upload(c, layer);
+    if (!rc && c->copies_pending) { /* a prediction's copies (copy path) must land first */
+        rc = cuda_event_record(c->copy_done, c->copy);
+        rc = rc ? rc : cuda_stream_wait(c->compute, c->copy_done);
+        c->copies_pending = false;
+    }
     rc = rc ? rc
             : cuda_d2h(c->ids_host + (size_t)layer * c->max_pairs, ids_dev,
                        sizeof(int32_t) * (size_t)n_pairs, c->compute);
@@ -624,16 +676,17 @@ void expert_cache_print_stats(const struct expert_cache *c, FILE *f)
 {
     struct expert_cache_layer_stats tot = {0};
     fprintf(f, "expert cache: %d slots of %.2f MiB\n", c->n_slots, c->slot_bytes / 1048576.0);
-    fprintf(f, "%5s %6s %10s %10s %7s %10s %10s %10s %12s %12s\n", "layer", "slots", "hits",
-            "misses", "hit%", "promoted", "evicted", "admitted", "streamed MB", "zero-copy MB");
+    fprintf(f, "%5s %6s %10s %10s %7s %10s %10s %10s %12s %12s %11s\n", "layer", "slots", "hits",
+            "misses", "hit%", "promoted", "evicted", "admitted", "streamed MB", "zero-copy MB",
+            "prefetch/used");
     for (int l = 0; l < c->n_layer; l++) {
         const struct expert_cache_layer_stats *s = expert_cache_stats(c, l);
         uint64_t acc = s->hits + s->misses;
         fprintf(f, "%5d %6d %10" PRIu64 " %10" PRIu64 " %6.1f%% %10" PRIu64 " %10" PRIu64
-                   " %10" PRIu64 " %12.1f %12.1f\n",
+                   " %10" PRIu64 " %12.1f %12.1f %6" PRIu64 "/%-6" PRIu64 "\n",
                 l, slru_layer_held(c->slru, l), s->hits, s->misses,
                 acc ? 100.0 * s->hits / acc : 0.0, s->promotions, s->evictions, s->admissions,
-                s->bytes_copied / 1e6, s->bytes_zerocopy / 1e6);
+                s->bytes_copied / 1e6, s->bytes_zerocopy / 1e6, s->prefetched, s->prefetch_used);
         tot.hits += s->hits;
         tot.misses += s->misses;
         tot.promotions += s->promotions;
@@ -641,13 +694,15 @@ void expert_cache_print_stats(const struct expert_cache *c, FILE *f)
         tot.admissions += s->admissions;
         tot.bytes_copied += s->bytes_copied;
         tot.bytes_zerocopy += s->bytes_zerocopy;
+        tot.prefetched += s->prefetched;
+        tot.prefetch_used += s->prefetch_used;
     }
     uint64_t acc = tot.hits + tot.misses;
     fprintf(f, "%5s %6d %10" PRIu64 " %10" PRIu64 " %6.1f%% %10" PRIu64 " %10" PRIu64
-               " %10" PRIu64 " %12.1f %12.1f\n",
+               " %10" PRIu64 " %12.1f %12.1f %6" PRIu64 "/%-6" PRIu64 "\n",
             "all", c->n_slots, tot.hits, tot.misses, acc ? 100.0 * tot.hits / acc : 0.0,
             tot.promotions, tot.evictions, tot.admissions, tot.bytes_copied / 1e6,
-            tot.bytes_zerocopy / 1e6);
+            tot.bytes_zerocopy / 1e6, tot.prefetched, tot.prefetch_used);
 }
 
 int expert_cache_write_stats_json(const struct expert_cache *c, const char *path)
@@ -663,9 +718,11 @@ int expert_cache_write_stats_json(const struct expert_cache *c, const char *path
                 "%s\n  {\"layer\": %d, \"slots\": %d, \"hits\": %" PRIu64 ", \"misses\": %" PRIu64
                 ", \"promotions\": %" PRIu64 ", \"evictions\": %" PRIu64
                 ", \"admissions\": %" PRIu64 ", \"bytes_streamed\": %" PRIu64
-                ", \"bytes_zero_copy\": %" PRIu64 "}",
+                ", \"bytes_zero_copy\": %" PRIu64 ", \"prefetched\": %" PRIu64
+                ", \"prefetch_used\": %" PRIu64 "}",
                 l ? "," : "", l, slru_layer_held(c->slru, l), s->hits, s->misses, s->promotions,
-                s->evictions, s->admissions, s->bytes_copied, s->bytes_zerocopy);
+                s->evictions, s->admissions, s->bytes_copied, s->bytes_zerocopy, s->prefetched,
+                s->prefetch_used);
     }
     fprintf(f, "\n]}\n");
     if (fclose(f))

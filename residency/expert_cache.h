@@ -45,6 +45,8 @@ struct expert_cache_config {
 
 struct expert_cache_layer_stats {
     uint64_t hits, misses, promotions, evictions, admissions;
+    uint64_t prefetched;      /* admitted ahead of the layer's routing (prediction) */
+    uint64_t prefetch_used;   /* of those, looked up by the layer before being evicted */
     uint64_t bytes_copied;    /* streamed into slots */
     uint64_t bytes_zerocopy;  /* read in place from host memory by the kernels */
 };
@@ -75,6 +77,14 @@ struct expert_tables {
  * compute stream wait for the copies. *t is then valid for the layer's expert kernels. */
 int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *ids_dev,
                               int n_pairs, struct expert_tables *t);
+
+/* Prefetch (copy path only): before expert_cache_prepare_copy of layer l, the caller may pass
+ * the experts it predicts for layer l + 1 (pred_dev, n device ids, written on the compute
+ * stream; e.g. layer l+1's router applied to layer l's input). prepare_copy reads them back with
+ * its own ids, and once layer l's misses are enqueued it admits the predicted experts of l + 1
+ * that are not resident (never evicting layer l's or l + 2's), copying them while layer l
+ * computes. Layer l + 1's experts then wait for those copies only if they have not landed. */
+void expert_cache_predict_next(struct expert_cache *c, const int32_t *pred_dev, int n);
 
 /* (b): enqueues the read-back of the layer's ids (no wait) and returns the tables as they are;
  * the accounting happens at expert_cache_step_end. */

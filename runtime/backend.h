@@ -108,6 +108,8 @@ struct backend_cuda_config {
     int expert_slots;     /* > 0: exactly this many expert slots (tests), experts in host
                            * memory; overrides the budget's count */
     enum backend_residency residency; /* for decode-sized calls; prefill always copies */
+    bool prefetch;        /* copy path: predict layer l+1's experts with its router applied to
+                           * layer l's input and stream them while layer l computes */
     FILE *log;            /* set-up reports (host path, slots, shrinking), NULL = quiet */
 };
 

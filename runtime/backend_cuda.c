@@ -44,6 +44,9 @@ struct backend_cuda {
     bool offload;             /* experts stay in host memory, served by cache */
     struct expert_cache *cache;
     enum backend_residency residency;
+    bool prefetch;
+    int32_t *pred_ids;        /* (MAX_TOK, k) predicted experts of the next layer */
+    float *pred_w;
     uint64_t budget;          /* 0 = no cap */
 };
 
@@ -194,6 +197,24 @@ static int cuda_add_op(struct backend *b, float *x, const float *y, size_t n)
     return rc ? cuda_fail(rc, "add") : 0;
 }
 
+/* The next layer's router applied to this layer's MoE input: its likely experts, for the
+ * cache to start streaming (reuses router_logits: this layer's top-k is already taken). */
+static int cuda_predict_next(struct backend *b, const struct moe_args *ma, const float *in, int nt)
+{
+    struct backend_cuda *c = cuda_of(b);
+    const struct model_hparams *hp = ma->hp;
+    int rc = cuda_matmul_op(b, c->router_logits, &c->model->layers[ma->layer + 1].router, in, nt);
+    struct cuda_topk_args tk = {
+        .logits = c->router_logits, .n_tok = nt, .n_expert = (int)hp->n_expert,
+        .k = (int)hp->n_expert_used, .ids = c->pred_ids, .w = c->pred_w, .stream = c->stream,
+    };
+    rc = rc ? rc : cuda_softmax_topk(&tk);
+    if (rc)
+        return cuda_fail(rc, "predicting the next layer's experts");
+    expert_cache_predict_next(c->cache, c->pred_ids, nt * (int)hp->n_expert_used);
+    return 0;
+}
+
 static int cuda_moe_ffn_op(struct backend *b, const struct moe_args *ma)
 {
     struct backend_cuda *c = cuda_of(b);
@@ -217,9 +238,14 @@ static int cuda_moe_ffn_op(struct backend *b, const struct moe_args *ma)
         struct expert_tables tab = {0};
         if (!rc && c->cache) {
             int pairs = nt * (int)hp->n_expert_used;
-            rc = c->residency == BACKEND_RESIDENCY_ZEROCOPY && nt <= CUDA_BACKEND_ZEROCOPY_MAX_TOK
-                     ? expert_cache_prepare_zerocopy(c->cache, ma->layer, c->route_ids, pairs, &tab)
-                     : expert_cache_prepare_copy(c->cache, ma->layer, c->route_ids, pairs, &tab);
+            bool zc = c->residency == BACKEND_RESIDENCY_ZEROCOPY &&
+                      nt <= CUDA_BACKEND_ZEROCOPY_MAX_TOK;
+            if (!zc && c->prefetch && ma->layer + 1 < (int)hp->n_layer)
+                rc = cuda_predict_next(b, ma, in, nt);
+            if (!rc)
+                rc = zc ? expert_cache_prepare_zerocopy(c->cache, ma->layer, c->route_ids, pairs,
+                                                        &tab)
+                        : expert_cache_prepare_copy(c->cache, ma->layer, c->route_ids, pairs, &tab);
             if (rc)
                 break;
         }
@@ -275,6 +301,8 @@ static void cuda_close_op(struct backend *b)
     cuda_free(c->route_ids);
     cuda_free(c->route_w);
     cuda_free(c->moe_scratch);
+    cuda_free(c->pred_ids);
+    cuda_free(c->pred_w);
     cuda_stream_destroy(c->stream);
     free(c);
 }
@@ -352,6 +380,11 @@ static int cuda_buffers(struct backend_cuda *c)
     rc = rc ? rc : cuda_malloc((void **)&c->route_ids, sizeof(int32_t) * t * k);
     rc = rc ? rc : cuda_malloc((void **)&c->route_w, sizeof(float) * t * k);
     rc = rc ? rc : cuda_malloc(&c->moe_scratch, c->moe_scratch_bytes);
+    if (c->prefetch) {
+        rc = rc ? rc : cuda_malloc((void **)&c->pred_ids, sizeof(int32_t) * t * k);
+        rc = rc ? rc : cuda_malloc((void **)&c->pred_w, sizeof(float) * t * k);
+        c->alloc_bytes += t * k * (sizeof(int32_t) + sizeof(float));
+    }
     if (rc)
         return err_set(rc, "cuda backend: cannot allocate the scratch buffers");
     c->alloc_bytes += c->mm_scratch_bytes + c->attn_scratch_bytes + c->moe_scratch_bytes +
@@ -389,6 +422,7 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
     c->budget = cfg ? cfg->vram_budget : 0;
     c->offload = cfg && (cfg->vram_budget || cfg->expert_slots > 0);
     c->residency = cfg ? cfg->residency : BACKEND_RESIDENCY_COPY;
+    c->prefetch = cfg && cfg->prefetch && c->offload;
     model_weights_each(m, cuda_weight_upload, c);
     rc = c->rc ? c->rc : cuda_buffers(c);
     rc = rc ? rc : cuda_stream_sync(c->stream);

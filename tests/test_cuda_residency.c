@@ -1,7 +1,8 @@
 /* cuda residency (issue 5): with experts in pinned host memory and a VRAM slot pool far too
  * small to hold them, every logit must be bit-identical to the all-resident run, in both ways
  * of serving misses (copy into slots; read in place and cache between tokens), with the model
- * mapped and with --no-mmap's copy, while the pool evicts on every token. Also: a budget the
+ * mapped and with --no-mmap's copy, while the pool evicts on every token; the copy path also
+ * with --prefetch (the next layer's predicted experts streamed ahead). Also: a budget the
  * trunk cannot fit in is refused with the shortfall named, and a budget that fits gives a
  * pool. Host memory is pinned in 64 KiB pieces here (STRATA_PIN_CHUNK), so expert copies
  * straddle registrations as they do in 1 GiB pieces on real models. Models: the `tiny` preset widened to 4 layers of 16 experts (top-4), f32 and q4_k_m.
@@ -78,16 +79,17 @@ static void exact(const char *path, const int32_t *prompt)
     int nv = (int)m->hp.n_vocab, n_keys = (int)(m->hp.n_layer * m->hp.n_expert);
     int k = (int)m->hp.n_expert_used;
     model_close(m);
-    static const char *mode_name[] = {"copy", "zerocopy"};
+    static const char *mode_name[] = {"copy", "zerocopy", "copy+prefetch"};
     const int slots[] = {k + 1, 2 * k, n_keys / 3};
-    for (int mode = 0; mode < 2; mode++) {
+    for (int mode = 0; mode < 3; mode++) {
         for (size_t si = 0; si < sizeof(slots) / sizeof(slots[0]); si++) {
             for (int no_mmap = 0; no_mmap < 2; no_mmap++) {
                 if (no_mmap && si)
                     continue;
                 struct backend_cuda_config cc = {
                     .device = 0, .expert_slots = slots[si],
-                    .residency = (enum backend_residency)mode,
+                    .residency = mode == 1 ? BACKEND_RESIDENCY_ZEROCOPY : BACKEND_RESIDENCY_COPY,
+                    .prefetch = mode == 2,
                 };
                 struct run r = {0};
                 int rc = run_model(path, &cc, no_mmap, prompt, &r);
@@ -100,7 +102,7 @@ static void exact(const char *path, const int32_t *prompt)
                     if (memcmp(&r.logits[i], &ref.logits[i], sizeof(float)))
                         first = i;
                 uint64_t acc = r.tot.hits + r.tot.misses;
-                printf("%s: %-8s %3d slots%s: %s; hit rate %.1f%%, %llu evictions, %.2f MB "
+                printf("%s: %-13s %3d slots%s: %s; hit rate %.1f%%, %llu evictions, %.2f MB "
                        "copied, %.2f MB read in place\n",
                        path, mode_name[mode], r.tot.slots, no_mmap ? " (--no-mmap)" : "",
                        first == n ? "logits bit-identical" : "LOGITS DIFFER",

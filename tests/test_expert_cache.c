@@ -6,7 +6,8 @@
  * eagerly, lazily (only when waited for), or interleaved at random with the compute stream's,
  * so a table entry that points at a slot before its copy has landed, or a slot overwritten
  * while an entry still points at it, shows up as wrong bytes. Both ways of serving misses
- * (copy, zerocopy) and mixes of them (prefill-sized calls take the copy path), with host
+ * (copy, zerocopy) and mixes of them (prefill-sized calls take the copy path), with and
+ * without a (partly wrong) prediction of the next layer's experts prefetched, with host
  * memory registered in pieces small enough that copies straddle them. */
 #include <errno.h>
 #include <stdbool.h>
@@ -322,13 +323,14 @@ static void route(struct rng *r, int n_tok, int32_t *ids)
 }
 
 /* One scenario: steps of a prompt (n_prompt tokens) then decode, served as the backend would. */
-static void scenario(const struct model *m, enum copy_mode mode, int zerocopy, int n_slots,
-                     int n_steps, uint64_t seed)
+static void scenario(const struct model *m, enum copy_mode mode, int zerocopy, int prefetch,
+                     int n_slots, int n_steps, uint64_t seed)
 {
     static const char *mode_name[] = {"eager", "lazy", "random"};
     void *compute = NULL;
     struct expert_cache *c = NULL;
-    int32_t *ids_dev = NULL;
+    int32_t *ids_dev = NULL, *pred_dev = NULL;
+    static int32_t routed[N_LAYER][MAX_TOK * K], pred[MAX_TOK * K];
     int bad = 0;
     struct rng r;
 
@@ -342,22 +344,30 @@ static void scenario(const struct model *m, enum copy_mode mode, int zerocopy, i
     if (rc)
         return;
     CHECK(cuda_malloc((void **)&ids_dev, sizeof(int32_t) * MAX_TOK * K) == 0, "ids");
+    CHECK(cuda_malloc((void **)&pred_dev, sizeof(int32_t) * MAX_TOK * K) == 0, "pred");
     for (int step = 0; step < n_steps && !rc; step++) {
         int n_tok = step == 0 ? MAX_TOK : 1 + (int)rng_below(&r, 2);
+        for (int l = 0; l < N_LAYER; l++)
+            route(&r, n_tok, routed[l]);
         for (int l = 0; l < N_LAYER && !rc; l++) {
             /* the router's kernel writes the ids on the compute stream */
-            int32_t *routed = test_xmalloc(sizeof(int32_t) * MAX_TOK * K);
-            route(&r, n_tok, routed);
             struct kernel_check *k = test_xmalloc(sizeof(*k));
             k->m = m;
             k->layer = l;
             k->n_pairs = n_tok * K;
             k->bad = &bad;
-            memcpy(k->ids, routed, sizeof(int32_t) * (size_t)n_tok * K);
+            memcpy(k->ids, routed[l], sizeof(int32_t) * (size_t)n_tok * K);
             cuda_h2d(ids_dev, k->ids, sizeof(int32_t) * (size_t)n_tok * K, compute);
-            free(routed);
+            bool copy_path = !zerocopy || n_tok > 16;
+            if (prefetch && copy_path && l + 1 < N_LAYER) {
+                /* a prediction of the next layer: mostly right, some wrong */
+                for (int i = 0; i < n_tok * K; i++)
+                    pred[i] = rng_below(&r, 4) ? routed[l + 1][i] : (int32_t)rng_below(&r, N_EXPERT);
+                cuda_h2d(pred_dev, pred, sizeof(int32_t) * (size_t)n_tok * K, compute);
+                expert_cache_predict_next(c, pred_dev, n_tok * K);
+            }
             /* the backend's rule: decode-sized calls take the chosen path, prefill copies */
-            rc = zerocopy && n_tok <= 16
+            rc = !copy_path
                      ? expert_cache_prepare_zerocopy(c, l, ids_dev, n_tok * K, &k->t)
                      : expert_cache_prepare_copy(c, l, ids_dev, n_tok * K, &k->t);
             CHECK(rc == 0, "prepare: %s", err_msg());
@@ -369,24 +379,29 @@ static void scenario(const struct model *m, enum copy_mode mode, int zerocopy, i
             rc = expert_cache_step_end(c);
     }
     cuda_stream_sync(compute);
-    uint64_t hits = 0, misses = 0, ev = 0, zc = 0;
+    uint64_t hits = 0, misses = 0, ev = 0, zc = 0, pf = 0, pfu = 0;
     for (int l = 0; l < N_LAYER; l++) {
         const struct expert_cache_layer_stats *s = expert_cache_stats(c, l);
         hits += s->hits;
         misses += s->misses;
         ev += s->evictions;
         zc += s->bytes_zerocopy;
+        pf += s->prefetched;
+        pfu += s->prefetch_used;
     }
-    printf("%-8s %-6s %2d slots: %d wrong expert reads; %llu hits, %llu misses, %llu evictions, "
-           "%llu bytes read in place\n",
-           zerocopy ? "zerocopy" : "copy", mode_name[mode], n_slots, bad,
-           (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)ev,
-           (unsigned long long)zc);
+    printf("%-8s%s %-6s %2d slots: %d wrong expert reads; %llu hits, %llu misses, %llu "
+           "evictions, %llu bytes read in place, %llu prefetched (%llu used)\n",
+           zerocopy ? "zerocopy" : "copy", prefetch ? "+pf" : "   ", mode_name[mode], n_slots,
+           bad, (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)ev,
+           (unsigned long long)zc, (unsigned long long)pf, (unsigned long long)pfu);
+    if (prefetch && !zerocopy)
+        CHECK(pf > 0, "nothing was prefetched");
     CHECK(bad == 0, "%s, %s copies, %d slots: %d expert reads saw wrong bytes",
           zerocopy ? "zerocopy" : "copy", mode_name[mode], n_slots, bad);
     CHECK(misses > 0 && (n_slots >= N_LAYER * N_EXPERT || ev > 0), "the scenario never evicted");
     expert_cache_close(c);
     cuda_free(ids_dev);
+    cuda_free(pred_dev);
     cuda_stream_destroy(compute);
 }
 
@@ -402,9 +417,10 @@ int main(void)
     setenv("STRATA_PIN_CHUNK", "4096", 1); /* copies straddle registrations */
     static const int slots[] = {K + 1, 2 * K, 3 * K, N_LAYER * N_EXPERT};
     for (int zc = 0; zc < 2; zc++)
-        for (int mode = 0; mode < 3; mode++)
-            for (size_t s = 0; s < sizeof(slots) / sizeof(slots[0]); s++)
-                scenario(&m, (enum copy_mode)mode, zc, slots[s], 40, seed + s);
+        for (int pf = 0; pf < 2; pf++)
+            for (int mode = 0; mode < 3; mode++)
+                for (size_t s = 0; s < sizeof(slots) / sizeof(slots[0]); s++)
+                    scenario(&m, (enum copy_mode)mode, zc, pf, slots[s], 40, seed + s);
     for (int l = 0; l < N_LAYER; l++) {
         free((void *)layers[l].gate_exps.data);
         free((void *)layers[l].up_exps.data);

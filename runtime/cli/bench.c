@@ -37,6 +37,7 @@ struct bench_opts {
     uint64_t vram_budget; /* --vram-budget */
     int residency;        /* --residency */
     int stats;            /* --stats */
+    int prefetch;         /* --prefetch */
     const char *stats_json;
     const char *prompt_file; /* -f: prompt text instead of random ids */
     int tg_greedy;           /* --tg greedy: decode feeds back the argmax */
@@ -68,6 +69,7 @@ static void bench_usage(void)
            "                        hit rate and streamed GB/s against the pinned H2D\n"
            "                        bandwidth measured in the same run\n"
            "      --residency copy|zerocopy  how decode serves cache misses (default copy)\n"
+           "      --prefetch        stream the experts the next layer's router predicts\n"
            "      --stats           print the expert cache's per-layer table\n"
            "      --stats-json FILE write it as JSON\n");
 }
@@ -95,6 +97,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         }
         if (!strcmp(a, "--stats")) {
             o->stats = 1;
+            continue;
+        }
+        if (!strcmp(a, "--prefetch")) {
+            o->prefetch = 1;
             continue;
         }
         if (!v) {
@@ -222,7 +228,8 @@ int cmd_bench(int argc, char **argv)
     t_copy = generate_now() - t_copy;
     struct backend_cuda_config cc = {
         .device = 0, .vram_budget = o.vram_budget, .n_ctx = o.n_prompt + o.n_gen + 1,
-        .max_tok = o.n_prompt, .residency = (enum backend_residency)o.residency, .log = stderr,
+        .max_tok = o.n_prompt, .residency = (enum backend_residency)o.residency,
+        .prefetch = o.prefetch != 0, .log = stderr,
     };
     int brc = o.cuda ? backend_cuda_open(m, &cc, &b) : backend_cpu_open(m, &bc, &b);
     struct backend *core = b; /* b may become the profiling wrapper around it */

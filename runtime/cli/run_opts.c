@@ -63,6 +63,9 @@ static void run_opts_usage(const char *cmd)
            "                          copied into slots before the layer runs, or read in\n"
            "                          place over PCIe and cached between tokens (default %s;\n"
            "                          copy measured faster, bench/residency.md)\n"
+           "      --prefetch          with --vram-budget: stream the experts layer l+1's router\n"
+           "                          picks from layer l's input while layer l computes (not\n"
+           "                          yet measured on a GPU; off by default)\n"
            "      --stats             print the expert cache's per-layer table at exit\n"
            "      --stats-json FILE   write that table as JSON\n"
            "      --bind              bind the CPU threads one per physical core (hwloc), on\n"
@@ -157,6 +160,8 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->verbose = true, used = 0;
         } else if (IS("--stats", NULL)) {
             o->stats = true, used = 0;
+        } else if (IS("--prefetch", NULL)) {
+            o->prefetch = true, used = 0;
         } else if (!v) {
             fprintf(stderr, "strata %s: %s needs a value (or is unknown; see --help)\n", cmd,
                     arg);
@@ -297,7 +302,7 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
     run_opts_residency(o->residency, "run", &mode);
     struct backend_cuda_config cc = {
         .device = 0, .vram_budget = o->vram_budget, .n_ctx = o->n_ctx, .max_tok = o->n_batch,
-        .residency = (enum backend_residency)mode, .log = stderr,
+        .residency = (enum backend_residency)mode, .prefetch = o->prefetch, .log = stderr,
     };
     s->stats = o->stats;
     s->stats_json = o->stats_json;

@@ -27,6 +27,7 @@ struct run_opts {
     uint64_t vram_budget;  /* --vram-budget, 0 = none */
     const char *residency; /* --residency copy|zerocopy */
     bool stats;            /* --stats */
+    bool prefetch;         /* --prefetch */
     const char *stats_json; /* --stats-json FILE */
     struct generate_config gen;
 };
