@@ -49,6 +49,7 @@ struct expert_cache {
 
     /* slots */
     void **chunks;
+    int *chunk_first, *chunk_n; /* the slots of each chunk */
     int n_chunks;
     uint8_t **slot;
     uint32_t *slot_gen; /* (n_slots) admissions into each slot so far */
@@ -237,7 +238,9 @@ static int ec_slots(struct expert_cache *c, const struct expert_cache_config *cf
     c->slot = calloc(want, sizeof(*c->slot));
     c->slot_gen = calloc(want, sizeof(*c->slot_gen));
     c->chunks = calloc(want, sizeof(*c->chunks));
-    if (!c->slot || !c->chunks || !c->slot_gen)
+    c->chunk_first = calloc(want, sizeof(*c->chunk_first));
+    c->chunk_n = calloc(want, sizeof(*c->chunk_n));
+    if (!c->slot || !c->chunks || !c->slot_gen || !c->chunk_first || !c->chunk_n)
         return err_set(-ENOMEM, "out of memory");
     uint64_t got = 0;
     int per = SLOTS_PER_ALLOC;
@@ -251,6 +254,8 @@ static int ec_slots(struct expert_cache *c, const struct expert_cache_config *cf
             }
             break;
         }
+        c->chunk_first[c->n_chunks] = (int)got;
+        c->chunk_n[c->n_chunks] = n;
         c->chunks[c->n_chunks++] = p;
         for (int i = 0; i < n; i++)
             c->slot[got + i] = (uint8_t *)p + (size_t)i * c->slot_bytes;
@@ -368,6 +373,8 @@ void expert_cache_close(struct expert_cache *c)
     cuda_stream_destroy(c->copy);
     slru_close(c->slru);
     free(c->chunks);
+    free(c->chunk_first);
+    free(c->chunk_n);
     free(c->slot);
     free(c->slot_gen);
     free(c->lay);
@@ -383,7 +390,7 @@ void expert_cache_close(struct expert_cache *c)
 
 int expert_cache_slots(const struct expert_cache *c)
 {
-    return c->n_slots;
+    return slru_live_slots(c->slru);
 }
 
 uint64_t expert_cache_slot_bytes(const struct expert_cache *c)
@@ -393,7 +400,7 @@ uint64_t expert_cache_slot_bytes(const struct expert_cache *c)
 
 uint64_t expert_cache_vram_bytes(const struct expert_cache *c)
 {
-    return (uint64_t)c->n_slots * c->slot_bytes +
+    return (uint64_t)slru_live_slots(c->slru) * c->slot_bytes +
            (uint64_t)c->n_layer * P_N * c->n_expert * sizeof(void *);
 }
 
@@ -675,7 +682,8 @@ const struct expert_cache_layer_stats *expert_cache_stats(const struct expert_ca
 void expert_cache_print_stats(const struct expert_cache *c, FILE *f)
 {
     struct expert_cache_layer_stats tot = {0};
-    fprintf(f, "expert cache: %d slots of %.2f MiB\n", c->n_slots, c->slot_bytes / 1048576.0);
+    fprintf(f, "expert cache: %d slots of %.2f MiB\n", expert_cache_slots(c),
+            c->slot_bytes / 1048576.0);
     fprintf(f, "%5s %6s %10s %10s %7s %10s %10s %10s %12s %12s %11s\n", "layer", "slots", "hits",
             "misses", "hit%", "promoted", "evicted", "admitted", "streamed MB", "zero-copy MB",
             "prefetch/used");
@@ -700,7 +708,7 @@ void expert_cache_print_stats(const struct expert_cache *c, FILE *f)
     uint64_t acc = tot.hits + tot.misses;
     fprintf(f, "%5s %6d %10" PRIu64 " %10" PRIu64 " %6.1f%% %10" PRIu64 " %10" PRIu64
                " %10" PRIu64 " %12.1f %12.1f %6" PRIu64 "/%-6" PRIu64 "\n",
-            "all", c->n_slots, tot.hits, tot.misses, acc ? 100.0 * tot.hits / acc : 0.0,
+            "all", expert_cache_slots(c), tot.hits, tot.misses, acc ? 100.0 * tot.hits / acc : 0.0,
             tot.promotions, tot.evictions, tot.admissions, tot.bytes_copied / 1e6,
             tot.bytes_zerocopy / 1e6, tot.prefetched, tot.prefetch_used);
 }
@@ -710,8 +718,8 @@ int expert_cache_write_stats_json(const struct expert_cache *c, const char *path
     FILE *f = fopen(path, "w");
     if (!f)
         return err_set(-errno, "%s: %s", path, strerror(errno));
-    fprintf(f, "{\"slots\": %d, \"slot_bytes\": %" PRIu64 ", \"layers\": [", c->n_slots,
-            c->slot_bytes);
+    fprintf(f, "{\"slots\": %d, \"slot_bytes\": %" PRIu64 ", \"layers\": [",
+            expert_cache_slots(c), c->slot_bytes);
     for (int l = 0; l < c->n_layer; l++) {
         const struct expert_cache_layer_stats *s = expert_cache_stats(c, l);
         fprintf(f,
@@ -728,4 +736,36 @@ int expert_cache_write_stats_json(const struct expert_cache *c, const char *path
     if (fclose(f))
         return err_set(-EIO, "%s: write failed", path);
     return 0;
+}
+
+int expert_cache_shrink(struct expert_cache *c, uint64_t bytes)
+{
+    int freed = 0;
+    uint64_t got = 0;
+    /* nothing may be copying into or reading from the memory about to go */
+    int rc = cuda_stream_sync(c->compute);
+    rc = rc ? rc : cuda_stream_sync(c->copy);
+    if (rc)
+        return err_set(rc, "expert cache: sync before shrinking failed");
+    c->copies_pending = false;
+    while (c->n_chunks > 0 && got < bytes) {
+        int i = c->n_chunks - 1;
+        for (int s = c->chunk_first[i]; s < c->chunk_first[i] + c->chunk_n[i]; s++) {
+            int el, ee;
+            if (slru_retire(c->slru, s, &el, &ee))
+                continue;
+            if (el >= 0) {
+                ec_point_host(c, el, ee);
+                c->prefetched[(size_t)el * c->n_expert + ee] = 0;
+            }
+            c->slot_gen[s]++; /* a pending switch to this slot must not happen */
+            c->slot[s] = NULL;
+        }
+        cuda_free(c->chunks[i]);
+        c->chunks[i] = NULL;
+        c->n_chunks--;
+        freed += c->chunk_n[i];
+        got += (uint64_t)c->chunk_n[i] * c->slot_bytes;
+    }
+    return freed;
 }

@@ -60,11 +60,17 @@ int expert_cache_open(struct model *m, const struct expert_cache_config *cfg, vo
                       struct expert_cache **out);
 void expert_cache_close(struct expert_cache *c);
 
-/* Slots in the pool, and bytes of one slot. */
+/* Slots in the pool (after any shrinking), and bytes of one slot. */
 int expert_cache_slots(const struct expert_cache *c);
 uint64_t expert_cache_slot_bytes(const struct expert_cache *c);
 /* VRAM the cache holds (slots and tables). */
 uint64_t expert_cache_vram_bytes(const struct expert_cache *c);
+
+/* Gives back whole slot chunks (the most recently allocated first) until at least `bytes` of
+ * VRAM are free or no slot is left: their experts go back to being read from host memory. For
+ * an allocation that failed after the pool was made. Syncs both streams. The number of slots
+ * given up (0 when none were left), or -errno. */
+int expert_cache_shrink(struct expert_cache *c, uint64_t bytes);
 
 /* The device pointer tables of a layer: (n_expert) each. */
 struct expert_tables {

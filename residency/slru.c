@@ -10,6 +10,7 @@ struct slru_slot {
     int32_t prev, next;    /* links in its segment list (toward MRU / toward LRU), -1 ends */
     uint8_t seg;           /* enum slru_seg */
     bool pinned;
+    bool retired;          /* out of the pool for good */
     uint64_t used;         /* step in which it was last looked up or admitted */
 };
 
@@ -30,6 +31,7 @@ struct slru {
     struct slru_layer_stats *stats; /* (n_layer) */
     struct slru_list prob, prot;
     uint64_t step;                  /* current step, starts at 1 */
+    int n_retired;
 };
 
 static struct slru_list *slru_list_of(struct slru *c, int seg)
@@ -68,6 +70,13 @@ static void slru_push_head(struct slru *c, int s, int seg)
     l->n++;
 }
 
+/* The protected cap and the fair share of a pool of n live slots. */
+static void slru_size_caps(struct slru *c, int n)
+{
+    c->prot_cap = n * (c->cfg.protected_pct ? c->cfg.protected_pct : 50) / 100;
+    c->fair = n / c->cfg.n_layer > 0 ? n / c->cfg.n_layer : 1;
+}
+
 int slru_open(const struct slru_config *cfg, struct slru **out)
 {
     struct slru *c;
@@ -81,8 +90,7 @@ int slru_open(const struct slru_config *cfg, struct slru **out)
     if (!c)
         return -ENOMEM;
     c->cfg = *cfg;
-    c->prot_cap = cfg->n_slots * (cfg->protected_pct ? cfg->protected_pct : 50) / 100;
-    c->fair = cfg->n_slots / cfg->n_layer > 0 ? cfg->n_slots / cfg->n_layer : 1;
+    slru_size_caps(c, cfg->n_slots);
     c->slots = calloc((size_t)cfg->n_slots, sizeof(*c->slots));
     c->map = malloc(keys * sizeof(*c->map));
     c->free_stack = malloc((size_t)cfg->n_slots * sizeof(*c->free_stack));
@@ -249,6 +257,43 @@ int slru_pin(struct slru *c, int layer, int expert)
     return 0;
 }
 
+int slru_retire(struct slru *c, int slot, int *ev_layer, int *ev_expert)
+{
+    *ev_layer = *ev_expert = -1;
+    if (slot < 0 || slot >= c->cfg.n_slots)
+        return -EINVAL;
+    struct slru_slot *x = &c->slots[slot];
+    if (x->retired)
+        return -EALREADY;
+    if (x->layer < 0) {
+        for (int i = 0; i < c->n_free; i++) {
+            if (c->free_stack[i] == slot) {
+                c->free_stack[i] = c->free_stack[--c->n_free];
+                break;
+            }
+        }
+    } else {
+        *ev_layer = x->layer;
+        *ev_expert = x->expert;
+        c->stats[x->layer].evictions++;
+        c->held[x->layer]--;
+        c->map[(size_t)x->layer * c->cfg.n_expert + x->expert] = -1;
+        slru_unlink(c, slot);
+        x->layer = x->expert = -1;
+        x->pinned = false;
+    }
+    x->retired = true;
+    c->n_retired++;
+    slru_size_caps(c, c->cfg.n_slots - c->n_retired);
+    slru_demote_overflow(c);
+    return 0;
+}
+
+int slru_live_slots(const struct slru *c)
+{
+    return c->cfg.n_slots - c->n_retired;
+}
+
 int slru_slot_key(const struct slru *c, int slot, int *layer, int *expert)
 {
     if (slot < 0 || slot >= c->cfg.n_slots || c->slots[slot].layer < 0)
@@ -287,8 +332,11 @@ int slru_check(const struct slru *c)
     int prot = slru_check_list(c, &c->prot, SEG_PROT);
     int pinned_prot = 0, held = 0, mapped = 0;
 
-    if (prob < 0 || prot < 0 || prob + prot + c->n_free != c->cfg.n_slots)
+    if (prob < 0 || prot < 0 || prob + prot + c->n_free + c->n_retired != c->cfg.n_slots)
         return -EFAULT;
+    for (int i = 0; i < c->n_free; i++)
+        if (c->slots[c->free_stack[i]].retired)
+            return -EFAULT;
     for (int s = 0; s < c->cfg.n_slots; s++)
         pinned_prot += c->slots[s].pinned;
     if (prot > c->prot_cap && prot > pinned_prot)

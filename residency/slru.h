@@ -56,6 +56,15 @@ int slru_admit(struct slru *c, int layer, int expert, int guard, int *ev_layer, 
 /* Pins a resident expert into the protected segment for good (frozen profile); 0, -ENOENT. */
 int slru_pin(struct slru *c, int layer, int expert);
 
+/* Takes a slot out of the pool for good (the memory behind it is being given back): a free
+ * slot leaves the free list; a resident expert is evicted first (counted as an eviction), its
+ * key in *ev_layer / *ev_expert (else -1), pinned or in use or not. The fair share and the
+ * protected cap shrink with the pool. 0, -EINVAL for a bad slot, -EALREADY if retired. */
+int slru_retire(struct slru *c, int slot, int *ev_layer, int *ev_expert);
+
+/* Slots still in the pool (n_slots minus the retired ones). */
+int slru_live_slots(const struct slru *c);
+
 /* Key of a slot: 0 and the key, or -ENOENT for a free slot. */
 int slru_slot_key(const struct slru *c, int slot, int *layer, int *expert);
 

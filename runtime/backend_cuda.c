@@ -67,19 +67,39 @@ static size_t cuda_held_bytes(const struct backend_cuda *c)
     return c->weight_bytes + c->alloc_bytes + (c->cache ? expert_cache_vram_bytes(c->cache) : 0);
 }
 
+/* An allocation did not fit (the budget, or the device refused): the expert pool gives up
+ * slots for it, says so, and generation goes on with fewer. false when it has none left. */
+static bool cuda_make_room(struct backend_cuda *c, uint64_t bytes)
+{
+    int freed = c->cache ? expert_cache_shrink(c->cache, bytes) : 0;
+    if (freed <= 0)
+        return false;
+    fprintf(stderr,
+            "strata: device memory ran short by %.1f MiB: the expert pool gave up %d slots "
+            "(%d left); continuing\n",
+            bytes / 1048576.0, freed, expert_cache_slots(c->cache));
+    return true;
+}
+
 static float *cuda_alloc(struct backend *b, size_t n)
 {
     struct backend_cuda *c = cuda_of(b);
+    size_t bytes = (n ? n : 1) * sizeof(float);
     void *p = NULL;
-    if (c->budget && cuda_held_bytes(c) + n * sizeof(float) > c->budget) {
-        err_set(-ENOMEM,
-                "cuda backend: %.1f MiB more would exceed --vram-budget (%.2f of %.2f GiB "
-                "held); open the backend with the stream's context and batch sizes",
-                n * sizeof(float) / 1048576.0, cuda_held_bytes(c) / 1073741824.0,
-                c->budget / 1073741824.0);
-        return NULL;
+    while (c->budget && cuda_held_bytes(c) + bytes > c->budget) {
+        if (!cuda_make_room(c, cuda_held_bytes(c) + bytes - c->budget)) {
+            err_set(-ENOMEM,
+                    "cuda backend: %.1f MiB more would exceed --vram-budget (%.2f of %.2f GiB "
+                    "held, no expert slot left to give up)",
+                    bytes / 1048576.0, cuda_held_bytes(c) / 1073741824.0,
+                    c->budget / 1073741824.0);
+            return NULL;
+        }
     }
-    if (cuda_malloc(&p, (n ? n : 1) * sizeof(float))) {
+    int rc = cuda_malloc(&p, bytes);
+    while (rc && cuda_make_room(c, bytes))
+        rc = cuda_malloc(&p, bytes);
+    if (rc) {
         err_set(-ENOMEM, "cuda backend: cannot allocate %.1f MiB of device memory",
                 n * sizeof(float) / 1048576.0);
         return NULL;

@@ -159,6 +159,29 @@ static void budgets(const char *path)
         stream_close(s);
         backend_close(b);
     }
+    /* a stream larger than the one declared at open: the pool gives up slots for it */
+    rc = backend_cuda_open(m, &cc, &b);
+    CHECK(rc == 0, "64 MiB budget: %s", err_msg());
+    if (!rc) {
+        struct backend_cache_totals t0, t1;
+        backend_cuda_cache_totals(b, &t0);
+        rc = stream_open(b, 8192, 32, &s);
+        backend_cuda_cache_totals(b, &t1);
+        printf("a 8192-position stream under a pool sized for 128: %s; slots %d -> %d, %.1f MiB "
+               "held\n",
+               rc ? err_msg() : "opened", t0.slots, t1.slots,
+               backend_cuda_vram_bytes(b) / 1048576.0);
+        CHECK(rc == 0 && t1.slots < t0.slots, "the pool did not shrink for the stream");
+        CHECK(backend_cuda_vram_bytes(b) <= cc.vram_budget, "over the budget after shrinking");
+        if (!rc) {
+            float *l = test_xmalloc(sizeof(float) * m->hp.n_vocab);
+            int32_t ids[4] = {1, 2, 3, 4};
+            CHECK(stream_eval(s, ids, 4, l) == 0, "decoding after the shrink: %s", err_msg());
+            free(l);
+        }
+        stream_close(s);
+        backend_close(b);
+    }
     model_close(m);
 }
 

@@ -7,7 +7,8 @@
  * so a table entry that points at a slot before its copy has landed, or a slot overwritten
  * while an entry still points at it, shows up as wrong bytes. Both ways of serving misses
  * (copy, zerocopy) and mixes of them (prefill-sized calls take the copy path), with and
- * without a (partly wrong) prediction of the next layer's experts prefetched, with host
+ * without a (partly wrong) prediction of the next layer's experts prefetched, with the pool
+ * shrinking half-way (an allocation elsewhere took its memory), with host
  * memory registered in pieces small enough that copies straddle them. */
 #include <errno.h>
 #include <stdbool.h>
@@ -324,7 +325,7 @@ static void route(struct rng *r, int n_tok, int32_t *ids)
 
 /* One scenario: steps of a prompt (n_prompt tokens) then decode, served as the backend would. */
 static void scenario(const struct model *m, enum copy_mode mode, int zerocopy, int prefetch,
-                     int n_slots, int n_steps, uint64_t seed)
+                     int shrink, int n_slots, int n_steps, uint64_t seed)
 {
     static const char *mode_name[] = {"eager", "lazy", "random"};
     void *compute = NULL;
@@ -377,6 +378,13 @@ static void scenario(const struct model *m, enum copy_mode mode, int zerocopy, i
         cuda_stream_sync(compute);
         if (!rc)
             rc = expert_cache_step_end(c);
+        /* half-way, an allocation elsewhere takes two slots' worth of the pool */
+        if (!rc && step == n_steps / 2 && shrink) {
+            int before = expert_cache_slots(c);
+            int freed = expert_cache_shrink(c, 2 * expert_cache_slot_bytes(c));
+            CHECK(freed > 0 && expert_cache_slots(c) == before - freed,
+                  "shrink: %d freed, %d -> %d slots", freed, before, expert_cache_slots(c));
+        }
     }
     cuda_stream_sync(compute);
     uint64_t hits = 0, misses = 0, ev = 0, zc = 0, pf = 0, pfu = 0;
@@ -399,6 +407,8 @@ static void scenario(const struct model *m, enum copy_mode mode, int zerocopy, i
     CHECK(bad == 0, "%s, %s copies, %d slots: %d expert reads saw wrong bytes",
           zerocopy ? "zerocopy" : "copy", mode_name[mode], n_slots, bad);
     CHECK(misses > 0 && (n_slots >= N_LAYER * N_EXPERT || ev > 0), "the scenario never evicted");
+    if (shrink)
+        CHECK(expert_cache_slots(c) < n_slots, "the pool did not shrink");
     expert_cache_close(c);
     cuda_free(ids_dev);
     cuda_free(pred_dev);
@@ -420,7 +430,8 @@ int main(void)
         for (int pf = 0; pf < 2; pf++)
             for (int mode = 0; mode < 3; mode++)
                 for (size_t s = 0; s < sizeof(slots) / sizeof(slots[0]); s++)
-                    scenario(&m, (enum copy_mode)mode, zc, pf, slots[s], 40, seed + s);
+                    scenario(&m, (enum copy_mode)mode, zc, pf, (int)(s % 2), slots[s], 40,
+                             seed + s);
     for (int l = 0; l < N_LAYER; l++) {
         free((void *)layers[l].gate_exps.data);
         free((void *)layers[l].up_exps.data);

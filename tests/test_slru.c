@@ -2,6 +2,7 @@
  * second hit, scan resistance, the guard of the current and next layer, per-layer fairness,
  * pins, stats), then a random workload checked against the invariants after every step. */
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "slru.h"
@@ -151,6 +152,8 @@ static void check_random(struct rng *r)
         struct slru *c = open_cache(nl, ne, ns, (int)rng_below(r, 101));
         uint64_t lookups = 0, admitted = 0, refused = 0, now = 1;
         uint64_t used[6 * 32] = {0}; /* shadow: step in which each key was last touched */
+        bool retired[6 * 32] = {false};
+        int n_retired = 0;
         for (int step = 0; step < 3000; step++) {
             int l = (int)rng_below(r, (uint32_t)nl);
             /* skewed popularity: low ids are hot */
@@ -169,6 +172,7 @@ static void check_random(struct rng *r)
                 } else {
                     admitted++;
                     CHECK(s >= 0 && slru_peek(c, l, e) == s, "admit");
+                    CHECK(s < 0 || !retired[s], "a retired slot %d was handed out", s);
                     CHECK(evl < 0 || slru_peek(c, evl, eve) < 0, "victim still mapped");
                     CHECK(evl < 0 || guard < 0 || evl != (guard + 1) % nl,
                           "next layer %d evicted (guard %d)", evl, guard);
@@ -183,6 +187,18 @@ static void check_random(struct rng *r)
                 used[l * 32 + e] = now;
             if (step % 97 == 0 && rng_below(r, 3) == 0 && slru_peek(c, l, e) >= 0)
                 slru_pin(c, l, e);
+            /* now and then the pool shrinks: a slot (free, resident or pinned) is retired */
+            if (rng_below(r, 150) == 0 && n_retired + 1 < ns) {
+                int t = (int)rng_below(r, (uint32_t)ns), rl, re;
+                int rc = slru_retire(c, t, &rl, &re);
+                CHECK(rc == (retired[t] ? -EALREADY : 0), "retire %d: %d", t, rc);
+                if (rc == 0) {
+                    CHECK(rl < 0 || slru_peek(c, rl, re) < 0, "retired expert still mapped");
+                    retired[t] = true;
+                    n_retired++;
+                    CHECK(slru_live_slots(c) == ns - n_retired, "live slots");
+                }
+            }
             if (slru_check(c) != 0) {
                 CHECK(0, "invariants broken at trial %d step %d", trial, step);
                 break;
