@@ -38,7 +38,7 @@ if [ -n "${INFLATED:-}" ]; then
     I=/dev/shm/inflated.gguf
     "$B/strata" gen --inflate "$INFLATED" --preset 30b-a3b -o $I 2>&1 | tail -2
     # the trained routing: a real text prompt (PROMPT), decode greedy
-    P=(${PROMPT:+-f "$PROMPT"} --tg greedy)
+    P=(-f "${PROMPT:-tests/data/routing-prompts.txt}" --tg greedy)
     run -m $I --device cuda -p 512 -n 128 --bw-gib 0.5 "${P[@]}"
     for b in ${IBUDGETS:-2G 4G}; do
         for mode in copy zerocopy; do

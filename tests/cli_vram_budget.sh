@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # --vram-budget and friends on the command line: bad values are refused with the reason and
 # exit code 2, before anything is loaded; --residency takes copy or zerocopy; without a GPU a
-# budget fails cleanly (exit 1, the CUDA reason named). The budget's effect is tested on the
+# budget fails cleanly (exit 1, the CUDA reason named) and --device auto runs on the CPU. The budget's effect is tested on the
 # GPU machine (test_cuda_residency).
 set -uo pipefail
 strata=$1
@@ -20,6 +20,9 @@ expect 2 "copy or zerocopy" -- run --residency fast -p hi
 expect 2 "unknown unit" -- bench -m x --vram-budget 12Q
 "$strata" run --help | grep -q -- "--vram-budget SIZE" || fail "run --help lacks --vram-budget"
 "$strata" bench --help | grep -q -- "--residency" || fail "bench --help lacks --residency"
+expect 2 "auto, cpu or cuda" -- run --device gpu -p hi
 if "$strata" info 2>/dev/null | grep -q "^cuda: *none"; then
     expect 1 "CUDA" -- run --vram-budget 4G -p hi -n 1
+    # --device auto (the default) falls back to the CPU without a GPU
+    expect 0 "backend cpu" -- run -p "def f(x):" -n 2 -t 2 -v
 fi

@@ -18,6 +18,7 @@
 #include "tokenizer.h"
 #include "topo.h"
 #include "cuda_info.h"
+#include "cuda_mem.h"
 
 void run_opts_init(struct run_opts *o)
 {
@@ -25,7 +26,7 @@ void run_opts_init(struct run_opts *o)
     o->n_ctx = 4096;
     o->n_batch = 512;
     o->think = true;
-    o->device = "cpu";
+    o->device = "auto";
     o->residency = "copy";
     o->gen.n_predict = 128;
     o->gen.sampling = sampler_config_default();
@@ -53,8 +54,9 @@ static void run_opts_usage(const char *cmd)
            "  -t, --threads N         CPU threads (default: all cores)\n"
            "  -c, --ctx-size N        context length in tokens (default %d)\n"
            "  -b, --batch-size N      prompt tokens per forward pass (default %d)\n"
-           "      --device cpu|cuda   backend (default %s; cuda keeps every weight on the GPU\n"
-           "                          unless --vram-budget is given)\n"
+           "      --device auto|cpu|cuda  backend (default %s: cuda when a GPU is present,\n"
+           "                          with every weight on it if it fits, else under a\n"
+           "                          budget of 90%% of its free memory; cpu otherwise)\n"
            "      --vram-budget SIZE  cap strata's GPU memory (e.g. 8G, 7.5GiB, 8000MB): the\n"
            "                          trunk and KV cache stay resident, experts live in pinned\n"
            "                          host memory and are cached in VRAM slots (implies\n"
@@ -227,8 +229,9 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             return rc;
         i += used;
     }
-    if (strcmp(o->device, "cpu") && strcmp(o->device, "cuda")) {
-        fprintf(stderr, "strata %s: --device must be cpu or cuda, not '%s'\n", cmd, o->device);
+    if (strcmp(o->device, "cpu") && strcmp(o->device, "cuda") && strcmp(o->device, "auto")) {
+        fprintf(stderr, "strata %s: --device must be auto, cpu or cuda, not '%s'\n", cmd,
+                o->device);
         return 2;
     }
     if (o->vram_budget && o->device_set && strcmp(o->device, "cuda")) {
@@ -238,6 +241,13 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
     if (o->vram_budget)
         o->device = "cuda";
     return 0;
+}
+
+/* --device auto: cuda when a device is there. */
+static bool run_auto_cuda(const struct run_opts *o)
+{
+    const char *why = NULL;
+    return !strcmp(o->device, "auto") && cuda_device_count(&why) > 0;
 }
 
 int run_opts_residency(const char *v, const char *cmd, int *out)
@@ -262,7 +272,7 @@ static int run_bind(const struct run_opts *o)
 
     if (topo_open(&t))
         return cli_fail("--bind");
-    if (!strcmp(o->device, "cuda") && cuda_device_info_get(0, &d) == 0)
+    if (strcmp(o->device, "cpu") && cuda_device_info_get(0, &d) == 0)
         node = topo_pci_numa_node(t, d.pci_bus_id);
     rc = topo_bind_openmp(t, node, o->n_threads);
     topo_close(t);
@@ -306,8 +316,19 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
     };
     s->stats = o->stats;
     s->stats_json = o->stats_json;
-    int brc = strcmp(o->device, "cuda") ? backend_cpu_open(s->model, &bc, &s->backend)
-                                        : backend_cuda_open(s->model, &cc, &s->backend);
+    bool auto_cuda = run_auto_cuda(o), cuda = auto_cuda || !strcmp(o->device, "cuda");
+    int brc = cuda ? backend_cuda_open(s->model, &cc, &s->backend)
+                   : backend_cpu_open(s->model, &bc, &s->backend);
+    size_t free_b = 0, total_b = 0;
+    if (brc == -ENOMEM && auto_cuda && !cc.vram_budget && cuda_mem_info(&free_b, &total_b) == 0) {
+        /* the whole model does not fit: keep the trunk resident and cache experts */
+        cc.vram_budget = free_b / 10 * 9;
+        fprintf(stderr,
+                "strata: the model does not fit in the GPU's %.2f GiB free; running with "
+                "--vram-budget %.2f GiB (experts cached from host memory)\n",
+                free_b / 1073741824.0, cc.vram_budget / 1073741824.0);
+        brc = backend_cuda_open(s->model, &cc, &s->backend);
+    }
     if (brc || stream_open(s->backend, o->n_ctx, o->n_batch, &s->stream)) {
         run_session_close(s);
         return cli_fail("starting the engine");
@@ -321,7 +342,7 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
                 hp->head_dim, hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_vocab,
                 s->backend->ops->name, omp_get_max_threads(), generate_now() - t0);
     }
-    if (!strcmp(o->device, "cuda"))
+    if (cuda)
         fprintf(stderr, "strata: cuda: %.2f GiB of VRAM in use (weights, KV cache, scratch)\n",
                 backend_cuda_vram_bytes(s->backend) / 1073741824.0);
     return 0;
