@@ -5,12 +5,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include "cuda_info.h"
 #include "cuda_mem.h"
 #include "errors.h"
 #include "model.h"
 #include "slru.h"
+#include "topo.h"
 
 /* Host registration granule (progress reports, and the UVA check), 1 GiB; the environment
  * variable STRATA_PIN_CHUNK (bytes, a multiple of the page size) overrides it, so tests make
@@ -44,7 +47,9 @@ struct expert_cache {
     uint8_t *reg_lo;  /* registered range (in place), or NULL */
     size_t reg_bytes;
     uint64_t reg_chunk; /* its pieces */
-    void *pinned;     /* the copy (fallback), or NULL */
+    void *pinned;     /* the copy in cudaHostAlloc memory (last resort), or NULL */
+    void *arena;      /* the copy in an anonymous mapping on the GPU's node, registered */
+    size_t arena_bytes;
     struct ec_layer *lay;
 
     /* slots */
@@ -141,20 +146,59 @@ static int ec_register(struct expert_cache *c, uint8_t *lo, size_t bytes, bool r
     return 0;
 }
 
-/* Copies every stacked expert tensor into pinned mapped memory (when in-place fails). */
-static int ec_copy_pinned(struct expert_cache *c)
+/* The NUMA node of CUDA device 0 (hwloc), or -1 when unknown. */
+static int ec_gpu_node(void)
+{
+    struct cuda_device_info d;
+    struct topo *t = NULL;
+    const char *why = NULL;
+    int node = -1;
+    if (cuda_device_count(&why) > 0 && cuda_device_info_get(0, &d) == 0 && topo_open(&t) == 0) {
+        node = topo_pci_numa_node(t, d.pci_bus_id);
+        node = node < 0 ? -1 : node;
+    }
+    topo_close(t);
+    return node;
+}
+
+/* An anonymous mapping of `bytes` whose pages come from NUMA node `node` (when >= 0), on huge
+ * pages where the kernel gives them; NULL on failure. */
+static void *ec_arena_map(size_t bytes, int node)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    madvise(p, bytes, MADV_HUGEPAGE);
+    struct topo *t = NULL;
+    if (node >= 0 && topo_open(&t) == 0)
+        topo_membind_area(t, p, bytes, node); /* best effort: first touch places it anyway */
+    topo_close(t);
+    return p;
+}
+
+/* Copies every stacked expert tensor into pinned memory (when the model's own memory cannot
+ * be pinned in place): an anonymous mapping on the GPU's NUMA node, registered; else
+ * cudaHostAlloc memory. */
+static int ec_copy_pinned(struct expert_cache *c, int *node_out)
 {
     uint64_t total = 0, done = 0;
     void *dev = NULL;
     bool tty = c->log && isatty(fileno(c->log));
+    int node = ec_gpu_node();
 
     for (int l = 0; l < c->n_layer; l++)
         for (int p = 0; p < P_N; p++)
             total += align_up(ec_weight(c->m, l, p)->bytes, 4096);
-    if (cuda_host_alloc(&c->pinned, total, &dev))
+    *node_out = -1;
+    c->arena = ec_arena_map(total, node);
+    if (c->arena) {
+        c->arena_bytes = total;
+        *node_out = node;
+    } else if (cuda_host_alloc(&c->pinned, total, &dev)) {
         return err_set(-ENOMEM, "cannot allocate %.2f GiB of pinned host memory for the experts",
                        total / 1073741824.0);
-    uint8_t *h = c->pinned, *d = dev;
+    }
+    uint8_t *h = c->arena ? c->arena : c->pinned, *d = c->arena ? c->arena : dev;
     for (int l = 0; l < c->n_layer; l++) {
         for (int p = 0; p < P_N; p++) {
             const struct weight *w = ec_weight(c->m, l, p);
@@ -171,6 +215,27 @@ static int ec_copy_pinned(struct expert_cache *c)
     }
     if (tty)
         fprintf(c->log, "\n");
+    /* the arena is pinned after it is filled (registration needs the pages present) */
+    if (c->arena && ec_register(c, c->arena, c->arena_bytes, false)) {
+        err_clear();
+        void *p = NULL;
+        if (cuda_host_alloc(&p, total, &dev)) {
+            return err_set(-ENOMEM, "cannot pin %.2f GiB of host memory for the experts",
+                           total / 1073741824.0);
+        }
+        memcpy(p, c->arena, total);
+        for (int l = 0; l < c->n_layer; l++) {
+            for (int q = 0; q < P_N; q++) {
+                size_t off = (size_t)(c->lay[l].host[q] - (const uint8_t *)c->arena);
+                c->lay[l].host[q] = (uint8_t *)p + off;
+                c->lay[l].mapped[q] = (uint8_t *)dev + off;
+            }
+        }
+        munmap(c->arena, c->arena_bytes);
+        c->arena = NULL;
+        c->pinned = p;
+        *node_out = -1;
+    }
     return 0;
 }
 
@@ -208,12 +273,18 @@ static int ec_host_tier(struct expert_cache *c)
         return 0;
     }
     err_clear();
-    rc = ec_copy_pinned(c);
-    if (!rc && c->log)
+    int node = -1;
+    rc = ec_copy_pinned(c, &node);
+    if (!rc && c->log) {
+        char where[64] = "";
+        if (node >= 0)
+            snprintf(where, sizeof(where), " on NUMA node %d", node);
         fprintf(c->log,
-                "strata: host experts (%.2f GiB): in-place pinning refused, copied into pinned "
-                "mapped memory in %.2f s\n",
-                expert_bytes / 1073741824.0, now_s() - t0);
+                "strata: host experts (%.2f GiB): in-place pinning refused, copied into %s "
+                "pinned memory%s in %.2f s\n",
+                expert_bytes / 1073741824.0, c->arena ? "registered" : "allocated", where,
+                now_s() - t0);
+    }
     return rc;
 }
 
@@ -365,6 +436,8 @@ void expert_cache_close(struct expert_cache *c)
         for (size_t off = 0; off < c->reg_bytes; off += c->reg_chunk)
             cuda_host_unregister(c->reg_lo + off);
     cuda_host_free(c->pinned);
+    if (c->arena)
+        munmap(c->arena, c->arena_bytes);
     cuda_host_free(c->tab_host);
     cuda_host_free(c->ids_host);
     cuda_host_free(c->pred_host);

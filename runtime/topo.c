@@ -110,3 +110,15 @@ int topo_thread_core(struct topo *t)
     hwloc_bitmap_free(set);
     return core;
 }
+
+int topo_membind_area(struct topo *t, void *p, size_t len, int node)
+{
+    hwloc_obj_t o = node >= 0 ? hwloc_get_obj_by_type(t->h, HWLOC_OBJ_NUMANODE, (unsigned)node)
+                              : NULL;
+    if (!o)
+        return -EINVAL;
+    if (hwloc_set_area_membind(t->h, p, len, o->nodeset, HWLOC_MEMBIND_BIND,
+                               HWLOC_MEMBIND_BYNODESET) != 0)
+        return -ENOSYS;
+    return 0;
+}

@@ -4,6 +4,8 @@
 #ifndef STRATA_TOPO_H
 #define STRATA_TOPO_H
 
+#include <stddef.h>
+
 struct topo;
 
 int topo_open(struct topo **out);
@@ -23,6 +25,10 @@ int topo_node_cores(const struct topo *t, int node);
  * node `node` (-1: all cores), in core order, and makes n_threads the OpenMP default.
  * Returns the thread count used, or -errno when the OS refuses the binding (containers). */
 int topo_bind_openmp(struct topo *t, int node, int n_threads);
+
+/* Binds the pages of [p, p + len) (not yet touched) to NUMA node `node` (logical index), so
+ * they are allocated there. 0, -EINVAL for a bad node, -ENOSYS where the OS refuses. */
+int topo_membind_area(struct topo *t, void *p, size_t len, int node);
 
 /* The physical core (logical index) the calling thread is bound to, or -1 when it is not
  * bound to exactly one core. */

@@ -8,7 +8,8 @@
  * while an entry still points at it, shows up as wrong bytes. Both ways of serving misses
  * (copy, zerocopy) and mixes of them (prefill-sized calls take the copy path), with and
  * without a (partly wrong) prediction of the next layer's experts prefetched, with the pool
- * shrinking half-way (an allocation elsewhere took its memory), with host
+ * shrinking half-way (an allocation elsewhere took its memory), with the experts pinned in
+ * place or (when in-place pinning is refused) copied into a registered arena, with host
  * memory registered in pieces small enough that copies straddle them. */
 #include <errno.h>
 #include <stdbool.h>
@@ -187,11 +188,13 @@ double cuda_h2d_bandwidth(const void *src, size_t bytes, int reps)
     return 0;
 }
 
+static bool g_refuse_read_only; /* as a driver without read-only registration would */
+
 int cuda_host_register(void *p, size_t bytes, int read_only, void **dev_ptr)
 {
-    (void)bytes, (void)read_only;
+    (void)bytes;
     *dev_ptr = p;
-    return 0;
+    return read_only && g_refuse_read_only ? -ENOTSUP : 0;
 }
 
 void cuda_host_unregister(void *p)
@@ -426,6 +429,12 @@ int main(void)
     make_model(&m, layers, &r);
     setenv("STRATA_PIN_CHUNK", "4096", 1); /* copies straddle registrations */
     static const int slots[] = {K + 1, 2 * K, 3 * K, N_LAYER * N_EXPERT};
+    /* the model's memory cannot be pinned in place: the experts are copied to a registered
+     * arena, and everything must read the same bytes from there */
+    g_refuse_read_only = true;
+    scenario(&m, COPY_RANDOM, 0, 1, 1, 2 * K, 40, seed + 11);
+    scenario(&m, COPY_RANDOM, 1, 0, 0, 2 * K, 40, seed + 12);
+    g_refuse_read_only = false;
     for (int zc = 0; zc < 2; zc++)
         for (int pf = 0; pf < 2; pf++)
             for (int mode = 0; mode < 3; mode++)

@@ -1,8 +1,13 @@
 /* topo: the hwloc view (cores, NUMA node of a PCI id) and OpenMP binding one thread per
- * physical core: after topo_bind_openmp every thread reports its own core, all distinct.
+ * physical core: after topo_bind_openmp every thread reports its own core, all distinct; memory
+ * of an area bound to node 0 (refusal tolerated), a missing node refused.
  * Exits 77 where the OS refuses thread binding (some containers). */
+#include <errno.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
 
 #include "errors.h"
 #include "testutil.h"
@@ -19,6 +24,18 @@ int main(void)
     CHECK(topo_node_cores(t, 0) >= 1, "node 0 has no cores");
     CHECK(topo_pci_numa_node(t, "not-a-bus-id") == -EINVAL, "bad bus id accepted");
     CHECK(topo_pci_numa_node(t, "0000:ff:1f.7") >= 0, "an absent device must map to node 0");
+    /* memory binding: node 0 exists everywhere; a node that does not is refused */
+    size_t len = (size_t)4 << 20;
+    uint8_t *area = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(area != MAP_FAILED, "mmap");
+    if (area != MAP_FAILED) {
+        int mb = topo_membind_area(t, area, len, 0);
+        CHECK(mb == 0 || mb == -ENOSYS, "membind to node 0: %d", mb);
+        CHECK(topo_membind_area(t, area, len, 999) == -EINVAL, "node 999 accepted");
+        memset(area, 1, len); /* the pages appear, on node 0 */
+        CHECK(area[len - 1] == 1, "the bound area is usable");
+        munmap(area, len);
+    }
     int rc = topo_bind_openmp(t, -1, 0);
     if (rc == -EPERM) {
         printf("test_topo: skipped binding: %s\n", err_msg());
