@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model.h"
+
 void moe_route_softmax_topk(const float *logits, int n_tok, int n_expert, int k, int32_t *ids,
                             float *w)
 {
@@ -97,4 +99,18 @@ void moe_plan_build(struct moe_plan *p, const int32_t *ids, const float *w, int 
             p->wt[at] = w[t * p->k + j];
         }
     }
+}
+
+void moe_experts_of(const struct layer_weights *lw, const struct model_hparams *hp,
+                    struct moe_experts *ex)
+{
+    uint64_t n = hp->n_expert;
+    *ex = (struct moe_experts){
+        .gate = lw->gate_exps.data, .up = lw->up_exps.data, .down = lw->down_exps.data,
+        .gate_type = lw->gate_exps.type, .up_type = lw->up_exps.type,
+        .down_type = lw->down_exps.type,
+        .gate_stride = lw->gate_exps.bytes / n, .up_stride = lw->up_exps.bytes / n,
+        .down_stride = lw->down_exps.bytes / n,
+        .n_embd = (int)hp->n_embd, .n_ff = (int)hp->n_ff_exp,
+    };
 }

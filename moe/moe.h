@@ -54,6 +54,13 @@ struct moe_experts {
     int n_embd, n_ff;
 };
 
+struct layer_weights;
+struct model_hparams;
+
+/* The stacked experts of a model layer as the CPU lane reads them (host pointers). */
+void moe_experts_of(const struct layer_weights *lw, const struct model_hparams *hp,
+                    struct moe_experts *ex);
+
 struct moe_cpu;
 
 /* Per-backend CPU-lane state (scratch for up to max_tok tokens). */

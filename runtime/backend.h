@@ -110,6 +110,10 @@ struct backend_cuda_config {
     enum backend_residency residency; /* for decode-sized calls; prefill always copies */
     bool prefetch;        /* copy path: predict layer l+1's experts with its router applied to
                            * layer l's input and stream them while layer l computes */
+    int cpu_moe_layers;   /* static placement (llama.cpp's --n-cpu-moe N): the experts of
+                           * layers [0, N) stay in host memory and run on the CPU, the others
+                           * are resident; no expert cache. -1: the smallest N whose resident
+                           * experts fit vram_budget. 0: off */
     FILE *log;            /* set-up reports (host path, slots, shrinking), NULL = quiet */
 };
 
@@ -133,6 +137,9 @@ struct backend_cache_totals {
     int slots;
 };
 int backend_cuda_cache_totals(const struct backend *b, struct backend_cache_totals *t);
+
+/* Layers whose experts run on the CPU (static placement), 0 when none. */
+int backend_cuda_cpu_moe_layers(const struct backend *b);
 
 static inline void backend_close(struct backend *b)
 {

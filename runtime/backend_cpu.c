@@ -128,20 +128,6 @@ static int cpu_add(struct backend *b, float *x, const float *y, size_t n)
     return 0;
 }
 
-static void cpu_experts_of(const struct moe_args *a, struct moe_experts *ex)
-{
-    const struct layer_weights *lw = a->lw;
-    uint64_t n = a->hp->n_expert;
-    *ex = (struct moe_experts){
-        .gate = lw->gate_exps.data, .up = lw->up_exps.data, .down = lw->down_exps.data,
-        .gate_type = lw->gate_exps.type, .up_type = lw->up_exps.type,
-        .down_type = lw->down_exps.type,
-        .gate_stride = lw->gate_exps.bytes / n, .up_stride = lw->up_exps.bytes / n,
-        .down_stride = lw->down_exps.bytes / n,
-        .n_embd = (int)a->hp->n_embd, .n_ff = (int)a->hp->n_ff_exp,
-    };
-}
-
 static int cpu_moe_ffn(struct backend *b, const struct moe_args *a)
 {
     struct backend_cpu *c = cpu_of(b);
@@ -149,7 +135,7 @@ static int cpu_moe_ffn(struct backend *b, const struct moe_args *a)
     struct moe_experts ex;
     int rc = 0;
 
-    cpu_experts_of(a, &ex);
+    moe_experts_of(a->lw, a->hp, &ex);
     for (int t0 = 0; t0 < a->n_tok && !rc; t0 += c->max_tok) {
         int n = a->n_tok - t0 < c->max_tok ? a->n_tok - t0 : c->max_tok;
         const float *in = a->in + (size_t)t0 * hp->n_embd;

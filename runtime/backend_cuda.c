@@ -21,6 +21,7 @@
 #include "cuda_ops.h"
 #include "errors.h"
 #include "expert_cache.h"
+#include "moe.h"
 
 #define CUDA_BACKEND_MAX_TOK 512 /* tokens per launch of the batched ops; larger calls split */
 
@@ -48,6 +49,13 @@ struct backend_cuda {
     int32_t *pred_ids;        /* (MAX_TOK, k) predicted experts of the next layer */
     float *pred_w;
     uint64_t budget;          /* 0 = no cap */
+    /* static placement: experts of layers [0, static_n) run on the CPU */
+    int static_n;
+    struct moe_cpu *cpu_lane;
+    struct moe_plan plan;
+    float *in_h, *out_h;      /* (MAX_TOK, n_embd) host copies of the layer's input / output */
+    int32_t *ids_h;           /* (MAX_TOK, k) */
+    float *w_h;
 };
 
 #define CUDA_BACKEND_ZEROCOPY_MAX_TOK 16 /* larger calls (prefill) copy misses into slots */
@@ -217,6 +225,30 @@ static int cuda_add_op(struct backend *b, float *x, const float *y, size_t n)
     return rc ? cuda_fail(rc, "add") : 0;
 }
 
+/* Static placement: this layer's experts on the CPU. The routing stays on the GPU; its ids,
+ * weights and the layer's input come to the host once, the result goes back once. */
+static int cuda_moe_on_cpu(struct backend_cuda *c, const struct moe_args *ma, const float *in,
+                           float *out, int nt)
+{
+    const struct model_hparams *hp = ma->hp;
+    size_t k = hp->n_expert_used, e = hp->n_embd;
+    struct moe_experts ex;
+    int rc = cuda_d2h(c->in_h, in, sizeof(float) * (size_t)nt * e, c->stream);
+    rc = rc ? rc : cuda_d2h(c->ids_h, c->route_ids, sizeof(int32_t) * (size_t)nt * k, c->stream);
+    rc = rc ? rc : cuda_d2h(c->w_h, c->route_w, sizeof(float) * (size_t)nt * k, c->stream);
+    rc = rc ? rc : cuda_stream_sync(c->stream);
+    if (rc)
+        return cuda_fail(rc, "reading a CPU layer's input back");
+    moe_experts_of(ma->lw, hp, &ex);
+    moe_plan_build(&c->plan, c->ids_h, c->w_h, nt);
+    rc = moe_cpu_run(c->cpu_lane, &c->plan, &ex, c->in_h, c->out_h);
+    if (rc)
+        return err_set(rc, "layer %d: CPU experts failed", ma->layer);
+    /* pageable source: the call returns once out_h is staged, so out_h may be reused */
+    rc = cuda_h2d(out, c->out_h, sizeof(float) * (size_t)nt * e, c->stream);
+    return rc ? cuda_fail(rc, "sending a CPU layer's output") : 0;
+}
+
 /* The next layer's router applied to this layer's MoE input: its likely experts, for the
  * cache to start streaming (reuses router_logits: this layer's top-k is already taken). */
 static int cuda_predict_next(struct backend *b, const struct moe_args *ma, const float *in, int nt)
@@ -255,6 +287,10 @@ static int cuda_moe_ffn_op(struct backend *b, const struct moe_args *ma)
             .stream = c->stream,
         };
         rc = cuda_softmax_topk(&tk);
+        if (!rc && ma->layer < c->static_n) {
+            rc = cuda_moe_on_cpu(c, ma, in, ma->out + (size_t)t0 * hp->n_embd, nt);
+            continue;
+        }
         struct expert_tables tab = {0};
         if (!rc && c->cache) {
             int pairs = nt * (int)hp->n_expert_used;
@@ -323,6 +359,12 @@ static void cuda_close_op(struct backend *b)
     cuda_free(c->moe_scratch);
     cuda_free(c->pred_ids);
     cuda_free(c->pred_w);
+    moe_cpu_close(c->cpu_lane);
+    moe_plan_free(&c->plan);
+    free(c->in_h);
+    free(c->out_h);
+    free(c->ids_h);
+    free(c->w_h);
     cuda_stream_destroy(c->stream);
     free(c);
 }
@@ -343,21 +385,25 @@ static const struct backend_ops cuda_ops_table = {
     .close = cuda_close_op,
 };
 
-static bool cuda_is_expert(const struct model *m, const struct weight *w)
+/* The layer whose stacked experts w is, or -1. */
+static int cuda_expert_layer(const struct model *m, const struct weight *w)
 {
     for (uint32_t l = 0; l < m->hp.n_layer; l++) {
         const struct layer_weights *lw = &m->layers[l];
         if (w == &lw->gate_exps || w == &lw->up_exps || w == &lw->down_exps)
-            return true;
+            return (int)l;
     }
-    return false;
+    return -1;
 }
 
 /* Uploads one weight and grows the matmul scratch to what it needs at MAX_TOK rows. */
 static void cuda_weight_upload(struct weight *w, void *arg)
 {
     struct backend_cuda *c = arg;
-    if (c->rc || (c->offload && cuda_is_expert(c->model, w)))
+    int el = cuda_expert_layer(c->model, w);
+    /* experts stay in host memory: all of them under the cache, the CPU layers' (static),
+     * or, while the static split is not yet known (-1), all of them for now */
+    if (c->rc || (el >= 0 && (c->offload || el < c->static_n || c->static_n < 0)))
         return;
     if (cuda_malloc(&w->dev, w->bytes)) {
         c->rc = err_set(-ENOMEM, "cuda backend: no device memory for '%s' (%.1f MiB; %.2f GiB "
@@ -414,6 +460,7 @@ static int cuda_buffers(struct backend_cuda *c)
 }
 
 static int cuda_open_cache(struct backend_cuda *c, const struct backend_cuda_config *cfg);
+static int cuda_open_static(struct backend_cuda *c, const struct backend_cuda_config *cfg);
 
 int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
                       struct backend **out)
@@ -440,12 +487,21 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
         return err_set(rc, "cuda backend: cannot start on device %d", cfg ? cfg->device : 0);
     }
     c->budget = cfg ? cfg->vram_budget : 0;
-    c->offload = cfg && (cfg->vram_budget || cfg->expert_slots > 0);
+    c->static_n = cfg ? cfg->cpu_moe_layers : 0;
+    if (c->static_n < -1 || c->static_n > (int)m->hp.n_layer ||
+        (c->static_n < 0 && !c->budget)) {
+        cuda_close_op(&c->base);
+        return err_set(-EINVAL, "static placement of %d layers (the model has %u; automatic "
+                                "needs --vram-budget)",
+                       cfg->cpu_moe_layers, m->hp.n_layer);
+    }
+    c->offload = cfg && (cfg->vram_budget || cfg->expert_slots > 0) && !c->static_n;
     c->residency = cfg ? cfg->residency : BACKEND_RESIDENCY_COPY;
     c->prefetch = cfg && cfg->prefetch && c->offload;
     model_weights_each(m, cuda_weight_upload, c);
     rc = c->rc ? c->rc : cuda_buffers(c);
     rc = rc ? rc : cuda_stream_sync(c->stream);
+    rc = rc ? rc : cuda_open_static(c, cfg);
     rc = rc ? rc : cuda_open_cache(c, cfg);
     if (rc) {
         cuda_close_op(&c->base);
@@ -462,6 +518,53 @@ static uint64_t cuda_stream_bytes(const struct model_hparams *hp, uint64_t n_ctx
     uint64_t kv = 2 * n_ctx * kvw * hp->n_layer;
     uint64_t arena = t * hp->n_embd * 3 + t * qw * 2 + t * kvw * 2 + hp->n_vocab;
     return sizeof(float) * (kv + arena);
+}
+
+/* Static placement: the CPU lane's state, and for -1 the split itself: the experts of the last
+ * layers are uploaded while they fit in what the budget leaves after the trunk, scratch and
+ * the stream; the layers before them run on the CPU. */
+static int cuda_open_static(struct backend_cuda *c, const struct backend_cuda_config *cfg)
+{
+    const struct model_hparams *hp = &c->model->hp;
+    size_t t = CUDA_BACKEND_MAX_TOK, k = hp->n_expert_used;
+    if (!c->static_n)
+        return 0;
+    if (c->static_n < 0) {
+        uint64_t stream = cuda_stream_bytes(hp, cfg->n_ctx > 0 ? (uint64_t)cfg->n_ctx : 4096,
+                                            cfg->max_tok > 0 ? (uint64_t)cfg->max_tok : 512);
+        uint64_t used = c->weight_bytes + c->alloc_bytes + stream;
+        int l = (int)hp->n_layer;
+        c->static_n = 0; /* uploads below must not be skipped */
+        while (l > 0) {
+            const struct layer_weights *lw = &c->model->layers[l - 1];
+            uint64_t need = lw->gate_exps.bytes + lw->up_exps.bytes + lw->down_exps.bytes;
+            if (used + need > c->budget)
+                break;
+            cuda_weight_upload((struct weight *)&lw->gate_exps, c);
+            cuda_weight_upload((struct weight *)&lw->up_exps, c);
+            cuda_weight_upload((struct weight *)&lw->down_exps, c);
+            if (c->rc)
+                return c->rc;
+            used += need;
+            l--;
+        }
+        c->static_n = l;
+        if (cfg->log)
+            fprintf(cfg->log,
+                    "strata: static placement under %.2f GiB: experts of layers 0..%d on the CPU, "
+                    "of %d..%u resident\n",
+                    c->budget / 1073741824.0, l - 1, l, hp->n_layer - 1);
+    }
+    if (!c->static_n)
+        return 0;
+    c->in_h = malloc(sizeof(float) * t * hp->n_embd);
+    c->out_h = malloc(sizeof(float) * t * hp->n_embd);
+    c->ids_h = malloc(sizeof(int32_t) * t * k);
+    c->w_h = malloc(sizeof(float) * t * k);
+    int rc = !c->in_h || !c->out_h || !c->ids_h || !c->w_h ? -ENOMEM : 0;
+    rc = rc ? rc : moe_plan_init(&c->plan, (int)t, (int)k, (int)hp->n_expert);
+    rc = rc ? rc : moe_cpu_open((int)t, (int)hp->n_embd, (int)hp->n_ff_exp, &c->cpu_lane);
+    return rc ? err_set(rc, "cuda backend: the CPU expert lane") : 0;
 }
 
 /* Under a budget or a slot count: the expert cache gets what the trunk, scratch and the
@@ -517,6 +620,11 @@ int backend_cuda_write_stats_json(const struct backend *b, const char *path)
 {
     const struct backend_cuda *c = (const struct backend_cuda *)b;
     return c->cache ? expert_cache_write_stats_json(c->cache, path) : 0;
+}
+
+int backend_cuda_cpu_moe_layers(const struct backend *b)
+{
+    return ((const struct backend_cuda *)b)->static_n;
 }
 
 int backend_cuda_cache_totals(const struct backend *b, struct backend_cache_totals *t)

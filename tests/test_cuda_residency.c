@@ -4,7 +4,8 @@
  * mapped and with --no-mmap's copy, while the pool evicts on every token; the copy path also
  * with --prefetch (the next layer's predicted experts streamed ahead). Also: a budget the
  * trunk cannot fit in is refused with the shortfall named, and a budget that fits gives a
- * pool. Host memory is pinned in 64 KiB pieces here (STRATA_PIN_CHUNK), so expert copies
+ * pool. Static placement (the first layers' experts on the CPU) is checked against the
+ * all-resident run within a tolerance. Host memory is pinned in 64 KiB pieces here (STRATA_PIN_CHUNK), so expert copies
  * straddle registrations as they do in 1 GiB pieces on real models. Models: the `tiny` preset widened to 4 layers of 16 experts (top-4), f32 and q4_k_m.
  * Exits 77 without a GPU. */
 #include <errno.h>
@@ -66,14 +67,24 @@ out:
     return rc;
 }
 
-static void exact(const char *path, const int32_t *prompt)
+/* The all-resident run every other configuration is compared with. 0, or -1 (a failed
+ * check recorded). */
+static int reference(const char *path, const int32_t *prompt, struct run *ref)
 {
     struct backend_cuda_config all = {.device = 0};
-    struct run ref = {0};
-    if (run_model(path, &all, 0, prompt, &ref)) {
+    memset(ref, 0, sizeof(*ref));
+    if (run_model(path, &all, 0, prompt, ref)) {
         CHECK(0, "%s: the all-resident run failed", path);
-        return;
+        return -1;
     }
+    return 0;
+}
+
+static void exact(const char *path, const int32_t *prompt)
+{
+    struct run ref;
+    if (reference(path, prompt, &ref))
+        return;
     struct model *m = NULL;
     model_open(path, &m);
     int nv = (int)m->hp.n_vocab, n_keys = (int)(m->hp.n_layer * m->hp.n_expert);
@@ -185,6 +196,59 @@ static void budgets(const char *path)
     model_close(m);
 }
 
+/* Static placement (--placement static:N): the first layers' experts on the CPU. Not bitwise
+ * (the CPU kernels quantize activations their own way): prompt logits within tol of the
+ * all-resident run, and the argmax of the all-resident run's own greedy tokens, fed to both
+ * (teacher forcing), agreeing on >= 95% of the positions. */
+static void static_lane(const char *path, const int32_t *prompt, double tol)
+{
+    struct run ref;
+    if (reference(path, prompt, &ref))
+        return;
+    struct model *m = NULL;
+    struct backend *b = NULL;
+    struct stream *s = NULL;
+    struct backend_cuda_config cc = {.device = 0, .cpu_moe_layers = 2};
+    int rc = model_open(path, &m);
+    rc = rc ? rc : backend_cuda_open(m, &cc, &b);
+    rc = rc ? rc : stream_open(b, 128, 32, &s);
+    CHECK(rc == 0, "%s static:2: %s", path, err_msg());
+    if (!rc) {
+        int nv = (int)m->hp.n_vocab, agree = 0;
+        float *l = test_xmalloc(sizeof(float) * (size_t)nv);
+        double err = 0;
+        rc = stream_eval(s, prompt, N_PROMPT, l);
+        if (!rc)
+            err = test_max_rel_err(l, ref.logits, (size_t)nv);
+        for (int i = 0; !rc && i < N_STEPS; i++) {
+            agree += sampler_argmax(l, nv) == ref.ids[i];
+            rc = stream_eval(s, &ref.ids[i], 1, l);
+        }
+        printf("%s: static:2 (%d CPU layers): prompt logits max rel err %.3g (tol %.g), argmax "
+               "agrees on %d of %d teacher-forced positions\n",
+               path, backend_cuda_cpu_moe_layers(b), err, tol, agree, N_STEPS);
+        CHECK(rc == 0, "static:2 decoding: %s", err_msg());
+        CHECK(err <= tol, "static:2 logits off by %g", err);
+        CHECK(agree * 100 >= 95 * N_STEPS, "static:2 agrees on only %d of %d", agree, N_STEPS);
+        free(l);
+    }
+    stream_close(s);
+    backend_close(b);
+    /* static: the split follows the budget (64 MiB holds every expert of these models) */
+    struct backend_cuda_config ca = {.device = 0, .cpu_moe_layers = -1, .vram_budget = 64 << 20,
+                                     .n_ctx = 128, .max_tok = 32};
+    rc = backend_cuda_open(m, &ca, &b);
+    CHECK(rc == 0, "static under 64 MiB: %s", err_msg());
+    if (!rc) {
+        printf("%s: static under 64 MiB: %d CPU layers\n", path, backend_cuda_cpu_moe_layers(b));
+        CHECK(backend_cuda_cpu_moe_layers(b) == 0, "a budget that holds everything gave %d CPU "
+              "layers", backend_cuda_cpu_moe_layers(b));
+        backend_close(b);
+    }
+    model_close(m);
+    free(ref.logits);
+}
+
 static int gen_model(enum quant_mix mix, char *path, size_t size)
 {
     struct gen_config cfg = {0};
@@ -221,6 +285,8 @@ int main(void)
     exact(f32, prompt);
     exact(q4, prompt);
     budgets(q4);
+    static_lane(f32, prompt, 1e-3);
+    static_lane(q4, prompt, 5e-2);
     unlink(f32);
     unlink(q4);
     rmdir(tmpdir);

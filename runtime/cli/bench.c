@@ -38,6 +38,7 @@ struct bench_opts {
     int residency;        /* --residency */
     int stats;            /* --stats */
     int prefetch;         /* --prefetch */
+    int cpu_moe_layers;   /* --placement */
     const char *stats_json;
     const char *prompt_file; /* -f: prompt text instead of random ids */
     int tg_greedy;           /* --tg greedy: decode feeds back the argmax */
@@ -69,6 +70,9 @@ static void bench_usage(void)
            "                        hit rate and streamed GB/s against the pinned H2D\n"
            "                        bandwidth measured in the same run\n"
            "      --residency copy|zerocopy  how decode serves cache misses (default copy)\n"
+           "      --placement stream|static|static:N  experts cached (stream, default), or the\n"
+           "                        first N layers' experts on the CPU and the rest resident\n"
+           "                        (static:N; static = the smallest N fitting the budget)\n"
            "      --prefetch        stream the experts the next layer's router predicts\n"
            "      --stats           print the expert cache's per-layer table\n"
            "      --stats-json FILE write it as JSON\n");
@@ -126,6 +130,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
                         bad ? err_msg() : "must be positive");
                 return 2;
             }
+            o->cuda = 1;
+        } else if (!strcmp(a, "--placement")) {
+            if (run_opts_placement(v, "bench", &o->cpu_moe_layers))
+                return 2;
             o->cuda = 1;
         } else if (!strcmp(a, "--residency")) {
             if (run_opts_residency(v, "bench", &o->residency))
@@ -229,7 +237,7 @@ int cmd_bench(int argc, char **argv)
     struct backend_cuda_config cc = {
         .device = 0, .vram_budget = o.vram_budget, .n_ctx = o.n_prompt + o.n_gen + 1,
         .max_tok = o.n_prompt, .residency = (enum backend_residency)o.residency,
-        .prefetch = o.prefetch != 0, .log = stderr,
+        .prefetch = o.prefetch != 0, .cpu_moe_layers = o.cpu_moe_layers, .log = stderr,
     };
     int brc = o.cuda ? backend_cuda_open(m, &cc, &b) : backend_cpu_open(m, &bc, &b);
     struct backend *core = b; /* b may become the profiling wrapper around it */
@@ -312,6 +320,10 @@ int cmd_bench(int argc, char **argv)
            hp->n_layer, hp->n_expert, hp->n_expert_used);
     if (o.cuda)
         printf("backend      cuda, %.2f GiB of VRAM\n", backend_cuda_vram_bytes(core) / 1073741824.0);
+    if (o.cuda && backend_cuda_cpu_moe_layers(core))
+        printf("placement    static: experts of %d of %u layers on the CPU (%d threads), the "
+               "rest resident\n",
+               backend_cuda_cpu_moe_layers(core), hp->n_layer, threads);
     else
         printf("backend      cpu, %d threads\n", threads);
     printf("host read    %.1f GB/s with %d threads, %.1f GB/s with %d (%.1f GiB probe, median "
