@@ -15,7 +15,7 @@ expect() { # expect CODE PATTERN -- args...
 }
 expect 2 "unknown unit 'X'" -- run --vram-budget 4X -p hi
 expect 2 "must be positive" -- run --vram-budget 0 -p hi
-expect 2 "needs --device cuda" -- run --device cpu --vram-budget 4G -p hi
+expect 2 "need --device cuda" -- run --device cpu --vram-budget 4G -p hi
 expect 2 "copy or zerocopy" -- run --residency fast -p hi
 expect 2 "unknown unit" -- bench -m x --vram-budget 12Q
 "$strata" run --help | grep -q -- "--vram-budget SIZE" || fail "run --help lacks --vram-budget"
