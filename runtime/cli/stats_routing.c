@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cachesim.h"
 #include "cli.h"
 #include "errors.h"
 #include "model.h"
@@ -29,17 +30,23 @@ struct sr_ctx {
     float *logits;   /* (n_expert) scratch */
     float *pw;       /* (k) scratch */
     int32_t *pred;   /* (k) scratch */
+    int32_t *trace;  /* (max_tokens, n_layer, k) the current text's choices, token-major */
+    int trace_tok;   /* tokens recorded in it */
+    int max_tokens;
+    struct cachesim *sim;
 };
 
 static void sr_usage(void)
 {
     printf("usage: strata stats-routing -m FILE --prompts FILE [options]\n\n"
            "Runs every text of the prompts file (one per line, or with --separator texts of\n"
-           "many lines) through the model on the\n"
-           "CPU and prints, per layer: the share of expert activations taken by the most\n"
-           "popular 10%% and 20%% of experts, how often a selected expert was also selected at\n"
-           "the previous token (reuse@1) or within 8 tokens, and the recall of predicting the\n"
-           "layer's top-k by applying its router to the previous layer's MoE input.\n\n"
+           "many lines) through the model on the CPU and prints, per layer: the share of\n"
+           "expert activations taken by the most popular 10%% and 20%% of experts, how often a\n"
+           "selected expert was also selected at the previous token (reuse@1) or within 8\n"
+           "tokens, and the recall of predicting the layer's top-k by applying its router to\n"
+           "the previous layer's MoE input. Then the hit rate strata's expert cache (SLRU)\n"
+           "would reach holding 10%%, 25%% and 40%% of the experts, replaying the texts in\n"
+           "decode order.\n\n"
            "  -m, --model FILE      GGUF model (required)\n"
            "      --prompts FILE    texts, one per line (required)\n"
            "      --separator LINE  texts span several lines and end at a line equal to LINE\n"
@@ -97,8 +104,15 @@ static void sr_observe(void *arg, const struct route_event *ev)
     const struct model_hparams *hp = &c->m->hp;
     int next = ev->layer + 1;
 
-    for (int t = 0; t < ev->n_tok; t++)
-        routing_stats_add(c->rs, ev->layer, ev->pos0 + t, ev->ids + (size_t)t * ev->k);
+    for (int t = 0; t < ev->n_tok; t++) {
+        int pos = ev->pos0 + t;
+        routing_stats_add(c->rs, ev->layer, pos, ev->ids + (size_t)t * ev->k);
+        if (pos < c->max_tokens) {
+            memcpy(c->trace + ((size_t)pos * hp->n_layer + (size_t)ev->layer) * ev->k,
+                   ev->ids + (size_t)t * ev->k, sizeof(int32_t) * (size_t)ev->k);
+            c->trace_tok = pos + 1 > c->trace_tok ? pos + 1 : c->trace_tok;
+        }
+    }
     if (next >= (int)hp->n_layer)
         return;
     const float *w = c->m->layers[next].router.data; /* (n_expert rows of n_embd) F32 */
@@ -190,7 +204,12 @@ static int sr_run(const struct sr_opts *o, struct model *m, struct sr_ctx *ctx, 
         n = n < o->max_tokens ? n : o->max_tokens;
         stream_truncate(s, 0);
         routing_stats_new_text(ctx->rs);
+        ctx->trace_tok = 0;
         rc = stream_eval(s, ids, n, NULL);
+        /* the text replayed in decode order through the simulated caches (kept warm) */
+        size_t per_tok = (size_t)m->hp.n_layer * m->hp.n_expert_used;
+        for (int t = 0; !rc && t < ctx->trace_tok; t++)
+            cachesim_token(ctx->sim, ctx->trace + (size_t)t * per_tok);
         (*n_texts)++;
         *n_tokens += n;
     }
@@ -242,9 +261,16 @@ int cmd_stats_routing(int argc, char **argv)
     ctx.logits = malloc(sizeof(float) * m->hp.n_expert);
     ctx.pw = malloc(sizeof(float) * m->hp.n_expert_used);
     ctx.pred = malloc(sizeof(int32_t) * m->hp.n_expert_used);
+    ctx.max_tokens = o.max_tokens;
+    ctx.trace = malloc(sizeof(int32_t) * (size_t)o.max_tokens * m->hp.n_layer *
+                       m->hp.n_expert_used);
+    static const double pools[] = {0.10, 0.25, 0.40};
+    if (cachesim_open((int)m->hp.n_layer, (int)m->hp.n_expert, (int)m->hp.n_expert_used, pools,
+                      3, &ctx.sim))
+        ctx.sim = NULL;
     rc = routing_stats_open((int)m->hp.n_layer, (int)m->hp.n_expert, (int)m->hp.n_expert_used,
                             &ctx.rs);
-    if (!rc && (!ctx.logits || !ctx.pw || !ctx.pred))
+    if (!rc && (!ctx.logits || !ctx.pw || !ctx.pred || !ctx.trace || !ctx.sim))
         rc = err_set(-ENOMEM, "out of memory");
     rc = rc ? rc : sr_run(&o, m, &ctx, &n_texts, &n_tokens);
     if (rc) {
@@ -254,6 +280,12 @@ int cmd_stats_routing(int argc, char **argv)
     printf("%s: %d texts, %ld tokens, %u layers, %u experts, top-%u\n", o.model, n_texts,
            n_tokens, m->hp.n_layer, m->hp.n_expert, m->hp.n_expert_used);
     routing_stats_print(ctx.rs, stdout);
+    printf("expert cache (strata's SLRU replayed in decode order, no prefetch), hit rate:");
+    for (int i = 0; i < cachesim_count(ctx.sim); i++)
+        printf("%s %.1f%% with %.0f%% of experts cached (%d slots)", i ? "," : "",
+               100.0 * cachesim_hit_rate(ctx.sim, i), 100.0 * cachesim_fraction(ctx.sim, i),
+               cachesim_slots(ctx.sim, i));
+    printf("\n");
     if (o.dat || o.plot) {
         snprintf(dat, sizeof(dat), "%s", o.dat ? o.dat : "/tmp/strata-routing.dat");
         if (routing_stats_write_dat(ctx.rs, dat)) {
@@ -268,6 +300,8 @@ out:
     free(ctx.logits);
     free(ctx.pw);
     free(ctx.pred);
+    free(ctx.trace);
+    cachesim_close(ctx.sim);
     model_close(m);
     return rc;
 }
