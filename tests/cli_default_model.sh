@@ -2,8 +2,9 @@
 # The shipped default model (models/strata-default.gguf, docs/default-model.md): `strata run`
 # with no -m uses it and writes Python-looking text, greedily the same twice; its routing is
 # not uniform (reuse@1 well above the 8/128 = 6.25% of uniform routing, the top 10% of experts
-# taking well over 10% of the activations), measured with stats-routing on prompts written for
-# this test (tests/data/routing-prompts.txt, not from the training corpus).
+# taking well over 10% of the activations, strata's SLRU holding 40% of the experts hitting
+# well over 40%), measured with stats-routing on prompts written for this test
+# (tests/data/routing-prompts.txt, not from the training corpus).
 set -euo pipefail
 strata=$1
 data=$2
@@ -28,3 +29,8 @@ awk '$1 == "all" {
     if (top10 < 20 || reuse1 < 12.5) { print "routing looks uniform: top10 " top10 "%, reuse@1 " reuse1 "%"; exit 1 }
     print "routing: top10 " top10 "%, reuse@1 " reuse1 "% (uniform: 10%, 6.25%)"; found = 1 }
     END { if (!found) { print "no totals row"; exit 1 } }' sr.txt
+# the cache replay: holding 40% of the experts, strata's SLRU must beat uniform routing's ~40%
+hit40=$(sed -n 's/.* \([0-9.]*\)% with 40% of experts cached.*/\1/p' sr.txt)
+[ -n "$hit40" ] || { echo "no cache replay line"; exit 1; }
+awk -v h="$hit40" 'BEGIN { if (h < 60) { print "SLRU at 40%: " h "% (uniform: ~40%)"; exit 1 }
+    print "SLRU at 40% of experts: " h "% hits" }' 
