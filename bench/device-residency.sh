@@ -31,6 +31,7 @@ for b in ${BUDGETS:-4G 8G 12G}; do
     [ -n "${PREFETCH:-}" ] && run -m $M --vram-budget $b --prefetch -p 512 -n 128 --bw-gib 0.5 --tg random
     # llama.cpp's --n-cpu-moe placement in the same binary: the smallest N that fits
     [ -n "${STATIC:-}" ] && run -m $M --vram-budget $b --placement static -p 512 -n 128 --bw-gib 0.5 --tg random
+    [ -n "${HYBRID:-}" ] && run -m $M --vram-budget $b --placement hybrid -p 512 -n 128 --bw-gib 0.5 --tg random
 done
 if [ -n "${SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null; then
     timeout 300 compute-sanitizer --tool memcheck "$B/test_cuda_residency" >"$OUT/memcheck.log" 2>&1

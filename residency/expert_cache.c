@@ -1,5 +1,8 @@
 #include "expert_cache.h"
 
+#include "lane.h"
+#include "moe.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -73,6 +76,20 @@ struct expert_cache {
     void *pred_host_dev;
     bool copies_pending;     /* copies enqueued that no compute work has waited for yet */
     uint8_t *prefetched;     /* (n_layer * n_expert) admitted by prediction, not yet used */
+
+    /* hybrid */
+    bool hybrid;
+    struct lane_model lanes;
+    int max_cpu_tok;
+    void *zero_slot;         /* slot_bytes of zeros: what a CPU-lane expert's entries point at */
+    int32_t *cpu_ids;        /* (n_expert) the last call's CPU-lane experts */
+    int n_cpu;
+    int32_t *miss_ids;       /* (n_expert) scratch: this call's misses */
+    struct lane_item *miss_items;
+    uint8_t *miss_lane;
+    int32_t *zeroed;         /* (n_layer * n_expert) experts whose entries point at zero_slot,
+                                per layer, reverted at that layer's next call */
+    int *n_zeroed;           /* (n_layer) */
 
     /* (b) */
     int32_t *ids_host; /* pinned (n_layer * max_pairs) */
@@ -441,6 +458,13 @@ void expert_cache_close(struct expert_cache *c)
     cuda_host_free(c->tab_host);
     cuda_host_free(c->ids_host);
     cuda_host_free(c->pred_host);
+    cuda_free(c->zero_slot);
+    free(c->cpu_ids);
+    free(c->miss_ids);
+    free(c->miss_items);
+    free(c->miss_lane);
+    free(c->zeroed);
+    free(c->n_zeroed);
     cuda_free(c->tab_dev);
     cuda_event_destroy(c->copy_done);
     cuda_stream_destroy(c->copy);
@@ -566,6 +590,47 @@ static int ec_upload(struct expert_cache *c, int l)
     return rc ? err_set(rc, "expert cache: updating the slot table of layer %d failed", l) : 0;
 }
 
+/* Hybrid: the misses of this call, each to PCIe (admitted and copied) or the CPU (entries on
+ * the zero slot until the layer's next call). Returns whether anything was copied. */
+static bool ec_assign_misses(struct expert_cache *c, int layer, const int32_t *ids, int n_pairs,
+                             int n_miss, int *rc)
+{
+    bool copied = false;
+    for (int i = 0; i < n_miss; i++) {
+        int n_tok = 0;
+        for (int j = 0; j < n_pairs; j++)
+            n_tok += ids[j] == c->miss_ids[i];
+        c->miss_items[i] = (struct lane_item){ec_expert_bytes(c, layer), n_tok};
+    }
+    lane_assign(&c->lanes, c->miss_items, n_miss, c->miss_lane);
+    for (int i = 0; i < n_miss && !*rc; i++) {
+        int e = c->miss_ids[i];
+        if (c->miss_lane[i] == MOE_LANE_CPU) {
+            for (int p = 0; p < P_N; p++)
+                *ec_entry(c, layer, p, e) = (uint8_t *)c->zero_slot + c->off[p];
+            c->dirty[layer] = 1;
+            c->zeroed[(size_t)layer * c->n_expert + c->n_zeroed[layer]++] = e;
+            c->cpu_ids[c->n_cpu++] = e;
+            c->stats[layer].cpu_computed++;
+            continue;
+        }
+        int s = ec_admit(c, layer, e, rc);
+        if (s >= 0) {
+            ec_point_slot(c, layer, e, s);
+            copied = true;
+        } else {
+            c->stats[layer].bytes_zerocopy += ec_expert_bytes(c, layer);
+        }
+    }
+    return copied;
+}
+
+static int ec_cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
 int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *ids_dev,
                               int n_pairs, struct expert_tables *t)
 {
@@ -593,6 +658,16 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
         return err_set(rc, "expert cache: reading layer %d's routing back failed", layer);
     slru_step(c->slru);
     c->stamp++;
+    /* the CPU lane's zero entries of this layer's previous call go back to host memory (that
+     * call's kernel and table upload are done: the stream was synced above) */
+    if (c->hybrid) {
+        for (int i = 0; i < c->n_zeroed[layer]; i++)
+            ec_point_host(c, layer, c->zeroed[(size_t)layer * c->n_expert + i]);
+        c->n_zeroed[layer] = 0;
+        c->n_cpu = 0;
+    }
+    bool split = c->hybrid && n_pairs <= c->max_cpu_tok * (int)c->m->hp.n_expert_used;
+    int n_miss = 0;
     for (int i = 0; i < n_pairs && !rc; i++) {
         int e = ids[i];
         if (e < 0 || e >= c->n_expert || c->seen[e] == c->stamp)
@@ -607,6 +682,10 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
                 c->stats[layer].bytes_zerocopy += ec_expert_bytes(c, layer);
             continue;
         }
+        if (split) { /* decided together below */
+            c->miss_ids[n_miss++] = e;
+            continue;
+        }
         int s = ec_admit(c, layer, e, &rc);
         if (s >= 0) {
             ec_point_slot(c, layer, e, s);
@@ -614,6 +693,11 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
         } else {
             c->stats[layer].bytes_zerocopy += ec_expert_bytes(c, layer);
         }
+    }
+    if (split && n_miss && !rc) {
+        qsort(c->miss_ids, (size_t)n_miss, sizeof(int32_t), ec_cmp_i32);
+        copied |= ec_assign_misses(c, layer, ids, n_pairs, n_miss, &rc);
+        qsort(c->cpu_ids, (size_t)c->n_cpu, sizeof(int32_t), ec_cmp_i32);
     }
     rc = rc ? rc : ec_upload(c, layer);
     /* this layer's experts wait for every copy enqueued so far: its misses, and experts a
@@ -640,6 +724,35 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
     }
     ec_tables(c, layer, t);
     return rc;
+}
+
+int expert_cache_set_hybrid(struct expert_cache *c, const struct lane_model *m, int max_cpu_tok)
+{
+    size_t ne = (size_t)c->n_expert;
+    c->cpu_ids = malloc(sizeof(*c->cpu_ids) * ne);
+    c->miss_ids = malloc(sizeof(*c->miss_ids) * ne);
+    c->miss_items = malloc(sizeof(*c->miss_items) * ne);
+    c->miss_lane = malloc(ne);
+    c->zeroed = malloc(sizeof(*c->zeroed) * ne * (size_t)c->n_layer);
+    c->n_zeroed = calloc((size_t)c->n_layer, sizeof(*c->n_zeroed));
+    if (!c->cpu_ids || !c->miss_ids || !c->miss_items || !c->miss_lane || !c->zeroed ||
+        !c->n_zeroed)
+        return err_set(-ENOMEM, "out of memory");
+    int rc = cuda_malloc(&c->zero_slot, c->slot_bytes);
+    rc = rc ? rc : cuda_memset(c->zero_slot, 0, c->slot_bytes, c->compute);
+    rc = rc ? rc : cuda_stream_sync(c->compute);
+    if (rc)
+        return err_set(rc, "expert cache: no device memory for the zero slot");
+    c->lanes = *m;
+    c->max_cpu_tok = max_cpu_tok;
+    c->hybrid = true;
+    return 0;
+}
+
+int expert_cache_cpu_experts(const struct expert_cache *c, const int32_t **ids)
+{
+    *ids = c->cpu_ids;
+    return c->n_cpu;
 }
 
 void expert_cache_predict_next(struct expert_cache *c, const int32_t *pred_dev, int n)
@@ -776,6 +889,7 @@ void expert_cache_print_stats(const struct expert_cache *c, FILE *f)
         tot.bytes_copied += s->bytes_copied;
         tot.bytes_zerocopy += s->bytes_zerocopy;
         tot.prefetched += s->prefetched;
+        tot.cpu_computed += s->cpu_computed;
         tot.prefetch_used += s->prefetch_used;
     }
     uint64_t acc = tot.hits + tot.misses;
@@ -784,6 +898,9 @@ void expert_cache_print_stats(const struct expert_cache *c, FILE *f)
             "all", expert_cache_slots(c), tot.hits, tot.misses, acc ? 100.0 * tot.hits / acc : 0.0,
             tot.promotions, tot.evictions, tot.admissions, tot.bytes_copied / 1e6,
             tot.bytes_zerocopy / 1e6, tot.prefetched, tot.prefetch_used);
+    if (c->hybrid)
+        fprintf(f, "CPU lane: %" PRIu64 " expert computations (misses not streamed)\n",
+                tot.cpu_computed);
 }
 
 int expert_cache_write_stats_json(const struct expert_cache *c, const char *path)
@@ -800,10 +917,10 @@ int expert_cache_write_stats_json(const struct expert_cache *c, const char *path
                 ", \"promotions\": %" PRIu64 ", \"evictions\": %" PRIu64
                 ", \"admissions\": %" PRIu64 ", \"bytes_streamed\": %" PRIu64
                 ", \"bytes_zero_copy\": %" PRIu64 ", \"prefetched\": %" PRIu64
-                ", \"prefetch_used\": %" PRIu64 "}",
+                ", \"prefetch_used\": %" PRIu64 ", \"cpu_computed\": %" PRIu64 "}",
                 l ? "," : "", l, slru_layer_held(c->slru, l), s->hits, s->misses, s->promotions,
                 s->evictions, s->admissions, s->bytes_copied, s->bytes_zerocopy, s->prefetched,
-                s->prefetch_used);
+                s->prefetch_used, s->cpu_computed);
     }
     fprintf(f, "\n]}\n");
     if (fclose(f))

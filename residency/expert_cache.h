@@ -45,6 +45,7 @@ struct expert_cache_config {
 
 struct expert_cache_layer_stats {
     uint64_t hits, misses, promotions, evictions, admissions;
+    uint64_t cpu_computed;    /* misses given to the CPU lane (hybrid) */
     uint64_t prefetched;      /* admitted ahead of the layer's routing (prediction) */
     uint64_t prefetch_used;   /* of those, looked up by the layer before being evicted */
     uint64_t bytes_copied;    /* streamed into slots */
@@ -91,6 +92,19 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
  * that are not resident (never evicting layer l's or l + 2's), copying them while layer l
  * computes. Layer l + 1's experts then wait for those copies only if they have not landed. */
 void expert_cache_predict_next(struct expert_cache *c, const int32_t *pred_dev, int n);
+
+/* Hybrid (copy path only): from now on prepare_copy splits each layer's misses between
+ * streaming into slots and the CPU with lane_assign (moe/lane.h) over `m` (bandwidths measured
+ * by the caller; queue depths are taken as empty, since the copy path drains both lanes every
+ * layer). A miss given to the CPU is not cached: its table entries point at an all-zero slot,
+ * so the GPU kernel's contribution for it is exactly 0, and expert_cache_cpu_experts lists it
+ * for the caller to compute on the host and add. Calls with more than max_cpu_tok tokens
+ * (prefill: the CPU's arithmetic, not its bandwidth, would bound it) stream everything. */
+struct lane_model;
+int expert_cache_set_hybrid(struct expert_cache *c, const struct lane_model *m, int max_cpu_tok);
+
+/* The experts the last prepare_copy gave to the CPU lane (ascending ids), and their count. */
+int expert_cache_cpu_experts(const struct expert_cache *c, const int32_t **ids);
 
 /* (b): enqueues the read-back of the layer's ids (no wait) and returns the tables as they are;
  * the accounting happens at expert_cache_step_end. */

@@ -110,6 +110,9 @@ struct backend_cuda_config {
     enum backend_residency residency; /* for decode-sized calls; prefill always copies */
     bool prefetch;        /* copy path: predict layer l+1's experts with its router applied to
                            * layer l's input and stream them while layer l computes */
+    bool hybrid;          /* with vram_budget: each layer's cache misses split between
+                           * streaming and the CPU lane by moe/lane.h's cost model (bandwidths
+                           * measured at open); decode-sized calls only */
     int cpu_moe_layers;   /* static placement (llama.cpp's --n-cpu-moe N): the experts of
                            * layers [0, N) stay in host memory and run on the CPU, the others
                            * are resident; no expert cache. -1: the smallest N whose resident
@@ -134,6 +137,7 @@ int backend_cuda_write_stats_json(const struct backend *b, const char *path);
 /* The expert cache's totals over all layers so far; -ENOENT when there is no cache. */
 struct backend_cache_totals {
     uint64_t hits, misses, evictions, bytes_copied, bytes_zerocopy;
+    uint64_t cpu_computed; /* misses the hybrid CPU lane computed */
     int slots;
 };
 int backend_cuda_cache_totals(const struct backend *b, struct backend_cache_totals *t);

@@ -8,6 +8,7 @@
  * Ownership: the backend owns the device copies of the weights (recorded in each weight's dev
  * field of the model, cleared again at close), the scratch buffers below, and the stream.
  */
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,8 @@
 #include "cuda_ops.h"
 #include "errors.h"
 #include "expert_cache.h"
+#include "lane.h"
+#include "membw.h"
 #include "moe.h"
 
 #define CUDA_BACKEND_MAX_TOK 512 /* tokens per launch of the batched ops; larger calls split */
@@ -56,6 +59,8 @@ struct backend_cuda {
     float *in_h, *out_h;      /* (MAX_TOK, n_embd) host copies of the layer's input / output */
     int32_t *ids_h;           /* (MAX_TOK, k) */
     float *w_h;
+    bool hybrid;              /* cache misses split with the CPU lane (shares the above) */
+    float *cpu_partial;       /* (MAX_TOK, n_embd) device: the CPU lane's sum, added to out */
 };
 
 #define CUDA_BACKEND_ZEROCOPY_MAX_TOK 16 /* larger calls (prefill) copy misses into slots */
@@ -225,6 +230,42 @@ static int cuda_add_op(struct backend *b, float *x, const float *y, size_t n)
     return rc ? cuda_fail(rc, "add") : 0;
 }
 
+/* Hybrid: the layer's input, routing ids and weights to the host, enqueued before the cache's
+ * read-back sync so they arrive with it. */
+static int cuda_cpu_lane_inputs(struct backend_cuda *c, const float *in, int nt, int k)
+{
+    size_t e = c->model->hp.n_embd;
+    int rc = cuda_d2h(c->in_h, in, sizeof(float) * (size_t)nt * e, c->stream);
+    rc = rc ? rc : cuda_d2h(c->ids_h, c->route_ids, sizeof(int32_t) * (size_t)nt * k, c->stream);
+    rc = rc ? rc : cuda_d2h(c->w_h, c->route_w, sizeof(float) * (size_t)nt * k, c->stream);
+    return rc ? cuda_fail(rc, "reading the CPU lane's inputs back") : 0;
+}
+
+/* Hybrid: the experts the cache gave to the CPU, computed here while the GPU kernel (which
+ * reads zeros for them) runs, and added to its output. */
+static int cuda_cpu_lane_add(struct backend_cuda *c, const struct moe_args *ma, float *out, int nt)
+{
+    const int32_t *cpu;
+    int n_cpu = expert_cache_cpu_experts(c->cache, &cpu), rc;
+    size_t e = ma->hp->n_embd;
+    struct moe_experts ex;
+    if (!n_cpu)
+        return 0;
+    moe_experts_of(ma->lw, ma->hp, &ex);
+    moe_plan_build(&c->plan, c->ids_h, c->w_h, nt);
+    for (int i = 0, j = 0; i < c->plan.n_active; i++) { /* both lists ascend */
+        while (j < n_cpu && cpu[j] < c->plan.expert[i])
+            j++;
+        c->plan.lane[i] = j < n_cpu && cpu[j] == c->plan.expert[i] ? MOE_LANE_CPU : MOE_LANE_GPU;
+    }
+    rc = moe_cpu_run(c->cpu_lane, &c->plan, &ex, c->in_h, c->out_h);
+    if (rc)
+        return err_set(rc, "layer %d: CPU lane experts failed", ma->layer);
+    rc = cuda_h2d(c->cpu_partial, c->out_h, sizeof(float) * (size_t)nt * e, c->stream);
+    rc = rc ? rc : cuda_add(out, c->cpu_partial, (size_t)nt * e, c->stream);
+    return rc ? cuda_fail(rc, "adding the CPU lane's experts") : 0;
+}
+
 /* Static placement: this layer's experts on the CPU. The routing stays on the GPU; its ids,
  * weights and the layer's input come to the host once, the result goes back once. */
 static int cuda_moe_on_cpu(struct backend_cuda *c, const struct moe_args *ma, const float *in,
@@ -294,8 +335,10 @@ static int cuda_moe_ffn_op(struct backend *b, const struct moe_args *ma)
         struct expert_tables tab = {0};
         if (!rc && c->cache) {
             int pairs = nt * (int)hp->n_expert_used;
-            bool zc = c->residency == BACKEND_RESIDENCY_ZEROCOPY &&
+            bool zc = !c->hybrid && c->residency == BACKEND_RESIDENCY_ZEROCOPY &&
                       nt <= CUDA_BACKEND_ZEROCOPY_MAX_TOK;
+            if (c->hybrid) /* the CPU lane's inputs, read back under the cache's own sync */
+                rc = cuda_cpu_lane_inputs(c, in, nt, (int)hp->n_expert_used);
             if (!zc && c->prefetch && ma->layer + 1 < (int)hp->n_layer)
                 rc = cuda_predict_next(b, ma, in, nt);
             if (!rc)
@@ -321,6 +364,8 @@ static int cuda_moe_ffn_op(struct backend *b, const struct moe_args *ma)
         if (rc)
             rc = err_set(rc, "layer %d: cuda experts failed (types %u/%u/%u)", ma->layer,
                          lw->gate_exps.type, lw->up_exps.type, lw->down_exps.type);
+        if (!rc && c->hybrid) /* while the GPU computes its part */
+            rc = cuda_cpu_lane_add(c, ma, ma->out + (size_t)t0 * hp->n_embd, nt);
     }
     return rc;
 }
@@ -359,6 +404,7 @@ static void cuda_close_op(struct backend *b)
     cuda_free(c->moe_scratch);
     cuda_free(c->pred_ids);
     cuda_free(c->pred_w);
+    cuda_free(c->cpu_partial);
     moe_cpu_close(c->cpu_lane);
     moe_plan_free(&c->plan);
     free(c->in_h);
@@ -461,6 +507,7 @@ static int cuda_buffers(struct backend_cuda *c)
 
 static int cuda_open_cache(struct backend_cuda *c, const struct backend_cuda_config *cfg);
 static int cuda_open_static(struct backend_cuda *c, const struct backend_cuda_config *cfg);
+static int cuda_open_cpu_lane(struct backend_cuda *c);
 
 int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
                       struct backend **out)
@@ -526,7 +573,6 @@ static uint64_t cuda_stream_bytes(const struct model_hparams *hp, uint64_t n_ctx
 static int cuda_open_static(struct backend_cuda *c, const struct backend_cuda_config *cfg)
 {
     const struct model_hparams *hp = &c->model->hp;
-    size_t t = CUDA_BACKEND_MAX_TOK, k = hp->n_expert_used;
     if (!c->static_n)
         return 0;
     if (c->static_n < 0) {
@@ -555,7 +601,15 @@ static int cuda_open_static(struct backend_cuda *c, const struct backend_cuda_co
                     "of %d..%u resident\n",
                     c->budget / 1073741824.0, l - 1, l, hp->n_layer - 1);
     }
-    if (!c->static_n)
+    return c->static_n ? cuda_open_cpu_lane(c) : 0;
+}
+
+/* The CPU lane's host buffers, plan and scratch (static placement and hybrid). */
+static int cuda_open_cpu_lane(struct backend_cuda *c)
+{
+    const struct model_hparams *hp = &c->model->hp;
+    size_t t = CUDA_BACKEND_MAX_TOK, k = hp->n_expert_used;
+    if (c->cpu_lane)
         return 0;
     c->in_h = malloc(sizeof(float) * t * hp->n_embd);
     c->out_h = malloc(sizeof(float) * t * hp->n_embd);
@@ -600,7 +654,27 @@ static int cuda_open_cache(struct backend_cuda *c, const struct backend_cuda_con
                     stream / 1073741824.0, c->alloc_bytes / 1073741824.0,
                     ec.pool_bytes / 1073741824.0);
     }
-    return expert_cache_open(c->model, &ec, c->stream, &c->cache);
+    int rc = expert_cache_open(c->model, &ec, c->stream, &c->cache);
+    if (rc || !cfg->hybrid)
+        return rc;
+    /* the lanes' bandwidths, measured now: pinned H2D, and host reads by the CPU lane's threads */
+    struct lane_model lm = {
+        .pcie_bps = cuda_h2d_bandwidth(NULL, (size_t)64 << 20, 5),
+        .cpu_bps = membw_measure((size_t)256 << 20, omp_get_max_threads(), 3),
+    };
+    if (cfg->log)
+        fprintf(cfg->log,
+                "strata: hybrid lanes: PCIe %.1f GB/s, CPU %.1f GB/s with %d threads (measured)\n",
+                lm.pcie_bps / 1e9, lm.cpu_bps / 1e9, omp_get_max_threads());
+    rc = cuda_open_cpu_lane(c);
+    rc = rc ? rc : cuda_malloc((void **)&c->cpu_partial,
+                               sizeof(float) * CUDA_BACKEND_MAX_TOK * hp->n_embd);
+    if (rc)
+        return err_set(rc, "cuda backend: the hybrid CPU lane");
+    c->alloc_bytes += sizeof(float) * CUDA_BACKEND_MAX_TOK * hp->n_embd;
+    rc = expert_cache_set_hybrid(c->cache, &lm, CUDA_BACKEND_ZEROCOPY_MAX_TOK);
+    c->hybrid = rc == 0;
+    return rc;
 }
 
 size_t backend_cuda_vram_bytes(const struct backend *b)
@@ -640,6 +714,7 @@ int backend_cuda_cache_totals(const struct backend *b, struct backend_cache_tota
         t->evictions += s->evictions;
         t->bytes_copied += s->bytes_copied;
         t->bytes_zerocopy += s->bytes_zerocopy;
+        t->cpu_computed += s->cpu_computed;
     }
     t->slots = expert_cache_slots(c->cache);
     return 0;

@@ -21,7 +21,8 @@ expect 2 "unknown unit" -- bench -m x --vram-budget 12Q
 "$strata" run --help | grep -q -- "--vram-budget SIZE" || fail "run --help lacks --vram-budget"
 "$strata" bench --help | grep -q -- "--residency" || fail "bench --help lacks --residency"
 expect 2 "auto, cpu or cuda" -- run --device gpu -p hi
-expect 2 "stream, static or static:N" -- run --placement static:0 -p hi
+expect 2 "stream, hybrid, static or static:N" -- run --placement static:0 -p hi
+expect 2 "hybrid needs --vram-budget" -- run --placement hybrid -p hi
 expect 2 "picks N from --vram-budget" -- run --placement static -p hi
 expect 2 "need --device cuda" -- run --device cpu --placement static:2 -p hi
 if "$strata" info 2>/dev/null | grep -q "^cuda: *none"; then

@@ -9,7 +9,8 @@
  * (copy, zerocopy) and mixes of them (prefill-sized calls take the copy path), with and
  * without a (partly wrong) prediction of the next layer's experts prefetched, with the pool
  * shrinking half-way (an allocation elsewhere took its memory), with the experts pinned in
- * place or (when in-place pinning is refused) copied into a registered arena, with host
+ * place or (when in-place pinning is refused) copied into a registered arena, hybrid (misses
+ * split between the copy stream and the CPU lane, whose experts must read as zeros), with host
  * memory registered in pieces small enough that copies straddle them. */
 #include <errno.h>
 #include <stdbool.h>
@@ -20,6 +21,7 @@
 #include "cuda_mem.h"
 #include "errors.h"
 #include "expert_cache.h"
+#include "lane.h"
 #include "model.h"
 #include "testutil.h"
 
@@ -259,6 +261,8 @@ struct kernel_check {
     const struct model *m;
     int layer, n_pairs;
     int32_t ids[MAX_TOK * K];
+    int n_cpu;                /* hybrid: experts the CPU computes, whose entries read zeros */
+    int32_t cpu[N_EXPERT];
     struct expert_tables t;
     int *bad;
 };
@@ -269,10 +273,15 @@ static void kernel_read(void *arg)
     const struct layer_weights *lw = &k->m->layers[k->layer];
     const struct weight *w[3] = {&lw->gate_exps, &lw->up_exps, &lw->down_exps};
     const void *const *tab[3] = {k->t.gate, k->t.up, k->t.down};
+    static const uint8_t zeros[8192];
     for (int i = 0; i < k->n_pairs; i++) {
         int e = k->ids[i];
+        bool on_cpu = false;
+        for (int j = 0; j < k->n_cpu; j++)
+            on_cpu |= k->cpu[j] == e;
         for (int p = 0; p < 3; p++) {
-            const uint8_t *want = (const uint8_t *)w[p]->data + (uint64_t)e * strides[p];
+            const uint8_t *want = on_cpu ? zeros
+                                         : (const uint8_t *)w[p]->data + (uint64_t)e * strides[p];
             if (memcmp(tab[p][e], want, strides[p])) {
                 if (getenv("DEBUG_EC"))
                     fprintf(stderr, "layer %d expert %d part %d: entry %p, host %p\n", k->layer, e, p,
@@ -328,7 +337,7 @@ static void route(struct rng *r, int n_tok, int32_t *ids)
 
 /* One scenario: steps of a prompt (n_prompt tokens) then decode, served as the backend would. */
 static void scenario(const struct model *m, enum copy_mode mode, int zerocopy, int prefetch,
-                     int shrink, int n_slots, int n_steps, uint64_t seed)
+                     int shrink, int hybrid, int n_slots, int n_steps, uint64_t seed)
 {
     static const char *mode_name[] = {"eager", "lazy", "random"};
     void *compute = NULL;
@@ -347,6 +356,12 @@ static void scenario(const struct model *m, enum copy_mode mode, int zerocopy, i
     CHECK(rc == 0, "open: %s", err_msg());
     if (rc)
         return;
+    uint64_t cpu_total = 0;
+    if (hybrid) {
+        /* equal bandwidths: lane_assign splits the misses between the lanes */
+        struct lane_model lm = {.pcie_bps = 1e9, .cpu_bps = 1e9};
+        CHECK(expert_cache_set_hybrid(c, &lm, 4) == 0, "hybrid: %s", err_msg());
+    }
     CHECK(cuda_malloc((void **)&ids_dev, sizeof(int32_t) * MAX_TOK * K) == 0, "ids");
     CHECK(cuda_malloc((void **)&pred_dev, sizeof(int32_t) * MAX_TOK * K) == 0, "pred");
     for (int step = 0; step < n_steps && !rc; step++) {
@@ -375,6 +390,12 @@ static void scenario(const struct model *m, enum copy_mode mode, int zerocopy, i
                      ? expert_cache_prepare_zerocopy(c, l, ids_dev, n_tok * K, &k->t)
                      : expert_cache_prepare_copy(c, l, ids_dev, n_tok * K, &k->t);
             CHECK(rc == 0, "prepare: %s", err_msg());
+            const int32_t *cpu;
+            k->n_cpu = hybrid ? expert_cache_cpu_experts(c, &cpu) : 0;
+            if (k->n_cpu)
+                memcpy(k->cpu, cpu, sizeof(int32_t) * (size_t)k->n_cpu);
+            cpu_total += (uint64_t)k->n_cpu;
+            CHECK(!hybrid || copy_path, "hybrid runs on the copy path");
             push(compute, (struct op){.kind = OP_CHECK, .check = kernel_read, .arg = k});
         }
         /* the logits read-back syncs the compute stream, then the step ends */
@@ -412,6 +433,11 @@ static void scenario(const struct model *m, enum copy_mode mode, int zerocopy, i
     CHECK(misses > 0 && (n_slots >= N_LAYER * N_EXPERT || ev > 0), "the scenario never evicted");
     if (shrink)
         CHECK(expert_cache_slots(c) < n_slots, "the pool did not shrink");
+    if (hybrid) {
+        printf("         hybrid: %llu experts computed by the CPU lane\n",
+               (unsigned long long)cpu_total);
+        CHECK(cpu_total > 0 && misses > cpu_total, "the lanes were not both used");
+    }
     expert_cache_close(c);
     cuda_free(ids_dev);
     cuda_free(pred_dev);
@@ -432,14 +458,20 @@ int main(void)
     /* the model's memory cannot be pinned in place: the experts are copied to a registered
      * arena, and everything must read the same bytes from there */
     g_refuse_read_only = true;
-    scenario(&m, COPY_RANDOM, 0, 1, 1, 2 * K, 40, seed + 11);
-    scenario(&m, COPY_RANDOM, 1, 0, 0, 2 * K, 40, seed + 12);
+    scenario(&m, COPY_RANDOM, 0, 1, 1, 0, 2 * K, 40, seed + 11);
+    scenario(&m, COPY_RANDOM, 1, 0, 0, 0, 2 * K, 40, seed + 12);
+    g_refuse_read_only = false;
+    /* hybrid: misses split between the copy stream and the CPU lane (entries on zeros) */
+    for (int mode = 0; mode < 3; mode++)
+        for (size_t s = 0; s < 3; s++)
+            scenario(&m, (enum copy_mode)mode, 0, (int)(s == 1), (int)(s == 2), 1, slots[s], 40,
+                     seed + 20 + s);
     g_refuse_read_only = false;
     for (int zc = 0; zc < 2; zc++)
         for (int pf = 0; pf < 2; pf++)
             for (int mode = 0; mode < 3; mode++)
                 for (size_t s = 0; s < sizeof(slots) / sizeof(slots[0]); s++)
-                    scenario(&m, (enum copy_mode)mode, zc, pf, (int)(s % 2), slots[s], 40,
+                    scenario(&m, (enum copy_mode)mode, zc, pf, (int)(s % 2), 0, slots[s], 40,
                              seed + s);
     for (int l = 0; l < N_LAYER; l++) {
         free((void *)layers[l].gate_exps.data);

@@ -39,6 +39,7 @@ struct bench_opts {
     int stats;            /* --stats */
     int prefetch;         /* --prefetch */
     int cpu_moe_layers;   /* --placement */
+    bool hybrid;
     const char *stats_json;
     const char *prompt_file; /* -f: prompt text instead of random ids */
     int tg_greedy;           /* --tg greedy: decode feeds back the argmax */
@@ -70,9 +71,11 @@ static void bench_usage(void)
            "                        hit rate and streamed GB/s against the pinned H2D\n"
            "                        bandwidth measured in the same run\n"
            "      --residency copy|zerocopy  how decode serves cache misses (default copy)\n"
-           "      --placement stream|static|static:N  experts cached (stream, default), or the\n"
-           "                        first N layers' experts on the CPU and the rest resident\n"
-           "                        (static:N; static = the smallest N fitting the budget)\n"
+           "      --placement stream|hybrid|static|static:N  experts cached (stream, the\n"
+           "                        default), the cache with misses split between PCIe and\n"
+           "                        the CPU (hybrid), or the first N layers' experts on the\n"
+           "                        CPU and the rest resident (static:N; static = the\n"
+           "                        smallest N fitting the budget)\n"
            "      --prefetch        stream the experts the next layer's router predicts\n"
            "      --stats           print the expert cache's per-layer table\n"
            "      --stats-json FILE write it as JSON\n");
@@ -132,7 +135,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             }
             o->cuda = 1;
         } else if (!strcmp(a, "--placement")) {
-            if (run_opts_placement(v, "bench", &o->cpu_moe_layers))
+            if (run_opts_placement(v, "bench", &o->cpu_moe_layers, &o->hybrid))
                 return 2;
             o->cuda = 1;
         } else if (!strcmp(a, "--residency")) {
@@ -237,7 +240,8 @@ int cmd_bench(int argc, char **argv)
     struct backend_cuda_config cc = {
         .device = 0, .vram_budget = o.vram_budget, .n_ctx = o.n_prompt + o.n_gen + 1,
         .max_tok = o.n_prompt, .residency = (enum backend_residency)o.residency,
-        .prefetch = o.prefetch != 0, .cpu_moe_layers = o.cpu_moe_layers, .log = stderr,
+        .prefetch = o.prefetch != 0, .cpu_moe_layers = o.cpu_moe_layers, .hybrid = o.hybrid,
+        .log = stderr,
     };
     int brc = o.cuda ? backend_cuda_open(m, &cc, &b) : backend_cpu_open(m, &bc, &b);
     struct backend *core = b; /* b may become the profiling wrapper around it */
@@ -366,6 +370,10 @@ int cmd_bench(int argc, char **argv)
                h2d / 1e9, per_tok / 1e6, (double)(c1.bytes_copied - c0.bytes_copied) / o.n_gen / 1e6,
                (double)(c1.bytes_zerocopy - c0.bytes_zerocopy) / o.n_gen / 1e6,
                moved / t_tg / 1e9, 100.0 * moved / t_tg / h2d);
+        if (c1.cpu_computed > c0.cpu_computed)
+            printf("cpu lane     %.1f of %.1f missed experts per token computed on the CPU\n",
+                   (double)(c1.cpu_computed - c0.cpu_computed) / o.n_gen,
+                   (double)(c1.misses - c0.misses) / o.n_gen);
         printf("floor        %.1f tok/s if streaming alone bounds decode (bytes moved / H2D) -> "
                "decode at %.0f%% of it\n",
                pcie_floor > 0 ? 1.0 / pcie_floor : 0.0, 100.0 * tg * pcie_floor);

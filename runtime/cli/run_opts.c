@@ -65,11 +65,14 @@ static void run_opts_usage(const char *cmd)
            "                          copied into slots before the layer runs, or read in\n"
            "                          place over PCIe and cached between tokens (default %s;\n"
            "                          copy measured faster, bench/residency.md)\n"
-           "      --placement stream|static|static:N  with --device cuda: stream = experts\n"
-           "                          cached in VRAM under --vram-budget (default); static:N =\n"
-           "                          the experts of the first N layers run on the CPU, the\n"
-           "                          rest resident (llama.cpp --n-cpu-moe N); static = the\n"
-           "                          smallest N that fits --vram-budget\n"
+           "      --placement stream|hybrid|static|static:N  with --device cuda:\n"
+           "                          stream = experts cached in VRAM under --vram-budget\n"
+           "                          (default); hybrid = the same cache, its misses split\n"
+           "                          between PCIe and the CPU by measured bandwidths (not\n"
+           "                          yet measured on a GPU); static:N = the experts of the\n"
+           "                          first N layers on the CPU, the rest resident (llama.cpp\n"
+           "                          --n-cpu-moe N); static = the smallest N that fits\n"
+           "                          --vram-budget\n"
            "      --prefetch          with --vram-budget: stream the experts layer l+1's router\n"
            "                          picks from layer l's input while layer l computes (not\n"
            "                          yet measured on a GPU; off by default)\n"
@@ -192,7 +195,7 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
                 return 2;
             }
         } else if (IS("--placement", NULL)) {
-            if ((rc = run_opts_placement(v, cmd, &o->cpu_moe_layers)))
+            if ((rc = run_opts_placement(v, cmd, &o->cpu_moe_layers, &o->hybrid)))
                 return rc;
             if (!o->device_set)
                 o->device = "cuda";
@@ -248,6 +251,10 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
         fprintf(stderr, "strata %s: --vram-budget and --placement need --device cuda\n", cmd);
         return 2;
     }
+    if (o->hybrid && !o->vram_budget) {
+        fprintf(stderr, "strata %s: --placement hybrid needs --vram-budget\n", cmd);
+        return 2;
+    }
     if (o->cpu_moe_layers < 0 && !o->vram_budget) {
         fprintf(stderr, "strata %s: --placement static picks N from --vram-budget: give one, "
                         "or static:N\n", cmd);
@@ -265,18 +272,22 @@ static bool run_auto_cuda(const struct run_opts *o)
     return !strcmp(o->device, "auto") && cuda_device_count(&why) > 0;
 }
 
-int run_opts_placement(const char *v, const char *cmd, int *out)
+int run_opts_placement(const char *v, const char *cmd, int *out, bool *hybrid)
 {
     char *end = NULL;
+    *hybrid = false;
     if (!strcmp(v, "stream")) {
         *out = 0;
+    } else if (!strcmp(v, "hybrid")) {
+        *out = 0;
+        *hybrid = true;
     } else if (!strcmp(v, "static")) {
         *out = -1;
     } else if (!strncmp(v, "static:", 7) && (*out = (int)strtol(v + 7, &end, 10)) > 0 && !*end) {
         return 0;
     } else {
-        fprintf(stderr, "strata %s: --placement must be stream, static or static:N (N >= 1), "
-                        "not '%s'\n", cmd, v);
+        fprintf(stderr, "strata %s: --placement must be stream, hybrid, static or static:N "
+                        "(N >= 1), not '%s'\n", cmd, v);
         return 2;
     }
     return 0;
@@ -345,7 +356,7 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
     struct backend_cuda_config cc = {
         .device = 0, .vram_budget = o->vram_budget, .n_ctx = o->n_ctx, .max_tok = o->n_batch,
         .residency = (enum backend_residency)mode, .prefetch = o->prefetch,
-        .cpu_moe_layers = o->cpu_moe_layers, .log = stderr,
+        .cpu_moe_layers = o->cpu_moe_layers, .hybrid = o->hybrid, .log = stderr,
     };
     s->stats = o->stats;
     s->stats_json = o->stats_json;

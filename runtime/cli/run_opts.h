@@ -29,6 +29,7 @@ struct run_opts {
     bool stats;            /* --stats */
     bool prefetch;         /* --prefetch */
     int cpu_moe_layers;    /* --placement static[:N]: -1 auto, N, 0 = stream (the cache) */
+    bool hybrid;           /* --placement hybrid */
     const char *stats_json; /* --stats-json FILE */
     struct generate_config gen;
 };
@@ -61,9 +62,9 @@ struct run_session {
 /* --residency's value: 0 and *out, or 2 after printing the error. */
 int run_opts_residency(const char *v, const char *cmd, int *out);
 
-/* --placement's value (stream | static | static:N) as backend_cuda_config.cpu_moe_layers:
- * 0 and *out, or 2 after printing the error. */
-int run_opts_placement(const char *v, const char *cmd, int *out);
+/* --placement's value (stream | hybrid | static | static:N) as backend_cuda_config's
+ * cpu_moe_layers and hybrid: 0, or 2 after printing the error. */
+int run_opts_placement(const char *v, const char *cmd, int *cpu_moe_layers, bool *hybrid);
 
 /* Opens the model (o->model or the default), the backend and a stream; prints what it loaded
  * with -v. 0, or 1 after printing the error. run_session_close prints/writes the expert
