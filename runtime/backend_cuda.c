@@ -337,7 +337,9 @@ static int cuda_moe_ffn_op(struct backend *b, const struct moe_args *ma)
             int pairs = nt * (int)hp->n_expert_used;
             bool zc = !c->hybrid && c->residency == BACKEND_RESIDENCY_ZEROCOPY &&
                       nt <= CUDA_BACKEND_ZEROCOPY_MAX_TOK;
-            if (c->hybrid) /* the CPU lane's inputs, read back under the cache's own sync */
+            /* the CPU lane's inputs, read back under the cache's own sync (decode-sized calls:
+             * larger ones stream every miss) */
+            if (c->hybrid && nt <= CUDA_BACKEND_ZEROCOPY_MAX_TOK)
                 rc = cuda_cpu_lane_inputs(c, in, nt, (int)hp->n_expert_used);
             if (!zc && c->prefetch && ma->layer + 1 < (int)hp->n_layer)
                 rc = cuda_predict_next(b, ma, in, nt);
