@@ -341,7 +341,7 @@ static int cuda_moe_ffn_op(struct backend *b, const struct moe_args *ma)
              * larger ones stream every miss) */
             if (c->hybrid && nt <= CUDA_BACKEND_ZEROCOPY_MAX_TOK)
                 rc = cuda_cpu_lane_inputs(c, in, nt, (int)hp->n_expert_used);
-            if (!zc && c->prefetch && ma->layer + 1 < (int)hp->n_layer)
+            if (!rc && !zc && c->prefetch && ma->layer + 1 < (int)hp->n_layer)
                 rc = cuda_predict_next(b, ma, in, nt);
             if (!rc)
                 rc = zc ? expert_cache_prepare_zerocopy(c->cache, ma->layer, c->route_ids, pairs,
