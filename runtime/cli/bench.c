@@ -377,6 +377,17 @@ int cmd_bench(int argc, char **argv)
         printf("floor        %.1f tok/s if streaming alone bounds decode (bytes moved / H2D) -> "
                "decode at %.0f%% of it\n",
                pcie_floor > 0 ? 1.0 / pcie_floor : 0.0, 100.0 * tg * pcie_floor);
+        /* DESIGN §2 with both lanes: every missed expert's bytes, read by PCIe and the CPU
+         * together (their bandwidths add when the lanes finish a layer together) */
+        double miss_bytes = 0;
+        for (uint32_t l = 0; l < hp->n_layer; l++)
+            miss_bytes += (double)model_expert_bytes(m, l) / hp->n_layer;
+        miss_bytes *= (double)(c1.misses - c0.misses) / o.n_gen;
+        double both_floor = miss_bytes / (h2d + bw);
+        printf("floor2       %.1f tok/s if the misses (%.1f MB per token) were read by PCIe and "
+               "the CPU together (%.1f + %.1f GB/s) -> decode at %.0f%% of it\n",
+               both_floor > 0 ? 1.0 / both_floor : 0.0, miss_bytes / 1e6, h2d / 1e9, bw / 1e9,
+               100.0 * tg * both_floor);
         if (o.stats)
             backend_cuda_print_stats(core, stdout);
         if (o.stats_json && backend_cuda_write_stats_json(core, o.stats_json))
