@@ -283,7 +283,7 @@ static void kernel_read(void *arg)
             const uint8_t *want = on_cpu ? zeros
                                          : (const uint8_t *)w[p]->data + (uint64_t)e * strides[p];
             if (memcmp(tab[p][e], want, strides[p])) {
-                if (getenv("DEBUG_EC"))
+                if (getenv("STRATA_TEST_VERBOSE"))
                     fprintf(stderr, "layer %d expert %d part %d: entry %p, host %p\n", k->layer, e, p,
                             tab[p][e], (const void *)want);
                 (*k->bad)++;
