@@ -59,7 +59,8 @@ static void bench_usage(void)
            "      --tg random|greedy  decode input: random ids (default: with random weights\n"
            "                        greedy decoding repeats itself and so does its routing),\n"
            "                        or the argmax fed back (trained models, with -f)\n"
-           "  -t, --threads N       CPU threads (default: all)\n"
+           "  -t, --threads N       CPU threads (default: all; the CPU expert lane's with\n"
+           "                        --device cuda; --cpu-threads is the same)\n"
            "      --bw-gib G        size of the bandwidth probe in GiB (default 2)\n"
            "      --profile         also print the time spent in each op (pp and tg)\n"
            "      --no-mmap         copy the weights into anonymous memory on huge pages\n"
@@ -122,7 +123,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             o->n_prompt = atoi(v);
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen"))
             o->n_gen = atoi(v);
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads") || !strcmp(a, "--cpu-threads"))
             o->n_threads = atoi(v);
         else if (!strcmp(a, "--bw-gib"))
             o->bw_gib = atof(v);

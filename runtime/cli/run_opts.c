@@ -51,7 +51,8 @@ static void run_opts_usage(const char *cmd)
            strcmp(cmd, "run") ? "" : "-p PROMPT ");
     printf("model and machine:\n"
            "  -m, --model FILE        GGUF model (default: the shipped default model, %s)\n"
-           "  -t, --threads N         CPU threads (default: all cores)\n"
+           "  -t, --threads N         CPU threads (default: all cores); with --device cuda\n"
+           "                          they run the CPU expert lane (--cpu-threads is the same)\n"
            "  -c, --ctx-size N        context length in tokens (default %d)\n"
            "  -b, --batch-size N      prompt tokens per forward pass (default %d)\n"
            "      --device auto|cpu|cuda  backend (default %s: cuda when a GPU is present,\n"
@@ -206,7 +207,7 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->residency = v;
         } else if (IS("--stats-json", NULL)) {
             o->stats_json = v;
-        } else if (IS("-t", "--threads")) {
+        } else if (IS("-t", "--threads") || IS("--cpu-threads", NULL)) {
             rc = run_opts_int(arg, v, 1, 4096, &o->n_threads);
         } else if (IS("-c", "--ctx-size")) {
             rc = run_opts_int(arg, v, 16, 1 << 20, &o->n_ctx);
