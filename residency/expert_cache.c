@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -216,19 +217,29 @@ static int ec_copy_pinned(struct expert_cache *c, int *node_out)
                        total / 1073741824.0);
     }
     uint8_t *h = c->arena ? c->arena : c->pinned, *d = c->arena ? c->arena : dev;
+    uint64_t off = 0;
+    for (int l = 0; l < c->n_layer; l++) { /* the layout first: tensor after tensor */
+        for (int p = 0; p < P_N; p++) {
+            c->lay[l].host[p] = h + off;
+            c->lay[l].mapped[p] = d + off;
+            off += align_up(ec_weight(c->m, l, p)->bytes, 4096);
+        }
+    }
+    /* then the copy, a layer per thread at a time (first touch places the pages too) */
+#pragma omp parallel for schedule(dynamic, 1)
     for (int l = 0; l < c->n_layer; l++) {
+        uint64_t bytes = 0;
         for (int p = 0; p < P_N; p++) {
             const struct weight *w = ec_weight(c->m, l, p);
-            memcpy(h, w->data, w->bytes);
-            c->lay[l].host[p] = h;
-            c->lay[l].mapped[p] = d;
-            h += align_up(w->bytes, 4096);
-            d += align_up(w->bytes, 4096);
-            done += align_up(w->bytes, 4096);
+            memcpy((void *)c->lay[l].host[p], w->data, w->bytes);
+            bytes += align_up(w->bytes, 4096);
         }
-        if (tty)
+        uint64_t so_far;
+#pragma omp atomic capture
+        so_far = done += bytes;
+        if (tty && omp_get_thread_num() == 0)
             fprintf(c->log, "\rstrata: copying experts to pinned memory: %.1f / %.1f GiB",
-                    done / 1073741824.0, total / 1073741824.0);
+                    so_far / 1073741824.0, total / 1073741824.0);
     }
     if (tty)
         fprintf(c->log, "\n");
