@@ -72,6 +72,13 @@ void moe_cpu_close(struct moe_cpu *c);
 int moe_cpu_run(struct moe_cpu *c, const struct moe_plan *p, const struct moe_experts *ex,
                 const float *in, float *out);
 
+/* The CPU lane's arithmetic per (token, expert) pair beyond reading the expert's bytes, for
+ * lane_model.cpu_pair_s: times k experts of ex with 1 token and with n_tok tokens each (best of
+ * reps), and returns (t_many - t_one) / ((n_tok - 1) * k) seconds, at least 0. n_tok <= the
+ * max_tok of moe_cpu_open, k <= the layer's experts; -1 on failure. */
+double moe_cpu_pair_seconds(struct moe_cpu *c, const struct moe_experts *ex, int n_expert, int k,
+                            int n_tok, int reps);
+
 #ifdef __cplusplus
 }
 #endif

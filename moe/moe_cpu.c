@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "expert_ffn.h"
 #include "moe.h"
@@ -106,4 +107,62 @@ int moe_cpu_run(struct moe_cpu *c, const struct moe_plan *p, const struct moe_ex
         n = 0;
     }
     return 0;
+}
+
+static double moe_cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Best of reps of one moe_cpu_run over n_tok tokens, each routed to experts 0..k-1. */
+static double moe_cpu_time(struct moe_cpu *c, const struct moe_experts *ex, int n_expert, int k,
+                           int n_tok, int reps, const float *in, float *out)
+{
+    struct moe_plan p;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_tok * k);
+    float *w = malloc(sizeof(float) * (size_t)n_tok * k);
+    double best = -1;
+    if (ids && w && moe_plan_init(&p, n_tok, k, n_expert) == 0) {
+        for (int t = 0; t < n_tok; t++) {
+            for (int j = 0; j < k; j++) {
+                ids[t * k + j] = j;
+                w[t * k + j] = 1.0f / k;
+            }
+        }
+        moe_plan_build(&p, ids, w, n_tok);
+        for (int r = 0; r < reps; r++) {
+            double t0 = moe_cpu_now();
+            if (moe_cpu_run(c, &p, ex, in, out))
+                break;
+            double dt = moe_cpu_now() - t0;
+            best = best < 0 || dt < best ? dt : best;
+        }
+        moe_plan_free(&p);
+    }
+    free(ids);
+    free(w);
+    return best;
+}
+
+double moe_cpu_pair_seconds(struct moe_cpu *c, const struct moe_experts *ex, int n_expert, int k,
+                            int n_tok, int reps)
+{
+    if (n_tok < 2 || n_tok > c->max_tok || k < 1 || k > n_expert || reps < 1)
+        return -1;
+    float *in = calloc((size_t)n_tok * c->n_embd, sizeof(float));
+    float *out = malloc(sizeof(float) * (size_t)n_tok * c->n_embd);
+    double r = -1;
+    if (in && out) {
+        for (size_t i = 0; i < (size_t)n_tok * c->n_embd; i++)
+            in[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+        double one = moe_cpu_time(c, ex, n_expert, k, 1, reps, in, out);
+        double many = moe_cpu_time(c, ex, n_expert, k, n_tok, reps, in, out);
+        if (one >= 0 && many >= 0)
+            r = many > one ? (many - one) / ((double)(n_tok - 1) * k) : 0.0;
+    }
+    free(in);
+    free(out);
+    return r;
 }

@@ -94,12 +94,12 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
 void expert_cache_predict_next(struct expert_cache *c, const int32_t *pred_dev, int n);
 
 /* Hybrid (copy path only): from now on prepare_copy splits each layer's misses between
- * streaming into slots and the CPU with lane_assign (moe/lane.h) over `m` (bandwidths measured
- * by the caller; queue depths are taken as empty, since the copy path drains both lanes every
- * layer). A miss given to the CPU is not cached: its table entries point at an all-zero slot,
- * so the GPU kernel's contribution for it is exactly 0, and expert_cache_cpu_experts lists it
- * for the caller to compute on the host and add. Calls with more than max_cpu_tok tokens
- * (prefill: the CPU's arithmetic, not its bandwidth, would bound it) stream everything. */
+ * streaming into slots and the CPU with lane_assign (moe/lane.h) over `m` (bandwidths and the
+ * CPU's cost per pair measured by the caller; queue depths are taken as empty, since the copy
+ * path drains both lanes every layer). A miss given to the CPU is not cached: its table entries
+ * point at an all-zero slot, so the GPU kernel's contribution for it is exactly 0, and
+ * expert_cache_cpu_experts lists it for the caller to compute on the host and add. Calls with
+ * more than max_cpu_tok tokens stream everything. */
 struct lane_model;
 int expert_cache_set_hybrid(struct expert_cache *c, const struct lane_model *m, int max_cpu_tok);
 

@@ -337,9 +337,8 @@ static int cuda_moe_ffn_op(struct backend *b, const struct moe_args *ma)
             int pairs = nt * (int)hp->n_expert_used;
             bool zc = !c->hybrid && c->residency == BACKEND_RESIDENCY_ZEROCOPY &&
                       nt <= CUDA_BACKEND_ZEROCOPY_MAX_TOK;
-            /* the CPU lane's inputs, read back under the cache's own sync (decode-sized calls:
-             * larger ones stream every miss) */
-            if (c->hybrid && nt <= CUDA_BACKEND_ZEROCOPY_MAX_TOK)
+            /* the CPU lane's inputs, read back under the cache's own sync */
+            if (c->hybrid)
                 rc = cuda_cpu_lane_inputs(c, in, nt, (int)hp->n_expert_used);
             if (!rc && !zc && c->prefetch && ma->layer + 1 < (int)hp->n_layer)
                 rc = cuda_predict_next(b, ma, in, nt);
@@ -659,22 +658,32 @@ static int cuda_open_cache(struct backend_cuda *c, const struct backend_cuda_con
     int rc = expert_cache_open(c->model, &ec, c->stream, &c->cache);
     if (rc || !cfg->hybrid)
         return rc;
-    /* the lanes' bandwidths, measured now: pinned H2D, and host reads by the CPU lane's threads */
+    /* the lanes, measured now: pinned H2D, host reads by the CPU lane's threads, and the CPU's
+     * arithmetic per (token, expert) pair on layer 0's experts (what bounds it in prefill) */
     struct lane_model lm = {
         .pcie_bps = cuda_h2d_bandwidth(NULL, (size_t)64 << 20, 5),
         .cpu_bps = membw_measure((size_t)256 << 20, omp_get_max_threads(), 3),
     };
+    rc = cuda_open_cpu_lane(c);
+    if (!rc) {
+        struct moe_experts ex;
+        moe_experts_of(&c->model->layers[0], hp, &ex);
+        double pair = moe_cpu_pair_seconds(c->cpu_lane, &ex, (int)hp->n_expert,
+                                           (int)hp->n_expert_used, 64, 3);
+        lm.cpu_pair_s = pair > 0 ? pair : 0;
+    }
     if (cfg->log)
         fprintf(cfg->log,
-                "strata: hybrid lanes: PCIe %.1f GB/s, CPU %.1f GB/s with %d threads (measured)\n",
-                lm.pcie_bps / 1e9, lm.cpu_bps / 1e9, omp_get_max_threads());
-    rc = cuda_open_cpu_lane(c);
+                "strata: hybrid lanes: PCIe %.1f GB/s, CPU %.1f GB/s and %.1f us per (token, "
+                "expert) pair with %d threads (measured)\n",
+                lm.pcie_bps / 1e9, lm.cpu_bps / 1e9, lm.cpu_pair_s * 1e6, omp_get_max_threads());
     rc = rc ? rc : cuda_malloc((void **)&c->cpu_partial,
                                sizeof(float) * CUDA_BACKEND_MAX_TOK * hp->n_embd);
     if (rc)
         return err_set(rc, "cuda backend: the hybrid CPU lane");
     c->alloc_bytes += sizeof(float) * CUDA_BACKEND_MAX_TOK * hp->n_embd;
-    rc = expert_cache_set_hybrid(c->cache, &lm, CUDA_BACKEND_ZEROCOPY_MAX_TOK);
+    /* every call may split: prefill too, priced by the pair cost above */
+    rc = expert_cache_set_hybrid(c->cache, &lm, CUDA_BACKEND_MAX_TOK);
     c->hybrid = rc == 0;
     return rc;
 }

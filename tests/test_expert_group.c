@@ -1,7 +1,8 @@
 /* expert_ffn_group_run: one MoE layer's experts in one parallel region must give exactly the
  * bytes of calling expert_ffn_run expert by expert (same operations, same order), for decode
  * (one token) and prefill-like plans (uneven token lists, repeated tokens), for 1 and 2
- * threads, on fresh random Q4_K/Q6_K and Q8_0 experts. */
+ * threads, on fresh random Q4_K/Q6_K and Q8_0 experts. Also the CPU lane's per-pair cost
+ * measurement (moe_cpu_pair_seconds) gives a sane figure. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,15 +22,24 @@ static void *draw(uint32_t type, int64_t n, float std, struct rng *r)
     return p;
 }
 
+/* n_exp stacked random experts (gate, up of gu_type; down of down_type); strides in gs, ds. */
+static void draw_experts(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_exp,
+                         int n_embd, int n_ff, uint8_t **gate, uint8_t **up, uint8_t **down,
+                         uint64_t *gs, uint64_t *ds)
+{
+    quant_row_bytes(gu_type, (uint64_t)n_embd * n_ff, gs);
+    quant_row_bytes(down_type, (uint64_t)n_embd * n_ff, ds);
+    *gate = draw(gu_type, (int64_t)n_exp * n_embd * n_ff, 0.05f, r);
+    *up = draw(gu_type, (int64_t)n_exp * n_embd * n_ff, 0.05f, r);
+    *down = draw(down_type, (int64_t)n_exp * n_embd * n_ff, 0.06f, r);
+}
+
 static void one_case(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_tok, int k)
 {
     const int n_exp = 16, n_embd = 512, n_ff = 256;
     uint64_t gs, ds;
-    quant_row_bytes(gu_type, (uint64_t)n_embd * n_ff, &gs);
-    quant_row_bytes(down_type, (uint64_t)n_embd * n_ff, &ds);
-    uint8_t *gate = draw(gu_type, (int64_t)n_exp * n_embd * n_ff, 0.05f, r);
-    uint8_t *up = draw(gu_type, (int64_t)n_exp * n_embd * n_ff, 0.05f, r);
-    uint8_t *down = draw(down_type, (int64_t)n_exp * n_embd * n_ff, 0.06f, r);
+    uint8_t *gate, *up, *down;
+    draw_experts(r, gu_type, down_type, n_exp, n_embd, n_ff, &gate, &up, &down, &gs, &ds);
     float *x = malloc(sizeof(float) * n_tok * n_embd);
     float *logits = malloc(sizeof(float) * n_tok * n_exp);
     int32_t *ids = malloc(sizeof(int32_t) * n_tok * k);
@@ -94,6 +104,29 @@ static void one_case(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_
     moe_plan_free(&p);
 }
 
+/* moe_cpu_pair_seconds: the CPU lane's per-pair arithmetic, measured on random Q4_K/Q6_K
+ * experts: finite, positive for a batch that does real work, and sane (under 10 ms a pair). */
+static void pair_seconds(struct rng *r)
+{
+    const int n_exp = 8, n_embd = 512, n_ff = 256, k = 4;
+    uint64_t gs, ds;
+    uint8_t *gate, *up, *down;
+    draw_experts(r, QUANT_Q4_K, QUANT_Q6_K, n_exp, n_embd, n_ff, &gate, &up, &down, &gs, &ds);
+    struct moe_experts ex = {
+        .gate = gate, .up = up, .down = down, .gate_type = QUANT_Q4_K, .up_type = QUANT_Q4_K,
+        .down_type = QUANT_Q6_K, .gate_stride = gs, .up_stride = gs, .down_stride = ds,
+        .n_embd = n_embd, .n_ff = n_ff};
+    struct moe_cpu *c = NULL;
+    CHECK(moe_cpu_open(64, n_embd, n_ff, &c) == 0, "moe_cpu_open");
+    double s = moe_cpu_pair_seconds(c, &ex, n_exp, k, 64, 3);
+    printf("CPU lane: %.2f us per (token, expert) pair (d %d, ffn %d, Q4_K/Q6_K)\n", s * 1e6,
+           n_embd, n_ff);
+    CHECK(s > 0 && s < 1e-2, "pair seconds %g", s);
+    CHECK(moe_cpu_pair_seconds(c, &ex, n_exp, k, 65, 1) < 0, "more tokens than max_tok accepted");
+    moe_cpu_close(c);
+    free(gate), free(up), free(down);
+}
+
 int main(void)
 {
     struct rng r;
@@ -102,5 +135,6 @@ int main(void)
     one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 37, 4); /* prefill: uneven lists, > 16 per expert */
     one_case(&r, QUANT_Q8_0, QUANT_Q8_0, 5, 2);
     one_case(&r, QUANT_F32, QUANT_F32, 3, 3);
+    pair_seconds(&r);
     return test_finish("test_expert_group");
 }
