@@ -47,8 +47,14 @@ __attribute__((target("avx512f"))) static uint64_t membw_lines_avx512(const uint
     }
     for (; l < l1; l++)
         a0 = _mm512_add_epi64(a0, _mm512_load_si512(buf + l * 64));
-    return (uint64_t)_mm512_reduce_add_epi64(
-        _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+    /* folded by xor: the header's _mm512_reduce_add_epi64 adds as signed long long, which
+     * overflows (undefined) on arbitrary memory */
+    __m512i s = _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3));
+    uint64_t lanes[8], r = 0;
+    _mm512_storeu_si512(lanes, s);
+    for (int i = 0; i < 8; i++)
+        r ^= lanes[i];
+    return r;
 }
 
 bool membw_wide(void)

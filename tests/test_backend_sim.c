@@ -1,0 +1,611 @@
+/* The CUDA backend's logic without a GPU: this program supplies every function of
+ * cuda_kernels/ (memory, streams, and each kernel) as a plain CPU implementation on host
+ * memory, executed at once, and runs the real runtime/backend_cuda.c and expert cache on top.
+ * The kernels are simple float references (weights decoded with quant_ref), so what is tested
+ * is the backend's own work: which weights it uploads, the budget and slot arithmetic, the
+ * expert cache's tables in both ways of serving misses, prefetching, shrinking, the static
+ * split and the hybrid CPU lane, end to end through the qwen3moe forward:
+ * - with a cache of any size (copy, zerocopy, prefetch; a pool shrunk by a later, oversized
+ *   stream), every logit of a prompt and 128 greedy steps is bit-identical to all-resident;
+ * - static placement and the hybrid lane, whose experts the real CPU lane computes (8-bit
+ *   activations), agree with all-resident on >= 95% of teacher-forced argmaxes, logits within
+ *   5e-2 of the largest;
+ * - a budget that cannot hold the trunk is refused; static picks N from the budget.
+ * Streams here run in program order, so ordering between streams is test_expert_cache's job. */
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "budget.h"
+#include "cuda_info.h"
+#include "cuda_matmul.h"
+#include "cuda_mem.h"
+#include "cuda_moe.h"
+#include "cuda_ops.h"
+#include "errors.h"
+#include "gen.h"
+#include "model.h"
+#include "moe.h"
+#include "ops_cpu.h"
+#include "quant.h"
+#include "quant_ref.h"
+#include "sampler.h"
+#include "stream.h"
+#include "testutil.h"
+
+/* ---- cuda_info, cuda_mem: host memory, everything at once ---------------------------------- */
+
+bool cuda_backend_built(void)
+{
+    return true;
+}
+
+int cuda_device_count(const char **why)
+{
+    (void)why;
+    return 1;
+}
+
+int cuda_device_info_get(int dev, struct cuda_device_info *out)
+{
+    if (dev != 0)
+        return -ENODEV;
+    memset(out, 0, sizeof(*out));
+    strcpy(out->name, "simulated");
+    strcpy(out->pci_bus_id, "0000:00:00.0");
+    out->total_bytes = out->free_bytes = (size_t)1 << 30;
+    return 0;
+}
+
+int cuda_set_device(int dev)
+{
+    return dev == 0 ? 0 : -ENODEV;
+}
+
+int cuda_malloc(void **p, size_t bytes)
+{
+    *p = malloc(bytes ? bytes : 1);
+    if (*p)
+        memset(*p, 0xA5, bytes); /* device memory starts as garbage */
+    return *p ? 0 : -ENOMEM;
+}
+
+void cuda_free(void *p)
+{
+    free(p);
+}
+
+int cuda_memset(void *p, int value, size_t bytes, void *stream)
+{
+    (void)stream;
+    memset(p, value, bytes);
+    return 0;
+}
+
+int cuda_h2d(void *dst, const void *src, size_t bytes, void *stream)
+{
+    (void)stream;
+    memmove(dst, src, bytes);
+    return 0;
+}
+
+int cuda_d2h(void *dst, const void *src, size_t bytes, void *stream)
+{
+    return cuda_h2d(dst, src, bytes, stream);
+}
+
+int cuda_d2d(void *dst, const void *src, size_t bytes, void *stream)
+{
+    return cuda_h2d(dst, src, bytes, stream);
+}
+
+static int g_streams;
+
+int cuda_stream_create(void **stream)
+{
+    *stream = (void *)(intptr_t)++g_streams;
+    return 0;
+}
+
+void cuda_stream_destroy(void *stream)
+{
+    (void)stream;
+}
+
+int cuda_stream_sync(void *stream)
+{
+    (void)stream;
+    return 0;
+}
+
+int cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+    *free_bytes = *total_bytes = (size_t)1 << 30;
+    return 0;
+}
+
+double cuda_copy_bandwidth(size_t bytes, int reps)
+{
+    (void)bytes, (void)reps;
+    return 1e12;
+}
+
+/* A slow "PCIe" (10 MB/s), so the hybrid lane model gives the CPU work however slowly this
+ * build's CPU lane runs (the sanitizer builds are many times slower). */
+double cuda_h2d_bandwidth(const void *src, size_t bytes, int reps)
+{
+    (void)src, (void)bytes, (void)reps;
+    return 1e7;
+}
+
+int cuda_host_register(void *p, size_t bytes, int read_only, void **dev_ptr)
+{
+    (void)bytes, (void)read_only;
+    *dev_ptr = p;
+    return 0;
+}
+
+void cuda_host_unregister(void *p)
+{
+    (void)p;
+}
+
+int cuda_host_alloc(void **p, size_t bytes, void **dev_ptr)
+{
+    *p = *dev_ptr = malloc(bytes ? bytes : 1);
+    return *p ? 0 : -ENOMEM;
+}
+
+void cuda_host_free(void *p)
+{
+    free(p);
+}
+
+int cuda_event_create(void **ev)
+{
+    *ev = malloc(1);
+    return *ev ? 0 : -ENOMEM;
+}
+
+void cuda_event_destroy(void *ev)
+{
+    free(ev);
+}
+
+int cuda_event_record(void *ev, void *stream)
+{
+    (void)ev, (void)stream;
+    return 0;
+}
+
+int cuda_stream_wait(void *stream, void *ev)
+{
+    (void)stream, (void)ev;
+    return 0;
+}
+
+int cuda_last_error(const char *what)
+{
+    (void)what;
+    return 0;
+}
+
+/* ---- kernels: float references ------------------------------------------------------------ */
+
+static float *g_row; /* a decoded weight row */
+static int64_t g_row_cap;
+
+static const float *decode_row(uint32_t type, const void *src, int64_t n)
+{
+    if (n > g_row_cap) {
+        free(g_row);
+        g_row = test_xmalloc(sizeof(float) * (size_t)n);
+        g_row_cap = n;
+    }
+    if (quant_ref_dequantize(type, src, g_row, n))
+        return NULL;
+    return g_row;
+}
+
+static float dot(const float *a, const float *b, int64_t n)
+{
+    float s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+int cuda_type_supported(uint32_t type)
+{
+    return quant_ref_can_dequantize(type);
+}
+
+bool cuda_matmul_supported(uint32_t wtype)
+{
+    return quant_ref_can_dequantize(wtype);
+}
+
+size_t cuda_matmul_scratch_bytes(uint32_t wtype, int64_t n_in, int64_t n_out, int m)
+{
+    (void)wtype, (void)n_in, (void)n_out, (void)m;
+    return 64;
+}
+
+int cuda_matmul_init(void)
+{
+    return 0;
+}
+
+int cuda_matmul_check(const struct cuda_matmul_args *a)
+{
+    return a->m >= 1 && a->n_in >= 1 && a->n_out >= 1 ? 0 : -EINVAL;
+}
+
+int cuda_matmul(const struct cuda_matmul_args *a)
+{
+    if (cuda_matmul_check(a))
+        return -EINVAL;
+    for (int64_t o = 0; o < a->n_out; o++) {
+        const float *w = decode_row(a->wtype, (const uint8_t *)a->w + o * a->w_stride, a->n_in);
+        if (!w)
+            return -EINVAL;
+        for (int j = 0; j < a->m; j++) {
+            const float *x = a->x + (a->x_rows ? a->x_rows[j] : j) * a->x_stride;
+            a->y[j * a->y_stride + o] = dot(w, x, a->n_in);
+        }
+    }
+    return 0;
+}
+
+int cuda_embed(const struct cuda_embed_args *a)
+{
+    for (int i = 0; i < a->n; i++) {
+        const float *r = decode_row(a->type, (const uint8_t *)a->table + a->ids[i] * a->row_bytes,
+                                    a->n_embd);
+        if (!r)
+            return -EINVAL;
+        memcpy(a->out + i * a->n_embd, r, sizeof(float) * (size_t)a->n_embd);
+    }
+    return 0;
+}
+
+int cuda_rmsnorm(const struct cuda_rmsnorm_args *a)
+{
+    const float *x = a->in;
+    if (a->resid) {
+        for (size_t i = 0; i < (size_t)a->rows * a->dim; i++)
+            a->resid[i] += a->in[i];
+        x = a->resid;
+    }
+    float *ones = NULL;
+    if (!a->w) {
+        ones = test_xmalloc(sizeof(float) * (size_t)a->dim);
+        for (int i = 0; i < a->dim; i++)
+            ones[i] = 1.0f;
+    }
+    ops_rmsnorm(a->out, x, a->w ? a->w : ones, a->rows, a->dim, a->eps);
+    free(ones);
+    return 0;
+}
+
+int cuda_rope_neox(const struct cuda_rope_args *a)
+{
+    if (a->pos_dev)
+        for (int t = 0; t < a->n_tok; t++)
+            ops_rope_neox(a->x + (size_t)t * a->n_heads * a->head_dim, 1, a->n_heads,
+                          a->head_dim, a->pos_dev[t], a->base);
+    else
+        ops_rope_neox(a->x, a->n_tok, a->n_heads, a->head_dim, a->pos0, a->base);
+    return 0;
+}
+
+int cuda_kv_store(const struct cuda_kv_store_args *a)
+{
+    for (int t = 0; t < a->n_tok; t++) {
+        int row = a->pos_dev ? a->pos_dev[t] : a->pos0 + t;
+        if (row < 0 || row >= a->n_ctx)
+            return a->pos_dev ? 0 : -EINVAL;
+        memcpy(a->cache + (size_t)row * a->width, a->src + (size_t)t * a->width,
+               sizeof(float) * (size_t)a->width);
+    }
+    return 0;
+}
+
+size_t cuda_attention_scratch_bytes(int n_head, int head_dim)
+{
+    (void)n_head, (void)head_dim;
+    return 64;
+}
+
+int cuda_attention(const struct cuda_attn_args *a)
+{
+    if (a->pos_dev)
+        return -ENOTSUP;
+    struct ops_attn o = {
+        .out = a->out, .q = a->q, .k_cache = a->k_cache, .v_cache = a->v_cache,
+        .pos0 = a->pos0, .n_tok = a->n_tok, .n_head = a->n_head, .n_head_kv = a->n_head_kv,
+        .head_dim = a->head_dim, .scale = a->scale,
+    };
+    ops_attention(&o);
+    return 0;
+}
+
+int cuda_add(float *x, const float *y, size_t n, void *stream)
+{
+    (void)stream;
+    for (size_t i = 0; i < n; i++)
+        x[i] += y[i];
+    return 0;
+}
+
+int cuda_argmax(const float *x, int rows, int n, int32_t *out, void *stream)
+{
+    (void)stream;
+    for (int r = 0; r < rows; r++)
+        out[r] = sampler_argmax(x + (size_t)r * n, n);
+    return 0;
+}
+
+int cuda_softmax_topk(const struct cuda_topk_args *a)
+{
+    moe_route_softmax_topk(a->logits, a->n_tok, a->n_expert, a->k, a->ids, a->w);
+    return 0;
+}
+
+size_t cuda_moe_scratch_bytes(const struct cuda_moe_args *a)
+{
+    (void)a;
+    return 64;
+}
+
+static const uint8_t *moe_weight(const void *base, uint64_t stride, const void *const *ptrs,
+                                 int e)
+{
+    return ptrs ? ptrs[e] : (const uint8_t *)base + (uint64_t)e * stride;
+}
+
+int cuda_moe_ffn(const struct cuda_moe_args *a)
+{
+    int64_t E = a->n_embd, F = a->n_ff;
+    float *h = test_xmalloc(sizeof(float) * (size_t)F);
+    uint64_t grow = 0, drow = 0;
+    if (quant_row_bytes(a->gate_type, (uint64_t)E, &grow) ||
+        quant_row_bytes(a->down_type, (uint64_t)F, &drow)) {
+        free(h);
+        return -EINVAL;
+    }
+    for (int t = 0; t < a->n_tok; t++) {
+        const float *x = a->in + t * a->in_stride;
+        float *out = a->out + t * a->out_stride;
+        for (int64_t i = 0; i < E; i++)
+            out[i] = 0;
+        for (int j = 0; j < a->k; j++) {
+            int e = a->ids[t * a->k + j];
+            float w = a->weights[t * a->k + j];
+            const uint8_t *g = moe_weight(a->gate, a->gate_stride, a->gate_ptrs, e);
+            const uint8_t *u = moe_weight(a->up, a->up_stride, a->up_ptrs, e);
+            const uint8_t *d = moe_weight(a->down, a->down_stride, a->down_ptrs, e);
+            for (int64_t r = 0; r < F; r++) {
+                float gv = dot(decode_row(a->gate_type, g + r * grow, E), x, E);
+                float uv = dot(decode_row(a->up_type, u + r * grow, E), x, E);
+                h[r] = ops_silu(gv) * uv;
+            }
+            for (int64_t r = 0; r < E; r++)
+                out[r] += w * dot(decode_row(a->down_type, d + r * drow, F), h, F);
+        }
+    }
+    free(h);
+    return 0;
+}
+
+/* ---- the checks --------------------------------------------------------------------------- */
+
+#define N_PROMPT 12
+#define N_STEPS 128
+
+static char tmpdir[] = "/tmp/strata-test-backend-sim-XXXXXX";
+
+struct run {
+    float *logits; /* (1 + N_STEPS, n_vocab) */
+    int32_t ids[N_STEPS];
+    struct backend_cache_totals tot;
+    int cpu_layers;
+};
+
+/* Prompt then greedy steps; with teacher != NULL the steps feed teacher's ids instead. */
+static int run(const char *path, const struct backend_cuda_config *cc, int n_ctx,
+               const int32_t *prompt, const int32_t *teacher, struct run *out)
+{
+    struct model *m = NULL;
+    struct backend *b = NULL;
+    struct stream *s = NULL;
+    int rc = model_open(path, &m);
+    rc = rc ? rc : backend_cuda_open(m, cc, &b);
+    rc = rc ? rc : stream_open(b, n_ctx, 32, &s);
+    if (!rc) {
+        int nv = (int)m->hp.n_vocab;
+        out->logits = test_xmalloc(sizeof(float) * (size_t)nv * (N_STEPS + 1));
+        rc = stream_eval(s, prompt, N_PROMPT, out->logits);
+        for (int i = 0; !rc && i < N_STEPS; i++) {
+            out->ids[i] = teacher ? teacher[i] : sampler_argmax(out->logits + (size_t)i * nv, nv);
+            rc = stream_eval(s, &out->ids[i], 1, out->logits + (size_t)(i + 1) * nv);
+        }
+        backend_cuda_cache_totals(b, &out->tot);
+        out->cpu_layers = backend_cuda_cpu_moe_layers(b);
+    }
+    if (rc)
+        fprintf(stderr, "%s: %s\n", path, err_msg());
+    stream_close(s);
+    backend_close(b);
+    model_close(m);
+    return rc;
+}
+
+static int n_vocab_of(const char *path)
+{
+    struct model *m = NULL;
+    int nv = model_open(path, &m) ? 0 : (int)m->hp.n_vocab;
+    model_close(m);
+    return nv;
+}
+
+static void exact(const char *path, const char *what, const struct backend_cuda_config *cc,
+                  int n_ctx, const int32_t *prompt, const struct run *ref)
+{
+    struct run r = {0};
+    int nv = n_vocab_of(path);
+    CHECK(run(path, cc, n_ctx, prompt, NULL, &r) == 0, "%s: %s failed", path, what);
+    if (!r.logits)
+        return;
+    size_t n = (size_t)nv * (N_STEPS + 1), first = n;
+    for (size_t i = 0; i < n && first == n; i++)
+        if (memcmp(&r.logits[i], &ref->logits[i], sizeof(float)))
+            first = i;
+    printf("%s: %-34s %s; %d slots, %llu hits, %llu misses, %llu evictions\n", path, what,
+           first == n ? "bit-identical" : "DIFFERS", r.tot.slots, (unsigned long long)r.tot.hits,
+           (unsigned long long)r.tot.misses, (unsigned long long)r.tot.evictions);
+    CHECK(first == n, "%s %s: logit %zu (step %zu) differs", path, what, first, first / nv);
+    free(r.logits);
+}
+
+static void close_enough(const char *path, const char *what,
+                         const struct backend_cuda_config *cc, const int32_t *prompt,
+                         const struct run *ref, double tol, int want_cpu_layers,
+                         bool want_cpu_lane)
+{
+    struct run r = {0};
+    int nv = n_vocab_of(path), agree = 0;
+    CHECK(run(path, cc, 256, prompt, ref->ids, &r) == 0, "%s: %s failed", path, what);
+    if (!r.logits)
+        return;
+    double err = test_max_rel_err(r.logits, ref->logits, (size_t)nv);
+    for (int i = 0; i < N_STEPS; i++)
+        agree += sampler_argmax(r.logits + (size_t)(i + 1) * nv, nv) ==
+                 sampler_argmax(ref->logits + (size_t)(i + 1) * nv, nv);
+    printf("%s: %-34s prompt logits within %.3g; argmax agrees on %d of %d teacher-forced "
+           "steps; %d CPU layers, %llu CPU-lane experts\n",
+           path, what, err, agree, N_STEPS, r.cpu_layers, (unsigned long long)r.tot.cpu_computed);
+    CHECK(err <= tol, "%s %s: logits off by %g (tol %g)", path, what, err, tol);
+    CHECK(agree * 100 >= 95 * N_STEPS, "%s %s: agrees on %d of %d", path, what, agree, N_STEPS);
+    CHECK(r.cpu_layers == want_cpu_layers, "%s: %d CPU layers, expected %d", what, r.cpu_layers,
+          want_cpu_layers);
+    CHECK(!want_cpu_lane || r.tot.cpu_computed > 0, "%s: the CPU lane computed nothing", what);
+    free(r.logits);
+}
+
+/* tol: the CPU lane's logits against the float kernels, max |diff| / max |ref| (f32 weights:
+ * 1e-3; 8-bit weights, whose activations the CPU lane quantizes too: 1e-1, measured 0.059) */
+static void model_checks(const char *path, const int32_t *prompt, double tol)
+{
+    struct backend_cuda_config all = {.device = 0};
+    struct run ref = {0};
+    CHECK(run(path, &all, 256, prompt, NULL, &ref) == 0, "%s: all-resident failed", path);
+    if (!ref.logits)
+        return;
+    struct backend_cuda_config copy = {.device = 0, .expert_slots = 5};
+    struct backend_cuda_config zc = {.device = 0, .expert_slots = 5,
+                                     .residency = BACKEND_RESIDENCY_ZEROCOPY};
+    struct backend_cuda_config pf = {.device = 0, .expert_slots = 9, .prefetch = true};
+    exact(path, "copy, 5 slots", &copy, 256, prompt, &ref);
+    exact(path, "zerocopy, 5 slots", &zc, 256, prompt, &ref);
+    exact(path, "copy + prefetch, 9 slots", &pf, 256, prompt, &ref);
+    /* a budget for a 128-position stream, then a 2048-position one: the pool gives slots up */
+    struct backend_cuda_config shrink = {.device = 0, .vram_budget = 6 << 20, .n_ctx = 128,
+                                         .max_tok = 32};
+    exact(path, "6 MiB budget, stream 16x declared", &shrink, 2048, prompt, &ref);
+
+    struct backend_cuda_config st = {.device = 0, .cpu_moe_layers = 2};
+    struct backend_cuda_config hy = {.device = 0, .expert_slots = 6, .hybrid = true};
+    close_enough(path, "static:2", &st, prompt, &ref, tol, 2, false);
+    close_enough(path, "hybrid, 6 slots", &hy, prompt, &ref, tol, 0, true);
+    free(ref.logits);
+}
+
+static void budget_checks(const char *path)
+{
+    struct model *m = NULL;
+    struct backend *b = NULL;
+    CHECK(model_open(path, &m) == 0, "%s", err_msg());
+    if (!m)
+        return;
+    uint64_t trunk, slot, experts = 0;
+    budget_model_sizes(m, &trunk, &slot);
+    for (uint32_t l = 0; l < m->hp.n_layer; l++)
+        experts += model_expert_bytes(m, l) * m->hp.n_expert;
+    struct backend_cuda_config cc = {.device = 0, .vram_budget = trunk / 2, .n_ctx = 128,
+                                     .max_tok = 32};
+    int rc = backend_cuda_open(m, &cc, &b);
+    CHECK(rc == -ENOSPC && strstr(err_msg(), "short"), "half the trunk: %d (%s)", rc, err_msg());
+    if (!rc)
+        backend_close(b);
+    /* static: a budget with room for about half the experts beyond everything else */
+    struct backend_cuda_config all = {.device = 0};
+    struct stream *s = NULL;
+    uint64_t held = 0;
+    if (backend_cuda_open(m, &all, &b) == 0) {
+        if (stream_open(b, 128, 32, &s) == 0)
+            held = backend_cuda_vram_bytes(b);
+        stream_close(s);
+        backend_close(b);
+    }
+    CHECK(held > experts, "all-resident: %llu bytes held", (unsigned long long)held);
+    cc.cpu_moe_layers = -1;
+    cc.vram_budget = held - experts / 2;
+    rc = backend_cuda_open(m, &cc, &b);
+    CHECK(rc == 0, "static: %s", err_msg());
+    if (!rc) {
+        int n = backend_cuda_cpu_moe_layers(b);
+        printf("%s: static under %.2f MiB (all resident: %.2f): %d of %u layers on the CPU\n",
+               path, cc.vram_budget / 1048576.0, held / 1048576.0, n, m->hp.n_layer);
+        CHECK(n == (int)m->hp.n_layer / 2, "static split %d", n);
+        backend_close(b);
+    }
+    model_close(m);
+}
+
+static int gen_model(enum quant_mix mix, char *path, size_t size)
+{
+    struct gen_config cfg = {0};
+    snprintf(path, size, "%s/wide-%s.gguf", tmpdir, quant_mix_name(mix));
+    cfg.arch = "qwen3moe";
+    cfg.preset = *gen_preset_find("tiny");
+    cfg.preset.n_layer = 4;
+    cfg.preset.n_expert = 16;
+    cfg.preset.n_expert_used = 4;
+    cfg.preset.n_embd = 128;
+    cfg.preset.n_ff_exp = 64;
+    cfg.preset.n_vocab = 512;
+    cfg.mix = mix;
+    cfg.seed = 29;
+    cfg.n_threads = 2;
+    cfg.out_path = path;
+    return gen_file_write(&cfg, NULL);
+}
+
+int main(void)
+{
+    char f32[512], q8[512];
+    int32_t prompt[N_PROMPT];
+    struct rng r;
+
+    rng_seed(&r, test_seed("test_backend_sim"), 9);
+    if (!mkdtemp(tmpdir) || gen_model(QUANT_MIX_F32, f32, sizeof(f32)) ||
+        gen_model(QUANT_MIX_Q8_0, q8, sizeof(q8))) {
+        fprintf(stderr, "setup: %s\n", err_msg());
+        return 1;
+    }
+    for (int i = 0; i < N_PROMPT; i++)
+        prompt[i] = (int32_t)rng_below(&r, 500);
+    model_checks(f32, prompt, 1e-3);
+    model_checks(q8, prompt, 1e-1);
+    budget_checks(q8);
+    unlink(f32);
+    unlink(q8);
+    rmdir(tmpdir);
+    free(g_row);
+    return test_finish("test_backend_sim");
+}
