@@ -257,20 +257,14 @@ static void cpu_lane(const char *path, const int32_t *prompt, double tol, const 
     free(ref.logits);
 }
 
+/* The tiny preset widened to 4 layers of 16 experts, top-4. */
 static int gen_model(enum quant_mix mix, char *path, size_t size)
 {
-    struct gen_config cfg = {0};
-    snprintf(path, size, "%s/wide-%s.gguf", tmpdir, quant_mix_name(mix));
-    cfg.arch = "qwen3moe";
-    cfg.preset = *gen_preset_find("tiny");
-    cfg.preset.n_layer = 4;
-    cfg.preset.n_expert = 16;
-    cfg.preset.n_expert_used = 4;
-    cfg.mix = mix;
-    cfg.seed = 23;
-    cfg.n_threads = 2;
-    cfg.out_path = path;
-    return gen_file_write(&cfg, NULL);
+    struct gen_preset p = *gen_preset_find("tiny");
+    p.n_layer = 4;
+    p.n_expert = 16;
+    p.n_expert_used = 4;
+    return test_gen_model(&p, mix, 23, tmpdir, "wide", path, size);
 }
 
 int main(void)

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "cuda_mem.h"
+#include "mock_cuda_host.h"
 #include "errors.h"
 #include "expert_cache.h"
 #include "lane.h"
@@ -100,32 +101,6 @@ static void push(struct mstream *s, struct op o)
         maybe_progress_copies();
 }
 
-int cuda_set_device(int dev)
-{
-    (void)dev;
-    return 0;
-}
-
-int cuda_malloc(void **p, size_t bytes)
-{
-    *p = malloc(bytes ? bytes : 1);
-    if (*p)
-        memset(*p, 0xA5, bytes); /* "device" memory starts as garbage */
-    return *p ? 0 : -ENOMEM;
-}
-
-void cuda_free(void *p)
-{
-    free(p);
-}
-
-int cuda_memset(void *p, int value, size_t bytes, void *stream)
-{
-    (void)stream;
-    memset(p, value, bytes);
-    return 0;
-}
-
 int cuda_h2d(void *dst, const void *src, size_t bytes, void *stream)
 {
     push(stream, (struct op){.kind = OP_COPY, .dst = dst, .src = src, .n = bytes});
@@ -172,18 +147,6 @@ int cuda_stream_sync(void *stream)
     return 0;
 }
 
-int cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
-{
-    *free_bytes = *total_bytes = (size_t)1 << 30;
-    return 0;
-}
-
-double cuda_copy_bandwidth(size_t bytes, int reps)
-{
-    (void)bytes, (void)reps;
-    return 0;
-}
-
 double cuda_h2d_bandwidth(const void *src, size_t bytes, int reps)
 {
     (void)src, (void)bytes, (void)reps;
@@ -199,31 +162,10 @@ int cuda_host_register(void *p, size_t bytes, int read_only, void **dev_ptr)
     return read_only && g_refuse_read_only ? -ENOTSUP : 0;
 }
 
-void cuda_host_unregister(void *p)
-{
-    (void)p;
-}
-
-int cuda_host_alloc(void **p, size_t bytes, void **dev_ptr)
-{
-    *p = *dev_ptr = malloc(bytes ? bytes : 1);
-    return *p ? 0 : -ENOMEM;
-}
-
-void cuda_host_free(void *p)
-{
-    free(p);
-}
-
 int cuda_event_create(void **ev)
 {
     *ev = calloc(1, sizeof(struct mevent));
     return *ev ? 0 : -ENOMEM;
-}
-
-void cuda_event_destroy(void *ev)
-{
-    free(ev);
 }
 
 int cuda_event_record(void *ev, void *stream)
@@ -239,12 +181,6 @@ int cuda_stream_wait(void *stream, void *ev)
 {
     struct mevent *e = ev;
     push(stream, (struct op){.kind = OP_WAIT, .wait_on = e->s, .wait_upto = e->upto});
-    return 0;
-}
-
-int cuda_last_error(const char *what)
-{
-    (void)what;
     return 0;
 }
 

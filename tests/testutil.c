@@ -2,6 +2,7 @@
 
 #include "cuda_info.h"
 #include "cuda_mem.h"
+#include "gen.h"
 #include "quant.h"
 
 #include <math.h>
@@ -146,4 +147,18 @@ uint64_t test_row_bytes(uint32_t type, int64_t n)
     if (n < 0 || quant_row_bytes(type, (uint64_t)n, &rb))
         test_fatal("quant_row_bytes");
     return rb;
+}
+
+int test_gen_model(const struct gen_preset *p, int mix, uint64_t seed, const char *dir,
+                   const char *name, char *buf, size_t size)
+{
+    struct gen_config cfg = {0};
+    snprintf(buf, size, "%s/%s-%s.gguf", dir, name, quant_mix_name((enum quant_mix)mix));
+    cfg.arch = "qwen3moe";
+    cfg.preset = *p;
+    cfg.mix = (enum quant_mix)mix;
+    cfg.seed = seed;
+    cfg.n_threads = 2;
+    cfg.out_path = buf;
+    return gen_file_write(&cfg, NULL);
 }

@@ -42,6 +42,14 @@ double test_max_rel_err(const float *a, const float *b, size_t n);
 /* ||a - b||_2 / ||b||_2; NaN gives +inf. */
 double test_norm_rel_err(const float *a, const float *b, size_t n);
 
+struct gen_preset;
+
+/* A generated qwen3moe checkpoint of preset p (gen_preset_find's, possibly edited) at mix
+ * (enum quant_mix) with seed, written by 2 threads to dir/name-MIX.gguf; the path goes to
+ * buf. 0 or -errno (err_msg says why). */
+int test_gen_model(const struct gen_preset *p, int mix, uint64_t seed, const char *dir,
+                   const char *name, char *buf, size_t size);
+
 /* Path under tests/data: writes into buf and returns it. */
 const char *test_data_path(char *buf, size_t size, const char *name);
 
