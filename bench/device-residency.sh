@@ -11,7 +11,7 @@ B=$PWD/.carry/bin
 # stay under the device's 64 MiB): tar -cJf .carry/bin.tar.xz -C .carry bin
 [ -f .carry/bin.tar.xz ] && tar -xJf .carry/bin.tar.xz -C .carry
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-[ -n "${SKIP_TESTS:-}" ] || for t in test_cuda_residency test_cuda_backend test_cuda_moe test_cuda_ops test_cuda_matmul; do
+[ -n "${SKIP_TESTS:-}" ] || for t in test_cuda_gather test_cuda_residency test_cuda_backend test_cuda_moe test_cuda_ops test_cuda_matmul; do
     [ -x "$B/$t" ] || continue
     STRATA_TEST_VERBOSE=${VERBOSE:-} "$B/$t" >/tmp/$t.log 2>&1; echo "$t rc=$?" | tee -a "$OUT/tests.log"
     cat /tmp/$t.log >>"$OUT/tests.log"
@@ -32,6 +32,7 @@ for b in ${BUDGETS:-4G 8G 12G}; do
     # llama.cpp's --n-cpu-moe placement in the same binary: the smallest N that fits
     [ -n "${STATIC:-}" ] && run -m $M --vram-budget $b --placement static -p 512 -n 128 --bw-gib 0.5 --tg random
     [ -n "${HYBRID:-}" ] && run -m $M --vram-budget $b --placement hybrid -p 512 -n 128 --bw-gib 0.5 --tg random
+    [ -n "${GATHER:-}" ] && run -m $M --vram-budget $b --streaming kernel -p 512 -n 128 --bw-gib 0.5 --tg random
 done
 if [ -n "${SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null; then
     timeout 300 compute-sanitizer --tool memcheck "$B/test_cuda_residency" >"$OUT/memcheck.log" 2>&1

@@ -238,3 +238,35 @@ out:
     free(ms);
     return bw;
 }
+
+/* One block row per item (blockIdx.y), blocks striding over its bytes. */
+static __global__ void k_gather(struct cuda_gather g)
+{
+    int i = blockIdx.y;
+    const uint8_t *src = (const uint8_t *)g.item[i].src;
+    uint8_t *dst = (uint8_t *)g.item[i].dst;
+    uint64_t n = g.item[i].bytes;
+    uint64_t start = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    uint64_t step = (uint64_t)gridDim.x * blockDim.x;
+    if (((uintptr_t)src | (uintptr_t)dst | n) % 16 == 0) {
+        const uint4 *s4 = (const uint4 *)src;
+        uint4 *d4 = (uint4 *)dst;
+        for (uint64_t w = start; w < n / 16; w += step)
+            d4[w] = s4[w];
+    } else {
+        for (uint64_t b = start; b < n; b += step)
+            dst[b] = src[b];
+    }
+}
+
+extern "C" int cuda_gather_copy(const struct cuda_gather *g, void *stream)
+{
+    if (!g || g->n < 0 || g->n > CUDA_GATHER_MAX)
+        return -EINVAL;
+    if (g->n == 0)
+        return 0;
+    /* enough blocks in flight per item to cover PCIe latency when src is host memory */
+    dim3 grid(32, (unsigned)g->n);
+    k_gather<<<grid, 256, 0, (cudaStream_t)stream>>>(*g);
+    return cuda_rc(CUDA_CHECK(cudaGetLastError()));
+}

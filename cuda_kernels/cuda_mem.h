@@ -6,6 +6,7 @@
 #define STRATA_CUDA_MEM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -42,6 +43,21 @@ int cuda_event_create(void **ev);
 void cuda_event_destroy(void *ev);
 int cuda_event_record(void *ev, void *stream);
 int cuda_stream_wait(void *stream, void *ev);
+
+/* Up to CUDA_GATHER_MAX copies in one kernel launch: each item's bytes from src (device memory
+ * or mapped pinned host memory, read by the kernel itself: zero-copy) to dst (device). One
+ * launch instead of a cudaMemcpyAsync call per piece; items must not overlap. 16-byte aligned
+ * items of a multiple of 16 bytes move in 16-byte words, others byte by byte. */
+#define CUDA_GATHER_MAX 32
+struct cuda_gather {
+    int n;
+    struct {
+        const void *src;
+        void *dst;
+        uint64_t bytes;
+    } item[CUDA_GATHER_MAX];
+};
+int cuda_gather_copy(const struct cuda_gather *g, void *stream);
 
 /* Pinned host-to-device bandwidth in bytes/s: median over reps of one copy of `bytes` from
  * src (pinned host memory; NULL: a buffer of its own). 0 on failure. */

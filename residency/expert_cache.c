@@ -46,6 +46,8 @@ struct expert_cache {
     void *compute, *copy;
     void *copy_done; /* event */
     FILE *log;
+    bool gather;
+    struct cuda_gather batch; /* pieces not yet launched (gather mode) */
 
     /* host tier */
     uint8_t *reg_lo;  /* registered range (in place), or NULL */
@@ -386,6 +388,7 @@ int expert_cache_open(struct model *m, const struct expert_cache_config *cfg, vo
     c->max_pairs = cfg->max_pairs > 0 ? cfg->max_pairs : 1;
     c->compute = compute_stream;
     c->log = cfg->log;
+    c->gather = cfg->gather;
     const char *chunk = getenv("STRATA_PIN_CHUNK");
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     c->reg_chunk = chunk ? strtoull(chunk, NULL, 0) / page * page : 0;
@@ -557,6 +560,33 @@ static int ec_h2d(struct expert_cache *c, uint8_t *dst, const uint8_t *src, uint
     return 0;
 }
 
+/* Gather mode: launches the pieces collected so far on the copy stream. */
+static int ec_flush(struct expert_cache *c)
+{
+    int rc = c->batch.n ? cuda_gather_copy(&c->batch, c->copy) : 0;
+    c->batch.n = 0;
+    return rc;
+}
+
+/* One piece of an expert into its slot: a DMA copy, or (gather mode) an item of the next
+ * gather launch, which reads the mapped host bytes itself. */
+static int ec_copy_piece(struct expert_cache *c, uint8_t *dst, const uint8_t *host,
+                         const uint8_t *mapped, uint64_t n)
+{
+    if (!c->gather)
+        return ec_h2d(c, dst, host, n);
+    if (c->batch.n == CUDA_GATHER_MAX) {
+        int rc = ec_flush(c);
+        if (rc)
+            return rc;
+    }
+    c->batch.item[c->batch.n].src = mapped;
+    c->batch.item[c->batch.n].dst = dst;
+    c->batch.item[c->batch.n].bytes = n;
+    c->batch.n++;
+    return 0;
+}
+
 /* Admits (l, e) into a slot and enqueues its copy; the evicted expert goes back to host. The
  * slot, or -1 when every slot is guarded (the expert stays in host memory). */
 static int ec_admit(struct expert_cache *c, int l, int e, int *rc)
@@ -573,9 +603,11 @@ static int ec_admit(struct expert_cache *c, int l, int e, int *rc)
         c->prefetched[(size_t)el * c->n_expert + ee] = 0;
     }
     c->slot_gen[s]++;
-    for (int p = 0; p < P_N && !*rc; p++)
-        *rc = ec_h2d(c, c->slot[s] + c->off[p],
-                     c->lay[l].host[p] + (uint64_t)e * c->lay[l].stride[p], c->lay[l].stride[p]);
+    for (int p = 0; p < P_N && !*rc; p++) {
+        uint64_t at = (uint64_t)e * c->lay[l].stride[p];
+        *rc = ec_copy_piece(c, c->slot[s] + c->off[p], c->lay[l].host[p] + at,
+                            c->lay[l].mapped[p] + at, c->lay[l].stride[p]);
+    }
     if (*rc)
         *rc = err_set(*rc, "expert cache: streaming expert %d of layer %d failed", e, l);
     c->stats[l].bytes_copied += ec_expert_bytes(c, l);
@@ -713,6 +745,7 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
     rc = rc ? rc : ec_upload(c, layer);
     /* this layer's experts wait for every copy enqueued so far: its misses, and experts a
      * prediction at the previous layer admitted, whose entries already point at their slots */
+    rc = rc ? rc : ec_flush(c);
     if (!rc && (copied || c->copies_pending)) {
         rc = cuda_event_record(c->copy_done, c->copy);
         rc = rc ? rc : cuda_stream_wait(c->compute, c->copy_done);
@@ -733,6 +766,7 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
         c->stats[next].prefetched++;
         c->copies_pending = true;
     }
+    rc = rc ? rc : ec_flush(c);
     ec_tables(c, layer, t);
     return rc;
 }
@@ -786,7 +820,8 @@ int expert_cache_prepare_zerocopy(struct expert_cache *c, int layer, const int32
     }
     rc = ec_upload(c, layer);
     if (!rc && c->copies_pending) { /* a prediction's copies (copy path) must land first */
-        rc = cuda_event_record(c->copy_done, c->copy);
+        rc = ec_flush(c);
+        rc = rc ? rc : cuda_event_record(c->copy_done, c->copy);
         rc = rc ? rc : cuda_stream_wait(c->compute, c->copy_done);
         c->copies_pending = false;
     }
@@ -847,6 +882,7 @@ int expert_cache_step_end(struct expert_cache *c)
                 rc = ec_push_next(c, l, e, s, c->slot_gen[s]);
         }
     }
+    rc = rc ? rc : ec_flush(c);
     /* The previous step end's admissions are complete: switch those whose slot has seen no
      * admission since. Still holding the expert is not enough: evicted and admitted again into
      * the same slot above, its new copy is in flight behind another expert's bytes. */
@@ -944,7 +980,8 @@ int expert_cache_shrink(struct expert_cache *c, uint64_t bytes)
     int freed = 0;
     uint64_t got = 0;
     /* nothing may be copying into or reading from the memory about to go */
-    int rc = cuda_stream_sync(c->compute);
+    int rc = ec_flush(c);
+    rc = rc ? rc : cuda_stream_sync(c->compute);
     rc = rc ? rc : cuda_stream_sync(c->copy);
     if (rc)
         return err_set(rc, "expert cache: sync before shrinking failed");

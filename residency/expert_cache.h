@@ -40,6 +40,9 @@ struct expert_cache_config {
     int n_slots;         /* exact slot count instead (tests); 0 = pool_bytes / slot size */
     int protected_pct;   /* SLRU protected cap, 0 = default */
     int max_pairs;       /* most (token, expert) pairs one layer call routes (tokens * k) */
+    bool gather;         /* stream misses with cuda_gather_copy (one kernel launch reading
+                          * mapped host memory per batch of pieces) instead of a
+                          * cudaMemcpyAsync per piece */
     FILE *log;           /* where the set-up reports go (host path, slots), NULL = quiet */
 };
 

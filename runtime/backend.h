@@ -108,6 +108,8 @@ struct backend_cuda_config {
     int expert_slots;     /* > 0: exactly this many expert slots (tests), experts in host
                            * memory; overrides the budget's count */
     enum backend_residency residency; /* for decode-sized calls; prefill always copies */
+    bool gather_copies;   /* stream misses with one gather kernel per batch (reading mapped
+                           * host memory) instead of a cudaMemcpyAsync per piece */
     bool prefetch;        /* copy path: predict layer l+1's experts with its router applied to
                            * layer l's input and stream them while layer l computes */
     bool hybrid;          /* with vram_budget: each layer's cache misses split between

@@ -634,7 +634,7 @@ static int cuda_open_cache(struct backend_cuda *c, const struct backend_cuda_con
     uint64_t fixed = c->weight_bytes + c->alloc_bytes + stream;
     struct expert_cache_config ec = {
         .n_slots = cfg->expert_slots, .max_pairs = CUDA_BACKEND_MAX_TOK * (int)hp->n_expert_used,
-        .log = cfg->log,
+        .gather = cfg->gather_copies, .log = cfg->log,
     };
     if (cfg->vram_budget) {
         uint64_t trunk, slot;

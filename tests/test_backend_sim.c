@@ -81,6 +81,14 @@ int cuda_d2d(void *dst, const void *src, size_t bytes, void *stream)
 
 static int g_streams;
 
+int cuda_gather_copy(const struct cuda_gather *g, void *stream)
+{
+    (void)stream;
+    for (int i = 0; i < g->n; i++)
+        memmove(g->item[i].dst, g->item[i].src, g->item[i].bytes);
+    return 0;
+}
+
 int cuda_stream_create(void **stream)
 {
     *stream = (void *)(intptr_t)++g_streams;
@@ -450,6 +458,9 @@ static void model_checks(const char *path, const int32_t *prompt, double tol)
     exact(path, "copy, 5 slots", &copy, 256, prompt, &ref);
     exact(path, "zerocopy, 5 slots", &zc, 256, prompt, &ref);
     exact(path, "copy + prefetch, 9 slots", &pf, 256, prompt, &ref);
+    struct backend_cuda_config ga = {.device = 0, .expert_slots = 7, .gather_copies = true,
+                                     .prefetch = true};
+    exact(path, "gather kernel + prefetch, 7 slots", &ga, 256, prompt, &ref);
     /* a budget for a 128-position stream, then a 2048-position one: the pool gives slots up */
     struct backend_cuda_config shrink = {.device = 0, .vram_budget = 6 << 20, .n_ctx = 128,
                                          .max_tok = 32};

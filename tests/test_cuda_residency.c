@@ -90,9 +90,9 @@ static void exact(const char *path, const int32_t *prompt)
     int nv = (int)m->hp.n_vocab, n_keys = (int)(m->hp.n_layer * m->hp.n_expert);
     int k = (int)m->hp.n_expert_used;
     model_close(m);
-    static const char *mode_name[] = {"copy", "zerocopy", "copy+prefetch"};
+    static const char *mode_name[] = {"copy", "zerocopy", "copy+prefetch", "gather+prefetch"};
     const int slots[] = {k + 1, 2 * k, n_keys / 3};
-    for (int mode = 0; mode < 3; mode++) {
+    for (int mode = 0; mode < 4; mode++) {
         for (size_t si = 0; si < sizeof(slots) / sizeof(slots[0]); si++) {
             for (int no_mmap = 0; no_mmap < 2; no_mmap++) {
                 if (no_mmap && si)
@@ -100,7 +100,7 @@ static void exact(const char *path, const int32_t *prompt)
                 struct backend_cuda_config cc = {
                     .device = 0, .expert_slots = slots[si],
                     .residency = mode == 1 ? BACKEND_RESIDENCY_ZEROCOPY : BACKEND_RESIDENCY_COPY,
-                    .prefetch = mode == 2,
+                    .prefetch = mode >= 2, .gather_copies = mode == 3,
                 };
                 struct run r = {0};
                 int rc = run_model(path, &cc, no_mmap, prompt, &r);

@@ -117,6 +117,15 @@ int cuda_d2d(void *dst, const void *src, size_t bytes, void *stream)
     return cuda_h2d(dst, src, bytes, stream);
 }
 
+/* The gather kernel's pieces are copies on its stream, in order. */
+int cuda_gather_copy(const struct cuda_gather *g, void *stream)
+{
+    for (int i = 0; i < g->n; i++)
+        push(stream, (struct op){.kind = OP_COPY, .dst = g->item[i].dst, .src = g->item[i].src,
+                                 .n = g->item[i].bytes});
+    return 0;
+}
+
 int cuda_stream_create(void **stream)
 {
     struct mstream *s = calloc(1, sizeof(*s));
@@ -272,9 +281,25 @@ static void route(struct rng *r, int n_tok, int32_t *ids)
 }
 
 /* One scenario: steps of a prompt (n_prompt tokens) then decode, served as the backend would. */
-static void scenario(const struct model *m, enum copy_mode mode, int zerocopy, int prefetch,
-                     int shrink, int hybrid, int n_slots, int n_steps, uint64_t seed)
+/* One run of the cache as the backend drives it. */
+struct scenario_cfg {
+    enum copy_mode mode; /* how the mock copy stream progresses */
+    bool zerocopy;       /* decode-sized calls take (b) */
+    bool prefetch;       /* a partly wrong prediction of the next layer */
+    bool shrink;         /* the pool gives up slots half-way */
+    bool hybrid;         /* misses split with the CPU lane */
+    bool gather;         /* copies through cuda_gather_copy */
+    int n_slots, n_steps;
+    uint64_t seed;
+};
+
+static void scenario(const struct model *m, const struct scenario_cfg *sc)
 {
+    enum copy_mode mode = sc->mode;
+    bool zerocopy = sc->zerocopy, prefetch = sc->prefetch, shrink = sc->shrink,
+         hybrid = sc->hybrid;
+    int n_slots = sc->n_slots, n_steps = sc->n_steps;
+    uint64_t seed = sc->seed;
     static const char *mode_name[] = {"eager", "lazy", "random"};
     void *compute = NULL;
     struct expert_cache *c = NULL;
@@ -287,7 +312,8 @@ static void scenario(const struct model *m, enum copy_mode mode, int zerocopy, i
     rng_seed(&g_rng, seed, 1);
     rng_seed(&r, seed, 2);
     CHECK(cuda_stream_create(&compute) == 0, "stream");
-    struct expert_cache_config cfg = {.n_slots = n_slots, .max_pairs = MAX_TOK * K};
+    struct expert_cache_config cfg = {.n_slots = n_slots, .max_pairs = MAX_TOK * K,
+                                      .gather = sc->gather};
     int rc = expert_cache_open((struct model *)m, &cfg, compute, &c);
     CHECK(rc == 0, "open: %s", err_msg());
     if (rc)
@@ -357,9 +383,10 @@ static void scenario(const struct model *m, enum copy_mode mode, int zerocopy, i
         pf += s->prefetched;
         pfu += s->prefetch_used;
     }
-    printf("%-8s%s %-6s %2d slots: %d wrong expert reads; %llu hits, %llu misses, %llu "
+    printf("%-8s%s%s %-6s %2d slots: %d wrong expert reads; %llu hits, %llu misses, %llu "
            "evictions, %llu bytes read in place, %llu prefetched (%llu used)\n",
-           zerocopy ? "zerocopy" : "copy", prefetch ? "+pf" : "   ", mode_name[mode], n_slots,
+           zerocopy ? "zerocopy" : "copy", prefetch ? "+pf" : "   ", sc->gather ? "+g" : "  ",
+           mode_name[mode], n_slots,
            bad, (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)ev,
            (unsigned long long)zc, (unsigned long long)pf, (unsigned long long)pfu);
     if (prefetch && !zerocopy)
@@ -394,21 +421,27 @@ int main(void)
     /* the model's memory cannot be pinned in place: the experts are copied to a registered
      * arena, and everything must read the same bytes from there */
     g_refuse_read_only = true;
-    scenario(&m, COPY_RANDOM, 0, 1, 1, 0, 2 * K, 40, seed + 11);
-    scenario(&m, COPY_RANDOM, 1, 0, 0, 0, 2 * K, 40, seed + 12);
+    scenario(&m, &(struct scenario_cfg){.mode = COPY_RANDOM, .prefetch = true, .shrink = true,
+                                        .n_slots = 2 * K, .n_steps = 40, .seed = seed + 11});
+    scenario(&m, &(struct scenario_cfg){.mode = COPY_RANDOM, .zerocopy = true, .n_slots = 2 * K,
+                                        .n_steps = 40, .seed = seed + 12});
     g_refuse_read_only = false;
     /* hybrid: misses split between the copy stream and the CPU lane (entries on zeros) */
     for (int mode = 0; mode < 3; mode++)
         for (size_t s = 0; s < 3; s++)
-            scenario(&m, (enum copy_mode)mode, 0, (int)(s == 1), (int)(s == 2), 1, slots[s], 40,
-                     seed + 20 + s);
+            scenario(&m, &(struct scenario_cfg){.mode = (enum copy_mode)mode, .prefetch = s == 1,
+                                                .shrink = s == 2, .hybrid = true,
+                                                .n_slots = slots[s], .n_steps = 40,
+                                                .seed = seed + 20 + s});
     g_refuse_read_only = false;
     for (int zc = 0; zc < 2; zc++)
         for (int pf = 0; pf < 2; pf++)
             for (int mode = 0; mode < 3; mode++)
                 for (size_t s = 0; s < sizeof(slots) / sizeof(slots[0]); s++)
-                    scenario(&m, (enum copy_mode)mode, zc, pf, (int)(s % 2), 0, slots[s], 40,
-                             seed + s);
+                    scenario(&m, &(struct scenario_cfg){
+                                         .mode = (enum copy_mode)mode, .zerocopy = zc,
+                                         .prefetch = pf, .shrink = s % 2, .gather = s >= 2,
+                                         .n_slots = slots[s], .n_steps = 40, .seed = seed + s});
     for (int l = 0; l < N_LAYER; l++) {
         free((void *)layers[l].gate_exps.data);
         free((void *)layers[l].up_exps.data);

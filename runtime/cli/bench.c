@@ -39,6 +39,7 @@ struct bench_opts {
     int stats;            /* --stats */
     int prefetch;         /* --prefetch */
     int cpu_moe_layers;   /* --placement */
+    bool gather;          /* --streaming kernel */
     bool hybrid;
     const char *stats_json;
     const char *prompt_file; /* -f: prompt text instead of random ids */
@@ -77,6 +78,8 @@ static void bench_usage(void)
            "                        the CPU (hybrid), or the first N layers' experts on the\n"
            "                        CPU and the rest resident (static:N; static = the\n"
            "                        smallest N fitting the budget)\n"
+           "      --streaming dma|kernel  misses copied by DMA per piece (default) or by one\n"
+           "                        gather kernel per batch\n"
            "      --prefetch        stream the experts the next layer's router predicts\n"
            "      --stats           print the expert cache's per-layer table\n"
            "      --stats-json FILE write it as JSON\n");
@@ -139,6 +142,8 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             if (run_opts_placement(v, "bench", &o->cpu_moe_layers, &o->hybrid))
                 return 2;
             o->cuda = 1;
+        } else if (!strcmp(a, "--streaming") && (!strcmp(v, "dma") || !strcmp(v, "kernel"))) {
+            o->gather = !strcmp(v, "kernel");
         } else if (!strcmp(a, "--residency")) {
             if (run_opts_residency(v, "bench", &o->residency))
                 return 2;
@@ -242,6 +247,7 @@ int cmd_bench(int argc, char **argv)
         .device = 0, .vram_budget = o.vram_budget, .n_ctx = o.n_prompt + o.n_gen + 1,
         .max_tok = o.n_prompt, .residency = (enum backend_residency)o.residency,
         .prefetch = o.prefetch != 0, .cpu_moe_layers = o.cpu_moe_layers, .hybrid = o.hybrid,
+        .gather_copies = o.gather,
         .log = stderr,
     };
     int brc = o.cuda ? backend_cuda_open(m, &cc, &b) : backend_cpu_open(m, &bc, &b);

@@ -74,6 +74,9 @@ static void run_opts_usage(const char *cmd)
            "                          first N layers on the CPU, the rest resident (llama.cpp\n"
            "                          --n-cpu-moe N); static = the smallest N that fits\n"
            "                          --vram-budget\n"
+           "      --streaming dma|kernel  how misses are copied into slots: a DMA copy per\n"
+           "                          piece (default), or one gather kernel per batch reading\n"
+           "                          host memory itself (not yet measured on a GPU)\n"
            "      --prefetch          with --vram-budget: stream the experts layer l+1's router\n"
            "                          picks from layer l's input while layer l computes (not\n"
            "                          yet measured on a GPU; off by default)\n"
@@ -200,6 +203,13 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
                 return rc;
             if (!o->device_set)
                 o->device = "cuda";
+        } else if (IS("--streaming", NULL)) {
+            if (strcmp(v, "dma") && strcmp(v, "kernel")) {
+                fprintf(stderr, "strata %s: --streaming must be dma or kernel, not '%s'\n", cmd,
+                        v);
+                return 2;
+            }
+            o->gather = !strcmp(v, "kernel");
         } else if (IS("--residency", NULL)) {
             int mode;
             if ((rc = run_opts_residency(v, cmd, &mode)))
@@ -357,7 +367,8 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
     struct backend_cuda_config cc = {
         .device = 0, .vram_budget = o->vram_budget, .n_ctx = o->n_ctx, .max_tok = o->n_batch,
         .residency = (enum backend_residency)mode, .prefetch = o->prefetch,
-        .cpu_moe_layers = o->cpu_moe_layers, .hybrid = o->hybrid, .log = stderr,
+        .cpu_moe_layers = o->cpu_moe_layers, .hybrid = o->hybrid, .gather_copies = o->gather,
+        .log = stderr,
     };
     s->stats = o->stats;
     s->stats_json = o->stats_json;

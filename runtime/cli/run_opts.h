@@ -28,6 +28,7 @@ struct run_opts {
     const char *residency; /* --residency copy|zerocopy */
     bool stats;            /* --stats */
     bool prefetch;         /* --prefetch */
+    bool gather;           /* --streaming kernel */
     int cpu_moe_layers;    /* --placement static[:N]: -1 auto, N, 0 = stream (the cache) */
     bool hybrid;           /* --placement hybrid */
     const char *stats_json; /* --stats-json FILE */
