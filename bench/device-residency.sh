@@ -24,6 +24,7 @@ R="$OUT/bench-residency.txt"
 run() { echo "### strata bench $*" | tee -a "$R"; timeout 150 "$B/strata" bench "$@" 2>&1 | grep -vE "^(model|host read|model read|first token|bytes/token)" | tee -a "$R"; }
 # random weights: decode feeds random ids (greedy output repeats, and so would the routing)
 run -m $M --device cuda -p 512 -n 128 --bw-gib 0.5 --tg random
+[ -n "${GRAPH:-}" ] && run -m $M --device cuda --graph -p 512 -n 128 --bw-gib 0.5 --tg random
 for b in ${BUDGETS:-4G 8G 12G}; do
     for mode in ${MODES:-copy zerocopy}; do
         run -m $M --vram-budget $b --residency $mode -p 512 -n 128 --bw-gib 0.5 --tg random

@@ -270,3 +270,38 @@ extern "C" int cuda_gather_copy(const struct cuda_gather *g, void *stream)
     k_gather<<<grid, 256, 0, (cudaStream_t)stream>>>(*g);
     return cuda_rc(CUDA_CHECK(cudaGetLastError()));
 }
+
+extern "C" int cuda_graph_begin(void *stream)
+{
+    return cuda_rc(CUDA_CHECK(
+        cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal)));
+}
+
+extern "C" int cuda_graph_end(void *stream, void **exec)
+{
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t e = NULL;
+    *exec = NULL;
+    cudaError_t err = CUDA_CHECK(cudaStreamEndCapture((cudaStream_t)stream, &g));
+    if (err == cudaSuccess)
+        err = CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+    if (g)
+        cudaGraphDestroy(g);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -EIO;
+    }
+    *exec = (void *)e;
+    return 0;
+}
+
+extern "C" int cuda_graph_launch(void *exec, void *stream)
+{
+    return cuda_rc(CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream)));
+}
+
+extern "C" void cuda_graph_destroy(void *exec)
+{
+    if (exec)
+        CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)exec));
+}

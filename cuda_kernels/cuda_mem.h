@@ -59,6 +59,15 @@ struct cuda_gather {
 };
 int cuda_gather_copy(const struct cuda_gather *g, void *stream);
 
+/* CUDA graphs: everything enqueued on `stream` between cuda_graph_begin and cuda_graph_end is
+ * recorded, not run; cuda_graph_end instantiates it into *exec (NULL and -errno when the
+ * recording failed: the stream is usable again either way), cuda_graph_launch replays it on a
+ * stream. Recorded copies must come from pinned host memory or device memory. */
+int cuda_graph_begin(void *stream);
+int cuda_graph_end(void *stream, void **exec);
+int cuda_graph_launch(void *exec, void *stream);
+void cuda_graph_destroy(void *exec);
+
 /* Pinned host-to-device bandwidth in bytes/s: median over reps of one copy of `bytes` from
  * src (pinned host memory; NULL: a buffer of its own). 0 on failure. */
 double cuda_h2d_bandwidth(const void *src, size_t bytes, int reps);

@@ -138,3 +138,27 @@ int cuda_gather_copy(const struct cuda_gather *g, void *stream)
     (void)g, (void)stream;
     return -ENODEV;
 }
+
+int cuda_graph_begin(void *stream)
+{
+    (void)stream;
+    return -ENODEV;
+}
+
+int cuda_graph_end(void *stream, void **exec)
+{
+    (void)stream;
+    *exec = NULL;
+    return -ENODEV;
+}
+
+int cuda_graph_launch(void *exec, void *stream)
+{
+    (void)exec, (void)stream;
+    return -ENODEV;
+}
+
+void cuda_graph_destroy(void *exec)
+{
+    (void)exec;
+}

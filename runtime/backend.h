@@ -16,6 +16,7 @@
 #include "model.h"
 
 struct backend;
+struct stream;
 
 struct attn_args {
     float *out;           /* (n_tok, n_head*head_dim) */
@@ -64,6 +65,14 @@ struct backend_ops {
     int (*moe_ffn)(struct backend *b, const struct moe_args *a);
     /* Copies n floats of backend memory to the host. */
     int (*read)(struct backend *b, float *host, const float *src, size_t n);
+    /* Optional (NULL: every forward runs op by op). Around the forward of n tokens at position
+     * pos of stream s: step_begin returns 1 when the backend ran a recorded step itself (the
+     * caller skips the forward), 0 when the caller runs the forward (which the backend may be
+     * recording), or -errno; step_end(rc) follows a forward the caller ran, with its result,
+     * and finishes (and runs) a recording. */
+    int (*step_begin)(struct backend *b, const struct stream *s, const int32_t *ids, int n,
+                      int pos);
+    int (*step_end)(struct backend *b, int rc);
     void (*close)(struct backend *b);
 };
 
@@ -108,6 +117,8 @@ struct backend_cuda_config {
     int expert_slots;     /* > 0: exactly this many expert slots (tests), experts in host
                            * memory; overrides the budget's count */
     enum backend_residency residency; /* for decode-sized calls; prefill always copies */
+    bool graph;           /* record one-token decode steps in a CUDA graph and replay them
+                           * (all-resident only: the cache and the CPU lane sync per layer) */
     bool gather_copies;   /* stream misses with one gather kernel per batch (reading mapped
                            * host memory) instead of a cudaMemcpyAsync per piece */
     bool prefetch;        /* copy path: predict layer l+1's experts with its router applied to
@@ -143,6 +154,9 @@ struct backend_cache_totals {
     int slots;
 };
 int backend_cuda_cache_totals(const struct backend *b, struct backend_cache_totals *t);
+
+/* Whether one-token decode steps are replayed from a CUDA graph (--graph, all resident). */
+bool backend_cuda_graph(const struct backend *b);
 
 /* Layers whose experts run on the CPU (static placement), 0 when none. */
 int backend_cuda_cpu_moe_layers(const struct backend *b);

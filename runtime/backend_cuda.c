@@ -22,6 +22,7 @@
 #include "cuda_ops.h"
 #include "errors.h"
 #include "expert_cache.h"
+#include "stream.h"
 #include "lane.h"
 #include "membw.h"
 #include "moe.h"
@@ -61,6 +62,14 @@ struct backend_cuda {
     float *w_h;
     bool hybrid;              /* cache misses split with the CPU lane (shares the above) */
     float *cpu_partial;       /* (MAX_TOK, n_embd) device: the CPU lane's sum, added to out */
+    /* graph decode: one-token steps recorded once and replayed */
+    bool graph;               /* wanted, and possible (all resident, no CPU lane) */
+    bool recording;           /* between step_begin and step_end of the recording */
+    void *graph_exec;         /* the recorded step, or NULL */
+    const struct stream *graph_stream; /* the stream whose buffers it writes */
+    int32_t *step_pin;        /* pinned host [0] token id, [1] position: read by the graph */
+    void *step_pin_dev;
+    int32_t *step_dev;        /* (2) device copy of step_pin */
 };
 
 #define CUDA_BACKEND_ZEROCOPY_MAX_TOK 16 /* larger calls (prefill) copy misses into slots */
@@ -132,6 +141,15 @@ static int cuda_embed_op(struct backend *b, float *out, const struct weight *w,
                          const int32_t *ids, int n)
 {
     struct backend_cuda *c = cuda_of(b);
+    if (c->recording) { /* the id arrives in step_dev[0], copied at the start of the graph */
+        struct cuda_embed_args a = {
+            .out = out, .table = w->dev, .type = w->type, .row_bytes = w->row_bytes,
+            .n_embd = (int64_t)w->ne[0], .n_vocab = (int64_t)w->ne[1], .ids = c->step_dev,
+            .n = 1, .stream = c->stream,
+        };
+        int rc = cuda_embed(&a);
+        return rc ? cuda_fail(rc, "embed") : 0;
+    }
     for (int i0 = 0; i0 < n; i0 += CUDA_BACKEND_MAX_TOK) {
         int m = n - i0 < CUDA_BACKEND_MAX_TOK ? n - i0 : CUDA_BACKEND_MAX_TOK;
         for (int i = 0; i < m; i++) {
@@ -193,7 +211,8 @@ static int cuda_rope_op(struct backend *b, float *x, int n_tok, int n_heads, int
 {
     struct cuda_rope_args a = {
         .x = x, .n_tok = n_tok, .n_heads = n_heads, .head_dim = head_dim, .pos0 = pos0,
-        .base = base, .stream = cuda_of(b)->stream,
+        .pos_dev = cuda_of(b)->recording ? cuda_of(b)->step_dev + 1 : NULL, .base = base,
+        .stream = cuda_of(b)->stream,
     };
     int rc = cuda_rope_neox(&a);
     return rc ? cuda_fail(rc, "rope") : 0;
@@ -202,10 +221,15 @@ static int cuda_rope_op(struct backend *b, float *x, int n_tok, int n_heads, int
 static int cuda_kv_store_op(struct backend *b, float *cache, const float *src, int pos0,
                             int n_tok, int width)
 {
+    struct backend_cuda *c = cuda_of(b);
     struct cuda_kv_store_args a = {
         .cache = cache, .src = src, .n_tok = n_tok, .width = width, .n_ctx = pos0 + n_tok,
-        .pos0 = pos0, .stream = cuda_of(b)->stream,
+        .pos0 = pos0, .stream = c->stream,
     };
+    if (c->recording) { /* the row comes from step_dev[1]; the cache holds graph_stream's n_ctx */
+        a.pos_dev = c->step_dev + 1;
+        a.n_ctx = c->graph_stream->n_ctx;
+    }
     int rc = cuda_kv_store(&a);
     return rc ? cuda_fail(rc, "kv_store") : 0;
 }
@@ -216,10 +240,13 @@ static int cuda_attention_op(struct backend *b, const struct attn_args *at)
     struct cuda_attn_args a = {
         .out = at->out, .q = at->q, .k_cache = at->k_cache, .v_cache = at->v_cache,
         .pos0 = at->pos0, .n_tok = at->n_tok, .n_ctx = at->pos0 + at->n_tok,
+        .pos_dev = c->recording ? c->step_dev + 1 : NULL,
         .n_head = at->n_head, .n_head_kv = at->n_head_kv, .head_dim = at->head_dim,
         .scale = at->scale, .scratch = c->attn_scratch, .scratch_bytes = c->attn_scratch_bytes,
         .stream = c->stream,
     };
+    if (c->recording) /* keys up to the position in step_dev[1], of a cache this long */
+        a.n_ctx = c->graph_stream->n_ctx;
     int rc = cuda_attention(&a);
     return rc ? cuda_fail(rc, "attention") : 0;
 }
@@ -382,6 +409,56 @@ static int cuda_read_op(struct backend *b, float *host, const float *src, size_t
     return c->cache ? expert_cache_step_end(c->cache) : 0;
 }
 
+/* Graph decode: a one-token step at position pos of stream s is replayed from the recording
+ * when there is one for s; else it is recorded (step_end then runs it). Everything position-
+ * or token-dependent reads step_dev, filled from step_pin by the graph's first node. */
+static int cuda_step_begin(struct backend *b, const struct stream *s, const int32_t *ids, int n,
+                           int pos)
+{
+    struct backend_cuda *c = cuda_of(b);
+    if (!c->graph || n != 1)
+        return 0;
+    if (c->graph_exec && c->graph_stream != s) { /* another stream's buffers: record anew */
+        cuda_graph_destroy(c->graph_exec);
+        c->graph_exec = NULL;
+    }
+    if (ids[0] < 0 || (uint64_t)ids[0] >= c->model->tok_embd.ne[1])
+        return err_set(-EINVAL, "token id %d is outside the vocabulary (%llu)", ids[0],
+                       (unsigned long long)c->model->tok_embd.ne[1]);
+    c->step_pin[0] = ids[0]; /* the previous replay is done: read synced the stream */
+    c->step_pin[1] = pos;
+    if (c->graph_exec) {
+        int rc = cuda_graph_launch(c->graph_exec, c->stream);
+        return rc ? cuda_fail(rc, "replaying the decode graph") : 1;
+    }
+    int rc = cuda_graph_begin(c->stream);
+    rc = rc ? rc : cuda_h2d(c->step_dev, c->step_pin, 2 * sizeof(int32_t), c->stream);
+    if (rc)
+        return cuda_fail(rc, "starting the decode graph");
+    c->recording = true;
+    c->graph_stream = s;
+    return 0;
+}
+
+static int cuda_step_end(struct backend *b, int rc)
+{
+    struct backend_cuda *c = cuda_of(b);
+    if (!c->recording)
+        return rc;
+    c->recording = false;
+    void *exec = NULL;
+    int grc = cuda_graph_end(c->stream, &exec);
+    if (rc) { /* the forward failed while recording: nothing was run */
+        cuda_graph_destroy(exec);
+        return rc;
+    }
+    if (grc)
+        return cuda_fail(grc, "recording the decode graph");
+    c->graph_exec = exec;
+    grc = cuda_graph_launch(exec, c->stream);
+    return grc ? cuda_fail(grc, "running the decode graph") : 0;
+}
+
 static void cuda_weight_release(struct weight *w, void *arg)
 {
     (void)arg;
@@ -406,6 +483,9 @@ static void cuda_close_op(struct backend *b)
     cuda_free(c->pred_ids);
     cuda_free(c->pred_w);
     cuda_free(c->cpu_partial);
+    cuda_graph_destroy(c->graph_exec);
+    cuda_host_free(c->step_pin);
+    cuda_free(c->step_dev);
     moe_cpu_close(c->cpu_lane);
     moe_plan_free(&c->plan);
     free(c->in_h);
@@ -429,6 +509,8 @@ static const struct backend_ops cuda_ops_table = {
     .add = cuda_add_op,
     .moe_ffn = cuda_moe_ffn_op,
     .read = cuda_read_op,
+    .step_begin = cuda_step_begin,
+    .step_end = cuda_step_end,
     .close = cuda_close_op,
 };
 
@@ -551,6 +633,14 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
     rc = rc ? rc : cuda_stream_sync(c->stream);
     rc = rc ? rc : cuda_open_static(c, cfg);
     rc = rc ? rc : cuda_open_cache(c, cfg);
+    /* graph decode needs a step without host syncs: no cache, no CPU lane */
+    c->graph = cfg && cfg->graph && !c->cache && !c->static_n;
+    if (!rc && c->graph) {
+        rc = cuda_host_alloc((void **)&c->step_pin, 2 * sizeof(int32_t), &c->step_pin_dev);
+        rc = rc ? rc : cuda_malloc((void **)&c->step_dev, 2 * sizeof(int32_t));
+        if (rc)
+            rc = err_set(rc, "cuda backend: the decode graph's buffers");
+    }
     if (rc) {
         cuda_close_op(&c->base);
         return rc;
@@ -705,6 +795,11 @@ int backend_cuda_write_stats_json(const struct backend *b, const char *path)
 {
     const struct backend_cuda *c = (const struct backend_cuda *)b;
     return c->cache ? expert_cache_write_stats_json(c->cache, path) : 0;
+}
+
+bool backend_cuda_graph(const struct backend *b)
+{
+    return ((const struct backend_cuda *)b)->graph;
 }
 
 int backend_cuda_cpu_moe_layers(const struct backend *b)

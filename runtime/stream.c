@@ -56,16 +56,25 @@ void stream_close(struct stream *s)
 
 int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host)
 {
-    int rc;
+    int rc = 0;
 
     if (n <= 0)
         return err_set(-EINVAL, "stream_eval: no tokens");
     if (s->pos + n > s->n_ctx)
         return err_set(-ENOSPC, "context full: %d tokens in the cache + %d new > %d", s->pos, n,
                        s->n_ctx);
+    const struct backend_ops *op = s->b->ops;
     for (int i = 0; i < n; i += s->max_tok) {
         int chunk = n - i < s->max_tok ? n - i : s->max_tok;
-        rc = s->m->arch->forward(s->b, s, ids + i, chunk);
+        /* a backend may replay a recorded step instead of the forward (CUDA graphs) */
+        int replayed = op->step_begin ? op->step_begin(s->b, s, ids + i, chunk, s->pos) : 0;
+        if (replayed < 0)
+            return replayed;
+        if (!replayed) {
+            rc = s->m->arch->forward(s->b, s, ids + i, chunk);
+            if (op->step_end)
+                rc = op->step_end(s->b, rc);
+        }
         if (rc)
             return rc;
         s->pos += chunk;

@@ -10,6 +10,8 @@
  * - static placement and the hybrid lane, whose experts the real CPU lane computes (8-bit
  *   activations), agree with all-resident on >= 95% of teacher-forced argmaxes, logits within
  *   5e-2 of the largest;
+ * - graph decode (one-token steps recorded once, replayed with the token and position in device
+ *   memory) is bit-identical to running the ops, with one launch per step;
  * - a budget that cannot hold the trunk is refused; static picks N from the budget.
  * Streams here run in program order, so ordering between streams is test_expert_cache's job. */
 #include <errno.h>
@@ -62,11 +64,98 @@ int cuda_device_info_get(int dev, struct cuda_device_info *out)
     return 0;
 }
 
+struct sim_copy_args {
+    void *dst;
+    const void *src;
+    size_t n;
+};
+
+static int sim_copy(const struct sim_copy_args *a)
+{
+    memmove(a->dst, a->src, a->n);
+    return 0;
+}
+
+/* ---- graphs: while recording, every copy and kernel is kept (its arguments copied) instead of
+ * run; a launch runs the kept list in order, reading device memory as it is then ---------- */
+
+struct sim_op {
+    int (*fn)(const void *args);
+    void *args;
+};
+
+struct sim_graph {
+    struct sim_op *ops;
+    int n, cap;
+};
+
+static struct sim_graph *g_rec; /* the graph being recorded, or NULL */
+int g_graph_launches;
+
+static int sim_keep(int (*fn)(const void *), const void *args, size_t size)
+{
+    if (g_rec->n == g_rec->cap) {
+        g_rec->cap = g_rec->cap ? 2 * g_rec->cap : 64;
+        g_rec->ops = realloc(g_rec->ops, sizeof(*g_rec->ops) * (size_t)g_rec->cap);
+        if (!g_rec->ops)
+            abort();
+    }
+    void *copy = test_xmalloc(size);
+    memcpy(copy, args, size);
+    g_rec->ops[g_rec->n++] = (struct sim_op){fn, copy};
+    return 0;
+}
+
+/* Runs fn(args) now, or keeps it for the graph being recorded. */
+#define SIM_RUN(fn, args) \
+    (g_rec ? sim_keep((int (*)(const void *))(fn), (args), sizeof(*(args))) : (fn)(args))
+
+int cuda_graph_begin(void *stream)
+{
+    (void)stream;
+    if (g_rec)
+        return -EINVAL;
+    g_rec = calloc(1, sizeof(*g_rec));
+    return g_rec ? 0 : -ENOMEM;
+}
+
+int cuda_graph_end(void *stream, void **exec)
+{
+    (void)stream;
+    *exec = g_rec;
+    g_rec = NULL;
+    return *exec ? 0 : -EINVAL;
+}
+
+int cuda_graph_launch(void *exec, void *stream)
+{
+    (void)stream;
+    struct sim_graph *g = exec;
+    g_graph_launches++;
+    for (int i = 0; i < g->n; i++) {
+        int rc = g->ops[i].fn(g->ops[i].args);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+void cuda_graph_destroy(void *exec)
+{
+    struct sim_graph *g = exec;
+    if (!g)
+        return;
+    for (int i = 0; i < g->n; i++)
+        free(g->ops[i].args);
+    free(g->ops);
+    free(g);
+}
+
 int cuda_h2d(void *dst, const void *src, size_t bytes, void *stream)
 {
     (void)stream;
-    memmove(dst, src, bytes);
-    return 0;
+    struct sim_copy_args a = {dst, src, bytes};
+    return SIM_RUN(sim_copy, &a);
 }
 
 int cuda_d2h(void *dst, const void *src, size_t bytes, void *stream)
@@ -190,7 +279,7 @@ int cuda_matmul_check(const struct cuda_matmul_args *a)
     return a->m >= 1 && a->n_in >= 1 && a->n_out >= 1 ? 0 : -EINVAL;
 }
 
-int cuda_matmul(const struct cuda_matmul_args *a)
+static int sim_matmul(const struct cuda_matmul_args *a)
 {
     if (cuda_matmul_check(a))
         return -EINVAL;
@@ -206,7 +295,7 @@ int cuda_matmul(const struct cuda_matmul_args *a)
     return 0;
 }
 
-int cuda_embed(const struct cuda_embed_args *a)
+static int sim_embed(const struct cuda_embed_args *a)
 {
     for (int i = 0; i < a->n; i++) {
         const float *r = decode_row(a->type, (const uint8_t *)a->table + a->ids[i] * a->row_bytes,
@@ -218,7 +307,7 @@ int cuda_embed(const struct cuda_embed_args *a)
     return 0;
 }
 
-int cuda_rmsnorm(const struct cuda_rmsnorm_args *a)
+static int sim_rmsnorm(const struct cuda_rmsnorm_args *a)
 {
     const float *x = a->in;
     if (a->resid) {
@@ -237,7 +326,7 @@ int cuda_rmsnorm(const struct cuda_rmsnorm_args *a)
     return 0;
 }
 
-int cuda_rope_neox(const struct cuda_rope_args *a)
+static int sim_rope_neox(const struct cuda_rope_args *a)
 {
     if (a->pos_dev)
         for (int t = 0; t < a->n_tok; t++)
@@ -248,7 +337,7 @@ int cuda_rope_neox(const struct cuda_rope_args *a)
     return 0;
 }
 
-int cuda_kv_store(const struct cuda_kv_store_args *a)
+static int sim_kv_store(const struct cuda_kv_store_args *a)
 {
     for (int t = 0; t < a->n_tok; t++) {
         int row = a->pos_dev ? a->pos_dev[t] : a->pos0 + t;
@@ -266,25 +355,39 @@ size_t cuda_attention_scratch_bytes(int n_head, int head_dim)
     return 64;
 }
 
-int cuda_attention(const struct cuda_attn_args *a)
+static int sim_attention(const struct cuda_attn_args *a)
 {
-    if (a->pos_dev)
-        return -ENOTSUP;
-    struct ops_attn o = {
-        .out = a->out, .q = a->q, .k_cache = a->k_cache, .v_cache = a->v_cache,
-        .pos0 = a->pos0, .n_tok = a->n_tok, .n_head = a->n_head, .n_head_kv = a->n_head_kv,
-        .head_dim = a->head_dim, .scale = a->scale,
-    };
-    ops_attention(&o);
+    size_t w = (size_t)a->n_head * a->head_dim;
+    for (int t = 0; t < a->n_tok; t++) { /* token by token: each at its own position */
+        struct ops_attn o = {
+            .out = a->out + t * w, .q = a->q + t * w, .k_cache = a->k_cache,
+            .v_cache = a->v_cache, .pos0 = a->pos_dev ? a->pos_dev[t] : a->pos0 + t, .n_tok = 1,
+            .n_head = a->n_head, .n_head_kv = a->n_head_kv, .head_dim = a->head_dim,
+            .scale = a->scale,
+        };
+        ops_attention(&o);
+    }
+    return 0;
+}
+
+struct sim_add_args {
+    float *x;
+    const float *y;
+    size_t n;
+};
+
+static int sim_add(const struct sim_add_args *a)
+{
+    for (size_t i = 0; i < a->n; i++)
+        a->x[i] += a->y[i];
     return 0;
 }
 
 int cuda_add(float *x, const float *y, size_t n, void *stream)
 {
     (void)stream;
-    for (size_t i = 0; i < n; i++)
-        x[i] += y[i];
-    return 0;
+    struct sim_add_args a = {x, y, n};
+    return SIM_RUN(sim_add, &a);
 }
 
 int cuda_argmax(const float *x, int rows, int n, int32_t *out, void *stream)
@@ -295,7 +398,7 @@ int cuda_argmax(const float *x, int rows, int n, int32_t *out, void *stream)
     return 0;
 }
 
-int cuda_softmax_topk(const struct cuda_topk_args *a)
+static int sim_softmax_topk(const struct cuda_topk_args *a)
 {
     moe_route_softmax_topk(a->logits, a->n_tok, a->n_expert, a->k, a->ids, a->w);
     return 0;
@@ -313,7 +416,7 @@ static const uint8_t *moe_weight(const void *base, uint64_t stride, const void *
     return ptrs ? ptrs[e] : (const uint8_t *)base + (uint64_t)e * stride;
 }
 
-int cuda_moe_ffn(const struct cuda_moe_args *a)
+static int sim_moe_ffn(const struct cuda_moe_args *a)
 {
     int64_t E = a->n_embd, F = a->n_ff;
     float *h = test_xmalloc(sizeof(float) * (size_t)F);
@@ -345,6 +448,46 @@ int cuda_moe_ffn(const struct cuda_moe_args *a)
     }
     free(h);
     return 0;
+}
+
+int cuda_matmul(const struct cuda_matmul_args *a)
+{
+    return SIM_RUN(sim_matmul, a);
+}
+
+int cuda_embed(const struct cuda_embed_args *a)
+{
+    return SIM_RUN(sim_embed, a);
+}
+
+int cuda_rmsnorm(const struct cuda_rmsnorm_args *a)
+{
+    return SIM_RUN(sim_rmsnorm, a);
+}
+
+int cuda_rope_neox(const struct cuda_rope_args *a)
+{
+    return SIM_RUN(sim_rope_neox, a);
+}
+
+int cuda_kv_store(const struct cuda_kv_store_args *a)
+{
+    return SIM_RUN(sim_kv_store, a);
+}
+
+int cuda_attention(const struct cuda_attn_args *a)
+{
+    return SIM_RUN(sim_attention, a);
+}
+
+int cuda_softmax_topk(const struct cuda_topk_args *a)
+{
+    return SIM_RUN(sim_softmax_topk, a);
+}
+
+int cuda_moe_ffn(const struct cuda_moe_args *a)
+{
+    return SIM_RUN(sim_moe_ffn, a);
 }
 
 /* ---- the checks --------------------------------------------------------------------------- */
@@ -451,6 +594,14 @@ static void model_checks(const char *path, const int32_t *prompt, double tol)
     CHECK(run(path, &all, 256, prompt, NULL, &ref) == 0, "%s: all-resident failed", path);
     if (!ref.logits)
         return;
+    /* decode steps recorded once and replayed: position and token come from device memory */
+    struct backend_cuda_config gr = {.device = 0, .graph = true};
+    int launches = g_graph_launches;
+    exact(path, "graph decode", &gr, 256, prompt, &ref);
+    printf("%s: graph decode: %d launches for %d steps\n", path, g_graph_launches - launches,
+           N_STEPS);
+    CHECK(g_graph_launches - launches == N_STEPS, "%d graph launches for %d decode steps",
+          g_graph_launches - launches, N_STEPS);
     struct backend_cuda_config copy = {.device = 0, .expert_slots = 5};
     struct backend_cuda_config zc = {.device = 0, .expert_slots = 5,
                                      .residency = BACKEND_RESIDENCY_ZEROCOPY};

@@ -40,6 +40,7 @@ struct bench_opts {
     int prefetch;         /* --prefetch */
     int cpu_moe_layers;   /* --placement */
     bool gather;          /* --streaming kernel */
+    bool graph;           /* --graph */
     bool hybrid;
     const char *stats_json;
     const char *prompt_file; /* -f: prompt text instead of random ids */
@@ -78,6 +79,8 @@ static void bench_usage(void)
            "                        the CPU (hybrid), or the first N layers' experts on the\n"
            "                        CPU and the rest resident (static:N; static = the\n"
            "                        smallest N fitting the budget)\n"
+           "      --graph           record a decode step as a CUDA graph once and replay it\n"
+           "                        (all resident only)\n"
            "      --streaming dma|kernel  misses copied by DMA per piece (default) or by one\n"
            "                        gather kernel per batch\n"
            "      --prefetch        stream the experts the next layer's router predicts\n"
@@ -112,6 +115,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         }
         if (!strcmp(a, "--prefetch")) {
             o->prefetch = 1;
+            continue;
+        }
+        if (!strcmp(a, "--graph")) {
+            o->graph = true;
             continue;
         }
         if (!v) {
@@ -247,7 +254,7 @@ int cmd_bench(int argc, char **argv)
         .device = 0, .vram_budget = o.vram_budget, .n_ctx = o.n_prompt + o.n_gen + 1,
         .max_tok = o.n_prompt, .residency = (enum backend_residency)o.residency,
         .prefetch = o.prefetch != 0, .cpu_moe_layers = o.cpu_moe_layers, .hybrid = o.hybrid,
-        .gather_copies = o.gather,
+        .gather_copies = o.gather, .graph = o.graph,
         .log = stderr,
     };
     int brc = o.cuda ? backend_cuda_open(m, &cc, &b) : backend_cpu_open(m, &bc, &b);
@@ -330,7 +337,9 @@ int cmd_bench(int argc, char **argv)
     printf("model        %s (%s, %u layers, %u experts top-%u)\n", o.model, m->arch->name,
            hp->n_layer, hp->n_expert, hp->n_expert_used);
     if (o.cuda)
-        printf("backend      cuda, %.2f GiB of VRAM\n", backend_cuda_vram_bytes(core) / 1073741824.0);
+        printf("backend      cuda, %.2f GiB of VRAM%s\n",
+               backend_cuda_vram_bytes(core) / 1073741824.0,
+               backend_cuda_graph(core) ? ", decode steps replayed from a CUDA graph" : "");
     if (o.cuda && backend_cuda_cpu_moe_layers(core))
         printf("placement    static: experts of %d of %u layers on the CPU (%d threads), the "
                "rest resident\n",

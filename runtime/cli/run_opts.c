@@ -74,6 +74,8 @@ static void run_opts_usage(const char *cmd)
            "                          first N layers on the CPU, the rest resident (llama.cpp\n"
            "                          --n-cpu-moe N); static = the smallest N that fits\n"
            "                          --vram-budget\n"
+           "      --graph             with every weight on the GPU: record a decode step once\n"
+           "                          as a CUDA graph and replay it (not yet measured)\n"
            "      --streaming dma|kernel  how misses are copied into slots: a DMA copy per\n"
            "                          piece (default), or one gather kernel per batch reading\n"
            "                          host memory itself (not yet measured on a GPU)\n"
@@ -176,6 +178,8 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->stats = true, used = 0;
         } else if (IS("--prefetch", NULL)) {
             o->prefetch = true, used = 0;
+        } else if (IS("--graph", NULL)) {
+            o->graph = true, used = 0;
         } else if (!v) {
             fprintf(stderr, "strata %s: %s needs a value (or is unknown; see --help)\n", cmd,
                     arg);
@@ -368,6 +372,7 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
         .device = 0, .vram_budget = o->vram_budget, .n_ctx = o->n_ctx, .max_tok = o->n_batch,
         .residency = (enum backend_residency)mode, .prefetch = o->prefetch,
         .cpu_moe_layers = o->cpu_moe_layers, .hybrid = o->hybrid, .gather_copies = o->gather,
+        .graph = o->graph,
         .log = stderr,
     };
     s->stats = o->stats;

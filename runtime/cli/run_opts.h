@@ -29,6 +29,7 @@ struct run_opts {
     bool stats;            /* --stats */
     bool prefetch;         /* --prefetch */
     bool gather;           /* --streaming kernel */
+    bool graph;            /* --graph */
     int cpu_moe_layers;    /* --placement static[:N]: -1 auto, N, 0 = stream (the cache) */
     bool hybrid;           /* --placement hybrid */
     const char *stats_json; /* --stats-json FILE */
