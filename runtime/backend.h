@@ -9,6 +9,7 @@
 #ifndef STRATA_BACKEND_H
 #define STRATA_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
