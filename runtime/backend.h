@@ -74,6 +74,10 @@ struct backend_ops {
     int (*step_begin)(struct backend *b, const struct stream *s, const int32_t *ids, int n,
                       int pos);
     int (*step_end)(struct backend *b, int rc);
+    /* Optional: *out = the index of the largest of n floats of backend memory (ties to the
+     * lowest), computed where they are: only the index comes back. NULL: the caller reads the
+     * floats and takes it itself. */
+    int (*read_argmax)(struct backend *b, const float *x, int n, int32_t *out);
     void (*close)(struct backend *b);
 };
 

@@ -70,6 +70,7 @@ struct backend_cuda {
     int32_t *step_pin;        /* pinned host [0] token id, [1] position: read by the graph */
     void *step_pin_dev;
     int32_t *step_dev;        /* (2) device copy of step_pin */
+    int32_t *argmax_dev;      /* (1) read_argmax's result */
 };
 
 #define CUDA_BACKEND_ZEROCOPY_MAX_TOK 16 /* larger calls (prefill) copy misses into slots */
@@ -459,6 +460,18 @@ static int cuda_step_end(struct backend *b, int rc)
     return grc ? cuda_fail(grc, "running the decode graph") : 0;
 }
 
+static int cuda_read_argmax_op(struct backend *b, const float *x, int n, int32_t *out)
+{
+    struct backend_cuda *c = cuda_of(b);
+    int rc = cuda_argmax(x, 1, n, c->argmax_dev, c->stream);
+    rc = rc ? rc : cuda_d2h(out, c->argmax_dev, sizeof(int32_t), c->stream);
+    rc = rc ? rc : cuda_stream_sync(c->stream);
+    if (rc)
+        return cuda_fail(rc, "argmax on the device");
+    /* the step is over, as after read */
+    return c->cache ? expert_cache_step_end(c->cache) : 0;
+}
+
 static void cuda_weight_release(struct weight *w, void *arg)
 {
     (void)arg;
@@ -486,6 +499,7 @@ static void cuda_close_op(struct backend *b)
     cuda_graph_destroy(c->graph_exec);
     cuda_host_free(c->step_pin);
     cuda_free(c->step_dev);
+    cuda_free(c->argmax_dev);
     moe_cpu_close(c->cpu_lane);
     moe_plan_free(&c->plan);
     free(c->in_h);
@@ -511,6 +525,7 @@ static const struct backend_ops cuda_ops_table = {
     .read = cuda_read_op,
     .step_begin = cuda_step_begin,
     .step_end = cuda_step_end,
+    .read_argmax = cuda_read_argmax_op,
     .close = cuda_close_op,
 };
 
@@ -575,6 +590,7 @@ static int cuda_buffers(struct backend_cuda *c)
     rc = rc ? rc : cuda_malloc((void **)&c->route_ids, sizeof(int32_t) * t * k);
     rc = rc ? rc : cuda_malloc((void **)&c->route_w, sizeof(float) * t * k);
     rc = rc ? rc : cuda_malloc(&c->moe_scratch, c->moe_scratch_bytes);
+    rc = rc ? rc : cuda_malloc((void **)&c->argmax_dev, sizeof(int32_t));
     if (c->prefetch) {
         rc = rc ? rc : cuda_malloc((void **)&c->pred_ids, sizeof(int32_t) * t * k);
         rc = rc ? rc : cuda_malloc((void **)&c->pred_w, sizeof(float) * t * k);

@@ -110,13 +110,18 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
     for (int i = 0; i < n_prompt; i++)
         sampler_accept(&smp, prompt[i]);
 
+    /* greedy without penalties needs only the argmax, which the backend takes where the
+     * logits are (on the GPU only the id comes back) */
+    bool argmax_only = cfg->sampling.temperature <= 0.0f && cfg->sampling.repeat_penalty == 1.0f;
+    int32_t next = 0;
     t0 = generate_now();
-    rc = stream_eval(s, prompt, n_prompt, logits);
+    rc = argmax_only ? stream_eval_argmax(s, prompt, n_prompt, &next)
+                     : stream_eval(s, prompt, n_prompt, logits);
     st->t_prompt_s = generate_now() - t0;
     st->n_prompt = n_prompt;
     t0 = generate_now();
     while (!rc && st->n_gen < cfg->n_predict && !user_stop) {
-        int32_t id = sampler_sample(&smp, logits);
+        int32_t id = argmax_only ? next : sampler_sample(&smp, logits);
         char piece[4096];
         int n;
 
@@ -143,7 +148,7 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
             st->stopped_ctx = true;
             break;
         }
-        rc = stream_eval(s, &id, 1, logits);
+        rc = argmax_only ? stream_eval_argmax(s, &id, 1, &next) : stream_eval(s, &id, 1, logits);
     }
     st->t_gen_s = generate_now() - t0;
     if (!rc && tok && !st->stopped_string) {

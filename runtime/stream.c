@@ -5,6 +5,7 @@
 #include "arch/arch.h"
 #include "backend.h"
 #include "errors.h"
+#include "sampler.h"
 
 int stream_open(struct backend *b, int n_ctx, int max_tok, struct stream **out)
 {
@@ -88,4 +89,21 @@ void stream_truncate(struct stream *s, int pos)
 {
     if (pos >= 0 && pos <= s->pos)
         s->pos = pos;
+}
+
+int stream_eval_argmax(struct stream *s, const int32_t *ids, int n, int32_t *next)
+{
+    int rc = stream_eval(s, ids, n, NULL);
+    if (rc)
+        return rc;
+    if (s->b->ops->read_argmax)
+        return s->b->ops->read_argmax(s->b, s->logits, (int)s->m->hp.n_vocab, next);
+    float *l = malloc(sizeof(float) * s->m->hp.n_vocab);
+    if (!l)
+        return err_set(-ENOMEM, "out of memory");
+    rc = s->b->ops->read(s->b, l, s->logits, s->m->hp.n_vocab);
+    if (!rc)
+        *next = sampler_argmax(l, (int)s->m->hp.n_vocab);
+    free(l);
+    return rc;
 }

@@ -37,6 +37,11 @@ void stream_close(struct stream *s);
  * -ENOSPC (message says so) when the cache would overflow. */
 int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host);
 
+/* stream_eval, then *next = the argmax of the last position's logits (ties to the lowest id,
+ * as sampler_argmax), taken by the backend where the logits are when it can (the GPU: only the
+ * id crosses). For greedy decoding without penalties. */
+int stream_eval_argmax(struct stream *s, const int32_t *ids, int n, int32_t *next);
+
 /* Forgets tokens from position pos on (pos <= s->pos). */
 void stream_truncate(struct stream *s, int pos);
 

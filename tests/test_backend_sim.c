@@ -587,6 +587,34 @@ static void close_enough(const char *path, const char *what,
 
 /* tol: the CPU lane's logits against the float kernels, max |diff| / max |ref| (f32 weights:
  * 1e-3; 8-bit weights, whose activations the CPU lane quantizes too: 1e-1, measured 0.059) */
+/* Greedy through stream_eval_argmax (the backend's device argmax: only ids come back), with
+ * and without graph replay: the same ids as taking the argmax of the read logits. */
+static void argmax_path(const char *path, const int32_t *prompt, const struct run *ref)
+{
+    for (int graph = 0; graph < 2; graph++) {
+        struct backend_cuda_config cc = {.device = 0, .graph = graph != 0};
+        struct model *m = NULL;
+        struct backend *b = NULL;
+        struct stream *s = NULL;
+        int32_t next = -1, same = 0;
+        int rc = model_open(path, &m);
+        rc = rc ? rc : backend_cuda_open(m, &cc, &b);
+        rc = rc ? rc : stream_open(b, 256, 32, &s);
+        rc = rc ? rc : stream_eval_argmax(s, prompt, N_PROMPT, &next);
+        for (int i = 0; !rc && i < N_STEPS && next == ref->ids[i]; i++) {
+            same++;
+            rc = stream_eval_argmax(s, &next, 1, &next);
+        }
+        printf("%s: device argmax%s: greedy ids identical for %d of %d steps\n", path,
+               graph ? " + graph" : "", same, N_STEPS);
+        CHECK(rc == 0 && same == N_STEPS, "argmax path%s: %d of %d (%s)", graph ? " + graph" : "",
+              same, N_STEPS, rc ? err_msg() : "ok");
+        stream_close(s);
+        backend_close(b);
+        model_close(m);
+    }
+}
+
 static void model_checks(const char *path, const int32_t *prompt, double tol)
 {
     struct backend_cuda_config all = {.device = 0};
@@ -594,6 +622,7 @@ static void model_checks(const char *path, const int32_t *prompt, double tol)
     CHECK(run(path, &all, 256, prompt, NULL, &ref) == 0, "%s: all-resident failed", path);
     if (!ref.logits)
         return;
+    argmax_path(path, prompt, &ref);
     /* decode steps recorded once and replayed: position and token come from device memory */
     struct backend_cuda_config gr = {.device = 0, .graph = true};
     int launches = g_graph_launches;

@@ -312,11 +312,10 @@ int cmd_bench(int argc, char **argv)
     struct backend_cache_totals c0 = {0}, c1 = {0};
     bool cached = o.cuda && backend_cuda_cache_totals(core, &c0) == 0;
     t0 = generate_now();
-    for (int i = 0; !rc && i < o.n_gen; i++) {
+    for (int i = 0; !rc && i < o.n_gen; i++) { /* as greedy generation: only the id is read */
         if (!o.tg_greedy)
             tok = (int32_t)rng_below(&r, hp->n_vocab);
-        rc = stream_eval(s, &tok, 1, logits);
-        tok = sampler_argmax(logits, (int)hp->n_vocab);
+        rc = stream_eval_argmax(s, &tok, 1, &tok);
     }
     double t_tg = generate_now() - t0;
     if (cached)
