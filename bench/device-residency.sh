@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# GPU machine (issue 5): the GPU tests, then 30b-a3b Q4_K_M decode/prefill all-resident and
+# GPU machine (issues 4-6): the GPU tests, then 30b-a3b Q4_K_M decode/prefill all-resident and
 # under --vram-budget 4/8/12 GiB with both ways of serving misses (copy, zerocopy); with
-# INFLATED=path also the inflated trained model. Carry: .carry/bin (stripped binaries).
+# INFLATED=path also the inflated trained model. Carry: .carry/bin.tar.xz (stripped binaries).
+# Switches: SKIP_TESTS=1, SANITIZE=1 (memcheck), VERBOSE=1 (per-layer tables), GRAPH=1 (also
+# all-resident with --graph), PREFETCH/STATIC/HYBRID/GATHER=1 (those variants per budget),
+# BUDGETS="..." / IBUDGETS="..." (an empty list skips those benches). Everything at once runs
+# past 10 minutes: split it, e.g. tests + GRAPH with BUDGETS="" first, then SKIP_TESTS=1.
 set -u
 export PATH=$PATH:/usr/local/cuda/bin
 OUT=${OUT:-device-out}
@@ -25,7 +29,7 @@ run() { echo "### strata bench $*" | tee -a "$R"; timeout 150 "$B/strata" bench 
 # random weights: decode feeds random ids (greedy output repeats, and so would the routing)
 run -m $M --device cuda -p 512 -n 128 --bw-gib 0.5 --tg random
 [ -n "${GRAPH:-}" ] && run -m $M --device cuda --graph -p 512 -n 128 --bw-gib 0.5 --tg random
-for b in ${BUDGETS:-4G 8G 12G}; do
+for b in ${BUDGETS-4G 8G 12G}; do
     for mode in ${MODES:-copy zerocopy}; do
         run -m $M --vram-budget $b --residency $mode -p 512 -n 128 --bw-gib 0.5 --tg random
     done
@@ -45,7 +49,7 @@ if [ -n "${INFLATED:-}" ]; then
     # the trained routing: a real text prompt (PROMPT), decode greedy
     P=(-f "${PROMPT:-tests/data/routing-prompts.txt}" --tg greedy)
     run -m $I --device cuda -p 512 -n 128 --bw-gib 0.5 "${P[@]}"
-    for b in ${IBUDGETS:-2G 4G}; do
+    for b in ${IBUDGETS-2G 4G}; do
         for mode in copy zerocopy; do
             run -m $I --vram-budget $b --residency $mode -p 512 -n 128 --bw-gib 0.5 "${P[@]}" --stats-json "$OUT/stats-inflated-$b-$mode.json"
         done
