@@ -78,6 +78,7 @@ struct expert_cache {
     int32_t *pred_host;      /* pinned (max_pairs) */
     void *pred_host_dev;
     bool copies_pending;     /* copies enqueued that no compute work has waited for yet */
+    bool recording;          /* a graph is being recorded: upload every table */
     uint8_t *prefetched;     /* (n_layer * n_expert) admitted by prediction, not yet used */
 
     /* hybrid */
@@ -624,7 +625,7 @@ static void ec_tables(struct expert_cache *c, int l, struct expert_tables *t)
 
 static int ec_upload(struct expert_cache *c, int l)
 {
-    if (!c->dirty[l])
+    if (!c->dirty[l] && !c->recording)
         return 0;
     size_t off = (size_t)l * P_N * c->n_expert;
     int rc = cuda_h2d(c->tab_dev + off, c->tab_host + off, sizeof(void *) * P_N * c->n_expert,
@@ -852,6 +853,17 @@ static int ec_push_next(struct expert_cache *c, int l, int e, int s, uint32_t ge
     }
     c->next[c->n_next++] = (struct ec_pending){l, e, s, gen};
     return 0;
+}
+
+void expert_cache_set_recording(struct expert_cache *c, bool recording)
+{
+    c->recording = recording;
+}
+
+void expert_cache_replayed(struct expert_cache *c, int n_pairs)
+{
+    for (int l = 0; l < c->n_layer; l++)
+        c->n_pending_ids[l] = n_pairs;
 }
 
 int expert_cache_step_end(struct expert_cache *c)

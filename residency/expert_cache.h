@@ -114,6 +114,14 @@ int expert_cache_cpu_experts(const struct expert_cache *c, const int32_t **ids);
 int expert_cache_prepare_zerocopy(struct expert_cache *c, int layer, const int32_t *ids_dev,
                                   int n_pairs, struct expert_tables *t);
 
+/* (b) inside a recorded CUDA graph: while `recording`, prepare_zerocopy uploads each layer's
+ * table whether or not it changed (the recording must refresh the tables at every replay, from
+ * the pinned host copy that step_end updates between replays). After each replay of such a
+ * recording, expert_cache_replayed marks every layer's n_pairs ids as read back, as the
+ * recorded step did, so that expert_cache_step_end accounts for them. */
+void expert_cache_set_recording(struct expert_cache *c, bool recording);
+void expert_cache_replayed(struct expert_cache *c, int n_pairs);
+
 /* (b): call once the compute stream has been synced after a step that used
  * expert_cache_prepare_zerocopy: stats, SLRU updates and admissions for every such layer. */
 int expert_cache_step_end(struct expert_cache *c);

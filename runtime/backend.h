@@ -122,8 +122,9 @@ struct backend_cuda_config {
     int expert_slots;     /* > 0: exactly this many expert slots (tests), experts in host
                            * memory; overrides the budget's count */
     enum backend_residency residency; /* for decode-sized calls; prefill always copies */
-    bool graph;           /* record one-token decode steps in a CUDA graph and replay them
-                           * (all-resident only: the cache and the CPU lane sync per layer) */
+    bool graph;           /* record one-token decode steps in a CUDA graph and replay them:
+                           * all resident, or under the cache with residency zerocopy (b);
+                           * ignored with the copy path, prefetch or a CPU lane (they sync) */
     bool gather_copies;   /* stream misses with one gather kernel per batch (reading mapped
                            * host memory) instead of a cudaMemcpyAsync per piece */
     bool prefetch;        /* copy path: predict layer l+1's experts with its router applied to

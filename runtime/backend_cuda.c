@@ -430,7 +430,11 @@ static int cuda_step_begin(struct backend *b, const struct stream *s, const int3
     c->step_pin[1] = pos;
     if (c->graph_exec) {
         int rc = cuda_graph_launch(c->graph_exec, c->stream);
-        return rc ? cuda_fail(rc, "replaying the decode graph") : 1;
+        if (rc)
+            return cuda_fail(rc, "replaying the decode graph");
+        if (c->cache) /* the replay read every layer's routing back, as recorded */
+            expert_cache_replayed(c->cache, (int)c->model->hp.n_expert_used);
+        return 1;
     }
     int rc = cuda_graph_begin(c->stream);
     rc = rc ? rc : cuda_h2d(c->step_dev, c->step_pin, 2 * sizeof(int32_t), c->stream);
@@ -438,6 +442,8 @@ static int cuda_step_begin(struct backend *b, const struct stream *s, const int3
         return cuda_fail(rc, "starting the decode graph");
     c->recording = true;
     c->graph_stream = s;
+    if (c->cache)
+        expert_cache_set_recording(c->cache, true);
     return 0;
 }
 
@@ -447,6 +453,8 @@ static int cuda_step_end(struct backend *b, int rc)
     if (!c->recording)
         return rc;
     c->recording = false;
+    if (c->cache)
+        expert_cache_set_recording(c->cache, false);
     void *exec = NULL;
     int grc = cuda_graph_end(c->stream, &exec);
     if (rc) { /* the forward failed while recording: nothing was run */
@@ -649,8 +657,11 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
     rc = rc ? rc : cuda_stream_sync(c->stream);
     rc = rc ? rc : cuda_open_static(c, cfg);
     rc = rc ? rc : cuda_open_cache(c, cfg);
-    /* graph decode needs a step without host syncs: no cache, no CPU lane */
-    c->graph = cfg && cfg->graph && !c->cache && !c->static_n;
+    /* graph decode needs a step without host syncs: all resident, or the cache serving misses
+     * in place (b) with no CPU lane and no prediction (both sync per layer) */
+    c->graph = cfg && cfg->graph && !c->static_n &&
+               (!c->cache || (c->residency == BACKEND_RESIDENCY_ZEROCOPY && !c->hybrid &&
+                              !c->prefetch));
     if (!rc && c->graph) {
         rc = cuda_host_alloc((void **)&c->step_pin, 2 * sizeof(int32_t), &c->step_pin_dev);
         rc = rc ? rc : cuda_malloc((void **)&c->step_dev, 2 * sizeof(int32_t));

@@ -631,6 +631,14 @@ static void model_checks(const char *path, const int32_t *prompt, double tol)
            N_STEPS);
     CHECK(g_graph_launches - launches == N_STEPS, "%d graph launches for %d decode steps",
           g_graph_launches - launches, N_STEPS);
+    /* (b) with the whole step in one graph: tables refreshed and routing read back by the
+     * replay, the cache updated between replays */
+    struct backend_cuda_config zg = {.device = 0, .expert_slots = 24, .graph = true,
+                                     .residency = BACKEND_RESIDENCY_ZEROCOPY};
+    launches = g_graph_launches;
+    exact(path, "zerocopy in a graph, 24 slots", &zg, 256, prompt, &ref);
+    CHECK(g_graph_launches - launches == N_STEPS, "zerocopy graph: %d launches for %d steps",
+          g_graph_launches - launches, N_STEPS);
     struct backend_cuda_config copy = {.device = 0, .expert_slots = 5};
     struct backend_cuda_config zc = {.device = 0, .expert_slots = 5,
                                      .residency = BACKEND_RESIDENCY_ZEROCOPY};
