@@ -29,6 +29,7 @@ run() { echo "### strata bench $*" | tee -a "$R"; timeout 150 "$B/strata" bench 
 # random weights: decode feeds random ids (greedy output repeats, and so would the routing)
 run -m $M --device cuda -p 512 -n 128 --bw-gib 0.5 --tg random
 [ -n "${GRAPH:-}" ] && run -m $M --device cuda --graph -p 512 -n 128 --bw-gib 0.5 --tg random
+[ -n "${GRAPH:-}" ] && for b in ${BUDGETS-4G 8G 12G}; do run -m $M --vram-budget $b --residency zerocopy --graph -p 512 -n 128 --bw-gib 0.5 --tg random; done
 for b in ${BUDGETS-4G 8G 12G}; do
     for mode in ${MODES:-copy zerocopy}; do
         run -m $M --vram-budget $b --residency $mode -p 512 -n 128 --bw-gib 0.5 --tg random
