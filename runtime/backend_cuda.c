@@ -67,6 +67,7 @@ struct backend_cuda {
     bool recording;           /* between step_begin and step_end of the recording */
     void *graph_exec;         /* the recorded step, or NULL */
     const struct stream *graph_stream; /* the stream whose buffers it writes */
+    const float *graph_bufs[3];        /* and those buffers (a new stream may reuse the address) */
     int32_t *step_pin;        /* pinned host [0] token id, [1] position: read by the graph */
     void *step_pin_dev;
     int32_t *step_dev;        /* (2) device copy of step_pin */
@@ -419,7 +420,9 @@ static int cuda_step_begin(struct backend *b, const struct stream *s, const int3
     struct backend_cuda *c = cuda_of(b);
     if (!c->graph || n != 1)
         return 0;
-    if (c->graph_exec && c->graph_stream != s) { /* another stream's buffers: record anew */
+    bool same = c->graph_stream == s && c->graph_bufs[0] == s->arena &&
+                c->graph_bufs[1] == s->k_cache && c->graph_bufs[2] == s->v_cache;
+    if (c->graph_exec && !same) { /* another stream's buffers: record anew */
         cuda_graph_destroy(c->graph_exec);
         c->graph_exec = NULL;
     }
@@ -442,6 +445,9 @@ static int cuda_step_begin(struct backend *b, const struct stream *s, const int3
         return cuda_fail(rc, "starting the decode graph");
     c->recording = true;
     c->graph_stream = s;
+    c->graph_bufs[0] = s->arena;
+    c->graph_bufs[1] = s->k_cache;
+    c->graph_bufs[2] = s->v_cache;
     if (c->cache)
         expert_cache_set_recording(c->cache, true);
     return 0;
