@@ -615,6 +615,39 @@ static void argmax_path(const char *path, const int32_t *prompt, const struct ru
     }
 }
 
+/* Graph decode with two streams on one backend, taking turns: each switch records anew, and
+ * both follow the all-resident greedy ids. */
+static void graph_two_streams(const char *path, const int32_t *prompt, const struct run *ref)
+{
+    struct backend_cuda_config cc = {.device = 0, .graph = true};
+    struct model *m = NULL;
+    struct backend *b = NULL;
+    struct stream *s[2] = {NULL, NULL};
+    int32_t next[2] = {-1, -1};
+    int same[2] = {0, 0};
+    int rc = model_open(path, &m);
+    rc = rc ? rc : backend_cuda_open(m, &cc, &b);
+    for (int i = 0; !rc && i < 2; i++) {
+        rc = stream_open(b, 256, 32, &s[i]);
+        rc = rc ? rc : stream_eval_argmax(s[i], prompt, N_PROMPT, &next[i]);
+    }
+    for (int step = 0; !rc && step < 16; step++) {
+        int i = (step / 4) % 2; /* four steps on one stream, then four on the other */
+        if (next[i] != ref->ids[same[i]])
+            break;
+        same[i]++;
+        rc = stream_eval_argmax(s[i], &next[i], 1, &next[i]);
+    }
+    printf("%s: graph decode, two streams taking turns: %d + %d steps on the greedy path\n",
+           path, same[0], same[1]);
+    CHECK(rc == 0 && same[0] == 8 && same[1] == 8, "two streams: %d + %d (%s)", same[0],
+          same[1], rc ? err_msg() : "ok");
+    stream_close(s[0]);
+    stream_close(s[1]);
+    backend_close(b);
+    model_close(m);
+}
+
 static void model_checks(const char *path, const int32_t *prompt, double tol)
 {
     struct backend_cuda_config all = {.device = 0};
@@ -623,6 +656,7 @@ static void model_checks(const char *path, const int32_t *prompt, double tol)
     if (!ref.logits)
         return;
     argmax_path(path, prompt, &ref);
+    graph_two_streams(path, prompt, &ref);
     /* decode steps recorded once and replayed: position and token come from device memory */
     struct backend_cuda_config gr = {.device = 0, .graph = true};
     int launches = g_graph_launches;
