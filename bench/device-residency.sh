@@ -21,6 +21,16 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     cat /tmp/$t.log >>"$OUT/tests.log"
     grep -E "FAIL|failed|bit-identical|DIFFER|budget" /tmp/$t.log | head -24
 done
+# the shipped default model on the GPU (--device auto picks it) against the CPU, greedy
+if [ -z "${SKIP_TESTS:-}" ]; then
+    for d in cuda cpu; do
+        "$B/strata" run -m models/strata-default.gguf --device $d -p "def fibonacci(n):" -n 48 \
+            --temp 0 >/tmp/default-$d.txt 2>/tmp/default-$d.err; echo "default model on $d rc=$?"
+    done
+    cmp -s /tmp/default-cuda.txt /tmp/default-cpu.txt && echo "default model: cuda and cpu greedy text identical" \
+        || { echo "default model: cuda and cpu differ:"; cat /tmp/default-cuda.txt; echo; cat /tmp/default-cpu.txt; }
+    tail -1 /tmp/default-cuda.err
+fi
 M=/dev/shm/30b.gguf
 "$B/strata" gen --preset 30b-a3b --quant q4_k_m -q -o $M 2>&1 | tail -1
 R="$OUT/bench-residency.txt"
