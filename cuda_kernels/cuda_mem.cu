@@ -164,78 +164,70 @@ static int cuda_cmp_float(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-extern "C" double cuda_copy_bandwidth(size_t bytes, int reps)
+/* Median milliseconds of reps copies of bytes from src to dst (after one warm-up), or 0. */
+static float cuda_time_copy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                            int reps)
 {
-    void *src = NULL, *dst = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
-    float *ms = (float *)calloc((size_t)(reps > 0 ? reps : 1), sizeof(float));
-    double bw = 0;
+    float *ms = (float *)calloc((size_t)(reps > 0 ? reps : 1), sizeof(float)), med = 0;
 
-    if (!ms || reps < 1 || cudaMalloc(&src, bytes) != cudaSuccess ||
-        cudaMalloc(&dst, bytes) != cudaSuccess || cudaEventCreate(&e0) != cudaSuccess ||
+    if (!ms || reps < 1 || cudaEventCreate(&e0) != cudaSuccess ||
         cudaEventCreate(&e1) != cudaSuccess)
         goto out;
-    cudaMemset(src, 1, bytes);
-    cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice); /* warm-up */
+    cudaMemcpy(dst, src, bytes, kind); /* warm-up */
     for (int r = 0; r < reps; r++) {
         cudaEventRecord(e0, 0);
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0);
+        cudaMemcpyAsync(dst, src, bytes, kind, 0);
         cudaEventRecord(e1, 0);
         if (CUDA_CHECK(cudaEventSynchronize(e1)) != cudaSuccess)
             goto out;
         cudaEventElapsedTime(&ms[r], e0, e1);
     }
     qsort(ms, (size_t)reps, sizeof(float), cuda_cmp_float);
-    if (ms[reps / 2] > 0)
-        bw = 2.0 * (double)bytes / (ms[reps / 2] * 1e-3);
+    med = ms[reps / 2];
 out:
     (void)cudaGetLastError();
     if (e0)
         cudaEventDestroy(e0);
     if (e1)
         cudaEventDestroy(e1);
+    free(ms);
+    return med;
+}
+
+extern "C" double cuda_copy_bandwidth(size_t bytes, int reps)
+{
+    void *src = NULL, *dst = NULL;
+    double bw = 0;
+    if (cudaMalloc(&src, bytes) == cudaSuccess && cudaMalloc(&dst, bytes) == cudaSuccess) {
+        cudaMemset(src, 1, bytes);
+        float ms = cuda_time_copy(dst, src, bytes, cudaMemcpyDeviceToDevice, reps);
+        if (ms > 0)
+            bw = 2.0 * (double)bytes / (ms * 1e-3); /* read + written */
+    }
+    (void)cudaGetLastError();
     cudaFree(src);
     cudaFree(dst);
-    free(ms);
     return bw;
 }
 
 extern "C" double cuda_h2d_bandwidth(const void *src, size_t bytes, int reps)
 {
     void *own = NULL, *dst = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    float *ms = (float *)calloc((size_t)(reps > 0 ? reps : 1), sizeof(float));
     double bw = 0;
-
     if (!src && cudaHostAlloc(&own, bytes, cudaHostAllocDefault) == cudaSuccess) {
         memset(own, 1, bytes);
         src = own;
     }
-    if (!ms || !src || reps < 1 || cudaMalloc(&dst, bytes) != cudaSuccess ||
-        cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
-        goto out;
-    cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice); /* warm-up */
-    for (int r = 0; r < reps; r++) {
-        cudaEventRecord(e0, 0);
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0);
-        cudaEventRecord(e1, 0);
-        if (CUDA_CHECK(cudaEventSynchronize(e1)) != cudaSuccess)
-            goto out;
-        cudaEventElapsedTime(&ms[r], e0, e1);
+    if (src && cudaMalloc(&dst, bytes) == cudaSuccess) {
+        float ms = cuda_time_copy(dst, src, bytes, cudaMemcpyHostToDevice, reps);
+        if (ms > 0)
+            bw = (double)bytes / (ms * 1e-3);
     }
-    qsort(ms, (size_t)reps, sizeof(float), cuda_cmp_float);
-    if (ms[reps / 2] > 0)
-        bw = (double)bytes / (ms[reps / 2] * 1e-3);
-out:
     (void)cudaGetLastError();
-    if (e0)
-        cudaEventDestroy(e0);
-    if (e1)
-        cudaEventDestroy(e1);
     cudaFree(dst);
     if (own)
         cudaFreeHost(own);
-    free(ms);
     return bw;
 }
 
