@@ -52,6 +52,7 @@ void stream_close(struct stream *s)
     s->b->ops->free(s->b, s->k_cache);
     s->b->ops->free(s->b, s->v_cache);
     s->b->ops->free(s->b, s->arena);
+    free(s->logits_host);
     free(s);
 }
 
@@ -98,12 +99,10 @@ int stream_eval_argmax(struct stream *s, const int32_t *ids, int n, int32_t *nex
         return rc;
     if (s->b->ops->read_argmax)
         return s->b->ops->read_argmax(s->b, s->logits, (int)s->m->hp.n_vocab, next);
-    float *l = malloc(sizeof(float) * s->m->hp.n_vocab);
-    if (!l)
+    if (!s->logits_host && !(s->logits_host = malloc(sizeof(float) * s->m->hp.n_vocab)))
         return err_set(-ENOMEM, "out of memory");
-    rc = s->b->ops->read(s->b, l, s->logits, s->m->hp.n_vocab);
+    rc = s->b->ops->read(s->b, s->logits_host, s->logits, s->m->hp.n_vocab);
     if (!rc)
-        *next = sampler_argmax(l, (int)s->m->hp.n_vocab);
-    free(l);
+        *next = sampler_argmax(s->logits_host, (int)s->m->hp.n_vocab);
     return rc;
 }

@@ -26,6 +26,8 @@ struct stream {
     float *att;    /* (max_tok, n_head*head_dim) */
     float *proj;   /* (max_tok, n_embd) attention output / moe output */
     float *logits; /* (n_vocab) of the last position */
+    float *logits_host; /* (n_vocab) host copy for stream_eval_argmax on backends without
+                         * read_argmax; allocated on first use, owned */
 };
 
 /* Allocates a stream of n_ctx tokens on backend b; 0 or -errno. */
