@@ -89,6 +89,7 @@ struct expert_cache {
     int32_t *cpu_ids;        /* (n_expert) the last call's CPU-lane experts */
     int n_cpu;
     int32_t *miss_ids;       /* (n_expert) scratch: this call's misses */
+    int32_t *pair_count;     /* (n_expert) scratch: pairs routed to each expert this call */
     struct lane_item *miss_items;
     uint8_t *miss_lane;
     int32_t *zeroed;         /* (n_layer * n_expert) experts whose entries point at zero_slot,
@@ -476,6 +477,7 @@ void expert_cache_close(struct expert_cache *c)
     cuda_free(c->zero_slot);
     free(c->cpu_ids);
     free(c->miss_ids);
+    free(c->pair_count);
     free(c->miss_items);
     free(c->miss_lane);
     free(c->zeroed);
@@ -640,12 +642,13 @@ static bool ec_assign_misses(struct expert_cache *c, int layer, const int32_t *i
                              int n_miss, int *rc)
 {
     bool copied = false;
-    for (int i = 0; i < n_miss; i++) {
-        int n_tok = 0;
-        for (int j = 0; j < n_pairs; j++)
-            n_tok += ids[j] == c->miss_ids[i];
-        c->miss_items[i] = (struct lane_item){ec_expert_bytes(c, layer), n_tok};
-    }
+    memset(c->pair_count, 0, sizeof(*c->pair_count) * (size_t)c->n_expert);
+    for (int j = 0; j < n_pairs; j++)
+        if (ids[j] >= 0 && ids[j] < c->n_expert)
+            c->pair_count[ids[j]]++;
+    for (int i = 0; i < n_miss; i++)
+        c->miss_items[i] = (struct lane_item){ec_expert_bytes(c, layer),
+                                              c->pair_count[c->miss_ids[i]]};
     lane_assign(&c->lanes, c->miss_items, n_miss, c->miss_lane);
     for (int i = 0; i < n_miss && !*rc; i++) {
         int e = c->miss_ids[i];
@@ -777,12 +780,13 @@ int expert_cache_set_hybrid(struct expert_cache *c, const struct lane_model *m, 
     size_t ne = (size_t)c->n_expert;
     c->cpu_ids = malloc(sizeof(*c->cpu_ids) * ne);
     c->miss_ids = malloc(sizeof(*c->miss_ids) * ne);
+    c->pair_count = malloc(sizeof(*c->pair_count) * ne);
     c->miss_items = malloc(sizeof(*c->miss_items) * ne);
     c->miss_lane = malloc(ne);
     c->zeroed = malloc(sizeof(*c->zeroed) * ne * (size_t)c->n_layer);
     c->n_zeroed = calloc((size_t)c->n_layer, sizeof(*c->n_zeroed));
-    if (!c->cpu_ids || !c->miss_ids || !c->miss_items || !c->miss_lane || !c->zeroed ||
-        !c->n_zeroed)
+    if (!c->cpu_ids || !c->miss_ids || !c->pair_count || !c->miss_items || !c->miss_lane ||
+        !c->zeroed || !c->n_zeroed)
         return err_set(-ENOMEM, "out of memory");
     int rc = cuda_malloc(&c->zero_slot, c->slot_bytes);
     rc = rc ? rc : cuda_memset(c->zero_slot, 0, c->slot_bytes, c->compute);
