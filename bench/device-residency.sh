@@ -2,10 +2,11 @@
 # GPU machine (issues 4-6): the GPU tests, then 30b-a3b Q4_K_M decode/prefill all-resident and
 # under --vram-budget 4/8/12 GiB with both ways of serving misses (copy, zerocopy); with
 # INFLATED=path also the inflated trained model. Carry: .carry/bin.tar.xz (stripped binaries).
-# Switches: SKIP_TESTS=1, SANITIZE=1 (memcheck), VERBOSE=1 (per-layer tables), GRAPH=1 (also
-# all-resident with --graph), PREFETCH/STATIC/HYBRID/GATHER=1 (those variants per budget),
-# BUDGETS="..." / IBUDGETS="..." (an empty list skips those benches). Everything at once runs
-# past 10 minutes: split it, e.g. tests + GRAPH with BUDGETS="" first, then SKIP_TESTS=1.
+# Switches: SKIP_TESTS=1, SANITIZE=1 (memcheck of SANITIZE_TESTS), VERBOSE=1 (per-layer
+# tables), GRAPH=1 (also all-resident with --graph), PREFETCH/STATIC/HYBRID/GATHER=1 (those variants per budget),
+# NCU=1 (ncu per-kernel times of decode), BUDGETS="..." / IBUDGETS="..." (an empty list skips
+# those benches). Everything at once runs past 10 minutes: split it, e.g. tests + GRAPH with
+# BUDGETS="" first, then SKIP_TESTS=1.
 set -u
 export PATH=$PATH:/usr/local/cuda/bin
 OUT=${OUT:-device-out}
@@ -50,9 +51,21 @@ for b in ${BUDGETS-4G 8G 12G}; do
     [ -n "${HYBRID:-}" ] && run -m $M --vram-budget $b --placement hybrid -p 512 -n 128 --bw-gib 0.5 --tg random
     [ -n "${GATHER:-}" ] && run -m $M --vram-budget $b --streaming kernel -p 512 -n 128 --bw-gib 0.5 --tg random
 done
+# per-kernel device time of all-resident decode (ncu, one metric; prefill and load skipped)
+if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then
+    for g in ${NCU_MODES:-plain --graph}; do
+        [ "$g" = plain ] && g=
+        timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip ${NCU_SKIP:-3000} \
+            --launch-count ${NCU_COUNT:-2000} --print-summary per-kernel "$B/strata" bench -m $M --device cuda $g \
+            -p 64 -n 16 --bw-gib 0.5 --tg random >"$OUT/ncu$g.txt" 2>&1
+        echo "ncu $g rc=$?"; grep -E "^  [a-z_0-9]+.*\(|gpu__time_duration.sum" "$OUT/ncu$g.txt" | head -80
+    done
+fi
 if [ -n "${SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null; then
-    timeout 300 compute-sanitizer --tool memcheck "$B/test_cuda_residency" >"$OUT/memcheck.log" 2>&1
-    echo "memcheck test_cuda_residency rc=$?"; tail -3 "$OUT/memcheck.log"
+    for t in ${SANITIZE_TESTS:-test_cuda_residency}; do
+        timeout 300 compute-sanitizer --tool memcheck "$B/$t" >"$OUT/memcheck-$t.log" 2>&1
+        echo "memcheck $t rc=$?"; tail -3 "$OUT/memcheck-$t.log"
+    done
 fi
 if [ -n "${INFLATED:-}" ]; then
     I=/dev/shm/inflated.gguf

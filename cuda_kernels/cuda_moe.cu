@@ -122,6 +122,9 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
         ag[i] = au[i] = 0.0f;
     }
     const int64_t ng = moe_cdiv(p.n_embd, CQ_GROUP);
+    /* unrolled: the loads of several groups are in flight at once (each group's arithmetic,
+     * and so every sum's order, is unchanged) */
+#pragma unroll 4
     for (int64_t g = 0; g < ng; g++) {
         float v[8];
         int64_t a0, a1;
@@ -144,8 +147,11 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     }
 }
 
-/* Direct path: out[t, r] = sum_j w_j * (down_{e_j}[r] . h_j), j = 0..k-1 in order. */
-template <uint32_t WT>
+/* Direct path: out[t, r] = sum_j w_j * (down_{e_j}[r] . h_j), j = 0..k-1 in order. With
+ * k <= KMAX the k dot products run side by side (KMAX accumulators, one group of every expert
+ * per step), so the loads of all k rows are in flight together; each dot product still sums
+ * its groups in order, and the k results are combined in order j, as with KMAX = 1. */
+template <uint32_t WT, int KMAX>
 static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_direct(struct moe_params p)
 {
     const int lane = threadIdx.x & 31, t = blockIdx.x;
@@ -154,23 +160,37 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_direct(struc
         return;
     const int64_t ng = moe_cdiv(p.n_ff, CQ_GROUP);
     float acc = 0.0f;
-    for (int j = 0; j < p.k; j++) {
-        int pr = t * p.k + j, e = p.ids[pr];
-        if (e < 0 || e >= p.n_expert) {
-            acc = NAN;
-            continue;
+    for (int j0 = 0; j0 < p.k; j0 += KMAX) {
+        const uint8_t *dr[KMAX];
+        const float *hx[KMAX];
+        float s[KMAX];
+        bool ok[KMAX];
+#pragma unroll
+        for (int i = 0; i < KMAX; i++) {
+            int j = j0 + i, pr = t * p.k + (j < p.k ? j : 0), e = p.ids[pr];
+            ok[i] = j < p.k && e >= 0 && e < p.n_expert;
+            dr[i] = moe_expert(p.down, p.down_stride, p.down_ptrs, ok[i] ? e : 0) +
+                    r * p.down_row;
+            hx[i] = p.h + (int64_t)pr * p.n_ff;
+            s[i] = 0.0f;
         }
-        const uint8_t *dr = moe_expert(p.down, p.down_stride, p.down_ptrs, e) + r * p.down_row;
-        const float *hx = p.h + (int64_t)pr * p.n_ff;
-        float s = 0.0f;
         for (int64_t g = 0; g < ng; g++) {
-            float v[8];
-            int64_t a0, a1;
-            if (cq_decoder<WT>::decode(dr, p.n_ff, g, lane, v, &a0, &a1))
-                s = cq_dot8(v, hx, a0, a1, s);
+#pragma unroll
+            for (int i = 0; i < KMAX; i++) {
+                float v[8];
+                int64_t a0, a1;
+                if (ok[i] && cq_decoder<WT>::decode(dr[i], p.n_ff, g, lane, v, &a0, &a1))
+                    s[i] = cq_dot8(v, hx[i], a0, a1, s[i]);
+            }
         }
-        s = cq_warp_sum(s);
-        acc = __fadd_rn(acc, __fmul_rn(p.wts[pr], s));
+#pragma unroll
+        for (int i = 0; i < KMAX; i++) {
+            int j = j0 + i;
+            if (j >= p.k)
+                break;
+            float ws = cq_warp_sum(s[i]);
+            acc = ok[i] ? __fadd_rn(acc, __fmul_rn(p.wts[t * p.k + j], ws)) : NAN;
+        }
     }
     if (lane == 0)
         p.out[(int64_t)t * p.out_stride + r] = acc;
@@ -391,7 +411,7 @@ static void moe_launch_down(const struct moe_params &p, bool grouped, unsigned i
     else if (grouped)
         k_moe_down_grouped<WT, MOE_TILE_SMALL><<<grid, MOE_WARPS * 32, 0, s>>>(p);
     else
-        k_moe_down_direct<WT><<<grid, MOE_WARPS * 32, 0, s>>>(p);
+        k_moe_down_direct<WT, 8><<<grid, MOE_WARPS * 32, 0, s>>>(p);
 }
 
 #define MOE_DISPATCH(type, fn, ...)                                                                \

@@ -73,6 +73,8 @@ struct rmsnorm_params {
     float eps;
 };
 
+#define NORM_MAX_PER 8 /* elements per thread kept in registers: rows up to 2048 */
+
 static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_params p)
 {
     __shared__ double part[NORM_THREADS / 32];
@@ -81,15 +83,39 @@ static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_
     float *res = p.resid ? p.resid + base : NULL;
     float *out = p.out + base;
     double ss = 0.0;
+    /* rows up to NORM_THREADS * NORM_MAX_PER: every load is issued before any store (in, out
+     * and resid may alias, so a store between loads would serialize them), and the values
+     * stay in registers for the second pass */
+    const bool regs = p.dim <= NORM_THREADS * NORM_MAX_PER;
+    float xv[NORM_MAX_PER];
 
-    /* each thread touches the same elements in both passes, so in/out/resid may alias */
-    for (int i = threadIdx.x; i < p.dim; i += NORM_THREADS) {
-        float x = in[i];
-        if (res) {
-            x = __fadd_rn(res[i], x);
-            res[i] = x;
+    if (regs) {
+#pragma unroll
+        for (int j = 0; j < NORM_MAX_PER; j++) {
+            int i = threadIdx.x + j * NORM_THREADS;
+            xv[j] = i < p.dim ? in[i] : 0.0f;
+            if (res && i < p.dim)
+                xv[j] = __fadd_rn(res[i], xv[j]);
         }
-        ss += (double)x * x;
+#pragma unroll
+        for (int j = 0; j < NORM_MAX_PER; j++) {
+            int i = threadIdx.x + j * NORM_THREADS;
+            if (i < p.dim) {
+                if (res)
+                    res[i] = xv[j];
+                ss += (double)xv[j] * xv[j];
+            }
+        }
+    } else {
+        /* each thread touches the same elements in both passes, so in/out/resid may alias */
+        for (int i = threadIdx.x; i < p.dim; i += NORM_THREADS) {
+            float x = in[i];
+            if (res) {
+                x = __fadd_rn(res[i], x);
+                res[i] = x;
+            }
+            ss += (double)x * x;
+        }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
@@ -102,6 +128,17 @@ static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_
     for (int i = 0; i < NORM_THREADS / 32; i++)
         tot += part[i];
     float inv = 1.0f / sqrtf((float)(tot / p.dim) + p.eps);
+    if (regs) {
+#pragma unroll
+        for (int j = 0; j < NORM_MAX_PER; j++) {
+            int i = threadIdx.x + j * NORM_THREADS;
+            if (i < p.dim) {
+                float y = __fmul_rn(xv[j], inv);
+                out[i] = p.w ? __fmul_rn(y, p.w[i]) : y;
+            }
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < p.dim; i += NORM_THREADS) {
         float y = __fmul_rn(res ? res[i] : in[i], inv);
         out[i] = p.w ? __fmul_rn(y, p.w[i]) : y;
@@ -127,9 +164,10 @@ static __global__ void __launch_bounds__(ROPE_THREADS) k_rope_neox(struct rope_p
     double pos = p.pos_dev ? p.pos_dev[t] : p.pos0 + t;
 
     for (int i = threadIdx.x; i < half; i += ROPE_THREADS) {
-        double theta = pos * pow((double)p.base, -2.0 * i / p.head_dim);
-        cs[i] = (float)cos(theta);
-        sn[i] = (float)sin(theta);
+        double theta = pos * pow((double)p.base, -2.0 * i / p.head_dim), c, sv;
+        sincos(theta, &sv, &c); /* one argument reduction for both */
+        cs[i] = (float)c;
+        sn[i] = (float)sv;
     }
     __syncthreads();
     float *x = p.x + (int64_t)t * p.n_heads * p.head_dim;
@@ -467,6 +505,182 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn
     }
 }
 
+/* ---- decode attention: few rows, keys spread over many blocks ----------------------------------
+ * For n_tok <= ATTD_MAX_TOK the rows of one kv head (n_tok * G <= ATTD_MAX_ROWS) are too few to
+ * fill a block tile, so k_attn_dec gives each block one kv head and one chunk of keys and lets
+ * the block's warps take keys in turn: lane l holds D = head_dim / 32 dimensions of every row's
+ * query and of each key, a key's scores are warp sums, and P V is accumulated by each thread for
+ * its dimensions. The key chunk depends only on the largest position (never on how many blocks
+ * were launched), so a graph launched for the whole cache and an eager launch for the current
+ * position split the keys the same way, and k_attn_combine skips empty chunks: same bits. */
+
+#define ATTD_THREADS 128
+#define ATTD_WARPS (ATTD_THREADS / 32)
+#define ATTD_MAX_TOK 2
+#define ATTD_MAX_ROWS 16
+#define ATTD_CHUNKS 32   /* at most this many key chunks (<= ATT_SPLIT_ROWS / ATTD_MAX_TOK) */
+#define ATTD_MIN_CHUNK 64
+
+static __host__ __device__ __forceinline__ int attd_chunk(int kmax)
+{
+    return ops_cdiv(ops_cdiv(kmax, ATTD_CHUNKS), ATTD_MIN_CHUNK) * ATTD_MIN_CHUNK;
+}
+
+/* the D dimensions lane `lane` owns: d(i) = 32 V (i / V) + V lane + i % V, V = min(D, 4) */
+template <int D> static __device__ __forceinline__ void attd_load(const float *row, int lane, float *v)
+{
+    constexpr int V = D < 4 ? D : 4;
+#pragma unroll
+    for (int i = 0; i < D; i += V) {
+        const float *src = row + 32 * i + V * lane;
+        if constexpr (V == 4) {
+            float4 x = *(const float4 *)src;
+            v[i] = x.x, v[i + 1] = x.y, v[i + 2] = x.z, v[i + 3] = x.w;
+        } else if constexpr (V == 2) {
+            float2 x = *(const float2 *)src;
+            v[i] = x.x, v[i + 1] = x.y;
+        } else {
+            v[i] = *src;
+        }
+    }
+}
+
+template <int D, int RMAX>
+static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_params p)
+{
+    __shared__ float ps[RMAX][ATTD_MIN_CHUNK]; /* probabilities of one sub-chunk of keys */
+    __shared__ float wm[ATTD_WARPS][RMAX];     /* per-warp partial max / sum */
+    __shared__ float rm[RMAX], rl[RMAX], ral[RMAX];
+    __shared__ int rpos[RMAX];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int kvh = blockIdx.y, split = blockIdx.x, rows = p.n_tok * p.G;
+    const int64_t qw = (int64_t)p.n_head * p.hd, kvw = (int64_t)p.n_head_kv * p.hd;
+    const int64_t kv_off = (int64_t)kvh * p.hd;
+
+    int kmax = 0;
+    for (int t = 0; t < p.n_tok; t++)
+        kmax = ops_imax(kmax, attn_pos(p, t) + 1);
+    const int chunk = attd_chunk(kmax);
+    const int kb = split * chunk, ke = ops_imin(kb + chunk, kmax);
+
+    float q[RMAX][D];
+#pragma unroll
+    for (int r = 0; r < RMAX; r++) {
+        if (r < rows) {
+            int t = r / p.G, h = kvh * p.G + r % p.G;
+            attd_load<D>(p.q + t * qw + (int64_t)h * p.hd, lane, q[r]);
+        }
+    }
+    if (tid < RMAX) {
+        rpos[tid] = tid < rows ? attn_pos(p, tid / p.G) : -1;
+        rm[tid] = -INFINITY;
+        rl[tid] = 0.0f;
+    }
+    /* thread tid accumulates dimension tid (and tid + 128 ...) of every row */
+    constexpr int DT = (32 * D + ATTD_THREADS - 1) / ATTD_THREADS;
+    float acc[RMAX][DT];
+#pragma unroll
+    for (int r = 0; r < RMAX; r++)
+#pragma unroll
+        for (int i = 0; i < DT; i++)
+            acc[r][i] = 0.0f;
+    __syncthreads();
+
+    for (int k0 = kb; k0 < ke; k0 += ATTD_MIN_CHUNK) {
+        const int n = ops_imin(ATTD_MIN_CHUNK, ke - k0);
+        /* scores: warp w takes keys w, w + 4, ... of the sub-chunk */
+        float wmax[RMAX];
+#pragma unroll
+        for (int r = 0; r < RMAX; r++)
+            wmax[r] = -INFINITY;
+        for (int j = warp; j < n; j += ATTD_WARPS) {
+            float kr[D];
+            attd_load<D>(p.k + (int64_t)(k0 + j) * kvw + kv_off, lane, kr);
+#pragma unroll
+            for (int r = 0; r < RMAX; r++) {
+                if (r < rows) {
+                    float dot = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < D; i++)
+                        dot = fmaf(q[r][i], kr[i], dot);
+                    dot = cq_warp_sum(dot);
+                    float sc = k0 + j <= rpos[r] ? dot * p.scale : -INFINITY;
+                    if (lane == 0)
+                        ps[r][j] = sc;
+                    wmax[r] = fmaxf(wmax[r], sc);
+                }
+            }
+        }
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < RMAX; r++)
+                wm[warp][r] = wmax[r];
+        __syncthreads();
+        /* one thread per row: the new running max and the rescale factor */
+        if (tid < rows) {
+            float m_old = rm[tid], m_new = m_old;
+            for (int w = 0; w < ATTD_WARPS; w++)
+                m_new = fmaxf(m_new, wm[w][tid]);
+            ral[tid] = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
+            rm[tid] = m_new;
+        }
+        __syncthreads();
+        /* probabilities, in place; each row's sum in key order by one thread */
+        for (int e = tid; e < rows * ATTD_MIN_CHUNK; e += ATTD_THREADS) {
+            int r = e / ATTD_MIN_CHUNK, j = e - r * ATTD_MIN_CHUNK;
+            if (j < n) {
+                float m = rm[r];
+                float pr = m == -INFINITY ? 0.0f : expf(ps[r][j] - m);
+                ps[r][j] = pr;
+            }
+        }
+        __syncthreads();
+        if (tid < rows) {
+            float sum = 0.0f;
+            for (int j = 0; j < n; j++)
+                sum += ps[tid][j];
+            rl[tid] = rl[tid] * ral[tid] + sum;
+        }
+        /* P V: thread tid owns dimensions tid, tid + 128, ... */
+#pragma unroll
+        for (int i = 0; i < DT; i++) {
+            int d = tid + i * ATTD_THREADS;
+            if (d < p.hd) {
+#pragma unroll
+                for (int r = 0; r < RMAX; r++)
+                    if (r < rows)
+                        acc[r][i] *= ral[r];
+                for (int j = 0; j < n; j++) {
+                    float v = p.v[(int64_t)(k0 + j) * kvw + kv_off + d];
+#pragma unroll
+                    for (int r = 0; r < RMAX; r++)
+                        if (r < rows)
+                            acc[r][i] = fmaf(ps[r][j], v, acc[r][i]);
+                }
+            }
+        }
+        __syncthreads(); /* before the next sub-chunk overwrites ps, rm and ral */
+    }
+
+    const int64_t nth = (int64_t)p.n_tok * p.n_head;
+#pragma unroll
+    for (int r = 0; r < RMAX; r++) {
+        if (r >= rows)
+            continue;
+        int64_t row = (int64_t)(r / p.G) * p.n_head + kvh * p.G + r % p.G;
+#pragma unroll
+        for (int i = 0; i < DT; i++) {
+            int d = tid + i * ATTD_THREADS;
+            if (d < p.hd)
+                p.part_acc[((int64_t)split * nth + row) * p.hd + d] = acc[r][i];
+        }
+        if (tid == 0) {
+            p.part_m[split * nth + row] = kb < ke ? rm[r] : -INFINITY;
+            p.part_l[split * nth + row] = rl[r];
+        }
+    }
+}
+
 /* ==== launchers ============================================================================== */
 
 static bool ops_aligned(const void *p, uint64_t a)
@@ -615,6 +829,35 @@ extern "C" size_t cuda_attention_scratch_bytes(int n_head, int head_dim)
     return sizeof(float) * (size_t)ATT_SPLIT_ROWS * n_head * (head_dim + 2);
 }
 
+/* The decode kernel where it applies (few rows, head_dim 64/128/256, scratch given): launches
+ * it and the combine, true; else false and nothing launched. */
+static bool attd_launch(const struct cuda_attn_args *a, struct attn_params *p, cudaStream_t s)
+{
+    const int rows = a->n_tok * p->G, D = a->head_dim / 32;
+    if (a->n_tok > ATTD_MAX_TOK || rows > ATTD_MAX_ROWS || a->head_dim % 32 ||
+        (D != 2 && D != 4 && D != 8) || rows * D > 64 || !a->scratch)
+        return false;
+    int keys = a->pos_dev ? a->n_ctx : a->pos0 + a->n_tok;
+    int ns = ops_imin(ATTD_CHUNKS, ops_cdiv(keys, ATTD_MIN_CHUNK));
+    int64_t nth = (int64_t)a->n_tok * a->n_head;
+    size_t need = sizeof(float) * (size_t)ns * nth * (a->head_dim + 2);
+    if (a->scratch_bytes < need || !ops_aligned(a->scratch, 4))
+        return false;
+    p->n_split = ns;
+    p->part_acc = (float *)a->scratch;
+    p->part_m = p->part_acc + (size_t)ns * nth * a->head_dim;
+    p->part_l = p->part_m + (size_t)ns * nth;
+    dim3 grid((unsigned)ns, (unsigned)a->n_head_kv);
+    if (D == 2)
+        k_attn_dec<2, 16><<<grid, ATTD_THREADS, 0, s>>>(*p);
+    else if (D == 4)
+        k_attn_dec<4, 16><<<grid, ATTD_THREADS, 0, s>>>(*p);
+    else
+        k_attn_dec<8, 8><<<grid, ATTD_THREADS, 0, s>>>(*p);
+    k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(*p);
+    return true;
+}
+
 extern "C" int cuda_attention(const struct cuda_attn_args *a)
 {
     if (!a || a->n_tok < 0 || a->n_ctx < 1 || a->n_head < 1 || a->n_head_kv < 1 ||
@@ -658,6 +901,8 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
         p.part_l = p.part_m + (size_t)pl.n_split * nth;
     }
     cudaStream_t s = (cudaStream_t)a->stream;
+    if (attd_launch(a, &p, s))
+        return cuda_last_error("cuda_attention");
     dim3 grid((unsigned)ops_cdiv(a->n_tok * p.G, pl.R), (unsigned)a->n_head_kv,
               (unsigned)pl.n_split);
     k_attn<<<grid, ATT_THREADS, pl.smem, s>>>(p);

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
 
@@ -36,6 +37,16 @@ int budget_parse_size(const char *s, uint64_t *out)
     return err_set(-EINVAL, "'%s': unknown unit '%s' (use K, M, G, T, KiB.., or KB..)", s, end);
 }
 
+/* n bytes as "x.xx GiB" from 1 GiB up, else "x.x MiB" (a tiny model's shortfall is not 0.00 GiB) */
+static const char *budget_size(char buf[32], uint64_t n)
+{
+    if (n >= (1ull << 30))
+        snprintf(buf, 32, "%.2f GiB", n / 1073741824.0);
+    else
+        snprintf(buf, 32, "%.1f MiB", n / 1048576.0);
+    return buf;
+}
+
 int budget_plan_slots(uint64_t budget, uint64_t trunk, uint64_t kv, uint64_t scratch,
                       uint64_t slot_bytes, int n_layer, struct budget_plan *out)
 {
@@ -44,12 +55,14 @@ int budget_plan_slots(uint64_t budget, uint64_t trunk, uint64_t kv, uint64_t scr
     if (slot_bytes == 0 || n_layer <= 0)
         return err_set(-EINVAL, "budget: slot size %llu, %d layers",
                        (unsigned long long)slot_bytes, n_layer);
-    if (fixed > budget)
+    if (fixed > budget) {
+        char b0[32], b1[32], b2[32], b3[32], b4[32];
         return err_set(-ENOSPC,
-                       "a VRAM budget of %.2f GiB is %.2f GiB short: the trunk takes %.2f GiB, "
-                       "the KV cache %.2f GiB and scratch %.2f GiB before any expert slot",
-                       budget / 1073741824.0, (fixed - budget) / 1073741824.0,
-                       trunk / 1073741824.0, kv / 1073741824.0, scratch / 1073741824.0);
+                       "a VRAM budget of %s is %s short: the trunk takes %s, the KV cache %s and "
+                       "scratch %s before any expert slot",
+                       budget_size(b0, budget), budget_size(b1, fixed - budget),
+                       budget_size(b2, trunk), budget_size(b3, kv), budget_size(b4, scratch));
+    }
     out->budget = budget;
     out->fixed = fixed;
     out->slot_bytes = slot_bytes;

@@ -157,6 +157,7 @@ static void budgets(const char *path)
     /* 64 MiB holds the trunk and every expert of these models: a pool, and the stream fits */
     cc.vram_budget = 64ull << 20;
     struct stream *s = NULL;
+    size_t held8192 = cc.vram_budget;
     rc = backend_cuda_open(m, &cc, &b);
     CHECK(rc == 0, "64 MiB budget: %s", err_msg());
     if (!rc) {
@@ -168,9 +169,16 @@ static void budgets(const char *path)
         printf("64 MiB budget: %d slots, %.1f MiB held\n", t.slots,
                backend_cuda_vram_bytes(b) / 1048576.0);
         stream_close(s);
+        s = NULL;
+        CHECK(stream_open(b, 8192, 32, &s) == 0, "8192 positions under 64 MiB: %s", err_msg());
+        held8192 = backend_cuda_vram_bytes(b);
+        stream_close(s);
         backend_close(b);
     }
-    /* a stream larger than the one declared at open: the pool gives up slots for it */
+    /* a stream larger than the one declared at open: the pool gives up slots for it. The
+     * budget is 1 MiB under what the full pool and an 8192-position stream held under 64 MiB
+     * (the pool is sized at open for 128 positions, and 8192 add far more than 1 MiB of KV) */
+    cc.vram_budget = held8192 - (1ull << 20);
     rc = backend_cuda_open(m, &cc, &b);
     CHECK(rc == 0, "64 MiB budget: %s", err_msg());
     if (!rc) {
