@@ -47,6 +47,10 @@ constexpr int WARP = 32;
 constexpr unsigned FULL_MASK = 0xffffffffu;
 constexpr int MMV_WARPS = 4; /* warps per MMV CTA, one weight row each */
 constexpr int MMV_THREADS = MMV_WARPS * WARP;
+/* m = 1 with at most this many rows: a block per row (4 warps split its tiles), so that the
+ * router (128 rows) and the k/v projections (512) keep enough loads in flight; measured on the
+ * H200 at 8.5 and 3.9 us with a warp per row, the 128-row one at 6% occupancy */
+constexpr int64_t MMV_SPLIT_MAX_ROWS = 1024;
 constexpr int MMV_MAX_M = CUDA_MATMUL_MMV_MAX_M;
 constexpr int Q8_WARPS = 8; /* 32-element activation blocks per quantize CTA */
 
@@ -631,14 +635,19 @@ struct mmv_params {
  * word sm_words reads past the last byte, rounded to 16 bytes. */
 template <typename F> constexpr int mmv_tile_words = ((F::TB * F::BS + 32) / 4 + 4 + 3) / 4 * 4;
 
-template <typename F, int M>
+/* KS = 1: one warp per row, the kernel synchronizes nothing wider than a warp. KS = MMV_WARPS
+ * (few rows, m = 1: too few warps to keep the loads in flight): the block's warps share one
+ * row, warp w taking tiles w, w + KS, ..., and their sums are added in warp order. */
+template <typename F, int M, int KS>
 __global__ void __launch_bounds__(MMV_THREADS) mmv_kernel(const mmv_params p)
 {
     __shared__ __align__(16) uint32_t tiles[MMV_WARPS][2][mmv_tile_words<F>];
+    __shared__ float red[KS > 1 ? KS : 1][M];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int64_t row = (int64_t)blockIdx.x * MMV_WARPS + warp;
+    const int64_t row = KS > 1 ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * MMV_WARPS + warp;
+    const int kw = KS > 1 ? warp : 0; /* this warp's first tile */
     if (row >= p.n_out)
-        return; /* whole warps only: the kernel synchronizes nothing wider than a warp */
+        return; /* whole warps (KS = 1) or whole blocks (KS > 1) */
 
     const int j0 = blockIdx.y * MMV_MAX_M;
     mmv_rows<M> r;
@@ -671,20 +680,23 @@ __global__ void __launch_bounds__(MMV_THREADS) mmv_kernel(const mmv_params p)
     const int ntile = (int)((nblk + F::TB - 1) / F::TB);
     const int64_t tile_bytes = (int64_t)F::TB * F::BS;
 
-    tile_stage(tiles[warp][0], wrow, wrow + min(tile_bytes, (int64_t)p.row_bytes), p.w_lo, p.w_hi,
-               lane);
+    if (kw < ntile) {
+        const int64_t b0 = (int64_t)kw * tile_bytes;
+        tile_stage(tiles[warp][0], wrow + b0, wrow + min(b0 + tile_bytes, (int64_t)p.row_bytes),
+                   p.w_lo, p.w_hi, lane);
+    }
     cp_async_commit();
-    for (int t = 0; t < ntile; t++) {
-        if (t + 1 < ntile) {
-            const int64_t b0 = (int64_t)(t + 1) * tile_bytes;
-            tile_stage(tiles[warp][(t + 1) & 1], wrow + b0,
+    for (int t = kw, it = 0; t < ntile; t += KS, it++) {
+        if (t + KS < ntile) {
+            const int64_t b0 = (int64_t)(t + KS) * tile_bytes;
+            tile_stage(tiles[warp][(it + 1) & 1], wrow + b0,
                        wrow + min(b0 + tile_bytes, (int64_t)p.row_bytes), p.w_lo, p.w_hi, lane);
         }
         cp_async_commit(); /* possibly empty: keeps "all but the newest group" = tile t */
         cp_async_wait<1>();
         __syncwarp();
 
-        const uint32_t *s = tiles[warp][t & 1];
+        const uint32_t *s = tiles[warp][it & 1];
         const int64_t tb0 = (int64_t)t * F::TB;
         const uint32_t shift = (uint32_t)((uintptr_t)(wrow + tb0 * F::BS) & 15);
         const int nparts = (int)min((int64_t)F::TB, nblk - tb0) * F::PARTS;
@@ -700,6 +712,22 @@ __global__ void __launch_bounds__(MMV_THREADS) mmv_kernel(const mmv_params p)
 #pragma unroll
         for (int o = WARP / 2; o > 0; o >>= 1)
             acc[j] += __shfl_xor_sync(FULL_MASK, acc[j], o);
+    if constexpr (KS > 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int j = 0; j < M; j++)
+                red[warp][j] = acc[j];
+        __syncthreads();
+        if (warp != 0)
+            return;
+#pragma unroll
+        for (int j = 0; j < M; j++) {
+            acc[j] = red[0][j];
+#pragma unroll
+            for (int w = 1; w < KS; w++)
+                acc[j] += red[w][j];
+        }
+    }
     if (lane == 0) {
 #pragma unroll
         for (int j = 0; j < M; j++)
@@ -941,16 +969,18 @@ template <typename F> void mmv_launch(const mmv_params &p, cudaStream_t st)
 {
     const dim3 grid((unsigned)((p.n_out + MMV_WARPS - 1) / MMV_WARPS),
                     (unsigned)((p.m + MMV_MAX_M - 1) / MMV_MAX_M));
-    if (p.m == 1)
-        mmv_kernel<F, 1><<<grid, MMV_THREADS, 0, st>>>(p);
+    if (p.m == 1 && p.n_out <= MMV_SPLIT_MAX_ROWS)
+        mmv_kernel<F, 1, MMV_WARPS><<<dim3((unsigned)p.n_out, 1), MMV_THREADS, 0, st>>>(p);
+    else if (p.m == 1)
+        mmv_kernel<F, 1, 1><<<grid, MMV_THREADS, 0, st>>>(p);
     else if (p.m == 2)
-        mmv_kernel<F, 2><<<grid, MMV_THREADS, 0, st>>>(p);
+        mmv_kernel<F, 2, 1><<<grid, MMV_THREADS, 0, st>>>(p);
     else if (p.m <= 4)
-        mmv_kernel<F, 4><<<grid, MMV_THREADS, 0, st>>>(p);
+        mmv_kernel<F, 4, 1><<<grid, MMV_THREADS, 0, st>>>(p);
     else if (p.m <= 8)
-        mmv_kernel<F, 8><<<grid, MMV_THREADS, 0, st>>>(p);
+        mmv_kernel<F, 8, 1><<<grid, MMV_THREADS, 0, st>>>(p);
     else
-        mmv_kernel<F, MMV_MAX_M><<<grid, MMV_THREADS, 0, st>>>(p);
+        mmv_kernel<F, MMV_MAX_M, 1><<<grid, MMV_THREADS, 0, st>>>(p);
 }
 
 template <typename F> void gemm_launch(const gemm_params &p, cudaStream_t st)
@@ -1026,15 +1056,17 @@ struct preload_fn {
     template <typename F> void operator()()
     {
         if (e == cudaSuccess)
-            e = kernel_preload(mmv_kernel<F, 1>);
+            e = kernel_preload(mmv_kernel<F, 1, MMV_WARPS>);
         if (e == cudaSuccess)
-            e = kernel_preload(mmv_kernel<F, 2>);
+            e = kernel_preload(mmv_kernel<F, 1, 1>);
         if (e == cudaSuccess)
-            e = kernel_preload(mmv_kernel<F, 4>);
+            e = kernel_preload(mmv_kernel<F, 2, 1>);
         if (e == cudaSuccess)
-            e = kernel_preload(mmv_kernel<F, 8>);
+            e = kernel_preload(mmv_kernel<F, 4, 1>);
         if (e == cudaSuccess)
-            e = kernel_preload(mmv_kernel<F, MMV_MAX_M>);
+            e = kernel_preload(mmv_kernel<F, 8, 1>);
+        if (e == cudaSuccess)
+            e = kernel_preload(mmv_kernel<F, MMV_MAX_M, 1>);
         if constexpr (!std::is_same_v<F, fmt_float<QUANT_F32>>)
             if (e == cudaSuccess)
                 e = kernel_preload(gemm_kernel<F>);

@@ -21,6 +21,8 @@
 #define MOE_TILE_SMALL 4     /* pairs per tile on the grouped path: few pairs per expert */
 #define MOE_TILE_LARGE 16    /* ... and from MOE_TILE_LARGE / 2 pairs per expert on average */
 #define MOE_SORT_THREADS 256 /* chunks of the counting sort, one per thread */
+#define MOE_DOWN_KMAX 2      /* experts a direct down warp walks side by side (8: 123 registers,
+                              * a quarter of the warps resident, slower than 1 on the H200) */
 
 static __host__ __device__ __forceinline__ int64_t moe_cdiv(int64_t a, int64_t b)
 {
@@ -126,17 +128,16 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
      * and so every sum's order, is unchanged) */
 #pragma unroll 4
     for (int64_t g = 0; g < ng; g++) {
-        float v[8];
-        int64_t a0, a1;
-        if (cq_decoder<WT>::decode(gr, p.n_embd, g, lane, v, &a0, &a1)) {
+        cq_step<WT> sg, su;
+        if (sg.load(gr, p.n_embd, g, lane)) {
 #pragma unroll
             for (int i = 0; i < TM; i++)
-                ag[i] = cq_dot8(v, x[i], a0, a1, ag[i]);
+                ag[i] = sg.dot(x[i], ag[i]);
         }
-        if (cq_decoder<WT>::decode(ur, p.n_embd, g, lane, v, &a0, &a1)) {
+        if (su.load(ur, p.n_embd, g, lane)) {
 #pragma unroll
             for (int i = 0; i < TM; i++)
-                au[i] = cq_dot8(v, x[i], a0, a1, au[i]);
+                au[i] = su.dot(x[i], au[i]);
         }
     }
 #pragma unroll
@@ -177,10 +178,9 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_direct(struc
         for (int64_t g = 0; g < ng; g++) {
 #pragma unroll
             for (int i = 0; i < KMAX; i++) {
-                float v[8];
-                int64_t a0, a1;
-                if (ok[i] && cq_decoder<WT>::decode(dr[i], p.n_ff, g, lane, v, &a0, &a1))
-                    s[i] = cq_dot8(v, hx[i], a0, a1, s[i]);
+                cq_step<WT> st;
+                if (ok[i] && st.load(dr[i], p.n_ff, g, lane))
+                    s[i] = st.dot(hx[i], s[i]);
             }
         }
 #pragma unroll
@@ -222,12 +222,11 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_grouped(stru
         acc[i] = 0.0f;
     const int64_t ng = moe_cdiv(p.n_ff, CQ_GROUP);
     for (int64_t g = 0; g < ng; g++) {
-        float v[8];
-        int64_t a0, a1;
-        if (cq_decoder<WT>::decode(dr, p.n_ff, g, lane, v, &a0, &a1)) {
+        cq_step<WT> st;
+        if (st.load(dr, p.n_ff, g, lane)) {
 #pragma unroll
             for (int i = 0; i < TM; i++)
-                acc[i] = cq_dot8(v, p.h + (int64_t)pairs[i] * p.n_ff, a0, a1, acc[i]);
+                acc[i] = st.dot(p.h + (int64_t)pairs[i] * p.n_ff, acc[i]);
         }
     }
 #pragma unroll
@@ -411,7 +410,7 @@ static void moe_launch_down(const struct moe_params &p, bool grouped, unsigned i
     else if (grouped)
         k_moe_down_grouped<WT, MOE_TILE_SMALL><<<grid, MOE_WARPS * 32, 0, s>>>(p);
     else
-        k_moe_down_direct<WT, 8><<<grid, MOE_WARPS * 32, 0, s>>>(p);
+        k_moe_down_direct<WT, MOE_DOWN_KMAX><<<grid, MOE_WARPS * 32, 0, s>>>(p);
 }
 
 #define MOE_DISPATCH(type, fn, ...)                                                                \

@@ -145,10 +145,12 @@ static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_
     }
 }
 
-/* ---- RoPE: one block per token; cos/sin of each pair index once, then every head ------------ */
+/* ---- RoPE: one block per (token, ROPE_HEADS heads); cos/sin of each pair index, then the heads - */
 
 #define ROPE_THREADS 128
 #define ROPE_MAX_HALF 512 /* head_dim <= 1024 */
+#define ROPE_HEADS 4      /* heads per block (grid: tokens x head groups) */
+#define ROPE_PER 4        /* pairs per thread kept in registers: 4 heads of head_dim <= 256 */
 
 struct rope_params {
     float *x;
@@ -170,8 +172,34 @@ static __global__ void __launch_bounds__(ROPE_THREADS) k_rope_neox(struct rope_p
         sn[i] = (float)sv;
     }
     __syncthreads();
-    float *x = p.x + (int64_t)t * p.n_heads * p.head_dim;
-    for (int e = threadIdx.x; e < p.n_heads * half; e += ROPE_THREADS) {
+    /* this block's heads: every load is issued before any store (the two halves of a pair
+     * are read and written in place, so interleaving would serialize them) */
+    const int h0 = blockIdx.y * ROPE_HEADS, nh = min(ROPE_HEADS, p.n_heads - h0);
+    float *x = p.x + ((int64_t)t * p.n_heads + h0) * p.head_dim;
+    const int n = nh * half;
+    if (n <= ROPE_THREADS * ROPE_PER) {
+        float a[ROPE_PER], b[ROPE_PER];
+#pragma unroll
+        for (int j = 0; j < ROPE_PER; j++) {
+            int e = threadIdx.x + j * ROPE_THREADS, h = e / half, i = e - h * half;
+            if (e < n) {
+                a[j] = x[(int64_t)h * p.head_dim + i];
+                b[j] = x[(int64_t)h * p.head_dim + i + half];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < ROPE_PER; j++) {
+            int e = threadIdx.x + j * ROPE_THREADS, h = e / half, i = e - h * half;
+            if (e < n) {
+                float c = cs[i], sv = sn[i];
+                x[(int64_t)h * p.head_dim + i] = __fsub_rn(__fmul_rn(a[j], c), __fmul_rn(b[j], sv));
+                x[(int64_t)h * p.head_dim + i + half] =
+                    __fadd_rn(__fmul_rn(a[j], sv), __fmul_rn(b[j], c));
+            }
+        }
+        return;
+    }
+    for (int e = threadIdx.x; e < n; e += ROPE_THREADS) {
         int h = e / half, i = e - h * half;
         float *v = x + (int64_t)h * p.head_dim;
         float a = v[i], b = v[i + half], c = cs[i], s = sn[i];
@@ -507,26 +535,33 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn
 
 /* ---- decode attention: few rows, keys spread over many blocks ----------------------------------
  * For n_tok <= ATTD_MAX_TOK the rows of one kv head (n_tok * G <= ATTD_MAX_ROWS) are too few to
- * fill a block tile, so k_attn_dec gives each block one kv head and one chunk of keys and lets
- * the block's warps take keys in turn: lane l holds D = head_dim / 32 dimensions of every row's
- * query and of each key, a key's scores are warp sums, and P V is accumulated by each thread for
- * its dimensions. The key chunk depends only on the largest position (never on how many blocks
- * were launched), so a graph launched for the whole cache and an eager launch for the current
+ * fill a block tile, so k_attn_dec gives each block one kv head and one chunk of keys. The
+ * chunk goes through shared memory in tiles of attd_sub(D) keys (16 KiB of K and of V): every
+ * thread issues its share of a tile's loads at once, the next tile's while the current one is
+ * used. Lane l holds D = head_dim / 32 dimensions of every row's query; the block's warps take
+ * the tile's keys in turn, a score is a warp sum; then each thread accumulates P V for its own
+ * dimensions. The key chunk depends only on the largest position (never on how many blocks were
+ * launched), so a graph launched for the whole cache and an eager launch for the current
  * position split the keys the same way, and k_attn_combine skips empty chunks: same bits. */
 
 #define ATTD_THREADS 128
 #define ATTD_WARPS (ATTD_THREADS / 32)
 #define ATTD_MAX_TOK 2
 #define ATTD_MAX_ROWS 16
-#define ATTD_CHUNKS 32   /* at most this many key chunks (<= ATT_SPLIT_ROWS / ATTD_MAX_TOK) */
-#define ATTD_MIN_CHUNK 64
+#define ATTD_CHUNKS 32 /* at most this many key chunks (<= ATT_SPLIT_ROWS / ATTD_MAX_TOK) */
 
-static __host__ __device__ __forceinline__ int attd_chunk(int kmax)
+/* keys per tile: 4096 floats of K (and of V) */
+static __host__ __device__ constexpr int attd_sub(int D)
 {
-    return ops_cdiv(ops_cdiv(kmax, ATTD_CHUNKS), ATTD_MIN_CHUNK) * ATTD_MIN_CHUNK;
+    return 128 / D;
 }
 
-/* the D dimensions lane `lane` owns: d(i) = 32 V (i / V) + V lane + i % V, V = min(D, 4) */
+static __host__ __device__ __forceinline__ int attd_chunk(int kmax, int sub)
+{
+    return ops_cdiv(ops_cdiv(kmax, ATTD_CHUNKS), sub) * sub;
+}
+
+/* the D dimensions lane `lane` owns: 32 V (i / V) + V lane + i % V, V = min(D, 4) */
 template <int D> static __device__ __forceinline__ void attd_load(const float *row, int lane, float *v)
 {
     constexpr int V = D < 4 ? D : 4;
@@ -545,70 +580,110 @@ template <int D> static __device__ __forceinline__ void attd_load(const float *r
     }
 }
 
+/* one tile (SUB keys x 32 D floats) of K and of V: float4 e of the tile, per thread */
+template <int D> struct attd_tile {
+    static constexpr int SUB = attd_sub(D), HD = 32 * D;
+    static constexpr int PER = SUB * HD / 4 / ATTD_THREADS; /* float4s per thread: 8 */
+    float4 k[PER], v[PER];
+
+    __device__ __forceinline__ void load(const struct attn_params &p, int64_t kv_off, int k0,
+                                         int n, int tid)
+    {
+        const int64_t kvw = (int64_t)p.n_head_kv * HD;
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            int e = tid + i * ATTD_THREADS, j = e / (HD / 4), c = e - j * (HD / 4);
+            if (j < n) {
+                int64_t at = (int64_t)(k0 + j) * kvw + kv_off + 4 * c;
+                k[i] = *(const float4 *)(p.k + at);
+                v[i] = *(const float4 *)(p.v + at);
+            } else {
+                k[i] = v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        }
+    }
+    __device__ __forceinline__ void store(float *ks, float *vs, int tid) const
+    {
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            int e = tid + i * ATTD_THREADS;
+            ((float4 *)ks)[e] = k[i];
+            ((float4 *)vs)[e] = v[i];
+        }
+    }
+};
+
+/* RMAX is the exact row count (n_tok * G): loops without guards keep the code small, which
+ * matters here, since each warp runs it once or twice and an instruction cache miss costs as
+ * much as a tile (the first version, guarded up to 16 rows, spent 26 us mostly fetching code) */
 template <int D, int RMAX>
 static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_params p)
 {
-    __shared__ float ps[RMAX][ATTD_MIN_CHUNK]; /* probabilities of one sub-chunk of keys */
-    __shared__ float wm[ATTD_WARPS][RMAX];     /* per-warp partial max / sum */
+    constexpr int SUB = attd_sub(D), HD = 32 * D;
+    __shared__ __align__(16) float ks[SUB * HD], vs[SUB * HD];
+    __shared__ float ps[RMAX][SUB];        /* scores, then probabilities, of one tile */
+    __shared__ float wm[ATTD_WARPS][RMAX]; /* per-warp partial max */
     __shared__ float rm[RMAX], rl[RMAX], ral[RMAX];
     __shared__ int rpos[RMAX];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kvh = blockIdx.y, split = blockIdx.x, rows = p.n_tok * p.G;
-    const int64_t qw = (int64_t)p.n_head * p.hd, kvw = (int64_t)p.n_head_kv * p.hd;
-    const int64_t kv_off = (int64_t)kvh * p.hd;
+    const int64_t qw = (int64_t)p.n_head * HD, kv_off = (int64_t)kvh * HD;
 
     int kmax = 0;
     for (int t = 0; t < p.n_tok; t++)
         kmax = ops_imax(kmax, attn_pos(p, t) + 1);
-    const int chunk = attd_chunk(kmax);
+    const int chunk = attd_chunk(kmax, SUB);
     const int kb = split * chunk, ke = ops_imin(kb + chunk, kmax);
 
+    attd_tile<D> tile;
+    if (kb < ke)
+        tile.load(p, kv_off, kb, ops_imin(SUB, ke - kb), tid);
     float q[RMAX][D];
 #pragma unroll
     for (int r = 0; r < RMAX; r++) {
-        if (r < rows) {
-            int t = r / p.G, h = kvh * p.G + r % p.G;
-            attd_load<D>(p.q + t * qw + (int64_t)h * p.hd, lane, q[r]);
-        }
+        int t = r / p.G, h = kvh * p.G + r % p.G;
+        attd_load<D>(p.q + t * qw + (int64_t)h * HD, lane, q[r]);
     }
     if (tid < RMAX) {
         rpos[tid] = tid < rows ? attn_pos(p, tid / p.G) : -1;
         rm[tid] = -INFINITY;
         rl[tid] = 0.0f;
     }
-    /* thread tid accumulates dimension tid (and tid + 128 ...) of every row */
-    constexpr int DT = (32 * D + ATTD_THREADS - 1) / ATTD_THREADS;
+    /* thread tid accumulates dimensions tid, tid + 128, ... of every row */
+    constexpr int DT = (HD + ATTD_THREADS - 1) / ATTD_THREADS;
     float acc[RMAX][DT];
 #pragma unroll
     for (int r = 0; r < RMAX; r++)
 #pragma unroll
         for (int i = 0; i < DT; i++)
             acc[r][i] = 0.0f;
-    __syncthreads();
 
-    for (int k0 = kb; k0 < ke; k0 += ATTD_MIN_CHUNK) {
-        const int n = ops_imin(ATTD_MIN_CHUNK, ke - k0);
-        /* scores: warp w takes keys w, w + 4, ... of the sub-chunk */
+    for (int k0 = kb; k0 < ke; k0 += SUB) {
+        const int n = ops_imin(SUB, ke - k0);
+        tile.store(ks, vs, tid);
+        __syncthreads();
+        if (k0 + SUB < ke) /* the next tile's loads fly while this one is used */
+            tile.load(p, kv_off, k0 + SUB, ops_imin(SUB, ke - k0 - SUB), tid);
+        /* scores: warp w takes keys w, w + 4, ... of the tile */
         float wmax[RMAX];
 #pragma unroll
         for (int r = 0; r < RMAX; r++)
             wmax[r] = -INFINITY;
+#pragma unroll 1
         for (int j = warp; j < n; j += ATTD_WARPS) {
             float kr[D];
-            attd_load<D>(p.k + (int64_t)(k0 + j) * kvw + kv_off, lane, kr);
+            attd_load<D>(ks + j * HD, lane, kr);
 #pragma unroll
             for (int r = 0; r < RMAX; r++) {
-                if (r < rows) {
-                    float dot = 0.0f;
+                float dot = 0.0f;
 #pragma unroll
-                    for (int i = 0; i < D; i++)
-                        dot = fmaf(q[r][i], kr[i], dot);
-                    dot = cq_warp_sum(dot);
-                    float sc = k0 + j <= rpos[r] ? dot * p.scale : -INFINITY;
-                    if (lane == 0)
-                        ps[r][j] = sc;
-                    wmax[r] = fmaxf(wmax[r], sc);
-                }
+                for (int i = 0; i < D; i++)
+                    dot = fmaf(q[r][i], kr[i], dot);
+                dot = cq_warp_sum(dot);
+                float sc = k0 + j <= rpos[r] ? dot * p.scale : -INFINITY;
+                if (lane == 0)
+                    ps[r][j] = sc;
+                wmax[r] = fmaxf(wmax[r], sc);
             }
         }
         if (lane == 0)
@@ -625,57 +700,53 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
             rm[tid] = m_new;
         }
         __syncthreads();
-        /* probabilities, in place; each row's sum in key order by one thread */
-        for (int e = tid; e < rows * ATTD_MIN_CHUNK; e += ATTD_THREADS) {
-            int r = e / ATTD_MIN_CHUNK, j = e - r * ATTD_MIN_CHUNK;
+        /* probabilities, in place */
+        for (int e = tid; e < rows * SUB; e += ATTD_THREADS) {
+            int r = e / SUB, j = e - r * SUB;
             if (j < n) {
                 float m = rm[r];
-                float pr = m == -INFINITY ? 0.0f : expf(ps[r][j] - m);
-                ps[r][j] = pr;
+                ps[r][j] = m == -INFINITY ? 0.0f : expf(ps[r][j] - m);
             }
         }
         __syncthreads();
+        /* each row's sum in key order by one thread; P V by every thread for its dimensions */
         if (tid < rows) {
             float sum = 0.0f;
             for (int j = 0; j < n; j++)
                 sum += ps[tid][j];
             rl[tid] = rl[tid] * ral[tid] + sum;
         }
-        /* P V: thread tid owns dimensions tid, tid + 128, ... */
 #pragma unroll
         for (int i = 0; i < DT; i++) {
             int d = tid + i * ATTD_THREADS;
-            if (d < p.hd) {
+            if (d < HD) {
 #pragma unroll
                 for (int r = 0; r < RMAX; r++)
-                    if (r < rows)
-                        acc[r][i] *= ral[r];
+                    acc[r][i] *= ral[r];
+#pragma unroll 4
                 for (int j = 0; j < n; j++) {
-                    float v = p.v[(int64_t)(k0 + j) * kvw + kv_off + d];
+                    float v = vs[j * HD + d];
 #pragma unroll
                     for (int r = 0; r < RMAX; r++)
-                        if (r < rows)
-                            acc[r][i] = fmaf(ps[r][j], v, acc[r][i]);
+                        acc[r][i] = fmaf(ps[r][j], v, acc[r][i]);
                 }
             }
         }
-        __syncthreads(); /* before the next sub-chunk overwrites ps, rm and ral */
+        __syncthreads(); /* before the next tile overwrites ks, vs, ps, rm and ral */
     }
 
     const int64_t nth = (int64_t)p.n_tok * p.n_head;
 #pragma unroll
     for (int r = 0; r < RMAX; r++) {
-        if (r >= rows)
-            continue;
         int64_t row = (int64_t)(r / p.G) * p.n_head + kvh * p.G + r % p.G;
 #pragma unroll
         for (int i = 0; i < DT; i++) {
             int d = tid + i * ATTD_THREADS;
-            if (d < p.hd)
-                p.part_acc[((int64_t)split * nth + row) * p.hd + d] = acc[r][i];
+            if (d < HD)
+                p.part_acc[((int64_t)split * nth + row) * HD + d] = acc[r][i];
         }
         if (tid == 0) {
-            p.part_m[split * nth + row] = kb < ke ? rm[r] : -INFINITY;
+            p.part_m[split * nth + row] = rm[r];
             p.part_l[split * nth + row] = rl[r];
         }
     }
@@ -771,7 +842,8 @@ extern "C" int cuda_rope_neox(const struct cuda_rope_args *a)
     if (!a->x)
         return -EINVAL;
     struct rope_params p = {a->x, a->n_heads, a->head_dim, a->pos0, a->pos_dev, a->base};
-    k_rope_neox<<<a->n_tok, ROPE_THREADS, 0, (cudaStream_t)a->stream>>>(p);
+    dim3 grid((unsigned)a->n_tok, (unsigned)ops_cdiv(a->n_heads, ROPE_HEADS));
+    k_rope_neox<<<grid, ROPE_THREADS, 0, (cudaStream_t)a->stream>>>(p);
     return cuda_last_error("cuda_rope_neox");
 }
 
@@ -829,16 +901,46 @@ extern "C" size_t cuda_attention_scratch_bytes(int n_head, int head_dim)
     return sizeof(float) * (size_t)ATT_SPLIT_ROWS * n_head * (head_dim + 2);
 }
 
+/* Launches k_attn_dec<D, rows> when D matches and rows is 1, 2, 4, 8 or 16 (rows * D <= 64). */
+template <int D>
+static bool attd_dispatch(int d, int rows, dim3 grid, const struct attn_params &p, cudaStream_t s)
+{
+    if (d != D)
+        return false;
+    switch (rows) {
+    case 1:
+        k_attn_dec<D, 1><<<grid, ATTD_THREADS, 0, s>>>(p);
+        return true;
+    case 2:
+        k_attn_dec<D, 2><<<grid, ATTD_THREADS, 0, s>>>(p);
+        return true;
+    case 4:
+        k_attn_dec<D, 4><<<grid, ATTD_THREADS, 0, s>>>(p);
+        return true;
+    case 8:
+        k_attn_dec<D, 8><<<grid, ATTD_THREADS, 0, s>>>(p);
+        return true;
+    case 16:
+        if constexpr (D <= 4) {
+            k_attn_dec<D, 16><<<grid, ATTD_THREADS, 0, s>>>(p);
+            return true;
+        }
+        return false;
+    default:
+        return false;
+    }
+}
+
 /* The decode kernel where it applies (few rows, head_dim 64/128/256, scratch given): launches
  * it and the combine, true; else false and nothing launched. */
 static bool attd_launch(const struct cuda_attn_args *a, struct attn_params *p, cudaStream_t s)
 {
     const int rows = a->n_tok * p->G, D = a->head_dim / 32;
     if (a->n_tok > ATTD_MAX_TOK || rows > ATTD_MAX_ROWS || a->head_dim % 32 ||
-        (D != 2 && D != 4 && D != 8) || rows * D > 64 || !a->scratch)
+        (D != 2 && D != 4 && D != 8) || rows * D > 64 || (rows & (rows - 1)) || !a->scratch)
         return false;
     int keys = a->pos_dev ? a->n_ctx : a->pos0 + a->n_tok;
-    int ns = ops_imin(ATTD_CHUNKS, ops_cdiv(keys, ATTD_MIN_CHUNK));
+    int ns = ops_imin(ATTD_CHUNKS, ops_cdiv(keys, attd_sub(D)));
     int64_t nth = (int64_t)a->n_tok * a->n_head;
     size_t need = sizeof(float) * (size_t)ns * nth * (a->head_dim + 2);
     if (a->scratch_bytes < need || !ops_aligned(a->scratch, 4))
@@ -848,12 +950,9 @@ static bool attd_launch(const struct cuda_attn_args *a, struct attn_params *p, c
     p->part_m = p->part_acc + (size_t)ns * nth * a->head_dim;
     p->part_l = p->part_m + (size_t)ns * nth;
     dim3 grid((unsigned)ns, (unsigned)a->n_head_kv);
-    if (D == 2)
-        k_attn_dec<2, 16><<<grid, ATTD_THREADS, 0, s>>>(*p);
-    else if (D == 4)
-        k_attn_dec<4, 16><<<grid, ATTD_THREADS, 0, s>>>(*p);
-    else
-        k_attn_dec<8, 8><<<grid, ATTD_THREADS, 0, s>>>(*p);
+    if (!attd_dispatch<2>(D, rows, grid, *p, s) && !attd_dispatch<4>(D, rows, grid, *p, s) &&
+        !attd_dispatch<8>(D, rows, grid, *p, s))
+        return false;
     k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(*p);
     return true;
 }

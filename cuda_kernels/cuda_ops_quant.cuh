@@ -370,6 +370,114 @@ static __device__ __forceinline__ float cq_dot8(const float *v, const float *x, 
     return acc;
 }
 
+/* ---- dot-product steps ----------------------------------------------------------------------
+ * cq_step<TYPE>: one lane's share of group g of a weight row, loaded once (load) and applied to
+ * any number of activation rows (dot: acc + w . x over the lane's 8 elements). The generic step
+ * is the group decoder and cq_dot8. Q4_K and Q6_K have their own, which spend about half the
+ * instructions: lane l takes 8 consecutive elements that share one scale (and min), keeps
+ * their integer codes q as floats (built from the bytes with a byte permute and one
+ * subtraction instead of an int-to-float conversion), and factors the scale out:
+ *     w . x = dl * (q . x) - ml * sum(x)        (Q6_K: ml = 32 dl, q = 6-bit code)
+ * Every kernel that calls dot for a type uses the same step, so paths that share a step agree
+ * bit for bit. */
+template <uint32_t TYPE> struct cq_step {
+    float v[8];
+    int64_t a0, a1;
+    __device__ __forceinline__ bool load(const uint8_t *row, int64_t n, int64_t g, int lane)
+    {
+        return cq_decoder<TYPE>::decode(row, n, g, lane, v, &a0, &a1);
+    }
+    __device__ __forceinline__ float dot(const float *x, float acc) const
+    {
+        return cq_dot8(v, x, a0, a1, acc);
+    }
+};
+
+/* byte c (0..3) of w as a float: 0x4B0000bb is 2^23 + b */
+static __device__ __forceinline__ float cq_byte_f(uint32_t w, int c)
+{
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (uint32_t)c)) - 8388608.0f;
+}
+
+/* the factored step shared by Q4_K and Q6_K: codes q[8] of elements e0..e0+7 */
+struct cq_fstep {
+    float q[8];
+    float dl, ml;
+    int64_t e0;
+    __device__ __forceinline__ void codes(uint32_t w0, uint32_t w1)
+    {
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            q[c] = cq_byte_f(w0, c);
+            q[4 + c] = cq_byte_f(w1, c);
+        }
+    }
+    __device__ __forceinline__ float dot(const float *x, float acc) const
+    {
+        float4 x0 = *(const float4 *)(x + e0), x1 = *(const float4 *)(x + e0 + 4);
+        float qx = q[0] * x0.x;
+        qx = fmaf(q[1], x0.y, qx);
+        qx = fmaf(q[2], x0.z, qx);
+        qx = fmaf(q[3], x0.w, qx);
+        qx = fmaf(q[4], x1.x, qx);
+        qx = fmaf(q[5], x1.y, qx);
+        qx = fmaf(q[6], x1.z, qx);
+        qx = fmaf(q[7], x1.w, qx);
+        float sx = __fadd_rn(__fadd_rn(__fadd_rn(x0.x, x0.y), __fadd_rn(x0.z, x0.w)),
+                             __fadd_rn(__fadd_rn(x1.x, x1.y), __fadd_rn(x1.z, x1.w)));
+        acc = fmaf(dl, qx, acc);
+        return fmaf(-ml, sx, acc);
+    }
+};
+
+/* Q4_K: lane l takes sub-block j = l / 4 (scale and min j), elements 32 j + 8 (l % 4) + 0..7:
+ * the low (j even) or high (j odd) nibbles of qs bytes 32 (j / 2) + 8 (l % 4) + 0..7. */
+template <> struct cq_step<QUANT_Q4_K> : cq_fstep {
+    __device__ __forceinline__ bool load(const uint8_t *row, int64_t n, int64_t g, int lane)
+    {
+        (void)n;
+        const uint8_t *p = row + g * 144;
+        const int j = lane >> 2, o = 8 * (lane & 3);
+        float d = cq_f16(cq_ld_u16(p)), dmin = cq_f16(cq_ld_u16(p + 2));
+        /* scale and min of sub-block j (cq_k4_scale_min without a branch) */
+        const uint8_t *sc = p + 4;
+        int lo = j < 4 ? sc[j] : sc[j + 4], hs = j < 4 ? 0 : sc[j - 4] >> 6,
+            hm = j < 4 ? 0 : sc[j] >> 6;
+        int scale = j < 4 ? lo & 63 : (lo & 0xF) | hs << 4;
+        int mn = j < 4 ? sc[j + 4] & 63 : (lo >> 4) | hm << 4;
+        dl = __fmul_rn(d, (float)scale);
+        ml = __fmul_rn(dmin, (float)mn);
+        const uint8_t *qs = p + 16 + 32 * (j >> 1) + o;
+        const int sh = 4 * (j & 1);
+        codes((cq_ld_u32_a2(qs) >> sh) & 0x0F0F0F0Fu, (cq_ld_u32_a2(qs + 4) >> sh) & 0x0F0F0F0Fu);
+        e0 = g * CQ_GROUP + 32 * j + o;
+        return true;
+    }
+};
+
+/* Q6_K: lane l takes elements 8 l + 0..7 = 128 h + 32 s + l0 + 0..7 (h = l / 16, s = l / 4 % 4,
+ * l0 = 8 (l % 4)), which share scale 8 h + 2 s + l0 / 16: low 4 bits in ql[64 h + 32 (s % 2) +
+ * l0 + c] (high nibble for s >= 2), high 2 bits at bit 2 s of qh[32 h + l0 + c]. */
+template <> struct cq_step<QUANT_Q6_K> : cq_fstep {
+    __device__ __forceinline__ bool load(const uint8_t *row, int64_t n, int64_t g, int lane)
+    {
+        (void)n;
+        const uint8_t *p = row + g * 210;
+        const int h = lane >> 4, s = (lane >> 2) & 3, l0 = 8 * (lane & 3);
+        float d = cq_f16(cq_ld_u16(p + 208));
+        dl = __fmul_rn(d, (float)((const int8_t *)(p + 192))[8 * h + 2 * s + l0 / 16]);
+        ml = __fmul_rn(dl, 32.0f);
+        const uint8_t *ql = p + 64 * h + 32 * (s & 1) + l0, *qh = p + 128 + 32 * h + l0;
+        const int sl = 4 * (s >> 1), shh = 2 * s;
+        uint32_t w0 = (cq_ld_u32_a2(ql) >> sl) & 0x0F0F0F0Fu, w1 = (cq_ld_u32_a2(ql + 4) >> sl) & 0x0F0F0F0Fu;
+        w0 |= ((cq_ld_u32_a2(qh) >> shh) & 0x03030303u) << 4;
+        w1 |= ((cq_ld_u32_a2(qh + 4) >> shh) & 0x03030303u) << 4;
+        codes(w0, w1);
+        e0 = g * CQ_GROUP + 8 * lane;
+        return true;
+    }
+};
+
 /* Sum over the 32 lanes by a fixed butterfly; every lane gets the same value. */
 static __device__ __forceinline__ float cq_warp_sum(float s)
 {

@@ -32,7 +32,11 @@ int main(void)
           "slots %llu", (unsigned long long)p.n_slots);
     CHECK(p.n_slots == 1792 && p.per_layer == 1792.0 / 48, "5.25 GiB / 3 MiB = 1792 slots, %g per layer", p.per_layer);
     CHECK(budget_plan_slots(2ull << 30, 2ull << 30, 1ull << 29, 0, 3ull << 20, 48, &p) == -ENOSPC &&
-              strstr(err_msg(), "0.50 GiB short"),
+              strstr(err_msg(), "512.0 MiB short"),
+          "shortfall message: %s", err_msg());
+    /* sizes from 1 GiB up in GiB, smaller ones in MiB (a tiny model's is not "0.00 GiB") */
+    CHECK(budget_plan_slots(1ull << 30, 3ull << 30, 1ull << 20, 0, 3ull << 20, 48, &p) == -ENOSPC &&
+              strstr(err_msg(), "1.00 GiB is 2.00 GiB short") && strstr(err_msg(), "1.0 MiB"),
           "shortfall message: %s", err_msg());
     CHECK(budget_plan_slots(1ull << 30, 0, 0, 0, 0, 48, &p) == -EINVAL, "zero slot");
 

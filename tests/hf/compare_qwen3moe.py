@@ -235,6 +235,8 @@ def strata_logits(args, gguf, ids, n_greedy, one_by_one=False, text=None):
         cmd += ["-p", text] if text is not None else ["--ids", ",".join(map(str, ids))]
         if one_by_one:
             cmd.append("--decode-one-by-one")
+        if args.strata_device != "cpu":
+            cmd += ["--device", args.strata_device]
         p = run(cmd, "strata logits")
         blocks = np.fromfile(tmp.name, dtype="<f4")
     got_ids, greedy = None, []
@@ -648,7 +650,8 @@ def summary(args, rows, details, versions, elapsed):
     lines = [
         "# strata vs Hugging Face transformers: random-weight Qwen3-MoE",
         "",
-        f"Reference: {versions}. Device {args.device}; strata threads {args.threads}; "
+        f"Reference: {versions}. Device {args.device}; strata backend {args.strata_device}, "
+        f"threads {args.threads}; "
         f"init std {args.init_std} (ci-ref {args.ci_init_std}), norms 1 + N(0, 0.1^2); "
         f"seed {args.seed}; {args.greedy} greedy tokens; {elapsed:.0f} s.",
         "",
@@ -708,6 +711,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--device", default="cpu", help="torch device of the reference (cpu, cuda)")
+    ap.add_argument("--strata-device", default="cpu", choices=["cpu", "cuda"],
+                    help="strata's backend (strata logits --device)")
     ap.add_argument("--vocab-size", type=int, help="default: 151936 for a Qwen tokenizer, else "
                     "the tokenizer's size rounded up to 64")
     ap.add_argument("--strict-greedy", action="store_true",
