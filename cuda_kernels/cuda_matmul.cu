@@ -47,10 +47,11 @@ constexpr int WARP = 32;
 constexpr unsigned FULL_MASK = 0xffffffffu;
 constexpr int MMV_WARPS = 4; /* warps per MMV CTA, one weight row each */
 constexpr int MMV_THREADS = MMV_WARPS * WARP;
-/* m = 1 with at most this many rows: a block per row (4 warps split its tiles), so that the
- * router (128 rows) and the k/v projections (512) keep enough loads in flight; measured on the
- * H200 at 8.5 and 3.9 us with a warp per row, the 128-row one at 6% occupancy */
-constexpr int64_t MMV_SPLIT_MAX_ROWS = 1024;
+/* m = 1 with at most this many rows: a block per row (4 warps split its tiles), so that a
+ * router (128 rows) keeps enough loads in flight: on the H200 the F32 router took 8.5 us with
+ * a warp per row (6% occupancy), 4.3 us split; the 512-row k/v projections got slower split
+ * (3.9 -> 4.7 us), hence the bound */
+constexpr int64_t MMV_SPLIT_MAX_ROWS = 256;
 constexpr int MMV_MAX_M = CUDA_MATMUL_MMV_MAX_M;
 constexpr int Q8_WARPS = 8; /* 32-element activation blocks per quantize CTA */
 

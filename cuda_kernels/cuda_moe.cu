@@ -196,6 +196,164 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_direct(struc
         p.out[(int64_t)t * p.out_stride + r] = acc;
 }
 
+/* ---- direct path, rows staged through shared memory ------------------------------------------
+ * The steps above read a weight row with many small loads that depend on nothing but the
+ * row, yet a warp issues them a group at a time and waits for each (on the H200 the direct
+ * kernels ran at 0.5-0.65 TB/s). Here a warp first copies its whole rows into its own shared
+ * memory with 16-byte loads, all in flight together, and then runs the same steps on the copy:
+ * the arithmetic, and so every bit, is unchanged. */
+
+/* The 16-byte chunk at c (16-byte aligned) of the row [a0, a1): one load when it lies inside,
+ * else the bytes inside, one at a time, and zeros. */
+static __device__ __forceinline__ uint4 moe_chunk(uintptr_t c, uintptr_t a0, uintptr_t a1)
+{
+    if (c >= a0 && c + 16 <= a1)
+        return *(const uint4 *)c;
+    uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        if (c + j >= a0 && c + j < a1)
+            w[j / 4] |= (uint32_t)*(const uint8_t *)(c + j) << 8 * (j % 4);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* Copies NR rows of n bytes (rows[i] unused where !use[i]) to smem + i * stride (16-byte
+ * aligned, moe_stage_bytes(n) each) and sets out[i] to where row i starts there. Each pass
+ * issues every lane's loads (CPL chunks of each row) before any store, so they are all in
+ * flight at once; only bytes of the rows are read. */
+template <int NR, int CPL>
+static __device__ __forceinline__ void moe_stage(const uint8_t *const *rows, const bool *use,
+                                                 uint64_t n, uint8_t *smem, uint64_t stride,
+                                                 int lane, const uint8_t **out)
+{
+    uintptr_t a0[NR], c0[NR];
+    int chunks = 0;
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        a0[i] = (uintptr_t)rows[i];
+        c0[i] = a0[i] & ~(uintptr_t)15;
+        int ch = (int)((((a0[i] + n + 15) & ~(uintptr_t)15) - c0[i]) / 16);
+        chunks = ch > chunks ? ch : chunks;
+        out[i] = smem + i * stride + (a0[i] - c0[i]);
+    }
+    for (int base = 0; base < chunks; base += 32 * CPL) {
+        uint4 v[NR][CPL];
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+#pragma unroll
+            for (int k = 0; k < CPL; k++) {
+                int ci = base + lane + 32 * k;
+                uintptr_t c = c0[i] + 16 * (uintptr_t)ci;
+                if (use[i] && c < a0[i] + n)
+                    v[i][k] = moe_chunk(c, a0[i], a0[i] + n);
+            }
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+#pragma unroll
+            for (int k = 0; k < CPL; k++) {
+                int ci = base + lane + 32 * k;
+                if (use[i] && c0[i] + 16 * (uintptr_t)ci < a0[i] + n)
+                    ((uint4 *)(smem + i * stride))[ci] = v[i][k];
+            }
+    }
+    __syncwarp();
+}
+
+/* bytes of one staged row in shared memory (row bytes, the misalignment, rounded to 16) */
+static __host__ __device__ __forceinline__ uint64_t moe_stage_bytes(uint64_t row)
+{
+    return (row + 32 + 15) & ~(uint64_t)15;
+}
+
+#define MOE_STAGE_MAX_SMEM (40 * 1024) /* dynamic shared memory of a staged block */
+#define MOE_STAGE_KS 4                 /* experts a staged down warp holds at once */
+
+/* direct gate/up: one (pair, row) per warp, its gate and up rows staged */
+template <uint32_t WT>
+static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_gate_up_staged(struct moe_params p)
+{
+    extern __shared__ __align__(16) uint8_t moe_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t r = (int64_t)blockIdx.y * MOE_WARPS + warp;
+    if (r >= p.n_ff)
+        return;
+    const int pair = blockIdx.x, e = p.ids[pair];
+    if (e < 0 || e >= p.n_expert) {
+        if (lane == 0)
+            p.h[(int64_t)pair * p.n_ff + r] = NAN;
+        return;
+    }
+    /* gate_type == up_type: both rows have gate_row bytes */
+    const uint64_t sg = moe_stage_bytes(p.gate_row);
+    const uint8_t *src[2] = {moe_expert(p.gate, p.gate_stride, p.gate_ptrs, e) + r * p.gate_row,
+                             moe_expert(p.up, p.up_stride, p.up_ptrs, e) + r * p.up_row};
+    const bool use[2] = {true, true};
+    const uint8_t *rows[2];
+    moe_stage<2, 4>(src, use, p.gate_row, moe_smem + (uint64_t)warp * 2 * sg, sg, lane, rows);
+    const uint8_t *gr = rows[0], *ur = rows[1];
+    const float *x = p.in + (int64_t)(pair / p.k) * p.in_stride;
+    float ag = 0.0f, au = 0.0f;
+    const int64_t ng = moe_cdiv(p.n_embd, CQ_GROUP);
+    for (int64_t g = 0; g < ng; g++) {
+        cq_step<WT> a, b;
+        if (a.load(gr, p.n_embd, g, lane))
+            ag = a.dot(x, ag);
+        if (b.load(ur, p.n_embd, g, lane))
+            au = b.dot(x, au);
+    }
+    float gs = cq_warp_sum(ag), us = cq_warp_sum(au);
+    if (lane == 0)
+        p.h[(int64_t)pair * p.n_ff + r] = __fmul_rn(moe_silu(gs), us);
+}
+
+/* direct down: one (token, row) per warp, MOE_STAGE_KS of its k experts' rows staged at a time */
+template <uint32_t WT>
+static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_staged(struct moe_params p)
+{
+    extern __shared__ __align__(16) uint8_t moe_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.x;
+    const int64_t r = (int64_t)blockIdx.y * MOE_WARPS + warp;
+    if (r >= p.n_embd)
+        return;
+    const uint64_t sd = moe_stage_bytes(p.down_row);
+    uint8_t *mine = moe_smem + (uint64_t)warp * sd * MOE_STAGE_KS;
+    const int64_t ng = moe_cdiv(p.n_ff, CQ_GROUP);
+    float acc = 0.0f;
+    for (int j0 = 0; j0 < p.k; j0 += MOE_STAGE_KS) {
+        const uint8_t *src[MOE_STAGE_KS], *dr[MOE_STAGE_KS];
+        bool ok[MOE_STAGE_KS];
+#pragma unroll
+        for (int i = 0; i < MOE_STAGE_KS; i++) {
+            int j = j0 + i, e = j < p.k ? p.ids[t * p.k + j] : 0;
+            ok[i] = j < p.k && e >= 0 && e < p.n_expert;
+            src[i] = moe_expert(p.down, p.down_stride, p.down_ptrs, ok[i] ? e : 0) + r * p.down_row;
+        }
+        moe_stage<MOE_STAGE_KS, 2>(src, ok, p.down_row, mine, sd, lane, dr);
+#pragma unroll
+        for (int i = 0; i < MOE_STAGE_KS; i++) {
+            int j = j0 + i;
+            if (j >= p.k)
+                break;
+            if (!ok[i]) {
+                acc = NAN;
+                continue;
+            }
+            const float *hx = p.h + (int64_t)(t * p.k + j) * p.n_ff;
+            float sum = 0.0f;
+            for (int64_t g = 0; g < ng; g++) {
+                cq_step<WT> st;
+                if (st.load(dr[i], p.n_ff, g, lane))
+                    sum = st.dot(hx, sum);
+            }
+            sum = cq_warp_sum(sum);
+            acc = __fadd_rn(acc, __fmul_rn(p.wts[t * p.k + j], sum));
+        }
+        __syncwarp(); /* the next round overwrites this warp's rows */
+    }
+    if (lane == 0)
+        p.out[(int64_t)t * p.out_stride + r] = acc;
+}
+
 /* Grouped path: y[pair, r] = w_pair * (down_e[r] . h_pair) for the pairs of one tile. */
 template <uint32_t WT, int TM>
 static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_grouped(struct moe_params p)
@@ -392,10 +550,13 @@ static void moe_launch_gate_up(const struct moe_params &p, bool grouped, unsigne
                                cudaStream_t s)
 {
     dim3 grid(items, (unsigned)moe_cdiv(p.n_ff, MOE_WARPS));
+    const uint64_t smem = MOE_WARPS * 2 * moe_stage_bytes(p.gate_row);
     if (grouped && p.tile == MOE_TILE_LARGE)
         k_moe_gate_up<WT, MOE_TILE_LARGE><<<grid, MOE_WARPS * 32, 0, s>>>(p, true);
     else if (grouped)
         k_moe_gate_up<WT, MOE_TILE_SMALL><<<grid, MOE_WARPS * 32, 0, s>>>(p, true);
+    else if (smem <= MOE_STAGE_MAX_SMEM)
+        k_moe_gate_up_staged<WT><<<grid, MOE_WARPS * 32, smem, s>>>(p);
     else
         k_moe_gate_up<WT, 1><<<grid, MOE_WARPS * 32, 0, s>>>(p, false);
 }
@@ -405,10 +566,13 @@ static void moe_launch_down(const struct moe_params &p, bool grouped, unsigned i
                             cudaStream_t s)
 {
     dim3 grid(items, (unsigned)moe_cdiv(p.n_embd, MOE_WARPS));
+    const uint64_t smem = MOE_WARPS * MOE_STAGE_KS * moe_stage_bytes(p.down_row);
     if (grouped && p.tile == MOE_TILE_LARGE)
         k_moe_down_grouped<WT, MOE_TILE_LARGE><<<grid, MOE_WARPS * 32, 0, s>>>(p);
     else if (grouped)
         k_moe_down_grouped<WT, MOE_TILE_SMALL><<<grid, MOE_WARPS * 32, 0, s>>>(p);
+    else if (smem <= MOE_STAGE_MAX_SMEM)
+        k_moe_down_staged<WT><<<grid, MOE_WARPS * 32, smem, s>>>(p);
     else
         k_moe_down_direct<WT, MOE_DOWN_KMAX><<<grid, MOE_WARPS * 32, 0, s>>>(p);
 }
