@@ -1186,6 +1186,10 @@ extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
     p.y = a->y;
     p.y_stride = a->y_stride;
     if (f->quantized) {
+        p.xq = (int8_t *)a->scratch;
+        p.xds = (float2 *)((uint8_t *)a->scratch + q8_qs_bytes(a->n_in, a->m));
+    }
+    if (f->quantized && !a->x_ready) {
         q8_params q = {};
         q.x = a->x;
         q.x_stride = a->x_stride;

@@ -58,6 +58,10 @@ struct cuda_matmul_args {
                                  * may be NULL when that is 0 or the GEMM path runs */
     size_t scratch_bytes;       /* size of scratch */
     enum cuda_matmul_path path; /* CUDA_MATMUL_PATH_AUTO unless testing or measuring */
+    int x_ready;                /* 1: scratch already holds x in 8 bits, written by the previous
+                                 * call on this stream (a quantized type on the MMV path, the
+                                 * same x, x_stride, x_rows, m and n_in) and nothing has written
+                                 * x since: that quantization is skipped */
     void *stream;               /* cudaStream_t; NULL: the legacy default stream */
 };
 

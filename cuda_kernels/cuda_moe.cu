@@ -21,8 +21,9 @@
 #define MOE_TILE_SMALL 4     /* pairs per tile on the grouped path: few pairs per expert */
 #define MOE_TILE_LARGE 16    /* ... and from MOE_TILE_LARGE / 2 pairs per expert on average */
 #define MOE_SORT_THREADS 256 /* chunks of the counting sort, one per thread */
-#define MOE_DOWN_KMAX 2      /* experts a direct down warp walks side by side (8: 123 registers,
-                              * a quarter of the warps resident, slower than 1 on the H200) */
+#define MOE_DOWN_KMAX 1      /* experts a direct down warp walks side by side. H200, 30b-a3b
+                              * Q6_K down: 1: 18.9 us, 2: 20.8, 8: 21.5 (123 registers); staging
+                              * the rows in shared memory: 24.7 */
 
 static __host__ __device__ __forceinline__ int64_t moe_cdiv(int64_t a, int64_t b)
 {
@@ -266,7 +267,6 @@ static __host__ __device__ __forceinline__ uint64_t moe_stage_bytes(uint64_t row
 }
 
 #define MOE_STAGE_MAX_SMEM (40 * 1024) /* dynamic shared memory of a staged block */
-#define MOE_STAGE_KS 4                 /* experts a staged down warp holds at once */
 
 /* direct gate/up: one (pair, row) per warp, its gate and up rows staged */
 template <uint32_t WT>
@@ -304,54 +304,6 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_gate_up_staged(st
     float gs = cq_warp_sum(ag), us = cq_warp_sum(au);
     if (lane == 0)
         p.h[(int64_t)pair * p.n_ff + r] = __fmul_rn(moe_silu(gs), us);
-}
-
-/* direct down: one (token, row) per warp, MOE_STAGE_KS of its k experts' rows staged at a time */
-template <uint32_t WT>
-static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_staged(struct moe_params p)
-{
-    extern __shared__ __align__(16) uint8_t moe_smem[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.x;
-    const int64_t r = (int64_t)blockIdx.y * MOE_WARPS + warp;
-    if (r >= p.n_embd)
-        return;
-    const uint64_t sd = moe_stage_bytes(p.down_row);
-    uint8_t *mine = moe_smem + (uint64_t)warp * sd * MOE_STAGE_KS;
-    const int64_t ng = moe_cdiv(p.n_ff, CQ_GROUP);
-    float acc = 0.0f;
-    for (int j0 = 0; j0 < p.k; j0 += MOE_STAGE_KS) {
-        const uint8_t *src[MOE_STAGE_KS], *dr[MOE_STAGE_KS];
-        bool ok[MOE_STAGE_KS];
-#pragma unroll
-        for (int i = 0; i < MOE_STAGE_KS; i++) {
-            int j = j0 + i, e = j < p.k ? p.ids[t * p.k + j] : 0;
-            ok[i] = j < p.k && e >= 0 && e < p.n_expert;
-            src[i] = moe_expert(p.down, p.down_stride, p.down_ptrs, ok[i] ? e : 0) + r * p.down_row;
-        }
-        moe_stage<MOE_STAGE_KS, 2>(src, ok, p.down_row, mine, sd, lane, dr);
-#pragma unroll
-        for (int i = 0; i < MOE_STAGE_KS; i++) {
-            int j = j0 + i;
-            if (j >= p.k)
-                break;
-            if (!ok[i]) {
-                acc = NAN;
-                continue;
-            }
-            const float *hx = p.h + (int64_t)(t * p.k + j) * p.n_ff;
-            float sum = 0.0f;
-            for (int64_t g = 0; g < ng; g++) {
-                cq_step<WT> st;
-                if (st.load(dr[i], p.n_ff, g, lane))
-                    sum = st.dot(hx, sum);
-            }
-            sum = cq_warp_sum(sum);
-            acc = __fadd_rn(acc, __fmul_rn(p.wts[t * p.k + j], sum));
-        }
-        __syncwarp(); /* the next round overwrites this warp's rows */
-    }
-    if (lane == 0)
-        p.out[(int64_t)t * p.out_stride + r] = acc;
 }
 
 /* Grouped path: y[pair, r] = w_pair * (down_e[r] . h_pair) for the pairs of one tile. */
@@ -566,13 +518,10 @@ static void moe_launch_down(const struct moe_params &p, bool grouped, unsigned i
                             cudaStream_t s)
 {
     dim3 grid(items, (unsigned)moe_cdiv(p.n_embd, MOE_WARPS));
-    const uint64_t smem = MOE_WARPS * MOE_STAGE_KS * moe_stage_bytes(p.down_row);
     if (grouped && p.tile == MOE_TILE_LARGE)
         k_moe_down_grouped<WT, MOE_TILE_LARGE><<<grid, MOE_WARPS * 32, 0, s>>>(p);
     else if (grouped)
         k_moe_down_grouped<WT, MOE_TILE_SMALL><<<grid, MOE_WARPS * 32, 0, s>>>(p);
-    else if (smem <= MOE_STAGE_MAX_SMEM)
-        k_moe_down_staged<WT><<<grid, MOE_WARPS * 32, smem, s>>>(p);
     else
         k_moe_down_direct<WT, MOE_DOWN_KMAX><<<grid, MOE_WARPS * 32, 0, s>>>(p);
 }

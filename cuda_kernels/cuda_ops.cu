@@ -87,13 +87,14 @@ static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_
      * and resid may alias, so a store between loads would serialize them), and the values
      * stay in registers for the second pass */
     const bool regs = p.dim <= NORM_THREADS * NORM_MAX_PER;
-    float xv[NORM_MAX_PER];
+    float xv[NORM_MAX_PER], wv[NORM_MAX_PER]; /* the weight too, before the reduction */
 
     if (regs) {
 #pragma unroll
         for (int j = 0; j < NORM_MAX_PER; j++) {
             int i = threadIdx.x + j * NORM_THREADS;
             xv[j] = i < p.dim ? in[i] : 0.0f;
+            wv[j] = p.w && i < p.dim ? p.w[i] : 1.0f;
             if (res && i < p.dim)
                 xv[j] = __fadd_rn(res[i], xv[j]);
         }
@@ -134,7 +135,7 @@ static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_
             int i = threadIdx.x + j * NORM_THREADS;
             if (i < p.dim) {
                 float y = __fmul_rn(xv[j], inv);
-                out[i] = p.w ? __fmul_rn(y, p.w[i]) : y;
+                out[i] = p.w ? __fmul_rn(y, wv[j]) : y;
             }
         }
         return;
@@ -513,23 +514,32 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn(struct attn_params 
  * l_s, splits in order; a split without keys (m = -inf) contributes nothing. */
 static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn_params p)
 {
+    /* each split's factor e^(m_s - M) once (not once per dimension); -1: no keys */
+    __shared__ float f[ATT_MAX_SPLIT];
+    __shared__ float lsum;
     const int64_t nth = (int64_t)p.n_tok * p.n_head, row = blockIdx.x;
-    float mx = -INFINITY, l = 0.0f;
+    float mx = -INFINITY;
     for (int s = 0; s < p.n_split; s++)
         mx = fmaxf(mx, p.part_m[s * nth + row]);
-    for (int s = 0; s < p.n_split; s++) {
+    for (int s = threadIdx.x; s < p.n_split; s += ATT_THREADS) {
         float m = p.part_m[s * nth + row];
-        if (m != -INFINITY)
-            l += p.part_l[s * nth + row] * expf(m - mx);
+        f[s] = m != -INFINITY ? expf(m - mx) : -1.0f;
     }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float l = 0.0f;
+        for (int s = 0; s < p.n_split; s++)
+            if (f[s] >= 0.0f)
+                l += p.part_l[s * nth + row] * f[s];
+        lsum = l;
+    }
+    __syncthreads();
     for (int d = threadIdx.x; d < p.hd; d += ATT_THREADS) {
         float o = 0.0f;
-        for (int s = 0; s < p.n_split; s++) {
-            float m = p.part_m[s * nth + row];
-            if (m != -INFINITY)
-                o += p.part_acc[(s * nth + row) * p.hd + d] * expf(m - mx);
-        }
-        p.out[row * p.hd + d] = o / l;
+        for (int s = 0; s < p.n_split; s++)
+            if (f[s] >= 0.0f)
+                o += p.part_acc[(s * nth + row) * p.hd + d] * f[s];
+        p.out[row * p.hd + d] = o / lsum;
     }
 }
 

@@ -25,6 +25,7 @@
 #include "errors.h"
 #include "expert_cache.h"
 #include "moe.h"
+#include "quant_blocks.h"
 #include "stream.h"
 
 int backend_cuda_fail(int rc, const char *what)
@@ -88,6 +89,7 @@ static void cuda_free_op(struct backend *b, float *p)
 static int cuda_embed_op(struct backend *b, float *out, const struct weight *w,
                          const int32_t *ids, int n)
 {
+    backend_cuda_forget_xq(cuda_of(b));
     struct backend_cuda *c = cuda_of(b);
     if (c->recording) { /* the id arrives in step_dev[0], copied at the start of the graph */
         struct cuda_embed_args a = {
@@ -124,6 +126,7 @@ static int cuda_embed_op(struct backend *b, float *out, const struct weight *w,
 static int cuda_rmsnorm_op(struct backend *b, float *out, const float *in, const struct weight *w,
                            int rows, int dim, float eps)
 {
+    backend_cuda_forget_xq(cuda_of(b));
     struct cuda_rmsnorm_args a = {
         .out = out, .in = in, .w = w->dev, .rows = rows, .dim = dim, .eps = eps,
         .stream = cuda_of(b)->stream,
@@ -138,15 +141,30 @@ int backend_cuda_matmul(struct backend *b, float *out, const struct weight *w, c
     struct backend_cuda *c = cuda_of(b);
     for (int r = 0; r < m; r += CUDA_BACKEND_MAX_TOK) {
         int n = m - r < CUDA_BACKEND_MAX_TOK ? m - r : CUDA_BACKEND_MAX_TOK;
+        const float *x = in + (size_t)r * w->ne[0];
+        /* a quantized weight on the MMV path quantizes x into mm_scratch: consecutive
+         * matmuls of the same x (q, k, v) share it */
+        bool q8 = w->type != QUANT_F32 && w->type != QUANT_F16 && w->type != QUANT_BF16 &&
+                  n < CUDA_MATMUL_GEMM_MIN_M;
         struct cuda_matmul_args a = {
             .wtype = w->type, .w = w->dev, .w_stride = w->row_bytes,
             .n_in = (int64_t)w->ne[0], .n_out = (int64_t)w->ne[1], .m = n,
-            .x = in + (size_t)r * w->ne[0], .x_stride = (int64_t)w->ne[0],
+            .x = x, .x_stride = (int64_t)w->ne[0],
             .y = out + (size_t)r * w->ne[1], .y_stride = (int64_t)w->ne[1],
             .scratch = c->mm_scratch, .scratch_bytes = c->mm_scratch_bytes,
+            .x_ready = q8 && c->xq_src == x && c->xq_m == n && c->xq_n_in == (int64_t)w->ne[0],
             .stream = c->stream,
         };
         int rc = cuda_matmul(&a);
+        if (q8) {
+            c->xq_src = x;
+            c->xq_m = n;
+            c->xq_n_in = (int64_t)w->ne[0];
+        }
+        /* the output may overwrite the quantized rows' source */
+        const float *o0 = a.y, *o1 = a.y + (size_t)n * w->ne[1];
+        if (c->xq_src && o0 < c->xq_src + (size_t)c->xq_m * c->xq_n_in && c->xq_src < o1)
+            c->xq_src = NULL;
         if (rc)
             return err_set(rc, "cuda matmul over '%s' (%llu x %llu, m %d) failed", w->name,
                            (unsigned long long)w->ne[1], (unsigned long long)w->ne[0], n);
@@ -157,6 +175,7 @@ int backend_cuda_matmul(struct backend *b, float *out, const struct weight *w, c
 static int cuda_rope_op(struct backend *b, float *x, int n_tok, int n_heads, int head_dim,
                         int pos0, float base)
 {
+    backend_cuda_forget_xq(cuda_of(b));
     struct cuda_rope_args a = {
         .x = x, .n_tok = n_tok, .n_heads = n_heads, .head_dim = head_dim, .pos0 = pos0,
         .pos_dev = cuda_of(b)->recording ? cuda_of(b)->step_dev + 1 : NULL, .base = base,
@@ -169,6 +188,7 @@ static int cuda_rope_op(struct backend *b, float *x, int n_tok, int n_heads, int
 static int cuda_kv_store_op(struct backend *b, float *cache, const float *src, int pos0,
                             int n_tok, int width)
 {
+    backend_cuda_forget_xq(cuda_of(b));
     struct backend_cuda *c = cuda_of(b);
     struct cuda_kv_store_args a = {
         .cache = cache, .src = src, .n_tok = n_tok, .width = width, .n_ctx = pos0 + n_tok,
@@ -184,6 +204,7 @@ static int cuda_kv_store_op(struct backend *b, float *cache, const float *src, i
 
 static int cuda_attention_op(struct backend *b, const struct attn_args *at)
 {
+    backend_cuda_forget_xq(cuda_of(b));
     struct backend_cuda *c = cuda_of(b);
     struct cuda_attn_args a = {
         .out = at->out, .q = at->q, .k_cache = at->k_cache, .v_cache = at->v_cache,
@@ -201,6 +222,7 @@ static int cuda_attention_op(struct backend *b, const struct attn_args *at)
 
 static int cuda_add_op(struct backend *b, float *x, const float *y, size_t n)
 {
+    backend_cuda_forget_xq(cuda_of(b));
     int rc = cuda_add(x, y, n, cuda_of(b)->stream);
     return rc ? backend_cuda_fail(rc, "add") : 0;
 }
@@ -211,6 +233,7 @@ static int cuda_add_op(struct backend *b, float *x, const float *y, size_t n)
 
 static int cuda_moe_ffn_op(struct backend *b, const struct moe_args *ma)
 {
+    backend_cuda_forget_xq(cuda_of(b));
     struct backend_cuda *c = cuda_of(b);
     const struct layer_weights *lw = ma->lw;
     const struct model_hparams *hp = ma->hp;
@@ -274,6 +297,7 @@ static int cuda_moe_ffn_op(struct backend *b, const struct moe_args *ma)
 
 static int cuda_read_op(struct backend *b, float *host, const float *src, size_t n)
 {
+    backend_cuda_forget_xq(cuda_of(b));
     struct backend_cuda *c = cuda_of(b);
     int rc = cuda_d2h(host, src, n * sizeof(float), c->stream);
     rc = rc ? rc : cuda_stream_sync(c->stream);
@@ -289,6 +313,7 @@ static int cuda_read_op(struct backend *b, float *host, const float *src, size_t
 static int cuda_step_begin(struct backend *b, const struct stream *s, const int32_t *ids, int n,
                            int pos)
 {
+    backend_cuda_forget_xq(cuda_of(b));
     struct backend_cuda *c = cuda_of(b);
     if (!c->graph || n != 1)
         return 0;
@@ -327,6 +352,7 @@ static int cuda_step_begin(struct backend *b, const struct stream *s, const int3
 
 static int cuda_step_end(struct backend *b, int rc)
 {
+    backend_cuda_forget_xq(cuda_of(b));
     struct backend_cuda *c = cuda_of(b);
     if (!c->recording)
         return rc;
@@ -348,6 +374,7 @@ static int cuda_step_end(struct backend *b, int rc)
 
 static int cuda_read_argmax_op(struct backend *b, const float *x, int n, int32_t *out)
 {
+    backend_cuda_forget_xq(cuda_of(b));
     struct backend_cuda *c = cuda_of(b);
     int rc = cuda_argmax(x, 1, n, c->argmax_dev, c->stream);
     rc = rc ? rc : cuda_d2h(out, c->argmax_dev, sizeof(int32_t), c->stream);

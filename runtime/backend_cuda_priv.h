@@ -20,6 +20,11 @@ struct backend_cuda {
     int32_t *ids_dev;         /* (MAX_TOK) token ids for embed */
     void *mm_scratch;         /* cuda_matmul scratch for any weight at MAX_TOK rows */
     size_t mm_scratch_bytes;
+    /* the activations mm_scratch holds in 8 bits (q, k and v share theirs): NULL after any
+     * op other than a matmul, which may have written them (backend_cuda_forget_xq) */
+    const float *xq_src;
+    int xq_m;
+    int64_t xq_n_in;
     void *attn_scratch;
     size_t attn_scratch_bytes;
     float *router_logits;     /* (MAX_TOK, n_expert) */
@@ -82,5 +87,11 @@ int backend_cuda_moe_on_cpu(struct backend_cuda *c, const struct moe_args *ma, c
                             float *out, int nt);
 int backend_cuda_predict_next(struct backend *b, const struct moe_args *ma, const float *in,
                               int nt);
+
+/* Every op but matmul calls this first: it may write what mm_scratch holds quantized. */
+static inline void backend_cuda_forget_xq(struct backend_cuda *c)
+{
+    c->xq_src = NULL;
+}
 
 #endif

@@ -279,16 +279,38 @@ int cuda_matmul_check(const struct cuda_matmul_args *a)
     return a->m >= 1 && a->n_in >= 1 && a->n_out >= 1 ? 0 : -EINVAL;
 }
 
+/* What the real MMV path keeps in its scratch for quantized weights: the activation rows it
+ * last quantized, reused when the backend says x_ready. Here a float copy, so a reuse of stale
+ * rows shows in the logits (model_checks compares them with the CPU backend). */
+static float *g_xq;
+static size_t g_xq_n;
+
 static int sim_matmul(const struct cuda_matmul_args *a)
 {
     if (cuda_matmul_check(a))
         return -EINVAL;
+    bool q8 = a->wtype != QUANT_F32 && a->wtype != QUANT_F16 && a->wtype != QUANT_BF16 &&
+              a->m < CUDA_MATMUL_GEMM_MIN_M;
+    if (q8 && !a->x_ready) {
+        size_t n = (size_t)a->m * (size_t)a->n_in;
+        if (n > g_xq_n) {
+            free(g_xq);
+            g_xq = test_xmalloc(sizeof(float) * n);
+            g_xq_n = n;
+        }
+        for (int j = 0; j < a->m; j++)
+            memcpy(g_xq + (size_t)j * a->n_in, a->x + (a->x_rows ? a->x_rows[j] : j) * a->x_stride,
+                   sizeof(float) * (size_t)a->n_in);
+    }
+    if (q8 && !g_xq)
+        return -EINVAL; /* x_ready before anything was quantized */
     for (int64_t o = 0; o < a->n_out; o++) {
         const float *w = decode_row(a->wtype, (const uint8_t *)a->w + o * a->w_stride, a->n_in);
         if (!w)
             return -EINVAL;
         for (int j = 0; j < a->m; j++) {
-            const float *x = a->x + (a->x_rows ? a->x_rows[j] : j) * a->x_stride;
+            const float *x = q8 ? g_xq + (size_t)j * a->n_in
+                                : a->x + (a->x_rows ? a->x_rows[j] : j) * a->x_stride;
             a->y[j * a->y_stride + o] = dot(w, x, a->n_in);
         }
     }
@@ -585,6 +607,42 @@ static void close_enough(const char *path, const char *what,
     free(r.logits);
 }
 
+/* The simulated CUDA backend against the CPU backend, teacher-forced on ref's greedy ids:
+ * catches what both CUDA paths would share (a stale reuse of quantized activations, above). */
+static void cpu_backend_check(const char *path, const int32_t *prompt, const struct run *ref,
+                              double tol)
+{
+    struct model *m = NULL;
+    struct backend *b = NULL;
+    struct stream *s = NULL;
+    struct backend_cpu_config cfg = {.n_threads = 1};
+    int rc = model_open(path, &m);
+    rc = rc ? rc : backend_cpu_open(m, &cfg, &b);
+    rc = rc ? rc : stream_open(b, 256, 32, &s);
+    CHECK(rc == 0, "%s: cpu backend: %s", path, err_msg());
+    if (!rc) {
+        int nv = (int)m->hp.n_vocab, agree = 0;
+        float *l = test_xmalloc(sizeof(float) * (size_t)nv);
+        rc = stream_eval(s, prompt, N_PROMPT, l);
+        double err = rc ? 1 : test_max_rel_err(l, ref->logits, (size_t)nv);
+        for (int i = 0; !rc && i < N_STEPS; i++) {
+            rc = stream_eval(s, &ref->ids[i], 1, l);
+            agree += !rc && sampler_argmax(l, nv) ==
+                                sampler_argmax(ref->logits + (size_t)(i + 1) * nv, nv);
+        }
+        printf("%s: %-34s prompt logits within %.3g; argmax agrees on %d of %d teacher-forced "
+               "steps\n",
+               path, "all-resident vs the CPU backend", err, agree, N_STEPS);
+        CHECK(rc == 0 && err <= tol, "%s: cpu backend differs by %g (tol %g)", path, err, tol);
+        CHECK(agree * 100 >= 95 * N_STEPS, "%s: cpu backend agrees on %d of %d", path, agree,
+              N_STEPS);
+        free(l);
+    }
+    stream_close(s);
+    backend_close(b);
+    model_close(m);
+}
+
 /* tol: the CPU lane's logits against the float kernels, max |diff| / max |ref| (f32 weights:
  * 1e-3; 8-bit weights, whose activations the CPU lane quantizes too: 1e-1, measured 0.059) */
 /* Greedy through stream_eval_argmax (the backend's device argmax: only ids come back), with
@@ -655,6 +713,7 @@ static void model_checks(const char *path, const int32_t *prompt, double tol)
     CHECK(run(path, &all, 256, prompt, NULL, &ref) == 0, "%s: all-resident failed", path);
     if (!ref.logits)
         return;
+    cpu_backend_check(path, prompt, &ref, tol);
     argmax_path(path, prompt, &ref);
     graph_two_streams(path, prompt, &ref);
     /* decode steps recorded once and replayed: position and token come from device memory */
@@ -771,5 +830,6 @@ int main(void)
     unlink(q8);
     rmdir(tmpdir);
     free(g_row);
+    free(g_xq);
     return test_finish("test_backend_sim");
 }
