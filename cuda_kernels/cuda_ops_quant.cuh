@@ -373,11 +373,14 @@ static __device__ __forceinline__ float cq_dot8(const float *v, const float *x, 
 /* ---- dot-product steps ----------------------------------------------------------------------
  * cq_step<TYPE>: one lane's share of group g of a weight row, loaded once (load) and applied to
  * any number of activation rows (dot: acc + w . x over the lane's 8 elements). The generic step
- * is the group decoder and cq_dot8. Q4_K has its own, with fewer instructions: lane l takes 8
- * consecutive elements that share one scale and min, keeps their 4-bit codes q as floats
- * (built from the bytes with a byte permute and one subtraction instead of an int-to-float
- * conversion), and factors the scale out: w . x = dl * (q . x) - ml * sum(x). (The same for
- * Q6_K made the H200's down kernel slower: its 8 consecutive elements need twice the bytes.)
+ * is the group decoder and cq_dot8. Q4_K and Q6_K have their own, with fewer instructions:
+ * lane l takes 8 consecutive elements that share one scale (and min), keeps their integer
+ * codes q as floats (built from the bytes with a byte permute and one subtraction instead of
+ * an int-to-float conversion), and factors the scale out:
+ *     w . x = dl * (q . x) - ml * sum(x)        (Q6_K: ml = 32 dl, q = 6-bit code)
+ * On the H200 (30b-a3b Q4_K_M) this took prefill from 1095 to 1297 tok/s; the Q6_K step reads
+ * twice the bytes of the generic one (each lane uses one nibble of its ql bytes) and made the
+ * one-token down kernel about 1 us slower, a trade kept for prefill.
  * Every kernel that calls dot for a type uses the same step, so paths that share a step agree
  * bit for bit. */
 template <uint32_t TYPE> struct cq_step {
@@ -399,7 +402,7 @@ static __device__ __forceinline__ float cq_byte_f(uint32_t w, int c)
     return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (uint32_t)c)) - 8388608.0f;
 }
 
-/* a factored step: codes q[8] of elements e0..e0+7, weights dl * q - ml */
+/* the factored step shared by Q4_K and Q6_K: codes q[8] of elements e0..e0+7 */
 struct cq_fstep {
     float q[8];
     float dl, ml;
@@ -451,6 +454,29 @@ template <> struct cq_step<QUANT_Q4_K> : cq_fstep {
         const int sh = 4 * (j & 1);
         codes((cq_ld_u32_a2(qs) >> sh) & 0x0F0F0F0Fu, (cq_ld_u32_a2(qs + 4) >> sh) & 0x0F0F0F0Fu);
         e0 = g * CQ_GROUP + 32 * j + o;
+        return true;
+    }
+};
+
+/* Q6_K: lane l takes elements 8 l + 0..7 = 128 h + 32 s + l0 + 0..7 (h = l / 16, s = l / 4 % 4,
+ * l0 = 8 (l % 4)), which share scale 8 h + 2 s + l0 / 16: low 4 bits in ql[64 h + 32 (s % 2) +
+ * l0 + c] (high nibble for s >= 2), high 2 bits at bit 2 s of qh[32 h + l0 + c]. */
+template <> struct cq_step<QUANT_Q6_K> : cq_fstep {
+    __device__ __forceinline__ bool load(const uint8_t *row, int64_t n, int64_t g, int lane)
+    {
+        (void)n;
+        const uint8_t *p = row + g * 210;
+        const int h = lane >> 4, s = (lane >> 2) & 3, l0 = 8 * (lane & 3);
+        float d = cq_f16(cq_ld_u16(p + 208));
+        dl = __fmul_rn(d, (float)((const int8_t *)(p + 192))[8 * h + 2 * s + l0 / 16]);
+        ml = __fmul_rn(dl, 32.0f);
+        const uint8_t *ql = p + 64 * h + 32 * (s & 1) + l0, *qh = p + 128 + 32 * h + l0;
+        const int sl = 4 * (s >> 1), shh = 2 * s;
+        uint32_t w0 = (cq_ld_u32_a2(ql) >> sl) & 0x0F0F0F0Fu, w1 = (cq_ld_u32_a2(ql + 4) >> sl) & 0x0F0F0F0Fu;
+        w0 |= ((cq_ld_u32_a2(qh) >> shh) & 0x03030303u) << 4;
+        w1 |= ((cq_ld_u32_a2(qh + 4) >> shh) & 0x03030303u) << 4;
+        codes(w0, w1);
+        e0 = g * CQ_GROUP + 8 * lane;
         return true;
     }
 };
