@@ -78,5 +78,7 @@ if [ -n "${INFLATED:-}" ]; then
             run -m $I --vram-budget $b --residency $mode -p 512 -n 128 --bw-gib 0.5 "${P[@]}" --stats-json "$OUT/stats-inflated-$b-$mode.json"
         done
         [ -n "${PREFETCH:-}" ] && run -m $I --vram-budget $b --prefetch -p 512 -n 128 --bw-gib 0.5 "${P[@]}"
+        [ -n "${STATIC:-}" ] && run -m $I --vram-budget $b --placement static -p 512 -n 128 --bw-gib 0.5 "${P[@]}"
+        [ -n "${HYBRID:-}" ] && run -m $I --vram-budget $b --placement hybrid -p 512 -n 128 --bw-gib 0.5 "${P[@]}"
     done
 fi

@@ -4,8 +4,9 @@
  * For each token t and each of its k selected experts e_j with router weight w_j:
  *     h_j   = silu(gate_e x_t) * (up_e x_t)          (n_ff)
  *     out_t = sum_j w_j * (down_e h_j)                (n_embd), j = 0..k-1 in order
- * Weights stay quantized (float activations, weights decoded exactly as quant_ref does, dot
- * products in float with FMAs in a fixed order). The result is deterministic and does not
+ * Weights stay quantized (float activations; weights decoded exactly as quant_ref does, or for
+ * Q4_K/Q6_K the block scale factored out of each lane's 8-element dot; float FMAs in a fixed
+ * order: docs/cuda-ops.md). The result is deterministic and does not
  * depend on the path:
  *   direct  (few tokens, decode): one warp per (pair, gate/up row) writes h; one warp per
  *           (token, down row) sums its k experts in order j;

@@ -236,7 +236,7 @@ static void cpu_lane(const char *path, const int32_t *prompt, double tol, int mi
             agree += sampler_argmax(l, nv) == ref.ids[i];
             rc = stream_eval(s, &ref.ids[i], 1, l);
         }
-        printf("%s: %s: prompt logits max rel err %.3g (tol %.g), argmax agrees on %d of %d "
+        printf("%s: %s: prompt logits max rel err %.3g (tol %.3g), argmax agrees on %d of %d "
                "teacher-forced positions\n",
                path, what, err, tol, agree, N_STEPS);
         if (getenv("STRATA_TEST_VERBOSE"))

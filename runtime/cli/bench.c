@@ -80,7 +80,7 @@ static void bench_usage(void)
            "                        CPU and the rest resident (static:N; static = the\n"
            "                        smallest N fitting the budget)\n"
            "      --graph           record a decode step as a CUDA graph once and replay it\n"
-           "                        (all resident only)\n"
+           "                        (all resident, or --residency zerocopy)\n"
            "      --streaming dma|kernel  misses copied by DMA per piece (default) or by one\n"
            "                        gather kernel per batch\n"
            "      --prefetch        stream the experts the next layer's router predicts\n"
