@@ -83,7 +83,7 @@ static void run_opts_usage(const char *cmd)
            "      --prefetch          with --vram-budget: stream the experts layer l+1's router\n"
            "                          picks from layer l's input while layer l computes (off\n"
            "                          by default: on the H200 prefill gains about a third,\n"
-           "                          decode loses 2-6%)\n"
+           "                          decode loses 2-6%%)\n"
            "      --stats             print the expert cache's per-layer table at exit\n"
            "      --stats-json FILE   write that table as JSON\n"
            "      --bind              bind the CPU threads one per physical core (hwloc), on\n"
