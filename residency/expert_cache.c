@@ -94,6 +94,7 @@ struct expert_cache {
     uint8_t *miss_lane;
     int32_t *zeroed;         /* (n_layer * n_expert) experts whose entries point at zero_slot,
                                 per layer, reverted at that layer's next call */
+    int32_t bg_id;           /* a CPU-lane expert to admit behind this call's copies, or -1 */
     int *n_zeroed;           /* (n_layer) */
 
     /* (b) */
@@ -650,6 +651,16 @@ static bool ec_assign_misses(struct expert_cache *c, int layer, const int32_t *i
         c->miss_items[i] = (struct lane_item){ec_expert_bytes(c, layer),
                                               c->pair_count[c->miss_ids[i]]};
     lane_assign(&c->lanes, c->miss_items, n_miss, c->miss_lane);
+    /* A CPU-lane expert is not cached, so with the PCIe lane idle this call the cache would
+     * stop learning (on the H200 at 12 GiB, hybrid held a 97.0% hit rate where streaming
+     * alone reached 99.8%): the first CPU-lane miss is also copied into a slot, behind the
+     * call's copies, for the layer's next call; this call still computes it on the CPU. */
+    c->bg_id = -1;
+    int n_pcie = 0;
+    for (int i = 0; i < n_miss; i++)
+        n_pcie += c->miss_lane[i] != MOE_LANE_CPU;
+    for (int i = 0; i < n_miss && !n_pcie && c->bg_id < 0; i++)
+        c->bg_id = c->miss_ids[i];
     for (int i = 0; i < n_miss && !*rc; i++) {
         int e = c->miss_ids[i];
         if (c->miss_lane[i] == MOE_LANE_CPU) {
@@ -708,10 +719,17 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
     /* the CPU lane's zero entries of this layer's previous call go back to host memory (that
      * call's kernel and table upload are done: the stream was synced above) */
     if (c->hybrid) {
-        for (int i = 0; i < c->n_zeroed[layer]; i++)
-            ec_point_host(c, layer, c->zeroed[(size_t)layer * c->n_expert + i]);
+        for (int i = 0; i < c->n_zeroed[layer]; i++) {
+            int e = c->zeroed[(size_t)layer * c->n_expert + i];
+            int s = slru_peek(c->slru, layer, e); /* admitted in the background since */
+            if (s >= 0)
+                ec_point_slot(c, layer, e, s);
+            else
+                ec_point_host(c, layer, e);
+        }
         c->n_zeroed[layer] = 0;
         c->n_cpu = 0;
+        c->bg_id = -1;
     }
     bool split = c->hybrid && n_pairs <= c->max_cpu_tok * (int)c->m->hp.n_expert_used;
     int n_miss = 0;
@@ -757,6 +775,13 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
             rc = err_set(rc, "expert cache: ordering layer %d after its copies failed", layer);
         c->copies_pending = false;
     }
+    /* then a CPU-lane expert of this call, for the layer's next call (its entries stay on the
+     * zero slot until then; the next layer's call waits for the copy) */
+    if (!rc && c->hybrid && c->bg_id >= 0 && slru_peek(c->slru, layer, c->bg_id) < 0 &&
+        ec_admit(c, layer, c->bg_id, &rc) >= 0) {
+        c->stats[layer].cpu_admitted++;
+        c->copies_pending = true;
+    }
     /* then the predicted experts of the next layer start copying behind them */
     for (int i = 0; i < n_pred && !rc; i++) {
         int e = c->pred_host[i], next = layer + 1;
@@ -795,6 +820,7 @@ int expert_cache_set_hybrid(struct expert_cache *c, const struct lane_model *m, 
         return err_set(rc, "expert cache: no device memory for the zero slot");
     c->lanes = *m;
     c->max_cpu_tok = max_cpu_tok;
+    c->bg_id = -1;
     c->hybrid = true;
     return 0;
 }
@@ -953,6 +979,7 @@ void expert_cache_print_stats(const struct expert_cache *c, FILE *f)
         tot.bytes_zerocopy += s->bytes_zerocopy;
         tot.prefetched += s->prefetched;
         tot.cpu_computed += s->cpu_computed;
+        tot.cpu_admitted += s->cpu_admitted;
         tot.prefetch_used += s->prefetch_used;
     }
     uint64_t acc = tot.hits + tot.misses;
@@ -962,8 +989,10 @@ void expert_cache_print_stats(const struct expert_cache *c, FILE *f)
             tot.promotions, tot.evictions, tot.admissions, tot.bytes_copied / 1e6,
             tot.bytes_zerocopy / 1e6, tot.prefetched, tot.prefetch_used);
     if (c->hybrid)
-        fprintf(f, "CPU lane: %" PRIu64 " expert computations (misses not streamed)\n",
-                tot.cpu_computed);
+        fprintf(f,
+                "CPU lane: %" PRIu64 " expert computations (misses not streamed), %" PRIu64
+                " of those experts copied into a slot behind the call for the next one\n",
+                tot.cpu_computed, tot.cpu_admitted);
 }
 
 int expert_cache_write_stats_json(const struct expert_cache *c, const char *path)
@@ -980,10 +1009,11 @@ int expert_cache_write_stats_json(const struct expert_cache *c, const char *path
                 ", \"promotions\": %" PRIu64 ", \"evictions\": %" PRIu64
                 ", \"admissions\": %" PRIu64 ", \"bytes_streamed\": %" PRIu64
                 ", \"bytes_zero_copy\": %" PRIu64 ", \"prefetched\": %" PRIu64
-                ", \"prefetch_used\": %" PRIu64 ", \"cpu_computed\": %" PRIu64 "}",
+                ", \"prefetch_used\": %" PRIu64 ", \"cpu_computed\": %" PRIu64
+                ", \"cpu_admitted\": %" PRIu64 "}",
                 l ? "," : "", l, slru_layer_held(c->slru, l), s->hits, s->misses, s->promotions,
                 s->evictions, s->admissions, s->bytes_copied, s->bytes_zerocopy, s->prefetched,
-                s->prefetch_used, s->cpu_computed);
+                s->prefetch_used, s->cpu_computed, s->cpu_admitted);
     }
     fprintf(f, "\n]}\n");
     if (fclose(f))

@@ -49,6 +49,7 @@ struct expert_cache_config {
 struct expert_cache_layer_stats {
     uint64_t hits, misses, promotions, evictions, admissions;
     uint64_t cpu_computed;    /* misses given to the CPU lane (hybrid) */
+    uint64_t cpu_admitted;    /* of those, copied into a slot behind the call (PCIe idle) */
     uint64_t prefetched;      /* admitted ahead of the layer's routing (prediction) */
     uint64_t prefetch_used;   /* of those, looked up by the layer before being evicted */
     uint64_t bytes_copied;    /* streamed into slots */
@@ -99,9 +100,11 @@ void expert_cache_predict_next(struct expert_cache *c, const int32_t *pred_dev, 
 /* Hybrid (copy path only): from now on prepare_copy splits each layer's misses between
  * streaming into slots and the CPU with lane_assign (moe/lane.h) over `m` (bandwidths and the
  * CPU's cost per pair measured by the caller; queue depths are taken as empty, since the copy
- * path drains both lanes every layer). A miss given to the CPU is not cached: its table entries
- * point at an all-zero slot, so the GPU kernel's contribution for it is exactly 0, and
- * expert_cache_cpu_experts lists it for the caller to compute on the host and add. Calls with
+ * path drains both lanes every layer). A miss given to the CPU has its table entries on an
+ * all-zero slot for the call, so the GPU kernel's contribution for it is exactly 0, and
+ * expert_cache_cpu_experts lists it for the caller to compute on the host and add. When the
+ * PCIe lane got nothing in a call, the first CPU-lane miss is also copied into a slot behind
+ * the call's copies, for the layer's next call (else the cache stops learning). Calls with
  * more than max_cpu_tok tokens stream everything. */
 struct lane_model;
 int expert_cache_set_hybrid(struct expert_cache *c, const struct lane_model *m, int max_cpu_tok);

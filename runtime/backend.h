@@ -157,6 +157,7 @@ int backend_cuda_write_stats_json(const struct backend *b, const char *path);
 struct backend_cache_totals {
     uint64_t hits, misses, evictions, bytes_copied, bytes_zerocopy;
     uint64_t cpu_computed; /* misses the hybrid CPU lane computed */
+    uint64_t cpu_admitted; /* of those, also copied into a slot behind their call */
     int slots;
 };
 int backend_cuda_cache_totals(const struct backend *b, struct backend_cache_totals *t);

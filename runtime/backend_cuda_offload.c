@@ -258,6 +258,7 @@ int backend_cuda_cache_totals(const struct backend *b, struct backend_cache_tota
         t->bytes_copied += s->bytes_copied;
         t->bytes_zerocopy += s->bytes_zerocopy;
         t->cpu_computed += s->cpu_computed;
+        t->cpu_admitted += s->cpu_admitted;
     }
     t->slots = expert_cache_slots(c->cache);
     return 0;

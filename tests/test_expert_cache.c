@@ -288,6 +288,8 @@ struct scenario_cfg {
     bool prefetch;       /* a partly wrong prediction of the next layer */
     bool shrink;         /* the pool gives up slots half-way */
     bool hybrid;         /* misses split with the CPU lane */
+    bool cpu_fast;       /* hybrid with a CPU lane 4x PCIe: lone misses go to the CPU and are
+                          * also admitted behind the call */
     bool gather;         /* copies through cuda_gather_copy */
     int n_slots, n_steps;
     uint64_t seed;
@@ -321,7 +323,7 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
     uint64_t cpu_total = 0;
     if (hybrid) {
         /* equal bandwidths: lane_assign splits the misses between the lanes */
-        struct lane_model lm = {.pcie_bps = 1e9, .cpu_bps = 1e9};
+        struct lane_model lm = {.pcie_bps = 1e9, .cpu_bps = sc->cpu_fast ? 4e9 : 1e9};
         CHECK(expert_cache_set_hybrid(c, &lm, 4) == 0, "hybrid: %s", err_msg());
     }
     CHECK(cuda_malloc((void **)&ids_dev, sizeof(int32_t) * MAX_TOK * K) == 0, "ids");
@@ -400,6 +402,12 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
         printf("         hybrid: %llu experts computed by the CPU lane\n",
                (unsigned long long)cpu_total);
         CHECK(cpu_total > 0 && misses > cpu_total, "the lanes were not both used");
+        uint64_t admitted = 0;
+        for (int l = 0; l < N_LAYER; l++)
+            admitted += expert_cache_stats(c, l)->cpu_admitted;
+        printf("         hybrid: %llu of them copied into a slot behind their call\n",
+               (unsigned long long)admitted);
+        CHECK(!sc->cpu_fast || admitted > 0, "no CPU-lane expert was admitted behind its call");
     }
     expert_cache_close(c);
     cuda_free(ids_dev);
@@ -433,6 +441,12 @@ int main(void)
                                                 .shrink = s == 2, .hybrid = true,
                                                 .n_slots = slots[s], .n_steps = 40,
                                                 .seed = seed + 20 + s});
+    /* hybrid with a fast CPU lane: calls whose misses all go to the CPU admit one of them
+     * behind their copies; its entries must read zeros for the call and the slot after */
+    for (int mode = 0; mode < 3; mode++)
+        scenario(&m, &(struct scenario_cfg){.mode = (enum copy_mode)mode, .hybrid = true,
+                                            .cpu_fast = true, .n_slots = slots[0], .n_steps = 40,
+                                            .seed = seed + 30 + mode});
     g_refuse_read_only = false;
     for (int zc = 0; zc < 2; zc++)
         for (int pf = 0; pf < 2; pf++)

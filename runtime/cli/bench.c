@@ -386,9 +386,11 @@ int cmd_bench(int argc, char **argv)
                (double)(c1.bytes_zerocopy - c0.bytes_zerocopy) / o.n_gen / 1e6,
                moved / t_tg / 1e9, 100.0 * moved / t_tg / h2d);
         if (c1.cpu_computed > c0.cpu_computed)
-            printf("cpu lane     %.1f of %.1f missed experts per token computed on the CPU\n",
+            printf("cpu lane     %.1f of %.1f missed experts per token computed on the CPU "
+                   "(%.2f of them also copied into a slot behind their layer)\n",
                    (double)(c1.cpu_computed - c0.cpu_computed) / o.n_gen,
-                   (double)(c1.misses - c0.misses) / o.n_gen);
+                   (double)(c1.misses - c0.misses) / o.n_gen,
+                   (double)(c1.cpu_admitted - c0.cpu_admitted) / o.n_gen);
         printf("floor        %.1f tok/s if streaming alone bounds decode (bytes moved / H2D) -> "
                "decode at %.0f%% of it\n",
                pcie_floor > 0 ? 1.0 / pcie_floor : 0.0, 100.0 * tg * pcie_floor);
