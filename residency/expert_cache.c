@@ -94,6 +94,7 @@ struct expert_cache {
     uint8_t *miss_lane;
     int32_t *zeroed;         /* (n_layer * n_expert) experts whose entries point at zero_slot,
                                 per layer, reverted at that layer's next call */
+    bool admit_idle;         /* admit a CPU-lane miss when PCIe got nothing (opt-in) */
     int32_t bg_id;           /* a CPU-lane expert to admit behind this call's copies, or -1 */
     int *n_zeroed;           /* (n_layer) */
 
@@ -653,13 +654,14 @@ static bool ec_assign_misses(struct expert_cache *c, int layer, const int32_t *i
     lane_assign(&c->lanes, c->miss_items, n_miss, c->miss_lane);
     /* A CPU-lane expert is not cached, so with the PCIe lane idle this call the cache would
      * stop learning (on the H200 at 12 GiB, hybrid held a 97.0% hit rate where streaming
-     * alone reached 99.8%): the first CPU-lane miss is also copied into a slot, behind the
-     * call's copies, for the layer's next call; this call still computes it on the CPU. */
+     * alone reached 99.8%): with admit_idle the first CPU-lane miss is also copied into a
+     * slot, behind the call's copies, for the layer's next call; this call still computes it
+     * on the CPU. Opt-in (STRATA_HYBRID_ADMIT=1) until measured on a GPU. */
     c->bg_id = -1;
     int n_pcie = 0;
     for (int i = 0; i < n_miss; i++)
         n_pcie += c->miss_lane[i] != MOE_LANE_CPU;
-    for (int i = 0; i < n_miss && !n_pcie && c->bg_id < 0; i++)
+    for (int i = 0; i < n_miss && c->admit_idle && !n_pcie && c->bg_id < 0; i++)
         c->bg_id = c->miss_ids[i];
     for (int i = 0; i < n_miss && !*rc; i++) {
         int e = c->miss_ids[i];
@@ -798,6 +800,11 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
     rc = rc ? rc : ec_flush(c);
     ec_tables(c, layer, t);
     return rc;
+}
+
+void expert_cache_set_hybrid_admit(struct expert_cache *c, bool on)
+{
+    c->admit_idle = on;
 }
 
 int expert_cache_set_hybrid(struct expert_cache *c, const struct lane_model *m, int max_cpu_tok)

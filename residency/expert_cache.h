@@ -102,12 +102,15 @@ void expert_cache_predict_next(struct expert_cache *c, const int32_t *pred_dev, 
  * CPU's cost per pair measured by the caller; queue depths are taken as empty, since the copy
  * path drains both lanes every layer). A miss given to the CPU has its table entries on an
  * all-zero slot for the call, so the GPU kernel's contribution for it is exactly 0, and
- * expert_cache_cpu_experts lists it for the caller to compute on the host and add. When the
- * PCIe lane got nothing in a call, the first CPU-lane miss is also copied into a slot behind
- * the call's copies, for the layer's next call (else the cache stops learning). Calls with
+ * expert_cache_cpu_experts lists it for the caller to compute on the host and add. Calls with
  * more than max_cpu_tok tokens stream everything. */
 struct lane_model;
 int expert_cache_set_hybrid(struct expert_cache *c, const struct lane_model *m, int max_cpu_tok);
+
+/* Hybrid, opt-in: when the PCIe lane got nothing in a call, its first CPU-lane miss is also
+ * copied into a slot behind the call's copies, for the layer's next call (a CPU-lane expert is
+ * otherwise never cached, and the cache stops learning). Not yet measured on a GPU. */
+void expert_cache_set_hybrid_admit(struct expert_cache *c, bool on);
 
 /* The experts the last prepare_copy gave to the CPU lane (ascending ids), and their count. */
 int expert_cache_cpu_experts(const struct expert_cache *c, const int32_t **ids);

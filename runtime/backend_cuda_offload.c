@@ -221,6 +221,9 @@ int backend_cuda_open_cache(struct backend_cuda *c, const struct backend_cuda_co
     c->alloc_bytes += sizeof(float) * CUDA_BACKEND_MAX_TOK * hp->n_embd;
     /* every call may split: prefill too, priced by the pair cost above */
     rc = expert_cache_set_hybrid(c->cache, &lm, CUDA_BACKEND_MAX_TOK);
+    const char *admit = getenv("STRATA_HYBRID_ADMIT");
+    if (!rc && admit && strcmp(admit, "0") != 0)
+        expert_cache_set_hybrid_admit(c->cache, true);
     c->hybrid = rc == 0;
     return rc;
 }

@@ -751,6 +751,9 @@ static void model_checks(const char *path, const int32_t *prompt, double tol)
     struct backend_cuda_config hy = {.device = 0, .expert_slots = 6, .hybrid = true};
     close_enough(path, "static:2", &st, prompt, &ref, tol, 2, false);
     close_enough(path, "hybrid, 6 slots", &hy, prompt, &ref, tol, 0, true);
+    setenv("STRATA_HYBRID_ADMIT", "1", 1); /* CPU-lane misses admitted when PCIe is idle */
+    close_enough(path, "hybrid + admit when idle, 6 slots", &hy, prompt, &ref, tol, 0, true);
+    unsetenv("STRATA_HYBRID_ADMIT");
     free(ref.logits);
 }
 

@@ -325,6 +325,7 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
         /* equal bandwidths: lane_assign splits the misses between the lanes */
         struct lane_model lm = {.pcie_bps = 1e9, .cpu_bps = sc->cpu_fast ? 4e9 : 1e9};
         CHECK(expert_cache_set_hybrid(c, &lm, 4) == 0, "hybrid: %s", err_msg());
+        expert_cache_set_hybrid_admit(c, sc->cpu_fast);
     }
     CHECK(cuda_malloc((void **)&ids_dev, sizeof(int32_t) * MAX_TOK * K) == 0, "ids");
     CHECK(cuda_malloc((void **)&pred_dev, sizeof(int32_t) * MAX_TOK * K) == 0, "pred");
