@@ -211,7 +211,8 @@ static void budgets(const char *path)
  * agreeing on >= min_pct% of the positions. f32: 95%. Quantized weights: the CPU kernels round
  * activations to 8 bits for their integer dot products while the GPU's stay float, and on
  * these random-weight models near-ties flip; two seeds gave logits 0.012 / 0.081 off and 47 /
- * 45 of 48, so q4_k_m is held to 0.15 and 85%. */
+ * 45 of 48, and the simulation's q8_0 model reached 0.137 on one of 17 seeds, so q4_k_m is
+ * held to 0.2 and 85%. */
 static void cpu_lane(const char *path, const int32_t *prompt, double tol, int min_pct,
                      const char *what, const struct backend_cuda_config *cc)
 {
@@ -337,9 +338,9 @@ int main(void)
     struct backend_cuda_config st = {.device = 0, .cpu_moe_layers = 2};
     struct backend_cuda_config hy = {.device = 0, .expert_slots = 6, .hybrid = true};
     cpu_lane(f32, prompt, 1e-3, 95, "static:2", &st);
-    cpu_lane(q4, prompt, 0.15, 85, "static:2", &st);
+    cpu_lane(q4, prompt, 0.2, 85, "static:2", &st);
     cpu_lane(f32, prompt, 1e-3, 95, "hybrid, 6 slots", &hy);
-    cpu_lane(q4, prompt, 0.15, 85, "hybrid, 6 slots", &hy);
+    cpu_lane(q4, prompt, 0.2, 85, "hybrid, 6 slots", &hy);
     unlink(f32);
     unlink(q4);
     rmdir(tmpdir);
