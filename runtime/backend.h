@@ -165,6 +165,10 @@ int backend_cuda_cache_totals(const struct backend *b, struct backend_cache_tota
 /* Whether one-token decode steps are replayed from a CUDA graph (--graph, all resident). */
 bool backend_cuda_graph(const struct backend *b);
 
+/* Wall seconds the CPU lane has spent computing experts (static placement and hybrid), since
+ * the backend opened: its busy time. */
+double backend_cuda_cpu_lane_seconds(const struct backend *b);
+
 /* Layers whose experts run on the CPU (static placement), 0 when none. */
 int backend_cuda_cpu_moe_layers(const struct backend *b);
 

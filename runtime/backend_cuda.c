@@ -46,9 +46,10 @@ static bool cuda_make_room(struct backend_cuda *c, uint64_t bytes)
     if (freed <= 0)
         return false;
     fprintf(stderr,
-            "strata: device memory ran short by %.1f MiB: the expert pool gave up %d slots "
+            "strata: device memory ran short by %.1f %s: the expert pool gave up %d slots "
             "(%d left); continuing\n",
-            bytes / 1048576.0, freed, expert_cache_slots(c->cache));
+            bytes >= (1u << 20) ? bytes / 1048576.0 : bytes / 1024.0,
+            bytes >= (1u << 20) ? "MiB" : "KiB", freed, expert_cache_slots(c->cache));
     return true;
 }
 

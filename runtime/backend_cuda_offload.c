@@ -12,6 +12,7 @@
 #include "cuda_ops.h"
 #include "errors.h"
 #include "expert_cache.h"
+#include "generate.h"
 #include "lane.h"
 #include "membw.h"
 #include "moe.h"
@@ -46,7 +47,9 @@ int backend_cuda_lane_add(struct backend_cuda *c, const struct moe_args *ma, flo
             j++;
         c->plan.lane[i] = j < n_cpu && cpu[j] == c->plan.expert[i] ? MOE_LANE_CPU : MOE_LANE_GPU;
     }
+    double t0 = generate_now();
     rc = moe_cpu_run(c->cpu_lane, &c->plan, &ex, c->in_h, c->out_h);
+    c->cpu_lane_s += generate_now() - t0;
     if (rc)
         return err_set(rc, "layer %d: CPU lane experts failed", ma->layer);
     rc = cuda_h2d(c->cpu_partial, c->out_h, sizeof(float) * (size_t)nt * e, c->stream);
@@ -70,7 +73,9 @@ int backend_cuda_moe_on_cpu(struct backend_cuda *c, const struct moe_args *ma, c
         return backend_cuda_fail(rc, "reading a CPU layer's input back");
     moe_experts_of(ma->lw, hp, &ex);
     moe_plan_build(&c->plan, c->ids_h, c->w_h, nt);
+    double t0 = generate_now();
     rc = moe_cpu_run(c->cpu_lane, &c->plan, &ex, c->in_h, c->out_h);
+    c->cpu_lane_s += generate_now() - t0;
     if (rc)
         return err_set(rc, "layer %d: CPU experts failed", ma->layer);
     /* pageable source: the call returns once out_h is staged, so out_h may be reused */
@@ -240,6 +245,11 @@ int backend_cuda_write_stats_json(const struct backend *b, const char *path)
 {
     const struct backend_cuda *c = (const struct backend_cuda *)b;
     return c->cache ? expert_cache_write_stats_json(c->cache, path) : 0;
+}
+
+double backend_cuda_cpu_lane_seconds(const struct backend *b)
+{
+    return ((const struct backend_cuda *)b)->cpu_lane_s;
 }
 
 int backend_cuda_cpu_moe_layers(const struct backend *b)

@@ -22,6 +22,7 @@ struct backend_cuda {
     size_t mm_scratch_bytes;
     /* the activations mm_scratch holds in 8 bits (q, k and v share theirs): NULL after any
      * op other than a matmul, which may have written them (backend_cuda_forget_xq) */
+    double cpu_lane_s;        /* wall seconds in the CPU lane's expert runs (moe_cpu_run) */
     const float *xq_src;
     int xq_m;
     int64_t xq_n_in;

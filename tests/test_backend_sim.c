@@ -525,6 +525,7 @@ struct run {
     int32_t ids[N_STEPS];
     struct backend_cache_totals tot;
     int cpu_layers;
+    double cpu_lane_s; /* the backend's CPU-lane busy time */
 };
 
 /* Prompt then greedy steps; with teacher != NULL the steps feed teacher's ids instead. */
@@ -547,6 +548,7 @@ static int run(const char *path, const struct backend_cuda_config *cc, int n_ctx
         }
         backend_cuda_cache_totals(b, &out->tot);
         out->cpu_layers = backend_cuda_cpu_moe_layers(b);
+        out->cpu_lane_s = backend_cuda_cpu_lane_seconds(b);
     }
     if (rc)
         fprintf(stderr, "%s: %s\n", path, err_msg());
@@ -605,6 +607,8 @@ static void close_enough(const char *path, const char *what,
     CHECK(r.cpu_layers == want_cpu_layers, "%s: %d CPU layers, expected %d", what, r.cpu_layers,
           want_cpu_layers);
     CHECK(!want_cpu_lane || r.tot.cpu_computed > 0, "%s: the CPU lane computed nothing", what);
+    CHECK((want_cpu_lane || want_cpu_layers) == (r.cpu_lane_s > 0),
+          "%s: CPU lane busy for %g s", what, r.cpu_lane_s);
     free(r.logits);
 }
 
@@ -717,6 +721,7 @@ static void model_checks(const char *path, const int32_t *prompt, double tol)
     CHECK(run(path, &all, 256, prompt, NULL, &ref) == 0, "%s: all-resident failed", path);
     if (!ref.logits)
         return;
+    CHECK(ref.cpu_lane_s == 0, "all-resident: CPU lane busy for %g s", ref.cpu_lane_s);
     cpu_backend_check(path, prompt, &ref, tol);
     argmax_path(path, prompt, &ref);
     graph_two_streams(path, prompt, &ref);

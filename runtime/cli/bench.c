@@ -311,6 +311,7 @@ int cmd_bench(int argc, char **argv)
     int32_t tok = sampler_argmax(logits, (int)hp->n_vocab);
     struct backend_cache_totals c0 = {0}, c1 = {0};
     bool cached = o.cuda && backend_cuda_cache_totals(core, &c0) == 0;
+    double lane0 = o.cuda ? backend_cuda_cpu_lane_seconds(core) : 0;
     t0 = generate_now();
     for (int i = 0; !rc && i < o.n_gen; i++) { /* as greedy generation: only the id is read */
         if (!o.tg_greedy)
@@ -409,7 +410,12 @@ int cmd_bench(int argc, char **argv)
             backend_cuda_print_stats(core, stdout);
         if (o.stats_json && backend_cuda_write_stats_json(core, o.stats_json))
             cli_fail("--stats-json");
-    } else if (!o.cuda) {
+    }
+    double lane_s = o.cuda ? backend_cuda_cpu_lane_seconds(core) - lane0 : 0;
+    if (lane_s > 0) /* the PCIe lane's busy share is the "% of H2D" above */
+        printf("lanes        CPU lane busy %.0f%% of decode (%.2f ms of experts per token)\n",
+               100.0 * lane_s / t_tg, 1e3 * lane_s / o.n_gen);
+    if (!o.cuda) {
         printf("floor        %.2f tok/s at %.1f GB/s -> decode at %.0f%% of the floor\n",
                1.0 / floor_s, bw / 1e9, 100.0 * tg * floor_s);
     }
