@@ -3,10 +3,10 @@
 # under --vram-budget 4/8/12 GiB with both ways of serving misses (copy, zerocopy); with
 # INFLATED=path also the inflated trained model. Carry: .carry/bin.tar.xz (stripped binaries).
 # Switches: SKIP_TESTS=1, SANITIZE=1 (memcheck of SANITIZE_TESTS), VERBOSE=1 (per-layer
-# tables), GRAPH=1 (also all-resident with --graph), PREFETCH/STATIC/HYBRID/GATHER=1 (those variants per budget),
-# NCU=1 (ncu per-kernel times of decode), BUDGETS="..." / IBUDGETS="..." (an empty list skips
-# those benches). Everything at once runs past 10 minutes: split it, e.g. tests + GRAPH with
-# BUDGETS="" first, then SKIP_TESTS=1.
+# tables), GRAPH=1 (also all-resident with --graph), PREFETCH/STATIC/HYBRID/ADMIT/GATHER=1
+# (those variants per budget; ADMIT = hybrid with STRATA_HYBRID_ADMIT=1), NCU=1 (ncu
+# per-kernel times of decode), BUDGETS="..." / IBUDGETS="..." (an empty list skips those
+# benches). Everything at once took 7.2 minutes in session 3 (call 7 of docs/device-log.md).
 set -u
 export PATH=$PATH:/usr/local/cuda/bin
 OUT=${OUT:-device-out}
@@ -49,6 +49,8 @@ for b in ${BUDGETS-4G 8G 12G}; do
     # llama.cpp's --n-cpu-moe placement in the same binary: the smallest N that fits
     [ -n "${STATIC:-}" ] && run -m $M --vram-budget $b --placement static -p 512 -n 128 --bw-gib 0.5 --tg random
     [ -n "${HYBRID:-}" ] && run -m $M --vram-budget $b --placement hybrid -p 512 -n 128 --bw-gib 0.5 --tg random
+    # the opt-in admission of CPU-lane misses when PCIe is idle (bench/hybrid.md)
+    [ -n "${ADMIT:-}" ] && STRATA_HYBRID_ADMIT=1 run -m $M --vram-budget $b --placement hybrid -p 512 -n 128 --bw-gib 0.5 --tg random
     [ -n "${GATHER:-}" ] && run -m $M --vram-budget $b --streaming kernel -p 512 -n 128 --bw-gib 0.5 --tg random
 done
 # per-kernel device time of all-resident decode (ncu, one metric; prefill and load skipped)
