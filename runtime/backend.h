@@ -62,6 +62,10 @@ struct backend_ops {
     int (*attention)(struct backend *b, const struct attn_args *a);
     /* x (n) += y (n). */
     int (*add)(struct backend *b, float *x, const float *y, size_t n);
+    /* Optional (NULL: the caller runs add, then rmsnorm): x (rows, dim) += y, then out = x /
+     * rms(x) * w, with the same result as those two ops; out must not overlap x or y. */
+    int (*add_rmsnorm)(struct backend *b, float *x, const float *y, float *out,
+                       const struct weight *w, int rows, int dim, float eps);
     /* The MoE FFN of one layer: routing, plan, dispatch to tiers, combine. */
     int (*moe_ffn)(struct backend *b, const struct moe_args *a);
     /* Copies n floats of backend memory to the host. */

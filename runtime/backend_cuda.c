@@ -124,6 +124,20 @@ static int cuda_embed_op(struct backend *b, float *out, const struct weight *w,
     return 0;
 }
 
+/* One kernel where the forward would launch add then rmsnorm (cuda_rmsnorm's fused residual:
+ * the same additions and the same norm, so the same bits). */
+static int cuda_add_rmsnorm_op(struct backend *b, float *x, const float *y, float *out,
+                               const struct weight *w, int rows, int dim, float eps)
+{
+    backend_cuda_forget_xq(cuda_of(b));
+    struct cuda_rmsnorm_args a = {
+        .out = out, .in = y, .resid = x, .w = w->dev, .rows = rows, .dim = dim, .eps = eps,
+        .stream = cuda_of(b)->stream,
+    };
+    int rc = cuda_rmsnorm(&a);
+    return rc ? backend_cuda_fail(rc, "add + rmsnorm") : 0;
+}
+
 static int cuda_rmsnorm_op(struct backend *b, float *out, const float *in, const struct weight *w,
                            int rows, int dim, float eps)
 {
@@ -435,6 +449,7 @@ static const struct backend_ops cuda_ops_table = {
     .kv_store = cuda_kv_store_op,
     .attention = cuda_attention_op,
     .add = cuda_add_op,
+    .add_rmsnorm = cuda_add_rmsnorm_op,
     .moe_ffn = cuda_moe_ffn_op,
     .read = cuda_read_op,
     .step_begin = cuda_step_begin,

@@ -150,6 +150,19 @@ static int qwen3moe_load(struct model *m)
     return 0;
 }
 
+/* x += y; out = rmsnorm(x) * w: one op where the backend has it, else add then rmsnorm. */
+static int qwen3moe_add_norm(struct backend *b, struct stream *s, const struct weight *w, int n)
+{
+    const struct backend_ops *op = b->ops;
+    const struct model_hparams *hp = &s->m->hp;
+    if (op->add_rmsnorm)
+        return op->add_rmsnorm(b, s->x, s->proj, s->xn, w, n, hp->n_embd, hp->rms_eps);
+    int rc = op->add(b, s->x, s->proj, (size_t)n * hp->n_embd);
+    return rc ? rc : op->rmsnorm(b, s->xn, s->x, w, n, hp->n_embd, hp->rms_eps);
+}
+
+/* Attention of layer l on xn = attn_norm(x) (the caller's), ending with proj = its output
+ * projection (the caller adds it to x). */
 static int qwen3moe_attention(struct backend *b, struct stream *s, const struct layer_weights *lw,
                               uint32_t l, int n)
 {
@@ -159,7 +172,6 @@ static int qwen3moe_attention(struct backend *b, struct stream *s, const struct 
     float *kc = s->k_cache + l * s->kv_layer_floats, *vc = s->v_cache + l * s->kv_layer_floats;
     int rc = 0;
 
-    rc = rc ? rc : op->rmsnorm(b, s->xn, s->x, &lw->attn_norm, n, hp->n_embd, hp->rms_eps);
     rc = rc ? rc : op->matmul(b, s->q, &lw->wq, s->xn, n);
     rc = rc ? rc : op->matmul(b, s->k, &lw->wk, s->xn, n);
     rc = rc ? rc : op->matmul(b, s->v, &lw->wv, s->xn, n);
@@ -179,9 +191,7 @@ static int qwen3moe_attention(struct backend *b, struct stream *s, const struct 
         .scale = 1.0f / sqrtf((float)hp->head_dim),
     };
     rc = op->attention(b, &a);
-    rc = rc ? rc : op->matmul(b, s->proj, &lw->wo, s->att, n);
-    rc = rc ? rc : op->add(b, s->x, s->proj, (size_t)n * hp->n_embd);
-    return rc;
+    return rc ? rc : op->matmul(b, s->proj, &lw->wo, s->att, n);
 }
 
 static int qwen3moe_forward(struct backend *b, struct stream *s, const int32_t *ids, int n)
@@ -192,10 +202,15 @@ static int qwen3moe_forward(struct backend *b, struct stream *s, const int32_t *
     const float *last;
     int rc = op->embed(b, s->x, &m->tok_embd, ids, n);
 
+    /* each residual add is fused with the norm that reads its result: x += attention, xn =
+     * ffn_norm(x); x += experts, xn = the next layer's attn_norm(x) (the last layer's add
+     * stands alone: the output norm reads only the last row) */
+    rc = rc ? rc : op->rmsnorm(b, s->xn, s->x, &m->layers[0].attn_norm, n, hp->n_embd,
+                               hp->rms_eps);
     for (uint32_t l = 0; !rc && l < hp->n_layer; l++) {
         const struct layer_weights *lw = &m->layers[l];
         rc = qwen3moe_attention(b, s, lw, l, n);
-        rc = rc ? rc : op->rmsnorm(b, s->xn, s->x, &lw->ffn_norm, n, hp->n_embd, hp->rms_eps);
+        rc = rc ? rc : qwen3moe_add_norm(b, s, &lw->ffn_norm, n);
         if (rc)
             break;
         struct moe_args ma = {
@@ -203,7 +218,12 @@ static int qwen3moe_forward(struct backend *b, struct stream *s, const int32_t *
             .hp = hp,
         };
         rc = op->moe_ffn(b, &ma);
-        rc = rc ? rc : op->add(b, s->x, s->proj, (size_t)n * hp->n_embd);
+        if (rc)
+            break;
+        if (l + 1 < hp->n_layer)
+            rc = qwen3moe_add_norm(b, s, &m->layers[l + 1].attn_norm, n);
+        else
+            rc = op->add(b, s->x, s->proj, (size_t)n * hp->n_embd);
     }
     if (rc)
         return rc;
