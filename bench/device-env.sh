@@ -1,0 +1,28 @@
+# Sourced by the bench/device-*.sh scripts on the GPU machine: CUDA tools on PATH, OUT (the
+# results folder), B (the carried binaries, unpacked from .carry/bin.tar.xz: the checkout with
+# the 45 MB default model plus them must stay under the device's 64 MiB; pack them with
+# tar -cJf .carry/bin.tar.xz -C .carry bin), M (the 30b-a3b q4_k_m preset, made by gen_30b).
+export PATH=$PATH:/usr/local/cuda/bin
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+B=$PWD/.carry/bin
+[ -f .carry/bin.tar.xz ] && tar -xJf .carry/bin.tar.xz -C .carry
+M=/dev/shm/30b.gguf
+
+# The preset in tmpfs (11-14 s on the H200's host), unless an earlier call left it there.
+gen_30b() {
+    [ -f $M ] || "$B/strata" gen --preset 30b-a3b --quant q4_k_m -q -o $M 2>&1 | tail -1
+}
+
+# ncu's per-kernel device time over a window of all-resident decode steps, then one line per
+# kernel (mean µs, launches, grid, name) from bench/ncu-summary.py. $1: the output file, the
+# rest: extra strata bench flags (e.g. --graph).
+ncu_decode() {
+    local f=$1
+    shift
+    timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip ${NCU_SKIP:-3000} \
+        --launch-count ${NCU_COUNT:-1000} --print-summary per-kernel "$B/strata" bench -m $M --device cuda "$@" \
+        -p 64 -n 16 --bw-gib 0.5 --tg random >"$f" 2>&1
+    echo "ncu $* rc=$?"
+    python3 bench/ncu-summary.py "$f"
+}
