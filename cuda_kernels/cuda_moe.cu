@@ -1,17 +1,24 @@
 /* cuda_moe with CUDA: kernels first, then the launcher. Contracts in cuda_moe.h; design and
  * tolerances in docs/cuda-ops.md.
  *
- * Every dot product is one warp walking a weight row in 256-element groups (cuda_ops_quant.cuh):
- * lane l decodes its 8 weights once and applies them to each activation row of the work item,
- * accumulating with fmaf in group order, then the warp sums its lanes by a fixed butterfly. A
- * work item is one (token, expert) pair on the direct path and a tile of up to 4 or 16 pairs of
- * one expert on the grouped path (by the average pairs per expert); the per-pair arithmetic is
- * the same either way, which is why the two paths agree bit for bit.
+ * Three kinds of kernel:
+ * - float: every dot product is one warp walking a weight row in 256-element groups
+ *   (cuda_ops_quant.cuh): lane l decodes its 8 weights once and applies them to each activation
+ *   row of the work item, accumulating with fmaf in group order, then the warp sums its lanes by
+ *   a fixed butterfly. A work item is one (token, expert) pair on the direct path and a tile of
+ *   up to 4 or 16 pairs of one expert on the grouped path (by the average pairs per expert); the
+ *   per-pair arithmetic is the same either way, which is why the two paths agree bit for bit.
+ * - 8-bit (the direct path on Q4_K/Q6_K): activation codes and __dp4a, one 32-element unit per
+ *   lane and step.
+ * - tensor cores (the mma path): bf16 tiles in shared memory, WMMA.
  */
 #include "cuda_check.h"
 #include "cuda_mem.h"
 #include "cuda_moe.h"
 #include "cuda_ops_quant.cuh"
+
+#include <cuda_bf16.h>
+#include <mma.h>
 
 #include <errno.h>
 #include <math.h>
@@ -20,6 +27,7 @@
 #define MOE_WARPS 8          /* output rows per block, one per warp */
 #define MOE_TILE_SMALL 4     /* pairs per tile on the grouped path: few pairs per expert */
 #define MOE_TILE_LARGE 16    /* ... and from MOE_TILE_LARGE / 2 pairs per expert on average */
+#define MOE_TILE_MMA 64      /* pairs per tile on the tensor-core path */
 #define MOE_SORT_THREADS 256 /* chunks of the counting sort, one per thread */
 #define MOE_DOWN_KMAX 1      /* experts a direct down warp walks side by side. H200, 30b-a3b
                               * Q6_K down: 1: 18.9 us, 2: 20.8, 8: 21.5 (123 registers); staging
@@ -362,6 +370,405 @@ static __global__ void k_moe_combine(struct moe_params p)
     }
 }
 
+/* ---- 8-bit direct path (decode) ----------------------------------------------------------------
+ * For Q4_K and Q6_K weights the direct path runs on integer dot products, as the CPU backend and
+ * cuda_matmul's MMV do: each block first quantizes its activation rows into shared memory (8-bit
+ * codes with one float scale per 32 elements, q = rint(x / d), d = max|x| / 127, and d times the
+ * sum of the codes), then a lane takes one 32-element unit of a weight row at a time, dots its
+ * codes with __dp4a and scales the integer sum once. Far fewer instructions than decoding every
+ * weight to float (the float direct kernels were instruction-bound: docs/cuda-ops.md); the
+ * error is the activation rounding's (about 0.4% rms per unit), the same as the CPU backend's. */
+
+#define MOE_Q8_GU_ROWS 16 /* gate/up rows of a block: 2 per warp */
+#define MOE_Q8_DN_ROWS 8  /* down rows of a block: 1 per warp */
+#define MOE_Q8_MAX_SMEM (48 * 1024)
+
+static constexpr bool moe_q8_type(uint32_t t)
+{
+    return t == QUANT_Q4_K || t == QUANT_Q6_K;
+}
+
+/* bytes of the 8-bit copy of n_rows rows of n elements: codes, then (d, d * sum) per unit */
+static __host__ __device__ __forceinline__ uint64_t moe_q8_bytes(int64_t n_rows, int64_t n)
+{
+    return (uint64_t)n_rows * n + (uint64_t)n_rows * (n / 32) * 8;
+}
+
+/* Quantizes n_rows rows of n floats (n a multiple of 256; src row i at src[i]) into qs (codes,
+ * row after row) and ds ((d, d * sum) per 32-element unit). Every thread of the block takes
+ * part; four neighbouring threads share a unit (8 elements each). Ends with a barrier. */
+static __device__ __forceinline__ void moe_q8_quantize(const float *const *src, int n_rows,
+                                                       int64_t n, int8_t *qs, float2 *ds)
+{
+    const int64_t total = (int64_t)n_rows * n;
+    for (int64_t i = 8 * (int64_t)threadIdx.x; i < total; i += 8 * (int64_t)blockDim.x) {
+        const int64_t row = i / n, c = i - row * n;
+        const float4 *x = (const float4 *)(src[row] + c);
+        const float4 a = x[0], b = x[1];
+        float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float amax = 0.0f;
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+            amax = fmaxf(amax, fabsf(v[t]));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        uint32_t w[2] = {0, 0};
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            const int q = __float2int_rn(v[t] * id);
+            sum += q;
+            w[t / 4] |= (uint32_t)(q & 0xFF) << 8 * (t % 4);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        *(uint2 *)(qs + i) = make_uint2(w[0], w[1]);
+        if ((threadIdx.x & 3) == 0)
+            ds[i / 32] = make_float2(d, d * (float)sum);
+    }
+    __syncthreads();
+}
+
+template <uint32_t WT> struct moe_q8_unit;
+
+/* Q4_K unit u = sub-block j = u % 8 of block u / 8: codes are the low (j even) or high nibbles
+ * of qs[32 (j / 2) ..], value d sc q - dmin m. */
+template <> struct moe_q8_unit<QUANT_Q4_K> {
+    static __device__ __forceinline__ float dot(const uint8_t *row, int64_t u, const int8_t *xq,
+                                                const float2 *xd, float acc)
+    {
+        const uint8_t *b = row + (u / 8) * 144;
+        const int j = (int)(u % 8);
+        int sc, m;
+        cq_k4_scale_min(b + 4, j, &sc, &m);
+        const uint8_t *q = b + 16 + 32 * (j / 2);
+        const int sh = 4 * (j & 1);
+        const int4 x0 = *(const int4 *)(xq + 32 * u), x1 = *(const int4 *)(xq + 32 * u + 16);
+        const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int dot = 0;
+#pragma unroll
+        for (int w = 0; w < 8; w++)
+            dot = __dp4a((int)((cq_ld_u32_a2(q + 4 * w) >> sh) & 0x0F0F0F0Fu), xs[w], dot);
+        const float d = cq_f16(cq_ld_u16(b)), dmin = cq_f16(cq_ld_u16(b + 2));
+        const float2 x = xd[u];
+        return acc + d * (float)sc * x.x * (float)dot - dmin * (float)m * x.y;
+    }
+};
+
+/* Q6_K unit u = elements 32 s .. of half h (s8 = u % 8 = 4 h + s) of block u / 8: low bits in
+ * ql[64 h + 32 (s % 2) ..] (nibble s / 2), high bits 2 s of qh[32 h ..], scales 8 h + 2 s and
+ * + 1 for its two halves of 16; value d sc (q - 32). */
+template <> struct moe_q8_unit<QUANT_Q6_K> {
+    static __device__ __forceinline__ float dot(const uint8_t *row, int64_t u, const int8_t *xq,
+                                                const float2 *xd, float acc)
+    {
+        const uint8_t *b = row + (u / 8) * 210;
+        const int s8 = (int)(u % 8), h = s8 / 4, s = s8 % 4;
+        const uint8_t *ql = b + 64 * h + 32 * (s % 2), *qh = b + 128 + 32 * h;
+        const int shl = 4 * (s / 2), shh = 2 * s;
+        const int4 x0 = *(const int4 *)(xq + 32 * u), x1 = *(const int4 *)(xq + 32 * u + 16);
+        const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int dot[2] = {0, 0};
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            const uint32_t lo = (cq_ld_u32_a2(ql + 4 * w) >> shl) & 0x0F0F0F0Fu;
+            const uint32_t hi = ((cq_ld_u32_a2(qh + 4 * w) >> shh) & 0x03030303u) << 4;
+            dot[w / 4] = __dp4a((int)__vsub4(lo | hi, 0x20202020u), xs[w], dot[w / 4]);
+        }
+        const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * s;
+        const float d = cq_f16(cq_ld_u16(b + 208));
+        return acc + d * xd[u].x * (float)(sc[0] * dot[0] + sc[1] * dot[1]);
+    }
+};
+
+/* direct gate/up on codes: block (pair, MOE_Q8_GU_ROWS rows), warp w rows 2w and 2w + 1 */
+template <uint32_t WT>
+static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_gate_up_q8(struct moe_params p)
+{
+    extern __shared__ __align__(16) uint8_t moe_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pair = blockIdx.x;
+    const int e = p.ids[pair];
+    const int64_t r0 = (int64_t)blockIdx.y * MOE_Q8_GU_ROWS + 2 * warp;
+    if (e < 0 || e >= p.n_expert) {
+        for (int i = 0; i < 2; i++)
+            if (lane == 0 && r0 + i < p.n_ff)
+                p.h[(int64_t)pair * p.n_ff + r0 + i] = NAN;
+        return; /* uniform over the block: no barrier below is reached by anyone */
+    }
+    int8_t *xq = (int8_t *)moe_smem;
+    float2 *xd = (float2 *)(moe_smem + p.n_embd);
+    const float *src = p.in + (int64_t)(pair / p.k) * p.in_stride;
+    moe_q8_quantize(&src, 1, p.n_embd, xq, xd);
+    const int64_t nu = p.n_embd / 32;
+    const uint8_t *gb = moe_expert(p.gate, p.gate_stride, p.gate_ptrs, e);
+    const uint8_t *ub = moe_expert(p.up, p.up_stride, p.up_ptrs, e);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int64_t r = r0 + i;
+        if (r >= p.n_ff)
+            break;
+        const uint8_t *gr = gb + r * p.gate_row, *ur = ub + r * p.up_row;
+        float ag = 0.0f, au = 0.0f;
+        for (int64_t u = lane; u < nu; u += 32) {
+            ag = moe_q8_unit<WT>::dot(gr, u, xq, xd, ag);
+            au = moe_q8_unit<WT>::dot(ur, u, xq, xd, au);
+        }
+        const float gs = cq_warp_sum(ag), us = cq_warp_sum(au);
+        if (lane == 0)
+            p.h[(int64_t)pair * p.n_ff + r] = __fmul_rn(moe_silu(gs), us);
+    }
+}
+
+/* direct down on codes: block (token, MOE_Q8_DN_ROWS rows); the token's k rows of h quantized
+ * once per block; out[t, r] = sum_j w_j (down_{e_j}[r] . h_j), j in order */
+template <uint32_t WT>
+static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct moe_params p)
+{
+    extern __shared__ __align__(16) uint8_t moe_smem[];
+    __shared__ const float *src[64];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.x;
+    int8_t *hq = (int8_t *)moe_smem;
+    float2 *hd = (float2 *)(moe_smem + (int64_t)p.k * p.n_ff);
+    for (int j = threadIdx.x; j < p.k; j += blockDim.x)
+        src[j] = p.h + (int64_t)(t * p.k + j) * p.n_ff;
+    __syncthreads();
+    moe_q8_quantize(src, p.k, p.n_ff, hq, hd);
+    const int64_t nu = p.n_ff / 32;
+    for (int i = 0; i < MOE_Q8_DN_ROWS / MOE_WARPS; i++) {
+        const int64_t r = (int64_t)blockIdx.y * MOE_Q8_DN_ROWS + warp * (MOE_Q8_DN_ROWS / MOE_WARPS) + i;
+        if (r >= p.n_embd)
+            break;
+        float acc = 0.0f;
+        for (int j = 0; j < p.k; j++) {
+            const int e = p.ids[t * p.k + j];
+            if (e < 0 || e >= p.n_expert) {
+                acc = NAN;
+                continue;
+            }
+            const uint8_t *dr = moe_expert(p.down, p.down_stride, p.down_ptrs, e) + r * p.down_row;
+            float s = 0.0f;
+            for (int64_t u = lane; u < nu; u += 32)
+                s = moe_q8_unit<WT>::dot(dr, u, hq + (int64_t)j * p.n_ff, hd + (int64_t)j * nu, s);
+            acc = __fadd_rn(acc, __fmul_rn(p.wts[t * p.k + j], cq_warp_sum(s)));
+        }
+        if (lane == 0)
+            p.out[(int64_t)t * p.out_stride + r] = acc;
+    }
+}
+
+/* ---- tensor-core path (prefill) ------------------------------------------------------------
+ * A tile of up to MOE_TILE_MMA pairs of one expert against MMA_ROWS weight rows, in K steps of
+ * one decode group (CQ_GROUP elements): the activations (float) and the decoded weights (exactly
+ * quant_ref's values) are rounded to bf16 into shared memory and multiplied with WMMA
+ * 16x16x16 fragments accumulating in float. Warp w owns the 32 x 32 output block of pair rows
+ * 32 (w / 4).. and weight rows 32 (w % 4)..; every output is one fixed sequence of MMAs, so the
+ * result is deterministic (but not the float path's bits: docs/cuda-ops.md gives the error). */
+
+#define MMA_ROWS 128              /* weight rows of a tile: 64 gate + 64 up, or 128 down */
+#define MMA_LD (CQ_GROUP + 8)     /* padded shared row (bf16 elements) */
+#define MMA_CLD (MMA_ROWS + 4)    /* padded row of the float result tile */
+#define MMA_SMEM ((MOE_TILE_MMA + MMA_ROWS) * MMA_LD * 2)
+
+/* x rows (float, NULL: a padding row) and weight rows (NULL: not computed) of one tile, in
+ * shared memory, then acc = X W^T over n elements. */
+struct mma_tile {
+    const float *x[MOE_TILE_MMA];
+    const uint8_t *w[MMA_ROWS];
+};
+
+template <uint32_t WT>
+static __device__ __forceinline__ void
+moe_mma_run(const struct mma_tile &t, int64_t n, __nv_bfloat16 *as, __nv_bfloat16 *bs,
+            nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> (&acc)[2][2])
+{
+    using namespace nvcuda;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wm = warp / 4, wn = warp % 4;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::fill_fragment(acc[i][j], 0.0f);
+    const int64_t ng = moe_cdiv(n, CQ_GROUP);
+    for (int64_t g = 0; g < ng; g++) {
+        const int64_t k0 = g * CQ_GROUP;
+        const int kn = (int)(n - k0 < CQ_GROUP ? n - k0 : CQ_GROUP); /* a multiple of 4 */
+        /* activations: 64 rows of CQ_GROUP / 4 float4 each; zeros past the row and for padding */
+        for (int i = tid; i < MOE_TILE_MMA * (CQ_GROUP / 4); i += blockDim.x) {
+            const int r = i / (CQ_GROUP / 4), c = 4 * (i % (CQ_GROUP / 4));
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (t.x[r] && c < kn)
+                v = *(const float4 *)(t.x[r] + k0 + c);
+            __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+            uint2 u = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
+            *(uint2 *)(as + r * MMA_LD + c) = u;
+        }
+        /* weights: each warp decodes MMA_ROWS / 8 rows, one group each */
+        for (int r = warp; r < MMA_ROWS; r += 8) {
+            if (!t.w[r])
+                continue;
+            __nv_bfloat16 *row = bs + r * MMA_LD;
+            if (kn < CQ_GROUP) { /* the row's last, partial group: zero the tail first */
+                for (int c = kn + lane; c < CQ_GROUP; c += 32)
+                    row[c] = __float2bfloat16(0.0f);
+                __syncwarp();
+            }
+            float v[8];
+            int64_t a0, a1;
+            if (cq_decoder<WT>::decode(t.w[r], n, g, lane, v, &a0, &a1)) {
+                __nv_bfloat162 b[4];
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    b[c] = __floats2bfloat162_rn(v[2 * c], v[2 * c + 1]);
+                *(uint2 *)(row + (a0 - k0)) =
+                    make_uint2(*(const uint32_t *)&b[0], *(const uint32_t *)&b[1]);
+                *(uint2 *)(row + (a1 - k0)) =
+                    make_uint2(*(const uint32_t *)&b[2], *(const uint32_t *)&b[3]);
+            }
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int kk = 0; kk < CQ_GROUP; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                wmma::load_matrix_sync(fa[i], as + (wm * 32 + 16 * i) * MMA_LD + kk, MMA_LD);
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                wmma::load_matrix_sync(fb[j], bs + (wn * 32 + 16 * j) * MMA_LD + kk, MMA_LD);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+}
+
+/* The accumulators into the float tile cs (MOE_TILE_MMA x MMA_CLD), which may overlay as/bs:
+ * call after moe_mma_run's last barrier; cs is complete after this function's barrier. */
+static __device__ __forceinline__ void
+moe_mma_store(float *cs,
+              nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> (&acc)[2][2])
+{
+    const int warp = threadIdx.x >> 5, wm = warp / 4, wn = warp % 4;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            nvcuda::wmma::store_matrix_sync(cs + (wm * 32 + 16 * i) * MMA_CLD + wn * 32 + 16 * j,
+                                            acc[i][j], MMA_CLD, nvcuda::wmma::mem_row_major);
+    __syncthreads();
+}
+
+/* The pairs of tile blockIdx.x into pairs[] (shared); returns their number (0: no such tile)
+ * and the expert in *e. */
+static __device__ __forceinline__ int moe_mma_pairs(const struct moe_params &p, int *pairs, int *e)
+{
+    const int w = blockIdx.x;
+    if (w >= *p.n_tiles)
+        return 0;
+    const int b = p.tile_b[w], np = p.tile_n[w];
+    *e = p.tile_e[w];
+    for (int i = threadIdx.x; i < np; i += blockDim.x)
+        pairs[i] = p.sorted[b + i];
+    __syncthreads();
+    return np;
+}
+
+/* h[pair, r] = silu(gate_e[r] . x) * (up_e[r] . x) for rows r0 .. r0 + 63 of one tile */
+template <uint32_t WT>
+static __global__ void __launch_bounds__(256) k_moe_gate_up_mma(struct moe_params p)
+{
+    extern __shared__ __align__(128) uint8_t moe_smem[];
+    __shared__ struct mma_tile t;
+    __shared__ int pairs[MOE_TILE_MMA];
+    int e;
+    const int np = moe_mma_pairs(p, pairs, &e);
+    const int64_t r0 = (int64_t)blockIdx.y * (MMA_ROWS / 2);
+    if (np == 0)
+        return;
+    if (e < 0 || e >= p.n_expert) {
+        for (int i = threadIdx.x; i < np * (MMA_ROWS / 2); i += blockDim.x) {
+            int64_t r = r0 + i % (MMA_ROWS / 2);
+            if (r < p.n_ff)
+                p.h[(int64_t)pairs[i / (MMA_ROWS / 2)] * p.n_ff + r] = NAN;
+        }
+        return;
+    }
+    const uint8_t *gb = moe_expert(p.gate, p.gate_stride, p.gate_ptrs, e);
+    const uint8_t *ub = moe_expert(p.up, p.up_stride, p.up_ptrs, e);
+    for (int i = threadIdx.x; i < MOE_TILE_MMA + MMA_ROWS; i += blockDim.x) {
+        if (i < MOE_TILE_MMA) {
+            t.x[i] = i < np ? p.in + (int64_t)(pairs[i] / p.k) * p.in_stride : nullptr;
+        } else {
+            const int j = i - MOE_TILE_MMA, half = MMA_ROWS / 2;
+            const int64_t r = r0 + j % half;
+            t.w[j] = r >= p.n_ff ? nullptr
+                                 : (j < half ? gb + r * p.gate_row : ub + r * p.up_row);
+        }
+    }
+    __syncthreads();
+    __nv_bfloat16 *as = (__nv_bfloat16 *)moe_smem, *bs = as + MOE_TILE_MMA * MMA_LD;
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    moe_mma_run<WT>(t, p.n_embd, as, bs, acc);
+    float *cs = (float *)moe_smem;
+    moe_mma_store(cs, acc);
+    for (int i = threadIdx.x; i < np * (MMA_ROWS / 2); i += blockDim.x) {
+        const int pr = i / (MMA_ROWS / 2), c = i % (MMA_ROWS / 2);
+        if (r0 + c < p.n_ff) {
+            const float g = cs[pr * MMA_CLD + c], u = cs[pr * MMA_CLD + MMA_ROWS / 2 + c];
+            p.h[(int64_t)pairs[pr] * p.n_ff + r0 + c] = __fmul_rn(moe_silu(g), u);
+        }
+    }
+}
+
+/* y[pair, r] = w_pair * (down_e[r] . h_pair) for rows r0 .. r0 + 127 of one tile */
+template <uint32_t WT>
+static __global__ void __launch_bounds__(256) k_moe_down_mma(struct moe_params p)
+{
+    extern __shared__ __align__(128) uint8_t moe_smem[];
+    __shared__ struct mma_tile t;
+    __shared__ int pairs[MOE_TILE_MMA];
+    int e;
+    const int np = moe_mma_pairs(p, pairs, &e);
+    const int64_t r0 = (int64_t)blockIdx.y * MMA_ROWS;
+    if (np == 0)
+        return;
+    if (e < 0 || e >= p.n_expert) {
+        for (int i = threadIdx.x; i < np * MMA_ROWS; i += blockDim.x) {
+            int64_t r = r0 + i % MMA_ROWS;
+            if (r < p.n_embd)
+                p.y[(int64_t)pairs[i / MMA_ROWS] * p.n_embd + r] = NAN;
+        }
+        return;
+    }
+    const uint8_t *db = moe_expert(p.down, p.down_stride, p.down_ptrs, e);
+    for (int i = threadIdx.x; i < MOE_TILE_MMA + MMA_ROWS; i += blockDim.x) {
+        if (i < MOE_TILE_MMA) {
+            t.x[i] = i < np ? p.h + (int64_t)pairs[i] * p.n_ff : nullptr;
+        } else {
+            const int64_t r = r0 + (i - MOE_TILE_MMA);
+            t.w[i - MOE_TILE_MMA] = r >= p.n_embd ? nullptr : db + r * p.down_row;
+        }
+    }
+    __syncthreads();
+    __nv_bfloat16 *as = (__nv_bfloat16 *)moe_smem, *bs = as + MOE_TILE_MMA * MMA_LD;
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    moe_mma_run<WT>(t, p.n_ff, as, bs, acc);
+    float *cs = (float *)moe_smem;
+    moe_mma_store(cs, acc);
+    for (int i = threadIdx.x; i < np * MMA_ROWS; i += blockDim.x) {
+        const int pr = i / MMA_ROWS, c = i % MMA_ROWS;
+        if (r0 + c < p.n_embd)
+            p.y[(int64_t)pairs[pr] * p.n_embd + r0 + c] =
+                __fmul_rn(p.wts[pairs[pr]], cs[pr * MMA_CLD + c]);
+    }
+}
+
 /* Bin of an expert id: the id, or n_expert for an invalid one. */
 static __device__ __forceinline__ int moe_bin(const struct moe_params &p, int e)
 {
@@ -498,12 +905,31 @@ static bool moe_weight_ok(const void *base, uint64_t stride, const void *const *
     return base && stride >= rb * (uint64_t)n_rows && stride % al == 0 && moe_aligned(base, al);
 }
 
+/* Whether the 8-bit direct kernels serve these weights: Q4_K/Q6_K, rows of whole 256-element
+ * blocks, the activation codes within the default shared memory (k <= 64 for down). */
+static bool moe_q8_gate_up_ok(const struct moe_params &p, uint32_t type)
+{
+    return moe_q8_type(type) && moe_q8_bytes(1, p.n_embd) <= MOE_Q8_MAX_SMEM;
+}
+
+static bool moe_q8_down_ok(const struct moe_params &p, uint32_t type)
+{
+    return moe_q8_type(type) && p.k <= 64 && moe_q8_bytes(p.k, p.n_ff) <= MOE_Q8_MAX_SMEM;
+}
+
 template <uint32_t WT>
 static void moe_launch_gate_up(const struct moe_params &p, bool grouped, unsigned items,
                                cudaStream_t s)
 {
     dim3 grid(items, (unsigned)moe_cdiv(p.n_ff, MOE_WARPS));
     const uint64_t smem = MOE_WARPS * 2 * moe_stage_bytes(p.gate_row);
+    if constexpr (moe_q8_type(WT)) {
+        if (!grouped && moe_q8_gate_up_ok(p, WT)) {
+            k_moe_gate_up_q8<WT><<<dim3(items, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS)),
+                                   MOE_WARPS * 32, moe_q8_bytes(1, p.n_embd), s>>>(p);
+            return;
+        }
+    }
     if (grouped && p.tile == MOE_TILE_LARGE)
         k_moe_gate_up<WT, MOE_TILE_LARGE><<<grid, MOE_WARPS * 32, 0, s>>>(p, true);
     else if (grouped)
@@ -514,11 +940,46 @@ static void moe_launch_gate_up(const struct moe_params &p, bool grouped, unsigne
         k_moe_gate_up<WT, 1><<<grid, MOE_WARPS * 32, 0, s>>>(p, false);
 }
 
+/* The tensor-core kernels need more than the default 48 KiB of dynamic shared memory: raised
+ * once per kernel, on first use (a plain attribute call, legal inside a stream capture). */
+template <typename K> static void moe_smem_optin(K *kernel, bool *done)
+{
+    if (!*done) {
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MMA_SMEM);
+        *done = true;
+    }
+}
+
+template <uint32_t WT>
+static void moe_launch_mma(const struct moe_params &p, unsigned tiles, cudaStream_t s)
+{
+    static bool done;
+    moe_smem_optin(k_moe_gate_up_mma<WT>, &done);
+    k_moe_gate_up_mma<WT><<<dim3(tiles, (unsigned)moe_cdiv(p.n_ff, MMA_ROWS / 2)), 256, MMA_SMEM,
+                            s>>>(p);
+}
+
+template <uint32_t WT>
+static void moe_launch_down_mma(const struct moe_params &p, unsigned tiles, cudaStream_t s)
+{
+    static bool done;
+    moe_smem_optin(k_moe_down_mma<WT>, &done);
+    k_moe_down_mma<WT><<<dim3(tiles, (unsigned)moe_cdiv(p.n_embd, MMA_ROWS)), 256, MMA_SMEM, s>>>(
+        p);
+}
+
 template <uint32_t WT>
 static void moe_launch_down(const struct moe_params &p, bool grouped, unsigned items,
                             cudaStream_t s)
 {
     dim3 grid(items, (unsigned)moe_cdiv(p.n_embd, MOE_WARPS));
+    if constexpr (moe_q8_type(WT)) {
+        if (!grouped && moe_q8_down_ok(p, WT)) {
+            k_moe_down_q8<WT><<<dim3(items, (unsigned)moe_cdiv(p.n_embd, MOE_Q8_DN_ROWS)),
+                                MOE_WARPS * 32, moe_q8_bytes(p.k, p.n_ff), s>>>(p);
+            return;
+        }
+    }
     if (grouped && p.tile == MOE_TILE_LARGE)
         k_moe_down_grouped<WT, MOE_TILE_LARGE><<<grid, MOE_WARPS * 32, 0, s>>>(p);
     else if (grouped)
@@ -617,10 +1078,24 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     p.tile_n = (int32_t *)(sc + l.tile_n);
     p.n_tiles = (int32_t *)(sc + l.n_tiles);
 
+    bool mma = a->path == CUDA_MOE_PATH_MMA ||
+               (a->path == CUDA_MOE_PATH_AUTO && a->n_tok >= CUDA_MOE_MMA_MIN_TOK &&
+                a->gate_type != QUANT_F32 && a->down_type != QUANT_F32);
     bool grouped = a->path == CUDA_MOE_PATH_GROUPED ||
                    (a->path == CUDA_MOE_PATH_AUTO && a->n_tok > CUDA_MOE_DIRECT_MAX_TOK);
     cudaStream_t s = (cudaStream_t)a->stream;
-    if (grouped) {
+    if (mma) {
+        p.tile = MOE_TILE_MMA;
+        int64_t bins = (int64_t)a->n_expert + 1;
+        unsigned tiles = (unsigned)(moe_cdiv(p.n_pairs, MOE_TILE_MMA) +
+                                    (p.n_pairs < bins ? p.n_pairs : bins));
+        k_moe_sort<<<1, MOE_SORT_THREADS, 0, s>>>(p);
+        MOE_DISPATCH(a->gate_type, moe_launch_mma, p, tiles, s);
+        MOE_DISPATCH(a->down_type, moe_launch_down_mma, p, tiles, s);
+        int64_t total = (int64_t)a->n_tok * a->n_embd;
+        unsigned blocks = (unsigned)(moe_cdiv(total, 256) < 4096 ? moe_cdiv(total, 256) : 4096);
+        k_moe_combine<<<blocks, 256, 0, s>>>(p);
+    } else if (grouped) {
         k_moe_sort<<<1, MOE_SORT_THREADS, 0, s>>>(p);
         MOE_DISPATCH(a->gate_type, moe_launch_gate_up, p, true, (unsigned)l.max_tiles, s);
         MOE_DISPATCH(a->down_type, moe_launch_down, p, true, (unsigned)l.max_tiles, s);

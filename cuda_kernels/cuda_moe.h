@@ -4,17 +4,22 @@
  * For each token t and each of its k selected experts e_j with router weight w_j:
  *     h_j   = silu(gate_e x_t) * (up_e x_t)          (n_ff)
  *     out_t = sum_j w_j * (down_e h_j)                (n_embd), j = 0..k-1 in order
- * Weights stay quantized (float activations; weights decoded exactly as quant_ref does, or for
- * Q4_K/Q6_K the block scale factored out of each lane's 8-element dot; float FMAs in a fixed
- * order: docs/cuda-ops.md). The result is deterministic and does not
- * depend on the path:
- *   direct  (few tokens, decode): one warp per (pair, gate/up row) writes h; one warp per
- *           (token, down row) sums its k experts in order j;
- *   grouped (many tokens, prefill): a one-block counting sort groups the (token, j) pairs by
- *           expert (stable: pairs keep their order), tiles of up to 16 pairs of one expert
- *           share every decoded weight, down results go per pair to scratch and a last kernel
- *           sums each token's k pairs in order j.
- * Both paths perform the same float operations for every output, so they agree bit for bit.
+ * Weights stay quantized and every path is deterministic (same inputs, same bits); the paths
+ * differ in how they multiply (errors in docs/cuda-ops.md):
+ *   direct  (few tokens, decode): one block per (pair, rows of gate/up) writes h; one per
+ *           (token, down rows) sums its k experts in order j. Q4_K and Q6_K weights are dotted
+ *           with 8-bit activation codes (one scale per 32 elements, integer dot products, as the
+ *           CPU backend does); the other types as the grouped path does.
+ *   grouped (many tokens): a one-block counting sort groups the (token, j) pairs by expert
+ *           (stable: pairs keep their order), tiles of up to 16 pairs of one expert share every
+ *           decoded weight (float activations, weights decoded exactly as quant_ref does, float
+ *           FMAs in a fixed order), down results go per pair to scratch and a last kernel sums
+ *           each token's k pairs in order j. The direct path on types other than Q4_K/Q6_K
+ *           performs the same float operations, so the two agree bit for bit there.
+ *   mma     (prefill, CUDA_MOE_MMA_MIN_TOK tokens and more, not for F32 weights): the grouped
+ *           path's sort, then tiles of up to 64 pairs of one expert against 64 gate + 64 up
+ *           (or 128 down) rows on tensor cores: activations and decoded weights rounded to
+ *           bf16, products summed in float.
  * Launch rules as cuda_ops.h: enqueue only (no allocation, no sync, no host reads), capturable
  * in a CUDA graph; 0, -EINVAL (nothing launched) or -EIO. Without CUDA: -ENODEV.
  * Design and tolerances: docs/cuda-ops.md.
@@ -30,12 +35,16 @@ extern "C" {
 #endif
 
 enum cuda_moe_path {
-    CUDA_MOE_PATH_AUTO = 0,    /* direct for n_tok <= CUDA_MOE_DIRECT_MAX_TOK, else grouped */
+    CUDA_MOE_PATH_AUTO = 0,    /* direct up to CUDA_MOE_DIRECT_MAX_TOK tokens, mma from
+                                * CUDA_MOE_MMA_MIN_TOK (not F32), else grouped */
     CUDA_MOE_PATH_DIRECT = 1,  /* one pass per (token, expert) pair */
     CUDA_MOE_PATH_GROUPED = 2, /* pairs grouped by expert on the device */
+    CUDA_MOE_PATH_MMA = 3,     /* grouped, on tensor cores (bf16 products, float sums) */
 };
 
 #define CUDA_MOE_DIRECT_MAX_TOK 4
+#define CUDA_MOE_MMA_MIN_TOK 32 /* the automatic choice takes the tensor cores from this many
+                                 * tokens, for every weight type but F32 (kept exact) */
 
 struct cuda_moe_args {
     float *out;         /* (n_tok rows of out_stride floats) device: n_embd written per row */

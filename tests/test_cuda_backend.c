@@ -3,7 +3,9 @@
  * - prefill logits: f32 within 1e-3 of the largest logit, q4_k_m within 5e-2 (both sides
  *   quantize activations to 8 bits, in different ways); measured errors printed;
  * - greedy decode of 64 tokens: identical on f32; agreement counted on q4_k_m;
- * - CUDA prefill vs CUDA one-token decode steps within 1e-3 (f32).
+ * - CUDA prefill vs CUDA one-token decode steps within 1e-3 (f32);
+ * - an 80-token prompt (the tensor-core prefill kernels): f32 as above, q4_k_m within 1e-1 of
+ *   the CPU and of one-token steps.
  * Exits 77 without a GPU. */
 #include <math.h>
 #include <stdlib.h>
@@ -20,6 +22,8 @@
 
 #define N_PROMPT 12
 #define N_GREEDY 64
+#define N_LONG 80         /* >= CUDA_MATMUL_GEMM_MIN_M and CUDA_MOE_MMA_MIN_TOK */
+#define TOL_LONG_Q4 1e-1 /* q4_k_m with a long prompt: bf16 prefill against 8-bit activations */
 
 static char tmpdir[] = "/tmp/strata-test-cuda-backend-XXXXXX";
 
@@ -51,11 +55,12 @@ static void engine_close(struct engine *e)
 }
 
 /* Greedy ids after the prompt; logits of the prompt in first_logits. */
-static int greedy(struct engine *e, const int32_t *prompt, int32_t *ids, float *first_logits)
+static int greedy(struct engine *e, const int32_t *prompt, int n_prompt, int32_t *ids,
+                  float *first_logits)
 {
     int nv = (int)e->m->hp.n_vocab;
     float *l = malloc(sizeof(float) * nv);
-    int rc = stream_eval(e->s, prompt, N_PROMPT, l);
+    int rc = stream_eval(e->s, prompt, n_prompt, l);
     if (!rc)
         memcpy(first_logits, l, sizeof(float) * nv);
     for (int i = 0; !rc && i < N_GREEDY; i++) {
@@ -66,7 +71,8 @@ static int greedy(struct engine *e, const int32_t *prompt, int32_t *ids, float *
     return rc;
 }
 
-static void compare(const char *path, double tol, int require_greedy, const int32_t *prompt)
+static void compare(const char *path, double tol, int require_greedy, const int32_t *prompt,
+                    int n_prompt)
 {
     struct engine cpu, gpu;
     if (engine_open(&cpu, path, 0) || engine_open(&gpu, path, 1)) {
@@ -77,15 +83,15 @@ static void compare(const char *path, double tol, int require_greedy, const int3
     float *lc = malloc(sizeof(float) * nv), *lg = malloc(sizeof(float) * nv);
     int32_t ic[N_GREEDY], ig[N_GREEDY];
     test_poison_f32(lg, nv);
-    CHECK(greedy(&cpu, prompt, ic, lc) == 0, "cpu: %s", err_msg());
-    CHECK(greedy(&gpu, prompt, ig, lg) == 0, "cuda: %s", err_msg());
+    CHECK(greedy(&cpu, prompt, n_prompt, ic, lc) == 0, "cpu: %s", err_msg());
+    CHECK(greedy(&gpu, prompt, n_prompt, ig, lg) == 0, "cuda: %s", err_msg());
     double err = test_max_rel_err(lg, lc, nv);
     int same = 0;
     while (same < N_GREEDY && ic[same] == ig[same])
         same++;
-    printf("%s: cuda vs cpu prefill logits max rel err %.3g (tol %.g); greedy identical for "
-           "%d of %d tokens\n",
-           path, err, tol, same, N_GREEDY);
+    printf("%s, %d-token prompt: cuda vs cpu prefill logits max rel err %.3g (tol %.g); greedy "
+           "identical for %d of %d tokens\n",
+           path, n_prompt, err, tol, same, N_GREEDY);
     CHECK(err <= tol, "%s: cuda logits differ from cpu: %g > %g", path, err, tol);
     if (require_greedy)
         CHECK(same == N_GREEDY, "%s: greedy tokens diverge at step %d (cpu %d, cuda %d)", path,
@@ -96,7 +102,7 @@ static void compare(const char *path, double tol, int require_greedy, const int3
     engine_close(&gpu);
 }
 
-static void prefill_vs_decode(const char *path, const int32_t *prompt)
+static void prefill_vs_decode(const char *path, const int32_t *prompt, int n_prompt, double tol)
 {
     struct engine a, b;
     if (engine_open(&a, path, 1) || engine_open(&b, path, 1)) {
@@ -105,12 +111,13 @@ static void prefill_vs_decode(const char *path, const int32_t *prompt)
     }
     int nv = (int)a.m->hp.n_vocab;
     float *la = malloc(sizeof(float) * nv), *lb = malloc(sizeof(float) * nv);
-    CHECK(stream_eval(a.s, prompt, N_PROMPT, la) == 0, "prefill: %s", err_msg());
-    for (int i = 0; i < N_PROMPT; i++)
+    CHECK(stream_eval(a.s, prompt, n_prompt, la) == 0, "prefill: %s", err_msg());
+    for (int i = 0; i < n_prompt; i++)
         CHECK(stream_eval(b.s, &prompt[i], 1, lb) == 0, "decode: %s", err_msg());
     double err = test_max_rel_err(la, lb, nv);
-    printf("%s: cuda prefill vs decode max rel err %.3g\n", path, err);
-    CHECK(err <= 1e-3, "%s: cuda prefill vs decode: %g", path, err);
+    printf("%s, %d-token prompt: cuda prefill vs decode max rel err %.3g (tol %.g)\n", path,
+           n_prompt, err, tol);
+    CHECK(err <= tol, "%s: cuda prefill vs decode: %g", path, err);
     free(la);
     free(lb);
     engine_close(&a);
@@ -133,7 +140,7 @@ static int gen_tiny(enum quant_mix mix, char *path, size_t size)
 int main(void)
 {
     char f32[512], q4[512];
-    int32_t prompt[N_PROMPT];
+    int32_t prompt[N_LONG];
     struct rng r;
 
     if (!test_gpu_available("test_cuda_backend"))
@@ -144,11 +151,16 @@ int main(void)
         fprintf(stderr, "setup: %s\n", err_msg());
         return 1;
     }
-    for (int i = 0; i < N_PROMPT; i++)
+    for (int i = 0; i < N_LONG; i++)
         prompt[i] = (int32_t)rng_below(&r, 1000);
-    compare(f32, 1e-3, 1, prompt);
-    compare(q4, 5e-2, 0, prompt);
-    prefill_vs_decode(f32, prompt);
+    compare(f32, 1e-3, 1, prompt, N_PROMPT);
+    compare(q4, 5e-2, 0, prompt, N_PROMPT);
+    prefill_vs_decode(f32, prompt, N_PROMPT, 1e-3);
+    /* a prompt long enough for the tensor-core prefill (bf16 GEMMs and MoE tiles) against the
+     * CPU and against one-token steps (8-bit activation codes on Q4_K/Q6_K) */
+    compare(f32, 1e-3, 1, prompt, N_LONG);
+    compare(q4, TOL_LONG_Q4, 0, prompt, N_LONG);
+    prefill_vs_decode(q4, prompt, N_LONG, TOL_LONG_Q4);
     unlink(f32);
     unlink(q4);
     rmdir(tmpdir);
