@@ -12,9 +12,9 @@ def summary(text):
         if m:
             name = (m.group(1), m.group(2), int(m.group(3)))
             continue
-        m = re.match(r"^\s+gpu__time_duration.sum\s+(ns|us|ms)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", line)
+        m = re.match(r"^\s+gpu__time_duration.sum\s+(ns|us|ms)\s+([\d.,]+)\s+([\d.,]+)\s+([\d.,]+)", line)
         if m and name:
-            us = float(m.group(4)) * {"ns": 1e-3, "us": 1.0, "ms": 1e3}[m.group(1)]
+            us = float(m.group(4).replace(",", "")) * {"ns": 1e-3, "us": 1.0, "ms": 1e3}[m.group(1)]
             rows.append(f"{us:8.2f} us  x{name[2]:4d}  grid ({name[1]})  {name[0]}")
             name = None
     return rows

@@ -432,9 +432,49 @@ static __device__ __forceinline__ void moe_q8_quantize(const float *const *src, 
 
 template <uint32_t WT> struct moe_q8_unit;
 
+/* Byte i (0..11) of three little-endian words. */
+static __device__ __forceinline__ uint32_t moe_byte12(uint32_t w0, uint32_t w1, uint32_t w2, int i)
+{
+    const uint32_t w = i < 4 ? w0 : i < 8 ? w1 : w2;
+    return (w >> 8 * (i % 4)) & 0xFF;
+}
+
 /* Q4_K unit u = sub-block j = u % 8 of block u / 8: codes are the low (j even) or high nibbles
  * of qs[32 (j / 2) ..], value d sc q - dmin m. */
 template <> struct moe_q8_unit<QUANT_Q4_K> {
+    static constexpr bool A16 = true; /* 144-byte blocks: 16-byte aligned rows stay aligned */
+
+    /* the same on a 16-byte aligned row: three 16-byte loads (header, 32 code bytes) */
+    static __device__ __forceinline__ float dot16(const uint8_t *row, int64_t u, const int8_t *xq,
+                                                  const float2 *xd, float acc)
+    {
+        const uint8_t *b = row + (u / 8) * 144;
+        const int j = (int)(u % 8);
+        const uint4 hd = *(const uint4 *)b;
+        const uint4 q0 = *(const uint4 *)(b + 16 + 32 * (j / 2)),
+                    q1 = *(const uint4 *)(b + 32 + 32 * (j / 2));
+        int sc, m;
+        if (j < 4) {
+            sc = (int)(moe_byte12(hd.y, hd.z, hd.w, j) & 63);
+            m = (int)(moe_byte12(hd.y, hd.z, hd.w, j + 4) & 63);
+        } else {
+            const uint32_t hi = moe_byte12(hd.y, hd.z, hd.w, j + 4);
+            sc = (int)((hi & 0xF) | (moe_byte12(hd.y, hd.z, hd.w, j - 4) >> 6) << 4);
+            m = (int)((hi >> 4) | (moe_byte12(hd.y, hd.z, hd.w, j) >> 6) << 4);
+        }
+        const int sh = 4 * (j & 1);
+        const uint32_t q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        const int4 x0 = *(const int4 *)(xq + 32 * u), x1 = *(const int4 *)(xq + 32 * u + 16);
+        const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int dot = 0;
+#pragma unroll
+        for (int w = 0; w < 8; w++)
+            dot = __dp4a((int)((q[w] >> sh) & 0x0F0F0F0Fu), xs[w], dot);
+        const float d = cq_f16(hd.x & 0xFFFF), dmin = cq_f16(hd.x >> 16);
+        const float2 x = xd[u];
+        return acc + d * (float)sc * x.x * (float)dot - dmin * (float)m * x.y;
+    }
+
     static __device__ __forceinline__ float dot(const uint8_t *row, int64_t u, const int8_t *xq,
                                                 const float2 *xd, float acc)
     {
@@ -460,6 +500,8 @@ template <> struct moe_q8_unit<QUANT_Q4_K> {
  * ql[64 h + 32 (s % 2) ..] (nibble s / 2), high bits 2 s of qh[32 h ..], scales 8 h + 2 s and
  * + 1 for its two halves of 16; value d sc (q - 32). */
 template <> struct moe_q8_unit<QUANT_Q6_K> {
+    static constexpr bool A16 = false; /* 210-byte blocks */
+
     static __device__ __forceinline__ float dot(const uint8_t *row, int64_t u, const int8_t *xq,
                                                 const float2 *xd, float acc)
     {
@@ -510,9 +552,21 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_gate_up_q8(struct
             break;
         const uint8_t *gr = gb + r * p.gate_row, *ur = ub + r * p.up_row;
         float ag = 0.0f, au = 0.0f;
-        for (int64_t u = lane; u < nu; u += 32) {
-            ag = moe_q8_unit<WT>::dot(gr, u, xq, xd, ag);
-            au = moe_q8_unit<WT>::dot(ur, u, xq, xd, au);
+        bool done = false;
+        if constexpr (moe_q8_unit<WT>::A16) {
+            if ((((uintptr_t)gr | (uintptr_t)ur) & 15) == 0) {
+                for (int64_t u = lane; u < nu; u += 32) {
+                    ag = moe_q8_unit<WT>::dot16(gr, u, xq, xd, ag);
+                    au = moe_q8_unit<WT>::dot16(ur, u, xq, xd, au);
+                }
+                done = true;
+            }
+        }
+        if (!done) {
+            for (int64_t u = lane; u < nu; u += 32) {
+                ag = moe_q8_unit<WT>::dot(gr, u, xq, xd, ag);
+                au = moe_q8_unit<WT>::dot(ur, u, xq, xd, au);
+            }
         }
         const float gs = cq_warp_sum(ag), us = cq_warp_sum(au);
         if (lane == 0)
@@ -521,37 +575,51 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_gate_up_q8(struct
 }
 
 /* direct down on codes: block (token, MOE_Q8_DN_ROWS rows); the token's k rows of h quantized
- * once per block; out[t, r] = sum_j w_j (down_{e_j}[r] . h_j), j in order */
+ * once per block. A warp's lanes take the (expert j, unit) pairs of its row in turn, each unit's
+ * integer dot scaled by w_j, so the loads of all k experts are in flight together; the lanes'
+ * sums are then added by the fixed butterfly (a fixed order: deterministic). */
 template <uint32_t WT>
 static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct moe_params p)
 {
     extern __shared__ __align__(16) uint8_t moe_smem[];
     __shared__ const float *src[64];
+    __shared__ const uint8_t *base[64]; /* expert j's down matrix, NULL for an invalid id */
+    __shared__ float wj[64];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.x;
     int8_t *hq = (int8_t *)moe_smem;
     float2 *hd = (float2 *)(moe_smem + (int64_t)p.k * p.n_ff);
-    for (int j = threadIdx.x; j < p.k; j += blockDim.x)
+    for (int j = threadIdx.x; j < p.k; j += blockDim.x) {
+        const int e = p.ids[t * p.k + j];
         src[j] = p.h + (int64_t)(t * p.k + j) * p.n_ff;
+        base[j] = e >= 0 && e < p.n_expert ? moe_expert(p.down, p.down_stride, p.down_ptrs, e)
+                                           : nullptr;
+        wj[j] = p.wts[t * p.k + j];
+    }
     __syncthreads();
     moe_q8_quantize(src, p.k, p.n_ff, hq, hd);
-    const int64_t nu = p.n_ff / 32;
+    const int64_t nu = p.n_ff / 32, total = nu * p.k;
     for (int i = 0; i < MOE_Q8_DN_ROWS / MOE_WARPS; i++) {
-        const int64_t r = (int64_t)blockIdx.y * MOE_Q8_DN_ROWS + warp * (MOE_Q8_DN_ROWS / MOE_WARPS) + i;
+        const int64_t r = (int64_t)blockIdx.y * MOE_Q8_DN_ROWS +
+                          warp * (MOE_Q8_DN_ROWS / MOE_WARPS) + i;
         if (r >= p.n_embd)
             break;
         float acc = 0.0f;
-        for (int j = 0; j < p.k; j++) {
-            const int e = p.ids[t * p.k + j];
-            if (e < 0 || e >= p.n_expert) {
-                acc = NAN;
+        bool bad = false;
+#pragma unroll 2
+        for (int64_t f = lane; f < total; f += 32) {
+            const int j = (int)(f / nu);
+            const int64_t u = f - j * nu;
+            if (!base[j]) {
+                bad = true;
                 continue;
             }
-            const uint8_t *dr = moe_expert(p.down, p.down_stride, p.down_ptrs, e) + r * p.down_row;
-            float s = 0.0f;
-            for (int64_t u = lane; u < nu; u += 32)
-                s = moe_q8_unit<WT>::dot(dr, u, hq + (int64_t)j * p.n_ff, hd + (int64_t)j * nu, s);
-            acc = __fadd_rn(acc, __fmul_rn(p.wts[t * p.k + j], cq_warp_sum(s)));
+            const float s = moe_q8_unit<WT>::dot(base[j] + r * p.down_row, u, hq + (int64_t)j * p.n_ff,
+                                                 hd + (int64_t)j * nu, 0.0f);
+            acc = fmaf(wj[j], s, acc);
         }
+        acc = cq_warp_sum(acc);
+        if (__any_sync(0xffffffffu, bad))
+            acc = NAN;
         if (lane == 0)
             p.out[(int64_t)t * p.out_stride + r] = acc;
     }
@@ -604,19 +672,21 @@ moe_mma_run(const struct mma_tile &t, int64_t n, __nv_bfloat16 *as, __nv_bfloat1
             uint2 u = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
             *(uint2 *)(as + r * MMA_LD + c) = u;
         }
-        /* weights: each warp decodes MMA_ROWS / 8 rows, one group each */
-        for (int r = warp; r < MMA_ROWS; r += 8) {
-            if (!t.w[r])
-                continue;
-            __nv_bfloat16 *row = bs + r * MMA_LD;
-            if (kn < CQ_GROUP) { /* the row's last, partial group: zero the tail first */
+        /* weights: each warp decodes MMA_ROWS / 8 rows, one group each (a row that is not
+         * computed decodes the tile's first row again: its columns are discarded), several
+         * rows' loads in flight at once; the last, partial group's tail is zeroed first */
+        if (kn < CQ_GROUP) {
+            for (int r = warp; r < MMA_ROWS; r += 8)
                 for (int c = kn + lane; c < CQ_GROUP; c += 32)
-                    row[c] = __float2bfloat16(0.0f);
-                __syncwarp();
-            }
+                    bs[r * MMA_LD + c] = __float2bfloat16(0.0f);
+            __syncwarp();
+        }
+#pragma unroll 4
+        for (int r = warp; r < MMA_ROWS; r += 8) {
+            __nv_bfloat16 *row = bs + r * MMA_LD;
             float v[8];
             int64_t a0, a1;
-            if (cq_decoder<WT>::decode(t.w[r], n, g, lane, v, &a0, &a1)) {
+            if (cq_decoder<WT>::decode(t.w[r] ? t.w[r] : t.w[0], n, g, lane, v, &a0, &a1)) {
                 __nv_bfloat162 b[4];
 #pragma unroll
                 for (int c = 0; c < 4; c++)
