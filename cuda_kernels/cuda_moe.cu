@@ -374,9 +374,10 @@ static __global__ void k_moe_combine(struct moe_params p)
  * For Q4_K and Q6_K weights the direct path runs on integer dot products, as the CPU backend and
  * cuda_matmul's MMV do: each block first quantizes its activation rows into shared memory (8-bit
  * codes with one float scale per 32 elements, q = rint(x / d), d = max|x| / 127, and d times the
- * sum of the codes), then a warp walks a weight row a 256-element group at a time, lane l taking
- * the same 8 elements as cq_decoder does (neighbouring bytes), dotting their codes with __dp4a
- * and scaling the two integer sums. Far fewer instructions than decoding every
+ * sum of the codes), then a lane takes one 32-element unit of a weight row at a time, dots its
+ * codes with __dp4a and scales the integer sum once. (Measured on the H200, 30b-a3b: this
+ * layout, 16-byte loads where rows allow, beat cq_decoder's neighbouring-bytes layout, whose
+ * many 2-byte loads made gate/up 22 us and down 37 us against 11 and 15.) Far fewer instructions than decoding every
  * weight to float (the float direct kernels were instruction-bound: docs/cuda-ops.md); the
  * error is the activation rounding's (about 0.4% rms per unit), the same as the CPU backend's. */
 
@@ -431,67 +432,101 @@ static __device__ __forceinline__ void moe_q8_quantize(const float *const *src, 
     __syncthreads();
 }
 
-template <uint32_t WT> struct moe_q8_group;
+template <uint32_t WT> struct moe_q8_unit;
 
-/* Codes word of the 4 activation codes at element a (a multiple of 4) and their unit's scale. */
-static __device__ __forceinline__ int moe_xw(const int8_t *xq, int64_t a)
+/* Byte i (0..11) of three little-endian words. */
+static __device__ __forceinline__ uint32_t moe_byte12(uint32_t w0, uint32_t w1, uint32_t w2, int i)
 {
-    return *(const int *)(xq + a);
+    const uint32_t w = i < 4 ? w0 : i < 8 ? w1 : w2;
+    return (w >> 8 * (i % 4)) & 0xFF;
 }
 
-/* Q4_K, lane l of group g (the lanes of cq_decoder_k45: m = l / 8, o = 4 (l % 8)): qs bytes
- * 32 m + o .. + 3; low nibbles are elements 64 m + o.. of sub-block 2m, high nibbles elements
- * 64 m + 32 + o.. of sub-block 2m + 1. Value d sc q - dmin m: the lane adds
- * dx (d sc (q . xq) - dmin m sum(xq)) for each of its two runs. */
-template <> struct moe_q8_group<QUANT_Q4_K> {
-    static __device__ __forceinline__ float dot(const uint8_t *row, int64_t g, int lane,
-                                                const int8_t *xq, const float2 *xd, float acc)
+/* Q4_K unit u = sub-block j = u % 8 of block u / 8: codes are the low (j even) or high nibbles
+ * of qs[32 (j / 2) ..], value d sc q - dmin m. */
+template <> struct moe_q8_unit<QUANT_Q4_K> {
+    static constexpr bool A16 = true; /* 144-byte blocks: 16-byte aligned rows stay aligned */
+
+    /* the same on a 16-byte aligned row: three 16-byte loads (header, 32 code bytes) */
+    static __device__ __forceinline__ float dot16(const uint8_t *row, int64_t u, const int8_t *xq,
+                                                  const float2 *xd, float acc)
     {
-        const uint8_t *b = row + g * 144;
-        const int m = lane >> 3, o = 4 * (lane & 7);
-        const uint32_t w = cq_ld_u32_a2(b + 16 + 32 * m + o);
-        const int64_t a0 = g * CQ_GROUP + 64 * m + o, a1 = a0 + 32;
-        const int x0 = moe_xw(xq, a0), x1 = moe_xw(xq, a1);
-        const int d0 = __dp4a((int)(w & 0x0F0F0F0Fu), x0, 0);
-        const int d1 = __dp4a((int)((w >> 4) & 0x0F0F0F0Fu), x1, 0);
-        const int s0 = __dp4a(0x01010101, x0, 0), s1 = __dp4a(0x01010101, x1, 0);
-        int sc0, m0, sc1, m1;
-        cq_k4_scale_min(b + 4, 2 * m, &sc0, &m0);
-        cq_k4_scale_min(b + 4, 2 * m + 1, &sc1, &m1);
+        const uint8_t *b = row + (u / 8) * 144;
+        const int j = (int)(u % 8);
+        const uint4 hd = *(const uint4 *)b;
+        const uint4 q0 = *(const uint4 *)(b + 16 + 32 * (j / 2)),
+                    q1 = *(const uint4 *)(b + 32 + 32 * (j / 2));
+        int sc, m;
+        if (j < 4) {
+            sc = (int)(moe_byte12(hd.y, hd.z, hd.w, j) & 63);
+            m = (int)(moe_byte12(hd.y, hd.z, hd.w, j + 4) & 63);
+        } else {
+            const uint32_t hi = moe_byte12(hd.y, hd.z, hd.w, j + 4);
+            sc = (int)((hi & 0xF) | (moe_byte12(hd.y, hd.z, hd.w, j - 4) >> 6) << 4);
+            m = (int)((hi >> 4) | (moe_byte12(hd.y, hd.z, hd.w, j) >> 6) << 4);
+        }
+        const int sh = 4 * (j & 1);
+        const uint32_t q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        const int4 x0 = *(const int4 *)(xq + 32 * u), x1 = *(const int4 *)(xq + 32 * u + 16);
+        const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int dot = 0;
+#pragma unroll
+        for (int w = 0; w < 8; w++)
+            dot = __dp4a((int)((q[w] >> sh) & 0x0F0F0F0Fu), xs[w], dot);
+        const float d = cq_f16(hd.x & 0xFFFF), dmin = cq_f16(hd.x >> 16);
+        const float2 x = xd[u];
+        return acc + d * (float)sc * x.x * (float)dot - dmin * (float)m * x.y;
+    }
+
+    static __device__ __forceinline__ float dot(const uint8_t *row, int64_t u, const int8_t *xq,
+                                                const float2 *xd, float acc)
+    {
+        const uint8_t *b = row + (u / 8) * 144;
+        const int j = (int)(u % 8);
+        int sc, m;
+        cq_k4_scale_min(b + 4, j, &sc, &m);
+        const uint8_t *q = b + 16 + 32 * (j / 2);
+        const int sh = 4 * (j & 1);
+        const int4 x0 = *(const int4 *)(xq + 32 * u), x1 = *(const int4 *)(xq + 32 * u + 16);
+        const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int dot = 0;
+#pragma unroll
+        for (int w = 0; w < 8; w++)
+            dot = __dp4a((int)((cq_ld_u32_a2(q + 4 * w) >> sh) & 0x0F0F0F0Fu), xs[w], dot);
         const float d = cq_f16(cq_ld_u16(b)), dmin = cq_f16(cq_ld_u16(b + 2));
-        const float dx0 = xd[a0 / 32].x, dx1 = xd[a1 / 32].x;
-        acc += dx0 * (d * (float)(sc0 * d0) - dmin * (float)(m0 * s0));
-        return acc + dx1 * (d * (float)(sc1 * d1) - dmin * (float)(m1 * s1));
+        const float2 x = xd[u];
+        return acc + d * (float)sc * x.x * (float)dot - dmin * (float)m * x.y;
     }
 };
 
-/* Q6_K, lane l of group g (the lanes of cq_decoder<Q6_K>: h = l / 16, s0 = (l / 8) % 2,
- * o = 4 (l % 8), s1 = s0 + 2): ql bytes 64 h + 32 s0 + o .. + 3 (low nibbles: elements
- * 128 h + 32 s0 + o.., high: 128 h + 32 s1 + o..), qh bytes 128 + 32 h + o .. (bits 2 s0 and
- * 2 s1). Value d sc (q - 32). */
-template <> struct moe_q8_group<QUANT_Q6_K> {
-    static __device__ __forceinline__ float dot(const uint8_t *row, int64_t g, int lane,
-                                                const int8_t *xq, const float2 *xd, float acc)
+/* Q6_K unit u = elements 32 s .. of half h (s8 = u % 8 = 4 h + s) of block u / 8: low bits in
+ * ql[64 h + 32 (s % 2) ..] (nibble s / 2), high bits 2 s of qh[32 h ..], scales 8 h + 2 s and
+ * + 1 for its two halves of 16; value d sc (q - 32). */
+template <> struct moe_q8_unit<QUANT_Q6_K> {
+    static constexpr bool A16 = false; /* 210-byte blocks */
+
+    static __device__ __forceinline__ float dot(const uint8_t *row, int64_t u, const int8_t *xq,
+                                                const float2 *xd, float acc)
     {
-        const uint8_t *b = row + g * 210;
-        const int h = lane >> 4, s0 = (lane >> 3) & 1, o = 4 * (lane & 7), s1 = s0 + 2;
-        const uint32_t wl = cq_ld_u32_a2(b + 64 * h + 32 * s0 + o);
-        const uint32_t wh = cq_ld_u32_a2(b + 128 + 32 * h + o);
-        const uint32_t c0 = (wl & 0x0F0F0F0Fu) | ((wh >> 2 * s0) & 0x03030303u) << 4;
-        const uint32_t c1 = ((wl >> 4) & 0x0F0F0F0Fu) | ((wh >> 2 * s1) & 0x03030303u) << 4;
-        const int64_t a0 = g * CQ_GROUP + 128 * h + 32 * s0 + o, a1 = a0 + 64;
-        const int d0 = __dp4a((int)__vsub4(c0, 0x20202020u), moe_xw(xq, a0), 0);
-        const int d1 = __dp4a((int)__vsub4(c1, 0x20202020u), moe_xw(xq, a1), 0);
-        const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + o / 16;
+        const uint8_t *b = row + (u / 8) * 210;
+        const int s8 = (int)(u % 8), h = s8 / 4, s = s8 % 4;
+        const uint8_t *ql = b + 64 * h + 32 * (s % 2), *qh = b + 128 + 32 * h;
+        const int shl = 4 * (s / 2), shh = 2 * s;
+        const int4 x0 = *(const int4 *)(xq + 32 * u), x1 = *(const int4 *)(xq + 32 * u + 16);
+        const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int dot[2] = {0, 0};
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            const uint32_t lo = (cq_ld_u32_a2(ql + 4 * w) >> shl) & 0x0F0F0F0Fu;
+            const uint32_t hi = ((cq_ld_u32_a2(qh + 4 * w) >> shh) & 0x03030303u) << 4;
+            dot[w / 4] = __dp4a((int)__vsub4(lo | hi, 0x20202020u), xs[w], dot[w / 4]);
+        }
+        const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * s;
         const float d = cq_f16(cq_ld_u16(b + 208));
-        return acc + d * (xd[a0 / 32].x * (float)(sc[2 * s0] * d0) +
-                          xd[a1 / 32].x * (float)(sc[2 * s1] * d1));
+        return acc + d * xd[u].x * (float)(sc[0] * dot[0] + sc[1] * dot[1]);
     }
 };
 
-/* direct gate/up on codes: block (pair, MOE_Q8_GU_ROWS rows); warp w takes rows 2w and 2w + 1
- * of gate and up together, a 256-element group of each per step, so that the loads of four
- * rows are in flight at once; lanes read neighbouring bytes. */
+/* direct gate/up on codes: block (pair, MOE_Q8_GU_ROWS rows), warp w rows 2w and 2w + 1 */
 template <uint32_t WT>
 static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_gate_up_q8(struct moe_params p)
 {
@@ -509,35 +544,42 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_gate_up_q8(struct
     float2 *xd = (float2 *)(moe_smem + p.n_embd);
     const float *src = p.in + (int64_t)(pair / p.k) * p.in_stride;
     moe_q8_quantize(&src, 1, p.n_embd, xq, xd);
-    if (r0 >= p.n_ff)
-        return;
-    const int64_t r1 = r0 + 1 < p.n_ff ? r0 + 1 : r0; /* a missing second row repeats the first */
+    const int64_t nu = p.n_embd / 32;
     const uint8_t *gb = moe_expert(p.gate, p.gate_stride, p.gate_ptrs, e);
     const uint8_t *ub = moe_expert(p.up, p.up_stride, p.up_ptrs, e);
-    const uint8_t *g0 = gb + r0 * p.gate_row, *g1 = gb + r1 * p.gate_row;
-    const uint8_t *u0 = ub + r0 * p.up_row, *u1 = ub + r1 * p.up_row;
-    float ag0 = 0.0f, ag1 = 0.0f, au0 = 0.0f, au1 = 0.0f;
-    const int64_t ng = p.n_embd / CQ_GROUP;
-#pragma unroll 2
-    for (int64_t g = 0; g < ng; g++) {
-        ag0 = moe_q8_group<WT>::dot(g0, g, lane, xq, xd, ag0);
-        ag1 = moe_q8_group<WT>::dot(g1, g, lane, xq, xd, ag1);
-        au0 = moe_q8_group<WT>::dot(u0, g, lane, xq, xd, au0);
-        au1 = moe_q8_group<WT>::dot(u1, g, lane, xq, xd, au1);
-    }
-    ag0 = cq_warp_sum(ag0), au0 = cq_warp_sum(au0);
-    ag1 = cq_warp_sum(ag1), au1 = cq_warp_sum(au1);
-    if (lane == 0) {
-        p.h[(int64_t)pair * p.n_ff + r0] = __fmul_rn(moe_silu(ag0), au0);
-        if (r1 != r0)
-            p.h[(int64_t)pair * p.n_ff + r1] = __fmul_rn(moe_silu(ag1), au1);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int64_t r = r0 + i;
+        if (r >= p.n_ff)
+            break;
+        const uint8_t *gr = gb + r * p.gate_row, *ur = ub + r * p.up_row;
+        float ag = 0.0f, au = 0.0f;
+        bool done = false;
+        if constexpr (moe_q8_unit<WT>::A16) {
+            if ((((uintptr_t)gr | (uintptr_t)ur) & 15) == 0) {
+                for (int64_t u = lane; u < nu; u += 32) {
+                    ag = moe_q8_unit<WT>::dot16(gr, u, xq, xd, ag);
+                    au = moe_q8_unit<WT>::dot16(ur, u, xq, xd, au);
+                }
+                done = true;
+            }
+        }
+        if (!done) {
+            for (int64_t u = lane; u < nu; u += 32) {
+                ag = moe_q8_unit<WT>::dot(gr, u, xq, xd, ag);
+                au = moe_q8_unit<WT>::dot(ur, u, xq, xd, au);
+            }
+        }
+        const float gs = cq_warp_sum(ag), us = cq_warp_sum(au);
+        if (lane == 0)
+            p.h[(int64_t)pair * p.n_ff + r] = __fmul_rn(moe_silu(gs), us);
     }
 }
 
 /* direct down on codes: block (token, MOE_Q8_DN_ROWS rows); the token's k rows of h quantized
- * once per block. A warp walks the (expert j, group) steps of its row, each step's lane sum
- * scaled by w_j into one accumulator, so the loads of all k experts are in flight together;
- * the lanes are then added by the fixed butterfly (a fixed order: deterministic). */
+ * once per block. A warp's lanes take the (expert j, unit) pairs of its row in turn, each unit's
+ * integer dot scaled by w_j, so the loads of all k experts are in flight together; the lanes'
+ * sums are then added by the fixed butterfly (a fixed order: deterministic). */
 template <uint32_t WT>
 static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct moe_params p)
 {
@@ -557,7 +599,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct mo
     }
     __syncthreads();
     moe_q8_quantize(src, p.k, p.n_ff, hq, hd);
-    const int64_t ng = p.n_ff / CQ_GROUP, nu = p.n_ff / 32, total = ng * p.k;
+    const int64_t nu = p.n_ff / 32, total = nu * p.k;
     for (int i = 0; i < MOE_Q8_DN_ROWS / MOE_WARPS; i++) {
         const int64_t r = (int64_t)blockIdx.y * MOE_Q8_DN_ROWS +
                           warp * (MOE_Q8_DN_ROWS / MOE_WARPS) + i;
@@ -565,22 +607,23 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct mo
             break;
         float acc = 0.0f;
         bool bad = false;
-#pragma unroll 4
-        for (int64_t f = 0; f < total; f++) {
-            const int j = (int)(f / ng);
-            const int64_t g = f - j * ng;
+#pragma unroll 2
+        for (int64_t f = lane; f < total; f += 32) {
+            const int j = (int)(f / nu);
+            const int64_t u = f - j * nu;
             if (!base[j]) {
                 bad = true;
                 continue;
             }
-            const float s = moe_q8_group<WT>::dot(base[j] + r * p.down_row, g, lane,
-                                                  hq + (int64_t)j * p.n_ff, hd + (int64_t)j * nu,
-                                                  0.0f);
+            const float s = moe_q8_unit<WT>::dot(base[j] + r * p.down_row, u, hq + (int64_t)j * p.n_ff,
+                                                 hd + (int64_t)j * nu, 0.0f);
             acc = fmaf(wj[j], s, acc);
         }
         acc = cq_warp_sum(acc);
+        if (__any_sync(0xffffffffu, bad))
+            acc = NAN;
         if (lane == 0)
-            p.out[(int64_t)t * p.out_stride + r] = bad ? NAN : acc;
+            p.out[(int64_t)t * p.out_stride + r] = acc;
     }
 }
 
@@ -686,11 +729,50 @@ template <> struct moe_bf16_group<QUANT_Q6_K> {
     }
 };
 
+/* Q4_K on rows at 16-byte boundaries: lane l of a warp decodes sub-block j = l % 8 (32
+ * elements) of group g of its row with three 16-byte loads (header, 32 code bytes), the
+ * values built as in moe_bf16_group. */
+static __device__ __forceinline__ void moe_bf16_q4k_unit(const uint8_t *row, int64_t g, int j,
+                                                         __nv_bfloat16 *dst)
+{
+    const uint8_t *b = row + g * 144;
+    const uint4 hd = *(const uint4 *)b;
+    const uint4 q0 = *(const uint4 *)(b + 16 + 32 * (j / 2)), q1 = *(const uint4 *)(b + 32 + 32 * (j / 2));
+    int sc, m;
+    if (j < 4) {
+        sc = (int)(moe_byte12(hd.y, hd.z, hd.w, j) & 63);
+        m = (int)(moe_byte12(hd.y, hd.z, hd.w, j + 4) & 63);
+    } else {
+        const uint32_t hi = moe_byte12(hd.y, hd.z, hd.w, j + 4);
+        sc = (int)((hi & 0xF) | (moe_byte12(hd.y, hd.z, hd.w, j - 4) >> 6) << 4);
+        m = (int)((hi >> 4) | (moe_byte12(hd.y, hd.z, hd.w, j) >> 6) << 4);
+    }
+    const float d = cq_f16(hd.x & 0xFFFF), dmin = cq_f16(hd.x >> 16);
+    const __nv_bfloat162 k128 = __float2bfloat162_rn(128.0f);
+    const __nv_bfloat162 dl = __float2bfloat162_rn(d * (float)sc),
+                         ml = __float2bfloat162_rn(-dmin * (float)m);
+    const int sh = 4 * (j & 1);
+    const uint32_t q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    uint32_t out[16];
+#pragma unroll
+    for (int w = 0; w < 8; w++) {
+        __nv_bfloat162 a, c;
+        moe_bf2_codes((q[w] >> sh) & 0x0F0F0F0Fu, &a, &c);
+        out[2 * w] = moe_bf2_bits(__hfma2(__hsub2(a, k128), dl, ml));
+        out[2 * w + 1] = moe_bf2_bits(__hfma2(__hsub2(c, k128), dl, ml));
+    }
+    uint4 *o = (uint4 *)(dst + 32 * j);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        o[i] = make_uint4(out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]);
+}
+
 /* x rows (float, NULL: a padding row) and weight rows (NULL: not computed) of one tile, in
  * shared memory, then acc = X W^T over n elements. */
 struct mma_tile {
     const float *x[MOE_TILE_MMA];
     const uint8_t *w[MMA_ROWS];
+    int a16; /* every weight row starts on a 16-byte boundary */
 };
 
 template <uint32_t WT>
@@ -723,31 +805,44 @@ moe_mma_run(const struct mma_tile &t, int64_t n, __nv_bfloat16 *as, __nv_bfloat1
         /* weights: each warp decodes MMA_ROWS / 8 rows, one group each (a row that is not
          * computed decodes the tile's first row again: its columns are discarded), several
          * rows' loads in flight at once; the last, partial group's tail is zeroed first */
-        if (kn < CQ_GROUP) {
-            for (int r = warp; r < MMA_ROWS; r += 8)
-                for (int c = kn + lane; c < CQ_GROUP; c += 32)
-                    bs[r * MMA_LD + c] = __float2bfloat16(0.0f);
-            __syncwarp();
-        }
-#pragma unroll 4
-        for (int r = warp; r < MMA_ROWS; r += 8) {
-            __nv_bfloat16 *row = bs + r * MMA_LD;
-            const uint8_t *src = t.w[r] ? t.w[r] : t.w[0];
-            if constexpr (moe_bf16_group<WT>::FAST) {
-                moe_bf16_group<WT>::decode(src, g, lane, row);
-                continue;
-            }
-            float v[8];
-            int64_t a0, a1;
-            if (cq_decoder<WT>::decode(src, n, g, lane, v, &a0, &a1)) {
-                __nv_bfloat162 b[4];
+        bool fast = false;
+        if constexpr (WT == QUANT_Q4_K) {
+            if (t.a16) {
 #pragma unroll
-                for (int c = 0; c < 4; c++)
-                    b[c] = __floats2bfloat162_rn(v[2 * c], v[2 * c + 1]);
-                *(uint2 *)(row + (a0 - k0)) =
-                    make_uint2(*(const uint32_t *)&b[0], *(const uint32_t *)&b[1]);
-                *(uint2 *)(row + (a1 - k0)) =
-                    make_uint2(*(const uint32_t *)&b[2], *(const uint32_t *)&b[3]);
+                for (int step = 0; step < MMA_ROWS / 32; step++) {
+                    const int r = (step * 8 + warp) * 4 + lane / 8;
+                    moe_bf16_q4k_unit(t.w[r] ? t.w[r] : t.w[0], g, lane % 8, bs + r * MMA_LD);
+                }
+                fast = true;
+            }
+        }
+        if (!fast) {
+            if (kn < CQ_GROUP) {
+                for (int r = warp; r < MMA_ROWS; r += 8)
+                    for (int c = kn + lane; c < CQ_GROUP; c += 32)
+                        bs[r * MMA_LD + c] = __float2bfloat16(0.0f);
+                __syncwarp();
+            }
+#pragma unroll 4
+            for (int r = warp; r < MMA_ROWS; r += 8) {
+                __nv_bfloat16 *row = bs + r * MMA_LD;
+                const uint8_t *src = t.w[r] ? t.w[r] : t.w[0];
+                if constexpr (moe_bf16_group<WT>::FAST) {
+                    moe_bf16_group<WT>::decode(src, g, lane, row);
+                    continue;
+                }
+                float v[8];
+                int64_t a0, a1;
+                if (cq_decoder<WT>::decode(src, n, g, lane, v, &a0, &a1)) {
+                    __nv_bfloat162 b[4];
+#pragma unroll
+                    for (int c = 0; c < 4; c++)
+                        b[c] = __floats2bfloat162_rn(v[2 * c], v[2 * c + 1]);
+                    *(uint2 *)(row + (a0 - k0)) =
+                        make_uint2(*(const uint32_t *)&b[0], *(const uint32_t *)&b[1]);
+                    *(uint2 *)(row + (a1 - k0)) =
+                        make_uint2(*(const uint32_t *)&b[2], *(const uint32_t *)&b[3]);
+                }
             }
         }
         __syncthreads();
@@ -824,6 +919,7 @@ static __global__ void __launch_bounds__(256) k_moe_gate_up_mma(struct moe_param
     }
     const uint8_t *gb = moe_expert(p.gate, p.gate_stride, p.gate_ptrs, e);
     const uint8_t *ub = moe_expert(p.up, p.up_stride, p.up_ptrs, e);
+    uintptr_t mis = 0;
     for (int i = threadIdx.x; i < MOE_TILE_MMA + MMA_ROWS; i += blockDim.x) {
         if (i < MOE_TILE_MMA) {
             t.x[i] = i < np ? p.in + (int64_t)(pairs[i] / p.k) * p.in_stride : nullptr;
@@ -832,8 +928,12 @@ static __global__ void __launch_bounds__(256) k_moe_gate_up_mma(struct moe_param
             const int64_t r = r0 + j % half;
             t.w[j] = r >= p.n_ff ? nullptr
                                  : (j < half ? gb + r * p.gate_row : ub + r * p.up_row);
+            mis |= (uintptr_t)t.w[j] & 15;
         }
     }
+    t.a16 = 1;
+    if (__syncthreads_or(mis != 0) && threadIdx.x == 0)
+        t.a16 = 0;
     __syncthreads();
     __nv_bfloat16 *as = (__nv_bfloat16 *)moe_smem, *bs = as + MOE_TILE_MMA * MMA_LD;
     nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc[2][2];
@@ -870,14 +970,19 @@ static __global__ void __launch_bounds__(256) k_moe_down_mma(struct moe_params p
         return;
     }
     const uint8_t *db = moe_expert(p.down, p.down_stride, p.down_ptrs, e);
+    uintptr_t mis = 0;
     for (int i = threadIdx.x; i < MOE_TILE_MMA + MMA_ROWS; i += blockDim.x) {
         if (i < MOE_TILE_MMA) {
             t.x[i] = i < np ? p.h + (int64_t)pairs[i] * p.n_ff : nullptr;
         } else {
             const int64_t r = r0 + (i - MOE_TILE_MMA);
             t.w[i - MOE_TILE_MMA] = r >= p.n_embd ? nullptr : db + r * p.down_row;
+            mis |= (uintptr_t)t.w[i - MOE_TILE_MMA] & 15;
         }
     }
+    t.a16 = 1;
+    if (__syncthreads_or(mis != 0) && threadIdx.x == 0)
+        t.a16 = 0;
     __syncthreads();
     __nv_bfloat16 *as = (__nv_bfloat16 *)moe_smem, *bs = as + MOE_TILE_MMA * MMA_LD;
     nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc[2][2];
