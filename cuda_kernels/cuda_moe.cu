@@ -56,6 +56,8 @@ struct moe_params {
     uint64_t gate_row, up_row, down_row; /* bytes per row */
     /* scratch views */
     float *h;         /* (n_pairs, n_ff) silu(gate x) * up x of each pair */
+    int8_t *hq;       /* (n_pairs, n_ff) h as 8-bit codes (the 8-bit direct path) */
+    float2 *hd;       /* (n_pairs, n_ff / 32) their (d, d * sum) per 32 elements */
     float *y;         /* (n_pairs, n_embd) w * down h of each pair (grouped path) */
     int32_t *cnt;     /* (MOE_SORT_THREADS, n_expert + 1) per-chunk counts, then cursors */
     int32_t *off;     /* (n_expert + 2) start of each bin in sorted */
@@ -381,8 +383,10 @@ static __global__ void k_moe_combine(struct moe_params p)
  * weight to float (the float direct kernels were instruction-bound: docs/cuda-ops.md); the
  * error is the activation rounding's (about 0.4% rms per unit), the same as the CPU backend's. */
 
-#define MOE_Q8_GU_ROWS 16 /* gate/up rows of a block: 2 per warp */
-#define MOE_Q8_DN_ROWS 8  /* down rows of a block: 1 per warp */
+#define MOE_Q8_GU_WARPS 16 /* gate/up: 16 warps of 2 rows, one 32-row unit of h per block */
+#define MOE_Q8_GU_ROWS 32
+#define MOE_Q8_DN_SPLIT 4 /* down: warps per row, each taking every 4th expert */
+#define MOE_Q8_DN_ROWS (MOE_WARPS / MOE_Q8_DN_SPLIT)
 #define MOE_Q8_MAX_SMEM (48 * 1024)
 
 static constexpr bool moe_q8_type(uint32_t t)
@@ -526,19 +530,24 @@ template <> struct moe_q8_unit<QUANT_Q6_K> {
     }
 };
 
-/* direct gate/up on codes: block (pair, MOE_Q8_GU_ROWS rows), warp w rows 2w and 2w + 1 */
+/* direct gate/up on codes: block (pair, MOE_Q8_GU_ROWS rows), warp w rows 2w and 2w + 1. The
+ * block's 32 values of h are then quantized (one unit of codes for the down kernel). */
 template <uint32_t WT>
-static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_gate_up_q8(struct moe_params p)
+static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(struct moe_params p)
 {
     extern __shared__ __align__(16) uint8_t moe_smem[];
+    __shared__ float hs[MOE_Q8_GU_ROWS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pair = blockIdx.x;
     const int e = p.ids[pair];
-    const int64_t r0 = (int64_t)blockIdx.y * MOE_Q8_GU_ROWS + 2 * warp;
-    if (e < 0 || e >= p.n_expert) {
-        for (int i = 0; i < 2; i++)
-            if (lane == 0 && r0 + i < p.n_ff)
-                p.h[(int64_t)pair * p.n_ff + r0 + i] = NAN;
-        return; /* uniform over the block: no barrier below is reached by anyone */
+    const int64_t rb = (int64_t)blockIdx.y * MOE_Q8_GU_ROWS, r0 = rb + 2 * warp;
+    const int64_t hu = ((int64_t)pair * p.n_ff + rb) / 32; /* the block's unit of h */
+    if (e < 0 || e >= p.n_expert) { /* uniform over the block: no barrier below is reached */
+        if (warp == 0) {
+            p.hq[hu * 32 + lane] = 0;
+            if (lane == 0)
+                p.hd[hu] = make_float2(NAN, NAN);
+        }
+        return;
     }
     int8_t *xq = (int8_t *)moe_smem;
     float2 *xd = (float2 *)(moe_smem + p.n_embd);
@@ -550,8 +559,6 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_gate_up_q8(struct
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int64_t r = r0 + i;
-        if (r >= p.n_ff)
-            break;
         const uint8_t *gr = gb + r * p.gate_row, *ur = ub + r * p.up_row;
         float ag = 0.0f, au = 0.0f;
         bool done = false;
@@ -572,58 +579,68 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_gate_up_q8(struct
         }
         const float gs = cq_warp_sum(ag), us = cq_warp_sum(au);
         if (lane == 0)
-            p.h[(int64_t)pair * p.n_ff + r] = __fmul_rn(moe_silu(gs), us);
+            hs[2 * warp + i] = __fmul_rn(moe_silu(gs), us);
+    }
+    __syncthreads();
+    if (warp == 0) { /* as moe_q8_quantize, one unit */
+        const float v = hs[lane], amax = cq_warp_max(fabsf(v));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const int q = __float2int_rn(v * id);
+        p.hq[hu * 32 + lane] = (int8_t)q;
+        const int sum = __reduce_add_sync(0xffffffffu, q);
+        if (lane == 0)
+            p.hd[hu] = make_float2(amax / 127.0f, amax / 127.0f * (float)sum);
     }
 }
 
-/* direct down on codes: block (token, MOE_Q8_DN_ROWS rows); the token's k rows of h quantized
- * once per block. A warp's lanes take the (expert j, unit) pairs of its row in turn, each unit's
- * integer dot scaled by w_j, so the loads of all k experts are in flight together; the lanes'
- * sums are then added by the fixed butterfly (a fixed order: deterministic). */
+/* direct down on codes: block (token, MOE_Q8_DN_ROWS rows); MOE_Q8_DN_SPLIT warps per row, warp
+ * s taking experts s, s + 4, ... with its lanes walking their (expert, unit) pairs, each unit's
+ * integer dot scaled by w_j; the warps' sums are added in order s (deterministic). */
 template <uint32_t WT>
 static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct moe_params p)
 {
-    extern __shared__ __align__(16) uint8_t moe_smem[];
-    __shared__ const float *src[64];
-    __shared__ const uint8_t *base[64]; /* expert j's down matrix, NULL for an invalid id */
-    __shared__ float wj[64];
+    __shared__ float part[MOE_WARPS];
+    __shared__ int badw[MOE_WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.x;
-    int8_t *hq = (int8_t *)moe_smem;
-    float2 *hd = (float2 *)(moe_smem + (int64_t)p.k * p.n_ff);
-    for (int j = threadIdx.x; j < p.k; j += blockDim.x) {
-        const int e = p.ids[t * p.k + j];
-        src[j] = p.h + (int64_t)(t * p.k + j) * p.n_ff;
-        base[j] = e >= 0 && e < p.n_expert ? moe_expert(p.down, p.down_stride, p.down_ptrs, e)
-                                           : nullptr;
-        wj[j] = p.wts[t * p.k + j];
-    }
-    __syncthreads();
-    moe_q8_quantize(src, p.k, p.n_ff, hq, hd);
-    const int64_t nu = p.n_ff / 32, total = nu * p.k;
-    for (int i = 0; i < MOE_Q8_DN_ROWS / MOE_WARPS; i++) {
-        const int64_t r = (int64_t)blockIdx.y * MOE_Q8_DN_ROWS +
-                          warp * (MOE_Q8_DN_ROWS / MOE_WARPS) + i;
-        if (r >= p.n_embd)
-            break;
-        float acc = 0.0f;
-        bool bad = false;
+    const int sub = warp % MOE_Q8_DN_SPLIT, rl = warp / MOE_Q8_DN_SPLIT;
+    const int64_t r = (int64_t)blockIdx.y * MOE_Q8_DN_ROWS + rl;
+    const int64_t nu = p.n_ff / 32;
+    const int nj = (p.k - sub + MOE_Q8_DN_SPLIT - 1) / MOE_Q8_DN_SPLIT; /* this warp's experts */
+    const int64_t total = nu * nj;
+    float acc = 0.0f;
+    bool bad = false;
+    if (r < p.n_embd) {
 #pragma unroll 2
         for (int64_t f = lane; f < total; f += 32) {
-            const int j = (int)(f / nu);
-            const int64_t u = f - j * nu;
-            if (!base[j]) {
+            const int jj = (int)(f / nu), j = sub + MOE_Q8_DN_SPLIT * jj;
+            const int64_t u = f - jj * nu, pr = (int64_t)t * p.k + j;
+            const int e = p.ids[pr];
+            if (e < 0 || e >= p.n_expert) {
                 bad = true;
                 continue;
             }
-            const float s = moe_q8_unit<WT>::dot(base[j] + r * p.down_row, u, hq + (int64_t)j * p.n_ff,
-                                                 hd + (int64_t)j * nu, 0.0f);
-            acc = fmaf(wj[j], s, acc);
+            const uint8_t *dr = moe_expert(p.down, p.down_stride, p.down_ptrs, e) + r * p.down_row;
+            const float s = moe_q8_unit<WT>::dot(dr, u, p.hq + pr * p.n_ff, p.hd + pr * nu, 0.0f);
+            acc = fmaf(p.wts[pr], s, acc);
         }
-        acc = cq_warp_sum(acc);
-        if (__any_sync(0xffffffffu, bad))
-            acc = NAN;
-        if (lane == 0)
-            p.out[(int64_t)t * p.out_stride + r] = acc;
+    }
+    acc = cq_warp_sum(acc);
+    bad = __any_sync(0xffffffffu, bad);
+    if (lane == 0) {
+        part[warp] = acc;
+        badw[warp] = bad;
+    }
+    __syncthreads();
+    if (threadIdx.x < MOE_Q8_DN_ROWS) {
+        const int64_t rr = (int64_t)blockIdx.y * MOE_Q8_DN_ROWS + threadIdx.x;
+        float s = 0.0f;
+        int anybad = 0;
+        for (int i = 0; i < MOE_Q8_DN_SPLIT; i++) {
+            s = __fadd_rn(s, part[threadIdx.x * MOE_Q8_DN_SPLIT + i]);
+            anybad |= badw[threadIdx.x * MOE_Q8_DN_SPLIT + i];
+        }
+        if (rr < p.n_embd)
+            p.out[(int64_t)t * p.out_stride + rr] = anybad ? NAN : s;
     }
 }
 
@@ -1062,7 +1079,7 @@ static __global__ void __launch_bounds__(MOE_SORT_THREADS) k_moe_sort(struct moe
 
 /* Scratch layout: each array starts on a 256-byte boundary. */
 struct moe_layout {
-    size_t h, y, cnt, off, sorted, tile_e, tile_b, tile_n, n_tiles, total;
+    size_t h, hq, hd, y, cnt, off, sorted, tile_e, tile_b, tile_n, n_tiles, total;
     int max_tiles;
 };
 
@@ -1090,6 +1107,8 @@ static void moe_layout_make(int n_tok, int k, int n_expert, int64_t n_embd, int6
      * bounds both choices */
     l->max_tiles = (int)(moe_cdiv((int64_t)pairs, MOE_TILE_SMALL) + (pairs < bins ? pairs : bins));
     l->h = moe_take(&at, sizeof(float) * pairs * n_ff);
+    l->hq = moe_take(&at, pairs * n_ff);
+    l->hd = moe_take(&at, sizeof(float) * 2 * pairs * (n_ff / 32 + 1));
     l->y = moe_take(&at, sizeof(float) * pairs * n_embd);
     l->cnt = moe_take(&at, sizeof(int32_t) * MOE_SORT_THREADS * bins);
     l->off = moe_take(&at, sizeof(int32_t) * (bins + 1));
@@ -1133,16 +1152,13 @@ static bool moe_weight_ok(const void *base, uint64_t stride, const void *const *
     return base && stride >= rb * (uint64_t)n_rows && stride % al == 0 && moe_aligned(base, al);
 }
 
-/* Whether the 8-bit direct kernels serve these weights: Q4_K/Q6_K, rows of whole 256-element
- * blocks, the activation codes within the default shared memory (k <= 64 for down). */
-static bool moe_q8_gate_up_ok(const struct moe_params &p, uint32_t type)
+/* Whether the direct path runs on 8-bit codes: gate/up and down Q4_K or Q6_K (rows of whole
+ * 256-element blocks), the activation codes within the default shared memory. p.hq is set
+ * exactly then. */
+static bool moe_q8_ok(uint32_t gate_type, uint32_t down_type, int64_t n_embd)
 {
-    return moe_q8_type(type) && moe_q8_bytes(1, p.n_embd) <= MOE_Q8_MAX_SMEM;
-}
-
-static bool moe_q8_down_ok(const struct moe_params &p, uint32_t type)
-{
-    return moe_q8_type(type) && p.k <= 64 && moe_q8_bytes(p.k, p.n_ff) <= MOE_Q8_MAX_SMEM;
+    return moe_q8_type(gate_type) && moe_q8_type(down_type) &&
+           moe_q8_bytes(1, n_embd) <= MOE_Q8_MAX_SMEM;
 }
 
 template <uint32_t WT>
@@ -1152,9 +1168,9 @@ static void moe_launch_gate_up(const struct moe_params &p, bool grouped, unsigne
     dim3 grid(items, (unsigned)moe_cdiv(p.n_ff, MOE_WARPS));
     const uint64_t smem = MOE_WARPS * 2 * moe_stage_bytes(p.gate_row);
     if constexpr (moe_q8_type(WT)) {
-        if (!grouped && moe_q8_gate_up_ok(p, WT)) {
+        if (!grouped && p.hq) {
             k_moe_gate_up_q8<WT><<<dim3(items, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS)),
-                                   MOE_WARPS * 32, moe_q8_bytes(1, p.n_embd), s>>>(p);
+                                   MOE_Q8_GU_WARPS * 32, moe_q8_bytes(1, p.n_embd), s>>>(p);
             return;
         }
     }
@@ -1202,9 +1218,9 @@ static void moe_launch_down(const struct moe_params &p, bool grouped, unsigned i
 {
     dim3 grid(items, (unsigned)moe_cdiv(p.n_embd, MOE_WARPS));
     if constexpr (moe_q8_type(WT)) {
-        if (!grouped && moe_q8_down_ok(p, WT)) {
+        if (!grouped && p.hq) {
             k_moe_down_q8<WT><<<dim3(items, (unsigned)moe_cdiv(p.n_embd, MOE_Q8_DN_ROWS)),
-                                MOE_WARPS * 32, moe_q8_bytes(p.k, p.n_ff), s>>>(p);
+                                MOE_WARPS * 32, 0, s>>>(p);
             return;
         }
     }
@@ -1297,6 +1313,10 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     p.up_row = cq_row_bytes(a->up_type, a->n_embd);
     p.down_row = cq_row_bytes(a->down_type, a->n_ff);
     p.h = (float *)(sc + l.h);
+    if (moe_q8_ok(a->gate_type, a->down_type, a->n_embd)) {
+        p.hq = (int8_t *)(sc + l.hq);
+        p.hd = (float2 *)(sc + l.hd);
+    }
     p.y = (float *)(sc + l.y);
     p.cnt = (int32_t *)(sc + l.cnt);
     p.off = (int32_t *)(sc + l.off);

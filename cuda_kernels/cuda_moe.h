@@ -7,15 +7,16 @@
  * Weights stay quantized and every path is deterministic (same inputs, same bits); the paths
  * differ in how they multiply (errors in docs/cuda-ops.md):
  *   direct  (few tokens, decode): one block per (pair, rows of gate/up) writes h; one per
- *           (token, down rows) sums its k experts in order j. Q4_K and Q6_K weights are dotted
- *           with 8-bit activation codes (one scale per 32 elements, integer dot products, as the
- *           CPU backend does); the other types as the grouped path does.
+ *           (token, down rows) sums its k experts. When gate/up and down are both Q4_K or Q6_K
+ *           the weights are dotted with 8-bit activation codes (x and h, one scale per 32
+ *           elements, integer dot products, as the CPU backend does); otherwise the direct path
+ *           performs the grouped path's float operations.
  *   grouped (many tokens): a one-block counting sort groups the (token, j) pairs by expert
  *           (stable: pairs keep their order), tiles of up to 16 pairs of one expert share every
  *           decoded weight (float activations, weights decoded exactly as quant_ref does, float
  *           FMAs in a fixed order), down results go per pair to scratch and a last kernel sums
- *           each token's k pairs in order j. The direct path on types other than Q4_K/Q6_K
- *           performs the same float operations, so the two agree bit for bit there.
+ *           each token's k pairs in order j. The direct path, where it is not 8-bit, agrees
+ *           with it bit for bit.
  *   mma     (prefill, CUDA_MOE_MMA_MIN_TOK tokens and more, not for F32 weights): the grouped
  *           path's sort, then tiles of up to 64 pairs of one expert against 64 gate + 64 up
  *           (or 128 down) rows on tensor cores: activations and decoded weights rounded to

@@ -6,7 +6,7 @@
  *   routing: ids equal the CPU's exactly (selection compares the same floats), weights 2e-6;
  *   vs the double reference: norm rel err <= 2e-5 and max err <= 1e-4 of max |ref| (float
  *     dot products with FMAs over exactly decoded weights), for the grouped path and for the
- *     direct path except on Q4_K/Q6_K weights, where it uses 8-bit activation codes: norm
+ *     direct path except on Q4_K/Q6_K gate/up and down, where it uses 8-bit codes: norm
  *     <= 3e-2, max <= 1e-1 (the CPU path's codes are 1-2% off);
  *   vs the CPU path: norm rel err <= 5e-2 (the CPU quantizes activations to Q8_0 / Q8_K; its
  *     own error against the double reference is printed next to it);
@@ -106,12 +106,12 @@ struct moe_case {
     int n_embd, n_ff, n_expert, k, n_tok;
 };
 
-/* Whether the direct path runs on 8-bit activation codes (cuda_moe.h): Q4_K or Q6_K gate/up or
+/* Whether the direct path runs on 8-bit activation codes (cuda_moe.h): Q4_K or Q6_K gate/up and
  * down weights. */
 static bool direct_q8(const struct moe_case *c)
 {
-    return c->gt == QUANT_Q4_K || c->gt == QUANT_Q6_K || c->dt == QUANT_Q4_K ||
-           c->dt == QUANT_Q6_K;
+    return (c->gt == QUANT_Q4_K || c->gt == QUANT_Q6_K) &&
+           (c->dt == QUANT_Q4_K || c->dt == QUANT_Q6_K);
 }
 
 /* Host and device copies of one layer's experts and inputs. */
@@ -478,6 +478,7 @@ int main(void)
         {QUANT_Q4_K, QUANT_Q6_K, 512, 256, 64, 8, 300},
         {QUANT_Q5_K, QUANT_Q8_0, 256, 512, 32, 4, 33},
         {QUANT_Q6_K, QUANT_Q5_K, 256, 512, 128, 8, 2},
+        {QUANT_Q6_K, QUANT_Q4_K, 256, 512, 32, 4, 3}, /* 8-bit direct path, the other types */
         {QUANT_Q8_0, QUANT_Q8_0, 352, 96, 8, 2, 1},     /* rows not a multiple of 256 */
         {QUANT_Q8_0, QUANT_Q8_0, 352, 96, 8, 2, 40},    /* large tiles */
         {QUANT_MXFP4, QUANT_MXFP4, 352, 160, 32, 4, 5}, /* gpt-oss experts */
