@@ -15,10 +15,18 @@
  * integers with a float scale per 32 elements (made by quantize_q8_kernel into the scratch),
  * and parts use dp4a; F32/F16/BF16 weights use the float activations and FMA.
  *
- * GEMM kernel (prefill: m large). A CTA computes a 64 x 128 tile of y with eight warps of
- * 32 x 32 WMMA BF16 fragments and float32 accumulators. Per 64-wide step of n_in it converts
- * the activation tile to BF16 and dequantizes the weight tile to float exactly as quant_ref
- * does (no FMA contraction) and rounds it to BF16, both into shared memory.
+ * GEMM kernel (prefill: m large). A CTA of eight warps computes a BM x BN tile of y (128 x 128,
+ * 64 x 128, 64 x 64 or 32 x 64, picked per call so that the grid fills the SMs) with
+ * mma.m16n8k16 BF16 fragments (ldmatrix loads) and float32 accumulators. The weight rows of the
+ * tile stream through a ring of three raw stages in shared memory (cp.async of the 16-byte
+ * granules covering 256 elements of each row, 128 for F16/BF16: whole blocks, any alignment,
+ * the same granule rules as MMV), so two stages are in flight while one is decoded. Each
+ * 64-wide step of n_in decodes its slice of the current stage exactly as quant_ref does (no
+ * FMA contraction) and rounds it to BF16, stores the activations loaded (float4 where the row
+ * is 16-byte aligned) during the previous step as BF16, starts loading the next step's, and
+ * runs the MMAs; the BF16 step tiles are double-buffered, one barrier per step. Every output is
+ * the same float sum in the same k order whatever the tile, so the tile choice never changes
+ * the bits.
  *
  * No kernel keeps state between launches; no launch depends on the host seeing results.
  */
@@ -27,10 +35,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <errno.h>
 #include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -108,37 +116,13 @@ __device__ __forceinline__ void sm_words(const uint32_t *s, uint32_t off, uint32
     }
 }
 
-/* NW little-endian 32-bit words from global memory at p, any alignment, with the widest loads
- * the address allows. */
-template <int NW> __device__ __forceinline__ void ld_words(const uint8_t *p, uint32_t *w)
+/* (float)(byte t of the little-endian word array w) - bias, exactly (bias an integer in 0..255):
+ * the byte is placed in the mantissa of 2^23 (one byte permute) and 2^23 + bias subtracted, two
+ * full-rate instructions instead of a quarter-rate int-to-float conversion. */
+__device__ __forceinline__ float byte_f32(const uint32_t *w, int t, float bias)
 {
-    const uintptr_t a = (uintptr_t)p;
-    if ((a & 3) == 0) {
-#pragma unroll
-        for (int k = 0; k < NW; k++)
-            w[k] = __ldg((const unsigned int *)p + k);
-    } else if ((a & 1) == 0) {
-#pragma unroll
-        for (int k = 0; k < NW; k++)
-            w[k] = (uint32_t)__ldg((const unsigned short *)p + 2 * k) |
-                   (uint32_t)__ldg((const unsigned short *)p + 2 * k + 1) << 16;
-    } else {
-#pragma unroll
-        for (int k = 0; k < NW; k++)
-            w[k] = (uint32_t)__ldg(p + 4 * k) | (uint32_t)__ldg(p + 4 * k + 1) << 8 |
-                   (uint32_t)__ldg(p + 4 * k + 2) << 16 | (uint32_t)__ldg(p + 4 * k + 3) << 24;
-    }
-}
-
-__device__ __forceinline__ uint32_t ld_u16(const uint8_t *p)
-{
-    return (uint32_t)__ldg(p) | (uint32_t)__ldg(p + 1) << 8;
-}
-
-/* Byte t (compile-time after unrolling) of a little-endian word array. */
-__device__ __forceinline__ uint32_t word_byte(const uint32_t *w, int t)
-{
-    return (w[t >> 2] >> (8 * (t & 3))) & 0xFF;
+    const uint32_t f = __byte_perm(w[t >> 2], 0x4B00u, 0x5440u | (uint32_t)(t & 3));
+    return __uint_as_float(f) - (8388608.0f + bias);
 }
 
 /* 6-bit scale and min of sub-block j (0..7) of Q4_K/Q5_K from the 12 scale bytes held in
@@ -185,35 +169,46 @@ template <int N> __device__ __forceinline__ void cp_async_wait()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+/* Copies the aligned 16-byte granule at src of a weight matrix that spans [lo, hi) to dst: by
+ * cp.async when it lies wholly inside the matrix (the caller commits and waits), else byte by
+ * byte, inside bytes only (plain shared stores, visible after the caller's barrier). */
+__device__ __forceinline__ void granule_copy(uint8_t *dst, uintptr_t src, uintptr_t lo,
+                                             uintptr_t hi)
+{
+    if (src >= lo && src + 16 <= hi) {
+        cp_async16(dst, (const void *)src);
+    } else {
+        for (int b = 0; b < 16; b++)
+            if (src + b >= lo && src + b < hi)
+                dst[b] = *(const uint8_t *)(src + b);
+    }
+}
+
 /* Copies the bytes [g0, g1) of a weight matrix that spans [lo, hi) into buf: 16-byte granule k
- * of buf holds the bytes at (g0 & ~15) + 16k, so byte g0 lands at offset g0 & 15. Granules
- * wholly inside the matrix go by cp.async (the caller commits and waits); the ones that
- * straddle its ends are copied byte by byte, inside bytes only. Called by all lanes of a warp. */
+ * of buf holds the bytes at (g0 & ~15) + 16k, so byte g0 lands at offset g0 & 15 (granule_copy
+ * for each). Called by all lanes of a warp. */
 __device__ void tile_stage(uint32_t *buf, const uint8_t *g0, const uint8_t *g1, uintptr_t lo,
                            uintptr_t hi, int lane)
 {
     const uintptr_t a0 = (uintptr_t)g0 & ~(uintptr_t)15;
     const uintptr_t a1 = ((uintptr_t)g1 + 15) & ~(uintptr_t)15;
     const int n = (int)((a1 - a0) >> 4);
-    for (int k = lane; k < n; k += WARP) {
-        const uintptr_t src = a0 + 16 * (uintptr_t)k;
-        uint8_t *dst = (uint8_t *)buf + 16 * k;
-        if (src >= lo && src + 16 <= hi) {
-            cp_async16(dst, (const void *)src);
-        } else {
-            for (int b = 0; b < 16; b++)
-                if (src + b >= lo && src + b < hi)
-                    dst[b] = *(const uint8_t *)(src + b);
-        }
-    }
+    for (int k = lane; k < n; k += WARP)
+        granule_copy((uint8_t *)buf + 16 * k, a0 + 16 * (uintptr_t)k, lo, hi);
 }
 
 /* ---- weight formats ----------------------------------------------------------------------
  * Each format gives: QK (elements per block; for F32/F16/BF16 a 32-element staging unit), BS
  * (its bytes), PARTS (lanes' work units per block), TB (blocks per MMV tile), FLOAT_X (MMV
  * uses float activations), dot<M>() (one part of one block staged in shared memory at byte
- * offset off, against the chunk's activation rows), and dequant8() (elements k..k+7 of a
- * row in global memory, k a multiple of 8, as quant_ref decodes them; zero past n_in). */
+ * offset off, against the chunk's activation rows), and dequant8() (GEMM: elements k..k+7 of
+ * one row's stage in shared memory, as quant_ref decodes them, see below). */
+
+/* dequant8(s, base, k, n_left, v): the stage of a weight row starts at byte offset base of the
+ * shared buffer s with the first element of a block, k (a multiple of 8) counts elements from
+ * there, n_left is the number of elements from there to the end of the row (only the float
+ * types need it: they zero the elements past it; quantized callers never pass a k >= n_left).
+ * The values are quant_ref's, computed with the same operations in the same order. */
 
 /* The activation rows of one MMV chunk. */
 template <int M> struct mmv_rows {
@@ -248,18 +243,19 @@ struct fmt_q8_0 {
         }
     }
 
-    static __device__ __forceinline__ void dequant8(const uint8_t *row, int64_t k, int64_t n_in,
-                                                    float *v)
+    static __device__ __forceinline__ void dequant8(const uint32_t *s, uint32_t base, int k,
+                                                    int n_left, float *v)
     {
-        (void)n_in;
-        const uint8_t *b = row + (k / QK) * BS;
-        const int o = (int)(k % QK);
-        const float d = f16_bits_f32(ld_u16(b));
+        (void)n_left;
+        const uint32_t b = base + (uint32_t)(k / QK) * BS;
+        const int o = k % QK;
+        const float d = f16_bits_f32(sm_word(s, b));
         uint32_t w[2];
-        ld_words<2>(b + 2 + o, w);
+        sm_words<2>(s, b + 2 + o, w);
+        w[0] ^= 0x80808080u, w[1] ^= 0x80808080u; /* int8 q -> q + 128 */
 #pragma unroll
         for (int t = 0; t < 8; t++)
-            v[t] = (float)(int8_t)word_byte(w, t) * d;
+            v[t] = byte_f32(w, t, 128.0f) * d; /* (float)q * d */
     }
 };
 
@@ -291,19 +287,20 @@ struct fmt_q4_0 {
         }
     }
 
-    static __device__ __forceinline__ void dequant8(const uint8_t *row, int64_t k, int64_t n_in,
-                                                    float *v)
+    static __device__ __forceinline__ void dequant8(const uint32_t *s, uint32_t base, int k,
+                                                    int n_left, float *v)
     {
-        (void)n_in;
-        const uint8_t *b = row + (k / QK) * BS;
-        const int o = (int)(k % QK);
-        const float d = f16_bits_f32(ld_u16(b));
+        (void)n_left;
+        const uint32_t b = base + (uint32_t)(k / QK) * BS;
+        const int o = k % QK;
+        const float d = f16_bits_f32(sm_word(s, b));
         uint32_t w[2];
-        ld_words<2>(b + 2 + (o & 15), w);
+        sm_words<2>(s, b + 2 + (o & 15), w);
         const int shift = o < 16 ? 0 : 4;
+        w[0] = (w[0] >> shift) & 0x0F0F0F0Fu, w[1] = (w[1] >> shift) & 0x0F0F0F0Fu;
 #pragma unroll
         for (int t = 0; t < 8; t++)
-            v[t] = d * (float)((int)((word_byte(w, t) >> shift) & 0xF) - 8);
+            v[t] = d * byte_f32(w, t, 8.0f); /* d * (float)(q - 8) */
     }
 };
 
@@ -346,22 +343,30 @@ struct fmt_mxfp4 {
         }
     }
 
-    static __device__ __forceinline__ void dequant8(const uint8_t *row, int64_t k, int64_t n_in,
-                                                    float *v)
+    static __device__ __forceinline__ void dequant8(const uint32_t *s, uint32_t base, int k,
+                                                    int n_left, float *v)
     {
-        (void)n_in;
-        const uint8_t *b = row + (k / QK) * BS;
-        const int o = (int)(k % QK);
-        const float d = mxfp4_half_scale(__ldg(b));
+        (void)n_left;
+        const uint32_t b = base + (uint32_t)(k / QK) * BS;
+        const int o = k % QK;
+        const float d = mxfp4_half_scale(sm_word(s, b) & 0xFF);
         uint32_t w[2];
-        ld_words<2>(b + 1 + (o & 15), w);
+        sm_words<2>(s, b + 1 + (o & 15), w);
         const int shift = o < 16 ? 0 : 4;
+        uint32_t q[2]; /* 128 + the signed doubled E2M1 value (-12 .. 12), one byte each */
 #pragma unroll
-        for (int t = 0; t < 8; t++) {
-            const uint32_t code = (word_byte(w, t) >> shift) & 0xF;
-            const int mag = (int)(__byte_perm(0x03020100u, 0x0C080604u, code & 7) & 0xFF);
-            v[t] = d * (float)((code & 8) ? -mag : mag);
+        for (int i = 0; i < 2; i++) {
+            /* a selector nibble per code: codes 0, 1 (then 2, 3) land in bytes 0 and 2 */
+            const uint32_t c = (w[i] >> shift) & 0x07070707u;
+            const uint32_t lo = __byte_perm(0x03020100u, 0x0C080604u, c);
+            const uint32_t hi = __byte_perm(0x03020100u, 0x0C080604u, c >> 16);
+            const uint32_t mag = __byte_perm(lo, hi, 0x6420u); /* 0 1 2 3 4 6 8 12 */
+            const uint32_t neg = ((w[i] >> shift) >> 3 & 0x01010101u) * 0xFFu;
+            q[i] = 0x80808080u + (mag & ~neg) - (mag & neg); /* no byte carries or borrows */
         }
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+            v[t] = d * byte_f32(q, t, 128.0f); /* d * (float)(code & 8 ? -mag : mag) */
     }
 };
 
@@ -416,30 +421,30 @@ template <bool Q5> struct fmt_qk45 {
         }
     }
 
-    static __device__ __forceinline__ void dequant8(const uint8_t *row, int64_t k, int64_t n_in,
-                                                    float *v)
+    static __device__ __forceinline__ void dequant8(const uint32_t *s, uint32_t base, int k,
+                                                    int n_left, float *v)
     {
-        (void)n_in;
-        const uint8_t *b = row + (k / QK) * BS;
-        const int o = (int)(k % QK), j = o / 32, l0 = o % 32;
+        (void)n_left;
+        const uint32_t b = base + (uint32_t)(k / QK) * BS;
+        const int o = k % QK, j = o / 32, l0 = o % 32;
         uint32_t hd[4], qs[2];
-        ld_words<4>(b, hd); /* d, dmin, scales[12] */
+        sm_words<4>(s, b, hd); /* d, dmin, scales[12] */
         const float d = f16_bits_f32(hd[0]), dmin = f16_bits_f32(hd[0] >> 16);
         int sc, m;
         k4_scale_min(hd + 1, j, &sc, &m);
         const float dl = __fmul_rn(d, (float)sc), ml = __fmul_rn(dmin, (float)m);
-        ld_words<2>(b + QS + 32 * (j / 2) + l0, qs);
+        sm_words<2>(s, b + QS + 32 * (j / 2) + l0, qs);
         const int shift = 4 * (j & 1);
-        uint32_t qh[2] = {0, 0};
-        if constexpr (Q5)
-            ld_words<2>(b + 16 + l0, qh);
-#pragma unroll
-        for (int t = 0; t < 8; t++) {
-            uint32_t q = (word_byte(qs, t) >> shift) & 0xF;
-            if constexpr (Q5)
-                q |= ((word_byte(qh, t) >> j) & 1) << 4;
-            v[t] = __fsub_rn(__fmul_rn(dl, (float)q), ml);
+        uint32_t q[2] = {(qs[0] >> shift) & 0x0F0F0F0Fu, (qs[1] >> shift) & 0x0F0F0F0Fu};
+        if constexpr (Q5) {
+            uint32_t qh[2];
+            sm_words<2>(s, b + 16 + l0, qh);
+            q[0] |= ((qh[0] >> j) & 0x01010101u) << 4;
+            q[1] |= ((qh[1] >> j) & 0x01010101u) << 4;
         }
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+            v[t] = __fsub_rn(__fmul_rn(dl, byte_f32(q, t, 0.0f)), ml);
     }
 };
 
@@ -501,24 +506,25 @@ struct fmt_q6_k {
         }
     }
 
-    static __device__ __forceinline__ void dequant8(const uint8_t *row, int64_t k, int64_t n_in,
-                                                    float *v)
+    static __device__ __forceinline__ void dequant8(const uint32_t *s, uint32_t base, int k,
+                                                    int n_left, float *v)
     {
-        (void)n_in;
-        const uint8_t *b = row + (k / QK) * BS;
-        const int o = (int)(k % QK), h = o / 128, g = (o / 32) % 4, l0 = o % 32;
+        (void)n_left;
+        const uint32_t b = base + (uint32_t)(k / QK) * BS;
+        const int o = k % QK, h = o / 128, g = (o / 32) % 4, l0 = o % 32;
         uint32_t ql[2], qh[2];
-        ld_words<2>(b + 64 * h + 32 * (g % 2) + l0, ql);
-        ld_words<2>(b + 128 + 32 * h + l0, qh);
-        const float d = f16_bits_f32(ld_u16(b + 208));
-        const float dl = __fmul_rn(d, (float)(int8_t)__ldg(b + 192 + o / 16));
+        sm_words<2>(s, b + 64 * h + 32 * (g % 2) + l0, ql);
+        sm_words<2>(s, b + 128 + 32 * h + l0, qh);
+        const float d = f16_bits_f32(sm_word(s, b + 208));
+        const float dl = __fmul_rn(d, (float)(int8_t)(sm_word(s, b + 192 + o / 16) & 0xFF));
         const int shift = 4 * (g / 2);
+        uint32_t q[2]; /* low 4 bits | high 2 bits << 4, per byte */
 #pragma unroll
-        for (int t = 0; t < 8; t++) {
-            const int low = (int)((word_byte(ql, t) >> shift) & 0xF);
-            const int high = (int)((word_byte(qh, t) >> (2 * g)) & 3);
-            v[t] = __fmul_rn(dl, (float)((low | high << 4) - 32));
-        }
+        for (int i = 0; i < 2; i++)
+            q[i] = ((ql[i] >> shift) & 0x0F0F0F0Fu) | (((qh[i] >> (2 * g)) & 0x03030303u) << 4);
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+            v[t] = __fmul_rn(dl, byte_f32(q, t, 32.0f)); /* dl * (float)(q - 32) */
     }
 };
 
@@ -587,13 +593,13 @@ template <uint32_t T> struct fmt_float {
         mmv_float_dot<M>(wf, e, r, acc);
     }
 
-    static __device__ __forceinline__ void dequant8(const uint8_t *row, int64_t k, int64_t n_in,
-                                                    float *v)
+    static __device__ __forceinline__ void dequant8(const uint32_t *s, uint32_t base, int k,
+                                                    int n_left, float *v)
     {
-        const uint8_t *p = row + k * ES;
-        if (k + 8 <= n_in) {
+        const uint32_t p = base + (uint32_t)k * ES;
+        if (k + 8 <= n_left) {
             uint32_t w[2 * ES];
-            ld_words<2 * ES>(p, w);
+            sm_words<2 * ES>(s, p, w);
 #pragma unroll
             for (int i = 0; i < 8; i++)
                 v[i] = elem(w, i);
@@ -602,14 +608,8 @@ template <uint32_t T> struct fmt_float {
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             v[i] = 0.0f;
-            if (k + i < n_in) {
-                uint32_t bits;
-                if constexpr (ES == 4)
-                    ld_words<1>(p + 4 * i, &bits);
-                else
-                    bits = ld_u16(p + 2 * i);
-                v[i] = from_bits(bits);
-            }
+            if (k + i < n_left)
+                v[i] = from_bits(sm_word(s, p + (uint32_t)(ES * i))); /* from_bits masks */
         }
     }
 };
@@ -780,120 +780,311 @@ __global__ void __launch_bounds__(Q8_WARPS *WARP) quantize_q8_kernel(const q8_pa
 
 /* ---- GEMM -------------------------------------------------------------------------------- */
 
-constexpr int GBM = 64, GBN = 128, GBK = 64, GLD = GBK + 8; /* GLD: padded smem row */
-constexpr int GTHREADS = 256;
+constexpr int GTHREADS = 256; /* 8 warps per CTA, for every tile shape */
+constexpr int GWARPS = GTHREADS / WARP;
+constexpr int GBK = 64;      /* elements of n_in per MMA step */
+constexpr int GLD = GBK + 8; /* bf16 row of a step tile, padded to 144 bytes: the 8 rows one
+                              * ldmatrix reads fall on distinct banks */
+
+/* The output tile of a CTA: BM rows of x by BN rows of W. The 8 warps form a WARPS_M x WARPS_N
+ * grid, each owning WTM x WTN outputs as FM x FN fragments of mma.m16n8k16. NS raw weight
+ * stages are in the shared ring; MINB is the CTAs per SM the registers are budgeted for. Per
+ * step a thread loads XI float4 of activations and decodes WI groups of 8 weights. */
+template <int BM_, int BN_, int WARPS_M_, int NS_, int MINB_> struct gemm_tile {
+    static constexpr int BM = BM_, BN = BN_, NS = NS_, MINB = MINB_;
+    static constexpr int WARPS_M = WARPS_M_, WARPS_N = GWARPS / WARPS_M_;
+    static constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N, FM = WTM / 16, FN = WTN / 8;
+    static constexpr int XI = BM * (GBK / 4) / GTHREADS;
+    static constexpr int WI = BN * (GBK / 8) / GTHREADS;
+    static_assert(WTM % 16 == 0 && WTN % 16 == 0 && XI >= 1 && WI >= 1 && NS >= 2, "tile");
+};
+using gemm_tile_128x128 = gemm_tile<128, 128, 2, 3, 1>; /* warps 64 x 32 */
+using gemm_tile_64x128 = gemm_tile<64, 128, 2, 3, 1>;   /* warps 32 x 32 */
+using gemm_tile_64x64 = gemm_tile<64, 64, 2, 3, 2>;     /* warps 32 x 16 */
+using gemm_tile_32x64 = gemm_tile<32, 64, 2, 3, 2>;     /* warps 16 x 16 */
+
+/* The raw stage of a format: GK elements of every row of the tile (whole blocks: one K-quant
+ * block, 8 blocks of 32, 128 float elements), SB bytes of a row when full, RB bytes of a row's
+ * slot (the 16-byte granules covering SB bytes at any alignment, plus the word sm_words reads
+ * past the last byte), NG granules per slot. */
+template <typename F> struct gemm_stage {
+    static constexpr int GK = F::FLOAT_X ? 128 : 256;
+    static constexpr int SUB = GK / GBK; /* MMA steps per stage */
+    static constexpr int SB = GK / F::QK * F::BS;
+    static constexpr int RB = (SB + 15 + 8 + 15) / 16 * 16;
+    static constexpr int NG = RB / 16;
+    static_assert(GK % F::QK == 0 && GK % GBK == 0, "stage");
+};
+
+/* Dynamic shared memory of gemm_kernel<F, T>: the raw ring, then two bf16 step tiles of x and
+ * two of W (128-byte aligned). */
+template <typename F, typename T>
+constexpr size_t gemm_raw_bytes = ((size_t)T::NS * T::BN * gemm_stage<F>::RB + 127) / 128 * 128;
+template <typename F, typename T>
+constexpr size_t gemm_smem_bytes = gemm_raw_bytes<F, T> +
+                                   (size_t)2 * (T::BM + T::BN) * GLD * sizeof(__nv_bfloat16);
 
 struct gemm_params {
     const uint8_t *w; /* (n_out rows of w_stride bytes) */
     size_t w_stride;
+    size_t row_bytes;     /* bytes of the n_in elements of a row */
+    uintptr_t w_lo, w_hi; /* the matrix bytes: [w, w + (n_out-1)*w_stride + row_bytes) */
     int64_t n_in, n_out;
     int m;
-    const float *x; /* (rows of x_stride) */
+    const float *x; /* (rows of x_stride), 4-byte aligned */
     int64_t x_stride;
     const int32_t *x_rows; /* (m) or NULL */
     float *y;              /* (m rows of y_stride) */
     int64_t y_stride;
 };
 
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi)
+{
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *(const uint32_t *)&h;
+}
+
 /* Eight consecutive bf16 values as 16 bytes (for one 16-byte shared store). */
 __device__ __forceinline__ uint4 pack_bf16x8(const float *v)
 {
-    uint32_t u[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-        u[i] = *(const uint32_t *)&h;
-    }
-    return make_uint4(u[0], u[1], u[2], u[3]);
+    return make_uint4(bf16x2_bits(v[0], v[1]), bf16x2_bits(v[2], v[3]), bf16x2_bits(v[4], v[5]),
+                      bf16x2_bits(v[6], v[7]));
 }
 
-/* y tile (m0.., n0..) of 64 x 128; warp w computes rows 32(w/4).. and columns 32(w%4).. */
-template <typename F> __global__ void __launch_bounds__(GTHREADS) gemm_kernel(const gemm_params p)
+/* The four 8 x 8 b16 matrices whose rows lanes 0-7, 8-15, 16-23 and 24-31 point at (16-byte
+ * aligned shared addresses); r[i] is lane's (row lane/4, columns 2(lane%4), +1) of matrix i. */
+__device__ __forceinline__ void ldmatrix_x4(uint32_t *r, const void *row)
 {
-    using namespace nvcuda;
-    __shared__ __align__(32) __nv_bfloat16 as[GBM][GLD]; /* activations (m, k) */
-    __shared__ __align__(32) __nv_bfloat16 bs[GBN][GLD]; /* weights (n, k): W^T col-major */
-    __shared__ __align__(32) float cs[GTHREADS / WARP][16 * 16];
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
 
-    const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
-    const int wm = warp / 4, wn = warp % 4;
-    const int64_t n0 = (int64_t)blockIdx.x * GBN;
-    const int m0 = blockIdx.y * GBM;
+/* c (16 x 8, float) += a (16 x 16, bf16, row-major) b (16 x 8, bf16, column-major), in the PTX
+ * fragment layouts of mma.m16n8k16. */
+__device__ __forceinline__ void mma_bf16_16816(float *c, const uint32_t *a, const uint32_t *b)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
 
-    /* activation rows this thread loads: 2 groups of 8 (rows tid/8 and 32 + tid/8) */
-    const float *xrow[2];
+/* Starts the copy of raw stage s (elements s*GK ..) of the BN weight rows n0.. into dst: row
+ * r's bytes [s*SB, min((s+1)*SB, row_bytes)) go to slot r (dst + r*RB), the byte at address A
+ * to offset A - ((row + s*SB) & ~15) (granule_copy). Rows past n_out are left alone. */
+template <typename F, typename T>
+__device__ __forceinline__ void gemm_stage_w(uint8_t *dst, const gemm_params &p, int64_t n0, int s,
+                                             int tid)
+{
+    using S = gemm_stage<F>;
+    constexpr int N = T::BN * S::NG;
+    const size_t sb = (size_t)s * S::SB;
+    const size_t se = sb + S::SB < p.row_bytes ? sb + S::SB : p.row_bytes;
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int rr = m0 + (tid + GTHREADS * i) / 8;
-        xrow[i] = nullptr;
-        if (rr < p.m)
-            xrow[i] = p.x + (p.x_rows ? (int64_t)__ldg(p.x_rows + rr) : (int64_t)rr) * p.x_stride;
+    for (int i = 0; i < (N + GTHREADS - 1) / GTHREADS; i++) {
+        const int q = tid + GTHREADS * i, r = q / S::NG, k = q % S::NG;
+        if (q >= N || n0 + r >= p.n_out)
+            continue;
+        const uintptr_t row = (uintptr_t)p.w + (uintptr_t)(n0 + r) * p.w_stride;
+        const uintptr_t src = ((row + sb) & ~(uintptr_t)15) + 16 * (uintptr_t)k;
+        if (src < row + se)
+            granule_copy(dst + r * S::RB + 16 * k, src, p.w_lo, p.w_hi);
     }
+}
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+/* Issues the loads of this thread's activations of the step at k0: XI float4 of rows
+ * tid/16 + 16i, elements k0 + 4(tid%16) .. +3; zero past n_in and for rows past m (null).
+ * Rows whose address is not 16-byte aligned (any x_stride is allowed) load floats. */
+template <typename T>
+__device__ __forceinline__ void gemm_load_x(const float *const *xr, int64_t k0, int64_t n_in,
+                                            float4 *xv, int tid)
+{
+    const int64_t k = k0 + 4 * (tid % 16);
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < T::XI; i++) {
+        const float *r = xr[i];
+        if (r && k + 4 <= n_in && ((uintptr_t)r & 15) == 0) {
+            xv[i] = __ldg((const float4 *)(r + k));
+        } else {
+            float t[4];
 #pragma unroll
-        for (int j = 0; j < 2; j++)
-            wmma::fill_fragment(acc[i][j], 0.0f);
+            for (int e = 0; e < 4; e++)
+                t[e] = r && k + e < n_in ? __ldg(r + k + e) : 0.0f;
+            xv[i] = make_float4(t[0], t[1], t[2], t[3]);
+        }
+    }
+}
 
-    for (int64_t k0 = 0; k0 < p.n_in; k0 += GBK) {
+/* The activations loaded by gemm_load_x, rounded to bf16, into the step tile as (BM x GLD). */
+template <typename T>
+__device__ __forceinline__ void gemm_store_x(__nv_bfloat16 *as, const float4 *xv, int tid)
+{
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int g = tid + GTHREADS * i, rr = g / 8, c = (g % 8) * 8;
-            float v[8];
+    for (int i = 0; i < T::XI; i++) {
+        const int r = tid / 16 + 16 * i, c = 4 * (tid % 16);
+        *(uint2 *)&as[r * GLD + c] =
+            make_uint2(bf16x2_bits(xv[i].x, xv[i].y), bf16x2_bits(xv[i].z, xv[i].w));
+    }
+}
+
+/* Decodes step j of raw stage s (slots in raw) into the step tile bs (BN x GLD): this thread's
+ * WI groups of 8 weights, rows tid/8 + 32i, elements 8(tid%8) ..; zero past n_in and for rows
+ * past n_out. wsh[i]: the row's address & 15. */
+template <typename F, typename T>
+__device__ __forceinline__ void gemm_decode_w(__nv_bfloat16 *bs, const uint8_t *raw,
+                                              const uint32_t *wsh, const gemm_params &p, int64_t n0,
+                                              int s, int j, int tid)
+{
+    using S = gemm_stage<F>;
+    const int64_t k0 = (int64_t)s * S::GK; /* first element of the stage */
+    const int n_left = (int)(p.n_in - k0);
+    const int kl = j * GBK + 8 * (tid % 8); /* element within the stage */
+#pragma unroll
+    for (int i = 0; i < T::WI; i++) {
+        const int r = tid / 8 + 32 * i;
+        float v[8];
+        if (n0 + r < p.n_out && kl < n_left) {
+            const uint32_t base = (wsh[i] + (uint32_t)s * (uint32_t)S::SB) & 15;
+            F::dequant8((const uint32_t *)(raw + r * S::RB), base, kl, n_left, v);
+        } else {
 #pragma unroll
             for (int t = 0; t < 8; t++)
-                v[t] = xrow[i] && k0 + c + t < p.n_in ? __ldg(xrow[i] + k0 + c + t) : 0.0f;
-            *(uint4 *)&as[rr][c] = pack_bf16x8(v);
+                v[t] = 0.0f;
         }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int g = tid + GTHREADS * i, rr = g / 8, c = (g % 8) * 8;
-            float v[8];
-            const int64_t wr = n0 + rr;
-            if (wr < p.n_out && k0 + c < p.n_in) {
-                F::dequant8(p.w + wr * p.w_stride, k0 + c, p.n_in, v);
-            } else {
-#pragma unroll
-                for (int t = 0; t < 8; t++)
-                    v[t] = 0.0f;
-            }
-            *(uint4 *)&bs[rr][c] = pack_bf16x8(v);
-        }
-        __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < GBK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-                wmma::load_matrix_sync(fa[i], &as[wm * 32 + 16 * i][kk], GLD);
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-                wmma::load_matrix_sync(fb[j], &bs[wn * 32 + 16 * j][kk], GLD);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-                    wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-        }
-        __syncthreads();
+        *(uint4 *)&bs[r * GLD + kl - j * GBK] = pack_bf16x8(v);
     }
+}
 
+/* acc += the warp's block of as (BM x GLD) times bs (BN x GLD) transposed over one step. The A
+ * fragment of rows 16mi.. comes from one ldmatrix (lanes 0-15 rows at column 0, 16-31 at
+ * column 8); the B fragments of columns 16q.. (two n8 fragments) from another (lanes 0-7 and
+ * 8-15 rows 16q.. at columns 0 and 8, lanes 16-31 the same for rows 16q + 8..). */
+template <typename T>
+__device__ __forceinline__ void gemm_mma(const __nv_bfloat16 *as, const __nv_bfloat16 *bs,
+                                         float (&acc)[T::FM][T::FN][4], int wm, int wn, int lane)
+{
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int kk = 0; kk < GBK; kk += 16) {
+        uint32_t a[T::FM][4], b[T::FN][2];
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            wmma::store_matrix_sync(cs[warp], acc[i][j], 16, wmma::mem_row_major);
-            __syncwarp();
-            for (int e = lane; e < 256; e += WARP) {
-                const int64_t yr = m0 + wm * 32 + 16 * i + e / 16;
-                const int64_t yc = n0 + wn * 32 + 16 * j + e % 16;
-                if (yr < p.m && yc < p.n_out)
-                    p.y[yr * p.y_stride + yc] = cs[warp][e];
+        for (int mi = 0; mi < T::FM; mi++)
+            ldmatrix_x4(a[mi],
+                        as + (wm * T::WTM + 16 * mi + lane % 16) * GLD + kk + 8 * (lane / 16));
+#pragma unroll
+        for (int q = 0; q < T::FN / 2; q++) {
+            uint32_t r[4];
+            ldmatrix_x4(r, bs + (wn * T::WTN + 16 * q + 8 * (lane / 16) + lane % 8) * GLD + kk +
+                               8 * ((lane / 8) % 2));
+            b[2 * q][0] = r[0], b[2 * q][1] = r[1];
+            b[2 * q + 1][0] = r[2], b[2 * q + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int mi = 0; mi < T::FM; mi++)
+#pragma unroll
+            for (int ni = 0; ni < T::FN; ni++)
+                mma_bf16_16816(acc[mi][ni], a[mi], b[ni]);
+    }
+}
+
+/* y tile (m0 .. m0+BM, n0 .. n0+BN). Weights go through a ring of NS raw stages (cp.async of
+ * the row bytes, one stage = SUB steps of GBK elements); each step decodes its slice of the
+ * current stage to bf16, converts the activations loaded during the previous step, and runs
+ * the MMAs; the step tiles are double-buffered, so one barrier per step separates writing tile
+ * kb & 1 from reading it, and the writes of step kb + 2 from the reads of step kb. */
+template <typename F, typename T>
+__global__ void __launch_bounds__(GTHREADS, T::MINB) gemm_kernel(const gemm_params p)
+{
+    using S = gemm_stage<F>;
+    extern __shared__ __align__(128) uint8_t gemm_smem[];
+    uint8_t *raw = gemm_smem; /* NS stages of BN slots of RB bytes */
+    __nv_bfloat16 *as = (__nv_bfloat16 *)(gemm_smem + gemm_raw_bytes<F, T>); /* 2 x (BM, GLD) */
+    __nv_bfloat16 *bs = as + 2 * T::BM * GLD;                                /* 2 x (BN, GLD) */
+
+    const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
+    const int wm = warp / T::WARPS_N, wn = warp % T::WARPS_N;
+    const int64_t n0 = (int64_t)blockIdx.x * T::BN;
+    const int m0 = blockIdx.y * T::BM;
+    const int nsub = (int)((p.n_in + GBK - 1) / GBK);
+    const int nstage = (int)((p.n_in + S::GK - 1) / S::GK);
+
+    const float *xr[T::XI]; /* this thread's activation rows; null past m */
+#pragma unroll
+    for (int i = 0; i < T::XI; i++) {
+        const int rr = m0 + tid / 16 + 16 * i;
+        xr[i] = nullptr;
+        if (rr < p.m)
+            xr[i] = p.x + (p.x_rows ? (int64_t)__ldg(p.x_rows + rr) : (int64_t)rr) * p.x_stride;
+    }
+    uint32_t wsh[T::WI]; /* alignment of this thread's decode rows */
+#pragma unroll
+    for (int i = 0; i < T::WI; i++)
+        wsh[i] =
+            (uint32_t)(((uintptr_t)p.w + (uintptr_t)(n0 + tid / 8 + 32 * i) * p.w_stride) & 15);
+
+    float acc[T::FM][T::FN][4];
+#pragma unroll
+    for (int mi = 0; mi < T::FM; mi++)
+#pragma unroll
+        for (int ni = 0; ni < T::FN; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[mi][ni][e] = 0.0f;
+
+    /* one cp.async group per stage, empty past the last: the group of stage s is the one with
+     * NS - 2 younger groups at the start of stage s */
+    for (int s = 0; s < T::NS - 1; s++) {
+        if (s < nstage)
+            gemm_stage_w<F, T>(raw + (size_t)s * T::BN * S::RB, p, n0, s, tid);
+        cp_async_commit();
+    }
+    float4 xv[T::XI];
+    gemm_load_x<T>(xr, 0, p.n_in, xv, tid);
+
+    for (int kb = 0; kb < nsub; kb++) {
+        const int s = kb / S::SUB, j = kb % S::SUB, buf = kb & 1;
+        if (j == 0) {
+            cp_async_wait<T::NS - 2>(); /* this thread's copies of stage s */
+            __syncthreads();            /* everyone's; and stage s - 1 is decoded */
+            const int sn = s + T::NS - 1;
+            if (sn < nstage)
+                gemm_stage_w<F, T>(raw + (size_t)(sn % T::NS) * T::BN * S::RB, p, n0, sn, tid);
+            cp_async_commit();
+        }
+        __nv_bfloat16 *at = as + buf * T::BM * GLD, *bt = bs + buf * T::BN * GLD;
+        gemm_store_x<T>(at, xv, tid);
+        if (kb + 1 < nsub)
+            gemm_load_x<T>(xr, (int64_t)(kb + 1) * GBK, p.n_in, xv, tid);
+        gemm_decode_w<F, T>(bt, raw + (size_t)(s % T::NS) * T::BN * S::RB, wsh, p, n0, s, j, tid);
+        __syncthreads();
+        gemm_mma<T>(at, bt, acc, wm, wn, lane);
+    }
+    cp_async_wait<0>(); /* only empty groups are left; none outlives the kernel */
+
+    /* c fragment: lane holds rows g and g + 8, columns 2t and 2t + 1 */
+    const int g = lane / 4, t = lane % 4;
+    const bool pair = ((uintptr_t)p.y & 7) == 0 && (p.y_stride & 1) == 0;
+#pragma unroll
+    for (int mi = 0; mi < T::FM; mi++)
+#pragma unroll
+        for (int ni = 0; ni < T::FN; ni++) {
+            const int64_t col = n0 + wn * T::WTN + 8 * ni + 2 * t;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int64_t row = m0 + wm * T::WTM + 16 * mi + g + 8 * h;
+                if (row >= p.m || col >= p.n_out)
+                    continue;
+                float *yp = p.y + row * p.y_stride + col;
+                if (pair && col + 1 < p.n_out) {
+                    *(float2 *)yp = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+                } else {
+                    yp[0] = acc[mi][ni][2 * h];
+                    if (col + 1 < p.n_out)
+                        yp[1] = acc[mi][ni][2 * h + 1];
+                }
             }
-            __syncwarp();
         }
 }
 
@@ -984,10 +1175,127 @@ template <typename F> void mmv_launch(const mmv_params &p, cudaStream_t st)
         mmv_kernel<F, MMV_MAX_M, 1><<<grid, MMV_THREADS, 0, st>>>(p);
 }
 
-template <typename F> void gemm_launch(const gemm_params &p, cudaStream_t st)
+/* ---- GEMM tiles ---- */
+
+constexpr int GEMM_N_TILES = 4; /* enum cuda_matmul_tile 1 .. 4 */
+constexpr int GEMM_MIN_BM = 32; /* the smallest BM of any tile: bounds grid y */
+
+/* Calls fn.template operator()<T>() with the tile type of t (1 .. GEMM_N_TILES). */
+template <typename Fn> void tile_dispatch(enum cuda_matmul_tile t, Fn &&fn)
 {
-    const dim3 grid((unsigned)((p.n_out + GBN - 1) / GBN), (unsigned)((p.m + GBM - 1) / GBM));
-    gemm_kernel<F><<<grid, GTHREADS, 0, st>>>(p);
+    switch (t) {
+    case CUDA_MATMUL_TILE_128X128:
+        fn.template operator()<gemm_tile_128x128>();
+        break;
+    case CUDA_MATMUL_TILE_64X128:
+        fn.template operator()<gemm_tile_64x128>();
+        break;
+    case CUDA_MATMUL_TILE_64X64:
+        fn.template operator()<gemm_tile_64x64>();
+        break;
+    case CUDA_MATMUL_TILE_32X64:
+        fn.template operator()<gemm_tile_32x64>();
+        break;
+    default:
+        break;
+    }
+}
+
+struct gemm_tile_info {
+    int bm, bn;
+    size_t smem; /* dynamic shared memory bytes for the format */
+};
+
+template <typename F> struct gemm_info_fn {
+    gemm_tile_info info = {0, 0, 0};
+    template <typename T> void operator()()
+    {
+        info = {T::BM, T::BN, gemm_smem_bytes<F, T>};
+    }
+};
+
+template <typename F> gemm_tile_info gemm_info(enum cuda_matmul_tile t)
+{
+    gemm_info_fn<F> fn;
+    tile_dispatch(t, fn);
+    return fn.info;
+}
+
+struct gemm_device {
+    int nsm;         /* streaming multiprocessors */
+    size_t smem_max; /* dynamic shared memory a CTA may opt into */
+};
+
+/* The current device's figures (host-side attribute reads, allowed during a capture). */
+int gemm_device_get(gemm_device *d)
+{
+    int dev = 0, nsm = 0, smem = 0;
+    if (CUDA_CHECK(cudaGetDevice(&dev)) != cudaSuccess ||
+        CUDA_CHECK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev)) !=
+            cudaSuccess ||
+        CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) !=
+            cudaSuccess) {
+        (void)cudaGetLastError();
+        return -EIO;
+    }
+    d->nsm = nsm > 0 ? nsm : 1;
+    d->smem_max = smem > 0 ? (size_t)smem : 0;
+    return 0;
+}
+
+/* The tile with the least estimated time, among those that fit the device's shared memory.
+ * Time in units of one MMA per element of n_in: an SM runs ceil(tiles / nsm) tiles (in turn, or
+ * side by side sharing it), each costing its BM * BN MMAs plus about 32 for each of its BM + BN
+ * rows converted to bf16 (a weight row is decoded once per tile, so its cost is amortized over
+ * BM only, and an activation row over BN). Ties go to the larger tile. AUTO if none fits. */
+template <typename F>
+enum cuda_matmul_tile gemm_tile_choose(int m, int64_t n_out, const gemm_device &d)
+{
+    enum cuda_matmul_tile best = CUDA_MATMUL_TILE_AUTO;
+    double best_cost = 0.0;
+    for (int t = 1; t <= GEMM_N_TILES; t++) {
+        const gemm_tile_info ti = gemm_info<F>((enum cuda_matmul_tile)t);
+        if (ti.smem > d.smem_max)
+            continue;
+        const double tiles =
+            (double)((m + ti.bm - 1) / ti.bm) * (double)((n_out + ti.bn - 1) / ti.bn);
+        const double cost = ceil(tiles / d.nsm) * ((double)ti.bm * ti.bn + 32.0 * (ti.bm + ti.bn));
+        if (best == CUDA_MATMUL_TILE_AUTO || cost < best_cost) {
+            best = (enum cuda_matmul_tile)t;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+template <typename F> struct gemm_tile_launch_fn {
+    const gemm_params &p;
+    cudaStream_t st;
+    template <typename T> void operator()()
+    {
+        const dim3 grid((unsigned)((p.n_out + T::BN - 1) / T::BN),
+                        (unsigned)((p.m + T::BM - 1) / T::BM));
+        gemm_kernel<F, T><<<grid, GTHREADS, gemm_smem_bytes<F, T>, st>>>(p);
+    }
+};
+
+/* Launches the forced tile, or the chosen one for AUTO. 0 or -EINVAL (the tile does not fit
+ * the device; or, for AUTO, none does). */
+template <typename F>
+int gemm_launch(const gemm_params &p, enum cuda_matmul_tile tile, const gemm_device &d,
+                cudaStream_t st)
+{
+    if (tile == CUDA_MATMUL_TILE_AUTO)
+        tile = gemm_tile_choose<F>(p.m, p.n_out, d);
+    if (tile == CUDA_MATMUL_TILE_AUTO || gemm_info<F>(tile).smem > d.smem_max) {
+        fprintf(stderr,
+                "cuda_matmul: GEMM tile %d needs more shared memory than the device's %zu "
+                "bytes\n",
+                (int)tile, d.smem_max);
+        return -EINVAL;
+    }
+    tile_dispatch(tile, gemm_tile_launch_fn<F>{p, st});
+    return 0;
 }
 
 struct mmv_launch_fn {
@@ -1001,11 +1309,14 @@ struct mmv_launch_fn {
 
 struct gemm_launch_fn {
     const gemm_params &p;
+    enum cuda_matmul_tile tile;
+    const gemm_device &d;
     cudaStream_t st;
+    int rc = 0;
     template <typename F> void operator()()
     {
         if constexpr (!std::is_same_v<F, fmt_float<QUANT_F32>>) /* checked: F32 has no GEMM */
-            gemm_launch<F>(p, st);
+            rc = gemm_launch<F>(p, tile, d, st);
     }
 };
 
@@ -1052,7 +1363,30 @@ template <typename K> cudaError_t kernel_preload(K *kernel)
     return CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
 }
 
+/* Loads gemm_kernel<F, T> and sets its dynamic shared memory limit, if the device has that
+ * much, and the largest shared memory carveout (so that the tiles meant to run two CTAs per SM
+ * get the room). */
+template <typename F> struct gemm_preload_fn {
+    size_t smem_max;
+    cudaError_t e = cudaSuccess;
+    template <typename T> void operator()()
+    {
+        const size_t bytes = gemm_smem_bytes<F, T>;
+        if (e != cudaSuccess || bytes > smem_max)
+            return;
+        e = kernel_preload(gemm_kernel<F, T>);
+        if (e == cudaSuccess)
+            e = CUDA_CHECK(cudaFuncSetAttribute(
+                gemm_kernel<F, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        if (e == cudaSuccess)
+            e = CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<F, T>,
+                                                cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                (int)cudaSharedmemCarveoutMaxShared));
+    }
+};
+
 struct preload_fn {
+    size_t smem_max; /* the device's opt-in shared memory per CTA */
     cudaError_t e = cudaSuccess;
     template <typename F> void operator()()
     {
@@ -1068,9 +1402,13 @@ struct preload_fn {
             e = kernel_preload(mmv_kernel<F, 8, 1>);
         if (e == cudaSuccess)
             e = kernel_preload(mmv_kernel<F, MMV_MAX_M, 1>);
-        if constexpr (!std::is_same_v<F, fmt_float<QUANT_F32>>)
-            if (e == cudaSuccess)
-                e = kernel_preload(gemm_kernel<F>);
+        if constexpr (!std::is_same_v<F, fmt_float<QUANT_F32>>) {
+            for (int t = 1; t <= GEMM_N_TILES && e == cudaSuccess; t++) {
+                gemm_preload_fn<F> g{smem_max};
+                tile_dispatch((enum cuda_matmul_tile)t, g);
+                e = g.e;
+            }
+        }
     }
 };
 
@@ -1108,7 +1446,10 @@ extern "C" int cuda_matmul_init(void)
                 dev, major);
         return -ENODEV;
     }
-    preload_fn pre;
+    gemm_device gd;
+    if (gemm_device_get(&gd) != 0)
+        return -EIO;
+    preload_fn pre{gd.smem_max};
     for (const fmt_info &f : fmt_table)
         fmt_dispatch(f.type, pre);
     if (pre.e == cudaSuccess)
@@ -1141,7 +1482,10 @@ extern "C" int cuda_matmul_check(const struct cuda_matmul_args *a)
         return -EINVAL;
     const enum cuda_matmul_path path = path_choose(a);
     if (path == CUDA_MATMUL_PATH_GEMM) {
-        if (a->wtype == QUANT_F32 || (a->m + GBM - 1) / GBM > MAX_GRID_Y)
+        if ((int)a->tile < 0 || (int)a->tile > GEMM_N_TILES)
+            return -EINVAL;
+        /* grid y is ceil(m / BM); the automatic choice may take the smallest BM */
+        if (a->wtype == QUANT_F32 || (a->m + GEMM_MIN_BM - 1) / GEMM_MIN_BM > MAX_GRID_Y)
             return -EINVAL;
         return 0;
     }
@@ -1165,10 +1509,27 @@ extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
     const size_t row_bytes = (size_t)(a->n_in / f->block) * f->bytes;
 
     if (path_choose(a) == CUDA_MATMUL_PATH_GEMM) {
-        const gemm_params p = {(const uint8_t *)a->w, a->w_stride, a->n_in, a->n_out,   a->m, a->x,
-                               a->x_stride,           a->x_rows,   a->y,    a->y_stride};
-        fmt_dispatch(a->wtype, gemm_launch_fn{p, st});
-        return cuda_last_error("cuda_matmul (gemm)");
+        gemm_params p = {};
+        p.w = (const uint8_t *)a->w;
+        p.w_stride = a->w_stride;
+        p.row_bytes = row_bytes;
+        p.w_lo = (uintptr_t)a->w;
+        p.w_hi = p.w_lo + (size_t)(a->n_out - 1) * a->w_stride + row_bytes;
+        p.n_in = a->n_in;
+        p.n_out = a->n_out;
+        p.m = a->m;
+        p.x = a->x;
+        p.x_stride = a->x_stride;
+        p.x_rows = a->x_rows;
+        p.y = a->y;
+        p.y_stride = a->y_stride;
+        gemm_device gd;
+        rc = gemm_device_get(&gd);
+        if (rc)
+            return rc;
+        gemm_launch_fn fn{p, a->tile, gd, st};
+        fmt_dispatch(a->wtype, fn);
+        return fn.rc ? fn.rc : cuda_last_error("cuda_matmul (gemm)");
     }
 
     mmv_params p = {};

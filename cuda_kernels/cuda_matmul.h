@@ -8,9 +8,11 @@
  *   quantized types the activations are first converted to 8-bit integers with one float scale
  *   per 32 elements (kept in the caller's scratch) and the dot products use dp4a; F32, F16 and
  *   BF16 weights are multiplied with the float activations directly.
- * - GEMM (m >= CUDA_MATMUL_GEMM_MIN_M): a tiled tensor-core kernel that dequantizes 128 x 64
- *   weight tiles to BF16 in shared memory, converts the activations to BF16, and accumulates in
- *   float32 (WMMA). F32 weights always take the MMV path, which stays exact in float32.
+ * - GEMM (m >= CUDA_MATMUL_GEMM_MIN_M): a tiled tensor-core kernel that streams the raw weight
+ *   bytes into shared memory with cp.async, dequantizes them to BF16 there, converts the
+ *   activations to BF16, and accumulates in float32 (mma.sync). The output tile (128 x 128 down
+ *   to 32 x 64) is chosen per call from the shape and the device's SM count. F32 weights always
+ *   take the MMV path, which stays exact in float32.
  *
  * Nothing here allocates, synchronizes or copies: a call only enqueues kernels on the given
  * stream, so it can be captured in a CUDA graph once cuda_matmul_init() has run.
@@ -36,6 +38,15 @@ enum cuda_matmul_path {
     CUDA_MATMUL_PATH_GEMM,     /* any m; not for F32 weights */
 };
 
+/* GEMM output tile, rows of x by rows of W. The same sums in the same order whichever runs. */
+enum cuda_matmul_tile {
+    CUDA_MATMUL_TILE_AUTO = 0, /* the fastest estimate for the shape and the device */
+    CUDA_MATMUL_TILE_128X128,
+    CUDA_MATMUL_TILE_64X128,
+    CUDA_MATMUL_TILE_64X64,
+    CUDA_MATMUL_TILE_32X64,
+};
+
 struct cuda_matmul_args {
     uint32_t wtype;             /* ggml type id of W; cuda_matmul_supported(wtype) */
     const void *w;              /* (n_out rows of w_stride bytes) device or mapped host; any
@@ -58,6 +69,7 @@ struct cuda_matmul_args {
                                  * may be NULL when that is 0 or the GEMM path runs */
     size_t scratch_bytes;       /* size of scratch */
     enum cuda_matmul_path path; /* CUDA_MATMUL_PATH_AUTO unless testing or measuring */
+    enum cuda_matmul_tile tile; /* GEMM path: CUDA_MATMUL_TILE_AUTO unless testing or measuring */
     int x_ready;                /* 1: scratch already holds x in 8 bits, written by the previous
                                  * call on this stream (a quantized type on the MMV path, the
                                  * same x, x_stride, x_rows, m and n_in) and nothing has written
@@ -76,18 +88,22 @@ bool cuda_matmul_supported(uint32_t wtype);
  * unsupported type or a bad shape. */
 size_t cuda_matmul_scratch_bytes(uint32_t wtype, int64_t n_in, int64_t n_out, int m);
 
-/* Loads every kernel of this module on the current device (so that no module is loaded lazily
- * inside a graph capture) and checks the device can run them (compute capability >= 8.0).
- * Call once per device before capturing. 0, -ENODEV (no usable device or too old) or -EIO. */
+/* Loads every kernel of this module on the current device and sets the shared memory limit of
+ * the GEMM kernels that need more than 48 KiB (so that nothing is loaded or configured lazily
+ * inside a graph capture), and checks the device can run them (compute capability >= 8.0).
+ * GEMM tiles whose shared memory exceeds the device's limit are left out (AUTO never picks
+ * them). Call once per device before the first GEMM call (its kernels cannot launch without
+ * it) and before capturing. 0, -ENODEV (no usable device or too old) or -EIO. */
 int cuda_matmul_init(void);
 
 /* Validates the arguments without touching the device: 0, or -EINVAL for an unsupported
  * type, a shape that is not a block multiple, m < 1, a stride too small, a NULL or misaligned
- * pointer, too little scratch, or GEMM asked for F32 weights. */
+ * pointer, too little scratch, GEMM asked for F32 weights, or an unknown tile. */
 int cuda_matmul_check(const struct cuda_matmul_args *a);
 
-/* Enqueues y = x W^T on a->stream. Returns 0, -EINVAL (see cuda_matmul_check), -EIO (a CUDA
- * error, printed with its name) or -ENODEV (no CUDA build). */
+/* Enqueues y = x W^T on a->stream. Returns 0, -EINVAL (see cuda_matmul_check; also a forced
+ * GEMM tile that needs more shared memory than the device has), -EIO (a CUDA error, printed
+ * with its name) or -ENODEV (no CUDA build). */
 int cuda_matmul(const struct cuda_matmul_args *a);
 
 #ifdef __cplusplus

@@ -10,12 +10,14 @@
  *   TOL_ACC * sum_i |w_i xq_i| (float32 accumulation of exact integer block sums);
  * - MMV, F32/F16/BF16: decoded weights times the float activations, TOL_ACC * sum |w_i x_i|;
  * - GEMM: weights and activations rounded to BF16 as the kernel does, TOL_GEMM *
- *   sum |w16_i x16_i| (tensor-core products, float32 accumulation).
+ *   sum |w16_i x16_i| (tensor-core products, float32 accumulation); every GEMM tile shape is
+ *   forced on ragged shapes (test_gemm_tiles) and the tiles must give the same bits.
  * The error against the plain float reference (decoded weights, float activations), relative
  * to sum |w_i x_i|, is printed for information. Outputs are poisoned with NaN first, and the
  * padding between output rows must stay NaN. Also: CUDA graph capture and replay give the same
  * bits as a direct call, bad arguments are refused, scratch sizes never shrink with m, and the
- * GEMV of each type on a 256 MB matrix is timed (median of 20, not asserted).
+ * GEMV of each type on a 256 MB matrix and the m = 512 GEMM on prefill shapes per tile are timed
+ * (median of 20, not asserted).
  */
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -179,7 +181,9 @@ struct mm_case {
     int64_t n_in, n_out;
     int m;
     enum cuda_matmul_path path; /* forced path, or AUTO */
+    enum cuda_matmul_tile tile; /* forced GEMM tile, or AUTO */
     size_t w_pad;               /* bytes of padding after each weight row */
+    int x_pad;                  /* floats of padding after each activation row (x_stride - n_in) */
     size_t w_off;               /* byte offset of W from its allocation */
     bool gather;                /* activation rows through x_rows */
 };
@@ -209,7 +213,7 @@ static int data_setup(struct mm_data *d, const struct mm_case *c, struct rng *r,
     d->w_stride = d->row_bytes + c->w_pad;
     d->w_bytes = (size_t)(c->n_out - 1) * d->w_stride + d->row_bytes;
     d->x_rows_n = c->gather ? c->m + 3 : c->m;
-    d->x_stride = c->n_in + (c->m % 2 ? 5 : 0);
+    d->x_stride = c->n_in + c->x_pad;
     d->y_stride = c->n_out + 3;
 
     d->wh = (uint8_t *)xmalloc(d->w_bytes);
@@ -268,6 +272,7 @@ static int data_setup(struct mm_data *d, const struct mm_case *c, struct rng *r,
     a->scratch = d->scratch;
     a->scratch_bytes = d->scratch_bytes;
     a->path = c->path;
+    a->tile = c->tile;
     a->stream = stream;
     return rc;
 }
@@ -296,24 +301,44 @@ struct case_result {
     bool pass;
 };
 
-static void case_describe(const struct mm_case *c, char *buf, size_t size)
+static const char *tile_name(enum cuda_matmul_tile t)
 {
-    snprintf(buf, size, "%s %s m %d n_in %lld n_out %lld w_pad %zu w_off %zu%s",
-             quant_type_name(c->type), path_name(path_expected(c->type, c->m, c->path)), c->m,
-             (long long)c->n_in, (long long)c->n_out, c->w_pad, c->w_off,
-             c->gather ? " gather" : "");
+    switch (t) {
+    case CUDA_MATMUL_TILE_128X128:
+        return " tile 128x128";
+    case CUDA_MATMUL_TILE_64X128:
+        return " tile 64x128";
+    case CUDA_MATMUL_TILE_64X64:
+        return " tile 64x64";
+    case CUDA_MATMUL_TILE_32X64:
+        return " tile 32x64";
+    default:
+        return "";
+    }
 }
 
-static struct case_result case_check(const struct mm_data *d)
+static void case_describe(const struct mm_case *c, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s %s%s m %d n_in %lld n_out %lld w_pad %zu w_off %zu x_pad %d%s",
+             quant_type_name(c->type), path_name(path_expected(c->type, c->m, c->path)),
+             tile_name(c->tile), c->m, (long long)c->n_in, (long long)c->n_out, c->w_pad, c->w_off,
+             c->x_pad, c->gather ? " gather" : "");
+}
+
+/* What one output must be: the exact sum of the products the kernel forms, the error allowed,
+ * and the plain float reference with its magnitude (for information). */
+struct ref_out {
+    double want, bound, fref, fmag;
+};
+
+/* The (m, n_out) expected outputs of a case, by the rules in the header comment. */
+static struct ref_out *case_reference(const struct mm_data *d)
 {
     const struct mm_case *c = &d->c;
     const int64_t n = c->n_in;
     const enum cuda_matmul_path path = path_expected(c->type, c->m, c->path);
     const bool q8 = path == CUDA_MATMUL_PATH_MMV && is_quantized(c->type);
     const double tol = path == CUDA_MATMUL_PATH_GEMM ? TOL_GEMM : TOL_ACC;
-    struct case_result res = {0, 0, true};
-    char desc[160];
-    case_describe(c, desc, sizeof desc);
 
     /* weights as decoded (wf) and as multiplied by the kernel (wk) */
     float *wf = (float *)xmalloc((size_t)(c->n_out * n) * sizeof(float));
@@ -337,7 +362,8 @@ static struct case_result case_check(const struct mm_data *d)
                 a[i] = path == CUDA_MATMUL_PATH_GEMM ? bf16_round(x[i]) : (double)x[i];
     }
 
-    int bad = 0, touched = 0;
+    struct ref_out *ref =
+        (struct ref_out *)xmalloc((size_t)c->m * (size_t)c->n_out * sizeof(struct ref_out));
     for (int j = 0; j < c->m; j++) {
         const int xr = d->rows_h ? d->rows_h[j] : j;
         const float *x = d->xh + xr * d->x_stride;
@@ -352,20 +378,41 @@ static struct case_result case_check(const struct mm_data *d)
                 f += (double)wfo[i] * x[i];
                 fmag += fabs((double)wfo[i] * x[i]);
             }
+            struct ref_out *e = &ref[(int64_t)j * c->n_out + o];
+            e->want = s;
+            e->bound = tol * mag + 1e-30;
+            e->fref = f;
+            e->fmag = fmag;
+        }
+    }
+    free(wf), free(wk), free(ak);
+    return ref;
+}
+
+/* Checks d->yh against the expected outputs; the padding between output rows must be NaN. */
+static struct case_result case_compare(const struct mm_data *d, const struct ref_out *ref)
+{
+    const struct mm_case *c = &d->c;
+    struct case_result res = {0, 0, true};
+    char desc[160];
+    case_describe(c, desc, sizeof desc);
+    int bad = 0, touched = 0;
+    for (int j = 0; j < c->m; j++) {
+        for (int64_t o = 0; o < c->n_out; o++) {
+            const struct ref_out *e = &ref[(int64_t)j * c->n_out + o];
             const double got = d->yh[j * d->y_stride + o];
-            const double bound = tol * mag + 1e-30;
-            const double diff = fabs(got - s);
-            if (!(diff <= bound)) {
+            const double diff = fabs(got - e->want);
+            if (!(diff <= e->bound)) {
                 if (bad < 3)
                     fprintf(stderr,
                             "  FAIL %s: y[%d][%lld] = %.9g, want %.9g (diff %.3g, bound %.3g; "
                             "float reference %.9g)\n",
-                            desc, j, (long long)o, got, s, diff, bound, f);
+                            desc, j, (long long)o, got, e->want, diff, e->bound, e->fref);
                 bad++;
             }
-            res.bound_frac = fmax(res.bound_frac, isnan(diff) ? INFINITY : diff / bound);
-            res.err_float =
-                fmax(res.err_float, isnan(got) ? INFINITY : fabs(got - f) / (fmag + 1e-30));
+            res.bound_frac = fmax(res.bound_frac, isnan(diff) ? INFINITY : diff / e->bound);
+            res.err_float = fmax(res.err_float,
+                                 isnan(got) ? INFINITY : fabs(got - e->fref) / (e->fmag + 1e-30));
         }
         for (int64_t o = c->n_out; o < d->y_stride; o++)
             touched += !isnan(d->yh[j * d->y_stride + o]);
@@ -374,7 +421,14 @@ static struct case_result case_check(const struct mm_data *d)
           (long long)(c->m * c->n_out), res.bound_frac);
     CHECK(touched == 0, "%s: %d padding outputs written", desc, touched);
     res.pass = bad == 0 && touched == 0;
-    free(wf), free(wk), free(ak);
+    return res;
+}
+
+static struct case_result case_check(const struct mm_data *d)
+{
+    struct ref_out *ref = case_reference(d);
+    const struct case_result res = case_compare(d, ref);
+    free(ref);
     return res;
 }
 
@@ -427,7 +481,7 @@ static void test_types(struct rng *r, void *stream)
             struct case_result agg = {0, 0, true};
             int n = 0;
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-                struct mm_case c;
+                struct mm_case c = {};
                 c.type = type;
                 c.n_in = shape_n_in(type, shapes[s].k);
                 c.n_out = shapes[s].n_out;
@@ -437,6 +491,7 @@ static void test_types(struct rng *r, void *stream)
                 c.path = CUDA_MATMUL_PATH_AUTO;
                 c.w_off = offs[serial % 6];
                 c.w_pad = pads[serial % 3];
+                c.x_pad = m % 2 ? 5 : 0;
                 c.gather = serial % 3 == 1;
                 serial++;
                 const struct case_result cr = case_run(&c, r, stream);
@@ -449,6 +504,96 @@ static void test_types(struct rng *r, void *stream)
                    path_name(path_expected(type, m, CUDA_MATMUL_PATH_AUTO)), m, n, agg.bound_frac,
                    agg.err_float, agg.pass ? "ok" : "FAIL");
         }
+        fflush(stdout);
+    }
+}
+
+/* Every GEMM tile on every type, on shapes that leave each edge ragged: m not a multiple of any
+ * BM (33, 517) or of 64 (100), n_out not a multiple of BN (200, 130, 136), n_in ending inside a
+ * raw stage and inside a 64-wide step (32-element blocks: 800, 288, 1056; K-quants: 768, 256 =
+ * a single stage, 1280; F16/BF16: 302, 129, 1000), activation rows not 16-byte aligned (x_pad 5:
+ * float loads, every fourth row aligned) and aligned (float4 loads; with F16/BF16 n_in 129 a
+ * partial last float4), gathers with repeats, weights at odd offsets and strides. Each tile is
+ * checked against the reference, and the tiles must agree bit for bit: every output is the same
+ * float sum of the same mma.m16n8k16 steps in the same order whatever the tile. */
+static void test_gemm_tiles(struct rng *r, void *stream)
+{
+    static const enum cuda_matmul_tile tiles[] = {CUDA_MATMUL_TILE_128X128, CUDA_MATMUL_TILE_64X128,
+                                                  CUDA_MATMUL_TILE_64X64, CUDA_MATMUL_TILE_32X64};
+    static const struct {
+        int m;
+        int64_t n_out;
+        bool gather;
+        size_t w_off, w_pad;
+        int64_t n_in_q32, n_in_qk, n_in_fl;
+    } shapes[] = {{33, 200, true, 1, 3, 800, 768, 302},
+                  {100, 130, false, 6, 0, 288, 256, 129},
+                  {517, 136, true, 13, 16, 1056, 1280, 1000}};
+    const int nt = (int)(sizeof tiles / sizeof tiles[0]);
+    for (int t = 0; t < N_TYPES; t++) {
+        const uint32_t type = types[t];
+        if (type == QUANT_F32)
+            continue;
+        struct case_result agg = {0, 0, true};
+        bool same = true;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            struct mm_case c = {};
+            c.type = type;
+            c.n_in = !is_quantized(type)        ? shapes[s].n_in_fl
+                     : type_block(type) == QK_K ? shapes[s].n_in_qk
+                                                : shapes[s].n_in_q32;
+            c.n_out = shapes[s].n_out;
+            c.m = shapes[s].m;
+            c.path = CUDA_MATMUL_PATH_GEMM;
+            c.w_off = shapes[s].w_off;
+            c.w_pad = shapes[s].w_pad;
+            /* shape 0: most rows misaligned; the others: x_stride a multiple of 4 floats */
+            c.x_pad = s == 0 ? 5 : (int)(4 * (s - 1) + (4 - c.n_in % 4) % 4);
+            c.gather = shapes[s].gather;
+            char desc[160];
+            case_describe(&c, desc, sizeof desc);
+            struct mm_data d;
+            int rc = data_setup(&d, &c, r, stream);
+            CHECK(rc == 0, "%s: setup failed (%d)", desc, rc);
+            const size_t yn = (size_t)c.m * (size_t)d.y_stride;
+            float *first = (float *)xmalloc(yn * sizeof(float));
+            struct ref_out *ref = rc == 0 ? case_reference(&d) : NULL;
+            for (int k = 0; rc == 0 && k < nt; k++) {
+                d.c.tile = d.a.tile = tiles[k];
+                case_describe(&d.c, desc, sizeof desc);
+                test_poison_f32(d.yh, yn);
+                rc = cuda_h2d(d.yd, d.yh, yn * sizeof(float), stream);
+                rc = rc ? rc : data_run(&d);
+                CHECK(rc == 0, "%s: cuda_matmul failed (%d)", desc, rc);
+                if (rc)
+                    break;
+                const struct case_result cr = case_compare(&d, ref);
+                agg.bound_frac = fmax(agg.bound_frac, cr.bound_frac);
+                agg.err_float = fmax(agg.err_float, cr.err_float);
+                agg.pass = agg.pass && cr.pass;
+                if (k == 0) {
+                    memcpy(first, d.yh, yn * sizeof(float));
+                    continue;
+                }
+                for (int j = 0; j < c.m; j++) {
+                    const bool eq =
+                        memcmp(first + (size_t)j * d.y_stride, d.yh + (size_t)j * d.y_stride,
+                               (size_t)c.n_out * sizeof(float)) == 0;
+                    CHECK(eq, "%s: row %d differs from tile 128x128's bits", desc, j);
+                    same = same && eq;
+                    if (!eq)
+                        break;
+                }
+            }
+            agg.pass = agg.pass && rc == 0;
+            free(ref);
+            free(first);
+            data_free(&d);
+        }
+        printf("  gemm tiles %-5s (4 tiles x 3 ragged shapes): worst %.3g of bound, err vs float "
+               "%.3g, tiles %s  %s\n",
+               quant_type_name(type), agg.bound_frac, agg.err_float,
+               same ? "bit-identical" : "DIFFER", agg.pass && same ? "ok" : "FAIL");
         fflush(stdout);
     }
 }
@@ -472,7 +617,7 @@ static void test_forced_paths(struct rng *r, void *stream)
         for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
             if (type == QUANT_F32 && cs[k].path == CUDA_MATMUL_PATH_GEMM)
                 continue;
-            struct mm_case c;
+            struct mm_case c = {};
             c.type = type;
             c.n_in = n_in;
             c.n_out = cs[k].n_out;
@@ -480,6 +625,7 @@ static void test_forced_paths(struct rng *r, void *stream)
             c.path = cs[k].path;
             c.w_off = (size_t)(serial % 3);
             c.w_pad = serial % 2 ? 5 : 0;
+            c.x_pad = c.m % 2 ? 5 : 0;
             c.gather = serial % 2 == 0;
             serial++;
             const struct case_result cr = case_run(&c, r, stream);
@@ -504,7 +650,7 @@ static void test_graph(struct rng *r, void *stream)
               {QUANT_MXFP4, 3, 2880, 77, true},  {QUANT_Q6_K, 64, 768, 300, false},
               {QUANT_F32, 5, 300, 300, false},   {QUANT_BF16, 40, 2048, 130, true}};
     for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
-        struct mm_case c;
+        struct mm_case c = {};
         c.type = cs[k].type;
         c.n_in = cs[k].n_in;
         c.n_out = cs[k].n_out;
@@ -512,6 +658,7 @@ static void test_graph(struct rng *r, void *stream)
         c.path = CUDA_MATMUL_PATH_AUTO;
         c.w_pad = 2;
         c.w_off = 1;
+        c.x_pad = c.m % 2 ? 5 : 0;
         c.gather = cs[k].gather;
         char desc[160];
         case_describe(&c, desc, sizeof desc);
@@ -609,6 +756,12 @@ static void test_args(void)
     CHECK(cuda_matmul(&a) == -EINVAL, "GEMM for F32 accepted");
     a = ok, a.path = CUDA_MATMUL_PATH_GEMM, a.scratch = NULL, a.scratch_bytes = 0;
     CHECK(cuda_matmul_check(&a) == 0, "GEMM without scratch refused");
+    a.tile = CUDA_MATMUL_TILE_32X64;
+    CHECK(cuda_matmul_check(&a) == 0, "GEMM with a forced tile refused");
+    a.tile = (enum cuda_matmul_tile)9;
+    CHECK(cuda_matmul(&a) == -EINVAL, "unknown GEMM tile accepted");
+    a.tile = CUDA_MATMUL_TILE_AUTO, a.m = 65535 * 32 + 1;
+    CHECK(cuda_matmul_check(&a) == -EINVAL, "GEMM grid beyond 65535 rows of 32 accepted");
     a = ok, a.wtype = QUANT_F16, a.n_in = 300, a.w_stride = 600, a.x_stride = 300;
     a.scratch = NULL, a.scratch_bytes = 0;
     CHECK(cuda_matmul_check(&a) == 0, "F16 n_in 300 without scratch refused");
@@ -680,6 +833,48 @@ template <typename Fn> static float time_median(Fn fn, cudaStream_t st)
         return -1;
     qsort(ms_v, REPS, sizeof(float), cmp_float);
     return 0.5f * (ms_v[REPS / 2 - 1] + ms_v[REPS / 2]);
+}
+
+/* GEMM m = 512 on prefill shapes of a 2048-wide model, per tile (auto first), Q8_0 and Q4_K:
+ * microseconds and TFLOP/s (median of 20). w, x, y: the bench buffers (256 MB, 512 x 4096,
+ * 512 x 14336 floats). */
+static void bench_gemm_tiles(const uint8_t *w, const float *x, float *y, cudaStream_t st)
+{
+    static const uint32_t btypes[] = {QUANT_Q8_0, QUANT_Q4_K};
+    static const int64_t shapes[][2] = {{4096, 2048}, {2048, 4096}, {512, 2048}}; /* n_out, n_in */
+    const int m = 512;
+    printf("  bench: gemm m=512  type  n_out x n_in   auto      128x128   64x128    64x64     "
+           "32x64   (us, TFLOP/s of auto)\n");
+    for (size_t t = 0; t < sizeof btypes / sizeof btypes[0]; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            struct cuda_matmul_args a;
+            memset(&a, 0, sizeof a);
+            a.wtype = btypes[t];
+            a.w = w;
+            a.n_in = shapes[s][1];
+            a.n_out = shapes[s][0];
+            a.w_stride = type_row_bytes(a.wtype, a.n_in);
+            a.m = m;
+            a.x = x;
+            a.x_stride = a.n_in;
+            a.y = y;
+            a.y_stride = a.n_out;
+            a.path = CUDA_MATMUL_PATH_GEMM;
+            a.stream = st;
+            float us[5];
+            for (int k = 0; k < 5; k++) {
+                a.tile = (enum cuda_matmul_tile)k;
+                us[k] = 1e3f * time_median([&]() { return cuda_matmul(&a); }, st);
+            }
+            const double flop = 2.0 * m * (double)a.n_in * (double)a.n_out;
+            printf("  bench: gemm m=512  %-5s %5lld x %-5lld %8.1f  %8.1f  %8.1f  %8.1f  %8.1f  "
+                   "%6.1f\n",
+                   quant_type_name(a.wtype), (long long)a.n_out, (long long)a.n_in, us[0], us[1],
+                   us[2], us[3], us[4], flop / (us[0] * 1e-6) / 1e12);
+            CHECK(us[0] > 0 && us[1] > 0 && us[2] > 0 && us[3] > 0 && us[4] > 0,
+                  "bench gemm %s: a timed call failed", quant_type_name(a.wtype));
+            fflush(stdout);
+        }
 }
 
 static void bench(void *stream)
@@ -758,6 +953,7 @@ static void bench(void *stream)
               quant_type_name(type));
         fflush(stdout);
     }
+    bench_gemm_tiles(w, x, y, st);
     cuda_free(w), cuda_free(x), cuda_free(y), cuda_free(scratch), cuda_free(sink);
 }
 
@@ -778,6 +974,7 @@ int main(void)
 
     test_args();
     test_types(&r, stream);
+    test_gemm_tiles(&r, stream);
     test_forced_paths(&r, stream);
     test_graph(&r, stream);
     bench(stream);
