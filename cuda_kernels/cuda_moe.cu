@@ -564,6 +564,7 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
         bool done = false;
         if constexpr (moe_q8_unit<WT>::A16) {
             if ((((uintptr_t)gr | (uintptr_t)ur) & 15) == 0) {
+#pragma unroll 2
                 for (int64_t u = lane; u < nu; u += 32) {
                     ag = moe_q8_unit<WT>::dot16(gr, u, xq, xd, ag);
                     au = moe_q8_unit<WT>::dot16(ur, u, xq, xd, au);
@@ -604,24 +605,30 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct mo
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.x;
     const int sub = warp % MOE_Q8_DN_SPLIT, rl = warp / MOE_Q8_DN_SPLIT;
     const int64_t r = (int64_t)blockIdx.y * MOE_Q8_DN_ROWS + rl;
-    const int64_t nu = p.n_ff / 32;
-    const int nj = (p.k - sub + MOE_Q8_DN_SPLIT - 1) / MOE_Q8_DN_SPLIT; /* this warp's experts */
-    const int64_t total = nu * nj;
+    const int nu = (int)(p.n_ff / 32);
     float acc = 0.0f;
     bool bad = false;
     if (r < p.n_embd) {
+        /* (expert, unit) steps in turn, no divisions: j advances when u passes the row's end */
+        int j = sub, u = lane;
+        while (u >= nu && j < p.k)
+            u -= nu, j += MOE_Q8_DN_SPLIT;
 #pragma unroll 2
-        for (int64_t f = lane; f < total; f += 32) {
-            const int jj = (int)(f / nu), j = sub + MOE_Q8_DN_SPLIT * jj;
-            const int64_t u = f - jj * nu, pr = (int64_t)t * p.k + j;
+        for (; j < p.k;) {
+            const int64_t pr = (int64_t)t * p.k + j;
             const int e = p.ids[pr];
             if (e < 0 || e >= p.n_expert) {
                 bad = true;
-                continue;
+            } else {
+                const uint8_t *dr =
+                    moe_expert(p.down, p.down_stride, p.down_ptrs, e) + r * p.down_row;
+                const float s =
+                    moe_q8_unit<WT>::dot(dr, u, p.hq + pr * p.n_ff, p.hd + pr * nu, 0.0f);
+                acc = fmaf(p.wts[pr], s, acc);
             }
-            const uint8_t *dr = moe_expert(p.down, p.down_stride, p.down_ptrs, e) + r * p.down_row;
-            const float s = moe_q8_unit<WT>::dot(dr, u, p.hq + pr * p.n_ff, p.hd + pr * nu, 0.0f);
-            acc = fmaf(p.wts[pr], s, acc);
+            u += 32;
+            while (u >= nu && j < p.k)
+                u -= nu, j += MOE_Q8_DN_SPLIT;
         }
     }
     acc = cq_warp_sum(acc);
