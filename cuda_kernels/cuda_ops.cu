@@ -290,7 +290,7 @@ static __global__ void __launch_bounds__(ARGMAX_THREADS)
 /* ---- router: one warp per token; k rounds of a warp argmax over the untaken experts -------- */
 
 #define TOPK_WARPS 4
-#define TOPK_PER_LANE (CUDA_TOPK_MAX_EXPERT / 32)
+#define TOPK_PER_LANE (CUDA_TOPK_MAX_EXPERT / 32) /* the most logits a lane holds */
 
 struct topk_params {
     const float *logits;
@@ -299,25 +299,28 @@ struct topk_params {
     float *w;
 };
 
+/* PL: logits per lane, the smallest power of two with 32 PL >= n_expert (every loop below runs
+ * over PL entries: with the largest PL for 128 experts it took 8.7 us on the H200) */
+template <int PL>
 static __global__ void __launch_bounds__(TOPK_WARPS * 32) k_softmax_topk(struct topk_params p)
 {
     int lane = threadIdx.x & 31, t = blockIdx.x * TOPK_WARPS + (threadIdx.x >> 5);
     if (t >= p.n_tok) /* whole warps leave together */
         return;
     const float *l = p.logits + (int64_t)t * p.n_expert;
-    float v[TOPK_PER_LANE], selv[CUDA_TOPK_MAX_K];
+    float v[PL], selv[CUDA_TOPK_MAX_K];
     float mx = -INFINITY, sum = 0.0f;
     uint32_t taken = 0; /* bit i: expert lane + 32 i already selected */
 
 #pragma unroll
-    for (int i = 0; i < TOPK_PER_LANE; i++) {
+    for (int i = 0; i < PL; i++) {
         int e = lane + 32 * i;
         v[i] = e < p.n_expert ? l[e] : -INFINITY;
         mx = fmaxf(mx, v[i]);
     }
     mx = cq_warp_max(mx);
 #pragma unroll
-    for (int i = 0; i < TOPK_PER_LANE; i++)
+    for (int i = 0; i < PL; i++)
         if (lane + 32 * i < p.n_expert)
             sum += expf(v[i] - mx);
     sum = cq_warp_sum(sum);
@@ -325,7 +328,7 @@ static __global__ void __launch_bounds__(TOPK_WARPS * 32) k_softmax_topk(struct 
         float bv = -INFINITY;
         int bi = -1;
 #pragma unroll
-        for (int i = 0; i < TOPK_PER_LANE; i++) {
+        for (int i = 0; i < PL; i++) {
             int e = lane + 32 * i;
             if (e < p.n_expert && !((taken >> i) & 1) && (bi < 0 || v[i] > bv))
                 bv = v[i], bi = e;
@@ -762,6 +765,332 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
     }
 }
 
+/* ---- prefill attention on tensor cores -------------------------------------------------------
+ * Many query rows (prefill): flash-attention-2 on fp16 mma.sync (m16n8k16, float accumulators;
+ * sm_80+, as the matmul module). fp16 rather than bf16: 3 more mantissa bits make the scores 8x
+ * more exact, and activations stay far inside its range (beyond it they are clamped, not inf).
+ * One block of ATTP_THREADS per (ATTP_ROWS rows of one kv head, key split), rows indexed
+ * t * G + g as in k_attn; each warp owns 16 rows and keeps everything in registers, in the mma
+ * fragment layouts:
+ *   Q: the A fragments of its 16 rows x HD, read from global memory once (float -> fp16);
+ *   S = Q K^T for ATTP_SUB keys at a time (4 accumulator fragments), scaled by scale * log2(e),
+ *   masked to -inf past each row's position and the split's keys; exp2 against the running max
+ *   (a row's max is reduced over the quad of lanes that hold it);
+ *   P: the S accumulators rounded to fp16 are already the A fragments of P V; the running sum
+ *   adds the rounded values, so the weights that multiply V sum exactly to the divisor;
+ *   O: DO / 8 accumulator fragments, rescaled by alpha, += P V.
+ * K and V go through shared memory in tiles of KT keys as fp16 (converted while staging, zero
+ * past the split's last key, so P = 0 never meets a NaN), rows padded by ATTP_PAD so the 8 rows of
+ * an ldmatrix fall in distinct banks; K is read with ldmatrix, V with ldmatrix.trans. At most
+ * 34 KiB of static shared memory (no opt-in attribute). A warp stops at its rows' last key; the
+ * row tiles run last rows (most keys) first. The split, the combine and the scratch are those of
+ * k_attn, with the max handed over in natural-log units. HD is 64, 128 or 256 (two passes of 128
+ * output dims); a smaller head_dim, a multiple of 16, skips the unused 16-dim steps. */
+
+#define ATTP_THREADS 128
+#define ATTP_ROWS 64 /* 16 per warp */
+#define ATTP_PAD 8   /* fp16 per shared row: 16-byte rows, ldmatrix rows in distinct banks */
+
+#define ATTP_SUB 32 /* keys per softmax step (S fragments in registers) */
+
+/* keys per shared tile: K and V tiles stay under 48 KiB */
+static __host__ __device__ constexpr int attp_keys(int HD)
+{
+    return HD > 128 ? 32 : 64;
+}
+
+/* output dims per pass: head_dim 256 runs two passes (the scores twice) so that the
+ * accumulators and the Q fragments fit in the registers */
+static __host__ __device__ constexpr int attp_out_dims(int HD)
+{
+    return HD > 128 ? 128 : HD;
+}
+
+/* blocks per SM the registers are capped for (168 per thread at head_dim 128: no spills) */
+static __host__ __device__ constexpr int attp_min_blocks(int HD)
+{
+    return HD > 128 ? 2 : HD > 64 ? 3 : 4;
+}
+
+/* (lo, hi) rounded to fp16, lo in the low half (the element order of an mma fragment register);
+ * beyond the fp16 range clamped to +-65504 instead of inf */
+static __device__ __forceinline__ uint32_t attp_pack(float lo, float hi)
+{
+    uint32_t r;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+/* the sum of the two fp16 of a packed register, as floats */
+static __device__ __forceinline__ float attp_sum2(uint32_t r)
+{
+    float lo, hi;
+    asm("{\n .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}\n"
+        : "=f"(lo), "=f"(hi)
+        : "r"(r));
+    return lo + hi;
+}
+
+/* four 8x8 16-bit matrices: lane l gives the shared address of row l % 8 of matrix l / 8 */
+static __device__ __forceinline__ void attp_ldsm4(uint32_t r[4], uint32_t a)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+/* the same, each matrix transposed */
+static __device__ __forceinline__ void attp_ldsm4_t(uint32_t r[4], uint32_t a)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+/* c (16x8 float) += a (16x16 fp16, row major) b (16x8 fp16, column major) */
+static __device__ __forceinline__ void attp_mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                                uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Keys k0 .. k0 + KT - 1 of K and V (k, v: key k0 of this kv head) into the fp16 tiles, rows
+ * n.. and columns hd.. zero. Consecutive threads take consecutive float4 of a key row. */
+template <int HD>
+static __device__ __forceinline__ void attp_stage(uint16_t *ks, uint16_t *vs, const float *k,
+                                                  const float *v, int64_t kvw, int n, int hd,
+                                                  int tid)
+{
+    constexpr int KT = attp_keys(HD), LD = HD + ATTP_PAD, C4 = HD / 4;
+    constexpr int PER = KT * C4 / ATTP_THREADS; /* float4 of K (and of V) per thread */
+    constexpr int CH = 4;                       /* of them in flight: 32 registers */
+    static_assert(PER % CH == 0, "whole chunks of float4 per thread");
+#pragma unroll 1 /* bounds the loads in flight (and the registers they hold) to one chunk */
+    for (int c = 0; c < PER; c += CH) {
+        float4 kx[CH], vx[CH];
+#pragma unroll
+        for (int i = 0; i < CH; i++) {
+            int e = tid + (c + i) * ATTP_THREADS, j = e / C4, d = 4 * (e % C4);
+            kx[i] = vx[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (j < n && d < hd) {
+                kx[i] = __ldg((const float4 *)(k + j * kvw + d));
+                vx[i] = __ldg((const float4 *)(v + j * kvw + d));
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < CH; i++) {
+            int e = tid + (c + i) * ATTP_THREADS, j = e / C4, d = 4 * (e % C4);
+            *(uint2 *)(ks + j * LD + d) =
+                make_uint2(attp_pack(kx[i].x, kx[i].y), attp_pack(kx[i].z, kx[i].w));
+            *(uint2 *)(vs + j * LD + d) =
+                make_uint2(attp_pack(vx[i].x, vx[i].y), attp_pack(vx[i].z, vx[i].w));
+        }
+    }
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(ATTP_THREADS, attp_min_blocks(HD))
+    k_attn_pf(struct attn_params p)
+{
+    constexpr int KT = attp_keys(HD), LD = HD + ATTP_PAD, DO = attp_out_dims(HD);
+    constexpr int NK = HD / 16, NT = ATTP_SUB / 8, NP = ATTP_SUB / 16, ND = DO / 8;
+    __shared__ __align__(16) uint16_t ks[KT * LD], vs[KT * LD]; /* fp16 (key, dim) tiles */
+    __shared__ int wkey[ATTP_THREADS / 32];                     /* per-warp last position */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tq = lane & 3;  /* fragment row group, column pair */
+    const int lm = lane >> 3, lr = lane & 7; /* ldmatrix: matrix, row */
+    const int kvh = blockIdx.y, split = blockIdx.z, hd = p.hd;
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * ATTP_ROWS + warp * 16;
+    const int n_rows = p.n_tok * p.G;
+    const int64_t qw = (int64_t)p.n_head * hd, kvw = (int64_t)p.n_head_kv * hd;
+
+    /* this lane's rows r0 + g and r0 + g + 8: (token, head) element offset, last key */
+    int64_t off[2];
+    int pos[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int rg = r0 + g + 8 * i;
+        off[i] = -1;
+        pos[i] = -1;
+        if (rg < n_rows) {
+            int t = rg / p.G;
+            off[i] = t * qw + (int64_t)(kvh * p.G + rg % p.G) * hd;
+            pos[i] = attn_pos(p, t);
+        }
+    }
+    /* A fragment kk: a0 row g dims 16 kk + 2 tq (+1), a1 row g + 8, a2/a3 the same dims + 8 */
+    uint32_t qa[NK][4];
+#pragma unroll
+    for (int kk = 0; kk < NK; kk++) {
+        float2 x[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int64_t ro = off[i & 1];
+            int d = 16 * kk + 2 * tq + 8 * (i >> 1);
+            x[i] = ro >= 0 && 16 * kk < hd ? *(const float2 *)(p.q + ro + d) : make_float2(0, 0);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            qa[kk][i] = attp_pack(x[i].x, x[i].y);
+    }
+
+    /* the warp's last key, then the block's: the split is cut from the block's */
+    int wpos = ops_imax(pos[0], pos[1]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        wpos = ops_imax(wpos, __shfl_xor_sync(0xffffffffu, wpos, o));
+    if (lane == 0)
+        wkey[warp] = wpos;
+    __syncthreads();
+    int kmax = 0;
+#pragma unroll
+    for (int w = 0; w < ATTP_THREADS / 32; w++)
+        kmax = ops_imax(kmax, wkey[w] + 1);
+    const int chunk = ops_cdiv(ops_cdiv(kmax, p.n_split), KT) * KT;
+    const int kb = split * chunk, ke = ops_imin(kb + chunk, kmax);
+
+    const float sl2 = p.scale * 1.44269504088896340736f; /* scores in log2 units */
+    const float *kbase = p.k + (int64_t)kvh * hd, *vbase = p.v + (int64_t)kvh * hd;
+    /* this lane's ldmatrix rows: K keys lr (+8), dims 0 (+8); V keys lr (+8), dims 0 (+8) */
+    const uint32_t ks_lane =
+        (uint32_t)__cvta_generic_to_shared(ks + (lr + 8 * (lm >> 1)) * LD + 8 * (lm & 1));
+    const uint32_t vs_lane =
+        (uint32_t)__cvta_generic_to_shared(vs + (lr + 8 * (lm & 1)) * LD + 8 * (lm >> 1));
+    const int64_t nth = (int64_t)p.n_tok * p.n_head;
+
+    /* output dims d0 .. d0 + DO per pass; every pass computes the same scores */
+#pragma unroll 1
+    for (int d0 = 0; d0 < hd; d0 += DO) {
+        float o[ND][4];
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++)
+            o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+        for (int k0 = kb; k0 < ke; k0 += KT) {
+            __syncthreads(); /* every warp is done with the previous tile */
+            attp_stage<HD>(ks, vs, kbase + k0 * kvw, vbase + k0 * kvw, kvw, ke - k0, hd, tid);
+            __syncthreads();
+#pragma unroll 1
+            for (int sub = 0; sub < KT; sub += ATTP_SUB) {
+                const int k1 = k0 + sub;
+                if (k1 >= ke || k1 > wpos) /* no key left for the warp's rows in this tile */
+                    break;
+                /* opaque, so the constant offsets below fold into the ldmatrix instructions
+                 * instead of one address register per fragment */
+                uint32_t ka = ks_lane + 2 * sub * LD, va = vs_lane + 2 * (sub * LD + d0);
+                asm volatile("" : "+r"(ka), "+r"(va));
+
+                /* S = Q K^T; element e of s[nt]: row g + 8 (e / 2), key k1 + 8 nt + 2 tq + e % 2 */
+                float s[NT][4];
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < NK; kk++) {
+                    if (16 * kk >= hd)
+                        break;
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt += 2) {
+                        uint32_t b[4]; /* keys 8 nt.. and 8 nt + 8.., dims 16 kk.. and +8.. */
+                        attp_ldsm4(b, ka + 2 * (8 * nt * LD + 16 * kk));
+                        attp_mma(s[nt], qa[kk], b[0], b[1]);
+                        attp_mma(s[nt + 1], qa[kk], b[2], b[3]);
+                    }
+                }
+
+                float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int key = k1 + 8 * nt + 2 * tq + (e & 1);
+                        float x = key < ke && key <= pos[e >> 1] ? s[nt][e] * sl2 : -INFINITY;
+                        s[nt][e] = x;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                    }
+                }
+                float base[2], alpha[2];
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+                    float mn = fmaxf(m[i], mx[i]);
+                    base[i] = mn == -INFINITY ? 0.0f : mn; /* a row without keys yet: p = 0 */
+                    alpha[i] = exp2f(m[i] - base[i]);
+                    m[i] = mn;
+                }
+                /* P as A fragments of 16 keys: a0 row g keys 0..7, a1 row g + 8, a2/a3 keys
+                 * 8..15, i.e. s[2 kp] and s[2 kp + 1] */
+                uint32_t pa[NP][4];
+                float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int kp = 0; kp < NP; kp++) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const float *sf = s[2 * kp + (i >> 1)];
+                        int h = i & 1;
+                        pa[kp][i] =
+                            attp_pack(exp2f(sf[2 * h] - base[h]), exp2f(sf[2 * h + 1] - base[h]));
+                        ls[h] += attp_sum2(pa[kp][i]);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    l[i] = l[i] * alpha[i] + ls[i];
+#pragma unroll
+                for (int nd = 0; nd < ND; nd++) {
+                    o[nd][0] *= alpha[0], o[nd][1] *= alpha[0];
+                    o[nd][2] *= alpha[1], o[nd][3] *= alpha[1];
+                }
+                /* O += P V; element e of o[nd]: row g + 8 (e / 2), dim d0 + 8 nd + 2 tq + e % 2 */
+#pragma unroll
+                for (int kp = 0; kp < NP; kp++) {
+#pragma unroll
+                    for (int nd = 0; nd < ND; nd += 2) {
+                        if (d0 + 8 * nd >= hd)
+                            break;
+                        uint32_t b[4]; /* keys 16 kp.. and +8.., dims 8 nd.. and 8 nd + 8.. */
+                        attp_ldsm4_t(b, va + 2 * (16 * kp * LD + 8 * nd));
+                        attp_mma(o[nd], pa[kp], b[0], b[1]);
+                        attp_mma(o[nd + 1], pa[kp], b[2], b[3]);
+                    }
+                }
+            }
+        }
+
+        /* the row sums over the quad (every lane of it gets the same sum) */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            if (off[i] < 0)
+                continue;
+            int64_t row = off[i] / hd; /* t * n_head + h */
+            float *dst =
+                p.n_split == 1 ? p.out + off[i] : p.part_acc + ((int64_t)split * nth + row) * hd;
+            float inv = p.n_split == 1 ? 1.0f / l[i] : 1.0f;
+#pragma unroll
+            for (int nd = 0; nd < ND; nd++)
+                if (d0 + 8 * nd < hd)
+                    *(float2 *)(dst + d0 + 8 * nd + 2 * tq) =
+                        make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+            if (p.n_split > 1 && d0 == 0 && tq == 0) {
+                p.part_m[split * nth + row] = m[i] * 0.69314718055994530942f; /* ln 2 */
+                p.part_l[split * nth + row] = l[i];
+            }
+        }
+    }
+}
+
 /* ==== launchers ============================================================================== */
 
 static bool ops_aligned(const void *p, uint64_t a)
@@ -967,6 +1296,53 @@ static bool attd_launch(const struct cuda_attn_args *a, struct attn_params *p, c
     return true;
 }
 
+/* The tensor-core prefill kernel where it applies (n_tok >= CUDA_ATTN_TC_MIN_TOK, n_tok * G >=
+ * CUDA_ATTN_TC_MIN_ROWS, head_dim a multiple of 16, K/V 16-byte and q/out 8-byte aligned):
+ * launches it (and the combine when the keys are split), true; else false and nothing launched.
+ * The split follows k_attn's plan with ATTP_ROWS rows and attp_keys keys per block; without
+ * enough scratch the keys are not split. */
+static bool attp_launch(const struct cuda_attn_args *a, struct attn_params *p, cudaStream_t s)
+{
+    const int rows = a->n_tok * p->G, hd = a->head_dim;
+    if (a->n_tok < CUDA_ATTN_TC_MIN_TOK || rows < CUDA_ATTN_TC_MIN_ROWS || hd % 16 ||
+        !ops_aligned(a->k_cache, 16) || !ops_aligned(a->v_cache, 16) || !ops_aligned(a->q, 8) ||
+        !ops_aligned(a->out, 8))
+        return false;
+    const int HD = hd <= 64 ? 64 : hd <= 128 ? 128 : 256;
+    int blocks = ops_cdiv(rows, ATTP_ROWS) * a->n_head_kv;
+    int keys = a->pos_dev ? a->n_ctx : ops_imin(a->pos0 + a->n_tok, a->n_ctx);
+    int ns = ops_cdiv(ATT_TARGET_BLOCKS, blocks);
+    ns = ops_imin(ns, ATT_MAX_SPLIT);
+    ns = ops_imin(ns, ATT_SPLIT_ROWS / a->n_tok);
+    ns = ops_imax(ops_imin(ns, ops_cdiv(keys, attp_keys(HD))), 1);
+    const int64_t nth = (int64_t)a->n_tok * a->n_head;
+    size_t need = sizeof(float) * (size_t)ns * nth * (hd + 2);
+    if (ns > 1 && (!a->scratch || a->scratch_bytes < need || !ops_aligned(a->scratch, 8)))
+        ns = 1;
+    struct attn_params q = *p;
+    q.n_split = ns;
+    if (ns > 1) {
+        q.part_acc = (float *)a->scratch;
+        q.part_m = q.part_acc + (size_t)ns * nth * hd;
+        q.part_l = q.part_m + (size_t)ns * nth;
+    }
+    dim3 grid((unsigned)ops_cdiv(rows, ATTP_ROWS), (unsigned)a->n_head_kv, (unsigned)ns);
+    switch (HD) {
+    case 64:
+        k_attn_pf<64><<<grid, ATTP_THREADS, 0, s>>>(q);
+        break;
+    case 128:
+        k_attn_pf<128><<<grid, ATTP_THREADS, 0, s>>>(q);
+        break;
+    default:
+        k_attn_pf<256><<<grid, ATTP_THREADS, 0, s>>>(q);
+        break;
+    }
+    if (ns > 1)
+        k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(q);
+    return true;
+}
+
 extern "C" int cuda_attention(const struct cuda_attn_args *a)
 {
     if (!a || a->n_tok < 0 || a->n_ctx < 1 || a->n_head < 1 || a->n_head_kv < 1 ||
@@ -1010,7 +1386,7 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
         p.part_l = p.part_m + (size_t)pl.n_split * nth;
     }
     cudaStream_t s = (cudaStream_t)a->stream;
-    if (attd_launch(a, &p, s))
+    if (attd_launch(a, &p, s) || attp_launch(a, &p, s))
         return cuda_last_error("cuda_attention");
     dim3 grid((unsigned)ops_cdiv(a->n_tok * p.G, pl.R), (unsigned)a->n_head_kv,
               (unsigned)pl.n_split);
@@ -1052,7 +1428,15 @@ extern "C" int cuda_softmax_topk(const struct cuda_topk_args *a)
     if (!a->logits || !a->ids || !a->w)
         return -EINVAL;
     struct topk_params p = {a->logits, a->n_tok, a->n_expert, a->k, a->ids, a->w};
-    k_softmax_topk<<<ops_cdiv(a->n_tok, TOPK_WARPS), TOPK_WARPS * 32, 0, (cudaStream_t)a->stream>>>(
-        p);
+    const unsigned blocks = (unsigned)ops_cdiv(a->n_tok, TOPK_WARPS);
+    cudaStream_t s = (cudaStream_t)a->stream;
+    if (a->n_expert <= 32 * 4)
+        k_softmax_topk<4><<<blocks, TOPK_WARPS * 32, 0, s>>>(p);
+    else if (a->n_expert <= 32 * 8)
+        k_softmax_topk<8><<<blocks, TOPK_WARPS * 32, 0, s>>>(p);
+    else if (a->n_expert <= 32 * 16)
+        k_softmax_topk<16><<<blocks, TOPK_WARPS * 32, 0, s>>>(p);
+    else
+        k_softmax_topk<TOPK_PER_LANE><<<blocks, TOPK_WARPS * 32, 0, s>>>(p);
     return cuda_last_error("cuda_softmax_topk");
 }

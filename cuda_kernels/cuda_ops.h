@@ -1,7 +1,7 @@
 /* cuda_ops: the non-matmul ops of the CUDA backend, float32 activations on the device:
  * embedding rows, RMSNorm (with an optional fused residual add), NEOX RoPE, KV-cache store,
- * causal GQA attention (split-K flash-decoding and a tiled prefill), add, argmax and the MoE
- * router's softmax + top-k.
+ * causal GQA attention (split-K flash-decoding, a fp16 tensor-core prefill), add, argmax and
+ * the MoE router's softmax + top-k.
  *
  * Every launcher only enqueues work on `stream` (a cudaStream_t; NULL is the legacy default
  * stream): no allocation, no synchronisation, no read of device memory by the host, so a
@@ -121,11 +121,21 @@ struct cuda_attn_args {
 /* Scratch for the split-K partial results of any call with these heads (any n_tok, context). */
 size_t cuda_attention_scratch_bytes(int n_head, int head_dim);
 
+/* Prefill calls run on fp16 tensor cores: n_tok >= CUDA_ATTN_TC_MIN_TOK, n_tok * (n_head /
+ * n_head_kv) >= CUDA_ATTN_TC_MIN_ROWS, head_dim a multiple of 16, k_cache/v_cache 16-byte and
+ * q/out 8-byte aligned. Q, K, V and the softmax weights are rounded to fp16 there (values beyond
+ * +-65504 clamped; products and sums in float): a score s moves by about 3e-4 |s|, and the
+ * tested bound is max abs error <= 5e-3 * max |ref| for scores of std <= 3 (docs/cuda-ops.md).
+ * Every other call, decode included, stays in float throughout. */
+#define CUDA_ATTN_TC_MIN_TOK 3
+#define CUDA_ATTN_TC_MIN_ROWS 64
+
 /* Causal GQA attention as ops_attention: query t of head h attends to keys 0..pos(t) of kv head
  * h / (n_head / n_head_kv) with softmax(scale * q.k) weights, online softmax in float. Few
  * query rows (decode) split the keys over several blocks and combine the partial softmaxes in a
  * second kernel (split-K flash-decoding); the split is planned from n_ctx when pos_dev is set,
- * so one captured graph serves every position. */
+ * so one captured graph serves every position. Many rows (prefill) take the tensor-core path
+ * above. */
 int cuda_attention(const struct cuda_attn_args *a);
 
 /* ---- elementwise, argmax, router ----------------------------------------------------------- */

@@ -8,6 +8,9 @@
  *   attention  vs ops_attention: head_dim 64/128/256, GQA 1/4/8, contexts 1..1000, decode
  *              (split-K) and prefill (tiled), host and device positions, in place: max rel 2e-5
  *              (cache rows past the last position are NaN, so reading them fails the case);
+ *              calls on the fp16 tensor-core prefill path (cuda_ops.h): max rel 5e-3, with
+ *              prefills of 64..300 tokens, GQA 1/4/8, head_dim 64/128 (and 16..256), pos0 0 and
+ *              > 0, device positions, split keys; both sides of the path's threshold;
  *   add        exact; argmax: the index of sampler_argmax (ties to the lowest);
  *   topk       vs moe_route_softmax_topk: ids exact (also with tied logits), weights 2e-6 abs;
  *   graph      a decode step (rope, kv_store, attention with device positions) captured once in
@@ -35,6 +38,16 @@ extern "C" { /* C headers without their own guard */
 #define TOL_NORM 2e-6
 #define TOL_ROPE 2e-6
 #define TOL_ATTN 2e-5
+/* The tensor-core prefill rounds Q, K, V and the softmax weights to fp16 (relative error up to
+ * 2^-11 each; products and sums in float). A score s moves by about 3e-4 |s|, its weight by as
+ * much. A host emulation of the kernel (warp collectives emulated from the PTX fragment layouts)
+ * on these inputs (q ~ N(0, qscale^2) with qscale <= 3, k, v ~ N(0, 1), up to 300 x 16 rows)
+ * gave max abs error / max |ref| <= 1.3e-3, norm rel ~5e-4. A wrong kernel misses by far more on
+ * some row, and the cases have such rows: with pos0 = 0 the first tokens attend 1, 2, 3 keys, so
+ * a mask off by one key moves them by ~|v| (emulated: 0.3..1.4 of max |ref|); a wrong head
+ * (n_kv >= 2) or token mapping reads unrelated rows (~1); a lost rescale or a lost last partial
+ * tile 0.2..1; even a 4% error in the score scale gives 0.02..0.09. */
+#define TOL_ATTN_TC 5e-3
 #define TOL_TOPK_W 2e-6
 
 static const char *NAME = "test_cuda_ops";
@@ -371,9 +384,14 @@ static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scra
     int n_head = c->G * c->n_kv, hd = c->hd, n_tok = c->n_tok;
     int n_ctx = c->pos0 + n_tok + c->ctx_slack;
     size_t qn = (size_t)n_tok * n_head * hd, kvw = (size_t)c->n_kv * hd, cn = (size_t)n_ctx * kvw;
+    /* the path cuda_ops.h promises for this call (device buffers are aligned) */
+    bool tc =
+        n_tok >= CUDA_ATTN_TC_MIN_TOK && n_tok * c->G >= CUDA_ATTN_TC_MIN_ROWS && hd % 16 == 0;
+    double tol = tc ? TOL_ATTN_TC : TOL_ATTN;
     float *q = test_rand_normal(r, qn, c->qscale);
     float *kc = test_rand_normal(r, cn, 1.0f), *vc = test_rand_normal(r, cn, 1.0f);
-    float *ref = (float *)test_xmalloc(qn * sizeof(float)), *got = (float *)test_xmalloc(qn * sizeof(float));
+    float *ref = (float *)test_xmalloc(qn * sizeof(float)),
+          *got = (float *)test_xmalloc(qn * sizeof(float));
     int32_t *pos = (int32_t *)test_xmalloc(sizeof(int32_t) * n_tok);
     int last = c->pos0 + n_tok - 1;
 
@@ -412,16 +430,75 @@ static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scra
     int rc = cuda_attention(&a);
     test_dev_get(got, d_out, qn * sizeof(float));
     double e = test_max_rel_err(got, ref, qn), en = test_norm_rel_err(got, ref, qn);
-    printf("attention head_dim %3d heads %2d/%d (GQA %d) n_tok %3d keys %4d..%4d n_ctx %4d %s%s:"
-           " rc %d, max rel %.3g, norm rel %.3g\n",
+    printf("attention head_dim %3d heads %2d/%d (GQA %d) n_tok %3d keys %4d..%4d n_ctx %4d %s%s"
+           " %s: rc %d, max rel %.3g, norm rel %.3g\n",
            hd, n_head, c->n_kv, c->G, n_tok, c->pos0 + 1, last + 1, n_ctx,
-           c->dev ? "dev-pos" : "pos0", c->inplace ? " in-place" : "", rc, e, en);
-    CHECK(rc == 0 && e <= TOL_ATTN, "attention hd %d G %d n_kv %d n_tok %d pos0 %d: rc %d err %g",
-          hd, c->G, c->n_kv, n_tok, c->pos0, rc, e);
+           c->dev ? "dev-pos" : "pos0", c->inplace ? " in-place" : "", tc ? "fp16-tc" : "float", rc,
+           e, en);
+    CHECK(rc == 0 && e <= tol, "attention hd %d G %d n_kv %d n_tok %d pos0 %d (%s): rc %d err %g",
+          hd, c->G, c->n_kv, n_tok, c->pos0, tc ? "fp16-tc" : "float", rc, e);
     cuda_free(d_q), cuda_free(d_k), cuda_free(d_v), cuda_free(d_pos);
     if (!c->inplace)
         cuda_free(d_out);
     free(q), free(kc), free(vc), free(ref), free(got), free(pos);
+}
+
+/* Prefills on the tensor-core path and next to it. Rows of a block are t * G + g in tiles of
+ * 64, keys go in tiles of 64 (32 at head_dim 256) and steps of 32: token counts that are not
+ * multiples of 16 or 64 leave partial tiles at both ends; pos0 = 0 gives rows with 1, 2, 3 keys
+ * (where a mask error shows), pos0 > 0 a continued prompt; n_kv >= 2 so that a wrong head
+ * mapping reads another head's keys. */
+static void test_attention_tc(struct rng *r, void *d_scratch, size_t scratch_bytes)
+{
+    static const int hds[] = {64, 128}, gs[] = {1, 4, 8};
+    for (int hi = 0; hi < 2; hi++) {
+        for (int gi = 0; gi < 3; gi++) {
+            int G = gs[gi], n_kv = G == 8 ? 2 : 2 + rng_below(r, 2);
+            int toks[] = {64, 65 + (int)rng_below(r, 15), 100 + (int)rng_below(r, 60),
+                          200 + (int)rng_below(r, 101)};
+            for (int ti = 0; ti < 4; ti++) {
+                int pos0 = ti % 2 ? 1 + (int)rng_below(r, 500) : 0;
+                struct attn_case c = {};
+                c.hd = hds[hi], c.G = G, c.n_kv = n_kv, c.n_tok = toks[ti], c.pos0 = pos0;
+                c.ctx_slack = (int)rng_below(r, 30);
+                c.dev = ti >= 2;
+                c.inplace = ti == 1 && G == 4;
+                c.qscale = 1.0f + 2.0f * rng_f32(r);
+                run_attn_case(r, &c, d_scratch, scratch_bytes);
+            }
+        }
+    }
+    /* {hd, G, n_kv, n_tok, pos0, ctx_slack, dev, inplace, qscale} */
+    static const struct attn_case more[] = {
+        /* other head sizes: 256 (two passes over the output dims) and multiples of 16 below
+         * the kernel's 64/128/256 */
+        {256, 4, 2, 70, 0, 5, false, false, 3.0f},
+        {256, 8, 1, 100, 33, 0, true, true, 2.0f},
+        {16, 4, 2, 50, 0, 3, false, false, 3.0f},
+        {48, 8, 2, 9, 0, 1, true, false, 3.0f},
+        {80, 4, 2, 33, 0, 1, true, false, 3.0f},
+        {96, 1, 3, 130, 17, 2, false, false, 2.0f},
+        {192, 2, 2, 65, 0, 0, false, false, 2.0f},
+        /* few tokens, long context: the keys are split over blocks and combined (with device
+         * positions the split is planned from n_ctx, so most splits are empty) */
+        {128, 8, 2, 8, 900, 20, false, false, 3.0f},
+        {128, 4, 1, 16, 500, 40, true, false, 2.0f},
+        {256, 8, 1, 8, 300, 10, true, false, 2.0f},
+        {64, 16, 2, 4, 0, 700, true, false, 3.0f},
+        /* a 512-token prompt of 30b-a3b's attention (32/4 heads, head_dim 128): the shape to
+         * time with ncu (-k regex:k_attn_pf, the launch of grid 64 x 4) */
+        {128, 8, 4, 512, 0, 0, false, false, 2.0f},
+        /* the float kernels: just below the row threshold, head_dim 72 / 40 (not multiples of
+         * 16) at prefill sizes, and 64 rows of one or two tokens (decode) */
+        {128, 1, 2, 63, 0, 3, false, false, 3.0f},
+        {64, 8, 2, 7, 200, 3, true, false, 3.0f},
+        {72, 4, 2, 100, 0, 5, false, false, 3.0f},
+        {40, 8, 1, 150, 21, 0, true, true, 2.0f},
+        {64, 64, 1, 1, 300, 0, true, false, 2.0f},
+        {128, 32, 1, 2, 0, 50, false, false, 2.0f},
+    };
+    for (size_t i = 0; i < sizeof(more) / sizeof(more[0]); i++)
+        run_attn_case(r, &more[i], d_scratch, scratch_bytes);
 }
 
 static void test_attention(struct rng *r)
@@ -461,6 +538,7 @@ static void test_attention(struct rng *r)
     }
     struct attn_case odd = {96, 2, 3, 9, 41, 3, false, false, 2.0f}; /* head_dim 96, GQA 2 */
     run_attn_case(r, &odd, d_scratch, scratch_bytes);
+    test_attention_tc(r, d_scratch, scratch_bytes);
     cuda_free(d_scratch);
 }
 
