@@ -11,8 +11,9 @@
  * - GEMM (m >= CUDA_MATMUL_GEMM_MIN_M): a tiled tensor-core kernel that streams the raw weight
  *   bytes into shared memory with cp.async, dequantizes them to BF16 there, converts the
  *   activations to BF16, and accumulates in float32 (mma.sync). The output tile (128 x 128 down
- *   to 32 x 64) is chosen per call from the shape and the device's SM count. F32 weights always
- *   take the MMV path, which stays exact in float32.
+ *   to 32 x 64) is chosen per call from the shape and the device's SM count. F32 weights never
+ *   take it: they stay in float32, on MMV, or with CUDA_MATMUL_SGEMM_MIN_M rows and more on a
+ *   tiled float32 kernel (64 x 64 outputs per block, one FMA chain per output in k order).
  *
  * Nothing here allocates, synchronizes or copies: a call only enqueues kernels on the given
  * stream, so it can be captured in a CUDA graph once cuda_matmul_init() has run.
@@ -31,9 +32,11 @@ extern "C" {
 
 #define CUDA_MATMUL_MMV_MAX_M 16  /* activation rows one pass of the MMV kernel serves */
 #define CUDA_MATMUL_GEMM_MIN_M 32 /* the automatic choice takes GEMM from this many rows */
+#define CUDA_MATMUL_SGEMM_MIN_M 64 /* ... and, for F32 weights, float32 tiles from this many */
 
 enum cuda_matmul_path {
-    CUDA_MATMUL_PATH_AUTO = 0, /* MMV below CUDA_MATMUL_GEMM_MIN_M rows (always for F32) */
+    CUDA_MATMUL_PATH_AUTO = 0, /* MMV below CUDA_MATMUL_GEMM_MIN_M rows; F32: MMV, or float32
+                                * tiles from CUDA_MATMUL_SGEMM_MIN_M rows (4-byte aligned W) */
     CUDA_MATMUL_PATH_MMV,      /* any m: ceil(m / 16) passes over W in one launch */
     CUDA_MATMUL_PATH_GEMM,     /* any m; not for F32 weights */
 };

@@ -303,9 +303,13 @@ int cmd_bench(int argc, char **argv)
 
     if (o.profile)
         backend_profile_report(b, stdout, "the first token");
+    struct backend_cache_totals p0 = {0}, p1 = {0};
+    bool pp_cached = o.cuda && backend_cuda_cache_totals(core, &p0) == 0;
     t0 = generate_now();
     rc = rc ? rc : stream_eval(s, ids, o.n_prompt, logits);
     double t_pp = generate_now() - t0;
+    if (pp_cached)
+        backend_cuda_cache_totals(core, &p1);
     if (o.profile)
         backend_profile_report(b, stdout, "prompt processing");
     int32_t tok = sampler_argmax(logits, (int)hp->n_vocab);
@@ -386,6 +390,12 @@ int cmd_bench(int argc, char **argv)
                h2d / 1e9, per_tok / 1e6, (double)(c1.bytes_copied - c0.bytes_copied) / o.n_gen / 1e6,
                (double)(c1.bytes_zerocopy - c0.bytes_zerocopy) / o.n_gen / 1e6,
                moved / t_tg / 1e9, 100.0 * moved / t_tg / h2d);
+        if (pp_cached) { /* prefill streams most of a layer's experts: often PCIe-bound */
+            double pmoved = (double)(p1.bytes_copied - p0.bytes_copied) +
+                            (double)(p1.bytes_zerocopy - p0.bytes_zerocopy);
+            printf("pcie pp      prefill moved %.2f GB in %.3f s = %.1f GB/s = %.0f%% of H2D\n",
+                   pmoved / 1e9, t_pp, pmoved / t_pp / 1e9, 100.0 * pmoved / t_pp / h2d);
+        }
         if (c1.cpu_computed > c0.cpu_computed)
             printf("cpu lane     %.1f of %.1f missed experts per token computed on the CPU "
                    "(%.2f of them also copied into a slot behind their layer)\n",
