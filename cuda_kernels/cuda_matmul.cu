@@ -1093,65 +1093,53 @@ __global__ void __launch_bounds__(GTHREADS, T::MINB) gemm_kernel(const gemm_para
 /* ---- F32 weights, many activation rows ---------------------------------------------------
  * F32 weights stay in float32 (the router, whose choices must not move): with many rows the MMV
  * kernel re-reads 16 activation rows per weight row from L2 (154 us for 512 x 128 x 2048 on the
- * H200). Here a block computes a 64 x 64 tile of y from 16-wide K slices of x and W in shared
- * memory, each thread 4 x 4 outputs; every output is one float FMA chain in k order
+ * H200). Here a block computes a 32 x 32 tile of y from 32-wide K slices of x and W in shared
+ * memory, each thread 2 x 2 outputs (small tiles: the router has only 128 outputs, and 64 x 64
+ * tiles gave 16 blocks and 184 us); every output is one float FMA chain in k order
  * (deterministic, and no rounding beyond float32's). */
 
-constexpr int SG_T = 64, SG_K = 16;
+constexpr int SG_T = 32, SG_K = 32;
 
 __global__ void __launch_bounds__(256) sgemm_f32_kernel(const gemm_params p)
 {
-    __shared__ float xs[SG_K][SG_T + 4]; /* x slice, transposed: xs[k][row] */
-    __shared__ float ws[SG_K][SG_T + 4]; /* W slice, transposed: ws[k][out] */
+    __shared__ float xs[SG_K][SG_T + 2]; /* x slice, transposed: xs[k][row] */
+    __shared__ float ws[SG_K][SG_T + 2]; /* W slice, transposed: ws[k][out] */
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
     const int64_t n0 = (int64_t)blockIdx.x * SG_T;
     const int m0 = blockIdx.y * SG_T;
-    const float *xrow[4];
-    const float *wrow[4];
-    /* loads: thread tid fills (row tid / 4, k 4 (tid % 4) ..) of both slices */
-    const int lr = tid / 4, lk = 4 * (tid % 4);
-    {
-        const int rr = m0 + lr;
-        xrow[0] = rr < p.m ? p.x + (p.x_rows ? (int64_t)__ldg(p.x_rows + rr) : (int64_t)rr) * p.x_stride
-                           : nullptr;
-        const int64_t wr = n0 + lr;
-        wrow[0] = wr < p.n_out ? (const float *)(p.w + wr * p.w_stride) : nullptr;
-    }
-    float acc[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            acc[i][j] = 0.0f;
+    /* loads: thread tid fills (row tid / 8, k 4 (tid % 8) .. + 3) of both slices */
+    const int lr = tid / 8, lk = 4 * (tid % 8);
+    const int rr = m0 + lr;
+    const float *xrow =
+        rr < p.m ? p.x + (p.x_rows ? (int64_t)__ldg(p.x_rows + rr) : (int64_t)rr) * p.x_stride
+                 : nullptr;
+    const float *wrow = n0 + lr < p.n_out ? (const float *)(p.w + (n0 + lr) * p.w_stride) : nullptr;
+    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
     for (int64_t k0 = 0; k0 < p.n_in; k0 += SG_K) {
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             const int64_t kk = k0 + lk + c;
-            xs[lk + c][lr] = xrow[0] && kk < p.n_in ? __ldg(xrow[0] + kk) : 0.0f;
-            ws[lk + c][lr] = wrow[0] && kk < p.n_in ? __ldg(wrow[0] + kk) : 0.0f;
+            xs[lk + c][lr] = xrow && kk < p.n_in ? __ldg(xrow + kk) : 0.0f;
+            ws[lk + c][lr] = wrow && kk < p.n_in ? __ldg(wrow + kk) : 0.0f;
         }
         __syncthreads();
 #pragma unroll
         for (int k = 0; k < SG_K; k++) {
-            const float4 a = *(const float4 *)&xs[k][4 * ty], b = *(const float4 *)&ws[k][4 * tx];
-            const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+            const float2 a = *(const float2 *)&xs[k][2 * ty], b = *(const float2 *)&ws[k][2 * tx];
+            acc[0][0] = fmaf(a.x, b.x, acc[0][0]);
+            acc[0][1] = fmaf(a.x, b.y, acc[0][1]);
+            acc[1][0] = fmaf(a.y, b.x, acc[1][0]);
+            acc[1][1] = fmaf(a.y, b.y, acc[1][1]);
         }
         __syncthreads();
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int r = m0 + 4 * ty + i;
-        if (r >= p.m)
-            break;
+    for (int i = 0; i < 2; i++) {
+        const int r = m0 + 2 * ty + i;
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int64_t c = n0 + 4 * tx + j;
-            if (c < p.n_out)
+        for (int j = 0; j < 2; j++) {
+            const int64_t c = n0 + 2 * tx + j;
+            if (r < p.m && c < p.n_out)
                 p.y[(int64_t)r * p.y_stride + c] = acc[i][j];
         }
     }

@@ -13,7 +13,7 @@
  *   activations to BF16, and accumulates in float32 (mma.sync). The output tile (128 x 128 down
  *   to 32 x 64) is chosen per call from the shape and the device's SM count. F32 weights never
  *   take it: they stay in float32, on MMV, or with CUDA_MATMUL_SGEMM_MIN_M rows and more on a
- *   tiled float32 kernel (64 x 64 outputs per block, one FMA chain per output in k order).
+ *   tiled float32 kernel (32 x 32 outputs per block, one FMA chain per output in k order).
  *
  * Nothing here allocates, synchronizes or copies: a call only enqueues kernels on the given
  * stream, so it can be captured in a CUDA graph once cuda_matmul_init() has run.
