@@ -11,8 +11,7 @@
  *   vs the CPU path: norm rel err <= 5e-2 (the CPU quantizes activations to Q8_0 / Q8_K; its
  *     own error against the double reference is printed next to it);
  *   the direct and grouped paths agree bit for bit (where the direct path is not 8-bit), and
- *     the slot-table pointers (2 bytes off 16-byte boundaries for quantized types) equal the
- *     stacked tensors bit for bit on the automatic path;
+ *     the slot-table pointers equal the stacked tensors bit for bit on the automatic path;
  *   the tensor-core path (bf16 products) vs the double reference: norm rel err <= 2e-2, max err
  *     <= 8e-2 of max |ref|;
  *   an expert id outside the table turns that token's row (only) into NaN;
@@ -161,18 +160,13 @@ static void layer_make(struct rng *r, const struct moe_case *c, struct layer *L)
     L->d_gate = test_dev_dup(L->gate, L->g_stride * c->n_expert);
     L->d_up = test_dev_dup(L->up, L->g_stride * c->n_expert);
     L->d_down = test_dev_dup(L->down, L->d_stride * c->n_expert);
-    /* the slot copy: gate, up, down of expert e in slot n_expert - 1 - e, 2 bytes past a
-     * 256-byte boundary where the types allow it (quantized blocks need 2-byte alignment only),
-     * so that the kernels' paths for rows off 16-byte boundaries must match the stacked run */
-    bool f_type = c->gt == QUANT_F32 || c->gt == QUANT_F16 || c->gt == QUANT_BF16 ||
-                  c->dt == QUANT_F32 || c->dt == QUANT_F16 || c->dt == QUANT_BF16;
-    uint64_t skew = f_type ? 0 : 2;
-    uint64_t slot = 2 * L->g_stride + L->d_stride + skew;
+    /* the slot copy: gate, up, down of expert e in slot n_expert - 1 - e */
+    uint64_t slot = 2 * L->g_stride + L->d_stride;
     slot = (slot + 255) & ~(uint64_t)255;
     L->d_slots = test_dev_alloc(slot * c->n_expert);
     const void **ptrs = (const void **)test_xmalloc(sizeof(void *) * 3 * c->n_expert);
     for (int e = 0; e < c->n_expert; e++) {
-        uint8_t *s = (uint8_t *)L->d_slots + slot * (c->n_expert - 1 - e) + skew;
+        uint8_t *s = (uint8_t *)L->d_slots + slot * (c->n_expert - 1 - e);
         test_dev_put(s, L->gate + e * L->g_stride, L->g_stride);
         test_dev_put(s + L->g_stride, L->up + e * L->g_stride, L->g_stride);
         test_dev_put(s + 2 * L->g_stride, L->down + e * L->d_stride, L->d_stride);
