@@ -1,7 +1,7 @@
 # Sourced by the bench/device-*.sh scripts on the GPU machine: CUDA tools on PATH, OUT (the
 # results folder), B (the carried binaries, unpacked from .carry/bin.tar.xz: the checkout with
 # the 45 MB default model plus them must stay under the device's 64 MiB; pack them with
-# tar -cJf .carry/bin.tar.xz -C .carry bin), M (the 30b-a3b q4_k_m preset, made by gen_30b).
+# scripts/device-pack.sh), M (the 30b-a3b q4_k_m preset, made by gen_30b).
 export PATH=$PATH:/usr/local/cuda/bin
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
