@@ -56,9 +56,8 @@ constexpr unsigned FULL_MASK = 0xffffffffu;
 constexpr int MMV_WARPS = 4; /* warps per MMV CTA, one weight row each */
 constexpr int MMV_THREADS = MMV_WARPS * WARP;
 /* m = 1 with at most this many rows: a block per row (4 warps split its tiles), so that a
- * router (128 rows) keeps enough loads in flight: on the H200 the F32 router took 8.5 us with
- * a warp per row (6% occupancy), 4.3 us split; the 512-row k/v projections got slower split
- * (3.9 -> 4.7 us), hence the bound */
+ * router (128 rows) keeps enough loads in flight; the 512-row k/v projections measured slower
+ * split, hence the bound (docs/cuda-matmul.md) */
 constexpr int64_t MMV_SPLIT_MAX_ROWS = 256;
 constexpr int MMV_MAX_M = CUDA_MATMUL_MMV_MAX_M;
 constexpr int Q8_WARPS = 8; /* 32-element activation blocks per quantize CTA */
@@ -1092,11 +1091,10 @@ __global__ void __launch_bounds__(GTHREADS, T::MINB) gemm_kernel(const gemm_para
 
 /* ---- F32 weights, many activation rows ---------------------------------------------------
  * F32 weights stay in float32 (the router, whose choices must not move): with many rows the MMV
- * kernel re-reads 16 activation rows per weight row from L2 (154 us for 512 x 128 x 2048 on the
- * H200). Here a block computes a 32 x 32 tile of y from 32-wide K slices of x and W in shared
- * memory, each thread 2 x 2 outputs (small tiles: the router has only 128 outputs, and 64 x 64
- * tiles gave 16 blocks and 184 us); every output is one float FMA chain in k order
- * (deterministic, and no rounding beyond float32's). */
+ * kernel re-reads 16 activation rows per weight row from L2. Here a block computes a 32 x 32
+ * tile of y from 32-wide K slices of x and W in shared memory, each thread 2 x 2 outputs (small
+ * tiles, so that the router's 128 outputs still give enough blocks; docs/cuda-matmul.md); every
+ * output is one float FMA chain in k order (deterministic, and no rounding beyond float32's). */
 
 constexpr int SG_T = 32, SG_K = 32;
 

@@ -29,9 +29,8 @@
 #define MOE_TILE_LARGE 16    /* ... and from MOE_TILE_LARGE / 2 pairs per expert on average */
 #define MOE_TILE_MMA 64      /* pairs per tile on the tensor-core path */
 #define MOE_SORT_THREADS 256 /* chunks of the counting sort, one per thread */
-#define MOE_DOWN_KMAX 1      /* experts a direct down warp walks side by side. H200, 30b-a3b
-                              * Q6_K down: 1: 18.9 us, 2: 20.8, 8: 21.5 (123 registers); staging
-                              * the rows in shared memory: 24.7 */
+#define MOE_DOWN_KMAX 1      /* experts a float direct down warp walks side by side (more, or
+                              * staging the rows, measured slower: bench/cuda-resident.md) */
 
 static __host__ __device__ __forceinline__ int64_t moe_cdiv(int64_t a, int64_t b)
 {
@@ -211,9 +210,8 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_direct(struc
  * The steps above read a weight row with many small loads, a group at a time. Here a warp first
  * copies its gate and up rows into its own shared memory with 16-byte loads, all in flight
  * together, and then runs the same steps on the copy: the arithmetic, and so every bit, is
- * unchanged. On the H200 (30b-a3b) this took gate/up from 21.8 to 20.3 us; the kernels are
- * bound by instructions more than by loads (ncu: 56% of the SMs' issue rate, DRAM at 13%), and
- * the same staging made the down kernel slower (19.8 -> 24.7 us), so down is not staged. */
+ * unchanged. It helps gate/up a little (the kernels are bound by instructions more than by
+ * loads) and measured slower for down, which is not staged (bench/cuda-resident.md). */
 
 /* The 16-byte chunk at c (16-byte aligned) of the row [a0, a1): one load when it lies inside,
  * else the bytes inside, one at a time, and zeros. */
@@ -377,11 +375,11 @@ static __global__ void k_moe_combine(struct moe_params p)
  * cuda_matmul's MMV do: each block first quantizes its activation rows into shared memory (8-bit
  * codes with one float scale per 32 elements, q = rint(x / d), d = max|x| / 127, and d times the
  * sum of the codes), then a lane takes one 32-element unit of a weight row at a time, dots its
- * codes with __dp4a and scales the integer sum once. (Measured on the H200, 30b-a3b: this
- * layout, 16-byte loads where rows allow, beat cq_decoder's neighbouring-bytes layout, whose
- * many 2-byte loads made gate/up 22 us and down 37 us against 11 and 15.) Far fewer instructions than decoding every
- * weight to float (the float direct kernels were instruction-bound: docs/cuda-ops.md); the
- * error is the activation rounding's (about 0.4% rms per unit), the same as the CPU backend's. */
+ * codes with __dp4a and scales the integer sum once (16-byte loads where rows allow; this beat
+ * cq_decoder's neighbouring-bytes layout and its many 2-byte loads). Far fewer instructions
+ * than decoding every weight to float (the float direct kernels are instruction-bound); the
+ * error is the activation rounding's (about 0.4% rms per unit), the same as the CPU backend's.
+ * Measurements: docs/cuda-ops.md. */
 
 #define MOE_Q8_GU_WARPS 16 /* gate/up: 16 warps of 2 rows, one 32-row unit of h per block */
 #define MOE_Q8_GU_ROWS 32
@@ -564,7 +562,7 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
         bool done = false;
         if constexpr (moe_q8_unit<WT>::A16) {
             if ((((uintptr_t)gr | (uintptr_t)ur) & 15) == 0) {
-                /* not unrolled: "#pragma unroll 2" measured 17.2 us against 12.1 */
+                /* not unrolled: unrolling measured slower (docs/cuda-ops.md) */
                 for (int64_t u = lane; u < nu; u += 32) {
                     ag = moe_q8_unit<WT>::dot16(gr, u, xq, xd, ag);
                     au = moe_q8_unit<WT>::dot16(ur, u, xq, xd, au);

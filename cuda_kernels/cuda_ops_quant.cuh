@@ -378,9 +378,8 @@ static __device__ __forceinline__ float cq_dot8(const float *v, const float *x, 
  * codes q as floats (built from the bytes with a byte permute and one subtraction instead of
  * an int-to-float conversion), and factors the scale out:
  *     w . x = dl * (q . x) - ml * sum(x)        (Q6_K: ml = 32 dl, q = 6-bit code)
- * On the H200 (30b-a3b Q4_K_M) this took prefill from 1095 to 1297 tok/s; the Q6_K step reads
- * twice the bytes of the generic one (each lane uses one nibble of its ql bytes) and made the
- * one-token down kernel about 1 us slower, a trade kept for prefill.
+ * The Q6_K step reads twice the bytes of the generic one (each lane uses one nibble of its ql
+ * bytes): slower for one token, faster for the grouped kernels (bench/cuda-resident.md).
  * Every kernel that calls dot for a type uses the same step, so paths that share a step agree
  * bit for bit. */
 template <uint32_t TYPE> struct cq_step {

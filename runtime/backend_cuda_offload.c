@@ -226,9 +226,8 @@ int backend_cuda_open_cache(struct backend_cuda *c, const struct backend_cuda_co
     c->alloc_bytes += sizeof(float) * CUDA_BACKEND_MAX_TOK * hp->n_embd;
     /* every call may split: prefill too, priced by the pair cost above */
     rc = expert_cache_set_hybrid(c->cache, &lm, CUDA_BACKEND_MAX_TOK);
-    /* on unless STRATA_HYBRID_ADMIT=0: measured on the H200 (30b-a3b, bench/hybrid.md) it lifts
-     * hybrid decode at 4/8/12 GiB (91.6 -> 94.5, 127.0 -> 129-132, 119.7 -> 141.9 tok/s): the
-     * CPU lane's experts otherwise never warm the cache */
+    /* on unless STRATA_HYBRID_ADMIT=0 (a hook for comparing; bench/hybrid.md): without it the
+     * CPU lane's experts never warm the cache */
     const char *admit = getenv("STRATA_HYBRID_ADMIT");
     if (!rc && !(admit && strcmp(admit, "0") == 0))
         expert_cache_set_hybrid_admit(c->cache, true);
