@@ -1,6 +1,7 @@
 #include "sampler.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,32 +90,66 @@ static int sampler_cand_cmp(const void *a, const void *b)
     return x->id < y->id ? -1 : 1;
 }
 
-/* Keeps the k largest logits in cand[0..k), sorted descending. */
+/* Keeps the k largest logits in cand[0..k), sorted descending, ties to the lower id. Only a
+ * logit above the current k-th is inserted (its id is larger than every kept one, so an equal
+ * value never is): one compare per logit for the rest of the vocabulary. */
 static int sampler_top_k(struct sampler *s, const float *logits, int k)
 {
     int n = s->n_vocab;
-    for (int i = 0; i < n; i++)
-        s->cand[i] = (struct sampler_cand){i, logits[i]};
-    if (k <= 0 || k > n)
-        k = n;
-    if (k < n) {
-        /* partial selection: keep a sorted window of the best k (k is small in practice) */
-        qsort(s->cand, (size_t)k, sizeof(*s->cand), sampler_cand_cmp);
-        for (int i = k; i < n; i++) {
-            struct sampler_cand c = s->cand[i];
-            if (sampler_cand_cmp(&c, &s->cand[k - 1]) >= 0)
-                continue;
-            int j = k - 1;
-            while (j > 0 && sampler_cand_cmp(&c, &s->cand[j - 1]) < 0) {
-                s->cand[j] = s->cand[j - 1];
-                j--;
-            }
-            s->cand[j] = c;
-        }
-    } else {
+    if (k <= 0 || k >= n) {
+        for (int i = 0; i < n; i++)
+            s->cand[i] = (struct sampler_cand){i, logits[i]};
         qsort(s->cand, (size_t)n, sizeof(*s->cand), sampler_cand_cmp);
+        return n;
+    }
+    for (int i = 0; i < k; i++)
+        s->cand[i] = (struct sampler_cand){i, logits[i]};
+    qsort(s->cand, (size_t)k, sizeof(*s->cand), sampler_cand_cmp);
+    float thr = s->cand[k - 1].v;
+    for (int i = k; i < n; i++) {
+        float v = logits[i];
+        if (!(v > thr))
+            continue;
+        int j = k - 1;
+        while (j > 0 && v > s->cand[j - 1].v) {
+            s->cand[j] = s->cand[j - 1];
+            j--;
+        }
+        s->cand[j] = (struct sampler_cand){i, v};
+        thr = s->cand[k - 1].v;
     }
     return k;
+}
+
+/* top-k off: the candidates top-p and min-p can keep, without sorting the whole vocabulary.
+ * The softmax's sum runs over every logit; then the best 64, then 1024, until their
+ * probabilities cover top_p, or reach below min_p of the best; else the whole vocabulary,
+ * sorted. cand[0..n) holds probabilities, descending: the same values and order
+ * as sorting everything first. */
+static int sampler_nucleus(struct sampler *s, const float *logits)
+{
+    const struct sampler_config *c = &s->cfg;
+    int nv = s->n_vocab;
+    float mx = logits[sampler_argmax(logits, nv)];
+    double sum = 0;
+    for (int i = 0; i < nv; i++)
+        sum += expf((logits[i] - mx) / c->temperature);
+    for (int k = 64;;) {
+        int n = sampler_top_k(s, logits, k < nv ? k : nv);
+        double cum = 0;
+        for (int i = 0; i < n; i++) {
+            s->cand[i].v = (float)(expf((s->cand[i].v - mx) / c->temperature) / sum);
+            cum += s->cand[i].v;
+        }
+        if (n == nv || (c->top_p < 1.0f && cum >= c->top_p) ||
+            (c->min_p > 0.0f && s->cand[n - 1].v < c->min_p * s->cand[0].v))
+            return n;
+        /* the window insertion is O(n k): one larger window, and only if it can be enough
+         * (the next candidates are each at most as likely as the last one) */
+        bool may = c->min_p > 0.0f ||
+                   (c->top_p < 1.0f && cum + (double)(1024 - n) * s->cand[n - 1].v >= c->top_p);
+        k = k < 1024 && may ? 1024 : nv;
+    }
 }
 
 int32_t sampler_sample(struct sampler *s, float *logits)
@@ -127,14 +162,18 @@ int32_t sampler_sample(struct sampler *s, float *logits)
         sampler_penalize(s, logits);
     if (c->temperature <= 0.0f)
         return sampler_argmax(logits, s->n_vocab);
-    n = sampler_top_k(s, logits, c->top_k);
-    float mx = s->cand[0].v;
-    for (int i = 0; i < n; i++) {
-        s->cand[i].v = expf((s->cand[i].v - mx) / c->temperature);
-        sum += s->cand[i].v;
+    if (c->top_k > 0 && c->top_k < s->n_vocab) {
+        n = sampler_top_k(s, logits, c->top_k);
+        float mx = s->cand[0].v;
+        for (int i = 0; i < n; i++) {
+            s->cand[i].v = expf((s->cand[i].v - mx) / c->temperature);
+            sum += s->cand[i].v;
+        }
+        for (int i = 0; i < n; i++)
+            s->cand[i].v = (float)(s->cand[i].v / sum);
+    } else {
+        n = sampler_nucleus(s, logits);
     }
-    for (int i = 0; i < n; i++)
-        s->cand[i].v = (float)(s->cand[i].v / sum);
     if (c->top_p < 1.0f) {
         int keep = n;
         for (int i = 0; i < n; i++) {

@@ -1,6 +1,8 @@
 /* sampler: greedy, top-k, top-p, min-p, temperature and repetition penalty on fresh random
  * logits, against direct computations; seeded determinism; empirical frequencies. */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "sampler.h"
@@ -24,6 +26,73 @@ static int32_t sample_once(struct sampler_config cfg, const float *logits)
     t = sampler_sample(&s, l);
     sampler_free(&s);
     return t;
+}
+
+/* The sampling chain the plain way, for comparison: every logit sorted (descending, ties to
+ * the lower id), the first top_k kept (0: all), probabilities over the kept ones in sorted
+ * order, top-p, min-p, then the draw from the same random stream as sampler_init's. The
+ * sampler must give the same token (it only avoids sorting everything). */
+struct ref_cand {
+    int32_t id;
+    float v;
+};
+
+static int ref_cmp(const void *a, const void *b)
+{
+    const struct ref_cand *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v > y->v ? -1 : 1;
+    return x->id < y->id ? -1 : 1;
+}
+
+static int32_t ref_sample(const struct sampler_config *c, struct rng *rr, const float *logits,
+                          int nv, struct ref_cand *cand)
+{
+    for (int i = 0; i < nv; i++)
+        cand[i] = (struct ref_cand){i, logits[i]};
+    qsort(cand, (size_t)nv, sizeof(*cand), ref_cmp);
+    int n = c->top_k > 0 && c->top_k < nv ? c->top_k : nv;
+    double sum = 0, cum = 0;
+    float mx = cand[0].v;
+    if (c->top_k > 0 && c->top_k < nv) {
+        for (int i = 0; i < n; i++) {
+            cand[i].v = expf((cand[i].v - mx) / c->temperature);
+            sum += cand[i].v;
+        }
+        for (int i = 0; i < n; i++)
+            cand[i].v = (float)(cand[i].v / sum);
+    } else { /* top-k off: the sum over the vocabulary in id order */
+        for (int i = 0; i < nv; i++)
+            sum += expf((logits[i] - mx) / c->temperature);
+        for (int i = 0; i < n; i++)
+            cand[i].v = (float)(expf((cand[i].v - mx) / c->temperature) / sum);
+    }
+    if (c->top_p < 1.0f) {
+        for (int i = 0; i < n; i++) {
+            cum += cand[i].v;
+            if (cum >= c->top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    if (c->min_p > 0.0f) {
+        int keep = 1;
+        while (keep < n && cand[keep].v >= c->min_p * cand[0].v)
+            keep++;
+        n = keep;
+    }
+    sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += cand[i].v;
+    double r = rng_f32(rr) * sum;
+    cum = 0;
+    for (int i = 0; i < n; i++) {
+        cum += cand[i].v;
+        if (r < cum)
+            return cand[i].id;
+    }
+    return cand[n - 1].id;
 }
 
 /* rank of token t among logits (0 = largest) */
@@ -116,6 +185,45 @@ int main(void)
         sampler_accept(&s, 7);
         CHECK(sampler_sample(&s, l) == 8, "penalty moves the choice");
         sampler_free(&s);
+    }
+    /* the sampler against the plain chain, on peaked and flat logits over a large vocabulary
+     * (top-k on and off; top-p and min-p in every combination): the same tokens */
+    {
+        enum { BIG = 20000 };
+        static float l[BIG], w[BIG];
+        static struct ref_cand cand[BIG];
+        static const struct sampler_config cs[] = {
+            {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f},
+            {.temperature = 0.8f, .top_k = 0, .top_p = 0.95f, .min_p = 0.05f},
+            {.temperature = 1.0f, .top_k = 0, .top_p = 0.9f},
+            {.temperature = 0.7f, .top_k = 0, .top_p = 1.0f, .min_p = 0.1f},
+            {.temperature = 1.2f, .top_k = 0, .top_p = 1.0f},
+            {.temperature = 0.9f, .top_k = 3000, .top_p = 0.5f},
+        };
+        static const float spread[] = {0.5f, 3.0f, 8.0f};
+        int same = 0, total = 0;
+        rng_seed(&r, test_seed("test_sampler") + 1, 9);
+        for (size_t ci = 0; ci < sizeof(cs) / sizeof(cs[0]); ci++) {
+            for (int si = 0; si < 3; si++) {
+                struct sampler s;
+                struct rng rr;
+                struct sampler_config c = cs[ci];
+                c.repeat_penalty = 1.0f;
+                c.seed = 1000 + ci * 3 + si;
+                sampler_init(&s, &c, BIG);
+                rng_seed(&rr, c.seed, 0x5a3d1e);
+                for (int step = 0; step < 6; step++) {
+                    for (int i = 0; i < BIG; i++)
+                        l[i] = w[i] = spread[si] * rng_normal(&r);
+                    int32_t got = sampler_sample(&s, w), want = ref_sample(&c, &rr, l, BIG, cand);
+                    same += got == want;
+                    total++;
+                }
+                sampler_free(&s);
+            }
+        }
+        printf("sampler vs sorting everything: %d of %d tokens equal\n", same, total);
+        CHECK(same == total, "the sampler differs from the plain chain (%d of %d)", same, total);
     }
     return test_finish("test_sampler");
 }
