@@ -1574,7 +1574,8 @@ extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
         p.x_rows = a->x_rows;
         p.y = a->y;
         p.y_stride = a->y_stride;
-        const dim3 grid((unsigned)((a->n_out + SG_T - 1) / SG_T), (unsigned)((a->m + SG_T - 1) / SG_T));
+        const dim3 grid((unsigned)((a->n_out + SG_T - 1) / SG_T),
+                        (unsigned)((a->m + SG_T - 1) / SG_T));
         sgemm_f32_kernel<<<grid, 256, 0, st>>>(p);
         return cuda_last_error("cuda_matmul (f32 tiles)");
     }

@@ -759,7 +759,8 @@ static __device__ __forceinline__ void moe_bf16_q4k_unit(const uint8_t *row, int
 {
     const uint8_t *b = row + g * 144;
     const uint4 hd = *(const uint4 *)b;
-    const uint4 q0 = *(const uint4 *)(b + 16 + 32 * (j / 2)), q1 = *(const uint4 *)(b + 32 + 32 * (j / 2));
+    const uint4 q0 = *(const uint4 *)(b + 16 + 32 * (j / 2)),
+                q1 = *(const uint4 *)(b + 32 + 32 * (j / 2));
     int sc, m;
     if (j < 4) {
         sc = (int)(moe_byte12(hd.y, hd.z, hd.w, j) & 63);
@@ -820,7 +821,8 @@ moe_mma_run(const struct mma_tile &t, int64_t n, __nv_bfloat16 *as, __nv_bfloat1
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (t.x[r] && c < kn)
                 v = *(const float4 *)(t.x[r] + k0 + c);
-            __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+            __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y),
+                           hi = __floats2bfloat162_rn(v.z, v.w);
             uint2 u = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
             *(uint2 *)(as + r * MMA_LD + c) = u;
         }

@@ -272,7 +272,8 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
             *ids_got = (int32_t *)test_xmalloc(sizeof(int32_t) * nk);
     float *w_ref = (float *)test_xmalloc(sizeof(float) * nk),
           *w_got = (float *)test_xmalloc(sizeof(float) * nk);
-    float *ref = (float *)test_xmalloc(sizeof(float) * nx), *cpu = (float *)test_xmalloc(sizeof(float) * nx);
+    float *ref = (float *)test_xmalloc(sizeof(float) * nx),
+          *cpu = (float *)test_xmalloc(sizeof(float) * nx);
     float *got[4];
     for (int i = 0; i < 4; i++)
         got[i] = (float *)test_xmalloc(sizeof(float) * nx);
@@ -345,8 +346,8 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
            path_name[auto_path], dg, ds);
     CHECK(q8 ? en <= TOL_Q8_NORM && em <= TOL_Q8_MAX : en <= TOL_REF_NORM && em <= TOL_REF_MAX,
           "direct path vs double reference: norm %g max %g", en, em);
-    CHECK(fn <= TOL_REF_NORM && fm <= TOL_REF_MAX, "grouped path vs double reference: norm %g max %g",
-          fn, fm);
+    CHECK(fn <= TOL_REF_NORM && fm <= TOL_REF_MAX,
+          "grouped path vs double reference: norm %g max %g", fn, fm);
     CHECK(gn <= TOL_CPU_NORM, "gpu vs cpu path: norm %g", gn);
     CHECK(mn <= TOL_MMA_NORM && mm <= TOL_MMA_MAX, "mma vs double reference: norm %g max %g", mn,
           mm);
@@ -375,8 +376,11 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
                 }
             printf("moe invalid id %d at (token %d, k %d), %s path: rc %d, %zu/%d NaN in its row, "
                    "%zu/%zu other elements unchanged\n",
-                   bad, t, j, i == 2 ? "mma" : i ? "grouped" : "direct", rci, nan_ok, c->n_embd, same,
-                   nx - c->n_embd);
+                   bad, t, j,
+                   i == 2 ? "mma"
+                   : i    ? "grouped"
+                          : "direct",
+                   rci, nan_ok, c->n_embd, same, nx - c->n_embd);
             CHECK(rci == 0 && nan_ok == (size_t)c->n_embd && same == nx - c->n_embd,
                   "invalid expert id not contained (path %d)", i);
         }
