@@ -1552,6 +1552,25 @@ extern "C" int cuda_matmul_check(const struct cuda_matmul_args *a)
     return 0;
 }
 
+/* The fields gemm_params and mmv_params share, from the call's arguments. */
+template <typename P>
+static void params_fill(P *p, const struct cuda_matmul_args *a, size_t row_bytes)
+{
+    p->w = (const uint8_t *)a->w;
+    p->w_stride = a->w_stride;
+    p->row_bytes = row_bytes;
+    p->w_lo = (uintptr_t)a->w;
+    p->w_hi = p->w_lo + (size_t)(a->n_out - 1) * a->w_stride + row_bytes;
+    p->n_in = a->n_in;
+    p->n_out = a->n_out;
+    p->m = a->m;
+    p->x = a->x;
+    p->x_stride = a->x_stride;
+    p->x_rows = a->x_rows;
+    p->y = a->y;
+    p->y_stride = a->y_stride;
+}
+
 extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
 {
     int rc = cuda_matmul_check(a);
@@ -1564,16 +1583,7 @@ extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
     if (a->wtype == QUANT_F32 && a->path == CUDA_MATMUL_PATH_AUTO &&
         a->m >= CUDA_MATMUL_SGEMM_MIN_M && (uintptr_t)a->w % 4 == 0 && a->w_stride % 4 == 0) {
         gemm_params p = {};
-        p.w = (const uint8_t *)a->w;
-        p.w_stride = a->w_stride;
-        p.n_in = a->n_in;
-        p.n_out = a->n_out;
-        p.m = a->m;
-        p.x = a->x;
-        p.x_stride = a->x_stride;
-        p.x_rows = a->x_rows;
-        p.y = a->y;
-        p.y_stride = a->y_stride;
+        params_fill(&p, a, row_bytes);
         const dim3 grid((unsigned)((a->n_out + SG_T - 1) / SG_T),
                         (unsigned)((a->m + SG_T - 1) / SG_T));
         sgemm_f32_kernel<<<grid, 256, 0, st>>>(p);
@@ -1581,19 +1591,7 @@ extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
     }
     if (path_choose(a) == CUDA_MATMUL_PATH_GEMM) {
         gemm_params p = {};
-        p.w = (const uint8_t *)a->w;
-        p.w_stride = a->w_stride;
-        p.row_bytes = row_bytes;
-        p.w_lo = (uintptr_t)a->w;
-        p.w_hi = p.w_lo + (size_t)(a->n_out - 1) * a->w_stride + row_bytes;
-        p.n_in = a->n_in;
-        p.n_out = a->n_out;
-        p.m = a->m;
-        p.x = a->x;
-        p.x_stride = a->x_stride;
-        p.x_rows = a->x_rows;
-        p.y = a->y;
-        p.y_stride = a->y_stride;
+        params_fill(&p, a, row_bytes);
         gemm_device gd;
         rc = gemm_device_get(&gd);
         if (rc)
@@ -1604,19 +1602,7 @@ extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
     }
 
     mmv_params p = {};
-    p.w = (const uint8_t *)a->w;
-    p.w_stride = a->w_stride;
-    p.row_bytes = row_bytes;
-    p.w_lo = (uintptr_t)a->w;
-    p.w_hi = p.w_lo + (size_t)(a->n_out - 1) * a->w_stride + row_bytes;
-    p.n_in = a->n_in;
-    p.n_out = a->n_out;
-    p.m = a->m;
-    p.x = a->x;
-    p.x_stride = a->x_stride;
-    p.x_rows = a->x_rows;
-    p.y = a->y;
-    p.y_stride = a->y_stride;
+    params_fill(&p, a, row_bytes);
     if (f->quantized) {
         p.xq = (int8_t *)a->scratch;
         p.xds = (float2 *)((uint8_t *)a->scratch + q8_qs_bytes(a->n_in, a->m));

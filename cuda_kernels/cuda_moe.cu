@@ -443,6 +443,20 @@ static __device__ __forceinline__ uint32_t moe_byte12(uint32_t w0, uint32_t w1, 
     return (w >> 8 * (i % 4)) & 0xFF;
 }
 
+/* 6-bit scale and min of Q4_K sub-block j from a block's first 16 bytes (hd.x: d and dmin,
+ * hd.y..w: the 12 packed scale bytes), as cq_k4_scale_min reads them from memory. */
+static __device__ __forceinline__ void moe_q4k_scale_min(uint4 hd, int j, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = (int)(moe_byte12(hd.y, hd.z, hd.w, j) & 63);
+        *m = (int)(moe_byte12(hd.y, hd.z, hd.w, j + 4) & 63);
+    } else {
+        const uint32_t hi = moe_byte12(hd.y, hd.z, hd.w, j + 4);
+        *sc = (int)((hi & 0xF) | (moe_byte12(hd.y, hd.z, hd.w, j - 4) >> 6) << 4);
+        *m = (int)((hi >> 4) | (moe_byte12(hd.y, hd.z, hd.w, j) >> 6) << 4);
+    }
+}
+
 /* Q4_K unit u = sub-block j = u % 8 of block u / 8: codes are the low (j even) or high nibbles
  * of qs[32 (j / 2) ..], value d sc q - dmin m. */
 template <> struct moe_q8_unit<QUANT_Q4_K> {
@@ -458,14 +472,7 @@ template <> struct moe_q8_unit<QUANT_Q4_K> {
         const uint4 q0 = *(const uint4 *)(b + 16 + 32 * (j / 2)),
                     q1 = *(const uint4 *)(b + 32 + 32 * (j / 2));
         int sc, m;
-        if (j < 4) {
-            sc = (int)(moe_byte12(hd.y, hd.z, hd.w, j) & 63);
-            m = (int)(moe_byte12(hd.y, hd.z, hd.w, j + 4) & 63);
-        } else {
-            const uint32_t hi = moe_byte12(hd.y, hd.z, hd.w, j + 4);
-            sc = (int)((hi & 0xF) | (moe_byte12(hd.y, hd.z, hd.w, j - 4) >> 6) << 4);
-            m = (int)((hi >> 4) | (moe_byte12(hd.y, hd.z, hd.w, j) >> 6) << 4);
-        }
+        moe_q4k_scale_min(hd, j, &sc, &m);
         const int sh = 4 * (j & 1);
         const uint32_t q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
         const int4 x0 = *(const int4 *)(xq + 32 * u), x1 = *(const int4 *)(xq + 32 * u + 16);
@@ -762,14 +769,7 @@ static __device__ __forceinline__ void moe_bf16_q4k_unit(const uint8_t *row, int
     const uint4 q0 = *(const uint4 *)(b + 16 + 32 * (j / 2)),
                 q1 = *(const uint4 *)(b + 32 + 32 * (j / 2));
     int sc, m;
-    if (j < 4) {
-        sc = (int)(moe_byte12(hd.y, hd.z, hd.w, j) & 63);
-        m = (int)(moe_byte12(hd.y, hd.z, hd.w, j + 4) & 63);
-    } else {
-        const uint32_t hi = moe_byte12(hd.y, hd.z, hd.w, j + 4);
-        sc = (int)((hi & 0xF) | (moe_byte12(hd.y, hd.z, hd.w, j - 4) >> 6) << 4);
-        m = (int)((hi >> 4) | (moe_byte12(hd.y, hd.z, hd.w, j) >> 6) << 4);
-    }
+    moe_q4k_scale_min(hd, j, &sc, &m);
     const float d = cq_f16(hd.x & 0xFFFF), dmin = cq_f16(hd.x >> 16);
     const __nv_bfloat162 k128 = __float2bfloat162_rn(128.0f);
     const __nv_bfloat162 dl = __float2bfloat162_rn(d * (float)sc),
