@@ -67,10 +67,20 @@ void matmul_rows(const struct matmul_args *a, const void *act, size_t act_stride
             a->y[r] = dot(n, w, act);
         return;
     }
-    /* each weight row once from memory, then from L1 for the other activation rows */
+    /* each weight row once from memory, then from L1 for the other activation rows; where a
+     * multi-row kernel exists, the row is unpacked once per VEC_DOT_ROWS activation rows */
+    vec_dot_rows_fn rows = vec_dot_rows_get(a->wtype, CPU_ISA_COUNT);
     for (int64_t r = r0; r < r1; r++, w += a->w_stride) {
         const uint8_t *x = act;
-        for (int j = 0; j < a->m; j++, x += act_stride)
+        int j = 0;
+        if (rows)
+            for (float out[VEC_DOT_ROWS]; j + VEC_DOT_ROWS <= a->m;
+                 j += VEC_DOT_ROWS, x += VEC_DOT_ROWS * act_stride) {
+                rows(n, w, x, act_stride, out);
+                for (int k = 0; k < VEC_DOT_ROWS; k++)
+                    a->y[(j + k) * a->y_stride + r] = out[k];
+            }
+        for (; j < a->m; j++, x += act_stride)
             a->y[j * a->y_stride + r] = dot(n, w, x);
     }
 }

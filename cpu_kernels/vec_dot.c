@@ -455,6 +455,20 @@ vec_dot_fn vec_dot_get(uint32_t wtype, enum cpu_isa isa)
     return fn ? fn : vec_dot_scalar_get(wtype);
 }
 
+vec_dot_rows_fn vec_dot_rows_get(uint32_t wtype, enum cpu_isa isa)
+{
+    if (!vec_dot_supported(wtype))
+        return NULL;
+    switch (isa_clamp(isa)) {
+    case CPU_ISA_AVX512VNNI:
+        return vec_dot_avx512_rows_get(wtype, true);
+    case CPU_ISA_AVX512:
+        return vec_dot_avx512_rows_get(wtype, false);
+    default:
+        return NULL;
+    }
+}
+
 vec_dot_quantize_fn vec_dot_quantize_get(uint32_t wtype, enum cpu_isa isa)
 {
     enum quant_type act = vec_dot_act_type(wtype);

@@ -63,6 +63,19 @@ typedef float (*vec_dot_fn)(int64_t n, const void *w_row, const void *act);
  * the next lower one). NULL if wtype is unsupported. */
 vec_dot_fn vec_dot_get(uint32_t wtype, enum cpu_isa isa);
 
+/* One weight row against VEC_DOT_ROWS activation rows (act + r * act_stride bytes, each in
+ * the format of vec_dot_act_type), out[r] for each: the weights are unpacked once for all
+ * rows, which is what makes batches (prefill, the CPU lane's expert groups) cheaper per dot
+ * than one vec_dot_fn call per row. out[r] equals the vec_dot_fn of the same ISA level on
+ * row r bit for bit. */
+#define VEC_DOT_ROWS 4
+typedef void (*vec_dot_rows_fn)(int64_t n, const void *w_row, const void *act, size_t act_stride,
+                                float *out);
+/* The multi-row kernel for wtype at the given ISA level (clamped as in vec_dot_get), or NULL
+ * where there is none (then call the vec_dot_fn once per row). AVX-512 has Q8_0, Q4_K, Q5_K
+ * and Q6_K. */
+vec_dot_rows_fn vec_dot_rows_get(uint32_t wtype, enum cpu_isa isa);
+
 /* ---- per-ISA tables: for vec_dot.c only. Each returns NULL for a type it does not cover.
  * The SIMD files are compiled with their instruction sets, so these must only be called when
  * cpu_isa_best() reaches that level. */
@@ -71,6 +84,7 @@ vec_dot_quantize_fn vec_dot_scalar_quantize_get(enum quant_type act_type);
 vec_dot_fn vec_dot_avx2_get(uint32_t wtype);
 vec_dot_quantize_fn vec_dot_avx2_quantize_get(enum quant_type act_type);
 vec_dot_fn vec_dot_avx512_get(uint32_t wtype, bool vnni);
+vec_dot_rows_fn vec_dot_avx512_rows_get(uint32_t wtype, bool vnni);
 vec_dot_quantize_fn vec_dot_avx512_quantize_get(enum quant_type act_type);
 
 /* ---- helpers shared by the scalar and SIMD kernels (internal) ---- */

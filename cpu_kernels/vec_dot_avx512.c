@@ -6,9 +6,13 @@
  * vpdpbusd multiplies unsigned by signed bytes. Weights that are naturally unsigned or made so
  * by an offset go in as they are, with the offset times the activation sum removed afterwards
  * (Q4_0: nibble = value + 8; MXFP4: table of value + 12; Q6_K: code = value + 32, removed with
- * the bsums; Q8_0: w + 128, a flip of the sign bit). Without VNNI, Q8_0 uses |w| times
- * a * sign(w) instead, since vpmaddubsw saturates; activation codes are in [-127, 127], so
- * negating them cannot overflow.
+ * the bsums). Q8_0 uses |w| times a * sign(w) (one masked negation per activation row instead
+ * of a second dpbusd and a subtraction; without VNNI the offset would saturate vpmaddubsw);
+ * activation codes are in [-127, 127], so negating them cannot overflow.
+ *
+ * Q8_0 and the K-quants with 8-bit activations also come as multi-row bodies: one weight row
+ * unpacked once against up to VEC_DOT_ROWS activation rows (vec_dot_rows_fn); the single dot
+ * is the same body with one row.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -170,19 +174,6 @@ AI __m512i pair_index(int k)
                               _mm256_set1_epi32(2 * k + 1), 1);
 }
 
-/* Signed weight bytes w times activation bytes a, with VNNI as (w + 128) * a - 128 * a (the
- * +128 is a flip of the sign bit), else as |w| * (a * sign(w)) (maddubs would saturate). */
-AI __m512i dot_s8_512(__m512i w, __m512i a, bool vnni)
-{
-    if (vnni) {
-        const __m512i bias = _mm512_set1_epi8((char)0x80);
-        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(w, bias), a);
-        return _mm512_sub_epi32(p, _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, a));
-    }
-    __m512i as = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(w), _mm512_setzero_si512(), a);
-    return dpbusd(_mm512_setzero_si512(), _mm512_abs_epi8(w), as, vnni);
-}
-
 AI __m256i dot_s8_256(__m256i w, __m256i a, bool vnni)
 {
     return dpbusd_256(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w), vnni);
@@ -211,43 +202,76 @@ AI __m512i nibbles_pair(const uint8_t *q0, const uint8_t *q1)
                                      _mm512_castsi256_si512(hi));
 }
 
-AI float dot_q8_0_body(int64_t n, const void *w_row, const void *act, bool vnni)
+/* Signed weight bytes w times activation bytes a as |w| * (a * sign(w)): vpdpbusd takes its
+ * first operand unsigned (|-128| = 128 read unsigned is right too) and the activation codes are
+ * in [-127, 127], so negating them cannot overflow. |w| and the sign mask are the weight half,
+ * shared by all activation rows; each row adds one masked negation and one dpbusd. */
+AI __m512i dot_s8_act(__m512i w_abs, __mmask64 w_neg, __m512i a, bool vnni)
+{
+    __m512i as = _mm512_mask_sub_epi8(a, w_neg, _mm512_setzero_si512(), a);
+    return dpbusd(_mm512_setzero_si512(), w_abs, as, vnni);
+}
+
+/* The Q8_0 dot of one weight row with nr activation rows (act + r * act_stride), out[r]; each
+ * row's arithmetic is the single dot's (nr = 1), in the same order, so every out[r] equals it
+ * bit for bit; the weights are loaded and prepared once for all rows. */
+AI void dot_q8_0_body(int64_t n, const void *w_row, const void *act, size_t act_stride, int nr,
+                      float *out, bool vnni)
 {
     const struct block_q8_0 *w = w_row;
-    const struct block_q8_0 *a = act;
+    const struct block_q8_0 *a[VEC_DOT_ROWS];
     const __m512i offs = block_offsets(sizeof(struct block_q8_0));
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m512 acc0[VEC_DOT_ROWS], acc1[VEC_DOT_ROWS];
+    __m256 tail[VEC_DOT_ROWS];
+    for (int r = 0; r < nr; r++) {
+        a[r] = (const struct block_q8_0 *)((const uint8_t *)act + r * act_stride);
+        acc0[r] = acc1[r] = _mm512_setzero_ps();
+        tail[r] = _mm256_setzero_ps();
+    }
     int64_t nb = n / QK_32, b = 0;
     for (; b + GROUP <= nb; b += GROUP) {
         VEC_DOT_PREFETCH(&w[b], GROUP * sizeof(*w));
-        __m512 d = _mm512_mul_ps(f16_scales16(&w[b], offs), f16_scales16(&a[b], offs));
+        __m512 dw = f16_scales16(&w[b], offs), d[VEC_DOT_ROWS];
+        for (int r = 0; r < nr; r++)
+            d[r] = _mm512_mul_ps(dw, f16_scales16(&a[r][b], offs));
         for (int k = 0; k < GROUP / 2; k += 2) {
             const int64_t i = b + 2 * k;
-            __m512i p0 = dot_s8_512(load_2x256(w[i].qs, w[i + 1].qs),
-                                    load_2x256(a[i].qs, a[i + 1].qs), vnni);
-            __m512i p1 = dot_s8_512(load_2x256(w[i + 2].qs, w[i + 3].qs),
-                                    load_2x256(a[i + 2].qs, a[i + 3].qs), vnni);
-            acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(k), d), _mm512_cvtepi32_ps(p0),
-                                   acc0);
-            acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(k + 1), d),
-                                   _mm512_cvtepi32_ps(p1), acc1);
+            __m512i w0 = load_2x256(w[i].qs, w[i + 1].qs);
+            __m512i w1 = load_2x256(w[i + 2].qs, w[i + 3].qs);
+            __m512i wa0 = _mm512_abs_epi8(w0), wa1 = _mm512_abs_epi8(w1);
+            __mmask64 wn0 = _mm512_movepi8_mask(w0), wn1 = _mm512_movepi8_mask(w1);
+            for (int r = 0; r < nr; r++) {
+                const struct block_q8_0 *ar = a[r];
+                __m512i p0 = dot_s8_act(wa0, wn0, load_2x256(ar[i].qs, ar[i + 1].qs), vnni);
+                __m512i p1 = dot_s8_act(wa1, wn1, load_2x256(ar[i + 2].qs, ar[i + 3].qs), vnni);
+                acc0[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(k), d[r]),
+                                          _mm512_cvtepi32_ps(p0), acc0[r]);
+                acc1[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(k + 1), d[r]),
+                                          _mm512_cvtepi32_ps(p1), acc1[r]);
+            }
         }
     }
     for (; b + 1 < nb; b += 2) {
-        __m512i p =
-            dot_s8_512(load_2x256(w[b].qs, w[b + 1].qs), load_2x256(a[b].qs, a[b + 1].qs), vnni);
-        __m512 d = floats_2x8(f16_load(w[b].d) * f16_load(a[b].d),
-                              f16_load(w[b + 1].d) * f16_load(a[b + 1].d));
-        acc0 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc0);
+        __m512i w0 = load_2x256(w[b].qs, w[b + 1].qs), wa0 = _mm512_abs_epi8(w0);
+        __mmask64 wn0 = _mm512_movepi8_mask(w0);
+        for (int r = 0; r < nr; r++) {
+            const struct block_q8_0 *ar = a[r];
+            __m512i p = dot_s8_act(wa0, wn0, load_2x256(ar[b].qs, ar[b + 1].qs), vnni);
+            __m512 d = floats_2x8(f16_load(w[b].d) * f16_load(ar[b].d),
+                                  f16_load(w[b + 1].d) * f16_load(ar[b + 1].d));
+            acc0[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc0[r]);
+        }
     }
-    __m256 tail = _mm256_setzero_ps();
     for (; b < nb; b++) {
-        __m256i p = dot_s8_256(_mm256_loadu_si256((const __m256i *)w[b].qs),
-                               _mm256_loadu_si256((const __m256i *)a[b].qs), vnni);
-        float d = f16_load(w[b].d) * f16_load(a[b].d);
-        tail = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), tail);
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)w[b].qs);
+        for (int r = 0; r < nr; r++) {
+            __m256i p = dot_s8_256(w0, _mm256_loadu_si256((const __m256i *)a[r][b].qs), vnni);
+            float d = f16_load(w[b].d) * f16_load(a[r][b].d);
+            tail[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), tail[r]);
+        }
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + hsum_256(tail);
+    for (int r = 0; r < nr; r++)
+        out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r])) + hsum_256(tail[r]);
 }
 
 /* Q4_0: nibbles (0..15) go in unsigned; subtract 8 * sum(a) per block. */
@@ -367,17 +391,24 @@ AI __m128 k4_factors(const void *d_dmin, float a_d)
 
 /* Q4_K and Q5_K share everything but the 5th bit. One zmm holds 64 code bytes of qs: its low
  * nibbles are sub-blocks 4j (bytes 0..31) and 4j+2 (bytes 32..63), its high nibbles 4j+1 and
- * 4j+3, so the matching activations are the 256-bit halves of two 64-byte loads. */
-AI float dot_k45_body(int64_t n, const void *w_row, const void *act, bool five, bool vnni)
+ * 4j+3, so the matching activations are the 256-bit halves of two 64-byte loads. nr activation
+ * rows at act + r * act_stride, as in dot_q8_0_body (bit for bit the single dot's sums). */
+AI void dot_k45_body(int64_t n, const void *w_row, const void *act, size_t act_stride, int nr,
+                     float *out, bool five, bool vnni)
 {
-    const struct block_q8_k *a = act;
+    const struct block_q8_k *a[VEC_DOT_ROWS];
     const size_t bsize = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     /* word index vectors selecting the scale of each 16-word half */
     const __m512i sidx[4] = {words_2x16(0, 2), words_2x16(1, 3), words_2x16(4, 6),
                              words_2x16(5, 7)};
-    __m512 acc = _mm512_setzero_ps();
-    __m256 acc_m = _mm256_setzero_ps();
+    __m512 acc[VEC_DOT_ROWS];
+    __m256 acc_m[VEC_DOT_ROWS];
+    for (int r = 0; r < nr; r++) {
+        a[r] = (const struct block_q8_k *)((const uint8_t *)act + r * act_stride);
+        acc[r] = _mm512_setzero_ps();
+        acc_m[r] = _mm256_setzero_ps();
+    }
     for (int64_t b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = (const uint8_t *)w_row + b * bsize;
         VEC_DOT_PREFETCH(blk, bsize);
@@ -393,8 +424,9 @@ AI float dot_k45_body(int64_t n, const void *w_row, const void *act, bool five, 
         if (five)
             qh = _mm512_broadcast_i64x4(
                 _mm256_loadu_si256((const __m256i *)((const struct block_q5_k *)blk)->qh));
-        const int8_t *y = a[b].qs;
-        __m512i isum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        __m512i isum[VEC_DOT_ROWS][2];
+        for (int r = 0; r < nr; r++)
+            isum[r][0] = isum[r][1] = _mm512_setzero_si512();
         for (int j = 0; j < 2; j++) {
             __m512i qb = _mm512_loadu_si512(qs + 64 * j);
             __m512i lo = _mm512_and_si512(qb, m4);
@@ -408,29 +440,40 @@ AI float dot_k45_body(int64_t n, const void *w_row, const void *act, bool five, 
                 lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, blo), lo, sixteen);
                 hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, bhi), hi, sixteen);
             }
-            __m512i y0 = _mm512_loadu_si512(y + 128 * j);
-            __m512i y1 = _mm512_loadu_si512(y + 128 * j + 64);
-            __m512i plo = _mm512_maddubs_epi16(lo, _mm512_shuffle_i64x2(y0, y1, 0x44));
-            __m512i phi = _mm512_maddubs_epi16(hi, _mm512_shuffle_i64x2(y0, y1, 0xee));
-            isum[j] = dpwssd(isum[j], plo, _mm512_permutexvar_epi16(sidx[2 * j], sc), vnni);
-            isum[j] = dpwssd(isum[j], phi, _mm512_permutexvar_epi16(sidx[2 * j + 1], sc), vnni);
+            __m512i slo = _mm512_permutexvar_epi16(sidx[2 * j], sc);
+            __m512i shi = _mm512_permutexvar_epi16(sidx[2 * j + 1], sc);
+            for (int r = 0; r < nr; r++) {
+                const int8_t *y = a[r][b].qs;
+                __m512i y0 = _mm512_loadu_si512(y + 128 * j);
+                __m512i y1 = _mm512_loadu_si512(y + 128 * j + 64);
+                __m512i plo = _mm512_maddubs_epi16(lo, _mm512_shuffle_i64x2(y0, y1, 0x44));
+                __m512i phi = _mm512_maddubs_epi16(hi, _mm512_shuffle_i64x2(y0, y1, 0xee));
+                isum[r][j] = dpwssd(isum[r][j], plo, slo, vnni);
+                isum[r][j] = dpwssd(isum[r][j], phi, shi, vnni);
+            }
         }
-        __m128 f = k4_factors(&w4->d, a[b].d); /* [d * a_d, dmin * a_d] */
-        acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(f),
-                              _mm512_cvtepi32_ps(_mm512_add_epi32(isum[0], isum[1])), acc);
-        acc_m =
-            _mm256_fmadd_ps(_mm256_permutexvar_ps(_mm256_set1_epi32(1), _mm256_castps128_ps256(f)),
-                            _mm256_cvtepi32_ps(k4_min_sums(a[b].bsums, mins8)), acc_m);
+        for (int r = 0; r < nr; r++) {
+            __m128 f = k4_factors(&w4->d, a[r][b].d); /* [d * a_d, dmin * a_d] */
+            acc[r] = _mm512_fmadd_ps(_mm512_broadcastss_ps(f),
+                                     _mm512_cvtepi32_ps(_mm512_add_epi32(isum[r][0], isum[r][1])),
+                                     acc[r]);
+            acc_m[r] = _mm256_fmadd_ps(
+                _mm256_permutexvar_ps(_mm256_set1_epi32(1), _mm256_castps128_ps256(f)),
+                _mm256_cvtepi32_ps(k4_min_sums(a[r][b].bsums, mins8)), acc_m[r]);
+        }
     }
-    return _mm512_reduce_add_ps(acc) - hsum_256(acc_m);
+    for (int r = 0; r < nr; r++)
+        out[r] = _mm512_reduce_add_ps(acc[r]) - hsum_256(acc_m[r]);
 }
 
 /* Q6_K: per half h, one zmm of ql gives sub-blocks (of 32) 0,1 in its low nibbles and 2,3 in
- * its high nibbles, in element order; codes go in unsigned (0..63), minus 32 * bsums. */
-AI float dot_q6_k_body(int64_t n, const void *w_row, const void *act, bool vnni)
+ * its high nibbles, in element order; codes go in unsigned (0..63), minus 32 * bsums. nr
+ * activation rows at act + r * act_stride, as in dot_q8_0_body. */
+AI void dot_q6_k_body(int64_t n, const void *w_row, const void *act, size_t act_stride, int nr,
+                      float *out, bool vnni)
 {
     const struct block_q6_k *w = w_row;
-    const struct block_q8_k *a = act;
+    const struct block_q8_k *a[VEC_DOT_ROWS];
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i m3 = _mm512_set1_epi8(3);
     const __m512i shift_lo = words_2x16(0, 2), shift_hi = words_2x16(4, 6);
@@ -447,13 +490,18 @@ AI float dot_q6_k_body(int64_t n, const void *w_row, const void *act, bool vnni)
                               base + 3, base + 3),
             1);
     }
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc[VEC_DOT_ROWS];
+    for (int r = 0; r < nr; r++) {
+        a[r] = (const struct block_q8_k *)((const uint8_t *)act + r * act_stride);
+        acc[r] = _mm512_setzero_ps();
+    }
     for (int64_t b = 0; b < n / QK_K; b++) {
         VEC_DOT_PREFETCH(&w[b], sizeof(*w));
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[b].scales));
         __m512i sc = _mm512_castsi256_si512(sc16);
-        const int8_t *y = a[b].qs;
-        __m512i isum = _mm512_setzero_si512();
+        __m512i isum[VEC_DOT_ROWS];
+        for (int r = 0; r < nr; r++)
+            isum[r] = _mm512_setzero_si512();
         for (int h = 0; h < 2; h++) {
             __m512i ql = _mm512_loadu_si512(w[b].ql + 64 * h);
             __m512i qh =
@@ -463,17 +511,28 @@ AI float dot_q6_k_body(int64_t n, const void *w_row, const void *act, bool vnni)
             __m512i qlo = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(hlo, 4));
             __m512i qhi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
                                           _mm512_slli_epi16(hhi, 4));
-            __m512i plo = _mm512_maddubs_epi16(qlo, _mm512_loadu_si512(y + 128 * h));
-            __m512i phi = _mm512_maddubs_epi16(qhi, _mm512_loadu_si512(y + 128 * h + 64));
-            isum = dpwssd(isum, plo, _mm512_permutexvar_epi16(sidx[2 * h], sc), vnni);
-            isum = dpwssd(isum, phi, _mm512_permutexvar_epi16(sidx[2 * h + 1], sc), vnni);
+            __m512i slo = _mm512_permutexvar_epi16(sidx[2 * h], sc);
+            __m512i shi = _mm512_permutexvar_epi16(sidx[2 * h + 1], sc);
+            for (int r = 0; r < nr; r++) {
+                const int8_t *y = a[r][b].qs;
+                __m512i plo = _mm512_maddubs_epi16(qlo, _mm512_loadu_si512(y + 128 * h));
+                __m512i phi = _mm512_maddubs_epi16(qhi, _mm512_loadu_si512(y + 128 * h + 64));
+                isum[r] = dpwssd(isum[r], plo, slo, vnni);
+                isum[r] = dpwssd(isum[r], phi, shi, vnni);
+            }
         }
-        __m256i offset = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[b].bsums), sc16);
-        isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(_mm256_slli_epi32(offset, 5)));
-        float d = f16_load(w[b].d) * a[b].d;
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), acc);
+        float dw = f16_load(w[b].d);
+        for (int r = 0; r < nr; r++) {
+            __m256i offset =
+                _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[r][b].bsums), sc16);
+            isum[r] =
+                _mm512_sub_epi32(isum[r], _mm512_zextsi256_si512(_mm256_slli_epi32(offset, 5)));
+            float d = dw * a[r][b].d;
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum[r]), acc[r]);
+        }
     }
-    return _mm512_reduce_add_ps(acc);
+    for (int r = 0; r < nr; r++)
+        out[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
 /* ---- float weights with F32 activations ---- */
@@ -535,12 +594,44 @@ AI float dot_float_body(int64_t n, const void *w_row, const void *act, int wsize
         return call;                                                                               \
     }
 
-INSTANCES(q8_0, dot_q8_0_body(n, w, a, vnni))
+/* A single dot and a VEC_DOT_ROWS-row dot from one multi-row body. */
+#define ROWS_INSTANCES(name, body)                                                                 \
+    AI float one_##name(int64_t n, const void *w, const void *a, bool vnni)                        \
+    {                                                                                              \
+        float out;                                                                                 \
+        body(n, w, a, 0, 1, &out, vnni);                                                           \
+        return out;                                                                                \
+    }                                                                                              \
+    INSTANCES(name, one_##name(n, w, a, vnni))                                                     \
+    static void dot_##name##_rows_avx512(int64_t n, const void *w, const void *a, size_t stride,   \
+                                         float *out)                                               \
+    {                                                                                              \
+        body(n, w, a, stride, VEC_DOT_ROWS, out, false);                                           \
+    }                                                                                              \
+    static void dot_##name##_rows_avx512vnni(int64_t n, const void *w, const void *a,              \
+                                             size_t stride, float *out)                            \
+    {                                                                                              \
+        body(n, w, a, stride, VEC_DOT_ROWS, out, true);                                            \
+    }
+
+AI void dot_q4_k_rows_body(int64_t n, const void *w, const void *a, size_t stride, int nr,
+                           float *out, bool vnni)
+{
+    dot_k45_body(n, w, a, stride, nr, out, false, vnni);
+}
+
+AI void dot_q5_k_rows_body(int64_t n, const void *w, const void *a, size_t stride, int nr,
+                           float *out, bool vnni)
+{
+    dot_k45_body(n, w, a, stride, nr, out, true, vnni);
+}
+
 INSTANCES(q4_0, dot_q4_0_body(n, w, a, vnni))
 INSTANCES(mxfp4, dot_mxfp4_body(n, w, a, vnni))
-INSTANCES(q4_k, dot_k45_body(n, w, a, false, vnni))
-INSTANCES(q5_k, dot_k45_body(n, w, a, true, vnni))
-INSTANCES(q6_k, dot_q6_k_body(n, w, a, vnni))
+ROWS_INSTANCES(q8_0, dot_q8_0_body)
+ROWS_INSTANCES(q4_k, dot_q4_k_rows_body)
+ROWS_INSTANCES(q5_k, dot_q5_k_rows_body)
+ROWS_INSTANCES(q6_k, dot_q6_k_body)
 
 static float dot_f32_avx512(int64_t n, const void *w, const void *a)
 {
@@ -581,4 +672,21 @@ vec_dot_fn vec_dot_avx512_get(uint32_t wtype, bool vnni)
     default:
         return NULL;
     }
+}
+
+vec_dot_rows_fn vec_dot_avx512_rows_get(uint32_t wtype, bool vnni)
+{
+    static const struct {
+        uint32_t type;
+        vec_dot_rows_fn fn[2]; /* without, with VNNI */
+    } table[] = {
+        {QUANT_Q8_0, {dot_q8_0_rows_avx512, dot_q8_0_rows_avx512vnni}},
+        {QUANT_Q4_K, {dot_q4_k_rows_avx512, dot_q4_k_rows_avx512vnni}},
+        {QUANT_Q5_K, {dot_q5_k_rows_avx512, dot_q5_k_rows_avx512vnni}},
+        {QUANT_Q6_K, {dot_q6_k_rows_avx512, dot_q6_k_rows_avx512vnni}},
+    };
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+        if (table[i].type == wtype)
+            return table[i].fn[vnni];
+    return NULL;
 }

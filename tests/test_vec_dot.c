@@ -337,6 +337,57 @@ static void test_dots(struct rng *r)
     }
 }
 
+/* The multi-row kernels against the single dot of the same ISA level, bit for bit, on
+ * VEC_DOT_ROWS fresh activation rows spaced wider than a row (the stride is honoured). */
+static void test_rows(struct rng *r)
+{
+    static const int64_t sizes_k[] = {256, 768, 2048};
+    static const int64_t sizes_32[] = {32, 64, 32 * 37, 2880};
+    int tested = 0;
+    for (size_t t = 0; t < sizeof(weight_types) / sizeof(weight_types[0]); t++) {
+        uint32_t type = weight_types[t];
+        int64_t blk = vec_dot_block(type);
+        const int64_t *sizes = blk == QK_K ? sizes_k : sizes_32;
+        size_t count = blk == QK_K ? 3 : 4;
+        for (int isa = 0; isa <= (int)cpu_isa_best(); isa++) {
+            vec_dot_rows_fn rows = vec_dot_rows_get(type, (enum cpu_isa)isa);
+            vec_dot_fn dot = vec_dot_get(type, (enum cpu_isa)isa);
+            if (!rows)
+                continue;
+            CHECK(blk == QK_K || blk == QK_32, "%s: a multi-row kernel for block %lld",
+                  quant_type_name(type), (long long)blk);
+            tested++;
+            for (size_t k = 0; k < count; k++) {
+                int64_t n = sizes[k];
+                size_t abytes = vec_dot_act_bytes(type, n), stride = abytes + 64 + 4 * k;
+                uint8_t *w = malloc(vec_dot_row_bytes(type, n));
+                uint8_t *act = malloc(stride * VEC_DOT_ROWS);
+                float *x = malloc((size_t)n * sizeof(float)), out[VEC_DOT_ROWS];
+                fill_weights(type, w, n, r);
+                for (int j = 0; j < VEC_DOT_ROWS; j++) {
+                    fill_acts(x, n, r);
+                    vec_dot_quantize_act(type, x, act + j * stride, n);
+                }
+                rows(n, w, act, stride, out);
+                for (int j = 0; j < VEC_DOT_ROWS; j++) {
+                    float one = dot(n, w, act + j * stride);
+                    CHECK(memcmp(&one, &out[j], sizeof(float)) == 0,
+                          "%s %s n %lld row %d: %d rows give %.9g, one dot %.9g",
+                          quant_type_name(type), cpu_isa_name((enum cpu_isa)isa), (long long)n, j,
+                          VEC_DOT_ROWS, out[j], one);
+                }
+                free(w);
+                free(act);
+                free(x);
+            }
+        }
+    }
+    printf("  multi-row kernels: %d (type, ISA) pairs, each equal to its single dot bit for bit\n",
+           tested);
+    CHECK(cpu_isa_best() < CPU_ISA_AVX512 || tested >= 8,
+          "AVX-512 has multi-row Q8_0, Q4_K, Q5_K and Q6_K kernels (found %d)", tested);
+}
+
 /* ---- dispatch and sizes ---- */
 
 static void test_dispatch(void)
@@ -377,5 +428,6 @@ int main(void)
     test_dispatch();
     test_quantizers(&r);
     test_dots(&r);
+    test_rows(&r);
     return test_finish("test_vec_dot");
 }
