@@ -1,6 +1,11 @@
 #include "ops_cpu.h"
 
 #include <math.h>
+#include <omp.h>
+#include <stdbool.h>
+
+#include "attn_body.h"
+#include "cpu_features.h"
 
 void ops_rmsnorm(float *out, const float *in, const float *w, int rows, int dim, float eps)
 {
@@ -37,48 +42,27 @@ void ops_rope_neox(float *x, int n_tok, int n_heads, int head_dim, int pos0, flo
     }
 }
 
-/* One (token, head) of attention: online softmax over keys 0..last. */
-static void ops_attention_row(const struct ops_attn *a, int t, int h)
-{
-    float acc[OPS_MAX_HEAD_DIM];
-    int hd = a->head_dim, kvw = a->n_head_kv * hd;
-    int kvh = h / (a->n_head / a->n_head_kv), last = a->pos0 + t;
-    const float *q = a->q + ((size_t)t * a->n_head + h) * hd;
-    float *o = a->out + ((size_t)t * a->n_head + h) * hd;
-    float m = -INFINITY, l = 0.0f;
-
-    for (int i = 0; i < hd; i++)
-        acc[i] = 0.0f;
-    for (int j = 0; j <= last; j++) {
-        const float *k = a->k_cache + (size_t)j * kvw + (size_t)kvh * hd;
-        const float *v = a->v_cache + (size_t)j * kvw + (size_t)kvh * hd;
-        float s = 0.0f;
-        for (int i = 0; i < hd; i++)
-            s += q[i] * k[i];
-        s *= a->scale;
-        if (s > m) {
-            float r = expf(m - s);
-            l *= r;
-            for (int i = 0; i < hd; i++)
-                acc[i] *= r;
-            m = s;
-        }
-        float p = expf(s - m);
-        l += p;
-        for (int i = 0; i < hd; i++)
-            acc[i] += p * v[i];
-    }
-    for (int i = 0; i < hd; i++)
-        o[i] = acc[i] / l;
-}
-
+/* Units of (query token, up to ATTN_MAX_HEADS heads of one KV head), so that each key and
+ * value row read serves all the heads that share it; one head per unit when there are too few
+ * units for the threads (decode). */
 void ops_attention(const struct ops_attn *a)
 {
-    int n = a->n_tok * a->n_head;
+    const int group = a->n_head / a->n_head_kv;
+    int hp = group < ATTN_MAX_HEADS ? group : ATTN_MAX_HEADS;
+    if (a->n_tok * a->n_head_kv * ((group + hp - 1) / hp) < 2 * omp_get_max_threads())
+        hp = 1;
+    const int per_kv = (group + hp - 1) / hp, n = a->n_tok * a->n_head_kv * per_kv;
+    const bool avx512 = cpu_isa_best() >= CPU_ISA_AVX512;
 
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int i = 0; i < n; i++)
-        ops_attention_row(a, i / a->n_head, i % a->n_head);
+    for (int i = 0; i < n; i++) {
+        int t = i / (a->n_head_kv * per_kv), g = i / per_kv % a->n_head_kv, c = i % per_kv;
+        int h0 = g * group + c * hp, nh = group - c * hp < hp ? group - c * hp : hp;
+        if (avx512)
+            ops_attn_unit_avx512(a, t, h0, nh);
+        else
+            attn_unit(a, t, h0, nh);
+    }
 }
 
 void ops_softmax(float *x, int n)

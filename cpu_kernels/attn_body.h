@@ -1,0 +1,154 @@
+/* attn_body: one unit of ops_attention (one query token against the keys it may see, for up
+ * to ATTN_MAX_HEADS query heads that share a KV head), written once with GCC vector types and
+ * compiled twice: by ops_cpu.c for any x86-64 and by ops_cpu_avx512.c with AVX-512, where the
+ * 16-float vectors are single registers. Internal to those two files.
+ *
+ * Keys go in blocks of ATTN_KEYS: each key row is read once for all the unit's heads (their
+ * scores), then each value row once (their weighted sums), with the online softmax rescaling a
+ * head's sums only when a block raises its running maximum. */
+#ifndef STRATA_ATTN_BODY_H
+#define STRATA_ATTN_BODY_H
+
+#include <math.h>
+#include <string.h>
+
+#include "ops_cpu.h"
+
+#define ATTN_MAX_HEADS 16
+#define ATTN_KEYS 32
+
+typedef float attn_v16 __attribute__((vector_size(64)));
+typedef int attn_v16i __attribute__((vector_size(64)));
+
+/* 16-float vectors pass between the static, inlined helpers below; GCC warns that without
+ * AVX-512 such arguments use another calling convention, which cannot matter inside one file.
+ * Off for the rest of the including file: GCC reports it when it emits the function, after
+ * the header has ended. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+#define ATTN_INLINE static inline __attribute__((always_inline))
+
+/* The AVX-512 build of attn_unit (ops_cpu_avx512.c); call only when cpu_isa_best() >=
+ * CPU_ISA_AVX512. */
+void ops_attn_unit_avx512(const struct ops_attn *a, int t, int h0, int nh);
+
+/* Unaligned moves between floats and a vector (macros: a 64-byte vector crossing a function
+ * boundary changes the ABI in the build without AVX-512). */
+#define ATTN_LOAD(v, p) memcpy(&(v), (p), sizeof(attn_v16))
+#define ATTN_STORE(p, v) memcpy((p), &(v), sizeof(attn_v16))
+
+/* The sum of v's 16 lanes, halving: lanes l and l + w added for w = 8, 4, 2, 1. */
+ATTN_INLINE float attn_hsum(attn_v16 v)
+{
+    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return v[0];
+}
+
+/* x . y over n floats: 16 lanes, summed by attn_hsum, then the tail. */
+ATTN_INLINE float attn_dot(const float *x, const float *y, int n)
+{
+    attn_v16 acc = {0}, vx, vy;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        ATTN_LOAD(vx, x + i);
+        ATTN_LOAD(vy, y + i);
+        acc += vx * vy;
+    }
+    float s = 0.0f;
+    for (; i < n; i++)
+        s += x[i] * y[i];
+    return attn_hsum(acc) + s;
+}
+
+/* e^x in each lane, for x <= 0 (softmax weights): x = n ln2 + r with |r| <= ln2/2, e^r by
+ * its Taylor series to r^7 (truncation under 1e-8 relative), times 2^n built in the exponent
+ * bits. x below -87 gives e^-87 (1.6e-38) instead of a smaller number or 0. */
+ATTN_INLINE attn_v16 attn_exp(attn_v16 x)
+{
+    const attn_v16 lo = (attn_v16){0} - 87.0f, magic = (attn_v16){0} + 12582912.0f;
+    attn_v16i below = x < lo; /* all ones where x < lo */
+    x = (attn_v16)(((attn_v16i)lo & below) | ((attn_v16i)x & ~below));
+    attn_v16 n = (x * 1.44269504f + magic) - magic; /* round to nearest */
+    attn_v16 r = x - n * 0.693145752f - n * 1.42860677e-6f;
+    attn_v16 p = (attn_v16){0} + (1.0f / 5040);
+    p = p * r + (1.0f / 720);
+    p = p * r + (1.0f / 120);
+    p = p * r + (1.0f / 24);
+    p = p * r + (1.0f / 6);
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    attn_v16i e = (__builtin_convertvector(n, attn_v16i) + 127) << 23;
+    return p * (attn_v16)e;
+}
+
+/* y = y * c + p * x over n floats (c = 1 when the maximum did not move). */
+ATTN_INLINE void attn_axpby(float *y, float c, float p, const float *x, int n)
+{
+    attn_v16 vx, vy;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        ATTN_LOAD(vx, x + i);
+        ATTN_LOAD(vy, y + i);
+        vy = vy * c + vx * p;
+        ATTN_STORE(y + i, vy);
+    }
+    for (; i < n; i++)
+        y[i] = y[i] * c + x[i] * p;
+}
+
+/* Query token t, heads h0 .. h0+nh-1 (nh <= ATTN_MAX_HEADS, one KV head). */
+static void attn_unit(const struct ops_attn *a, int t, int h0, int nh)
+{
+    float acc[ATTN_MAX_HEADS * OPS_MAX_HEAD_DIM];
+    float s[ATTN_MAX_HEADS][ATTN_KEYS], m[ATTN_MAX_HEADS], l[ATTN_MAX_HEADS];
+    const int hd = a->head_dim, kvw = a->n_head_kv * hd, last = a->pos0 + t;
+    const int kvh = h0 / (a->n_head / a->n_head_kv);
+    const float *q = a->q + ((size_t)t * a->n_head + h0) * hd;
+
+    for (int h = 0; h < nh; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)nh * hd);
+    memset(s, 0, sizeof(s)); /* lanes past a short last block go through attn_exp unused */
+    for (int j0 = 0; j0 <= last; j0 += ATTN_KEYS) {
+        const int nj = last + 1 - j0 < ATTN_KEYS ? last + 1 - j0 : ATTN_KEYS;
+        for (int j = 0; j < nj; j++) {
+            const float *k = a->k_cache + (size_t)(j0 + j) * kvw + (size_t)kvh * hd;
+            for (int h = 0; h < nh; h++)
+                s[h][j] = attn_dot(q + (size_t)h * hd, k, hd) * a->scale;
+        }
+        float c[ATTN_MAX_HEADS];
+        for (int h = 0; h < nh; h++) {
+            float bm = m[h];
+            for (int j = 0; j < nj; j++)
+                bm = s[h][j] > bm ? s[h][j] : bm;
+            c[h] = bm > m[h] ? expf(m[h] - bm) : 1.0f;
+            l[h] *= c[h];
+            m[h] = bm;
+            for (int j = 0; j < ATTN_KEYS; j += 16) {
+                attn_v16 v;
+                ATTN_LOAD(v, &s[h][j]);
+                v = attn_exp(v - bm);
+                ATTN_STORE(&s[h][j], v);
+            }
+            for (int j = 0; j < nj; j++)
+                l[h] += s[h][j];
+        }
+        for (int j = 0; j < nj; j++) {
+            const float *v = a->v_cache + (size_t)(j0 + j) * kvw + (size_t)kvh * hd;
+            for (int h = 0; h < nh; h++) {
+                attn_axpby(acc + (size_t)h * hd, j ? 1.0f : c[h], s[h][j], v, hd);
+            }
+        }
+    }
+    float *o = a->out + ((size_t)t * a->n_head + h0) * hd;
+    for (int h = 0; h < nh; h++)
+        for (int i = 0; i < hd; i++)
+            o[(size_t)h * hd + i] = acc[(size_t)h * hd + i] / l[h];
+}
+
+#endif

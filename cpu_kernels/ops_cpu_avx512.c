@@ -1,0 +1,7 @@
+/* ops_cpu_avx512: attention's inner unit (attn_body.h) compiled with AVX-512. */
+#include "attn_body.h"
+
+void ops_attn_unit_avx512(const struct ops_attn *a, int t, int h0, int nh)
+{
+    attn_unit(a, t, h0, nh);
+}
