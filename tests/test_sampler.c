@@ -142,8 +142,12 @@ int main(void)
         l[10] = logf(0.5f);
         l[20] = logf(0.3f);
         l[30] = logf(0.2f);
-        struct sampler_config c = {.temperature = 1, .top_k = 0, .top_p = 0.7f, .min_p = 0,
-                                   .repeat_penalty = 1, .repeat_last_n = 0};
+        struct sampler_config c = {.temperature = 1,
+                                   .top_k = 0,
+                                   .top_p = 0.7f,
+                                   .min_p = 0,
+                                   .repeat_penalty = 1,
+                                   .repeat_last_n = 0};
         int counts[3] = {0};
         for (int i = 0; i < 2000; i++) {
             c.seed = rng_u64(&r);
@@ -187,7 +191,9 @@ int main(void)
         sampler_free(&s);
     }
     /* the sampler against the plain chain, on peaked and flat logits over a large vocabulary
-     * (top-k on and off; top-p and min-p in every combination): the same tokens */
+     * (top-k on and off; top-p and min-p in every combination): the same tokens. The last
+     * spread rounds logits to halves, with every other zero negative: long runs of ties and
+     * signed zeros for the full sort, which must keep the lower id first and -0 equal to +0. */
     {
         enum { BIG = 20000 };
         static float l[BIG], w[BIG];
@@ -200,27 +206,49 @@ int main(void)
             {.temperature = 1.2f, .top_k = 0, .top_p = 1.0f},
             {.temperature = 0.9f, .top_k = 3000, .top_p = 0.5f},
         };
-        static const float spread[] = {0.5f, 3.0f, 8.0f};
+        static const float spread[] = {0.5f, 3.0f, 8.0f, 2.0f};
         int same = 0, total = 0;
         rng_seed(&r, test_seed("test_sampler") + 1, 9);
         for (size_t ci = 0; ci < sizeof(cs) / sizeof(cs[0]); ci++) {
-            for (int si = 0; si < 3; si++) {
+            for (int si = 0; si < 4; si++) {
                 struct sampler s;
                 struct rng rr;
                 struct sampler_config c = cs[ci];
                 c.repeat_penalty = 1.0f;
-                c.seed = 1000 + ci * 3 + si;
+                c.seed = 1000 + ci * 4 + si;
                 sampler_init(&s, &c, BIG);
                 rng_seed(&rr, c.seed, 0x5a3d1e);
                 for (int step = 0; step < 6; step++) {
-                    for (int i = 0; i < BIG; i++)
-                        l[i] = w[i] = spread[si] * rng_normal(&r);
+                    for (int i = 0; i < BIG; i++) {
+                        float v = spread[si] * rng_normal(&r);
+                        if (si == 3)
+                            v = roundf(2.0f * v) / 2.0f == 0.0f && (i & 1)
+                                    ? -0.0f
+                                    : roundf(2.0f * v) / 2.0f;
+                        l[i] = w[i] = v;
+                    }
                     int32_t got = sampler_sample(&s, w), want = ref_sample(&c, &rr, l, BIG, cand);
                     same += got == want;
                     total++;
                 }
                 sampler_free(&s);
             }
+        }
+        /* all logits zero, every other one negative: with top-k and top-p off the draw walks
+         * the whole sorted vocabulary, so it lands on the id the plain chain's order gives */
+        for (int seed = 0; seed < 10; seed++) {
+            struct sampler s;
+            struct rng rr;
+            struct sampler_config c = {
+                .temperature = 1.0f, .top_p = 1.0f, .repeat_penalty = 1.0f, .seed = 77 + seed};
+            sampler_init(&s, &c, BIG);
+            rng_seed(&rr, c.seed, 0x5a3d1e);
+            for (int i = 0; i < BIG; i++)
+                l[i] = w[i] = (i & 1) ? -0.0f : 0.0f;
+            int32_t got = sampler_sample(&s, w), want = ref_sample(&c, &rr, l, BIG, cand);
+            same += got == want;
+            total++;
+            sampler_free(&s);
         }
         printf("sampler vs sorting everything: %d of %d tokens equal\n", same, total);
         CHECK(same == total, "the sampler differs from the plain chain (%d of %d)", same, total);
