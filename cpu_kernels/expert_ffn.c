@@ -215,11 +215,15 @@ int expert_ffn_run(const struct expert_ffn_args *a)
 /* Byte offsets of the group scratch: per pair, x converted for gate (and up), g/u floats, and
  * h converted for down; per thread, one batch of down outputs for a unit of rows. */
 struct group_layout {
-    size_t act_gate, act_up, g, u, act_h, ytmp, total;
+    size_t act_gate, act_up, g, u, act_h, ytmp, y, total;
     size_t gate_stride, up_stride, h_stride;
 };
 
 #define GROUP_MAX_THREADS 1024
+/* Groups of one pair per expert and at most this many pairs (decode) compute each expert's
+ * down projection whole into y (pairs, n_embd), then add the pairs up: contiguous reads of
+ * each expert's matrix instead of 16-row slices of every expert in turn. */
+#define GROUP_Y_PAIRS 64
 
 static void group_layout_get(const struct expert_ffn_weights *w, int n_pairs,
                              struct group_layout *l)
@@ -243,6 +247,8 @@ static void group_layout_get(const struct expert_ffn_weights *w, int n_pairs,
     off += n * l->h_stride;
     l->ytmp = off; /* (threads, BATCH, 16) floats */
     off += align64((size_t)GROUP_MAX_THREADS * BATCH * 16 * sizeof(float));
+    l->y = off; /* (min(pairs, GROUP_Y_PAIRS), n_embd) floats */
+    off += align64((n < GROUP_Y_PAIRS ? n : GROUP_Y_PAIRS) * (size_t)w->n_embd * sizeof(float));
     l->total = off;
 }
 
@@ -339,6 +345,53 @@ static void group_down(const struct expert_ffn_group_args *a, const struct group
     }
 }
 
+/* Decode's phase 4: rows [r0, r1) of expert i's down projection for its one pair, into y. */
+static void group_down_rows(const struct expert_ffn_group_args *a, const struct group_layout *l,
+                            int i, int64_t r0, int64_t r1)
+{
+    const struct expert_ffn_weights *w = &a->w[i];
+    uint8_t *s = a->scratch;
+    int p = a->offset[i];
+    struct matmul_args md = {.wtype = w->down_type,
+                             .w = w->down,
+                             .w_stride = vec_dot_row_bytes(w->down_type, w->n_ff),
+                             .n_in = w->n_ff,
+                             .n_out = w->n_embd,
+                             .m = 1,
+                             .y = (float *)(s + l->y) + (size_t)(p - a->offset[0]) * w->n_embd,
+                             .y_stride = w->n_embd};
+    matmul_rows(&md, s + l->act_h + (size_t)p * l->h_stride, l->h_stride, r0, r1);
+}
+
+/* Hands out items [0, n_items) of (expert, 16-row unit) in chunks, dynamically, and calls
+ * run(a, l, expert, r0, r1) for each expert's run of rows in a chunk (rows capped at n_rows):
+ * chunks of about a quarter of a thread's share when `contiguous` (decode: long reads of each
+ * matrix), else single items (prefill: uneven token lists). Inside a parallel region; no
+ * barrier at the end. */
+static void group_items(const struct expert_ffn_group_args *a, const struct group_layout *l,
+                        int64_t units, int64_t n_rows, bool contiguous, int nth,
+                        void (*run)(const struct expert_ffn_group_args *,
+                                    const struct group_layout *, int, int64_t, int64_t))
+{
+    int64_t n_items = (int64_t)a->n_experts * units;
+    int64_t chunk = contiguous ? n_items / ((int64_t)nth * 4) : 1;
+    if (chunk < 1)
+        chunk = 1;
+    int64_t n_chunks = (n_items + chunk - 1) / chunk;
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t c = 0; c < n_chunks; c++) {
+        int64_t i1 = (c + 1) * chunk < n_items ? (c + 1) * chunk : n_items;
+        for (int64_t it = c * chunk; it < i1;) {
+            int e = (int)(it / units);
+            int64_t u0 = it % units, u1 = units;
+            if (i1 - it < u1 - u0)
+                u1 = u0 + (i1 - it);
+            run(a, l, e, u0 * 16, u1 * 16 < n_rows ? u1 * 16 : n_rows);
+            it += u1 - u0;
+        }
+    }
+}
+
 int expert_ffn_group_run(const struct expert_ffn_group_args *a)
 {
     int rc = group_check(a);
@@ -350,7 +403,11 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
     group_layout_get(w0, a->offset[a->n_experts], &l);
     int p_begin = a->offset[0], p_end = a->offset[a->n_experts];
     int64_t ff_units = (w0->n_ff + 15) / 16, embd_units = (w0->n_embd + 15) / 16;
-    int64_t gu_items = (int64_t)a->n_experts * ff_units;
+    /* decode: exactly one pair per expert */
+    bool one_each = true;
+    for (int i = 0; i < a->n_experts; i++)
+        one_each &= a->offset[i + 1] - a->offset[i] == 1;
+    const bool down_whole = one_each && p_end - p_begin <= GROUP_Y_PAIRS;
     int nt = a->n_threads > 0 ? a->n_threads : omp_get_max_threads();
     if (nt > GROUP_MAX_THREADS)
         nt = GROUP_MAX_THREADS;
@@ -373,39 +430,37 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
                 q_up(xr, s + l.act_up + (size_t)p * l.up_stride, w0->n_embd);
         }
         /* 2. gate, up, h over (expert, 16-row unit) items, handed out dynamically so a
-         * preempted thread does not hold up the layer: chunks of about a quarter of a
-         * thread's share when every expert has one pair (decode: contiguous reads), single
-         * items when token lists are uneven (prefill). */
-        {
-            int64_t chunk = p_end - p_begin > a->n_experts ? 1 : gu_items / ((int64_t)nth * 4);
-            if (chunk < 1)
-                chunk = 1;
-            int64_t n_chunks = (gu_items + chunk - 1) / chunk;
-#pragma omp for schedule(dynamic, 1) nowait
-            for (int64_t c = 0; c < n_chunks; c++) {
-                int64_t i1 = (c + 1) * chunk < gu_items ? (c + 1) * chunk : gu_items;
-                for (int64_t it = c * chunk; it < i1;) {
-                    int e = (int)(it / ff_units);
-                    int64_t u0 = it % ff_units, u1 = ff_units;
-                    if (i1 - it < u1 - u0)
-                        u1 = u0 + (i1 - it);
-                    int64_t r1 = u1 * 16 < w0->n_ff ? u1 * 16 : w0->n_ff;
-                    group_gate_up(a, &l, e, u0 * 16, r1);
-                    it += u1 - u0;
-                }
-            }
-        }
+         * preempted thread does not hold up the layer */
+        group_items(a, &l, ff_units, w0->n_ff, one_each, nth, group_gate_up);
 #pragma omp barrier
         /* 3. h of every pair, converted */
 #pragma omp for schedule(static)
         for (int p = p_begin; p < p_end; p++)
             q_down((float *)(s + l.g) + (size_t)p * w0->n_ff, s + l.act_h + (size_t)p * l.h_stride,
                    w0->n_ff);
-        /* 4. down: 16-row units of n_embd, handed out dynamically */
+        if (down_whole) {
+            /* 4. down (decode): every expert's rows into y, then y added up per output unit
+             * in expert order (the order of group_down) */
+            group_items(a, &l, embd_units, w0->n_embd, true, nth, group_down_rows);
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t u = 0; u < embd_units; u++) {
+                int64_t r0 = u * 16, r1 = (u + 1) * 16 < w0->n_embd ? (u + 1) * 16 : w0->n_embd;
+                for (int p = p_begin; p < p_end; p++) {
+                    float *o = a->out + (int64_t)a->tokens[p] * a->out_stride;
+                    const float *y = (const float *)(s + l.y) + (size_t)(p - p_begin) * w0->n_embd;
+                    float wt = a->token_weights ? a->token_weights[p] : 1.0f;
+                    for (int64_t r = r0; r < r1; r++)
+                        o[r] += wt * y[r];
+                }
+            }
+        } else {
+            /* 4. down: 16-row units of n_embd, handed out dynamically */
 #pragma omp for schedule(dynamic, 1) nowait
-        for (int64_t u = 0; u < embd_units; u++) {
-            int64_t r1 = (u + 1) * 16 < w0->n_embd ? (u + 1) * 16 : w0->n_embd;
-            group_down(a, &l, ytmp, u * 16, r1);
+            for (int64_t u = 0; u < embd_units; u++) {
+                int64_t r1 = (u + 1) * 16 < w0->n_embd ? (u + 1) * 16 : w0->n_embd;
+                group_down(a, &l, ytmp, u * 16, r1);
+            }
         }
     }
     return 0;
