@@ -3,9 +3,12 @@
  * compiled twice: by ops_cpu.c for any x86-64 and by ops_cpu_avx512.c with AVX-512, where the
  * 16-float vectors are single registers. Internal to those two files.
  *
- * Keys go in blocks of ATTN_KEYS: each key row is read once for all the unit's heads (their
- * scores), then each value row once (their weighted sums), with the online softmax rescaling a
- * head's sums only when a block raises its running maximum. */
+ * Keys go in blocks of ATTN_KEYS, which stay in L1 while every head of the unit uses them:
+ * scores 4 keys at a time (one reduction of 4 dot products), the softmax weights with a vector
+ * exp, then each head's weighted sum of the block's value rows with its 16-float pieces held
+ * in registers; the online softmax rescales a head's sums once per block, when the block
+ * raises its running maximum. A unit may cover a range of keys only and leave a partial
+ * result (decode's key chunks, combined by ops_attention). */
 #ifndef STRATA_ATTN_BODY_H
 #define STRATA_ATTN_BODY_H
 
@@ -29,7 +32,8 @@ typedef int attn_v16i __attribute__((vector_size(64)));
 
 /* The AVX-512 build of attn_unit (ops_cpu_avx512.c); call only when cpu_isa_best() >=
  * CPU_ISA_AVX512. */
-void ops_attn_unit_avx512(const struct ops_attn *a, int t, int h0, int nh);
+void ops_attn_unit_avx512(const struct ops_attn *a, int t, int h0, int nh, int j_begin, int j_end,
+                          float *part, size_t part_stride);
 
 /* Unaligned moves between floats and a vector (macros: a 64-byte vector crossing a function
  * boundary changes the ABI in the build without AVX-512). */
@@ -62,6 +66,47 @@ ATTN_INLINE float attn_dot(const float *x, const float *y, int n)
     return attn_hsum(acc) + s;
 }
 
+/* The dots of x with 4 rows y(r) = y0 + r * y_stride, r < 4, over n floats, into out[4]:
+ * 16 lanes per row, then the 4 rows' lanes reduced together (halves, quarters, pairs). */
+ATTN_INLINE void attn_dot4(const float *x, const float *y0, size_t y_stride, int n, float *out)
+{
+    attn_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, vx, v;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        ATTN_LOAD(vx, x + i);
+        ATTN_LOAD(v, y0 + i);
+        a0 += vx * v;
+        ATTN_LOAD(v, y0 + y_stride + i);
+        a1 += vx * v;
+        ATTN_LOAD(v, y0 + 2 * y_stride + i);
+        a2 += vx * v;
+        ATTN_LOAD(v, y0 + 3 * y_stride + i);
+        a3 += vx * v;
+    }
+    /* [a0 lo + hi (8), a1 lo + hi (8)], the same for a2, a3 */
+    attn_v16 b01 =
+        __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+        __builtin_shufflevector(a0, a1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
+                                31);
+    attn_v16 b23 =
+        __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+        __builtin_shufflevector(a2, a3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
+                                31);
+    /* 4 lanes per row: [a0 (4), a1 (4), a2 (4), a3 (4)] */
+    attn_v16 c = __builtin_shufflevector(b01, b23, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25,
+                                         26, 27) +
+                 __builtin_shufflevector(b01, b23, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28,
+                                         29, 30, 31);
+    c += __builtin_shufflevector(c, c, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    c += __builtin_shufflevector(c, c, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    for (int r = 0; r < 4; r++) {
+        float t = 0.0f;
+        for (int k = i; k < n; k++)
+            t += x[k] * y0[r * y_stride + k];
+        out[r] = c[4 * r] + t;
+    }
+}
+
 /* e^x in each lane, for x <= 0 (softmax weights): x = n ln2 + r with |r| <= ln2/2, e^r by
  * its Taylor series to r^7 (truncation under 1e-8 relative), times 2^n built in the exponent
  * bits. x below -87 gives e^-87 (1.6e-38) instead of a smaller number or 0. */
@@ -84,27 +129,42 @@ ATTN_INLINE attn_v16 attn_exp(attn_v16 x)
     return p * (attn_v16)e;
 }
 
-/* y = y * c + p * x over n floats (c = 1 when the maximum did not move). */
-ATTN_INLINE void attn_axpby(float *y, float c, float p, const float *x, int n)
+/* y = y * c + sum_j p[j] * v(j) over n floats, v(j) = v0 + j * v_stride, for j < nj: each
+ * 16 floats of y stay in a register across the block's keys (the value rows, read for every
+ * head of the unit, stay in L1). */
+ATTN_INLINE void attn_accumulate(float *y, float c, const float *p, const float *v0,
+                                 size_t v_stride, int nj, int n)
 {
-    attn_v16 vx, vy;
+    attn_v16 vy, vx;
     int i = 0;
     for (; i + 16 <= n; i += 16) {
-        ATTN_LOAD(vx, x + i);
         ATTN_LOAD(vy, y + i);
-        vy = vy * c + vx * p;
+        vy = vy * c;
+        for (int j = 0; j < nj; j++) {
+            ATTN_LOAD(vx, v0 + j * v_stride + i);
+            vy = vy + vx * p[j];
+        }
         ATTN_STORE(y + i, vy);
     }
-    for (; i < n; i++)
-        y[i] = y[i] * c + x[i] * p;
+    for (; i < n; i++) {
+        float t = y[i] * c;
+        for (int j = 0; j < nj; j++)
+            t = t + v0[j * v_stride + i] * p[j];
+        y[i] = t;
+    }
 }
 
-/* Query token t, heads h0 .. h0+nh-1 (nh <= ATTN_MAX_HEADS, one KV head). */
-static void attn_unit(const struct ops_attn *a, int t, int h0, int nh)
+/* Query token t, heads h0 .. h0+nh-1 (nh <= ATTN_MAX_HEADS, one KV head), keys
+ * [j_begin, j_end) (j_end <= pos0 + t + 1). part NULL: the keys are all the token sees, and
+ * the output goes to a->out. Else the unnormalised partial result goes to part: for head h,
+ * part + h * part_stride = [running max m, sum l, acc (head_dim)], m = -inf and l = 0 for no
+ * keys (ops_attention combines the parts). */
+static void attn_unit(const struct ops_attn *a, int t, int h0, int nh, int j_begin, int j_end,
+                      float *part, size_t part_stride)
 {
     float acc[ATTN_MAX_HEADS * OPS_MAX_HEAD_DIM];
     float s[ATTN_MAX_HEADS][ATTN_KEYS], m[ATTN_MAX_HEADS], l[ATTN_MAX_HEADS];
-    const int hd = a->head_dim, kvw = a->n_head_kv * hd, last = a->pos0 + t;
+    const int hd = a->head_dim, kvw = a->n_head_kv * hd;
     const int kvh = h0 / (a->n_head / a->n_head_kv);
     const float *q = a->q + ((size_t)t * a->n_head + h0) * hd;
 
@@ -114,13 +174,19 @@ static void attn_unit(const struct ops_attn *a, int t, int h0, int nh)
     }
     memset(acc, 0, sizeof(float) * (size_t)nh * hd);
     memset(s, 0, sizeof(s)); /* lanes past a short last block go through attn_exp unused */
-    for (int j0 = 0; j0 <= last; j0 += ATTN_KEYS) {
-        const int nj = last + 1 - j0 < ATTN_KEYS ? last + 1 - j0 : ATTN_KEYS;
-        for (int j = 0; j < nj; j++) {
-            const float *k = a->k_cache + (size_t)(j0 + j) * kvw + (size_t)kvh * hd;
+    for (int j0 = j_begin; j0 < j_end; j0 += ATTN_KEYS) {
+        const int nj = j_end - j0 < ATTN_KEYS ? j_end - j0 : ATTN_KEYS;
+        const float *k0 = a->k_cache + (size_t)j0 * kvw + (size_t)kvh * hd;
+        int j = 0;
+        for (; j + 4 <= nj; j += 4)
+            for (int h = 0; h < nh; h++) {
+                attn_dot4(q + (size_t)h * hd, k0 + (size_t)j * kvw, kvw, hd, &s[h][j]);
+                for (int r = 0; r < 4; r++)
+                    s[h][j + r] *= a->scale;
+            }
+        for (; j < nj; j++)
             for (int h = 0; h < nh; h++)
-                s[h][j] = attn_dot(q + (size_t)h * hd, k, hd) * a->scale;
-        }
+                s[h][j] = attn_dot(q + (size_t)h * hd, k0 + (size_t)j * kvw, hd) * a->scale;
         float c[ATTN_MAX_HEADS];
         for (int h = 0; h < nh; h++) {
             float bm = m[h];
@@ -138,12 +204,18 @@ static void attn_unit(const struct ops_attn *a, int t, int h0, int nh)
             for (int j = 0; j < nj; j++)
                 l[h] += s[h][j];
         }
-        for (int j = 0; j < nj; j++) {
-            const float *v = a->v_cache + (size_t)(j0 + j) * kvw + (size_t)kvh * hd;
-            for (int h = 0; h < nh; h++) {
-                attn_axpby(acc + (size_t)h * hd, j ? 1.0f : c[h], s[h][j], v, hd);
-            }
+        const float *v0 = a->v_cache + (size_t)j0 * kvw + (size_t)kvh * hd;
+        for (int h = 0; h < nh; h++)
+            attn_accumulate(acc + (size_t)h * hd, c[h], s[h], v0, kvw, nj, hd);
+    }
+    if (part) {
+        for (int h = 0; h < nh; h++) {
+            float *ph = part + (size_t)h * part_stride;
+            ph[0] = m[h];
+            ph[1] = l[h];
+            memcpy(ph + 2, acc + (size_t)h * hd, sizeof(float) * (size_t)hd);
         }
+        return;
     }
     float *o = a->out + ((size_t)t * a->n_head + h0) * hd;
     for (int h = 0; h < nh; h++)

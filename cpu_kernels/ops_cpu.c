@@ -3,6 +3,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdbool.h>
+#include <stdlib.h>
 
 #include "attn_body.h"
 #include "cpu_features.h"
@@ -42,26 +43,100 @@ void ops_rope_neox(float *x, int n_tok, int n_heads, int head_dim, int pos0, flo
     }
 }
 
-/* Units of (query token, up to ATTN_MAX_HEADS heads of one KV head), so that each key and
- * value row read serves all the heads that share it; one head per unit when there are too few
- * units for the threads (decode). */
+/* A few query tokens (decode) split their keys into chunks of ATTN_CHUNK, so that a long
+ * context gives every thread work while each key and value row is still read once for all
+ * the heads that share it; the chunks' partial sums are then combined in chunk order. The
+ * split depends only on the shapes, never on the thread count, so results do not either. */
+#define ATTN_CHUNK 256
+#define ATTN_SPLIT_BELOW 16 /* split when n_tok * n_head_kv is below this */
+
+static void attn_unit_any(const struct ops_attn *a, int t, int h0, int nh, int j_begin,
+                          int j_end, float *part, size_t part_stride)
+{
+    if (cpu_isa_best() >= CPU_ISA_AVX512)
+        ops_attn_unit_avx512(a, t, h0, nh, j_begin, j_end, part, part_stride);
+    else
+        attn_unit(a, t, h0, nh, j_begin, j_end, part, part_stride);
+}
+
+/* out = the chunks' parts of (t, h) combined: sum of acc e^(m - M) over sum of l e^(m - M),
+ * M the largest m, in chunk order. */
+static void attn_combine(const struct ops_attn *a, const float *parts, int n_chunks, int t, int h)
+{
+    const int hd = a->head_dim;
+    const size_t stride = (size_t)hd + 2;
+    const float *p = parts + ((size_t)t * a->n_head + h) * n_chunks * stride;
+    float *o = a->out + ((size_t)t * a->n_head + h) * hd;
+    float mx = -INFINITY, l = 0.0f;
+    for (int c = 0; c < n_chunks; c++)
+        mx = p[c * stride] > mx ? p[c * stride] : mx;
+    for (int i = 0; i < hd; i++)
+        o[i] = 0.0f;
+    for (int c = 0; c < n_chunks; c++) {
+        const float *pc = p + c * stride;
+        if (pc[1] == 0.0f)
+            continue; /* no keys in this chunk */
+        float f = expf(pc[0] - mx);
+        l += pc[1] * f;
+        for (int i = 0; i < hd; i++)
+            o[i] += pc[2 + i] * f;
+    }
+    for (int i = 0; i < hd; i++)
+        o[i] /= l;
+}
+
+/* Units of (query token, up to ATTN_MAX_HEADS heads of one KV head[, key chunk]), so that each
+ * key and value row read serves all the heads that share it; without a split and with too few
+ * units for the threads, one head per unit (the same arithmetic per head either way). */
 void ops_attention(const struct ops_attn *a)
 {
-    const int group = a->n_head / a->n_head_kv;
+    static _Thread_local float *parts;
+    static _Thread_local size_t parts_cap;
+    const int group = a->n_head / a->n_head_kv, ctx = a->pos0 + a->n_tok;
     int hp = group < ATTN_MAX_HEADS ? group : ATTN_MAX_HEADS;
-    if (a->n_tok * a->n_head_kv * ((group + hp - 1) / hp) < 2 * omp_get_max_threads())
+    int n_chunks = 1;
+    if (a->n_tok * a->n_head_kv < ATTN_SPLIT_BELOW && ctx > ATTN_CHUNK) {
+        n_chunks = (ctx + ATTN_CHUNK - 1) / ATTN_CHUNK;
+        size_t need = (size_t)a->n_tok * a->n_head * n_chunks * ((size_t)a->head_dim + 2);
+        if (need > parts_cap) {
+            float *p = realloc(parts, need * sizeof(float));
+            if (!p)
+                n_chunks = 1; /* out of memory: unsplit, slower but right */
+            else {
+                parts = p;
+                parts_cap = need;
+            }
+        }
+    }
+    if (n_chunks == 1 &&
+        a->n_tok * a->n_head_kv * ((group + hp - 1) / hp) < 2 * omp_get_max_threads())
         hp = 1;
-    const int per_kv = (group + hp - 1) / hp, n = a->n_tok * a->n_head_kv * per_kv;
-    const bool avx512 = cpu_isa_best() >= CPU_ISA_AVX512;
+    const int per_kv = (group + hp - 1) / hp, n = a->n_tok * a->n_head_kv * per_kv * n_chunks;
+    const size_t stride = (size_t)a->head_dim + 2;
+    float *const buf = parts; /* thread-local to this thread: the team uses the pointer */
 
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int i = 0; i < n; i++) {
-        int t = i / (a->n_head_kv * per_kv), g = i / per_kv % a->n_head_kv, c = i % per_kv;
-        int h0 = g * group + c * hp, nh = group - c * hp < hp ? group - c * hp : hp;
-        if (avx512)
-            ops_attn_unit_avx512(a, t, h0, nh);
-        else
-            attn_unit(a, t, h0, nh);
+#pragma omp parallel
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int i = 0; i < n; i++) {
+            int k = i % n_chunks, u = i / n_chunks;
+            int t = u / (a->n_head_kv * per_kv), g = u / per_kv % a->n_head_kv, c = u % per_kv;
+            int h0 = g * group + c * hp, nh = group - c * hp < hp ? group - c * hp : hp;
+            int last = a->pos0 + t;
+            if (n_chunks == 1) {
+                attn_unit_any(a, t, h0, nh, 0, last + 1, NULL, 0);
+                continue;
+            }
+            int j0 = k * ATTN_CHUNK, j1 = (k + 1) * ATTN_CHUNK < last + 1 ? (k + 1) * ATTN_CHUNK
+                                                                          : last + 1;
+            float *part = buf + (((size_t)t * a->n_head + h0) * n_chunks + k) * stride;
+            attn_unit_any(a, t, h0, nh, j0, j1 > j0 ? j1 : j0, part, n_chunks * stride);
+        }
+        if (n_chunks > 1) {
+#pragma omp for schedule(static)
+            for (int i = 0; i < a->n_tok * a->n_head; i++)
+                attn_combine(a, buf, n_chunks, i / a->n_head, i % a->n_head);
+        }
     }
 }
 

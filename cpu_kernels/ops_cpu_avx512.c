@@ -1,7 +1,8 @@
 /* ops_cpu_avx512: attention's inner unit (attn_body.h) compiled with AVX-512. */
 #include "attn_body.h"
 
-void ops_attn_unit_avx512(const struct ops_attn *a, int t, int h0, int nh)
+void ops_attn_unit_avx512(const struct ops_attn *a, int t, int h0, int nh, int j_begin, int j_end,
+                          float *part, size_t part_stride)
 {
-    attn_unit(a, t, h0, nh);
+    attn_unit(a, t, h0, nh, j_begin, j_end, part, part_stride);
 }

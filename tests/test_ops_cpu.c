@@ -66,15 +66,10 @@ static void check_rope(struct rng *r)
     free(x), free(ref);
 }
 
-static void check_attention(struct rng *r)
+static void attention_case(struct rng *r, int kvh, int group, int hd, int pos0, int n_tok,
+                           bool sharp)
 {
-    /* groups past ATTN_MAX_HEADS (16) are split; contexts past ATTN_KEYS (32) take several
-     * key blocks; sharp queries put scores hundreds apart (weights that underflow) */
-    bool wide = rng_below(r, 4) == 0, sharp = rng_below(r, 4) == 0;
-    int kvh = 1 + rng_below(r, 3), group = wide ? 1 + rng_below(r, 20) : 1 + rng_below(r, 4);
-    int nh = kvh * group, hd = 8 * (1 + rng_below(r, 16));
-    int pos0 = wide ? rng_below(r, 700) : rng_below(r, 40), n_tok = 1 + rng_below(r, 8);
-    int ctx = pos0 + n_tok, kvw = kvh * hd;
+    int nh = kvh * group, ctx = pos0 + n_tok, kvw = kvh * hd;
     float *q = rand_vec(r, (size_t)n_tok * nh * hd), *k = rand_vec(r, (size_t)ctx * kvw);
     float *v = rand_vec(r, (size_t)ctx * kvw);
     float *out = malloc(sizeof(float) * n_tok * nh * hd), *ref = malloc(sizeof(float) * n_tok * nh * hd);
@@ -112,6 +107,18 @@ static void check_attention(struct rng *r)
     free(q), free(k), free(v), free(out), free(ref), free(p);
 }
 
+/* Groups past ATTN_MAX_HEADS (16) are split; contexts past ATTN_KEYS (32) take several key
+ * blocks, and with few tokens and KV heads (decode) past ATTN_CHUNK (256) several chunks whose
+ * parts are combined; sharp queries put scores hundreds apart (weights that underflow). */
+static void check_attention(struct rng *r)
+{
+    bool wide = rng_below(r, 4) == 0, sharp = rng_below(r, 4) == 0;
+    int kvh = 1 + rng_below(r, 3), group = wide ? 1 + rng_below(r, 20) : 1 + rng_below(r, 4);
+    int hd = 8 * (1 + rng_below(r, 16));
+    int pos0 = wide ? rng_below(r, 700) : rng_below(r, 40), n_tok = 1 + rng_below(r, 8);
+    attention_case(r, kvh, group, hd, pos0, n_tok, sharp);
+}
+
 int main(void)
 {
     struct rng r;
@@ -121,5 +128,8 @@ int main(void)
         check_rope(&r);
         check_attention(&r);
     }
+    /* chunks of 256 keys: token 0 sees keys 0..254 only, so its second chunk is empty */
+    attention_case(&r, 1, 4, 64, 254, 5, false);
+    attention_case(&r, 2, 8, 128, 1000, 1, true);
     return test_finish("test_ops_cpu");
 }
