@@ -374,19 +374,26 @@ AI float dot_mxfp4_body(int64_t n, const void *w_row, const void *act, bool vnni
 
 /* sum_s mins[s] * (bsums[2s] + bsums[2s+1]) as 8 int32 lanes (8 mins as bytes): each min is
  * duplicated to the two bsums of its sub-block. */
-AI __m256i k4_min_sums(const int16_t *bsums, uint64_t mins8)
+AI __m256i k4_mins16(uint64_t mins8)
 {
     const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    __m256i m = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128((long long)mins8), dup));
-    return _mm256_madd_epi16(m, _mm256_loadu_si256((const __m256i *)bsums));
+    return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128((long long)mins8), dup));
 }
 
-/* [d * a_d, dmin * a_d] of a Q4_K/Q5_K block (d, dmin adjacent f16) and its Q8_K block. */
-AI __m128 k4_factors(const void *d_dmin, float a_d)
+/* sum_s mins[s] * (bsums[2s] + bsums[2s+1]) as 8 int32 lanes, from k4_mins16 (each min
+ * duplicated to the two bsums of its sub-block). */
+AI __m256i k4_min_sums(const int16_t *bsums, __m256i mins16)
+{
+    return _mm256_madd_epi16(mins16, _mm256_loadu_si256((const __m256i *)bsums));
+}
+
+/* [d, dmin] of a Q4_K/Q5_K block (d, dmin adjacent f16) as floats; times a Q8_K block's d
+ * gives [d * a_d, dmin * a_d]. */
+AI __m128 k4_d_dmin(const void *d_dmin)
 {
     uint32_t bits;
     memcpy(&bits, d_dmin, 4);
-    return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)bits)), _mm_set1_ps(a_d));
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)bits));
 }
 
 /* Q4_K and Q5_K share everything but the 5th bit. One zmm holds 64 code bytes of qs: its low
@@ -417,7 +424,8 @@ AI void dot_k45_body(int64_t n, const void *w_row, const void *act, size_t act_s
         const uint8_t *qs = five ? ((const struct block_q5_k *)blk)->qs : w4->qs;
         uint32_t sm[4];
         vec_dot_k4_scales(w4->scales, sm);
-        uint64_t mins8 = (uint64_t)sm[2] | (uint64_t)sm[3] << 32;
+        const __m256i mins16 = k4_mins16((uint64_t)sm[2] | (uint64_t)sm[3] << 32);
+        const __m128 dd = k4_d_dmin(&w4->d);
         __m512i sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(
             _mm_cvtsi64_si128((long long)((uint64_t)sm[0] | (uint64_t)sm[1] << 32))));
         __m512i qh = _mm512_setzero_si512();
@@ -453,13 +461,13 @@ AI void dot_k45_body(int64_t n, const void *w_row, const void *act, size_t act_s
             }
         }
         for (int r = 0; r < nr; r++) {
-            __m128 f = k4_factors(&w4->d, a[r][b].d); /* [d * a_d, dmin * a_d] */
+            __m128 f = _mm_mul_ps(dd, _mm_set1_ps(a[r][b].d)); /* [d * a_d, dmin * a_d] */
             acc[r] = _mm512_fmadd_ps(_mm512_broadcastss_ps(f),
                                      _mm512_cvtepi32_ps(_mm512_add_epi32(isum[r][0], isum[r][1])),
                                      acc[r]);
             acc_m[r] = _mm256_fmadd_ps(
                 _mm256_permutexvar_ps(_mm256_set1_epi32(1), _mm256_castps128_ps256(f)),
-                _mm256_cvtepi32_ps(k4_min_sums(a[r][b].bsums, mins8)), acc_m[r]);
+                _mm256_cvtepi32_ps(k4_min_sums(a[r][b].bsums, mins16)), acc_m[r]);
         }
     }
     for (int r = 0; r < nr; r++)
