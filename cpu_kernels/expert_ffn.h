@@ -57,11 +57,11 @@ int expert_ffn_run(const struct expert_ffn_args *a);
  * the types and shapes of w[0]. Four phases separated by barriers, each split over all threads
  * at once rather than expert by expert: convert x for every pair; gate/up rows of all experts;
  * convert h; down rows of n_embd for all experts, accumulated into out in expert order, then
- * pair order. With one pair per expert (decode), the down phase reads each expert's matrix in
- * long runs into a per-pair buffer, and a fifth phase adds the buffers up in that same order
- * (16-row slices of every expert in turn read 22% slower). Every output element sees the same
- * operations in the same order as calling expert_ffn_run per expert in that order, so the
- * result is bit-identical to it and does not depend on the thread count.
+ * pair order. With one pair per expert (decode), the down phase instead reads each expert's
+ * matrix in long runs into a per-pair buffer (16-row slices of every expert in turn read
+ * slower), and a fifth phase adds the buffers up in that same order. Every output element sees
+ * the same operations in the same order as calling expert_ffn_run per expert in that order, so
+ * the result is bit-identical to it and does not depend on the thread count.
  */
 struct expert_ffn_group_args {
     int n_experts;

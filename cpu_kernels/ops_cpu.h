@@ -30,8 +30,9 @@ struct ops_attn {
     float scale;
 };
 
-/* Causal attention (head_dim <= OPS_MAX_HEAD_DIM): query t (position pos0+t) of head h attends to keys 0..pos0+t of kv head
- * h / (n_head/n_head_kv), softmax(scale q.k) weighted sum of v. Online softmax in float. */
+/* Causal attention (head_dim <= OPS_MAX_HEAD_DIM): query t (position pos0+t) of head h
+ * attends to keys 0..pos0+t of kv head h / (n_head/n_head_kv), softmax(scale q.k) weighted
+ * sum of v. Online softmax in float; the result does not depend on the thread count. */
 void ops_attention(const struct ops_attn *a);
 
 /* In-place softmax of x (n). */

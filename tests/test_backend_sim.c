@@ -8,9 +8,9 @@
  * - with a cache of any size (copy, zerocopy, prefetch; a pool shrunk by a later, oversized
  *   stream), every logit of a prompt and 128 greedy steps is bit-identical to all-resident;
  * - static placement and the hybrid lane, whose experts the real CPU lane computes (8-bit
- *   activations), agree with all-resident on >= 95% (f32) or 90% (q8_0) of teacher-forced
+ *   activations), agree with all-resident on >= 95% (f32) or 85% (q8_0) of teacher-forced
  *   argmaxes, logits within 1e-3 (f32) or 0.2 (q8_0) of the largest (struct tolerance);
- * - all-resident agrees with the CPU backend (>= 90% of teacher-forced argmaxes);
+ * - all-resident agrees with the CPU backend (the same share of teacher-forced argmaxes);
  * - graph decode (one-token steps recorded once, replayed with the token and position in device
  *   memory) is bit-identical to running the ops, with one launch per step;
  * - a budget that cannot hold the trunk is refused; static picks N from the budget.
@@ -589,10 +589,12 @@ static void exact(const char *path, const char *what, const struct backend_cuda_
  * - logits: max |diff| / max |ref| over the prompt's logits. f32 weights: 1e-3. 8-bit weights,
  *   whose activations the CPU lane quantizes too: 0.2 (over 17 seeds the largest error was
  *   0.137, most under 0.04).
- * - agree_pct: teacher-forced argmaxes that must agree. f32: 95 (always 128 of 128). q8_0: 90,
- *   because the random weights give flat logits that the 8-bit rounding reorders: over 21 seeds
- *   x 3 placements agreement ran 121-128 of 128 (seed 1796040212: 121 for static:2, which failed
- *   CI's 95%), and each disagreement's reference margin was under twice that step's error. */
+ * - agree_pct: teacher-forced argmaxes that must agree, here and in cpu_backend_check. f32: 95
+ *   (always 128 of 128). q8_0: 85, because the random weights give flat logits that 8-bit
+ *   activations reorder: over 92 seeds the CPU backend agreed on 115-128 of 128 and the three
+ *   CPU-lane placements on 117-128, every disagreement a near tie (the reference's margin under
+ *   twice that step's logit error); a real fault (a stale reuse of quantized activations)
+ *   agreed on 22. */
 struct tolerance {
     double logits;
     int agree_pct;
@@ -627,11 +629,11 @@ static void close_enough(const char *path, const char *what,
 }
 
 /* The simulated CUDA backend against the CPU backend, teacher-forced on ref's greedy ids:
- * catches what both CUDA paths would share (a stale reuse of quantized activations, above,
- * agreed on 22 of 128). Every CPU matmul rounds activations to 8 bits on q8_0, so agreement is
- * held to 90% (17 seeds: 121-127 of 128; f32: 128) and the logits to tol. */
+ * catches what both CUDA paths would share (a stale reuse of quantized activations agreed on
+ * 22 of 128). Every CPU matmul rounds activations to 8 bits on q8_0: agreement and logits are
+ * held to tol (struct tolerance). */
 static void cpu_backend_check(const char *path, const int32_t *prompt, const struct run *ref,
-                              double tol)
+                              const struct tolerance *tol)
 {
     struct model *m = NULL;
     struct backend *b = NULL;
@@ -654,9 +656,11 @@ static void cpu_backend_check(const char *path, const int32_t *prompt, const str
         printf("%s: %-34s prompt logits within %.3g; argmax agrees on %d of %d teacher-forced "
                "steps\n",
                path, "all-resident vs the CPU backend", err, agree, N_STEPS);
-        CHECK(rc == 0 && err <= tol, "%s: cpu backend differs by %g (tol %g)", path, err, tol);
-        CHECK(agree * 100 >= 90 * N_STEPS, "%s: cpu backend agrees on %d of %d", path, agree,
-              N_STEPS);
+        CHECK(rc == 0 && err <= tol->logits, "%s: cpu backend differs by %g (tol %g)", path, err,
+              tol->logits);
+        CHECK(agree * 100 >= tol->agree_pct * N_STEPS,
+              "%s: cpu backend agrees on %d of %d (want %d%%)", path, agree, N_STEPS,
+              tol->agree_pct);
         free(l);
     }
     stream_close(s);
@@ -733,7 +737,7 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     if (!ref.logits)
         return;
     CHECK(ref.cpu_lane_s == 0, "all-resident: CPU lane busy for %g s", ref.cpu_lane_s);
-    cpu_backend_check(path, prompt, &ref, tol->logits);
+    cpu_backend_check(path, prompt, &ref, tol);
     argmax_path(path, prompt, &ref);
     graph_two_streams(path, prompt, &ref);
     /* decode steps recorded once and replayed: position and token come from device memory */
@@ -847,7 +851,7 @@ int main(void)
     for (int i = 0; i < N_PROMPT; i++)
         prompt[i] = (int32_t)rng_below(&r, 500);
     model_checks(f32, prompt, &(struct tolerance){1e-3, 95});
-    model_checks(q8, prompt, &(struct tolerance){0.2, 90});
+    model_checks(q8, prompt, &(struct tolerance){0.2, 85});
     budget_checks(q8);
     unlink(f32);
     unlink(q8);
