@@ -464,6 +464,8 @@ vec_dot_rows_fn vec_dot_rows_get(uint32_t wtype, enum cpu_isa isa)
         return vec_dot_avx512_rows_get(wtype, true);
     case CPU_ISA_AVX512:
         return vec_dot_avx512_rows_get(wtype, false);
+    case CPU_ISA_AVX2:
+        return vec_dot_avx2_rows_get(wtype);
     default:
         return NULL;
     }

@@ -72,8 +72,8 @@ vec_dot_fn vec_dot_get(uint32_t wtype, enum cpu_isa isa);
 typedef void (*vec_dot_rows_fn)(int64_t n, const void *w_row, const void *act, size_t act_stride,
                                 float *out);
 /* The multi-row kernel for wtype at the given ISA level (clamped as in vec_dot_get), or NULL
- * where there is none (then call the vec_dot_fn once per row). AVX-512 has Q8_0, Q4_K, Q5_K
- * and Q6_K. */
+ * where there is none (then call the vec_dot_fn once per row): Q8_0, Q4_K, Q5_K and Q6_K with
+ * AVX2 and AVX-512. */
 vec_dot_rows_fn vec_dot_rows_get(uint32_t wtype, enum cpu_isa isa);
 
 /* ---- per-ISA tables: for vec_dot.c only. Each returns NULL for a type it does not cover.
@@ -85,6 +85,7 @@ vec_dot_fn vec_dot_avx2_get(uint32_t wtype);
 vec_dot_quantize_fn vec_dot_avx2_quantize_get(enum quant_type act_type);
 vec_dot_fn vec_dot_avx512_get(uint32_t wtype, bool vnni);
 vec_dot_rows_fn vec_dot_avx512_rows_get(uint32_t wtype, bool vnni);
+vec_dot_rows_fn vec_dot_avx2_rows_get(uint32_t wtype);
 vec_dot_quantize_fn vec_dot_avx512_quantize_get(enum quant_type act_type);
 
 /* ---- helpers shared by the scalar and SIMD kernels (internal) ---- */

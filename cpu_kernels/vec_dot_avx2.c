@@ -6,6 +6,7 @@
  * with vpmaddubsw, which cannot overflow because activation codes lie in [-127, 127].
  */
 #include <immintrin.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "vec_dot.h"
@@ -35,6 +36,13 @@ static inline float f16_load(uint16_t h)
 static inline __m256i dot_i8_i8(__m256i w, __m256i a)
 {
     __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* dot_i8_i8 from |w| (wa, shared by every activation row) and w. */
+static inline __m256i dot_abs_i8(__m256i wa, __m256i w, __m256i a)
+{
+    __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(a, w));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
@@ -133,30 +141,46 @@ vec_dot_quantize_fn vec_dot_avx2_quantize_get(enum quant_type act_type)
 
 /* ---- 32-element blocks with Q8_0 activations ---- */
 
-static float dot_q8_0_avx2(int64_t n, const void *w_row, const void *act)
+/* The Q8_0 dot of one weight row with nr activation rows (act + r * act_stride), out[r]: each
+ * row's arithmetic is the single dot's (nr = 1) in the same order, so every out[r] equals it
+ * bit for bit; |w| and the sign of w are taken once for all rows. */
+static inline __attribute__((always_inline)) void
+dot_q8_0_rows(int64_t n, const void *w_row, const void *act, size_t act_stride, int nr, float *out)
 {
     const struct block_q8_0 *w = w_row;
-    const struct block_q8_0 *a = act;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const struct block_q8_0 *a[VEC_DOT_ROWS];
+    __m256 acc0[VEC_DOT_ROWS], acc1[VEC_DOT_ROWS];
+    for (int r = 0; r < nr; r++) {
+        a[r] = (const struct block_q8_0 *)((const uint8_t *)act + r * act_stride);
+        acc0[r] = acc1[r] = _mm256_setzero_ps();
+    }
     int64_t nb = n / QK_32, b = 0;
     for (; b + 1 < nb; b += 2) {
         VEC_DOT_PREFETCH(&w[b], 2 * sizeof(*w));
-        __m256i p0 = dot_i8_i8(_mm256_loadu_si256((const __m256i *)w[b].qs),
-                               _mm256_loadu_si256((const __m256i *)a[b].qs));
-        __m256i p1 = dot_i8_i8(_mm256_loadu_si256((const __m256i *)w[b + 1].qs),
-                               _mm256_loadu_si256((const __m256i *)a[b + 1].qs));
-        float d0 = f16_load(w[b].d) * f16_load(a[b].d);
-        float d1 = f16_load(w[b + 1].d) * f16_load(a[b + 1].d);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(p1), acc1);
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)w[b].qs);
+        __m256i w1 = _mm256_loadu_si256((const __m256i *)w[b + 1].qs);
+        __m256i wa0 = _mm256_sign_epi8(w0, w0), wa1 = _mm256_sign_epi8(w1, w1);
+        float dw0 = f16_load(w[b].d), dw1 = f16_load(w[b + 1].d);
+        for (int r = 0; r < nr; r++) {
+            __m256i p0 = dot_abs_i8(wa0, w0, _mm256_loadu_si256((const __m256i *)a[r][b].qs));
+            __m256i p1 = dot_abs_i8(wa1, w1, _mm256_loadu_si256((const __m256i *)a[r][b + 1].qs));
+            float d0 = dw0 * f16_load(a[r][b].d);
+            float d1 = dw1 * f16_load(a[r][b + 1].d);
+            acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0), _mm256_cvtepi32_ps(p0), acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(p1), acc1[r]);
+        }
     }
     for (; b < nb; b++) {
-        __m256i p = dot_i8_i8(_mm256_loadu_si256((const __m256i *)w[b].qs),
-                              _mm256_loadu_si256((const __m256i *)a[b].qs));
-        float d = f16_load(w[b].d) * f16_load(a[b].d);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc0);
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)w[b].qs);
+        __m256i wa0 = _mm256_sign_epi8(w0, w0);
+        for (int r = 0; r < nr; r++) {
+            __m256i p = dot_abs_i8(wa0, w0, _mm256_loadu_si256((const __m256i *)a[r][b].qs));
+            float d = f16_load(w[b].d) * f16_load(a[r][b].d);
+            acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc0[r]);
+        }
     }
-    return hsum_ps(_mm256_add_ps(acc0, acc1));
+    for (int r = 0; r < nr; r++)
+        out[r] = hsum_ps(_mm256_add_ps(acc0[r], acc1[r]));
 }
 
 static float dot_q4_0_avx2(int64_t n, const void *w_row, const void *act)
@@ -225,115 +249,117 @@ static inline __m128i k4_min_sums(const int16_t *bsums, uint64_t mins8)
     return _mm_madd_epi16(bs, m);
 }
 
-static float dot_q4_k_avx2(int64_t n, const void *w_row, const void *act)
+/* Q4_K and Q5_K (five: the 5th bit from qh), one weight row against nr activation rows, as in
+ * dot_q8_0_rows: the codes and scales are unpacked once, each row's sums are the single dot's. */
+static inline __attribute__((always_inline)) void dot_k45_rows(int64_t n, const void *w_row,
+                                                               const void *act, size_t act_stride,
+                                                               int nr, float *out, bool five)
 {
-    const struct block_q4_k *w = w_row;
-    const struct block_q8_k *a = act;
+    const struct block_q8_k *a[VEC_DOT_ROWS];
+    const size_t bsize = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 acc_m = _mm_setzero_ps();
+    const __m256i m1 = _mm256_set1_epi8(1);
+    __m256 acc[VEC_DOT_ROWS];
+    __m128 acc_m[VEC_DOT_ROWS];
+    for (int r = 0; r < nr; r++) {
+        a[r] = (const struct block_q8_k *)((const uint8_t *)act + r * act_stride);
+        acc[r] = _mm256_setzero_ps();
+        acc_m[r] = _mm_setzero_ps();
+    }
     for (int64_t b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = (const uint8_t *)w_row + b * bsize;
+        /* Q4_K and Q5_K start alike: d, dmin, scales[12]; then Q5_K has qh[32] before qs */
+        const struct block_q4_k *w4 = (const struct block_q4_k *)blk;
+        const uint8_t *q = five ? ((const struct block_q5_k *)blk)->qs : w4->qs;
         uint32_t sm[4];
-        VEC_DOT_PREFETCH(&w[b], sizeof(*w));
-        vec_dot_k4_scales(w[b].scales, sm);
+        VEC_DOT_PREFETCH(blk, bsize);
+        vec_dot_k4_scales(w4->scales, sm);
         uint64_t mins8 = (uint64_t)sm[2] | (uint64_t)sm[3] << 32;
         /* scales as words, each duplicated into both 128-bit lanes for a per-lane shuffle */
         __m128i sc8 = _mm_cvtsi64_si128((long long)((uint64_t)sm[0] | (uint64_t)sm[1] << 32));
         __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8));
-        const uint8_t *q = w[b].qs;
-        const int8_t *y = a[b].qs;
-        __m256i isum = _mm256_setzero_si256();
+        __m256i qh = five
+                         ? _mm256_loadu_si256((const __m256i *)((const struct block_q5_k *)blk)->qh)
+                         : _mm256_setzero_si256();
+        __m256i isum[VEC_DOT_ROWS];
+        for (int r = 0; r < nr; r++)
+            isum[r] = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             __m256i qb = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
             __m256i lo = _mm256_and_si256(qb, m4);
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
-            __m256i plo =
-                _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(y + 64 * c)));
-            __m256i phi =
-                _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 64 * c + 32)));
+            if (five) {
+                /* 5th bits: bit 2c (low nibbles) and 2c+1 (high nibbles) of qh, to bit 4 */
+                lo = _mm256_or_si256(
+                    lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), m1), 4));
+                hi = _mm256_or_si256(
+                    hi,
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), m1), 4));
+            }
             /* broadcast word 2c / 2c+1 of the scales */
             __m256i slo =
                 _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 * (4 * c + 1) + 4 * c)));
             __m256i shi = _mm256_shuffle_epi8(
                 sc16, _mm256_set1_epi16((short)(0x0100 * (4 * c + 3) + 4 * c + 2)));
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, slo));
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(phi, shi));
+            for (int r = 0; r < nr; r++) {
+                const int8_t *y = a[r][b].qs;
+                __m256i plo =
+                    _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(y + 64 * c)));
+                __m256i phi = _mm256_maddubs_epi16(
+                    hi, _mm256_loadu_si256((const __m256i *)(y + 64 * c + 32)));
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(plo, slo));
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(phi, shi));
+            }
         }
-        float d = f16_load(w[b].d) * a[b].d;
-        float dmin = f16_load(w[b].dmin) * a[b].d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-        acc_m =
-            _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_min_sums(a[b].bsums, mins8)), acc_m);
+        float dw = f16_load(w4->d), dminw = f16_load(w4->dmin);
+        for (int r = 0; r < nr; r++) {
+            float d = dw * a[r][b].d;
+            float dmin = dminw * a[r][b].d;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum[r]), acc[r]);
+            acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin),
+                                    _mm_cvtepi32_ps(k4_min_sums(a[r][b].bsums, mins8)), acc_m[r]);
+        }
     }
-    __m128 m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    return hsum_ps(acc) - _mm_cvtss_f32(m);
+    for (int r = 0; r < nr; r++) {
+        __m128 m = _mm_add_ps(acc_m[r], _mm_movehl_ps(acc_m[r], acc_m[r]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        out[r] = hsum_ps(acc[r]) - _mm_cvtss_f32(m);
+    }
 }
 
-static float dot_q5_k_avx2(int64_t n, const void *w_row, const void *act)
+static inline __attribute__((always_inline)) void
+dot_q4_k_rows(int64_t n, const void *w, const void *a, size_t stride, int nr, float *out)
 {
-    const struct block_q5_k *w = w_row;
-    const struct block_q8_k *a = act;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i m1 = _mm256_set1_epi8(1);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 acc_m = _mm_setzero_ps();
-    for (int64_t b = 0; b < n / QK_K; b++) {
-        uint32_t sm[4];
-        VEC_DOT_PREFETCH(&w[b], sizeof(*w));
-        vec_dot_k4_scales(w[b].scales, sm);
-        uint64_t mins8 = (uint64_t)sm[2] | (uint64_t)sm[3] << 32;
-        __m128i sc8 = _mm_cvtsi64_si128((long long)((uint64_t)sm[0] | (uint64_t)sm[1] << 32));
-        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8));
-        const uint8_t *q = w[b].qs;
-        const int8_t *y = a[b].qs;
-        __m256i qh = _mm256_loadu_si256((const __m256i *)w[b].qh);
-        __m256i isum = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            __m256i qb = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
-            /* 5th bits: bit 2c (low nibbles) and 2c+1 (high nibbles) of qh, moved to bit 4 */
-            __m256i hlo = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), m1), 4);
-            __m256i hhi =
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), m1), 4);
-            __m256i lo = _mm256_or_si256(_mm256_and_si256(qb, m4), hlo);
-            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4), hhi);
-            __m256i plo =
-                _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(y + 64 * c)));
-            __m256i phi =
-                _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 64 * c + 32)));
-            __m256i slo =
-                _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 * (4 * c + 1) + 4 * c)));
-            __m256i shi = _mm256_shuffle_epi8(
-                sc16, _mm256_set1_epi16((short)(0x0100 * (4 * c + 3) + 4 * c + 2)));
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, slo));
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(phi, shi));
-        }
-        float d = f16_load(w[b].d) * a[b].d;
-        float dmin = f16_load(w[b].dmin) * a[b].d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-        acc_m =
-            _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_min_sums(a[b].bsums, mins8)), acc_m);
-    }
-    __m128 m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    return hsum_ps(acc) - _mm_cvtss_f32(m);
+    dot_k45_rows(n, w, a, stride, nr, out, false);
 }
 
-static float dot_q6_k_avx2(int64_t n, const void *w_row, const void *act)
+static inline __attribute__((always_inline)) void
+dot_q5_k_rows(int64_t n, const void *w, const void *a, size_t stride, int nr, float *out)
+{
+    dot_k45_rows(n, w, a, stride, nr, out, true);
+}
+
+/* Q6_K, one weight row against nr activation rows, as in dot_q8_0_rows. */
+static inline __attribute__((always_inline)) void
+dot_q6_k_rows(int64_t n, const void *w_row, const void *act, size_t act_stride, int nr, float *out)
 {
     const struct block_q6_k *w = w_row;
-    const struct block_q8_k *a = act;
+    const struct block_q8_k *a[VEC_DOT_ROWS];
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i m3 = _mm256_set1_epi8(3);
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[VEC_DOT_ROWS];
+    for (int r = 0; r < nr; r++) {
+        a[r] = (const struct block_q8_k *)((const uint8_t *)act + r * act_stride);
+        acc[r] = _mm256_setzero_ps();
+    }
     for (int64_t b = 0; b < n / QK_K; b++) {
         __m128i sc8 = _mm_loadu_si128((const __m128i *)w[b].scales);
         VEC_DOT_PREFETCH(&w[b], sizeof(*w));
-        const int8_t *y = a[b].qs;
         /* codes are used unsigned (0..63); the -32 offset is taken out with the bsums */
         __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-        __m256i offset = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[b].bsums), sc16);
-        __m256i isum = _mm256_setzero_si256();
+        __m256i isum[VEC_DOT_ROWS];
+        for (int r = 0; r < nr; r++)
+            isum[r] = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = w[b].ql + 64 * h;
             __m256i qh = _mm256_loadu_si256((const __m256i *)(w[b].qh + 32 * h));
@@ -356,17 +382,44 @@ static float dot_q6_k_avx2(int64_t n, const void *w_row, const void *act)
                 __m128i idx = _mm_setr_epi8(k, k, k, k, k, k, k, k, k + 1, k + 1, k + 1, k + 1,
                                             k + 1, k + 1, k + 1, k + 1);
                 __m256i scv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, idx));
-                __m256i p = _mm256_maddubs_epi16(
-                    q[s], _mm256_loadu_si256((const __m256i *)(y + 128 * h + 32 * s)));
-                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scv));
+                for (int r = 0; r < nr; r++) {
+                    __m256i p = _mm256_maddubs_epi16(
+                        q[s], _mm256_loadu_si256((const __m256i *)(a[r][b].qs + 128 * h + 32 * s)));
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, scv));
+                }
             }
         }
-        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(offset, 5));
-        float d = f16_load(w[b].d) * a[b].d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+        float dw = f16_load(w[b].d);
+        for (int r = 0; r < nr; r++) {
+            __m256i offset =
+                _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[r][b].bsums), sc16);
+            isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(offset, 5));
+            float d = dw * a[r][b].d;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum[r]), acc[r]);
+        }
     }
-    return hsum_ps(acc);
+    for (int r = 0; r < nr; r++)
+        out[r] = hsum_ps(acc[r]);
 }
+
+/* A single dot and a VEC_DOT_ROWS-row dot from one multi-row body. */
+#define ROWS_INSTANCES(name)                                                                       \
+    static float dot_##name##_avx2(int64_t n, const void *w, const void *a)                        \
+    {                                                                                              \
+        float out;                                                                                 \
+        dot_##name##_rows(n, w, a, 0, 1, &out);                                                    \
+        return out;                                                                                \
+    }                                                                                              \
+    static void dot_##name##_rows_avx2(int64_t n, const void *w, const void *a, size_t stride,     \
+                                       float *out)                                                 \
+    {                                                                                              \
+        dot_##name##_rows(n, w, a, stride, VEC_DOT_ROWS, out);                                     \
+    }
+
+ROWS_INSTANCES(q8_0)
+ROWS_INSTANCES(q4_k)
+ROWS_INSTANCES(q5_k)
+ROWS_INSTANCES(q6_k)
 
 /* ---- float weights with F32 activations ---- */
 
@@ -472,6 +525,22 @@ vec_dot_fn vec_dot_avx2_get(uint32_t wtype)
         return dot_q5_k_avx2;
     case QUANT_Q6_K:
         return dot_q6_k_avx2;
+    default:
+        return NULL;
+    }
+}
+
+vec_dot_rows_fn vec_dot_avx2_rows_get(uint32_t wtype)
+{
+    switch (wtype) {
+    case QUANT_Q8_0:
+        return dot_q8_0_rows_avx2;
+    case QUANT_Q4_K:
+        return dot_q4_k_rows_avx2;
+    case QUANT_Q5_K:
+        return dot_q5_k_rows_avx2;
+    case QUANT_Q6_K:
+        return dot_q6_k_rows_avx2;
     default:
         return NULL;
     }
