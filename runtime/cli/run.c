@@ -100,6 +100,13 @@ int cmd_run(int argc, char **argv)
         fprintf(stderr, "strata run: the prompt is empty\n");
         rc = 2;
     }
+    if (!rc && n >= o.n_ctx) {
+        fprintf(stderr,
+                "strata run: the prompt is %d tokens, and the context holds %d (-c): raise -c "
+                "above %d or shorten the prompt\n",
+                n, o.n_ctx, n);
+        rc = 2;
+    }
     if (!rc) {
         fputs(rendered ? rendered : text, stdout);
         rc = generate_run(s.stream, s.model->tok, ids, n, &o.gen, run_emit, NULL, NULL, &st);
