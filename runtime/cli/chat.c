@@ -5,12 +5,10 @@
 #include <string.h>
 
 #include "chat.h"
-#include "model.h"
 #include "cli.h"
+#include "model.h"
 #include "run_opts.h"
 #include "stream.h"
-
-
 
 static int chat_emit(void *ctx, const char *text, size_t len)
 {
@@ -20,22 +18,38 @@ static int chat_emit(void *ctx, const char *text, size_t len)
     return 0;
 }
 
-/* Evaluates one turn: the rendered text of the new messages, then the reply. */
+/* Evaluates one turn: the rendered text of the new messages, then the reply. A turn that does
+ * not fit in what is left of the context is not evaluated (said on stderr; the loop goes on,
+ * and /reset empties the context); a reply cut off by the context is not closed. */
 static int chat_turn(struct run_session *s, const struct run_opts *o, const char *rendered)
 {
     struct generate_stats st;
     struct generate_config gc = o->gen;
+    struct stream *str = s->stream;
     int32_t *ids = NULL;
     int n = 0, rc;
 
     if (run_tokenize(s, rendered, &ids, &n))
         return 1;
+    if (str->pos + n + 2 > str->n_ctx) { /* room for one reply token and <|im_end|> */
+        fprintf(stderr,
+                "strata chat: this message (%d tokens) does not fit in the context (%d of %d "
+                "used): /reset starts over, or restart with a larger -c\n",
+                n, str->pos, str->n_ctx);
+        free(ids);
+        return 0;
+    }
     if (gc.n_stop < GENERATE_MAX_STOP)
         gc.stop[gc.n_stop++] = "<|im_end|>";
     rc = generate_run(s->stream, s->model->tok, ids, n, &gc, chat_emit, NULL, NULL, &st);
     free(ids);
     if (rc)
         return cli_fail("generation");
+    if (st.stopped_ctx || str->pos + 2 > str->n_ctx) {
+        fprintf(stderr, "\nstrata chat: the context is full (%d tokens): /reset starts over\n",
+                str->pos);
+        return 0;
+    }
     /* close the assistant turn in the cache so the next turn follows the template */
     if (run_tokenize(s, "<|im_end|>\n", &ids, &n))
         return 1;
@@ -59,13 +73,14 @@ int cmd_chat(int argc, char **argv)
     int rc;
 
     run_opts_init(&o);
-    o.gen.n_predict = 1024;
+    o.gen.n_predict = RUN_CHAT_N_PREDICT;
     rc = run_opts_parse(&o, argc, argv, "chat");
     if (rc)
         return rc == 1 ? 0 : rc;
     if (run_session_open(&o, &s))
         return 1;
-    fprintf(stderr, "strata chat: type a message and press Enter; Ctrl-D or /exit to quit\n");
+    fprintf(stderr, "strata chat: type a message and press Enter; /reset forgets the conversation; "
+                    "Ctrl-D or /exit to quit\n");
     for (;;) {
         struct chat_msg msgs[2];
         char *rendered = NULL;
@@ -78,6 +93,12 @@ int cmd_chat(int argc, char **argv)
         line[strcspn(line, "\n")] = '\0';
         if (!strcmp(line, "/exit"))
             break;
+        if (!strcmp(line, "/reset")) {
+            stream_truncate(s.stream, 0);
+            first = true;
+            fprintf(stderr, "strata chat: the conversation is forgotten\n");
+            continue;
+        }
         if (!line[0])
             continue;
         if (first && o.system)

@@ -4,8 +4,8 @@
 #include <string.h>
 
 #include "chat.h"
-#include "model.h"
 #include "cli.h"
+#include "model.h"
 #include "run_opts.h"
 #include "stream.h"
 

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,9 +47,16 @@ const char *run_opts_default_model(void)
 static void run_opts_usage(const char *cmd)
 {
     struct run_opts d;
+    bool chat = strcmp(cmd, "chat") == 0;
     run_opts_init(&d);
+    if (chat)
+        d.gen.n_predict = RUN_CHAT_N_PREDICT;
     printf("usage: strata %s [-m FILE] %s[options]\n\n", cmd,
            strcmp(cmd, "run") ? "" : "-p PROMPT ");
+    if (chat)
+        printf("One message per line. In the session, /reset forgets the conversation and /exit\n"
+               "(or Ctrl-D) quits; a message that no longer fits in the context (-c) is refused\n"
+               "with a note, and the session goes on.\n\n");
     printf("model and machine:\n"
            "  -m, --model FILE        GGUF model (default: the shipped default model, %s)\n"
            "  -t, --threads N         CPU threads (default: all cores); with --device cuda\n"

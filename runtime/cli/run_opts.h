@@ -9,6 +9,9 @@
 
 #include "generate.h"
 
+/* strata chat's default reply length (-n); strata run's is run_opts_init's. */
+#define RUN_CHAT_N_PREDICT 1024
+
 struct run_opts {
     const char *model;     /* -m */
     const char *prompt;    /* -p */
