@@ -66,23 +66,9 @@ ATTN_INLINE float attn_dot(const float *x, const float *y, int n)
     return attn_hsum(acc) + s;
 }
 
-/* The dots of x with 4 rows y(r) = y0 + r * y_stride, r < 4, over n floats, into out[4]:
- * 16 lanes per row, then the 4 rows' lanes reduced together (halves, quarters, pairs). */
-ATTN_INLINE void attn_dot4(const float *x, const float *y0, size_t y_stride, int n, float *out)
+/* Sums of each of a0..a3's 16 lanes, in lanes 0, 4, 8 and 12: halves, quarters, pairs. */
+ATTN_INLINE attn_v16 attn_reduce4(attn_v16 a0, attn_v16 a1, attn_v16 a2, attn_v16 a3)
 {
-    attn_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, vx, v;
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        ATTN_LOAD(vx, x + i);
-        ATTN_LOAD(v, y0 + i);
-        a0 += vx * v;
-        ATTN_LOAD(v, y0 + y_stride + i);
-        a1 += vx * v;
-        ATTN_LOAD(v, y0 + 2 * y_stride + i);
-        a2 += vx * v;
-        ATTN_LOAD(v, y0 + 3 * y_stride + i);
-        a3 += vx * v;
-    }
     /* [a0 lo + hi (8), a1 lo + hi (8)], the same for a2, a3 */
     attn_v16 b01 =
         __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
@@ -99,11 +85,62 @@ ATTN_INLINE void attn_dot4(const float *x, const float *y0, size_t y_stride, int
                                          29, 30, 31);
     c += __builtin_shufflevector(c, c, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
     c += __builtin_shufflevector(c, c, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return c;
+}
+
+/* The dots of x with 4 rows y(r) = y0 + r * y_stride, r < 4, over n floats, into out[4]:
+ * 16 lanes per row, reduced by attn_reduce4, plus the tail past the last 16. */
+ATTN_INLINE void attn_dot4(const float *x, const float *y0, size_t y_stride, int n, float *out)
+{
+    attn_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, vx, v;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        ATTN_LOAD(vx, x + i);
+        ATTN_LOAD(v, y0 + i);
+        a0 += vx * v;
+        ATTN_LOAD(v, y0 + y_stride + i);
+        a1 += vx * v;
+        ATTN_LOAD(v, y0 + 2 * y_stride + i);
+        a2 += vx * v;
+        ATTN_LOAD(v, y0 + 3 * y_stride + i);
+        a3 += vx * v;
+    }
+    attn_v16 c = attn_reduce4(a0, a1, a2, a3);
     for (int r = 0; r < 4; r++) {
         float t = 0.0f;
         for (int k = i; k < n; k++)
             t += x[k] * y0[r * y_stride + k];
         out[r] = c[4 * r] + t;
+    }
+}
+
+/* attn_dot4 for 4 query rows at once (x(h) = x0 + h * n): out[h][0..4) for each, the same
+ * sums in the same order, with each row of y loaded once for the 4 queries. */
+ATTN_INLINE void attn_dot4x4(const float *x0, const float *y0, size_t y_stride, int n,
+                             float out[4][4])
+{
+    attn_v16 a[4][4], vx[4], vy[4];
+    for (int h = 0; h < 4; h++)
+        for (int r = 0; r < 4; r++)
+            a[h][r] = (attn_v16){0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        for (int h = 0; h < 4; h++)
+            ATTN_LOAD(vx[h], x0 + (size_t)h * n + i);
+        for (int r = 0; r < 4; r++)
+            ATTN_LOAD(vy[r], y0 + r * y_stride + i);
+        for (int h = 0; h < 4; h++)
+            for (int r = 0; r < 4; r++)
+                a[h][r] += vx[h] * vy[r];
+    }
+    for (int h = 0; h < 4; h++) {
+        attn_v16 c = attn_reduce4(a[h][0], a[h][1], a[h][2], a[h][3]);
+        for (int r = 0; r < 4; r++) {
+            float t = 0.0f;
+            for (int k = i; k < n; k++)
+                t += x0[(size_t)h * n + k] * y0[r * y_stride + k];
+            out[h][r] = c[4 * r] + t;
+        }
     }
 }
 
@@ -154,6 +191,35 @@ ATTN_INLINE void attn_accumulate(float *y, float c, const float *p, const float 
     }
 }
 
+/* attn_accumulate for 8 heads (y(h) = y0 + h * n, p(h) = p0[h]), each 16 floats of v read
+ * once for all 8: the same operations per element, in the same order. */
+ATTN_INLINE void attn_accumulate8(float *y0, const float *c, const float (*p0)[ATTN_KEYS],
+                                  const float *v0, size_t v_stride, int nj, int n)
+{
+    attn_v16 vy[8], vx;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        for (int h = 0; h < 8; h++) {
+            ATTN_LOAD(vy[h], y0 + (size_t)h * n + i);
+            vy[h] = vy[h] * c[h];
+        }
+        for (int j = 0; j < nj; j++) {
+            ATTN_LOAD(vx, v0 + j * v_stride + i);
+            for (int h = 0; h < 8; h++)
+                vy[h] = vy[h] + vx * p0[h][j];
+        }
+        for (int h = 0; h < 8; h++)
+            ATTN_STORE(y0 + (size_t)h * n + i, vy[h]);
+    }
+    for (int h = 0; h < 8; h++)
+        for (int k = i; k < n; k++) {
+            float t = y0[(size_t)h * n + k] * c[h];
+            for (int j = 0; j < nj; j++)
+                t = t + v0[j * v_stride + k] * p0[h][j];
+            y0[(size_t)h * n + k] = t;
+        }
+}
+
 /* Query token t, heads h0 .. h0+nh-1 (nh <= ATTN_MAX_HEADS, one KV head), keys
  * [j_begin, j_end) (j_end <= pos0 + t + 1). part NULL: the keys are all the token sees, and
  * the output goes to a->out. Else the unnormalised partial result goes to part: for head h,
@@ -178,12 +244,21 @@ static void attn_unit(const struct ops_attn *a, int t, int h0, int nh, int j_beg
         const int nj = j_end - j0 < ATTN_KEYS ? j_end - j0 : ATTN_KEYS;
         const float *k0 = a->k_cache + (size_t)j0 * kvw + (size_t)kvh * hd;
         int j = 0;
-        for (; j + 4 <= nj; j += 4)
-            for (int h = 0; h < nh; h++) {
+        for (; j + 4 <= nj; j += 4) {
+            int h = 0;
+            for (; h + 4 <= nh; h += 4) {
+                float d[4][4];
+                attn_dot4x4(q + (size_t)h * hd, k0 + (size_t)j * kvw, kvw, hd, d);
+                for (int hh = 0; hh < 4; hh++)
+                    for (int r = 0; r < 4; r++)
+                        s[h + hh][j + r] = d[hh][r] * a->scale;
+            }
+            for (; h < nh; h++) {
                 attn_dot4(q + (size_t)h * hd, k0 + (size_t)j * kvw, kvw, hd, &s[h][j]);
                 for (int r = 0; r < 4; r++)
                     s[h][j + r] *= a->scale;
             }
+        }
         for (; j < nj; j++)
             for (int h = 0; h < nh; h++)
                 s[h][j] = attn_dot(q + (size_t)h * hd, k0 + (size_t)j * kvw, hd) * a->scale;
@@ -205,7 +280,10 @@ static void attn_unit(const struct ops_attn *a, int t, int h0, int nh, int j_beg
                 l[h] += s[h][j];
         }
         const float *v0 = a->v_cache + (size_t)j0 * kvw + (size_t)kvh * hd;
-        for (int h = 0; h < nh; h++)
+        int h = 0;
+        for (; h + 8 <= nh; h += 8)
+            attn_accumulate8(acc + (size_t)h * hd, c + h, s + h, v0, kvw, nj, hd);
+        for (; h < nh; h++)
             attn_accumulate(acc + (size_t)h * hd, c[h], s[h], v0, kvw, nj, hd);
     }
     if (part) {
