@@ -90,6 +90,7 @@ static void attn_combine(const struct ops_attn *a, const float *parts, int n_chu
  * units for the threads, one head per unit (the same arithmetic per head either way). */
 void ops_attention(const struct ops_attn *a)
 {
+    /* decode's partial results, per calling thread: grown to the largest split seen, kept */
     static _Thread_local float *parts;
     static _Thread_local size_t parts_cap;
     const int group = a->n_head / a->n_head_kv, ctx = a->pos0 + a->n_tok;
