@@ -1,7 +1,9 @@
 /* ops_cpu: RMSNorm, NEOX RoPE and causal GQA attention against double-precision references
  * written the naive way (full softmax, explicit rotation), on fresh random data with poisoned
- * outputs. Tolerance: 1e-5 relative (float32 arithmetic, different summation order). */
+ * outputs. Tolerance: 1e-5 relative (float32 arithmetic, different summation order).
+ * Attention must also give the same bytes with 1, 2 and 3 threads. */
 #include <math.h>
+#include <omp.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,7 +58,8 @@ static void check_rope(struct rng *r)
             for (int i = 0; i < hd / 2; i++) {
                 const float *v = x + ((size_t)t * heads + h) * hd;
                 double th = (pos0 + t) / pow(base, 2.0 * i / hd);
-                ref[((size_t)t * heads + h) * hd + i] = (float)(v[i] * cos(th) - v[i + hd / 2] * sin(th));
+                ref[((size_t)t * heads + h) * hd + i] =
+                    (float)(v[i] * cos(th) - v[i + hd / 2] * sin(th));
                 ref[((size_t)t * heads + h) * hd + i + hd / 2] =
                     (float)(v[i] * sin(th) + v[i + hd / 2] * cos(th));
             }
@@ -72,7 +75,8 @@ static void attention_case(struct rng *r, int kvh, int group, int hd, int pos0, 
     int nh = kvh * group, ctx = pos0 + n_tok, kvw = kvh * hd;
     float *q = rand_vec(r, (size_t)n_tok * nh * hd), *k = rand_vec(r, (size_t)ctx * kvw);
     float *v = rand_vec(r, (size_t)ctx * kvw);
-    float *out = malloc(sizeof(float) * n_tok * nh * hd), *ref = malloc(sizeof(float) * n_tok * nh * hd);
+    float *out = malloc(sizeof(float) * n_tok * nh * hd),
+          *ref = malloc(sizeof(float) * n_tok * nh * hd);
     double *p = malloc(sizeof(double) * ctx);
     float scale = (sharp ? 50.0f : 1.0f) / sqrtf((float)hd);
 
@@ -97,13 +101,35 @@ static void attention_case(struct rng *r, int kvh, int group, int hd, int pos0, 
             }
         }
     test_poison_f32(out, (size_t)n_tok * nh * hd);
-    struct ops_attn a = {.out = out, .q = q, .k_cache = k, .v_cache = v, .pos0 = pos0,
-                         .n_tok = n_tok, .n_head = nh, .n_head_kv = kvh, .head_dim = hd,
+    struct ops_attn a = {.out = out,
+                         .q = q,
+                         .k_cache = k,
+                         .v_cache = v,
+                         .pos0 = pos0,
+                         .n_tok = n_tok,
+                         .n_head = nh,
+                         .n_head_kv = kvh,
+                         .head_dim = hd,
                          .scale = scale};
     ops_attention(&a);
     double e = test_max_rel_err(out, ref, (size_t)n_tok * nh * hd);
     CHECK(e < TOL, "attention heads %d/%d hd %d pos0 %d tok %d%s: rel err %g", nh, kvh, hd, pos0,
           n_tok, sharp ? " sharp" : "", e);
+    /* one thread (whole heads per unit) and three (one head per unit where units are few):
+     * the same bytes as the default */
+    float *again = malloc(sizeof(float) * n_tok * nh * hd);
+    int threads = omp_get_max_threads();
+    for (int nt = 1; nt <= 3; nt += 2) {
+        omp_set_num_threads(nt);
+        a.out = again;
+        test_poison_f32(again, (size_t)n_tok * nh * hd);
+        ops_attention(&a);
+        CHECK(memcmp(again, out, sizeof(float) * n_tok * nh * hd) == 0,
+              "attention heads %d/%d hd %d pos0 %d tok %d: %d threads change the result", nh, kvh,
+              hd, pos0, n_tok, nt);
+    }
+    omp_set_num_threads(threads);
+    free(again);
     free(q), free(k), free(v), free(out), free(ref), free(p);
 }
 
