@@ -1,11 +1,12 @@
 /* attn_body: one unit of ops_attention (one query token against the keys it may see, for up
  * to ATTN_MAX_HEADS query heads that share a KV head), written once with GCC vector types and
- * compiled twice: by ops_cpu.c for any x86-64 and by ops_cpu_avx512.c with AVX-512, where the
- * 16-float vectors are single registers. Internal to those two files.
+ * compiled three times: by ops_cpu.c for any x86-64 and by ops_cpu_avx512.c with AVX-512, in
+ * vectors of 16 floats, and by ops_cpu_avx2.c with AVX2 + FMA in vectors of 8 (ATTN_VEC).
+ * Internal to those files.
  *
  * Keys go in blocks of ATTN_KEYS, which stay in L1 while every head of the unit uses them:
  * scores 4 keys at a time (one reduction of 4 dot products), the softmax weights with a vector
- * exp, then each head's weighted sum of the block's value rows with its 16-float pieces held
+ * exp, then each head's weighted sum of the block's value rows with its vector pieces held
  * in registers; the online softmax rescales a head's sums once per block, when the block
  * raises its running maximum. A unit may cover a range of keys only and leave a partial
  * result (decode's key chunks, combined by ops_attention). */
@@ -20,42 +21,62 @@
 #define ATTN_MAX_HEADS 16
 #define ATTN_KEYS 32
 
-typedef float attn_v16 __attribute__((vector_size(64)));
-typedef int attn_v16i __attribute__((vector_size(64)));
+/* Floats per vector: 16 (one AVX-512 register; the default), or 8 where the including file
+ * defines ATTN_VEC 8 (one AVX2 register). Tiles of scores cover ATTN_TILE_H heads x 4 keys,
+ * sized to the 32 or 16 registers. */
+#ifndef ATTN_VEC
+#define ATTN_VEC 16
+#endif
+#if ATTN_VEC == 16
+#define ATTN_TILE_H 4
+#elif ATTN_VEC == 8
+#define ATTN_TILE_H 2
+#else
+#error "ATTN_VEC must be 16 or 8"
+#endif
+typedef float attn_vf __attribute__((vector_size(4 * ATTN_VEC)));
+typedef int attn_vi __attribute__((vector_size(4 * ATTN_VEC)));
 
-/* 16-float vectors pass between the static, inlined helpers below; GCC warns that without
- * AVX-512 such arguments use another calling convention, which cannot matter inside one file.
+/* Vectors pass between the static, inlined helpers below; GCC warns that without AVX-512 (or
+ * AVX) such arguments use another calling convention, which cannot matter inside one file.
  * Off for the rest of the including file: GCC reports it when it emits the function, after
  * the header has ended. */
 #pragma GCC diagnostic ignored "-Wpsabi"
 #define ATTN_INLINE static inline __attribute__((always_inline))
 
-/* The AVX-512 build of attn_unit (ops_cpu_avx512.c); call only when cpu_isa_best() >=
- * CPU_ISA_AVX512. */
+/* The AVX-512 and AVX2 builds of attn_unit (ops_cpu_avx512.c, ops_cpu_avx2.c); call only when
+ * cpu_isa_best() reaches that level. */
 void ops_attn_unit_avx512(const struct ops_attn *a, int t, int h0, int nh, int j_begin, int j_end,
                           float *part, size_t part_stride);
+void ops_attn_unit_avx2(const struct ops_attn *a, int t, int h0, int nh, int j_begin, int j_end,
+                        float *part, size_t part_stride);
 
-/* Unaligned moves between floats and a vector (macros: a 64-byte vector crossing a function
- * boundary changes the ABI in the build without AVX-512). */
-#define ATTN_LOAD(v, p) memcpy(&(v), (p), sizeof(attn_v16))
-#define ATTN_STORE(p, v) memcpy((p), &(v), sizeof(attn_v16))
+/* Unaligned moves between floats and a vector. */
+#define ATTN_LOAD(v, p) memcpy(&(v), (p), sizeof(attn_vf))
+#define ATTN_STORE(p, v) memcpy((p), &(v), sizeof(attn_vf))
 
-/* The sum of v's 16 lanes, halving: lanes l and l + w added for w = 8, 4, 2, 1. */
-ATTN_INLINE float attn_hsum(attn_v16 v)
+/* The sum of v's lanes, halving: lanes l and l + w added for w = ATTN_VEC / 2, ..., 1. */
+ATTN_INLINE float attn_hsum(attn_vf v)
 {
+#if ATTN_VEC == 16
     v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
     v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
     v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
     v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+#else
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+#endif
     return v[0];
 }
 
-/* x . y over n floats: 16 lanes, summed by attn_hsum, then the tail. */
+/* x . y over n floats: ATTN_VEC lanes, summed by attn_hsum, then the tail. */
 ATTN_INLINE float attn_dot(const float *x, const float *y, int n)
 {
-    attn_v16 acc = {0}, vx, vy;
+    attn_vf acc = {0}, vx, vy;
     int i = 0;
-    for (; i + 16 <= n; i += 16) {
+    for (; i + ATTN_VEC <= n; i += ATTN_VEC) {
         ATTN_LOAD(vx, x + i);
         ATTN_LOAD(vy, y + i);
         acc += vx * vy;
@@ -66,35 +87,48 @@ ATTN_INLINE float attn_dot(const float *x, const float *y, int n)
     return attn_hsum(acc) + s;
 }
 
-/* Sums of each of a0..a3's 16 lanes, in lanes 0, 4, 8 and 12: halves, quarters, pairs. */
-ATTN_INLINE attn_v16 attn_reduce4(attn_v16 a0, attn_v16 a1, attn_v16 a2, attn_v16 a3)
+/* Sums of each of a0..a3's lanes, in lanes ATTN_R4(0..3): halves, quarters, pairs. */
+#define ATTN_R4(r) ((r) * (ATTN_VEC / 4))
+ATTN_INLINE attn_vf attn_reduce4(attn_vf a0, attn_vf a1, attn_vf a2, attn_vf a3)
 {
+#if ATTN_VEC == 16
     /* [a0 lo + hi (8), a1 lo + hi (8)], the same for a2, a3 */
-    attn_v16 b01 =
+    attn_vf b01 =
         __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
         __builtin_shufflevector(a0, a1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
                                 31);
-    attn_v16 b23 =
+    attn_vf b23 =
         __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
         __builtin_shufflevector(a2, a3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
                                 31);
     /* 4 lanes per row: [a0 (4), a1 (4), a2 (4), a3 (4)] */
-    attn_v16 c = __builtin_shufflevector(b01, b23, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25,
-                                         26, 27) +
-                 __builtin_shufflevector(b01, b23, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28,
-                                         29, 30, 31);
+    attn_vf c = __builtin_shufflevector(b01, b23, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25,
+                                        26, 27) +
+                __builtin_shufflevector(b01, b23, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28,
+                                        29, 30, 31);
     c += __builtin_shufflevector(c, c, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
     c += __builtin_shufflevector(c, c, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+#else
+    /* [a0 lo + hi (4), a1 lo + hi (4)], the same for a2, a3 */
+    attn_vf b01 = __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 8, 9, 10, 11) +
+                  __builtin_shufflevector(a0, a1, 4, 5, 6, 7, 12, 13, 14, 15);
+    attn_vf b23 = __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 8, 9, 10, 11) +
+                  __builtin_shufflevector(a2, a3, 4, 5, 6, 7, 12, 13, 14, 15);
+    /* 2 lanes per row: [a0 (2), a1 (2), a2 (2), a3 (2)] */
+    attn_vf c = __builtin_shufflevector(b01, b23, 0, 1, 4, 5, 8, 9, 12, 13) +
+                __builtin_shufflevector(b01, b23, 2, 3, 6, 7, 10, 11, 14, 15);
+    c += __builtin_shufflevector(c, c, 1, 0, 3, 2, 5, 4, 7, 6);
+#endif
     return c;
 }
 
 /* The dots of x with 4 rows y(r) = y0 + r * y_stride, r < 4, over n floats, into out[4]:
- * 16 lanes per row, reduced by attn_reduce4, plus the tail past the last 16. */
+ * ATTN_VEC lanes per row, reduced by attn_reduce4, plus the tail past the last vector. */
 ATTN_INLINE void attn_dot4(const float *x, const float *y0, size_t y_stride, int n, float *out)
 {
-    attn_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, vx, v;
+    attn_vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, vx, v;
     int i = 0;
-    for (; i + 16 <= n; i += 16) {
+    for (; i + ATTN_VEC <= n; i += ATTN_VEC) {
         ATTN_LOAD(vx, x + i);
         ATTN_LOAD(v, y0 + i);
         a0 += vx * v;
@@ -105,41 +139,41 @@ ATTN_INLINE void attn_dot4(const float *x, const float *y0, size_t y_stride, int
         ATTN_LOAD(v, y0 + 3 * y_stride + i);
         a3 += vx * v;
     }
-    attn_v16 c = attn_reduce4(a0, a1, a2, a3);
+    attn_vf c = attn_reduce4(a0, a1, a2, a3);
     for (int r = 0; r < 4; r++) {
         float t = 0.0f;
         for (int k = i; k < n; k++)
             t += x[k] * y0[r * y_stride + k];
-        out[r] = c[4 * r] + t;
+        out[r] = c[ATTN_R4(r)] + t;
     }
 }
 
-/* attn_dot4 for 4 query rows at once (x(h) = x0 + h * n): out[h][0..4) for each, the same
- * sums in the same order, with each row of y loaded once for the 4 queries. */
-ATTN_INLINE void attn_dot4x4(const float *x0, const float *y0, size_t y_stride, int n,
-                             float out[4][4])
+/* attn_dot4 for ATTN_TILE_H query rows at once (x(h) = x0 + h * n): out[h][0..4) for each,
+ * the same sums in the same order, with each row of y loaded once for all of them. */
+ATTN_INLINE void attn_dot4_tile(const float *x0, const float *y0, size_t y_stride, int n,
+                                float out[ATTN_TILE_H][4])
 {
-    attn_v16 a[4][4], vx[4], vy[4];
-    for (int h = 0; h < 4; h++)
+    attn_vf a[ATTN_TILE_H][4], vx[ATTN_TILE_H], vy[4];
+    for (int h = 0; h < ATTN_TILE_H; h++)
         for (int r = 0; r < 4; r++)
-            a[h][r] = (attn_v16){0};
+            a[h][r] = (attn_vf){0};
     int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        for (int h = 0; h < 4; h++)
+    for (; i + ATTN_VEC <= n; i += ATTN_VEC) {
+        for (int h = 0; h < ATTN_TILE_H; h++)
             ATTN_LOAD(vx[h], x0 + (size_t)h * n + i);
         for (int r = 0; r < 4; r++)
             ATTN_LOAD(vy[r], y0 + r * y_stride + i);
-        for (int h = 0; h < 4; h++)
+        for (int h = 0; h < ATTN_TILE_H; h++)
             for (int r = 0; r < 4; r++)
                 a[h][r] += vx[h] * vy[r];
     }
-    for (int h = 0; h < 4; h++) {
-        attn_v16 c = attn_reduce4(a[h][0], a[h][1], a[h][2], a[h][3]);
+    for (int h = 0; h < ATTN_TILE_H; h++) {
+        attn_vf c = attn_reduce4(a[h][0], a[h][1], a[h][2], a[h][3]);
         for (int r = 0; r < 4; r++) {
             float t = 0.0f;
             for (int k = i; k < n; k++)
                 t += x0[(size_t)h * n + k] * y0[r * y_stride + k];
-            out[h][r] = c[4 * r] + t;
+            out[h][r] = c[ATTN_R4(r)] + t;
         }
     }
 }
@@ -147,14 +181,14 @@ ATTN_INLINE void attn_dot4x4(const float *x0, const float *y0, size_t y_stride, 
 /* e^x in each lane, for x <= 0 (softmax weights): x = n ln2 + r with |r| <= ln2/2, e^r by
  * its Taylor series to r^7 (truncation under 1e-8 relative), times 2^n built in the exponent
  * bits. x below -87 gives e^-87 (1.6e-38) instead of a smaller number or 0. */
-ATTN_INLINE attn_v16 attn_exp(attn_v16 x)
+ATTN_INLINE attn_vf attn_exp(attn_vf x)
 {
-    const attn_v16 lo = (attn_v16){0} - 87.0f, magic = (attn_v16){0} + 12582912.0f;
-    attn_v16i below = x < lo; /* all ones where x < lo */
-    x = (attn_v16)(((attn_v16i)lo & below) | ((attn_v16i)x & ~below));
-    attn_v16 n = (x * 1.44269504f + magic) - magic; /* round to nearest */
-    attn_v16 r = x - n * 0.693145752f - n * 1.42860677e-6f;
-    attn_v16 p = (attn_v16){0} + (1.0f / 5040);
+    const attn_vf lo = (attn_vf){0} - 87.0f, magic = (attn_vf){0} + 12582912.0f;
+    attn_vi below = x < lo; /* all ones where x < lo */
+    x = (attn_vf)(((attn_vi)lo & below) | ((attn_vi)x & ~below));
+    attn_vf n = (x * 1.44269504f + magic) - magic; /* round to nearest */
+    attn_vf r = x - n * 0.693145752f - n * 1.42860677e-6f;
+    attn_vf p = (attn_vf){0} + (1.0f / 5040);
     p = p * r + (1.0f / 720);
     p = p * r + (1.0f / 120);
     p = p * r + (1.0f / 24);
@@ -162,19 +196,19 @@ ATTN_INLINE attn_v16 attn_exp(attn_v16 x)
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    attn_v16i e = (__builtin_convertvector(n, attn_v16i) + 127) << 23;
-    return p * (attn_v16)e;
+    attn_vi e = (__builtin_convertvector(n, attn_vi) + 127) << 23;
+    return p * (attn_vf)e;
 }
 
 /* y = y * c + sum_j p[j] * v(j) over n floats, v(j) = v0 + j * v_stride, for j < nj: each
- * 16 floats of y stay in a register across the block's keys (the value rows, read for every
+ * ATTN_VEC floats of y stay in a register across the block's keys (the value rows, read for every
  * head of the unit, stay in L1). */
 ATTN_INLINE void attn_accumulate(float *y, float c, const float *p, const float *v0,
                                  size_t v_stride, int nj, int n)
 {
-    attn_v16 vy, vx;
+    attn_vf vy, vx;
     int i = 0;
-    for (; i + 16 <= n; i += 16) {
+    for (; i + ATTN_VEC <= n; i += ATTN_VEC) {
         ATTN_LOAD(vy, y + i);
         vy = vy * c;
         for (int j = 0; j < nj; j++) {
@@ -191,14 +225,14 @@ ATTN_INLINE void attn_accumulate(float *y, float c, const float *p, const float 
     }
 }
 
-/* attn_accumulate for 8 heads (y(h) = y0 + h * n, p(h) = p0[h]), each 16 floats of v read
+/* attn_accumulate for 8 heads (y(h) = y0 + h * n, p(h) = p0[h]), each vector of v read
  * once for all 8: the same operations per element, in the same order. */
 ATTN_INLINE void attn_accumulate8(float *y0, const float *c, const float (*p0)[ATTN_KEYS],
                                   const float *v0, size_t v_stride, int nj, int n)
 {
-    attn_v16 vy[8], vx;
+    attn_vf vy[8], vx;
     int i = 0;
-    for (; i + 16 <= n; i += 16) {
+    for (; i + ATTN_VEC <= n; i += ATTN_VEC) {
         for (int h = 0; h < 8; h++) {
             ATTN_LOAD(vy[h], y0 + (size_t)h * n + i);
             vy[h] = vy[h] * c[h];
@@ -246,10 +280,10 @@ static void attn_unit(const struct ops_attn *a, int t, int h0, int nh, int j_beg
         int j = 0;
         for (; j + 4 <= nj; j += 4) {
             int h = 0;
-            for (; h + 4 <= nh; h += 4) {
-                float d[4][4];
-                attn_dot4x4(q + (size_t)h * hd, k0 + (size_t)j * kvw, kvw, hd, d);
-                for (int hh = 0; hh < 4; hh++)
+            for (; h + ATTN_TILE_H <= nh; h += ATTN_TILE_H) {
+                float d[ATTN_TILE_H][4];
+                attn_dot4_tile(q + (size_t)h * hd, k0 + (size_t)j * kvw, kvw, hd, d);
+                for (int hh = 0; hh < ATTN_TILE_H; hh++)
                     for (int r = 0; r < 4; r++)
                         s[h + hh][j + r] = d[hh][r] * a->scale;
             }
@@ -270,8 +304,8 @@ static void attn_unit(const struct ops_attn *a, int t, int h0, int nh, int j_beg
             c[h] = bm > m[h] ? expf(m[h] - bm) : 1.0f;
             l[h] *= c[h];
             m[h] = bm;
-            for (int j = 0; j < ATTN_KEYS; j += 16) {
-                attn_v16 v;
+            for (int j = 0; j < ATTN_KEYS; j += ATTN_VEC) {
+                attn_vf v;
                 ATTN_LOAD(v, &s[h][j]);
                 v = attn_exp(v - bm);
                 ATTN_STORE(&s[h][j], v);

@@ -55,6 +55,8 @@ static void attn_unit_any(const struct ops_attn *a, int t, int h0, int nh, int j
 {
     if (cpu_isa_best() >= CPU_ISA_AVX512)
         ops_attn_unit_avx512(a, t, h0, nh, j_begin, j_end, part, part_stride);
+    else if (cpu_isa_best() >= CPU_ISA_AVX2)
+        ops_attn_unit_avx2(a, t, h0, nh, j_begin, j_end, part, part_stride);
     else
         attn_unit(a, t, h0, nh, j_begin, j_end, part, part_stride);
 }
