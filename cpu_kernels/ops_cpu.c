@@ -26,12 +26,15 @@ void ops_rmsnorm(float *out, const float *in, const float *w, int rows, int dim,
 void ops_rope_neox(float *x, int n_tok, int n_heads, int head_dim, int pos0, float base)
 {
     int half = head_dim / 2;
+    double freq[OPS_MAX_HEAD_DIM / 2]; /* base^(-2i/head_dim), once per call, not per token */
+    for (int i = 0; i < half; i++)
+        freq[i] = pow((double)base, -2.0 * i / head_dim);
 
 #pragma omp parallel for schedule(static) if (n_tok > 4)
     for (int t = 0; t < n_tok; t++) {
         double pos = pos0 + t;
         for (int i = 0; i < half; i++) {
-            double theta = pos * pow((double)base, -2.0 * i / head_dim);
+            double theta = pos * freq[i];
             float c = (float)cos(theta), s = (float)sin(theta);
             for (int h = 0; h < n_heads; h++) {
                 float *v = x + ((size_t)t * n_heads + h) * head_dim;
