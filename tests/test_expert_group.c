@@ -1,7 +1,8 @@
 /* expert_ffn_group_run: one MoE layer's experts in one parallel region must give exactly the
  * bytes of calling expert_ffn_run expert by expert (same operations, same order), for decode
  * (one token) and prefill-like plans (uneven token lists, repeated tokens), for 1 and 2
- * threads, on fresh random Q4_K/Q6_K and Q8_0 experts. Also the CPU lane's per-pair cost
+ * threads, on fresh random Q4_K/Q6_K and Q8_0 experts, and as many pairs as experts but not one
+ * each (which must not take the decode path). Also the CPU lane's per-pair cost
  * measurement (moe_cpu_pair_seconds) gives a sane figure. */
 #include <errno.h>
 #include <stdlib.h>
@@ -23,9 +24,9 @@ static void *draw(uint32_t type, int64_t n, float std, struct rng *r)
 }
 
 /* n_exp stacked random experts (gate, up of gu_type; down of down_type); strides in gs, ds. */
-static void draw_experts(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_exp,
-                         int n_embd, int n_ff, uint8_t **gate, uint8_t **up, uint8_t **down,
-                         uint64_t *gs, uint64_t *ds)
+static void draw_experts(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_exp, int n_embd,
+                         int n_ff, uint8_t **gate, uint8_t **up, uint8_t **down, uint64_t *gs,
+                         uint64_t *ds)
 {
     quant_row_bytes(gu_type, (uint64_t)n_embd * n_ff, gs);
     quant_row_bytes(down_type, (uint64_t)n_embd * n_ff, ds);
@@ -63,29 +64,46 @@ static void one_case(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_
     struct expert_ffn_weights *w = malloc(sizeof(*w) * p.n_active);
     for (int i = 0; i < p.n_active; i++) {
         int e = p.expert[i];
-        w[i] = (struct expert_ffn_weights){
-            .gate_type = gu_type, .up_type = gu_type, .down_type = down_type,
-            .gate = gate + e * gs, .up = up + e * gs, .down = down + e * ds,
-            .n_embd = n_embd, .n_ff = n_ff};
+        w[i] = (struct expert_ffn_weights){.gate_type = gu_type,
+                                           .up_type = gu_type,
+                                           .down_type = down_type,
+                                           .gate = gate + e * gs,
+                                           .up = up + e * gs,
+                                           .down = down + e * ds,
+                                           .n_embd = n_embd,
+                                           .n_ff = n_ff};
     }
     size_t sb = expert_ffn_scratch_bytes(&w[0]);
     void *scratch = malloc(sb);
     for (int i = 0; i < p.n_active; i++) {
-        struct expert_ffn_args a = {
-            .w = &w[i], .n_tokens = p.offset[i + 1] - p.offset[i],
-            .tokens = p.tok + p.offset[i], .token_weights = p.wt + p.offset[i], .x = x,
-            .x_stride = n_embd, .out = ref, .out_stride = n_embd, .scratch = scratch,
-            .scratch_bytes = sb};
+        struct expert_ffn_args a = {.w = &w[i],
+                                    .n_tokens = p.offset[i + 1] - p.offset[i],
+                                    .tokens = p.tok + p.offset[i],
+                                    .token_weights = p.wt + p.offset[i],
+                                    .x = x,
+                                    .x_stride = n_embd,
+                                    .out = ref,
+                                    .out_stride = n_embd,
+                                    .scratch = scratch,
+                                    .scratch_bytes = sb};
         CHECK(expert_ffn_run(&a) == 0, "expert_ffn_run");
     }
     size_t gb = expert_ffn_group_scratch_bytes(&w[0], p.offset[p.n_active]);
     void *gscratch = malloc(gb);
     for (int t = 0; t < 2; t++) {
         test_poison_bytes(gscratch, gb);
-        struct expert_ffn_group_args g = {
-            .n_experts = p.n_active, .w = w, .offset = p.offset, .tokens = p.tok,
-            .token_weights = p.wt, .x = x, .x_stride = n_embd, .out = got[t],
-            .out_stride = n_embd, .scratch = gscratch, .scratch_bytes = gb, .n_threads = t + 1};
+        struct expert_ffn_group_args g = {.n_experts = p.n_active,
+                                          .w = w,
+                                          .offset = p.offset,
+                                          .tokens = p.tok,
+                                          .token_weights = p.wt,
+                                          .x = x,
+                                          .x_stride = n_embd,
+                                          .out = got[t],
+                                          .out_stride = n_embd,
+                                          .scratch = gscratch,
+                                          .scratch_bytes = gb,
+                                          .n_threads = t + 1};
         CHECK(expert_ffn_group_run(&g) == 0, "expert_ffn_group_run");
         CHECK(memcmp(got[t], ref, ob) == 0,
               "group (%d threads, %s/%s, %d tokens top-%d) differs from expert-by-expert: "
@@ -94,14 +112,78 @@ static void one_case(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_
               test_max_rel_err(got[t], ref, (size_t)n_tok * n_embd));
     }
     /* too little scratch and mismatched shapes are refused */
-    struct expert_ffn_group_args bad = {
-        .n_experts = p.n_active, .w = w, .offset = p.offset, .tokens = p.tok, .x = x,
-        .x_stride = n_embd, .out = got[0], .out_stride = n_embd, .scratch = gscratch,
-        .scratch_bytes = gb - 1};
+    struct expert_ffn_group_args bad = {.n_experts = p.n_active,
+                                        .w = w,
+                                        .offset = p.offset,
+                                        .tokens = p.tok,
+                                        .x = x,
+                                        .x_stride = n_embd,
+                                        .out = got[0],
+                                        .out_stride = n_embd,
+                                        .scratch = gscratch,
+                                        .scratch_bytes = gb - 1};
     CHECK(expert_ffn_group_run(&bad) == -EINVAL, "short scratch accepted");
     free(w), free(scratch), free(gscratch), free(gate), free(up), free(down), free(x);
     free(logits), free(ids), free(wt), free(ref), free(got[0]), free(got[1]);
     moe_plan_free(&p);
+}
+
+/* As many pairs as experts, but not one each (2, 0, 1): the group must not take the decode
+ * path, which assumes one pair per expert; the same bytes as expert by expert. */
+static void uneven_one_token(struct rng *r)
+{
+    const int n_embd = 512, n_ff = 256;
+    uint64_t gs, ds;
+    uint8_t *gate, *up, *down;
+    draw_experts(r, QUANT_Q4_K, QUANT_Q6_K, 3, n_embd, n_ff, &gate, &up, &down, &gs, &ds);
+    int32_t offset[4] = {0, 2, 2, 3}, tokens[3] = {0, 1, 0};
+    float wt[3] = {0.5f, 0.3f, 0.2f}, *x = malloc(sizeof(float) * 2 * n_embd);
+    size_t ob = sizeof(float) * 2 * n_embd;
+    float *ref = malloc(ob), *got = malloc(ob);
+    struct expert_ffn_weights w[3];
+    for (int i = 0; i < 2 * n_embd; i++) {
+        x[i] = rng_normal(r);
+        ref[i] = got[i] = rng_normal(r);
+    }
+    for (int e = 0; e < 3; e++)
+        w[e] = (struct expert_ffn_weights){.gate_type = QUANT_Q4_K,
+                                           .up_type = QUANT_Q4_K,
+                                           .down_type = QUANT_Q6_K,
+                                           .gate = gate + e * gs,
+                                           .up = up + e * gs,
+                                           .down = down + e * ds,
+                                           .n_embd = n_embd,
+                                           .n_ff = n_ff};
+    size_t sb = expert_ffn_scratch_bytes(&w[0]), gb = expert_ffn_group_scratch_bytes(&w[0], 3);
+    void *scratch = malloc(sb), *gscratch = malloc(gb);
+    for (int e = 0; e < 3; e++) {
+        struct expert_ffn_args a = {.w = &w[e],
+                                    .n_tokens = offset[e + 1] - offset[e],
+                                    .tokens = tokens + offset[e],
+                                    .token_weights = wt + offset[e],
+                                    .x = x,
+                                    .x_stride = n_embd,
+                                    .out = ref,
+                                    .out_stride = n_embd,
+                                    .scratch = scratch,
+                                    .scratch_bytes = sb};
+        CHECK(expert_ffn_run(&a) == 0, "expert_ffn_run");
+    }
+    struct expert_ffn_group_args g = {.n_experts = 3,
+                                      .w = w,
+                                      .offset = offset,
+                                      .tokens = tokens,
+                                      .token_weights = wt,
+                                      .x = x,
+                                      .x_stride = n_embd,
+                                      .out = got,
+                                      .out_stride = n_embd,
+                                      .scratch = gscratch,
+                                      .scratch_bytes = gb};
+    CHECK(expert_ffn_group_run(&g) == 0, "expert_ffn_group_run");
+    CHECK(memcmp(got, ref, ob) == 0, "pairs 2/0/1: group differs from expert-by-expert (%g)",
+          test_max_rel_err(got, ref, 2 * (size_t)n_embd));
+    free(gate), free(up), free(down), free(x), free(ref), free(got), free(scratch), free(gscratch);
 }
 
 /* moe_cpu_pair_seconds: the CPU lane's per-pair arithmetic, measured on random Q4_K/Q6_K
@@ -112,10 +194,17 @@ static void pair_seconds(struct rng *r)
     uint64_t gs, ds;
     uint8_t *gate, *up, *down;
     draw_experts(r, QUANT_Q4_K, QUANT_Q6_K, n_exp, n_embd, n_ff, &gate, &up, &down, &gs, &ds);
-    struct moe_experts ex = {
-        .gate = gate, .up = up, .down = down, .gate_type = QUANT_Q4_K, .up_type = QUANT_Q4_K,
-        .down_type = QUANT_Q6_K, .gate_stride = gs, .up_stride = gs, .down_stride = ds,
-        .n_embd = n_embd, .n_ff = n_ff};
+    struct moe_experts ex = {.gate = gate,
+                             .up = up,
+                             .down = down,
+                             .gate_type = QUANT_Q4_K,
+                             .up_type = QUANT_Q4_K,
+                             .down_type = QUANT_Q6_K,
+                             .gate_stride = gs,
+                             .up_stride = gs,
+                             .down_stride = ds,
+                             .n_embd = n_embd,
+                             .n_ff = n_ff};
     struct moe_cpu *c = NULL;
     CHECK(moe_cpu_open(64, n_embd, n_ff, &c) == 0, "moe_cpu_open");
     double s = moe_cpu_pair_seconds(c, &ex, n_exp, k, 64, 3);
@@ -136,6 +225,7 @@ int main(void)
     one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 37, 4); /* prefill: uneven lists, > 16 per expert */
     one_case(&r, QUANT_Q8_0, QUANT_Q8_0, 5, 2);
     one_case(&r, QUANT_F32, QUANT_F32, 3, 3);
+    uneven_one_token(&r);
     pair_seconds(&r);
     return test_finish("test_expert_group");
 }
