@@ -592,9 +592,9 @@ static void exact(const char *path, const char *what, const struct backend_cuda_
  * - agree_pct: teacher-forced argmaxes that must agree, here and in cpu_backend_check. f32: 95
  *   (always 128 of 128). q8_0: 85, because the random weights give flat logits that 8-bit
  *   activations reorder: over 92 seeds the CPU backend agreed on 115-128 of 128 and the three
- *   CPU-lane placements on 117-128, every disagreement a near tie (over 21 seeds the
- *   reference's top two were at most 0.1 of that step's largest logit apart); a real fault (a
- *   stale reuse of quantized activations) agreed on 22. */
+ *   CPU-lane placements on 117-128; where a placement disagreed (21 seeds looked at), the
+ *   reference's two candidates were at most 0.1 of that step's largest |logit| apart. A real
+ *   fault (a stale reuse of quantized activations) agreed on 22. */
 struct tolerance {
     double logits;
     int agree_pct;
