@@ -35,6 +35,45 @@ static void draw_experts(struct rng *r, uint32_t gu_type, uint32_t down_type, in
     *down = draw(down_type, (int64_t)n_exp * n_embd * n_ff, 0.06f, r);
 }
 
+/* The weights of experts ids[0..n) of the stacked arrays, into w (n entries). */
+static void expert_table(const int32_t *ids, int n, uint32_t gu_type, uint32_t down_type,
+                         const uint8_t *gate, const uint8_t *up, const uint8_t *down, uint64_t gs,
+                         uint64_t ds, int n_embd, int n_ff, struct expert_ffn_weights *w)
+{
+    for (int i = 0; i < n; i++)
+        w[i] = (struct expert_ffn_weights){.gate_type = gu_type,
+                                           .up_type = gu_type,
+                                           .down_type = down_type,
+                                           .gate = gate + ids[i] * gs,
+                                           .up = up + ids[i] * gs,
+                                           .down = down + ids[i] * ds,
+                                           .n_embd = n_embd,
+                                           .n_ff = n_ff};
+}
+
+/* The reference: expert_ffn_run for each expert in turn over its pairs, accumulated into out. */
+static void serial_run(const struct expert_ffn_weights *w, int n, const int32_t *offset,
+                       const int32_t *tokens, const float *wt, const float *x, int n_embd,
+                       float *out)
+{
+    size_t sb = expert_ffn_scratch_bytes(&w[0]);
+    void *scratch = malloc(sb);
+    for (int i = 0; i < n; i++) {
+        struct expert_ffn_args a = {.w = &w[i],
+                                    .n_tokens = offset[i + 1] - offset[i],
+                                    .tokens = tokens + offset[i],
+                                    .token_weights = wt + offset[i],
+                                    .x = x,
+                                    .x_stride = n_embd,
+                                    .out = out,
+                                    .out_stride = n_embd,
+                                    .scratch = scratch,
+                                    .scratch_bytes = sb};
+        CHECK(expert_ffn_run(&a) == 0, "expert_ffn_run");
+    }
+    free(scratch);
+}
+
 static void one_case(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_tok, int k)
 {
     const int n_exp = 16, n_embd = 512, n_ff = 256;
@@ -62,32 +101,8 @@ static void one_case(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_
     memcpy(got[1], ref, ob);
 
     struct expert_ffn_weights *w = malloc(sizeof(*w) * p.n_active);
-    for (int i = 0; i < p.n_active; i++) {
-        int e = p.expert[i];
-        w[i] = (struct expert_ffn_weights){.gate_type = gu_type,
-                                           .up_type = gu_type,
-                                           .down_type = down_type,
-                                           .gate = gate + e * gs,
-                                           .up = up + e * gs,
-                                           .down = down + e * ds,
-                                           .n_embd = n_embd,
-                                           .n_ff = n_ff};
-    }
-    size_t sb = expert_ffn_scratch_bytes(&w[0]);
-    void *scratch = malloc(sb);
-    for (int i = 0; i < p.n_active; i++) {
-        struct expert_ffn_args a = {.w = &w[i],
-                                    .n_tokens = p.offset[i + 1] - p.offset[i],
-                                    .tokens = p.tok + p.offset[i],
-                                    .token_weights = p.wt + p.offset[i],
-                                    .x = x,
-                                    .x_stride = n_embd,
-                                    .out = ref,
-                                    .out_stride = n_embd,
-                                    .scratch = scratch,
-                                    .scratch_bytes = sb};
-        CHECK(expert_ffn_run(&a) == 0, "expert_ffn_run");
-    }
+    expert_table(p.expert, p.n_active, gu_type, down_type, gate, up, down, gs, ds, n_embd, n_ff, w);
+    serial_run(w, p.n_active, p.offset, p.tok, p.wt, x, n_embd, ref);
     size_t gb = expert_ffn_group_scratch_bytes(&w[0], p.offset[p.n_active]);
     void *gscratch = malloc(gb);
     for (int t = 0; t < 2; t++) {
@@ -123,7 +138,7 @@ static void one_case(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_
                                         .scratch = gscratch,
                                         .scratch_bytes = gb - 1};
     CHECK(expert_ffn_group_run(&bad) == -EINVAL, "short scratch accepted");
-    free(w), free(scratch), free(gscratch), free(gate), free(up), free(down), free(x);
+    free(w), free(gscratch), free(gate), free(up), free(down), free(x);
     free(logits), free(ids), free(wt), free(ref), free(got[0]), free(got[1]);
     moe_plan_free(&p);
 }
@@ -145,30 +160,11 @@ static void uneven_one_token(struct rng *r)
         x[i] = rng_normal(r);
         ref[i] = got[i] = rng_normal(r);
     }
-    for (int e = 0; e < 3; e++)
-        w[e] = (struct expert_ffn_weights){.gate_type = QUANT_Q4_K,
-                                           .up_type = QUANT_Q4_K,
-                                           .down_type = QUANT_Q6_K,
-                                           .gate = gate + e * gs,
-                                           .up = up + e * gs,
-                                           .down = down + e * ds,
-                                           .n_embd = n_embd,
-                                           .n_ff = n_ff};
-    size_t sb = expert_ffn_scratch_bytes(&w[0]), gb = expert_ffn_group_scratch_bytes(&w[0], 3);
-    void *scratch = malloc(sb), *gscratch = malloc(gb);
-    for (int e = 0; e < 3; e++) {
-        struct expert_ffn_args a = {.w = &w[e],
-                                    .n_tokens = offset[e + 1] - offset[e],
-                                    .tokens = tokens + offset[e],
-                                    .token_weights = wt + offset[e],
-                                    .x = x,
-                                    .x_stride = n_embd,
-                                    .out = ref,
-                                    .out_stride = n_embd,
-                                    .scratch = scratch,
-                                    .scratch_bytes = sb};
-        CHECK(expert_ffn_run(&a) == 0, "expert_ffn_run");
-    }
+    const int32_t ids[3] = {0, 1, 2};
+    expert_table(ids, 3, QUANT_Q4_K, QUANT_Q6_K, gate, up, down, gs, ds, n_embd, n_ff, w);
+    serial_run(w, 3, offset, tokens, wt, x, n_embd, ref);
+    size_t gb = expert_ffn_group_scratch_bytes(&w[0], 3);
+    void *gscratch = malloc(gb);
     struct expert_ffn_group_args g = {.n_experts = 3,
                                       .w = w,
                                       .offset = offset,
@@ -183,7 +179,7 @@ static void uneven_one_token(struct rng *r)
     CHECK(expert_ffn_group_run(&g) == 0, "expert_ffn_group_run");
     CHECK(memcmp(got, ref, ob) == 0, "pairs 2/0/1: group differs from expert-by-expert (%g)",
           test_max_rel_err(got, ref, 2 * (size_t)n_embd));
-    free(gate), free(up), free(down), free(x), free(ref), free(got), free(scratch), free(gscratch);
+    free(gate), free(up), free(down), free(x), free(ref), free(got), free(gscratch);
 }
 
 /* moe_cpu_pair_seconds: the CPU lane's per-pair arithmetic, measured on random Q4_K/Q6_K
