@@ -53,15 +53,17 @@ void ops_rope_neox(float *x, int n_tok, int n_heads, int head_dim, int pos0, flo
 #define ATTN_CHUNK 256
 #define ATTN_SPLIT_BELOW 16 /* split when n_tok * n_head_kv is below this */
 
-static void attn_unit_any(const struct ops_attn *a, int t, int h0, int nh, int j_begin,
-                          int j_end, float *part, size_t part_stride)
+typedef void (*attn_unit_fn)(const struct ops_attn *a, int t, int h0, int nh, int j_begin,
+                             int j_end, float *part, size_t part_stride);
+
+/* The build of attn_unit for this CPU. */
+static attn_unit_fn attn_unit_pick(void)
 {
     if (cpu_isa_best() >= CPU_ISA_AVX512)
-        ops_attn_unit_avx512(a, t, h0, nh, j_begin, j_end, part, part_stride);
-    else if (cpu_isa_best() >= CPU_ISA_AVX2)
-        ops_attn_unit_avx2(a, t, h0, nh, j_begin, j_end, part, part_stride);
-    else
-        attn_unit(a, t, h0, nh, j_begin, j_end, part, part_stride);
+        return ops_attn_unit_avx512;
+    if (cpu_isa_best() >= CPU_ISA_AVX2)
+        return ops_attn_unit_avx2;
+    return attn_unit;
 }
 
 /* out = the chunks' parts of (t, h) combined: sum of acc e^(m - M) over sum of l e^(m - M),
@@ -119,6 +121,7 @@ void ops_attention(const struct ops_attn *a)
         hp = 1;
     const int per_kv = (group + hp - 1) / hp, n = a->n_tok * a->n_head_kv * per_kv * n_chunks;
     const size_t stride = (size_t)a->head_dim + 2;
+    const attn_unit_fn unit = attn_unit_pick();
     float *const buf = parts; /* thread-local to this thread: the team uses the pointer */
 
 #pragma omp parallel
@@ -130,13 +133,13 @@ void ops_attention(const struct ops_attn *a)
             int h0 = g * group + c * hp, nh = group - c * hp < hp ? group - c * hp : hp;
             int last = a->pos0 + t;
             if (n_chunks == 1) {
-                attn_unit_any(a, t, h0, nh, 0, last + 1, NULL, 0);
+                unit(a, t, h0, nh, 0, last + 1, NULL, 0);
                 continue;
             }
-            int j0 = k * ATTN_CHUNK, j1 = (k + 1) * ATTN_CHUNK < last + 1 ? (k + 1) * ATTN_CHUNK
-                                                                          : last + 1;
+            int j0 = k * ATTN_CHUNK,
+                j1 = (k + 1) * ATTN_CHUNK < last + 1 ? (k + 1) * ATTN_CHUNK : last + 1;
             float *part = buf + (((size_t)t * a->n_head + h0) * n_chunks + k) * stride;
-            attn_unit_any(a, t, h0, nh, j0, j1 > j0 ? j1 : j0, part, n_chunks * stride);
+            unit(a, t, h0, nh, j0, j1 > j0 ? j1 : j0, part, n_chunks * stride);
         }
         if (n_chunks > 1) {
 #pragma omp for schedule(static)
