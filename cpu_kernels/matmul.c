@@ -6,9 +6,11 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
+#include "gemm.h"
 #include "vec_dot.h"
 
 #define ROWS_PER_UNIT 16 /* split granularity: 16 float outputs = one 64-byte line */
+#define DOT_BLOCK 16     /* activation rows per pass of the vec_dot path over the weights */
 
 /* Bytes between converted activation rows in the scratch: rounded up to a cache line. */
 static size_t act_stride_bytes(uint32_t wtype, int64_t n_in)
@@ -67,21 +69,32 @@ void matmul_rows(const struct matmul_args *a, const void *act, size_t act_stride
             a->y[r] = dot(n, w, act);
         return;
     }
-    /* each weight row once from memory, then from L1 for the other activation rows; where a
-     * multi-row kernel exists, the row is unpacked once per VEC_DOT_ROWS activation rows */
+    /* batches: 16 rows at a time against every activation row (gemm.h) where a kernel exists */
+    gemm_fn gemm = a->m >= GEMM_MIN_M && a->w_stride <= GEMM_MAX_STRIDE ? gemm_get(a->wtype) : NULL;
+    if (gemm) {
+        gemm(n, w, a->w_stride, r1 - r0, act, act_stride, a->m, a->y + r0, a->y_stride);
+        return;
+    }
+    /* each weight row once from memory (per block of DOT_BLOCK activation rows, which stay in
+     * L1), then from L1 for the other activation rows; where a multi-row kernel exists, the
+     * row is unpacked once per VEC_DOT_ROWS activation rows */
     vec_dot_rows_fn rows = vec_dot_rows_get(a->wtype, CPU_ISA_COUNT);
-    for (int64_t r = r0; r < r1; r++, w += a->w_stride) {
-        const uint8_t *x = act;
-        int j = 0;
-        if (rows)
-            for (float out[VEC_DOT_ROWS]; j + VEC_DOT_ROWS <= a->m;
-                 j += VEC_DOT_ROWS, x += VEC_DOT_ROWS * act_stride) {
-                rows(n, w, x, act_stride, out);
-                for (int k = 0; k < VEC_DOT_ROWS; k++)
-                    a->y[(j + k) * a->y_stride + r] = out[k];
-            }
-        for (; j < a->m; j++, x += act_stride)
-            a->y[j * a->y_stride + r] = dot(n, w, x);
+    for (int j0 = 0; j0 < a->m; j0 += DOT_BLOCK) {
+        const int j1 = a->m - j0 < DOT_BLOCK ? a->m : j0 + DOT_BLOCK;
+        const uint8_t *wr = w;
+        for (int64_t r = r0; r < r1; r++, wr += a->w_stride) {
+            const uint8_t *x = (const uint8_t *)act + (size_t)j0 * act_stride;
+            int j = j0;
+            if (rows)
+                for (float out[VEC_DOT_ROWS]; j + VEC_DOT_ROWS <= j1;
+                     j += VEC_DOT_ROWS, x += VEC_DOT_ROWS * act_stride) {
+                    rows(n, wr, x, act_stride, out);
+                    for (int k = 0; k < VEC_DOT_ROWS; k++)
+                        a->y[(j + k) * a->y_stride + r] = out[k];
+                }
+            for (; j < j1; j++, x += act_stride)
+                a->y[j * a->y_stride + r] = dot(n, wr, x);
+        }
     }
 }
 

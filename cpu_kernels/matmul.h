@@ -2,9 +2,11 @@
  * batch of m = 1..MATMUL_MAX_BATCH activation rows (m = 1 is the decode matvec), OpenMP.
  *
  * The activations are converted once per call to the format of vec_dot (vec_dot.h); threads
- * then take contiguous ranges of output rows (so each streams its own part of W in order) and
- * each weight row is used for all m activations while it is in L1. Every output element is
- * one vec_dot call made by one thread, so results do not depend on the thread count.
+ * then take contiguous ranges of output rows (so each streams its own part of W in order).
+ * Batches of GEMM_MIN_M rows or more go through the gemm kernel where the host has one
+ * (gemm.h: 16 weight rows at a time against every activation row); otherwise each weight row
+ * is used for up to 16 activation rows while it is in L1. Every output element is computed by
+ * one thread in an order fixed by the shapes, so results do not depend on the thread count.
  */
 #ifndef STRATA_MATMUL_H
 #define STRATA_MATMUL_H
@@ -12,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MATMUL_MAX_BATCH 16
+#define MATMUL_MAX_BATCH 64
 
 struct matmul_args {
     uint32_t wtype;       /* ggml type id of W; vec_dot_supported(wtype) */

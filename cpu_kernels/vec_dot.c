@@ -87,7 +87,8 @@ size_t vec_dot_act_bytes(uint32_t wtype, int64_t n)
 {
     switch (vec_dot_act_type(wtype)) {
     case QUANT_Q8_0:
-        return (size_t)(n / QK_32) * sizeof(struct block_q8_0);
+        return (size_t)(n / QK_32) *
+               (sizeof(struct block_q8_0) + sizeof(struct vec_dot_q8_0_extra));
     case QUANT_Q8_K:
         return (size_t)(n / QK_K) * sizeof(struct block_q8_k);
     case QUANT_F32:
@@ -109,15 +110,21 @@ static inline int8_t act_code(float v)
 static void quantize_q8_0_scalar(const float *x, void *act, int64_t n)
 {
     struct block_q8_0 *y = act;
+    struct vec_dot_q8_0_extra *e = vec_dot_q8_0_extras(act, n);
     for (int64_t b = 0; b < n / QK_32; b++, x += QK_32) {
         float amax = 0.0f;
         for (int j = 0; j < QK_32; j++)
             amax = fmaxf(amax, fabsf(x[j]));
         float d = amax / 127.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
         y[b].d = fp16_from_f32(d);
-        for (int j = 0; j < QK_32; j++)
+        for (int j = 0; j < QK_32; j++) {
             y[b].qs[j] = act_code(x[j] * id);
+            sum += y[b].qs[j];
+        }
+        e[b].d = fp16_to_f32(y[b].d);
+        e[b].off = -128 * sum;
     }
 }
 

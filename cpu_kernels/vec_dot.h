@@ -3,7 +3,8 @@
  * weight type (the scheme of ggml's CPU kernels), so the inner loop multiplies integers:
  *
  *   weight type                    activation format
- *   Q8_0, Q4_0, MXFP4              Q8_0 (block 32: f16 d, 32 int8 codes in [-127, 127])
+ *   Q8_0, Q4_0, MXFP4              Q8_0 (block 32: f16 d, 32 int8 codes in [-127, 127]),
+ *                                  the row's blocks followed by one vec_dot_q8_0_extra each
  *   Q2_K, Q3_K, Q4_K, Q5_K, Q6_K   Q8_K (block 256: f32 d, 256 int8 codes in [-127, 127],
  *                                        16 int16 sums of 16 codes)
  *   F32, F16, BF16                 F32 (a plain copy)
@@ -104,6 +105,20 @@ vec_dot_quantize_fn vec_dot_avx512_quantize_get(enum quant_type act_type);
         for (int pf_off_ = 0; pf_off_ < (int)(bytes); pf_off_ += 64)                               \
             _mm_prefetch((const char *)(p) + VEC_DOT_PREFETCH_BYTES + pf_off_, _MM_HINT_T0);       \
     } while (0)
+
+/* After the blocks of a Q8_0 activation row, one per block: what gemm's kernels (gemm.h), whose
+ * weight codes carry +128, need per block without recomputing it for every tile of rows. */
+struct vec_dot_q8_0_extra {
+    float d;     /* the block's scale, as a float */
+    int32_t off; /* -128 * the sum of the block's codes */
+};
+
+/* The extras of a Q8_0 activation row of n elements. */
+static inline struct vec_dot_q8_0_extra *vec_dot_q8_0_extras(void *act, int64_t n)
+{
+    return (struct vec_dot_q8_0_extra *)((uint8_t *)act +
+                                         (size_t)(n / QK_32) * sizeof(struct block_q8_0));
+}
 
 /* Unpacks the 12-byte 6-bit scale/min field of Q4_K/Q5_K (FORMATS.md §2.4) into 8 scales and
  * 8 mins, one byte each: word 0 = scales 0..3, 1 = scales 4..7, 2 = mins 0..3, 3 = mins 4..7. */

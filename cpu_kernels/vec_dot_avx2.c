@@ -85,14 +85,27 @@ static inline float absmax(const float *x, int n)
     return hmax_ps(m);
 }
 
+/* The sum of 32 signed bytes: (q + 128) summed by vpsadbw, minus 32 * 128. */
+static inline int32_t sum_s8_32(__m256i q)
+{
+    __m256i s =
+        _mm256_sad_epu8(_mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+    __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
+}
+
 static void quantize_q8_0_avx2(const float *x, void *act, int64_t n)
 {
     struct block_q8_0 *y = act;
+    struct vec_dot_q8_0_extra *e = vec_dot_q8_0_extras(act, n);
     for (int64_t b = 0; b < n / QK_32; b++, x += QK_32) {
         float d = absmax(x, QK_32) / 127.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         y[b].d = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
-        _mm256_storeu_si256((__m256i *)y[b].qs, act_codes_32(x, _mm256_set1_ps(id)));
+        __m256i q = act_codes_32(x, _mm256_set1_ps(id));
+        _mm256_storeu_si256((__m256i *)y[b].qs, q);
+        e[b].d = _cvtsh_ss(y[b].d);
+        e[b].off = -128 * sum_s8_32(q);
     }
 }
 

@@ -100,12 +100,16 @@ AI float absmax(const float *x, int n)
 static void quantize_q8_0_avx512(const float *x, void *act, int64_t n)
 {
     struct block_q8_0 *y = act;
+    struct vec_dot_q8_0_extra *e = vec_dot_q8_0_extras(act, n);
     for (int64_t b = 0; b < n / QK_32; b++, x += QK_32) {
         float d = absmax(x, QK_32) / 127.0f;
         __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
         y[b].d = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
-        _mm_storeu_si128((__m128i *)y[b].qs, _mm512_cvtepi32_epi8(act_codes(x, id)));
-        _mm_storeu_si128((__m128i *)(y[b].qs + 16), _mm512_cvtepi32_epi8(act_codes(x + 16, id)));
+        __m512i q0 = act_codes(x, id), q1 = act_codes(x + 16, id);
+        _mm_storeu_si128((__m128i *)y[b].qs, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(y[b].qs + 16), _mm512_cvtepi32_epi8(q1));
+        e[b].d = _cvtsh_ss(y[b].d);
+        e[b].off = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     }
 }
 

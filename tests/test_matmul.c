@@ -1,6 +1,12 @@
-/* test_matmul: the OpenMP small-batch matmul and the SwiGLU expert FFN built on it.
+/* test_matmul: the OpenMP small-batch matmul, its gemm kernels and the SwiGLU expert FFN built
+ * on it.
  *
+ * gemm (where the host has a kernel): every output against the scalar vec_dot of its row and
+ * activation row, within the float accumulation error TOL_GEMM * sum |w a| (the integer sums
+ * are exact), over tiles cut short, activation rows past a register tile and past a pass
+ * (MAX_M), and a Q8_0 row that ends in an odd block.
  * matmul: every output equals, bit for bit, the single-threaded best vec_dot of its weight row
+ * (the gemm kernel called directly, for batches of GEMM_MIN_M rows or more where one exists)
  * with its activation row converted by the scalar quantizer; it agrees with a double sum over
  * weights decoded by quant_ref and the unconverted float activations within the error of 8-bit
  * activations; padding between output rows stays poisoned; 1 and 2 threads give identical
@@ -18,6 +24,7 @@
 
 #include "expert_ffn.h"
 #include "fp16.h"
+#include "gemm.h"
 #include "matmul.h"
 #include "quant.h"
 #include "quant_ref.h"
@@ -26,6 +33,9 @@
 
 /* float accumulation error allowed, relative to sum_i |w_i x_i| */
 #define TOL_FLOAT 1e-5
+/* gemm against the scalar dot with the same 8-bit activations, relative to sum_i |w_i a_i|:
+ * only the order of float accumulation differs */
+#define TOL_GEMM 1e-6
 /* expert FFN: norm-relative error allowed against the float reference, with 8-bit activations
  * (two conversions: x and h) and with float activations (F32/F16/BF16 weights) */
 #define TOL_FFN_Q8 3e-2
@@ -189,22 +199,30 @@ static double run_matmul_case(const struct mm_case *c, struct rng *r, double *bo
           "%s n_in %lld n_out %lld m %d: 1 and 2 threads differ", tn, (long long)c->n_in,
           (long long)c->n_out, c->m);
 
-    /* bit-exact against direct kernel calls; padding untouched */
+    /* bit-exact against direct kernel calls (gemm for batches it takes); padding untouched */
     vec_dot_fn dot = vec_dot_get(c->type, CPU_ISA_COUNT);
+    gemm_fn gemm = c->m >= GEMM_MIN_M ? gemm_get(c->type) : NULL;
     for (int j = 0; j < c->m; j++)
         vec_dot_quantize_get(c->type, CPU_ISA_SCALAR)(x + j * x_stride, act + j * abytes, c->n_in);
+    float *gy = NULL;
+    if (gemm) {
+        gy = malloc(sizeof(float) * (size_t)(c->m * c->n_out));
+        gemm(c->n_in, w, w_stride, c->n_out, act, abytes, c->m, gy, c->n_out);
+    }
     int mismatches = 0, touched = 0;
     for (int j = 0; j < c->m; j++) {
         for (int64_t o = 0; o < c->n_out; o++) {
-            float want = dot(c->n_in, w + o * w_stride, act + j * abytes);
+            float want =
+                gy ? gy[j * c->n_out + o] : dot(c->n_in, w + o * w_stride, act + j * abytes);
             float got = y1[j * y_stride + o];
             mismatches += memcmp(&want, &got, sizeof(float)) != 0;
         }
         for (int64_t o = c->n_out; o < y_stride; o++)
             touched += !isnan(y1[j * y_stride + o]);
     }
-    CHECK(mismatches == 0, "%s m %d: %d outputs differ from the direct vec_dot", tn, c->m,
-          mismatches);
+    CHECK(mismatches == 0, "%s m %d: %d outputs differ from the direct %s", tn, c->m, mismatches,
+          gy ? "gemm" : "vec_dot");
+    free(gy);
     CHECK(touched == 0, "%s m %d: %d padding outputs written", tn, c->m, touched);
 
     /* against the double reference with float activations: the difference is bounded by
@@ -242,6 +260,75 @@ static double run_matmul_case(const struct mm_case *c, struct rng *r, double *bo
 
     free(w), free(x), free(y1), free(y2), free(scratch), free(act), free(wf), free(ref), free(got);
     return err;
+}
+
+/* One gemm call of n_rows x m against the scalar vec_dot (same activations); returns the
+ * worst |diff| / sum |w a|. */
+static double run_gemm_case(gemm_fn gemm, uint32_t type, int64_t n, int64_t n_rows, int m,
+                            struct rng *r)
+{
+    const char *tn = quant_type_name(type);
+    size_t w_stride = vec_dot_row_bytes(type, n) + 64;
+    size_t abytes = vec_dot_act_bytes(type, n);
+    int64_t y_stride = n_rows + 3;
+    uint8_t *w = malloc((size_t)n_rows * w_stride), *act = malloc(abytes * (size_t)m);
+    float *x = malloc(sizeof(float) * (size_t)n);
+    float *y = malloc(sizeof(float) * (size_t)(m * y_stride));
+    enum quant_type at = vec_dot_act_type(type);
+    vec_dot_fn ref = vec_dot_get(type, CPU_ISA_SCALAR);
+
+    fill_weights(type, w, n_rows, n, w_stride, r);
+    for (int j = 0; j < m; j++) {
+        fill_normal(x, (size_t)n, 1.0f, r);
+        vec_dot_quantize_act(type, x, act + (size_t)j * abytes, n);
+    }
+    test_poison_f32(y, (size_t)(m * y_stride));
+    gemm(n, w, w_stride, n_rows, act, abytes, m, y, y_stride);
+    float *wf = decode(type, w, n_rows, n, w_stride);
+    int over = 0, touched = 0;
+    double worst = 0;
+    for (int j = 0; j < m; j++) {
+        const uint8_t *aj = act + (size_t)j * abytes;
+        for (int64_t o = 0; o < n_rows; o++) {
+            double sabs = 0;
+            for (int64_t i = 0; i < n; i++)
+                sabs += fabs(wf[o * n + i] * act_value(at, aj, i));
+            double diff = fabs((double)y[j * y_stride + o] - ref(n, w + o * w_stride, aj));
+            over += !(diff <= TOL_GEMM * sabs);
+            worst = fmax(worst, diff / sabs);
+        }
+        for (int64_t o = n_rows; o < y_stride; o++)
+            touched += !isnan(y[j * y_stride + o]);
+    }
+    CHECK(over == 0, "gemm %s n %lld rows %lld m %d: %d outputs off the scalar dot (worst %.3g)",
+          tn, (long long)n, (long long)n_rows, m, over, worst);
+    CHECK(touched == 0, "gemm %s rows %lld m %d: %d outputs written past the rows", tn,
+          (long long)n_rows, m, touched);
+    free(w), free(act), free(x), free(y), free(wf);
+    return worst;
+}
+
+static void test_gemm(struct rng *r)
+{
+    static const uint32_t gtypes[] = {QUANT_Q8_0, QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K};
+    for (size_t t = 0; t < sizeof(gtypes) / sizeof(gtypes[0]); t++) {
+        gemm_fn gemm = gemm_get(gtypes[t]);
+        if (!gemm) {
+            printf("  gemm %-6s none on this host\n", quant_type_name(gtypes[t]));
+            continue;
+        }
+        /* Q8_0: 37 blocks, so the last chunk has 5 (odd) blocks */
+        int64_t n = vec_dot_block(gtypes[t]) == QK_K ? 768 : 32 * 37;
+        const struct {
+            int64_t rows;
+            int m;
+        } cases[] = {{16, 1}, {1, 4}, {15, 8}, {17, 9}, {40, 16}, {33, 70}, {16, 13}};
+        double worst = 0;
+        for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
+            worst = fmax(worst, run_gemm_case(gemm, gtypes[t], n, cases[k].rows, cases[k].m, r));
+        printf("  gemm %-6s vs the scalar dot: worst |diff| / sum |w a| %.2e (tolerance %.0e)\n",
+               quant_type_name(gtypes[t]), worst, TOL_GEMM);
+    }
 }
 
 static void test_matmul(struct rng *r)
@@ -468,6 +555,7 @@ int main(void)
            "activations) / %.0e (float)\n",
            cpu_isa_name(cpu_isa_best()), omp_get_max_threads(), TOL_FLOAT, TOL_FFN_Q8, TOL_FFN_F);
     test_matmul_args();
+    test_gemm(&r);
     test_matmul(&r);
     test_expert_ffn(&r);
     return test_finish("test_matmul");

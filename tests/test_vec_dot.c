@@ -1,8 +1,9 @@
 /* test_vec_dot: the quantized dot kernels and activation quantizers.
  *
  * 1. Activation quantizers: every SIMD level writes the same bytes as the scalar quantizer
- *    (codes, scales, bsums), including exact rounding ties; the scalar one meets its
- *    definition (|x - d q| <= d/2, max |q| = 127, bsums = sums of 16 codes).
+ *    (codes, scales, bsums, Q8_0's extras), including exact rounding ties; the scalar one
+ *    meets its definition (|x - d q| <= d/2, max |q| = 127, bsums = sums of 16 codes, Q8_0
+ *    extras = the scale as a float and -128 * the sum of the codes).
  * 2. Scalar dot kernels against a double-precision sum over weights decoded by quant_ref
  *    (an independent reading of the formats) and activations decoded here.
  * 3. Every SIMD level against the scalar kernel on fresh random rows.
@@ -175,8 +176,15 @@ static void check_quantizer_definition(enum quant_type at, const float *x, const
         float d, amax = 0.0f;
         if (at == QUANT_Q8_0) {
             const struct block_q8_0 *blk = (const struct block_q8_0 *)act + b;
+            const struct vec_dot_q8_0_extra *e = vec_dot_q8_0_extras((void *)act, n) + b;
             qs = blk->qs;
             d = fp16_to_f32(blk->d);
+            int s = 0;
+            for (int j = 0; j < QK_32; j++)
+                s += qs[j];
+            CHECK(e->d == d && e->off == -128 * s,
+                  "Q8_0 block %lld extras: d %g off %d, want %g and %d", (long long)b, e->d, e->off,
+                  d, -128 * s);
         } else {
             const struct block_q8_k *blk = (const struct block_q8_k *)act + b;
             qs = blk->qs;
@@ -415,7 +423,8 @@ static void test_dispatch(void)
               vec_dot_act_type(999) == QUANT_TYPE_COUNT,
           "unsupported types must be refused");
     CHECK(vec_dot_act_bytes(QUANT_Q4_K, 512) == 2 * sizeof(struct block_q8_k) &&
-              vec_dot_act_bytes(QUANT_MXFP4, 64) == 2 * sizeof(struct block_q8_0) &&
+              vec_dot_act_bytes(QUANT_MXFP4, 64) ==
+                  2 * (sizeof(struct block_q8_0) + sizeof(struct vec_dot_q8_0_extra)) &&
               vec_dot_act_bytes(QUANT_BF16, 10) == 40,
           "activation sizes");
 }
