@@ -7,9 +7,12 @@
  * rows, its 4 codes broadcast. Activations are vec_dot's (Q8_0 or Q8_K rows, quantized
  * once per matmul); per-sub-block scales and offsets are applied in float per lane:
  *
- *   Q8_0   codes w + 128; -128 * (sum of the activation block) starts each block's sum
- *   Q4_K   nibbles as they are; d * scale per 32, the mins through the Q8_K bsums (vpdpwssd)
- *   Q6_K   6-bit codes (value + 32); -32 * bsum starts each 16-element sum
+ *   Q8_0   codes w + 128; -128 * (sum of the activation block, kept with the activation
+ *          row: vec_dot_q8_0_extra) starts each block's sum
+ *   Q4_K   nibbles as they are (Q5_K: with the 5th bit); d * scale per 32 elements; the mins
+ *          times the Q8_K bsums (vpdpwssd), times dmin, taken off
+ *   Q6_K   6-bit codes (value + 32); d * scale per 16 elements; 32 * the scales times the
+ *          bsums (vpdpwssd), times d, taken off
  *
  * The integer sums are exact, so a result differs from the vec_dot of the same row only by
  * the order of float accumulation. Each output is computed by one call in an order fixed by
@@ -38,7 +41,7 @@ typedef void (*gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t n_row
 /* Weight rows further apart than this are left to vec_dot (lane offsets are 32-bit). */
 #define GEMM_MAX_STRIDE ((size_t)1 << 26)
 
-/* The kernel for weights of this ggml type on this host (AVX-512 VNNI: Q8_0, Q4_K, Q6_K),
+/* The kernel for weights of this ggml type on this host (AVX-512 VNNI: Q8_0, Q4_K, Q5_K, Q6_K),
  * or NULL. Honors the STRATA_CPU_ISA cap through cpu_isa_best(). */
 gemm_fn gemm_get(uint32_t wtype);
 

@@ -8,6 +8,7 @@
  * acc (one 16-float vector per activation row) across chunks and are stored at the end.
  */
 #include <immintrin.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "gemm.h"
@@ -220,19 +221,33 @@ AI void kq_gemm(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const
 #undef KQ_ROWS
 }
 
-/* Q4_K: nibbles as they are; scale = d * 6-bit scale per 32 elements, pairs = (min, min). */
-static void q4_k_pack(const struct tile *t, int64_t blk, struct kq_pack *p)
+/* Q4_K and Q5_K: codes as they are (Q5_K's 5th bit of element 32s + l is bit s of qh[l]);
+ * scale = d * 6-bit scale per 32 elements, pairs = (min, min). The two formats share d, dmin
+ * and scales at the start of the block. */
+AI void k45_pack(const struct tile *t, int64_t blk, struct kq_pack *p, bool five)
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const size_t at = (size_t)blk * sizeof(struct block_q4_k);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
+    const size_t at = (size_t)blk * (five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k));
+    const size_t qs_at = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
+    __m512i qh[LANES]; /* qh[b4]: qh bytes 4 b4 .. 4 b4 + 3 (the first 8 of a 64-byte load) */
+    if (five)
+        load_transposed(t, at + offsetof(struct block_q5_k, qh), qh);
     for (int half = 0; half < 2; half++) {
         __m512i x[LANES];
-        load_transposed(t, at + offsetof(struct block_q4_k, qs) + 64 * half, x);
+        load_transposed(t, at + qs_at + 64 * half, x);
         /* qs byte b of 32-byte chunk c: low nibble = element 64c + b, high = 64c + 32 + b */
         for (int i = 0; i < LANES; i++) {
             int c = 2 * half + i / 8, b4 = i % 8;
-            p->codes[16 * c + b4] = _mm512_and_si512(x[i], m4);
-            p->codes[16 * c + 8 + b4] = _mm512_and_si512(_mm512_srli_epi16(x[i], 4), m4);
+            __m512i lo = _mm512_and_si512(x[i], m4);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x[i], 4), m4);
+            if (five) {
+                __m512i h0 = _mm512_and_si512(_mm512_srli_epi16(qh[b4], 2 * c), one);
+                __m512i h1 = _mm512_and_si512(_mm512_srli_epi16(qh[b4], 2 * c + 1), one);
+                lo = _mm512_or_si512(lo, _mm512_slli_epi16(h0, 4));
+                hi = _mm512_or_si512(hi, _mm512_slli_epi16(h1, 4));
+            }
+            p->codes[16 * c + b4] = lo;
+            p->codes[16 * c + 8 + b4] = hi;
         }
     }
     __m512i dd = tile_gather(t, at);
@@ -256,10 +271,26 @@ static void q4_k_pack(const struct tile *t, int64_t blk, struct kq_pack *p)
     }
 }
 
+static void q4_k_pack(const struct tile *t, int64_t blk, struct kq_pack *p)
+{
+    k45_pack(t, blk, p, false);
+}
+
+static void q5_k_pack(const struct tile *t, int64_t blk, struct kq_pack *p)
+{
+    k45_pack(t, blk, p, true);
+}
+
 static void gemm_q4_k(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
                       size_t act_stride, int m, float *y, int64_t y_stride)
 {
     kq_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, 8, q4_k_pack);
+}
+
+static void gemm_q5_k(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
+                      size_t act_stride, int m, float *y, int64_t y_stride)
+{
+    kq_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, 8, q5_k_pack);
 }
 
 /* Q6_K: 6-bit codes (value + 32); scale = d * scale per 16 elements, pairs = scales 2i, 2i+1. */
@@ -394,6 +425,8 @@ gemm_fn gemm_avx512_get(uint32_t wtype)
         return gemm_q8_0;
     case QUANT_Q4_K:
         return gemm_q4_k;
+    case QUANT_Q5_K:
+        return gemm_q5_k;
     case QUANT_Q6_K:
         return gemm_q6_k;
     default:
