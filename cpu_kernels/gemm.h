@@ -24,6 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cpu_features.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -41,12 +43,14 @@ typedef void (*gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t n_row
 /* Weight rows further apart than this are left to vec_dot (lane offsets are 32-bit). */
 #define GEMM_MAX_STRIDE ((size_t)1 << 26)
 
-/* The kernel for weights of this ggml type on this host (AVX-512 VNNI: Q8_0, Q4_K, Q5_K, Q6_K),
- * or NULL. Honors the STRATA_CPU_ISA cap through cpu_isa_best(). */
-gemm_fn gemm_get(uint32_t wtype);
+/* The kernel for weights of this ggml type at the given ISA level (clamped to cpu_isa_best(),
+ * which honors the STRATA_CPU_ISA cap), or NULL: AVX-512 VNNI covers Q8_0, Q4_K, Q5_K and
+ * Q6_K; AVX2 (gemm_avx2.c, 8 rows per vector, no VNNI needed) the three K-quants. */
+gemm_fn gemm_get(uint32_t wtype, enum cpu_isa isa);
 
-/* For gemm.c only: the AVX-512 VNNI table (call only when the host has it). */
+/* For gemm.c only: the per-ISA tables (call only when the host has that level). */
 gemm_fn gemm_avx512_get(uint32_t wtype);
+gemm_fn gemm_avx2_get(uint32_t wtype);
 
 #ifdef __cplusplus
 }

@@ -18,10 +18,9 @@
 #define AI static inline __attribute__((always_inline))
 
 #define LANES 16
-#define CHUNK 256
-#define K4 (CHUNK / 4) /* 4-element steps per chunk */
-#define TOK 8          /* activation rows per register tile */
-#define MAX_M 64       /* activation rows per pass over the weights (acc on the stack) */
+#define CHUNK 256 /* elements per packed Q8_0 chunk */
+#define TOK 8     /* activation rows per register tile */
+#define MAX_M 64  /* activation rows per pass over the weights (acc on the stack) */
 
 /* Lane offsets of a tile's 16 rows from its first: rows past n_rows repeat the last row, so
  * every load stays inside the weights; their lanes are never stored. */
@@ -84,25 +83,6 @@ AI void load_transposed(const struct tile *t, size_t at, __m512i x[LANES])
     transpose16(x);
 }
 
-AI __m512i bcast32(const void *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
-/* Byte k (0..3) of every dword, zero-extended. */
-AI __m512i byte_of(__m512i x, int k)
-{
-    return _mm512_and_si512(_mm512_srli_epi32(x, 8 * k), _mm512_set1_epi32(0xff));
-}
-
-/* Byte k (0..3) of every dword, sign-extended. */
-AI __m512i sbyte_of(__m512i x, int k)
-{
-    return _mm512_srai_epi32(_mm512_slli_epi32(x, 24 - 8 * k), 24);
-}
-
 /* acc[t] (16 floats each, rows of the tile) for m activation rows, stored to y. */
 static void store_tile(const float *acc, int m, const struct tile *t, float *y, int64_t y_stride)
 {
@@ -155,190 +135,37 @@ static void store_tile(const float *acc, int m, const struct tile *t, float *y, 
         break;                                                                                     \
     }
 
-/* ---- K-quants (Q8_K activations) ---- */
-
-/* A packed chunk of one K-quant block: codes, the float scale of each sub-block, and the
- * offset term sum_i pairs[i] . (bsums[2i], bsums[2i + 1]) (vpdpwssd), times off_scale, taken
- * off the block's sum: Q4_K's mins (dmin * min of sub-block i, bsums of its 32 elements) and
- * Q6_K's +32 codes (32 * d * scale of each 16 elements). */
-struct kq_pack {
-    __m512i codes[K4];
-    __m512 scale[16];
-    __m512i pairs[8];
-    __m512 off_scale;
-};
-
-/* Sub-blocks of k4_sub steps (8: 32 elements, 4: 16 elements) of one Q8_K block; nt
- * activation rows; acc[j] += d_j * (sum of scale * codes . a - off_scale * offset term). */
-AI void kq_rows(const struct kq_pack *p, int k4_sub, const uint8_t *act, size_t act_stride,
-                int64_t blk, float *acc, int nt)
+/* The f16 in the low half of every dword, as floats. */
+AI __m512 f16_low(__m512i x)
 {
-    const struct block_q8_k *a[TOK];
-    __m512i isum[TOK];
-    __m512 sum[TOK];
-    for (int j = 0; j < nt; j++) {
-        a[j] = (const struct block_q8_k *)(act + (size_t)j * act_stride) + blk;
-        sum[j] = _mm512_setzero_ps();
-    }
-    for (int sb = 0; sb < K4 / k4_sub; sb++) {
-        for (int j = 0; j < nt; j++)
-            isum[j] = _mm512_setzero_si512();
-        for (int i = 0; i < k4_sub; i++) {
-            const int k4 = k4_sub * sb + i;
-            const __m512i c = p->codes[k4];
-            for (int j = 0; j < nt; j++)
-                isum[j] = _mm512_dpbusd_epi32(isum[j], c, bcast32(a[j]->qs + 4 * k4));
-        }
-        for (int j = 0; j < nt; j++)
-            sum[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), p->scale[sb], sum[j]);
-    }
-    for (int j = 0; j < nt; j++) {
-        __m512i off = _mm512_setzero_si512();
-        for (int i = 0; i < 8; i++)
-            off = _mm512_dpwssd_epi32(off, p->pairs[i], bcast32(&a[j]->bsums[2 * i]));
-        sum[j] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(off), p->off_scale, sum[j]);
-        _mm512_store_ps(acc + 16 * j, _mm512_fmadd_ps(sum[j], _mm512_set1_ps(a[j]->d),
-                                                      _mm512_load_ps(acc + 16 * j)));
-    }
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(x));
 }
 
-/* Every tile and block of a K-quant matrix through pack and kq_rows. */
-AI void kq_gemm(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
-                size_t act_stride, int m, float *y, int64_t y_stride, int k4_sub,
-                void (*pack)(const struct tile *, int64_t, struct kq_pack *))
-{
-    struct kq_pack p __attribute__((aligned(64)));
-    const uint8_t *x = act;
-#define KQ_ROWS(NT)                                                                                \
-    kq_rows(&p, k4_sub, x + (size_t)(j0 + j) * act_stride, act_stride, blk, acc + 16 * j, NT)
-    GEMM_DRIVER({
-        for (int64_t blk = 0; blk < n / QK_K; blk++) {
-            pack(&t, blk, &p);
-            for (int j = 0; j < mm; j += TOK)
-                FOR_NT(mm - j, KQ_ROWS);
-        }
-    })
-#undef KQ_ROWS
-}
+#define VI __m512i
+#define VF __m512
+#define V_AND _mm512_and_si512
+#define V_OR _mm512_or_si512
+#define V_SRLI16 _mm512_srli_epi16
+#define V_SLLI16 _mm512_slli_epi16
+#define V_SRLI32 _mm512_srli_epi32
+#define V_SLLI32 _mm512_slli_epi32
+#define V_SRAI32 _mm512_srai_epi32
+#define V_SET1_8(x) _mm512_set1_epi8((char)(x))
+#define V_SET1_32 _mm512_set1_epi32
+#define V_SET1_F _mm512_set1_ps
+#define V_SETZERO_I _mm512_setzero_si512
+#define V_SETZERO_F _mm512_setzero_ps
+#define V_CVT _mm512_cvtepi32_ps
+#define V_MUL _mm512_mul_ps
+#define V_FMADD _mm512_fmadd_ps
+#define V_FNMADD _mm512_fnmadd_ps
+#define V_LOAD_F _mm512_load_ps
+#define V_STORE_F _mm512_store_ps
+#define DOT2(s, c0, a0, c1, a1)                                                                    \
+    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32((s), (c0), (a0)), (c1), (a1))
+#define PAIRS(s, p, b) _mm512_dpwssd_epi32((s), (p), (b))
 
-/* Q4_K and Q5_K: codes as they are (Q5_K's 5th bit of element 32s + l is bit s of qh[l]);
- * scale = d * 6-bit scale per 32 elements, pairs = (min, min). The two formats share d, dmin
- * and scales at the start of the block. */
-AI void k45_pack(const struct tile *t, int64_t blk, struct kq_pack *p, bool five)
-{
-    const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
-    const size_t at = (size_t)blk * (five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k));
-    const size_t qs_at = five ? offsetof(struct block_q5_k, qs) : offsetof(struct block_q4_k, qs);
-    __m512i qh[LANES]; /* qh[b4]: qh bytes 4 b4 .. 4 b4 + 3 (the first 8 of a 64-byte load) */
-    if (five)
-        load_transposed(t, at + offsetof(struct block_q5_k, qh), qh);
-    for (int half = 0; half < 2; half++) {
-        __m512i x[LANES];
-        load_transposed(t, at + qs_at + 64 * half, x);
-        /* qs byte b of 32-byte chunk c: low nibble = element 64c + b, high = 64c + 32 + b */
-        for (int i = 0; i < LANES; i++) {
-            int c = 2 * half + i / 8, b4 = i % 8;
-            __m512i lo = _mm512_and_si512(x[i], m4);
-            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x[i], 4), m4);
-            if (five) {
-                __m512i h0 = _mm512_and_si512(_mm512_srli_epi16(qh[b4], 2 * c), one);
-                __m512i h1 = _mm512_and_si512(_mm512_srli_epi16(qh[b4], 2 * c + 1), one);
-                lo = _mm512_or_si512(lo, _mm512_slli_epi16(h0, 4));
-                hi = _mm512_or_si512(hi, _mm512_slli_epi16(h1, 4));
-            }
-            p->codes[16 * c + b4] = lo;
-            p->codes[16 * c + 8 + b4] = hi;
-        }
-    }
-    __m512i dd = tile_gather(t, at);
-    __m512i u0 = tile_gather(t, at + 4), u1 = tile_gather(t, at + 8), u2 = tile_gather(t, at + 12);
-    __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
-    p->off_scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
-    /* vec_dot_k4_scales across lanes: sc 0..3, sc 4..7, mins 0..3, mins 4..7 */
-    const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f), m2 = _mm512_set1_epi32(0x03030303),
-                  m4w = _mm512_set1_epi32(0x0f0f0f0f);
-    __m512i s[4];
-    s[0] = _mm512_and_si512(u0, m6);
-    s[1] = _mm512_or_si512(_mm512_and_si512(u2, m4w),
-                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), m2), 4));
-    s[2] = _mm512_and_si512(u1, m6);
-    s[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m4w),
-                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), m2), 4));
-    for (int sb = 0; sb < 8; sb++) {
-        p->scale[sb] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(byte_of(s[sb / 4], sb % 4)));
-        __m512i mn = byte_of(s[2 + sb / 4], sb % 4);
-        p->pairs[sb] = _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16));
-    }
-}
-
-static void q4_k_pack(const struct tile *t, int64_t blk, struct kq_pack *p)
-{
-    k45_pack(t, blk, p, false);
-}
-
-static void q5_k_pack(const struct tile *t, int64_t blk, struct kq_pack *p)
-{
-    k45_pack(t, blk, p, true);
-}
-
-static void gemm_q4_k(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
-                      size_t act_stride, int m, float *y, int64_t y_stride)
-{
-    kq_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, 8, q4_k_pack);
-}
-
-static void gemm_q5_k(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
-                      size_t act_stride, int m, float *y, int64_t y_stride)
-{
-    kq_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, 8, q5_k_pack);
-}
-
-/* Q6_K: 6-bit codes (value + 32); scale = d * scale per 16 elements, pairs = scales 2i, 2i+1. */
-static void q6_k_pack(const struct tile *t, int64_t blk, struct kq_pack *p)
-{
-    const __m512i lo4 = _mm512_set1_epi8(0x0f), hi2 = _mm512_set1_epi8(0x30);
-    const size_t at = (size_t)blk * sizeof(struct block_q6_k);
-    __m512i ql[2][LANES], qh[LANES];
-    load_transposed(t, at + offsetof(struct block_q6_k, ql), ql[0]);
-    load_transposed(t, at + offsetof(struct block_q6_k, ql) + 64, ql[1]);
-    load_transposed(t, at + offsetof(struct block_q6_k, qh), qh);
-    /* element 128h + 32s + l: low 4 bits from ql[64h + 32(s & 1) + l] (low nibble for s < 2),
-     * high 2 bits (qh[32h + l] >> 2s) & 3 (vec_dot.c's dot_q6_k_scalar) */
-    for (int h = 0; h < 2; h++)
-        for (int l4 = 0; l4 < 8; l4++) {
-            __m512i a = ql[h][l4], b = ql[h][l4 + 8], q = qh[8 * h + l4];
-            __m512i lo[4] = {_mm512_and_si512(a, lo4), _mm512_and_si512(b, lo4),
-                             _mm512_and_si512(_mm512_srli_epi16(a, 4), lo4),
-                             _mm512_and_si512(_mm512_srli_epi16(b, 4), lo4)};
-            __m512i hi[4] = {_mm512_slli_epi16(q, 4), _mm512_slli_epi16(q, 2), q,
-                             _mm512_srli_epi16(q, 2)};
-            for (int s = 0; s < 4; s++)
-                p->codes[32 * h + 8 * s + l4] =
-                    _mm512_or_si512(lo[s], _mm512_and_si512(hi[s], hi2));
-        }
-    /* scales[16] at 192, d at 208: the dword at 206 keeps the gather inside the block */
-    __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
-        _mm512_srli_epi32(tile_gather(t, at + offsetof(struct block_q6_k, d) - 2), 16)));
-    p->off_scale = _mm512_mul_ps(d, _mm512_set1_ps(32.0f));
-    for (int k = 0; k < 4; k++) {
-        __m512i sc = tile_gather(t, at + offsetof(struct block_q6_k, scales) + 4 * k);
-        __m512i s8[4];
-        for (int b = 0; b < 4; b++) {
-            s8[b] = sbyte_of(sc, b);
-            p->scale[4 * k + b] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s8[b]));
-        }
-        for (int i = 0; i < 2; i++)
-            p->pairs[2 * k + i] =
-                _mm512_or_si512(_mm512_and_si512(s8[2 * i], _mm512_set1_epi32(0xffff)),
-                                _mm512_slli_epi32(s8[2 * i + 1], 16));
-    }
-}
-
-static void gemm_q6_k(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
-                      size_t act_stride, int m, float *y, int64_t y_stride)
-{
-    kq_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, 4, q6_k_pack);
-}
+#include "gemm_body.h"
 
 /* ---- Q8_0 ---- */
 
@@ -420,16 +247,5 @@ static void gemm_q8_0(int64_t n, const void *w, size_t w_stride, int64_t n_rows,
 
 gemm_fn gemm_avx512_get(uint32_t wtype)
 {
-    switch (wtype) {
-    case QUANT_Q8_0:
-        return gemm_q8_0;
-    case QUANT_Q4_K:
-        return gemm_q4_k;
-    case QUANT_Q5_K:
-        return gemm_q5_k;
-    case QUANT_Q6_K:
-        return gemm_q6_k;
-    default:
-        return NULL;
-    }
+    return wtype == QUANT_Q8_0 ? gemm_q8_0 : kq_get(wtype);
 }

@@ -70,7 +70,7 @@ void matmul_rows(const struct matmul_args *a, const void *act, size_t act_stride
         return;
     }
     /* batches: 16 rows at a time against every activation row (gemm.h) where a kernel exists */
-    gemm_fn gemm = a->m >= GEMM_MIN_M && a->w_stride <= GEMM_MAX_STRIDE ? gemm_get(a->wtype) : NULL;
+    gemm_fn gemm = a->m >= GEMM_MIN_M && a->w_stride <= GEMM_MAX_STRIDE ? gemm_get(a->wtype, CPU_ISA_COUNT) : NULL;
     if (gemm) {
         gemm(n, w, a->w_stride, r1 - r0, act, act_stride, a->m, a->y + r0, a->y_stride);
         return;

@@ -201,7 +201,7 @@ static double run_matmul_case(const struct mm_case *c, struct rng *r, double *bo
 
     /* bit-exact against direct kernel calls (gemm for batches it takes); padding untouched */
     vec_dot_fn dot = vec_dot_get(c->type, CPU_ISA_COUNT);
-    gemm_fn gemm = c->m >= GEMM_MIN_M ? gemm_get(c->type) : NULL;
+    gemm_fn gemm = c->m >= GEMM_MIN_M ? gemm_get(c->type, CPU_ISA_COUNT) : NULL;
     for (int j = 0; j < c->m; j++)
         vec_dot_quantize_get(c->type, CPU_ISA_SCALAR)(x + j * x_stride, act + j * abytes, c->n_in);
     float *gy = NULL;
@@ -311,24 +311,26 @@ static double run_gemm_case(gemm_fn gemm, uint32_t type, int64_t n, int64_t n_ro
 static void test_gemm(struct rng *r)
 {
     static const uint32_t gtypes[] = {QUANT_Q8_0, QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K};
-    for (size_t t = 0; t < sizeof(gtypes) / sizeof(gtypes[0]); t++) {
-        gemm_fn gemm = gemm_get(gtypes[t]);
-        if (!gemm) {
-            printf("  gemm %-6s none on this host\n", quant_type_name(gtypes[t]));
-            continue;
+    for (int isa = CPU_ISA_AVX2; isa <= (int)cpu_isa_best(); isa++)
+        for (size_t t = 0; t < sizeof(gtypes) / sizeof(gtypes[0]); t++) {
+            gemm_fn gemm = gemm_get(gtypes[t], (enum cpu_isa)isa);
+            if (!gemm ||
+                (isa > CPU_ISA_AVX2 && gemm == gemm_get(gtypes[t], (enum cpu_isa)(isa - 1))))
+                continue; /* none, or the same kernel as the level below */
+            /* Q8_0: 37 blocks, so the last chunk has 5 (odd) blocks */
+            int64_t n = vec_dot_block(gtypes[t]) == QK_K ? 768 : 32 * 37;
+            const struct {
+                int64_t rows;
+                int m;
+            } cases[] = {{16, 1}, {1, 4}, {15, 8}, {17, 9}, {40, 16}, {33, 70}, {16, 13}};
+            double worst = 0;
+            for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
+                worst =
+                    fmax(worst, run_gemm_case(gemm, gtypes[t], n, cases[k].rows, cases[k].m, r));
+            printf("  gemm %-6s %-10s vs the scalar dot: worst |diff| / sum |w a| %.2e "
+                   "(tolerance %.0e)\n",
+                   quant_type_name(gtypes[t]), cpu_isa_name((enum cpu_isa)isa), worst, TOL_GEMM);
         }
-        /* Q8_0: 37 blocks, so the last chunk has 5 (odd) blocks */
-        int64_t n = vec_dot_block(gtypes[t]) == QK_K ? 768 : 32 * 37;
-        const struct {
-            int64_t rows;
-            int m;
-        } cases[] = {{16, 1}, {1, 4}, {15, 8}, {17, 9}, {40, 16}, {33, 70}, {16, 13}};
-        double worst = 0;
-        for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
-            worst = fmax(worst, run_gemm_case(gemm, gtypes[t], n, cases[k].rows, cases[k].m, r));
-        printf("  gemm %-6s vs the scalar dot: worst |diff| / sum |w a| %.2e (tolerance %.0e)\n",
-               quant_type_name(gtypes[t]), worst, TOL_GEMM);
-    }
 }
 
 static void test_matmul(struct rng *r)
