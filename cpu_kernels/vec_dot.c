@@ -87,8 +87,7 @@ size_t vec_dot_act_bytes(uint32_t wtype, int64_t n)
 {
     switch (vec_dot_act_type(wtype)) {
     case QUANT_Q8_0:
-        return (size_t)(n / QK_32) *
-               (sizeof(struct block_q8_0) + sizeof(struct vec_dot_q8_0_extra));
+        return vec_dot_q8_0_extras_at(n) + (size_t)(n / QK_32) * sizeof(struct vec_dot_q8_0_extra);
     case QUANT_Q8_K:
         return (size_t)(n / QK_K) * sizeof(struct block_q8_k);
     case QUANT_F32:

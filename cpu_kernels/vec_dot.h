@@ -113,11 +113,17 @@ struct vec_dot_q8_0_extra {
     int32_t off; /* -128 * the sum of the block's codes */
 };
 
+/* Where the extras of a Q8_0 activation row of n elements start: after the blocks, rounded up
+ * to 8 bytes (34-byte blocks would misalign them; rows must start 4-byte aligned). */
+static inline size_t vec_dot_q8_0_extras_at(int64_t n)
+{
+    return ((size_t)(n / QK_32) * sizeof(struct block_q8_0) + 7) & ~(size_t)7;
+}
+
 /* The extras of a Q8_0 activation row of n elements. */
 static inline struct vec_dot_q8_0_extra *vec_dot_q8_0_extras(void *act, int64_t n)
 {
-    return (struct vec_dot_q8_0_extra *)((uint8_t *)act +
-                                         (size_t)(n / QK_32) * sizeof(struct block_q8_0));
+    return (struct vec_dot_q8_0_extra *)((uint8_t *)act + vec_dot_q8_0_extras_at(n));
 }
 
 /* Unpacks the 12-byte 6-bit scale/min field of Q4_K/Q5_K (FORMATS.md §2.4) into 8 scales and
