@@ -90,51 +90,6 @@ static void store_tile(const float *acc, int m, const struct tile *t, float *y, 
         _mm512_mask_storeu_ps(y + (int64_t)j * y_stride, t->live, _mm512_load_ps(acc + 16 * j));
 }
 
-/* Runs the statements given over every tile of 16 rows and every pass of at most MAX_M activation
- * rows. */
-#define GEMM_DRIVER(...)                                                                           \
-    for (int64_t r0 = 0; r0 < n_rows; r0 += LANES) {                                               \
-        struct tile t;                                                                             \
-        tile_init(&t, (const uint8_t *)w + (size_t)r0 * w_stride, w_stride,                        \
-                  n_rows - r0 < LANES ? n_rows - r0 : LANES);                                      \
-        for (int j0 = 0; j0 < m; j0 += MAX_M) {                                                    \
-            int mm = m - j0 < MAX_M ? m - j0 : MAX_M;                                              \
-            float acc[MAX_M * LANES] __attribute__((aligned(64)));                                 \
-            memset(acc, 0, sizeof(float) * LANES * (size_t)mm);                                    \
-            __VA_ARGS__;                                                                           \
-            store_tile(acc, mm, &t, y + (int64_t)j0 * y_stride + r0, y_stride);                    \
-        }                                                                                          \
-    }
-
-/* Calls body(NT) with NT = nt as a constant (1..TOK), so the token loops unroll. */
-#define FOR_NT(nt, body)                                                                           \
-    switch (nt) {                                                                                  \
-    case 1:                                                                                        \
-        body(1);                                                                                   \
-        break;                                                                                     \
-    case 2:                                                                                        \
-        body(2);                                                                                   \
-        break;                                                                                     \
-    case 3:                                                                                        \
-        body(3);                                                                                   \
-        break;                                                                                     \
-    case 4:                                                                                        \
-        body(4);                                                                                   \
-        break;                                                                                     \
-    case 5:                                                                                        \
-        body(5);                                                                                   \
-        break;                                                                                     \
-    case 6:                                                                                        \
-        body(6);                                                                                   \
-        break;                                                                                     \
-    case 7:                                                                                        \
-        body(7);                                                                                   \
-        break;                                                                                     \
-    default:                                                                                       \
-        body(8);                                                                                   \
-        break;                                                                                     \
-    }
-
 /* The f16 in the low half of every dword, as floats. */
 AI __m512 f16_low(__m512i x)
 {

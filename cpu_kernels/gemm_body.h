@@ -3,8 +3,8 @@
  * rows per vector). The including file defines:
  *   LANES, TOK, MAX_M; VI, VF (integer and float vectors of LANES dwords)
  *   struct tile, tile_init, tile_gather, load_transposed (4 * LANES bytes of every row of the
- *   tile, transposed: x[i] = bytes 4i .. 4i+3), store_tile, f16_low (the f16 in the low half
- *   of every dword, as floats)
+ *   tile, transposed: x[i] = bytes 4i .. 4i+3), store_tile (acc to y, the tile's rows only),
+ *   f16_low (the f16 in the low half of every dword, as floats)
  *   DOT2(s, c0, a0, c1, a1): s + the 4-byte dot products of codes c0, c1 (unsigned) with the
  *   broadcast activation codes a0, a1 (signed), in int32 lanes
  *   PAIRS(s, p, b): s + p . b over int16 pairs (vpdpwssd / vpmaddwd)
@@ -14,7 +14,8 @@
  * 4 k4 .. 4 k4 + 3 of every row (lane r = row r) as unsigned bytes, with the float scale of each
  * sub-block and the offset term: sum_i pairs[i] . (bsums[2i], bsums[2i + 1]) times off_scale,
  * taken off the block's sum (Q4_K/Q5_K: mins and dmin; Q6_K: the +32 of its codes, 32 * d *
- * scale). Activation rows then go through the block TOK at a time.
+ * scale). Activation rows then go through the block TOK at a time. GEMM_DRIVER and FOR_NT
+ * also serve the including file's other kernels (gemm_avx512.c's Q8_0).
  */
 
 #define K4 (QK_K / 4) /* 4-element steps per block */
@@ -161,51 +162,75 @@ AI void kq_rows(const struct kq_pack *p, int k4_sub, const uint8_t *act, size_t 
     }
 }
 
-/* Every tile of LANES rows and block of a K-quant matrix through pack and kq_rows, in passes
- * of at most MAX_M activation rows. */
+/* Runs the statements given for every tile of LANES rows (t) and every pass of at most
+ * MAX_M activation rows (j0, mm), with acc (mm vectors of LANES floats) zeroed before and
+ * stored to y after. Uses n_rows, w, w_stride, m, y, y_stride of the calling kernel. */
+#define GEMM_DRIVER(...)                                                                           \
+    for (int64_t r0 = 0; r0 < n_rows; r0 += LANES) {                                               \
+        struct tile t;                                                                             \
+        tile_init(&t, (const uint8_t *)w + (size_t)r0 * w_stride, w_stride,                        \
+                  n_rows - r0 < LANES ? n_rows - r0 : LANES);                                      \
+        for (int j0 = 0; j0 < m; j0 += MAX_M) {                                                    \
+            const int mm = m - j0 < MAX_M ? m - j0 : MAX_M;                                        \
+            float acc[MAX_M * LANES] __attribute__((aligned(64)));                                 \
+            memset(acc, 0, sizeof(float) * LANES * (size_t)mm);                                    \
+            __VA_ARGS__;                                                                           \
+            store_tile(acc, mm, &t, y + (int64_t)j0 * y_stride + r0, y_stride);                    \
+        }                                                                                          \
+    }
+
+/* Calls body(NT) with NT = min(nt, TOK) as a constant, so the token loops unroll. */
+#if TOK > 4
+#define FOR_NT_WIDE(body)                                                                          \
+    case 4:                                                                                        \
+        body(4);                                                                                   \
+        break;                                                                                     \
+    case 5:                                                                                        \
+        body(5);                                                                                   \
+        break;                                                                                     \
+    case 6:                                                                                        \
+        body(6);                                                                                   \
+        break;                                                                                     \
+    case 7:                                                                                        \
+        body(7);                                                                                   \
+        break;
+#else
+#define FOR_NT_WIDE(body)
+#endif
+#define FOR_NT(nt, body)                                                                           \
+    switch (nt) {                                                                                  \
+    case 1:                                                                                        \
+        body(1);                                                                                   \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        body(2);                                                                                   \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        body(3);                                                                                   \
+        break;                                                                                     \
+        FOR_NT_WIDE(body)                                                                          \
+    default:                                                                                       \
+        body(TOK);                                                                                 \
+        break;                                                                                     \
+    }
+
+/* Every tile of LANES rows and block of a K-quant matrix through pack and kq_rows. */
 AI void kq_gemm(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
                 size_t act_stride, int m, float *y, int64_t y_stride, int k4_sub,
                 void (*pack)(const struct tile *, int64_t, struct kq_pack *))
 {
     struct kq_pack p __attribute__((aligned(64)));
-    for (int64_t r0 = 0; r0 < n_rows; r0 += LANES) {
-        struct tile t;
-        tile_init(&t, (const uint8_t *)w + (size_t)r0 * w_stride, w_stride,
-                  n_rows - r0 < LANES ? n_rows - r0 : LANES);
-        for (int j0 = 0; j0 < m; j0 += MAX_M) {
-            const int mm = m - j0 < MAX_M ? m - j0 : MAX_M;
-            float acc[MAX_M * LANES] __attribute__((aligned(64)));
-            memset(acc, 0, sizeof(float) * LANES * (size_t)mm);
-            for (int64_t blk = 0; blk < n / QK_K; blk++) {
-                pack(&t, blk, &p);
-                for (int j = 0; j < mm; j += TOK) {
-                    const uint8_t *xj = (const uint8_t *)act + (size_t)(j0 + j) * act_stride;
-                    float *aj = acc + LANES * j;
-                    /* the row count as a constant, so the token loops unroll */
-                    switch (mm - j) {
-#define KQ_CASE(NT)                                                                                \
-    case NT:                                                                                       \
-        kq_rows(&p, k4_sub, xj, act_stride, blk, aj, NT);                                          \
-        break;
-                        KQ_CASE(1)
-                        KQ_CASE(2)
-                        KQ_CASE(3)
-#if TOK > 4
-                        KQ_CASE(4)
-                        KQ_CASE(5)
-                        KQ_CASE(6)
-                        KQ_CASE(7)
-#endif
-#undef KQ_CASE
-                    default:
-                        kq_rows(&p, k4_sub, xj, act_stride, blk, aj, TOK);
-                        break;
-                    }
-                }
-            }
-            store_tile(acc, mm, &t, y + (int64_t)j0 * y_stride + r0, y_stride);
+    const uint8_t *x = act;
+#define KQ_ROWS(NT)                                                                                \
+    kq_rows(&p, k4_sub, x + (size_t)(j0 + j) * act_stride, act_stride, blk, acc + LANES * j, NT)
+    GEMM_DRIVER({
+        for (int64_t blk = 0; blk < n / QK_K; blk++) {
+            pack(&t, blk, &p);
+            for (int j = 0; j < mm; j += TOK)
+                FOR_NT(mm - j, KQ_ROWS);
         }
-    }
+    })
+#undef KQ_ROWS
 }
 
 static void q4_k_pack(const struct tile *t, int64_t blk, struct kq_pack *p)
