@@ -1,6 +1,6 @@
 /* engine: the qwen3moe CPU forward on generated `tiny` checkpoints.
  * - prefill of T tokens gives the same last-position logits as T single-token decode steps
- *   (tolerance 1e-4 relative; measured figure printed);
+ *   (max |diff| / max |logit|: 1e-4 on f32, TOL_PREFILL_Q on q4_k_m; measured figure printed);
  * - greedy generation is identical across runs and thread counts (1 and 2), bit for bit;
  * - malformed models (missing tensor, wrong shape, unknown architecture, wrong expert count,
  *   missing key) fail model_open with a message naming the problem. */
@@ -98,8 +98,8 @@ static void check_load_copy(const char *path, const int32_t *prompt)
     }
     struct backend_cpu_config bc = {.n_threads = 2};
     CHECK(model_load_copy(b.m, 2) == 0, "model_load_copy: %s", err_msg());
-    CHECK(b.m->copy != NULL && (const uint8_t *)b.m->layers[0].down_exps.data >=
-                                   (const uint8_t *)b.m->copy,
+    CHECK(b.m->copy != NULL &&
+              (const uint8_t *)b.m->layers[0].down_exps.data >= (const uint8_t *)b.m->copy,
           "weights not moved into the copy");
     if (backend_cpu_open(b.m, &bc, &b.b) || stream_open(b.b, 256, 64, &b.s)) {
         CHECK(0, "engine on the copy: %s", err_msg());
@@ -109,15 +109,23 @@ static void check_load_copy(const char *path, const int32_t *prompt)
     float *la = malloc(sizeof(float) * nv), *lb = malloc(sizeof(float) * nv);
     CHECK(stream_eval(a.s, prompt, N_PROMPT, la) == 0, "eval: %s", err_msg());
     CHECK(stream_eval(b.s, prompt, N_PROMPT, lb) == 0, "eval on copy: %s", err_msg());
-    CHECK(memcmp(la, lb, sizeof(float) * nv) == 0, "%s: logits differ after model_load_copy",
-          path);
+    CHECK(memcmp(la, lb, sizeof(float) * nv) == 0, "%s: logits differ after model_load_copy", path);
     free(la);
     free(lb);
     engine_close(&a);
     engine_close(&b);
 }
 
-static void check_prefill_vs_decode(const char *path, const int32_t *prompt)
+/* Prefill's batches go through gemm (gemm.h), decode's single rows through the dots: the same
+ * integer sums, added in another float order. On 8-bit activations that can flip the rounding
+ * of an activation code, which moves a logit by about a quantization step: over 1300 seeds of
+ * the q4_k_m model, 807 gave identical logits and 90% were within 3.1e-7, but 82 exceeded
+ * 1e-3 and the largest was 0.0129 (before gemm: identical for all of 300 seeds). f32 weights do
+ * not use gemm (measured 0). A causal mask letting one prompt token see one key too many gave
+ * 0.013-0.046 on f32 (caught by 1e-4 every time) and 0.017-0.105 on q4_k_m (2 of 3 seeds). */
+#define TOL_PREFILL_Q 0.05
+
+static void check_prefill_vs_decode(const char *path, const int32_t *prompt, double tol)
 {
     struct engine a, b;
     if (engine_open(&a, path, 2) || engine_open(&b, path, 2)) {
@@ -133,7 +141,7 @@ static void check_prefill_vs_decode(const char *path, const int32_t *prompt)
         CHECK(stream_eval(b.s, &prompt[i], 1, lb) == 0, "decode: %s", err_msg());
     double err = test_max_rel_err(la, lb, nv);
     printf("%s: prefill vs decode max rel err %.3g\n", path, err);
-    CHECK(err <= 1e-4, "%s: prefill vs decode logits differ: %g", path, err);
+    CHECK(err <= tol, "%s: prefill vs decode logits differ: %g (tolerance %g)", path, err, tol);
     for (int i = 0; i < nv; i++)
         CHECK(isfinite(la[i]), "logit %d not finite", i);
     free(la);
@@ -154,13 +162,12 @@ static void check_determinism(const char *path, const int32_t *prompt)
     int threads[3] = {1, 2, 2};
     for (int r = 0; r < 3; r++) {
         logits[r] = malloc(sizeof(float) * nv * N_GREEDY);
-        CHECK(greedy(path, threads[r], prompt, ids[r], logits[r]) == 0, "greedy: %s",
-              err_msg());
+        CHECK(greedy(path, threads[r], prompt, ids[r], logits[r]) == 0, "greedy: %s", err_msg());
     }
     for (int r = 1; r < 3; r++) {
         CHECK(memcmp(ids[0], ids[r], sizeof(ids[0])) == 0,
-              "%s: greedy tokens differ between run 0 (%d threads) and run %d (%d threads)",
-              path, threads[0], r, threads[r]);
+              "%s: greedy tokens differ between run 0 (%d threads) and run %d (%d threads)", path,
+              threads[0], r, threads[r]);
         CHECK(memcmp(logits[0], logits[r], sizeof(float) * nv * N_GREEDY) == 0,
               "%s: logits not bit-identical between run 0 and run %d", path, r);
     }
@@ -255,7 +262,7 @@ static void check_malformed(const char *good)
         {EDIT_DROP_KV, "qwen3moe.block_count", NULL, 0},
     };
     static const char *expect[] = {
-        "blk.1.ffn_up_exps.weight", "blk.0.attn_q.weight", "llama9000",
+        "blk.1.ffn_up_exps.weight",  "blk.0.attn_q.weight",  "llama9000",
         "blk.0.ffn_gate_inp.weight", "qwen3moe.block_count",
     };
     char path[512];
@@ -294,8 +301,8 @@ int main(void)
     }
     for (int i = 0; i < N_PROMPT; i++)
         prompt[i] = (int32_t)rng_below(&r, 1000);
-    check_prefill_vs_decode(f32, prompt);
-    check_prefill_vs_decode(q4, prompt);
+    check_prefill_vs_decode(f32, prompt, 1e-4);
+    check_prefill_vs_decode(q4, prompt, TOL_PREFILL_Q);
     check_load_copy(q4, prompt);
     check_determinism(f32, prompt);
     check_determinism(q4, prompt);
