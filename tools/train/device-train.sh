@@ -1,8 +1,8 @@
 #!/bin/sh
-# The training run of docs/default-model.md, as sent to the GPU machine (device tool):
-#   carry .carry/train (a stripped, statically linked build/strata), then run this script.
+# The training run of docs/default-model.md on the GPU machine. Expects a stripped, statically
+# linked strata binary in .carry/train/ (for the conversion and the logit check).
 # A 20-second smoke run of the whole pipeline first (so a bug after training costs no
-# training), then the real one; the GGUF comes back in 16 MB pieces (the device's file limit).
+# training), then the real one; the GGUF is also written in 16 MB pieces (gguf.partNN) to $OUT.
 set -u
 OUT=${OUT:-out}
 W=/dev/shm/strata-train

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train strata's small default MoE model (issue 7) on the GPU machine, offline.
+"""Train strata's small default MoE model on a GPU machine, offline.
 
 Qwen3-30B-A3B's routing geometry (128 experts, top-8, softmax router renormalised over the
 top-k, the load-balancing loss Qwen3 trains with, coefficient 0.001) at a small hidden size and
