@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU machine: CPU-only pp512/tg128 of the 30b-a3b Q4_K_M preset at 8, 12 and 16 threads,
 # each next to the floor from the read bandwidth measured in the same run.
-# Carry: .carry (strata, stripped).
+# Reads the stripped strata binary from .carry/bin.
 set -u
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"

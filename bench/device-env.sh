@@ -1,7 +1,7 @@
 # Sourced by the bench/device-*.sh scripts on the GPU machine: CUDA tools on PATH, OUT (the
-# results folder), B (the carried binaries, unpacked from .carry/bin.tar.xz: the checkout with
-# the 45 MB default model plus them must stay under the device's 64 MiB; pack them with
-# scripts/device-pack.sh), M (the 30b-a3b q4_k_m preset, made by gen_30b).
+# results folder), B (the stripped binaries in .carry/bin, unpacked from .carry/bin.tar.xz,
+# which scripts/device-pack.sh makes from a commit), M (the 30b-a3b q4_k_m preset, made by
+# gen_30b).
 export PATH=$PATH:/usr/local/cuda/bin
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -9,12 +9,12 @@ B=$PWD/.carry/bin
 [ -f .carry/bin.tar.xz ] && tar -xJf .carry/bin.tar.xz -C .carry
 M=/dev/shm/30b.gguf
 
-# The preset in tmpfs (11-14 s on the H200's host), unless an earlier call left it there.
+# The preset in tmpfs (11-14 s on the H200's host), unless an earlier run left it there.
 gen_30b() {
     [ -f $M ] || "$B/strata" gen --preset 30b-a3b --quant q4_k_m -q -o $M 2>&1 | tail -1
 }
 
-# ncu's per-kernel device time over a window of all-resident decode steps, then one line per
+# ncu's per-kernel GPU time over a window of all-resident decode steps, then one line per
 # kernel (mean µs, launches, grid, name) from bench/ncu-summary.py. $1: the output file, the
 # rest: extra strata bench flags (e.g. --graph).
 ncu_decode() {

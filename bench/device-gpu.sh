@@ -2,7 +2,7 @@
 # GPU machine: the CUDA tests (kernels against the CPU reference, the CUDA backend against
 # the CPU backend), compute-sanitizer memcheck on the backend test, then strata run and
 # strata bench with --device cuda on the 30b-a3b Q4_K_M preset, all resident.
-# Carry: .carry (strata and test binaries, stripped).
+# Reads the stripped strata and test binaries from .carry/bin.
 set -u
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"

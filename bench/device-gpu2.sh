@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU machine: test_cuda_matmul again (graph replay compared on outputs only), then the
-# all-resident 30b-a3b Q4_K_M bench with the HBM floor. Carry: .carry.
+# all-resident 30b-a3b Q4_K_M bench with the HBM floor. Binaries: .carry/bin.
 set -u
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"

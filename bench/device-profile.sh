@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU machine: where CPU decode time goes on 30b-a3b Q4_K_M (strata bench --profile), and the
-# effect of OpenMP's wait policy and thread binding. Carry: .carry (strata, stripped).
+# effect of OpenMP's wait policy and thread binding. Binary: .carry/bin/strata (stripped).
 set -u
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"

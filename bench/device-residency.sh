@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# GPU machine (issues 4-6): the GPU tests, then 30b-a3b Q4_K_M decode/prefill all-resident and
+# GPU machine: the GPU tests, then 30b-a3b Q4_K_M decode/prefill all-resident and
 # under --vram-budget 4/8/12 GiB with both ways of serving misses (copy, zerocopy); with
-# INFLATED=path also the inflated trained model. Carry: .carry/bin.tar.xz (stripped binaries).
+# INFLATED=path also the inflated trained model. Binaries: .carry/bin.tar.xz (stripped).
 # Switches: SKIP_TESTS=1, SANITIZE=1 (memcheck of SANITIZE_TESTS), VERBOSE=1 (per-layer
 # tables), GRAPH=1 (also all-resident with --graph), PREFETCH/STATIC/HYBRID/ADMIT/GATHER=1
 # (those variants per budget; ADMIT = hybrid with STRATA_HYBRID_ADMIT=1), NCU=1 (ncu
 # per-kernel times of decode), BUDGETS="..." / IBUDGETS="..." (an empty list skips those
-# benches). Everything at once took 7.2 minutes in session 3 (call 7 of docs/device-log.md).
+# benches). Everything at once took 7.2 minutes at b97543e (bench/runs.md).
 set -u
 . bench/device-env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -46,7 +46,7 @@ for b in ${BUDGETS-4G 8G 12G}; do
     [ -n "${ADMIT:-}" ] && STRATA_HYBRID_ADMIT=1 run -m $M --vram-budget $b --placement hybrid -p 512 -n 128 --bw-gib 0.5 --tg random
     [ -n "${GATHER:-}" ] && run -m $M --vram-budget $b --streaming kernel -p 512 -n 128 --bw-gib 0.5 --tg random
 done
-# per-kernel device time of all-resident decode (ncu, one metric; prefill and load skipped)
+# per-kernel GPU time of all-resident decode (ncu, one metric; prefill and load skipped)
 if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then
     for g in ${NCU_MODES:-plain --graph}; do
         [ "$g" = plain ] && g=

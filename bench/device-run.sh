@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: the carried binaries' CPU tests, strata info, the tokenizer
-# check against Hugging Face tokenizers, CPU matvec bandwidth, and CPU decode of the 30b-a3b
-# Q4_K_M preset against its floor. Logs go to $OUT (or ./device-out).
-# Carry: .carry (strata + test binaries, stripped), tests/data/npm/tokenizer-qwen3,
+# GPU machine: the CPU tests, strata info, the tokenizer check against Hugging Face
+# tokenizers, CPU matvec bandwidth, and CPU decode of the 30b-a3b Q4_K_M preset against its
+# floor. Logs go to $OUT (or ./device-out).
+# Needs: .carry/bin (strata + test binaries, stripped), tests/data/npm/tokenizer-qwen3,
 # tests/data/npm/tokenizer-deepseek_v3.
 set -u
 OUT=${OUT:-device-out}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU machine: CPU decode of 30b-a3b Q4_K_M under thread counts and OpenMP policies.
-# Carry: .carry (strata, stripped).
+# Reads the stripped strata binary from .carry/bin.
 set -u
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU machine: pp512/tg128 of 30b-a3b Q4_K_M on the CPU with bound threads (the best settings
-# of device-threads.sh), 10, 12 and 14 threads. Carry: .carry (strata, stripped).
+# of device-threads.sh), 10, 12 and 14 threads. Binary: .carry/bin/strata (stripped).
 set -u
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
