@@ -1,5 +1,5 @@
 /* quant_blocks: ggml tensor type ids and the byte layout of every quantized block strata reads
- * or writes. Facts only (no code): ../shared/reference/FORMATS.md §1.5 and §2 are the source.
+ * or writes. Facts only (no code): docs/formats.md (type ids, block layouts) is the source.
  * Every struct is packed to the exact on-disk size; the static asserts below pin them.
  */
 #ifndef STRATA_QUANT_BLOCKS_H
@@ -107,7 +107,7 @@ struct block_q3_k {
 struct block_q4_k {
     f16_bits d;
     f16_bits dmin;
-    uint8_t scales[K_SCALE_SIZE]; /* 8 6-bit scales and 8 6-bit mins, FORMATS.md §2.4 */
+    uint8_t scales[K_SCALE_SIZE]; /* 8 6-bit scales and 8 6-bit mins, docs/formats.md, K-quants */
     uint8_t qs[QK_K / 2];
 };
 

@@ -1,5 +1,5 @@
 /* quant_ref: scalar reference (de)quantizers (contracts in quant_ref.h, layouts in
- * ../shared/reference/FORMATS.md §2 and quant_blocks.h).
+ * docs/formats.md and quant_blocks.h).
  *
  * Dequantizers are the numerical definition of each format and match gguf-py's numpy
  * dequantizers bit for bit. Numpy rounds every array operation to float32 separately, so the code
@@ -11,7 +11,7 @@
  * off for the whole file anyway so that the quantizers' output does not depend on the build
  * (-march=native).
  *
- * Quantizers are plain and unhurried: Q8_0/Q4_0/MXFP4 follow the formulas in FORMATS.md; the
+ * Quantizers are plain and unhurried: Q8_0/Q4_0/MXFP4 follow the formulas in docs/formats.md; the
  * K-quants search a scale (and min) per sub-block over a few candidate grids, refitting each by
  * weighted least squares, then encode those scales relative to the super-block's f16 factors
  * and pick every level against the decoded factors, so that the stored levels are the best ones
@@ -36,7 +36,7 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-/* E2M1 code -> value, doubled so that every entry is an integer (FORMATS.md §2.6). */
+/* E2M1 code -> value, doubled so that every entry is an integer (docs/formats.md, MXFP4). */
 static const int8_t mxfp4_doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 /* Nearest integer (halves away from zero), clamped to [lo, hi]; NaN gives lo. */
@@ -150,7 +150,7 @@ static void dequant_q3_k(const uint8_t *src, float *y)
     }
 }
 
-/* 6-bit scale and min of sub-block j (0..7) of Q4_K/Q5_K (FORMATS.md §2.4). */
+/* 6-bit scale and min of sub-block j (0..7) of Q4_K/Q5_K (docs/formats.md, K-quants). */
 static void k4_scale_min_get(const uint8_t *q, int j, int *sc, int *m)
 {
     if (j < 4) {

@@ -1,5 +1,5 @@
 /* quant_ref: scalar reference (de)quantizers for every weight type strata reads or writes.
- * These are the numerical definition of each format (FORMATS.md §2); SIMD kernels and CUDA
+ * These are the numerical definition of each format (docs/formats.md); SIMD kernels and CUDA
  * kernels are tested against them. No threads, no allocation.
  */
 #ifndef STRATA_QUANT_REF_H

@@ -351,7 +351,7 @@ static float dot_q6_k_scalar(int64_t n, const void *w_row, const void *act)
     for (int64_t b = 0; b < n / QK_K; b++) {
         const int8_t *y = a[b].qs;
         int isum = 0;
-        /* element 128h + 32s + l: low 4 bits from ql (table in FORMATS.md §2.4), high 2 bits
+        /* element 128h + 32s + l: low 4 bits from ql (table in docs/formats.md, Q6_K), high 2 bits
          * (qh[32h + l] >> 2s) & 3, value - 32; scale index = element / 16 */
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = w[b].ql + 64 * h;

@@ -126,8 +126,9 @@ static inline struct vec_dot_q8_0_extra *vec_dot_q8_0_extras(void *act, int64_t 
     return (struct vec_dot_q8_0_extra *)((uint8_t *)act + vec_dot_q8_0_extras_at(n));
 }
 
-/* Unpacks the 12-byte 6-bit scale/min field of Q4_K/Q5_K (FORMATS.md §2.4) into 8 scales and
- * 8 mins, one byte each: word 0 = scales 0..3, 1 = scales 4..7, 2 = mins 0..3, 3 = mins 4..7. */
+/* Unpacks the 12-byte 6-bit scale/min field of Q4_K/Q5_K (docs/formats.md, K-quants) into 8
+ * scales and 8 mins, one byte each: word 0 = scales 0..3, 1 = scales 4..7, 2 = mins 0..3,
+ * 3 = mins 4..7. */
 static inline void vec_dot_k4_scales(const uint8_t *s12, uint32_t out[4])
 {
     uint32_t u0 =
@@ -143,7 +144,8 @@ static inline void vec_dot_k4_scales(const uint8_t *s12, uint32_t out[4])
 }
 
 /* Half the MXFP4 block scale, 2^(e - 128): the E2M1 code table used by the kernels holds
- * doubled values (integers), FORMATS.md §2.6. e < 2 gives the float denormals 2^-128, 2^-127. */
+ * doubled values (integers), docs/formats.md, MXFP4. e < 2 gives the float denormals 2^-128,
+ * 2^-127. */
 static inline float vec_dot_e8m0_half(uint8_t e)
 {
     uint32_t bits = e >= 2 ? (uint32_t)(e - 1) << 23 : 0x00200000u << e;
@@ -152,7 +154,7 @@ static inline float vec_dot_e8m0_half(uint8_t e)
     return f;
 }
 
-/* E2M1 code -> twice its value (int8), FORMATS.md §2.6. */
+/* E2M1 code -> twice its value (int8), docs/formats.md, MXFP4. */
 #define VEC_DOT_MXFP4_VALUES                                                                       \
     {                                                                                              \
         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12                                    \

@@ -1,5 +1,5 @@
 /* cuda_matmul: y = x W^T for GGUF-layout weights (contracts in cuda_matmul.h, design and
- * tolerances in docs/cuda-matmul.md, block layouts in ../shared/reference/FORMATS.md §2).
+ * tolerances in docs/cuda-matmul.md, block layouts in docs/formats.md).
  *
  * DESIGN
  * MMV kernel (decode, lockstep, speculative verify: m small). One warp owns one weight row.
@@ -81,9 +81,9 @@ __device__ __forceinline__ float mxfp4_half_scale(uint32_t e)
     return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
 }
 
-/* The doubled E2M1 values (FORMATS.md §2.6) of the four 4-bit codes in the low 16 bits of q16
- * (code n in bits 4n..4n+3), as four int8 in the bytes of the result. Codes 8..15 are the
- * negatives of 0..7, so two byte permutes look up both signs and a third picks per byte. */
+/* The doubled E2M1 values (docs/formats.md, MXFP4) of the four 4-bit codes in the low 16 bits
+ * of q16 (code n in bits 4n..4n+3), as four int8 in the bytes of the result. Codes 8..15 are
+ * the negatives of 0..7, so two byte permutes look up both signs and a third picks per byte. */
 __device__ __forceinline__ uint32_t mxfp4_lookup4(uint32_t q16)
 {
     const uint32_t idx = q16 & 0x7777u;
@@ -125,7 +125,7 @@ __device__ __forceinline__ float byte_f32(const uint32_t *w, int t, float bias)
 }
 
 /* 6-bit scale and min of sub-block j (0..7) of Q4_K/Q5_K from the 12 scale bytes held in
- * three words (FORMATS.md §2.4); j may be a run-time value. */
+ * three words (docs/formats.md, K-quants); j may be a run-time value. */
 __device__ __forceinline__ void k4_scale_min(const uint32_t *sw, int j, int *sc, int *m)
 {
     const int t = 8 * (j & 3);
