@@ -34,3 +34,13 @@ target_compile_definitions(strata::pcre2 INTERFACE PCRE2_CODE_UNIT_WIDTH=8 PCRE2
 strata_find_lib(xxhash xxhash.h libxxhash.a xxhash libxxhash-dev)
 strata_find_lib(utf8proc utf8proc.h libutf8proc.a utf8proc libutf8proc-dev)
 target_compile_definitions(strata::utf8proc INTERFACE UTF8PROC_STATIC)
+
+# strata_module(<name> <folder> [deps...]): the static library strata_<name> of <folder>'s .c
+# files (and subfolders given as extra globs by the caller); its headers are visible to the
+# modules that link it, never to those below it, so an include that runs upward fails to build.
+function(strata_module name folder)
+  file(GLOB srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${folder}/*.c)
+  add_library(strata_${name} STATIC ${srcs})
+  target_include_directories(strata_${name} PUBLIC ${PROJECT_SOURCE_DIR}/${folder})
+  target_link_libraries(strata_${name} PUBLIC ${ARGN})
+endfunction()

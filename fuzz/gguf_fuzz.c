@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../runtime/gguf.h"
+#include "gguf.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

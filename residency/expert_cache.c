@@ -1,8 +1,5 @@
 #include "expert_cache.h"
 
-#include "lane.h"
-#include "moe.h"
-
 #include <errno.h>
 #include <inttypes.h>
 #include <omp.h>
@@ -19,9 +16,8 @@
 #include "slru.h"
 #include "topo.h"
 
-/* Host registration granule (progress reports, and the UVA check), 1 GiB; the environment
- * variable STRATA_PIN_CHUNK (bytes, a multiple of the page size) overrides it, so tests make
- * experts straddle registrations without gigabytes of model. */
+/* Host registration granule (progress reports, and the UVA check), 1 GiB unless the config's
+ * pin_chunk says otherwise (tests make experts straddle registrations with small pieces). */
 #define REG_CHUNK_DEFAULT (1ull << 30)
 #define SLOT_ALIGN 256
 #define SLOTS_PER_ALLOC 32
@@ -40,7 +36,7 @@ struct ec_pending {
 };
 
 struct expert_cache {
-    struct model *m;
+    const struct model *m;
     int n_layer, n_expert, n_slots, max_pairs;
     struct slru *slru;
     void *compute, *copy;
@@ -83,18 +79,18 @@ struct expert_cache {
 
     /* hybrid */
     bool hybrid;
-    struct lane_model lanes;
+    expert_cache_split_fn split; /* the caller's choice of lane for each miss */
+    void *split_ctx;
     int max_cpu_tok;
     void *zero_slot;         /* slot_bytes of zeros: what a CPU-lane expert's entries point at */
     int32_t *cpu_ids;        /* (n_expert) the last call's CPU-lane experts */
     int n_cpu;
     int32_t *miss_ids;       /* (n_expert) scratch: this call's misses */
     int32_t *pair_count;     /* (n_expert) scratch: pairs routed to each expert this call */
-    struct lane_item *miss_items;
-    uint8_t *miss_lane;
+    uint8_t *miss_cpu;       /* (n_expert) scratch: split's answer, 1 = the CPU lane */
     int32_t *zeroed;         /* (n_layer * n_expert) experts whose entries point at zero_slot,
                                 per layer, reverted at that layer's next call */
-    bool admit_idle;         /* admit a CPU-lane miss when PCIe got nothing (opt-in) */
+    bool admit_idle;         /* admit a CPU-lane miss when PCIe got nothing */
     int32_t bg_id;           /* a CPU-lane expert to admit behind this call's copies, or -1 */
     int *n_zeroed;           /* (n_layer) */
 
@@ -378,7 +374,7 @@ static int ec_slots(struct expert_cache *c, const struct expert_cache_config *cf
     return 0;
 }
 
-int expert_cache_open(struct model *m, const struct expert_cache_config *cfg, void *compute_stream,
+int expert_cache_open(const struct model *m, const struct expert_cache_config *cfg, void *compute_stream,
                       struct expert_cache **out)
 {
     struct expert_cache *c = calloc(1, sizeof(*c));
@@ -393,9 +389,8 @@ int expert_cache_open(struct model *m, const struct expert_cache_config *cfg, vo
     c->compute = compute_stream;
     c->log = cfg->log;
     c->gather = cfg->gather;
-    const char *chunk = getenv("STRATA_PIN_CHUNK");
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    c->reg_chunk = chunk ? strtoull(chunk, NULL, 0) / page * page : 0;
+    c->reg_chunk = cfg->pin_chunk / page * page;
     if (!c->reg_chunk)
         c->reg_chunk = REG_CHUNK_DEFAULT;
     size_t nt = (size_t)c->n_layer * P_N * (size_t)c->n_expert;
@@ -480,8 +475,7 @@ void expert_cache_close(struct expert_cache *c)
     free(c->cpu_ids);
     free(c->miss_ids);
     free(c->pair_count);
-    free(c->miss_items);
-    free(c->miss_lane);
+    free(c->miss_cpu);
     free(c->zeroed);
     free(c->n_zeroed);
     cuda_free(c->tab_dev);
@@ -648,24 +642,22 @@ static bool ec_assign_misses(struct expert_cache *c, int layer, const int32_t *i
     for (int j = 0; j < n_pairs; j++)
         if (ids[j] >= 0 && ids[j] < c->n_expert)
             c->pair_count[ids[j]]++;
-    for (int i = 0; i < n_miss; i++)
-        c->miss_items[i] = (struct lane_item){ec_expert_bytes(c, layer),
-                                              c->pair_count[c->miss_ids[i]]};
-    lane_assign(&c->lanes, c->miss_items, n_miss, c->miss_lane);
+    c->split(c->split_ctx, layer, c->miss_ids, n_miss, c->pair_count,
+             ec_expert_bytes(c, layer), c->miss_cpu);
     /* A CPU-lane expert is not cached, so with the PCIe lane idle this call the cache would
-     * stop learning (on the H200 at 12 GiB, hybrid held a 97.0% hit rate where streaming
-     * alone reached 99.8%): with admit_idle the first CPU-lane miss is also copied into a
-     * slot, behind the call's copies, for the layer's next call; this call still computes it
-     * on the CPU. Opt-in (STRATA_HYBRID_ADMIT=1) until measured on a GPU. */
+     * stop learning (bench/hybrid.md: at 12 GiB on the H200 hybrid without it held a 97.0% hit
+     * rate where streaming alone reached 99.8%): with admit_idle the first CPU-lane miss is
+     * also copied into a slot, behind the call's copies, for the layer's next call; this call
+     * still computes it on the CPU. */
     c->bg_id = -1;
     int n_pcie = 0;
     for (int i = 0; i < n_miss; i++)
-        n_pcie += c->miss_lane[i] != MOE_LANE_CPU;
+        n_pcie += !c->miss_cpu[i];
     for (int i = 0; i < n_miss && c->admit_idle && !n_pcie && c->bg_id < 0; i++)
         c->bg_id = c->miss_ids[i];
     for (int i = 0; i < n_miss && !*rc; i++) {
         int e = c->miss_ids[i];
-        if (c->miss_lane[i] == MOE_LANE_CPU) {
+        if (c->miss_cpu[i]) {
             for (int p = 0; p < P_N; p++)
                 *ec_entry(c, layer, p, e) = (uint8_t *)c->zero_slot + c->off[p];
             c->dirty[layer] = 1;
@@ -807,17 +799,17 @@ void expert_cache_set_hybrid_admit(struct expert_cache *c, bool on)
     c->admit_idle = on;
 }
 
-int expert_cache_set_hybrid(struct expert_cache *c, const struct lane_model *m, int max_cpu_tok)
+int expert_cache_set_hybrid(struct expert_cache *c, expert_cache_split_fn split, void *ctx,
+                            int max_cpu_tok)
 {
     size_t ne = (size_t)c->n_expert;
     c->cpu_ids = malloc(sizeof(*c->cpu_ids) * ne);
     c->miss_ids = malloc(sizeof(*c->miss_ids) * ne);
     c->pair_count = malloc(sizeof(*c->pair_count) * ne);
-    c->miss_items = malloc(sizeof(*c->miss_items) * ne);
-    c->miss_lane = malloc(ne);
+    c->miss_cpu = malloc(ne);
     c->zeroed = malloc(sizeof(*c->zeroed) * ne * (size_t)c->n_layer);
     c->n_zeroed = calloc((size_t)c->n_layer, sizeof(*c->n_zeroed));
-    if (!c->cpu_ids || !c->miss_ids || !c->pair_count || !c->miss_items || !c->miss_lane ||
+    if (!c->cpu_ids || !c->miss_ids || !c->pair_count || !c->miss_cpu ||
         !c->zeroed || !c->n_zeroed)
         return err_set(-ENOMEM, "out of memory");
     int rc = cuda_malloc(&c->zero_slot, c->slot_bytes);
@@ -825,7 +817,8 @@ int expert_cache_set_hybrid(struct expert_cache *c, const struct lane_model *m, 
     rc = rc ? rc : cuda_stream_sync(c->compute);
     if (rc)
         return err_set(rc, "expert cache: no device memory for the zero slot");
-    c->lanes = *m;
+    c->split = split;
+    c->split_ctx = ctx;
     c->max_cpu_tok = max_cpu_tok;
     c->bg_id = -1;
     c->hybrid = true;

@@ -1,4 +1,4 @@
-/* expert_cache: the VRAM expert slot pool of the CUDA backend under --vram-budget (issue 5).
+/* expert_cache: the VRAM expert slot pool of the CUDA backend under --vram-budget.
  *
  * DESIGN. The stacked expert tensors stay in host memory (tier T1): the model's mapping
  * registered in place as pinned, device-mapped memory where the driver allows, else copied
@@ -43,6 +43,8 @@ struct expert_cache_config {
     bool gather;         /* stream misses with cuda_gather_copy (one kernel launch reading
                           * mapped host memory per batch of pieces) instead of a
                           * cudaMemcpyAsync per piece */
+    uint64_t pin_chunk;  /* host memory is registered in pieces of this many bytes (rounded
+                          * down to pages; one expert may straddle two); 0 = 1 GiB */
     FILE *log;           /* where the set-up reports go (host path, slots), NULL = quiet */
 };
 
@@ -61,7 +63,7 @@ struct expert_cache;
 /* Opens the host tier and the slot pool for model m (whose weights' data are host memory).
  * compute_stream is the backend's stream. 0 or -errno (message set). If fewer slots could be
  * allocated than the budget holds, the pool shrinks and the log says so. */
-int expert_cache_open(struct model *m, const struct expert_cache_config *cfg, void *compute_stream,
+int expert_cache_open(const struct model *m, const struct expert_cache_config *cfg, void *compute_stream,
                       struct expert_cache **out);
 void expert_cache_close(struct expert_cache *c);
 
@@ -97,19 +99,25 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
  * computes. Layer l + 1's experts then wait for those copies only if they have not landed. */
 void expert_cache_predict_next(struct expert_cache *c, const int32_t *pred_dev, int n);
 
-/* Hybrid (copy path only): from now on prepare_copy splits each layer's misses between
- * streaming into slots and the CPU with lane_assign (moe/lane.h) over `m` (bandwidths and the
- * CPU's cost per pair measured by the caller; queue depths are taken as empty, since the copy
- * path drains both lanes every layer). A miss given to the CPU has its table entries on an
- * all-zero slot for the call, so the GPU kernel's contribution for it is exactly 0, and
- * expert_cache_cpu_experts lists it for the caller to compute on the host and add. Calls with
- * more than max_cpu_tok tokens stream everything. */
-struct lane_model;
-int expert_cache_set_hybrid(struct expert_cache *c, const struct lane_model *m, int max_cpu_tok);
+/* The caller's lane choice for the n_miss misses of one call at `layer` (miss_ids ascending;
+ * pair_count[e]: the (token, expert) pairs routed to expert e in the call; each expert's gate +
+ * up + down are expert_bytes): to_cpu[i] = 1 when miss i is computed on the CPU, else 0 (it is
+ * streamed into a slot). */
+typedef void (*expert_cache_split_fn)(void *ctx, int layer, const int32_t *miss_ids, int n_miss,
+                                      const int32_t *pair_count, uint64_t expert_bytes,
+                                      uint8_t *to_cpu);
 
-/* Hybrid, opt-in: when the PCIe lane got nothing in a call, its first CPU-lane miss is also
- * copied into a slot behind the call's copies, for the layer's next call (a CPU-lane expert is
- * otherwise never cached, and the cache stops learning). Not yet measured on a GPU. */
+/* Hybrid (copy path only): from now on prepare_copy asks split which misses of each call go to
+ * the CPU. A miss given to the CPU has its table entries on an all-zero slot for the call, so
+ * the GPU kernel's contribution for it is exactly 0, and expert_cache_cpu_experts lists it for
+ * the caller to compute on the host and add. Calls with more than max_cpu_tok tokens stream
+ * everything. */
+int expert_cache_set_hybrid(struct expert_cache *c, expert_cache_split_fn split, void *ctx,
+                            int max_cpu_tok);
+
+/* Hybrid: when the PCIe lane got nothing in a call, its first CPU-lane miss is also copied into
+ * a slot behind the call's copies, for the layer's next call (a CPU-lane expert is otherwise
+ * never cached, and the cache stops learning). */
 void expert_cache_set_hybrid_admit(struct expert_cache *c, bool on);
 
 /* The experts the last prepare_copy gave to the CPU lane (ascending ids), and their count. */

@@ -15,6 +15,7 @@
 #include <stdio.h>
 
 #include "model.h"
+#include "moe_layer.h"
 
 struct backend;
 struct stream;
@@ -28,16 +29,6 @@ struct attn_args {
     int n_tok;
     int n_head, n_head_kv, head_dim;
     float scale;          /* 1/sqrt(head_dim) */
-};
-
-struct moe_args {
-    float *out;                       /* (n_tok, n_embd): written (not accumulated) */
-    const float *in;                  /* (n_tok, n_embd): the ffn-normed hidden states */
-    int n_tok;
-    int pos0;                         /* stream position of token 0 */
-    int layer;
-    const struct layer_weights *lw;   /* router and stacked experts of this layer */
-    const struct model_hparams *hp;
 };
 
 struct backend_ops {
@@ -66,7 +57,7 @@ struct backend_ops {
      * rms(x) * w, with the same result as those two ops; out must not overlap x or y. */
     int (*add_rmsnorm)(struct backend *b, float *x, const float *y, float *out,
                        const struct weight *w, int rows, int dim, float eps);
-    /* The MoE FFN of one layer: routing, plan, dispatch to tiers, combine. */
+    /* The MoE FFN of one layer: every backend hands it to its moe_layer (moe/moe_layer.h). */
     int (*moe_ffn)(struct backend *b, const struct moe_args *a);
     /* Copies n floats of backend memory to the host. */
     int (*read)(struct backend *b, float *host, const float *src, size_t n);
@@ -91,19 +82,10 @@ struct backend {
     void *impl; /* the backend's own state */
 };
 
-/* What the router chose for a batch of tokens at one layer (for statistics tools). */
-struct route_event {
-    int layer, n_tok, k;
-    int pos0;              /* stream position of token 0 */
-    const int32_t *ids;    /* (n_tok, k) selected experts */
-    const float *weights;  /* (n_tok, k) their renormalised router weights */
-    const float *in;       /* (n_tok, n_embd) the layer's MoE input (ffn-normed hidden) */
-};
-
 struct backend_cpu_config {
     int n_threads; /* 0 = OpenMP's default */
     /* Called after each layer's routing, on the calling thread; NULL for none. */
-    void (*route_observer)(void *ctx, const struct route_event *ev);
+    moe_route_observer_fn route_observer;
     void *route_ctx;
 };
 
@@ -135,11 +117,15 @@ struct backend_cuda_config {
                            * layer l's input and stream them while layer l computes */
     bool hybrid;          /* with vram_budget: each layer's cache misses split between
                            * streaming and the CPU lane by moe/lane.h's cost model (bandwidths
-                           * measured at open); decode-sized calls only */
+                           * measured at open) */
+    bool hybrid_no_admit; /* hybrid: never also copy a CPU-lane miss into a slot when the
+                           * PCIe lane is idle (for comparison; admission is the default) */
     int cpu_moe_layers;   /* static placement (llama.cpp's --n-cpu-moe N): the experts of
                            * layers [0, N) stay in host memory and run on the CPU, the others
                            * are resident; no expert cache. -1: the smallest N whose resident
                            * experts fit vram_budget. 0: off */
+    uint64_t pin_chunk;   /* host experts are registered in pieces of this many bytes; 0 =
+                           * 1 GiB (tests use small pieces so experts straddle them) */
     FILE *log;            /* set-up reports (host path, slots, shrinking), NULL = quiet */
 };
 

@@ -8,16 +8,14 @@
 #include "errors.h"
 #include "matmul.h"
 #include "moe.h"
+#include "moe_layer.h"
 #include "ops_cpu.h"
 #include "quant_ref.h"
 
 struct backend_cpu {
     struct backend base;
-    struct moe_cpu *moe;     /* CPU expert lane */
-    struct moe_plan plan;    /* reused every layer */
+    struct moe_layer *moe;   /* the MoE layer: every expert on its CPU lane */
     float *router_logits;    /* (max_tok, n_expert) */
-    int32_t *route_ids;      /* (max_tok, k) */
-    float *route_w;          /* (max_tok, k) */
     int max_tok;
     struct backend_cpu_config cfg;
 };
@@ -130,34 +128,7 @@ static int cpu_add(struct backend *b, float *x, const float *y, size_t n)
 
 static int cpu_moe_ffn(struct backend *b, const struct moe_args *a)
 {
-    struct backend_cpu *c = cpu_of(b);
-    const struct model_hparams *hp = a->hp;
-    struct moe_experts ex;
-    int rc = 0;
-
-    moe_experts_of(a->lw, a->hp, &ex);
-    for (int t0 = 0; t0 < a->n_tok && !rc; t0 += c->max_tok) {
-        int n = a->n_tok - t0 < c->max_tok ? a->n_tok - t0 : c->max_tok;
-        const float *in = a->in + (size_t)t0 * hp->n_embd;
-        rc = cpu_matmul(b, c->router_logits, &a->lw->router, in, n);
-        if (rc)
-            break;
-        moe_route_softmax_topk(c->router_logits, n, (int)hp->n_expert, (int)hp->n_expert_used,
-                               c->route_ids, c->route_w);
-        if (c->cfg.route_observer) {
-            struct route_event ev = {
-                .layer = a->layer, .n_tok = n, .k = (int)hp->n_expert_used,
-                .pos0 = a->pos0 + t0, .ids = c->route_ids, .weights = c->route_w, .in = in,
-            };
-            c->cfg.route_observer(c->cfg.route_ctx, &ev);
-        }
-        moe_plan_build(&c->plan, c->route_ids, c->route_w, n);
-        rc = moe_cpu_run(c->moe, &c->plan, &ex, in, a->out + (size_t)t0 * hp->n_embd);
-        if (rc)
-            rc = err_set(rc, "layer %d: CPU experts failed (types %u/%u/%u)", a->layer,
-                         ex.gate_type, ex.up_type, ex.down_type);
-    }
-    return rc;
+    return moe_layer_run(cpu_of(b)->moe, a);
 }
 
 static int cpu_read(struct backend *b, float *host, const float *src, size_t n)
@@ -170,13 +141,43 @@ static int cpu_read(struct backend *b, float *host, const float *src, size_t n)
 static void cpu_close(struct backend *b)
 {
     struct backend_cpu *c = cpu_of(b);
-    moe_cpu_close(c->moe);
-    moe_plan_free(&c->plan);
+    moe_layer_close(c->moe);
     free(c->router_logits);
-    free(c->route_ids);
-    free(c->route_w);
     free(c);
 }
+
+/* ---- the MoE layer's primitives: host memory, so only routing and nothing staged ---------- */
+
+static void *cpu_moe_alloc(void *dev, size_t bytes)
+{
+    (void)dev;
+    return malloc(bytes ? bytes : 1);
+}
+
+static void cpu_moe_free(void *dev, void *p)
+{
+    (void)dev;
+    free(p);
+}
+
+static int cpu_moe_route(void *dev, const struct weight *router, const float *in, int n_tok,
+                         int32_t *ids, float *w)
+{
+    struct backend_cpu *c = dev;
+    const struct model_hparams *hp = &c->base.model->hp;
+    int rc = cpu_matmul(&c->base, c->router_logits, router, in, n_tok);
+    if (!rc)
+        moe_route_softmax_topk(c->router_logits, n_tok, (int)hp->n_expert,
+                               (int)hp->n_expert_used, ids, w);
+    return rc;
+}
+
+static const struct moe_device_ops cpu_moe_ops = {
+    .host = true,
+    .alloc = cpu_moe_alloc,
+    .free = cpu_moe_free,
+    .route = cpu_moe_route,
+};
 
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
@@ -212,14 +213,18 @@ int backend_cpu_open(const struct model *m, const struct backend_cpu_config *cfg
     if (cfg && cfg->n_threads > 0)
         omp_set_num_threads(cfg->n_threads);
     c->router_logits = malloc(sizeof(float) * (size_t)c->max_tok * hp->n_expert);
-    c->route_ids = malloc(sizeof(int32_t) * (size_t)c->max_tok * hp->n_expert_used);
-    c->route_w = malloc(sizeof(float) * (size_t)c->max_tok * hp->n_expert_used);
-    rc = moe_plan_init(&c->plan, c->max_tok, (int)hp->n_expert_used, (int)hp->n_expert);
-    if (!rc)
-        rc = moe_cpu_open(c->max_tok, (int)hp->n_embd, (int)hp->n_ff_exp, &c->moe);
-    if (rc || !c->router_logits || !c->route_ids || !c->route_w) {
+    if (!c->router_logits) {
         cpu_close(&c->base);
         return err_set(-ENOMEM, "cpu backend: out of memory");
+    }
+    struct moe_layer_config mc = {
+        .max_tok = c->max_tok, .observer = c->cfg.route_observer,
+        .observer_ctx = c->cfg.route_ctx,
+    };
+    rc = moe_layer_open(m, &mc, &cpu_moe_ops, c, &c->moe);
+    if (rc) {
+        cpu_close(&c->base);
+        return err_set(rc, "cpu backend: the MoE layer");
     }
     *out = &c->base;
     return 0;

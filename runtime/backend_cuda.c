@@ -1,12 +1,8 @@
 /* backend_cuda: the op table enqueued on one CUDA stream with the kernels of cuda_kernels/.
- * Without a budget every weight is uploaded to the device at open (the all-resident mode: the
- * ceiling every offload mode is measured against). Under --vram-budget the trunk (everything
- * but the stacked experts) is uploaded and the experts are served by the expert cache
- * (residency/expert_cache.h) from VRAM slots or pinned host memory. Plain C over the C
- * launchers: no CUDA headers here.
- *
- * The expert cache, static placement and the hybrid CPU lane are in backend_cuda_offload.c;
- * the state both files share is in backend_cuda_priv.h.
+ * The trunk (every weight but the stacked experts) is uploaded at open; the MoE layer
+ * (moe/moe_layer.h) decides where the experts live and run (all resident, the expert cache
+ * under --vram-budget, static placement, the hybrid CPU lane) and calls the primitives at the
+ * end of this file. Plain C over the C launchers: no CUDA headers here.
  *
  * Ownership: the backend owns the device copies of the weights (recorded in each weight's dev
  * field of the model, cleared again at close), the scratch buffers below, and the stream.
@@ -16,40 +12,86 @@
 #include <string.h>
 
 #include "backend.h"
-#include "backend_cuda_priv.h"
+#include "cuda_attention.h"
 #include "cuda_info.h"
 #include "cuda_matmul.h"
 #include "cuda_mem.h"
 #include "cuda_moe.h"
 #include "cuda_ops.h"
 #include "errors.h"
-#include "expert_cache.h"
-#include "moe.h"
+#include "moe_layer.h"
 #include "quant_blocks.h"
 #include "stream.h"
 
-int backend_cuda_fail(int rc, const char *what)
+#define CUDA_BACKEND_MAX_TOK 512 /* tokens per launch of the batched ops; larger calls split */
+
+struct backend_cuda {
+    struct backend base;
+    struct model *model;      /* the model whose weights carry our dev pointers */
+    void *stream;             /* cudaStream_t */
+    int32_t *ids_dev;         /* (MAX_TOK) token ids for embed */
+    void *mm_scratch;         /* cuda_matmul scratch for any weight at MAX_TOK rows */
+    size_t mm_scratch_bytes;
+    /* the activations mm_scratch holds in 8 bits (q, k and v share theirs): NULL after any
+     * op other than a matmul, which may have written them (backend_cuda_forget_xq) */
+    const float *xq_src;
+    int xq_m;
+    int64_t xq_n_in;
+    void *attn_scratch;
+    size_t attn_scratch_bytes;
+    float *router_logits;     /* (MAX_TOK, n_expert) */
+    void *moe_scratch;
+    size_t moe_scratch_bytes;
+    size_t weight_bytes;      /* uploaded weights */
+    size_t alloc_bytes;       /* everything else cuda_alloc handed out */
+    int rc;                   /* first error of the weight upload */
+    uint64_t budget;          /* 0 = no cap */
+    struct moe_layer *moe;    /* the MoE layer: placement, expert cache, CPU lane */
+    /* graph decode: one-token steps recorded once and replayed */
+    bool graph;               /* wanted, and possible (moe_layer_graph_safe) */
+    bool recording;           /* between step_begin and step_end of the recording */
+    void *graph_exec;         /* the recorded step, or NULL */
+    const struct stream *graph_stream; /* the stream whose buffers it writes */
+    const float *graph_bufs[3];        /* and those buffers (a new stream may reuse the address) */
+    int32_t *step_pin;        /* pinned host [0] token id, [1] position: read by the graph */
+    void *step_pin_dev;
+    int32_t *step_dev;        /* (2) device copy of step_pin */
+    int32_t *argmax_dev;      /* (1) read_argmax's result */
+};
+
+static inline struct backend_cuda *cuda_of(struct backend *b)
+{
+    return (struct backend_cuda *)b;
+}
+
+/* Every op but matmul calls this first: it may write what mm_scratch holds quantized. */
+static inline void backend_cuda_forget_xq(struct backend_cuda *c)
+{
+    c->xq_src = NULL;
+}
+
+static int backend_cuda_fail(int rc, const char *what)
 {
     return err_set(rc ? rc : -EIO, "cuda backend: %s failed", what);
 }
 
 static size_t cuda_held_bytes(const struct backend_cuda *c)
 {
-    return c->weight_bytes + c->alloc_bytes + (c->cache ? expert_cache_vram_bytes(c->cache) : 0);
+    return c->weight_bytes + c->alloc_bytes + moe_layer_vram_bytes(c->moe);
 }
 
 /* An allocation did not fit (the budget, or the device refused): the expert pool gives up
  * slots for it, says so, and generation goes on with fewer. false when it has none left. */
 static bool cuda_make_room(struct backend_cuda *c, uint64_t bytes)
 {
-    int freed = c->cache ? expert_cache_shrink(c->cache, bytes) : 0;
+    int freed = moe_layer_shrink(c->moe, bytes);
     if (freed <= 0)
         return false;
     fprintf(stderr,
             "strata: device memory ran short by %.1f %s: the expert pool gave up %d slots "
             "(%d left); continuing\n",
             bytes >= (1u << 20) ? bytes / 1048576.0 : bytes / 1024.0,
-            bytes >= (1u << 20) ? "MiB" : "KiB", freed, expert_cache_slots(c->cache));
+            bytes >= (1u << 20) ? "MiB" : "KiB", freed, moe_layer_slots(c->moe));
     return true;
 }
 
@@ -150,7 +192,7 @@ static int cuda_rmsnorm_op(struct backend *b, float *out, const float *in, const
     return rc ? backend_cuda_fail(rc, "rmsnorm") : 0;
 }
 
-int backend_cuda_matmul(struct backend *b, float *out, const struct weight *w, const float *in,
+static int backend_cuda_matmul(struct backend *b, float *out, const struct weight *w, const float *in,
                           int m)
 {
     struct backend_cuda *c = cuda_of(b);
@@ -243,71 +285,10 @@ static int cuda_add_op(struct backend *b, float *x, const float *y, size_t n)
 }
 
 
-
-
-
 static int cuda_moe_ffn_op(struct backend *b, const struct moe_args *ma)
 {
     backend_cuda_forget_xq(cuda_of(b));
-    struct backend_cuda *c = cuda_of(b);
-    const struct layer_weights *lw = ma->lw;
-    const struct model_hparams *hp = ma->hp;
-    uint64_t n = hp->n_expert;
-    int rc = 0;
-
-    for (int t0 = 0; t0 < ma->n_tok && !rc; t0 += CUDA_BACKEND_MAX_TOK) {
-        int nt = ma->n_tok - t0 < CUDA_BACKEND_MAX_TOK ? ma->n_tok - t0 : CUDA_BACKEND_MAX_TOK;
-        const float *in = ma->in + (size_t)t0 * hp->n_embd;
-        rc = backend_cuda_matmul(b, c->router_logits, &lw->router, in, nt);
-        if (rc)
-            break;
-        struct cuda_topk_args tk = {
-            .logits = c->router_logits, .n_tok = nt, .n_expert = (int)n,
-            .k = (int)hp->n_expert_used, .ids = c->route_ids, .w = c->route_w,
-            .stream = c->stream,
-        };
-        rc = cuda_softmax_topk(&tk);
-        if (!rc && ma->layer < c->static_n) {
-            rc = backend_cuda_moe_on_cpu(c, ma, in, ma->out + (size_t)t0 * hp->n_embd, nt);
-            continue;
-        }
-        struct expert_tables tab = {0};
-        if (!rc && c->cache) {
-            int pairs = nt * (int)hp->n_expert_used;
-            bool zc = !c->hybrid && c->residency == BACKEND_RESIDENCY_ZEROCOPY &&
-                      nt <= CUDA_BACKEND_ZEROCOPY_MAX_TOK;
-            /* the CPU lane's inputs, read back under the cache's own sync */
-            if (c->hybrid)
-                rc = backend_cuda_lane_inputs(c, in, nt, (int)hp->n_expert_used);
-            if (!rc && !zc && c->prefetch && ma->layer + 1 < (int)hp->n_layer)
-                rc = backend_cuda_predict_next(b, ma, in, nt);
-            if (!rc)
-                rc = zc ? expert_cache_prepare_zerocopy(c->cache, ma->layer, c->route_ids, pairs,
-                                                        &tab)
-                        : expert_cache_prepare_copy(c->cache, ma->layer, c->route_ids, pairs, &tab);
-            if (rc)
-                break;
-        }
-        struct cuda_moe_args a = {
-            .out = ma->out + (size_t)t0 * hp->n_embd, .out_stride = hp->n_embd, .in = in,
-            .in_stride = hp->n_embd, .n_tok = nt, .k = (int)hp->n_expert_used,
-            .n_expert = (int)n, .n_embd = hp->n_embd, .n_ff = hp->n_ff_exp,
-            .ids = c->route_ids, .weights = c->route_w, .gate_type = lw->gate_exps.type,
-            .up_type = lw->up_exps.type, .down_type = lw->down_exps.type,
-            .gate = lw->gate_exps.dev, .up = lw->up_exps.dev, .down = lw->down_exps.dev,
-            .gate_stride = lw->gate_exps.bytes / n, .up_stride = lw->up_exps.bytes / n,
-            .down_stride = lw->down_exps.bytes / n, .gate_ptrs = tab.gate, .up_ptrs = tab.up,
-            .down_ptrs = tab.down, .scratch = c->moe_scratch,
-            .scratch_bytes = c->moe_scratch_bytes, .stream = c->stream,
-        };
-        rc = rc ? rc : cuda_moe_ffn(&a);
-        if (rc)
-            rc = err_set(rc, "layer %d: cuda experts failed (types %u/%u/%u)", ma->layer,
-                         lw->gate_exps.type, lw->up_exps.type, lw->down_exps.type);
-        if (!rc && c->hybrid) /* while the GPU computes its part */
-            rc = backend_cuda_lane_add(c, ma, ma->out + (size_t)t0 * hp->n_embd, nt);
-    }
-    return rc;
+    return moe_layer_run(cuda_of(b)->moe, ma);
 }
 
 static int cuda_read_op(struct backend *b, float *host, const float *src, size_t n)
@@ -319,7 +300,7 @@ static int cuda_read_op(struct backend *b, float *host, const float *src, size_t
     if (rc)
         return backend_cuda_fail(rc, "reading results back");
     /* the step is over and the stream idle: the cache's between-token work */
-    return c->cache ? expert_cache_step_end(c->cache) : 0;
+    return moe_layer_step_end(c->moe);
 }
 
 /* Graph decode: a one-token step at position pos of stream s is replayed from the recording
@@ -347,8 +328,7 @@ static int cuda_step_begin(struct backend *b, const struct stream *s, const int3
         int rc = cuda_graph_launch(c->graph_exec, c->stream);
         if (rc)
             return backend_cuda_fail(rc, "replaying the decode graph");
-        if (c->cache) /* the replay read every layer's routing back, as recorded */
-            expert_cache_replayed(c->cache, (int)c->model->hp.n_expert_used);
+        moe_layer_replayed(c->moe); /* every layer's routing was read back, as recorded */
         return 1;
     }
     int rc = cuda_graph_begin(c->stream);
@@ -360,8 +340,7 @@ static int cuda_step_begin(struct backend *b, const struct stream *s, const int3
     c->graph_bufs[0] = s->arena;
     c->graph_bufs[1] = s->k_cache;
     c->graph_bufs[2] = s->v_cache;
-    if (c->cache)
-        expert_cache_set_recording(c->cache, true);
+    moe_layer_set_recording(c->moe, true);
     return 0;
 }
 
@@ -372,8 +351,7 @@ static int cuda_step_end(struct backend *b, int rc)
     if (!c->recording)
         return rc;
     c->recording = false;
-    if (c->cache)
-        expert_cache_set_recording(c->cache, false);
+    moe_layer_set_recording(c->moe, false);
     void *exec = NULL;
     int grc = cuda_graph_end(c->stream, &exec);
     if (rc) { /* the forward failed while recording: nothing was run */
@@ -397,7 +375,7 @@ static int cuda_read_argmax_op(struct backend *b, const float *x, int n, int32_t
     if (rc)
         return backend_cuda_fail(rc, "argmax on the device");
     /* the step is over, as after read */
-    return c->cache ? expert_cache_step_end(c->cache) : 0;
+    return moe_layer_step_end(c->moe);
 }
 
 static void cuda_weight_release(struct weight *w, void *arg)
@@ -412,28 +390,17 @@ static void cuda_close_op(struct backend *b)
     struct backend_cuda *c = cuda_of(b);
     if (c->stream)
         cuda_stream_sync(c->stream);
-    expert_cache_close(c->cache);
+    moe_layer_close(c->moe);
     model_weights_each(c->model, cuda_weight_release, NULL);
     cuda_free(c->ids_dev);
     cuda_free(c->mm_scratch);
     cuda_free(c->attn_scratch);
     cuda_free(c->router_logits);
-    cuda_free(c->route_ids);
-    cuda_free(c->route_w);
     cuda_free(c->moe_scratch);
-    cuda_free(c->pred_ids);
-    cuda_free(c->pred_w);
-    cuda_free(c->cpu_partial);
     cuda_graph_destroy(c->graph_exec);
     cuda_host_free(c->step_pin);
     cuda_free(c->step_dev);
     cuda_free(c->argmax_dev);
-    moe_cpu_close(c->cpu_lane);
-    moe_plan_free(&c->plan);
-    free(c->in_h);
-    free(c->out_h);
-    free(c->ids_h);
-    free(c->w_h);
     cuda_stream_destroy(c->stream);
     free(c);
 }
@@ -458,44 +425,43 @@ static const struct backend_ops cuda_ops_table = {
     .close = cuda_close_op,
 };
 
-/* The layer whose stacked experts w is, or -1. */
-static int cuda_expert_layer(const struct model *m, const struct weight *w)
+/* Whether w is one of the stacked expert tensors (the MoE layer places those). */
+static bool cuda_is_experts(const struct model *m, const struct weight *w)
 {
     for (uint32_t l = 0; l < m->hp.n_layer; l++) {
         const struct layer_weights *lw = &m->layers[l];
         if (w == &lw->gate_exps || w == &lw->up_exps || w == &lw->down_exps)
-            return (int)l;
+            return true;
     }
-    return -1;
+    return false;
 }
 
 /* Uploads one weight and grows the matmul scratch to what it needs at MAX_TOK rows. */
-void backend_cuda_weight_upload(struct weight *w, void *arg)
+static int cuda_weight_upload(struct backend_cuda *c, struct weight *w)
 {
-    struct backend_cuda *c = arg;
-    int el = cuda_expert_layer(c->model, w);
-    /* experts stay in host memory: all of them under the cache, the CPU layers' (static),
-     * or, while the static split is not yet known (-1), all of them for now */
-    if (c->rc || (el >= 0 && (c->offload || el < c->static_n || c->static_n < 0)))
-        return;
-    if (cuda_malloc(&w->dev, w->bytes)) {
-        c->rc = err_set(-ENOMEM, "cuda backend: no device memory for '%s' (%.1f MiB; %.2f GiB "
-                                 "of weights uploaded so far)",
-                        w->name, w->bytes / 1048576.0, c->weight_bytes / 1073741824.0);
-        return;
-    }
-    if (cuda_h2d(w->dev, w->data, w->bytes, c->stream)) {
-        c->rc = err_set(-EIO, "cuda backend: uploading '%s' failed", w->name);
-        return;
-    }
+    if (cuda_malloc(&w->dev, w->bytes))
+        return err_set(-ENOMEM, "cuda backend: no device memory for '%s' (%.1f MiB; %.2f GiB "
+                                "of weights uploaded so far)",
+                       w->name, w->bytes / 1048576.0, c->weight_bytes / 1073741824.0);
+    if (cuda_h2d(w->dev, w->data, w->bytes, c->stream))
+        return err_set(-EIO, "cuda backend: uploading '%s' failed", w->name);
     c->weight_bytes += w->bytes;
     if (w->n_dims >= 2 && !cuda_matmul_supported(w->type) && w != &c->model->tok_embd)
-        c->rc = err_set(-ENOTSUP, "cuda backend: no GPU kernel for '%s' of type %u", w->name,
-                        w->type);
+        return err_set(-ENOTSUP, "cuda backend: no GPU kernel for '%s' of type %u", w->name,
+                       w->type);
     size_t s = cuda_matmul_scratch_bytes(w->type, (int64_t)w->ne[0], (int64_t)w->ne[1],
                                          CUDA_BACKEND_MAX_TOK);
     if (w->n_dims == 2 && s > c->mm_scratch_bytes)
         c->mm_scratch_bytes = s;
+    return 0;
+}
+
+/* model_weights_each callback: the trunk, everything but the stacked experts. */
+static void cuda_trunk_upload(struct weight *w, void *arg)
+{
+    struct backend_cuda *c = arg;
+    if (!c->rc && !cuda_is_experts(c->model, w))
+        c->rc = cuda_weight_upload(c, w);
 }
 
 static int cuda_buffers(struct backend_cuda *c)
@@ -516,34 +482,57 @@ static int cuda_buffers(struct backend_cuda *c)
     rc = rc ? rc : cuda_malloc(&c->mm_scratch, c->mm_scratch_bytes);
     rc = rc ? rc : cuda_malloc(&c->attn_scratch, c->attn_scratch_bytes);
     rc = rc ? rc : cuda_malloc((void **)&c->router_logits, sizeof(float) * t * hp->n_expert);
-    rc = rc ? rc : cuda_malloc((void **)&c->route_ids, sizeof(int32_t) * t * k);
-    rc = rc ? rc : cuda_malloc((void **)&c->route_w, sizeof(float) * t * k);
     rc = rc ? rc : cuda_malloc(&c->moe_scratch, c->moe_scratch_bytes);
     rc = rc ? rc : cuda_malloc((void **)&c->argmax_dev, sizeof(int32_t));
-    if (c->prefetch) {
-        rc = rc ? rc : cuda_malloc((void **)&c->pred_ids, sizeof(int32_t) * t * k);
-        rc = rc ? rc : cuda_malloc((void **)&c->pred_w, sizeof(float) * t * k);
-        c->alloc_bytes += t * k * (sizeof(int32_t) + sizeof(float));
-    }
     if (rc)
         return err_set(rc, "cuda backend: cannot allocate the scratch buffers");
     c->alloc_bytes += c->mm_scratch_bytes + c->attn_scratch_bytes + c->moe_scratch_bytes +
-                      t * (sizeof(int32_t) + sizeof(float) * hp->n_expert) +
-                      t * k * (sizeof(int32_t) + sizeof(float));
+                      t * (sizeof(int32_t) + sizeof(float) * hp->n_expert);
     return 0;
 }
 
+/* What stream_open will allocate for n_ctx positions and max_tok tokens (stream.c's sizes). */
+static uint64_t cuda_stream_bytes(const struct model_hparams *hp, uint64_t n_ctx, uint64_t t)
+{
+    uint64_t qw = (uint64_t)hp->n_head * hp->head_dim, kvw = (uint64_t)hp->n_head_kv * hp->head_dim;
+    uint64_t kv = 2 * n_ctx * kvw * hp->n_layer;
+    uint64_t arena = t * hp->n_embd * 3 + t * qw * 2 + t * kvw * 2 + hp->n_vocab;
+    return sizeof(float) * (kv + arena);
+}
+
+static const struct moe_device_ops cuda_moe_ops;
+
+/* The MoE layer's configuration from the backend's. */
+static struct moe_layer_config cuda_moe_config(struct backend_cuda *c,
+                                               const struct backend_cuda_config *cfg)
+{
+    const struct model_hparams *hp = &c->model->hp;
+    struct moe_layer_config mc = {
+        .max_tok = CUDA_BACKEND_MAX_TOK, .cpu_layers = cfg->cpu_moe_layers,
+        .cache = (cfg->vram_budget || cfg->expert_slots > 0) && !cfg->cpu_moe_layers,
+        .vram_budget = cfg->vram_budget, .expert_slots = cfg->expert_slots,
+        .stream_bytes = cuda_stream_bytes(hp, cfg->n_ctx > 0 ? (uint64_t)cfg->n_ctx : 4096,
+                                          cfg->max_tok > 0 ? (uint64_t)cfg->max_tok : 512),
+        .fill = cfg->residency == BACKEND_RESIDENCY_ZEROCOPY ? MOE_FILL_ZEROCOPY : MOE_FILL_COPY,
+        .prefetch = cfg->prefetch, .hybrid = cfg->hybrid, .hybrid_no_admit = cfg->hybrid_no_admit,
+        .gather = cfg->gather_copies, .pin_chunk = cfg->pin_chunk, .stream = c->stream,
+        .log = cfg->log,
+    };
+    return mc;
+}
 
 int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
                       struct backend **out)
 {
+    static const struct backend_cuda_config defaults;
     const char *why = NULL;
     struct backend_cuda *c;
     int rc;
 
-    if (cuda_device_count(&why) <= (cfg ? cfg->device : 0))
-        return err_set(-ENODEV, "no CUDA device %d: %s", cfg ? cfg->device : 0,
-                       why ? why : "fewer devices");
+    if (!cfg)
+        cfg = &defaults;
+    if (cuda_device_count(&why) <= cfg->device)
+        return err_set(-ENODEV, "no CUDA device %d: %s", cfg->device, why ? why : "fewer devices");
     c = calloc(1, sizeof(*c));
     if (!c)
         return err_set(-ENOMEM, "out of memory");
@@ -551,35 +540,31 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
     c->base.model = m;
     c->base.impl = c;
     c->model = m;
-    rc = cuda_set_device(cfg ? cfg->device : 0);
+    rc = cuda_set_device(cfg->device);
     rc = rc ? rc : cuda_stream_create(&c->stream);
     rc = rc ? rc : cuda_matmul_init();
     if (rc) {
         cuda_close_op(&c->base);
-        return err_set(rc, "cuda backend: cannot start on device %d", cfg ? cfg->device : 0);
+        return err_set(rc, "cuda backend: cannot start on device %d", cfg->device);
     }
-    c->budget = cfg ? cfg->vram_budget : 0;
-    c->static_n = cfg ? cfg->cpu_moe_layers : 0;
-    if (c->static_n < -1 || c->static_n > (int)m->hp.n_layer ||
-        (c->static_n < 0 && !c->budget)) {
+    c->budget = cfg->vram_budget;
+    if (cfg->cpu_moe_layers < -1 || cfg->cpu_moe_layers > (int)m->hp.n_layer ||
+        (cfg->cpu_moe_layers < 0 && !c->budget)) {
         cuda_close_op(&c->base);
         return err_set(-EINVAL, "static placement of %d layers (the model has %u; automatic "
                                 "needs --vram-budget)",
                        cfg->cpu_moe_layers, m->hp.n_layer);
     }
-    c->offload = cfg && (cfg->vram_budget || cfg->expert_slots > 0) && !c->static_n;
-    c->residency = cfg ? cfg->residency : BACKEND_RESIDENCY_COPY;
-    c->prefetch = cfg && cfg->prefetch && c->offload;
-    model_weights_each(m, backend_cuda_weight_upload, c);
+    model_weights_each(m, cuda_trunk_upload, c);
     rc = c->rc ? c->rc : cuda_buffers(c);
     rc = rc ? rc : cuda_stream_sync(c->stream);
-    rc = rc ? rc : backend_cuda_open_static(c, cfg);
-    rc = rc ? rc : backend_cuda_open_cache(c, cfg);
-    /* graph decode needs a step without host syncs: all resident, or the cache serving misses
-     * in place (b) with no CPU lane and no prediction (both sync per layer) */
-    c->graph = cfg && cfg->graph && !c->static_n &&
-               (!c->cache || (c->residency == BACKEND_RESIDENCY_ZEROCOPY && !c->hybrid &&
-                              !c->prefetch));
+    if (!rc) {
+        struct moe_layer_config mc = cuda_moe_config(c, cfg);
+        rc = moe_layer_open(m, &mc, &cuda_moe_ops, c, &c->moe);
+    }
+    rc = rc ? rc : cuda_stream_sync(c->stream);
+    /* graph decode needs a step without host syncs */
+    c->graph = cfg->graph && !rc && moe_layer_graph_safe(c->moe);
     if (!rc && c->graph) {
         rc = cuda_host_alloc((void **)&c->step_pin, 2 * sizeof(int32_t), &c->step_pin_dev);
         rc = rc ? rc : cuda_malloc((void **)&c->step_dev, 2 * sizeof(int32_t));
@@ -594,20 +579,159 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
     return 0;
 }
 
-
-
-
-
 size_t backend_cuda_vram_bytes(const struct backend *b)
 {
     return cuda_held_bytes((const struct backend_cuda *)b);
 }
-
-
 
 bool backend_cuda_graph(const struct backend *b)
 {
     return ((const struct backend_cuda *)b)->graph;
 }
 
+int backend_cuda_print_stats(const struct backend *b, FILE *f)
+{
+    return moe_layer_print_stats(((const struct backend_cuda *)b)->moe, f);
+}
 
+int backend_cuda_write_stats_json(const struct backend *b, const char *path)
+{
+    return moe_layer_write_stats_json(((const struct backend_cuda *)b)->moe, path);
+}
+
+double backend_cuda_cpu_lane_seconds(const struct backend *b)
+{
+    return moe_layer_cpu_seconds(((const struct backend_cuda *)b)->moe);
+}
+
+int backend_cuda_cpu_moe_layers(const struct backend *b)
+{
+    return moe_layer_cpu_layers(((const struct backend_cuda *)b)->moe);
+}
+
+int backend_cuda_cache_totals(const struct backend *b, struct backend_cache_totals *t)
+{
+    struct moe_cache_totals mt;
+    int rc = moe_layer_cache_totals(((const struct backend_cuda *)b)->moe, &mt);
+    *t = (struct backend_cache_totals){
+        .hits = mt.hits, .misses = mt.misses, .evictions = mt.evictions,
+        .bytes_copied = mt.bytes_copied, .bytes_zerocopy = mt.bytes_zerocopy,
+        .cpu_computed = mt.cpu_computed, .cpu_admitted = mt.cpu_admitted, .slots = mt.slots,
+    };
+    return rc;
+}
+
+/* ---- the MoE layer's primitives ------------------------------------------------------------ */
+
+static void *cuda_moe_alloc(void *dev, size_t bytes)
+{
+    struct backend_cuda *c = dev;
+    void *p = NULL;
+    if (cuda_malloc(&p, bytes))
+        return NULL;
+    c->alloc_bytes += bytes;
+    return p;
+}
+
+static void cuda_moe_free(void *dev, void *p)
+{
+    (void)dev;
+    cuda_free(p);
+}
+
+static int cuda_moe_route(void *dev, const struct weight *router, const float *in, int n_tok,
+                          int32_t *ids, float *w)
+{
+    struct backend_cuda *c = dev;
+    const struct model_hparams *hp = &c->model->hp;
+    int rc = backend_cuda_matmul(&c->base, c->router_logits, router, in, n_tok);
+    if (rc)
+        return rc;
+    struct cuda_topk_args tk = {
+        .logits = c->router_logits, .n_tok = n_tok, .n_expert = (int)hp->n_expert,
+        .k = (int)hp->n_expert_used, .ids = ids, .w = w, .stream = c->stream,
+    };
+    rc = cuda_softmax_topk(&tk);
+    return rc ? backend_cuda_fail(rc, "router top-k") : 0;
+}
+
+static int cuda_moe_experts(void *dev, const struct moe_expert_call *e)
+{
+    struct backend_cuda *c = dev;
+    const struct model_hparams *hp = &c->model->hp;
+    const struct layer_weights *lw = e->lw;
+    uint64_t n = hp->n_expert;
+    struct cuda_moe_args a = {
+        .out = e->out, .out_stride = hp->n_embd, .in = e->in, .in_stride = hp->n_embd,
+        .n_tok = e->n_tok, .k = (int)hp->n_expert_used, .n_expert = (int)n,
+        .n_embd = hp->n_embd, .n_ff = hp->n_ff_exp, .ids = e->ids, .weights = e->w,
+        .gate_type = lw->gate_exps.type, .up_type = lw->up_exps.type,
+        .down_type = lw->down_exps.type, .gate = lw->gate_exps.dev, .up = lw->up_exps.dev,
+        .down = lw->down_exps.dev, .gate_stride = lw->gate_exps.bytes / n,
+        .up_stride = lw->up_exps.bytes / n, .down_stride = lw->down_exps.bytes / n,
+        .gate_ptrs = e->gate, .up_ptrs = e->up, .down_ptrs = e->down,
+        .scratch = c->moe_scratch, .scratch_bytes = c->moe_scratch_bytes, .stream = c->stream,
+    };
+    int rc = cuda_moe_ffn(&a);
+    if (rc)
+        return err_set(rc, "layer %d: cuda experts failed (types %u/%u/%u)", e->layer,
+                       lw->gate_exps.type, lw->up_exps.type, lw->down_exps.type);
+    return 0;
+}
+
+static int cuda_moe_to_host(void *dev, void *host, const void *src, size_t bytes)
+{
+    int rc = cuda_d2h(host, src, bytes, ((struct backend_cuda *)dev)->stream);
+    return rc ? backend_cuda_fail(rc, "a copy to the host") : 0;
+}
+
+static int cuda_moe_to_device(void *dev, void *dst, const void *host, size_t bytes)
+{
+    /* pageable source: the call returns once it is staged, so the caller may reuse it */
+    int rc = cuda_h2d(dst, host, bytes, ((struct backend_cuda *)dev)->stream);
+    return rc ? backend_cuda_fail(rc, "a copy to the device") : 0;
+}
+
+static int cuda_moe_add(void *dev, float *x, const float *y, size_t n)
+{
+    int rc = cuda_add(x, y, n, ((struct backend_cuda *)dev)->stream);
+    return rc ? backend_cuda_fail(rc, "add") : 0;
+}
+
+static int cuda_moe_sync(void *dev)
+{
+    int rc = cuda_stream_sync(((struct backend_cuda *)dev)->stream);
+    return rc ? backend_cuda_fail(rc, "stream sync") : 0;
+}
+
+static int cuda_moe_upload(void *dev, const struct weight *w)
+{
+    return cuda_weight_upload(dev, (struct weight *)w);
+}
+
+static void cuda_moe_held(void *dev, uint64_t *weights, uint64_t *other)
+{
+    struct backend_cuda *c = dev;
+    *weights = c->weight_bytes;
+    *other = c->alloc_bytes;
+}
+
+static double cuda_moe_h2d_bandwidth(void *dev)
+{
+    (void)dev;
+    return cuda_h2d_bandwidth(NULL, (size_t)64 << 20, 5);
+}
+
+static const struct moe_device_ops cuda_moe_ops = {
+    .alloc = cuda_moe_alloc,
+    .free = cuda_moe_free,
+    .route = cuda_moe_route,
+    .experts = cuda_moe_experts,
+    .to_host = cuda_moe_to_host,
+    .to_device = cuda_moe_to_device,
+    .add = cuda_moe_add,
+    .sync = cuda_moe_sync,
+    .upload = cuda_moe_upload,
+    .held = cuda_moe_held,
+    .h2d_bandwidth = cuda_moe_h2d_bandwidth,
+};

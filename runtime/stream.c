@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "arch/arch.h"
+#include "model_arch.h"
 #include "backend.h"
 #include "errors.h"
 #include "sampler.h"
@@ -14,6 +15,10 @@ int stream_open(struct backend *b, int n_ctx, int max_tok, struct stream **out)
     size_t qw = (size_t)hp->n_head * hp->head_dim, kvw = (size_t)hp->n_head_kv * hp->head_dim;
     size_t e = hp->n_embd, t = (size_t)max_tok, total;
 
+    const struct arch *arch = arch_find(b->model->arch->name);
+    if (!arch)
+        return err_set(-ENOTSUP, "stream: no forward for architecture '%s'",
+                       b->model->arch->name);
     if (n_ctx <= 0 || max_tok <= 0)
         return err_set(-EINVAL, "stream: context %d and batch %d must be positive", n_ctx,
                        max_tok);
@@ -22,6 +27,7 @@ int stream_open(struct backend *b, int n_ctx, int max_tok, struct stream **out)
         return err_set(-ENOMEM, "out of memory");
     s->b = b;
     s->m = b->model;
+    s->arch = arch;
     s->n_ctx = n_ctx;
     s->max_tok = max_tok;
     s->kv_layer_floats = (size_t)n_ctx * kvw;
@@ -73,7 +79,7 @@ int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host)
         if (replayed < 0)
             return replayed;
         if (!replayed) {
-            rc = s->m->arch->forward(s->b, s, ids + i, chunk);
+            rc = s->arch->forward(s->b, s, ids + i, chunk);
             if (op->step_end)
                 rc = op->step_end(s->b, rc);
         }

@@ -6,12 +6,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct arch;
 struct backend;
 struct model;
 
 struct stream {
     struct backend *b;
     const struct model *m;
+    const struct arch *arch; /* the forward of m's architecture */
     int n_ctx;     /* KV cache capacity in tokens */
     int max_tok;   /* tokens per forward call (prefill chunk) */
     int pos;       /* tokens already in the KV cache */

@@ -810,9 +810,9 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     struct backend_cuda_config hy = {.device = 0, .expert_slots = 6, .hybrid = true};
     close_enough(path, "static:2", &st, prompt, &ref, tol, 2, false);
     close_enough(path, "hybrid + admit when idle, 6 slots", &hy, prompt, &ref, tol, 0, true);
-    setenv("STRATA_HYBRID_ADMIT", "0", 1); /* CPU-lane misses never copied into a slot */
-    close_enough(path, "hybrid, no admission, 6 slots", &hy, prompt, &ref, tol, 0, true);
-    unsetenv("STRATA_HYBRID_ADMIT");
+    struct backend_cuda_config hy_na = hy; /* CPU-lane misses never copied into a slot */
+    hy_na.hybrid_no_admit = true;
+    close_enough(path, "hybrid, no admission, 6 slots", &hy_na, prompt, &ref, tol, 0, true);
     free(ref.logits);
 }
 

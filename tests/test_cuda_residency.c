@@ -1,12 +1,14 @@
-/* cuda residency (issue 5): with experts in pinned host memory and a VRAM slot pool far too
+/* cuda residency: with experts in pinned host memory and a VRAM slot pool far too
  * small to hold them, every logit must be bit-identical to the all-resident run, in both ways
  * of serving misses (copy into slots; read in place and cache between tokens), with the model
  * mapped and with --no-mmap's copy, while the pool evicts on every token; the copy path also
  * with --prefetch (the next layer's predicted experts streamed ahead). Also: a budget the
  * trunk cannot fit in is refused with the shortfall named, and a budget that fits gives a
  * pool. Static placement (the first layers' experts on the CPU) is checked against the
- * all-resident run within a tolerance. Host memory is pinned in 64 KiB pieces here (STRATA_PIN_CHUNK), so expert copies
- * straddle registrations as they do in 1 GiB pieces on real models. Models: the `tiny` preset widened to 4 layers of 16 experts (top-4), f32 and q4_k_m.
+ * all-resident run within a tolerance. Host memory is pinned in 64 KiB pieces here
+ * (backend_cuda_config.pin_chunk), so expert copies straddle registrations as they do in 1 GiB
+ * pieces on real models. Models: the `tiny` preset widened to 4 layers of 16 experts (top-4),
+ * f32 and q4_k_m.
  * Exits 77 without a GPU. */
 #include <errno.h>
 #include <stdlib.h>
@@ -39,9 +41,11 @@ static int run_model(const char *path, const struct backend_cuda_config *cc, int
     struct model *m = NULL;
     struct backend *b = NULL;
     struct stream *s = NULL;
+    struct backend_cuda_config c64 = *cc;
+    c64.pin_chunk = 65536; /* expert copies straddle registrations */
     int rc = model_open(path, &m);
     rc = rc ? rc : (no_mmap ? model_load_copy(m, 2) : 0);
-    rc = rc ? rc : backend_cuda_open(m, cc, &b);
+    rc = rc ? rc : backend_cuda_open(m, &c64, &b);
     rc = rc ? rc : stream_open(b, 128, 32, &s);
     if (rc) {
         fprintf(stderr, "%s: %s\n", path, err_msg());
@@ -222,8 +226,10 @@ static void cpu_lane(const char *path, const int32_t *prompt, double tol, int mi
     struct model *m = NULL;
     struct backend *b = NULL;
     struct stream *s = NULL;
+    struct backend_cuda_config c64 = *cc;
+    c64.pin_chunk = 65536;
     int rc = model_open(path, &m);
-    rc = rc ? rc : backend_cuda_open(m, cc, &b);
+    rc = rc ? rc : backend_cuda_open(m, &c64, &b);
     rc = rc ? rc : stream_open(b, 128, 32, &s);
     CHECK(rc == 0, "%s %s: %s", path, what, err_msg());
     if (!rc) {
@@ -321,7 +327,6 @@ int main(void)
 
     if (!test_gpu_available("test_cuda_residency"))
         return TEST_SKIP;
-    setenv("STRATA_PIN_CHUNK", "65536", 1);
     rng_seed(&r, test_seed("test_cuda_residency"), 7);
     if (!mkdtemp(tmpdir) || gen_model(QUANT_MIX_F32, f32, sizeof(f32)) ||
         gen_model(QUANT_MIX_Q4_K_M, q4, sizeof(q4))) {

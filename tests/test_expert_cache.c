@@ -24,6 +24,7 @@
 #include "expert_cache.h"
 #include "lane.h"
 #include "model.h"
+#include "moe.h"
 #include "testutil.h"
 
 /* ---- a queued, host-memory cuda_mem --------------------------------------------------- */
@@ -295,6 +296,20 @@ struct scenario_cfg {
     uint64_t seed;
 };
 
+/* The hybrid split as the MoE layer makes it: lane_assign over a lane model (ctx). */
+static void lane_split(void *ctx, int layer, const int32_t *miss_ids, int n_miss,
+                       const int32_t *pair_count, uint64_t expert_bytes, uint8_t *to_cpu)
+{
+    struct lane_item items[N_EXPERT] = {{0}};
+    uint8_t lane[N_EXPERT] = {0};
+    (void)layer;
+    for (int i = 0; i < n_miss; i++)
+        items[i] = (struct lane_item){expert_bytes, pair_count[miss_ids[i]]};
+    lane_assign(ctx, items, n_miss, lane);
+    for (int i = 0; i < n_miss; i++)
+        to_cpu[i] = lane[i] == MOE_LANE_CPU;
+}
+
 static void scenario(const struct model *m, const struct scenario_cfg *sc)
 {
     enum copy_mode mode = sc->mode;
@@ -314,8 +329,9 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
     rng_seed(&g_rng, seed, 1);
     rng_seed(&r, seed, 2);
     CHECK(cuda_stream_create(&compute) == 0, "stream");
+    /* 4 KiB registrations: copies straddle them */
     struct expert_cache_config cfg = {.n_slots = n_slots, .max_pairs = MAX_TOK * K,
-                                      .gather = sc->gather};
+                                      .gather = sc->gather, .pin_chunk = 4096};
     int rc = expert_cache_open((struct model *)m, &cfg, compute, &c);
     CHECK(rc == 0, "open: %s", err_msg());
     if (rc)
@@ -323,8 +339,9 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
     uint64_t cpu_total = 0;
     if (hybrid) {
         /* equal bandwidths: lane_assign splits the misses between the lanes */
-        struct lane_model lm = {.pcie_bps = 1e9, .cpu_bps = sc->cpu_fast ? 4e9 : 1e9};
-        CHECK(expert_cache_set_hybrid(c, &lm, 4) == 0, "hybrid: %s", err_msg());
+        static struct lane_model lm;
+        lm = (struct lane_model){.pcie_bps = 1e9, .cpu_bps = sc->cpu_fast ? 4e9 : 1e9};
+        CHECK(expert_cache_set_hybrid(c, lane_split, &lm, 4) == 0, "hybrid: %s", err_msg());
         expert_cache_set_hybrid_admit(c, sc->cpu_fast);
     }
     CHECK(cuda_malloc((void **)&ids_dev, sizeof(int32_t) * MAX_TOK * K) == 0, "ids");
@@ -425,7 +442,6 @@ int main(void)
 
     rng_seed(&r, seed, 0);
     make_model(&m, layers, &r);
-    setenv("STRATA_PIN_CHUNK", "4096", 1); /* copies straddle registrations */
     static const int slots[] = {K + 1, 2 * K, 3 * K, N_LAYER * N_EXPERT};
     /* the model's memory cannot be pinned in place: the experts are copied to a registered
      * arena, and everything must read the same bytes from there */

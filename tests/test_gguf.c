@@ -17,9 +17,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../runtime/errors.h"
-#include "../runtime/gguf.h"
-#include "../runtime/quant.h"
+#include "errors.h"
+#include "gguf.h"
+#include "quant.h"
 #include "testutil.h"
 
 /* LLVMFuzzerTestOneInput: the fuzz target's walk, run here over every corpus input. */

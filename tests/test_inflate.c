@@ -23,7 +23,7 @@ struct routes {
     int32_t ids[8][N_TOK][8]; /* (layer, token, k) */
 };
 
-static void observe(void *ctx, const struct route_event *ev)
+static void observe(void *ctx, const struct moe_route_event *ev)
 {
     struct routes *r = ctx;
     for (int t = 0; t < ev->n_tok; t++)

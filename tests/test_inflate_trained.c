@@ -27,7 +27,7 @@ struct routes {
     int32_t (*ids)[MAX_TOK][MAX_K]; /* (layer, token, k) */
 };
 
-static void observe(void *ctx, const struct route_event *ev)
+static void observe(void *ctx, const struct moe_route_event *ev)
 {
     struct routes *r = ctx;
     for (int t = 0; t < ev->n_tok && ev->pos0 + t < MAX_TOK; t++)

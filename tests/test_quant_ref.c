@@ -13,9 +13,9 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "../cpu_kernels/quant_ref.h"
-#include "../runtime/gguf.h"
-#include "../runtime/quant.h"
+#include "quant_ref.h"
+#include "gguf.h"
+#include "quant.h"
 #include "testutil.h"
 
 #define SENTINEL_BYTES 64 /* poisoned bytes after every output, checked for overruns */

@@ -20,10 +20,10 @@
 
 #include <json-c/json.h>
 
-#include "../runtime/errors.h"
-#include "../runtime/gguf.h"
-#include "../runtime/tokenizer.h"
-#include "../runtime/vocab_json.h"
+#include "errors.h"
+#include "gguf.h"
+#include "tokenizer.h"
+#include "vocab_json.h"
 #include "testutil.h"
 
 static double now_s(void)

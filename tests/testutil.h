@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../runtime/rng.h"
+#include "rng.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,5 +1,5 @@
-/* arch: one architecture = how to validate and load its hyperparameters and weights, and its
- * trunk forward written against the backend op table (runtime/backend.h). */
+/* arch: the trunk forward of one architecture, written against the backend op table
+ * (runtime/backend.h); its loader is in core/ (model_arch.h). */
 #ifndef STRATA_ARCH_H
 #define STRATA_ARCH_H
 
@@ -11,14 +11,12 @@ struct stream;
 
 struct arch {
     const char *name; /* general.architecture */
-    /* Reads {arch}.* keys into m->hp and fills m's weights, validating shapes and types. */
-    int (*load)(struct model *m);
     /* Runs n_tok tokens of one stream from its current position, appends to its KV cache and
      * leaves the last position's logits (n_vocab floats) in s->logits (backend memory). */
     int (*forward)(struct backend *b, struct stream *s, const int32_t *ids, int n_tok);
 };
 
-/* The architecture named NAME, or NULL. */
+/* The forward of the architecture named NAME, or NULL. */
 const struct arch *arch_find(const char *name);
 
 extern const struct arch arch_qwen3moe;

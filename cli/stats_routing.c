@@ -98,7 +98,7 @@ static int sr_parse(int argc, char **argv, struct sr_opts *o)
 }
 
 /* Records layer l's choice and predicts layer l+1's from the same input with its router. */
-static void sr_observe(void *arg, const struct route_event *ev)
+static void sr_observe(void *arg, const struct moe_route_event *ev)
 {
     struct sr_ctx *c = arg;
     const struct model_hparams *hp = &c->m->hp;

@@ -6,19 +6,21 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "arch/arch.h"
 #include "errors.h"
 #include "gguf.h"
+#include "model_arch.h"
 #include "quant.h"
 #include "tokenizer.h"
 
-static const struct arch *const arch_table[] = {&arch_qwen3moe};
+static const struct model_arch model_arch_table[] = {
+    {"qwen3moe", model_qwen3moe_load},
+};
 
-const struct arch *arch_find(const char *name)
+const struct model_arch *model_arch_find(const char *name)
 {
-    for (size_t i = 0; i < sizeof(arch_table) / sizeof(arch_table[0]); i++) {
-        if (!strcmp(arch_table[i]->name, name))
-            return arch_table[i];
+    for (size_t i = 0; i < sizeof(model_arch_table) / sizeof(model_arch_table[0]); i++) {
+        if (!strcmp(model_arch_table[i].name, name))
+            return &model_arch_table[i];
     }
     return NULL;
 }
@@ -93,7 +95,7 @@ static int model_load_arch(struct model *m)
                        (unsigned long long)s.len);
     memcpy(name, s.ptr, s.len);
     name[s.len] = '\0';
-    m->arch = arch_find(name);
+    m->arch = model_arch_find(name);
     if (!m->arch)
         return err_set(-ENOTSUP, "unsupported architecture '%s' (strata supports: qwen3moe)",
                        name);

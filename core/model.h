@@ -2,8 +2,8 @@
  * views into the mapping, and (when the file has one) the tokenizer.
  *
  * model_open validates what the architecture requires (keys, tensor names, types and shapes)
- * and names what is missing or wrong; the arch files (runtime/arch/) do the per-architecture
- * part through struct arch.
+ * and names what is missing or wrong; the per-architecture part is a loader of
+ * model_arch.h (the forwards are the engine's, runtime/arch/).
  */
 #ifndef STRATA_MODEL_H
 #define STRATA_MODEL_H
@@ -14,7 +14,7 @@
 struct gguf_file;
 struct gguf_tensor;
 struct tokenizer;
-struct arch;
+struct model_arch;
 
 /* A weight: a tensor of the model file, viewed in place. */
 struct weight {
@@ -53,7 +53,7 @@ struct layer_weights {
 
 struct model {
     struct gguf_file *file;        /* owned */
-    const struct arch *arch;       /* static table entry */
+    const struct model_arch *arch; /* static table entry: name and loader */
     struct model_hparams hp;
     struct weight tok_embd;        /* (n_embd, n_vocab) */
     struct weight output_norm;     /* (n_embd) F32 */

@@ -15,6 +15,7 @@
 #include "errors.h"
 #include "cli.h"
 #include "model.h"
+#include "model_arch.h"
 #include "stream.h"
 #include "tokenizer.h"
 #include "topo.h"

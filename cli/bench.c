@@ -20,6 +20,7 @@
 #include "gguf.h"
 #include "membw.h"
 #include "model.h"
+#include "model_arch.h"
 #include "rng.h"
 #include "sampler.h"
 #include "stream.h"

@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../cpu_kernels/quant_blocks.h"
+#include "quant_blocks.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,0 +1,466 @@
+#include "moe_layer.h"
+
+#include <errno.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "budget.h"
+#include "clock.h"
+#include "errors.h"
+#include "expert_cache.h"
+#include "lane.h"
+#include "membw.h"
+#include "model.h"
+#include "moe.h"
+#include "predict.h"
+
+#define ZEROCOPY_MAX_TOK 16 /* larger calls (prefill) copy misses into slots */
+
+struct moe_layer {
+    const struct model *m;
+    const struct moe_device_ops *ops;
+    void *dev;
+    struct moe_layer_config cfg;
+    int32_t *route_ids; /* (max_tok, k) device: the layer's routing */
+    float *route_w;     /* (max_tok, k) device */
+    /* placement */
+    int cpu_layers;     /* experts of layers [0, cpu_layers) on the CPU lane */
+    struct expert_cache *cache;
+    bool hybrid, prefetch;
+    struct predict pred; /* pred.ids, pred.w: (max_tok, k) device, owned here */
+    /* the CPU lane */
+    struct moe_cpu *cpu;
+    struct moe_plan plan;
+    float *in_h, *out_h; /* (max_tok, n_embd) host copies of the layer's input / the lane's sum */
+    int32_t *ids_h;      /* (max_tok, k) */
+    float *w_h;
+    float *cpu_partial;  /* (max_tok, n_embd) device: the hybrid lane's sum, added to out */
+    struct lane_model lanes; /* hybrid's cost model, measured at open */
+    struct lane_item *items; /* (n_expert) scratch of the split */
+    uint8_t *item_lane;
+    double cpu_s;        /* wall seconds in the CPU lane */
+};
+
+/* ---- the CPU lane ------------------------------------------------------------------------- */
+
+static int ml_open_cpu_lane(struct moe_layer *ml)
+{
+    const struct model_hparams *hp = &ml->m->hp;
+    size_t t = (size_t)ml->cfg.max_tok, k = hp->n_expert_used;
+    if (ml->cpu)
+        return 0;
+    if (!ml->ops->host) { /* a host device's buffers are host memory already */
+        ml->in_h = malloc(sizeof(float) * t * hp->n_embd);
+        ml->out_h = malloc(sizeof(float) * t * hp->n_embd);
+        ml->ids_h = malloc(sizeof(int32_t) * t * k);
+        ml->w_h = malloc(sizeof(float) * t * k);
+        if (!ml->in_h || !ml->out_h || !ml->ids_h || !ml->w_h)
+            return err_set(-ENOMEM, "the CPU expert lane: out of memory");
+    }
+    int rc = moe_plan_init(&ml->plan, (int)t, (int)k, (int)hp->n_expert);
+    rc = rc ? rc : moe_cpu_open((int)t, (int)hp->n_embd, (int)hp->n_ff_exp, &ml->cpu);
+    return rc ? err_set(rc, "the CPU expert lane") : 0;
+}
+
+/* out_h (nt, n_embd) = the plan's CPU-lane experts over in_h, timed. */
+static int ml_cpu_run(struct moe_layer *ml, const struct moe_args *a, const float *in_h,
+                      float *out_h)
+{
+    struct moe_experts ex;
+    moe_experts_of(a->lw, a->hp, &ex);
+    double t0 = clock_now_s();
+    int rc = moe_cpu_run(ml->cpu, &ml->plan, &ex, in_h, out_h);
+    ml->cpu_s += clock_now_s() - t0;
+    if (rc)
+        return err_set(rc, "layer %d: CPU experts failed (types %u/%u/%u)", a->layer,
+                       ex.gate_type, ex.up_type, ex.down_type);
+    return 0;
+}
+
+/* The layer's input and routing to the host buffers (enqueued; the caller syncs). */
+static int ml_stage_inputs(struct moe_layer *ml, const float *in, int nt)
+{
+    size_t e = ml->m->hp.n_embd, k = ml->m->hp.n_expert_used;
+    int rc = ml->ops->to_host(ml->dev, ml->in_h, in, sizeof(float) * (size_t)nt * e);
+    rc = rc ? rc : ml->ops->to_host(ml->dev, ml->ids_h, ml->route_ids, sizeof(int32_t) * nt * k);
+    rc = rc ? rc : ml->ops->to_host(ml->dev, ml->w_h, ml->route_w, sizeof(float) * nt * k);
+    return rc ? err_set(rc, "reading the CPU lane's inputs back failed") : 0;
+}
+
+/* A CPU layer: every expert of the call on the CPU lane. The routing stays where it ran; on a
+ * device, its ids, weights and the layer's input come to the host once and the result goes
+ * back once. */
+static int ml_run_cpu_layer(struct moe_layer *ml, const struct moe_args *a, const float *in,
+                            float *out, int nt)
+{
+    if (ml->ops->host) {
+        moe_plan_build(&ml->plan, ml->route_ids, ml->route_w, nt);
+        return ml_cpu_run(ml, a, in, out);
+    }
+    int rc = ml_stage_inputs(ml, in, nt);
+    rc = rc ? rc : ml->ops->sync(ml->dev);
+    if (rc)
+        return err_set(rc, "layer %d: reading a CPU layer's input back failed", a->layer);
+    moe_plan_build(&ml->plan, ml->ids_h, ml->w_h, nt);
+    rc = ml_cpu_run(ml, a, ml->in_h, ml->out_h);
+    rc = rc ? rc : ml->ops->to_device(ml->dev, out, ml->out_h, sizeof(float) * nt * a->hp->n_embd);
+    return rc;
+}
+
+/* Hybrid: the experts the cache gave to the CPU, computed here while the GPU kernel (which
+ * reads zeros for them) runs, and added to its output. */
+static int ml_hybrid_add(struct moe_layer *ml, const struct moe_args *a, float *out, int nt)
+{
+    const int32_t *cpu;
+    int n_cpu = expert_cache_cpu_experts(ml->cache, &cpu);
+    size_t e = a->hp->n_embd;
+    if (!n_cpu)
+        return 0;
+    moe_plan_build(&ml->plan, ml->ids_h, ml->w_h, nt);
+    for (int i = 0, j = 0; i < ml->plan.n_active; i++) { /* both lists ascend */
+        while (j < n_cpu && cpu[j] < ml->plan.expert[i])
+            j++;
+        ml->plan.lane[i] = j < n_cpu && cpu[j] == ml->plan.expert[i] ? MOE_LANE_CPU : MOE_LANE_GPU;
+    }
+    int rc = ml_cpu_run(ml, a, ml->in_h, ml->out_h);
+    rc = rc ? rc : ml->ops->to_device(ml->dev, ml->cpu_partial, ml->out_h, sizeof(float) * nt * e);
+    rc = rc ? rc : ml->ops->add(ml->dev, out, ml->cpu_partial, (size_t)nt * e);
+    return rc ? err_set(rc, "layer %d: adding the CPU lane's experts failed", a->layer) : 0;
+}
+
+/* The cache's split of a call's misses: lane_assign over the lane model measured at open. */
+static void ml_split(void *ctx, int layer, const int32_t *miss_ids, int n_miss,
+                     const int32_t *pair_count, uint64_t expert_bytes, uint8_t *to_cpu)
+{
+    struct moe_layer *ml = ctx;
+    (void)layer;
+    for (int i = 0; i < n_miss; i++)
+        ml->items[i] = (struct lane_item){expert_bytes, pair_count[miss_ids[i]]};
+    lane_assign(&ml->lanes, ml->items, n_miss, ml->item_lane);
+    for (int i = 0; i < n_miss; i++)
+        to_cpu[i] = ml->item_lane[i] == MOE_LANE_CPU;
+}
+
+/* ---- one layer ---------------------------------------------------------------------------- */
+
+/* Cache placement: hits from slots; misses copied, read in place or given to the CPU lane. */
+static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const float *in,
+                         int nt, struct expert_tables *tab)
+{
+    int pairs = nt * (int)a->hp->n_expert_used, rc = 0;
+    bool zc = !ml->hybrid && ml->cfg.fill == MOE_FILL_ZEROCOPY && nt <= ZEROCOPY_MAX_TOK;
+    /* the CPU lane's inputs, read back under the cache's own sync */
+    if (ml->hybrid)
+        rc = ml_stage_inputs(ml, in, nt);
+    if (!rc && !zc && ml->prefetch && a->layer + 1 < (int)a->hp->n_layer)
+        rc = predict_next_layer(&ml->pred, a->layer, in, nt);
+    if (rc)
+        return rc;
+    return zc ? expert_cache_prepare_zerocopy(ml->cache, a->layer, ml->route_ids, pairs, tab)
+              : expert_cache_prepare_copy(ml->cache, a->layer, ml->route_ids, pairs, tab);
+}
+
+int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
+{
+    const struct model_hparams *hp = a->hp;
+    int rc = 0;
+
+    for (int t0 = 0; t0 < a->n_tok && !rc; t0 += ml->cfg.max_tok) {
+        int nt = a->n_tok - t0 < ml->cfg.max_tok ? a->n_tok - t0 : ml->cfg.max_tok;
+        const float *in = a->in + (size_t)t0 * hp->n_embd;
+        float *out = a->out + (size_t)t0 * hp->n_embd;
+        rc = ml->ops->route(ml->dev, &a->lw->router, in, nt, ml->route_ids, ml->route_w);
+        if (rc)
+            break;
+        if (ml->cfg.observer) {
+            struct moe_route_event ev = {
+                .layer = a->layer, .n_tok = nt, .k = (int)hp->n_expert_used,
+                .pos0 = a->pos0 + t0, .ids = ml->route_ids, .weights = ml->route_w, .in = in,
+            };
+            ml->cfg.observer(ml->cfg.observer_ctx, &ev);
+        }
+        if (a->layer < ml->cpu_layers) {
+            rc = ml_run_cpu_layer(ml, a, in, out, nt);
+            continue;
+        }
+        struct expert_tables tab = {0};
+        if (ml->cache && (rc = ml_run_cached(ml, a, in, nt, &tab)))
+            break;
+        struct moe_expert_call call = {
+            .out = out, .in = in, .n_tok = nt, .layer = a->layer, .ids = ml->route_ids,
+            .w = ml->route_w, .lw = a->lw, .gate = tab.gate, .up = tab.up, .down = tab.down,
+        };
+        rc = ml->ops->experts(ml->dev, &call);
+        if (!rc && ml->hybrid) /* while the GPU computes its part */
+            rc = ml_hybrid_add(ml, a, out, nt);
+    }
+    return rc;
+}
+
+/* ---- open / close ------------------------------------------------------------------------- */
+
+static void *ml_alloc(struct moe_layer *ml, size_t bytes)
+{
+    return ml->ops->alloc(ml->dev, bytes);
+}
+
+/* Static placement: for -1 the split itself: the experts of the last layers are uploaded while
+ * they fit in what the budget leaves after the trunk, scratch and the stream; the layers
+ * before them run on the CPU. Otherwise layers [N, n_layer) are uploaded. */
+static int ml_open_static(struct moe_layer *ml)
+{
+    const struct model_hparams *hp = &ml->m->hp;
+    int n = ml->cfg.cpu_layers, l = (int)hp->n_layer;
+    uint64_t weights, other;
+    ml->ops->held(ml->dev, &weights, &other);
+    uint64_t used = weights + other + ml->cfg.stream_bytes;
+    while (l > 0) {
+        const struct layer_weights *lw = &ml->m->layers[l - 1];
+        uint64_t need = lw->gate_exps.bytes + lw->up_exps.bytes + lw->down_exps.bytes;
+        if (n >= 0 ? l <= n : used + need > ml->cfg.vram_budget)
+            break;
+        int rc = ml->ops->upload(ml->dev, &lw->gate_exps);
+        rc = rc ? rc : ml->ops->upload(ml->dev, &lw->up_exps);
+        rc = rc ? rc : ml->ops->upload(ml->dev, &lw->down_exps);
+        if (rc)
+            return rc;
+        used += need;
+        l--;
+    }
+    ml->cpu_layers = l;
+    if (n < 0 && ml->cfg.log)
+        fprintf(ml->cfg.log,
+                "strata: static placement under %.2f GiB: experts of layers 0..%d on the CPU, "
+                "of %d..%u resident\n",
+                ml->cfg.vram_budget / 1073741824.0, l - 1, l, hp->n_layer - 1);
+    return l ? ml_open_cpu_lane(ml) : 0;
+}
+
+/* Hybrid: the lanes, measured now: pinned H2D, host reads by the CPU lane's threads, and the
+ * CPU's arithmetic per (token, expert) pair on layer 0's experts (what bounds it in prefill). */
+static int ml_open_hybrid(struct moe_layer *ml)
+{
+    const struct model_hparams *hp = &ml->m->hp;
+    ml->lanes = (struct lane_model){
+        .pcie_bps = ml->ops->h2d_bandwidth(ml->dev),
+        .cpu_bps = membw_measure((size_t)256 << 20, omp_get_max_threads(), 3),
+    };
+    int rc = ml_open_cpu_lane(ml);
+    if (!rc) {
+        struct moe_experts ex;
+        moe_experts_of(&ml->m->layers[0], hp, &ex);
+        double pair = moe_cpu_pair_seconds(ml->cpu, &ex, (int)hp->n_expert,
+                                           (int)hp->n_expert_used, 64, 3);
+        ml->lanes.cpu_pair_s = pair > 0 ? pair : 0;
+    }
+    if (ml->cfg.log)
+        fprintf(ml->cfg.log,
+                "strata: hybrid lanes: PCIe %.1f GB/s, CPU %.1f GB/s and %.1f us per (token, "
+                "expert) pair with %d threads (measured)\n",
+                ml->lanes.pcie_bps / 1e9, ml->lanes.cpu_bps / 1e9, ml->lanes.cpu_pair_s * 1e6,
+                omp_get_max_threads());
+    ml->items = malloc(sizeof(*ml->items) * hp->n_expert);
+    ml->item_lane = malloc(hp->n_expert);
+    if (!rc && (!ml->items || !ml->item_lane))
+        rc = -ENOMEM;
+    if (!rc && !(ml->cpu_partial = ml_alloc(ml, sizeof(float) * ml->cfg.max_tok * hp->n_embd)))
+        rc = -ENOMEM;
+    if (rc)
+        return err_set(rc, "the hybrid CPU lane");
+    /* every call may split: prefill too, priced by the pair cost above */
+    rc = expert_cache_set_hybrid(ml->cache, ml_split, ml, ml->cfg.max_tok);
+    if (!rc && !ml->cfg.hybrid_no_admit)
+        expert_cache_set_hybrid_admit(ml->cache, true);
+    ml->hybrid = rc == 0;
+    return rc;
+}
+
+/* The expert cache gets what the trunk, scratch and the stream leave of the budget. */
+static int ml_open_cache(struct moe_layer *ml)
+{
+    const struct model_hparams *hp = &ml->m->hp;
+    const struct moe_layer_config *cfg = &ml->cfg;
+    uint64_t weights, other;
+    ml->ops->held(ml->dev, &weights, &other);
+    uint64_t fixed = weights + other + cfg->stream_bytes;
+    struct expert_cache_config ec = {
+        .n_slots = cfg->expert_slots, .max_pairs = cfg->max_tok * (int)hp->n_expert_used,
+        .gather = cfg->gather, .pin_chunk = cfg->pin_chunk, .log = cfg->log,
+    };
+    if (cfg->vram_budget) {
+        uint64_t trunk, slot;
+        struct budget_plan plan;
+        budget_model_sizes(ml->m, &trunk, &slot);
+        int rc = budget_plan_slots(cfg->vram_budget, weights, cfg->stream_bytes, other, slot,
+                                   (int)hp->n_layer, &plan);
+        if (rc)
+            return rc;
+        /* the slot tables come out of the pool too */
+        uint64_t tables = (uint64_t)hp->n_layer * 3 * hp->n_expert * sizeof(void *);
+        ec.pool_bytes = cfg->vram_budget - fixed > tables ? cfg->vram_budget - fixed - tables : 0;
+        if (cfg->log)
+            fprintf(cfg->log,
+                    "strata: --vram-budget %.2f GiB: trunk %.2f GiB, KV cache and activations "
+                    "%.2f GiB, scratch %.2f GiB, %.2f GiB left for expert slots\n",
+                    cfg->vram_budget / 1073741824.0, weights / 1073741824.0,
+                    cfg->stream_bytes / 1073741824.0, other / 1073741824.0,
+                    ec.pool_bytes / 1073741824.0);
+    }
+    int rc = expert_cache_open(ml->m, &ec, cfg->stream, &ml->cache);
+    return rc || !cfg->hybrid ? rc : ml_open_hybrid(ml);
+}
+
+int moe_layer_open(const struct model *m, const struct moe_layer_config *cfg,
+                   const struct moe_device_ops *ops, void *dev, struct moe_layer **out)
+{
+    const struct model_hparams *hp = &m->hp;
+    struct moe_layer *ml = calloc(1, sizeof(*ml));
+    int rc = 0;
+
+    if (!ml)
+        return err_set(-ENOMEM, "out of memory");
+    ml->m = m;
+    ml->ops = ops;
+    ml->dev = dev;
+    ml->cfg = *cfg;
+    if (ml->cfg.max_tok <= 0)
+        ml->cfg.max_tok = 512;
+    size_t pairs = (size_t)ml->cfg.max_tok * hp->n_expert_used;
+    if (cfg->observer && !ops->host) {
+        rc = err_set(-ENOTSUP, "the routing observer needs a host device");
+        goto fail;
+    }
+    ml->route_ids = ml_alloc(ml, sizeof(int32_t) * pairs);
+    ml->route_w = ml_alloc(ml, sizeof(float) * pairs);
+    ml->prefetch = cfg->prefetch && cfg->cache && !ops->host;
+    if (ml->prefetch) {
+        ml->pred = (struct predict){
+            .m = m, .route = ops->route, .route_ctx = dev,
+            .ids = ml_alloc(ml, sizeof(int32_t) * pairs), .w = ml_alloc(ml, sizeof(float) * pairs),
+        };
+    }
+    if (!ml->route_ids || !ml->route_w || (ml->prefetch && (!ml->pred.ids || !ml->pred.w))) {
+        rc = err_set(-ENOMEM, "the MoE layer's routing buffers");
+        goto fail;
+    }
+    if (ops->host) { /* the CPU backend: every expert on the CPU lane */
+        ml->cpu_layers = (int)hp->n_layer;
+        rc = ml_open_cpu_lane(ml);
+    } else if (cfg->cache) {
+        rc = ml_open_cache(ml);
+        ml->pred.cache = ml->cache;
+    } else {
+        ml->cpu_layers = cfg->cpu_layers;
+        rc = ml_open_static(ml);
+    }
+    if (rc)
+        goto fail;
+    *out = ml;
+    return 0;
+fail:
+    moe_layer_close(ml);
+    return rc;
+}
+
+void moe_layer_close(struct moe_layer *ml)
+{
+    if (!ml)
+        return;
+    expert_cache_close(ml->cache);
+    ml->ops->free(ml->dev, ml->route_ids);
+    ml->ops->free(ml->dev, ml->route_w);
+    ml->ops->free(ml->dev, ml->pred.ids);
+    ml->ops->free(ml->dev, ml->pred.w);
+    ml->ops->free(ml->dev, ml->cpu_partial);
+    moe_cpu_close(ml->cpu);
+    moe_plan_free(&ml->plan);
+    free(ml->in_h);
+    free(ml->out_h);
+    free(ml->ids_h);
+    free(ml->w_h);
+    free(ml->items);
+    free(ml->item_lane);
+    free(ml);
+}
+
+/* ---- between steps, and what the backend asks ---------------------------------------------- */
+
+int moe_layer_step_end(struct moe_layer *ml)
+{
+    return ml->cache ? expert_cache_step_end(ml->cache) : 0;
+}
+
+void moe_layer_set_recording(struct moe_layer *ml, bool on)
+{
+    if (ml->cache)
+        expert_cache_set_recording(ml->cache, on);
+}
+
+void moe_layer_replayed(struct moe_layer *ml)
+{
+    if (ml->cache)
+        expert_cache_replayed(ml->cache, (int)ml->m->hp.n_expert_used);
+}
+
+bool moe_layer_graph_safe(const struct moe_layer *ml)
+{
+    return !ml->cpu_layers &&
+           (!ml->cache || (ml->cfg.fill == MOE_FILL_ZEROCOPY && !ml->hybrid && !ml->prefetch));
+}
+
+uint64_t moe_layer_vram_bytes(const struct moe_layer *ml)
+{
+    return ml && ml->cache ? expert_cache_vram_bytes(ml->cache) : 0;
+}
+
+int moe_layer_shrink(struct moe_layer *ml, uint64_t bytes)
+{
+    return ml && ml->cache ? expert_cache_shrink(ml->cache, bytes) : 0;
+}
+
+int moe_layer_slots(const struct moe_layer *ml)
+{
+    return ml->cache ? expert_cache_slots(ml->cache) : 0;
+}
+
+int moe_layer_print_stats(const struct moe_layer *ml, FILE *f)
+{
+    if (ml->cache)
+        expert_cache_print_stats(ml->cache, f);
+    return 0;
+}
+
+int moe_layer_write_stats_json(const struct moe_layer *ml, const char *path)
+{
+    return ml->cache ? expert_cache_write_stats_json(ml->cache, path) : 0;
+}
+
+int moe_layer_cache_totals(const struct moe_layer *ml, struct moe_cache_totals *t)
+{
+    memset(t, 0, sizeof(*t));
+    if (!ml->cache)
+        return -ENOENT;
+    for (uint32_t l = 0; l < ml->m->hp.n_layer; l++) {
+        const struct expert_cache_layer_stats *s = expert_cache_stats(ml->cache, (int)l);
+        t->hits += s->hits;
+        t->misses += s->misses;
+        t->evictions += s->evictions;
+        t->bytes_copied += s->bytes_copied;
+        t->bytes_zerocopy += s->bytes_zerocopy;
+        t->cpu_computed += s->cpu_computed;
+        t->cpu_admitted += s->cpu_admitted;
+    }
+    t->slots = expert_cache_slots(ml->cache);
+    return 0;
+}
+
+double moe_layer_cpu_seconds(const struct moe_layer *ml)
+{
+    return ml->cpu_s;
+}
+
+int moe_layer_cpu_layers(const struct moe_layer *ml)
+{
+    return ml->ops->host ? 0 : ml->cpu_layers;
+}

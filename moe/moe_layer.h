@@ -1,0 +1,165 @@
+/* moe_layer: the owner of the MoE layer. One call per layer and step (moe_layer_run) routes the
+ * tokens through the backend's router primitive and decides, per expert, where it runs:
+ *   resident     its weights were uploaded at open (no budget; static placement's GPU layers)
+ *   slot hit     it is in a VRAM slot of the expert cache (residency/expert_cache.h)
+ *   copied miss  streamed into a slot before the layer's experts run (copy path)
+ *   zero-copy    read in place from pinned host memory by the expert kernel (zerocopy path)
+ *   CPU lane     computed on the host from host memory and added: the misses the lane model
+ *                (lane.h) gives the CPU (hybrid), every expert of layers [0, N) (static
+ *                placement), every expert on a host device (the CPU backend)
+ * The next layer's experts are predicted ahead (prefetch/predict.h) when asked. Backends supply
+ * primitives (struct moe_device_ops) and never branch on placement; the placement is chosen here
+ * from struct moe_layer_config at open.
+ *
+ * Threads: one, the backend's caller. Device work is enqueued on the backend's stream by the
+ * primitives; the expert cache has its own copy stream (see its header). The CPU lane runs its
+ * OpenMP team inside moe_layer_run, while the GPU computes the layer's other experts.
+ */
+#ifndef STRATA_MOE_LAYER_H
+#define STRATA_MOE_LAYER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+struct model;
+struct model_hparams;
+struct weight;
+struct layer_weights;
+
+/* One call of the grouped expert kernel: out (n_tok, n_embd) = sum over each token's k
+ * experts of w * expert(in). Expert e's gate/up/down are read at gate[e]/up[e]/down[e] of the
+ * device pointer tables when they are given, else in the layer's stacked weights (resident). */
+struct moe_expert_call {
+    float *out;                      /* (n_tok, n_embd) device, written */
+    const float *in;                 /* (n_tok, n_embd) device */
+    int n_tok, layer;
+    const int32_t *ids;              /* (n_tok, k) device */
+    const float *w;                  /* (n_tok, k) device */
+    const struct layer_weights *lw;
+    const void *const *gate, *const *up, *const *down; /* (n_expert) device tables, or NULL */
+};
+
+/* What a backend gives the MoE layer. dev is the backend. Enqueued work runs in order on the
+ * backend's stream; sync waits for it. */
+struct moe_device_ops {
+    bool host; /* device memory is host memory: nothing is staged through host buffers */
+    /* n bytes of device memory counted against the backend's budget; NULL on failure */
+    void *(*alloc)(void *dev, size_t bytes);
+    void (*free)(void *dev, void *p);
+    /* ids, w (n_tok, k) = softmax top-k (renormalised) of router applied to in (n_tok rows) */
+    int (*route)(void *dev, const struct weight *router, const float *in, int n_tok,
+                 int32_t *ids, float *w);
+    int (*experts)(void *dev, const struct moe_expert_call *call);
+    int (*to_host)(void *dev, void *host, const void *src, size_t bytes);
+    /* the source may be reused once the call returns */
+    int (*to_device)(void *dev, void *dst, const void *host, size_t bytes);
+    int (*add)(void *dev, float *x, const float *y, size_t n); /* x (n) += y (n) */
+    int (*sync)(void *dev);
+    /* Makes a stacked expert tensor resident (device copy in w->dev). Not called on host
+     * devices. */
+    int (*upload)(void *dev, const struct weight *w);
+    /* Device bytes the backend holds now: uploaded weights, and everything else. */
+    void (*held)(void *dev, uint64_t *weights, uint64_t *other);
+    /* Measured host-to-device bytes/s (the PCIe lane of hybrid). */
+    double (*h2d_bandwidth)(void *dev);
+};
+
+enum moe_fill {
+    MOE_FILL_COPY = 0,     /* misses copied into slots before the layer runs (one sync/layer) */
+    MOE_FILL_ZEROCOPY = 1, /* misses read in place; admitted between steps */
+};
+
+/* What the router chose for a batch of tokens at one layer (for statistics tools). */
+struct moe_route_event {
+    int layer, n_tok, k;
+    int pos0;             /* stream position of token 0 */
+    const int32_t *ids;   /* (n_tok, k) selected experts, host memory */
+    const float *weights; /* (n_tok, k) their renormalised router weights */
+    const float *in;      /* (n_tok, n_embd) the layer's MoE input (ffn-normed hidden) */
+};
+typedef void (*moe_route_observer_fn)(void *ctx, const struct moe_route_event *ev);
+
+struct moe_layer_config {
+    int max_tok;          /* tokens per call of the primitives; larger calls are split */
+    /* Static placement (llama.cpp's --n-cpu-moe N): the experts of layers [0, N) run on the
+     * CPU lane, the others are resident. -1: the smallest N whose resident experts fit
+     * vram_budget. On a host device every layer's experts run on the CPU lane. */
+    int cpu_layers;
+    bool cache;           /* experts stay in host memory, served by the expert cache */
+    uint64_t vram_budget; /* bytes the backend may hold; 0 = no cap */
+    int expert_slots;     /* > 0: exactly this many slots (tests), instead of the budget's */
+    uint64_t stream_bytes; /* what the stream opened next will hold (KV cache, activations) */
+    enum moe_fill fill;   /* for decode-sized calls; prefill copies */
+    bool prefetch;        /* copy path: layer l + 1's experts predicted and streamed ahead */
+    bool hybrid;          /* each call's misses split between streaming and the CPU lane */
+    bool hybrid_no_admit; /* hybrid: a CPU-lane miss is never also copied into a slot */
+    bool gather;          /* misses streamed by one gather kernel per batch */
+    uint64_t pin_chunk;   /* host registration piece (expert_cache_config), 0 = default */
+    void *stream;         /* the backend's stream (cudaStream_t) for the expert cache */
+    moe_route_observer_fn observer; /* called after each routing; host devices only */
+    void *observer_ctx;
+    FILE *log;            /* set-up reports, NULL = quiet */
+};
+
+/* The MoE FFN of one layer for a batch of tokens of one stream. */
+struct moe_args {
+    float *out;                       /* (n_tok, n_embd): written (not accumulated) */
+    const float *in;                  /* (n_tok, n_embd): the ffn-normed hidden states */
+    int n_tok;
+    int pos0;                         /* stream position of token 0 */
+    int layer;
+    const struct layer_weights *lw;   /* router and stacked experts of this layer */
+    const struct model_hparams *hp;
+};
+
+struct moe_layer;
+
+/* Opens the MoE layer of model m on a backend: allocates its routing buffers (counted by the
+ * backend), uploads the experts that are resident under the placement, and opens the expert
+ * cache and the CPU lane when the placement uses them. 0 or -errno (message set). */
+int moe_layer_open(const struct model *m, const struct moe_layer_config *cfg,
+                   const struct moe_device_ops *ops, void *dev, struct moe_layer **out);
+void moe_layer_close(struct moe_layer *ml);
+
+/* The MoE FFN of one layer for a->n_tok tokens: routing, plan, dispatch to tiers and lanes,
+ * combine into a->out. 0 or -errno. */
+int moe_layer_run(struct moe_layer *ml, const struct moe_args *a);
+
+/* Between steps, once the backend's stream has been synced: the cache's accounting and
+ * admissions of the zero-copy path. */
+int moe_layer_step_end(struct moe_layer *ml);
+/* A decode step is being recorded into a CUDA graph (on) or no longer (off). */
+void moe_layer_set_recording(struct moe_layer *ml, bool on);
+/* A recorded step was replayed: every layer's routing was read back as recorded. */
+void moe_layer_replayed(struct moe_layer *ml);
+/* Whether a step runs without host syncs (so it may be recorded into a graph): no CPU lane,
+ * and no cache or a zero-copy cache without prediction. */
+bool moe_layer_graph_safe(const struct moe_layer *ml);
+
+/* Device memory the expert cache holds (slots, tables); 0 without one. */
+uint64_t moe_layer_vram_bytes(const struct moe_layer *ml);
+/* Gives back expert slots until `bytes` are free: the number given up (0: none left), or
+ * -errno. */
+int moe_layer_shrink(struct moe_layer *ml, uint64_t bytes);
+int moe_layer_slots(const struct moe_layer *ml); /* expert slots, 0 without a cache */
+
+/* Statistics: the cache's per-layer table (text) or JSON (0 and nothing without a cache). */
+int moe_layer_print_stats(const struct moe_layer *ml, FILE *f);
+int moe_layer_write_stats_json(const struct moe_layer *ml, const char *path);
+
+struct moe_cache_totals {
+    uint64_t hits, misses, evictions, bytes_copied, bytes_zerocopy;
+    uint64_t cpu_computed; /* misses the hybrid CPU lane computed */
+    uint64_t cpu_admitted; /* of those, also copied into a slot behind their call */
+    int slots;
+};
+/* The cache's totals over all layers so far; -ENOENT without a cache. */
+int moe_layer_cache_totals(const struct moe_layer *ml, struct moe_cache_totals *t);
+/* Wall seconds the CPU lane has spent computing experts since open. */
+double moe_layer_cpu_seconds(const struct moe_layer *ml);
+/* Layers whose experts run on the CPU lane (static placement), 0 when none. */
+int moe_layer_cpu_layers(const struct moe_layer *ml);
+
+#endif
