@@ -88,7 +88,7 @@ class SetupError(Exception):
 # ---- tiny synthetic tokenizer (CI reference) ----------------------------------------------------
 
 def gpt2_byte_map():
-    """Byte -> the character that stands for it in byte-level BPE token text (FORMATS.md §5)."""
+    """Byte -> the character that stands for it in byte-level BPE token text (docs/formats.md §5)."""
     printable = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
     m, extra = {}, 0
     for b in range(256):
