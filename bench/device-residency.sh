@@ -4,7 +4,8 @@
 # INFLATED=path also the inflated trained model. Binaries: .carry/bin.tar.xz (stripped).
 # Switches: SKIP_TESTS=1, SANITIZE=1 (memcheck of SANITIZE_TESTS), VERBOSE=1 (per-layer
 # tables), GRAPH=1 (also all-resident with --graph), PREFETCH/STATIC/HYBRID/ADMIT/GATHER=1
-# (those variants per budget; ADMIT = hybrid with STRATA_HYBRID_ADMIT=1), NCU=1 (ncu
+# (those variants per budget; ADMIT = hybrid with STRATA_HYBRID_ADMIT=1, which only builds
+# before 44d94b9 read: admission is on since), NCU=1 (ncu
 # per-kernel times of decode), BUDGETS="..." / IBUDGETS="..." (an empty list skips those
 # benches). Everything at once took 7.2 minutes at b97543e (bench/runs.md).
 set -u
