@@ -1,0 +1,155 @@
+/* cache_priv: the expert cache's state, shared by its files and by nothing else:
+ *   expert_cache.c   open and close
+ *   host_tier.c      T1: the stacked experts in pinned, device-mapped host memory
+ *   slot_pool.c      T0: the VRAM slots, the per-layer device pointer tables, shrinking
+ *   fill_copy.c      path (a): misses copied into slots before the layer; prediction; hybrid
+ *   fill_zerocopy.c  path (b): misses read in place, admitted at step ends; graph replays
+ *   cache_stats.c    per-layer statistics, text and JSON
+ * Threads: one (the MoE layer's caller). CUDA streams: the backend's compute stream (table
+ * uploads, the kernels that read the tables, read-backs of routing ids) and the cache's copy
+ * stream (every host-to-slot copy); an event orders the compute stream after the copies. */
+#ifndef STRATA_CACHE_PRIV_H
+#define STRATA_CACHE_PRIV_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cuda_mem.h"
+#include "expert_cache.h"
+#include "model.h"
+
+/* Host registration granule (progress reports, and the UVA check), 1 GiB unless the config's
+ * pin_chunk says otherwise (tests make experts straddle registrations with small pieces). */
+#define REG_CHUNK_DEFAULT (1ull << 30)
+#define SLOT_ALIGN 256
+#define SLOTS_PER_ALLOC 32
+
+enum { P_GATE = 0, P_UP, P_DOWN, P_N };
+
+struct ec_layer {
+    const uint8_t *host[P_N]; /* expert 0 of each stacked tensor in host memory */
+    uint8_t *mapped[P_N];     /* the same bytes as kernels address them (zero-copy) */
+    uint64_t stride[P_N];     /* bytes per expert */
+};
+
+struct ec_pending {
+    int layer, expert, slot;
+    uint32_t gen; /* the slot's admission count when this copy was enqueued */
+};
+
+struct expert_cache {
+    const struct model *m;
+    int n_layer, n_expert, n_slots, max_pairs;
+    struct slru *slru;
+    void *compute, *copy;
+    void *copy_done; /* event */
+    FILE *log;
+    bool gather;
+    struct cuda_gather batch; /* pieces not yet launched (gather mode) */
+
+    /* host tier */
+    uint8_t *reg_lo;  /* registered range (in place), or NULL */
+    size_t reg_bytes;
+    uint64_t reg_chunk; /* its pieces */
+    void *pinned;     /* the copy in cudaHostAlloc memory (last resort), or NULL */
+    void *arena;      /* the copy in an anonymous mapping on the GPU's node, registered */
+    size_t arena_bytes;
+    struct ec_layer *lay;
+
+    /* slots */
+    void **chunks;
+    int *chunk_first, *chunk_n; /* the slots of each chunk */
+    int n_chunks;
+    uint8_t **slot;
+    uint32_t *slot_gen; /* (n_slots) admissions into each slot so far */
+    uint64_t slot_bytes, off[P_N];
+
+    /* tables: [(layer * 3 + part) * n_expert + expert] */
+    void **tab_host; /* pinned mirror */
+    void *tab_host_dev;
+    void **tab_dev;
+    uint8_t *dirty; /* (n_layer) the device copy is stale */
+
+    /* prefetch */
+    const int32_t *pred_dev; /* set by expert_cache_predict_next for the next prepare_copy */
+    int n_pred;
+    int32_t *pred_host;      /* pinned (max_pairs) */
+    void *pred_host_dev;
+    bool copies_pending;     /* copies enqueued that no compute work has waited for yet */
+    bool recording;          /* a graph is being recorded: upload every table */
+    uint8_t *prefetched;     /* (n_layer * n_expert) admitted by prediction, not yet used */
+
+    /* hybrid */
+    bool hybrid;
+    expert_cache_split_fn split; /* the caller's choice of lane for each miss */
+    void *split_ctx;
+    int max_cpu_tok;
+    void *zero_slot;         /* slot_bytes of zeros: what a CPU-lane expert's entries point at */
+    int32_t *cpu_ids;        /* (n_expert) the last call's CPU-lane experts */
+    int n_cpu;
+    int32_t *miss_ids;       /* (n_expert) scratch: this call's misses */
+    int32_t *pair_count;     /* (n_expert) scratch: pairs routed to each expert this call */
+    uint8_t *miss_cpu;       /* (n_expert) scratch: split's answer, 1 = the CPU lane */
+    int32_t *zeroed;         /* (n_layer * n_expert) experts whose entries point at zero_slot,
+                                per layer, reverted at that layer's next call */
+    bool admit_idle;         /* admit a CPU-lane miss when PCIe got nothing */
+    int32_t bg_id;           /* a CPU-lane expert to admit behind this call's copies, or -1 */
+    int *n_zeroed;           /* (n_layer) */
+
+    /* (b) */
+    int32_t *ids_host; /* pinned (n_layer * max_pairs) */
+    void *ids_host_dev;
+    int *n_pending_ids; /* (n_layer), -1 = none */
+    struct ec_pending *pend; /* admissions whose copies may still run */
+    int n_pend, cap_pend;
+    struct ec_pending *next; /* admissions of this step end */
+    int n_next;
+
+    uint32_t *seen; /* (n_expert) stamp of the last call that saw the expert */
+    uint32_t stamp;
+    struct expert_cache_layer_stats *stats;
+};
+
+static inline uint64_t align_up(uint64_t x, uint64_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+static inline const struct weight *ec_weight(const struct model *m, int l, int p)
+{
+    const struct layer_weights *lw = &m->layers[l];
+    return p == P_GATE ? &lw->gate_exps : p == P_UP ? &lw->up_exps : &lw->down_exps;
+}
+
+static inline uint64_t ec_expert_bytes(const struct expert_cache *c, int l)
+{
+    return c->lay[l].stride[P_GATE] + c->lay[l].stride[P_UP] + c->lay[l].stride[P_DOWN];
+}
+
+/* host_tier.c: fills c->lay (host and mapped addresses, strides) from the model, pinning its
+ * memory in place or copying it into pinned memory; ec_host_tier_close undoes it. */
+int ec_host_tier(struct expert_cache *c);
+void ec_host_tier_close(struct expert_cache *c);
+
+/* slot_pool.c */
+int ec_slots(struct expert_cache *c, const struct expert_cache_config *cfg);
+/* The table entry of part p of expert e of layer l (pinned host mirror). */
+void **ec_entry(struct expert_cache *c, int l, int p, int e);
+/* Points (l, e)'s entries at its host bytes / at slot s; marks the layer's table dirty. */
+void ec_point_host(struct expert_cache *c, int l, int e);
+void ec_point_slot(struct expert_cache *c, int l, int e, int s);
+/* Whether (l, e)'s entries point at a slot (not at host memory). */
+bool ec_in_slot(struct expert_cache *c, int l, int e);
+/* The device tables of layer l. */
+void ec_tables(struct expert_cache *c, int l, struct expert_tables *t);
+/* Uploads layer l's table when dirty (or always while recording). */
+int ec_upload(struct expert_cache *c, int l);
+
+/* fill_copy.c: the copy machinery both paths use */
+/* Launches the gather pieces collected so far on the copy stream. */
+int ec_flush(struct expert_cache *c);
+/* Admits (l, e) into a slot and enqueues its copy; the evicted expert goes back to host. The
+ * slot, or -1 when every slot is guarded (*rc set on a real failure). */
+int ec_admit(struct expert_cache *c, int l, int e, int *rc);
+
+#endif

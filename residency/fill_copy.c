@@ -1,0 +1,294 @@
+/* fill_copy: serving misses by path (a). After a layer's routing the host reads the chosen ids
+ * back (one sync of the compute stream), looks each expert up in the SLRU, copies misses into
+ * slots on the copy stream (a DMA per piece, or one gather kernel per batch) and makes the
+ * compute stream wait for the copies with an event before the layer's experts run. Around that:
+ * the hybrid split (the caller's split function sends some misses to the CPU lane, their
+ * entries on an all-zero slot for the call), and prediction (the next layer's predicted experts
+ * admitted behind this layer's copies, never evicting this layer's or the next but one's). */
+#include "cache_priv.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "slru.h"
+
+/* Enqueues a host-to-slot copy. DMA from registered memory must stay inside one registration,
+ * so a source that straddles two of ec_register's pieces is copied in two parts. */
+static int ec_h2d(struct expert_cache *c, uint8_t *dst, const uint8_t *src, uint64_t n)
+{
+    while (n) {
+        uint64_t part = n;
+        if (c->reg_lo) {
+            uint64_t off = (uint64_t)(src - c->reg_lo), end = (off / c->reg_chunk + 1) * c->reg_chunk;
+            part = end - off < n ? end - off : n;
+        }
+        int rc = cuda_h2d(dst, src, part, c->copy);
+        if (rc)
+            return rc;
+        dst += part;
+        src += part;
+        n -= part;
+    }
+    return 0;
+}
+
+/* Gather mode: launches the pieces collected so far on the copy stream. */
+int ec_flush(struct expert_cache *c)
+{
+    int rc = c->batch.n ? cuda_gather_copy(&c->batch, c->copy) : 0;
+    c->batch.n = 0;
+    return rc;
+}
+
+/* One piece of an expert into its slot: a DMA copy, or (gather mode) an item of the next
+ * gather launch, which reads the mapped host bytes itself. */
+static int ec_copy_piece(struct expert_cache *c, uint8_t *dst, const uint8_t *host,
+                         const uint8_t *mapped, uint64_t n)
+{
+    if (!c->gather)
+        return ec_h2d(c, dst, host, n);
+    if (c->batch.n == CUDA_GATHER_MAX) {
+        int rc = ec_flush(c);
+        if (rc)
+            return rc;
+    }
+    c->batch.item[c->batch.n].src = mapped;
+    c->batch.item[c->batch.n].dst = dst;
+    c->batch.item[c->batch.n].bytes = n;
+    c->batch.n++;
+    return 0;
+}
+
+/* Admits (l, e) into a slot and enqueues its copy; the evicted expert goes back to host. The
+ * slot, or -1 when every slot is guarded (the expert stays in host memory). */
+int ec_admit(struct expert_cache *c, int l, int e, int *rc)
+{
+    int el = -1, ee = -1;
+    int s = slru_admit(c->slru, l, e, l, &el, &ee);
+    if (s < 0) {
+        if (s != -ENOSPC)
+            *rc = err_set(s, "expert cache: admitting expert %d of layer %d failed", e, l);
+        return -1;
+    }
+    if (el >= 0) {
+        ec_point_host(c, el, ee);
+        c->prefetched[(size_t)el * c->n_expert + ee] = 0;
+    }
+    c->slot_gen[s]++;
+    for (int p = 0; p < P_N && !*rc; p++) {
+        uint64_t at = (uint64_t)e * c->lay[l].stride[p];
+        *rc = ec_copy_piece(c, c->slot[s] + c->off[p], c->lay[l].host[p] + at,
+                            c->lay[l].mapped[p] + at, c->lay[l].stride[p]);
+    }
+    if (*rc)
+        *rc = err_set(*rc, "expert cache: streaming expert %d of layer %d failed", e, l);
+    c->stats[l].bytes_copied += ec_expert_bytes(c, l);
+    return s;
+}
+
+/* Hybrid: the misses of this call, each to PCIe (admitted and copied) or the CPU (entries on
+ * the zero slot until the layer's next call). Returns whether anything was copied. */
+static bool ec_assign_misses(struct expert_cache *c, int layer, const int32_t *ids, int n_pairs,
+                             int n_miss, int *rc)
+{
+    bool copied = false;
+    memset(c->pair_count, 0, sizeof(*c->pair_count) * (size_t)c->n_expert);
+    for (int j = 0; j < n_pairs; j++)
+        if (ids[j] >= 0 && ids[j] < c->n_expert)
+            c->pair_count[ids[j]]++;
+    c->split(c->split_ctx, layer, c->miss_ids, n_miss, c->pair_count,
+             ec_expert_bytes(c, layer), c->miss_cpu);
+    /* A CPU-lane expert is not cached, so with the PCIe lane idle this call the cache would
+     * stop learning (bench/hybrid.md: at 12 GiB on the H200 hybrid without it held a 97.0% hit
+     * rate where streaming alone reached 99.8%): with admit_idle the first CPU-lane miss is
+     * also copied into a slot, behind the call's copies, for the layer's next call; this call
+     * still computes it on the CPU. */
+    c->bg_id = -1;
+    int n_pcie = 0;
+    for (int i = 0; i < n_miss; i++)
+        n_pcie += !c->miss_cpu[i];
+    for (int i = 0; i < n_miss && c->admit_idle && !n_pcie && c->bg_id < 0; i++)
+        c->bg_id = c->miss_ids[i];
+    for (int i = 0; i < n_miss && !*rc; i++) {
+        int e = c->miss_ids[i];
+        if (c->miss_cpu[i]) {
+            for (int p = 0; p < P_N; p++)
+                *ec_entry(c, layer, p, e) = (uint8_t *)c->zero_slot + c->off[p];
+            c->dirty[layer] = 1;
+            c->zeroed[(size_t)layer * c->n_expert + c->n_zeroed[layer]++] = e;
+            c->cpu_ids[c->n_cpu++] = e;
+            c->stats[layer].cpu_computed++;
+            continue;
+        }
+        int s = ec_admit(c, layer, e, rc);
+        if (s >= 0) {
+            ec_point_slot(c, layer, e, s);
+            copied = true;
+        } else {
+            c->stats[layer].bytes_zerocopy += ec_expert_bytes(c, layer);
+        }
+    }
+    return copied;
+}
+
+static int ec_cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *ids_dev,
+                              int n_pairs, struct expert_tables *t)
+{
+    int32_t *ids = c->ids_host + (size_t)layer * c->max_pairs;
+    bool copied = false;
+    int rc = 0;
+
+    if (n_pairs > c->max_pairs)
+        return err_set(-EINVAL, "expert cache: %d pairs (at most %d)", n_pairs, c->max_pairs);
+    if (c->n_pending_ids[layer] >= 0) { /* (b) ids of this layer not yet accounted */
+        rc = cuda_stream_sync(c->compute); /* nothing may read a slot it re-assigns */
+        rc = rc ? err_set(rc, "expert cache: sync failed") : expert_cache_step_end(c);
+        if (rc)
+            return rc;
+    }
+    int n_pred = layer + 1 < c->n_layer && c->pred_dev ? c->n_pred : 0;
+    if (n_pred > c->max_pairs)
+        n_pred = c->max_pairs;
+    rc = cuda_d2h(ids, ids_dev, sizeof(int32_t) * (size_t)n_pairs, c->compute);
+    if (!rc && n_pred)
+        rc = cuda_d2h(c->pred_host, c->pred_dev, sizeof(int32_t) * (size_t)n_pred, c->compute);
+    c->pred_dev = NULL;
+    rc = rc ? rc : cuda_stream_sync(c->compute);
+    if (rc)
+        return err_set(rc, "expert cache: reading layer %d's routing back failed", layer);
+    slru_step(c->slru);
+    c->stamp++;
+    /* the CPU lane's zero entries of this layer's previous call go back to host memory (that
+     * call's kernel and table upload are done: the stream was synced above) */
+    if (c->hybrid) {
+        for (int i = 0; i < c->n_zeroed[layer]; i++) {
+            int e = c->zeroed[(size_t)layer * c->n_expert + i];
+            int s = slru_peek(c->slru, layer, e); /* admitted in the background since */
+            if (s >= 0)
+                ec_point_slot(c, layer, e, s);
+            else
+                ec_point_host(c, layer, e);
+        }
+        c->n_zeroed[layer] = 0;
+        c->n_cpu = 0;
+        c->bg_id = -1;
+    }
+    bool split = c->hybrid && n_pairs <= c->max_cpu_tok * (int)c->m->hp.n_expert_used;
+    int n_miss = 0;
+    for (int i = 0; i < n_pairs && !rc; i++) {
+        int e = ids[i];
+        if (e < 0 || e >= c->n_expert || c->seen[e] == c->stamp)
+            continue; /* a bad id is the kernel's to report (NaN) */
+        c->seen[e] = c->stamp;
+        uint8_t *pf = &c->prefetched[(size_t)layer * c->n_expert + e];
+        if (*pf && slru_peek(c->slru, layer, e) >= 0)
+            c->stats[layer].prefetch_used++;
+        *pf = 0;
+        if (slru_lookup(c->slru, layer, e) >= 0) {
+            if (!ec_in_slot(c, layer, e)) /* admitted by (b) and not yet switched */
+                c->stats[layer].bytes_zerocopy += ec_expert_bytes(c, layer);
+            continue;
+        }
+        if (split) { /* decided together below */
+            c->miss_ids[n_miss++] = e;
+            continue;
+        }
+        int s = ec_admit(c, layer, e, &rc);
+        if (s >= 0) {
+            ec_point_slot(c, layer, e, s);
+            copied = true;
+        } else {
+            c->stats[layer].bytes_zerocopy += ec_expert_bytes(c, layer);
+        }
+    }
+    if (split && n_miss && !rc) {
+        qsort(c->miss_ids, (size_t)n_miss, sizeof(int32_t), ec_cmp_i32);
+        copied |= ec_assign_misses(c, layer, ids, n_pairs, n_miss, &rc);
+        qsort(c->cpu_ids, (size_t)c->n_cpu, sizeof(int32_t), ec_cmp_i32);
+    }
+    rc = rc ? rc : ec_upload(c, layer);
+    /* this layer's experts wait for every copy enqueued so far: its misses, and experts a
+     * prediction at the previous layer admitted, whose entries already point at their slots */
+    rc = rc ? rc : ec_flush(c);
+    if (!rc && (copied || c->copies_pending)) {
+        rc = cuda_event_record(c->copy_done, c->copy);
+        rc = rc ? rc : cuda_stream_wait(c->compute, c->copy_done);
+        if (rc)
+            rc = err_set(rc, "expert cache: ordering layer %d after its copies failed", layer);
+        c->copies_pending = false;
+    }
+    /* then a CPU-lane expert of this call, for the layer's next call (its entries stay on the
+     * zero slot until then; the next layer's call waits for the copy) */
+    if (!rc && c->hybrid && c->bg_id >= 0 && slru_peek(c->slru, layer, c->bg_id) < 0 &&
+        ec_admit(c, layer, c->bg_id, &rc) >= 0) {
+        c->stats[layer].cpu_admitted++;
+        c->copies_pending = true;
+    }
+    /* then the predicted experts of the next layer start copying behind them */
+    for (int i = 0; i < n_pred && !rc; i++) {
+        int e = c->pred_host[i], next = layer + 1;
+        if (e < 0 || e >= c->n_expert || slru_peek(c->slru, next, e) >= 0)
+            continue;
+        int s = ec_admit(c, next, e, &rc);
+        if (s < 0)
+            continue;
+        ec_point_slot(c, next, e, s);
+        c->prefetched[(size_t)next * c->n_expert + e] = 1;
+        c->stats[next].prefetched++;
+        c->copies_pending = true;
+    }
+    rc = rc ? rc : ec_flush(c);
+    ec_tables(c, layer, t);
+    return rc;
+}
+
+void expert_cache_set_hybrid_admit(struct expert_cache *c, bool on)
+{
+    c->admit_idle = on;
+}
+
+int expert_cache_set_hybrid(struct expert_cache *c, expert_cache_split_fn split, void *ctx,
+                            int max_cpu_tok)
+{
+    size_t ne = (size_t)c->n_expert;
+    c->cpu_ids = malloc(sizeof(*c->cpu_ids) * ne);
+    c->miss_ids = malloc(sizeof(*c->miss_ids) * ne);
+    c->pair_count = malloc(sizeof(*c->pair_count) * ne);
+    c->miss_cpu = malloc(ne);
+    c->zeroed = malloc(sizeof(*c->zeroed) * ne * (size_t)c->n_layer);
+    c->n_zeroed = calloc((size_t)c->n_layer, sizeof(*c->n_zeroed));
+    if (!c->cpu_ids || !c->miss_ids || !c->pair_count || !c->miss_cpu ||
+        !c->zeroed || !c->n_zeroed)
+        return err_set(-ENOMEM, "out of memory");
+    int rc = cuda_malloc(&c->zero_slot, c->slot_bytes);
+    rc = rc ? rc : cuda_memset(c->zero_slot, 0, c->slot_bytes, c->compute);
+    rc = rc ? rc : cuda_stream_sync(c->compute);
+    if (rc)
+        return err_set(rc, "expert cache: no device memory for the zero slot");
+    c->split = split;
+    c->split_ctx = ctx;
+    c->max_cpu_tok = max_cpu_tok;
+    c->bg_id = -1;
+    c->hybrid = true;
+    return 0;
+}
+
+int expert_cache_cpu_experts(const struct expert_cache *c, const int32_t **ids)
+{
+    *ids = c->cpu_ids;
+    return c->n_cpu;
+}
+
+void expert_cache_predict_next(struct expert_cache *c, const int32_t *pred_dev, int n)
+{
+    c->pred_dev = pred_dev;
+    c->n_pred = n;
+}
