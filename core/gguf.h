@@ -4,7 +4,7 @@
  * alignment before use and fails with -EINVAL/-EOVERFLOW/-ERANGE and an err_msg() that names
  * the key or tensor and the byte offset. It never reads outside the mapping.
  *
- * Layout facts: ../shared/reference/FORMATS.md §1.
+ * Layout: docs/formats.md §1 (GGUF).
  */
 #ifndef STRATA_GGUF_H
 #define STRATA_GGUF_H
@@ -66,7 +66,7 @@ struct gguf_tensor {
     char *name;                  /* NUL-terminated copy, owned by the file */
     uint32_t n_dims;             /* 1..4 */
     uint64_t ne[GGUF_MAX_DIMS];  /* ne[0] contiguous; unused dims are 1 */
-    uint32_t type;               /* ggml type id, known to runtime/quant.h */
+    uint32_t type;               /* ggml type id, known to core/quant.h */
     uint64_t offset;             /* relative to the data section, as stored */
     uint64_t size;               /* bytes, from the type table */
     const void *data;            /* view into the mapping: data_offset + offset */
@@ -161,7 +161,7 @@ void gguf_writer_abort(struct gguf_writer *w); /* frees w, removes the temp file
  *   quant_type_find; ne[0] a multiple of the block;
  * - each tensor offset a multiple of the alignment, its bytes inside the file, no two tensors
  *   overlapping (any order and gaps are allowed). */
-#define GGUF_KEY_MAX 65535 /* longest key in bytes (FORMATS.md §1.2) */
+#define GGUF_KEY_MAX 65535 /* longest key in bytes (docs/formats.md §1.2) */
 #define GGUF_NAME_MAX 63   /* longest tensor name in bytes (ggml's GGML_MAX_NAME, less the NUL) */
 
 /* Encoded size in bytes of one value of a fixed-size type; 0 for STRING, ARRAY and unknown. */

@@ -45,7 +45,7 @@ static bool name_has(const char *name, const char *part)
 /* The mix's choice before the row-length check. */
 static uint32_t mix_choice(enum quant_mix mix, const char *name, uint32_t n_dims)
 {
-    /* norms and the router stay F32 in every mix (FORMATS.md §6.1 dtype rules) */
+    /* norms and the router stay F32 in every mix (docs/formats.md §3, quant mixes) */
     if (mix == QUANT_MIX_F32 || n_dims < 2 || name_has(name, "_norm") ||
         name_has(name, "ffn_gate_inp"))
         return QUANT_F32;

@@ -1,5 +1,5 @@
 /* quant_mix: which tensor type each tensor of a checkpoint gets under a named mix, the one
- * policy behind strata gen and strata convert (and later quantize). Facts: FORMATS.md §3. */
+ * policy behind strata gen and strata convert. Mixes: docs/formats.md §3. */
 #ifndef STRATA_QUANT_MIX_H
 #define STRATA_QUANT_MIX_H
 

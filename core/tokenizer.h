@@ -12,7 +12,7 @@
  * own and is encoded as its byte token; decoding gives the same bytes back.
  *
  * A tokenizer is immutable after open: encode and decode may run from several threads at once.
- * Facts about the GGUF keys: ../shared/reference/FORMATS.md §5; docs/tokenizer.md.
+ * The GGUF keys: docs/formats.md §5 (tokenizer.json: §6.5); docs/tokenizer.md.
  */
 #ifndef STRATA_TOKENIZER_H
 #define STRATA_TOKENIZER_H

@@ -1,7 +1,6 @@
-/* moe: the MoE FFN path: routing (softmax -> top-k -> renormalise), the per-layer expert plan
- * (which experts, which tokens, which router weights, and the lane each expert is served on),
- * and dispatch to the lanes. Only the CPU lane exists so far; the plan carries the lane so the
- * GPU slot and streaming lanes slot in without touching the arch files.
+/* moe: the pieces of the MoE FFN path: routing (softmax -> top-k -> renormalise), the
+ * per-layer expert plan (which experts, which tokens, which router weights, and the lane each
+ * expert is computed on) and the CPU lane. moe_layer.h puts them together for one layer.
  */
 #ifndef STRATA_MOE_H
 #define STRATA_MOE_H

@@ -1,4 +1,4 @@
-/* budget: the VRAM budget arithmetic of --vram-budget (issue 5): what the trunk, KV cache and
+/* budget: the VRAM budget arithmetic of --vram-budget: what the trunk, KV cache and
  * scratch take, and how many fixed-size expert slots the rest holds. */
 #ifndef STRATA_BUDGET_H
 #define STRATA_BUDGET_H

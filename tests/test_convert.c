@@ -4,7 +4,7 @@
  * ffn 64, vocab 272 of which the tokenizer defines 264) holds fresh random weights in F32,
  * BF16 and F16; layer 0 stores its experts per expert, layer 1 fused (gate_up_proj, down_proj).
  * The expected GGUF tensors are computed here from the per-expert values and the mapping of
- * FORMATS.md §6.1, independently of the converter. Checks, for each mix (f32, bf16, q8_0,
+ * docs/formats.md §6.4, independently of the converter. Checks, for each mix (f32, bf16, q8_0,
  * q4_k_m): names, types, shapes; f32 and bf16 data bit for bit; quantized data within the
  * reference quantizers' bounds; the metadata and vocabulary; model_open and finite logits.
  * Then: sharded input gives the same tensors; any thread count gives the same bytes; the
@@ -490,7 +490,7 @@ static void expect_direct(const char *gguf, const char *hf)
     memcpy(e->v, s->v, e->n * sizeof(float));
 }
 
-/* blk.L.ffn_X_exps: the per-expert tensors stacked over E (FORMATS.md §6.1). */
+/* blk.L.ffn_X_exps: the per-expert tensors stacked over E (docs/formats.md §6.4). */
 static void expect_experts(int l, const char *gguf, const char *hf, uint64_t rows, uint64_t cols)
 {
     struct expect *e = &expects[n_expects++];

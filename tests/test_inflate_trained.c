@@ -1,4 +1,4 @@
-/* gen --inflate on the shipped trained model (issue 7): the inflated model must route like the
+/* gen --inflate on the shipped trained model: the inflated model must route like the
  * small one, on real text (tests/data/routing-prompts.txt through the model's own tokenizer):
  * the top-k sets of >= 95% of (token, layer) pairs equal. CI inflates to a mid-size target
  * (hidden 512, expert FFN 64; f32 and q4_k_m); with STRATA_INFLATED=FILE the test compares an

@@ -1,5 +1,5 @@
 /* convert: the qwen3moe tensor plan (names, shapes, expert layouts), the hyperparameter keys,
- * and the parallel row conversion into the GGUF writer. Facts: FORMATS.md §4(a), §6.1. */
+ * and the parallel row conversion into the GGUF writer. Formats: docs/formats.md §4, §6. */
 #include "convert.h"
 
 #include <errno.h>

@@ -1,5 +1,5 @@
-/* The tokenizer.* keys of a converted file, from tokenizer.json (runtime/vocab_json.h),
- * tokenizer_config.json and chat_template.jinja. Facts: FORMATS.md §5. */
+/* The tokenizer.* keys of a converted file, from tokenizer.json (core/vocab_json.h),
+ * tokenizer_config.json and chat_template.jinja. Formats: docs/formats.md §5, §6.5. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

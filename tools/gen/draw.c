@@ -2,7 +2,7 @@
  *
  * Codes are uniform over their range; scales are chosen from the second moments below so that
  * the dequantized values have the requested std, and mins (Q4_K/Q5_K) cancel the code mean of
- * each sub-block, so that the values have mean ~0. Block layouts: FORMATS.md §2.
+ * each sub-block, so that the values have mean ~0. Block layouts: docs/formats.md §2.
  *
  *   format  codes q           code variance       sub-block scale        super-block scale d
  *   Q8_0    -127..127         (255^2 - 1)/12      -                      std·u/sqrt(E q² E u²),
@@ -64,7 +64,7 @@ static void draw_k_scales(uint8_t sc[8], struct rng *r)
         sc[s] = (uint8_t)(32 + ((x >> (5 * s)) & 31));
 }
 
-/* Packs 8 scales and 8 mins (6 bits each) into the 12-byte K-quant layout (FORMATS.md §2.4). */
+/* Packs 8 scales and 8 mins (6 bits each) into the 12-byte K-quant layout (docs/formats.md §2.4, Q4_K and Q5_K scales). */
 static void pack_k_scales(uint8_t out[K_SCALE_SIZE], const uint8_t sc[8], const uint8_t m[8])
 {
     for (int j = 0; j < 4; j++) {

@@ -104,7 +104,7 @@ static void plan_add(struct gen_run *run, const struct gen_config *cfg, uint64_t
     run->n_jobs += t->n_chunks;
 }
 
-/* The qwen3moe tensor list (FORMATS.md §4(a)) in file order: token_embd, the layers, then
+/* The qwen3moe tensor list (docs/formats.md §4.2) in file order: token_embd, the layers, then
  * output_norm and output. Fan-in scaling: std = 1/sqrt(input length of the product). */
 static int plan_build(struct gen_run *run, const struct gen_config *cfg, uint32_t n_vocab,
                       uint64_t *n_fallback)

@@ -52,7 +52,7 @@ const struct gen_preset *gen_presets(uint32_t *n);
 /* The preset called name, or NULL. */
 const struct gen_preset *gen_preset_find(const char *name);
 
-/* Quant mixes: runtime/quant_mix.h (gen draws f32, q8_0 and q4_k_m; bf16 is refused). */
+/* Quant mixes: core/quant_mix.h (gen draws f32, q8_0 and q4_k_m; bf16 is refused). */
 
 /* ---- drawing ------------------------------------------------------------------------------ */
 

@@ -9,7 +9,7 @@
 /* tiny: small enough for CI (< 10 MB even in F32) yet with n_embd = 256 so that the K-quant
  * tensors whose rows are n_embd long (token_embd, output, gate/up experts) keep their K type.
  * The expert rows of ffn_down_exps are n_ff_exp = 128 long and fall back from Q6_K to Q8_0.
- * The Qwen3 sizes follow their released config.json (FORMATS.md §4(a)). */
+ * The Qwen3 sizes follow their released config.json (docs/formats.md §4). */
 static const struct gen_preset presets[] = {
     {
         .name = "tiny",

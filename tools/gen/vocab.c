@@ -1,7 +1,7 @@
 /* gen vocab: byte-level BPE vocabularies for generated files.
  *
  * The synthetic vocabulary is learned here by plain BPE over gen_corpus_text(): the text is
- * split into pieces by an ASCII version of the qwen2 pre-tokenizer rule (FORMATS.md §5), each
+ * split into pieces by an ASCII version of the qwen2 pre-tokenizer rule (docs/formats.md §5), each
  * piece starts as its bytes, and the most frequent adjacent pair (ties: smallest left id, then
  * smallest right id) is merged until the vocabulary is full or every piece is one token. Token
  * text is written in the GPT-2 byte-to-unicode map, so any GGUF reader that handles Qwen's
