@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks strata's layering (docs/DESIGN.md): every #include "..." of the library and command
-sources resolves to a header of a folder at the same layer or below, and no two modules of
-different folders include each other in a circle. A module is a file name without its
+sources resolves to a header of a folder at the same layer or below, no two folders use each
+other (directly or around a circle), and no two modules of different folders include each
+other in a circle. A module is a file name without its
 extension (x.h and x.c are one module). Prints the folder graph and exits 1 on a violation.
 
     scripts/layers.py [--graph]
@@ -61,7 +62,11 @@ def main():
             dst = f"{target}/{os.path.splitext(base)[0]}"
             if dst != src:
                 edges.setdefault(src, set()).add(dst)
-            if target != folder:
+            # a subfolder (runtime/arch) is part of its folder's module for this check
+            top_src, top_dst = folder.split("/")[0], target.split("/")[0]
+            if top_src != top_dst and not folder.startswith("tools"):
+                folder_edges.setdefault(top_src, set()).add(top_dst)
+            elif folder.startswith("tools") and target != folder:
                 folder_edges.setdefault(folder, set()).add(target)
     # circles of modules that span folders: strongly connected components (Tarjan)
     index, low, stack, on, comps = {}, {}, [], set(), []
@@ -96,6 +101,17 @@ def main():
         folders = {m.rsplit("/", 1)[0] for m in comp}
         if len(folders) > 1:
             bad.append("circle across folders: " + " -> ".join(sorted(comp)))
+    # and circles of folders (folders of one layer may use each other, but only one way)
+    def reach(a, b, seen=None):
+        seen = seen or set()
+        for n in folder_edges.get(a, ()):
+            if n == b or (n not in seen and not seen.add(n) and reach(n, b, seen)):
+                return True
+        return False
+    for a in sorted(folder_edges):
+        for b in sorted(folder_edges[a]):
+            if a < b and reach(b, a):
+                bad.append(f"folders {a}/ and {b}/ use each other")
     if "--graph" in sys.argv:
         for folder in sorted(folder_edges, key=lambda f: (-RANK[f], f)):
             print(f"{folder} -> {', '.join(sorted(folder_edges[folder]))}")
@@ -103,7 +119,7 @@ def main():
         print("layers: " + line)
     n_inc = sum(len(v) for v in edges.values())
     print(f"layers: {len(sources)} files, {n_inc} module includes, "
-          f"{len(bad)} violations (upward includes or circles across folders)")
+          f"{len(bad)} violations (upward includes, circles of folders or of files across folders)")
     return 1 if bad else 0
 
 
