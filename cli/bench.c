@@ -8,23 +8,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arch/arch.h"
-#include "backend.h"
 #include "backend_profile.h"
 #include "budget.h"
-#include "errors.h"
-#include "run_opts.h"
-#include "cuda_mem.h"
+#include "clock.h"
 #include "cli.h"
-#include "generate.h"
+#include "cuda_mem.h"
+#include "errors.h"
 #include "gguf.h"
 #include "membw.h"
 #include "model.h"
 #include "model_arch.h"
 #include "rng.h"
+#include "run_opts.h"
 #include "sampler.h"
-#include "stream.h"
-#include "tokenizer.h"
+#include "strata.h"
+#include "strata_internal.h"
 #include "topo.h"
 
 struct bench_opts {
@@ -176,10 +174,13 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
 
 /* -f: the prompt file's tokens, at most *n of them (*n becomes the count). 0, or 1 after
  * printing the error. */
-static int bench_prompt_text(const struct model *m, const char *path, int32_t *ids, int *n)
+static int bench_prompt_text(const struct strata *st, const char *path, int32_t *ids, int *n)
 {
+    struct strata_model_info mi;
     FILE *f = fopen(path, "r");
-    if (!f || !m->tok) {
+
+    strata_model_info(st, &mi);
+    if (!f || !mi.has_tokenizer) {
         fprintf(stderr, "strata bench: %s: %s\n", path,
                 f ? "the model has no tokenizer" : strerror(errno));
         if (f)
@@ -195,7 +196,7 @@ static int bench_prompt_text(const struct model *m, const char *path, int32_t *i
         return 1;
     text[len] = 0;
     int32_t *all = malloc(sizeof(int32_t) * (len + 4));
-    int k = all ? tokenizer_encode(m->tok, text, len, 0, all, len + 4) : -ENOMEM;
+    int k = all ? strata_tokenize(st, text, len, 0, all, (int)(len + 4)) : -ENOMEM;
     free(text);
     if (k <= 0) {
         fprintf(stderr, "strata bench: %s: no prompt tokens\n", path);
@@ -224,51 +225,63 @@ static double bench_token_bytes(const struct model *m)
     return b;
 }
 
+/* The bench options as the API's config: the CPU, or CUDA (--device cuda, --vram-budget,
+ * --placement), a stream of the prompt and the decode steps, the prompt in one batch. */
+static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
+{
+    strata_config_init(cfg);
+    cfg->model_path = o->model;
+    cfg->device = o->cuda ? STRATA_DEVICE_CUDA : STRATA_DEVICE_CPU;
+    cfg->vram_budget = o->vram_budget;
+    cfg->placement = o->hybrid           ? STRATA_PLACEMENT_HYBRID
+                     : o->cpu_moe_layers ? STRATA_PLACEMENT_STATIC
+                                         : STRATA_PLACEMENT_STREAM;
+    if (o->cpu_moe_layers)
+        cfg->cpu_moe_layers = o->cpu_moe_layers;
+    cfg->fill = (enum strata_fill)o->residency;
+    cfg->flags = (o->graph ? STRATA_FLAG_GRAPH : 0) | (o->prefetch ? STRATA_FLAG_PREFETCH : 0) |
+                 (o->gather ? STRATA_FLAG_GATHER : 0) | (o->no_mmap ? STRATA_FLAG_NO_MMAP : 0);
+    cfg->n_threads = o->n_threads;
+    cfg->n_ctx = o->n_prompt + o->n_gen + 1;
+    cfg->n_batch = o->n_prompt;
+    cfg->log = stderr;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     struct bench_opts o;
+    struct strata_config cfg;
+    struct strata *st = NULL;
+    struct strata_stream *ss = NULL;
     struct model *m = NULL;
     struct backend *b = NULL;
-    struct stream *s = NULL;
-    struct backend_cpu_config bc;
     int rc = bench_parse(argc, argv, &o);
     if (rc)
         return rc == 1 ? 0 : rc;
 
-    bc.n_threads = o.n_threads;
-    if (o.bind) {
+    if (o.bind) { /* before the model is read; on every core (the GPU's node is not asked) */
         struct topo *t = NULL;
         int nb = topo_open(&t) ? -1 : topo_bind_openmp(t, -1, o.n_threads);
         topo_close(t);
         if (nb < 0)
             return cli_fail("--bind");
     }
-    if (model_open(o.model, &m))
-        return cli_fail("loading the model");
-    double t_copy = generate_now();
-    if (o.no_mmap && model_load_copy(m, o.n_threads)) {
-        rc = cli_fail("copying the weights");
-        goto out;
-    }
-    t_copy = generate_now() - t_copy;
-    struct backend_cuda_config cc = {
-        .device = 0, .vram_budget = o.vram_budget, .n_ctx = o.n_prompt + o.n_gen + 1,
-        .max_tok = o.n_prompt, .residency = (enum backend_residency)o.residency,
-        .prefetch = o.prefetch != 0, .cpu_moe_layers = o.cpu_moe_layers, .hybrid = o.hybrid,
-        .gather_copies = o.gather, .graph = o.graph,
-        .log = stderr,
-    };
-    int brc = o.cuda ? backend_cuda_open(m, &cc, &b) : backend_cpu_open(m, &bc, &b);
-    struct backend *core = b; /* b may become the profiling wrapper around it */
+    bench_config(&o, &cfg);
+    if (strata_load(&cfg, &st))
+        return cli_open_fail();
+    m = strata_model_of(st);
+    double t_copy = strata_copy_seconds(st);
+    int brc = strata_start(st);
     if (o.cuda && o.profile) {
         fprintf(stderr, "strata bench: --profile times ops as they run, so only with --device cpu\n");
         o.profile = 0;
     }
-    if (brc || (o.profile && backend_profile_open(b, &b)) ||
-        stream_open(b, o.n_prompt + o.n_gen + 1, o.n_prompt, &s)) {
+    if (brc || (o.profile && strata_profile_open(st)) ||
+        strata_stream_open(st, o.n_prompt + o.n_gen + 1, &ss)) {
         rc = cli_fail("starting the engine");
         goto out;
     }
+    b = strata_backend_of(st); /* the profiling wrapper with --profile */
     int threads = omp_get_max_threads();
     const struct model_hparams *hp = &m->hp;
     /* The floor is physical: the machine's read bandwidth with every processor reading,
@@ -290,42 +303,44 @@ int cmd_bench(int argc, char **argv)
     rng_seed(&r, 1234, 0);
     for (int i = 0; i < o.n_prompt; i++)
         ids[i] = (int32_t)rng_below(&r, hp->n_vocab);
-    if (o.prompt_file && (rc = bench_prompt_text(m, o.prompt_file, ids, &o.n_prompt))) {
+    if (o.prompt_file && (rc = bench_prompt_text(st, o.prompt_file, ids, &o.n_prompt))) {
         free(ids);
         free(logits);
         goto out;
     }
 
     /* touch the weights once so the page cache, not the disk, is measured */
-    double t0 = generate_now();
-    rc = stream_eval(s, ids, 1, logits);
-    double t_warm = generate_now() - t0;
-    stream_truncate(s, 0);
+    double t0 = clock_now_s();
+    rc = strata_eval(ss, ids, 1, logits);
+    double t_warm = clock_now_s() - t0;
+    strata_stream_truncate(ss, 0);
 
     if (o.profile)
         backend_profile_report(b, stdout, "the first token");
-    struct backend_cache_totals p0 = {0}, p1 = {0};
-    bool pp_cached = o.cuda && backend_cuda_cache_totals(core, &p0) == 0;
-    t0 = generate_now();
-    rc = rc ? rc : stream_eval(s, ids, o.n_prompt, logits);
-    double t_pp = generate_now() - t0;
+    struct strata_stats p0, p1 = {0};
+    strata_get_stats(st, &p0);
+    bool pp_cached = p0.has_cache;
+    t0 = clock_now_s();
+    rc = rc ? rc : strata_eval(ss, ids, o.n_prompt, logits);
+    double t_pp = clock_now_s() - t0;
     if (pp_cached)
-        backend_cuda_cache_totals(core, &p1);
+        strata_get_stats(st, &p1);
     if (o.profile)
         backend_profile_report(b, stdout, "prompt processing");
     int32_t tok = sampler_argmax(logits, (int)hp->n_vocab);
-    struct backend_cache_totals c0 = {0}, c1 = {0};
-    bool cached = o.cuda && backend_cuda_cache_totals(core, &c0) == 0;
-    double lane0 = o.cuda ? backend_cuda_cpu_lane_seconds(core) : 0;
-    t0 = generate_now();
+    struct strata_stats c0, c1 = {0}, now;
+    strata_get_stats(st, &c0);
+    bool cached = c0.has_cache;
+    double lane0 = c0.cpu_lane_seconds; /* 0 on the CPU */
+    t0 = clock_now_s();
     for (int i = 0; !rc && i < o.n_gen; i++) { /* as greedy generation: only the id is read */
         if (!o.tg_greedy)
             tok = (int32_t)rng_below(&r, hp->n_vocab);
-        rc = stream_eval_argmax(s, &tok, 1, &tok);
+        rc = strata_eval_argmax(ss, &tok, 1, &tok);
     }
-    double t_tg = generate_now() - t0;
+    double t_tg = clock_now_s() - t0;
     if (cached)
-        backend_cuda_cache_totals(core, &c1);
+        strata_get_stats(st, &c1);
     /* the machine's bandwidth drifts between runs (shared hosts): probe again after the
      * timed runs, and let the floor use the highest probe of the run */
     double bw_after = membw_measure((size_t)(o.bw_gib * (1u << 30)), procs, 5);
@@ -345,14 +360,14 @@ int cmd_bench(int argc, char **argv)
     double tg = o.n_gen / t_tg;
     printf("model        %s (%s, %u layers, %u experts top-%u)\n", o.model, m->arch->name,
            hp->n_layer, hp->n_expert, hp->n_expert_used);
+    strata_get_stats(st, &now);
     if (o.cuda)
-        printf("backend      cuda, %.2f GiB of VRAM%s\n",
-               backend_cuda_vram_bytes(core) / 1073741824.0,
-               backend_cuda_graph(core) ? ", decode steps replayed from a CUDA graph" : "");
-    if (o.cuda && backend_cuda_cpu_moe_layers(core))
+        printf("backend      cuda, %.2f GiB of VRAM%s\n", now.vram_bytes / 1073741824.0,
+               now.graph ? ", decode steps replayed from a CUDA graph" : "");
+    if (o.cuda && now.cpu_moe_layers)
         printf("placement    static: experts of %d of %u layers on the CPU (%d threads), the "
                "rest resident\n",
-               backend_cuda_cpu_moe_layers(core), hp->n_layer, threads);
+               now.cpu_moe_layers, hp->n_layer, threads);
     else
         printf("backend      cpu, %d threads\n", threads);
     printf("host read    %.1f GB/s with %d threads, %.1f GB/s with %d; %.1f GB/s with %d after "
@@ -382,8 +397,8 @@ int cmd_bench(int argc, char **argv)
         /* the streaming lane: misses over PCIe, against pinned H2D measured now */
         double h2d = cuda_h2d_bandwidth(NULL, (size_t)256 << 20, 10);
         uint64_t acc = (c1.hits - c0.hits) + (c1.misses - c0.misses);
-        double moved = (double)(c1.bytes_copied - c0.bytes_copied) +
-                       (double)(c1.bytes_zerocopy - c0.bytes_zerocopy);
+        double moved = (double)(c1.bytes_streamed - c0.bytes_streamed) +
+                       (double)(c1.bytes_zero_copy - c0.bytes_zero_copy);
         double per_tok = moved / o.n_gen, pcie_floor = per_tok / h2d;
         printf("cache        %d slots; decode hit rate %.1f%% (%llu of %llu expert uses), %llu "
                "evictions\n",
@@ -392,12 +407,12 @@ int cmd_bench(int argc, char **argv)
                (unsigned long long)(c1.evictions - c0.evictions));
         printf("pcie         %.1f GB/s pinned H2D (256 MiB, median of 10); decode moved %.1f MB "
                "per token (%.1f copied, %.1f read in place) = %.1f GB/s = %.0f%% of H2D\n",
-               h2d / 1e9, per_tok / 1e6, (double)(c1.bytes_copied - c0.bytes_copied) / o.n_gen / 1e6,
-               (double)(c1.bytes_zerocopy - c0.bytes_zerocopy) / o.n_gen / 1e6,
+               h2d / 1e9, per_tok / 1e6, (double)(c1.bytes_streamed - c0.bytes_streamed) / o.n_gen / 1e6,
+               (double)(c1.bytes_zero_copy - c0.bytes_zero_copy) / o.n_gen / 1e6,
                moved / t_tg / 1e9, 100.0 * moved / t_tg / h2d);
         if (pp_cached) { /* prefill streams most of a layer's experts: often PCIe-bound */
-            double pmoved = (double)(p1.bytes_copied - p0.bytes_copied) +
-                            (double)(p1.bytes_zerocopy - p0.bytes_zerocopy);
+            double pmoved = (double)(p1.bytes_streamed - p0.bytes_streamed) +
+                            (double)(p1.bytes_zero_copy - p0.bytes_zero_copy);
             printf("pcie pp      prefill moved %.2f GB in %.3f s = %.1f GB/s = %.0f%% of H2D\n",
                    pmoved / 1e9, t_pp, pmoved / t_pp / 1e9, 100.0 * pmoved / t_pp / h2d);
         }
@@ -422,11 +437,12 @@ int cmd_bench(int argc, char **argv)
                both_floor > 0 ? 1.0 / both_floor : 0.0, miss_bytes / 1e6, h2d / 1e9, bw / 1e9,
                100.0 * tg * both_floor);
         if (o.stats)
-            backend_cuda_print_stats(core, stdout);
-        if (o.stats_json && backend_cuda_write_stats_json(core, o.stats_json))
+            strata_print_cache_stats(st, stdout);
+        if (o.stats_json && strata_write_cache_stats_json(st, o.stats_json))
             cli_fail("--stats-json");
     }
-    double lane_s = o.cuda ? backend_cuda_cpu_lane_seconds(core) - lane0 : 0;
+    strata_get_stats(st, &now);
+    double lane_s = o.cuda ? now.cpu_lane_seconds - lane0 : 0;
     if (lane_s > 0) /* the PCIe lane's busy share is the "% of H2D" above */
         printf("lanes        CPU lane busy %.0f%% of decode (%.2f ms of experts per token)\n",
                100.0 * lane_s / t_tg, 1e3 * lane_s / o.n_gen);
@@ -437,8 +453,7 @@ int cmd_bench(int argc, char **argv)
     free(ids);
     free(logits);
 out:
-    stream_close(s);
-    backend_close(b);
-    model_close(m);
+    strata_stream_close(ss);
+    strata_close(st);
     return rc;
 }

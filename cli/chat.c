@@ -6,9 +6,8 @@
 
 #include "chat.h"
 #include "cli.h"
-#include "model.h"
 #include "run_opts.h"
-#include "stream.h"
+#include "strata.h"
 
 static int chat_emit(void *ctx, const char *text, size_t len)
 {
@@ -23,37 +22,38 @@ static int chat_emit(void *ctx, const char *text, size_t len)
  * and /reset empties the context); a reply cut off by the context is not closed. */
 static int chat_turn(struct run_session *s, const struct run_opts *o, const char *rendered)
 {
-    struct generate_stats st;
-    struct generate_config gc = o->gen;
-    struct stream *str = s->stream;
+    struct strata_generate_stats st;
+    struct strata_generate_params gc = o->gen;
+    struct strata_stream *str = s->stream;
     int32_t *ids = NULL;
     int n = 0, rc;
 
     if (run_tokenize(s, rendered, &ids, &n))
         return 1;
-    if (str->pos + n + 2 > str->n_ctx) { /* room for one reply token and <|im_end|> */
+    if (strata_stream_pos(str) + n + 2 > strata_stream_n_ctx(str)) {
+        /* room for one reply token and <|im_end|> */
         fprintf(stderr,
                 "strata chat: this message (%d tokens) does not fit in the context (%d of %d "
                 "used): /reset starts over, or restart with a larger -c\n",
-                n, str->pos, str->n_ctx);
+                n, strata_stream_pos(str), strata_stream_n_ctx(str));
         free(ids);
         return 0;
     }
-    if (gc.n_stop < GENERATE_MAX_STOP)
+    if (gc.n_stop < STRATA_MAX_STOP)
         gc.stop[gc.n_stop++] = "<|im_end|>";
-    rc = generate_run(s->stream, s->model->tok, ids, n, &gc, chat_emit, NULL, NULL, &st);
+    rc = strata_generate(str, ids, n, &gc, chat_emit, NULL, NULL, &st);
     free(ids);
     if (rc)
         return cli_fail("generation");
-    if (st.stopped_ctx || str->pos + 2 > str->n_ctx) {
+    if (st.stopped_ctx || strata_stream_pos(str) + 2 > strata_stream_n_ctx(str)) {
         fprintf(stderr, "\nstrata chat: the context is full (%d tokens): /reset starts over\n",
-                str->pos);
+                strata_stream_pos(str));
         return 0;
     }
     /* close the assistant turn in the cache so the next turn follows the template */
     if (run_tokenize(s, "<|im_end|>\n", &ids, &n))
         return 1;
-    rc = stream_eval(s->stream, ids, n, NULL);
+    rc = strata_eval(str, ids, n, NULL);
     free(ids);
     if (rc)
         return cli_fail("generation");
@@ -94,7 +94,7 @@ int cmd_chat(int argc, char **argv)
         if (!strcmp(line, "/exit"))
             break;
         if (!strcmp(line, "/reset")) {
-            stream_truncate(s.stream, 0);
+            strata_stream_truncate(s.stream, 0);
             first = true;
             fprintf(stderr, "strata chat: the conversation is forgotten\n");
             continue;

@@ -13,12 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "budget.h"
 #include "cli.h"
 #include "errors.h"
-#include "model.h"
-#include "stream.h"
-#include "tokenizer.h"
+#include "run_opts.h"
+#include "strata.h"
+#include "strata_internal.h"
 
 struct logits_opts {
     const char *model;  /* -m */
@@ -26,9 +26,9 @@ struct logits_opts {
     const char *ids;    /* --ids */
     const char *out;    /* -o */
     int n_greedy;       /* --greedy */
-    int n_threads;      /* -t, 0 = OpenMP's default */
     bool one_by_one;    /* --decode-one-by-one */
-    bool cuda;          /* --device cuda */
+    /* -t, --device and the placement flags, as strata run has them (device default cpu) */
+    struct run_opts place;
 };
 
 static void logits_usage(FILE *out)
@@ -47,7 +47,25 @@ static void logits_usage(FILE *out)
             "      --greedy N         greedy tokens to generate after the prompt (default 0)\n"
             "  -o, --output FILE      write the logits there (default: summary only)\n"
             "  -t, --threads N        CPU threads (default: all cores)\n"
-            "      --device cpu|cuda  backend (default cpu)\n"
+            "      --device auto|cpu|cuda  backend (default cpu; auto: cuda when a GPU is\n"
+            "                         present, under a budget of 90%% of its free memory when\n"
+            "                         the model does not fit)\n"
+            "      --vram-budget SIZE cap strata's GPU memory (e.g. 8G, 7.5GiB; implies --device\n"
+            "                         cuda): experts live in pinned host memory and are cached\n"
+            "                         in VRAM slots\n"
+            "      --residency copy|zerocopy  how decode serves expert-cache misses: copied\n"
+            "                         into slots, or read in place (default copy)\n"
+            "      --placement stream|hybrid|static|static:N  experts cached under\n"
+            "                         --vram-budget (stream, the default), the cache with its\n"
+            "                         misses split between PCIe and the CPU (hybrid), or the\n"
+            "                         first N layers' experts on the CPU and the rest resident\n"
+            "                         (static:N; static = the smallest N fitting the budget);\n"
+            "                         implies --device cuda unless --device is given\n"
+            "      --prefetch         stream the experts the next layer's router predicts\n"
+            "      --graph            replay decode steps from a CUDA graph (all resident, or\n"
+            "                         --residency zerocopy)\n"
+            "      --streaming dma|kernel  misses copied by DMA per piece (default) or by one\n"
+            "                         gather kernel per batch\n"
             "      --decode-one-by-one  feed the prompt one token per forward pass (the decode\n"
             "                         path) instead of one batched prefill\n"
             "  -h, --help             this text\n");
@@ -96,14 +114,18 @@ static int logits_parse_ids(const char *s, int32_t **ids, int *n)
     return 0;
 }
 
-static int logits_prompt(const struct logits_opts *o, const struct model *m, int32_t **ids, int *n)
+static int logits_prompt(const struct logits_opts *o, const struct strata *st, int32_t **ids,
+                         int *n)
 {
+    struct strata_model_info mi;
+
+    strata_model_info(st, &mi);
     if (o->ids) {
         if (logits_parse_ids(o->ids, ids, n))
             return logits_usage_error("--ids expects comma-separated non-negative integers");
     } else {
         size_t len = strlen(o->prompt);
-        if (!m->tok) {
+        if (!mi.has_tokenizer) {
             fprintf(stderr, "strata logits: %s has no tokenizer; use --ids\n", o->model);
             return 1;
         }
@@ -111,9 +133,9 @@ static int logits_prompt(const struct logits_opts *o, const struct model *m, int
         if (!*ids)
             return 1;
         /* byte-level BPE never yields more ids than bytes (+ BOS/EOS) */
-        int rc = tokenizer_encode(m->tok, o->prompt, len,
-                                  TOKENIZER_ENCODE_PARSE_SPECIAL | TOKENIZER_ENCODE_ADD_SPECIAL,
-                                  *ids, len + 4);
+        int rc = strata_tokenize(st, o->prompt, len,
+                                 STRATA_TOKENIZE_SPECIAL | STRATA_TOKENIZE_ADD_BOS, *ids,
+                                 (int)(len + 4));
         if (rc < 0)
             return cli_fail("tokenizing the prompt");
         *n = rc;
@@ -123,9 +145,9 @@ static int logits_prompt(const struct logits_opts *o, const struct model *m, int
         return 2;
     }
     for (int i = 0; i < *n; i++) {
-        if ((uint32_t)(*ids)[i] >= m->hp.n_vocab) {
+        if ((uint32_t)(*ids)[i] >= mi.n_vocab) {
             fprintf(stderr, "strata logits: token id %d is outside the vocabulary (%u)\n",
-                    (*ids)[i], m->hp.n_vocab);
+                    (*ids)[i], mi.n_vocab);
             return 2;
         }
     }
@@ -165,30 +187,32 @@ static void logits_summary(const float *x, uint32_t n)
 }
 
 /* Evaluates ids (batched or one by one) into logits. */
-static int logits_eval(struct stream *s, const int32_t *ids, int n, bool one_by_one, float *logits)
+static int logits_eval(struct strata_stream *s, const int32_t *ids, int n, bool one_by_one,
+                       float *logits)
 {
     if (!one_by_one)
-        return stream_eval(s, ids, n, logits);
+        return strata_eval(s, ids, n, logits);
     for (int i = 0; i < n; i++) {
-        int rc = stream_eval(s, ids + i, 1, i == n - 1 ? logits : NULL);
+        int rc = strata_eval(s, ids + i, 1, i == n - 1 ? logits : NULL);
         if (rc)
             return rc;
     }
     return 0;
 }
 
-static int logits_run(const struct logits_opts *o, struct model *m)
+static int logits_run(const struct logits_opts *o, struct strata *st)
 {
-    struct backend_cpu_config bc = {.n_threads = o->n_threads};
-    struct backend *b = NULL;
-    struct stream *s = NULL;
+    struct strata_model_info mi;
+    struct strata_stream *s = NULL;
     int32_t *ids = NULL;
     float *logits = NULL;
     FILE *out = NULL;
-    uint32_t nv = m->hp.n_vocab, bad = 0;
+    uint32_t nv, bad = 0;
     int n = 0, rc;
 
-    rc = logits_prompt(o, m, &ids, &n);
+    strata_model_info(st, &mi);
+    nv = mi.n_vocab;
+    rc = logits_prompt(o, st, &ids, &n);
     if (rc)
         goto out;
     printf("ids:");
@@ -200,9 +224,7 @@ static int logits_run(const struct logits_opts *o, struct model *m)
         rc = 1;
         goto out;
     }
-    struct backend_cuda_config cc = {.device = 0};
-    if ((o->cuda ? backend_cuda_open(m, &cc, &b) : backend_cpu_open(m, &bc, &b)) ||
-        stream_open(b, n + o->n_greedy + 1, 512, &s)) {
+    if (strata_start(st) || strata_stream_open(st, n + o->n_greedy + 1, &s)) {
         rc = cli_fail("starting the engine");
         goto out;
     }
@@ -231,7 +253,7 @@ static int logits_run(const struct logits_opts *o, struct model *m)
             break;
         printf(" %d", next);
         fflush(stdout);
-        if (stream_eval(s, &next, 1, logits)) {
+        if (strata_eval(s, &next, 1, logits)) {
             rc = cli_fail("decoding");
             goto out;
         }
@@ -247,8 +269,7 @@ out:
         fprintf(stderr, "strata logits: %s: write failed\n", o->out);
         rc = 1;
     }
-    stream_close(s);
-    backend_close(b);
+    strata_stream_close(s);
     free(logits);
     free(ids);
     return rc;
@@ -265,14 +286,25 @@ int cmd_logits(int argc, char **argv)
         {"threads", required_argument, NULL, 't'},
         {"decode-one-by-one", no_argument, NULL, 'd'},
         {"device", required_argument, NULL, 'D'},
+        {"vram-budget", required_argument, NULL, 'V'},
+        {"residency", required_argument, NULL, 'R'},
+        {"placement", required_argument, NULL, 'P'},
+        {"prefetch", no_argument, NULL, 'F'},
+        {"graph", no_argument, NULL, 'G'},
+        {"streaming", required_argument, NULL, 'S'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     struct logits_opts o = {0};
-    struct model *m = NULL;
+    struct run_opts *po = &o.place;
+    struct strata_config cfg;
+    struct strata *st = NULL;
     char *end;
     long v;
-    int c;
+    int c, mode, bad;
+
+    run_opts_init(po);
+    po->device = "cpu";
 
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:o:t:h", opts, NULL)) != -1) {
@@ -293,9 +325,39 @@ int cmd_logits(int argc, char **argv)
             o.one_by_one = true;
             break;
         case 'D':
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
-                return logits_usage_error("--device must be cpu or cuda, not '%s'", optarg);
-            o.cuda = !strcmp(optarg, "cuda");
+            if (strcmp(optarg, "auto") && strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
+                return logits_usage_error("--device must be auto, cpu or cuda, not '%s'",
+                                          optarg);
+            po->device = optarg;
+            po->device_set = true;
+            break;
+        case 'V':
+            bad = budget_parse_size(optarg, &po->vram_budget);
+            if (bad || !po->vram_budget)
+                return logits_usage_error("--vram-budget: %s",
+                                          bad ? err_msg() : "must be positive");
+            break;
+        case 'R':
+            if (run_opts_residency(optarg, "logits", &mode))
+                return 2;
+            po->residency = optarg;
+            break;
+        case 'P':
+            if (run_opts_placement(optarg, "logits", &po->cpu_moe_layers, &po->hybrid))
+                return 2;
+            if (!po->device_set)
+                po->device = "cuda";
+            break;
+        case 'F':
+            po->prefetch = true;
+            break;
+        case 'G':
+            po->graph = true;
+            break;
+        case 'S':
+            if (strcmp(optarg, "dma") && strcmp(optarg, "kernel"))
+                return logits_usage_error("--streaming must be dma or kernel, not '%s'", optarg);
+            po->gather = !strcmp(optarg, "kernel");
             break;
         case 'g':
         case 't':
@@ -304,7 +366,7 @@ int cmd_logits(int argc, char **argv)
             if (errno || *end || end == optarg || v < (c == 'g' ? 0 : 1) || v > (1 << 20))
                 return logits_usage_error("%s expects a non-negative integer, got '%s'",
                                           c == 'g' ? "--greedy" : "--threads", optarg);
-            *(c == 'g' ? &o.n_greedy : &o.n_threads) = (int)v;
+            *(c == 'g' ? &o.n_greedy : &po->n_threads) = (int)v;
             break;
         case 'h':
             logits_usage(stdout);
@@ -319,9 +381,12 @@ int cmd_logits(int argc, char **argv)
         return logits_usage_error("-m FILE is required");
     if (!o.prompt == !o.ids)
         return logits_usage_error("give exactly one of -p TEXT and --ids LIST");
-    if (model_open(o.model, &m))
-        return cli_fail("loading the model");
-    int rc = logits_run(&o, m);
-    model_close(m);
+    if (run_opts_check(po, "logits"))
+        return 2;
+    run_opts_config(po, o.model, &cfg);
+    if (strata_load(&cfg, &st))
+        return cli_open_fail();
+    int rc = logits_run(&o, st);
+    strata_close(st);
     return rc;
 }

@@ -1,9 +1,10 @@
-/* strata: command-line entry point; dispatches to one subcommand per file in runtime/cli/. */
+/* strata: command-line entry point; dispatches to one subcommand per file in cli/. */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli.h"
 #include "errors.h"
+#include "strata_internal.h"
 
 struct command {
     const char *name;
@@ -40,6 +41,22 @@ int cli_fail(const char *what)
 {
     fprintf(stderr, "strata: %s: %s\n", what, err_msg());
     return 1;
+}
+
+int cli_open_fail(void)
+{
+    switch (strata_failed_step()) {
+    case STRATA_STEP_LOAD:
+        return cli_fail("loading the model");
+    case STRATA_STEP_BIND:
+        return cli_fail("--bind");
+    case STRATA_STEP_COPY:
+        return cli_fail("copying the weights");
+    case STRATA_STEP_CONFIG:
+    case STRATA_STEP_ENGINE:
+        break;
+    }
+    return cli_fail("starting the engine");
 }
 
 int main(int argc, char **argv)

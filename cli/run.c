@@ -5,9 +5,8 @@
 
 #include "chat.h"
 #include "cli.h"
-#include "model.h"
 #include "run_opts.h"
-#include "stream.h"
+#include "strata.h"
 
 static int run_emit(void *ctx, const char *text, size_t len)
 {
@@ -51,7 +50,7 @@ static char *run_prompt_text(const struct run_opts *o)
     return text ? text : strdup("");
 }
 
-void run_print_stats(const struct generate_stats *st)
+void run_print_stats(const struct strata_generate_stats *st)
 {
     fprintf(stderr, "\nprompt: %d tokens, %.2f tok/s | generation: %d tokens, %.2f tok/s%s\n",
             st->n_prompt, st->t_prompt_s > 0 ? st->n_prompt / st->t_prompt_s : 0.0, st->n_gen,
@@ -63,7 +62,7 @@ int cmd_run(int argc, char **argv)
 {
     struct run_opts o;
     struct run_session s;
-    struct generate_stats st;
+    struct strata_generate_stats st;
     char *text, *rendered = NULL;
     int32_t *ids = NULL;
     int n = 0, rc;
@@ -109,7 +108,7 @@ int cmd_run(int argc, char **argv)
     }
     if (!rc) {
         fputs(rendered ? rendered : text, stdout);
-        rc = generate_run(s.stream, s.model->tok, ids, n, &o.gen, run_emit, NULL, NULL, &st);
+        rc = strata_generate(s.stream, ids, n, &o.gen, run_emit, NULL, NULL, &st);
         if (rc)
             rc = cli_fail("generation");
         else

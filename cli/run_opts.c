@@ -1,7 +1,5 @@
 #include "run_opts.h"
 
-#include <omp.h>
-
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -9,18 +7,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "arch/arch.h"
-#include "backend.h"
 #include "budget.h"
-#include "errors.h"
+#include "clock.h"
 #include "cli.h"
-#include "model.h"
-#include "model_arch.h"
-#include "stream.h"
-#include "tokenizer.h"
-#include "topo.h"
-#include "cuda_info.h"
-#include "cuda_mem.h"
+#include "errors.h"
+#include "strata_internal.h"
 
 void run_opts_init(struct run_opts *o)
 {
@@ -30,8 +21,8 @@ void run_opts_init(struct run_opts *o)
     o->think = true;
     o->device = "auto";
     o->residency = "copy";
+    strata_generate_params_init(&o->gen);
     o->gen.n_predict = 128;
-    o->gen.sampling = sampler_config_default();
     o->gen.sampling.seed = 0xC0FFEE;
 }
 
@@ -121,7 +112,7 @@ static void run_opts_usage(const char *cmd)
            d.gen.n_predict, d.gen.sampling.temperature, d.gen.sampling.top_k,
            d.gen.sampling.top_p, d.gen.sampling.min_p, d.gen.sampling.repeat_penalty,
            d.gen.sampling.repeat_last_n, (unsigned long long)d.gen.sampling.seed,
-           GENERATE_MAX_STOP);
+           STRATA_MAX_STOP);
 }
 
 static int run_opts_int(const char *opt, const char *v, int lo, int hi, int *out)
@@ -161,7 +152,7 @@ static bool opt_is(const char *arg, const char *a, const char *b)
 
 int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
 {
-    struct sampler_config *sc = &o->gen.sampling;
+    struct strata_sampling *sc = &o->gen.sampling;
 
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -255,8 +246,8 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
         } else if (IS("-s", "--seed")) {
             sc->seed = strtoull(v, NULL, 0);
         } else if (IS("--stop", NULL)) {
-            if (o->gen.n_stop == GENERATE_MAX_STOP) {
-                fprintf(stderr, "strata: at most %d --stop strings\n", GENERATE_MAX_STOP);
+            if (o->gen.n_stop == STRATA_MAX_STOP) {
+                fprintf(stderr, "strata: at most %d --stop strings\n", STRATA_MAX_STOP);
                 return 2;
             }
             o->gen.stop[o->gen.n_stop++] = v;
@@ -268,6 +259,11 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             return rc;
         i += used;
     }
+    return run_opts_check(o, cmd);
+}
+
+int run_opts_check(struct run_opts *o, const char *cmd)
+{
     if (strcmp(o->device, "cpu") && strcmp(o->device, "cuda") && strcmp(o->device, "auto")) {
         fprintf(stderr, "strata %s: --device must be auto, cpu or cuda, not '%s'\n", cmd,
                 o->device);
@@ -289,13 +285,6 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
     if (o->vram_budget)
         o->device = "cuda";
     return 0;
-}
-
-/* --device auto: cuda when a device is there. */
-static bool run_auto_cuda(const struct run_opts *o)
-{
-    const char *why = NULL;
-    return !strcmp(o->device, "auto") && cuda_device_count(&why) > 0;
 }
 
 int run_opts_placement(const char *v, const char *cmd, int *out, bool *hybrid)
@@ -322,9 +311,9 @@ int run_opts_placement(const char *v, const char *cmd, int *out, bool *hybrid)
 int run_opts_residency(const char *v, const char *cmd, int *out)
 {
     if (!strcmp(v, "copy"))
-        *out = BACKEND_RESIDENCY_COPY;
+        *out = STRATA_FILL_COPY;
     else if (!strcmp(v, "zerocopy"))
-        *out = BACKEND_RESIDENCY_ZEROCOPY;
+        *out = STRATA_FILL_ZEROCOPY;
     else {
         fprintf(stderr, "strata %s: --residency must be copy or zerocopy, not '%s'\n", cmd, v);
         return 2;
@@ -332,31 +321,40 @@ int run_opts_residency(const char *v, const char *cmd, int *out)
     return 0;
 }
 
-/* --bind: OpenMP threads one per physical core, near the GPU when it is used. */
-static int run_bind(const struct run_opts *o)
+void run_opts_config(const struct run_opts *o, const char *path, struct strata_config *cfg)
 {
-    struct topo *t;
-    struct cuda_device_info d;
-    int node = -1, rc;
+    int fill = STRATA_FILL_COPY;
 
-    if (topo_open(&t))
-        return cli_fail("--bind");
-    if (strcmp(o->device, "cpu") && cuda_device_info_get(0, &d) == 0)
-        node = topo_pci_numa_node(t, d.pci_bus_id);
-    rc = topo_bind_openmp(t, node, o->n_threads);
-    topo_close(t);
-    if (rc < 0)
-        return cli_fail("--bind");
-    if (o->verbose)
-        fprintf(stderr, "strata: %d threads bound one per core (NUMA node %d)\n", rc, node);
-    return 0;
+    strata_config_init(cfg);
+    cfg->model_path = path;
+    cfg->device = !strcmp(o->device, "cpu")    ? STRATA_DEVICE_CPU
+                  : !strcmp(o->device, "cuda") ? STRATA_DEVICE_CUDA
+                                               : STRATA_DEVICE_AUTO;
+    cfg->vram_budget = o->vram_budget;
+    cfg->placement = o->hybrid           ? STRATA_PLACEMENT_HYBRID
+                     : o->cpu_moe_layers ? STRATA_PLACEMENT_STATIC
+                                         : STRATA_PLACEMENT_STREAM;
+    if (o->cpu_moe_layers)
+        cfg->cpu_moe_layers = o->cpu_moe_layers;
+    run_opts_residency(o->residency, "run", &fill);
+    cfg->fill = (enum strata_fill)fill;
+    cfg->flags = (o->graph ? STRATA_FLAG_GRAPH : 0) | (o->prefetch ? STRATA_FLAG_PREFETCH : 0) |
+                 (o->gather ? STRATA_FLAG_GATHER : 0) | (o->no_mmap ? STRATA_FLAG_NO_MMAP : 0) |
+                 (o->bind ? STRATA_FLAG_BIND : 0);
+    cfg->n_threads = o->n_threads;
+    cfg->n_ctx = o->n_ctx;
+    cfg->n_batch = o->n_batch;
+    cfg->log = stderr;
 }
 
 int run_session_open(const struct run_opts *o, struct run_session *s)
 {
     const char *path = o->model ? o->model : run_opts_default_model();
-    struct backend_cpu_config bc = {.n_threads = o->n_threads};
-    double t0 = generate_now();
+    struct strata_config cfg;
+    struct strata_model_info mi;
+    struct strata_stats ss;
+    double t0 = clock_now_s();
+    int node;
 
     memset(s, 0, sizeof(*s));
     if (!path) {
@@ -364,73 +362,51 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
                 STRATA_DEFAULT_MODEL);
         return 1;
     }
-    if (model_open(path, &s->model))
-        return cli_fail("loading the model");
-    if (o->bind && run_bind(o))
-        return 1;
-    if (o->no_mmap && model_load_copy(s->model, o->n_threads)) {
-        run_session_close(s);
-        return cli_fail("copying the weights");
-    }
-    if (!s->model->tok) {
+    run_opts_config(o, path, &cfg);
+    if (strata_load(&cfg, &s->s))
+        return cli_open_fail();
+    int bound = strata_bound_threads(s->s, &node);
+    if (bound && o->verbose)
+        fprintf(stderr, "strata: %d threads bound one per core (NUMA node %d)\n", bound, node);
+    strata_model_info(s->s, &mi);
+    if (!mi.has_tokenizer) {
         fprintf(stderr, "strata: %s has no tokenizer (tokenizer.ggml.* keys)\n", path);
         run_session_close(s);
         return 1;
     }
-    int mode = 0;
-    run_opts_residency(o->residency, "run", &mode);
-    struct backend_cuda_config cc = {
-        .device = 0, .vram_budget = o->vram_budget, .n_ctx = o->n_ctx, .max_tok = o->n_batch,
-        .residency = (enum backend_residency)mode, .prefetch = o->prefetch,
-        .cpu_moe_layers = o->cpu_moe_layers, .hybrid = o->hybrid, .gather_copies = o->gather,
-        .graph = o->graph,
-        .log = stderr,
-    };
     s->stats = o->stats;
     s->stats_json = o->stats_json;
-    bool auto_cuda = run_auto_cuda(o), cuda = auto_cuda || !strcmp(o->device, "cuda");
-    int brc = cuda ? backend_cuda_open(s->model, &cc, &s->backend)
-                   : backend_cpu_open(s->model, &bc, &s->backend);
-    size_t free_b = 0, total_b = 0;
-    if (brc == -ENOMEM && auto_cuda && !cc.vram_budget && cuda_mem_info(&free_b, &total_b) == 0) {
-        /* the whole model does not fit: keep the trunk resident and cache experts */
-        cc.vram_budget = free_b / 10 * 9;
-        fprintf(stderr,
-                "strata: the model does not fit in the GPU's %.2f GiB free; running with "
-                "--vram-budget %.2f GiB (experts cached from host memory)\n",
-                free_b / 1073741824.0, cc.vram_budget / 1073741824.0);
-        brc = backend_cuda_open(s->model, &cc, &s->backend);
-    }
-    if (brc || stream_open(s->backend, o->n_ctx, o->n_batch, &s->stream)) {
+    if (strata_start(s->s) || strata_stream_open(s->s, o->n_ctx, &s->stream)) {
         run_session_close(s);
         return cli_fail("starting the engine");
     }
+    strata_model_info(s->s, &mi);
     if (o->verbose) {
-        const struct model_hparams *hp = &s->model->hp;
         fprintf(stderr,
                 "strata: %s: %s, %u layers, d %u, %u/%u heads of %u, %u experts (top %u) of "
                 "ffn %u, vocab %u; backend %s, %d threads; loaded in %.2f s\n",
-                path, s->model->arch->name, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv,
-                hp->head_dim, hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_vocab,
-                s->backend->ops->name, omp_get_max_threads(), generate_now() - t0);
+                path, mi.arch, mi.n_layer, mi.n_embd, mi.n_head, mi.n_head_kv, mi.head_dim,
+                mi.n_expert, mi.n_expert_used, mi.n_ff_exp, mi.n_vocab, mi.device, mi.n_threads,
+                clock_now_s() - t0);
     }
-    if (cuda)
+    if (!strcmp(mi.device, "cuda")) {
+        strata_get_stats(s->s, &ss);
         fprintf(stderr, "strata: cuda: %.2f GiB of VRAM in use (weights, KV cache, scratch)\n",
-                backend_cuda_vram_bytes(s->backend) / 1073741824.0);
+                ss.vram_bytes / 1073741824.0);
+    }
     return 0;
 }
 
 void run_session_close(struct run_session *s)
 {
-    if (s->backend && !strcmp(s->backend->ops->name, "cuda")) {
+    if (s->s) { /* the expert cache's statistics: nothing without one */
         if (s->stats)
-            backend_cuda_print_stats(s->backend, stderr);
-        if (s->stats_json && backend_cuda_write_stats_json(s->backend, s->stats_json))
+            strata_print_cache_stats(s->s, stderr);
+        if (s->stats_json && strata_write_cache_stats_json(s->s, s->stats_json))
             cli_fail("--stats-json");
     }
-    stream_close(s->stream);
-    backend_close(s->backend);
-    model_close(s->model);
+    strata_stream_close(s->stream);
+    strata_close(s->s);
     memset(s, 0, sizeof(*s));
 }
 
@@ -445,9 +421,8 @@ int run_tokenize(const struct run_session *s, const char *text, int32_t **ids, i
         return 1;
     }
     /* byte-level BPE never yields more ids than bytes (+ BOS/EOS) */
-    rc = tokenizer_encode(s->model->tok, text, len,
-                          TOKENIZER_ENCODE_PARSE_SPECIAL | TOKENIZER_ENCODE_ADD_SPECIAL, buf,
-                          len + 4);
+    rc = strata_tokenize(s->s, text, len, STRATA_TOKENIZE_SPECIAL | STRATA_TOKENIZE_ADD_BOS, buf,
+                         (int)(len + 4));
     if (rc < 0) {
         free(buf);
         return cli_fail("tokenizing the prompt");

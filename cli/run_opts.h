@@ -4,10 +4,9 @@
 #define STRATA_RUN_OPTS_H
 
 #include <stdbool.h>
-
 #include <stdint.h>
 
-#include "generate.h"
+#include "strata.h"
 
 /* strata chat's default reply length (-n); strata run's is run_opts_init's. */
 #define RUN_CHAT_N_PREDICT 1024
@@ -36,7 +35,7 @@ struct run_opts {
     int cpu_moe_layers;    /* --placement static[:N]: -1 auto, N, 0 = stream (the cache) */
     bool hybrid;           /* --placement hybrid */
     const char *stats_json; /* --stats-json FILE */
-    struct generate_config gen;
+    struct strata_generate_params gen;
 };
 
 /* Sets the defaults. */
@@ -49,26 +48,26 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd);
 /* The default model path (shipped with strata), or NULL if it is not present. */
 const char *run_opts_default_model(void);
 
-#endif
-
-struct model;
-struct backend;
-struct stream;
-
 /* What run and chat hold open. */
 struct run_session {
-    struct model *model;
-    struct backend *backend;
-    struct stream *stream;
+    struct strata *s;
+    struct strata_stream *stream;
     bool stats;             /* print the expert cache's table at close */
     const char *stats_json; /* and/or write it there */
 };
 
-/* --residency's value: 0 and *out, or 2 after printing the error. */
+/* The checks run_opts_parse ends with (device, and the placement options that need a budget or
+ * CUDA; a budget implies --device cuda): 0, or 2 after printing the error. */
+int run_opts_check(struct run_opts *o, const char *cmd);
+
+/* o as the API's config for the model at path (set-up reports to stderr). */
+void run_opts_config(const struct run_opts *o, const char *path, struct strata_config *cfg);
+
+/* --residency's value as enum strata_fill: 0 and *out, or 2 after printing the error. */
 int run_opts_residency(const char *v, const char *cmd, int *out);
 
-/* --placement's value (stream | hybrid | static | static:N) as backend_cuda_config's
- * cpu_moe_layers and hybrid: 0, or 2 after printing the error. */
+/* --placement's value (stream | hybrid | static | static:N) as cpu_moe_layers (0 = stream, -1
+ * = static from the budget, N) and hybrid: 0, or 2 after printing the error. */
 int run_opts_placement(const char *v, const char *cmd, int *cpu_moe_layers, bool *hybrid);
 
 /* Opens the model (o->model or the default), the backend and a stream; prints what it loaded
@@ -82,4 +81,6 @@ void run_session_close(struct run_session *s);
 int run_tokenize(const struct run_session *s, const char *text, int32_t **ids, int *n);
 
 /* Prints "prompt: N tokens, X tok/s | generation: M tokens, Y tok/s" to stderr. */
-void run_print_stats(const struct generate_stats *st);
+void run_print_stats(const struct strata_generate_stats *st);
+
+#endif

@@ -8,15 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
 #include "cachesim.h"
 #include "cli.h"
 #include "errors.h"
 #include "model.h"
 #include "moe.h"
 #include "routing_stats.h"
-#include "stream.h"
-#include "tokenizer.h"
+#include "strata.h"
+#include "strata_internal.h"
 
 struct sr_opts {
     const char *model, *prompts, *plot, *dat;
@@ -98,7 +97,7 @@ static int sr_parse(int argc, char **argv, struct sr_opts *o)
 }
 
 /* Records layer l's choice and predicts layer l+1's from the same input with its router. */
-static void sr_observe(void *arg, const struct moe_route_event *ev)
+static void sr_observe(void *arg, const struct strata_route_event *ev)
 {
     struct sr_ctx *c = arg;
     const struct model_hparams *hp = &c->m->hp;
@@ -171,14 +170,11 @@ static long sr_next_text(FILE *f, const char *sep, char **text, size_t *cap)
 }
 
 /* Evaluates every text of the prompts file on a fresh stream. */
-static int sr_run(const struct sr_opts *o, struct model *m, struct sr_ctx *ctx, int *n_texts,
+static int sr_run(const struct sr_opts *o, struct strata *st, struct sr_ctx *ctx, int *n_texts,
                   long *n_tokens)
 {
-    struct backend_cpu_config bc = {
-        .n_threads = o->n_threads, .route_observer = sr_observe, .route_ctx = ctx,
-    };
-    struct backend *b = NULL;
-    struct stream *s = NULL;
+    const struct model *m = ctx->m;
+    struct strata_stream *s = NULL;
     FILE *f = fopen(o->prompts, "r");
     char *line = NULL;
     size_t cap = 0;
@@ -189,23 +185,23 @@ static int sr_run(const struct sr_opts *o, struct model *m, struct sr_ctx *ctx, 
         free(ids);
         return err_set(-errno, "%s: cannot read the prompts", o->prompts);
     }
-    if (!ids || backend_cpu_open(m, &bc, &b) || stream_open(b, o->max_tokens, 512, &s))
+    if (!ids || strata_start(st) || strata_stream_open(st, o->max_tokens, &s))
         rc = err_wrap(-ENOMEM, "starting the engine: ");
     long got;
     while (!rc && (got = sr_next_text(f, o->separator, &line, &cap)) >= 0) {
         size_t len = (size_t)got;
         if (len == 0)
             continue;
-        int n = tokenizer_encode(m->tok, line, len, 0, ids, (size_t)o->max_tokens);
+        int n = strata_tokenize(st, line, len, 0, ids, o->max_tokens);
         if (n < 0) {
             rc = n;
             break;
         }
         n = n < o->max_tokens ? n : o->max_tokens;
-        stream_truncate(s, 0);
+        strata_stream_truncate(s, 0);
         routing_stats_new_text(ctx->rs);
         ctx->trace_tok = 0;
-        rc = stream_eval(s, ids, n, NULL);
+        rc = strata_eval(s, ids, n, NULL);
         /* the text replayed in decode order through the simulated caches (kept warm) */
         size_t per_tok = (size_t)m->hp.n_layer * m->hp.n_expert_used;
         for (int t = 0; !rc && t < ctx->trace_tok; t++)
@@ -216,8 +212,7 @@ static int sr_run(const struct sr_opts *o, struct model *m, struct sr_ctx *ctx, 
     free(line);
     fclose(f);
     free(ids);
-    stream_close(s);
-    backend_close(b);
+    strata_stream_close(s);
     return rc;
 }
 
@@ -242,7 +237,9 @@ static int sr_plot(const struct sr_opts *o, const char *dat)
 int cmd_stats_routing(int argc, char **argv)
 {
     struct sr_opts o;
-    struct model *m = NULL;
+    struct strata_config cfg;
+    struct strata *st = NULL;
+    const struct model *m;
     struct sr_ctx ctx = {0};
     int rc = sr_parse(argc, argv, &o), n_texts = 0;
     long n_tokens = 0;
@@ -250,10 +247,16 @@ int cmd_stats_routing(int argc, char **argv)
 
     if (rc)
         return rc == 1 ? 0 : rc;
-    if (model_open(o.model, &m))
-        return cli_fail("loading the model");
+    strata_config_init(&cfg);
+    cfg.model_path = o.model;
+    cfg.n_threads = o.n_threads > 0 ? o.n_threads : 0; /* -t 0 or less: OpenMP's default */
+    cfg.route_observer = sr_observe;
+    cfg.route_ctx = &ctx;
+    if (strata_load(&cfg, &st))
+        return cli_open_fail();
+    m = strata_model_of(st);
     if (!m->tok) {
-        model_close(m);
+        strata_close(st);
         fprintf(stderr, "strata stats-routing: %s has no tokenizer\n", o.model);
         return 1;
     }
@@ -272,7 +275,7 @@ int cmd_stats_routing(int argc, char **argv)
                             &ctx.rs);
     if (!rc && (!ctx.logits || !ctx.pw || !ctx.pred || !ctx.trace || !ctx.sim))
         rc = err_set(-ENOMEM, "out of memory");
-    rc = rc ? rc : sr_run(&o, m, &ctx, &n_texts, &n_tokens);
+    rc = rc ? rc : sr_run(&o, st, &ctx, &n_texts, &n_tokens);
     if (rc) {
         rc = cli_fail("stats-routing");
         goto out;
@@ -302,6 +305,6 @@ out:
     free(ctx.pred);
     free(ctx.trace);
     cachesim_close(ctx.sim);
-    model_close(m);
+    strata_close(st);
     return rc;
 }

@@ -1,0 +1,230 @@
+/* strata.h: the public C API. Open a model on a device with one config struct, create streams,
+ * evaluate tokens, sample, generate, read statistics, close.
+ *
+ *     struct strata_config cfg;
+ *     strata_config_init(&cfg);                 // defaults: CPU, every expert resident
+ *     cfg.model_path = "model.gguf";
+ *     struct strata *s;
+ *     if (strata_open(&cfg, &s)) { fprintf(stderr, "%s\n", strata_error()); ... }
+ *     struct strata_stream *st;
+ *     strata_stream_open(s, 4096, &st);
+ *     ... strata_tokenize, strata_generate (or strata_eval + strata_sampler_sample) ...
+ *     strata_stream_close(st);
+ *     strata_close(s);
+ *
+ * Conventions: functions that act return 0 or -errno and leave a message for strata_error();
+ * nothing prints unless cfg.log is set (set-up reports) or a print function is called. One
+ * struct strata and its streams are used from one thread at a time.
+ */
+#ifndef STRATA_H
+#define STRATA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum strata_device {
+    STRATA_DEVICE_AUTO = 0, /* CUDA device 0 when the build has CUDA and one is present, else
+                             * the CPU; a model that does not fit in the GPU's free memory is
+                             * retried with a VRAM budget of 90% of it (said on cfg.log) */
+    STRATA_DEVICE_CPU = 1,
+    STRATA_DEVICE_CUDA = 2,
+};
+
+/* Where experts live and run under a VRAM budget (CUDA only). */
+enum strata_placement {
+    STRATA_PLACEMENT_STREAM = 0, /* the expert cache: hits from VRAM slots, misses streamed
+                                  * (or read in place, STRATA_FILL_ZEROCOPY) from host memory */
+    STRATA_PLACEMENT_HYBRID = 1, /* the expert cache, its misses split between streaming and
+                                  * the CPU by a cost model measured at open */
+    STRATA_PLACEMENT_STATIC = 2, /* the experts of layers [0, cpu_moe_layers) run on the CPU,
+                                  * the rest are resident (llama.cpp's --n-cpu-moe) */
+};
+
+/* How the expert cache serves a miss in decode-sized calls (prefill always copies). */
+enum strata_fill {
+    STRATA_FILL_COPY = 0,     /* copied into a slot before the layer runs */
+    STRATA_FILL_ZEROCOPY = 1, /* read in place by the expert kernel, admitted between tokens */
+};
+
+enum strata_flags {
+    STRATA_FLAG_GRAPH = 1 << 0,    /* replay one-token decode steps from a CUDA graph (all
+                                    * resident, or zerocopy without prefetch or a CPU lane) */
+    STRATA_FLAG_PREFETCH = 1 << 1, /* copy path: predict the next layer's experts and stream
+                                    * them while the current layer computes */
+    STRATA_FLAG_GATHER = 1 << 2,   /* stream misses with one gather kernel per batch */
+    STRATA_FLAG_NO_MMAP = 1 << 3,  /* copy the weights to anonymous memory instead of mapping */
+    STRATA_FLAG_BIND = 1 << 4,     /* one OpenMP thread per physical core, bound (near the GPU's
+                                    * NUMA node on CUDA) */
+    STRATA_FLAG_NO_HYBRID_ADMIT = 1 << 5, /* hybrid: a CPU-lane miss is never also copied into
+                                           * a slot while PCIe is idle (for comparisons) */
+};
+
+/* What the router chose at one layer for a batch of tokens (statistics tools). */
+struct strata_route_event {
+    int layer, n_tok, k;
+    int pos0;             /* stream position of token 0 */
+    const int32_t *ids;   /* (n_tok, k) selected experts */
+    const float *weights; /* (n_tok, k) their renormalised router weights */
+    const float *in;      /* (n_tok, n_embd) the layer's MoE input (ffn-normed hidden) */
+};
+typedef void (*strata_route_fn)(void *ctx, const struct strata_route_event *ev);
+
+struct strata_config {
+    const char *model_path;  /* GGUF file (required) */
+    enum strata_device device; /* default STRATA_DEVICE_CPU */
+    int cuda_device;         /* CUDA device index; default 0 */
+    uint64_t vram_budget;    /* bytes of VRAM strata may hold; 0 = every weight resident */
+    uint64_t host_budget;    /* bytes of host memory for experts; 0 = all of them (the only
+                              * value supported: every expert stays in host memory) */
+    enum strata_placement placement;
+    int cpu_moe_layers;      /* STRATA_PLACEMENT_STATIC: layers whose experts run on the CPU;
+                              * -1 (default) = the fewest that let the rest fit vram_budget */
+    enum strata_fill fill;
+    unsigned flags;          /* enum strata_flags */
+    int n_threads;           /* CPU threads; 0 = all cores */
+    int n_ctx;               /* context of the streams to come, counted against vram_budget;
+                              * default 4096 */
+    int n_batch;             /* tokens per forward call (prefill chunk); default 512 */
+    int expert_slots;        /* > 0: exactly this many expert slots instead of the budget's
+                              * (tests) */
+    strata_route_fn route_observer; /* called after each layer's routing (CPU device) */
+    void *route_ctx;
+    FILE *log;               /* set-up reports (placement, slots, pinning), NULL = quiet */
+};
+
+/* The defaults above. */
+void strata_config_init(struct strata_config *cfg);
+
+struct strata;        /* an opened model on a device */
+struct strata_stream; /* one sequence: its KV cache and position */
+
+/* Opens cfg->model_path on the device. 0, or -errno with strata_error() saying what failed:
+ * -ENOENT/-EINVAL (file, format: the key, tensor or offset named), -ENODEV (no CUDA device, or
+ * a build without CUDA), -ENOMEM (the weights do not fit: the message has the arithmetic),
+ * -ENOTSUP (architecture, quant type or option not supported). */
+int strata_open(const struct strata_config *cfg, struct strata **out);
+void strata_close(struct strata *s);
+
+/* The message of the last failed call on this thread ("" when none). */
+const char *strata_error(void);
+
+struct strata_model_info {
+    const char *arch;   /* general.architecture */
+    uint32_t n_layer, n_embd, n_head, n_head_kv, head_dim;
+    uint32_t n_expert, n_expert_used, n_ff_exp, n_vocab, n_ctx_train;
+    const char *device; /* "cpu" or "cuda" */
+    int n_threads;
+    bool has_tokenizer;
+};
+void strata_model_info(const struct strata *s, struct strata_model_info *out);
+
+/* ---- tokens ------------------------------------------------------------------------------- */
+
+enum strata_tokenize_flags {
+    STRATA_TOKENIZE_SPECIAL = 1 << 0, /* "<|im_start|>" and the like become their ids */
+    STRATA_TOKENIZE_ADD_BOS = 1 << 1, /* BOS/EOS as the vocabulary says */
+};
+/* Tokenizes len bytes of text into ids (capacity cap). The number of ids (it may exceed cap:
+ * call again with a larger buffer), or -errno. -ENOTSUP when the model has no tokenizer. */
+int strata_tokenize(const struct strata *s, const char *text, size_t len, unsigned flags,
+                    int32_t *ids, int cap);
+/* The bytes of token id (not NUL-terminated), or NULL for an id outside the vocabulary. */
+const char *strata_token_text(const struct strata *s, int32_t id, size_t *len);
+/* Whether id ends generation (EOS, <|im_end|>, ...). */
+bool strata_token_is_eog(const struct strata *s, int32_t id);
+
+/* ---- streams ------------------------------------------------------------------------------ */
+
+/* A stream of n_ctx positions (0 = cfg.n_ctx). 0 or -errno. */
+int strata_stream_open(struct strata *s, int n_ctx, struct strata_stream **out);
+void strata_stream_close(struct strata_stream *st);
+int strata_stream_pos(const struct strata_stream *st);   /* tokens in its KV cache */
+int strata_stream_n_ctx(const struct strata_stream *st); /* positions it holds at most */
+/* Forgets positions pos.. (pos <= the current position). */
+void strata_stream_truncate(struct strata_stream *st, int pos);
+
+/* Evaluates n ids after what the stream holds; logits (n_vocab floats, may be NULL) receives
+ * the last position's. -ENOSPC when the context would overflow. */
+int strata_eval(struct strata_stream *st, const int32_t *ids, int n, float *logits);
+/* strata_eval, then *next = the argmax of the last position (ties to the lowest id), taken on
+ * the device where the logits are. */
+int strata_eval_argmax(struct strata_stream *st, const int32_t *ids, int n, int32_t *next);
+
+/* ---- sampling and generation -------------------------------------------------------------- */
+
+struct strata_sampling {
+    float temperature;    /* 0 = greedy; default 0.8 */
+    int top_k;            /* 0 = off; default 40 */
+    float top_p;          /* 1 = off; default 0.95 */
+    float min_p;          /* 0 = off; default 0.05 */
+    float repeat_penalty; /* 1 = off; default 1.0 */
+    int repeat_last_n;    /* default 64 */
+    uint64_t seed;
+};
+void strata_sampling_init(struct strata_sampling *p); /* the defaults above */
+
+struct strata_sampler;
+int strata_sampler_open(const struct strata *s, const struct strata_sampling *p,
+                        struct strata_sampler **out);
+void strata_sampler_close(struct strata_sampler *sm);
+/* Chooses a token from logits (n_vocab floats; modified in place by the penalty) and records
+ * it for the repetition penalty. */
+int32_t strata_sampler_sample(struct strata_sampler *sm, float *logits);
+/* Records a token (of the prompt) for the repetition penalty. */
+void strata_sampler_accept(struct strata_sampler *sm, int32_t id);
+
+#define STRATA_MAX_STOP 8
+struct strata_generate_params {
+    int n_predict;                 /* tokens to generate at most; default 128 */
+    struct strata_sampling sampling;
+    const char *stop[STRATA_MAX_STOP]; /* stop strings (not emitted) */
+    int n_stop;
+    bool ignore_eos;
+};
+void strata_generate_params_init(struct strata_generate_params *p);
+
+struct strata_generate_stats {
+    int n_prompt, n_gen;
+    double t_prompt_s, t_gen_s;    /* wall seconds of prefill and of the decode loop */
+    bool stopped_eog, stopped_string, stopped_ctx;
+};
+
+/* Receives generated text as it completes (whole UTF-8 characters); nonzero stops. */
+typedef int (*strata_emit_fn)(void *ctx, const char *text, size_t len);
+
+/* Evaluates prompt (n_prompt ids) after what st holds and generates. out_ids (may be NULL)
+ * receives up to n_predict generated ids. 0 or -errno. */
+int strata_generate(struct strata_stream *st, const int32_t *prompt, int n_prompt,
+                    const struct strata_generate_params *p, strata_emit_fn emit, void *ctx,
+                    int32_t *out_ids, struct strata_generate_stats *stats);
+
+/* ---- statistics --------------------------------------------------------------------------- */
+
+struct strata_stats {
+    uint64_t vram_bytes;       /* device memory held (weights, KV, scratch, slots) */
+    bool graph;                /* decode steps replayed from a CUDA graph */
+    int cpu_moe_layers;        /* static placement's CPU layers */
+    double cpu_lane_seconds;   /* wall seconds the CPU lane spent on experts */
+    bool has_cache;            /* the rest is the expert cache's, over all layers so far */
+    int slots;
+    uint64_t hits, misses, evictions;
+    uint64_t bytes_streamed, bytes_zero_copy;
+    uint64_t cpu_computed, cpu_admitted; /* hybrid: misses the CPU lane computed; of those,
+                                          * also copied into a slot behind their call */
+};
+void strata_get_stats(const struct strata *s, struct strata_stats *out);
+/* The expert cache's per-layer table (text), or JSON to path (nothing without a cache). */
+int strata_print_cache_stats(const struct strata *s, FILE *f);
+int strata_write_cache_stats_json(const struct strata *s, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,567 @@
+/* strata: the public API (include/strata.h) over the engine. A struct strata is a model
+ * (core/model.h) and one backend (runtime/backend.h) configured from struct strata_config; a
+ * struct strata_stream wraps a struct stream (runtime/stream.h). Tokens go through
+ * core/tokenizer.h, sampling through core/sampler.h, generation through runtime/generate.h.
+ * Messages are core/errors.h's: strata_error() is err_msg().
+ */
+#include "strata.h"
+#include "strata_internal.h"
+
+#include <omp.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "backend_profile.h"
+#include "clock.h"
+#include "cuda_info.h"
+#include "cuda_mem.h"
+#include "errors.h"
+#include "generate.h"
+#include "model.h"
+#include "model_arch.h"
+#include "sampler.h"
+#include "stream.h"
+#include "tokenizer.h"
+#include "topo.h"
+
+_Static_assert(STRATA_MAX_STOP == GENERATE_MAX_STOP, "stop strings: strata.h and generate.h");
+
+struct strata {
+    struct strata_config cfg; /* the caller's, with model_path pointing at path */
+    char *path;               /* owned copy of the model path */
+    struct model *model;      /* owned */
+    struct backend *backend;  /* owned; what streams run on: core, or the profiler around it */
+    struct backend *core;     /* the cpu or cuda backend; a view (backend owns it) */
+    bool cuda;                /* core is the cuda backend */
+    double t_copy;            /* wall seconds model_load_copy took */
+    int bound, bind_node;     /* STRATA_FLAG_BIND: threads bound, NUMA node (-1: all) */
+};
+
+struct strata_stream {
+    struct strata *s;
+    struct stream *st; /* owned */
+};
+
+struct strata_sampler {
+    struct sampler smp;
+};
+
+static _Thread_local enum strata_step strata_last_step;
+
+static int strata_fail(enum strata_step step, int rc)
+{
+    strata_last_step = step;
+    return rc;
+}
+
+enum strata_step strata_failed_step(void)
+{
+    return strata_last_step;
+}
+
+const char *strata_error(void)
+{
+    return err_msg();
+}
+
+void strata_config_init(struct strata_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->device = STRATA_DEVICE_CPU;
+    cfg->placement = STRATA_PLACEMENT_STREAM;
+    cfg->cpu_moe_layers = -1;
+    cfg->fill = STRATA_FILL_COPY;
+    cfg->n_ctx = 4096;
+    cfg->n_batch = 512;
+}
+
+/* Options that only the CUDA backend has. */
+static bool strata_config_needs_gpu(const struct strata_config *cfg)
+{
+    return cfg->vram_budget || cfg->expert_slots > 0 ||
+           cfg->placement != STRATA_PLACEMENT_STREAM;
+}
+
+static int strata_config_check(const struct strata_config *cfg)
+{
+    if (!cfg->model_path)
+        return err_set(-EINVAL, "strata_config: model_path is required");
+    if (cfg->host_budget)
+        return err_set(-ENOTSUP,
+                       "strata_config: host_budget %llu: there is no host tier budget yet; every "
+                       "expert stays in host memory (set 0)",
+                       (unsigned long long)cfg->host_budget);
+    if ((unsigned)cfg->device > STRATA_DEVICE_CUDA ||
+        (unsigned)cfg->placement > STRATA_PLACEMENT_STATIC ||
+        (unsigned)cfg->fill > STRATA_FILL_ZEROCOPY)
+        return err_set(-EINVAL, "strata_config: device %d, placement %d or fill %d unknown",
+                       (int)cfg->device, (int)cfg->placement, (int)cfg->fill);
+    if (cfg->placement == STRATA_PLACEMENT_STATIC && cfg->cpu_moe_layers == 0)
+        return err_set(-EINVAL, "strata_config: static placement of 0 layers (-1 = automatic, "
+                                "or N >= 1)");
+    if (cfg->n_ctx <= 0 || cfg->n_batch <= 0 || cfg->n_threads < 0 || cfg->expert_slots < 0 ||
+        cfg->cuda_device < 0)
+        return err_set(-EINVAL,
+                       "strata_config: n_ctx %d and n_batch %d must be positive, n_threads %d, "
+                       "expert_slots %d and cuda_device %d not negative",
+                       cfg->n_ctx, cfg->n_batch, cfg->n_threads, cfg->expert_slots,
+                       cfg->cuda_device);
+    if (cfg->device == STRATA_DEVICE_CPU && strata_config_needs_gpu(cfg))
+        return err_set(-EINVAL, "strata_config: vram_budget, expert_slots and hybrid or static "
+                                "placement need a CUDA device (device is STRATA_DEVICE_CPU)");
+    if (cfg->device == STRATA_DEVICE_CUDA && cfg->route_observer)
+        return err_set(-ENOTSUP, "strata_config: a route observer runs on the CPU device only");
+    return 0;
+}
+
+/* STRATA_FLAG_BIND: OpenMP threads one per physical core, near the GPU when one may be used. */
+static int strata_bind(struct strata *s)
+{
+    struct topo *t;
+    struct cuda_device_info d;
+    int node = -1, rc;
+
+    rc = topo_open(&t);
+    if (rc)
+        return rc;
+    if (s->cfg.device != STRATA_DEVICE_CPU && cuda_device_info_get(s->cfg.cuda_device, &d) == 0)
+        node = topo_pci_numa_node(t, d.pci_bus_id);
+    rc = topo_bind_openmp(t, node, s->cfg.n_threads);
+    topo_close(t);
+    if (rc < 0)
+        return rc;
+    s->bound = rc;
+    s->bind_node = node;
+    return 0;
+}
+
+int strata_load(const struct strata_config *cfg, struct strata **out)
+{
+    struct strata *s;
+    int rc = strata_config_check(cfg);
+
+    if (rc)
+        return strata_fail(STRATA_STEP_CONFIG, rc);
+    s = calloc(1, sizeof(*s));
+    if (!s || !(s->path = strdup(cfg->model_path))) {
+        free(s);
+        return strata_fail(STRATA_STEP_CONFIG, err_set(-ENOMEM, "out of memory"));
+    }
+    s->cfg = *cfg;
+    s->cfg.model_path = s->path;
+    s->bind_node = -1;
+    rc = model_open(s->path, &s->model);
+    if (rc) {
+        strata_close(s);
+        return strata_fail(STRATA_STEP_LOAD, rc);
+    }
+    if ((cfg->flags & STRATA_FLAG_BIND) && (rc = strata_bind(s))) {
+        strata_close(s);
+        return strata_fail(STRATA_STEP_BIND, rc);
+    }
+    if (cfg->flags & STRATA_FLAG_NO_MMAP) {
+        double t0 = clock_now_s();
+        rc = model_load_copy(s->model, cfg->n_threads);
+        s->t_copy = clock_now_s() - t0;
+        if (rc) {
+            strata_close(s);
+            return strata_fail(STRATA_STEP_COPY, rc);
+        }
+    }
+    *out = s;
+    return 0;
+}
+
+/* Adapts the MoE layer's routing event to the public one (the same fields). */
+static void strata_route_trampoline(void *ctx, const struct moe_route_event *ev)
+{
+    const struct strata *s = ctx;
+    const struct strata_route_event e = {
+        .layer = ev->layer, .n_tok = ev->n_tok, .k = ev->k, .pos0 = ev->pos0,
+        .ids = ev->ids, .weights = ev->weights, .in = ev->in,
+    };
+    s->cfg.route_observer(s->cfg.route_ctx, &e);
+}
+
+/* The CUDA backend; auto_cuda: a model that does not fit is retried under a budget of 90% of
+ * the free device memory. */
+static int strata_start_cuda(struct strata *s, bool auto_cuda)
+{
+    const struct strata_config *cfg = &s->cfg;
+    struct backend_cuda_config cc = {
+        .device = cfg->cuda_device, .vram_budget = cfg->vram_budget, .n_ctx = cfg->n_ctx,
+        .max_tok = cfg->n_batch, .expert_slots = cfg->expert_slots,
+        .residency = cfg->fill == STRATA_FILL_ZEROCOPY ? BACKEND_RESIDENCY_ZEROCOPY
+                                                       : BACKEND_RESIDENCY_COPY,
+        .graph = cfg->flags & STRATA_FLAG_GRAPH,
+        .gather_copies = cfg->flags & STRATA_FLAG_GATHER,
+        .prefetch = cfg->flags & STRATA_FLAG_PREFETCH,
+        .hybrid = cfg->placement == STRATA_PLACEMENT_HYBRID,
+        .hybrid_no_admit = cfg->flags & STRATA_FLAG_NO_HYBRID_ADMIT,
+        .cpu_moe_layers = cfg->placement == STRATA_PLACEMENT_STATIC ? cfg->cpu_moe_layers : 0,
+        .log = cfg->log,
+    };
+    size_t free_b = 0, total_b = 0;
+    int rc = backend_cuda_open(s->model, &cc, &s->core);
+
+    if (rc == -ENOMEM && auto_cuda && !cc.vram_budget && cuda_mem_info(&free_b, &total_b) == 0) {
+        /* the whole model does not fit: keep the trunk resident and cache experts */
+        cc.vram_budget = free_b / 10 * 9;
+        if (cfg->log)
+            fprintf(cfg->log,
+                    "strata: the model does not fit in the GPU's %.2f GiB free; running with "
+                    "--vram-budget %.2f GiB (experts cached from host memory)\n",
+                    free_b / 1073741824.0, cc.vram_budget / 1073741824.0);
+        rc = backend_cuda_open(s->model, &cc, &s->core);
+    }
+    return rc;
+}
+
+int strata_start(struct strata *s)
+{
+    const struct strata_config *cfg = &s->cfg;
+    const char *why = NULL;
+    bool auto_cuda = false;
+    int rc;
+
+    if (s->backend)
+        return strata_fail(STRATA_STEP_ENGINE, err_set(-EINVAL, "strata: already started"));
+    if (cfg->device == STRATA_DEVICE_AUTO) {
+        auto_cuda = cuda_device_count(&why) > 0;
+        if (!auto_cuda && strata_config_needs_gpu(cfg))
+            return strata_fail(STRATA_STEP_ENGINE,
+                               err_set(-ENODEV, "vram_budget, expert_slots and hybrid or static "
+                                                "placement need a CUDA device: %s",
+                                       why ? why : "none found"));
+        if (auto_cuda && cfg->route_observer)
+            return strata_fail(STRATA_STEP_ENGINE,
+                               err_set(-ENOTSUP, "a route observer runs on the CPU device only "
+                                                 "(device AUTO found a GPU: ask for the CPU)"));
+    }
+    s->cuda = auto_cuda || cfg->device == STRATA_DEVICE_CUDA;
+    if (s->cuda) {
+        rc = strata_start_cuda(s, auto_cuda);
+    } else {
+        struct backend_cpu_config bc = {
+            .n_threads = cfg->n_threads,
+            .route_observer = cfg->route_observer ? strata_route_trampoline : NULL,
+            .route_ctx = s,
+        };
+        rc = backend_cpu_open(s->model, &bc, &s->core);
+    }
+    if (rc) {
+        s->core = NULL;
+        return strata_fail(STRATA_STEP_ENGINE, rc);
+    }
+    s->backend = s->core;
+    return 0;
+}
+
+int strata_open(const struct strata_config *cfg, struct strata **out)
+{
+    struct strata *s = NULL;
+    int rc = strata_load(cfg, &s);
+
+    if (rc)
+        return rc;
+    rc = strata_start(s);
+    if (rc) {
+        strata_close(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+void strata_close(struct strata *s)
+{
+    if (!s)
+        return;
+    backend_close(s->backend);
+    model_close(s->model);
+    free(s->path);
+    free(s);
+}
+
+int strata_profile_open(struct strata *s)
+{
+    int rc;
+    if (!s->backend || s->cuda)
+        return strata_fail(STRATA_STEP_ENGINE,
+                           err_set(-EINVAL, "profiling needs a started CPU backend"));
+    rc = backend_profile_open(s->backend, &s->backend);
+    return rc ? strata_fail(STRATA_STEP_ENGINE, rc) : 0;
+}
+
+struct model *strata_model_of(struct strata *s)
+{
+    return s->model;
+}
+
+struct backend *strata_backend_of(struct strata *s)
+{
+    return s->backend;
+}
+
+struct stream *strata_stream_of(struct strata_stream *st)
+{
+    return st->st;
+}
+
+double strata_copy_seconds(const struct strata *s)
+{
+    return s->t_copy;
+}
+
+int strata_bound_threads(const struct strata *s, int *node)
+{
+    *node = s->bind_node;
+    return s->bound;
+}
+
+void strata_model_info(const struct strata *s, struct strata_model_info *out)
+{
+    const struct model_hparams *hp = &s->model->hp;
+    *out = (struct strata_model_info){
+        .arch = s->model->arch->name, .n_layer = hp->n_layer, .n_embd = hp->n_embd,
+        .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+        .n_expert = hp->n_expert, .n_expert_used = hp->n_expert_used, .n_ff_exp = hp->n_ff_exp,
+        .n_vocab = hp->n_vocab, .n_ctx_train = hp->n_ctx_train,
+        .device = s->cuda ? "cuda" : "cpu", .n_threads = omp_get_max_threads(),
+        .has_tokenizer = s->model->tok != NULL,
+    };
+}
+
+/* ---- tokens ------------------------------------------------------------------------------- */
+
+int strata_tokenize(const struct strata *s, const char *text, size_t len, unsigned flags,
+                    int32_t *ids, int cap)
+{
+    uint32_t tf = 0;
+
+    if (!s->model->tok)
+        return err_set(-ENOTSUP, "%s has no tokenizer (tokenizer.ggml.* keys)", s->path);
+    if (cap < 0)
+        return err_set(-EINVAL, "strata_tokenize: capacity %d", cap);
+    if (flags & STRATA_TOKENIZE_SPECIAL)
+        tf |= TOKENIZER_ENCODE_PARSE_SPECIAL;
+    if (flags & STRATA_TOKENIZE_ADD_BOS)
+        tf |= TOKENIZER_ENCODE_ADD_SPECIAL;
+    return tokenizer_encode(s->model->tok, text, len, tf, ids, (size_t)cap);
+}
+
+const char *strata_token_text(const struct strata *s, int32_t id, size_t *len)
+{
+    if (!s->model->tok)
+        return NULL;
+    return (const char *)tokenizer_token_bytes(s->model->tok, id, len);
+}
+
+bool strata_token_is_eog(const struct strata *s, int32_t id)
+{
+    return s->model->tok && tokenizer_is_eog(s->model->tok, id);
+}
+
+/* ---- streams ------------------------------------------------------------------------------ */
+
+int strata_stream_open(struct strata *s, int n_ctx, struct strata_stream **out)
+{
+    struct strata_stream *st;
+    int rc;
+
+    if (!s->backend)
+        return err_set(-EINVAL, "strata_stream_open: the engine is not started");
+    if (n_ctx < 0)
+        return err_set(-EINVAL, "strata_stream_open: context %d", n_ctx);
+    st = calloc(1, sizeof(*st));
+    if (!st)
+        return err_set(-ENOMEM, "out of memory");
+    st->s = s;
+    rc = stream_open(s->backend, n_ctx ? n_ctx : s->cfg.n_ctx, s->cfg.n_batch, &st->st);
+    if (rc) {
+        free(st);
+        return rc;
+    }
+    *out = st;
+    return 0;
+}
+
+void strata_stream_close(struct strata_stream *st)
+{
+    if (!st)
+        return;
+    stream_close(st->st);
+    free(st);
+}
+
+int strata_stream_pos(const struct strata_stream *st)
+{
+    return st->st->pos;
+}
+
+int strata_stream_n_ctx(const struct strata_stream *st)
+{
+    return st->st->n_ctx;
+}
+
+void strata_stream_truncate(struct strata_stream *st, int pos)
+{
+    stream_truncate(st->st, pos < 0 ? 0 : pos);
+}
+
+/* -EINVAL (message) when n is negative or an id lies outside the vocabulary. */
+static int strata_check_ids(const struct strata_stream *st, const int32_t *ids, int n)
+{
+    uint32_t nv = st->st->m->hp.n_vocab;
+    if (n < 0 || (n > 0 && !ids))
+        return err_set(-EINVAL, "strata_eval: %d ids", n);
+    for (int i = 0; i < n; i++) {
+        if ((uint32_t)ids[i] >= nv)
+            return err_set(-EINVAL, "token id %d (at %d) is outside the vocabulary (%u)", ids[i],
+                           i, nv);
+    }
+    return 0;
+}
+
+int strata_eval(struct strata_stream *st, const int32_t *ids, int n, float *logits)
+{
+    int rc = strata_check_ids(st, ids, n);
+    return rc ? rc : stream_eval(st->st, ids, n, logits);
+}
+
+int strata_eval_argmax(struct strata_stream *st, const int32_t *ids, int n, int32_t *next)
+{
+    int rc = strata_check_ids(st, ids, n);
+    return rc ? rc : stream_eval_argmax(st->st, ids, n, next);
+}
+
+/* ---- sampling and generation -------------------------------------------------------------- */
+
+static struct sampler_config strata_sampler_config(const struct strata_sampling *p)
+{
+    return (struct sampler_config){
+        .temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p,
+        .min_p = p->min_p, .repeat_penalty = p->repeat_penalty,
+        .repeat_last_n = p->repeat_last_n, .seed = p->seed,
+    };
+}
+
+void strata_sampling_init(struct strata_sampling *p)
+{
+    struct sampler_config d = sampler_config_default();
+    *p = (struct strata_sampling){
+        .temperature = d.temperature, .top_k = d.top_k, .top_p = d.top_p, .min_p = d.min_p,
+        .repeat_penalty = d.repeat_penalty, .repeat_last_n = d.repeat_last_n, .seed = d.seed,
+    };
+}
+
+int strata_sampler_open(const struct strata *s, const struct strata_sampling *p,
+                        struct strata_sampler **out)
+{
+    struct sampler_config sc = strata_sampler_config(p);
+    struct strata_sampler *sm = calloc(1, sizeof(*sm));
+    int rc;
+
+    if (!sm)
+        return err_set(-ENOMEM, "out of memory");
+    rc = sampler_init(&sm->smp, &sc, (int)s->model->hp.n_vocab);
+    if (rc) {
+        free(sm);
+        return rc;
+    }
+    *out = sm;
+    return 0;
+}
+
+void strata_sampler_close(struct strata_sampler *sm)
+{
+    if (!sm)
+        return;
+    sampler_free(&sm->smp);
+    free(sm);
+}
+
+int32_t strata_sampler_sample(struct strata_sampler *sm, float *logits)
+{
+    return sampler_sample(&sm->smp, logits);
+}
+
+void strata_sampler_accept(struct strata_sampler *sm, int32_t id)
+{
+    sampler_accept(&sm->smp, id);
+}
+
+void strata_generate_params_init(struct strata_generate_params *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->n_predict = 128;
+    strata_sampling_init(&p->sampling);
+}
+
+int strata_generate(struct strata_stream *st, const int32_t *prompt, int n_prompt,
+                    const struct strata_generate_params *p, strata_emit_fn emit, void *ctx,
+                    int32_t *out_ids, struct strata_generate_stats *stats)
+{
+    struct generate_config gc = {
+        .n_predict = p->n_predict, .sampling = strata_sampler_config(&p->sampling),
+        .n_stop = p->n_stop, .ignore_eos = p->ignore_eos,
+    };
+    struct generate_stats gs;
+    int rc;
+
+    if (p->n_stop < 0 || p->n_stop > STRATA_MAX_STOP || p->n_predict < 0)
+        return err_set(-EINVAL, "strata_generate: %d stop strings (at most %d), n_predict %d",
+                       p->n_stop, STRATA_MAX_STOP, p->n_predict);
+    for (int i = 0; i < p->n_stop; i++)
+        gc.stop[i] = p->stop[i] ? p->stop[i] : "";
+    rc = strata_check_ids(st, prompt, n_prompt);
+    if (rc)
+        return rc;
+    rc = generate_run(st->st, st->s->model->tok, prompt, n_prompt, &gc, emit, ctx, out_ids, &gs);
+    if (stats)
+        *stats = (struct strata_generate_stats){
+            .n_prompt = gs.n_prompt, .n_gen = gs.n_gen, .t_prompt_s = gs.t_prompt_s,
+            .t_gen_s = gs.t_gen_s, .stopped_eog = gs.stopped_eog,
+            .stopped_string = gs.stopped_string, .stopped_ctx = gs.stopped_ctx,
+        };
+    return rc;
+}
+
+/* ---- statistics --------------------------------------------------------------------------- */
+
+void strata_get_stats(const struct strata *s, struct strata_stats *out)
+{
+    struct backend_cache_totals t;
+
+    memset(out, 0, sizeof(*out));
+    if (!s->cuda || !s->core)
+        return;
+    out->vram_bytes = backend_cuda_vram_bytes(s->core);
+    out->graph = backend_cuda_graph(s->core);
+    out->cpu_moe_layers = backend_cuda_cpu_moe_layers(s->core);
+    out->cpu_lane_seconds = backend_cuda_cpu_lane_seconds(s->core);
+    if (backend_cuda_cache_totals(s->core, &t) == 0) {
+        out->has_cache = true;
+        out->slots = t.slots;
+        out->hits = t.hits;
+        out->misses = t.misses;
+        out->evictions = t.evictions;
+        out->bytes_streamed = t.bytes_copied;
+        out->bytes_zero_copy = t.bytes_zerocopy;
+        out->cpu_computed = t.cpu_computed;
+        out->cpu_admitted = t.cpu_admitted;
+    }
+}
+
+int strata_print_cache_stats(const struct strata *s, FILE *f)
+{
+    return s->cuda && s->core ? backend_cuda_print_stats(s->core, f) : 0;
+}
+
+int strata_write_cache_stats_json(const struct strata *s, const char *path)
+{
+    return s->cuda && s->core ? backend_cuda_write_stats_json(s->core, path) : 0;
+}
