@@ -16,6 +16,7 @@
 #include "cuda_mem.h"
 #include "cuda_moe.h"
 #include "cuda_ops_quant.cuh"
+#include "cuda_ops_util.cuh"
 
 #include <cuda_bf16.h>
 #include <mma.h>
@@ -152,7 +153,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     }
 #pragma unroll
     for (int i = 0; i < TM; i++) {
-        float gs = cq_warp_sum(ag[i]), us = cq_warp_sum(au[i]);
+        float gs = ops_warp_sum(ag[i]), us = ops_warp_sum(au[i]);
         if (lane == 0 && i < np)
             p.h[(int64_t)pairs[i] * p.n_ff + r] = __fmul_rn(moe_silu(gs), us);
     }
@@ -198,7 +199,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_direct(struc
             int j = j0 + i;
             if (j >= p.k)
                 break;
-            float ws = cq_warp_sum(s[i]);
+            float ws = ops_warp_sum(s[i]);
             acc = ok[i] ? __fadd_rn(acc, __fmul_rn(p.wts[t * p.k + j], ws)) : NAN;
         }
     }
@@ -310,7 +311,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_gate_up_staged(st
         if (b.load(ur, p.n_embd, g, lane))
             au = b.dot(x, au);
     }
-    float gs = cq_warp_sum(ag), us = cq_warp_sum(au);
+    float gs = ops_warp_sum(ag), us = ops_warp_sum(au);
     if (lane == 0)
         p.h[(int64_t)pair * p.n_ff + r] = __fmul_rn(moe_silu(gs), us);
 }
@@ -350,7 +351,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_grouped(stru
     }
 #pragma unroll
     for (int i = 0; i < TM; i++) {
-        float s = cq_warp_sum(acc[i]);
+        float s = ops_warp_sum(acc[i]);
         if (lane == 0 && i < np)
             p.y[(int64_t)pairs[i] * p.n_embd + r] = __fmul_rn(p.wts[pairs[i]], s);
     }
@@ -583,13 +584,13 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
                 au = moe_q8_unit<WT>::dot(ur, u, xq, xd, au);
             }
         }
-        const float gs = cq_warp_sum(ag), us = cq_warp_sum(au);
+        const float gs = ops_warp_sum(ag), us = ops_warp_sum(au);
         if (lane == 0)
             hs[2 * warp + i] = __fmul_rn(moe_silu(gs), us);
     }
     __syncthreads();
     if (warp == 0) { /* as moe_q8_quantize, one unit */
-        const float v = hs[lane], amax = cq_warp_max(fabsf(v));
+        const float v = hs[lane], amax = ops_warp_max(fabsf(v));
         const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
         const int q = __float2int_rn(v * id);
         p.hq[hu * 32 + lane] = (int8_t)q;
@@ -636,7 +637,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct mo
                 u -= nu, j += MOE_Q8_DN_SPLIT;
         }
     }
-    acc = cq_warp_sum(acc);
+    acc = ops_warp_sum(acc);
     bad = __any_sync(0xffffffffu, bad);
     if (lane == 0) {
         part[warp] = acc;
@@ -1142,11 +1143,6 @@ extern "C" size_t cuda_moe_scratch_bytes(const struct cuda_moe_args *a)
     return l.total;
 }
 
-static bool moe_aligned(const void *p, uint64_t a)
-{
-    return ((uintptr_t)p & (a - 1)) == 0;
-}
-
 /* Checks one stacked weight: rows of n_in elements of type, n_rows rows per expert. */
 static bool moe_weight_ok(const void *base, uint64_t stride, const void *const *ptrs, uint32_t type,
                           int64_t n_in, int64_t n_rows)
@@ -1156,7 +1152,7 @@ static bool moe_weight_ok(const void *base, uint64_t stride, const void *const *
         return false;
     if (ptrs)
         return true; /* device pointers: their alignment is the caller's contract */
-    return base && stride >= rb * (uint64_t)n_rows && stride % al == 0 && moe_aligned(base, al);
+    return base && stride >= rb * (uint64_t)n_rows && stride % al == 0 && ops_aligned(base, al);
 }
 
 /* Whether the direct path runs on 8-bit codes: gate/up and down Q4_K or Q6_K (rows of whole
@@ -1288,8 +1284,8 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
         return 0;
     struct moe_layout l;
     moe_layout_make(a->n_tok, a->k, a->n_expert, a->n_embd, a->n_ff, &l);
-    if (!a->out || !a->in || !moe_aligned(a->in, 16) || !a->ids || !a->weights || !a->scratch ||
-        !moe_aligned(a->scratch, 16) || a->scratch_bytes < l.total)
+    if (!a->out || !a->in || !ops_aligned(a->in, 16) || !a->ids || !a->weights || !a->scratch ||
+        !ops_aligned(a->scratch, 16) || a->scratch_bytes < l.total)
         return -EINVAL;
 
     struct moe_params p = {};

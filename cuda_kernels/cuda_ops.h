@@ -1,7 +1,6 @@
 /* cuda_ops: the non-matmul ops of the CUDA backend, float32 activations on the device:
  * embedding rows, RMSNorm (with an optional fused residual add), NEOX RoPE, KV-cache store,
- * causal GQA attention (split-K flash-decoding, a fp16 tensor-core prefill), add, argmax and
- * the MoE router's softmax + top-k.
+ * add, argmax and the MoE router's softmax + top-k. Attention is in cuda_attention.h.
  *
  * Every launcher only enqueues work on `stream` (a cudaStream_t; NULL is the legacy default
  * stream): no allocation, no synchronisation, no read of device memory by the host, so a
@@ -24,8 +23,6 @@
 extern "C" {
 #endif
 
-/* Largest head_dim cuda_attention supports. */
-#define CUDA_ATTN_MAX_HEAD_DIM 256
 /* Largest n_expert / k cuda_softmax_topk supports. */
 #define CUDA_TOPK_MAX_EXPERT 1024
 #define CUDA_TOPK_MAX_K 32
@@ -99,45 +96,6 @@ struct cuda_kv_store_args {
 /* cache row pos(t) = src row t. With pos_dev NULL, pos0 + n_tok <= n_ctx is checked. */
 int cuda_kv_store(const struct cuda_kv_store_args *a);
 
-/* ---- attention ----------------------------------------------------------------------------- */
-
-struct cuda_attn_args {
-    float *out;             /* (n_tok, n_head*head_dim) device */
-    const float *q;         /* (n_tok, n_head*head_dim) device, normed and rotated; may equal
-                             * out (each block reads its query rows before any is written) */
-    const float *k_cache;   /* (n_ctx, n_head_kv*head_dim) device; rows 0..pos(t) valid */
-    const float *v_cache;   /* (n_ctx, n_head_kv*head_dim) device */
-    int pos0;               /* position of query token 0 when pos_dev is NULL (token t at pos0+t) */
-    const int32_t *pos_dev; /* NULL, or (n_tok) device: position of each query token; query t
-                             * attends to keys 0..pos(t) (clamped to n_ctx - 1) */
-    int n_tok, n_ctx;       /* n_ctx: rows of the caches; bounds every key index */
-    int n_head, n_head_kv, head_dim; /* n_head a multiple of n_head_kv; head_dim even, <= 256 */
-    float scale;                     /* usually 1/sqrt(head_dim) */
-    void *scratch; /* cuda_attention_scratch_bytes(n_head, head_dim) bytes, device */
-    size_t scratch_bytes;
-    void *stream;
-};
-
-/* Scratch for the split-K partial results of any call with these heads (any n_tok, context). */
-size_t cuda_attention_scratch_bytes(int n_head, int head_dim);
-
-/* Prefill calls run on fp16 tensor cores: n_tok >= CUDA_ATTN_TC_MIN_TOK, n_tok * (n_head /
- * n_head_kv) >= CUDA_ATTN_TC_MIN_ROWS, head_dim a multiple of 16, k_cache/v_cache 16-byte and
- * q/out 8-byte aligned. Q, K, V and the softmax weights are rounded to fp16 there (values beyond
- * +-65504 clamped; products and sums in float): a score s moves by about 3e-4 |s|, and the
- * tested bound is max abs error <= 5e-3 * max |ref| for scores of std <= 3 (docs/cuda-ops.md).
- * Every other call, decode included, stays in float throughout. */
-#define CUDA_ATTN_TC_MIN_TOK 3
-#define CUDA_ATTN_TC_MIN_ROWS 64
-
-/* Causal GQA attention as ops_attention: query t of head h attends to keys 0..pos(t) of kv head
- * h / (n_head / n_head_kv) with softmax(scale * q.k) weights, online softmax in float. Few
- * query rows (decode) split the keys over several blocks and combine the partial softmaxes in a
- * second kernel (split-K flash-decoding); the split is planned from n_ctx when pos_dev is set,
- * so one captured graph serves every position. Many rows (prefill) take the tensor-core path
- * above. */
-int cuda_attention(const struct cuda_attn_args *a);
-
 /* ---- elementwise, argmax, router ----------------------------------------------------------- */
 
 /* x (n) += y (n), device. */
@@ -163,5 +121,9 @@ int cuda_softmax_topk(const struct cuda_topk_args *a);
 #ifdef __cplusplus
 }
 #endif
+
+/* Transitional: callers that take cuda_attention from this header (runtime/backend_cuda.c,
+ * tests/test_backend_sim.c) until they include cuda_attention.h themselves. */
+#include "cuda_attention.h"
 
 #endif

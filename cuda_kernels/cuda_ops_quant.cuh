@@ -150,7 +150,7 @@ static __device__ __forceinline__ float cq_bf16(uint32_t b)
     return __uint_as_float(b << 16);
 }
 
-/* E2M1 code (0..15) -> twice its value, an integer (FORMATS.md §2.6 kvalues_mxfp4). */
+/* E2M1 code (0..15) -> twice its value, an integer (docs/formats.md, MXFP4 kvalues_mxfp4). */
 static __device__ __forceinline__ int cq_e2m1_doubled(uint32_t c)
 {
     uint32_t m = c & 7;
@@ -479,22 +479,5 @@ template <> struct cq_step<QUANT_Q6_K> : cq_fstep {
         return true;
     }
 };
-
-/* Sum over the 32 lanes by a fixed butterfly; every lane gets the same value. */
-static __device__ __forceinline__ float cq_warp_sum(float s)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        s += __shfl_xor_sync(0xffffffffu, s, o);
-    return s;
-}
-
-static __device__ __forceinline__ float cq_warp_max(float s)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, o));
-    return s;
-}
 
 #endif

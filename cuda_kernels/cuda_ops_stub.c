@@ -33,18 +33,6 @@ int cuda_kv_store(const struct cuda_kv_store_args *a)
     return -ENODEV;
 }
 
-size_t cuda_attention_scratch_bytes(int n_head, int head_dim)
-{
-    (void)n_head, (void)head_dim;
-    return 0;
-}
-
-int cuda_attention(const struct cuda_attn_args *a)
-{
-    (void)a;
-    return -ENODEV;
-}
-
 int cuda_add(float *x, const float *y, size_t n, void *stream)
 {
     (void)x, (void)y, (void)n, (void)stream;

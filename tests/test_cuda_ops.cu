@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_attention.h"
 #include "cuda_check.h"
 #include "cuda_mem.h"
 #include "cuda_ops.h"

@@ -1,0 +1,68 @@
+/* cuda_attention: causal GQA attention of the CUDA backend on float32 activations and KV
+ * caches in device memory: split-K flash-decoding for few query rows, a float tiled kernel, and
+ * an fp16 tensor-core kernel for prefill.
+ *
+ * The launch rules of cuda_ops.h hold: the launcher only enqueues work on `stream` (no
+ * allocation, synchronisation or device read by the host, so it can be captured in a CUDA
+ * graph), positions can come from device memory (pos_dev) for graph replay, it returns 0,
+ * -EINVAL for bad shapes or alignment (nothing is launched) or -EIO when the launch fails, and
+ * results are deterministic (no float atomics, every sum in a fixed order).
+ * Without a CUDA build (cuda_attention_stub.c) cuda_attention returns -ENODEV and
+ * cuda_attention_scratch_bytes 0.
+ * Design and tolerances: docs/cuda-ops.md.
+ */
+#ifndef STRATA_CUDA_ATTENTION_H
+#define STRATA_CUDA_ATTENTION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Largest head_dim cuda_attention supports. */
+#define CUDA_ATTN_MAX_HEAD_DIM 256
+
+struct cuda_attn_args {
+    float *out;             /* (n_tok, n_head*head_dim) device */
+    const float *q;         /* (n_tok, n_head*head_dim) device, normed and rotated; may equal
+                             * out (each block reads its query rows before any is written) */
+    const float *k_cache;   /* (n_ctx, n_head_kv*head_dim) device; rows 0..pos(t) valid */
+    const float *v_cache;   /* (n_ctx, n_head_kv*head_dim) device */
+    int pos0;               /* position of query token 0 when pos_dev is NULL (token t at pos0+t) */
+    const int32_t *pos_dev; /* NULL, or (n_tok) device: position of each query token; query t
+                             * attends to keys 0..pos(t) (clamped to n_ctx - 1) */
+    int n_tok, n_ctx;       /* n_ctx: rows of the caches; bounds every key index */
+    int n_head, n_head_kv, head_dim; /* n_head a multiple of n_head_kv; head_dim even, <= 256 */
+    float scale;                     /* usually 1/sqrt(head_dim) */
+    void *scratch; /* cuda_attention_scratch_bytes(n_head, head_dim) bytes, device */
+    size_t scratch_bytes;
+    void *stream;
+};
+
+/* Scratch for the split-K partial results of any call with these heads (any n_tok, context). */
+size_t cuda_attention_scratch_bytes(int n_head, int head_dim);
+
+/* Prefill calls run on fp16 tensor cores: n_tok >= CUDA_ATTN_TC_MIN_TOK, n_tok * (n_head /
+ * n_head_kv) >= CUDA_ATTN_TC_MIN_ROWS, head_dim a multiple of 16, k_cache/v_cache 16-byte and
+ * q/out 8-byte aligned. Q, K, V and the softmax weights are rounded to fp16 there (values beyond
+ * +-65504 clamped; products and sums in float): a score s moves by about 3e-4 |s|, and the
+ * tested bound is max abs error <= 5e-3 * max |ref| for scores of std <= 3 (docs/cuda-ops.md).
+ * Every other call, decode included, stays in float throughout. */
+#define CUDA_ATTN_TC_MIN_TOK 3
+#define CUDA_ATTN_TC_MIN_ROWS 64
+
+/* Causal GQA attention as ops_attention: query t of head h attends to keys 0..pos(t) of kv head
+ * h / (n_head / n_head_kv) with softmax(scale * q.k) weights, online softmax in float. Few
+ * query rows (decode) split the keys over several blocks and combine the partial softmaxes in a
+ * second kernel (split-K flash-decoding); the split is planned from n_ctx when pos_dev is set,
+ * so one captured graph serves every position. Many rows (prefill) take the tensor-core path
+ * above. */
+int cuda_attention(const struct cuda_attn_args *a);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
