@@ -44,8 +44,8 @@ int main(int argc, char **argv)
         return 1;
     }
     strata_model_info(s, &mi);
-    fprintf(stderr, "simple: %s, %u layers, %u experts (top %u), on the %s\n", mi.arch,
-            mi.n_layer, mi.n_expert, mi.n_expert_used, mi.device);
+    fprintf(stderr, "simple: %s, %u layers, %u experts (top %u), on the %s\n", mi.arch, mi.n_layer,
+            mi.n_expert, mi.n_expert_used, mi.device);
 
     /* the first call counts the ids, the second writes them */
     n = strata_tokenize(s, prompt, strlen(prompt), tok_flags, NULL, 0);

@@ -81,8 +81,7 @@ void strata_config_init(struct strata_config *cfg)
 /* Options that only the CUDA backend has. */
 static bool strata_config_needs_gpu(const struct strata_config *cfg)
 {
-    return cfg->vram_budget || cfg->expert_slots > 0 ||
-           cfg->placement != STRATA_PLACEMENT_STREAM;
+    return cfg->vram_budget || cfg->expert_slots > 0 || cfg->placement != STRATA_PLACEMENT_STREAM;
 }
 
 static int strata_config_check(const struct strata_config *cfg)
@@ -180,8 +179,13 @@ static void strata_route_trampoline(void *ctx, const struct moe_route_event *ev)
 {
     const struct strata *s = ctx;
     const struct strata_route_event e = {
-        .layer = ev->layer, .n_tok = ev->n_tok, .k = ev->k, .pos0 = ev->pos0,
-        .ids = ev->ids, .weights = ev->weights, .in = ev->in,
+        .layer = ev->layer,
+        .n_tok = ev->n_tok,
+        .k = ev->k,
+        .pos0 = ev->pos0,
+        .ids = ev->ids,
+        .weights = ev->weights,
+        .in = ev->in,
     };
     s->cfg.route_observer(s->cfg.route_ctx, &e);
 }
@@ -192,10 +196,13 @@ static int strata_start_cuda(struct strata *s, bool auto_cuda)
 {
     const struct strata_config *cfg = &s->cfg;
     struct backend_cuda_config cc = {
-        .device = cfg->cuda_device, .vram_budget = cfg->vram_budget, .n_ctx = cfg->n_ctx,
-        .max_tok = cfg->n_batch, .expert_slots = cfg->expert_slots,
-        .residency = cfg->fill == STRATA_FILL_ZEROCOPY ? BACKEND_RESIDENCY_ZEROCOPY
-                                                       : BACKEND_RESIDENCY_COPY,
+        .device = cfg->cuda_device,
+        .vram_budget = cfg->vram_budget,
+        .n_ctx = cfg->n_ctx,
+        .max_tok = cfg->n_batch,
+        .expert_slots = cfg->expert_slots,
+        .residency =
+            cfg->fill == STRATA_FILL_ZEROCOPY ? BACKEND_RESIDENCY_ZEROCOPY : BACKEND_RESIDENCY_COPY,
         .graph = cfg->flags & STRATA_FLAG_GRAPH,
         .gather_copies = cfg->flags & STRATA_FLAG_GATHER,
         .prefetch = cfg->flags & STRATA_FLAG_PREFETCH,
@@ -233,8 +240,9 @@ int strata_start(struct strata *s)
         auto_cuda = cuda_device_count(&why) > 0;
         if (!auto_cuda && strata_config_needs_gpu(cfg))
             return strata_fail(STRATA_STEP_ENGINE,
-                               err_set(-ENODEV, "vram_budget, expert_slots and hybrid or static "
-                                                "placement need a CUDA device: %s",
+                               err_set(-ENODEV,
+                                       "vram_budget, expert_slots and hybrid or static "
+                                       "placement need a CUDA device: %s",
                                        why ? why : "none found"));
         if (auto_cuda && cfg->route_observer)
             return strata_fail(STRATA_STEP_ENGINE,
@@ -326,11 +334,19 @@ void strata_model_info(const struct strata *s, struct strata_model_info *out)
 {
     const struct model_hparams *hp = &s->model->hp;
     *out = (struct strata_model_info){
-        .arch = s->model->arch->name, .n_layer = hp->n_layer, .n_embd = hp->n_embd,
-        .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-        .n_expert = hp->n_expert, .n_expert_used = hp->n_expert_used, .n_ff_exp = hp->n_ff_exp,
-        .n_vocab = hp->n_vocab, .n_ctx_train = hp->n_ctx_train,
-        .device = s->cuda ? "cuda" : "cpu", .n_threads = omp_get_max_threads(),
+        .arch = s->model->arch->name,
+        .n_layer = hp->n_layer,
+        .n_embd = hp->n_embd,
+        .n_head = hp->n_head,
+        .n_head_kv = hp->n_head_kv,
+        .head_dim = hp->head_dim,
+        .n_expert = hp->n_expert,
+        .n_expert_used = hp->n_expert_used,
+        .n_ff_exp = hp->n_ff_exp,
+        .n_vocab = hp->n_vocab,
+        .n_ctx_train = hp->n_ctx_train,
+        .device = s->cuda ? "cuda" : "cpu",
+        .n_threads = omp_get_max_threads(),
         .has_tokenizer = s->model->tok != NULL,
     };
 }
@@ -420,8 +436,8 @@ static int strata_check_ids(const struct strata_stream *st, const int32_t *ids, 
         return err_set(-EINVAL, "strata_eval: %d ids", n);
     for (int i = 0; i < n; i++) {
         if ((uint32_t)ids[i] >= nv)
-            return err_set(-EINVAL, "token id %d (at %d) is outside the vocabulary (%u)", ids[i],
-                           i, nv);
+            return err_set(-EINVAL, "token id %d (at %d) is outside the vocabulary (%u)", ids[i], i,
+                           nv);
     }
     return 0;
 }
@@ -443,9 +459,13 @@ int strata_eval_argmax(struct strata_stream *st, const int32_t *ids, int n, int3
 static struct sampler_config strata_sampler_config(const struct strata_sampling *p)
 {
     return (struct sampler_config){
-        .temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p,
-        .min_p = p->min_p, .repeat_penalty = p->repeat_penalty,
-        .repeat_last_n = p->repeat_last_n, .seed = p->seed,
+        .temperature = p->temperature,
+        .top_k = p->top_k,
+        .top_p = p->top_p,
+        .min_p = p->min_p,
+        .repeat_penalty = p->repeat_penalty,
+        .repeat_last_n = p->repeat_last_n,
+        .seed = p->seed,
     };
 }
 
@@ -453,8 +473,13 @@ void strata_sampling_init(struct strata_sampling *p)
 {
     struct sampler_config d = sampler_config_default();
     *p = (struct strata_sampling){
-        .temperature = d.temperature, .top_k = d.top_k, .top_p = d.top_p, .min_p = d.min_p,
-        .repeat_penalty = d.repeat_penalty, .repeat_last_n = d.repeat_last_n, .seed = d.seed,
+        .temperature = d.temperature,
+        .top_k = d.top_k,
+        .top_p = d.top_p,
+        .min_p = d.min_p,
+        .repeat_penalty = d.repeat_penalty,
+        .repeat_last_n = d.repeat_last_n,
+        .seed = d.seed,
     };
 }
 
@@ -506,8 +531,10 @@ int strata_generate(struct strata_stream *st, const int32_t *prompt, int n_promp
                     int32_t *out_ids, struct strata_generate_stats *stats)
 {
     struct generate_config gc = {
-        .n_predict = p->n_predict, .sampling = strata_sampler_config(&p->sampling),
-        .n_stop = p->n_stop, .ignore_eos = p->ignore_eos,
+        .n_predict = p->n_predict,
+        .sampling = strata_sampler_config(&p->sampling),
+        .n_stop = p->n_stop,
+        .ignore_eos = p->ignore_eos,
     };
     struct generate_stats gs;
     int rc;
@@ -523,9 +550,13 @@ int strata_generate(struct strata_stream *st, const int32_t *prompt, int n_promp
     rc = generate_run(st->st, st->s->model->tok, prompt, n_prompt, &gc, emit, ctx, out_ids, &gs);
     if (stats)
         *stats = (struct strata_generate_stats){
-            .n_prompt = gs.n_prompt, .n_gen = gs.n_gen, .t_prompt_s = gs.t_prompt_s,
-            .t_gen_s = gs.t_gen_s, .stopped_eog = gs.stopped_eog,
-            .stopped_string = gs.stopped_string, .stopped_ctx = gs.stopped_ctx,
+            .n_prompt = gs.n_prompt,
+            .n_gen = gs.n_gen,
+            .t_prompt_s = gs.t_prompt_s,
+            .t_gen_s = gs.t_gen_s,
+            .stopped_eog = gs.stopped_eog,
+            .stopped_string = gs.stopped_string,
+            .stopped_ctx = gs.stopped_ctx,
         };
     return rc;
 }

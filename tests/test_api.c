@@ -260,8 +260,8 @@ out:
 
 struct routes {
     int n_layer, k, n_expert;
-    int tokens[64];      /* (n_layer) tokens seen per layer */
-    int next_pos[64];    /* (n_layer) the position each layer expects next */
+    int tokens[64];   /* (n_layer) tokens seen per layer */
+    int next_pos[64]; /* (n_layer) the position each layer expects next */
     int bad;
 };
 
@@ -335,8 +335,7 @@ static void check_errors(const char *path)
     cfg.host_budget = 1 << 20;
     rc = strata_open(&cfg, &s);
     CHECK(rc == -ENOTSUP, "host_budget: %d", rc);
-    CHECK(strstr(strata_error(), "host memory") != NULL, "host_budget message: %s",
-          strata_error());
+    CHECK(strstr(strata_error(), "host memory") != NULL, "host_budget message: %s", strata_error());
 
     config_cpu(&cfg, path);
     cfg.vram_budget = 1 << 30;
