@@ -226,16 +226,19 @@ static double bench_token_bytes(const struct model *m)
 }
 
 /* The bench options as the API's config: the CPU, or CUDA (--device cuda, --vram-budget,
- * --placement), a stream of the prompt and the decode steps, the prompt in one batch. */
+ * --placement), a stream of the prompt and the decode steps, the prompt in one batch. The
+ * CUDA options are dropped on the CPU (a later --device cpu overrides them). */
 static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
 {
     strata_config_init(cfg);
     cfg->model_path = o->model;
     cfg->device = o->cuda ? STRATA_DEVICE_CUDA : STRATA_DEVICE_CPU;
-    cfg->vram_budget = o->vram_budget;
-    cfg->placement = o->hybrid           ? STRATA_PLACEMENT_HYBRID
-                     : o->cpu_moe_layers ? STRATA_PLACEMENT_STATIC
-                                         : STRATA_PLACEMENT_STREAM;
+    if (o->cuda) {
+        cfg->vram_budget = o->vram_budget;
+        cfg->placement = o->hybrid           ? STRATA_PLACEMENT_HYBRID
+                         : o->cpu_moe_layers ? STRATA_PLACEMENT_STATIC
+                                             : STRATA_PLACEMENT_STREAM;
+    }
     if (o->cpu_moe_layers)
         cfg->cpu_moe_layers = o->cpu_moe_layers;
     cfg->fill = (enum strata_fill)o->residency;
@@ -259,7 +262,7 @@ int cmd_bench(int argc, char **argv)
     if (rc)
         return rc == 1 ? 0 : rc;
 
-    if (o.bind) { /* before the model is read; on every core (the GPU's node is not asked) */
+    if (o.bind) { /* before the model is read, over every core */
         struct topo *t = NULL;
         int nb = topo_open(&t) ? -1 : topo_bind_openmp(t, -1, o.n_threads);
         topo_close(t);

@@ -4,6 +4,9 @@
  * OUT holds (1 + N) blocks of n_vocab float32 (little-endian, as the machine stores them):
  * block 0 = the logits after the prompt; block i = the logits after greedy token i was fed
  * back. Greedy token i + 1 is the argmax (lowest id on ties) of block i.
+ *
+ * The device and placement flags are strata run's (run_opts.h), so the same prompt's raw
+ * logits can be compared across placements (all resident, the expert cache, static, hybrid).
  */
 #include <errno.h>
 #include <getopt.h>

@@ -1,5 +1,6 @@
-/* run_opts: the options strata run and strata chat share (model, threads, context, sampling),
- * parsed llama.cpp-style. */
+/* run_opts: the options strata run and strata chat share (model, threads, context, sampling,
+ * device and placement), parsed llama.cpp-style, and the session they open through the API
+ * (include/strata.h). strata logits and bench reuse the placement parsing. */
 #ifndef STRATA_RUN_OPTS_H
 #define STRATA_RUN_OPTS_H
 
