@@ -1,7 +1,8 @@
 /* strata bench: prompt processing and decode speed of one model, next to the floor set by
- * the bandwidth measured in the same run (DESIGN §2). CPU backend for now: the floor of a
- * decode token is the bytes it must read (trunk weights, the routed experts, the output head,
- * the KV cache) over the host read bandwidth. */
+ * the bandwidth measured in the same run (DESIGN §2). On the CPU the floor of a decode token
+ * is the bytes it must read (trunk weights, the routed experts, the output head, the KV
+ * cache) over the host read bandwidth; on the GPU, over the device copy bandwidth, and under
+ * a budget, the bytes each lane moves over that lane's measured bandwidth. */
 #include <omp.h>
 #include <errno.h>
 #include <stdio.h>
@@ -250,14 +251,212 @@ static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
     cfg->log = stderr;
 }
 
+/* What one bench run measured. */
+struct bench_run {
+    int threads, procs;
+    double bw_all, bw_run, bw_after, bw; /* host read GB/s: all processors, the run's threads,
+                                          * after decode; bw is the highest */
+    double bw_map;                       /* the same sweep over the model's mapping */
+    uint64_t mlen;                       /* bytes of that sweep */
+    double t_copy, t_warm, t_pp, t_tg;   /* --no-mmap copy, first token, prefill, decode */
+    struct strata_stats p0, p1, c0, c1;  /* around prefill and around decode */
+    bool pp_cached, cached;
+};
+
+/* The host read bandwidth with every processor and with the run's threads, and over the
+ * model's own mapping (page cache, usually 4 KiB pages). */
+static void bench_bandwidths(const struct bench_opts *o, const struct model *m,
+                             struct bench_run *r)
+{
+    r->threads = omp_get_max_threads();
+    /* The floor is physical: the machine's read bandwidth with every processor reading,
+     * whatever thread count the kernels run best with. */
+    r->procs = omp_get_num_procs();
+    r->bw_all = membw_measure((size_t)(o->bw_gib * (1u << 30)), r->procs, 5);
+    r->bw_run = r->threads == r->procs
+                    ? r->bw_all
+                    : membw_measure((size_t)(o->bw_gib * (1u << 30)), r->threads, 5);
+    r->bw = r->bw_all > r->bw_run ? r->bw_all : r->bw_run;
+    const struct gguf_file *gf = m->file;
+    uint64_t m0 = gf->data_offset / 4096 * 4096;
+    r->mlen = gf->size - m0 < (uint64_t)(o->bw_gib * (1u << 30)) ? gf->size - m0
+                                                                  : (uint64_t)(o->bw_gib * (1u << 30));
+    r->bw_map = membw_read(gf->base + m0, r->mlen / 64 * 64, r->threads, 5);
+}
+
+/* The timed part: the first token (page-in), the prompt in one batch, then n_gen decode steps
+ * as greedy generation runs them (only the id is read back). 0 or -errno. */
+static int bench_timed(const struct bench_opts *o, struct strata *st, struct strata_stream *ss,
+                       struct backend *b, const int32_t *ids, struct rng *rng,
+                       struct bench_run *r)
+{
+    const struct model_hparams *hp = &strata_model_of(st)->hp;
+    float *logits = malloc(sizeof(float) * hp->n_vocab);
+    if (!logits)
+        return -ENOMEM;
+    /* touch the weights once so the page cache, not the disk, is measured */
+    double t0 = clock_now_s();
+    int rc = strata_eval(ss, ids, 1, logits);
+    r->t_warm = clock_now_s() - t0;
+    strata_stream_truncate(ss, 0);
+
+    if (o->profile)
+        backend_profile_report(b, stdout, "the first token");
+    strata_get_stats(st, &r->p0);
+    r->pp_cached = r->p0.has_cache;
+    t0 = clock_now_s();
+    rc = rc ? rc : strata_eval(ss, ids, o->n_prompt, logits);
+    r->t_pp = clock_now_s() - t0;
+    if (r->pp_cached)
+        strata_get_stats(st, &r->p1);
+    if (o->profile)
+        backend_profile_report(b, stdout, "prompt processing");
+    int32_t tok = sampler_argmax(logits, (int)hp->n_vocab);
+    strata_get_stats(st, &r->c0);
+    r->cached = r->c0.has_cache;
+    t0 = clock_now_s();
+    for (int i = 0; !rc && i < o->n_gen; i++) {
+        if (!o->tg_greedy)
+            tok = (int32_t)rng_below(rng, hp->n_vocab);
+        rc = strata_eval_argmax(ss, &tok, 1, &tok);
+    }
+    r->t_tg = clock_now_s() - t0;
+    if (r->cached)
+        strata_get_stats(st, &r->c1);
+    /* the machine's bandwidth drifts between runs (shared hosts): probe again after the
+     * timed runs, and let the floor use the highest probe of the run */
+    r->bw_after = membw_measure((size_t)(o->bw_gib * (1u << 30)), r->procs, 5);
+    r->bw = r->bw > r->bw_after ? r->bw : r->bw_after;
+    if (o->profile)
+        backend_profile_report(b, stdout, "decode");
+    free(logits);
+    return rc;
+}
+
+/* The expert cache's part of the report: hit rate, what PCIe moved against its measured
+ * bandwidth, the CPU lane, and the floors of streaming alone and of both lanes together. */
+static void bench_print_cache(const struct bench_opts *o, struct strata *st,
+                              const struct model *m, const struct bench_run *r, double tg)
+{
+    const struct model_hparams *hp = &m->hp;
+    const struct strata_stats *c0 = &r->c0, *c1 = &r->c1;
+    /* the streaming lane: misses over PCIe, against pinned H2D measured now */
+    double h2d = cuda_h2d_bandwidth(NULL, (size_t)256 << 20, 10);
+    uint64_t acc = (c1->hits - c0->hits) + (c1->misses - c0->misses);
+    double moved = (double)(c1->bytes_streamed - c0->bytes_streamed) +
+                   (double)(c1->bytes_zero_copy - c0->bytes_zero_copy);
+    double per_tok = moved / o->n_gen, pcie_floor = per_tok / h2d;
+    printf("cache        %d slots; decode hit rate %.1f%% (%llu of %llu expert uses), %llu "
+           "evictions\n",
+           c1->slots, acc ? 100.0 * (c1->hits - c0->hits) / acc : 0.0,
+           (unsigned long long)(c1->hits - c0->hits), (unsigned long long)acc,
+           (unsigned long long)(c1->evictions - c0->evictions));
+    printf("pcie         %.1f GB/s pinned H2D (256 MiB, median of 10); decode moved %.1f MB "
+           "per token (%.1f copied, %.1f read in place) = %.1f GB/s = %.0f%% of H2D\n",
+           h2d / 1e9, per_tok / 1e6,
+           (double)(c1->bytes_streamed - c0->bytes_streamed) / o->n_gen / 1e6,
+           (double)(c1->bytes_zero_copy - c0->bytes_zero_copy) / o->n_gen / 1e6,
+           moved / r->t_tg / 1e9, 100.0 * moved / r->t_tg / h2d);
+    if (r->pp_cached) { /* prefill streams most of a layer's experts: often PCIe-bound */
+        double pmoved = (double)(r->p1.bytes_streamed - r->p0.bytes_streamed) +
+                        (double)(r->p1.bytes_zero_copy - r->p0.bytes_zero_copy);
+        printf("pcie pp      prefill moved %.2f GB in %.3f s = %.1f GB/s = %.0f%% of H2D\n",
+               pmoved / 1e9, r->t_pp, pmoved / r->t_pp / 1e9, 100.0 * pmoved / r->t_pp / h2d);
+    }
+    if (c1->cpu_computed > c0->cpu_computed)
+        printf("cpu lane     %.1f of %.1f missed experts per token computed on the CPU "
+               "(%.2f of them also copied into a slot behind their layer)\n",
+               (double)(c1->cpu_computed - c0->cpu_computed) / o->n_gen,
+               (double)(c1->misses - c0->misses) / o->n_gen,
+               (double)(c1->cpu_admitted - c0->cpu_admitted) / o->n_gen);
+    printf("floor        %.1f tok/s if streaming alone bounds decode (bytes moved / H2D) -> "
+           "decode at %.0f%% of it\n",
+           pcie_floor > 0 ? 1.0 / pcie_floor : 0.0, 100.0 * tg * pcie_floor);
+    /* DESIGN §2 with both lanes: every missed expert's bytes, read by PCIe and the CPU
+     * together (their bandwidths add when the lanes finish a layer together) */
+    double miss_bytes = 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++)
+        miss_bytes += (double)model_expert_bytes(m, l) / hp->n_layer;
+    miss_bytes *= (double)(c1->misses - c0->misses) / o->n_gen;
+    double both_floor = miss_bytes / (h2d + r->bw);
+    printf("floor2       %.1f tok/s if the misses (%.1f MB per token) were read by PCIe and "
+           "the CPU together (%.1f + %.1f GB/s) -> decode at %.0f%% of it\n",
+           both_floor > 0 ? 1.0 / both_floor : 0.0, miss_bytes / 1e6, h2d / 1e9, r->bw / 1e9,
+           100.0 * tg * both_floor);
+    if (o->stats)
+        strata_print_cache_stats(st, stdout);
+    if (o->stats_json && strata_write_cache_stats_json(st, o->stats_json))
+        cli_fail("--stats-json");
+}
+
+/* The report: what ran, the bandwidths, pp and tg, and decode against its floor. */
+static void bench_print(const struct bench_opts *o, struct strata *st, const struct model *m,
+                        const struct bench_run *r)
+{
+    const struct model_hparams *hp = &m->hp;
+    double wbytes = bench_token_bytes(m);
+    double kv_per_pos = 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * sizeof(float);
+    double kvbytes = kv_per_pos * (o->n_prompt + o->n_gen / 2.0); /* mean context of the run */
+    double floor_s = (wbytes + kvbytes) / r->bw;
+    double tg = o->n_gen / r->t_tg;
+    struct strata_stats now;
+    printf("model        %s (%s, %u layers, %u experts top-%u)\n", o->model, m->arch->name,
+           hp->n_layer, hp->n_expert, hp->n_expert_used);
+    strata_get_stats(st, &now);
+    if (o->cuda)
+        printf("backend      cuda, %.2f GiB of VRAM%s\n", now.vram_bytes / 1073741824.0,
+               now.graph ? ", decode steps replayed from a CUDA graph" : "");
+    if (o->cuda && now.cpu_moe_layers)
+        printf("placement    static: experts of %d of %u layers on the CPU (%d threads), the "
+               "rest resident\n",
+               now.cpu_moe_layers, hp->n_layer, r->threads);
+    else
+        printf("backend      cpu, %d threads\n", r->threads);
+    printf("host read    %.1f GB/s with %d threads, %.1f GB/s with %d; %.1f GB/s with %d after "
+           "decode (%.1f GiB probe, median of 5); the floor uses the highest\n",
+           r->bw_all / 1e9, r->procs, r->bw_run / 1e9, r->threads, r->bw_after / 1e9, r->procs,
+           o->bw_gib);
+    printf("model read   %.1f GB/s (the same sweep over %.2f GiB of the model's mapping)\n",
+           r->bw_map / 1e9, r->mlen / 1073741824.0);
+    if (o->no_mmap)
+        printf("weights      copied to anonymous huge pages in %.2f s (--no-mmap)\n", r->t_copy);
+    printf("first token  %.2f s (page-in)\n", r->t_warm);
+    printf("pp%-4d       %.1f tok/s\n", o->n_prompt, o->n_prompt / r->t_pp);
+    printf("tg%-4d       %.2f tok/s\n", o->n_gen, tg);
+    printf("bytes/token  %.3f GB weights + %.3f GB KV cache (mean)\n", wbytes / 1e9,
+           kvbytes / 1e9);
+    if (o->cuda) {
+        /* all resident: the floor is HBM, read once per token */
+        double hbm = cuda_copy_bandwidth((size_t)1 << 30, 10);
+        double hbm_floor = (wbytes + kvbytes) / hbm;
+        printf("device copy  %.0f GB/s (1 GiB device-to-device, read + written, median of 10)\n",
+               hbm / 1e9);
+        if (!r->cached)
+            printf("floor        %.1f tok/s at %.0f GB/s of HBM -> decode at %.1f%% of the "
+                   "floor\n",
+                   1.0 / hbm_floor, hbm / 1e9, 100.0 * tg * hbm_floor);
+    }
+    if (r->cached)
+        bench_print_cache(o, st, m, r, tg);
+    strata_get_stats(st, &now);
+    double lane_s = o->cuda ? now.cpu_lane_seconds - r->c0.cpu_lane_seconds : 0;
+    if (lane_s > 0) /* the PCIe lane's busy share is the "% of H2D" above */
+        printf("lanes        CPU lane busy %.0f%% of decode (%.2f ms of experts per token)\n",
+               100.0 * lane_s / r->t_tg, 1e3 * lane_s / o->n_gen);
+    if (!o->cuda) {
+        printf("floor        %.2f tok/s at %.1f GB/s -> decode at %.0f%% of the floor\n",
+               1.0 / floor_s, r->bw / 1e9, 100.0 * tg * floor_s);
+    }
+}
+
 int cmd_bench(int argc, char **argv)
 {
     struct bench_opts o;
     struct strata_config cfg;
     struct strata *st = NULL;
     struct strata_stream *ss = NULL;
-    struct model *m = NULL;
-    struct backend *b = NULL;
+    struct bench_run r = {0};
+    int32_t *ids = NULL;
     int rc = bench_parse(argc, argv, &o);
     if (rc)
         return rc == 1 ? 0 : rc;
@@ -272,8 +471,8 @@ int cmd_bench(int argc, char **argv)
     bench_config(&o, &cfg);
     if (strata_load(&cfg, &st))
         return cli_open_fail();
-    m = strata_model_of(st);
-    double t_copy = strata_copy_seconds(st);
+    const struct model *m = strata_model_of(st);
+    r.t_copy = strata_copy_seconds(st);
     int brc = strata_start(st);
     if (o.cuda && o.profile) {
         fprintf(stderr, "strata bench: --profile times ops as they run, so only with --device cpu\n");
@@ -284,178 +483,26 @@ int cmd_bench(int argc, char **argv)
         rc = cli_fail("starting the engine");
         goto out;
     }
-    b = strata_backend_of(st); /* the profiling wrapper with --profile */
-    int threads = omp_get_max_threads();
-    const struct model_hparams *hp = &m->hp;
-    /* The floor is physical: the machine's read bandwidth with every processor reading,
-     * whatever thread count the kernels run best with. */
-    int procs = omp_get_num_procs();
-    double bw_all = membw_measure((size_t)(o.bw_gib * (1u << 30)), procs, 5);
-    double bw_run = threads == procs ? bw_all
-                                     : membw_measure((size_t)(o.bw_gib * (1u << 30)), threads, 5);
-    double bw = bw_all > bw_run ? bw_all : bw_run;
-    /* the same sweep over the model's own mapping (page cache, usually 4 KiB pages) */
-    const struct gguf_file *gf = m->file;
-    uint64_t m0 = gf->data_offset / 4096 * 4096;
-    uint64_t mlen = gf->size - m0 < (uint64_t)(o.bw_gib * (1u << 30)) ? gf->size - m0
-                                                                       : (uint64_t)(o.bw_gib * (1u << 30));
-    double bw_map = membw_read(gf->base + m0, mlen / 64 * 64, threads, 5);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)o.n_prompt);
-    float *logits = malloc(sizeof(float) * hp->n_vocab);
-    struct rng r;
-    rng_seed(&r, 1234, 0);
+    bench_bandwidths(&o, m, &r);
+    ids = malloc(sizeof(int32_t) * (size_t)o.n_prompt);
+    if (!ids) {
+        rc = cli_fail("out of memory");
+        goto out;
+    }
+    struct rng rng;
+    rng_seed(&rng, 1234, 0);
     for (int i = 0; i < o.n_prompt; i++)
-        ids[i] = (int32_t)rng_below(&r, hp->n_vocab);
-    if (o.prompt_file && (rc = bench_prompt_text(st, o.prompt_file, ids, &o.n_prompt))) {
-        free(ids);
-        free(logits);
+        ids[i] = (int32_t)rng_below(&rng, m->hp.n_vocab);
+    if (o.prompt_file && (rc = bench_prompt_text(st, o.prompt_file, ids, &o.n_prompt)))
         goto out;
-    }
-
-    /* touch the weights once so the page cache, not the disk, is measured */
-    double t0 = clock_now_s();
-    rc = strata_eval(ss, ids, 1, logits);
-    double t_warm = clock_now_s() - t0;
-    strata_stream_truncate(ss, 0);
-
-    if (o.profile)
-        backend_profile_report(b, stdout, "the first token");
-    struct strata_stats p0, p1 = {0};
-    strata_get_stats(st, &p0);
-    bool pp_cached = p0.has_cache;
-    t0 = clock_now_s();
-    rc = rc ? rc : strata_eval(ss, ids, o.n_prompt, logits);
-    double t_pp = clock_now_s() - t0;
-    if (pp_cached)
-        strata_get_stats(st, &p1);
-    if (o.profile)
-        backend_profile_report(b, stdout, "prompt processing");
-    int32_t tok = sampler_argmax(logits, (int)hp->n_vocab);
-    struct strata_stats c0, c1 = {0}, now;
-    strata_get_stats(st, &c0);
-    bool cached = c0.has_cache;
-    double lane0 = c0.cpu_lane_seconds; /* 0 on the CPU */
-    t0 = clock_now_s();
-    for (int i = 0; !rc && i < o.n_gen; i++) { /* as greedy generation: only the id is read */
-        if (!o.tg_greedy)
-            tok = (int32_t)rng_below(&r, hp->n_vocab);
-        rc = strata_eval_argmax(ss, &tok, 1, &tok);
-    }
-    double t_tg = clock_now_s() - t0;
-    if (cached)
-        strata_get_stats(st, &c1);
-    /* the machine's bandwidth drifts between runs (shared hosts): probe again after the
-     * timed runs, and let the floor use the highest probe of the run */
-    double bw_after = membw_measure((size_t)(o.bw_gib * (1u << 30)), procs, 5);
-    bw = bw > bw_after ? bw : bw_after;
-    if (o.profile)
-        backend_profile_report(b, stdout, "decode");
-    if (rc) {
+    /* the profiling wrapper with --profile */
+    if (bench_timed(&o, st, ss, strata_backend_of(st), ids, &rng, &r)) {
         rc = cli_fail("benchmark");
-        free(ids);
-        free(logits);
         goto out;
     }
-    double wbytes = bench_token_bytes(m);
-    double kv_per_pos = 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * sizeof(float);
-    double kvbytes = kv_per_pos * (o.n_prompt + o.n_gen / 2.0); /* mean context of the run */
-    double floor_s = (wbytes + kvbytes) / bw;
-    double tg = o.n_gen / t_tg;
-    printf("model        %s (%s, %u layers, %u experts top-%u)\n", o.model, m->arch->name,
-           hp->n_layer, hp->n_expert, hp->n_expert_used);
-    strata_get_stats(st, &now);
-    if (o.cuda)
-        printf("backend      cuda, %.2f GiB of VRAM%s\n", now.vram_bytes / 1073741824.0,
-               now.graph ? ", decode steps replayed from a CUDA graph" : "");
-    if (o.cuda && now.cpu_moe_layers)
-        printf("placement    static: experts of %d of %u layers on the CPU (%d threads), the "
-               "rest resident\n",
-               now.cpu_moe_layers, hp->n_layer, threads);
-    else
-        printf("backend      cpu, %d threads\n", threads);
-    printf("host read    %.1f GB/s with %d threads, %.1f GB/s with %d; %.1f GB/s with %d after "
-           "decode (%.1f GiB probe, median of 5); the floor uses the highest\n",
-           bw_all / 1e9, procs, bw_run / 1e9, threads, bw_after / 1e9, procs, o.bw_gib);
-    printf("model read   %.1f GB/s (the same sweep over %.2f GiB of the model's mapping)\n",
-           bw_map / 1e9, mlen / 1073741824.0);
-    if (o.no_mmap)
-        printf("weights      copied to anonymous huge pages in %.2f s (--no-mmap)\n", t_copy);
-    printf("first token  %.2f s (page-in)\n", t_warm);
-    printf("pp%-4d       %.1f tok/s\n", o.n_prompt, o.n_prompt / t_pp);
-    printf("tg%-4d       %.2f tok/s\n", o.n_gen, tg);
-    printf("bytes/token  %.3f GB weights + %.3f GB KV cache (mean)\n", wbytes / 1e9,
-           kvbytes / 1e9);
-    if (o.cuda) {
-        /* all resident: the floor is HBM, read once per token */
-        double hbm = cuda_copy_bandwidth((size_t)1 << 30, 10);
-        double hbm_floor = (wbytes + kvbytes) / hbm;
-        printf("device copy  %.0f GB/s (1 GiB device-to-device, read + written, median of 10)\n",
-               hbm / 1e9);
-        if (!cached)
-            printf("floor        %.1f tok/s at %.0f GB/s of HBM -> decode at %.1f%% of the "
-                   "floor\n",
-                   1.0 / hbm_floor, hbm / 1e9, 100.0 * tg * hbm_floor);
-    }
-    if (cached) {
-        /* the streaming lane: misses over PCIe, against pinned H2D measured now */
-        double h2d = cuda_h2d_bandwidth(NULL, (size_t)256 << 20, 10);
-        uint64_t acc = (c1.hits - c0.hits) + (c1.misses - c0.misses);
-        double moved = (double)(c1.bytes_streamed - c0.bytes_streamed) +
-                       (double)(c1.bytes_zero_copy - c0.bytes_zero_copy);
-        double per_tok = moved / o.n_gen, pcie_floor = per_tok / h2d;
-        printf("cache        %d slots; decode hit rate %.1f%% (%llu of %llu expert uses), %llu "
-               "evictions\n",
-               c1.slots, acc ? 100.0 * (c1.hits - c0.hits) / acc : 0.0,
-               (unsigned long long)(c1.hits - c0.hits), (unsigned long long)acc,
-               (unsigned long long)(c1.evictions - c0.evictions));
-        printf("pcie         %.1f GB/s pinned H2D (256 MiB, median of 10); decode moved %.1f MB "
-               "per token (%.1f copied, %.1f read in place) = %.1f GB/s = %.0f%% of H2D\n",
-               h2d / 1e9, per_tok / 1e6, (double)(c1.bytes_streamed - c0.bytes_streamed) / o.n_gen / 1e6,
-               (double)(c1.bytes_zero_copy - c0.bytes_zero_copy) / o.n_gen / 1e6,
-               moved / t_tg / 1e9, 100.0 * moved / t_tg / h2d);
-        if (pp_cached) { /* prefill streams most of a layer's experts: often PCIe-bound */
-            double pmoved = (double)(p1.bytes_streamed - p0.bytes_streamed) +
-                            (double)(p1.bytes_zero_copy - p0.bytes_zero_copy);
-            printf("pcie pp      prefill moved %.2f GB in %.3f s = %.1f GB/s = %.0f%% of H2D\n",
-                   pmoved / 1e9, t_pp, pmoved / t_pp / 1e9, 100.0 * pmoved / t_pp / h2d);
-        }
-        if (c1.cpu_computed > c0.cpu_computed)
-            printf("cpu lane     %.1f of %.1f missed experts per token computed on the CPU "
-                   "(%.2f of them also copied into a slot behind their layer)\n",
-                   (double)(c1.cpu_computed - c0.cpu_computed) / o.n_gen,
-                   (double)(c1.misses - c0.misses) / o.n_gen,
-                   (double)(c1.cpu_admitted - c0.cpu_admitted) / o.n_gen);
-        printf("floor        %.1f tok/s if streaming alone bounds decode (bytes moved / H2D) -> "
-               "decode at %.0f%% of it\n",
-               pcie_floor > 0 ? 1.0 / pcie_floor : 0.0, 100.0 * tg * pcie_floor);
-        /* DESIGN §2 with both lanes: every missed expert's bytes, read by PCIe and the CPU
-         * together (their bandwidths add when the lanes finish a layer together) */
-        double miss_bytes = 0;
-        for (uint32_t l = 0; l < hp->n_layer; l++)
-            miss_bytes += (double)model_expert_bytes(m, l) / hp->n_layer;
-        miss_bytes *= (double)(c1.misses - c0.misses) / o.n_gen;
-        double both_floor = miss_bytes / (h2d + bw);
-        printf("floor2       %.1f tok/s if the misses (%.1f MB per token) were read by PCIe and "
-               "the CPU together (%.1f + %.1f GB/s) -> decode at %.0f%% of it\n",
-               both_floor > 0 ? 1.0 / both_floor : 0.0, miss_bytes / 1e6, h2d / 1e9, bw / 1e9,
-               100.0 * tg * both_floor);
-        if (o.stats)
-            strata_print_cache_stats(st, stdout);
-        if (o.stats_json && strata_write_cache_stats_json(st, o.stats_json))
-            cli_fail("--stats-json");
-    }
-    strata_get_stats(st, &now);
-    double lane_s = o.cuda ? now.cpu_lane_seconds - lane0 : 0;
-    if (lane_s > 0) /* the PCIe lane's busy share is the "% of H2D" above */
-        printf("lanes        CPU lane busy %.0f%% of decode (%.2f ms of experts per token)\n",
-               100.0 * lane_s / t_tg, 1e3 * lane_s / o.n_gen);
-    if (!o.cuda) {
-        printf("floor        %.2f tok/s at %.1f GB/s -> decode at %.0f%% of the floor\n",
-               1.0 / floor_s, bw / 1e9, 100.0 * tg * floor_s);
-    }
-    free(ids);
-    free(logits);
+    bench_print(&o, st, m, &r);
 out:
+    free(ids);
     strata_stream_close(ss);
     strata_close(st);
     return rc;

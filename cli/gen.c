@@ -112,6 +112,53 @@ static void gen_progress(void *arg, uint64_t done, uint64_t total, double second
             (double)done / 1e9, (double)total / 1e9, gbs, !ps->tty || done == total ? "\n" : "   ");
 }
 
+/* gen --inflate SMALL: grows SMALL to cfg's preset shapes. The exit code. */
+static int gen_run_inflate(const struct gen_config *cfg, const char *inflate)
+{
+    struct gen_inflate_config ic = {
+        .small_path = inflate, .target = cfg->preset, .mix = cfg->mix, .seed = cfg->seed,
+        .noise = 1e-3f, .out_path = cfg->out_path,
+    };
+    struct gen_stats ist;
+    if (gen_inflate(&ic, &ist))
+        return cli_fail("gen --inflate");
+    printf("wrote %s: %s inflated to %s shapes, %s, %" PRIu64 " tensors, %.4g GB of weights\n",
+           cfg->out_path, inflate, cfg->preset.name, quant_mix_name(cfg->mix), ist.n_tensors,
+           (double)ist.data_bytes / 1e9);
+    return 0;
+}
+
+/* Writes the random checkpoint; SIGINT and SIGTERM cancel it (the temp file is removed). The
+ * exit code. */
+static int gen_run_write(struct gen_config *cfg, bool quiet)
+{
+    struct sigaction sa = {.sa_handler = gen_on_signal}, old_int, old_term;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    cfg->cancel = &gen_cancel;
+
+    struct gen_stats st;
+    int rc = gen_file_write(cfg, &st);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (rc)
+        return cli_fail("gen");
+
+    if (st.n_fallback && !quiet)
+        fprintf(stderr,
+                "strata gen: note: %" PRIu64 " tensors fell back to Q8_0/F32 because their "
+                "rows are not a multiple of the mix type's block\n",
+                st.n_fallback);
+    printf("wrote %s: %s %s, %u layers, %" PRIu64 " tensors, %.4g M params, %.4g GB of "
+           "weights, vocab %u, seed %" PRIu64 ", %u threads, %.1f s (%.2f GB/s)\n",
+           cfg->out_path, cfg->preset.name, quant_mix_name(cfg->mix), cfg->preset.n_layer, st.n_tensors,
+           (double)st.n_params / 1e6, (double)st.data_bytes / 1e9, st.n_vocab, cfg->seed,
+           st.n_threads, st.seconds,
+           st.seconds > 0 ? (double)st.data_bytes / st.seconds / 1e9 : 0.0);
+    return 0;
+}
+
 int cmd_gen(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -200,43 +247,5 @@ int cmd_gen(int argc, char **argv)
         cfg.progress_arg = &ps;
     }
 
-    if (inflate) {
-        struct gen_inflate_config ic = {
-            .small_path = inflate, .target = cfg.preset, .mix = cfg.mix, .seed = cfg.seed,
-            .noise = 1e-3f, .out_path = cfg.out_path,
-        };
-        struct gen_stats ist;
-        if (gen_inflate(&ic, &ist))
-            return cli_fail("gen --inflate");
-        printf("wrote %s: %s inflated to %s shapes, %s, %" PRIu64 " tensors, %.4g GB of weights\n",
-               cfg.out_path, inflate, cfg.preset.name, quant_mix_name(cfg.mix), ist.n_tensors,
-               (double)ist.data_bytes / 1e9);
-        return 0;
-    }
-
-    struct sigaction sa = {.sa_handler = gen_on_signal}, old_int, old_term;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    cfg.cancel = &gen_cancel;
-
-    struct gen_stats st;
-    int rc = gen_file_write(&cfg, &st);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
-    if (rc)
-        return cli_fail("gen");
-
-    if (st.n_fallback && !quiet)
-        fprintf(stderr,
-                "strata gen: note: %" PRIu64 " tensors fell back to Q8_0/F32 because their "
-                "rows are not a multiple of the mix type's block\n",
-                st.n_fallback);
-    printf("wrote %s: %s %s, %u layers, %" PRIu64 " tensors, %.4g M params, %.4g GB of "
-           "weights, vocab %u, seed %" PRIu64 ", %u threads, %.1f s (%.2f GB/s)\n",
-           cfg.out_path, cfg.preset.name, quant_mix_name(cfg.mix), cfg.preset.n_layer, st.n_tensors,
-           (double)st.n_params / 1e6, (double)st.data_bytes / 1e9, st.n_vocab, cfg.seed,
-           st.n_threads, st.seconds,
-           st.seconds > 0 ? (double)st.data_bytes / st.seconds / 1e9 : 0.0);
-    return 0;
+    return inflate ? gen_run_inflate(&cfg, inflate) : gen_run_write(&cfg, quiet);
 }

@@ -122,8 +122,4 @@ int cuda_softmax_topk(const struct cuda_topk_args *a);
 }
 #endif
 
-/* Transitional: callers that take cuda_attention from this header (runtime/backend_cuda.c,
- * tests/test_backend_sim.c) until they include cuda_attention.h themselves. */
-#include "cuda_attention.h"
-
 #endif

@@ -144,13 +144,7 @@ int backend_cuda_print_stats(const struct backend *b, FILE *f);
 int backend_cuda_write_stats_json(const struct backend *b, const char *path);
 
 /* The expert cache's totals over all layers so far; -ENOENT when there is no cache. */
-struct backend_cache_totals {
-    uint64_t hits, misses, evictions, bytes_copied, bytes_zerocopy;
-    uint64_t cpu_computed; /* misses the hybrid CPU lane computed */
-    uint64_t cpu_admitted; /* of those, also copied into a slot behind their call */
-    int slots;
-};
-int backend_cuda_cache_totals(const struct backend *b, struct backend_cache_totals *t);
+int backend_cuda_cache_totals(const struct backend *b, struct moe_cache_totals *t);
 
 /* Whether one-token decode steps are replayed from a CUDA graph (--graph, all resident). */
 bool backend_cuda_graph(const struct backend *b);

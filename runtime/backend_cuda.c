@@ -609,16 +609,9 @@ int backend_cuda_cpu_moe_layers(const struct backend *b)
     return moe_layer_cpu_layers(((const struct backend_cuda *)b)->moe);
 }
 
-int backend_cuda_cache_totals(const struct backend *b, struct backend_cache_totals *t)
+int backend_cuda_cache_totals(const struct backend *b, struct moe_cache_totals *t)
 {
-    struct moe_cache_totals mt;
-    int rc = moe_layer_cache_totals(((const struct backend_cuda *)b)->moe, &mt);
-    *t = (struct backend_cache_totals){
-        .hits = mt.hits, .misses = mt.misses, .evictions = mt.evictions,
-        .bytes_copied = mt.bytes_copied, .bytes_zerocopy = mt.bytes_zerocopy,
-        .cpu_computed = mt.cpu_computed, .cpu_admitted = mt.cpu_admitted, .slots = mt.slots,
-    };
-    return rc;
+    return moe_layer_cache_totals(((const struct backend_cuda *)b)->moe, t);
 }
 
 /* ---- the MoE layer's primitives ------------------------------------------------------------ */

@@ -565,7 +565,7 @@ int strata_generate(struct strata_stream *st, const int32_t *prompt, int n_promp
 
 void strata_get_stats(const struct strata *s, struct strata_stats *out)
 {
-    struct backend_cache_totals t;
+    struct moe_cache_totals t;
 
     memset(out, 0, sizeof(*out));
     if (!s->cuda || !s->core)

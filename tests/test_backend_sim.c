@@ -25,6 +25,7 @@
 
 #include "backend.h"
 #include "budget.h"
+#include "cuda_attention.h"
 #include "cuda_info.h"
 #include "cuda_matmul.h"
 #include "cuda_mem.h"
@@ -524,7 +525,7 @@ static char tmpdir[] = "/tmp/strata-test-backend-sim-XXXXXX";
 struct run {
     float *logits; /* (1 + N_STEPS, n_vocab) */
     int32_t ids[N_STEPS];
-    struct backend_cache_totals tot;
+    struct moe_cache_totals tot;
     int cpu_layers;
     double cpu_lane_s; /* the backend's CPU-lane busy time */
 };

@@ -31,7 +31,7 @@ static char tmpdir[] = "/tmp/strata-test-cuda-residency-XXXXXX";
 struct run {
     float *logits;  /* (1 + N_STEPS, n_vocab): the prompt's, then one per greedy step */
     int32_t ids[N_STEPS];
-    struct backend_cache_totals tot;
+    struct moe_cache_totals tot;
 };
 
 /* Prompt, then greedy steps, recording every logit vector. */
@@ -165,7 +165,7 @@ static void budgets(const char *path)
     rc = backend_cuda_open(m, &cc, &b);
     CHECK(rc == 0, "64 MiB budget: %s", err_msg());
     if (!rc) {
-        struct backend_cache_totals t;
+        struct moe_cache_totals t;
         CHECK(backend_cuda_cache_totals(b, &t) == 0 && t.slots > 0, "no slots");
         CHECK(stream_open(b, 128, 32, &s) == 0, "the stream does not fit: %s", err_msg());
         CHECK(backend_cuda_vram_bytes(b) <= cc.vram_budget, "%zu bytes held over the budget",
@@ -186,7 +186,7 @@ static void budgets(const char *path)
     rc = backend_cuda_open(m, &cc, &b);
     CHECK(rc == 0, "64 MiB budget: %s", err_msg());
     if (!rc) {
-        struct backend_cache_totals t0, t1;
+        struct moe_cache_totals t0, t1;
         backend_cuda_cache_totals(b, &t0);
         rc = stream_open(b, 8192, 32, &s);
         backend_cuda_cache_totals(b, &t1);
