@@ -10,7 +10,8 @@
 #      prefetch, static, hybrid; hybrid also OLD against OLD, since its lane split follows
 #      bandwidths measured at open);
 #   4. strata bench of the full 30b-a3b q4_k_m, OLD and NEW alternated twice per mode.
-# Switches: SKIP_TESTS=1, SKIP_BENCH=1, BENCH_MODES (lines of extra bench flags).
+# Switches: SKIP_TESTS=1, SKIP_LOGITS=1 (parts 2 and 3), SKIP_BENCH=1, BENCH_MODES (lines of
+# extra bench flags).
 set -u
 . bench/device-env.sh
 [ -f .carry/old.tar.xz ] && tar -xJf .carry/old.tar.xz -C .carry
@@ -20,12 +21,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$N" --version 2>/dev/null | head -1
 
 if [ -z "${SKIP_TESTS:-}" ]; then
-    for t in "$B"/test_cuda_*; do
+    export STRATA_TEST_DATA=$PWD/tests/data
+    for t in "$B"/test_cuda_* "$B"/test_api; do
         n=$(basename "$t")
         "$t" >"$OUT/$n.log" 2>&1
         echo "$n rc=$?"
         grep -E "FAIL|failed|passed" "$OUT/$n.log" | tail -3
     done
+    [ -x "$B/simple" ] && { "$B/simple" models/strata-default.gguf "def fibonacci(n):" >"$OUT/simple.txt" 2>&1; echo "examples/simple rc=$? ($(wc -c <"$OUT/simple.txt") bytes)"; }
 fi
 
 same() { # same A B WHAT: byte compare two files
@@ -34,10 +37,11 @@ same() { # same A B WHAT: byte compare two files
 
 D=models/strata-default.gguf
 C=/dev/shm/c8.gguf
-[ -f $C ] || "$N" gen --preset 30b-a3b --layers 8 --quant q4_k_m -q -o $C 2>&1 | tail -1
-IDS=$(seq -s, 1 7 448)
 L=/tmp/logits
 mkdir -p $L
+if [ -z "${SKIP_LOGITS:-}" ]; then
+[ -f $C ] || "$N" gen --preset 30b-a3b --layers 8 --quant q4_k_m -q -o $C 2>&1 | tail -1
+IDS=$(seq -s, 1 7 448)
 "$O" logits -m $D -p "def fibonacci(n):" --greedy 32 --device cuda -o $L/d-old.bin >/dev/null 2>&1
 "$N" logits -m $D -p "def fibonacci(n):" --greedy 32 --device cuda -o $L/d-new.bin >/dev/null 2>&1
 same $L/d-old.bin $L/d-new.bin "default model, cuda, prompt + 32 greedy"
@@ -79,6 +83,7 @@ done <<'EOF'
 --vram-budget 2G --placement static:3
 --vram-budget 2G --placement hybrid
 EOF
+fi
 
 [ -n "${SKIP_BENCH:-}" ] && exit 0
 gen_30b
