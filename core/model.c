@@ -1,5 +1,6 @@
 #include "model.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,6 +74,47 @@ int model_weight_get(const struct model *m, const char *name, uint32_t n_dims,
     if (rc == -ENOENT)
         return err_set(rc, "required tensor '%s' is missing", name);
     return rc;
+}
+
+int model_check_blocks(const struct model *m, const char *count_key, uint32_t n_layer)
+{
+    for (uint64_t i = 0; i < m->file->n_tensors; i++) {
+        const char *name = m->file->tensors[i].name, *p;
+        uint64_t n = 0;
+
+        if (strncmp(name, "blk.", 4))
+            continue;
+        for (p = name + 4; *p >= '0' && *p <= '9'; p++)
+            n = n > UINT32_MAX ? n : n * 10 + (uint64_t)(*p - '0');
+        if (p == name + 4 || *p != '.')
+            continue; /* not a block tensor name: the loaders ignore it */
+        if (n >= n_layer)
+            return err_set(-EINVAL, "tensor '%s' is in block %llu but %s is %u", name,
+                           (unsigned long long)n, count_key, n_layer);
+    }
+    return 0;
+}
+
+int model_check_finite(const struct weight *w)
+{
+    const uint32_t *v = w->data; /* F32 bit patterns; tensor data is 32-byte aligned */
+    uint64_t n = w->bytes / sizeof(float);
+    uint32_t bad = 0;
+
+    if (w->type != QUANT_F32)
+        return 0;
+    for (uint64_t i = 0; i < n; i++) /* exponent all ones: inf or NaN */
+        bad |= (uint32_t)((v[i] & 0x7f800000u) == 0x7f800000u);
+    if (!bad)
+        return 0;
+    for (uint64_t i = 0; i < n; i++) {
+        float x;
+        memcpy(&x, &v[i], sizeof(x));
+        if (!isfinite(x))
+            return err_set(-EINVAL, "tensor '%s' holds %s at element %llu", w->name,
+                           isnan(x) ? "NaN" : "an infinity", (unsigned long long)i);
+    }
+    return 0;
 }
 
 uint64_t model_expert_bytes(const struct model *m, uint32_t layer)

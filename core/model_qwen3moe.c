@@ -41,12 +41,21 @@ static int qwen3moe_hparams(struct model *m)
     rc = rc ? rc : qwen3moe_f32(m, "attention.layer_norm_rms_epsilon", &hp->rms_eps);
     if (rc)
         return rc;
-    if (qwen3moe_u32(m, "attention.key_length", &hp->head_dim))
+    /* optional keys: absent takes the default; present but of a wrong type is refused */
+    if ((rc = qwen3moe_u32(m, "attention.key_length", &hp->head_dim)) == -ENOENT)
         hp->head_dim = hp->n_embd / (hp->n_head ? hp->n_head : 1);
-    if (qwen3moe_f32(m, "rope.freq_base", &hp->rope_base))
+    else if (rc)
+        return rc;
+    if ((rc = qwen3moe_f32(m, "rope.freq_base", &hp->rope_base)) == -ENOENT)
         hp->rope_base = 10000.0f;
-    if (qwen3moe_u32(m, "context_length", &hp->n_ctx_train))
+    else if (rc)
+        return rc;
+    if ((rc = qwen3moe_u32(m, "context_length", &hp->n_ctx_train)) == -ENOENT)
         hp->n_ctx_train = 4096;
+    else if (rc)
+        return rc;
+    else if (!hp->n_ctx_train)
+        return err_set(-EINVAL, ARCH ".context_length is 0");
     err_clear();
 
     if (!hp->n_layer || !hp->n_embd || !hp->n_head || !hp->n_head_kv || !hp->head_dim ||
@@ -64,9 +73,12 @@ static int qwen3moe_hparams(struct model *m)
     if (hp->head_dim % 2 || hp->head_dim > 1024 || hp->n_layer > 4096)
         return err_set(-EINVAL, ARCH ": head dim %u / %u layers not supported", hp->head_dim,
                        hp->n_layer);
-    if (!(hp->rms_eps > 0.0f) || !(hp->rope_base > 0.0f))
-        return err_set(-EINVAL, ARCH ": rms epsilon %g and rope base %g must be positive",
-                       hp->rms_eps, hp->rope_base);
+    if (!isfinite(hp->rms_eps) || !(hp->rms_eps > 0.0f))
+        return err_set(-EINVAL, ARCH ".attention.layer_norm_rms_epsilon is %g: it must be finite "
+                                     "and positive", hp->rms_eps);
+    if (!isfinite(hp->rope_base) || !(hp->rope_base > 0.0f))
+        return err_set(-EINVAL, ARCH ".rope.freq_base is %g: it must be finite and positive",
+                       hp->rope_base);
     return 0;
 }
 
@@ -106,7 +118,12 @@ static int qwen3moe_layer(struct model *m, uint32_t l)
     if (lw->attn_norm.type || lw->q_norm.type || lw->k_norm.type || lw->ffn_norm.type ||
         lw->router.type)
         return err_set(-EINVAL, "layer %u: norms and router must be F32", l);
-    return 0;
+    rc = rc ? rc : model_check_finite(&lw->attn_norm);
+    rc = rc ? rc : model_check_finite(&lw->q_norm);
+    rc = rc ? rc : model_check_finite(&lw->k_norm);
+    rc = rc ? rc : model_check_finite(&lw->ffn_norm);
+    rc = rc ? rc : model_check_finite(&lw->router);
+    return rc;
 }
 
 int model_qwen3moe_load(struct model *m)
@@ -128,6 +145,7 @@ int model_qwen3moe_load(struct model *m)
         uint64_t nn[1] = {hp->n_embd};
         rc = model_weight_get(m, "token_embd.weight", 2, ne, &m->tok_embd);
         rc = rc ? rc : model_weight_get(m, "output_norm.weight", 1, nn, &m->output_norm);
+        rc = rc ? rc : model_check_finite(&m->output_norm);
         if (rc)
             return rc;
         rc = model_weight_find(m, "output.weight", 2, ne, &m->output);
@@ -136,11 +154,16 @@ int model_qwen3moe_load(struct model *m)
         else if (rc)
             return rc;
     }
+    rc = model_check_blocks(m, ARCH ".block_count", hp->n_layer);
+    if (rc)
+        return rc;
     m->layers = calloc(hp->n_layer, sizeof(*m->layers));
     if (!m->layers)
         return err_set(-ENOMEM, "out of memory");
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         rc = qwen3moe_layer(m, l);
+        if (rc == -ENOENT) /* a layer short of the block count */
+            return err_wrap(rc, ARCH ".block_count is %u: ", hp->n_layer);
         if (rc)
             return rc;
     }
