@@ -90,4 +90,16 @@ void model_weights_each(struct model *m, void (*fn)(struct weight *w, void *arg)
 /* Bytes of one expert (gate + up + down slices) of layer l. */
 uint64_t model_expert_bytes(const struct model *m, uint32_t layer);
 
+/* ---- checks the loaders share (model.c) ---------------------------------------------------- */
+
+/* Refuses (-EINVAL, naming the tensor and count_key) a tensor blk.N.* with N >= n_layer: a
+ * block count that disagrees with the tensors present. Missing layers are found by the loader
+ * when it asks for their weights. */
+int model_check_blocks(const struct model *m, const char *count_key, uint32_t n_layer);
+
+/* Refuses (-EINVAL, naming the tensor and the element) an F32 weight holding a NaN or an
+ * infinity; other types pass unread. Reads the whole tensor: meant for the small ones (norms,
+ * routers). */
+int model_check_finite(const struct weight *w);
+
 #endif
