@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "backend_profile.h"
 #include "budget.h"
 #include "clock.h"
@@ -88,11 +89,34 @@ static void bench_usage(void)
            "      --stats-json FILE write it as JSON\n");
 }
 
+/* --bw-gib: a positive size in GiB, at most half the physical memory (the probe is allocated
+ * next to the model's weights: a larger one gets processes OOM-killed). */
+static int bench_parse_bw(const char *opt, const char *v, double *out)
+{
+    double phys = (double)args_phys_bytes(), gib = 1073741824.0;
+    double max = phys > 0 ? phys / 2 / gib : 1 << 20;
+    char wants[160];
+    int rc = args_float("bench", opt, v, 0, 1 << 20, out);
+
+    if (rc)
+        return rc;
+    if (!(*out > 0))
+        return args_fail("bench", opt, v, "a positive number of GiB");
+    if (*out > max) {
+        snprintf(wants, sizeof(wants),
+                 "a probe of at most half the physical memory (%.1f GiB / 2 = %.1f GiB)",
+                 phys / gib, max);
+        return args_fail("bench", opt, v, wants);
+    }
+    return 0;
+}
+
 static int bench_parse(int argc, char **argv, struct bench_opts *o)
 {
     *o = (struct bench_opts){.n_prompt = 512, .n_gen = 128, .bw_gib = 2.0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             bench_usage();
             return 1;
@@ -130,20 +154,15 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         else if (!strcmp(a, "--device") && (!strcmp(v, "cpu") || !strcmp(v, "cuda")))
             o->cuda = !strcmp(v, "cuda");
         else if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt"))
-            o->n_prompt = atoi(v);
+            rc = args_i32("bench", a, v, 1, 1 << 20, &o->n_prompt);
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen"))
-            o->n_gen = atoi(v);
+            rc = args_i32("bench", a, v, 1, 1 << 20, &o->n_gen);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads") || !strcmp(a, "--cpu-threads"))
-            o->n_threads = atoi(v);
+            rc = args_threads("bench", a, v, 0, ARGS_MAX_THREADS, &o->n_threads);
         else if (!strcmp(a, "--bw-gib"))
-            o->bw_gib = atof(v);
+            rc = bench_parse_bw(a, v, &o->bw_gib);
         else if (!strcmp(a, "--vram-budget")) {
-            int bad = budget_parse_size(v, &o->vram_budget);
-            if (bad || !o->vram_budget) {
-                fprintf(stderr, "strata bench: --vram-budget: %s\n",
-                        bad ? err_msg() : "must be positive");
-                return 2;
-            }
+            rc = args_size("bench", a, v, 1, UINT64_MAX, &o->vram_budget);
             o->cuda = 1;
         } else if (!strcmp(a, "--placement")) {
             if (run_opts_placement(v, "bench", &o->cpu_moe_layers, &o->hybrid))
@@ -164,38 +183,34 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             fprintf(stderr, "strata bench: unknown option '%s' (see --help)\n", a);
             return 2;
         }
+        if (rc)
+            return rc;
         i++;
     }
-    if (!o->model || o->n_prompt < 1 || o->n_gen < 1 || o->n_threads < 0 || !(o->bw_gib > 0)) {
-        fprintf(stderr, "strata bench: need -m FILE, -p >= 1, -n >= 1 (see --help)\n");
+    if (!o->model) {
+        fprintf(stderr, "strata bench: need -m FILE (see --help)\n");
         return 2;
     }
     return 0;
 }
 
-/* -f: the prompt file's tokens, at most *n of them (*n becomes the count). 0, or 1 after
- * printing the error. */
+/* -f: the prompt file's tokens, at most *n of them (*n becomes the count). 0, or the exit
+ * code after printing the error. */
 static int bench_prompt_text(const struct strata *st, const char *path, int32_t *ids, int *n)
 {
     struct strata_model_info mi;
-    FILE *f = fopen(path, "r");
+    char *text;
+    size_t len;
+    int rc;
 
     strata_model_info(st, &mi);
-    if (!f || !mi.has_tokenizer) {
-        fprintf(stderr, "strata bench: %s: %s\n", path,
-                f ? "the model has no tokenizer" : strerror(errno));
-        if (f)
-            fclose(f);
+    if (!mi.has_tokenizer) {
+        fprintf(stderr, "strata bench: %s: the model has no tokenizer\n", path);
         return 1;
     }
-    size_t cap = 1 << 20, len = 0;
-    char *text = malloc(cap + 1);
-    if (text)
-        len = fread(text, 1, cap, f);
-    fclose(f);
-    if (!text)
-        return 1;
-    text[len] = 0;
+    if ((rc = args_read_prompt("bench", "-f", path, &text, &len)))
+        return rc;
+    len = len < (1u << 20) ? len : 1u << 20; /* the first MiB holds more than -p's tokens */
     int32_t *all = malloc(sizeof(int32_t) * (len + 4));
     int k = all ? strata_tokenize(st, text, len, 0, all, (int)(len + 4)) : -ENOMEM;
     free(text);

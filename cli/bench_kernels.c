@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "args.h"
 #include "cli.h"
 #include "cpu_features.h"
 #include "errors.h"
@@ -82,17 +83,6 @@ static int bench_usage_error(const char *what, const char *arg)
     return 2;
 }
 
-static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return false;
-    *out = v;
-    return true;
-}
-
 static int parse_types(const char *list, struct bench_opts *o)
 {
     char buf[512];
@@ -112,6 +102,8 @@ static int parse_types(const char *list, struct bench_opts *o)
     return o->n_types ? 0 : err_set(-EINVAL, "empty type list");
 }
 
+#define BK "bench-kernels"
+
 static int bench_parse(int argc, char **argv, struct bench_opts *o)
 {
     static const struct option longopts[] = {{"threads", required_argument, NULL, 't'},
@@ -123,7 +115,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
                                              {"batch", required_argument, NULL, 'b'},
                                              {"help", no_argument, NULL, 'h'},
                                              {NULL, 0, NULL, 0}};
-    int64_t v;
+    long long v;
     int c;
 
     *o = (struct bench_opts){.threads = omp_get_max_threads(),
@@ -137,37 +129,37 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
         case 't':
-            if (!parse_int(optarg, 1, 4096, &v))
-                return bench_usage_error("--threads wants 1..4096, not", optarg);
-            o->threads = (int)v;
+            if (args_threads(BK, "--threads", optarg, 1, ARGS_MAX_THREADS, &o->threads))
+                return 2;
             break;
         case 'y':
             if (parse_types(optarg, o))
                 return cli_fail("bench-kernels --types");
             break;
         case 'r':
-            if (!parse_int(optarg, 1, INT64_C(1) << 32, &o->rows))
-                return bench_usage_error("--rows wants a positive count, not", optarg);
+            if (args_int(BK, "--rows", optarg, 1, INT64_C(1) << 32, &v))
+                return 2;
+            o->rows = v;
             break;
         case 'c':
-            if (!parse_int(optarg, 1, INT64_C(1) << 24, &o->cols))
-                return bench_usage_error("--cols wants a positive count, not", optarg);
+            if (args_int(BK, "--cols", optarg, 1, INT64_C(1) << 24, &v))
+                return 2;
+            o->cols = v;
             break;
         case 'm':
-            if (!parse_int(optarg, 1, INT64_C(1) << 20, &o->mib))
-                return bench_usage_error("--mib wants a positive size, not", optarg);
+            if (args_int(BK, "--mib", optarg, 1, INT64_C(1) << 20, &v))
+                return 2;
+            o->mib = v;
             break;
-        case 's': {
-            char *end;
-            o->seconds = strtod(optarg, &end);
-            if (end == optarg || *end || !(o->seconds > 0 && o->seconds < 3600))
-                return bench_usage_error("--seconds wants a duration in (0, 3600), not", optarg);
+        case 's':
+            if (args_float(BK, "--seconds", optarg, 0, 3600, &o->seconds))
+                return 2;
+            if (!(o->seconds > 0 && o->seconds < 3600))
+                return args_fail(BK, "--seconds", optarg, "a duration in seconds, 0 < S < 3600");
             break;
-        }
         case 'b':
-            if (!parse_int(optarg, 1, MATMUL_MAX_BATCH, &v))
-                return bench_usage_error("--batch wants 1..16, not", optarg);
-            o->batch = (int)v;
+            if (args_i32(BK, "--batch", optarg, 1, MATMUL_MAX_BATCH, &o->batch))
+                return 2;
             break;
         case 'h':
             bench_usage(stdout);

@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include "chat.h"
 #include "cli.h"
@@ -68,8 +70,10 @@ int cmd_chat(int argc, char **argv)
 {
     struct run_opts o;
     struct run_session s;
-    char line[8192];
-    bool first = true;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t got;
+    bool first = true, tty = isatty(STDIN_FILENO);
     int rc;
 
     run_opts_init(&o);
@@ -86,10 +90,17 @@ int cmd_chat(int argc, char **argv)
         char *rendered = NULL;
         int nm = 0;
 
-        fputs("> ", stdout);
-        fflush(stdout);
-        if (!fgets(line, sizeof(line), stdin))
+        if (tty) { /* a piped transcript stays free of prompts */
+            fputs("> ", stdout);
+            fflush(stdout);
+        }
+        if ((got = getline(&line, &cap, stdin)) < 0)
             break;
+        if (strlen(line) != (size_t)got) {
+            fprintf(stderr, "strata chat: a NUL byte at byte offset %zu of this message; it is "
+                            "skipped (messages are UTF-8 text)\n", strlen(line));
+            continue;
+        }
         line[strcspn(line, "\n")] = '\0';
         if (!strcmp(line, "/exit"))
             break;
@@ -114,6 +125,7 @@ int cmd_chat(int argc, char **argv)
         if (rc)
             break;
     }
+    free(line);
     run_session_close(&s);
     return rc;
 }

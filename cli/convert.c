@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "cli.h"
 #include "convert.h"
 #include "errors.h"
@@ -103,9 +104,7 @@ int cmd_convert(int argc, char **argv)
     struct convert_cli_state st = {0};
     struct convert_stats stats;
     const char *mix = CONVERT_DEFAULT_MIX;
-    char *end;
-    long v;
-    int c;
+    int v, c;
 
     optind = 1;
     while ((c = getopt_long(argc, argv, "o:qh", opts, NULL)) != -1) {
@@ -120,11 +119,8 @@ int cmd_convert(int argc, char **argv)
             cfg.name = optarg;
             break;
         case 't':
-            errno = 0;
-            v = strtol(optarg, &end, 10);
-            if (errno || *end || end == optarg || v < 1 || v > 4096)
-                return convert_usage_error("--threads expects an integer in [1, 4096], got '%s'",
-                                           optarg);
+            if (args_threads("convert", "--threads", optarg, 1, ARGS_MAX_THREADS, &v))
+                return 2;
             cfg.n_threads = (uint32_t)v;
             break;
         case 'q':

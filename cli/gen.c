@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "cli.h"
 #include "errors.h"
 #include "gen.h"
@@ -73,18 +74,6 @@ static int gen_usage_error(const char *fmt, ...)
     fprintf(stderr, "\n(strata gen --help lists the options)\n");
     va_end(ap);
     return 2;
-}
-
-/* Parses a whole decimal number in [lo, hi]; false if it is not one. */
-static bool gen_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || s[0] == '-' || v < lo || v > hi)
-        return false;
-    *out = v;
-    return true;
 }
 
 struct gen_progress_state {
@@ -179,9 +168,9 @@ int cmd_gen(int argc, char **argv)
     const char *inflate = NULL; /* --inflate SMALL */
     struct gen_config cfg = {.arch = GEN_DEFAULT_ARCH, .seed = GEN_DEFAULT_SEED};
     struct gen_progress_state ps = {.tty = isatty(STDERR_FILENO), .last_decile = -1};
-    uint64_t layers = 0, v;
+    uint64_t layers = 0;
     bool quiet = false;
-    int c;
+    int c, threads;
 
     optind = 1;
     while ((c = getopt_long(argc, argv, "o:qh", opts, NULL)) != -1) {
@@ -208,17 +197,17 @@ int cmd_gen(int argc, char **argv)
             quiet = true;
             break;
         case 's':
-            if (!gen_parse_u64(optarg, 0, UINT64_MAX, &cfg.seed))
-                return gen_usage_error("--seed wants a non-negative integer, not '%s'", optarg);
+            if (args_u64("gen", "--seed", optarg, 0, UINT64_MAX, &cfg.seed))
+                return 2;
             break;
         case 't':
-            if (!gen_parse_u64(optarg, 1, 1024, &v))
-                return gen_usage_error("--threads wants 1..1024, not '%s'", optarg);
-            cfg.n_threads = (uint32_t)v;
+            if (args_threads("gen", "--threads", optarg, 1, 1024, &threads))
+                return 2;
+            cfg.n_threads = (uint32_t)threads;
             break;
         case 'l':
-            if (!gen_parse_u64(optarg, 1, 100000, &layers))
-                return gen_usage_error("--layers wants a positive integer, not '%s'", optarg);
+            if (args_u64("gen", "--layers", optarg, 1, 100000, &layers))
+                return 2;
             break;
         case 'h':
             gen_usage(stdout);

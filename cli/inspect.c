@@ -365,15 +365,15 @@ int cmd_inspect(int argc, char **argv)
         } else if (!strcmp(argv[i], "--kv-full")) {
             flags |= INSPECT_KV_FULL;
         } else if (argv[i][0] == '-' || path) {
-            err_set(-EINVAL, "unexpected argument '%s' (see strata inspect --help)", argv[i]);
-            return cli_fail("inspect");
+            fprintf(stderr, "strata inspect: unexpected argument '%s' (see --help)\n", argv[i]);
+            return 2;
         } else {
             path = argv[i];
         }
     }
     if (!path) {
-        err_set(-EINVAL, "no FILE given (see strata inspect --help)");
-        return cli_fail("inspect");
+        fprintf(stderr, "strata inspect: no FILE given (see --help)\n");
+        return 2;
     }
     rc = gguf_open(path, &f);
     if (rc)

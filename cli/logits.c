@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "budget.h"
+#include "args.h"
 #include "cli.h"
 #include "errors.h"
 #include "run_opts.h"
@@ -98,15 +98,16 @@ static int logits_parse_ids(const char *s, int32_t **ids, int *n)
     if (!v)
         return -ENOMEM;
     while (*s) {
-        char *end;
-        errno = 0;
-        long x = strtol(s, &end, 10);
-        if (errno || end == s || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
+        char piece[24];
+        size_t len = strcspn(s, ",");
+        long long x;
+        if (len >= sizeof(piece) || (memcpy(piece, s, len), piece[len] = '\0',
+                                     !args_parse_int(piece, 0, INT32_MAX, &x))) {
             free(v);
             return -EINVAL;
         }
         v[k++] = (int32_t)x;
-        s = *end ? end + 1 : end;
+        s += len + (s[len] == ',');
     }
     if (k == 0) {
         free(v);
@@ -302,9 +303,7 @@ int cmd_logits(int argc, char **argv)
     struct run_opts *po = &o.place;
     struct strata_config cfg;
     struct strata *st = NULL;
-    char *end;
-    long v;
-    int c, mode, bad;
+    int c, mode;
 
     run_opts_init(po);
     po->device = "cpu";
@@ -335,10 +334,8 @@ int cmd_logits(int argc, char **argv)
             po->device_set = true;
             break;
         case 'V':
-            bad = budget_parse_size(optarg, &po->vram_budget);
-            if (bad || !po->vram_budget)
-                return logits_usage_error("--vram-budget: %s",
-                                          bad ? err_msg() : "must be positive");
+            if (args_size("logits", "--vram-budget", optarg, 1, UINT64_MAX, &po->vram_budget))
+                return 2;
             break;
         case 'R':
             if (run_opts_residency(optarg, "logits", &mode))
@@ -363,13 +360,12 @@ int cmd_logits(int argc, char **argv)
             po->gather = !strcmp(optarg, "kernel");
             break;
         case 'g':
+            if (args_i32("logits", "--greedy", optarg, 0, 1 << 20, &o.n_greedy))
+                return 2;
+            break;
         case 't':
-            errno = 0;
-            v = strtol(optarg, &end, 10);
-            if (errno || *end || end == optarg || v < (c == 'g' ? 0 : 1) || v > (1 << 20))
-                return logits_usage_error("%s expects a non-negative integer, got '%s'",
-                                          c == 'g' ? "--greedy" : "--threads", optarg);
-            *(c == 'g' ? &o.n_greedy : &po->n_threads) = (int)v;
+            if (args_threads("logits", "--threads", optarg, 1, ARGS_MAX_THREADS, &po->n_threads))
+                return 2;
             break;
         case 'h':
             logits_usage(stdout);

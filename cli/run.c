@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "chat.h"
 #include "cli.h"
 #include "run_opts.h"
@@ -16,38 +17,31 @@ static int run_emit(void *ctx, const char *text, size_t len)
     return 0;
 }
 
-/* The whole prompt text: -p, -f, or both (file first); malloc'd. */
-static char *run_prompt_text(const struct run_opts *o)
+/* The whole prompt text, -f then -p, into *text (malloc'd): 0, or the exit code after the
+ * message (args_read_prompt's). */
+static int run_prompt_text(const struct run_opts *o, char **text)
 {
-    char *text = NULL;
     size_t len = 0;
+    int rc;
 
-    if (o->prompt_file) {
-        FILE *f = fopen(o->prompt_file, "rb");
-        if (!f) {
-            perror(o->prompt_file);
-            return NULL;
-        }
-        fseek(f, 0, SEEK_END);
-        long n = ftell(f);
-        fseek(f, 0, SEEK_SET);
-        text = malloc((size_t)(n > 0 ? n : 0) + 1);
-        len = text && n > 0 ? fread(text, 1, (size_t)n, f) : 0;
-        fclose(f);
-        if (!text)
-            return NULL;
-        text[len] = '\0';
-    }
+    *text = NULL;
+    if (o->prompt_file && (rc = args_read_prompt("run", "-f", o->prompt_file, text, &len)))
+        return rc;
     if (o->prompt) {
-        char *t = realloc(text, len + strlen(o->prompt) + 1);
-        if (!t) {
-            free(text);
-            return NULL;
-        }
-        text = t;
-        strcpy(text + len, o->prompt);
+        char *t = realloc(*text, len + strlen(o->prompt) + 1);
+        if (!t)
+            goto oom;
+        *text = t;
+        strcpy(*text + len, o->prompt);
     }
-    return text ? text : strdup("");
+    if (!*text && !(*text = strdup("")))
+        goto oom;
+    return 0;
+oom:
+    free(*text);
+    *text = NULL;
+    fprintf(stderr, "strata run: out of memory\n");
+    return 1;
 }
 
 void run_print_stats(const struct strata_generate_stats *st)
@@ -75,9 +69,9 @@ int cmd_run(int argc, char **argv)
         fprintf(stderr, "strata run: give a prompt with -p TEXT or -f FILE (see --help)\n");
         return 2;
     }
-    text = run_prompt_text(&o);
-    if (!text)
-        return 1;
+    rc = run_prompt_text(&o, &text);
+    if (rc)
+        return rc;
     if (o.chat_template) {
         struct chat_msg msgs[2];
         int nm = 0;

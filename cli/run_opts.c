@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "budget.h"
+#include "args.h"
 #include "clock.h"
 #include "cli.h"
 #include "errors.h"
@@ -94,7 +94,8 @@ static void run_opts_usage(const char *cmd)
            STRATA_DEFAULT_MODEL, d.n_ctx, d.n_batch, d.device, d.residency);
     printf("prompt:\n"
            "  -p, --prompt TEXT       prompt text\n"
-           "  -f, --file FILE         read the prompt from FILE\n"
+           "  -f, --file FILE         read the prompt from FILE (a file or a pipe; - is\n"
+           "                          stdin); prompts are UTF-8 text; a NUL byte is refused\n"
            "      --chat              wrap the prompt in the model's chat template (ChatML)\n"
            "      --system TEXT       system message for --chat and strata chat\n"
            "      --no-think          Qwen3: pre-fill an empty <think></think> block\n");
@@ -114,34 +115,6 @@ static void run_opts_usage(const char *cmd)
            d.gen.sampling.top_p, d.gen.sampling.min_p, d.gen.sampling.repeat_penalty,
            d.gen.sampling.repeat_last_n, (unsigned long long)d.gen.sampling.seed,
            STRATA_MAX_STOP);
-}
-
-static int run_opts_int(const char *opt, const char *v, int lo, int hi, int *out)
-{
-    char *end;
-    long x;
-    errno = 0;
-    x = strtol(v, &end, 10);
-    if (errno || *end || end == v || x < lo || x > hi) {
-        fprintf(stderr, "strata: %s expects an integer in [%d, %d], got '%s'\n", opt, lo, hi, v);
-        return 2;
-    }
-    *out = (int)x;
-    return 0;
-}
-
-static int run_opts_float(const char *opt, const char *v, float lo, float hi, float *out)
-{
-    char *end;
-    float x;
-    errno = 0;
-    x = strtof(v, &end);
-    if (errno || *end || end == v || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "strata: %s expects a number in [%g, %g], got '%s'\n", opt, lo, hi, v);
-        return 2;
-    }
-    *out = x;
-    return 0;
 }
 
 static bool opt_is(const char *arg, const char *a, const char *b)
@@ -199,12 +172,7 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->device = v;
             o->device_set = true;
         } else if (IS("--vram-budget", NULL)) {
-            int bad = budget_parse_size(v, &o->vram_budget);
-            if (bad || !o->vram_budget) {
-                fprintf(stderr, "strata %s: --vram-budget: %s\n", cmd,
-                        bad ? err_msg() : "must be positive");
-                return 2;
-            }
+            rc = args_size(cmd, arg, v, 1, UINT64_MAX, &o->vram_budget);
         } else if (IS("--placement", NULL)) {
             if ((rc = run_opts_placement(v, cmd, &o->cpu_moe_layers, &o->hybrid)))
                 return rc;
@@ -225,27 +193,28 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
         } else if (IS("--stats-json", NULL)) {
             o->stats_json = v;
         } else if (IS("-t", "--threads") || IS("--cpu-threads", NULL)) {
-            rc = run_opts_int(arg, v, 1, 4096, &o->n_threads);
+            rc = args_threads(cmd, arg, v, 1, ARGS_MAX_THREADS, &o->n_threads);
         } else if (IS("-c", "--ctx-size")) {
-            rc = run_opts_int(arg, v, 16, 1 << 20, &o->n_ctx);
+            rc = args_i32(cmd, arg, v, 16, 1 << 20, &o->n_ctx);
+            o->ctx_set = true;
         } else if (IS("-b", "--batch-size")) {
-            rc = run_opts_int(arg, v, 1, 65536, &o->n_batch);
+            rc = args_i32(cmd, arg, v, 1, 65536, &o->n_batch);
         } else if (IS("-n", "--n-predict")) {
-            rc = run_opts_int(arg, v, 0, 1 << 20, &o->gen.n_predict);
+            rc = args_i32(cmd, arg, v, 0, 1 << 20, &o->gen.n_predict);
         } else if (IS("--temp", NULL)) {
-            rc = run_opts_float(arg, v, 0, 100, &sc->temperature);
+            rc = args_f32(cmd, arg, v, 0, 100, &sc->temperature);
         } else if (IS("--top-k", NULL)) {
-            rc = run_opts_int(arg, v, 0, 1 << 24, &sc->top_k);
+            rc = args_i32(cmd, arg, v, 0, 1 << 24, &sc->top_k);
         } else if (IS("--top-p", NULL)) {
-            rc = run_opts_float(arg, v, 0, 1, &sc->top_p);
+            rc = args_f32(cmd, arg, v, 0, 1, &sc->top_p);
         } else if (IS("--min-p", NULL)) {
-            rc = run_opts_float(arg, v, 0, 1, &sc->min_p);
+            rc = args_f32(cmd, arg, v, 0, 1, &sc->min_p);
         } else if (IS("--repeat-penalty", NULL)) {
-            rc = run_opts_float(arg, v, 0.01f, 100, &sc->repeat_penalty);
+            rc = args_f32(cmd, arg, v, 0.01f, 100, &sc->repeat_penalty);
         } else if (IS("--repeat-last-n", NULL)) {
-            rc = run_opts_int(arg, v, 0, 1 << 20, &sc->repeat_last_n);
+            rc = args_i32(cmd, arg, v, 0, 1 << 20, &sc->repeat_last_n);
         } else if (IS("-s", "--seed")) {
-            sc->seed = strtoull(v, NULL, 0);
+            rc = args_u64(cmd, arg, v, 0, UINT64_MAX, &sc->seed);
         } else if (IS("--stop", NULL)) {
             if (o->gen.n_stop == STRATA_MAX_STOP) {
                 fprintf(stderr, "strata: at most %d --stop strings\n", STRATA_MAX_STOP);
@@ -290,7 +259,7 @@ int run_opts_check(struct run_opts *o, const char *cmd)
 
 int run_opts_placement(const char *v, const char *cmd, int *out, bool *hybrid)
 {
-    char *end = NULL;
+    long long n;
     *hybrid = false;
     if (!strcmp(v, "stream")) {
         *out = 0;
@@ -299,8 +268,8 @@ int run_opts_placement(const char *v, const char *cmd, int *out, bool *hybrid)
         *hybrid = true;
     } else if (!strcmp(v, "static")) {
         *out = -1;
-    } else if (!strncmp(v, "static:", 7) && (*out = (int)strtol(v + 7, &end, 10)) > 0 && !*end) {
-        return 0;
+    } else if (!strncmp(v, "static:", 7) && args_parse_int(v + 7, 1, 1 << 20, &n)) {
+        *out = (int)n;
     } else {
         fprintf(stderr, "strata %s: --placement must be stream, hybrid, static or static:N "
                         "(N >= 1), not '%s'\n", cmd, v);
@@ -382,6 +351,11 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
         return cli_fail("starting the engine");
     }
     strata_model_info(s->s, &mi);
+    if (o->ctx_set && mi.n_ctx_train && (uint32_t)o->n_ctx > mi.n_ctx_train)
+        fprintf(stderr,
+                "strata: warning: -c %d is above the %u tokens %s was trained on; past them "
+                "the output may degrade\n",
+                o->n_ctx, mi.n_ctx_train, path);
     if (o->verbose) {
         fprintf(stderr,
                 "strata: %s: %s, %u layers, d %u, %u/%u heads of %u, %u experts (top %u) of "

@@ -19,6 +19,7 @@ struct run_opts {
     const char *system;    /* --system (chat) */
     int n_threads;         /* -t, 0 = all cores */
     int n_ctx;             /* -c */
+    bool ctx_set;          /* -c was given (warned about above the trained context) */
     int n_batch;           /* -b */
     bool chat_template;    /* --chat: wrap -p in the ChatML template */
     bool think;            /* --think / --no-think */
@@ -72,7 +73,7 @@ int run_opts_residency(const char *v, const char *cmd, int *out);
 int run_opts_placement(const char *v, const char *cmd, int *cpu_moe_layers, bool *hybrid);
 
 /* Opens the model (o->model or the default), the backend and a stream; prints what it loaded
- * with -v. 0, or 1 after printing the error. run_session_close prints/writes the expert
+ * with -v, and a warning when -c is above the model's trained context. 0, or 1 after printing the error. run_session_close prints/writes the expert
  * cache's statistics when --stats / --stats-json asked for them. */
 int run_session_open(const struct run_opts *o, struct run_session *s);
 void run_session_close(struct run_session *s);

@@ -3,11 +3,13 @@
  * of predicting layer l+1's experts by applying its router to layer l's MoE input. */
 #include <errno.h>
 #include <stdbool.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "cachesim.h"
 #include "cli.h"
 #include "errors.h"
@@ -61,6 +63,7 @@ static int sr_parse(int argc, char **argv, struct sr_opts *o)
     *o = (struct sr_opts){.max_tokens = 2048};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             sr_usage();
             return 1;
@@ -80,16 +83,18 @@ static int sr_parse(int argc, char **argv, struct sr_opts *o)
         else if (!strcmp(a, "--separator"))
             o->separator = v;
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
-            o->n_threads = atoi(v);
+            rc = args_threads("stats-routing", a, v, 0, ARGS_MAX_THREADS, &o->n_threads);
         else if (!strcmp(a, "--max-tokens"))
-            o->max_tokens = atoi(v);
+            rc = args_i32("stats-routing", a, v, 1, INT32_MAX / 2, &o->max_tokens);
         else {
             fprintf(stderr, "strata stats-routing: unknown option '%s' (see --help)\n", a);
             return 2;
         }
+        if (rc)
+            return rc;
         i++;
     }
-    if (!o->model || !o->prompts || o->max_tokens < 1) {
+    if (!o->model || !o->prompts) {
         fprintf(stderr, "strata stats-routing: need -m FILE and --prompts FILE (see --help)\n");
         return 2;
     }
@@ -234,6 +239,40 @@ static int sr_plot(const struct sr_opts *o, const char *dat)
     return 0;
 }
 
+/* --max-tokens against the machine: the stream's KV cache (F32 K and V rows of every layer)
+ * and the routing trace, per token, may take at most half the physical memory. 0, or 2 after
+ * printing the arithmetic. */
+static int sr_check_memory(const struct sr_opts *o, const struct model_hparams *hp)
+{
+    double kv = 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * sizeof(float);
+    double trace = (double)hp->n_layer * hp->n_expert_used * sizeof(int32_t);
+    double per_tok = kv + trace + sizeof(int32_t), need = per_tok * o->max_tokens;
+    double phys = (double)args_phys_bytes(), gib = 1073741824.0;
+
+    if (phys <= 0 || need <= phys / 2)
+        return 0;
+    fprintf(stderr,
+            "strata stats-routing: --max-tokens %d needs %d x (KV cache 2 x %u layers x %u x %u "
+            "x 4 B + trace %u x %u x 4 B + 4 B) = %.2f GiB, more than half the physical memory "
+            "(%.2f GiB / 2 = %.2f GiB)\n",
+            o->max_tokens, o->max_tokens, hp->n_layer, hp->n_head_kv, hp->head_dim, hp->n_layer,
+            hp->n_expert_used, need / gib, phys / gib, phys / 2 / gib);
+    return 2;
+}
+
+/* --prompts must be something to read texts from: not a directory. 0, or 2 after the
+ * message. */
+static int sr_check_prompts(const char *path)
+{
+    struct stat sb;
+
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "strata stats-routing: --prompts %s: is a directory\n", path);
+        return 2;
+    }
+    return 0;
+}
+
 int cmd_stats_routing(int argc, char **argv)
 {
     struct sr_opts o;
@@ -247,6 +286,8 @@ int cmd_stats_routing(int argc, char **argv)
 
     if (rc)
         return rc == 1 ? 0 : rc;
+    if ((rc = sr_check_prompts(o.prompts)))
+        return rc;
     strata_config_init(&cfg);
     cfg.model_path = o.model;
     cfg.n_threads = o.n_threads > 0 ? o.n_threads : 0; /* -t 0 or less: OpenMP's default */
@@ -259,6 +300,10 @@ int cmd_stats_routing(int argc, char **argv)
         strata_close(st);
         fprintf(stderr, "strata stats-routing: %s has no tokenizer\n", o.model);
         return 1;
+    }
+    if ((rc = sr_check_memory(&o, &m->hp))) {
+        strata_close(st);
+        return rc;
     }
     ctx.m = m;
     ctx.logits = malloc(sizeof(float) * m->hp.n_expert);
@@ -278,6 +323,12 @@ int cmd_stats_routing(int argc, char **argv)
     rc = rc ? rc : sr_run(&o, st, &ctx, &n_texts, &n_tokens);
     if (rc) {
         rc = cli_fail("stats-routing");
+        goto out;
+    }
+    if (n_texts == 0) {
+        fprintf(stderr, "strata stats-routing: --prompts %s holds no text (it is empty or "
+                        "blank)\n", o.prompts);
+        rc = 2;
         goto out;
     }
     printf("%s: %d texts, %ld tokens, %u layers, %u experts, top-%u\n", o.model, n_texts,

@@ -14,7 +14,7 @@ expect() { # expect CODE PATTERN -- args...
     echo "ok: strata $* -> $rc: $(head -1 <<<"$out")"
 }
 expect 2 "unknown unit 'X'" -- run --vram-budget 4X -p hi
-expect 2 "must be positive" -- run --vram-budget 0 -p hi
+expect 2 "wants a size such as 8G, 7.5GiB or 8000MB, of 1\.\." -- run --vram-budget 0 -p hi
 expect 2 "need --device cuda" -- run --device cpu --vram-budget 4G -p hi
 expect 2 "copy or zerocopy" -- run --residency fast -p hi
 expect 2 "unknown unit" -- bench -m x --vram-budget 12Q
