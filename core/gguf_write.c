@@ -24,6 +24,7 @@
 
 #include "errors.h"
 #include "gguf.h"
+#include "outfile.h"
 #include "quant.h"
 
 typedef unsigned long long ull; /* for printf of uint64_t */
@@ -49,6 +50,7 @@ struct gguf_writer {
     char *path;     /* owned: the final name */
     char *tmp_path; /* owned: PATH.tmp.<pid>, renamed to path by finish */
     int fd;         /* the temp file */
+    int slot;       /* tmp_path's outfile registry slot (removed on SIGINT/SIGTERM), -1 none */
     uint64_t alignment;
 
     struct bytebuf meta; /* the serialized KV records */
@@ -144,6 +146,7 @@ static int pwrite_all(const struct gguf_writer *w, const void *p, uint64_t n, ui
 
 static void writer_free(struct gguf_writer *w)
 {
+    outfile_unregister(w->slot);
     for (uint64_t i = 0; i < w->n_kv; i++)
         free(w->keys[i]);
     for (uint64_t i = 0; i < w->n_tensors; i++)
@@ -183,6 +186,7 @@ int gguf_writer_open(const char *path, uint32_t alignment, struct gguf_writer **
     if (!w)
         return err_set(-ENOMEM, "out of memory");
     w->fd = -1;
+    w->slot = -1;
     w->alignment = alignment;
     w->path = strdup(path);
     if (!w->path || asprintf(&w->tmp_path, "%s.tmp.%d", path, (int)getpid()) < 0) {
@@ -190,13 +194,21 @@ int gguf_writer_open(const char *path, uint32_t alignment, struct gguf_writer **
         writer_free(w);
         return err_set(-ENOMEM, "out of memory");
     }
+    rc = outfile_check_target(path);
+    if (rc) {
+        writer_free(w);
+        return rc;
+    }
     w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (w->fd < 0) {
         rc = err_set(-errno, "cannot create %s: %s", w->tmp_path, strerror(errno));
         writer_free(w);
         return rc;
     }
-    rc = kv_add_alignment(w);
+    rc = outfile_register(w->tmp_path);
+    if (rc >= 0)
+        w->slot = rc;
+    rc = rc < 0 ? rc : kv_add_alignment(w);
     if (rc) {
         gguf_writer_abort(w);
         return rc;
@@ -646,6 +658,9 @@ static int writer_commit(struct gguf_writer *w)
         return err_set(-errno, "%s: close failed: %s", w->tmp_path, strerror(errno));
     }
     w->fd = -1;
+    rc = outfile_check_target(w->path); /* renaming would replace a FIFO or device */
+    if (rc)
+        return rc;
     if (rename(w->tmp_path, w->path) < 0)
         return err_set(-errno, "cannot rename %s to %s: %s", w->tmp_path, w->path,
                        strerror(errno));

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "errors.h"
+#include "outfile.h"
 
 #define PRED_SLOTS 4096 /* pending predictions per layer, indexed by token % PRED_SLOTS */
 
@@ -190,9 +191,12 @@ void routing_stats_print(const struct routing_stats *rs, FILE *f)
 
 int routing_stats_write_dat(const struct routing_stats *rs, const char *path)
 {
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return err_set(-errno, "%s: cannot write", path);
+    struct outfile of;
+    int rc = outfile_open(path, &of);
+    FILE *f = of.f;
+
+    if (rc)
+        return rc;
     fprintf(f, "# layer top10 top20 reuse1 reuse8 recall (percent; NaN: no prediction)\n");
     for (int l = 0; l < rs->n_layer; l++) {
         struct routing_layer_report r;
@@ -205,5 +209,5 @@ int routing_stats_write_dat(const struct routing_stats *rs, const char *path)
         else
             fprintf(f, "NaN\n");
     }
-    return fclose(f) ? err_set(-EIO, "%s: write failed", path) : 0;
+    return outfile_commit(&of);
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "errors.h"
+#include "outfile.h"
 #include "slru.h"
 
 const struct expert_cache_layer_stats *expert_cache_stats(const struct expert_cache *c, int layer)
@@ -65,9 +66,12 @@ void expert_cache_print_stats(const struct expert_cache *c, FILE *f)
 
 int expert_cache_write_stats_json(const struct expert_cache *c, const char *path)
 {
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return err_set(-errno, "%s: %s", path, strerror(errno));
+    struct outfile of;
+    int rc = outfile_open(path, &of);
+    FILE *f = of.f;
+
+    if (rc)
+        return rc;
     fprintf(f, "{\"slots\": %d, \"slot_bytes\": %" PRIu64 ", \"layers\": [",
             expert_cache_slots(c), c->slot_bytes);
     for (int l = 0; l < c->n_layer; l++) {
@@ -84,7 +88,5 @@ int expert_cache_write_stats_json(const struct expert_cache *c, const char *path
                 s->prefetch_used, s->cpu_computed, s->cpu_admitted);
     }
     fprintf(f, "\n]}\n");
-    if (fclose(f))
-        return err_set(-EIO, "%s: write failed", path);
-    return 0;
+    return outfile_commit(&of);
 }
