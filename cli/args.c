@@ -113,7 +113,7 @@ static int args_float_fail(const char *cmd, const char *opt, const char *text, d
 {
     char wants[96];
 
-    snprintf(wants, sizeof(wants), "a number in %g..%g", min, max);
+    snprintf(wants, sizeof(wants), "a number in %.10g..%.10g", min, max);
     return args_fail(cmd, opt, text, wants);
 }
 

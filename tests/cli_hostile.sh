@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Hostile command lines and input files for every strata command: a table of cases, each the
+# exit code and a piece of stderr it must give. Bad numbers ('abc', '1e3', '0x', nan, overflow,
+# negatives) exit 2 naming the option; -t above the CPUs is capped with a notice; prompt files
+# that are directories, empty or hold a NUL byte are refused, pipes and '-' are read; no case
+# may die of a signal (exit >= 128) or hang (timeout's 124). Valid controls run beside them.
+# Runs on the shipped default model in a few seconds (also under ASan).
+set -uo pipefail
+strata=$1
+model="$2/../../models/strata-default.gguf"
+[ -r "$model" ] || { echo "skip: no $model"; exit 77; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+printf 'def f(x):' >"$tmp/prompt.txt"
+: >"$tmp/empty.txt"
+printf 'ab\0cd' >"$tmp/nul.txt"
+printf '\n\n' >"$tmp/blank.txt"
+mkdir "$tmp/dir"
+head -c 20000 /dev/zero | tr '\0' 'a' >"$tmp/longline.txt"
+printf '/exit\n' >>"$tmp/longline.txt"
+printf 'hello\n/exit\n' >"$tmp/chat.txt"
+M=(-m "$model")
+fails=0 n=0
+
+# check NAME CODE 'stderr piece' [stdout piece]: judges the run whose output is in $tmp/out, err.
+check() {
+    local code=$1 want=$2 got=$3 pat=$4 what=$5
+    n=$((n + 1))
+    if [ "$got" -ge 124 ]; then
+        echo "FAIL: $what: exit $got (signal or timeout)"; fails=$((fails + 1)); return
+    fi
+    if [ "$got" != "$code" ]; then
+        echo "FAIL: $what: exit $got, not $code: $(head -c 400 "$tmp/err")"
+        fails=$((fails + 1)); return
+    fi
+    if [ -n "$pat" ] && ! grep -qF -- "$pat" "$tmp/err"; then
+        echo "FAIL: $what: no '$pat' on stderr: $(head -c 400 "$tmp/err")"
+        fails=$((fails + 1)); return
+    fi
+    echo "ok: $what -> $got: $(grep -F -- "$pat" "$tmp/err" | head -1 | head -c 160)"
+}
+
+# t CODE 'stderr piece' ARGS...: runs strata ARGS with stdin from /dev/null.
+t() {
+    local code=$1 pat=$2; shift 2
+    timeout 60 "$strata" "$@" </dev/null >"$tmp/out" 2>"$tmp/err"
+    check "$code" "$pat" $? "$pat" "strata $*"
+}
+
+# tin FILE CODE 'stderr piece' ARGS...: the same with stdin from FILE (a pipe).
+tin() {
+    local in=$1 code=$2 pat=$3; shift 3
+    cat "$in" | timeout 60 "$strata" "$@" >"$tmp/out" 2>"$tmp/err"
+    check "$code" "$pat" "${PIPESTATUS[1]}" "$pat" "strata $* < $(basename "$in")"
+}
+
+ncpu=$(getconf _NPROCESSORS_ONLN)
+run=(run --device cpu -n 1 -t 1)
+
+# strata run (and chat: the same options): numbers
+t 2 "-s wants an integer in 0..18446744073709551615, not 'abc'" "${run[@]}" -p x -s abc
+t 2 "-s wants an integer in 0..18446744073709551615, not '1e3'" "${run[@]}" -p x -s 1e3
+t 2 "--seed wants an integer in 0..18446744073709551615, not '-1'" "${run[@]}" -p x --seed -1
+t 2 "-s wants an integer in 0..18446744073709551615, not '18446744073709551616'" \
+    "${run[@]}" -p x -s 18446744073709551616
+t 2 "-n wants an integer in 0..1048576, not '-5'" run -p x -n -5
+t 2 "-t wants an integer in 1..4096, not '0x'" run -p x -t 0x
+t 2 "-t wants an integer in 1..4096, not ''" run -p x -t ""
+t 2 "-t wants an integer in 1..4096, not ' 4'" run -p x -t " 4"
+t 2 "-t wants an integer in 1..4096, not '100000'" run -p x -t 100000
+t 2 "-c wants an integer in 16..1048576, not '99999999999999999999'" run -p x -c 99999999999999999999
+t 2 "--temp wants a number in 0..100, not 'nan'" run -p x --temp nan
+t 2 "--temp wants a number in 0..100, not 'inf'" run -p x --temp inf
+t 2 "--top-p wants a number in 0..1, not '0.5x'" run -p x --top-p 0.5x
+t 2 "--vram-budget wants a size such as 8G" run -p x --vram-budget 4X
+t 2 "--vram-budget wants a size such as 8G" run -p x --vram-budget -1G
+t 2 "static:N (N >= 1), not 'static:1x'" run -p x --placement static:1x
+t 2 "-s wants an integer" chat -s abc
+# strata run: prompt files
+t 2 "-f $tmp/dir: is a directory" "${run[@]}" -f "$tmp/dir"
+t 2 "-f $tmp/empty.txt: the file is empty" "${run[@]}" -f "$tmp/empty.txt"
+t 2 "-f $tmp/nul.txt: a NUL byte at byte offset 2" "${run[@]}" -f "$tmp/nul.txt"
+t 1 "-f $tmp/missing.txt: No such file" "${run[@]}" -f "$tmp/missing.txt"
+tin "$tmp/prompt.txt" 0 "generation: 1 tokens" "${run[@]}" -f /dev/stdin
+tin "$tmp/prompt.txt" 0 "generation: 1 tokens" "${run[@]}" -f -
+timeout 60 "$strata" "${run[@]}" -f <(printf 'def f(x):') >"$tmp/out" 2>"$tmp/err"
+check 0 "" $? "generation: 1 tokens" "strata run -f <(printf ...)"
+# threads above the CPUs: capped, with a notice
+t 0 "-t 4096 is more than the $ncpu CPUs here; using $ncpu" run --device cpu -n 1 -p x -t 4096
+# -c above the trained context: a warning, not an error
+t 0 "is above the" "${run[@]}" -p x -c 2048
+# valid controls
+t 0 "generation: 2 tokens" run --device cpu -t 2 -p "def f(x):" -s 7 -n 2
+t 0 "generation: 2 tokens" run --device cpu -t 2 -p "def f(x):" -s 0x10 -n 2 --temp 0.5
+grep -q "a NUL byte is refused" <(timeout 60 "$strata" run --help) ||
+    { echo "FAIL: run --help does not say a NUL byte is refused"; fails=$((fails + 1)); }
+
+# strata chat: a piped transcript has no '> ' prompts; a line longer than any buffer is read
+# whole (and refused by the context, the session going on)
+tin "$tmp/chat.txt" 0 "" chat --device cpu -t 1 -n 2 --temp 0
+if grep -q '^> ' "$tmp/out"; then echo "FAIL: chat printed '> ' to a pipe"; fails=$((fails + 1)); fi
+tin "$tmp/longline.txt" 0 "does not fit in the context" chat --device cpu -t 1 -c 64
+
+# strata bench
+bench=(bench "${M[@]}" -t 1 -p 4 -n 1 --bw-gib 0.01)
+t 2 "-p wants an integer in 1..1048576, not 'abc'" bench "${M[@]}" -p abc
+t 2 "-n wants an integer in 1..1048576, not '0'" bench "${M[@]}" -n 0
+t 2 "-t wants an integer in 0..4096, not '-1'" bench "${M[@]}" -t -1
+t 2 "--bw-gib wants a probe of at most half the physical memory" bench "${M[@]}" --bw-gib 100000
+t 2 "--bw-gib wants a number in 0..1048576, not 'nan'" bench "${M[@]}" --bw-gib nan
+t 2 "--bw-gib wants a positive number of GiB, not '0'" bench "${M[@]}" --bw-gib 0
+t 2 "-f $tmp/dir: is a directory" "${bench[@]}" -f "$tmp/dir"
+
+# strata stats-routing
+sr=(stats-routing "${M[@]}" -t 1)
+t 2 "--prompts $tmp/dir: is a directory" "${sr[@]}" --prompts "$tmp/dir"
+t 2 "holds no text" "${sr[@]}" --prompts "$tmp/empty.txt"
+t 2 "holds no text" "${sr[@]}" --prompts "$tmp/blank.txt"
+t 2 "more than half the physical memory" "${sr[@]}" --prompts "$tmp/prompt.txt" \
+    --max-tokens 1000000000
+t 2 "--max-tokens wants an integer in 1..1073741823, not '1x'" "${sr[@]}" --prompts x \
+    --max-tokens 1x
+t 2 "-t wants an integer in 0..4096, not 'x'" stats-routing -t x
+
+# strata logits
+t 2 "--greedy wants an integer in 0..1048576, not '-1'" logits "${M[@]}" -p x --greedy -1
+t 2 "--threads wants an integer in 1..4096, not 'abc'" logits "${M[@]}" -p x -t abc
+t 2 "--ids expects comma-separated" logits "${M[@]}" --ids 1,x
+t 2 "--ids expects comma-separated" logits "${M[@]}" --ids "1, 2"
+t 0 "" logits "${M[@]}" -t 1 --ids 1,2
+
+# strata gen, convert, bench-kernels, inspect
+t 2 "--seed wants an integer in 0..18446744073709551615, not '-5'" gen --seed -5 -o "$tmp/g"
+t 2 "--threads wants an integer in 1..1024, not '0x'" gen --threads 0x -o "$tmp/g"
+t 2 "--layers wants an integer in 1..100000, not '1e3'" gen --layers 1e3 -o "$tmp/g"
+t 2 "--threads wants an integer in 1..4096, not 'abc'" convert --threads abc -o "$tmp/c" "$tmp"
+t 2 "--seconds wants a number in 0..3600, not 'nan'" bench-kernels --seconds nan
+t 2 "--seconds wants a duration in seconds, 0 < S < 3600, not '0'" bench-kernels --seconds 0
+t 2 "--rows wants an integer in 1..4294967296, not '1e3'" bench-kernels --rows 1e3
+t 2 "--batch wants an integer in 1.." bench-kernels --batch 99
+t 2 "no FILE given" inspect
+t 2 "unexpected argument '--bogus'" inspect --bogus
+t 0 "" inspect "$model"
+
+echo "$((n - fails)) of $n cases passed"
+[ "$fails" = 0 ]
