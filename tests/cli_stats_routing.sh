@@ -19,7 +19,7 @@ check "echo \"\$out\" | grep -q '3 texts'" "expected 3 texts (blank line skipped
 check "[ \$(grep -vc '^#' \"$dir/r.dat\") -eq 2 ]" "dat file lines"
 "$strata" stats-routing -m "$dir/tiny.gguf" >/dev/null 2>&1
 check "[ \$? -eq 2 ]" "missing --prompts must exit 2"
-"$strata" stats-routing --help | grep -q "recall"
+grep -q "recall" <<<"$("$strata" stats-routing --help)"
 check "[ \$? -eq 0 ]" "--help"
 [ $fail -eq 0 ] && echo "cli_stats_routing: all checks passed"
 exit $fail

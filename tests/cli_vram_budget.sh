@@ -18,8 +18,9 @@ expect 2 "wants a size such as 8G, 7.5GiB or 8000MB, of 1\.\." -- run --vram-bud
 expect 2 "need --device cuda" -- run --device cpu --vram-budget 4G -p hi
 expect 2 "copy or zerocopy" -- run --residency fast -p hi
 expect 2 "unknown unit" -- bench -m x --vram-budget 12Q
-"$strata" run --help | grep -q -- "--vram-budget SIZE" || fail "run --help lacks --vram-budget"
-"$strata" bench --help | grep -q -- "--residency" || fail "bench --help lacks --residency"
+# (whole help texts: grep -q quitting early would end strata by SIGPIPE under pipefail)
+grep -q -- "--vram-budget SIZE" <<<"$("$strata" run --help)" || fail "run --help lacks --vram-budget"
+grep -q -- "--residency" <<<"$("$strata" bench --help)" || fail "bench --help lacks --residency"
 expect 2 "auto, cpu or cuda" -- run --device gpu -p hi
 expect 2 "stream, hybrid, static or static:N" -- run --placement static:0 -p hi
 expect 2 "hybrid needs --vram-budget" -- run --placement hybrid -p hi
