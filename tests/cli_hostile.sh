@@ -19,6 +19,7 @@ mkdir "$tmp/dir"
 head -c 20000 /dev/zero | tr '\0' 'a' >"$tmp/longline.txt"
 printf '/exit\n' >>"$tmp/longline.txt"
 printf 'hello\n/exit\n' >"$tmp/chat.txt"
+printf 'a\0b\n/exit\n' >"$tmp/chatnul.txt"
 M=(-m "$model")
 fails=0 n=0
 
@@ -99,6 +100,7 @@ grep -q "a NUL byte is refused" <(timeout 60 "$strata" run --help) ||
 # whole (and refused by the context, the session going on)
 tin "$tmp/chat.txt" 0 "" chat --device cpu -t 1 -n 2 --temp 0
 if grep -q '^> ' "$tmp/out"; then echo "FAIL: chat printed '> ' to a pipe"; fails=$((fails + 1)); fi
+tin "$tmp/chatnul.txt" 0 "a NUL byte at byte offset 1 of this message" chat --device cpu -t 1
 tin "$tmp/longline.txt" 0 "does not fit in the context" chat --device cpu -t 1 -c 64
 
 # strata bench
