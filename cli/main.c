@@ -4,6 +4,7 @@
 
 #include "cli.h"
 #include "errors.h"
+#include "outfile.h"
 #include "strata_internal.h"
 
 struct command {
@@ -70,6 +71,8 @@ int main(int argc, char **argv)
         printf("strata %s\n", STRATA_VERSION);
         return 0;
     }
+    /* SIGINT and SIGTERM remove half-written output files before the process ends */
+    outfile_install_signal_cleanup();
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
         if (!strcmp(argv[1], commands[i].name))
             return commands[i].fn(argc - 1, argv + 1);
