@@ -16,7 +16,6 @@
  * call may run concurrently with pwrite.
  */
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -625,22 +624,6 @@ int gguf_writer_pwrite(struct gguf_writer *w, int idx, uint64_t at, const void *
 
 /* ---- finish -------------------------------------------------------------------------------- */
 
-/* fsyncs the directory holding path so that the rename is durable. */
-static void dir_sync(const char *path)
-{
-    char *copy = strdup(path);
-    int fd;
-
-    if (!copy)
-        return;
-    fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-    free(copy);
-}
-
 static int writer_commit(struct gguf_writer *w)
 {
     int rc = w->data_begun ? 0 : gguf_writer_begin_data(w);
@@ -664,7 +647,7 @@ static int writer_commit(struct gguf_writer *w)
     if (rename(w->tmp_path, w->path) < 0)
         return err_set(-errno, "cannot rename %s to %s: %s", w->tmp_path, w->path,
                        strerror(errno));
-    dir_sync(w->path);
+    outfile_dir_sync(w->path);
     return 0;
 }
 

@@ -170,8 +170,7 @@ int outfile_open(const char *path, struct outfile *of)
     return 0;
 }
 
-/* fsyncs the directory holding path so that a rename into it is durable. */
-static void outfile_dir_sync(const char *path)
+void outfile_dir_sync(const char *path)
 {
     char *copy = strdup(path);
     int fd;

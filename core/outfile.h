@@ -52,6 +52,9 @@ int outfile_register(const char *tmp_path);
 /* Forgets slot (after the temp file was renamed or removed); a negative slot is ignored. */
 void outfile_unregister(int slot);
 
+/* fsyncs the directory holding path, so that a rename into it is durable (best effort). */
+void outfile_dir_sync(const char *path);
+
 /* Installs a handler for SIGINT and SIGTERM, where the disposition is still the default, that
  * unlinks every registered temp file and then re-raises the signal with the default action.
  * A handler the caller had installed is left alone (its owner cancels and aborts the writes).
