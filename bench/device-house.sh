@@ -11,7 +11,7 @@
 #      bandwidths measured at open);
 #   4. strata bench of the full 30b-a3b q4_k_m, OLD and NEW alternated twice per mode.
 # Switches: SKIP_TESTS=1, SKIP_LOGITS=1 (parts 2 and 3), SKIP_BENCH=1, BENCH_MODES (lines of
-# extra bench flags).
+# extra bench flags), REPS (OLD/NEW pairs per mode, default 2).
 set -u
 . bench/device-env.sh
 [ -f .carry/old.tar.xz ] && tar -xJf .carry/old.tar.xz -C .carry
@@ -101,7 +101,7 @@ bench() { # bench WHO FLAGS...
 }
 while read -r flags; do
     [ -n "$flags" ] || continue
-    for rep in 1 2; do
+    for rep in $(seq ${REPS:-2}); do
         bench old $flags
         bench new $flags
     done
