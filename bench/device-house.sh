@@ -11,7 +11,8 @@
 #      bandwidths measured at open);
 #   4. strata bench of the full 30b-a3b q4_k_m, OLD and NEW alternated twice per mode.
 # Switches: SKIP_TESTS=1, SKIP_LOGITS=1 (parts 2 and 3), SKIP_BENCH=1, BENCH_MODES (lines of
-# extra bench flags), REPS (OLD/NEW pairs per mode, default 2).
+# extra bench flags), REPS (OLD/NEW pairs per mode, default 2), SWAP=1 (every other pair runs
+# NEW first, against an order effect).
 set -u
 . bench/device-env.sh
 [ -f .carry/old.tar.xz ] && tar -xJf .carry/old.tar.xz -C .carry
@@ -102,8 +103,13 @@ bench() { # bench WHO FLAGS...
 while read -r flags; do
     [ -n "$flags" ] || continue
     for rep in $(seq ${REPS:-2}); do
-        bench old $flags
-        bench new $flags
+        if [ $((rep % 2)) = 0 ] && [ -n "${SWAP:-}" ]; then # SWAP=1: every other pair NEW first
+            bench new $flags
+            bench old $flags
+        else
+            bench old $flags
+            bench new $flags
+        fi
     done
 done <<<"${BENCH_MODES:---device cuda --graph
 --vram-budget 8G --residency zerocopy
