@@ -44,6 +44,8 @@ struct bench_opts {
     bool graph;           /* --graph */
     bool hybrid;
     const char *stats_json;
+    const char *cuda_flag;   /* the first option given that needs --device cuda, or NULL */
+    bool device_cpu;         /* --device cpu was given */
     const char *prompt_file; /* -f: prompt text instead of random ids */
     int tg_greedy;           /* --tg greedy: decode feeds back the argmax */
 };
@@ -121,6 +123,8 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             bench_usage();
             return 1;
         }
+        if (!o->cuda_flag && run_opts_is_cuda_only(a))
+            o->cuda_flag = a;
         if (!strcmp(a, "--profile")) {
             o->profile = 1;
             continue;
@@ -151,9 +155,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         }
         if (!strcmp(a, "-m") || !strcmp(a, "--model"))
             o->model = v;
-        else if (!strcmp(a, "--device") && (!strcmp(v, "cpu") || !strcmp(v, "cuda")))
+        else if (!strcmp(a, "--device") && (!strcmp(v, "cpu") || !strcmp(v, "cuda"))) {
             o->cuda = !strcmp(v, "cuda");
-        else if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt"))
+            o->device_cpu = !o->cuda;
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt"))
             rc = args_i32("bench", a, v, 1, 1 << 20, &o->n_prompt);
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen"))
             rc = args_i32("bench", a, v, 1, 1 << 20, &o->n_gen);
@@ -191,6 +196,8 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         fprintf(stderr, "strata bench: need -m FILE (see --help)\n");
         return 2;
     }
+    if (o->device_cpu || !o->cuda)
+        return run_opts_cuda_only("bench", o->cuda_flag, "cpu");
     return 0;
 }
 

@@ -310,6 +310,12 @@ int cmd_logits(int argc, char **argv)
 
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:o:t:h", opts, NULL)) != -1) {
+        if (!po->cuda_flag && c > 0 && strchr("RPFGS", c)) /* the options only CUDA takes */
+            po->cuda_flag = c == 'R'   ? "--residency"
+                            : c == 'P' ? "--placement"
+                            : c == 'F' ? "--prefetch"
+                            : c == 'G' ? "--graph"
+                                       : "--streaming";
         switch (c) {
         case 'm':
             o.model = optarg;

@@ -10,6 +10,7 @@
 #include "args.h"
 #include "clock.h"
 #include "cli.h"
+#include "cuda_info.h"
 #include "errors.h"
 #include "strata_internal.h"
 
@@ -92,13 +93,18 @@ static void run_opts_usage(const char *cmd)
            "      --no-mmap           copy the weights into anonymous memory on huge pages\n"
            "                          (more RAM, faster CPU decode than the page cache)\n",
            STRATA_DEFAULT_MODEL, d.n_ctx, d.n_batch, d.device, d.residency);
-    printf("prompt:\n"
-           "  -p, --prompt TEXT       prompt text\n"
-           "  -f, --file FILE         read the prompt from FILE (a file or a pipe; - is\n"
-           "                          stdin); prompts are UTF-8 text; a NUL byte is refused\n"
-           "      --chat              wrap the prompt in the model's chat template (ChatML)\n"
-           "      --system TEXT       system message for --chat and strata chat\n"
-           "      --no-think          Qwen3: pre-fill an empty <think></think> block\n");
+    if (chat)
+        printf("messages (read from stdin, one a line; chat takes no -p or -f):\n"
+               "      --system TEXT       system message, sent before the first message\n"
+               "      --no-think          Qwen3: pre-fill an empty <think></think> block\n");
+    else
+        printf("prompt:\n"
+               "  -p, --prompt TEXT       prompt text\n"
+               "  -f, --file FILE         read the prompt from FILE (a file or a pipe; - is\n"
+               "                          stdin); prompts are UTF-8 text; a NUL byte is refused\n"
+               "      --chat              wrap the prompt in the model's chat template (ChatML)\n"
+               "      --system TEXT       system message for --chat and strata chat\n"
+               "      --no-think          Qwen3: pre-fill an empty <think></think> block\n");
     printf("generation:\n"
            "  -n, --n-predict N       tokens to generate (default %d)\n"
            "      --temp T            temperature, 0 = greedy (default %.2f)\n"
@@ -123,6 +129,32 @@ static bool opt_is(const char *arg, const char *a, const char *b)
 }
 
 #define IS(a, b) opt_is(arg, a, b)
+
+bool run_opts_is_cuda_only(const char *arg)
+{
+    static const char *const cuda_only[] = {"--graph",      "--prefetch",  "--stats",
+                                            "--stats-json", "--residency", "--streaming",
+                                            "--placement"};
+    for (size_t i = 0; i < sizeof(cuda_only) / sizeof(cuda_only[0]); i++)
+        if (!strcmp(arg, cuda_only[i]))
+            return true;
+    return false;
+}
+
+bool run_opts_uses_cpu(const char *device)
+{
+    return !strcmp(device, "cpu") || (!strcmp(device, "auto") && cuda_device_count(NULL) <= 0);
+}
+
+int run_opts_cuda_only(const char *cmd, const char *flag, const char *device)
+{
+    if (!flag || !run_opts_uses_cpu(device))
+        return 0;
+    fprintf(stderr,
+            "strata %s: %s needs the CUDA backend (--device cuda); this run uses the CPU%s\n", cmd,
+            flag, strcmp(device, "auto") ? "" : " (no CUDA device found)");
+    return 2;
+}
 
 int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
 {
@@ -156,6 +188,11 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->prefetch = true, used = 0;
         } else if (IS("--graph", NULL)) {
             o->graph = true, used = 0;
+        } else if (v && (IS("-p", "--prompt") || IS("-f", "--file")) && !strcmp(cmd, "chat")) {
+            fprintf(stderr, "strata chat: %s: chat takes no prompt; it reads one message per "
+                            "line from stdin (strata run -p TEXT generates from a prompt)\n",
+                    arg);
+            return 2;
         } else if (!v) {
             fprintf(stderr, "strata %s: %s needs a value (or is unknown; see --help)\n", cmd,
                     arg);
@@ -227,6 +264,8 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
         }
         if (rc)
             return rc;
+        if (!o->cuda_flag && run_opts_is_cuda_only(arg))
+            o->cuda_flag = arg;
         i += used;
     }
     return run_opts_check(o, cmd);
@@ -239,6 +278,8 @@ int run_opts_check(struct run_opts *o, const char *cmd)
                 o->device);
         return 2;
     }
+    if (o->device_set && !strcmp(o->device, "cpu") && o->cuda_flag)
+        return run_opts_cuda_only(cmd, o->cuda_flag, o->device);
     if ((o->vram_budget || o->cpu_moe_layers) && o->device_set && strcmp(o->device, "cuda")) {
         fprintf(stderr, "strata %s: --vram-budget and --placement need --device cuda\n", cmd);
         return 2;
@@ -254,7 +295,7 @@ int run_opts_check(struct run_opts *o, const char *cmd)
     }
     if (o->vram_budget)
         o->device = "cuda";
-    return 0;
+    return run_opts_cuda_only(cmd, o->cuda_flag, o->device);
 }
 
 int run_opts_placement(const char *v, const char *cmd, int *out, bool *hybrid)

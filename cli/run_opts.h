@@ -37,6 +37,7 @@ struct run_opts {
     int cpu_moe_layers;    /* --placement static[:N]: -1 auto, N, 0 = stream (the cache) */
     bool hybrid;           /* --placement hybrid */
     const char *stats_json; /* --stats-json FILE */
+    const char *cuda_flag; /* the first option given that only the CUDA backend takes, or NULL */
     struct strata_generate_params gen;
 };
 
@@ -61,6 +62,18 @@ struct run_session {
 /* The checks run_opts_parse ends with (device, and the placement options that need a budget or
  * CUDA; a budget implies --device cuda): 0, or 2 after printing the error. */
 int run_opts_check(struct run_opts *o, const char *cmd);
+
+/* Whether arg is an option only the CUDA backend takes: --graph, --prefetch, --stats,
+ * --stats-json, --residency, --streaming, --placement (--vram-budget implies the backend). */
+bool run_opts_is_cuda_only(const char *arg);
+
+/* Whether --device's value (auto|cpu|cuda) means the CPU backend: cpu, or auto on a machine
+ * without a CUDA device. */
+bool run_opts_uses_cpu(const char *device);
+
+/* flag (e.g. "--graph", NULL when none was given) on a run of device's backend: 0 when it
+ * applies, or 2 after printing why not when the backend is the CPU. */
+int run_opts_cuda_only(const char *cmd, const char *flag, const char *device);
 
 /* o as the API's config for the model at path (set-up reports to stderr). */
 void run_opts_config(const struct run_opts *o, const char *path, struct strata_config *cfg);

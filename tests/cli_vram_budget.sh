@@ -25,7 +25,7 @@ expect 2 "auto, cpu or cuda" -- run --device gpu -p hi
 expect 2 "stream, hybrid, static or static:N" -- run --placement static:0 -p hi
 expect 2 "hybrid needs --vram-budget" -- run --placement hybrid -p hi
 expect 2 "picks N from --vram-budget" -- run --placement static -p hi
-expect 2 "need --device cuda" -- run --device cpu --placement static:2 -p hi
+expect 2 "--placement needs the CUDA backend" -- run --device cpu --placement static:2 -p hi
 if "$strata" info 2>/dev/null | grep -q "^cuda: *none"; then
     expect 1 "CUDA" -- run --vram-budget 4G -p hi -n 1
     # --device auto (the default) falls back to the CPU without a GPU
