@@ -18,11 +18,13 @@ extern "C" int cuda_device_count(const char **why)
     if (e != cudaSuccess) {
         (void)cudaGetLastError(); /* clear the sticky-free error so later calls start clean */
         if (why)
-            *why = cudaGetErrorString(e);
+            *why = e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice
+                       ? "no CUDA device found (no NVIDIA driver or GPU on this machine)"
+                       : cudaGetErrorString(e);
         return 0;
     }
     if (n == 0 && why)
-        *why = "the CUDA driver reports no devices";
+        *why = "no CUDA device found (no NVIDIA driver or GPU on this machine)";
     return n;
 }
 
