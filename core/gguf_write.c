@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "errors.h"
 #include "gguf.h"
@@ -58,6 +59,11 @@ struct gguf_writer {
 
     struct writer_tensor *tensors; /* (n_tensors) owned, in declaration order */
     uint64_t n_tensors, tensors_cap;
+    /* The tensor names as an open-addressed hash set, for the duplicate check in linear time:
+     * (names_cap) slots, a power of two at most half full; 0 = empty, else tensor index + 1.
+     * Owned. */
+    uint32_t *names;
+    uint64_t names_cap;
 
     bool data_begun;
     uint64_t data_offset; /* start of the data section in the file */
@@ -152,6 +158,7 @@ static void writer_free(struct gguf_writer *w)
         free(w->tensors[i].name);
     free(w->keys);
     free(w->tensors);
+    free(w->names);
     free(w->meta.p);
     free(w->path);
     free(w->tmp_path);
@@ -412,10 +419,48 @@ int gguf_writer_add_arr_str(struct gguf_writer *w, const char *key, const char *
 
 /* ---- tensors ------------------------------------------------------------------------------- */
 
+/* The slot of w->names holding name, or the empty slot where it would go; NULL when the set
+ * has no slots yet. */
+static uint32_t *names_slot(const struct gguf_writer *w, const char *name)
+{
+    uint64_t mask = w->names_cap - 1, i;
+
+    if (!w->names_cap)
+        return NULL;
+    i = XXH3_64bits(name, strlen(name)) & mask;
+    while (w->names[i] && strcmp(w->tensors[w->names[i] - 1].name, name))
+        i = (i + 1) & mask;
+    return &w->names[i];
+}
+
+/* Adds tensor idx (its name already in w->tensors) to w->names, doubling the table when it
+ * would be more than half full. */
+static int names_add(struct gguf_writer *w, uint64_t idx)
+{
+    if (2 * (idx + 1) > w->names_cap) {
+        uint64_t cap = w->names_cap ? 2 * w->names_cap : 64;
+        uint32_t *old = w->names;
+        uint64_t old_cap = w->names_cap;
+        uint32_t *p = calloc(cap, sizeof(*p));
+        if (!p)
+            return err_set(-ENOMEM, "out of memory for %llu tensor names", (ull)cap);
+        w->names = p;
+        w->names_cap = cap;
+        for (uint64_t i = 0; i < old_cap; i++) {
+            if (old[i])
+                *names_slot(w, w->tensors[old[i] - 1].name) = old[i];
+        }
+        free(old);
+    }
+    *names_slot(w, w->tensors[idx].name) = (uint32_t)(idx + 1);
+    return 0;
+}
+
 static int tensor_check(const struct gguf_writer *w, const char *name, uint32_t type,
                         uint32_t n_dims, const uint64_t *ne, uint64_t *size)
 {
     size_t len = strlen(name);
+    uint32_t *slot;
     int rc = writer_check_open(w, "tensor", name);
 
     if (rc)
@@ -434,10 +479,9 @@ static int tensor_check(const struct gguf_writer *w, const char *name, uint32_t 
     rc = quant_tensor_bytes(type, n_dims, ne, size);
     if (rc)
         return err_wrap(rc, "%s: tensor '%s': ", w->path, name);
-    for (uint64_t i = 0; i < w->n_tensors; i++) {
-        if (!strcmp(w->tensors[i].name, name))
-            return err_set(-EINVAL, "%s: duplicate tensor name '%s'", w->path, name);
-    }
+    slot = names_slot(w, name);
+    if (slot && *slot)
+        return err_set(-EINVAL, "%s: duplicate tensor name '%s'", w->path, name);
     return 0;
 }
 
@@ -466,6 +510,11 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t typ
         t->ne[d] = d < n_dims ? ne[d] : 1;
     t->type = type;
     t->size = size;
+    rc = names_add(w, w->n_tensors);
+    if (rc) {
+        free(t->name);
+        return rc;
+    }
     return (int)w->n_tensors++;
 }
 
