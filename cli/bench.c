@@ -52,11 +52,12 @@ struct bench_opts {
 
 static void bench_usage(void)
 {
-    printf("usage: strata bench -m FILE [options]\n\n"
+    printf("usage: strata bench [-m FILE] [options]\n\n"
            "Measures prompt processing (pp) and decode (tg) speed and prints decode as a fraction\n"
            "of its floor: bytes read per token / host read bandwidth (all processors reading)\n"
            "measured in the same run.\n\n"
-           "  -m, --model FILE      GGUF model (required)\n"
+           "  -m, --model FILE      GGUF model (default: the shipped default model,\n"
+           "                        " STRATA_DEFAULT_MODEL ")\n"
            "  -p, --n-prompt N      prompt tokens, evaluated in one batch (default 512)\n"
            "  -n, --n-gen N         decode steps (default 128)\n"
            "  -f, --file FILE       prompt text (tokenized, cut to -p tokens; fewer tokens\n"
@@ -192,10 +193,8 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             return rc;
         i++;
     }
-    if (!o->model) {
-        fprintf(stderr, "strata bench: need -m FILE (see --help)\n");
-        return 2;
-    }
+    if (run_opts_model("bench", &o->model))
+        return 1;
     if (o->device_cpu || !o->cuda)
         return run_opts_cuda_only("bench", o->cuda_flag, "cpu");
     return 0;

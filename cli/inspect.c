@@ -8,6 +8,7 @@
 #include "errors.h"
 #include "gguf.h"
 #include "quant.h"
+#include "run_opts.h"
 
 #define INSPECT_TENSORS_SHOWN 20 /* tensors listed without --tensors */
 #define INSPECT_ELEMS_SHOWN 8    /* array elements listed without --kv-full */
@@ -23,10 +24,11 @@ typedef unsigned long long ull; /* for printf of uint64_t */
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: strata inspect FILE [--tensors] [--kv-full]\n\n"
+            "usage: strata inspect [FILE] [--tensors] [--kv-full]\n\n"
             "Validates a GGUF file and prints its header (version, alignment, data offset, file\n"
             "size), all metadata, the tensor table, bytes per tensor type and, for MoE models,\n"
             "the expert bytes per layer (blk.N.ffn_{gate,up,down,gate_up}_exps, *_shexp).\n\n"
+            "FILE defaults to the shipped default model (" STRATA_DEFAULT_MODEL ").\n\n"
             "options:\n"
             "  --tensors   list every tensor (default: the first %d and a count)\n"
             "  --kv-full   print strings and arrays in full (default: strings cut at %d bytes,\n"
@@ -371,10 +373,8 @@ int cmd_inspect(int argc, char **argv)
             path = argv[i];
         }
     }
-    if (!path) {
-        fprintf(stderr, "strata inspect: no FILE given (see --help)\n");
-        return 2;
-    }
+    if (run_opts_model("inspect", &path))
+        return 1;
     rc = gguf_open(path, &f);
     if (rc)
         return cli_fail("inspect");

@@ -37,14 +37,15 @@ struct logits_opts {
 static void logits_usage(FILE *out)
 {
     fprintf(out,
-            "usage: strata logits -m FILE (-p TEXT | --ids 1,2,3) [options]\n\n"
+            "usage: strata logits [-m FILE] (-p TEXT | --ids 1,2,3) [options]\n\n"
             "Evaluates the prompt (special tokens parsed, BOS as the vocabulary says, no chat\n"
             "template) and prints the last position's logits summary; with -o writes them as\n"
             "raw float32. With --greedy N it then feeds back N argmax tokens, printing\n"
             "\"greedy: id id ...\" and appending the logits after each one: OUT holds 1 + N\n"
             "blocks of n_vocab floats.\n\n"
             "options:\n"
-            "  -m, --model FILE       GGUF model (required)\n"
+            "  -m, --model FILE       GGUF model (default: the shipped default model,\n"
+            "                         " STRATA_DEFAULT_MODEL ")\n"
             "  -p, --prompt TEXT      prompt text\n"
             "      --ids LIST         prompt token ids, comma-separated (instead of -p)\n"
             "      --greedy N         greedy tokens to generate after the prompt (default 0)\n"
@@ -382,10 +383,10 @@ int cmd_logits(int argc, char **argv)
     }
     if (optind != argc)
         return logits_usage_error("unexpected argument '%s'", argv[optind]);
-    if (!o.model)
-        return logits_usage_error("-m FILE is required");
     if (!o.prompt == !o.ids)
         return logits_usage_error("give exactly one of -p TEXT and --ids LIST");
+    if (run_opts_model("logits", &o.model))
+        return 1;
     if (run_opts_check(po, "logits"))
         return 2;
     run_opts_config(po, o.model, &cfg);

@@ -37,6 +37,17 @@ const char *run_opts_default_model(void)
     return NULL;
 }
 
+int run_opts_model(const char *cmd, const char **model)
+{
+    if (!*model)
+        *model = run_opts_default_model();
+    if (*model)
+        return 0;
+    fprintf(stderr, "strata %s: no -m FILE given and the default model (%s) is not present\n", cmd,
+            STRATA_DEFAULT_MODEL);
+    return 1;
+}
+
 static void run_opts_usage(const char *cmd)
 {
     struct run_opts d;

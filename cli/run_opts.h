@@ -51,6 +51,10 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd);
 /* The default model path (shipped with strata), or NULL if it is not present. */
 const char *run_opts_default_model(void);
 
+/* *model, or the shipped default model when *model is NULL (-m / FILE not given): 0, or 1
+ * after printing that neither is there. */
+int run_opts_model(const char *cmd, const char **model);
+
 /* What run and chat hold open. */
 struct run_session {
     struct strata *s;

@@ -16,6 +16,7 @@
 #include "model.h"
 #include "moe.h"
 #include "routing_stats.h"
+#include "run_opts.h"
 #include "strata.h"
 #include "strata_internal.h"
 
@@ -39,7 +40,7 @@ struct sr_ctx {
 
 static void sr_usage(void)
 {
-    printf("usage: strata stats-routing -m FILE --prompts FILE [options]\n\n"
+    printf("usage: strata stats-routing [-m FILE] --prompts FILE [options]\n\n"
            "Runs every text of the prompts file (one per line, or with --separator texts of\n"
            "many lines) through the model on the CPU and prints, per layer: the share of\n"
            "expert activations taken by the most popular 10%% and 20%% of experts, how often a\n"
@@ -48,7 +49,8 @@ static void sr_usage(void)
            "the previous layer's MoE input. Then the hit rate strata's expert cache (SLRU)\n"
            "would reach holding 10%%, 25%% and 40%% of the experts, replaying the texts in\n"
            "decode order.\n\n"
-           "  -m, --model FILE      GGUF model (required)\n"
+           "  -m, --model FILE      GGUF model (default: the shipped default model,\n"
+           "                        " STRATA_DEFAULT_MODEL ")\n"
            "      --prompts FILE    texts, one per line (required)\n"
            "      --separator LINE  texts span several lines and end at a line equal to LINE\n"
            "                        (e.g. source files joined with '<|endoftext|>')\n"
@@ -94,10 +96,12 @@ static int sr_parse(int argc, char **argv, struct sr_opts *o)
             return rc;
         i++;
     }
-    if (!o->model || !o->prompts) {
-        fprintf(stderr, "strata stats-routing: need -m FILE and --prompts FILE (see --help)\n");
+    if (!o->prompts) {
+        fprintf(stderr, "strata stats-routing: need --prompts FILE (see --help)\n");
         return 2;
     }
+    if (run_opts_model("stats-routing", &o->model))
+        return 1;
     return 0;
 }
 
