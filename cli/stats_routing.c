@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "cachesim.h"
@@ -57,7 +58,23 @@ static void sr_usage(void)
            "      --max-tokens N    tokens per text at most (default 2048)\n"
            "  -t, --threads N       CPU threads (default: all)\n"
            "      --dat FILE        also write the per-layer figures as columns\n"
-           "      --plot FILE.png   also draw them with gnuplot (needs gnuplot installed)\n");
+           "      --plot FILE.png   also draw them with gnuplot (Debian: gnuplot-nox)\n");
+}
+
+/* Whether an executable gnuplot is in one of PATH's directories (an empty entry is the cwd). */
+static bool sr_have_gnuplot(void)
+{
+    const char *path = getenv("PATH");
+    char file[4096];
+
+    while (path && *path) {
+        size_t len = strcspn(path, ":");
+        int n = snprintf(file, sizeof(file), "%.*s%sgnuplot", (int)len, path, len ? "/" : "");
+        if (n > 0 && (size_t)n < sizeof(file) && access(file, X_OK) == 0)
+            return true;
+        path += len + (path[len] == ':');
+    }
+    return false;
 }
 
 static int sr_parse(int argc, char **argv, struct sr_opts *o)
@@ -98,6 +115,11 @@ static int sr_parse(int argc, char **argv, struct sr_opts *o)
     }
     if (!o->prompts) {
         fprintf(stderr, "strata stats-routing: need --prompts FILE (see --help)\n");
+        return 2;
+    }
+    if (o->plot && !sr_have_gnuplot()) {
+        fprintf(stderr, "strata stats-routing: --plot needs gnuplot, which is not on PATH "
+                        "(Debian/Ubuntu: apt-get install gnuplot-nox, or scripts/deps.sh)\n");
         return 2;
     }
     if (run_opts_model("stats-routing", &o->model))

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs the Debian/Ubuntu packages strata builds against, when any is missing.
+# Installs the Debian/Ubuntu packages strata builds against, and gnuplot-nox (strata
+# stats-routing --plot runs gnuplot), when any is missing.
 # Uses sudo when not root. Does nothing when everything is present.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libhwloc-dev liburing-dev libjemalloc-dev libjson-c-dev
-      libpcre2-dev libxxhash-dev libutf8proc-dev libudev-dev)
+      libpcre2-dev libxxhash-dev libutf8proc-dev libudev-dev gnuplot-nox)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
