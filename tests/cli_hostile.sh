@@ -144,5 +144,73 @@ t 0 "" inspect
 t 2 "unexpected argument '--bogus'" inspect --bogus
 t 0 "" inspect "$model"
 
+# tpath DIR CODE 'stderr piece' ARGS...: t with PATH=DIR (a PATH with or without gnuplot).
+tpath() {
+    local dir=$1 code=$2 pat=$3; shift 3
+    timeout 60 env PATH="$dir" "$strata" "$@" </dev/null >"$tmp/out" 2>"$tmp/err"
+    check "$code" "$pat" $? "$pat" "PATH=$dir strata $*"
+}
+
+# options only the CUDA backend takes, on the CPU backend: refused, naming the option
+needs="needs the CUDA backend (--device cuda); this run uses the CPU"
+cpu=(--device cpu -t 1)
+t 2 "strata run: --graph $needs" run "${cpu[@]}" -p x --graph
+t 2 "strata run: --prefetch $needs" run "${cpu[@]}" -p x --prefetch
+t 2 "strata run: --stats $needs" run "${cpu[@]}" -p x --stats
+t 2 "strata run: --stats-json $needs" run "${cpu[@]}" -p x --stats-json "$tmp/s.json"
+t 2 "strata run: --residency $needs" run "${cpu[@]}" -p x --residency zerocopy
+t 2 "strata run: --streaming $needs" run "${cpu[@]}" -p x --streaming kernel
+t 2 "strata run: --placement $needs" run "${cpu[@]}" -p x --placement static:2
+t 2 "strata chat: --stats $needs" chat "${cpu[@]}" --stats
+t 2 "strata bench: --graph $needs" bench "${cpu[@]}" --graph
+t 2 "strata bench: --prefetch $needs" bench -t 1 --prefetch
+t 2 "strata bench: --placement $needs" bench "${cpu[@]}" --placement stream
+t 2 "strata logits: --streaming $needs" logits "${cpu[@]}" -p x --streaming dma
+t 2 "strata logits: --graph $needs" logits -t 1 -p x --graph
+[ -e "$tmp/s.json" ] && { echo "FAIL: a refused run wrote --stats-json"; fails=$((fails + 1)); }
+# chat takes no prompt: -p/-f are refused, and its --help does not offer them
+t 2 "strata chat: -p: chat takes no prompt" chat "${cpu[@]}" -p hi
+t 2 "strata chat: --file: chat takes no prompt" chat "${cpu[@]}" --file "$tmp/prompt.txt"
+timeout 60 "$strata" chat --help >"$tmp/out" 2>&1
+if grep -qE -- '--prompt|--file' "$tmp/out"; then
+    echo "FAIL: chat --help lists -p/-f"; fails=$((fails + 1))
+fi
+# no GPU here: --device auto means the CPU, so the same options are refused; --device cuda
+# and strata info say that no CUDA device was found (a build with CUDA only)
+info=$(timeout 60 "$strata" info 2>&1)
+if grep -q '^cuda [0-9]' <<<"$info"; then
+    echo "skip: a GPU is present; the no-GPU cases do not apply"
+else
+    t 2 "strata run: --graph $needs (no CUDA device found)" run -t 1 -p x --device auto --graph
+    t 2 "strata chat: --prefetch $needs (no CUDA device found)" chat -t 1 --prefetch
+    t 2 "strata logits: --residency $needs" logits -t 1 -p x --device auto --residency copy
+    if grep -q 'without the CUDA backend' <<<"$info"; then
+        echo "skip: built without CUDA; no driver message to check"
+    else
+        grep -q '^cuda: *none (no CUDA device found' <<<"$info" ||
+            { echo "FAIL: strata info: $info"; fails=$((fails + 1)); }
+        t 1 "no CUDA device found" run -t 1 -p x -n 1 --device cuda
+    fi
+fi
+
+# the shipped default model without -m / FILE
+t 0 "" logits -t 1 --ids 1,2
+t 0 "" bench -t 1 -p 4 -n 1 --bw-gib 0.01
+t 0 "" stats-routing -t 1 --prompts "$tmp/prompt.txt" --max-tokens 16
+for c in bench logits stats-routing inspect; do
+    grep -q "default: the shipped default model\|defaults to the shipped default model" \
+        <(timeout 60 "$strata" "$c" --help) ||
+        { echo "FAIL: $c --help does not name the default model"; fails=$((fails + 1)); }
+done
+
+# stats-routing --plot: gnuplot is looked for on PATH before the run
+mkdir "$tmp/nobin" "$tmp/bin"
+printf '#!/bin/sh\nexit 0\n' >"$tmp/bin/gnuplot"
+chmod +x "$tmp/bin/gnuplot"
+tpath "$tmp/nobin" 2 "--plot needs gnuplot, which is not on PATH (Debian/Ubuntu: apt-get install gnuplot-nox" \
+    stats-routing -t 1 --prompts "$tmp/prompt.txt" --plot "$tmp/p.png"
+tpath "$tmp/bin" 1 "cannot read the prompts" \
+    stats-routing -t 1 --prompts "$tmp/missing.txt" --plot "$tmp/p.png"
+
 echo "$((n - fails)) of $n cases passed"
 [ "$fails" = 0 ]
