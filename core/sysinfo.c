@@ -4,6 +4,7 @@
 #include <liburing.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "errors.h"
 
@@ -71,4 +72,25 @@ int sysinfo_host_get(struct sysinfo_host *out)
             out->jemalloc = NULL;
     }
     return 0;
+}
+
+uint64_t sysinfo_mem_available(void)
+{
+    char line[256];
+    unsigned long long kb;
+    long pages, page;
+    FILE *f = fopen("/proc/meminfo", "r");
+
+    if (f) {
+        while (fgets(line, sizeof(line), f)) {
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                fclose(f);
+                return (uint64_t)kb * 1024;
+            }
+        }
+        fclose(f);
+    }
+    pages = sysconf(_SC_PHYS_PAGES);
+    page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
 }

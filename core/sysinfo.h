@@ -1,5 +1,6 @@
 /* sysinfo: facts about the host that the engine and the CLI report: hwloc topology (packages,
- * physical cores, NUMA nodes), io_uring availability, jemalloc, CUDA devices. */
+ * physical cores, NUMA nodes), io_uring availability, jemalloc, CUDA devices, and the host
+ * memory a size derived from user input is checked against. */
 #ifndef STRATA_SYSINFO_H
 #define STRATA_SYSINFO_H
 
@@ -21,5 +22,10 @@ struct sysinfo_host {
 
 /* Fills *out; 0 or -errno (hwloc topology failure). */
 int sysinfo_host_get(struct sysinfo_host *out);
+
+/* The bytes of host memory a new allocation can have without swapping: MemAvailable of
+ * /proc/meminfo, or, where that line is missing, the physical memory (sysconf's
+ * _SC_PHYS_PAGES * page size). 0 when neither can be read. */
+uint64_t sysinfo_mem_available(void);
 
 #endif

@@ -88,6 +88,8 @@ struct strata_config {
     enum strata_fill fill;
     unsigned flags;          /* enum strata_flags */
     int n_threads;           /* CPU threads; 0 = all cores */
+                             /* (also the CUDA backend's CPU lane; more than the online
+                              * processors are capped to their count) */
     int n_ctx;               /* context of the streams to come, counted against vram_budget;
                               * default 4096 */
     int n_batch;             /* tokens per forward call (prefill chunk); default 512 */
@@ -142,6 +144,8 @@ bool strata_token_is_eog(const struct strata *s, int32_t id);
 /* ---- streams ------------------------------------------------------------------------------ */
 
 /* A stream of n_ctx positions (0 = cfg.n_ctx). 0 or -errno. */
+/* On the CPU device its KV cache and activations are checked against the host memory available
+ * before anything is allocated: -ENOMEM, the sizes in strata_error(), above 90% of it. */
 int strata_stream_open(struct strata *s, int n_ctx, struct strata_stream **out);
 void strata_stream_close(struct strata_stream *st);
 int strata_stream_pos(const struct strata_stream *st);   /* tokens in its KV cache */

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "backend_profile.h"
@@ -24,6 +25,7 @@
 #include "model_arch.h"
 #include "sampler.h"
 #include "stream.h"
+#include "sysinfo.h"
 #include "tokenizer.h"
 #include "topo.h"
 
@@ -137,6 +139,14 @@ static int strata_bind(struct strata *s)
     return 0;
 }
 
+/* n_threads above the online processors is capped to their count (more threads than
+ * processors only contend); 0 (OpenMP's default) stays. */
+static int strata_threads_cap(int n_threads)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 && n_threads > n ? (int)n : n_threads;
+}
+
 int strata_load(const struct strata_config *cfg, struct strata **out)
 {
     struct strata *s;
@@ -151,6 +161,7 @@ int strata_load(const struct strata_config *cfg, struct strata **out)
     }
     s->cfg = *cfg;
     s->cfg.model_path = s->path;
+    s->cfg.n_threads = strata_threads_cap(cfg->n_threads);
     s->bind_node = -1;
     rc = model_open(s->path, &s->model);
     if (rc) {
@@ -212,7 +223,12 @@ static int strata_start_cuda(struct strata *s, bool auto_cuda)
         .log = cfg->log,
     };
     size_t free_b = 0, total_b = 0;
-    int rc = backend_cuda_open(s->model, &cc, &s->core);
+    int rc;
+
+    /* the CPU lane's OpenMP threads (backend_cpu_open does the same for the CPU backend) */
+    if (cfg->n_threads > 0)
+        omp_set_num_threads(cfg->n_threads);
+    rc = backend_cuda_open(s->model, &cc, &s->core);
 
     if (rc == -ENOMEM && auto_cuda && !cc.vram_budget && cuda_mem_info(&free_b, &total_b) == 0) {
         /* the whole model does not fit: keep the trunk resident and cache experts */
@@ -383,6 +399,21 @@ bool strata_token_is_eog(const struct strata *s, int32_t id)
 
 /* ---- streams ------------------------------------------------------------------------------ */
 
+/* The sizes of a stream of n_ctx tokens against the memory it would take, before anything is
+ * allocated: on the CPU, the host memory available now; on CUDA the backend's budget already
+ * counted the stream (backend_cuda_config's n_ctx), or the device allocation fails. */
+static int strata_stream_check(const struct strata *s, int n_ctx)
+{
+    struct stream_size sz;
+    uint64_t avail;
+    int rc = stream_size_get(s->model, n_ctx, s->cfg.n_batch, &sz);
+
+    if (rc || s->cuda)
+        return rc;
+    avail = sysinfo_mem_available();
+    return avail ? stream_size_check_host(&sz, n_ctx, avail) : 0;
+}
+
 int strata_stream_open(struct strata *s, int n_ctx, struct strata_stream **out)
 {
     struct strata_stream *st;
@@ -392,11 +423,15 @@ int strata_stream_open(struct strata *s, int n_ctx, struct strata_stream **out)
         return err_set(-EINVAL, "strata_stream_open: the engine is not started");
     if (n_ctx < 0)
         return err_set(-EINVAL, "strata_stream_open: context %d", n_ctx);
+    n_ctx = n_ctx ? n_ctx : s->cfg.n_ctx;
+    rc = strata_stream_check(s, n_ctx);
+    if (rc)
+        return rc;
     st = calloc(1, sizeof(*st));
     if (!st)
         return err_set(-ENOMEM, "out of memory");
     st->s = s;
-    rc = stream_open(s->backend, n_ctx ? n_ctx : s->cfg.n_ctx, s->cfg.n_batch, &st->st);
+    rc = stream_open(s->backend, n_ctx, s->cfg.n_batch, &st->st);
     if (rc) {
         free(st);
         return rc;

@@ -1,5 +1,6 @@
 #include "stream.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "arch/arch.h"
@@ -8,20 +9,61 @@
 #include "errors.h"
 #include "sampler.h"
 
+int stream_size_get(const struct model *m, int n_ctx, int max_tok, struct stream_size *out)
+{
+    const struct model_hparams *hp = &m->hp;
+    uint64_t kvw, act, kv;
+
+    if (n_ctx <= 0 || max_tok <= 0)
+        return err_set(-EINVAL, "stream: context %d and batch %d must be positive", n_ctx,
+                       max_tok);
+    /* floats: kvw = n_head_kv*head_dim; act = 3 n_embd + 2 n_head*head_dim + 2 kvw per token */
+    kvw = (uint64_t)hp->n_head_kv * hp->head_dim;
+    act = 3 * (uint64_t)hp->n_embd + 2 * (uint64_t)hp->n_head * hp->head_dim + 2 * kvw;
+    if (__builtin_mul_overflow(kvw, (uint64_t)n_ctx, &kv) ||
+        __builtin_mul_overflow(kv, 2 * (uint64_t)hp->n_layer * sizeof(float), &kv) ||
+        __builtin_mul_overflow(act, (uint64_t)max_tok, &act) ||
+        __builtin_add_overflow(act, (uint64_t)hp->n_vocab, &act) ||
+        __builtin_mul_overflow(act, sizeof(float), &act) || kv > SIZE_MAX || act > SIZE_MAX)
+        return err_set(-EOVERFLOW,
+                       "stream: the KV cache of %d positions or the activations of %d tokens "
+                       "overflow 64 bits (%u layers, %u KV heads of %u)",
+                       n_ctx, max_tok, hp->n_layer, hp->n_head_kv, hp->head_dim);
+    out->kv_bytes = kv;
+    out->arena_bytes = act;
+    return 0;
+}
+
+int stream_size_check_host(const struct stream_size *sz, int n_ctx, uint64_t avail)
+{
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    uint64_t need = sz->kv_bytes + sz->arena_bytes; /* each < SIZE_MAX: no overflow */
+
+    if (need <= avail / 10 * 9)
+        return 0;
+    return err_set(-ENOMEM,
+                   "a stream of %d positions needs %.1f GiB (KV cache %.1f GiB + activations "
+                   "%.1f GiB) but %.1f GiB are available (a stream may take 90%%): use a "
+                   "smaller context",
+                   n_ctx, need / gib, sz->kv_bytes / gib, sz->arena_bytes / gib, avail / gib);
+}
+
 int stream_open(struct backend *b, int n_ctx, int max_tok, struct stream **out)
 {
     const struct model_hparams *hp = &b->model->hp;
     struct stream *s;
+    struct stream_size sz;
     size_t qw = (size_t)hp->n_head * hp->head_dim, kvw = (size_t)hp->n_head_kv * hp->head_dim;
-    size_t e = hp->n_embd, t = (size_t)max_tok, total;
+    size_t e = hp->n_embd, t = (size_t)max_tok;
+    int rc;
 
     const struct arch *arch = arch_find(b->model->arch->name);
     if (!arch)
         return err_set(-ENOTSUP, "stream: no forward for architecture '%s'",
                        b->model->arch->name);
-    if (n_ctx <= 0 || max_tok <= 0)
-        return err_set(-EINVAL, "stream: context %d and batch %d must be positive", n_ctx,
-                       max_tok);
+    rc = stream_size_get(b->model, n_ctx, max_tok, &sz);
+    if (rc)
+        return rc;
     s = calloc(1, sizeof(*s));
     if (!s)
         return err_set(-ENOMEM, "out of memory");
@@ -33,8 +75,7 @@ int stream_open(struct backend *b, int n_ctx, int max_tok, struct stream **out)
     s->kv_layer_floats = (size_t)n_ctx * kvw;
     s->k_cache = b->ops->alloc(b, s->kv_layer_floats * hp->n_layer);
     s->v_cache = b->ops->alloc(b, s->kv_layer_floats * hp->n_layer);
-    total = t * e * 3 + t * qw * 2 + t * kvw * 2 + hp->n_vocab;
-    s->arena = b->ops->alloc(b, total);
+    s->arena = b->ops->alloc(b, sz.arena_bytes / sizeof(float));
     if (!s->k_cache || !s->v_cache || !s->arena) {
         stream_close(s);
         return err_wrap(-ENOMEM, "stream of %d tokens: ", n_ctx);

@@ -32,7 +32,25 @@ struct stream {
                          * read_argmax; allocated on first use, owned */
 };
 
-/* Allocates a stream of n_ctx tokens on backend b; 0 or -errno. */
+/* The backend memory a stream needs, in bytes. */
+struct stream_size {
+    uint64_t kv_bytes;    /* the K and V caches: 2 * n_layer * n_ctx * n_head_kv*head_dim floats */
+    uint64_t arena_bytes; /* the activations: max_tok * (3 n_embd + 2 n_head*head_dim +
+                           * 2 n_head_kv*head_dim) + n_vocab floats */
+};
+
+/* Fills *out for a stream of n_ctx tokens, max_tok per forward call, on model m. 0, -EINVAL
+ * (n_ctx or max_tok not positive) or -EOVERFLOW (a product does not fit 64 bits); the message
+ * says which. */
+int stream_size_get(const struct model *m, int n_ctx, int max_tok, struct stream_size *out);
+
+/* Checks that a stream of *sz (n_ctx tokens) fits in host memory of which avail bytes are
+ * available, keeping a margin: at most 90% of avail. 0, or -ENOMEM with the stream's sizes and
+ * avail in the message. Allocates nothing. */
+int stream_size_check_host(const struct stream_size *sz, int n_ctx, uint64_t avail);
+
+/* Allocates a stream of n_ctx tokens on backend b; 0 or -errno. The caller checks the sizes
+ * against the memory it has first (stream_size_check_host for host memory). */
 int stream_open(struct backend *b, int n_ctx, int max_tok, struct stream **out);
 void stream_close(struct stream *s);
 
