@@ -1,20 +1,54 @@
 /* strata run: generate from a prompt, streaming text to stdout, then one line of speeds. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "chat.h"
+#include "clock.h"
 #include "cli.h"
 #include "run_opts.h"
 #include "strata.h"
+
+/* Ctrl-C (SIGINT) sets this; prefill stops after its current chunk, generation after its
+ * current token, and run exits 130 after saying so. */
+static volatile sig_atomic_t run_interrupted;
+
+static void run_on_sigint(int sig)
+{
+    (void)sig;
+    run_interrupted = 1;
+}
 
 static int run_emit(void *ctx, const char *text, size_t len)
 {
     (void)ctx;
     fwrite(text, 1, len, stdout);
     fflush(stdout);
-    return 0;
+    return run_interrupted;
+}
+
+/* Prefill progress on stderr once it has taken 2 s: tokens done and tok/s, on one line
+ * rewritten in place on a terminal, every 10% otherwise. */
+struct run_progress {
+    double t0;
+    int shown; /* last tenth printed, -1 none */
+    bool tty;
+};
+
+static int run_on_progress(void *ctx, int done, int total)
+{
+    struct run_progress *p = ctx;
+    double dt = clock_now_s() - p->t0;
+    int tenth = (int)(10LL * done / total);
+    if (dt >= 2.0 && (p->tty || tenth > p->shown)) {
+        fprintf(stderr, "%sstrata: prompt %d / %d tokens, %.1f tok/s%s", p->tty ? "\r" : "",
+                done, total, done / dt, p->tty && done < total ? "" : "\n");
+        p->shown = tenth;
+    }
+    return run_interrupted;
 }
 
 /* The whole prompt text, -f then -p, into *text (malloc'd): 0, or the exit code after the
@@ -101,12 +135,25 @@ int cmd_run(int argc, char **argv)
         rc = 2;
     }
     if (!rc) {
+        struct run_progress prog = {.t0 = clock_now_s(), .shown = -1,
+                                    .tty = isatty(STDERR_FILENO)};
+        struct sigaction sa = {.sa_handler = run_on_sigint}, old_int;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, &old_int);
+        strata_stream_set_progress(s.stream, run_on_progress, &prog);
         fputs(rendered ? rendered : text, stdout);
         rc = strata_generate(s.stream, ids, n, &o.gen, run_emit, NULL, NULL, &st);
-        if (rc)
+        sigaction(SIGINT, &old_int, NULL);
+        if (run_interrupted) {
+            fflush(stdout);
+            fprintf(stderr, "\nstrata run: interrupted (Ctrl-C) after %d tokens in the context\n",
+                    strata_stream_pos(s.stream));
+            rc = 130;
+        } else if (rc) {
             rc = cli_fail("generation");
-        else
+        } else {
             run_print_stats(&st);
+        }
     }
     free(ids);
     free(text);

@@ -132,6 +132,9 @@ static void run_opts_usage(const char *cmd)
            d.gen.sampling.top_p, d.gen.sampling.min_p, d.gen.sampling.repeat_penalty,
            d.gen.sampling.repeat_last_n, (unsigned long long)d.gen.sampling.seed,
            STRATA_MAX_STOP);
+    if (!strcmp(cmd, "run"))
+        printf("\nA prompt that takes over 2 s to evaluate shows its progress on stderr; Ctrl-C\n"
+               "stops the prompt or the generation after the current step (exit 130).\n");
 }
 
 static bool opt_is(const char *arg, const char *a, const char *b)

@@ -153,6 +153,13 @@ int strata_stream_n_ctx(const struct strata_stream *st); /* positions it holds a
 /* Forgets positions pos.. (pos <= the current position). */
 void strata_stream_truncate(struct strata_stream *st, int pos);
 
+/* Called after each chunk (n_batch tokens) of an evaluation longer than one chunk, such as a
+ * long prompt's prefill, with the tokens done and the total; nonzero stops the evaluation,
+ * which then returns -EINTR (the tokens done stay in the stream: strata_stream_pos). */
+typedef int (*strata_progress_fn)(void *ctx, int done, int total);
+/* Sets the stream's progress callback (NULL: none). */
+void strata_stream_set_progress(struct strata_stream *st, strata_progress_fn fn, void *ctx);
+
 /* Evaluates n ids after what the stream holds; logits (n_vocab floats, may be NULL) receives
  * the last position's. -ENOSPC when the context would overflow. */
 int strata_eval(struct strata_stream *st, const int32_t *ids, int n, float *logits);

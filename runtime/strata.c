@@ -463,6 +463,12 @@ void strata_stream_truncate(struct strata_stream *st, int pos)
     stream_truncate(st->st, pos < 0 ? 0 : pos);
 }
 
+void strata_stream_set_progress(struct strata_stream *st, strata_progress_fn fn, void *ctx)
+{
+    st->st->progress = fn;
+    st->st->progress_ctx = ctx;
+}
+
 /* -EINVAL (message) when n is negative or an id lies outside the vocabulary. */
 static int strata_check_ids(const struct strata_stream *st, const int32_t *ids, int n)
 {

@@ -127,6 +127,8 @@ int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host)
         if (rc)
             return rc;
         s->pos += chunk;
+        if (s->progress && n > s->max_tok && s->progress(s->progress_ctx, i + chunk, n))
+            return err_set(-EINTR, "stopped after %d of %d tokens", i + chunk, n);
     }
     if (logits_host)
         return s->b->ops->read(s->b, logits_host, s->logits, s->m->hp.n_vocab);

@@ -8,6 +8,10 @@
 
 struct arch;
 struct backend;
+
+/* Called by stream_eval after each chunk of an evaluation longer than one chunk (prefill) with
+ * the tokens done and the total; nonzero stops the evaluation. */
+typedef int (*stream_progress_fn)(void *ctx, int done, int total);
 struct model;
 
 struct stream {
@@ -28,6 +32,8 @@ struct stream {
     float *att;    /* (max_tok, n_head*head_dim) */
     float *proj;   /* (max_tok, n_embd) attention output / moe output */
     float *logits; /* (n_vocab) of the last position */
+    stream_progress_fn progress; /* NULL: none */
+    void *progress_ctx;
     float *logits_host; /* (n_vocab) host copy for stream_eval_argmax on backends without
                          * read_argmax; allocated on first use, owned */
 };
@@ -56,7 +62,8 @@ void stream_close(struct stream *s);
 
 /* Evaluates n ids from the current position (in chunks of max_tok), appends them to the KV
  * cache and copies the last position's logits (n_vocab floats) to logits_host if non-NULL.
- * -ENOSPC (message says so) when the cache would overflow. */
+ * -ENOSPC (message says so) when the cache would overflow; -EINTR when the progress callback
+ * stopped it (the chunks done stay in the cache: s->pos counts them). */
 int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host);
 
 /* stream_eval, then *next = the argmax of the last position's logits (ties to the lowest id,

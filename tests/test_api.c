@@ -392,6 +392,60 @@ static void check_errors(const char *path)
     strata_close(s);
 }
 
+/* Progress of a prefill longer than one chunk (n_batch 32): the callback sees every chunk's
+ * end and can stop the evaluation; stopping keeps the chunks done. */
+struct progress_log {
+    int calls, done[8], total, stop_at;
+};
+
+static int on_progress(void *ctx, int done, int total)
+{
+    struct progress_log *p = ctx;
+    if (p->calls < 8)
+        p->done[p->calls] = done;
+    p->calls++;
+    p->total = total;
+    return p->stop_at && done >= p->stop_at;
+}
+
+static void check_progress(struct strata *s)
+{
+    int nv = (int)strata_model_of(s)->hp.n_vocab;
+    int32_t ids[80];
+    float *la = test_xmalloc(sizeof(float) * (size_t)nv);
+    float *lb = test_xmalloc(sizeof(float) * (size_t)nv);
+    struct strata_stream *a = NULL, *b = NULL;
+    struct progress_log stop = {.stop_at = 64}, all = {0};
+
+    for (int i = 0; i < 80; i++)
+        ids[i] = (int32_t)((i * 37 + 11) % nv);
+    if (strata_stream_open(s, 128, &a) || strata_stream_open(s, 128, &b)) {
+        CHECK(0, "stream: %s", strata_error());
+        goto out;
+    }
+    strata_stream_set_progress(a, on_progress, &stop);
+    CHECK(strata_eval(a, ids, 80, la) == -EINTR, "a stopped prefill returns -EINTR");
+    CHECK(stop.calls == 2 && stop.done[0] == 32 && stop.done[1] == 64 && stop.total == 80,
+          "progress calls %d (%d, %d of %d)", stop.calls, stop.done[0], stop.done[1], stop.total);
+    CHECK(strata_stream_pos(a) == 64, "the chunks done stay: pos %d", strata_stream_pos(a));
+    strata_stream_truncate(a, 0);
+    strata_stream_set_progress(a, on_progress, &all);
+    test_poison_f32(la, (size_t)nv);
+    test_poison_f32(lb, (size_t)nv);
+    CHECK(strata_eval(a, ids, 80, la) == 0, "prefill with progress: %s", strata_error());
+    CHECK(all.calls == 3 && all.done[2] == 80, "progress calls %d, last %d", all.calls,
+          all.done[2]);
+    CHECK(strata_eval(b, ids, 80, lb) == 0, "prefill: %s", strata_error());
+    CHECK(!memcmp(la, lb, sizeof(float) * (size_t)nv), "progress changed the logits");
+    all.calls = 0;
+    CHECK(strata_eval(a, ids, 1, la) == 0 && all.calls == 0, "one chunk: no progress call");
+out:
+    strata_stream_close(a);
+    strata_stream_close(b);
+    free(la);
+    free(lb);
+}
+
 int main(void)
 {
     char path[512];
@@ -421,6 +475,7 @@ int main(void)
         check_generate(s, ids, n);
         check_route_observer(path, ids, n);
     }
+    check_progress(s);
     strata_close(s);
     check_errors(path);
     unlink(path);
