@@ -112,7 +112,9 @@ static void run_opts_usage(const char *cmd)
         printf("prompt:\n"
                "  -p, --prompt TEXT       prompt text\n"
                "  -f, --file FILE         read the prompt from FILE (a file or a pipe; - is\n"
-               "                          stdin); prompts are UTF-8 text; a NUL byte is refused\n"
+               "                          stdin); prompts are UTF-8 text; a NUL byte is refused,\n"
+               "                          other invalid UTF-8 is kept as bytes (the byte-level\n"
+               "                          tokenizer encodes any byte)\n"
                "      --chat              wrap the prompt in the model's chat template (ChatML)\n"
                "      --system TEXT       system message for --chat and strata chat\n"
                "      --no-think          Qwen3: pre-fill an empty <think></think> block\n");

@@ -14,6 +14,7 @@ trap 'rm -rf "$tmp"' EXIT
 printf 'def f(x):' >"$tmp/prompt.txt"
 : >"$tmp/empty.txt"
 printf 'ab\0cd' >"$tmp/nul.txt"
+printf 'def f(x):\xff\xfe return' >"$tmp/badutf8.txt"
 printf '\n\n' >"$tmp/blank.txt"
 mkdir "$tmp/dir"
 head -c 20000 /dev/zero | tr '\0' 'a' >"$tmp/longline.txt"
@@ -81,6 +82,7 @@ t 2 "-s wants an integer" chat -s abc
 t 2 "-f $tmp/dir: is a directory" "${run[@]}" -f "$tmp/dir"
 t 2 "-f $tmp/empty.txt: the file is empty" "${run[@]}" -f "$tmp/empty.txt"
 t 2 "-f $tmp/nul.txt: a NUL byte at byte offset 2" "${run[@]}" -f "$tmp/nul.txt"
+t 0 "generation: 1 tokens" "${run[@]}" -f "$tmp/badutf8.txt" # invalid UTF-8: kept as bytes
 t 1 "-f $tmp/missing.txt: No such file" "${run[@]}" -f "$tmp/missing.txt"
 tin "$tmp/prompt.txt" 0 "generation: 1 tokens" "${run[@]}" -f /dev/stdin
 tin "$tmp/prompt.txt" 0 "generation: 1 tokens" "${run[@]}" -f -
