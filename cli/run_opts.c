@@ -184,6 +184,10 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
         if (IS("-h", "--help")) {
             run_opts_usage(cmd);
             return 1;
+        } else if (IS("--chat", NULL) && !strcmp(cmd, "chat")) {
+            fprintf(stderr, "strata chat: --chat is an option of strata run; chat always "
+                            "renders its messages with the model's chat template\n");
+            return 2;
         } else if (IS("--chat", NULL)) {
             o->chat_template = true, used = 0;
         } else if (IS("--no-think", NULL)) {

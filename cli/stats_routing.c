@@ -20,6 +20,7 @@
 #include "run_opts.h"
 #include "strata.h"
 #include "strata_internal.h"
+#include "texts.h"
 
 struct sr_opts {
     const char *model, *prompts, *plot, *dat;
@@ -52,29 +53,13 @@ static void sr_usage(void)
            "decode order.\n\n"
            "  -m, --model FILE      GGUF model (default: the shipped default model,\n"
            "                        " STRATA_DEFAULT_MODEL ")\n"
-           "      --prompts FILE    texts, one per line (required)\n"
+           "      --prompts FILE    texts, one per line; - reads standard input (required)\n"
            "      --separator LINE  texts span several lines and end at a line equal to LINE\n"
            "                        (e.g. source files joined with '<|endoftext|>')\n"
            "      --max-tokens N    tokens per text at most (default 2048)\n"
            "  -t, --threads N       CPU threads (default: all)\n"
            "      --dat FILE        also write the per-layer figures as columns\n"
            "      --plot FILE.png   also draw them with gnuplot (Debian: gnuplot-nox)\n");
-}
-
-/* Whether an executable gnuplot is in one of PATH's directories (an empty entry is the cwd). */
-static bool sr_have_gnuplot(void)
-{
-    const char *path = getenv("PATH");
-    char file[4096];
-
-    while (path && *path) {
-        size_t len = strcspn(path, ":");
-        int n = snprintf(file, sizeof(file), "%.*s%sgnuplot", (int)len, path, len ? "/" : "");
-        if (n > 0 && (size_t)n < sizeof(file) && access(file, X_OK) == 0)
-            return true;
-        path += len + (path[len] == ':');
-    }
-    return false;
 }
 
 static int sr_parse(int argc, char **argv, struct sr_opts *o)
@@ -117,7 +102,7 @@ static int sr_parse(int argc, char **argv, struct sr_opts *o)
         fprintf(stderr, "strata stats-routing: need --prompts FILE (see --help)\n");
         return 2;
     }
-    if (o->plot && !sr_have_gnuplot()) {
+    if (o->plot && !texts_have_gnuplot()) {
         fprintf(stderr, "strata stats-routing: --plot needs gnuplot, which is not on PATH "
                         "(Debian/Ubuntu: apt-get install gnuplot-nox, or scripts/deps.sh)\n");
         return 2;
@@ -160,67 +145,20 @@ static void sr_observe(void *arg, const struct strata_route_event *ev)
     }
 }
 
-/* The next text of f into *text (malloc'd, grown as needed): a line without its newline, or
- * with a separator every line up to the next separator line. Its length, or -1 at the end. */
-static long sr_next_text(FILE *f, const char *sep, char **text, size_t *cap)
-{
-    char *line = NULL;
-    size_t lcap = 0, len = 0;
-    ssize_t n;
-    bool any = false;
-
-    while ((n = getline(&line, &lcap, f)) > 0) {
-        any = true;
-        size_t body = strcspn(line, "\r\n");
-        if (!sep) {
-            n = (ssize_t)body;
-        } else if (body == strlen(sep) && !strncmp(line, sep, body)) {
-            break;
-        }
-        if (len + (size_t)n + 1 > *cap) {
-            size_t c = 2 * (len + (size_t)n + 1);
-            char *t = realloc(*text, c);
-            if (!t) {
-                free(line);
-                return -1;
-            }
-            *text = t;
-            *cap = c;
-        }
-        memcpy(*text + len, line, (size_t)n);
-        len += (size_t)n;
-        if (!sep)
-            break;
-    }
-    free(line);
-    if (!any)
-        return -1;
-    if (*text)
-        (*text)[len] = 0;
-    return (long)len;
-}
-
 /* Evaluates every text of the prompts file on a fresh stream. */
-static int sr_run(const struct sr_opts *o, struct strata *st, struct sr_ctx *ctx, int *n_texts,
-                  long *n_tokens)
+static int sr_run(const struct sr_opts *o, struct strata *st, struct sr_ctx *ctx, struct texts *tx,
+                  int *n_texts, long *n_tokens)
 {
     const struct model *m = ctx->m;
     struct strata_stream *s = NULL;
-    FILE *f = fopen(o->prompts, "r");
-    char *line = NULL;
-    size_t cap = 0;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)o->max_tokens);
     int rc = 0;
 
-    if (!f) {
-        free(ids);
-        return err_set(-errno, "%s: cannot read the prompts", o->prompts);
-    }
     if (!ids || strata_start(st) || strata_stream_open(st, o->max_tokens, &s))
         rc = err_wrap(-ENOMEM, "starting the engine: ");
-    long got;
-    while (!rc && (got = sr_next_text(f, o->separator, &line, &cap)) >= 0) {
-        size_t len = (size_t)got;
+    size_t len;
+    const char *line;
+    while (!rc && (line = texts_next(tx, &len))) {
         if (len == 0)
             continue;
         int n = strata_tokenize(st, line, len, 0, ids, o->max_tokens);
@@ -240,8 +178,6 @@ static int sr_run(const struct sr_opts *o, struct strata *st, struct sr_ctx *ctx
         (*n_texts)++;
         *n_tokens += n;
     }
-    free(line);
-    fclose(f);
     free(ids);
     strata_stream_close(s);
     return rc;
@@ -286,19 +222,6 @@ static int sr_check_memory(const struct sr_opts *o, const struct model_hparams *
     return 2;
 }
 
-/* --prompts must be something to read texts from: not a directory. 0, or 2 after the
- * message. */
-static int sr_check_prompts(const char *path)
-{
-    struct stat sb;
-
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        fprintf(stderr, "strata stats-routing: --prompts %s: is a directory\n", path);
-        return 2;
-    }
-    return 0;
-}
-
 int cmd_stats_routing(int argc, char **argv)
 {
     struct sr_opts o;
@@ -312,23 +235,28 @@ int cmd_stats_routing(int argc, char **argv)
 
     if (rc)
         return rc == 1 ? 0 : rc;
-    if ((rc = sr_check_prompts(o.prompts)))
+    struct texts tx;
+    if ((rc = texts_open("stats-routing", "--prompts", o.prompts, o.separator, &tx)))
         return rc;
     strata_config_init(&cfg);
     cfg.model_path = o.model;
     cfg.n_threads = o.n_threads > 0 ? o.n_threads : 0; /* -t 0 or less: OpenMP's default */
     cfg.route_observer = sr_observe;
     cfg.route_ctx = &ctx;
-    if (strata_load(&cfg, &st))
+    if (strata_load(&cfg, &st)) {
+        texts_close(&tx);
         return cli_open_fail();
+    }
     m = strata_model_of(st);
     if (!m->tok) {
         strata_close(st);
+        texts_close(&tx);
         fprintf(stderr, "strata stats-routing: %s has no tokenizer\n", o.model);
         return 1;
     }
     if ((rc = sr_check_memory(&o, &m->hp))) {
         strata_close(st);
+        texts_close(&tx);
         return rc;
     }
     ctx.m = m;
@@ -346,7 +274,7 @@ int cmd_stats_routing(int argc, char **argv)
                             &ctx.rs);
     if (!rc && (!ctx.logits || !ctx.pw || !ctx.pred || !ctx.trace || !ctx.sim))
         rc = err_set(-ENOMEM, "out of memory");
-    rc = rc ? rc : sr_run(&o, st, &ctx, &n_texts, &n_tokens);
+    rc = rc ? rc : sr_run(&o, st, &ctx, &tx, &n_texts, &n_tokens);
     if (rc) {
         rc = cli_fail("stats-routing");
         goto out;
@@ -376,6 +304,7 @@ int cmd_stats_routing(int argc, char **argv)
             rc = sr_plot(&o, dat);
     }
 out:
+    texts_close(&tx);
     routing_stats_close(ctx.rs);
     free(ctx.logits);
     free(ctx.pw);

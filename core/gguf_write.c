@@ -205,6 +205,7 @@ int gguf_writer_open(const char *path, uint32_t alignment, struct gguf_writer **
         writer_free(w);
         return rc;
     }
+    outfile_sweep_stale(path);
     w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (w->fd < 0) {
         rc = err_set(-errno, "cannot create %s: %s", w->tmp_path, strerror(errno));

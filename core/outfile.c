@@ -3,6 +3,7 @@
 #include "outfile.h"
 
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
@@ -124,6 +125,48 @@ int outfile_check_target(const char *path)
                    outfile_kind(st.st_mode));
 }
 
+int outfile_sweep_stale(const char *path)
+{
+    char *dcopy = strdup(path), *bcopy = strdup(path);
+    int removed = 0;
+    DIR *d = NULL;
+
+    if (dcopy && bcopy)
+        d = opendir(dirname(dcopy));
+    if (!d)
+        goto out;
+    const char *base = basename(bcopy);
+    size_t blen = strlen(base);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *n = de->d_name;
+        if (strncmp(n, base, blen) || strncmp(n + blen, ".tmp.", 5))
+            continue;
+        char *end;
+        errno = 0;
+        long pid = strtol(n + blen + 5, &end, 10);
+        if (errno || *end || end == n + blen + 5 || pid <= 0 || pid > INT_MAX ||
+            pid == (long)getpid())
+            continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue; /* alive, or not ours to judge */
+        char *full = NULL;
+        if (asprintf(&full, "%s/%s", dirname(strcpy(dcopy, path)), n) < 0)
+            continue;
+        if (unlink(full) == 0) {
+            fprintf(stderr, "strata: removed %s, left behind by process %ld that no longer runs\n",
+                    full, pid);
+            removed++;
+        }
+        free(full);
+    }
+    closedir(d);
+out:
+    free(dcopy);
+    free(bcopy);
+    return removed;
+}
+
 static void outfile_release(struct outfile *of)
 {
     outfile_unregister(of->slot);
@@ -142,6 +185,7 @@ int outfile_open(const char *path, struct outfile *of)
     rc = outfile_check_target(path);
     if (rc)
         return rc;
+    outfile_sweep_stale(path);
     of->path = strdup(path);
     if (!of->path || asprintf(&of->tmp_path, "%s.tmp.%d", path, (int)getpid()) < 0) {
         of->tmp_path = NULL;

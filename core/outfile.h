@@ -27,6 +27,12 @@ struct outfile {
     int slot;       /* registry slot of tmp_path, -1 none */
 };
 
+/* Removes temp files PATH.tmp.<pid> left beside PATH by a process that no longer exists (one
+ * killed by SIGKILL or a power cut cannot clean up after itself); a temp file of a live process
+ * is left alone. Each removal is reported on stderr. Best effort; the number removed. Called by
+ * outfile_open and by gguf_writer before they create their own temp file. */
+int outfile_sweep_stale(const char *path);
+
 /* Checks that PATH may be replaced: 0 if it does not exist or is a regular file (symlinks
  * followed); -EISDIR for a directory, -EINVAL for a FIFO, device or socket, -errno when stat
  * fails otherwise; the message names the path and what it is. */

@@ -101,6 +101,7 @@ grep -q "a NUL byte is refused" <(timeout 60 "$strata" run --help) ||
 # strata chat: a piped transcript has no '> ' prompts; a line longer than any buffer is read
 # whole (and refused by the context, the session going on)
 tin "$tmp/chat.txt" 0 "" chat --device cpu -t 1 -n 2 --temp 0
+t 2 "--chat is an option of strata run" chat --device cpu -t 1 --chat
 if grep -q '^> ' "$tmp/out"; then echo "FAIL: chat printed '> ' to a pipe"; fails=$((fails + 1)); fi
 tin "$tmp/chatnul.txt" 0 "a NUL byte at byte offset 1 of this message" chat --device cpu -t 1
 tin "$tmp/longline.txt" 0 "does not fit in the context" chat --device cpu -t 1 -c 64
@@ -211,8 +212,10 @@ printf '#!/bin/sh\nexit 0\n' >"$tmp/bin/gnuplot"
 chmod +x "$tmp/bin/gnuplot"
 tpath "$tmp/nobin" 2 "--plot needs gnuplot, which is not on PATH (Debian/Ubuntu: apt-get install gnuplot-nox" \
     stats-routing -t 1 --prompts "$tmp/prompt.txt" --plot "$tmp/p.png"
-tpath "$tmp/bin" 1 "cannot read the prompts" \
+tpath "$tmp/bin" 2 "--prompts $tmp/missing.txt: No such file or directory" \
     stats-routing -t 1 --prompts "$tmp/missing.txt" --plot "$tmp/p.png"
+# texts from standard input
+tin "$tmp/prompt.txt" 0 "" stats-routing -t 1 --prompts - --max-tokens 16
 
 echo "$((n - fails)) of $n cases passed"
 [ "$fails" = 0 ]

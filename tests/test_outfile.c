@@ -1,7 +1,8 @@
 /* test_outfile: output files go through a temp file and a rename: writing over a regular file
  * replaces its content and leaves no temp file; a directory or FIFO target is refused and left
  * as it was (by outfile_open and by gguf_writer); abort leaves nothing; a process killed by
- * SIGTERM while a temp file is pending (outfile or gguf_writer) leaves no temp file behind. */
+ * SIGTERM while a temp file is pending (outfile or gguf_writer) leaves no temp file behind; one
+ * killed by SIGKILL leaves it until the next writer of that path removes it. */
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
@@ -182,7 +183,7 @@ static int make_fifo(const char *path)
 
 /* A child holds a pending temp file (outfile, or gguf_writer when gguf is set) and waits to be
  * killed by SIGTERM; no temp file must remain and the child must die of SIGTERM. */
-static void check_signal(bool gguf)
+static void check_signal(bool gguf, int sig)
 {
     char path[256];
     int pipefd[2], status = 0;
@@ -212,12 +213,35 @@ static void check_signal(bool gguf)
     CHECK(read(pipefd[0], &c, 1) == 1, "the child did not get ready");
     close(pipefd[0]);
     CHECK(count_temps() == 1, "the child's temp file is not there");
-    kill(pid, SIGTERM);
+    kill(pid, sig);
     CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
-    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM,
-          "the child did not die of SIGTERM (status %#x)", status);
-    CHECK(count_temps() == 0, "%s: the temp file survived SIGTERM", gguf ? "gguf" : "outfile");
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == sig,
+          "the child did not die of signal %d (status %#x)", sig, status);
     CHECK(access(path, F_OK) < 0, "the target appeared");
+    if (sig != SIGKILL) {
+        CHECK(count_temps() == 0, "%s: the temp file survived signal %d", gguf ? "gguf" : "outfile",
+              sig);
+        return;
+    }
+    /* SIGKILL cannot be caught: the temp file stays until the next writer of the same path
+     * sweeps it (its process is gone); a temp file of a live process is kept */
+    CHECK(count_temps() == 1, "the temp file of a SIGKILLed writer is not there");
+    char live[300];
+    snprintf(live, sizeof(live), "%s.tmp.1", path); /* pid 1 runs as long as we do */
+    write_file(live, "x");
+    if (gguf) {
+        struct gguf_writer *w;
+        CHECK(gguf_writer_open(path, 0, &w) == 0, "gguf_writer_open: %s", err_msg());
+        gguf_writer_abort(w);
+    } else {
+        struct outfile of;
+        CHECK(outfile_open(path, &of) == 0, "outfile_open: %s", err_msg());
+        outfile_abort(&of);
+    }
+    CHECK(count_temps() == 1 && access(live, F_OK) == 0,
+          "%s: after a new open, %d temp files (want only the live process's)",
+          gguf ? "gguf" : "outfile", count_temps());
+    unlink(live);
 }
 
 /* A handler installed before is left in place. */
@@ -275,8 +299,10 @@ int main(void)
               err_msg());
     }
     check_registry();
-    check_signal(false);
-    check_signal(true);
+    check_signal(false, SIGTERM);
+    check_signal(true, SIGTERM);
+    check_signal(false, SIGKILL);
+    check_signal(true, SIGKILL);
     check_keeps_handler();
     CHECK(rmdir(tmpdir) == 0, "%s is not empty at the end", tmpdir);
     return test_finish("test_outfile");
