@@ -13,6 +13,7 @@ int cmd_bench(int argc, char **argv);         /* cli/bench.c */
 int cmd_stats_routing(int argc, char **argv); /* cli/stats_routing.c */
 int cmd_convert(int argc, char **argv);       /* cli/convert.c */
 int cmd_logits(int argc, char **argv);        /* cli/logits.c */
+int cmd_profile(int argc, char **argv);       /* cli/profile.c */
 
 /* Prints "strata: <what>: <err_msg()>" to stderr and returns 1. */
 int cli_fail(const char *what);

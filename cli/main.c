@@ -23,6 +23,7 @@ static const struct command commands[] = {
     {"bench", cmd_bench, "prompt and decode speed against the floor of measured bandwidth"},
     {"stats-routing", cmd_stats_routing,
      "expert popularity, reuse distance and next-layer prediction recall over texts"},
+    {"profile", cmd_profile, "record a workload's experts (warmup) and show a residency profile"},
     {"info", cmd_info, "print this machine's CPU features, topology and libraries"},
     {"bench-kernels", cmd_bench_kernels,
      "CPU matvec per quant type against the measured host read bandwidth"},

@@ -97,6 +97,13 @@ static void run_opts_usage(const char *cmd)
            "                          picks from layer l's input while layer l computes (off\n"
            "                          by default: it speeds prefill up and slows decode\n"
            "                          down a little, bench/residency.md)\n"
+           "      --profile FILE      restore a residency profile (strata profile warmup) into\n"
+           "                          the expert cache before the first token, then check it\n"
+           "                          with its probe (needs --vram-budget)\n"
+           "      --profile-freeze    keep the profile's experts in their slots for good\n"
+           "                          (without it they only seed the cache)\n"
+           "      --profile-optional  a profile that does not fit this model or run is\n"
+           "                          reported and the cache starts cold\n"
            "      --stats             print the expert cache's per-layer table at exit\n"
            "      --stats-json FILE   write that table as JSON\n"
            "      --bind              bind the CPU threads one per physical core (hwloc), on\n"
@@ -150,7 +157,7 @@ bool run_opts_is_cuda_only(const char *arg)
 {
     static const char *const cuda_only[] = {"--graph",      "--prefetch",  "--stats",
                                             "--stats-json", "--residency", "--streaming",
-                                            "--placement"};
+                                            "--placement",  "--profile",   "--profile-freeze"};
     for (size_t i = 0; i < sizeof(cuda_only) / sizeof(cuda_only[0]); i++)
         if (!strcmp(arg, cuda_only[i]))
             return true;
@@ -208,6 +215,10 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->prefetch = true, used = 0;
         } else if (IS("--graph", NULL)) {
             o->graph = true, used = 0;
+        } else if (IS("--profile-freeze", NULL)) {
+            o->profile_freeze = true, used = 0;
+        } else if (IS("--profile-optional", NULL)) {
+            o->profile_optional = true, used = 0;
         } else if (v && (IS("-p", "--prompt") || IS("-f", "--file")) && !strcmp(cmd, "chat")) {
             fprintf(stderr, "strata chat: %s: chat takes no prompt; it reads one message per "
                             "line from stdin (strata run -p TEXT generates from a prompt)\n",
@@ -249,6 +260,8 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->residency = v;
         } else if (IS("--stats-json", NULL)) {
             o->stats_json = v;
+        } else if (IS("--profile", NULL)) {
+            o->profile = v;
         } else if (IS("-t", "--threads") || IS("--cpu-threads", NULL)) {
             rc = args_threads(cmd, arg, v, 1, ARGS_MAX_THREADS, &o->n_threads);
         } else if (IS("-c", "--ctx-size")) {
@@ -313,9 +326,23 @@ int run_opts_check(struct run_opts *o, const char *cmd)
                         "or static:N\n", cmd);
         return 2;
     }
+    if ((o->profile_freeze || o->profile_optional) && !o->profile) {
+        fprintf(stderr, "strata %s: --profile-freeze and --profile-optional go with --profile "
+                        "FILE\n", cmd);
+        return 2;
+    }
+    if (o->profile && !o->vram_budget && !o->profile_optional) {
+        fprintf(stderr, "strata %s: --profile restores experts into the expert cache, which "
+                        "needs --vram-budget\n", cmd);
+        return 2;
+    }
     if (o->vram_budget)
         o->device = "cuda";
-    return run_opts_cuda_only(cmd, o->cuda_flag, o->device);
+    /* an optional profile does not make the run need CUDA */
+    const char *flag = o->cuda_flag;
+    if (flag && !strncmp(flag, "--profile", 9) && o->profile_optional)
+        flag = NULL;
+    return run_opts_cuda_only(cmd, flag, o->device);
 }
 
 int run_opts_placement(const char *v, const char *cmd, int *out, bool *hybrid)
@@ -371,11 +398,44 @@ void run_opts_config(const struct run_opts *o, const char *path, struct strata_c
     cfg->fill = (enum strata_fill)fill;
     cfg->flags = (o->graph ? STRATA_FLAG_GRAPH : 0) | (o->prefetch ? STRATA_FLAG_PREFETCH : 0) |
                  (o->gather ? STRATA_FLAG_GATHER : 0) | (o->no_mmap ? STRATA_FLAG_NO_MMAP : 0) |
-                 (o->bind ? STRATA_FLAG_BIND : 0);
+                 (o->bind ? STRATA_FLAG_BIND : 0) |
+                 (o->profile_freeze ? STRATA_FLAG_PROFILE_FREEZE : 0) |
+                 (o->profile_optional ? STRATA_FLAG_PROFILE_OPTIONAL : 0);
+    cfg->profile = o->profile;
     cfg->n_threads = o->n_threads;
     cfg->n_ctx = o->n_ctx;
     cfg->n_batch = o->n_batch;
     cfg->log = stderr;
+}
+
+int run_profile_check(struct strata *s, const char *path)
+{
+    struct strata_profile_status ps;
+    struct strata_probe_report r;
+
+    strata_profile_status(s, &ps);
+    if (!ps.restored)
+        return 0; /* --profile-optional said why */
+    int rc = strata_profile_probe(s, &r);
+    if (rc)
+        return rc;
+    if (!r.compared)
+        fprintf(stderr, "strata: %s: the probe was not compared: %s\n", path, r.why);
+    else if (r.match)
+        fprintf(stderr, "strata: %s: probe ok: %d greedy tokens equal those of the warmup\n",
+                path, r.n);
+    else if (r.exact)
+        fprintf(stderr,
+                "strata: error: %s: probe FAILED: greedy token %d of %d differs from the "
+                "warmup's, and this backend computes every expert with the same kernels: the "
+                "restored cache serves wrong bytes (please report it)\n",
+                path, r.diff_at, r.n);
+    else
+        fprintf(stderr,
+                "strata: %s: probe: greedy token %d of %d differs from the warmup's (the CPU "
+                "lane agrees with the GPU within tolerance, not bit for bit)\n",
+                path, r.diff_at, r.n);
+    return 0;
 }
 
 int run_session_open(const struct run_opts *o, struct run_session *s)
@@ -407,7 +467,15 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
     }
     s->stats = o->stats;
     s->stats_json = o->stats_json;
-    if (strata_start(s->s) || strata_stream_open(s->s, o->n_ctx, &s->stream)) {
+    if (strata_start(s->s)) {
+        run_session_close(s);
+        return cli_fail("starting the engine");
+    }
+    if (o->profile && run_profile_check(s->s, o->profile)) {
+        run_session_close(s);
+        return cli_fail("the profile's probe");
+    }
+    if (strata_stream_open(s->s, o->n_ctx, &s->stream)) {
         run_session_close(s);
         return cli_fail("starting the engine");
     }

@@ -37,6 +37,9 @@ struct run_opts {
     int cpu_moe_layers;    /* --placement static[:N]: -1 auto, N, 0 = stream (the cache) */
     bool hybrid;           /* --placement hybrid */
     const char *stats_json; /* --stats-json FILE */
+    const char *profile;   /* --profile FILE */
+    bool profile_freeze;   /* --profile-freeze */
+    bool profile_optional; /* --profile-optional */
     const char *cuda_flag; /* the first option given that only the CUDA backend takes, or NULL */
     struct strata_generate_params gen;
 };
@@ -93,6 +96,9 @@ int run_opts_placement(const char *v, const char *cmd, int *cpu_moe_layers, bool
  * with -v, and a warning when -c is above the model's trained context. 0, or 1 after printing the error. run_session_close prints/writes the expert
  * cache's statistics when --stats / --stats-json asked for them. */
 int run_session_open(const struct run_opts *o, struct run_session *s);
+/* After a start with --profile path: runs the profile's probe and reports it on stderr (a
+ * mismatch where the kernels are the same is an error line). 0 or -errno. */
+int run_profile_check(struct strata *s, const char *path);
 void run_session_close(struct run_session *s);
 
 /* Tokenizes text (specials parsed) into a malloc'd array; *n receives the count. 0 or 1 after

@@ -63,6 +63,11 @@ enum strata_flags {
                                     * NUMA node on CUDA) */
     STRATA_FLAG_NO_HYBRID_ADMIT = 1 << 5, /* hybrid: a CPU-lane miss is never also copied into
                                            * a slot while PCIe is idle (for comparisons) */
+    STRATA_FLAG_PROFILE_FREEZE = 1 << 6,   /* the profile's experts are never evicted (else
+                                            * they only seed the cache) */
+    STRATA_FLAG_PROFILE_OPTIONAL = 1 << 7, /* a profile that cannot be used (another model,
+                                            * unreadable, no expert cache) is reported and the
+                                            * run goes on with a cold cache */
 };
 
 /* What the router chose at one layer for a batch of tokens (statistics tools). */
@@ -95,7 +100,11 @@ struct strata_config {
     int n_batch;             /* tokens per forward call (prefill chunk); default 512 */
     int expert_slots;        /* > 0: exactly this many expert slots instead of the budget's
                               * (tests) */
-    strata_route_fn route_observer; /* called after each layer's routing (CPU device) */
+    const char *profile;     /* residency profile (strata profile warmup) restored into the
+                              * expert cache at start: its frozen experts are copied into slots
+                              * before the first token; NULL = a cold cache */
+    strata_route_fn route_observer; /* called after each layer's routing (on CUDA the ids are
+                                     * read back first, a sync per layer; `in` is NULL there) */
     void *route_ctx;
     FILE *log;               /* set-up reports (placement, slots, pinning), NULL = quiet */
 };
@@ -125,6 +134,39 @@ struct strata_model_info {
     bool has_tokenizer;
 };
 void strata_model_info(const struct strata *s, struct strata_model_info *out);
+
+/* ---- residency profiles ------------------------------------------------------------------- */
+
+struct strata_profile_status {
+    bool restored;    /* the profile's experts were placed into slots at start */
+    bool frozen;      /* and are never evicted */
+    bool replanned;   /* the profile was made for another slot count: planned again */
+    int planned;      /* experts the plan freezes */
+    int placed;       /* of those, placed (the pool may hold fewer) */
+    int slots;        /* slots of this run's cache */
+    double coverage;  /* share of the warmup's expert choices that the placed set covers */
+    double seconds;   /* wall time of the restore */
+};
+/* What strata_start did with cfg.profile (all zero without one). */
+void strata_profile_status(const struct strata *s, struct strata_profile_status *out);
+
+struct strata_probe_report {
+    bool compared;   /* the probe was run and compared */
+    bool match;      /* its greedy tokens equal those recorded at warmup */
+    bool exact;      /* the two runs compute every expert with the same kernels (a mismatch is
+                      * then an error; under hybrid or static placement the CPU lane agrees
+                      * within a tolerance, not bit for bit) */
+    int n, diff_at;  /* tokens compared; the first that differs (-1: none) */
+    char why[160];   /* when not compared: why (no probe recorded, another backend) */
+};
+/* The post-restore check: runs the profile's probe prompt greedily on a fresh stream and
+ * compares the tokens with those recorded under the warmup's plain cache; then zeroes the
+ * cache's statistics, so that they count the caller's work only. 0 (see the report) or -errno
+ * (no profile restored: -ENOENT). */
+int strata_profile_probe(struct strata *s, struct strata_probe_report *r);
+/* The backend class a probe records and compares under: "cpu", "cuda" (GPU kernels only:
+ * resident or any expert cache), "cuda-hybrid" or "cuda-static". */
+const char *strata_probe_mode(const struct strata *s);
 
 /* ---- tokens ------------------------------------------------------------------------------- */
 

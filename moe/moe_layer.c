@@ -40,6 +40,8 @@ struct moe_layer {
     struct lane_item *items; /* (n_expert) scratch of the split */
     uint8_t *item_lane;
     double cpu_s;        /* wall seconds in the CPU lane */
+    int32_t *obs_ids;    /* (max_tok, k) host: the routing handed to the observer (device) */
+    float *obs_w;
 };
 
 /* ---- the CPU lane ------------------------------------------------------------------------- */
@@ -161,6 +163,29 @@ static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const f
               : expert_cache_prepare_copy(ml->cache, a->layer, ml->route_ids, pairs, tab);
 }
 
+/* The observer gets the routing in host memory: read back (a sync) on a device. */
+static int ml_observe(struct moe_layer *ml, const struct moe_args *a, const float *in, int nt,
+                      int t0)
+{
+    size_t pairs = (size_t)nt * a->hp->n_expert_used;
+    struct moe_route_event ev = {
+        .layer = a->layer, .n_tok = nt, .k = (int)a->hp->n_expert_used, .pos0 = a->pos0 + t0,
+        .ids = ml->route_ids, .weights = ml->route_w, .in = in,
+    };
+    if (!ml->ops->host) {
+        int rc = ml->ops->to_host(ml->dev, ml->obs_ids, ml->route_ids, sizeof(int32_t) * pairs);
+        rc = rc ? rc : ml->ops->to_host(ml->dev, ml->obs_w, ml->route_w, sizeof(float) * pairs);
+        rc = rc ? rc : ml->ops->sync(ml->dev);
+        if (rc)
+            return err_set(rc, "reading layer %d's routing back for its observer", a->layer);
+        ev.ids = ml->obs_ids;
+        ev.weights = ml->obs_w;
+        ev.in = NULL;
+    }
+    ml->cfg.observer(ml->cfg.observer_ctx, &ev);
+    return 0;
+}
+
 int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
 {
     const struct model_hparams *hp = a->hp;
@@ -173,13 +198,8 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
         rc = ml->ops->route(ml->dev, &a->lw->router, in, nt, ml->route_ids, ml->route_w);
         if (rc)
             break;
-        if (ml->cfg.observer) {
-            struct moe_route_event ev = {
-                .layer = a->layer, .n_tok = nt, .k = (int)hp->n_expert_used,
-                .pos0 = a->pos0 + t0, .ids = ml->route_ids, .weights = ml->route_w, .in = in,
-            };
-            ml->cfg.observer(ml->cfg.observer_ctx, &ev);
-        }
+        if (ml->cfg.observer && (rc = ml_observe(ml, a, in, nt, t0)))
+            break;
         if (a->layer < ml->cpu_layers) {
             rc = ml_run_cpu_layer(ml, a, in, out, nt);
             continue;
@@ -328,8 +348,12 @@ int moe_layer_open(const struct model *m, const struct moe_layer_config *cfg,
         ml->cfg.max_tok = 512;
     size_t pairs = (size_t)ml->cfg.max_tok * hp->n_expert_used;
     if (cfg->observer && !ops->host) {
-        rc = err_set(-ENOTSUP, "the routing observer needs a host device");
-        goto fail;
+        ml->obs_ids = malloc(sizeof(int32_t) * pairs);
+        ml->obs_w = malloc(sizeof(float) * pairs);
+        if (!ml->obs_ids || !ml->obs_w) {
+            rc = err_set(-ENOMEM, "out of memory");
+            goto fail;
+        }
     }
     ml->route_ids = ml_alloc(ml, sizeof(int32_t) * pairs);
     ml->route_w = ml_alloc(ml, sizeof(float) * pairs);
@@ -381,6 +405,8 @@ void moe_layer_close(struct moe_layer *ml)
     free(ml->w_h);
     free(ml->items);
     free(ml->item_lane);
+    free(ml->obs_ids);
+    free(ml->obs_w);
     free(ml);
 }
 
@@ -405,7 +431,7 @@ void moe_layer_replayed(struct moe_layer *ml)
 
 bool moe_layer_graph_safe(const struct moe_layer *ml)
 {
-    return !ml->cpu_layers &&
+    return !ml->cpu_layers && !ml->cfg.observer &&
            (!ml->cache || (ml->cfg.fill == MOE_FILL_ZEROCOPY && !ml->hybrid && !ml->prefetch));
 }
 
@@ -417,6 +443,20 @@ uint64_t moe_layer_vram_bytes(const struct moe_layer *ml)
 int moe_layer_shrink(struct moe_layer *ml, uint64_t bytes)
 {
     return ml && ml->cache ? expert_cache_shrink(ml->cache, bytes) : 0;
+}
+
+int moe_layer_preload(struct moe_layer *ml, const int32_t *layer, const int32_t *expert, int n,
+                      bool pin, void (*progress)(void *ctx, int done, int total), void *ctx)
+{
+    if (!ml || !ml->cache)
+        return err_set(-ENOTSUP, "there is no expert cache to restore a profile into");
+    return expert_cache_preload(ml->cache, layer, expert, n, pin, progress, ctx);
+}
+
+void moe_layer_reset_stats(struct moe_layer *ml)
+{
+    if (ml && ml->cache)
+        expert_cache_reset_stats(ml->cache);
 }
 
 int moe_layer_slots(const struct moe_layer *ml)

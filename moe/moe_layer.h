@@ -77,7 +77,8 @@ struct moe_route_event {
     int pos0;             /* stream position of token 0 */
     const int32_t *ids;   /* (n_tok, k) selected experts, host memory */
     const float *weights; /* (n_tok, k) their renormalised router weights */
-    const float *in;      /* (n_tok, n_embd) the layer's MoE input (ffn-normed hidden) */
+    const float *in;      /* (n_tok, n_embd) the layer's MoE input (ffn-normed hidden);
+                           * NULL on a device whose memory is not host memory */
 };
 typedef void (*moe_route_observer_fn)(void *ctx, const struct moe_route_event *ev);
 
@@ -98,7 +99,8 @@ struct moe_layer_config {
     bool gather;          /* misses streamed by one gather kernel per batch */
     uint64_t pin_chunk;   /* host registration piece (expert_cache_config), 0 = default */
     void *stream;         /* the backend's stream (cudaStream_t) for the expert cache */
-    moe_route_observer_fn observer; /* called after each routing; host devices only */
+    moe_route_observer_fn observer; /* called after each routing (on a device: after a
+                                     * read-back and sync) */
     void *observer_ctx;
     FILE *log;            /* set-up reports, NULL = quiet */
 };
@@ -144,6 +146,12 @@ uint64_t moe_layer_vram_bytes(const struct moe_layer *ml);
  * -errno. */
 int moe_layer_shrink(struct moe_layer *ml, uint64_t bytes);
 int moe_layer_slots(const struct moe_layer *ml); /* expert slots, 0 without a cache */
+/* Places a residency profile's experts into slots before the first step (expert_cache_preload):
+ * how many were placed, or -errno (-ENOTSUP without a cache). */
+int moe_layer_preload(struct moe_layer *ml, const int32_t *layer, const int32_t *expert, int n,
+                      bool pin, void (*progress)(void *ctx, int done, int total), void *ctx);
+/* Zeroes the cache's statistics (nothing without a cache). */
+void moe_layer_reset_stats(struct moe_layer *ml);
 
 /* Statistics: the cache's per-layer table (text) or JSON (0 and nothing without a cache). */
 int moe_layer_print_stats(const struct moe_layer *ml, FILE *f);

@@ -5,6 +5,7 @@
  *   fill_copy.c      path (a): misses copied into slots before the layer; prediction; hybrid
  *   fill_zerocopy.c  path (b): misses read in place, admitted at step ends; graph replays
  *   cache_stats.c    per-layer statistics, text and JSON
+ *   preload.c        a residency profile's experts placed (and pinned) before the first step
  * Threads: one (the MoE layer's caller). CUDA streams: the backend's compute stream (table
  * uploads, the kernels that read the tables, read-backs of routing ids) and the cache's copy
  * stream (every host-to-slot copy); an event orders the compute stream after the copies. */

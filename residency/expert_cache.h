@@ -140,6 +140,20 @@ void expert_cache_replayed(struct expert_cache *c, int n_pairs);
  * expert_cache_prepare_zerocopy: stats, SLRU updates and admissions for every such layer. */
 int expert_cache_step_end(struct expert_cache *c);
 
+/* Progress of a long operation: done of total items. */
+typedef void (*expert_cache_progress_fn)(void *ctx, int done, int total);
+
+/* Places experts (layer[i], expert[i]), i < n, into slots before any step runs (a residency
+ * profile's set), in order, until the pool is full: copies on the copy stream, then every table
+ * switched and uploaded, both streams synced. pin: the placed experts are never evicted
+ * (slru_pin). An expert already resident counts as placed. Returns how many were placed
+ * (>= 0), or -errno. */
+int expert_cache_preload(struct expert_cache *c, const int32_t *layer, const int32_t *expert,
+                         int n, bool pin, expert_cache_progress_fn progress, void *ctx);
+
+/* Zeroes every statistic (after a restore or a check that should not count). */
+void expert_cache_reset_stats(struct expert_cache *c);
+
 const struct expert_cache_layer_stats *expert_cache_stats(const struct expert_cache *c, int layer);
 
 /* Prints the per-layer table and totals (text), or writes them as JSON. */

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum slru_seg { SEG_FREE = 0, SEG_PROB, SEG_PROT };
 
@@ -301,6 +302,11 @@ int slru_slot_key(const struct slru *c, int slot, int *layer, int *expert)
     *layer = c->slots[slot].layer;
     *expert = c->slots[slot].expert;
     return 0;
+}
+
+void slru_reset_stats(struct slru *c)
+{
+    memset(c->stats, 0, sizeof(*c->stats) * (size_t)c->cfg.n_layer);
 }
 
 const struct slru_layer_stats *slru_stats(const struct slru *c, int layer)

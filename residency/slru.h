@@ -68,6 +68,9 @@ int slru_live_slots(const struct slru *c);
 /* Key of a slot: 0 and the key, or -ENOENT for a free slot. */
 int slru_slot_key(const struct slru *c, int slot, int *layer, int *expert);
 
+/* Zeroes every layer's statistics. */
+void slru_reset_stats(struct slru *c);
+
 const struct slru_layer_stats *slru_stats(const struct slru *c, int layer);
 /* Slots held by a layer. */
 int slru_layer_held(const struct slru *c, int layer);

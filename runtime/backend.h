@@ -127,6 +127,10 @@ struct backend_cuda_config {
     uint64_t pin_chunk;   /* host experts are registered in pieces of this many bytes; 0 =
                            * 1 GiB (tests use small pieces so experts straddle them) */
     FILE *log;            /* set-up reports (host path, slots, shrinking), NULL = quiet */
+    /* Called after each layer's routing with the ids read back to the host (a sync per layer;
+     * no graph); NULL for none. */
+    moe_route_observer_fn route_observer;
+    void *route_ctx;
 };
 
 /* Creates the CUDA backend: uploads every weight of m to the device (recording the device
@@ -155,6 +159,13 @@ double backend_cuda_cpu_lane_seconds(const struct backend *b);
 
 /* Layers whose experts run on the CPU (static placement), 0 when none. */
 int backend_cuda_cpu_moe_layers(const struct backend *b);
+
+/* A residency profile's experts placed into the expert cache's slots (moe_layer_preload): how
+ * many were placed, or -errno (-ENOTSUP without a cache). */
+int backend_cuda_restore(struct backend *b, const int32_t *layer, const int32_t *expert, int n,
+                         bool pin, void (*progress)(void *ctx, int done, int total), void *ctx);
+/* Zeroes the expert cache's statistics. */
+void backend_cuda_reset_stats(struct backend *b);
 
 static inline void backend_close(struct backend *b)
 {

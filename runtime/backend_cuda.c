@@ -516,7 +516,7 @@ static struct moe_layer_config cuda_moe_config(struct backend_cuda *c,
         .fill = cfg->residency == BACKEND_RESIDENCY_ZEROCOPY ? MOE_FILL_ZEROCOPY : MOE_FILL_COPY,
         .prefetch = cfg->prefetch, .hybrid = cfg->hybrid, .hybrid_no_admit = cfg->hybrid_no_admit,
         .gather = cfg->gather_copies, .pin_chunk = cfg->pin_chunk, .stream = c->stream,
-        .log = cfg->log,
+        .observer = cfg->route_observer, .observer_ctx = cfg->route_ctx, .log = cfg->log,
     };
     return mc;
 }
@@ -607,6 +607,18 @@ double backend_cuda_cpu_lane_seconds(const struct backend *b)
 int backend_cuda_cpu_moe_layers(const struct backend *b)
 {
     return moe_layer_cpu_layers(((const struct backend_cuda *)b)->moe);
+}
+
+int backend_cuda_restore(struct backend *b, const int32_t *layer, const int32_t *expert, int n,
+                         bool pin, void (*progress)(void *ctx, int done, int total), void *ctx)
+{
+    return moe_layer_preload(((struct backend_cuda *)b)->moe, layer, expert, n, pin, progress,
+                             ctx);
+}
+
+void backend_cuda_reset_stats(struct backend *b)
+{
+    moe_layer_reset_stats(((struct backend_cuda *)b)->moe);
 }
 
 int backend_cuda_cache_totals(const struct backend *b, struct moe_cache_totals *t)

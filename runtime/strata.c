@@ -25,27 +25,12 @@
 #include "model_arch.h"
 #include "sampler.h"
 #include "stream.h"
+#include "strata_priv.h"
 #include "sysinfo.h"
 #include "tokenizer.h"
 #include "topo.h"
 
 _Static_assert(STRATA_MAX_STOP == GENERATE_MAX_STOP, "stop strings: strata.h and generate.h");
-
-struct strata {
-    struct strata_config cfg; /* the caller's, with model_path pointing at path */
-    char *path;               /* owned copy of the model path */
-    struct model *model;      /* owned */
-    struct backend *backend;  /* owned; what streams run on: core, or the profiler around it */
-    struct backend *core;     /* the cpu or cuda backend; a view (backend owns it) */
-    bool cuda;                /* core is the cuda backend */
-    double t_copy;            /* wall seconds model_load_copy took */
-    int bound, bind_node;     /* STRATA_FLAG_BIND: threads bound, NUMA node (-1: all) */
-};
-
-struct strata_stream {
-    struct strata *s;
-    struct stream *st; /* owned */
-};
 
 struct strata_sampler {
     struct sampler smp;
@@ -113,8 +98,6 @@ static int strata_config_check(const struct strata_config *cfg)
     if (cfg->device == STRATA_DEVICE_CPU && strata_config_needs_gpu(cfg))
         return err_set(-EINVAL, "strata_config: vram_budget, expert_slots and hybrid or static "
                                 "placement need a CUDA device (device is STRATA_DEVICE_CPU)");
-    if (cfg->device == STRATA_DEVICE_CUDA && cfg->route_observer)
-        return err_set(-ENOTSUP, "strata_config: a route observer runs on the CPU device only");
     return 0;
 }
 
@@ -221,6 +204,8 @@ static int strata_start_cuda(struct strata *s, bool auto_cuda)
         .hybrid_no_admit = cfg->flags & STRATA_FLAG_NO_HYBRID_ADMIT,
         .cpu_moe_layers = cfg->placement == STRATA_PLACEMENT_STATIC ? cfg->cpu_moe_layers : 0,
         .log = cfg->log,
+        .route_observer = cfg->route_observer ? strata_route_trampoline : NULL,
+        .route_ctx = s,
     };
     size_t free_b = 0, total_b = 0;
     int rc;
@@ -260,10 +245,6 @@ int strata_start(struct strata *s)
                                        "vram_budget, expert_slots and hybrid or static "
                                        "placement need a CUDA device: %s",
                                        why ? why : "none found"));
-        if (auto_cuda && cfg->route_observer)
-            return strata_fail(STRATA_STEP_ENGINE,
-                               err_set(-ENOTSUP, "a route observer runs on the CPU device only "
-                                                 "(device AUTO found a GPU: ask for the CPU)"));
     }
     s->cuda = auto_cuda || cfg->device == STRATA_DEVICE_CUDA;
     if (s->cuda) {
@@ -281,7 +262,8 @@ int strata_start(struct strata *s)
         return strata_fail(STRATA_STEP_ENGINE, rc);
     }
     s->backend = s->core;
-    return 0;
+    rc = cfg->profile ? strata_restore(s) : 0;
+    return rc ? strata_fail(STRATA_STEP_ENGINE, rc) : 0;
 }
 
 int strata_open(const struct strata_config *cfg, struct strata **out)
@@ -304,6 +286,7 @@ void strata_close(struct strata *s)
 {
     if (!s)
         return;
+    strata_restore_free(s);
     backend_close(s->backend);
     model_close(s->model);
     free(s->path);

@@ -8,6 +8,7 @@
 #define STRATA_INTERNAL_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "strata.h"
 
@@ -48,5 +49,10 @@ struct stream *strata_stream_of(struct strata_stream *st);
 double strata_copy_seconds(const struct strata *s);
 /* STRATA_FLAG_BIND: the OpenMP threads bound and the NUMA node (-1: all); 0 without it. */
 int strata_bound_threads(const struct strata *s, int *node);
+
+/* The probe of a residency profile: n_prompt ids evaluated on a fresh stream, then n_out greedy
+ * tokens (the prompt's argmax, then one-token steps) into out. 0 or -errno. */
+int strata_probe_run(struct strata *s, const int32_t *prompt, int n_prompt, int32_t *out,
+                     int n_out);
 
 #endif

@@ -1,0 +1,65 @@
+/* preload: a residency profile's experts placed into slots before the first token, in one pass
+ * over the copy stream, optionally pinned for good (frozen). */
+#include "cache_priv.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "slru.h"
+
+int expert_cache_preload(struct expert_cache *c, const int32_t *layer, const int32_t *expert,
+                         int n, bool pin, expert_cache_progress_fn progress, void *ctx)
+{
+    int placed = 0, rc = 0, *slot_of = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+
+    if (!slot_of)
+        return err_set(-ENOMEM, "out of memory");
+    /* nothing may be reading the tables or copying while they change */
+    rc = ec_flush(c);
+    rc = rc ? rc : cuda_stream_sync(c->compute);
+    rc = rc ? rc : cuda_stream_sync(c->copy);
+    if (rc) {
+        free(slot_of);
+        return err_set(rc, "expert cache: sync before restoring a profile failed");
+    }
+    slru_step(c->slru); /* every expert placed below stays in use: none evicts another */
+    for (int i = 0; i < n && !rc; i++) {
+        slot_of[i] = -1;
+        int l = layer[i], e = expert[i];
+        if (l < 0 || l >= c->n_layer || e < 0 || e >= c->n_expert) {
+            rc = err_set(-EINVAL, "expert cache: no expert %d in layer %d to restore", e, l);
+            break;
+        }
+        if (slru_peek(c->slru, l, e) >= 0)
+            slot_of[i] = slru_peek(c->slru, l, e);
+        else if ((slot_of[i] = ec_admit(c, l, e, &rc)) < 0)
+            break; /* the pool is full */
+        placed++;
+        if (pin && !rc)
+            slru_pin(c->slru, l, e);
+        if (progress && (i + 1) % 64 == 0)
+            progress(ctx, i + 1, n);
+    }
+    rc = rc ? rc : ec_flush(c);
+    rc = rc ? rc : cuda_stream_sync(c->copy);
+    for (int i = 0; i < placed && !rc; i++)
+        ec_point_slot(c, layer[i], expert[i], slot_of[i]);
+    for (int l = 0; l < c->n_layer && !rc; l++)
+        rc = ec_upload(c, l);
+    rc = rc ? rc : cuda_stream_sync(c->compute);
+    free(slot_of);
+    if (rc)
+        return err_set(rc, "expert cache: restoring a profile failed");
+    if (progress)
+        progress(ctx, n, n);
+    slru_step(c->slru);
+    return placed;
+}
+
+void expert_cache_reset_stats(struct expert_cache *c)
+{
+    memset(c->stats, 0, sizeof(*c->stats) * (size_t)c->n_layer);
+    slru_reset_stats(c->slru);
+}
