@@ -157,7 +157,7 @@ bool run_opts_is_cuda_only(const char *arg)
 {
     static const char *const cuda_only[] = {"--graph",      "--prefetch",  "--stats",
                                             "--stats-json", "--residency", "--streaming",
-                                            "--placement",  "--profile",   "--profile-freeze"};
+                                            "--placement"};
     for (size_t i = 0; i < sizeof(cuda_only) / sizeof(cuda_only[0]); i++)
         if (!strcmp(arg, cuda_only[i]))
             return true;
@@ -338,11 +338,7 @@ int run_opts_check(struct run_opts *o, const char *cmd)
     }
     if (o->vram_budget)
         o->device = "cuda";
-    /* an optional profile does not make the run need CUDA */
-    const char *flag = o->cuda_flag;
-    if (flag && !strncmp(flag, "--profile", 9) && o->profile_optional)
-        flag = NULL;
-    return run_opts_cuda_only(cmd, flag, o->device);
+    return run_opts_cuda_only(cmd, o->cuda_flag, o->device);
 }
 
 int run_opts_placement(const char *v, const char *cmd, int *out, bool *hybrid)

@@ -217,5 +217,35 @@ tpath "$tmp/bin" 2 "--prompts $tmp/missing.txt: No such file or directory" \
 # texts from standard input
 tin "$tmp/prompt.txt" 0 "" stats-routing -t 1 --prompts - --max-tokens 16
 
+# strata profile: warmup (counts on the CPU), show, and what is refused
+w=(profile warmup -t 1 --device cpu --max-tokens 16 --decode 2)
+printf 'def f(x):\n    return x\nhello world\n' >"$tmp/texts.txt"
+t 0 "3 texts" "${w[@]}" --prompts "$tmp/texts.txt" -o "$tmp/a.profile"
+t 0 "" profile show "$tmp/a.profile"
+grep -q "^    0 " "$tmp/out" || { echo "FAIL: profile show: no layer 0 row"; fails=$((fails + 1)); }
+tin "$tmp/texts.txt" 0 "3 texts" "${w[@]}" --prompts - -o "$tmp/b.profile"
+t 2 "--prompts $tmp/dir: is a directory" "${w[@]}" --prompts "$tmp/dir" -o "$tmp/c.profile"
+t 2 "holds no text" "${w[@]}" --prompts "$tmp/empty.txt" -o "$tmp/c.profile"
+t 2 "is a directory, not a regular file" "${w[@]}" --prompts "$tmp/texts.txt" -o "$tmp/dir"
+t 2 "unknown option '--temp'" "${w[@]}" --prompts "$tmp/texts.txt" -o "$tmp/c.profile" --temp 0
+t 2 "need --prompts FILE and -o NAME.profile" "${w[@]}" --prompts "$tmp/texts.txt"
+t 2 "--dynamic wants an integer in 0..100" "${w[@]}" --prompts "$tmp/texts.txt" -o x --dynamic 101
+t 2 "--placement needs the CUDA backend" "${w[@]}" --prompts "$tmp/texts.txt" -o x \
+    --placement static:1
+[ -e "$tmp/c.profile" ] && { echo "FAIL: a refused warmup wrote its profile"; fails=$((fails + 1)); }
+head -n 12 "$tmp/a.profile" >"$tmp/cut.profile"
+t 1 "no 'end' line: the file is truncated" profile show "$tmp/cut.profile"
+t 1 "not a strata profile" profile show "$tmp/texts.txt"
+t 1 "is a directory, not a profile" profile show "$tmp/dir"
+t 2 "unexpected '--bogus'" profile show "$tmp/a.profile" --bogus
+t 2 "unknown subcommand 'freeze'" profile freeze
+tpath "$tmp/nobin" 2 "--plot needs gnuplot" profile show "$tmp/a.profile" --plot "$tmp/p.png"
+# restoring needs the expert cache (CUDA with --vram-budget)
+t 2 "--profile restores experts into the expert cache, which needs --vram-budget" \
+    run "${cpu[@]}" -p x --profile "$tmp/a.profile"
+t 2 "--profile-freeze and --profile-optional go with --profile" run -t 1 -p x --profile-freeze
+t 0 "the profile is not used (--profile-optional)" run "${cpu[@]}" -p x -n 1 \
+    --profile "$tmp/a.profile" --profile-optional
+
 echo "$((n - fails)) of $n cases passed"
 [ "$fails" = 0 ]

@@ -346,10 +346,23 @@ static void check_errors(const char *path)
     config_cpu(&cfg, NULL);
     CHECK(strata_open(&cfg, &s) == -EINVAL, "no model path");
 
+    /* a profile needs the expert cache; optional, it is reported and the run goes on */
     config_cpu(&cfg, path);
-    cfg.device = STRATA_DEVICE_CUDA;
-    cfg.route_observer = route_count;
-    CHECK(strata_open(&cfg, &s) == -ENOTSUP, "a route observer on CUDA");
+    cfg.profile = "/nonexistent.profile";
+    rc = strata_open(&cfg, &s);
+    CHECK(rc == -ENOTSUP && strstr(strata_error(), "expert cache"), "a profile on the CPU: %d "
+          "(%s)", rc, strata_error());
+    cfg.flags |= STRATA_FLAG_PROFILE_OPTIONAL;
+    rc = strata_open(&cfg, &s);
+    CHECK(rc == 0, "an optional profile on the CPU: %d (%s)", rc, strata_error());
+    if (!rc) {
+        struct strata_profile_status ps;
+        struct strata_probe_report pr;
+        strata_profile_status(s, &ps);
+        CHECK(!ps.restored, "an optional profile on the CPU was restored");
+        CHECK(strata_profile_probe(s, &pr) == -ENOENT, "a probe without a profile");
+        strata_close(s);
+    }
 
     if (cuda_device_count(NULL) == 0) {
         config_cpu(&cfg, path);

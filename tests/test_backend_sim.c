@@ -12,6 +12,8 @@
  *   argmaxes, the median row's logits within 1e-3 (f32) or 0.06 (q8_0) of its largest
  *   (struct tolerance);
  * - all-resident agrees with the CPU backend (the same share of teacher-forced argmaxes);
+ * - the same with a residency profile's experts placed into slots before the first token,
+ *   frozen or seeding the cache;
  * - graph decode (one-token steps recorded once, replayed with the token and position in device
  *   memory) is bit-identical to running the ops, with one launch per step;
  * - a budget that cannot hold the trunk is refused; static picks N from the budget.
@@ -530,6 +532,15 @@ struct run {
     double cpu_lane_s; /* the backend's CPU-lane busy time */
 };
 
+/* A residency profile's frozen set restored into the cache after open (run), or none. */
+struct restore {
+    int n;
+    const int32_t *layer, *expert;
+    bool pin;
+    int placed; /* what backend_cuda_restore returned */
+};
+static struct restore *g_restore;
+
 /* Prompt then greedy steps; with teacher != NULL the steps feed teacher's ids instead. */
 static int run(const char *path, const struct backend_cuda_config *cc, int n_ctx,
                const int32_t *prompt, const int32_t *teacher, struct run *out)
@@ -539,6 +550,11 @@ static int run(const char *path, const struct backend_cuda_config *cc, int n_ctx
     struct stream *s = NULL;
     int rc = model_open(path, &m);
     rc = rc ? rc : backend_cuda_open(m, cc, &b);
+    if (!rc && g_restore) {
+        g_restore->placed = backend_cuda_restore(b, g_restore->layer, g_restore->expert,
+                                                 g_restore->n, g_restore->pin, NULL, NULL);
+        rc = g_restore->placed < 0 ? g_restore->placed : 0;
+    }
     rc = rc ? rc : stream_open(b, n_ctx, 32, &s);
     if (!rc) {
         int nv = (int)m->hp.n_vocab;
@@ -802,6 +818,22 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     struct backend_cuda_config ga = {.device = 0, .expert_slots = 7, .gather_copies = true,
                                      .prefetch = true};
     exact(path, "gather kernel + prefetch, 7 slots", &ga, 256, prompt, &ref);
+    /* a residency profile restored before the first token: frozen (never evicted) or seeding
+     * the cache, in each way of serving misses; more experts than slots places what fits */
+    static const int32_t pl[6] = {0, 1, 0, 1, 0, 1}, pe[6] = {1, 2, 3, 0, 5, 6};
+    struct restore frozen4 = {.n = 4, .layer = pl, .expert = pe, .pin = true};
+    struct restore seed6 = {.n = 6, .layer = pl, .expert = pe, .pin = false};
+    g_restore = &frozen4;
+    exact(path, "copy, 5 slots, 4 frozen", &copy, 256, prompt, &ref);
+    CHECK(frozen4.placed == 4, "copy, 4 frozen: %d placed", frozen4.placed);
+    exact(path, "zerocopy, 5 slots, 4 frozen", &zc, 256, prompt, &ref);
+    exact(path, "copy + prefetch, 9 slots, 4 frozen", &pf, 256, prompt, &ref);
+    g_restore = &seed6;
+    exact(path, "copy, 5 slots, 6 seeded", &copy, 256, prompt, &ref);
+    CHECK(seed6.placed == 5, "copy, 6 seeded into 5 slots: %d placed", seed6.placed);
+    exact(path, "zerocopy in a graph, 24 slots, 6 seeded", &zg, 256, prompt, &ref);
+    CHECK(seed6.placed == 6, "24 slots, 6 seeded: %d placed", seed6.placed);
+    g_restore = NULL;
     /* a budget for a 128-position stream, then a 2048-position one: the pool gives slots up */
     struct backend_cuda_config shrink = {.device = 0, .vram_budget = 6 << 20, .n_ctx = 128,
                                          .max_tok = 32};
@@ -814,6 +846,12 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     struct backend_cuda_config hy_na = hy; /* CPU-lane misses never copied into a slot */
     hy_na.hybrid_no_admit = true;
     close_enough(path, "hybrid, no admission, 6 slots", &hy_na, prompt, &ref, tol, 0, true);
+    static const int32_t hl[3] = {0, 1, 1}, he[3] = {4, 2, 7};
+    struct restore hf = {.n = 3, .layer = hl, .expert = he, .pin = true};
+    g_restore = &hf;
+    close_enough(path, "hybrid, 6 slots, 3 frozen", &hy, prompt, &ref, tol, 0, true);
+    CHECK(hf.placed == 3, "hybrid, 3 frozen: %d placed", hf.placed);
+    g_restore = NULL;
     free(ref.logits);
 }
 
