@@ -461,24 +461,24 @@ static int pp_lines(struct pp *s, char *buf, size_t len, struct profile *p)
         for (char *c = s->cur; c < s->end; c++)
             if (*c == '\t' || *c == '\r')
                 *c = ' ';
-            else if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e)
-                return pp_fail(s, "a byte 0x%02x that is not printable text", (unsigned char)*c);
-        if (done)
-            return pp_fail(s, "text after 'end'");
+            else if (!rc && ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e))
+                rc = pp_fail(s, "a byte 0x%02x that is not printable text", (unsigned char)*c);
+        if (!rc && done)
+            rc = pp_fail(s, "text after 'end'");
+        if (rc)
+            break;
         char *key = pp_word(s);
         if (!key || *key == '#')
             continue;
         if (!head) {
             int v;
             if (strcmp(key, "strata-profile"))
-                return pp_fail(s, "not a strata profile (no 'strata-profile' line first)");
-            if ((rc = pp_int(s, "the version", 0, INT32_MAX, &v)))
-                return rc;
-            if (v != PROFILE_VERSION)
-                return pp_fail(s, "format version %d; this strata reads version %d", v,
-                               PROFILE_VERSION);
+                rc = pp_fail(s, "not a strata profile (no 'strata-profile' line first)");
+            else if (!(rc = pp_int(s, "the version", 0, INT32_MAX, &v)) && v != PROFILE_VERSION)
+                rc = pp_fail(s, "format version %d; this strata reads version %d", v,
+                             PROFILE_VERSION);
             head = true;
-            rc = pp_eol(s);
+            rc = rc ? rc : pp_eol(s);
             continue;
         }
         if (!strcmp(key, "end")) {
@@ -489,10 +489,10 @@ static int pp_lines(struct pp *s, char *buf, size_t len, struct profile *p)
         int which = !strcmp(key, "count") ? 0 : !strcmp(key, "last") ? 1
                     : !strcmp(key, "frozen") ? 2 : -1;
         if (which >= 0) {
-            if (!seen && p->count &&
-                !(seen = calloc((size_t)p->geo.n_layer * 3, 1)))
-                return err_set(-ENOMEM, "out of memory");
-            rc = pp_layer(s, p, which, seen);
+            if (!seen && p->count && !(seen = calloc((size_t)p->geo.n_layer * 3, 1)))
+                rc = err_set(-ENOMEM, "out of memory");
+            else
+                rc = pp_layer(s, p, which, seen);
             continue;
         }
         int r = 0;
@@ -516,7 +516,7 @@ static int pp_lines(struct pp *s, char *buf, size_t len, struct profile *p)
         if (!seen_rec[r])
             rc = err_set(-EINVAL, "%s: the '%s' record is missing", s->name, pp_records[r]);
     for (size_t i = 0; !rc && i < (size_t)p->geo.n_layer * 3; i++)
-        if (!seen[i])
+        if (!seen || !seen[i])
             rc = err_set(-EINVAL, "%s: the '%s' record of layer %zu is missing", s->name,
                          i % 3 == 0 ? "count" : i % 3 == 1 ? "last" : "frozen", i / 3);
     if (!rc && p->slots && p->n_frozen > p->slots)
