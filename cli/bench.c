@@ -31,7 +31,10 @@ struct bench_opts {
     const char *model;
     int n_prompt, n_gen, n_threads;
     double bw_gib; /* size of the bandwidth probe */
-    int profile;   /* --profile: time per op */
+    int op_times;  /* --op-times: time per op */
+    const char *profile;   /* --profile FILE: a residency profile restored at start */
+    bool profile_freeze;   /* --profile-freeze */
+    bool profile_optional; /* --profile-optional */
     int no_mmap;   /* --no-mmap: weights copied to anonymous huge pages */
     int cuda;      /* --device cuda */
     int bind;      /* --bind: one thread per physical core, bound */
@@ -68,7 +71,7 @@ static void bench_usage(void)
            "  -t, --threads N       CPU threads (default: all; the CPU expert lane's with\n"
            "                        --device cuda; --cpu-threads is the same)\n"
            "      --bw-gib G        size of the bandwidth probe in GiB (default 2)\n"
-           "      --profile         also print the time spent in each op (pp and tg)\n"
+           "      --op-times        also print the time spent in each op (pp and tg; CPU)\n"
            "      --no-mmap         copy the weights into anonymous memory on huge pages\n"
            "      --bind            bind the CPU threads one per physical core (hwloc)\n"
            "      --device cpu|cuda backend (default cpu; cuda: every weight on the GPU, and the\n"
@@ -88,6 +91,10 @@ static void bench_usage(void)
            "      --streaming dma|kernel  misses copied by DMA per piece (default) or by one\n"
            "                        gather kernel per batch\n"
            "      --prefetch        stream the experts the next layer's router predicts\n"
+           "      --profile FILE    restore a residency profile (strata profile warmup) into\n"
+           "                        the expert cache before the timed runs, checked by its\n"
+           "                        probe; --profile-freeze keeps its experts for good,\n"
+           "                        --profile-optional goes on cold when it does not fit\n"
            "      --stats           print the expert cache's per-layer table\n"
            "      --stats-json FILE write it as JSON\n");
 }
@@ -126,8 +133,16 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         }
         if (!o->cuda_flag && run_opts_is_cuda_only(a))
             o->cuda_flag = a;
-        if (!strcmp(a, "--profile")) {
-            o->profile = 1;
+        if (!strcmp(a, "--op-times")) {
+            o->op_times = 1;
+            continue;
+        }
+        if (!strcmp(a, "--profile-freeze")) {
+            o->profile_freeze = true;
+            continue;
+        }
+        if (!strcmp(a, "--profile-optional")) {
+            o->profile_optional = true;
             continue;
         }
         if (!strcmp(a, "--no-mmap")) {
@@ -181,6 +196,8 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
                 return 2;
         } else if (!strcmp(a, "--stats-json"))
             o->stats_json = v;
+        else if (!strcmp(a, "--profile"))
+            o->profile = v;
         else if (!strcmp(a, "-f") || !strcmp(a, "--file"))
             o->prompt_file = v;
         else if (!strcmp(a, "--tg") && (!strcmp(v, "random") || !strcmp(v, "greedy")))
@@ -195,6 +212,16 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
     }
     if (run_opts_model("bench", &o->model))
         return 1;
+    if ((o->profile_freeze || o->profile_optional) && !o->profile) {
+        fprintf(stderr, "strata bench: --profile-freeze and --profile-optional go with --profile "
+                        "FILE\n");
+        return 2;
+    }
+    if (o->profile && !o->vram_budget) {
+        fprintf(stderr, "strata bench: --profile restores experts into the expert cache, which "
+                        "needs --vram-budget\n");
+        return 2;
+    }
     if (o->device_cpu || !o->cuda)
         return run_opts_cuda_only("bench", o->cuda_flag, "cpu");
     return 0;
@@ -265,7 +292,10 @@ static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
         cfg->cpu_moe_layers = o->cpu_moe_layers;
     cfg->fill = (enum strata_fill)o->residency;
     cfg->flags = (o->graph ? STRATA_FLAG_GRAPH : 0) | (o->prefetch ? STRATA_FLAG_PREFETCH : 0) |
-                 (o->gather ? STRATA_FLAG_GATHER : 0) | (o->no_mmap ? STRATA_FLAG_NO_MMAP : 0);
+                 (o->gather ? STRATA_FLAG_GATHER : 0) | (o->no_mmap ? STRATA_FLAG_NO_MMAP : 0) |
+                 (o->profile_freeze ? STRATA_FLAG_PROFILE_FREEZE : 0) |
+                 (o->profile_optional ? STRATA_FLAG_PROFILE_OPTIONAL : 0);
+    cfg->profile = o->profile;
     cfg->n_threads = o->n_threads;
     cfg->n_ctx = o->n_prompt + o->n_gen + 1;
     cfg->n_batch = o->n_prompt;
@@ -321,7 +351,7 @@ static int bench_timed(const struct bench_opts *o, struct strata *st, struct str
     r->t_warm = clock_now_s() - t0;
     strata_stream_truncate(ss, 0);
 
-    if (o->profile)
+    if (o->op_times)
         backend_profile_report(b, stdout, "the first token");
     strata_get_stats(st, &r->p0);
     r->pp_cached = r->p0.has_cache;
@@ -330,7 +360,7 @@ static int bench_timed(const struct bench_opts *o, struct strata *st, struct str
     r->t_pp = clock_now_s() - t0;
     if (r->pp_cached)
         strata_get_stats(st, &r->p1);
-    if (o->profile)
+    if (o->op_times)
         backend_profile_report(b, stdout, "prompt processing");
     int32_t tok = sampler_argmax(logits, (int)hp->n_vocab);
     strata_get_stats(st, &r->c0);
@@ -348,7 +378,7 @@ static int bench_timed(const struct bench_opts *o, struct strata *st, struct str
      * timed runs, and let the floor use the highest probe of the run */
     r->bw_after = membw_measure((size_t)(o->bw_gib * (1u << 30)), r->procs, 5);
     r->bw = r->bw > r->bw_after ? r->bw : r->bw_after;
-    if (o->profile)
+    if (o->op_times)
         backend_profile_report(b, stdout, "decode");
     free(logits);
     return rc;
@@ -442,6 +472,13 @@ static void bench_print(const struct bench_opts *o, struct strata *st, const str
     if (o->no_mmap)
         printf("weights      copied to anonymous huge pages in %.2f s (--no-mmap)\n", r->t_copy);
     printf("first token  %.2f s (page-in)\n", r->t_warm);
+    struct strata_profile_status ps;
+    strata_profile_status(st, &ps);
+    if (ps.restored)
+        printf("profile      %s: %d of %d experts placed%s in %.2f s before the first token, "
+               "%.1f%% of the warmup's expert choices%s\n",
+               o->profile, ps.placed, ps.planned, ps.frozen ? " and frozen" : "", ps.seconds,
+               100 * ps.coverage, ps.replanned ? " (planned again for this budget)" : "");
     printf("pp%-4d       %.1f tok/s\n", o->n_prompt, o->n_prompt / r->t_pp);
     printf("tg%-4d       %.2f tok/s\n", o->n_gen, tg);
     printf("bytes/token  %.3f GB weights + %.3f GB KV cache (mean)\n", wbytes / 1e9,
@@ -495,11 +532,16 @@ int cmd_bench(int argc, char **argv)
     const struct model *m = strata_model_of(st);
     r.t_copy = strata_copy_seconds(st);
     int brc = strata_start(st);
-    if (o.cuda && o.profile) {
-        fprintf(stderr, "strata bench: --profile times ops as they run, so only with --device cpu\n");
-        o.profile = 0;
+    if (o.cuda && o.op_times) {
+        fprintf(stderr, "strata bench: --op-times times ops as they run, so only with --device "
+                        "cpu\n");
+        o.op_times = 0;
     }
-    if (brc || (o.profile && strata_profile_open(st)) ||
+    if (!brc && o.profile && run_profile_check(st, o.profile)) {
+        rc = cli_fail("the profile's probe");
+        goto out;
+    }
+    if (brc || (o.op_times && strata_profile_open(st)) ||
         strata_stream_open(st, o.n_prompt + o.n_gen + 1, &ss)) {
         rc = cli_fail("starting the engine");
         goto out;
