@@ -42,6 +42,7 @@ struct bench_opts {
     int residency;        /* --residency */
     int stats;            /* --stats */
     int prefetch;         /* --prefetch */
+    int prefetch_depth;   /* --prefetch-depth N */
     int cpu_moe_layers;   /* --placement */
     bool gather;          /* --streaming kernel */
     bool graph;           /* --graph */
@@ -91,6 +92,7 @@ static void bench_usage(void)
            "      --streaming dma|kernel  misses copied by DMA per piece (default) or by one\n"
            "                        gather kernel per batch\n"
            "      --prefetch        stream the experts the next layer's router predicts\n"
+           "      --prefetch-depth N  the same for the next N layers (1-4)\n"
            "      --profile FILE    restore a residency profile (strata profile warmup) into\n"
            "                        the expert cache before the timed runs, checked by its\n"
            "                        probe; --profile-freeze keeps its experts for good,\n"
@@ -198,6 +200,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             o->stats_json = v;
         else if (!strcmp(a, "--profile"))
             o->profile = v;
+        else if (!strcmp(a, "--prefetch-depth")) {
+            rc = args_i32("bench", a, v, 1, 4, &o->prefetch_depth);
+            o->prefetch = 1;
+        }
         else if (!strcmp(a, "-f") || !strcmp(a, "--file"))
             o->prompt_file = v;
         else if (!strcmp(a, "--tg") && (!strcmp(v, "random") || !strcmp(v, "greedy")))
@@ -296,6 +302,7 @@ static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
                  (o->profile_freeze ? STRATA_FLAG_PROFILE_FREEZE : 0) |
                  (o->profile_optional ? STRATA_FLAG_PROFILE_OPTIONAL : 0);
     cfg->profile = o->profile;
+    cfg->prefetch_depth = o->prefetch_depth;
     cfg->n_threads = o->n_threads;
     cfg->n_ctx = o->n_prompt + o->n_gen + 1;
     cfg->n_batch = o->n_prompt;
@@ -413,6 +420,18 @@ static void bench_print_cache(const struct bench_opts *o, struct strata *st,
                         (double)(r->p1.bytes_zero_copy - r->p0.bytes_zero_copy);
         printf("pcie pp      prefill moved %.2f GB in %.3f s = %.1f GB/s = %.0f%% of H2D\n",
                pmoved / 1e9, r->t_pp, pmoved / r->t_pp / 1e9, 100.0 * pmoved / r->t_pp / h2d);
+    }
+    if (c1->prefetched > c0->prefetched) {
+        double pf = (double)(c1->prefetched - c0->prefetched);
+        double used = (double)(c1->prefetch_used - c0->prefetch_used);
+        double late = (double)(c1->prefetch_late - c0->prefetch_late);
+        double wasted = (double)(c1->prefetch_wasted - c0->prefetch_wasted);
+        double slot = (double)model_expert_bytes(m, 0);
+        printf("prefetch     %.1f experts per token copied ahead, %.1f%% of them used (%.1f%% of "
+               "those still copying when their layer ran); %.1f MB per token evicted unused "
+               "(%.1f%% of what prefetch copied)\n",
+               pf / o->n_gen, 100 * used / pf, used > 0 ? 100 * late / used : 0.0,
+               wasted / o->n_gen / 1e6, 100 * wasted / (pf * slot));
     }
     if (c1->cpu_computed > c0->cpu_computed)
         printf("cpu lane     %.1f of %.1f missed experts per token computed on the CPU "

@@ -66,6 +66,7 @@ static void logits_usage(FILE *out)
             "                         (static:N; static = the smallest N fitting the budget);\n"
             "                         implies --device cuda unless --device is given\n"
             "      --prefetch         stream the experts the next layer's router predicts\n"
+            "      --prefetch-depth N  the same for the next N layers (1-4)\n"
             "      --graph            replay decode steps from a CUDA graph (all resident, or\n"
             "                         --residency zerocopy)\n"
             "      --streaming dma|kernel  misses copied by DMA per piece (default) or by one\n"
@@ -295,6 +296,7 @@ int cmd_logits(int argc, char **argv)
         {"residency", required_argument, NULL, 'R'},
         {"placement", required_argument, NULL, 'P'},
         {"prefetch", no_argument, NULL, 'F'},
+        {"prefetch-depth", required_argument, NULL, 'X'},
         {"graph", no_argument, NULL, 'G'},
         {"streaming", required_argument, NULL, 'S'},
         {"help", no_argument, NULL, 'h'},
@@ -311,11 +313,12 @@ int cmd_logits(int argc, char **argv)
 
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:o:t:h", opts, NULL)) != -1) {
-        if (!po->cuda_flag && c > 0 && strchr("RPFGS", c)) /* the options only CUDA takes */
+        if (!po->cuda_flag && c > 0 && strchr("RPFGSX", c)) /* the options only CUDA takes */
             po->cuda_flag = c == 'R'   ? "--residency"
                             : c == 'P' ? "--placement"
                             : c == 'F' ? "--prefetch"
                             : c == 'G' ? "--graph"
+                            : c == 'X' ? "--prefetch-depth"
                                        : "--streaming";
         switch (c) {
         case 'm':
@@ -354,6 +357,11 @@ int cmd_logits(int argc, char **argv)
                 return 2;
             if (!po->device_set)
                 po->device = "cuda";
+            break;
+        case 'X':
+            if (args_i32("logits", "--prefetch-depth", optarg, 1, 4, &po->prefetch_depth))
+                return 2;
+            po->prefetch = true;
             break;
         case 'F':
             po->prefetch = true;

@@ -77,7 +77,7 @@ static bool warmup_engine_flag(const char *a, bool *takes_value)
     static const char *const with_value[] = {"-m", "--model", "-t", "--threads", "--cpu-threads",
                                              "-c", "--ctx-size", "-b", "--batch-size",
                                              "--device", "--vram-budget", "--placement",
-                                             "--residency", "--streaming"};
+                                             "--residency", "--streaming", "--prefetch-depth"};
     static const char *const bare[] = {"--prefetch", "--bind", "--no-mmap", "-v", "--verbose"};
     for (size_t i = 0; i < sizeof(with_value) / sizeof(with_value[0]); i++)
         if (!strcmp(a, with_value[i]))

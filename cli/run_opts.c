@@ -97,6 +97,9 @@ static void run_opts_usage(const char *cmd)
            "                          picks from layer l's input while layer l computes (off\n"
            "                          by default: it speeds prefill up and slows decode\n"
            "                          down a little, bench/residency.md)\n"
+           "      --prefetch-depth N  --prefetch for the next N layers (1-4): routers l+1..l+N\n"
+           "                          applied to layer l's input; deeper predictions are\n"
+           "                          dropped while the copies are behind\n"
            "      --profile FILE      restore a residency profile (strata profile warmup) into\n"
            "                          the expert cache before the first token, then check it\n"
            "                          with its probe (needs --vram-budget)\n"
@@ -157,7 +160,7 @@ bool run_opts_is_cuda_only(const char *arg)
 {
     static const char *const cuda_only[] = {"--graph",      "--prefetch",  "--stats",
                                             "--stats-json", "--residency", "--streaming",
-                                            "--placement"};
+                                            "--placement",  "--prefetch-depth"};
     for (size_t i = 0; i < sizeof(cuda_only) / sizeof(cuda_only[0]); i++)
         if (!strcmp(arg, cuda_only[i]))
             return true;
@@ -262,6 +265,9 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->stats_json = v;
         } else if (IS("--profile", NULL)) {
             o->profile = v;
+        } else if (IS("--prefetch-depth", NULL)) {
+            rc = args_i32(cmd, arg, v, 1, 4, &o->prefetch_depth);
+            o->prefetch = true;
         } else if (IS("-t", "--threads") || IS("--cpu-threads", NULL)) {
             rc = args_threads(cmd, arg, v, 1, ARGS_MAX_THREADS, &o->n_threads);
         } else if (IS("-c", "--ctx-size")) {
@@ -398,6 +404,7 @@ void run_opts_config(const struct run_opts *o, const char *path, struct strata_c
                  (o->profile_freeze ? STRATA_FLAG_PROFILE_FREEZE : 0) |
                  (o->profile_optional ? STRATA_FLAG_PROFILE_OPTIONAL : 0);
     cfg->profile = o->profile;
+    cfg->prefetch_depth = o->prefetch_depth;
     cfg->n_threads = o->n_threads;
     cfg->n_ctx = o->n_ctx;
     cfg->n_batch = o->n_batch;

@@ -32,6 +32,7 @@ struct run_opts {
     const char *residency; /* --residency copy|zerocopy */
     bool stats;            /* --stats */
     bool prefetch;         /* --prefetch */
+    int prefetch_depth;    /* --prefetch-depth N (implies --prefetch), 0 = 1 */
     bool gather;           /* --streaming kernel */
     bool graph;            /* --graph */
     int cpu_moe_layers;    /* --placement static[:N]: -1 auto, N, 0 = stream (the cache) */

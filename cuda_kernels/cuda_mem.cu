@@ -153,6 +153,16 @@ extern "C" int cuda_event_record(void *ev, void *stream)
     return cuda_rc(CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)stream)));
 }
 
+extern "C" int cuda_event_done(void *ev)
+{
+    cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* not an error: clear it */
+        return 0;
+    }
+    return e == cudaSuccess ? 1 : cuda_rc(CUDA_CHECK(e));
+}
+
 extern "C" int cuda_stream_wait(void *stream, void *ev)
 {
     return cuda_rc(CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)ev, 0)));

@@ -43,6 +43,8 @@ int cuda_event_create(void **ev);
 void cuda_event_destroy(void *ev);
 int cuda_event_record(void *ev, void *stream);
 int cuda_stream_wait(void *stream, void *ev);
+/* Whether the work recorded by ev has completed: 1, 0 (still pending), or -errno. */
+int cuda_event_done(void *ev);
 
 /* Up to CUDA_GATHER_MAX copies in one kernel launch: each item's bytes from src (device memory
  * or mapped pinned host memory, read by the kernel itself: zero-copy) to dst (device). One

@@ -100,6 +100,8 @@ struct strata_config {
     int n_batch;             /* tokens per forward call (prefill chunk); default 512 */
     int expert_slots;        /* > 0: exactly this many expert slots instead of the budget's
                               * (tests) */
+    int prefetch_depth;      /* STRATA_FLAG_PREFETCH: predict the experts of the next 1..4
+                              * layers (0 = 1) */
     const char *profile;     /* residency profile (strata profile warmup) restored into the
                               * expert cache at start: its frozen experts are copied into slots
                               * before the first token; NULL = a cold cache */
@@ -270,6 +272,11 @@ struct strata_stats {
     uint64_t bytes_streamed, bytes_zero_copy;
     uint64_t cpu_computed, cpu_admitted; /* hybrid: misses the CPU lane computed; of those,
                                           * also copied into a slot behind their call */
+    uint64_t prefetched;       /* experts copied ahead of their layer by prediction */
+    uint64_t prefetch_used;    /* of those, used by their layer */
+    uint64_t prefetch_late;    /* of those used, still copying when the layer's routing was
+                                * known */
+    uint64_t prefetch_wasted;  /* bytes prefetched and evicted unused */
 };
 void strata_get_stats(const struct strata *s, struct strata_stats *out);
 /* The expert cache's per-layer table (text), or JSON to path (nothing without a cache). */

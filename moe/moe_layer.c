@@ -156,7 +156,7 @@ static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const f
     if (ml->hybrid)
         rc = ml_stage_inputs(ml, in, nt);
     if (!rc && !zc && ml->prefetch && a->layer + 1 < (int)a->hp->n_layer)
-        rc = predict_next_layer(&ml->pred, a->layer, in, nt);
+        rc = predict_ahead(&ml->pred, a->layer, in, nt);
     if (rc)
         return rc;
     return zc ? expert_cache_prepare_zerocopy(ml->cache, a->layer, ml->route_ids, pairs, tab)
@@ -359,9 +359,12 @@ int moe_layer_open(const struct model *m, const struct moe_layer_config *cfg,
     ml->route_w = ml_alloc(ml, sizeof(float) * pairs);
     ml->prefetch = cfg->prefetch && cfg->cache && !ops->host;
     if (ml->prefetch) {
+        int depth = cfg->prefetch_depth < 1 ? 1 : cfg->prefetch_depth;
+        depth = depth > EXPERT_CACHE_MAX_DEPTH ? EXPERT_CACHE_MAX_DEPTH : depth;
         ml->pred = (struct predict){
-            .m = m, .route = ops->route, .route_ctx = dev,
-            .ids = ml_alloc(ml, sizeof(int32_t) * pairs), .w = ml_alloc(ml, sizeof(float) * pairs),
+            .m = m, .route = ops->route, .route_ctx = dev, .depth = depth,
+            .ids = ml_alloc(ml, sizeof(int32_t) * pairs * depth),
+            .w = ml_alloc(ml, sizeof(float) * pairs * depth),
         };
     }
     if (!ml->route_ids || !ml->route_w || (ml->prefetch && (!ml->pred.ids || !ml->pred.w))) {
@@ -490,6 +493,10 @@ int moe_layer_cache_totals(const struct moe_layer *ml, struct moe_cache_totals *
         t->bytes_zerocopy += s->bytes_zerocopy;
         t->cpu_computed += s->cpu_computed;
         t->cpu_admitted += s->cpu_admitted;
+        t->prefetched += s->prefetched;
+        t->prefetch_used += s->prefetch_used;
+        t->prefetch_late += s->prefetch_late;
+        t->prefetch_wasted += s->prefetch_wasted;
     }
     t->slots = expert_cache_slots(ml->cache);
     return 0;

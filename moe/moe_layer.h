@@ -94,6 +94,7 @@ struct moe_layer_config {
     uint64_t stream_bytes; /* what the stream opened next will hold (KV cache, activations) */
     enum moe_fill fill;   /* for decode-sized calls; prefill copies */
     bool prefetch;        /* copy path: layer l + 1's experts predicted and streamed ahead */
+    int prefetch_depth;   /* with prefetch: layers l + 1 .. l + depth (1..4; 0 = 1) */
     bool hybrid;          /* each call's misses split between streaming and the CPU lane */
     bool hybrid_no_admit; /* hybrid: a CPU-lane miss is never also copied into a slot */
     bool gather;          /* misses streamed by one gather kernel per batch */
@@ -161,6 +162,7 @@ struct moe_cache_totals {
     uint64_t hits, misses, evictions, bytes_copied, bytes_zerocopy;
     uint64_t cpu_computed; /* misses the hybrid CPU lane computed */
     uint64_t cpu_admitted; /* of those, also copied into a slot behind their call */
+    uint64_t prefetched, prefetch_used, prefetch_late, prefetch_wasted; /* expert_cache.h's */
     int slots;
 };
 /* The cache's totals over all layers so far; -ENOENT without a cache. */

@@ -4,12 +4,18 @@
 #include "expert_cache.h"
 #include "model.h"
 
-int predict_next_layer(struct predict *p, int layer, const float *in, int n_tok)
+int predict_ahead(struct predict *p, int layer, const float *in, int n_tok)
 {
     const struct model_hparams *hp = &p->m->hp;
-    int rc = p->route(p->route_ctx, &p->m->layers[layer + 1].router, in, n_tok, p->ids, p->w);
-    if (rc)
-        return err_set(rc, "predicting the experts of layer %d failed", layer + 1);
-    expert_cache_predict_next(p->cache, p->ids, n_tok * (int)hp->n_expert_used);
+    size_t n = (size_t)n_tok * hp->n_expert_used;
+    int j = 0;
+    for (; j < p->depth && layer + 1 + j < (int)hp->n_layer; j++) {
+        int t = layer + 1 + j;
+        int rc = p->route(p->route_ctx, &p->m->layers[t].router, in, n_tok, p->ids + j * n,
+                          p->w + j * n);
+        if (rc)
+            return err_set(rc, "predicting the experts of layer %d failed", t);
+    }
+    expert_cache_predict_ahead(p->cache, p->ids, (int)n, j);
     return 0;
 }

@@ -1,11 +1,11 @@
-/* predict: which experts a layer will want, known before its routing runs. The next layer's
- * router applied to this layer's MoE input predicts layer l + 1's experts while layer l
- * computes; the expert cache starts copying the ones it does not hold behind layer l's own
- * copies (residency/expert_cache.h, expert_cache_predict_next).
+/* predict: which experts the coming layers will want, known before their routing runs. The
+ * router of layer l + j applied to layer l's MoE input predicts layer l + j's experts while
+ * layer l computes (j = 1 .. depth); the expert cache starts copying the ones it does not hold
+ * behind layer l's own copies (residency/expert_cache.h, expert_cache_predict_ahead).
  *
- * Threads: one, the MoE layer's caller; the router runs on the backend's stream through the
+ * Threads: one, the MoE layer's caller; the routers run on the backend's stream through the
  * route callback, and the predicted ids stay in device memory until the cache reads them back
- * with the layer's own ids (one sync for both). */
+ * with the layer's own ids (one sync for all). */
 #ifndef STRATA_PREDICT_H
 #define STRATA_PREDICT_H
 
@@ -25,12 +25,14 @@ struct predict {
     struct expert_cache *cache;
     predict_route_fn route;
     void *route_ctx;
-    int32_t *ids; /* (max_tok, k) device, owned by the caller: the predicted experts */
-    float *w;     /* (max_tok, k) device, owned by the caller: their weights (unused) */
+    int depth;    /* layers ahead, 1 .. EXPERT_CACHE_MAX_DEPTH */
+    int32_t *ids; /* (depth, max_tok, k) device, owned by the caller: the predicted experts */
+    float *w;     /* (depth, max_tok, k) device, owned by the caller: their weights (unused) */
 };
 
-/* Predicts layer + 1's experts from in (n_tok rows of layer's MoE input, device memory) and
- * hands them to the cache for its next prepare_copy. layer + 1 < n_layer. 0 or -errno. */
-int predict_next_layer(struct predict *p, int layer, const float *in, int n_tok);
+/* Predicts the experts of layers layer + 1 .. layer + depth (those that exist) from in (n_tok
+ * rows of layer's MoE input, device memory) and hands them to the cache for its next
+ * prepare_copy. layer + 1 < n_layer. 0 or -errno. */
+int predict_ahead(struct predict *p, int layer, const float *in, int n_tok);
 
 #endif

@@ -72,9 +72,13 @@ struct expert_cache {
     uint8_t *dirty; /* (n_layer) the device copy is stale */
 
     /* prefetch */
-    const int32_t *pred_dev; /* set by expert_cache_predict_next for the next prepare_copy */
-    int n_pred;
-    int32_t *pred_host;      /* pinned (max_pairs) */
+    const int32_t *pred_dev; /* set by expert_cache_predict_ahead for the next prepare_copy */
+    int n_pred, n_depth;     /* ids per depth block, blocks */
+    int32_t *pred_host;      /* pinned (EXPERT_CACHE_MAX_DEPTH * max_pairs) */
+    void **pf_done;          /* (n_layer) events: prefetch copies into the layer enqueued so far */
+    uint8_t *pf_pending;     /* (n_layer) pf_done was recorded since the layer's last call */
+    void *pf_last;           /* event: every prefetch copy enqueued so far */
+    bool pf_last_set;        /* pf_last was recorded */
     void *pred_host_dev;
     bool copies_pending;     /* copies enqueued that no compute work has waited for yet */
     bool recording;          /* a graph is being recorded: upload every table */
@@ -152,5 +156,7 @@ int ec_flush(struct expert_cache *c);
 /* Admits (l, e) into a slot and enqueues its copy; the evicted expert goes back to host. The
  * slot, or -1 when every slot is guarded (*rc set on a real failure). */
 int ec_admit(struct expert_cache *c, int l, int e, int *rc);
+/* The same, never evicting an expert of layer guard + 1 (ec_admit: guard = l). */
+int ec_admit_guard(struct expert_cache *c, int l, int e, int guard, int *rc);
 
 #endif

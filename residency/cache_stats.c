@@ -50,6 +50,9 @@ void expert_cache_print_stats(const struct expert_cache *c, FILE *f)
         tot.cpu_computed += s->cpu_computed;
         tot.cpu_admitted += s->cpu_admitted;
         tot.prefetch_used += s->prefetch_used;
+        tot.prefetch_late += s->prefetch_late;
+        tot.prefetch_wasted += s->prefetch_wasted;
+        tot.prefetch_dropped += s->prefetch_dropped;
     }
     uint64_t acc = tot.hits + tot.misses;
     fprintf(f, "%5s %6d %10" PRIu64 " %10" PRIu64 " %6.1f%% %10" PRIu64 " %10" PRIu64
@@ -57,6 +60,13 @@ void expert_cache_print_stats(const struct expert_cache *c, FILE *f)
             "all", expert_cache_slots(c), tot.hits, tot.misses, acc ? 100.0 * tot.hits / acc : 0.0,
             tot.promotions, tot.evictions, tot.admissions, tot.bytes_copied / 1e6,
             tot.bytes_zerocopy / 1e6, tot.prefetched, tot.prefetch_used);
+    if (tot.prefetched || tot.prefetch_dropped)
+        fprintf(f,
+                "prefetch: %" PRIu64 " experts copied ahead, %" PRIu64 " used (%" PRIu64
+                " of them still copying when their layer ran), %.1f MB evicted unused; %" PRIu64
+                " predictions dropped (the copy stream was behind)\n",
+                tot.prefetched, tot.prefetch_used, tot.prefetch_late, tot.prefetch_wasted / 1e6,
+                tot.prefetch_dropped);
     if (c->hybrid)
         fprintf(f,
                 "CPU lane: %" PRIu64 " expert computations (misses not streamed), %" PRIu64
@@ -81,11 +91,13 @@ int expert_cache_write_stats_json(const struct expert_cache *c, const char *path
                 ", \"promotions\": %" PRIu64 ", \"evictions\": %" PRIu64
                 ", \"admissions\": %" PRIu64 ", \"bytes_streamed\": %" PRIu64
                 ", \"bytes_zero_copy\": %" PRIu64 ", \"prefetched\": %" PRIu64
-                ", \"prefetch_used\": %" PRIu64 ", \"cpu_computed\": %" PRIu64
-                ", \"cpu_admitted\": %" PRIu64 "}",
+                ", \"prefetch_used\": %" PRIu64 ", \"prefetch_late\": %" PRIu64
+                ", \"prefetch_wasted_bytes\": %" PRIu64 ", \"prefetch_dropped\": %" PRIu64
+                ", \"cpu_computed\": %" PRIu64 ", \"cpu_admitted\": %" PRIu64 "}",
                 l ? "," : "", l, slru_layer_held(c->slru, l), s->hits, s->misses, s->promotions,
                 s->evictions, s->admissions, s->bytes_copied, s->bytes_zerocopy, s->prefetched,
-                s->prefetch_used, s->cpu_computed, s->cpu_admitted);
+                s->prefetch_used, s->prefetch_late, s->prefetch_wasted, s->prefetch_dropped,
+                s->cpu_computed, s->cpu_admitted);
     }
     fprintf(f, "\n]}\n");
     return outfile_commit(&of);

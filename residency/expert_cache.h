@@ -54,6 +54,11 @@ struct expert_cache_layer_stats {
     uint64_t cpu_admitted;    /* of those, copied into a slot behind the call (PCIe idle) */
     uint64_t prefetched;      /* admitted ahead of the layer's routing (prediction) */
     uint64_t prefetch_used;   /* of those, looked up by the layer before being evicted */
+    uint64_t prefetch_late;   /* of those used, still copying when the layer's routing was
+                               * known (its experts waited for the copy) */
+    uint64_t prefetch_wasted; /* bytes prefetched and evicted before the layer used them */
+    uint64_t prefetch_dropped; /* predictions not copied: the copy stream was still busy with
+                                * the previous prefetches, so they would have come too late */
     uint64_t bytes_copied;    /* streamed into slots */
     uint64_t bytes_zerocopy;  /* read in place from host memory by the kernels */
 };
@@ -98,6 +103,16 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
  * that are not resident (never evicting layer l's or l + 2's), copying them while layer l
  * computes. Layer l + 1's experts then wait for those copies only if they have not landed. */
 void expert_cache_predict_next(struct expert_cache *c, const int32_t *pred_dev, int n);
+
+/* Depth-N prediction: pred_dev holds n_depth consecutive blocks of n ids, block j (0-based) the
+ * predicted experts of layer l + 1 + j (n_depth <= EXPERT_CACHE_MAX_DEPTH; blocks past the last
+ * layer are ignored). The next prepare_copy of layer l reads them back with its own ids and,
+ * behind layer l's copies, admits layer l + 1's (as expert_cache_predict_next), then those of
+ * l + 2, ... (never evicting layer l's or l + 1's experts). Deeper blocks are dropped while the
+ * copies of the previous call's prefetches are still running (they would land too late). */
+#define EXPERT_CACHE_MAX_DEPTH 4
+void expert_cache_predict_ahead(struct expert_cache *c, const int32_t *pred_dev, int n,
+                                int n_depth);
 
 /* The caller's lane choice for the n_miss misses of one call at `layer` (miss_ids ascending;
  * pair_count[e]: the (token, expert) pairs routed to expert e in the call; each expert's gate +
@@ -150,6 +165,12 @@ typedef void (*expert_cache_progress_fn)(void *ctx, int done, int total);
  * (>= 0), or -errno. */
 int expert_cache_preload(struct expert_cache *c, const int32_t *layer, const int32_t *expert,
                          int n, bool pin, expert_cache_progress_fn progress, void *ctx);
+
+/* The slot holding (layer, expert), or -1 (no effect on recency or statistics). */
+int expert_cache_slot_of(const struct expert_cache *c, int layer, int expert);
+/* Checks the slot policy's invariants (no slot lost or held twice, counts, caps): 0 or
+ * -EFAULT. For tests. */
+int expert_cache_check(const struct expert_cache *c);
 
 /* Zeroes every statistic (after a restore or a check that should not count). */
 void expert_cache_reset_stats(struct expert_cache *c);

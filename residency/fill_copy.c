@@ -61,12 +61,18 @@ static int ec_copy_piece(struct expert_cache *c, uint8_t *dst, const uint8_t *ho
     return 0;
 }
 
-/* Admits (l, e) into a slot and enqueues its copy; the evicted expert goes back to host. The
- * slot, or -1 when every slot is guarded (the expert stays in host memory). */
 int ec_admit(struct expert_cache *c, int l, int e, int *rc)
 {
+    return ec_admit_guard(c, l, e, l, rc);
+}
+
+/* Admits (l, e) into a slot and enqueues its copy; the evicted expert goes back to host (a
+ * prefetched one that was never used counts as wasted). The slot, or -1 when every slot is
+ * guarded (the expert stays in host memory). */
+int ec_admit_guard(struct expert_cache *c, int l, int e, int guard, int *rc)
+{
     int el = -1, ee = -1;
-    int s = slru_admit(c->slru, l, e, l, &el, &ee);
+    int s = slru_admit(c->slru, l, e, guard, &el, &ee);
     if (s < 0) {
         if (s != -ENOSPC)
             *rc = err_set(s, "expert cache: admitting expert %d of layer %d failed", e, l);
@@ -74,7 +80,10 @@ int ec_admit(struct expert_cache *c, int l, int e, int *rc)
     }
     if (el >= 0) {
         ec_point_host(c, el, ee);
-        c->prefetched[(size_t)el * c->n_expert + ee] = 0;
+        uint8_t *pf = &c->prefetched[(size_t)el * c->n_expert + ee];
+        if (*pf)
+            c->stats[el].prefetch_wasted += ec_expert_bytes(c, el);
+        *pf = 0;
     }
     c->slot_gen[s]++;
     for (int p = 0; p < P_N && !*rc; p++) {
@@ -133,6 +142,51 @@ static bool ec_assign_misses(struct expert_cache *c, int layer, const int32_t *i
     return copied;
 }
 
+/* The predictions read back at layer's call, n_pred ids for each of n_depth layers ahead:
+ * admitted behind the call's own copies, the next layer's first (never evicting the layer
+ * after it, as a miss would not), deeper ones never evicting layer or layer + 1. Deeper blocks
+ * are dropped while the previous prefetches are still copying. */
+static int ec_prefetch(struct expert_cache *c, int layer, int n_pred, int n_depth)
+{
+    int rc = 0, busy = 0;
+    bool any = false;
+    if (n_depth > 1 && c->pf_last_set && (busy = cuda_event_done(c->pf_last)) < 0)
+        return err_set(busy, "expert cache: querying the prefetch copies failed");
+    busy = c->pf_last_set && busy == 0;
+    for (int j = 0; j < n_depth && !rc && layer + 1 + j < c->n_layer; j++) {
+        int t = layer + 1 + j;
+        bool into = false;
+        if (j > 0 && busy) {
+            c->stats[t].prefetch_dropped += (uint64_t)n_pred;
+            continue;
+        }
+        for (int i = 0; i < n_pred && !rc; i++) {
+            int e = c->pred_host[(size_t)j * n_pred + i];
+            if (e < 0 || e >= c->n_expert || slru_peek(c->slru, t, e) >= 0)
+                continue;
+            int s = ec_admit_guard(c, t, e, j == 0 ? t : layer, &rc);
+            if (s < 0)
+                continue;
+            ec_point_slot(c, t, e, s);
+            c->prefetched[(size_t)t * c->n_expert + e] = 1;
+            c->stats[t].prefetched++;
+            c->copies_pending = true;
+            into = true;
+        }
+        if (into && !rc) {
+            rc = ec_flush(c);
+            rc = rc ? rc : cuda_event_record(c->pf_done[t], c->copy);
+            c->pf_pending[t] = 1;
+            any = true;
+        }
+    }
+    if (any && !rc) {
+        rc = cuda_event_record(c->pf_last, c->copy);
+        c->pf_last_set = true;
+    }
+    return rc ? err_set(rc, "expert cache: prefetching after layer %d failed", layer) : 0;
+}
+
 static int ec_cmp_i32(const void *a, const void *b)
 {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -155,15 +209,25 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
             return rc;
     }
     int n_pred = layer + 1 < c->n_layer && c->pred_dev ? c->n_pred : 0;
-    if (n_pred > c->max_pairs)
-        n_pred = c->max_pairs;
+    int n_depth = n_pred ? c->n_depth : 0;
     rc = cuda_d2h(ids, ids_dev, sizeof(int32_t) * (size_t)n_pairs, c->compute);
     if (!rc && n_pred)
-        rc = cuda_d2h(c->pred_host, c->pred_dev, sizeof(int32_t) * (size_t)n_pred, c->compute);
+        rc = cuda_d2h(c->pred_host, c->pred_dev, sizeof(int32_t) * (size_t)n_pred * n_depth,
+                      c->compute);
     c->pred_dev = NULL;
     rc = rc ? rc : cuda_stream_sync(c->compute);
     if (rc)
         return err_set(rc, "expert cache: reading layer %d's routing back failed", layer);
+    /* prefetches into this layer still copying now make its experts wait: too late */
+    bool late = false;
+    if (c->pf_pending[layer]) {
+        int done = cuda_event_done(c->pf_done[layer]);
+        if (done < 0)
+            return err_set(done, "expert cache: querying layer %d's prefetch copies failed",
+                           layer);
+        late = done == 0;
+        c->pf_pending[layer] = 0;
+    }
     slru_step(c->slru);
     c->stamp++;
     /* the CPU lane's zero entries of this layer's previous call go back to host memory (that
@@ -189,8 +253,10 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
             continue; /* a bad id is the kernel's to report (NaN) */
         c->seen[e] = c->stamp;
         uint8_t *pf = &c->prefetched[(size_t)layer * c->n_expert + e];
-        if (*pf && slru_peek(c->slru, layer, e) >= 0)
+        if (*pf && slru_peek(c->slru, layer, e) >= 0) {
             c->stats[layer].prefetch_used++;
+            c->stats[layer].prefetch_late += late;
+        }
         *pf = 0;
         if (slru_lookup(c->slru, layer, e) >= 0) {
             if (!ec_in_slot(c, layer, e)) /* admitted by (b) and not yet switched */
@@ -232,19 +298,8 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
         c->stats[layer].cpu_admitted++;
         c->copies_pending = true;
     }
-    /* then the predicted experts of the next layer start copying behind them */
-    for (int i = 0; i < n_pred && !rc; i++) {
-        int e = c->pred_host[i], next = layer + 1;
-        if (e < 0 || e >= c->n_expert || slru_peek(c->slru, next, e) >= 0)
-            continue;
-        int s = ec_admit(c, next, e, &rc);
-        if (s < 0)
-            continue;
-        ec_point_slot(c, next, e, s);
-        c->prefetched[(size_t)next * c->n_expert + e] = 1;
-        c->stats[next].prefetched++;
-        c->copies_pending = true;
-    }
+    /* then the predicted experts of the next layers start copying behind them */
+    rc = rc ? rc : ec_prefetch(c, layer, n_pred, n_depth);
     rc = rc ? rc : ec_flush(c);
     ec_tables(c, layer, t);
     return rc;
@@ -289,6 +344,14 @@ int expert_cache_cpu_experts(const struct expert_cache *c, const int32_t **ids)
 
 void expert_cache_predict_next(struct expert_cache *c, const int32_t *pred_dev, int n)
 {
+    expert_cache_predict_ahead(c, pred_dev, n, 1);
+}
+
+void expert_cache_predict_ahead(struct expert_cache *c, const int32_t *pred_dev, int n,
+                                int n_depth)
+{
     c->pred_dev = pred_dev;
-    c->n_pred = n;
+    c->n_pred = n < c->max_pairs ? n : c->max_pairs;
+    c->n_depth = n_depth < 1 ? 1 : n_depth > EXPERT_CACHE_MAX_DEPTH ? EXPERT_CACHE_MAX_DEPTH
+                                                                     : n_depth;
 }

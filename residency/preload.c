@@ -58,6 +58,16 @@ int expert_cache_preload(struct expert_cache *c, const int32_t *layer, const int
     return placed;
 }
 
+int expert_cache_slot_of(const struct expert_cache *c, int layer, int expert)
+{
+    return slru_peek(c->slru, layer, expert);
+}
+
+int expert_cache_check(const struct expert_cache *c)
+{
+    return slru_check(c->slru);
+}
+
 void expert_cache_reset_stats(struct expert_cache *c)
 {
     memset(c->stats, 0, sizeof(*c->stats) * (size_t)c->n_layer);

@@ -115,6 +115,7 @@ struct backend_cuda_config {
                            * host memory) instead of a cudaMemcpyAsync per piece */
     bool prefetch;        /* copy path: predict layer l+1's experts with its router applied to
                            * layer l's input and stream them while layer l computes */
+    int prefetch_depth;   /* with prefetch: also layers l+2 .. l+depth (1..4; 0 = 1) */
     bool hybrid;          /* with vram_budget: each layer's cache misses split between
                            * streaming and the CPU lane by moe/lane.h's cost model (bandwidths
                            * measured at open) */

@@ -514,7 +514,7 @@ static struct moe_layer_config cuda_moe_config(struct backend_cuda *c,
         .stream_bytes = cuda_stream_bytes(hp, cfg->n_ctx > 0 ? (uint64_t)cfg->n_ctx : 4096,
                                           cfg->max_tok > 0 ? (uint64_t)cfg->max_tok : 512),
         .fill = cfg->residency == BACKEND_RESIDENCY_ZEROCOPY ? MOE_FILL_ZEROCOPY : MOE_FILL_COPY,
-        .prefetch = cfg->prefetch, .hybrid = cfg->hybrid, .hybrid_no_admit = cfg->hybrid_no_admit,
+        .prefetch = cfg->prefetch, .prefetch_depth = cfg->prefetch_depth, .hybrid = cfg->hybrid, .hybrid_no_admit = cfg->hybrid_no_admit,
         .gather = cfg->gather_copies, .pin_chunk = cfg->pin_chunk, .stream = c->stream,
         .observer = cfg->route_observer, .observer_ctx = cfg->route_ctx, .log = cfg->log,
     };

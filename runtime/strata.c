@@ -95,6 +95,8 @@ static int strata_config_check(const struct strata_config *cfg)
                        "expert_slots %d and cuda_device %d not negative",
                        cfg->n_ctx, cfg->n_batch, cfg->n_threads, cfg->expert_slots,
                        cfg->cuda_device);
+    if (cfg->prefetch_depth < 0 || cfg->prefetch_depth > 4)
+        return err_set(-EINVAL, "strata_config: prefetch_depth %d (0..4)", cfg->prefetch_depth);
     if (cfg->device == STRATA_DEVICE_CPU && strata_config_needs_gpu(cfg))
         return err_set(-EINVAL, "strata_config: vram_budget, expert_slots and hybrid or static "
                                 "placement need a CUDA device (device is STRATA_DEVICE_CPU)");
@@ -200,6 +202,7 @@ static int strata_start_cuda(struct strata *s, bool auto_cuda)
         .graph = cfg->flags & STRATA_FLAG_GRAPH,
         .gather_copies = cfg->flags & STRATA_FLAG_GATHER,
         .prefetch = cfg->flags & STRATA_FLAG_PREFETCH,
+        .prefetch_depth = cfg->prefetch_depth,
         .hybrid = cfg->placement == STRATA_PLACEMENT_HYBRID,
         .hybrid_no_admit = cfg->flags & STRATA_FLAG_NO_HYBRID_ADMIT,
         .cpu_moe_layers = cfg->placement == STRATA_PLACEMENT_STATIC ? cfg->cpu_moe_layers : 0,
@@ -608,6 +611,10 @@ void strata_get_stats(const struct strata *s, struct strata_stats *out)
         out->bytes_zero_copy = t.bytes_zerocopy;
         out->cpu_computed = t.cpu_computed;
         out->cpu_admitted = t.cpu_admitted;
+        out->prefetched = t.prefetched;
+        out->prefetch_used = t.prefetch_used;
+        out->prefetch_late = t.prefetch_late;
+        out->prefetch_wasted = t.prefetch_wasted;
     }
 }
 

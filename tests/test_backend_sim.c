@@ -227,6 +227,12 @@ int cuda_event_record(void *ev, void *stream)
     return 0;
 }
 
+int cuda_event_done(void *ev)
+{
+    (void)ev;
+    return 1; /* every operation ran when it was enqueued */
+}
+
 int cuda_stream_wait(void *stream, void *ev)
 {
     (void)stream, (void)ev;
@@ -818,6 +824,14 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     struct backend_cuda_config ga = {.device = 0, .expert_slots = 7, .gather_copies = true,
                                      .prefetch = true};
     exact(path, "gather kernel + prefetch, 7 slots", &ga, 256, prompt, &ref);
+    /* predictions of the next 2..4 layers (the simulated model has 4) */
+    for (int d = 2; d <= 4; d++) {
+        struct backend_cuda_config pd = pf;
+        char what[64];
+        pd.prefetch_depth = d;
+        snprintf(what, sizeof(what), "copy + prefetch depth %d, 9 slots", d);
+        exact(path, what, &pd, 256, prompt, &ref);
+    }
     /* a residency profile restored before the first token: frozen (never evicted) or seeding
      * the cache, in each way of serving misses; more experts than slots places what fits */
     static const int32_t pl[6] = {0, 1, 0, 1, 0, 1}, pe[6] = {1, 2, 3, 0, 5, 6};

@@ -187,6 +187,12 @@ int cuda_event_record(void *ev, void *stream)
     return 0;
 }
 
+int cuda_event_done(void *ev)
+{
+    const struct mevent *e = ev;
+    return !e->s || e->s->done >= e->upto;
+}
+
 int cuda_stream_wait(void *stream, void *ev)
 {
     struct mevent *e = ev;
@@ -287,6 +293,8 @@ struct scenario_cfg {
     enum copy_mode mode; /* how the mock copy stream progresses */
     bool zerocopy;       /* decode-sized calls take (b) */
     bool prefetch;       /* a partly wrong prediction of the next layer */
+    int depth;           /* with prefetch: of the next depth layers (0 = 1) */
+    int n_frozen;        /* experts restored and pinned before the first step (a profile) */
     bool shrink;         /* the pool gives up slots half-way */
     bool hybrid;         /* misses split with the CPU lane */
     bool cpu_fast;       /* hybrid with a CPU lane 4x PCIe: lone misses go to the CPU and are
@@ -321,7 +329,9 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
     void *compute = NULL;
     struct expert_cache *c = NULL;
     int32_t *ids_dev = NULL, *pred_dev = NULL;
-    static int32_t routed[N_LAYER][MAX_TOK * K], pred[MAX_TOK * K];
+    static int32_t routed[N_LAYER][MAX_TOK * K], pred[EXPERT_CACHE_MAX_DEPTH * MAX_TOK * K];
+    int depth = sc->depth < 1 ? 1 : sc->depth;
+    int32_t fl[N_LAYER * N_EXPERT], fe[N_LAYER * N_EXPERT];
     int bad = 0;
     struct rng r;
 
@@ -345,7 +355,17 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
         expert_cache_set_hybrid_admit(c, sc->cpu_fast);
     }
     CHECK(cuda_malloc((void **)&ids_dev, sizeof(int32_t) * MAX_TOK * K) == 0, "ids");
-    CHECK(cuda_malloc((void **)&pred_dev, sizeof(int32_t) * MAX_TOK * K) == 0, "pred");
+    CHECK(cuda_malloc((void **)&pred_dev, sizeof(pred)) == 0, "pred");
+    /* a profile's frozen set: distinct (layer, expert) pairs, placed and pinned */
+    for (int i = 0; i < sc->n_frozen; i++) {
+        fl[i] = i % N_LAYER;
+        fe[i] = (i / N_LAYER * 5 + 3) % N_EXPERT;
+    }
+    if (sc->n_frozen) {
+        int placed = expert_cache_preload(c, fl, fe, sc->n_frozen, true, NULL, NULL);
+        CHECK(placed == sc->n_frozen, "preload: %d of %d placed (%s)", placed, sc->n_frozen,
+              err_msg());
+    }
     for (int step = 0; step < n_steps && !rc; step++) {
         int n_tok = step == 0 ? MAX_TOK : 1 + (int)rng_below(&r, 2);
         for (int l = 0; l < N_LAYER; l++)
@@ -361,11 +381,17 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
             cuda_h2d(ids_dev, k->ids, sizeof(int32_t) * (size_t)n_tok * K, compute);
             bool copy_path = !zerocopy || n_tok > 16;
             if (prefetch && copy_path && l + 1 < N_LAYER) {
-                /* a prediction of the next layer: mostly right, some wrong */
-                for (int i = 0; i < n_tok * K; i++)
-                    pred[i] = rng_below(&r, 4) ? routed[l + 1][i] : (int32_t)rng_below(&r, N_EXPERT);
-                cuda_h2d(pred_dev, pred, sizeof(int32_t) * (size_t)n_tok * K, compute);
-                expert_cache_predict_next(c, pred_dev, n_tok * K);
+                /* a prediction of the next layers: mostly right, some wrong */
+                int nd = 0, n = n_tok * K;
+                for (; nd < depth && l + 1 + nd < N_LAYER; nd++)
+                    for (int i = 0; i < n; i++)
+                        pred[nd * n + i] = rng_below(&r, 4) ? routed[l + 1 + nd][i]
+                                                            : (int32_t)rng_below(&r, N_EXPERT);
+                cuda_h2d(pred_dev, pred, sizeof(int32_t) * (size_t)(nd * n), compute);
+                if (depth == 1)
+                    expert_cache_predict_next(c, pred_dev, n);
+                else
+                    expert_cache_predict_ahead(c, pred_dev, n, nd);
             }
             /* the backend's rule: decode-sized calls take the chosen path, prefill copies */
             rc = !copy_path
@@ -384,6 +410,10 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
         cuda_stream_sync(compute);
         if (!rc)
             rc = expert_cache_step_end(c);
+        CHECK(expert_cache_check(c) == 0, "step %d: the slot policy's invariants broke", step);
+        for (int i = 0; i < sc->n_frozen && !shrink; i++)
+            CHECK(expert_cache_slot_of(c, fl[i], fe[i]) >= 0, "step %d: frozen expert %d of "
+                  "layer %d was evicted", step, fe[i], fl[i]);
         /* half-way, an allocation elsewhere takes two slots' worth of the pool */
         if (!rc && step == n_steps / 2 && shrink) {
             int before = expert_cache_slots(c);
@@ -402,6 +432,11 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
         zc += s->bytes_zerocopy;
         pf += s->prefetched;
         pfu += s->prefetch_used;
+        CHECK(s->prefetch_used <= s->prefetched && s->prefetch_late <= s->prefetch_used &&
+                  s->prefetch_wasted <= s->prefetched * (uint64_t)expert_cache_slot_bytes(c),
+              "layer %d: prefetched %llu, used %llu, late %llu, wasted %llu bytes", l,
+              (unsigned long long)s->prefetched, (unsigned long long)s->prefetch_used,
+              (unsigned long long)s->prefetch_late, (unsigned long long)s->prefetch_wasted);
     }
     printf("%-8s%s%s %-6s %2d slots: %d wrong expert reads; %llu hits, %llu misses, %llu "
            "evictions, %llu bytes read in place, %llu prefetched (%llu used)\n",
@@ -473,6 +508,20 @@ int main(void)
                                          .mode = (enum copy_mode)mode, .zerocopy = zc,
                                          .prefetch = pf, .shrink = s % 2, .gather = s >= 2,
                                          .n_slots = slots[s], .n_steps = 40, .seed = seed + s});
+    /* depth 2..4 predictions, and a profile's pinned set, with each copy progression */
+    for (int mode = 0; mode < 3; mode++)
+        for (int d = 2; d <= 4; d++)
+            scenario(&m, &(struct scenario_cfg){.mode = (enum copy_mode)mode, .prefetch = true,
+                                                .depth = d, .n_frozen = d == 3 ? K : 0,
+                                                .gather = d == 4, .n_slots = 3 * K,
+                                                .n_steps = 40, .seed = seed + 40 + d});
+    for (int mode = 0; mode < 3; mode++)
+        scenario(&m, &(struct scenario_cfg){.mode = (enum copy_mode)mode, .zerocopy = true,
+                                            .n_frozen = 2 * K, .n_slots = 3 * K, .n_steps = 40,
+                                            .seed = seed + 50 + mode});
+    scenario(&m, &(struct scenario_cfg){.mode = COPY_RANDOM, .hybrid = true, .prefetch = true,
+                                        .depth = 3, .n_frozen = K, .n_slots = 3 * K,
+                                        .n_steps = 40, .seed = seed + 60});
     for (int l = 0; l < N_LAYER; l++) {
         free((void *)layers[l].gate_exps.data);
         free((void *)layers[l].up_exps.data);
