@@ -1,6 +1,7 @@
 /* strata stats-routing: runs texts through a model on the CPU and reports how its routers
- * behave (runtime/routing_stats.h): popularity concentration, reuse distances, and the recall
- * of predicting layer l+1's experts by applying its router to layer l's MoE input. */
+ * behave (profiles/routing_stats.h): popularity concentration, reuse distances, and the recall
+ * of predicting layer l+d's experts (d = 1..ROUTING_DEPTHS) by applying its router to layer l's
+ * MoE input. */
 #include <errno.h>
 #include <stdbool.h>
 #include <sys/stat.h>
@@ -48,9 +49,10 @@ static void sr_usage(void)
            "expert activations taken by the most popular 10%% and 20%% of experts, how often a\n"
            "selected expert was also selected at the previous token (reuse@1) or within 8\n"
            "tokens, and the recall of predicting the layer's top-k by applying its router to\n"
-           "the previous layer's MoE input. Then the hit rate strata's expert cache (SLRU)\n"
-           "would reach holding 10%%, 25%% and 40%% of the experts, replaying the texts in\n"
-           "decode order.\n\n"
+           "the MoE input of the layer 1, 2, 3 or 4 layers earlier (depths 1..4: columns\n"
+           "recall, recall@2, recall@3, recall@4). Then the hit rate strata's expert cache\n"
+           "(SLRU) would reach holding 10%%, 25%% and 40%% of the experts, replaying the texts\n"
+           "in decode order.\n\n"
            "  -m, --model FILE      GGUF model (default: the shipped default model,\n"
            "                        " STRATA_DEFAULT_MODEL ")\n"
            "      --prompts FILE    texts, one per line; - reads standard input (required)\n"
@@ -112,25 +114,14 @@ static int sr_parse(int argc, char **argv, struct sr_opts *o)
     return 0;
 }
 
-/* Records layer l's choice and predicts layer l+1's from the same input with its router. */
-static void sr_observe(void *arg, const struct strata_route_event *ev)
+/* Applies layer ev->layer + depth's router to layer ev->layer's MoE input and records each
+ * token's softmax top-k as the prediction of that layer at this depth. */
+static void sr_predict(struct sr_ctx *c, const struct strata_route_event *ev, int depth)
 {
-    struct sr_ctx *c = arg;
     const struct model_hparams *hp = &c->m->hp;
-    int next = ev->layer + 1;
+    int target = ev->layer + depth;
+    const float *w = c->m->layers[target].router.data; /* (n_expert rows of n_embd) F32 */
 
-    for (int t = 0; t < ev->n_tok; t++) {
-        int pos = ev->pos0 + t;
-        routing_stats_add(c->rs, ev->layer, pos, ev->ids + (size_t)t * ev->k);
-        if (pos < c->max_tokens) {
-            memcpy(c->trace + ((size_t)pos * hp->n_layer + (size_t)ev->layer) * ev->k,
-                   ev->ids + (size_t)t * ev->k, sizeof(int32_t) * (size_t)ev->k);
-            c->trace_tok = pos + 1 > c->trace_tok ? pos + 1 : c->trace_tok;
-        }
-    }
-    if (next >= (int)hp->n_layer)
-        return;
-    const float *w = c->m->layers[next].router.data; /* (n_expert rows of n_embd) F32 */
     for (int t = 0; t < ev->n_tok; t++) {
         const float *x = ev->in + (size_t)t * hp->n_embd;
         for (uint32_t e = 0; e < hp->n_expert; e++) {
@@ -141,8 +132,28 @@ static void sr_observe(void *arg, const struct strata_route_event *ev)
             c->logits[e] = (float)s;
         }
         moe_route_softmax_topk(c->logits, 1, (int)hp->n_expert, ev->k, c->pred, c->pw);
-        routing_stats_predict(c->rs, next, ev->pos0 + t, c->pred);
+        routing_stats_predict(c->rs, target, depth, ev->pos0 + t, c->pred);
     }
+}
+
+/* Records layer l's choice and predicts layers l+1..l+ROUTING_DEPTHS' from the same input,
+ * each with its own router. */
+static void sr_observe(void *arg, const struct strata_route_event *ev)
+{
+    struct sr_ctx *c = arg;
+    const struct model_hparams *hp = &c->m->hp;
+
+    for (int t = 0; t < ev->n_tok; t++) {
+        int pos = ev->pos0 + t;
+        routing_stats_add(c->rs, ev->layer, pos, ev->ids + (size_t)t * ev->k);
+        if (pos < c->max_tokens) {
+            memcpy(c->trace + ((size_t)pos * hp->n_layer + (size_t)ev->layer) * ev->k,
+                   ev->ids + (size_t)t * ev->k, sizeof(int32_t) * (size_t)ev->k);
+            c->trace_tok = pos + 1 > c->trace_tok ? pos + 1 : c->trace_tok;
+        }
+    }
+    for (int d = 1; d <= ROUTING_DEPTHS && ev->layer + d < (int)hp->n_layer; d++)
+        sr_predict(c, ev, d);
 }
 
 /* Evaluates every text of the prompts file on a fresh stream. */
@@ -191,7 +202,8 @@ static int sr_plot(const struct sr_opts *o, const char *dat)
              "set xlabel 'layer'; set ylabel 'percent'; set key outside; set yrange [0:100]; "
              "plot '%s' u 1:2 w lp t 'top 10%% share', '' u 1:3 w lp t 'top 20%% share', "
              "'' u 1:4 w lp t 'reuse at next token', '' u 1:5 w lp t 'reuse within 8', "
-             "'' u 1:6 w lp t 'recall l-1 -> l'\"",
+             "'' u 1:6 w lp t 'recall l-1 -> l', '' u 1:7 w lp t 'recall l-2 -> l', "
+             "'' u 1:8 w lp t 'recall l-3 -> l', '' u 1:9 w lp t 'recall l-4 -> l'\"",
              o->plot, dat);
     if (system(cmd) != 0) {
         fprintf(stderr, "strata stats-routing: gnuplot failed (is it installed?)\n");
