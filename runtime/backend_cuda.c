@@ -44,6 +44,8 @@ struct backend_cuda {
     size_t moe_scratch_bytes;
     size_t weight_bytes;      /* uploaded weights */
     size_t alloc_bytes;       /* everything else cuda_alloc handed out */
+    struct cuda_block *blocks; /* cuda_alloc's live allocations, to give their bytes back */
+    int n_blocks, cap_blocks;
     int rc;                   /* first error of the weight upload */
     uint64_t budget;          /* 0 = no cap */
     struct moe_layer *moe;    /* the MoE layer: placement, expert cache, CPU lane */
@@ -73,6 +75,38 @@ static inline void backend_cuda_forget_xq(struct backend_cuda *c)
 static int backend_cuda_fail(int rc, const char *what)
 {
     return err_set(rc ? rc : -EIO, "cuda backend: %s failed", what);
+}
+
+/* A live allocation of cuda_alloc: freeing it gives its bytes back to the budget. */
+struct cuda_block {
+    void *p;
+    size_t bytes;
+};
+
+static int cuda_block_add(struct backend_cuda *c, void *p, size_t bytes)
+{
+    if (c->n_blocks == c->cap_blocks) {
+        int cap = c->cap_blocks ? 2 * c->cap_blocks : 32;
+        struct cuda_block *b = realloc(c->blocks, sizeof(*b) * (size_t)cap);
+        if (!b)
+            return -ENOMEM;
+        c->blocks = b;
+        c->cap_blocks = cap;
+    }
+    c->blocks[c->n_blocks++] = (struct cuda_block){p, bytes};
+    c->alloc_bytes += bytes;
+    return 0;
+}
+
+static void cuda_block_forget(struct backend_cuda *c, const void *p)
+{
+    for (int i = c->n_blocks - 1; i >= 0; i--) {
+        if (c->blocks[i].p == p) {
+            c->alloc_bytes -= c->blocks[i].bytes;
+            c->blocks[i] = c->blocks[--c->n_blocks];
+            return;
+        }
+    }
 }
 
 static size_t cuda_held_bytes(const struct backend_cuda *c)
@@ -119,13 +153,19 @@ static float *cuda_alloc(struct backend *b, size_t n)
         return NULL;
     }
     cuda_memset(p, 0, n * sizeof(float), cuda_of(b)->stream);
-    cuda_of(b)->alloc_bytes += n * sizeof(float);
+    if (cuda_block_add(c, p, bytes)) {
+        cuda_free(p);
+        err_set(-ENOMEM, "out of memory");
+        return NULL;
+    }
     return p;
 }
 
 static void cuda_free_op(struct backend *b, float *p)
 {
-    (void)b;
+    if (!p)
+        return;
+    cuda_block_forget(cuda_of(b), p);
     cuda_free(p);
 }
 
@@ -402,6 +442,7 @@ static void cuda_close_op(struct backend *b)
     cuda_free(c->step_dev);
     cuda_free(c->argmax_dev);
     cuda_stream_destroy(c->stream);
+    free(c->blocks);
     free(c);
 }
 
@@ -634,13 +675,18 @@ static void *cuda_moe_alloc(void *dev, size_t bytes)
     void *p = NULL;
     if (cuda_malloc(&p, bytes))
         return NULL;
-    c->alloc_bytes += bytes;
+    if (cuda_block_add(c, p, bytes)) {
+        cuda_free(p);
+        return NULL;
+    }
     return p;
 }
 
 static void cuda_moe_free(void *dev, void *p)
 {
-    (void)dev;
+    if (!p)
+        return;
+    cuda_block_forget(dev, p);
     cuda_free(p);
 }
 

@@ -869,6 +869,40 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     free(ref.logits);
 }
 
+/* Streams opened and closed in turn give their memory back: under a budget the pool keeps its
+ * slots however many come and go (a probe's stream before the caller's, say). */
+static void stream_churn(struct model *m)
+{
+    struct backend *b = NULL;
+    struct moe_cache_totals t0, t1;
+    int all = (int)(m->hp.n_layer * m->hp.n_expert);
+    /* the largest budget whose pool holds under half the experts: the budget binds */
+    for (uint64_t budget = 16 << 20; budget >= (1 << 20); budget -= 256 << 10) {
+        struct backend_cuda_config cc = {.device = 0, .vram_budget = budget, .n_ctx = 128,
+                                         .max_tok = 32};
+        if (backend_cuda_open(m, &cc, &b))
+            continue;
+        backend_cuda_cache_totals(b, &t0);
+        if (t0.slots < all / 2)
+            break;
+        backend_close(b);
+        b = NULL;
+    }
+    if (!b) {
+        CHECK(0, "churn: no budget binds the pool");
+        return;
+    }
+    for (int i = 0; i < 5; i++) {
+        struct stream *s = NULL;
+        CHECK(stream_open(b, 128, 32, &s) == 0, "churn stream %d: %s", i, err_msg());
+        stream_close(s);
+    }
+    backend_cuda_cache_totals(b, &t1);
+    printf("%d slots before five streams came and went, %d after\n", t0.slots, t1.slots);
+    CHECK(t0.slots == t1.slots, "streams that came and went took %d slots", t0.slots - t1.slots);
+    backend_close(b);
+}
+
 static void budget_checks(const char *path)
 {
     struct model *m = NULL;
@@ -876,6 +910,7 @@ static void budget_checks(const char *path)
     CHECK(model_open(path, &m) == 0, "%s", err_msg());
     if (!m)
         return;
+    stream_churn(m);
     uint64_t trunk, slot, experts = 0;
     budget_model_sizes(m, &trunk, &slot);
     for (uint32_t l = 0; l < m->hp.n_layer; l++)
