@@ -7,8 +7,12 @@
  *   cache_stats.c    per-layer statistics, text and JSON
  *   preload.c        a residency profile's experts placed (and pinned) before the first step
  * Threads: one (the MoE layer's caller). CUDA streams: the backend's compute stream (table
- * uploads, the kernels that read the tables, read-backs of routing ids) and the cache's copy
- * stream (every host-to-slot copy); an event orders the compute stream after the copies. */
+ * uploads, the kernels that read the tables, read-backs of routing ids), the cache's copy
+ * stream (the copies a layer waits for: its misses, and admissions between steps) and its
+ * prefetch stream (copies of predicted experts, so that a layer's own misses never queue
+ * behind them). Events order the compute stream after both; the prefetch stream starts each
+ * batch after the copy stream's work so far, and a copy into a slot whose last write was a
+ * prefetch still in flight waits for the prefetch stream first. */
 #ifndef STRATA_CACHE_PRIV_H
 #define STRATA_CACHE_PRIV_H
 
@@ -79,6 +83,10 @@ struct expert_cache {
     uint8_t *pf_pending;     /* (n_layer) pf_done was recorded since the layer's last call */
     void *pf_last;           /* event: every prefetch copy enqueued so far */
     bool pf_last_set;        /* pf_last was recorded */
+    void *pf_stream;         /* where prefetch copies go */
+    void *xfer;              /* the stream copies are enqueued on now: copy or pf_stream */
+    void *copy_mark;         /* event on the copy stream that a prefetch batch starts after */
+    uint8_t *slot_pf;        /* (n_slots) last written by the prefetch stream (maybe still) */
     void *pred_host_dev;
     bool copies_pending;     /* copies enqueued that no compute work has waited for yet */
     bool recording;          /* a graph is being recorded: upload every table */

@@ -43,6 +43,9 @@ int expert_cache_open(const struct model *m, const struct expert_cache_config *c
     for (int l = 0; l < c->n_layer; l++)
         c->n_pending_ids[l] = -1;
     rc = cuda_stream_create(&c->copy);
+    rc = rc ? rc : cuda_stream_create(&c->pf_stream);
+    rc = rc ? rc : cuda_event_create(&c->copy_mark);
+    c->xfer = c->copy;
     rc = rc ? rc : cuda_event_create(&c->copy_done);
     rc = rc ? rc : ec_host_tier(c);
     rc = rc ? rc : ec_slots(c, cfg);
@@ -102,6 +105,8 @@ void expert_cache_close(struct expert_cache *c)
         return;
     if (c->copy)
         cuda_stream_sync(c->copy);
+    if (c->pf_stream)
+        cuda_stream_sync(c->pf_stream);
     if (c->compute)
         cuda_stream_sync(c->compute);
     for (int i = 0; i < c->n_chunks; i++)
@@ -127,6 +132,11 @@ void expert_cache_close(struct expert_cache *c)
     if (c->pf_last)
         cuda_event_destroy(c->pf_last);
     cuda_stream_destroy(c->copy);
+    if (c->pf_stream)
+        cuda_stream_destroy(c->pf_stream);
+    if (c->copy_mark)
+        cuda_event_destroy(c->copy_mark);
+    free(c->slot_pf);
     slru_close(c->slru);
     free(c->chunks);
     free(c->chunk_first);

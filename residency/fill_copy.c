@@ -24,7 +24,7 @@ static int ec_h2d(struct expert_cache *c, uint8_t *dst, const uint8_t *src, uint
             uint64_t off = (uint64_t)(src - c->reg_lo), end = (off / c->reg_chunk + 1) * c->reg_chunk;
             part = end - off < n ? end - off : n;
         }
-        int rc = cuda_h2d(dst, src, part, c->copy);
+        int rc = cuda_h2d(dst, src, part, c->xfer);
         if (rc)
             return rc;
         dst += part;
@@ -37,7 +37,7 @@ static int ec_h2d(struct expert_cache *c, uint8_t *dst, const uint8_t *src, uint
 /* Gather mode: launches the pieces collected so far on the copy stream. */
 int ec_flush(struct expert_cache *c)
 {
-    int rc = c->batch.n ? cuda_gather_copy(&c->batch, c->copy) : 0;
+    int rc = c->batch.n ? cuda_gather_copy(&c->batch, c->xfer) : 0;
     c->batch.n = 0;
     return rc;
 }
@@ -86,6 +86,13 @@ int ec_admit_guard(struct expert_cache *c, int l, int e, int guard, int *rc)
         *pf = 0;
     }
     c->slot_gen[s]++;
+    if (c->xfer == c->pf_stream) {
+        c->slot_pf[s] = 1;
+    } else if (c->slot_pf[s]) { /* a prefetch may still be writing this slot */
+        int done = cuda_event_done(c->pf_last);
+        *rc = done < 0 ? done : done ? 0 : cuda_stream_wait(c->copy, c->pf_last);
+        memset(c->slot_pf, 0, (size_t)c->n_slots); /* every prefetch so far is ordered now */
+    }
     for (int p = 0; p < P_N && !*rc; p++) {
         uint64_t at = (uint64_t)e * c->lay[l].stride[p];
         *rc = ec_copy_piece(c, c->slot[s] + c->off[p], c->lay[l].host[p] + at,
@@ -153,6 +160,12 @@ static int ec_prefetch(struct expert_cache *c, int layer, int n_pred, int n_dept
     if (n_depth > 1 && c->pf_last_set && (busy = cuda_event_done(c->pf_last)) < 0)
         return err_set(busy, "expert cache: querying the prefetch copies failed");
     busy = c->pf_last_set && busy == 0;
+    /* the batch goes on the prefetch stream, after everything the copy stream holds (a victim
+     * slot may still be receiving a copy there) */
+    rc = ec_flush(c);
+    rc = rc ? rc : cuda_event_record(c->copy_mark, c->copy);
+    rc = rc ? rc : cuda_stream_wait(c->pf_stream, c->copy_mark);
+    c->xfer = c->pf_stream;
     for (int j = 0; j < n_depth && !rc && layer + 1 + j < c->n_layer; j++) {
         int t = layer + 1 + j;
         bool into = false;
@@ -170,18 +183,19 @@ static int ec_prefetch(struct expert_cache *c, int layer, int n_pred, int n_dept
             ec_point_slot(c, t, e, s);
             c->prefetched[(size_t)t * c->n_expert + e] = 1;
             c->stats[t].prefetched++;
-            c->copies_pending = true;
             into = true;
         }
         if (into && !rc) {
             rc = ec_flush(c);
-            rc = rc ? rc : cuda_event_record(c->pf_done[t], c->copy);
+            rc = rc ? rc : cuda_event_record(c->pf_done[t], c->pf_stream);
             c->pf_pending[t] = 1;
             any = true;
         }
     }
+    rc = rc ? rc : ec_flush(c);
+    c->xfer = c->copy;
     if (any && !rc) {
-        rc = cuda_event_record(c->pf_last, c->copy);
+        rc = cuda_event_record(c->pf_last, c->pf_stream);
         c->pf_last_set = true;
     }
     return rc ? err_set(rc, "expert cache: prefetching after layer %d failed", layer) : 0;
@@ -219,7 +233,7 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
     if (rc)
         return err_set(rc, "expert cache: reading layer %d's routing back failed", layer);
     /* prefetches into this layer still copying now make its experts wait: too late */
-    bool late = false;
+    bool late = false, wait_pf = c->pf_pending[layer];
     if (c->pf_pending[layer]) {
         int done = cuda_event_done(c->pf_done[layer]);
         if (done < 0)
@@ -291,6 +305,8 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
             rc = err_set(rc, "expert cache: ordering layer %d after its copies failed", layer);
         c->copies_pending = false;
     }
+    if (!rc && wait_pf && (rc = cuda_stream_wait(c->compute, c->pf_done[layer])))
+        rc = err_set(rc, "expert cache: ordering layer %d after its prefetches failed", layer);
     /* then a CPU-lane expert of this call, for the layer's next call (its entries stay on the
      * zero slot until then; the next layer's call waits for the copy) */
     if (!rc && c->hybrid && c->bg_id >= 0 && slru_peek(c->slru, layer, c->bg_id) < 0 &&

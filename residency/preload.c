@@ -20,6 +20,7 @@ int expert_cache_preload(struct expert_cache *c, const int32_t *layer, const int
     rc = ec_flush(c);
     rc = rc ? rc : cuda_stream_sync(c->compute);
     rc = rc ? rc : cuda_stream_sync(c->copy);
+    rc = rc ? rc : cuda_stream_sync(c->pf_stream);
     if (rc) {
         free(slot_of);
         return err_set(rc, "expert cache: sync before restoring a profile failed");

@@ -10,6 +10,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "errors.h"
 #include "slru.h"
@@ -34,10 +35,11 @@ int ec_slots(struct expert_cache *c, const struct expert_cache_config *cfg)
                        c->slot_bytes / 1048576.0);
     c->slot = calloc(want, sizeof(*c->slot));
     c->slot_gen = calloc(want, sizeof(*c->slot_gen));
+    c->slot_pf = calloc(want, 1);
     c->chunks = calloc(want, sizeof(*c->chunks));
     c->chunk_first = calloc(want, sizeof(*c->chunk_first));
     c->chunk_n = calloc(want, sizeof(*c->chunk_n));
-    if (!c->slot || !c->chunks || !c->slot_gen || !c->chunk_first || !c->chunk_n)
+    if (!c->slot || !c->chunks || !c->slot_gen || !c->slot_pf || !c->chunk_first || !c->chunk_n)
         return err_set(-ENOMEM, "out of memory");
     uint64_t got = 0;
     int per = SLOTS_PER_ALLOC;
@@ -138,8 +140,10 @@ int expert_cache_shrink(struct expert_cache *c, uint64_t bytes)
     int rc = ec_flush(c);
     rc = rc ? rc : cuda_stream_sync(c->compute);
     rc = rc ? rc : cuda_stream_sync(c->copy);
+    rc = rc ? rc : cuda_stream_sync(c->pf_stream);
     if (rc)
         return err_set(rc, "expert cache: sync before shrinking failed");
+    memset(c->slot_pf, 0, (size_t)c->n_slots);
     c->copies_pending = false;
     while (c->n_chunks > 0 && got < bytes) {
         int i = c->n_chunks - 1;

@@ -55,7 +55,9 @@ struct mevent {
 
 enum copy_mode { COPY_EAGER, COPY_LAZY, COPY_RANDOM };
 static enum copy_mode g_mode;
-static struct mstream *g_copy_stream; /* the second stream the cache creates */
+/* the streams after the test's compute stream: the cache's copy and prefetch streams */
+#define MAX_BG 4
+static struct mstream *g_bg[MAX_BG];
 static struct rng g_rng;
 static int g_streams;
 
@@ -79,12 +81,22 @@ static void run_one(struct mstream *s)
         flush_to(o.wait_on, o.wait_upto);
 }
 
-/* The copy stream advances at random while the compute stream works. */
+static bool is_bg(const struct mstream *s)
+{
+    for (int i = 0; i < MAX_BG; i++)
+        if (g_bg[i] == s)
+            return true;
+    return false;
+}
+
+/* The background streams advance at random while the compute stream works. */
 static void maybe_progress_copies(void)
 {
-    if (g_mode == COPY_RANDOM && g_copy_stream)
-        while (g_copy_stream->head < g_copy_stream->n && rng_below(&g_rng, 2))
-            run_one(g_copy_stream);
+    if (g_mode != COPY_RANDOM)
+        return;
+    for (int i = 0; i < MAX_BG; i++)
+        while (g_bg[i] && g_bg[i]->head < g_bg[i]->n && rng_below(&g_rng, 2))
+            run_one(g_bg[i]);
 }
 
 static void push(struct mstream *s, struct op o)
@@ -96,9 +108,10 @@ static void push(struct mstream *s, struct op o)
             abort();
     }
     s->q[s->n++] = o;
-    if (s == g_copy_stream && g_mode == COPY_EAGER)
+    bool bg = is_bg(s);
+    if (bg && g_mode == COPY_EAGER)
         flush_to(s, s->done + (s->n - s->head));
-    if (s != g_copy_stream)
+    if (!bg)
         maybe_progress_copies();
 }
 
@@ -132,8 +145,12 @@ int cuda_stream_create(void **stream)
     struct mstream *s = calloc(1, sizeof(*s));
     if (!s)
         return -ENOMEM;
-    if (++g_streams == 2) /* the test's compute stream is first, the cache's copy stream next */
-        g_copy_stream = s;
+    if (++g_streams >= 2) /* the test's compute stream is first, the cache's streams next */
+        for (int i = 0; i < MAX_BG; i++)
+            if (!g_bg[i]) {
+                g_bg[i] = s;
+                break;
+            }
     *stream = s;
     return 0;
 }
@@ -143,8 +160,9 @@ void cuda_stream_destroy(void *stream)
     struct mstream *s = stream;
     if (!s)
         return;
-    if (s == g_copy_stream)
-        g_copy_stream = NULL;
+    for (int i = 0; i < MAX_BG; i++)
+        if (g_bg[i] == s)
+            g_bg[i] = NULL;
     g_streams--;
     free(s->q);
     free(s);
