@@ -494,10 +494,10 @@ static void bench_print(const struct bench_opts *o, struct strata *st, const str
     struct strata_profile_status ps;
     strata_profile_status(st, &ps);
     if (ps.restored)
-        printf("profile      %s: %d of %d experts placed%s in %.2f s before the first token, "
-               "%.1f%% of the warmup's expert choices%s\n",
-               o->profile, ps.placed, ps.planned, ps.frozen ? " and frozen" : "", ps.seconds,
-               100 * ps.coverage, ps.replanned ? " (planned again for this budget)" : "");
+        printf("profile      %s: %d of %d experts placed (%d frozen) in %.2f s before the first "
+               "token, %.1f%% of the warmup's expert choices%s\n",
+               o->profile, ps.placed, ps.planned, ps.n_frozen, ps.seconds, 100 * ps.coverage,
+               ps.replanned ? " (planned again for this budget)" : "");
     printf("pp%-4d       %.1f tok/s\n", o->n_prompt, o->n_prompt / r->t_pp);
     printf("tg%-4d       %.2f tok/s\n", o->n_gen, tg);
     printf("bytes/token  %.3f GB weights + %.3f GB KV cache (mean)\n", wbytes / 1e9,

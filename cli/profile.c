@@ -19,6 +19,7 @@
 #include "errors.h"
 #include "model.h"
 #include "outfile.h"
+#include "plan_sim.h"
 #include "profile.h"
 #include "quant.h"
 #include "run_opts.h"
@@ -60,15 +61,16 @@ static void warmup_usage(void)
            "      --max-tokens N      prompt tokens per text at most (default 512)\n"
            "      --decode N          greedy decode steps after each text (default 16)\n"
            "  -o, --output FILE       the profile to write (required)\n"
-           "      --dynamic PCT       share of the slots left dynamic (default %d)\n\n"
+           "      --dynamic PCT       share of the slots left dynamic (default: the share that\n"
+           "                          does best when the odd texts are replayed through the\n"
+           "                          cache seeded and frozen from the even ones)\n\n"
            "model and machine (as for strata run):\n"
            "  -m, --model FILE        GGUF model (default: the shipped default model)\n"
            "  -t, --threads N, -c, --ctx-size N, -b, --batch-size N, --device auto|cpu|cuda,\n"
            "  --vram-budget SIZE, --placement stream|hybrid, --residency copy|zerocopy,\n"
            "  --streaming dma|kernel, --prefetch, --bind, --no-mmap, -v\n\n"
            "Without an expert cache (CPU, or every weight resident) only the counts are\n"
-           "recorded; the run that restores the profile plans for its own cache.\n",
-           PROFILE_DYNAMIC_PCT);
+           "recorded; the run that restores the profile plans for its own cache.\n");
 }
 
 /* run_opts flags that mean something to a warmup; the others are refused. */
@@ -96,7 +98,7 @@ static int warmup_parse(int argc, char **argv, struct warmup_opts *w, struct run
     char **rest = calloc((size_t)argc + 1, sizeof(char *));
     int n_rest = 1, rc = 0;
 
-    *w = (struct warmup_opts){.max_tokens = 512, .decode = 16, .dynamic_pct = PROFILE_DYNAMIC_PCT};
+    *w = (struct warmup_opts){.max_tokens = 512, .decode = 16, .dynamic_pct = -1};
     run_opts_init(o);
     if (!rest)
         return 2;
@@ -166,14 +168,43 @@ static int warmup_parse(int argc, char **argv, struct warmup_opts *w, struct run
 
 struct warmup_ctx {
     struct profile *p;
-    bool counting; /* off while the probe runs */
+    struct profile_trace trace; /* every routing call, to choose the frozen share */
+    bool counting;              /* off while the probe runs */
+    bool trace_failed;
 };
 
 static void warmup_observe(void *arg, const struct strata_route_event *ev)
 {
     struct warmup_ctx *c = arg;
-    if (c->counting)
-        profile_add(c->p, ev->layer, ev->ids, ev->n_tok, ev->k);
+    if (!c->counting)
+        return;
+    profile_add(c->p, ev->layer, ev->ids, ev->n_tok, ev->k);
+    if (!c->trace_failed &&
+        profile_trace_add(&c->trace, c->p->n_texts, ev->layer, ev->ids, ev->n_tok, ev->k))
+        c->trace_failed = true;
+}
+
+/* The plan: for the run's expert cache, the frozen share that the replay of the held-back
+ * texts liked best (plan_sim.h); without a cache, none. */
+static int warmup_plan(struct warmup_ctx *ctx, const struct warmup_opts *w,
+                       const struct strata_stats *ss)
+{
+    struct profile *p = ctx->p;
+    struct profile_sim_report r;
+    if (!ss->has_cache || w->dynamic_pct >= 0 || ctx->trace_failed) {
+        profile_plan(p, ss->has_cache ? ss->slots : 0,
+                     w->dynamic_pct >= 0 ? w->dynamic_pct : PROFILE_DYNAMIC_PCT);
+        return 0;
+    }
+    if (profile_choose(p, &ctx->trace, ss->slots, &r))
+        return cli_fail("planning the profile");
+    fprintf(stderr, "strata: replaying the odd texts with %d slots (ranked by the even ones): "
+                    "decode hit rate cold %.1f%%", r.slots, 100 * r.cold);
+    for (int i = 0; i < PROFILE_SIM_SHARES; i++)
+        fprintf(stderr, ", %d%% frozen %.1f%%", 100 - r.share_pct[i], 100 * r.share_hit[i]);
+    fprintf(stderr, " (%llu lookups): %d%% of the slots frozen\n",
+            (unsigned long long)r.lookups, 100 - r.chosen_pct);
+    return 0;
 }
 
 /* The probe: the first text's first tokens and their greedy continuation, before the workload
@@ -300,7 +331,8 @@ static int profile_warmup(int argc, char **argv)
     }
     strata_get_stats(st, &ss);
     p.vram_budget = o.vram_budget;
-    profile_plan(&p, ss.has_cache ? ss.slots : 0, w.dynamic_pct);
+    if ((rc = warmup_plan(&ctx, &w, &ss)))
+        goto out;
     if (profile_write(&p, w.out)) {
         rc = cli_fail("writing the profile");
         goto out;
@@ -317,6 +349,7 @@ static int profile_warmup(int argc, char **argv)
     }
 out:
     texts_close(&tx);
+    profile_trace_free(&ctx.trace);
     profile_free(&p);
     strata_close(st);
     return rc;

@@ -141,10 +141,12 @@ void strata_model_info(const struct strata *s, struct strata_model_info *out);
 
 struct strata_profile_status {
     bool restored;    /* the profile's experts were placed into slots at start */
-    bool frozen;      /* and are never evicted */
+    bool frozen;      /* some of them are never evicted (STRATA_FLAG_PROFILE_FREEZE) */
     bool replanned;   /* the profile was made for another slot count: planned again */
-    int planned;      /* experts the plan freezes */
+    int planned;      /* experts to place: the frozen set, then the most chosen others, up to
+                       * the pool's slots */
     int placed;       /* of those, placed (the pool may hold fewer) */
+    int n_frozen;     /* of those, pinned for good */
     int slots;        /* slots of this run's cache */
     double coverage;  /* share of the warmup's expert choices that the placed set covers */
     double seconds;   /* wall time of the restore */

@@ -153,6 +153,29 @@ void profile_frozen_list(const struct profile *p, int32_t *layer, int32_t *exper
     free(order);
 }
 
+int profile_seed_list(const struct profile *p, int max, int32_t *layer, int32_t *expert)
+{
+    size_t n = (size_t)p->geo.n_layer * p->geo.n_expert;
+    uint32_t *order = malloc(sizeof(*order) * (n ? n : 1));
+    int k = 0;
+    if (!order)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        order[i] = (uint32_t)i;
+    plan_of = p;
+    qsort(order, n, sizeof(*order), plan_cmp);
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < n && k < max; i++) {
+            size_t x = order[i];
+            if (pass == 0 ? !p->frozen[x] : p->frozen[x] || !p->count[x])
+                continue;
+            layer[k] = (int32_t)(x / p->geo.n_expert);
+            expert[k++] = (int32_t)(x % p->geo.n_expert);
+        }
+    free(order);
+    return k;
+}
+
 double profile_coverage(const struct profile *p, int layer)
 {
     uint64_t all = 0, hit = 0;

@@ -77,6 +77,12 @@ void profile_plan(struct profile *p, int slots, int dynamic_pct);
  * n_frozen. */
 void profile_frozen_list(const struct profile *p, int32_t *layer, int32_t *expert);
 
+/* What a restore places into a pool of `max` slots, in order: the frozen set (most chosen
+ * first), then the other experts that were chosen at least once, most chosen first. Returns
+ * how many (<= max) went into layer[], expert[]; the first n_frozen of them are the frozen
+ * set (fewer when max is smaller). */
+int profile_seed_list(const struct profile *p, int max, int32_t *layer, int32_t *expert);
+
 /* The share (0..1) of the counted choices of layer (or of all layers, layer < 0) that fall on
  * frozen experts; 0 when nothing was counted. */
 double profile_coverage(const struct profile *p, int layer);

@@ -36,13 +36,15 @@ static void strata_restore_progress(void *ctx, int done, int total)
     fflush(log);
 }
 
-/* Places the frozen set; fills s->prof. */
+/* Fills the pool: the frozen set first (pinned with STRATA_FLAG_PROFILE_FREEZE), then the
+ * other experts the warmup chose, most chosen first (seeds the cache may evict). Fills
+ * s->prof. */
 static int strata_restore_place(struct strata *s, struct profile *p, int slots)
 {
     const struct strata_config *cfg = &s->cfg;
-    int n = p->n_frozen, rc;
-    int32_t *layer = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-    int32_t *expert = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    int rc;
+    int32_t *layer = malloc(sizeof(int32_t) * (size_t)(slots > 0 ? slots : 1));
+    int32_t *expert = malloc(sizeof(int32_t) * (size_t)(slots > 0 ? slots : 1));
     double t0 = clock_now_s();
 
     if (!layer || !expert) {
@@ -50,10 +52,16 @@ static int strata_restore_place(struct strata *s, struct profile *p, int slots)
         free(expert);
         return err_set(-ENOMEM, "out of memory");
     }
-    profile_frozen_list(p, layer, expert);
+    int n = profile_seed_list(p, slots, layer, expert);
+    int n_frozen = p->n_frozen < n ? p->n_frozen : n;
     bool freeze = cfg->flags & STRATA_FLAG_PROFILE_FREEZE;
-    rc = backend_cuda_restore(s->core, layer, expert, n, freeze,
-                              cfg->log && n >= 256 ? strata_restore_progress : NULL, cfg->log);
+    void (*prog)(void *, int, int) = cfg->log && n >= 256 ? strata_restore_progress : NULL;
+    rc = backend_cuda_restore(s->core, layer, expert, n_frozen, freeze, NULL, NULL);
+    if (rc >= 0 && rc == n_frozen) {
+        int more = backend_cuda_restore(s->core, layer + n_frozen, expert + n_frozen,
+                                        n - n_frozen, false, prog, cfg->log);
+        rc = more < 0 ? more : rc + more;
+    }
     if (rc >= 0) {
         /* the coverage of what was placed (a shrunk pool may hold less than the plan) */
         uint64_t all = 0, hit = 0;
@@ -62,7 +70,8 @@ static int strata_restore_place(struct strata *s, struct profile *p, int slots)
         for (int i = 0; i < rc; i++)
             hit += p->count[(size_t)layer[i] * p->geo.n_expert + expert[i]];
         s->prof.restored = true;
-        s->prof.frozen = freeze;
+        s->prof.frozen = freeze && n_frozen > 0;
+        s->prof.n_frozen = freeze ? n_frozen : 0;
         s->prof.planned = n;
         s->prof.placed = rc;
         s->prof.slots = slots;
@@ -124,11 +133,10 @@ int strata_restore(struct strata *s)
     s->profile = p;
     if (cfg->log)
         fprintf(cfg->log,
-                "strata: %s: %d of %d experts placed into slots%s in %.2f s; they took %.1f%% of "
-                "the warmup's expert choices (%d texts, %llu tokens); %d slots stay dynamic\n",
-                cfg->profile, s->prof.placed, s->prof.planned,
-                s->prof.frozen ? " and frozen" : "", s->prof.seconds, 100 * s->prof.coverage,
-                p->n_texts, (unsigned long long)p->n_tokens, t.slots - s->prof.placed);
+                "strata: %s: %d experts placed into %d slots in %.2f s (%d of them frozen); they "
+                "took %.1f%% of the warmup's expert choices (%d texts, %llu tokens)\n",
+                cfg->profile, s->prof.placed, t.slots, s->prof.seconds, s->prof.n_frozen,
+                100 * s->prof.coverage, p->n_texts, (unsigned long long)p->n_tokens);
     return 0;
 }
 

@@ -23,6 +23,7 @@
 #include "errors.h"
 #include "gen.h"
 #include "model.h"
+#include "plan_sim.h"
 #include "profile.h"
 #include "quant_mix.h"
 #include "rng.h"
@@ -185,6 +186,41 @@ static void check_corruption(const char *path)
     free(text);
 }
 
+/* The frozen share chosen by replay: six hot experts of layer 0 used in turn between cold
+ * ones that never come back soon, in a pool of 8 slots whose protected segment holds 4. The
+ * SLRU alone keeps losing two of the hot six to the cold stream; freezing them keeps them all.
+ * The replay must find that (decode hit rate 50%: every hot use, no cold one) and freeze at
+ * least the six; and a seeded pool never does worse than a cold one there. */
+static void check_choose(const struct model *m)
+{
+    struct profile p;
+    struct profile_trace tr = {0};
+    struct profile_sim_report r;
+    CHECK(profile_init(&p, m) == 0, "init");
+    for (int text = 0; text < 2; text++)
+        for (int call = 0; call < 600; call++) {
+            int32_t ids[2] = {call % 6, 6 + call % 10};
+            profile_add(&p, 0, ids, 1, 2);
+            CHECK(profile_trace_add(&tr, text, 0, ids, 1, 2) == 0, "trace");
+        }
+    CHECK(profile_choose(&p, &tr, 8, &r) == 0, "choose: %s", err_msg());
+    printf("replay: cold %.3f", r.cold);
+    for (int i = 0; i < PROFILE_SIM_SHARES; i++)
+        printf(", %d%% dynamic %.3f", r.share_pct[i], r.share_hit[i]);
+    printf(" -> %d%% dynamic, %d frozen\n", r.chosen_pct, p.n_frozen);
+    CHECK(r.lookups == 1200, "%llu lookups replayed, want 1200", (unsigned long long)r.lookups);
+    CHECK(r.chosen_pct <= 25 && p.n_frozen >= 6, "chose %d%% dynamic (%d frozen)", r.chosen_pct,
+          p.n_frozen);
+    for (int e = 0; e < 6; e++)
+        CHECK(p.frozen[e], "hot expert %d is not frozen", e);
+    CHECK(r.share_hit[0] < 0.5 && r.share_hit[3] > 0.499, "hit rates: none frozen %.3f, 75%% "
+          "frozen %.3f", r.share_hit[0], r.share_hit[3]);
+    CHECK(r.share_hit[0] >= r.cold, "seeding lost to a cold pool: %.3f < %.3f", r.share_hit[0],
+          r.cold);
+    profile_trace_free(&tr);
+    profile_free(&p);
+}
+
 /* A child rewrites path with profiles a and b in turn until killed; the file must always parse
  * as one of them. */
 static void check_atomic(const char *path, const struct profile *a, const struct profile *b)
@@ -255,6 +291,7 @@ int main(void)
           !strstr(err_msg(), "here,"), "another model of the same shapes: %s", err_msg());
 
     check_corruption(path);
+    check_choose(a);
     CHECK(profile_read(tmpdir, &q) == -EISDIR, "a directory: %s", err_msg());
 
     struct profile p2;
