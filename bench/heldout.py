@@ -7,7 +7,7 @@ writes them, cut into texts of LINES lines, to two files with texts separated by
 '<|sep|>' line: WARM (every even-numbered text) for `strata profile warmup --prompts`, EVAL
 (the odd ones) for the runs that are measured, so the two never share a text.
 
-    python3 bench/heldout.py WARM EVAL [--lines 60] [--corpus-mb 160]
+    python3 bench/heldout.py WARM EVAL [--lines 60] [--corpus-mb 160] [--max-texts N]
 """
 import argparse
 import os
@@ -23,6 +23,7 @@ def main():
     ap.add_argument("eval")
     ap.add_argument("--lines", type=int, default=60)
     ap.add_argument("--corpus-mb", type=float, default=160.0)
+    ap.add_argument("--max-texts", type=int, default=0, help="at most this many texts (0: all)")
     a = ap.parse_args()
     files = train_moe.corpus_files(int(a.corpus_mb * 1e6))
     _, held = train_moe.split_heldout(files, 0.02)
@@ -33,6 +34,8 @@ def main():
             chunk = "\n".join(lines[i:i + a.lines]).strip()
             if len(chunk) > 200:
                 texts.append(chunk)
+    if a.max_texts:
+        texts = texts[:a.max_texts]
     with open(a.warm, "w") as w, open(a.eval, "w") as e:
         for i, t in enumerate(texts):
             (w if i % 2 == 0 else e).write(t + "\n<|sep|>\n")
