@@ -4,7 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum slru_seg { SEG_FREE = 0, SEG_PROB, SEG_PROT };
+/* Pinned slots (a frozen profile) sit in a list of their own: the segments, their cap and the
+ * victim search only ever see the slots the policy may move, whatever the number pinned. */
+enum slru_seg { SEG_FREE = 0, SEG_PROB, SEG_PROT, SEG_PIN };
 
 struct slru_slot {
     int32_t layer, expert; /* -1 when free */
@@ -30,14 +32,14 @@ struct slru {
     int n_free;
     int32_t *held;                  /* (n_layer) slots held per layer */
     struct slru_layer_stats *stats; /* (n_layer) */
-    struct slru_list prob, prot;
+    struct slru_list prob, prot, pin;
     uint64_t step;                  /* current step, starts at 1 */
     int n_retired;
 };
 
 static struct slru_list *slru_list_of(struct slru *c, int seg)
 {
-    return seg == SEG_PROT ? &c->prot : &c->prob;
+    return seg == SEG_PROT ? &c->prot : seg == SEG_PIN ? &c->pin : &c->prob;
 }
 
 static void slru_unlink(struct slru *c, int s)
@@ -71,10 +73,11 @@ static void slru_push_head(struct slru *c, int s, int seg)
     l->n++;
 }
 
-/* The protected cap and the fair share of a pool of n live slots. */
+/* The protected cap (a share of the live slots not pinned) and the fair share of a pool of n
+ * live slots. */
 static void slru_size_caps(struct slru *c, int n)
 {
-    c->prot_cap = n * (c->cfg.protected_pct ? c->cfg.protected_pct : 50) / 100;
+    c->prot_cap = (n - c->pin.n) * (c->cfg.protected_pct ? c->cfg.protected_pct : 50) / 100;
     c->fair = n / c->cfg.n_layer > 0 ? n / c->cfg.n_layer : 1;
 }
 
@@ -91,6 +94,7 @@ int slru_open(const struct slru_config *cfg, struct slru **out)
     if (!c)
         return -ENOMEM;
     c->cfg = *cfg;
+    c->pin = (struct slru_list){.head = -1, .tail = -1, .n = 0};
     slru_size_caps(c, cfg->n_slots);
     c->slots = calloc((size_t)cfg->n_slots, sizeof(*c->slots));
     c->map = malloc(keys * sizeof(*c->map));
@@ -167,6 +171,8 @@ int slru_lookup(struct slru *c, int layer, int expert)
     }
     c->stats[layer].hits++;
     c->slots[s].used = c->step;
+    if (c->slots[s].pinned)
+        return s;
     if (c->slots[s].seg == SEG_PROB)
         c->stats[layer].promotions++;
     slru_unlink(c, s);
@@ -251,9 +257,12 @@ int slru_pin(struct slru *c, int layer, int expert)
     int s = slru_peek(c, layer, expert);
     if (s < 0)
         return -ENOENT;
+    if (c->slots[s].pinned)
+        return 0;
     slru_unlink(c, s);
     c->slots[s].pinned = true;
-    slru_push_head(c, s, SEG_PROT);
+    slru_push_head(c, s, SEG_PIN);
+    slru_size_caps(c, c->cfg.n_slots - c->n_retired);
     slru_demote_overflow(c);
     return 0;
 }
@@ -282,6 +291,7 @@ int slru_retire(struct slru *c, int slot, int *ev_layer, int *ev_expert)
         slru_unlink(c, slot);
         x->layer = x->expert = -1;
         x->pinned = false;
+        x->seg = SEG_FREE;
     }
     x->retired = true;
     c->n_retired++;
@@ -336,20 +346,22 @@ int slru_check(const struct slru *c)
 {
     int prob = slru_check_list(c, &c->prob, SEG_PROB);
     int prot = slru_check_list(c, &c->prot, SEG_PROT);
-    int pinned_prot = 0, held = 0, mapped = 0;
+    int pin = slru_check_list(c, &c->pin, SEG_PIN);
+    int pinned = 0, held = 0, mapped = 0;
 
-    if (prob < 0 || prot < 0 || prob + prot + c->n_free + c->n_retired != c->cfg.n_slots)
+    if (prob < 0 || prot < 0 || pin < 0 ||
+        prob + prot + pin + c->n_free + c->n_retired != c->cfg.n_slots)
         return -EFAULT;
     for (int i = 0; i < c->n_free; i++)
         if (c->slots[c->free_stack[i]].retired)
             return -EFAULT;
     for (int s = 0; s < c->cfg.n_slots; s++)
-        pinned_prot += c->slots[s].pinned;
-    if (prot > c->prot_cap && prot > pinned_prot)
+        pinned += c->slots[s].pinned;
+    if (prot > c->prot_cap || pinned != pin)
         return -EFAULT;
     for (int l = 0; l < c->cfg.n_layer; l++)
         held += c->held[l];
     for (size_t k = 0; k < (size_t)c->cfg.n_layer * c->cfg.n_expert; k++)
         mapped += c->map[k] >= 0;
-    return held == prob + prot && mapped == held ? 0 : -EFAULT;
+    return held == prob + prot + pin && mapped == held ? 0 : -EFAULT;
 }

@@ -1,10 +1,11 @@
 /* slru: the host-side policy of the VRAM expert slot cache (DESIGN §6).
  *
  * DESIGN. Fixed-size slots hold experts, keyed by (layer, expert). New arrivals enter the
- * probation segment; a second hit promotes to the protected segment (whose size is capped;
- * its LRU tail is demoted back to probation's head). A victim is the least recent evictable
- * slot of probation, then of protected, where evictable means: not pinned (a frozen profile),
- * not in use in the current step (looked up or admitted since the last slru_step: the experts
+ * probation segment; a second hit promotes to the protected segment (whose size is capped at a
+ * share of the slots not pinned; its LRU tail is demoted back to probation's head). Pinned
+ * slots (a frozen profile) leave both segments for a list of their own, so no operation walks
+ * them. A victim is the least recent evictable slot of probation, then of protected, where
+ * evictable means: not in use in the current step (looked up or admitted since the last slru_step: the experts
  * of the layer being computed), not of the layer after the guard (the next one to compute: a
  * global LRU would evict exactly the experts needed soonest), and fair: while the admitting
  * layer holds fewer slots
@@ -53,7 +54,8 @@ int slru_peek(const struct slru *c, int layer, int expert);
  * caching it), -EEXIST if it is already resident, -EINVAL for a bad key. */
 int slru_admit(struct slru *c, int layer, int expert, int guard, int *ev_layer, int *ev_expert);
 
-/* Pins a resident expert into the protected segment for good (frozen profile); 0, -ENOENT. */
+/* Pins a resident expert for good (frozen profile): it leaves the segments, is never a victim
+ * and still counts its hits. 0, -ENOENT. */
 int slru_pin(struct slru *c, int layer, int expert);
 
 /* Takes a slot out of the pool for good (the memory behind it is being given back): a free
