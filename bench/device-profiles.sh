@@ -9,8 +9,9 @@
 #     the profile, the frozen profile, the profile with --prefetch, hybrid, hybrid with the
 #     profile;
 # with P30B=1 also the 30b-a3b preset (random weights and decode ids) at 4 and 8 GiB: plain,
-# profile, profile + prefetch. First the GPU tests and the hostile input table, unless
-# SKIP_TESTS=1. Binaries: .carry/bin.tar.xz (scripts/device-pack.sh).
+# profile, profile + prefetch. QUICK=1 keeps the cold / seeded / frozen runs only. First the
+# GPU tests and the hostile input table, unless SKIP_TESTS=1. Binaries: .carry/bin.tar.xz
+# (scripts/device-pack.sh).
 set -u
 . bench/device-env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -45,10 +46,11 @@ for b in ${BUDGETS-2G 4G}; do
     run "${F[@]}" -p 64 -n 64 --profile $P
     run "${F[@]}" -p 64 -n 64 --profile $P --profile-freeze
     run "${F[@]}" -p 512 -n 256
-    run "${F[@]}" -p 512 -n 256 --prefetch
-    run "${F[@]}" -p 512 -n 256 --prefetch-depth 2
+    [ -n "${QUICK:-}" ] || run "${F[@]}" -p 512 -n 256 --prefetch
+    [ -n "${QUICK:-}" ] || run "${F[@]}" -p 512 -n 256 --prefetch-depth 2
     run "${F[@]}" -p 512 -n 256 --profile $P
     run "${F[@]}" -p 512 -n 256 --profile $P --profile-freeze
+    [ -n "${QUICK:-}" ] && continue
     run "${F[@]}" -p 512 -n 256 --profile $P --prefetch
     run "${F[@]}" -p 512 -n 256 --placement hybrid
     run "${F[@]}" -p 512 -n 256 --placement hybrid --profile $P

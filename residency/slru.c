@@ -31,6 +31,7 @@ struct slru {
     int32_t *free_stack;            /* (n_slots) free slot indices */
     int n_free;
     int32_t *held;                  /* (n_layer) slots held per layer */
+    int32_t *pinned;                /* (n_layer) of those, pinned */
     struct slru_layer_stats *stats; /* (n_layer) */
     struct slru_list prob, prot, pin;
     uint64_t step;                  /* current step, starts at 1 */
@@ -73,12 +74,19 @@ static void slru_push_head(struct slru *c, int s, int seg)
     l->n++;
 }
 
-/* The protected cap (a share of the live slots not pinned) and the fair share of a pool of n
- * live slots. */
+/* The protected cap and the fair share of a pool of n live slots: both of the slots not
+ * pinned (a layer's frozen experts do not count against its share of the rest). */
 static void slru_size_caps(struct slru *c, int n)
 {
-    c->prot_cap = (n - c->pin.n) * (c->cfg.protected_pct ? c->cfg.protected_pct : 50) / 100;
-    c->fair = n / c->cfg.n_layer > 0 ? n / c->cfg.n_layer : 1;
+    int free_n = n - c->pin.n;
+    c->prot_cap = free_n * (c->cfg.protected_pct ? c->cfg.protected_pct : 50) / 100;
+    c->fair = free_n / c->cfg.n_layer > 0 ? free_n / c->cfg.n_layer : 1;
+}
+
+/* Slots of layer l the policy may move (held, not pinned). */
+static int slru_movable(const struct slru *c, int l)
+{
+    return c->held[l] - c->pinned[l];
 }
 
 int slru_open(const struct slru_config *cfg, struct slru **out)
@@ -100,8 +108,9 @@ int slru_open(const struct slru_config *cfg, struct slru **out)
     c->map = malloc(keys * sizeof(*c->map));
     c->free_stack = malloc((size_t)cfg->n_slots * sizeof(*c->free_stack));
     c->held = calloc((size_t)cfg->n_layer, sizeof(*c->held));
+    c->pinned = calloc((size_t)cfg->n_layer, sizeof(*c->pinned));
     c->stats = calloc((size_t)cfg->n_layer, sizeof(*c->stats));
-    if (!c->slots || !c->map || !c->free_stack || !c->held || !c->stats) {
+    if (!c->slots || !c->map || !c->free_stack || !c->held || !c->pinned || !c->stats) {
         slru_close(c);
         return -ENOMEM;
     }
@@ -125,6 +134,7 @@ void slru_close(struct slru *c)
     free(c->map);
     free(c->free_stack);
     free(c->held);
+    free(c->pinned);
     free(c->stats);
     free(c);
 }
@@ -196,7 +206,7 @@ static int slru_victim_in(const struct slru *c, const struct slru_list *l, int l
         const struct slru_slot *x = &c->slots[s];
         if (x->pinned || slru_guarded(c, x, guard))
             continue;
-        if (fairness == 1 && c->held[x->layer] <= c->fair)
+        if (fairness == 1 && slru_movable(c, x->layer) <= c->fair)
             continue;
         if (fairness == 2 && x->layer != layer)
             continue;
@@ -207,7 +217,7 @@ static int slru_victim_in(const struct slru *c, const struct slru_list *l, int l
 
 static int slru_victim(const struct slru *c, int layer, int guard)
 {
-    int fairness = c->held[layer] < c->fair ? 1 : 2;
+    int fairness = slru_movable(c, layer) < c->fair ? 1 : 2;
     int s = slru_victim_in(c, &c->prob, layer, guard, fairness);
     if (s < 0)
         s = slru_victim_in(c, &c->prot, layer, guard, fairness);
@@ -261,6 +271,7 @@ int slru_pin(struct slru *c, int layer, int expert)
         return 0;
     slru_unlink(c, s);
     c->slots[s].pinned = true;
+    c->pinned[layer]++;
     slru_push_head(c, s, SEG_PIN);
     slru_size_caps(c, c->cfg.n_slots - c->n_retired);
     slru_demote_overflow(c);
@@ -287,6 +298,7 @@ int slru_retire(struct slru *c, int slot, int *ev_layer, int *ev_expert)
         *ev_expert = x->expert;
         c->stats[x->layer].evictions++;
         c->held[x->layer]--;
+        c->pinned[x->layer] -= x->pinned;
         c->map[(size_t)x->layer * c->cfg.n_expert + x->expert] = -1;
         slru_unlink(c, slot);
         x->layer = x->expert = -1;
@@ -357,7 +369,9 @@ int slru_check(const struct slru *c)
             return -EFAULT;
     for (int s = 0; s < c->cfg.n_slots; s++)
         pinned += c->slots[s].pinned;
-    if (prot > c->prot_cap || pinned != pin)
+    for (int l = 0; l < c->cfg.n_layer; l++)
+        pinned -= c->pinned[l];
+    if (prot > c->prot_cap || pinned != 0 || c->pin.n != pin)
         return -EFAULT;
     for (int l = 0; l < c->cfg.n_layer; l++)
         held += c->held[l];

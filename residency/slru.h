@@ -8,9 +8,9 @@
  * evictable means: not in use in the current step (looked up or admitted since the last slru_step: the experts
  * of the layer being computed), not of the layer after the guard (the next one to compute: a
  * global LRU would evict exactly the experts needed soonest), and fair: while the admitting
- * layer holds fewer slots
- * than its share (n_slots / n_layer), victims come only from layers above their share, so one
- * layer cannot starve the others; once at its share, a layer recycles its own slots.
+ * layer holds fewer movable slots than its share (the slots not pinned / n_layer), victims
+ * come only from layers above their share, so one layer cannot starve the others; once at its
+ * share, a layer recycles its own slots. Pinned slots count against neither.
  * Ownership: single-threaded; the MoE dispatch that owns it calls every function (the device
  * side reads a slot table the caller keeps in sync). No locks.
  */
