@@ -95,7 +95,7 @@ static void bench_usage(void)
            "      --prefetch-depth N  the same for the next N layers (1-4)\n"
            "      --profile FILE    restore a residency profile (strata profile warmup) into\n"
            "                        the expert cache before the timed runs, checked by its\n"
-           "                        probe; --profile-freeze keeps its experts for good,\n"
+           "                        probe; --profile-freeze pins its frozen set for good,\n"
            "                        --profile-optional goes on cold when it does not fit\n"
            "      --stats           print the expert cache's per-layer table\n"
            "      --stats-json FILE write it as JSON\n");
