@@ -213,6 +213,24 @@ int strata_eval(struct strata_stream *st, const int32_t *ids, int n, float *logi
  * the device where the logits are. */
 int strata_eval_argmax(struct strata_stream *st, const int32_t *ids, int n, int32_t *next);
 
+/* ---- lockstep batches ------------------------------------------------------------------- */
+
+/* Several streams of one struct strata decoding together: each step evaluates one token of
+ * every stream given, each at its own position in its own KV cache, in one forward pass over
+ * all of them, so each layer routes all their rows at once and fetches an expert once for
+ * every stream that chose it. Prefill stays per stream (strata_eval). */
+struct strata_batch;
+/* A batch of at most max_streams streams per step (its activations in the device's memory).
+ * 0 or -errno. */
+int strata_batch_open(struct strata *s, int max_streams, struct strata_batch **out);
+void strata_batch_close(struct strata_batch *b);
+/* One step: stream sts[i] (i < n <= max_streams, all distinct, of the batch's strata)
+ * evaluates ids[i] at its position; logits (n, n_vocab) receives each stream's next-token
+ * logits (host memory). 0 or -errno (-ENOSPC when a stream's cache is full: nothing is
+ * evaluated). */
+int strata_batch_eval(struct strata_batch *b, struct strata_stream *const *sts, int n,
+                      const int32_t *ids, float *logits);
+
 /* ---- sampling and generation -------------------------------------------------------------- */
 
 struct strata_sampling {
