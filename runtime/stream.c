@@ -135,6 +135,76 @@ int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host)
     return 0;
 }
 
+int stream_batch_open(struct backend *b, int max_n, struct stream_batch **out)
+{
+    const struct model_hparams *hp = &b->model->hp;
+    size_t t = (size_t)max_n, e = hp->n_embd, qw = (size_t)hp->n_head * hp->head_dim;
+    size_t kvw = (size_t)hp->n_head_kv * hp->head_dim;
+    struct stream_batch *bt;
+
+    if (max_n < 1 || max_n > 4096)
+        return err_set(-EINVAL, "batch: %d streams (1..4096)", max_n);
+    const struct arch *arch = arch_find(b->model->arch->name);
+    if (!arch || !arch->forward_batch)
+        return err_set(-ENOTSUP, "batch: no lockstep forward for architecture '%s'",
+                       b->model->arch->name);
+    bt = calloc(1, sizeof(*bt));
+    if (!bt)
+        return err_set(-ENOMEM, "out of memory");
+    bt->b = b;
+    bt->m = b->model;
+    bt->max_n = max_n;
+    bt->arena = b->ops->alloc(b, t * (3 * e + 2 * qw + 2 * kvw + hp->n_vocab));
+    if (!bt->arena) {
+        free(bt);
+        return err_wrap(-ENOMEM, "batch of %d streams: ", max_n);
+    }
+    bt->x = bt->arena;
+    bt->xn = bt->x + t * e;
+    bt->proj = bt->xn + t * e;
+    bt->q = bt->proj + t * e;
+    bt->att = bt->q + t * qw;
+    bt->k = bt->att + t * qw;
+    bt->v = bt->k + t * kvw;
+    bt->logits = bt->v + t * kvw;
+    *out = bt;
+    return 0;
+}
+
+void stream_batch_close(struct stream_batch *bt)
+{
+    if (!bt)
+        return;
+    bt->b->ops->free(bt->b, bt->arena);
+    free(bt);
+}
+
+int stream_batch_eval(struct stream_batch *bt, struct stream *const *ss, int n,
+                      const int32_t *ids, float *logits_host)
+{
+    const struct backend_ops *op = bt->b->ops;
+    if (n < 1 || n > bt->max_n)
+        return err_set(-EINVAL, "batch: %d streams in a step (1..%d)", n, bt->max_n);
+    for (int i = 0; i < n; i++) {
+        if (ss[i]->b != bt->b)
+            return err_set(-EINVAL, "batch: stream %d belongs to another backend", i);
+        if (ss[i]->pos + 1 > ss[i]->n_ctx)
+            return err_set(-ENOSPC, "context full: stream %d holds %d of %d tokens", i,
+                           ss[i]->pos, ss[i]->n_ctx);
+        for (int j = 0; j < i; j++)
+            if (ss[j] == ss[i])
+                return err_set(-EINVAL, "batch: stream %d appears twice in a step", i);
+    }
+    int rc = ss[0]->arch->forward_batch(bt->b, bt, ss, ids, n);
+    if (op->step_end) /* a step the caller ran: the backend's bookkeeping after it */
+        rc = op->step_end(bt->b, rc);
+    if (rc)
+        return rc;
+    for (int i = 0; i < n; i++)
+        ss[i]->pos++;
+    return op->read(bt->b, logits_host, bt->logits, (size_t)n * bt->m->hp.n_vocab);
+}
+
 void stream_truncate(struct stream *s, int pos)
 {
     if (pos >= 0 && pos <= s->pos)

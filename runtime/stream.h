@@ -74,4 +74,26 @@ int stream_eval_argmax(struct stream *s, const int32_t *ids, int n, int32_t *nex
 /* Forgets tokens from position pos on (pos <= s->pos). */
 void stream_truncate(struct stream *s, int pos);
 
+/* Lockstep decode of several streams on one backend: the activations of up to max_n rows (one
+ * per stream) and their logits, in the backend's memory. */
+struct stream_batch {
+    struct backend *b;
+    const struct model *m;
+    int max_n;
+    float *arena;
+    float *x, *xn, *proj;  /* (max_n, n_embd) */
+    float *q, *att;        /* (max_n, n_head*head_dim) */
+    float *k, *v;          /* (max_n, n_head_kv*head_dim) */
+    float *logits;         /* (max_n, n_vocab) */
+};
+
+int stream_batch_open(struct backend *b, int max_n, struct stream_batch **out);
+void stream_batch_close(struct stream_batch *bt);
+
+/* One step: stream ss[i] (i < n <= max_n, distinct streams of bt's backend) evaluates ids[i] at
+ * its position, in one forward over the n rows; logits_host (n, n_vocab) receives each row's
+ * logits. -ENOSPC when a stream is full (nothing is evaluated). 0 or -errno. */
+int stream_batch_eval(struct stream_batch *bt, struct stream *const *ss, int n,
+                      const int32_t *ids, float *logits_host);
+
 #endif

@@ -11,7 +11,8 @@
  *   strata_sampler at temperature 0 is the argmax, and two samplers of one seed agree;
  * - the route observer sees every layer for every token, with the stream's positions;
  * - errors: a missing file (-ENOENT, the file named), host_budget (-ENOTSUP), CUDA options on
- *   the CPU device (-EINVAL), a route observer on the CUDA device (-ENOTSUP), the CUDA device
+ *   the CPU device (-EINVAL), a residency profile without an expert cache (-ENOTSUP; reported
+ *   and ignored with STRATA_FLAG_PROFILE_OPTIONAL), the CUDA device
  *   without a GPU (-ENODEV; not checked where a GPU is present), an id outside the vocabulary
  *   (-EINVAL), a context overflow (-ENOSPC), a stream before strata_start (-EINVAL).
  */

@@ -13,15 +13,21 @@
 #include "model.h"
 #include "stream.h"
 
-/* x += y; out = rmsnorm(x) * w: one op where the backend has it, else add then rmsnorm. */
-static int qwen3moe_add_norm(struct backend *b, struct stream *s, const struct weight *w, int n)
+/* x += y; xn = rmsnorm(x) * w over n rows: one op where the backend has it, else add then
+ * rmsnorm. */
+static int qwen3moe_add_norm_rows(struct backend *b, const struct model_hparams *hp, float *x,
+                                  const float *y, float *xn, const struct weight *w, int n)
 {
     const struct backend_ops *op = b->ops;
-    const struct model_hparams *hp = &s->m->hp;
     if (op->add_rmsnorm)
-        return op->add_rmsnorm(b, s->x, s->proj, s->xn, w, n, hp->n_embd, hp->rms_eps);
-    int rc = op->add(b, s->x, s->proj, (size_t)n * hp->n_embd);
-    return rc ? rc : op->rmsnorm(b, s->xn, s->x, w, n, hp->n_embd, hp->rms_eps);
+        return op->add_rmsnorm(b, x, y, xn, w, n, hp->n_embd, hp->rms_eps);
+    int rc = op->add(b, x, y, (size_t)n * hp->n_embd);
+    return rc ? rc : op->rmsnorm(b, xn, x, w, n, hp->n_embd, hp->rms_eps);
+}
+
+static int qwen3moe_add_norm(struct backend *b, struct stream *s, const struct weight *w, int n)
+{
+    return qwen3moe_add_norm_rows(b, &s->m->hp, s->x, s->proj, s->xn, w, n);
 }
 
 /* Attention of layer l on xn = attn_norm(x) (the caller's), ending with proj = its output
@@ -95,7 +101,80 @@ static int qwen3moe_forward(struct backend *b, struct stream *s, const int32_t *
     return rc ? rc : op->matmul(b, s->logits, &m->output, s->xn, 1);
 }
 
+/* Lockstep attention of layer l: the projections and norms over all n rows at once, then row
+ * i's RoPE, KV append and attention at stream i's own position and cache. */
+static int qwen3moe_attention_batch(struct backend *b, struct stream_batch *bt,
+                                    struct stream *const *ss, const struct layer_weights *lw,
+                                    uint32_t l, int n)
+{
+    const struct backend_ops *op = b->ops;
+    const struct model_hparams *hp = &bt->m->hp;
+    int kvw = hp->n_head_kv * hp->head_dim, qw = hp->n_head * hp->head_dim, rc = 0;
+
+    rc = rc ? rc : op->matmul(b, bt->q, &lw->wq, bt->xn, n);
+    rc = rc ? rc : op->matmul(b, bt->k, &lw->wk, bt->xn, n);
+    rc = rc ? rc : op->matmul(b, bt->v, &lw->wv, bt->xn, n);
+    rc = rc ? rc : op->rmsnorm(b, bt->q, bt->q, &lw->q_norm, n * hp->n_head, hp->head_dim,
+                               hp->rms_eps);
+    rc = rc ? rc : op->rmsnorm(b, bt->k, bt->k, &lw->k_norm, n * hp->n_head_kv, hp->head_dim,
+                               hp->rms_eps);
+    for (int i = 0; i < n && !rc; i++) {
+        struct stream *s = ss[i];
+        float *q = bt->q + (size_t)i * qw, *k = bt->k + (size_t)i * kvw;
+        float *v = bt->v + (size_t)i * kvw;
+        float *kc = s->k_cache + l * s->kv_layer_floats, *vc = s->v_cache + l * s->kv_layer_floats;
+        rc = op->rope(b, q, 1, hp->n_head, hp->head_dim, s->pos, hp->rope_base);
+        rc = rc ? rc : op->rope(b, k, 1, hp->n_head_kv, hp->head_dim, s->pos, hp->rope_base);
+        rc = rc ? rc : op->kv_store(b, kc, k, s->pos, 1, kvw);
+        rc = rc ? rc : op->kv_store(b, vc, v, s->pos, 1, kvw);
+        if (rc)
+            break;
+        struct attn_args a = {
+            .out = bt->att + (size_t)i * qw, .q = q, .k_cache = kc, .v_cache = vc,
+            .pos0 = s->pos, .n_tok = 1, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
+            .head_dim = hp->head_dim, .scale = 1.0f / sqrtf((float)hp->head_dim),
+        };
+        rc = op->attention(b, &a);
+    }
+    return rc ? rc : op->matmul(b, bt->proj, &lw->wo, bt->att, n);
+}
+
+static int qwen3moe_forward_batch(struct backend *b, struct stream_batch *bt,
+                                  struct stream *const *ss, const int32_t *ids, int n)
+{
+    const struct backend_ops *op = b->ops;
+    const struct model *m = bt->m;
+    const struct model_hparams *hp = &m->hp;
+    int rc = op->embed(b, bt->x, &m->tok_embd, ids, n);
+
+    rc = rc ? rc : op->rmsnorm(b, bt->xn, bt->x, &m->layers[0].attn_norm, n, hp->n_embd,
+                               hp->rms_eps);
+    for (uint32_t l = 0; !rc && l < hp->n_layer; l++) {
+        const struct layer_weights *lw = &m->layers[l];
+        rc = qwen3moe_attention_batch(b, bt, ss, lw, l, n);
+        rc = rc ? rc : qwen3moe_add_norm_rows(b, hp, bt->x, bt->proj, bt->xn, &lw->ffn_norm, n);
+        if (rc)
+            break;
+        /* every row's experts routed together: an expert is fetched once for the step */
+        struct moe_args ma = {
+            .out = bt->proj, .in = bt->xn, .n_tok = n, .pos0 = 0, .layer = (int)l, .lw = lw,
+            .hp = hp,
+        };
+        rc = op->moe_ffn(b, &ma);
+        if (rc)
+            break;
+        if (l + 1 < hp->n_layer)
+            rc = qwen3moe_add_norm_rows(b, hp, bt->x, bt->proj, bt->xn,
+                                        &m->layers[l + 1].attn_norm, n);
+        else
+            rc = op->add(b, bt->x, bt->proj, (size_t)n * hp->n_embd);
+    }
+    rc = rc ? rc : op->rmsnorm(b, bt->xn, bt->x, &m->output_norm, n, hp->n_embd, hp->rms_eps);
+    return rc ? rc : op->matmul(b, bt->logits, &m->output, bt->xn, n);
+}
+
 const struct arch arch_qwen3moe = {
     .name = "qwen3moe",
     .forward = qwen3moe_forward,
+    .forward_batch = qwen3moe_forward_batch,
 };
