@@ -12,6 +12,8 @@
  *   argmaxes, the median row's logits within 1e-3 (f32) or 0.06 (q8_0) of its largest
  *   (struct tolerance);
  * - all-resident agrees with the CPU backend (the same share of teacher-forced argmaxes);
+ * - lockstep decode of three streams (stream_batch) gives each row its single-stream logits bit
+ *   for bit in every cache mode, and within tolerance with the hybrid CPU lane;
  * - the same with a residency profile's experts placed into slots before the first token,
  *   frozen or seeding the cache;
  * - graph decode (one-token steps recorded once, replayed with the token and position in device
@@ -787,6 +789,9 @@ static void graph_two_streams(const char *path, const int32_t *prompt, const str
     model_close(m);
 }
 
+static void lockstep(const char *path, const char *what, const struct backend_cuda_config *cc,
+                     double max_err);
+
 static void model_checks(const char *path, const int32_t *prompt, const struct tolerance *tol)
 {
     struct backend_cuda_config all = {.device = 0};
@@ -855,6 +860,18 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
 
     struct backend_cuda_config st = {.device = 0, .cpu_moe_layers = 2};
     struct backend_cuda_config hy = {.device = 0, .expert_slots = 6, .hybrid = true};
+    lockstep(path, "all resident", &(struct backend_cuda_config){.device = 0}, 0);
+    lockstep(path, "copy, 5 slots", &copy, 0);
+    lockstep(path, "zerocopy, 5 slots", &zc, 0);
+    lockstep(path, "copy + prefetch depth 2, 9 slots",
+             &(struct backend_cuda_config){.device = 0, .expert_slots = 9, .prefetch = true,
+                                           .prefetch_depth = 2}, 0);
+    /* the CPU lane's rows: f32 within 10x its median tolerance (measured 7.6e-7); q8_0's rows
+     * jump across routing near-ties (up to 0.425 over 130 seeds, struct tolerance), so only a
+     * sanity bound there (measured 0.18) */
+    lockstep(path, "hybrid, 6 slots",
+             &(struct backend_cuda_config){.device = 0, .expert_slots = 6, .hybrid = true},
+             tol->logits < 0.01 ? tol->logits * 10 : 1.0);
     close_enough(path, "static:2", &st, prompt, &ref, tol, 2, false);
     close_enough(path, "hybrid + admit when idle, 6 slots", &hy, prompt, &ref, tol, 0, true);
     struct backend_cuda_config hy_na = hy; /* CPU-lane misses never copied into a slot */
@@ -867,6 +884,84 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     CHECK(hf.placed == 3, "hybrid, 3 frozen: %d placed", hf.placed);
     g_restore = NULL;
     free(ref.logits);
+}
+
+/* Lockstep decode (stream_batch) through the CUDA backend's logic: three streams prefilled
+ * alone, then LS_STEPS steps of all three in one forward, teacher-forced with tokens of a
+ * one-at-a-time all-resident run. Under a cache (copy, zerocopy, prefetch) the rows must equal
+ * the single-stream logits bit for bit (the simulated kernels compute each row alone); with
+ * the hybrid CPU lane, within max_err of the largest logit. */
+#define LS_N 3
+#define LS_STEPS 24
+static void lockstep(const char *path, const char *what, const struct backend_cuda_config *cc,
+                     double max_err)
+{
+    static const int len[LS_N] = {5, 11, 8};
+    struct model *m = NULL;
+    struct backend *ref_b = NULL, *b = NULL;
+    struct stream *s[LS_N] = {0};
+    struct stream_batch *bt = NULL;
+    struct backend_cuda_config all = {.device = 0};
+    int32_t prompt[LS_N][16], tok[LS_N][LS_STEPS + 1];
+    if (model_open(path, &m) || backend_cuda_open(m, &all, &ref_b)) {
+        CHECK(0, "lockstep: %s", err_msg());
+        model_close(m);
+        return;
+    }
+    int nv = (int)m->hp.n_vocab;
+    float *ref = test_xmalloc(sizeof(float) * (size_t)LS_N * LS_STEPS * nv);
+    float *row = test_xmalloc(sizeof(float) * (size_t)LS_N * nv);
+    for (int i = 0; i < LS_N; i++)
+        for (int j = 0; j < len[i]; j++)
+            prompt[i][j] = (int32_t)((7 + 31 * i + 17 * j) % 500);
+    int rc = 0;
+    for (int i = 0; i < LS_N && !rc; i++) { /* one at a time, all resident */
+        struct stream *one = NULL;
+        rc = stream_open(ref_b, 64, 32, &one);
+        rc = rc ? rc : stream_eval(one, prompt[i], len[i], row);
+        tok[i][0] = rc ? 0 : sampler_argmax(row, nv);
+        for (int t = 0; t < LS_STEPS && !rc; t++) {
+            float *r = ref + ((size_t)i * LS_STEPS + t) * nv;
+            rc = stream_eval(one, &tok[i][t], 1, r);
+            tok[i][t + 1] = sampler_argmax(r, nv);
+        }
+        stream_close(one);
+    }
+    backend_close(ref_b);
+    rc = rc ? rc : backend_cuda_open(m, cc, &b);
+    rc = rc ? rc : stream_batch_open(b, LS_N, &bt);
+    for (int i = 0; i < LS_N && !rc; i++) {
+        rc = stream_open(b, 64, 32, &s[i]);
+        rc = rc ? rc : stream_eval(s[i], prompt[i], len[i], NULL);
+    }
+    double worst = 0;
+    for (int t = 0; t < LS_STEPS && !rc; t++) {
+        int32_t ids[LS_N];
+        for (int i = 0; i < LS_N; i++)
+            ids[i] = tok[i][t];
+        rc = stream_batch_eval(bt, s, LS_N, ids, row);
+        for (int i = 0; i < LS_N && !rc; i++) {
+            const float *r = ref + ((size_t)i * LS_STEPS + t) * nv;
+            float big = 1e-30f, d = 0;
+            for (int v = 0; v < nv; v++) {
+                big = fabsf(r[v]) > big ? fabsf(r[v]) : big;
+                float e = fabsf(row[(size_t)i * nv + v] - r[v]);
+                d = e > d || isnan(e) ? (isnan(e) ? INFINITY : e) : d;
+            }
+            worst = d / big > worst ? d / big : worst;
+        }
+    }
+    CHECK(rc == 0, "%s lockstep: %s", what, err_msg());
+    printf("%s: lockstep %-28s 3 streams x %d steps within %.3g of the largest logit\n", path,
+           what, LS_STEPS, worst);
+    CHECK(worst <= max_err, "%s lockstep: rows off by %.3g (allowed %.3g)", what, worst, max_err);
+    for (int i = 0; i < LS_N; i++)
+        stream_close(s[i]);
+    stream_batch_close(bt);
+    backend_close(b);
+    model_close(m);
+    free(ref);
+    free(row);
 }
 
 /* Streams opened and closed in turn give their memory back: under a budget the pool keeps its
