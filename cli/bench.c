@@ -43,6 +43,7 @@ struct bench_opts {
     int stats;            /* --stats */
     int prefetch;         /* --prefetch */
     int prefetch_depth;   /* --prefetch-depth N */
+    int streams;          /* --streams N: also N streams decoding in lockstep */
     int cpu_moe_layers;   /* --placement */
     bool gather;          /* --streaming kernel */
     bool graph;           /* --graph */
@@ -93,6 +94,11 @@ static void bench_usage(void)
            "                        gather kernel per batch\n"
            "      --prefetch        stream the experts the next layer's router predicts\n"
            "      --prefetch-depth N  the same for the next N layers (1-4)\n"
+           "      --streams N       then also N streams (each the prompt rotated by its index)\n"
+           "                        decoding -n tokens in lockstep, one forward per step:\n"
+           "                        aggregate and per-stream tok/s, hit rate and expert bytes\n"
+           "                        moved per generated token (the logits of every row come\n"
+           "                        back to the host each step)\n"
            "      --profile FILE    restore a residency profile (strata profile warmup) into\n"
            "                        the expert cache before the timed runs, checked by its\n"
            "                        probe; --profile-freeze pins its frozen set for good,\n"
@@ -200,6 +206,8 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             o->stats_json = v;
         else if (!strcmp(a, "--profile"))
             o->profile = v;
+        else if (!strcmp(a, "--streams"))
+            rc = args_i32("bench", a, v, 1, 256, &o->streams);
         else if (!strcmp(a, "--prefetch-depth")) {
             rc = args_i32("bench", a, v, 1, 4, &o->prefetch_depth);
             o->prefetch = 1;
@@ -304,7 +312,8 @@ static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
     cfg->profile = o->profile;
     cfg->prefetch_depth = o->prefetch_depth;
     cfg->n_threads = o->n_threads;
-    cfg->n_ctx = o->n_prompt + o->n_gen + 1;
+    /* the first stream and, with --streams N, N more: their KV caches count against the budget */
+    cfg->n_ctx = (o->n_prompt + o->n_gen + 1) * (1 + (o->streams > 1 ? o->streams : 0));
     cfg->n_batch = o->n_prompt;
     cfg->log = stderr;
 }
@@ -459,6 +468,78 @@ static void bench_print_cache(const struct bench_opts *o, struct strata *st,
         cli_fail("--stats-json");
 }
 
+/* --streams N: N fresh streams, stream i prefilled with the prompt rotated by i tokens (their
+ * routing differs), then n_gen steps of all N in lockstep (random ids, or each row's argmax
+ * with --tg greedy). Prints aggregate and per-stream decode and what the cache moved per
+ * generated token. 0 or the exit code after the message. */
+static int bench_lockstep(const struct bench_opts *o, struct strata *st, const int32_t *ids,
+                          struct rng *rng)
+{
+    const struct model_hparams *hp = &strata_model_of(st)->hp;
+    int n = o->streams, nv = (int)hp->n_vocab, rc = 0;
+    struct strata_stream **ss = calloc((size_t)n, sizeof(*ss));
+    struct strata_batch *b = NULL;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *rot = malloc(sizeof(int32_t) * (size_t)o->n_prompt);
+    float *logits = malloc(sizeof(float) * (size_t)n * nv);
+    struct strata_stats s0, s1;
+
+    if (!ss || !tok || !rot || !logits) {
+        rc = cli_fail("out of memory");
+        goto out;
+    }
+    if (strata_batch_open(st, n, &b)) {
+        rc = cli_fail("--streams");
+        goto out;
+    }
+    for (int i = 0; i < n && !rc; i++) {
+        for (int j = 0; j < o->n_prompt; j++)
+            rot[j] = ids[(j + i) % o->n_prompt];
+        if (strata_stream_open(st, o->n_prompt + o->n_gen + 1, &ss[i]) ||
+            strata_eval(ss[i], rot, o->n_prompt, logits))
+            rc = cli_fail("--streams: a stream's prompt");
+        else
+            tok[i] = sampler_argmax(logits, nv);
+    }
+    strata_get_stats(st, &s0);
+    double t0 = clock_now_s();
+    for (int t = 0; !rc && t < o->n_gen; t++) {
+        for (int i = 0; i < n && !o->tg_greedy; i++)
+            tok[i] = (int32_t)rng_below(rng, hp->n_vocab);
+        if (strata_batch_eval(b, ss, n, tok, logits)) {
+            rc = cli_fail("--streams: a lockstep step");
+            break;
+        }
+        for (int i = 0; i < n; i++)
+            tok[i] = sampler_argmax(logits + (size_t)i * nv, nv);
+    }
+    double dt = clock_now_s() - t0;
+    if (rc)
+        goto out;
+    strata_get_stats(st, &s1);
+    double gen = (double)n * o->n_gen;
+    printf("lockstep     %d streams x tg%d: %.2f tok/s aggregate, %.2f per stream\n", n,
+           o->n_gen, gen / dt, o->n_gen / dt);
+    if (s1.has_cache) {
+        uint64_t acc = (s1.hits - s0.hits) + (s1.misses - s0.misses);
+        double moved = (double)(s1.bytes_streamed - s0.bytes_streamed) +
+                       (double)(s1.bytes_zero_copy - s0.bytes_zero_copy);
+        printf("lockstep     hit rate %.1f%% (%llu expert uses), %.2f MB of experts moved per "
+               "generated token\n",
+               acc ? 100.0 * (s1.hits - s0.hits) / acc : 0.0, (unsigned long long)acc,
+               moved / gen / 1e6);
+    }
+out:
+    for (int i = 0; ss && i < n; i++)
+        strata_stream_close(ss[i]);
+    strata_batch_close(b);
+    free(ss);
+    free(tok);
+    free(rot);
+    free(logits);
+    return rc;
+}
+
 /* The report: what ran, the bandwidths, pp and tg, and decode against its floor. */
 static void bench_print(const struct bench_opts *o, struct strata *st, const struct model *m,
                         const struct bench_run *r)
@@ -583,6 +664,8 @@ int cmd_bench(int argc, char **argv)
         goto out;
     }
     bench_print(&o, st, m, &r);
+    if (o.streams > 1)
+        rc = bench_lockstep(&o, st, ids, &rng);
 out:
     free(ids);
     strata_stream_close(ss);
