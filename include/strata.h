@@ -248,10 +248,11 @@ struct strata_sampler;
 int strata_sampler_open(const struct strata *s, const struct strata_sampling *p,
                         struct strata_sampler **out);
 void strata_sampler_close(struct strata_sampler *sm);
-/* Chooses a token from logits (n_vocab floats; modified in place by the penalty) and records
- * it for the repetition penalty. */
+/* Chooses a token from logits (n_vocab floats; modified in place by the penalty). It is not
+ * recorded: pass it to strata_sampler_accept, as for the prompt's tokens, for the repetition
+ * penalty to see it (strata_generate does both). */
 int32_t strata_sampler_sample(struct strata_sampler *sm, float *logits);
-/* Records a token (of the prompt) for the repetition penalty. */
+/* Records a token (of the prompt, or one just sampled) for the repetition penalty. */
 void strata_sampler_accept(struct strata_sampler *sm, int32_t id);
 
 #define STRATA_MAX_STOP 8
