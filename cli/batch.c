@@ -1156,6 +1156,10 @@ static int batch_open_engine(struct batch *b, int n_pending)
         fprintf(stderr, "strata batch: out of memory for %d streams\n", b->n_slots);
         return 1;
     }
+    if (strata_streams_check(ss->s, b->n_slots, b->o.n_ctx)) {
+        fprintf(stderr, "strata batch: --streams %d: %s\n", b->n_slots, strata_error());
+        return 1;
+    }
     for (int i = 0; i < b->n_slots; i++) {
         if (strata_stream_open(ss->s, b->o.n_ctx, &b->slots[i].st))
             return cli_fail("opening the streams");

@@ -488,6 +488,11 @@ static int bench_lockstep(const struct bench_opts *o, struct strata *st, const i
         rc = cli_fail("out of memory");
         goto out;
     }
+    if (strata_streams_check(st, n, o->n_prompt + o->n_gen + 1)) {
+        fprintf(stderr, "strata bench: --streams %d: %s\n", n, strata_error());
+        rc = 2;
+        goto out;
+    }
     if (strata_batch_open(st, n, &b)) {
         rc = cli_fail("--streams");
         goto out;

@@ -193,6 +193,11 @@ bool strata_token_is_eog(const struct strata *s, int32_t id);
 /* On the CPU device its KV cache and activations are checked against the host memory available
  * before anything is allocated: -ENOMEM, the sizes in strata_error(), above 90% of it. */
 int strata_stream_open(struct strata *s, int n_ctx, struct strata_stream **out);
+/* Whether n_streams streams of n_ctx positions (0 = cfg.n_ctx) fit together, before any is
+ * opened: on the CPU device against 90% of the host memory available now (-ENOMEM with the
+ * arithmetic and how many fit); on CUDA the budget counts cfg.n_ctx positions (give it the
+ * streams' total). 0 or -errno. */
+int strata_streams_check(const struct strata *s, int n_streams, int n_ctx);
 void strata_stream_close(struct strata_stream *st);
 int strata_stream_pos(const struct strata_stream *st);   /* tokens in its KV cache */
 int strata_stream_n_ctx(const struct strata_stream *st); /* positions it holds at most */

@@ -400,6 +400,29 @@ static int strata_stream_check(const struct strata *s, int n_ctx)
     return avail ? stream_size_check_host(&sz, n_ctx, avail) : 0;
 }
 
+int strata_streams_check(const struct strata *s, int n_streams, int n_ctx)
+{
+    struct stream_size sz;
+    const double gib = 1073741824.0;
+    if (n_streams < 1 || n_ctx < 0)
+        return err_set(-EINVAL, "strata_streams_check: %d streams of %d positions", n_streams,
+                       n_ctx);
+    n_ctx = n_ctx ? n_ctx : s->cfg.n_ctx;
+    int rc = stream_size_get(s->model, n_ctx, s->cfg.n_batch, &sz);
+    if (rc || s->cuda)
+        return rc;
+    uint64_t avail = sysinfo_mem_available();
+    double one = (double)(sz.kv_bytes + sz.arena_bytes), need = one * n_streams;
+    if (!avail || need <= (double)(avail / 10 * 9))
+        return 0;
+    return err_set(-ENOMEM,
+                   "%d streams of %d positions need %d x %.2f GiB (KV cache %.2f + activations "
+                   "%.2f) = %.1f GiB, more than 90%% of the %.1f GiB available: at most %d "
+                   "such streams fit",
+                   n_streams, n_ctx, n_streams, one / gib, sz.kv_bytes / gib, sz.arena_bytes / gib,
+                   need / gib, avail / gib, (int)((double)(avail / 10 * 9) / one));
+}
+
 int strata_stream_open(struct strata *s, int n_ctx, struct strata_stream **out)
 {
     struct strata_stream *st;

@@ -175,4 +175,12 @@ refuse "--streams wants an integer in 1..4096, not 'abc'" --streams abc \
 refuse "the prompts come from --input" -p hello --input "$tmp/in.jsonl" -o "$tmp/new.jsonl"
 refuse "need --input" -o "$tmp/new.jsonl"
 [ ! -e "$tmp/new.jsonl" ] || fail "a refused command created OUT"
+# streams that do not fit in memory together: refused with the arithmetic before any is opened
+for i in $(seq 1 16); do echo "{\"prompt\": \"x $i\"}"; done >"$tmp/many.jsonl"
+timeout 60 "$strata" "${B[@]}" -n 2 --streams 16 -c 1048576 --input "$tmp/many.jsonl" \
+    -o "$tmp/many.out" >/dev/null 2>"$tmp/err"
+rc=$?
+[ "$rc" = 1 ] && grep -q "16 streams of 1048576 positions need 16 x .* such streams fit" "$tmp/err" ||
+    fail "16 streams of 1M positions: exit $rc: $(cat "$tmp/err")"
+echo "ok: 16 streams of 1M positions refused: $(grep -o 'need .*' "$tmp/err" | head -c 160)"
 echo "ok: strata batch"
