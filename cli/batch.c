@@ -228,19 +228,6 @@ static void batch_usage(void)
         (unsigned long long)d.gen.sampling.seed, STRATA_MAX_STOP, STRATA_DEFAULT_MODEL, d.n_ctx);
 }
 
-/* Whether a is one of the space-separated words of list. */
-static bool batch_word_in(const char *list, const char *a)
-{
-    size_t n = strlen(a);
-    for (const char *w = list; *w; w += strspn(w, " ")) {
-        size_t len = strcspn(w, " ");
-        if (len == n && !strncmp(w, a, n))
-            return true;
-        w += len;
-    }
-    return false;
-}
-
 /* run_opts flags that mean something to a batch (*takes_value set); the others are refused. */
 static bool batch_run_flag(const char *a, bool *takes_value)
 {
@@ -251,8 +238,7 @@ static bool batch_run_flag(const char *a, bool *takes_value)
         "--repeat-last-n -s --seed --stop";
     static const char bare[] = "--chat --think --no-think --ignore-eos --bind --no-mmap -v "
                                "--verbose --stats --prefetch --profile-freeze --profile-optional";
-    *takes_value = batch_word_in(with_value, a);
-    return *takes_value || batch_word_in(bare, a);
+    return run_opts_flag_in(with_value, bare, a, takes_value);
 }
 
 /* Takes batch's own flags out of argv and hands the rest to run_opts_parse. 0, 1 (help

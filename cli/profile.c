@@ -76,20 +76,11 @@ static void warmup_usage(void)
 /* run_opts flags that mean something to a warmup; the others are refused. */
 static bool warmup_engine_flag(const char *a, bool *takes_value)
 {
-    static const char *const with_value[] = {"-m", "--model", "-t", "--threads", "--cpu-threads",
-                                             "-c", "--ctx-size", "-b", "--batch-size",
-                                             "--device", "--vram-budget", "--placement",
-                                             "--residency", "--streaming", "--prefetch-depth"};
-    static const char *const bare[] = {"--prefetch", "--bind", "--no-mmap", "-v", "--verbose"};
-    for (size_t i = 0; i < sizeof(with_value) / sizeof(with_value[0]); i++)
-        if (!strcmp(a, with_value[i]))
-            return *takes_value = true;
-    for (size_t i = 0; i < sizeof(bare) / sizeof(bare[0]); i++)
-        if (!strcmp(a, bare[i])) {
-            *takes_value = false;
-            return true;
-        }
-    return false;
+    static const char with_value[] = "-m --model -t --threads --cpu-threads -c --ctx-size -b "
+                                     "--batch-size --device --vram-budget --placement "
+                                     "--residency --streaming --prefetch-depth";
+    static const char bare[] = "--prefetch --bind --no-mmap -v --verbose";
+    return run_opts_flag_in(with_value, bare, a, takes_value);
 }
 
 /* 0, 1 (help printed) or 2 (message printed). */

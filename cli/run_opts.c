@@ -158,6 +158,25 @@ static bool opt_is(const char *arg, const char *a, const char *b)
 
 #define IS(a, b) opt_is(arg, a, b)
 
+static bool run_opts_word_in(const char *list, const char *a)
+{
+    size_t n = strlen(a);
+    for (const char *w = list; *w; w += strspn(w, " ")) {
+        size_t len = strcspn(w, " ");
+        if (len == n && !strncmp(w, a, n))
+            return true;
+        w += len;
+    }
+    return false;
+}
+
+bool run_opts_flag_in(const char *with_value, const char *bare, const char *a,
+                      bool *takes_value)
+{
+    *takes_value = run_opts_word_in(with_value, a);
+    return *takes_value || run_opts_word_in(bare, a);
+}
+
 bool run_opts_is_cuda_only(const char *arg)
 {
     static const char *const cuda_only[] = {"--graph",      "--prefetch",  "--stats",

@@ -67,6 +67,12 @@ struct run_session {
     const char *stats_json; /* and/or write it there */
 };
 
+/* Whether a is one of the space-separated flags of with_value (then *takes_value = true) or of
+ * bare: for commands that pass some of run_opts' flags on to run_opts_parse and refuse the
+ * rest. */
+bool run_opts_flag_in(const char *with_value, const char *bare, const char *a,
+                      bool *takes_value);
+
 /* The checks run_opts_parse ends with (device, and the placement options that need a budget or
  * CUDA; a budget implies --device cuda): 0, or 2 after printing the error. */
 int run_opts_check(struct run_opts *o, const char *cmd);
