@@ -36,6 +36,8 @@
 struct attn_params {
     float *out;
     const float *q, *k, *v;
+    const float *const *kz, *const *vz; /* lockstep rows: block z (blockIdx.z of the decode
+                                         * kernel) is token z with its own caches */
     const int32_t *pos_dev;
     int pos0, n_tok, n_ctx, n_head, n_head_kv, hd, G;
     float scale;
@@ -186,7 +188,16 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn
     /* each split's factor e^(m_s - M) once (not once per dimension); -1: no keys */
     __shared__ float f[ATT_MAX_SPLIT];
     __shared__ float lsum;
-    const int64_t nth = (int64_t)p.n_tok * p.n_head, row = blockIdx.x;
+    const int64_t nth = (int64_t)p.n_tok * p.n_head;
+    int64_t row = blockIdx.x;
+    if (p.kz) { /* lockstep rows: row z's splits and output follow those of rows before it */
+        const int64_t z = row / nth, per = (int64_t)p.n_split * nth;
+        row -= z * nth;
+        p.part_acc += z * per * p.hd;
+        p.part_m += z * per;
+        p.part_l += z * per;
+        p.out += z * nth * p.hd;
+    }
     float mx = -INFINITY;
     for (int s = 0; s < p.n_split; s++)
         mx = fmaxf(mx, p.part_m[s * nth + row]);
@@ -312,6 +323,16 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kvh = blockIdx.y, split = blockIdx.x, rows = p.n_tok * p.G;
     const int64_t qw = (int64_t)p.n_head * HD, kv_off = (int64_t)kvh * HD;
+    if (p.kz) { /* lockstep rows: token z (one per block row of the grid) with its own caches */
+        const int64_t z = blockIdx.z, per = (int64_t)p.n_split * p.n_head;
+        p.k = p.kz[z];
+        p.v = p.vz[z];
+        p.q += z * qw;
+        p.pos_dev += z;
+        p.part_acc += z * per * HD;
+        p.part_m += z * per;
+        p.part_l += z * per;
+    }
 
     int kmax = 0;
     for (int t = 0; t < p.n_tok; t++)
@@ -814,6 +835,13 @@ extern "C" size_t cuda_attention_scratch_bytes(int n_head, int head_dim)
     return sizeof(float) * (size_t)ATT_SPLIT_ROWS * n_head * (head_dim + 2);
 }
 
+extern "C" size_t cuda_attention_rows_scratch_bytes(int n_tok, int n_head, int head_dim)
+{
+    if (n_tok < 1 || n_head < 1 || head_dim < 1)
+        return 0;
+    return attn_scratch_need(ATTD_CHUNKS, (int64_t)n_tok * n_head, head_dim);
+}
+
 /* Launches k_attn_dec<D, rows> when D matches and rows is 1, 2, 4, 8 or 16 (rows * D <= 64). */
 template <int D>
 static bool attd_dispatch(int d, int rows, dim3 grid, const struct attn_params &p, cudaStream_t s)
@@ -865,6 +893,35 @@ static bool attd_launch(const struct cuda_attn_args *a, struct attn_params *p, c
         return false;
     k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(*p);
     return true;
+}
+
+/* k_rows: the decode kernel with one query token per grid row z, each of its own caches; the
+ * split count is planned from n_ctx (above every row's position), and each row's chunk from its
+ * own position, as attd_launch does for that row alone. 0, -ENOTSUP or -EINVAL. */
+static int attd_rows_launch(const struct cuda_attn_args *a, struct attn_params *p, cudaStream_t s)
+{
+    const int rows = p->G, D = a->head_dim / 32;
+    if (!a->pos_dev || !a->v_rows || !a->out || !a->q || a->n_tok > 65535)
+        return -EINVAL;
+    if (rows > ATTD_MAX_ROWS || a->head_dim % 32 || (D != 2 && D != 4 && D != 8) ||
+        rows * D > 64 || (rows & (rows - 1)))
+        return -ENOTSUP;
+    int ns = ops_imin(ATTD_CHUNKS, ops_cdiv(a->n_ctx, attd_sub(D)));
+    int64_t nth = (int64_t)a->n_tok * a->n_head;
+    if (!a->scratch || a->scratch_bytes < attn_scratch_need(ns, nth, a->head_dim) ||
+        !ops_aligned(a->scratch, 4))
+        return -EINVAL;
+    p->n_tok = 1;
+    p->kz = a->k_rows;
+    p->vz = a->v_rows;
+    p->n_split = ns;
+    attn_scratch_use(p, a->scratch, ns, nth, a->head_dim);
+    dim3 grid((unsigned)ns, (unsigned)a->n_head_kv, (unsigned)a->n_tok);
+    if (!attd_dispatch<2>(D, rows, grid, *p, s) && !attd_dispatch<4>(D, rows, grid, *p, s) &&
+        !attd_dispatch<8>(D, rows, grid, *p, s))
+        return -ENOTSUP;
+    k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(*p);
+    return cuda_last_error("cuda_attention (rows)");
 }
 
 /* The tensor-core prefill kernel where it applies (n_tok >= CUDA_ATTN_TC_MIN_TOK, n_tok * G >=
@@ -921,6 +978,19 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
         return -EINVAL;
     if (a->n_tok == 0)
         return 0;
+    if (a->k_rows) {
+        struct attn_params p = {};
+        p.out = a->out;
+        p.q = a->q;
+        p.pos_dev = a->pos_dev;
+        p.n_ctx = a->n_ctx;
+        p.n_head = a->n_head;
+        p.n_head_kv = a->n_head_kv;
+        p.hd = a->head_dim;
+        p.G = a->n_head / a->n_head_kv;
+        p.scale = a->scale;
+        return attd_rows_launch(a, &p, (cudaStream_t)a->stream);
+    }
     if (!a->out || !a->q || !a->k_cache || !a->v_cache)
         return -EINVAL;
     struct attn_plan pl;

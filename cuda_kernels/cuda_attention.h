@@ -33,6 +33,11 @@ struct cuda_attn_args {
     int pos0;               /* position of query token 0 when pos_dev is NULL (token t at pos0+t) */
     const int32_t *pos_dev; /* NULL, or (n_tok) device: position of each query token; query t
                              * attends to keys 0..pos(t) (clamped to n_ctx - 1) */
+    const float *const *k_rows; /* NULL, or (n_tok) device array of device pointers: query t's
+                                 * own K cache (lockstep rows, each token of another stream;
+                                 * k_cache and v_cache are then ignored); needs pos_dev, and
+                                 * n_ctx above every position */
+    const float *const *v_rows; /* with k_rows: query t's own V cache */
     int n_tok, n_ctx;       /* n_ctx: rows of the caches; bounds every key index */
     int n_head, n_head_kv, head_dim; /* n_head a multiple of n_head_kv; head_dim even, <= 256 */
     float scale;                     /* usually 1/sqrt(head_dim) */
@@ -43,6 +48,8 @@ struct cuda_attn_args {
 
 /* Scratch for the split-K partial results of any call with these heads (any n_tok, context). */
 size_t cuda_attention_scratch_bytes(int n_head, int head_dim);
+/* Scratch for a call with k_rows of n_tok rows (any context). */
+size_t cuda_attention_rows_scratch_bytes(int n_tok, int n_head, int head_dim);
 
 /* Prefill calls run on fp16 tensor cores: n_tok >= CUDA_ATTN_TC_MIN_TOK, n_tok * (n_head /
  * n_head_kv) >= CUDA_ATTN_TC_MIN_ROWS, head_dim a multiple of 16, k_cache/v_cache 16-byte and
@@ -58,7 +65,11 @@ size_t cuda_attention_scratch_bytes(int n_head, int head_dim);
  * query rows (decode) split the keys over several blocks and combine the partial softmaxes in a
  * second kernel (split-K flash-decoding); the split is planned from n_ctx when pos_dev is set,
  * so one captured graph serves every position. Many rows (prefill) take the tensor-core path
- * above. */
+ * above. With k_rows, every query row is one token of its own stream: one launch of the decode
+ * kernel for all of them (the keys of each split as that row alone would split them, so the
+ * result is that of one call per row, bit for bit); -ENOTSUP (nothing launched) where the
+ * decode kernel does not apply (head_dim not 64, 128 or 256, n_head / n_head_kv not a power of
+ * two up to 16, or more than 64 / (head_dim / 32) of them). */
 int cuda_attention(const struct cuda_attn_args *a);
 
 #ifdef __cplusplus

@@ -203,6 +203,7 @@ struct kv_store_params {
     int64_t total; /* n_tok * width */
     int width, n_ctx, pos0;
     const int32_t *pos_dev;
+    float *const *caches;
 };
 
 static __global__ void k_kv_store(struct kv_store_params p)
@@ -211,8 +212,9 @@ static __global__ void k_kv_store(struct kv_store_params p)
          i += (int64_t)gridDim.x * blockDim.x) {
         int t = (int)(i / p.width), c = (int)(i - (int64_t)t * p.width);
         int pos = p.pos_dev ? p.pos_dev[t] : p.pos0 + t;
+        float *cache = p.caches ? p.caches[t] : p.cache;
         if (pos >= 0 && pos < p.n_ctx)
-            p.cache[(int64_t)pos * p.width + c] = p.src[i];
+            cache[(int64_t)pos * p.width + c] = p.src[i];
     }
 }
 
@@ -439,10 +441,10 @@ extern "C" int cuda_kv_store(const struct cuda_kv_store_args *a)
         return -EINVAL;
     if (a->n_tok == 0)
         return 0;
-    if (!a->cache || !a->src)
+    if ((!a->cache && !a->caches_dev) || !a->src || (a->caches_dev && !a->pos_dev))
         return -EINVAL;
-    struct kv_store_params p = {
-        a->cache, a->src, (int64_t)a->n_tok * a->width, a->width, a->n_ctx, a->pos0, a->pos_dev};
+    struct kv_store_params p = {a->cache,  a->src,  (int64_t)a->n_tok * a->width, a->width,
+                                a->n_ctx,  a->pos0, a->pos_dev, a->caches_dev};
     k_kv_store<<<ops_stride_blocks(p.total, 256), 256, 0, (cudaStream_t)a->stream>>>(p);
     return cuda_last_error("cuda_kv_store");
 }

@@ -90,6 +90,9 @@ struct cuda_kv_store_args {
     int pos0;               /* row of token 0 (token t to row pos0 + t) when pos_dev is NULL */
     const int32_t *pos_dev; /* NULL, or (n_tok) device: cache row of each token; a row outside
                              * [0, n_ctx) is skipped */
+    float *const *caches_dev; /* NULL, or (n_tok) device array of device pointers: token t's own
+                               * cache (lockstep rows; cache is then ignored, pos_dev needed,
+                               * n_ctx bounds every one of them) */
     void *stream;
 };
 

@@ -12,7 +12,9 @@ struct cachesim {
     double frac[CACHESIM_MAX];
     int slots[CACHESIM_MAX];
     struct slru *pool[CACHESIM_MAX];
-    uint64_t hits[CACHESIM_MAX], lookups[CACHESIM_MAX];
+    uint64_t hits[CACHESIM_MAX], lookups;
+    uint32_t *seen; /* (n_expert) stamp of the last layer call that looked the expert up */
+    uint32_t stamp;
 };
 
 int cachesim_open(int n_layer, int n_expert, int k, const double *fractions, int n,
@@ -24,6 +26,11 @@ int cachesim_open(int n_layer, int n_expert, int k, const double *fractions, int
     if (!s)
         return -ENOMEM;
     *s = (struct cachesim){.n_layer = n_layer, .n_expert = n_expert, .k = k, .n = n};
+    s->seen = calloc((size_t)n_expert, sizeof(*s->seen));
+    if (!s->seen) {
+        free(s);
+        return -ENOMEM;
+    }
     for (int i = 0; i < n; i++) {
         double keys = (double)n_layer * n_expert;
         int slots = (int)(fractions[i] * keys + 0.5);
@@ -33,6 +40,7 @@ int cachesim_open(int n_layer, int n_expert, int k, const double *fractions, int
         s->slots[i] = slots;
         int rc = slru_open(&c, &s->pool[i]);
         if (rc) {
+            s->n = i;
             cachesim_close(s);
             return rc;
         }
@@ -47,27 +55,39 @@ void cachesim_close(struct cachesim *s)
         return;
     for (int i = 0; i < s->n; i++)
         slru_close(s->pool[i]);
+    free(s->seen);
     free(s);
+}
+
+void cachesim_step(struct cachesim *s, const int32_t *ids, int n_tok)
+{
+    size_t per_tok = (size_t)s->n_layer * s->k;
+    for (int l = 0; l < s->n_layer; l++) {
+        s->stamp++;
+        for (int i = 0; i < s->n; i++)
+            slru_step(s->pool[i]);
+        for (int t = 0; t < n_tok; t++) {
+            const int32_t *row = ids + (size_t)t * per_tok + (size_t)l * s->k;
+            for (int j = 0; j < s->k; j++) {
+                int e = row[j], el, ee;
+                if (e < 0 || e >= s->n_expert || s->seen[e] == s->stamp)
+                    continue;
+                s->seen[e] = s->stamp;
+                s->lookups++;
+                for (int i = 0; i < s->n; i++) {
+                    if (slru_lookup(s->pool[i], l, e) >= 0)
+                        s->hits[i]++;
+                    else /* -ENOSPC: served without caching */
+                        slru_admit(s->pool[i], l, e, l, &el, &ee);
+                }
+            }
+        }
+    }
 }
 
 void cachesim_token(struct cachesim *s, const int32_t *ids)
 {
-    for (int i = 0; i < s->n; i++) {
-        struct slru *p = s->pool[i];
-        for (int l = 0; l < s->n_layer; l++) {
-            slru_step(p);
-            for (int j = 0; j < s->k; j++) {
-                int e = ids[l * s->k + j], el, ee;
-                if (e < 0 || e >= s->n_expert)
-                    continue;
-                s->lookups[i]++;
-                if (slru_lookup(p, l, e) >= 0)
-                    s->hits[i]++;
-                else
-                    slru_admit(p, l, e, l, &el, &ee); /* -ENOSPC: served without caching */
-            }
-        }
-    }
+    cachesim_step(s, ids, 1);
 }
 
 int cachesim_count(const struct cachesim *s)
@@ -87,5 +107,15 @@ double cachesim_fraction(const struct cachesim *s, int i)
 
 double cachesim_hit_rate(const struct cachesim *s, int i)
 {
-    return s->lookups[i] ? (double)s->hits[i] / (double)s->lookups[i] : 0.0;
+    return s->lookups ? (double)s->hits[i] / (double)s->lookups : 0.0;
+}
+
+uint64_t cachesim_lookups(const struct cachesim *s)
+{
+    return s->lookups;
+}
+
+uint64_t cachesim_misses(const struct cachesim *s, int i)
+{
+    return s->lookups - s->hits[i];
 }

@@ -31,6 +31,18 @@ struct attn_args {
     float scale;          /* 1/sqrt(head_dim) */
 };
 
+/* Attention of lockstep rows (struct backend_ops.attention_rows): row i is the next token of
+ * the i-th stream given to rows_begin, at that stream's position. */
+struct attn_rows_args {
+    float *out;     /* (n, n_head*head_dim) */
+    float *q, *k;   /* (n, n_head*head_dim), (n, n_head_kv*head_dim): normed, rotated here */
+    const float *v; /* (n, n_head_kv*head_dim) */
+    int layer, n;
+    int n_head, n_head_kv, head_dim;
+    float scale;     /* 1/sqrt(head_dim) */
+    float rope_base; /* rope.freq_base */
+};
+
 struct backend_ops {
     const char *name;
     /* Activation memory: n floats, 64-byte aligned, NULL on failure (err_msg says why). */
@@ -51,6 +63,13 @@ struct backend_ops {
                     int width);
     /* Causal GQA attention over the cache. */
     int (*attention)(struct backend *b, const struct attn_args *a);
+    /* Optional, both or neither (NULL: the forward runs rope, kv_store and attention row by
+     * row). rows_begin: the n streams of the lockstep step about to run (row i = ss[i] at
+     * ss[i]->pos, a position inside its cache); attention_rows: for one layer of that step,
+     * what rope (q and k), kv_store (k and v) and attention do for each row in its own stream,
+     * with the same result. */
+    int (*rows_begin)(struct backend *b, struct stream *const *ss, int n);
+    int (*attention_rows)(struct backend *b, const struct attn_rows_args *a);
     /* x (n) += y (n). */
     int (*add)(struct backend *b, float *x, const float *y, size_t n);
     /* Optional (NULL: the caller runs add, then rmsnorm): x (rows, dim) += y, then out = x /

@@ -59,6 +59,13 @@ struct backend_cuda {
     void *step_pin_dev;
     int32_t *step_dev;        /* (2) device copy of step_pin */
     int32_t *argmax_dev;      /* (1) read_argmax's result */
+    /* lockstep rows (rows_begin): per layer l, n K then n V cache pointers at rows_ptr[2nl],
+     * then the n positions; a host copy and the device one, for up to rows_cap rows */
+    int rows_n, rows_cap, rows_ctx; /* rows_ctx: above every row's position and cache row */
+    void **rows_host;
+    float *rows_dev;
+    float *rows_scratch;
+    size_t rows_scratch_bytes;
 };
 
 static inline struct backend_cuda *cuda_of(struct backend *b)
@@ -317,6 +324,111 @@ static int cuda_attention_op(struct backend *b, const struct attn_args *at)
     return rc ? backend_cuda_fail(rc, "attention") : 0;
 }
 
+/* The step's table (rows_host) for n rows: cache pointers of every layer, then positions. */
+static size_t cuda_rows_table_bytes(const struct model_hparams *hp, int n)
+{
+    return sizeof(void *) * 2 * (size_t)n * hp->n_layer + sizeof(int32_t) * (size_t)n;
+}
+
+static int cuda_rows_begin_op(struct backend *b, struct stream *const *ss, int n)
+{
+    struct backend_cuda *c = cuda_of(b);
+    const struct model_hparams *hp = &c->model->hp;
+    backend_cuda_forget_xq(c);
+    if (n > c->rows_cap) {
+        size_t bytes = cuda_rows_table_bytes(hp, n);
+        void **host = realloc(c->rows_host, bytes);
+        if (!host)
+            return err_set(-ENOMEM, "out of memory");
+        c->rows_host = host;
+        cuda_free_op(b, c->rows_dev);
+        cuda_free_op(b, c->rows_scratch);
+        c->rows_cap = 0;
+        c->rows_scratch_bytes =
+            cuda_attention_rows_scratch_bytes(n, (int)hp->n_head, (int)hp->head_dim);
+        c->rows_dev = cuda_alloc(b, (bytes + sizeof(float) - 1) / sizeof(float));
+        c->rows_scratch = c->rows_dev ? cuda_alloc(b, c->rows_scratch_bytes / sizeof(float) + 1)
+                                      : NULL;
+        if (!c->rows_dev || !c->rows_scratch)
+            return err_wrap(-ENOMEM, "lockstep rows of %d streams: ", n);
+        c->rows_cap = n;
+    }
+    int32_t *pos = (int32_t *)(c->rows_host + 2 * (size_t)n * hp->n_layer);
+    int ctx = 1;
+    for (uint32_t l = 0; l < hp->n_layer; l++)
+        for (int i = 0; i < n; i++) {
+            c->rows_host[2 * (size_t)n * l + i] = ss[i]->k_cache + l * ss[i]->kv_layer_floats;
+            c->rows_host[2 * (size_t)n * l + n + i] = ss[i]->v_cache + l * ss[i]->kv_layer_floats;
+        }
+    for (int i = 0; i < n; i++) {
+        pos[i] = ss[i]->pos;
+        ctx = ss[i]->n_ctx > ctx ? ss[i]->n_ctx : ctx;
+    }
+    c->rows_n = n;
+    c->rows_ctx = ctx;
+    /* from pageable memory: the host table may be rewritten as soon as this returns */
+    int rc = cuda_h2d(c->rows_dev, c->rows_host, cuda_rows_table_bytes(hp, n), c->stream);
+    return rc ? backend_cuda_fail(rc, "lockstep rows") : 0;
+}
+
+static int cuda_attention_rows_op(struct backend *b, const struct attn_rows_args *ra)
+{
+    struct backend_cuda *c = cuda_of(b);
+    const struct model_hparams *hp = &c->model->hp;
+    const int n = ra->n, kvw = ra->n_head_kv * ra->head_dim;
+    backend_cuda_forget_xq(c);
+    if (n != c->rows_n || ra->layer < 0 || ra->layer >= (int)hp->n_layer)
+        return err_set(-EINVAL, "attention_rows: %d rows at layer %d after rows_begin of %d", n,
+                       ra->layer, c->rows_n);
+    void **kz = c->rows_host + 2 * (size_t)n * ra->layer;
+    void **kz_dev = (void **)c->rows_dev + 2 * (size_t)n * ra->layer;
+    const int32_t *pos = (const int32_t *)(c->rows_host + 2 * (size_t)n * hp->n_layer);
+    const int32_t *pos_dev = (const int32_t *)((void **)c->rows_dev + 2 * (size_t)n * hp->n_layer);
+    struct cuda_rope_args rq = {
+        .x = ra->q, .n_tok = n, .n_heads = ra->n_head, .head_dim = ra->head_dim,
+        .pos_dev = pos_dev, .base = ra->rope_base, .stream = c->stream,
+    };
+    struct cuda_rope_args rk = rq;
+    rk.x = ra->k;
+    rk.n_heads = ra->n_head_kv;
+    struct cuda_kv_store_args sk = {
+        .src = ra->k, .n_tok = n, .width = kvw, .n_ctx = c->rows_ctx, .pos_dev = pos_dev,
+        .caches_dev = (float *const *)kz_dev, .stream = c->stream,
+    };
+    struct cuda_kv_store_args sv = sk;
+    sv.src = ra->v;
+    sv.caches_dev = (float *const *)kz_dev + n;
+    int rc = cuda_rope_neox(&rq);
+    rc = rc ? rc : cuda_rope_neox(&rk);
+    rc = rc ? rc : cuda_kv_store(&sk);
+    rc = rc ? rc : cuda_kv_store(&sv);
+    if (rc)
+        return backend_cuda_fail(rc, "attention_rows");
+    struct cuda_attn_args a = {
+        .out = ra->out, .q = ra->q, .pos_dev = pos_dev, .n_tok = n,
+        .k_rows = (const float *const *)kz_dev, .v_rows = (const float *const *)kz_dev + n,
+        .n_ctx = c->rows_ctx, .n_head = ra->n_head, .n_head_kv = ra->n_head_kv,
+        .head_dim = ra->head_dim, .scale = ra->scale, .scratch = c->rows_scratch,
+        .scratch_bytes = c->rows_scratch_bytes, .stream = c->stream,
+    };
+    rc = cuda_attention(&a);
+    /* heads the one-launch kernel does not take: one call per row */
+    for (int i = 0; rc == -ENOTSUP && i < n; i++) {
+        struct attn_args at = {
+            .out = ra->out + (size_t)i * ra->n_head * ra->head_dim,
+            .q = ra->q + (size_t)i * ra->n_head * ra->head_dim,
+            .k_cache = kz[i], .v_cache = kz[n + i], .pos0 = pos[i], .n_tok = 1,
+            .n_head = ra->n_head, .n_head_kv = ra->n_head_kv, .head_dim = ra->head_dim,
+            .scale = ra->scale,
+        };
+        int r = cuda_attention_op(b, &at);
+        if (r)
+            return r;
+        rc = i + 1 < n ? -ENOTSUP : 0;
+    }
+    return rc ? backend_cuda_fail(rc, "attention_rows") : 0;
+}
+
 static int cuda_add_op(struct backend *b, float *x, const float *y, size_t n)
 {
     backend_cuda_forget_xq(cuda_of(b));
@@ -441,6 +553,9 @@ static void cuda_close_op(struct backend *b)
     cuda_host_free(c->step_pin);
     cuda_free(c->step_dev);
     cuda_free(c->argmax_dev);
+    cuda_free(c->rows_dev);
+    cuda_free(c->rows_scratch);
+    free(c->rows_host);
     cuda_stream_destroy(c->stream);
     free(c->blocks);
     free(c);
@@ -456,6 +571,8 @@ static const struct backend_ops cuda_ops_table = {
     .rope = cuda_rope_op,
     .kv_store = cuda_kv_store_op,
     .attention = cuda_attention_op,
+    .rows_begin = cuda_rows_begin_op,
+    .attention_rows = cuda_attention_rows_op,
     .add = cuda_add_op,
     .add_rmsnorm = cuda_add_rmsnorm_op,
     .moe_ffn = cuda_moe_ffn_op,

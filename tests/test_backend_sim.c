@@ -378,7 +378,8 @@ static int sim_kv_store(const struct cuda_kv_store_args *a)
         int row = a->pos_dev ? a->pos_dev[t] : a->pos0 + t;
         if (row < 0 || row >= a->n_ctx)
             return a->pos_dev ? 0 : -EINVAL;
-        memcpy(a->cache + (size_t)row * a->width, a->src + (size_t)t * a->width,
+        float *cache = a->caches_dev ? a->caches_dev[t] : a->cache;
+        memcpy(cache + (size_t)row * a->width, a->src + (size_t)t * a->width,
                sizeof(float) * (size_t)a->width);
     }
     return 0;
@@ -390,13 +391,20 @@ size_t cuda_attention_scratch_bytes(int n_head, int head_dim)
     return 64;
 }
 
+size_t cuda_attention_rows_scratch_bytes(int n_tok, int n_head, int head_dim)
+{
+    (void)n_tok, (void)n_head, (void)head_dim;
+    return 64;
+}
+
 static int sim_attention(const struct cuda_attn_args *a)
 {
     size_t w = (size_t)a->n_head * a->head_dim;
     for (int t = 0; t < a->n_tok; t++) { /* token by token: each at its own position */
         struct ops_attn o = {
-            .out = a->out + t * w, .q = a->q + t * w, .k_cache = a->k_cache,
-            .v_cache = a->v_cache, .pos0 = a->pos_dev ? a->pos_dev[t] : a->pos0 + t, .n_tok = 1,
+            .out = a->out + t * w, .q = a->q + t * w,
+            .k_cache = a->k_rows ? a->k_rows[t] : a->k_cache,
+            .v_cache = a->v_rows ? a->v_rows[t] : a->v_cache, .pos0 = a->pos_dev ? a->pos_dev[t] : a->pos0 + t, .n_tok = 1,
             .n_head = a->n_head, .n_head_kv = a->n_head_kv, .head_dim = a->head_dim,
             .scale = a->scale,
         };

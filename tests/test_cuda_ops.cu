@@ -543,6 +543,132 @@ static void test_attention(struct rng *r)
     cuda_free(d_scratch);
 }
 
+/* Lockstep rows: n query tokens, each of its own stream (its own K/V caches of its own length,
+ * at its own position), in one call with k_rows/v_rows; the new K/V rows stored first with one
+ * kv_store per cache kind (caches_dev). Every output must equal, bit for bit, one eager call per
+ * row (the decode kernel splits a row's keys by its own position either way); head shapes the
+ * one-launch kernel does not take answer -ENOTSUP. */
+static void test_attention_rows(struct rng *r)
+{
+    /* {head_dim, G, n_kv} */
+    static const int shapes[][3] = {{128, 8, 4}, {64, 4, 2}, {256, 2, 1}, {128, 1, 2}};
+    static const int rows[] = {1, 3, 8, 16};
+    for (int si = 0; si < 4; si++) {
+        for (int ri = 0; ri < 4; ri++) {
+            int hd = shapes[si][0], G = shapes[si][1], n_kv = shapes[si][2], n = rows[ri];
+            int n_head = G * n_kv, kvw = n_kv * hd, qw = n_head * hd, max_ctx = 1;
+            float **d_k = (float **)test_xmalloc(sizeof(float *) * 2 * n), **d_v = d_k + n;
+            int32_t *pos = (int32_t *)test_xmalloc(sizeof(int32_t) * n);
+            int *ctx = (int *)test_xmalloc(sizeof(int) * n);
+            float *q = test_rand_normal(r, (size_t)n * qw, 2.0f);
+            float *kn = test_rand_normal(r, (size_t)n * kvw, 1.0f);
+            float *vn = test_rand_normal(r, (size_t)n * kvw, 1.0f);
+            for (int i = 0; i < n; i++) {
+                ctx[i] = 1 + (int)rng_below(r, i % 2 ? 40 : 1200);
+                pos[i] = i == 0 ? 0 : (int)rng_below(r, (uint32_t)ctx[i]);
+                max_ctx = ctx[i] > max_ctx ? ctx[i] : max_ctx;
+                float *kc = test_rand_normal(r, (size_t)ctx[i] * kvw, 1.0f);
+                float *vc = test_rand_normal(r, (size_t)ctx[i] * kvw, 1.0f);
+                d_k[i] = (float *)test_dev_dup(kc, sizeof(float) * (size_t)ctx[i] * kvw);
+                d_v[i] = (float *)test_dev_dup(vc, sizeof(float) * (size_t)ctx[i] * kvw);
+                free(kc), free(vc);
+            }
+            float *d_q = (float *)test_dev_dup(q, sizeof(float) * (size_t)n * qw);
+            float *d_kn = (float *)test_dev_dup(kn, sizeof(float) * (size_t)n * kvw);
+            float *d_vn = (float *)test_dev_dup(vn, sizeof(float) * (size_t)n * kvw);
+            void *d_tab = test_dev_dup(d_k, sizeof(float *) * 2 * n);
+            int32_t *d_pos = (int32_t *)test_dev_dup(pos, sizeof(int32_t) * n);
+            size_t sb = cuda_attention_rows_scratch_bytes(n, n_head, hd);
+            size_t one_sb = cuda_attention_scratch_bytes(n_head, hd);
+            void *d_scratch = test_dev_alloc(sb > one_sb ? sb : one_sb);
+            float *d_out = (float *)test_dev_alloc(sizeof(float) * (size_t)n * qw);
+            float *d_ref = (float *)test_dev_alloc(sizeof(float) * (size_t)n * qw);
+            test_dev_poison(d_out, sizeof(float) * (size_t)n * qw);
+
+            struct cuda_kv_store_args st = {};
+            st.src = d_kn;
+            st.n_tok = n;
+            st.width = kvw;
+            st.n_ctx = max_ctx;
+            st.pos_dev = d_pos;
+            st.caches_dev = (float *const *)d_tab;
+            int rc = cuda_kv_store(&st);
+            st.src = d_vn;
+            st.caches_dev = (float *const *)d_tab + n;
+            rc = rc ? rc : cuda_kv_store(&st);
+            struct cuda_attn_args a = {};
+            a.out = d_out;
+            a.q = d_q;
+            a.k_rows = (const float *const *)d_tab;
+            a.v_rows = (const float *const *)d_tab + n;
+            a.pos_dev = d_pos;
+            a.n_tok = n;
+            a.n_ctx = max_ctx;
+            a.n_head = n_head;
+            a.n_head_kv = n_kv;
+            a.head_dim = hd;
+            a.scale = 1.0f / sqrtf((float)hd);
+            a.scratch = d_scratch;
+            a.scratch_bytes = sb;
+            rc = rc ? rc : cuda_attention(&a);
+            CHECK(rc == 0, "attention rows head_dim %d G %d: rc %d", hd, G, rc);
+            /* the reference: one eager call per row, its new K/V row at pos stored alone */
+            for (int i = 0; i < n; i++) {
+                struct cuda_attn_args b = {};
+                b.out = d_ref + (size_t)i * qw;
+                b.q = d_q + (size_t)i * qw;
+                b.k_cache = d_k[i];
+                b.v_cache = d_v[i];
+                b.pos0 = pos[i];
+                b.n_tok = 1;
+                b.n_ctx = pos[i] + 1;
+                b.n_head = n_head;
+                b.n_head_kv = n_kv;
+                b.head_dim = hd;
+                b.scale = a.scale;
+                b.scratch = d_scratch;
+                b.scratch_bytes = one_sb;
+                CHECK(cuda_attention(&b) == 0, "attention row %d", i);
+            }
+            if (rc == 0) {
+                float *got = (float *)test_xmalloc(sizeof(float) * (size_t)n * qw);
+                float *ref = (float *)test_xmalloc(sizeof(float) * (size_t)n * qw);
+                float *kgot = (float *)test_xmalloc(sizeof(float) * kvw);
+                test_dev_get(got, d_out, sizeof(float) * (size_t)n * qw);
+                test_dev_get(ref, d_ref, sizeof(float) * (size_t)n * qw);
+                size_t first = 0, diff = bits_differ(got, ref, (size_t)n * qw, &first);
+                size_t kdiff = 0;
+                for (int i = 0; i < n; i++) {
+                    test_dev_get(kgot, d_k[i] + (size_t)pos[i] * kvw, sizeof(float) * kvw);
+                    kdiff += memcmp(kgot, kn + (size_t)i * kvw, sizeof(float) * kvw) != 0;
+                    test_dev_get(kgot, d_v[i] + (size_t)pos[i] * kvw, sizeof(float) * kvw);
+                    kdiff += memcmp(kgot, vn + (size_t)i * kvw, sizeof(float) * kvw) != 0;
+                }
+                printf("attention rows head_dim %3d heads %2d/%d, %2d rows (contexts up to %4d): "
+                       "%zu elements differ from one call per row, %zu K/V rows misplaced\n",
+                       hd, n_head, n_kv, n, max_ctx, diff, kdiff);
+                CHECK(diff == 0 && kdiff == 0, "attention rows: %zu differ (first %zu), %zu K/V",
+                      diff, first, kdiff);
+                free(got), free(ref), free(kgot);
+            }
+            for (int i = 0; i < n; i++)
+                cuda_free(d_k[i]), cuda_free(d_v[i]);
+            cuda_free(d_q), cuda_free(d_kn), cuda_free(d_vn), cuda_free(d_tab), cuda_free(d_pos);
+            cuda_free(d_scratch), cuda_free(d_out), cuda_free(d_ref);
+            free(d_k), free(pos), free(ctx), free(q), free(kn), free(vn);
+        }
+    }
+    /* head_dim 96 is not one of the decode kernel's */
+    struct cuda_attn_args odd = {};
+    float *dummy = (float *)test_dev_alloc(64);
+    odd.out = dummy, odd.q = dummy, odd.pos_dev = (const int32_t *)dummy;
+    odd.k_rows = odd.v_rows = (const float *const *)dummy;
+    odd.n_tok = 1, odd.n_ctx = 8, odd.n_head = 2, odd.n_head_kv = 1, odd.head_dim = 96;
+    odd.scratch = dummy, odd.scratch_bytes = 64;
+    CHECK(cuda_attention(&odd) == -ENOTSUP, "head_dim 96 rows were not refused with -ENOTSUP");
+    cuda_free(dummy);
+}
+
 /* ---- add, argmax, topk -------------------------------------------------------------------- */
 
 static void test_add(struct rng *r)
@@ -749,6 +875,7 @@ int main(void)
     test_rope(&r);
     test_kv_store(&r);
     test_attention(&r);
+    test_attention_rows(&r);
     test_add(&r);
     test_argmax(&r);
     test_topk(&r);

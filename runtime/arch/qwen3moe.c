@@ -118,6 +118,15 @@ static int qwen3moe_attention_batch(struct backend *b, struct stream_batch *bt,
                                hp->rms_eps);
     rc = rc ? rc : op->rmsnorm(b, bt->k, bt->k, &lw->k_norm, n * hp->n_head_kv, hp->head_dim,
                                hp->rms_eps);
+    if (op->attention_rows) {
+        struct attn_rows_args ra = {
+            .out = bt->att, .q = bt->q, .k = bt->k, .v = bt->v, .layer = (int)l, .n = n,
+            .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+            .scale = 1.0f / sqrtf((float)hp->head_dim), .rope_base = hp->rope_base,
+        };
+        rc = rc ? rc : op->attention_rows(b, &ra);
+        return rc ? rc : op->matmul(b, bt->proj, &lw->wo, bt->att, n);
+    }
     for (int i = 0; i < n && !rc; i++) {
         struct stream *s = ss[i];
         float *q = bt->q + (size_t)i * qw, *k = bt->k + (size_t)i * kvw;
@@ -145,7 +154,9 @@ static int qwen3moe_forward_batch(struct backend *b, struct stream_batch *bt,
     const struct backend_ops *op = b->ops;
     const struct model *m = bt->m;
     const struct model_hparams *hp = &m->hp;
-    int rc = op->embed(b, bt->x, &m->tok_embd, ids, n);
+    int rc = op->rows_begin ? op->rows_begin(b, ss, n) : 0;
+
+    rc = rc ? rc : op->embed(b, bt->x, &m->tok_embd, ids, n);
 
     rc = rc ? rc : op->rmsnorm(b, bt->xn, bt->x, &m->layers[0].attn_norm, n, hp->n_embd,
                                hp->rms_eps);
