@@ -217,10 +217,14 @@ static int slru_victim_in(const struct slru *c, const struct slru_list *l, int l
 
 static int slru_victim(const struct slru *c, int layer, int guard)
 {
-    int fairness = slru_movable(c, layer) < c->fair ? 1 : 2;
-    int s = slru_victim_in(c, &c->prob, layer, guard, fairness);
+    int s;
+    if (slru_movable(c, layer) >= c->fair) { /* at its share: only its own slots */
+        s = slru_victim_in(c, &c->prob, layer, guard, 2);
+        return s >= 0 ? s : slru_victim_in(c, &c->prot, layer, guard, 2);
+    }
+    s = slru_victim_in(c, &c->prob, layer, guard, 1);
     if (s < 0)
-        s = slru_victim_in(c, &c->prot, layer, guard, fairness);
+        s = slru_victim_in(c, &c->prot, layer, guard, 1);
     if (s < 0) /* nobody to take from fairly: the least recent evictable slot of all */
         s = slru_victim_in(c, &c->prob, layer, guard, 0);
     if (s < 0)

@@ -806,8 +806,8 @@ static void test_graph(struct rng *r)
         fatal("cudaStreamBeginCapture");
     struct cuda_rope_args rq = {d_q, 1, n_head, hd, 0, d_pos, base, s};
     struct cuda_rope_args rk = {d_knew, 1, n_kv, hd, 0, d_pos, base, s};
-    struct cuda_kv_store_args sk = {d_k, d_knew, 1, (int)kvw, n_ctx, 0, d_pos, s};
-    struct cuda_kv_store_args sv = {d_v, d_vnew, 1, (int)kvw, n_ctx, 0, d_pos, s};
+    struct cuda_kv_store_args sk = {d_k, d_knew, 1, (int)kvw, n_ctx, 0, d_pos, NULL, s};
+    struct cuda_kv_store_args sv = {d_v, d_vnew, 1, (int)kvw, n_ctx, 0, d_pos, NULL, s};
     struct cuda_attn_args at = {};
     at.out = d_out, at.q = d_q, at.k_cache = d_k, at.v_cache = d_v, at.pos_dev = d_pos;
     at.n_tok = 1, at.n_ctx = n_ctx, at.n_head = n_head, at.n_head_kv = n_kv, at.head_dim = hd;
