@@ -36,7 +36,14 @@ struct slru {
     struct slru_list prob, prot, pin;
     uint64_t step;                  /* current step, starts at 1 */
     int n_retired;
+    uint16_t *freq;                 /* (n_layer * n_expert) decayed count of steps using a key */
+    uint64_t *counted;              /* (n_layer * n_expert) step of the key's last count */
+    uint64_t *layer_step;           /* (n_layer) step of the layer's last lookup */
+    int32_t *layer_age;             /* (n_layer) steps of the layer since its counts halved */
 };
+
+/* experiment knobs (temporary) */
+int slru_x_window = 32, slru_x_admit = 1, slru_x_lfu_victim = 0, slru_x_strict = 1;
 
 static struct slru_list *slru_list_of(struct slru *c, int seg)
 {
@@ -110,7 +117,12 @@ int slru_open(const struct slru_config *cfg, struct slru **out)
     c->held = calloc((size_t)cfg->n_layer, sizeof(*c->held));
     c->pinned = calloc((size_t)cfg->n_layer, sizeof(*c->pinned));
     c->stats = calloc((size_t)cfg->n_layer, sizeof(*c->stats));
-    if (!c->slots || !c->map || !c->free_stack || !c->held || !c->pinned || !c->stats) {
+    c->freq = calloc(keys, sizeof(*c->freq));
+    c->counted = calloc(keys, sizeof(*c->counted));
+    c->layer_step = calloc((size_t)cfg->n_layer, sizeof(*c->layer_step));
+    c->layer_age = calloc((size_t)cfg->n_layer, sizeof(*c->layer_age));
+    if (!c->slots || !c->map || !c->free_stack || !c->held || !c->pinned || !c->stats ||
+        !c->freq || !c->counted || !c->layer_step || !c->layer_age) {
         slru_close(c);
         return -ENOMEM;
     }
@@ -136,6 +148,10 @@ void slru_close(struct slru *c)
     free(c->held);
     free(c->pinned);
     free(c->stats);
+    free(c->freq);
+    free(c->counted);
+    free(c->layer_step);
+    free(c->layer_age);
     free(c);
 }
 
@@ -170,11 +186,31 @@ void slru_step(struct slru *c)
     c->step++;
 }
 
+/* Counts a step's use of (layer, expert), once per step; every window steps of the layer its
+ * counts halve. */
+static void slru_count(struct slru *c, int layer, int expert)
+{
+    size_t key = (size_t)layer * c->cfg.n_expert + expert;
+    if (c->layer_step[layer] != c->step) {
+        c->layer_step[layer] = c->step;
+        if (++c->layer_age[layer] >= slru_x_window) {
+            c->layer_age[layer] = 0;
+            for (int e = 0; e < c->cfg.n_expert; e++)
+                c->freq[(size_t)layer * c->cfg.n_expert + e] >>= 1;
+        }
+    }
+    if (c->counted[key] != c->step && c->freq[key] < UINT16_MAX) {
+        c->counted[key] = c->step;
+        c->freq[key]++;
+    }
+}
+
 int slru_lookup(struct slru *c, int layer, int expert)
 {
     int s = slru_peek(c, layer, expert);
     if (!slru_key_ok(c, layer, expert))
         return -1;
+    slru_count(c, layer, expert);
     if (s < 0) {
         c->stats[layer].misses++;
         return -1;
@@ -202,6 +238,7 @@ static bool slru_guarded(const struct slru *c, const struct slru_slot *x, int gu
 static int slru_victim_in(const struct slru *c, const struct slru_list *l, int layer, int guard,
                           int fairness)
 {
+    int best = -1;
     for (int s = l->tail; s >= 0; s = c->slots[s].prev) {
         const struct slru_slot *x = &c->slots[s];
         if (x->pinned || slru_guarded(c, x, guard))
@@ -210,15 +247,21 @@ static int slru_victim_in(const struct slru *c, const struct slru_list *l, int l
             continue;
         if (fairness == 2 && x->layer != layer)
             continue;
+        if (slru_x_lfu_victim && fairness == 2) {
+            if (best < 0 || c->freq[(size_t)layer * c->cfg.n_expert + x->expert] <
+                                c->freq[(size_t)layer * c->cfg.n_expert + c->slots[best].expert])
+                best = s;
+            continue;
+        }
         return s;
     }
-    return -1;
+    return best;
 }
 
 static int slru_victim(const struct slru *c, int layer, int guard)
 {
     int s;
-    if (slru_movable(c, layer) >= c->fair) { /* at its share: only its own slots */
+    if (slru_x_strict && slru_movable(c, layer) >= c->fair) { /* at its share: only its own slots */
         s = slru_victim_in(c, &c->prob, layer, guard, 2);
         return s >= 0 ? s : slru_victim_in(c, &c->prot, layer, guard, 2);
     }
@@ -248,6 +291,10 @@ int slru_admit(struct slru *c, int layer, int expert, int guard, int *ev_layer, 
         if (s < 0)
             return -ENOSPC;
         struct slru_slot *v = &c->slots[s];
+        if (slru_x_admit && v->layer == layer &&
+            c->freq[(size_t)layer * c->cfg.n_expert + v->expert] >
+                c->freq[(size_t)layer * c->cfg.n_expert + expert])
+            return -ENOSPC;
         *ev_layer = v->layer;
         *ev_expert = v->expert;
         c->stats[v->layer].evictions++;
