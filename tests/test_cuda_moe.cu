@@ -503,7 +503,6 @@ static void bench_paths(struct rng *r)
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    static const char *names[] = {"auto", "direct", "grouped", "mma"};
     printf("  bench: moe 2048x768 Q4_K/Q6_K 128 experts top-8: us per call (median of 25)\n"
            "  bench: moe n_tok distinct    auto   direct  grouped      mma\n");
     for (int ti = 0; ti < 8; ti++) {

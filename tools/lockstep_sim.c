@@ -35,7 +35,7 @@ struct ls_trace {
 
 struct ls_opts {
     const char *model, *save, *load;
-    int synthetic, n_layer, n_streams, n_tok;
+    int synthetic, n_layer, n_streams, n_tok, streams_set;
     double zipf;
     uint64_t seed;
     double frac[LS_MAX_POOLS];
@@ -337,7 +337,7 @@ static int ls_parse(int argc, char **argv, struct ls_opts *o, char ***texts, int
         else if (!strcmp(a, "--layers"))
             o->n_layer = atoi(v);
         else if (!strcmp(a, "--streams"))
-            o->n_streams = atoi(v);
+            o->n_streams = atoi(v), o->streams_set = 1;
         else if (!strcmp(a, "--tokens"))
             o->n_tok = atoi(v);
         else if (!strcmp(a, "--zipf"))
@@ -381,6 +381,8 @@ int main(int argc, char **argv)
                 : o.synthetic ? ls_synthetic(&o, &tr) : ls_record(&o, texts, n_texts, &tr);
     if (!rc && o.save)
         rc = ls_save(o.save, &tr);
+    if (!rc && o.load && o.streams_set && o.n_streams < tr.n_streams)
+        tr.n_streams = o.n_streams; /* the first n_streams of the saved ones */
     if (!rc)
         rc = ls_replay(&o, &tr);
     if (rc)
