@@ -1329,11 +1329,12 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     p.tile_n = (int32_t *)(sc + l.tile_n);
     p.n_tiles = (int32_t *)(sc + l.n_tiles);
 
+    const int direct_max = p.hq ? CUDA_MOE_DIRECT_Q8_MAX_TOK : CUDA_MOE_DIRECT_MAX_TOK;
+    const bool autop = a->path == CUDA_MOE_PATH_AUTO && a->n_tok > direct_max;
     bool mma = a->path == CUDA_MOE_PATH_MMA ||
-               (a->path == CUDA_MOE_PATH_AUTO && a->n_tok >= CUDA_MOE_MMA_MIN_TOK &&
-                a->gate_type != QUANT_F32 && a->down_type != QUANT_F32);
-    bool grouped = a->path == CUDA_MOE_PATH_GROUPED ||
-                   (a->path == CUDA_MOE_PATH_AUTO && a->n_tok > CUDA_MOE_DIRECT_MAX_TOK);
+               (autop && a->n_tok >= CUDA_MOE_MMA_MIN_TOK && a->gate_type != QUANT_F32 &&
+                a->down_type != QUANT_F32);
+    bool grouped = a->path == CUDA_MOE_PATH_GROUPED || (autop && !mma);
     cudaStream_t s = (cudaStream_t)a->stream;
     if (mma) {
         p.tile = MOE_TILE_MMA;

@@ -324,7 +324,7 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
     }
     /* the path the automatic choice takes, which the slot-table run must match bit for bit */
     bool q8 = direct_q8(c);
-    int auto_path = c->n_tok <= CUDA_MOE_DIRECT_MAX_TOK ? 0
+    int auto_path = c->n_tok <= (q8 ? CUDA_MOE_DIRECT_Q8_MAX_TOK : CUDA_MOE_DIRECT_MAX_TOK) ? 0
                     : c->n_tok >= CUDA_MOE_MMA_MIN_TOK && c->gt != QUANT_F32 && c->dt != QUANT_F32
                         ? 2
                         : 1;
@@ -455,9 +455,10 @@ static void run_graph_case(struct rng *r, const struct moe_case *c)
     printf("moe graph %-5s/%-5s experts %3d k %d n_tok %3d (%s path): 3 replays, %zu elements "
            "differ from eager launches\n",
            quant_type_name(c->gt), quant_type_name(c->dt), c->n_expert, c->k, c->n_tok,
-           c->n_tok >= CUDA_MOE_MMA_MIN_TOK   ? "mma"
-           : c->n_tok > CUDA_MOE_DIRECT_MAX_TOK ? "grouped"
-                                                : "direct",
+           c->n_tok <= (direct_q8(c) ? CUDA_MOE_DIRECT_Q8_MAX_TOK : CUDA_MOE_DIRECT_MAX_TOK)
+               ? "direct"
+           : c->n_tok >= CUDA_MOE_MMA_MIN_TOK ? "mma"
+                                              : "grouped",
            worst);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
@@ -572,11 +573,12 @@ int main(void)
         run_case(&r, &cases[i], i % 3 == 0);
     static const struct moe_case graph_cases[] = {
         {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 64, 8, 1},
-        {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 64, 8, 20},
+        {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 64, 8, 20}, /* 8-bit direct, a lockstep step */
+        {QUANT_Q5_K, QUANT_Q8_0, 256, 256, 64, 8, 20}, /* grouped */
         /* the tensor-core path, its types' first use (shared memory opt-in inside a capture) */
         {QUANT_Q6_K, QUANT_Q5_K, 256, 256, 64, 8, 40},
     };
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         run_graph_case(&r, &graph_cases[i]);
     bench_paths(&r);
     return test_finish(NAME);
