@@ -42,8 +42,10 @@ struct slru {
     int32_t *layer_age;             /* (n_layer) steps of the layer since its counts halved */
 };
 
-/* experiment knobs (temporary) */
-int slru_x_window = 32, slru_x_admit = 1, slru_x_lfu_victim = 0, slru_x_strict = 1;
+/* Steps of a layer after which its use counts halve: long enough to rank a layer's experts by
+ * how often a step needs them, short enough to follow a change of text within a few hundred
+ * tokens. */
+#define SLRU_FREQ_WINDOW 64
 
 static struct slru_list *slru_list_of(struct slru *c, int seg)
 {
@@ -193,7 +195,7 @@ static void slru_count(struct slru *c, int layer, int expert)
     size_t key = (size_t)layer * c->cfg.n_expert + expert;
     if (c->layer_step[layer] != c->step) {
         c->layer_step[layer] = c->step;
-        if (++c->layer_age[layer] >= slru_x_window) {
+        if (++c->layer_age[layer] >= SLRU_FREQ_WINDOW) {
             c->layer_age[layer] = 0;
             for (int e = 0; e < c->cfg.n_expert; e++)
                 c->freq[(size_t)layer * c->cfg.n_expert + e] >>= 1;
@@ -203,6 +205,11 @@ static void slru_count(struct slru *c, int layer, int expert)
         c->counted[key] = c->step;
         c->freq[key]++;
     }
+}
+
+static unsigned slru_freq(const struct slru *c, int layer, int expert)
+{
+    return c->freq[(size_t)layer * c->cfg.n_expert + expert];
 }
 
 int slru_lookup(struct slru *c, int layer, int expert)
@@ -233,12 +240,12 @@ static bool slru_guarded(const struct slru *c, const struct slru_slot *x, int gu
     return x->used == c->step || (guard >= 0 && x->layer == (guard + 1) % c->cfg.n_layer);
 }
 
-/* The least recent slot of list l that is evictable for an admission into `layer`.
+/* The least recent slot of list l that is evictable for an admission into `layer` of an
+ * expert used in `freq` steps: never a slot of `layer` used more often.
  * fairness: 1 = only layers above their share, 2 = only `layer` itself, 0 = any. */
 static int slru_victim_in(const struct slru *c, const struct slru_list *l, int layer, int guard,
-                          int fairness)
+                          unsigned freq, int fairness)
 {
-    int best = -1;
     for (int s = l->tail; s >= 0; s = c->slots[s].prev) {
         const struct slru_slot *x = &c->slots[s];
         if (x->pinned || slru_guarded(c, x, guard))
@@ -247,31 +254,28 @@ static int slru_victim_in(const struct slru *c, const struct slru_list *l, int l
             continue;
         if (fairness == 2 && x->layer != layer)
             continue;
-        if (slru_x_lfu_victim && fairness == 2) {
-            if (best < 0 || c->freq[(size_t)layer * c->cfg.n_expert + x->expert] <
-                                c->freq[(size_t)layer * c->cfg.n_expert + c->slots[best].expert])
-                best = s;
+        if (x->layer == layer && slru_freq(c, layer, x->expert) > freq)
             continue;
-        }
         return s;
     }
-    return best;
+    return -1;
 }
 
-static int slru_victim(const struct slru *c, int layer, int guard)
+static int slru_victim(const struct slru *c, int layer, int expert, int guard)
 {
+    unsigned f = slru_freq(c, layer, expert);
     int s;
-    if (slru_x_strict && slru_movable(c, layer) >= c->fair) { /* at its share: only its own slots */
-        s = slru_victim_in(c, &c->prob, layer, guard, 2);
-        return s >= 0 ? s : slru_victim_in(c, &c->prot, layer, guard, 2);
+    if (slru_movable(c, layer) >= c->fair) { /* at its share: only its own slots */
+        s = slru_victim_in(c, &c->prob, layer, guard, f, 2);
+        return s >= 0 ? s : slru_victim_in(c, &c->prot, layer, guard, f, 2);
     }
-    s = slru_victim_in(c, &c->prob, layer, guard, 1);
+    s = slru_victim_in(c, &c->prob, layer, guard, f, 1);
     if (s < 0)
-        s = slru_victim_in(c, &c->prot, layer, guard, 1);
+        s = slru_victim_in(c, &c->prot, layer, guard, f, 1);
     if (s < 0) /* nobody to take from fairly: the least recent evictable slot of all */
-        s = slru_victim_in(c, &c->prob, layer, guard, 0);
+        s = slru_victim_in(c, &c->prob, layer, guard, f, 0);
     if (s < 0)
-        s = slru_victim_in(c, &c->prot, layer, guard, 0);
+        s = slru_victim_in(c, &c->prot, layer, guard, f, 0);
     return s;
 }
 
@@ -287,14 +291,12 @@ int slru_admit(struct slru *c, int layer, int expert, int guard, int *ev_layer, 
     if (c->n_free > 0) {
         s = c->free_stack[--c->n_free];
     } else {
-        s = slru_victim(c, layer, guard);
-        if (s < 0)
+        s = slru_victim(c, layer, expert, guard);
+        if (s < 0) {
+            c->stats[layer].bypassed++;
             return -ENOSPC;
+        }
         struct slru_slot *v = &c->slots[s];
-        if (slru_x_admit && v->layer == layer &&
-            c->freq[(size_t)layer * c->cfg.n_expert + v->expert] >
-                c->freq[(size_t)layer * c->cfg.n_expert + expert])
-            return -ENOSPC;
         *ev_layer = v->layer;
         *ev_expert = v->expert;
         c->stats[v->layer].evictions++;

@@ -5,12 +5,22 @@
  * share of the slots not pinned; its LRU tail is demoted back to probation's head). Pinned
  * slots (a frozen profile) leave both segments for a list of their own, so no operation walks
  * them. A victim is the least recent evictable slot of probation, then of protected, where
- * evictable means: not in use in the current step (looked up or admitted since the last slru_step: the experts
- * of the layer being computed), not of the layer after the guard (the next one to compute: a
- * global LRU would evict exactly the experts needed soonest), and fair: while the admitting
- * layer holds fewer movable slots than its share (the slots not pinned / n_layer), victims
- * come only from layers above their share, so one layer cannot starve the others; once at its
- * share, a layer recycles its own slots. Pinned slots count against neither.
+ * evictable means: not in use in the current step (looked up or admitted since the last
+ * slru_step: the experts of the layer being computed), not of the layer after the guard (the
+ * next one to compute: a global LRU would evict exactly the experts needed soonest), and fair:
+ * while the admitting layer holds fewer movable slots than its share (the slots not pinned /
+ * n_layer), victims come only from layers above their share (from any layer when none is), so
+ * one layer cannot starve the others; once at its share, a layer recycles its own slots only,
+ * and when all of them are in use the expert is served without a slot. A lockstep batch's
+ * layer call looks up the union of its rows' choices, which can exceed the share: taking the
+ * excess from other layers would evict, step after step, the experts the layers after it
+ * are about to use.
+ * Admission is frequency-aware: every layer counts, per expert, the steps that looked it up
+ * (once a step; a layer's counts halve every 64 of its steps, SLRU_FREQ_WINDOW). An expert
+ * that would evict one of its own layer's slots is admitted only if it is used at least as
+ * often as that victim; otherwise it is served without a slot and the victim stays. Recency
+ * then orders experts of like frequency, and the experts only one row of a wide step chose
+ * cannot push out the layer's hot set. Pinned slots count against neither rule.
  * Ownership: single-threaded; the MoE dispatch that owns it calls every function (the device
  * side reads a slot table the caller keeps in sync). No locks.
  */
@@ -28,6 +38,7 @@ struct slru_config {
 
 struct slru_layer_stats {
     uint64_t hits, misses, promotions, evictions, admissions;
+    uint64_t bypassed; /* admissions refused (-ENOSPC): served without a slot */
 };
 
 struct slru;
@@ -40,7 +51,8 @@ void slru_close(struct slru *c);
 void slru_step(struct slru *c);
 
 /* The slot holding (layer, expert), or -1. Marks it in use for this step. Counts a hit (and promotes a probation slot hit
- * for the second time) or a miss in the layer's stats. */
+ * for the second time) or a miss in the layer's stats, and the step's use of the expert in its
+ * frequency (once a step, however often it is looked up). */
 int slru_lookup(struct slru *c, int layer, int expert);
 
 /* The slot holding (layer, expert), or -1, without touching recency or stats. */
@@ -50,8 +62,10 @@ int slru_peek(const struct slru *c, int layer, int expert);
  * says: never a slot in use this step, never one of layer (guard + 1) % n_layer (guard < 0: no
  * guard). The new slot is in use for this step. Returns the slot
  * (>= 0) and, when a resident expert was evicted, its key in *ev_layer and *ev_expert (else -1);
- * -ENOSPC when every slot is pinned, in use or guarded (the caller then serves the expert without
- * caching it), -EEXIST if it is already resident, -EINVAL for a bad key. */
+ * -ENOSPC when no slot may be taken (every candidate pinned, in use, guarded or another layer's
+ * fair share) or the victim, a slot of the same layer, is used more often than (layer, expert):
+ * the caller then serves the expert without caching it (counted as bypassed); -EEXIST if it is
+ * already resident, -EINVAL for a bad key. */
 int slru_admit(struct slru *c, int layer, int expert, int guard, int *ev_layer, int *ev_expert);
 
 /* Pins a resident expert for good (frozen profile): it leaves the segments, is never a victim

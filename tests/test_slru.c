@@ -1,6 +1,7 @@
 /* slru: the residency policy. Directed cases for each rule (probation first, promotion on the
  * second hit, scan resistance, the guard of the current and next layer, per-layer fairness,
- * pins, stats), then a random workload checked against the invariants after every step. */
+ * pins, stats, lockstep-wide steps, frequency-aware admission), then a random workload checked
+ * against the invariants after every step. */
 #include <errno.h>
 #include <stdbool.h>
 #include <string.h>
@@ -91,9 +92,14 @@ static void check_guard(void)
     slru_step(c);
     CHECK(slru_lookup(c, 1, 0) == 1, "hit");
     CHECK(slru_admit(c, 1, 1, 1, &evl, &eve) == -ENOSPC, "wrapped guard");
-    /* a new step frees layer 0's expert for layer 1 when layer 0 is not next */
+    /* a new step frees layer 1's expert (looked up in two steps) for one of layer 1 looked up
+     * as often */
     slru_step(c);
-    CHECK(slru_admit(c, 1, 2, -1, &evl, &eve) >= 0, "admit without guard");
+    CHECK(slru_lookup(c, 1, 2) < 0, "miss");
+    slru_step(c);
+    CHECK(slru_lookup(c, 1, 2) < 0, "miss");
+    CHECK(slru_admit(c, 1, 2, -1, &evl, &eve) >= 0 && evl == 1 && eve == 0,
+          "admit without guard");
     CHECK(slru_check(c) == 0, "invariants");
     slru_close(c);
 }
@@ -141,6 +147,91 @@ static void check_pins_and_stats(void)
           (unsigned long long)st->misses, (unsigned long long)st->admissions,
           (unsigned long long)st->evictions, (unsigned long long)st->hits);
     CHECK(slru_check(c) == 0, "invariants with pins over the protected cap");
+    slru_close(c);
+}
+
+/* One layer call of a lockstep step: slru_step, then each expert of ids (distinct) looked up and
+ * a miss admitted guarding the next layer (of a model of more than one layer), as the copy path
+ * does. Returns the hits. */
+static int layer_call(struct slru *c, int n_layer, int l, const int *ids, int n, int *foreign)
+{
+    int hits = 0, evl, eve;
+    slru_step(c);
+    for (int i = 0; i < n; i++) {
+        if (slru_lookup(c, l, ids[i]) >= 0) {
+            hits++;
+            continue;
+        }
+        int s = slru_admit(c, l, ids[i], n_layer > 1 ? l : -1, &evl, &eve);
+        CHECK(s >= 0 || s == -ENOSPC, "admit: %d", s);
+        *foreign += s >= 0 && evl >= 0 && evl != l;
+    }
+    return hits;
+}
+
+static void check_wide_steps(void)
+{
+    /* 4 layers, 32 slots (share 8). Every layer uses its 6 hot experts every step; from step
+     * 20 on, layer 0's calls (a lockstep batch) add 10 experts that one row each chose, new
+     * every step: a union of 16, twice its share. Layer 0 must not take the other layers'
+     * slots for them (they would miss their hot sets a few layers later, every step), and its
+     * own hot set must survive. */
+    struct slru *c = open_cache(4, 1024, 32, 50);
+    int ids[16], foreign = 0, hits_other = 0, hits_hot = 0, next = 6;
+    for (int step = 0; step < 60; step++) {
+        for (int l = 0; l < 4; l++) {
+            int n = 0;
+            for (int e = 0; e < 6; e++)
+                ids[n++] = e;
+            for (int j = 0; l == 0 && step >= 20 && j < 10; j++)
+                ids[n++] = next++;
+            int h = layer_call(c, 4, l, ids, n, &foreign);
+            if (step >= 20 && l)
+                hits_other += h;
+            if (step >= 20 && !l)
+                hits_hot += h;
+        }
+        CHECK(slru_check(c) == 0, "invariants at step %d", step);
+    }
+    CHECK(foreign == 0, "a wide step of layer 0 took %d slots of other layers", foreign);
+    CHECK(hits_other == 40 * 3 * 6, "other layers hit %d of %d", hits_other, 40 * 3 * 6);
+    CHECK(hits_hot == 40 * 6, "layer 0's hot set hit %d of %d", hits_hot, 40 * 6);
+    CHECK(slru_stats(c, 0)->bypassed > 0, "layer 0 served no expert without a slot");
+    slru_close(c);
+}
+
+static void check_frequency_admission(void)
+{
+    /* One layer, 8 slots, 64 experts. Each step uses 4 of 6 hot experts (drawn) and 4 experts
+     * nobody uses again: a union that fits the slots. By recency alone each step's one-time
+     * experts push out the hot ones it skipped; by frequency the hot six stay resident and
+     * the one-time experts share the other two slots. */
+    struct slru *c = open_cache(1, 4096, 8, 50);
+    struct rng r;
+    rng_seed(&r, 20261201, 1); /* fixed: the counts below are exact */
+    int ids[8], foreign = 0, hot_hits = 0, hot_looks = 0, next = 6;
+    for (int step = 0; step < 400; step++) {
+        int n = 0;
+        unsigned mask = 0;
+        while (n < 4) {
+            int e = (int)rng_below(&r, 6);
+            if (!(mask & 1u << e)) {
+                mask |= 1u << e;
+                ids[n++] = e;
+            }
+        }
+        for (int j = 0; j < 4; j++)
+            ids[n++] = next++;
+        int h = layer_call(c, 1, 0, ids, n, &foreign);
+        if (step >= 100) {
+            hot_hits += h;
+            hot_looks += 4;
+        }
+    }
+    CHECK(hot_hits == hot_looks, "hot experts hit %d of %d after warm-up", hot_hits, hot_looks);
+    for (int e = 0; e < 6; e++)
+        CHECK(slru_peek(c, 0, e) >= 0, "hot expert %d evicted", e);
+    CHECK(slru_check(c) == 0, "invariants");
     slru_close(c);
 }
 
@@ -225,6 +316,8 @@ int main(void)
     check_guard();
     check_fairness();
     check_pins_and_stats();
+    check_wide_steps();
+    check_frequency_admission();
     check_random(&r);
     return test_finish("test_slru");
 }

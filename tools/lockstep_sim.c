@@ -364,13 +364,8 @@ static int ls_parse(int argc, char **argv, struct ls_opts *o, char ***texts, int
     return 0;
 }
 
-extern int slru_x_window, slru_x_admit, slru_x_lfu_victim, slru_x_strict;
 int main(int argc, char **argv)
 {
-    if (getenv("X_WINDOW")) slru_x_window = atoi(getenv("X_WINDOW"));
-    if (getenv("X_ADMIT")) slru_x_admit = atoi(getenv("X_ADMIT"));
-    if (getenv("X_LFU")) slru_x_lfu_victim = atoi(getenv("X_LFU"));
-    if (getenv("X_STRICT")) slru_x_strict = atoi(getenv("X_STRICT"));
     struct ls_opts o;
     struct ls_trace tr = {0};
     char **texts;
