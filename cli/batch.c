@@ -1099,9 +1099,8 @@ static int batch_open_engine(struct batch *b, int n_pending)
 
     b->n_slots = n_pending < b->bo.n_streams ? n_pending : b->bo.n_streams;
     run_opts_config(&b->o, b->o.model, &cfg);
-    /* every stream's KV cache counts against --vram-budget, not one stream's */
-    long long all_ctx = (long long)b->o.n_ctx * b->n_slots;
-    cfg.n_ctx = all_ctx < INT_MAX ? (int)all_ctx : INT_MAX;
+    /* every stream's KV cache and the batch's rows count against --vram-budget */
+    cfg.n_streams = b->n_slots;
     if (strata_load(&cfg, &ss->s))
         return cli_open_fail();
     strata_model_info(ss->s, &mi);

@@ -313,7 +313,8 @@ static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
     cfg->prefetch_depth = o->prefetch_depth;
     cfg->n_threads = o->n_threads;
     /* the first stream and, with --streams N, N more: their KV caches count against the budget */
-    cfg->n_ctx = (o->n_prompt + o->n_gen + 1) * (1 + (o->streams > 1 ? o->streams : 0));
+    cfg->n_ctx = o->n_prompt + o->n_gen + 1;
+    cfg->n_streams = 1 + (o->streams > 1 ? o->streams : 0);
     cfg->n_batch = o->n_prompt;
     cfg->log = stderr;
 }

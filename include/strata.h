@@ -98,6 +98,9 @@ struct strata_config {
     int n_ctx;               /* context of the streams to come, counted against vram_budget;
                               * default 4096 */
     int n_batch;             /* tokens per forward call (prefill chunk); default 512 */
+    int n_streams;           /* streams open at once (lockstep batches): n_streams streams of
+                              * n_ctx positions and a batch of n_streams rows are counted
+                              * against vram_budget; default 1 */
     int expert_slots;        /* > 0: exactly this many expert slots instead of the budget's
                               * (tests) */
     int prefetch_depth;      /* STRATA_FLAG_PREFETCH: predict the experts of the next 1..4
@@ -194,9 +197,11 @@ bool strata_token_is_eog(const struct strata *s, int32_t id);
  * before anything is allocated: -ENOMEM, the sizes in strata_error(), above 90% of it. */
 int strata_stream_open(struct strata *s, int n_ctx, struct strata_stream **out);
 /* Whether n_streams streams of n_ctx positions (0 = cfg.n_ctx) fit together, before any is
- * opened: on the CPU device against 90% of the host memory available now (-ENOMEM with the
- * arithmetic and how many fit); on CUDA the budget counts cfg.n_ctx positions (give it the
- * streams' total). 0 or -errno. */
+ * opened: on the CPU device against 90% of the host memory available now, on CUDA without a
+ * budget against 90% of the GPU's free memory (-ENOMEM with the arithmetic and how many fit);
+ * under vram_budget, strata_start planned cfg.n_streams streams of cfg.n_ctx positions (and
+ * refused, with how many fit, when they did not): more or longer ones give -ENOSPC. 0 or
+ * -errno. */
 int strata_streams_check(const struct strata *s, int n_streams, int n_ctx);
 void strata_stream_close(struct strata_stream *st);
 int strata_stream_pos(const struct strata_stream *st);   /* tokens in its KV cache */

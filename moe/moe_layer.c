@@ -296,7 +296,40 @@ static int ml_open_hybrid(struct moe_layer *ml)
     return rc;
 }
 
-/* The expert cache gets what the trunk, scratch and the stream leave of the budget. */
+/* Several streams (a lockstep batch) under the budget: how many fit next to the trunk, scratch
+ * and a cache of at least one token's experts in every layer; -ENOSPC with the arithmetic when
+ * cfg->n_streams do not, else 0 (and the count in the log). */
+static int ml_streams_fit(struct moe_layer *ml, uint64_t weights, uint64_t other, uint64_t slot)
+{
+    const struct moe_layer_config *cfg = &ml->cfg;
+    const struct model_hparams *hp = &ml->m->hp;
+    char b[7][32];
+    uint64_t min_pool = (uint64_t)hp->n_layer * hp->n_expert_used * slot;
+    uint64_t fixed = weights + other + min_pool;
+    uint64_t left = cfg->vram_budget > fixed ? cfg->vram_budget - fixed : 0;
+    uint64_t fit = cfg->stream_one ? left / cfg->stream_one : 0;
+    if (fit < (uint64_t)cfg->n_streams)
+        return err_set(-ENOSPC,
+                       "%d streams of %d positions need %d x %s (KV cache, activations, batch "
+                       "rows) = %s; --vram-budget %s leaves %s after the trunk (%s), scratch (%s) "
+                       "and the smallest expert cache (%s: %u experts in each of %u layers): at "
+                       "most %llu such streams fit",
+                       cfg->n_streams, cfg->n_ctx, cfg->n_streams,
+                       budget_size(b[0], cfg->stream_one), budget_size(b[1], cfg->stream_bytes),
+                       budget_size(b[2], cfg->vram_budget), budget_size(b[3], left),
+                       budget_size(b[4], weights), budget_size(b[5], other),
+                       budget_size(b[6], min_pool), hp->n_expert_used, hp->n_layer,
+                       (unsigned long long)fit);
+    if (cfg->log)
+        fprintf(cfg->log,
+                "strata: %d streams of %d positions: %s of KV caches, activations and batch rows "
+                "(at most %llu such streams fit this budget)\n",
+                cfg->n_streams, cfg->n_ctx, budget_size(b[0], cfg->stream_bytes),
+                (unsigned long long)fit);
+    return 0;
+}
+
+/* The expert cache gets what the trunk, scratch and the streams leave of the budget. */
 static int ml_open_cache(struct moe_layer *ml)
 {
     const struct model_hparams *hp = &ml->m->hp;
@@ -312,7 +345,8 @@ static int ml_open_cache(struct moe_layer *ml)
         uint64_t trunk, slot;
         struct budget_plan plan;
         budget_model_sizes(ml->m, &trunk, &slot);
-        int rc = budget_plan_slots(cfg->vram_budget, weights, cfg->stream_bytes, other, slot,
+        int rc = cfg->n_streams > 1 ? ml_streams_fit(ml, weights, other, slot) : 0;
+        rc = rc ? rc : budget_plan_slots(cfg->vram_budget, weights, cfg->stream_bytes, other, slot,
                                    (int)hp->n_layer, &plan);
         if (rc)
             return rc;

@@ -91,7 +91,10 @@ struct moe_layer_config {
     bool cache;           /* experts stay in host memory, served by the expert cache */
     uint64_t vram_budget; /* bytes the backend may hold; 0 = no cap */
     int expert_slots;     /* > 0: exactly this many slots (tests), instead of the budget's */
-    uint64_t stream_bytes; /* what the stream opened next will hold (KV cache, activations) */
+    uint64_t stream_bytes; /* what the streams opened next will hold (KV caches, activations,
+                            * the lockstep batch) */
+    int n_streams, n_ctx;  /* how many streams of how many positions stream_bytes counts */
+    uint64_t stream_one;   /* the bytes of one of them (its share of stream_bytes) */
     enum moe_fill fill;   /* for decode-sized calls; prefill copies */
     bool prefetch;        /* copy path: layer l + 1's experts predicted and streamed ahead */
     int prefetch_depth;   /* with prefetch: layers l + 1 .. l + depth (1..4; 0 = 1) */

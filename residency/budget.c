@@ -37,8 +37,7 @@ int budget_parse_size(const char *s, uint64_t *out)
     return err_set(-EINVAL, "'%s': unknown unit '%s' (use K, M, G, T, KiB.., or KB..)", s, end);
 }
 
-/* n bytes as "x.xx GiB" from 1 GiB up, else "x.x MiB" (a tiny model's shortfall is not 0.00 GiB) */
-static const char *budget_size(char buf[32], uint64_t n)
+const char *budget_size(char buf[32], uint64_t n)
 {
     if (n >= (1ull << 30))
         snprintf(buf, 32, "%.2f GiB", n / 1073741824.0);

@@ -20,6 +20,10 @@ struct budget_plan {
     double per_layer;    /* n_slots / n_layer */
 };
 
+/* n bytes as "x.xx GiB" from 1 GiB up, else "x.x MiB" (a tiny model's shortfall is not
+ * 0.00 GiB); returns buf. */
+const char *budget_size(char buf[32], uint64_t n);
+
 /* The slot pool left by a budget. -ENOSPC when the fixed part alone exceeds it (the message
  * names the shortfall and each part), -EINVAL for a zero slot size or layer count. */
 int budget_plan_slots(uint64_t budget, uint64_t trunk, uint64_t kv, uint64_t scratch,

@@ -124,6 +124,8 @@ struct backend_cuda_config {
                            * weight resident (unless expert_slots is set) */
     int n_ctx, max_tok;   /* the stream the caller opens next (its KV cache and activations
                            * count against the budget); 0 = 4096 and 512 */
+    int n_streams;        /* that many such streams, and a lockstep batch of as many rows;
+                           * 0 = 1 */
     int expert_slots;     /* > 0: exactly this many expert slots (tests), experts in host
                            * memory; overrides the budget's count */
     enum backend_residency residency; /* for decode-sized calls; prefill always copies */

@@ -658,6 +658,16 @@ static uint64_t cuda_stream_bytes(const struct model_hparams *hp, uint64_t n_ctx
     return sizeof(float) * (kv + arena);
 }
 
+/* A lockstep batch of t rows (stream_batch_open's arena, rows_begin's table and scratch). */
+static uint64_t cuda_batch_bytes(const struct model_hparams *hp, uint64_t t)
+{
+    uint64_t qw = (uint64_t)hp->n_head * hp->head_dim, kvw = (uint64_t)hp->n_head_kv * hp->head_dim;
+    uint64_t arena = sizeof(float) * t * (3 * hp->n_embd + 2 * qw + 2 * kvw + hp->n_vocab);
+    uint64_t table = sizeof(void *) * 2 * t * hp->n_layer + sizeof(int32_t) * t;
+    return arena + table + cuda_attention_rows_scratch_bytes((int)t, (int)hp->n_head,
+                                                             (int)hp->head_dim);
+}
+
 static const struct moe_device_ops cuda_moe_ops;
 
 /* The MoE layer's configuration from the backend's. */
@@ -665,12 +675,16 @@ static struct moe_layer_config cuda_moe_config(struct backend_cuda *c,
                                                const struct backend_cuda_config *cfg)
 {
     const struct model_hparams *hp = &c->model->hp;
+    const int n_streams = cfg->n_streams > 0 ? cfg->n_streams : 1;
+    const uint64_t n_ctx = cfg->n_ctx > 0 ? (uint64_t)cfg->n_ctx : 4096;
+    const uint64_t one = cuda_stream_bytes(hp, n_ctx, cfg->max_tok > 0 ? (uint64_t)cfg->max_tok : 512);
     struct moe_layer_config mc = {
         .max_tok = CUDA_BACKEND_MAX_TOK, .cpu_layers = cfg->cpu_moe_layers,
         .cache = (cfg->vram_budget || cfg->expert_slots > 0) && !cfg->cpu_moe_layers,
         .vram_budget = cfg->vram_budget, .expert_slots = cfg->expert_slots,
-        .stream_bytes = cuda_stream_bytes(hp, cfg->n_ctx > 0 ? (uint64_t)cfg->n_ctx : 4096,
-                                          cfg->max_tok > 0 ? (uint64_t)cfg->max_tok : 512),
+        .stream_bytes = one * n_streams + (n_streams > 1 ? cuda_batch_bytes(hp, n_streams) : 0),
+        .n_streams = n_streams, .n_ctx = (int)n_ctx,
+        .stream_one = one + (n_streams > 1 ? cuda_batch_bytes(hp, 1) : 0),
         .fill = cfg->residency == BACKEND_RESIDENCY_ZEROCOPY ? MOE_FILL_ZEROCOPY : MOE_FILL_COPY,
         .prefetch = cfg->prefetch, .prefetch_depth = cfg->prefetch_depth, .hybrid = cfg->hybrid, .hybrid_no_admit = cfg->hybrid_no_admit,
         .gather = cfg->gather_copies, .pin_chunk = cfg->pin_chunk, .stream = c->stream,

@@ -62,6 +62,7 @@ void strata_config_init(struct strata_config *cfg)
     cfg->cpu_moe_layers = -1;
     cfg->fill = STRATA_FILL_COPY;
     cfg->n_ctx = 4096;
+    cfg->n_streams = 1;
     cfg->n_batch = 512;
 }
 
@@ -89,11 +90,12 @@ static int strata_config_check(const struct strata_config *cfg)
         return err_set(-EINVAL, "strata_config: static placement of 0 layers (-1 = automatic, "
                                 "or N >= 1)");
     if (cfg->n_ctx <= 0 || cfg->n_batch <= 0 || cfg->n_threads < 0 || cfg->expert_slots < 0 ||
-        cfg->cuda_device < 0)
+        cfg->cuda_device < 0 || cfg->n_streams < 1 || cfg->n_streams > 4096)
         return err_set(-EINVAL,
-                       "strata_config: n_ctx %d and n_batch %d must be positive, n_threads %d, "
+                       "strata_config: n_ctx %d, n_batch %d and n_streams %d (up to 4096) must be "
+                       "positive, n_threads %d, "
                        "expert_slots %d and cuda_device %d not negative",
-                       cfg->n_ctx, cfg->n_batch, cfg->n_threads, cfg->expert_slots,
+                       cfg->n_ctx, cfg->n_batch, cfg->n_streams, cfg->n_threads, cfg->expert_slots,
                        cfg->cuda_device);
     if (cfg->prefetch_depth < 0 || cfg->prefetch_depth > 4)
         return err_set(-EINVAL, "strata_config: prefetch_depth %d (0..4)", cfg->prefetch_depth);
@@ -195,6 +197,7 @@ static int strata_start_cuda(struct strata *s, bool auto_cuda)
         .device = cfg->cuda_device,
         .vram_budget = cfg->vram_budget,
         .n_ctx = cfg->n_ctx,
+        .n_streams = cfg->n_streams,
         .max_tok = cfg->n_batch,
         .expert_slots = cfg->expert_slots,
         .residency =
@@ -409,10 +412,31 @@ int strata_streams_check(const struct strata *s, int n_streams, int n_ctx)
                        n_ctx);
     n_ctx = n_ctx ? n_ctx : s->cfg.n_ctx;
     int rc = stream_size_get(s->model, n_ctx, s->cfg.n_batch, &sz);
-    if (rc || s->cuda)
+    if (rc)
         return rc;
-    uint64_t avail = sysinfo_mem_available();
     double one = (double)(sz.kv_bytes + sz.arena_bytes), need = one * n_streams;
+    if (s->cuda && s->cfg.vram_budget) {
+        /* the budget was planned for cfg.n_streams streams of cfg.n_ctx positions */
+        if (n_streams <= s->cfg.n_streams && n_ctx <= s->cfg.n_ctx)
+            return 0;
+        return err_set(-ENOSPC,
+                       "%d streams of %d positions: --vram-budget was planned for %d of %d "
+                       "(strata_config n_streams and n_ctx)",
+                       n_streams, n_ctx, s->cfg.n_streams, s->cfg.n_ctx);
+    }
+    if (s->cuda) {
+        size_t free_b = 0, total_b = 0;
+        if (cuda_mem_info(&free_b, &total_b) || need <= (double)(free_b / 10 * 9))
+            return 0;
+        return err_set(-ENOMEM,
+                       "%d streams of %d positions need %d x %.2f GiB (KV cache %.2f + activations "
+                       "%.2f) = %.1f GiB, more than 90%% of the GPU's %.1f GiB free: at most %d "
+                       "such streams fit",
+                       n_streams, n_ctx, n_streams, one / gib, sz.kv_bytes / gib,
+                       sz.arena_bytes / gib, need / gib, free_b / gib,
+                       (int)((double)(free_b / 10 * 9) / one));
+    }
+    uint64_t avail = sysinfo_mem_available();
     if (!avail || need <= (double)(avail / 10 * 9))
         return 0;
     return err_set(-ENOMEM,

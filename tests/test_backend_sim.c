@@ -1024,6 +1024,31 @@ static void budget_checks(const char *path)
     CHECK(rc == -ENOSPC && strstr(err_msg(), "short"), "half the trunk: %d (%s)", rc, err_msg());
     if (!rc)
         backend_close(b);
+    /* lockstep streams: far too many are refused with how many fit; that many open, and one
+     * more does not */
+    cc.vram_budget = trunk + 64 * slot + (4 << 20);
+    cc.n_streams = 4096;
+    rc = backend_cuda_open(m, &cc, &b);
+    const char *at = rc == -ENOSPC ? strstr(err_msg(), "at most ") : NULL;
+    int fit = at ? atoi(at + 8) : -1;
+    printf("%s: 4096 streams of 128 positions under %.2f MiB: %s\n", path,
+           cc.vram_budget / 1048576.0, err_msg());
+    CHECK(rc == -ENOSPC && fit >= 2 && fit < 4096, "4096 streams: %d (%s)", rc, err_msg());
+    if (!rc)
+        backend_close(b);
+    if (fit >= 2) {
+        cc.n_streams = fit;
+        rc = backend_cuda_open(m, &cc, &b);
+        CHECK(rc == 0, "%d streams, as many as fit: %s", fit, err_msg());
+        if (!rc)
+            backend_close(b);
+        cc.n_streams = fit + 1;
+        rc = backend_cuda_open(m, &cc, &b);
+        CHECK(rc == -ENOSPC, "%d streams, one more than fit: %d", fit + 1, rc);
+        if (!rc)
+            backend_close(b);
+    }
+    cc.n_streams = 0;
     /* static: a budget with room for about half the experts beyond everything else */
     struct backend_cuda_config all = {.device = 0};
     struct stream *s = NULL;
