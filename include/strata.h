@@ -240,6 +240,16 @@ void strata_batch_close(struct strata_batch *b);
  * evaluated). */
 int strata_batch_eval(struct strata_batch *b, struct strata_stream *const *sts, int n,
                       const int32_t *ids, float *logits);
+/* A batch whose steps may also carry prompt chunks: at most max_streams streams and max_rows
+ * tokens (>= max_streams) per step. */
+int strata_batch_open_rows(struct strata *s, int max_streams, int max_rows,
+                           struct strata_batch **out);
+/* One step where stream sts[i] evaluates n_tok[i] >= 1 tokens (a prompt's next chunk joining
+ * the others' decode tokens), their ids consecutive in ids, stream 0's first; logits (n,
+ * n_vocab) receives each stream's logits after its last token. The chunk's tokens attend to
+ * each other as in strata_eval. 0 or -errno as strata_batch_eval. */
+int strata_batch_eval_chunks(struct strata_batch *b, struct strata_stream *const *sts,
+                             const int *n_tok, int n, const int32_t *ids, float *logits);
 
 /* ---- sampling and generation -------------------------------------------------------------- */
 

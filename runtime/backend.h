@@ -64,11 +64,12 @@ struct backend_ops {
     /* Causal GQA attention over the cache. */
     int (*attention)(struct backend *b, const struct attn_args *a);
     /* Optional, both or neither (NULL: the forward runs rope, kv_store and attention row by
-     * row). rows_begin: the n streams of the lockstep step about to run (row i = ss[i] at
-     * ss[i]->pos, a position inside its cache); attention_rows: for one layer of that step,
-     * what rope (q and k), kv_store (k and v) and attention do for each row in its own stream,
+     * row). rows_begin: the n rows of the lockstep step about to run (row i = a token of
+     * stream ss[i] at position pos[i], inside its cache; a stream's rows at consecutive
+     * positions in row order); attention_rows: for one layer of that step, what rope (q and
+     * k), kv_store (k and v) and attention do for each row in its own stream, in row order,
      * with the same result. */
-    int (*rows_begin)(struct backend *b, struct stream *const *ss, int n);
+    int (*rows_begin)(struct backend *b, struct stream *const *ss, const int *pos, int n);
     int (*attention_rows)(struct backend *b, const struct attn_rows_args *a);
     /* x (n) += y (n). */
     int (*add)(struct backend *b, float *x, const float *y, size_t n);

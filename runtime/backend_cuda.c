@@ -330,7 +330,7 @@ static size_t cuda_rows_table_bytes(const struct model_hparams *hp, int n)
     return sizeof(void *) * 2 * (size_t)n * hp->n_layer + sizeof(int32_t) * (size_t)n;
 }
 
-static int cuda_rows_begin_op(struct backend *b, struct stream *const *ss, int n)
+static int cuda_rows_begin_op(struct backend *b, struct stream *const *ss, const int *rpos, int n)
 {
     struct backend_cuda *c = cuda_of(b);
     const struct model_hparams *hp = &c->model->hp;
@@ -361,7 +361,7 @@ static int cuda_rows_begin_op(struct backend *b, struct stream *const *ss, int n
             c->rows_host[2 * (size_t)n * l + n + i] = ss[i]->v_cache + l * ss[i]->kv_layer_floats;
         }
     for (int i = 0; i < n; i++) {
-        pos[i] = ss[i]->pos;
+        pos[i] = rpos[i];
         ctx = ss[i]->n_ctx > ctx ? ss[i]->n_ctx : ctx;
     }
     c->rows_n = n;

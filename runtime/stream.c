@@ -135,15 +135,16 @@ int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host)
     return 0;
 }
 
-int stream_batch_open(struct backend *b, int max_n, struct stream_batch **out)
+int stream_batch_open(struct backend *b, int max_streams, int max_n, struct stream_batch **out)
 {
     const struct model_hparams *hp = &b->model->hp;
     size_t t = (size_t)max_n, e = hp->n_embd, qw = (size_t)hp->n_head * hp->head_dim;
     size_t kvw = (size_t)hp->n_head_kv * hp->head_dim;
     struct stream_batch *bt;
 
-    if (max_n < 1 || max_n > 4096)
-        return err_set(-EINVAL, "batch: %d streams (1..4096)", max_n);
+    if (max_streams < 1 || max_streams > 4096 || max_n < max_streams || max_n > 8192)
+        return err_set(-EINVAL, "batch: %d streams (1..4096) and %d rows (streams..8192)",
+                       max_streams, max_n);
     const struct arch *arch = arch_find(b->model->arch->name);
     if (!arch || !arch->forward_batch)
         return err_set(-ENOTSUP, "batch: no lockstep forward for architecture '%s'",
@@ -154,8 +155,19 @@ int stream_batch_open(struct backend *b, int max_n, struct stream_batch **out)
     bt->b = b;
     bt->m = b->model;
     bt->max_n = max_n;
+    bt->max_streams = max_streams;
+    bt->row_st = malloc(sizeof(*bt->row_st) * t);
+    bt->row_pos = malloc(sizeof(*bt->row_pos) * t);
+    if (!bt->row_st || !bt->row_pos) {
+        free(bt->row_st);
+        free(bt->row_pos);
+        free(bt);
+        return err_set(-ENOMEM, "out of memory");
+    }
     bt->arena = b->ops->alloc(b, t * (3 * e + 2 * qw + 2 * kvw + hp->n_vocab));
     if (!bt->arena) {
+        free(bt->row_st);
+        free(bt->row_pos);
         free(bt);
         return err_wrap(-ENOMEM, "batch of %d streams: ", max_n);
     }
@@ -176,33 +188,53 @@ void stream_batch_close(struct stream_batch *bt)
     if (!bt)
         return;
     bt->b->ops->free(bt->b, bt->arena);
+    free(bt->row_st);
+    free(bt->row_pos);
     free(bt);
 }
 
-int stream_batch_eval(struct stream_batch *bt, struct stream *const *ss, int n,
+int stream_batch_eval(struct stream_batch *bt, struct stream *const *ss, const int *n_tok, int n,
                       const int32_t *ids, float *logits_host)
 {
     const struct backend_ops *op = bt->b->ops;
-    if (n < 1 || n > bt->max_n)
-        return err_set(-EINVAL, "batch: %d streams in a step (1..%d)", n, bt->max_n);
+    const size_t nv = bt->m->hp.n_vocab;
+    int rows = 0;
+    if (n < 1 || n > bt->max_streams)
+        return err_set(-EINVAL, "batch: %d streams in a step (1..%d)", n, bt->max_streams);
     for (int i = 0; i < n; i++) {
+        int t = n_tok ? n_tok[i] : 1;
         if (ss[i]->b != bt->b)
             return err_set(-EINVAL, "batch: stream %d belongs to another backend", i);
-        if (ss[i]->pos + 1 > ss[i]->n_ctx)
-            return err_set(-ENOSPC, "context full: stream %d holds %d of %d tokens", i,
-                           ss[i]->pos, ss[i]->n_ctx);
+        if (t < 1 || t > bt->max_n - rows)
+            return err_set(-EINVAL, "batch: %d tokens of stream %d after %d rows (at most %d)",
+                           t, i, rows, bt->max_n);
+        if (ss[i]->pos + t > ss[i]->n_ctx)
+            return err_set(-ENOSPC, "context full: stream %d holds %d of %d tokens, %d more",
+                           i, ss[i]->pos, ss[i]->n_ctx, t);
         for (int j = 0; j < i; j++)
             if (ss[j] == ss[i])
                 return err_set(-EINVAL, "batch: stream %d appears twice in a step", i);
+        for (int j = 0; j < t; j++, rows++) {
+            bt->row_st[rows] = ss[i];
+            bt->row_pos[rows] = ss[i]->pos + j;
+        }
     }
-    int rc = ss[0]->arch->forward_batch(bt->b, bt, ss, ids, n);
+    int rc = ss[0]->arch->forward_batch(bt->b, bt, bt->row_st, ids, rows);
     if (op->step_end) /* a step the caller ran: the backend's bookkeeping after it */
         rc = op->step_end(bt->b, rc);
     if (rc)
         return rc;
-    for (int i = 0; i < n; i++)
-        ss[i]->pos++;
-    return op->read(bt->b, logits_host, bt->logits, (size_t)n * bt->m->hp.n_vocab);
+    if (rows == n) {
+        for (int i = 0; i < n; i++)
+            ss[i]->pos++;
+        return op->read(bt->b, logits_host, bt->logits, (size_t)n * nv);
+    }
+    for (int i = 0, r = 0; i < n && !rc; i++) {
+        r += n_tok[i];
+        ss[i]->pos += n_tok[i];
+        rc = op->read(bt->b, logits_host + (size_t)i * nv, bt->logits + (size_t)(r - 1) * nv, nv);
+    }
+    return rc;
 }
 
 void stream_truncate(struct stream *s, int pos)

@@ -79,7 +79,10 @@ void stream_truncate(struct stream *s, int pos);
 struct stream_batch {
     struct backend *b;
     const struct model *m;
-    int max_n;
+    int max_n;             /* rows per step */
+    int max_streams;       /* distinct streams per step */
+    struct stream **row_st; /* (max_n) the stream of each row of the step being run */
+    int *row_pos;          /* (max_n) its position */
     float *arena;
     float *x, *xn, *proj;  /* (max_n, n_embd) */
     float *q, *att;        /* (max_n, n_head*head_dim) */
@@ -87,13 +90,18 @@ struct stream_batch {
     float *logits;         /* (max_n, n_vocab) */
 };
 
-int stream_batch_open(struct backend *b, int max_n, struct stream_batch **out);
+/* A batch of up to max_streams streams and max_rows rows (tokens) per step. */
+int stream_batch_open(struct backend *b, int max_streams, int max_rows,
+                      struct stream_batch **out);
 void stream_batch_close(struct stream_batch *bt);
 
-/* One step: stream ss[i] (i < n <= max_n, distinct streams of bt's backend) evaluates ids[i] at
- * its position, in one forward over the n rows; logits_host (n, n_vocab) receives each row's
- * logits. -ENOSPC when a stream is full (nothing is evaluated). 0 or -errno. */
-int stream_batch_eval(struct stream_batch *bt, struct stream *const *ss, int n,
+/* One step: stream ss[i] (i < n <= max_streams, distinct streams of bt's backend) evaluates
+ * n_tok[i] >= 1 tokens (NULL: one each) from its position on, their ids consecutive in ids
+ * (stream 0's first), every token one row of one forward (at most max_rows); logits_host (n,
+ * n_vocab) receives each stream's logits after its last token. A stream's rows attend to its
+ * earlier rows of the step as a prompt's tokens do. -ENOSPC when a stream would overflow its
+ * cache (nothing is evaluated). 0 or -errno. */
+int stream_batch_eval(struct stream_batch *bt, struct stream *const *ss, const int *n_tok, int n,
                       const int32_t *ids, float *logits_host);
 
 #endif

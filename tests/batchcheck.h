@@ -9,6 +9,9 @@
  * - the result of a stream does not depend on its partners: the same streams stepped in
  *   another order and in a batch of two give each stream the same logits as in the batch of
  *   four, within the same tolerance;
+ * - a prompt evaluated in chunks inside the steps of three decoding streams
+ *   (strata_batch_eval_chunks) ends with its prefill logits, the others' rows unchanged, within
+ *   the same tolerance;
  * - errors: a step over max_streams, a stream twice in a step, an id outside the vocabulary
  *   (-EINVAL), a full stream (-ENOSPC: no stream advanced).
  * Prompts are fixed (ids from a fixed seed). */
@@ -126,7 +129,8 @@ static void check_model(const struct strata_config *base, const char *label, con
     float *logits = test_xmalloc(sizeof(float) * (size_t)N_STREAMS * nv);
     double worst = 0;
     int agree = 0;
-    CHECK(strata_batch_open(s, N_STREAMS, &b) == 0, "batch open: %s", strata_error());
+    CHECK(strata_batch_open_rows(s, N_STREAMS, N_STREAMS + 4, &b) == 0, "batch open: %s",
+          strata_error());
     CHECK(prefill(s, prompts, len, st, first, nv) == 0, "prefill: %s", strata_error());
     for (int t = 0; b && t < N_STEPS; t++) {
         int32_t ids[N_STREAMS];
@@ -172,6 +176,35 @@ static void check_model(const struct strata_config *base, const char *label, con
     }
     printf("%s: a pair in another order: within %.3g\n", label, worst2);
     CHECK(worst2 <= tol->rel, "a pair's logits off by %.3g", worst2);
+
+    /* a prompt joining the steps in chunks: streams 0..2 decode their first 3 steps while
+     * stream 3's prompt (7 tokens) comes in chunks of 3, 3 and 1 in the same steps; every row
+     * as before, and stream 3's logits after its last chunk as after its prompt alone */
+    for (int i = 0; i < N_STREAMS; i++)
+        strata_stream_truncate(st[i], i == 3 ? 0 : len[i]);
+    double worst3 = 0;
+    for (int t = 0, off = 0; b && t < 3; t++) {
+        int32_t ids[N_STREAMS + 3];
+        int n_tok[N_STREAMS] = {1, 1, 1, t < 2 ? 3 : len[3] - 6};
+        for (int i = 0; i < 3; i++)
+            ids[i] = ref.tok[i][t];
+        memcpy(ids + 3, prompts[3] + off, sizeof(int32_t) * (size_t)n_tok[3]);
+        off += n_tok[3];
+        if (strata_batch_eval_chunks(b, st, n_tok, N_STREAMS, ids, logits)) {
+            CHECK(0, "chunk step %d: %s", t, strata_error());
+            break;
+        }
+        for (int i = 0; i < 3; i++)
+            worst3 = fmax(worst3, row_err(logits + (size_t)i * nv,
+                                          ref.logits + ((size_t)i * N_STEPS + t) * nv, nv));
+        if (t == 2)
+            worst3 = fmax(worst3, row_err(logits + (size_t)3 * nv, first + (size_t)3 * nv, nv));
+    }
+    CHECK(strata_stream_pos(st[3]) == len[3], "stream 3 at %d after its chunks, not %d",
+          strata_stream_pos(st[3]), len[3]);
+    printf("%s: a 7-token prompt in chunks of 3, 3, 1 joining three decoding streams: within "
+           "%.3g\n", label, worst3);
+    CHECK(worst3 <= tol->rel, "chunked prompt rows off by %.3g", worst3);
 
     /* errors */
     int32_t ids[N_STREAMS + 1] = {1, 2, 3, 4, 5};

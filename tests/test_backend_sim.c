@@ -937,7 +937,7 @@ static void lockstep(const char *path, const char *what, const struct backend_cu
     }
     backend_close(ref_b);
     rc = rc ? rc : backend_cuda_open(m, cc, &b);
-    rc = rc ? rc : stream_batch_open(b, LS_N, &bt);
+    rc = rc ? rc : stream_batch_open(b, LS_N, LS_N, &bt);
     for (int i = 0; i < LS_N && !rc; i++) {
         rc = stream_open(b, 64, 32, &s[i]);
         rc = rc ? rc : stream_eval(s[i], prompt[i], len[i], NULL);
@@ -947,7 +947,7 @@ static void lockstep(const char *path, const char *what, const struct backend_cu
         int32_t ids[LS_N];
         for (int i = 0; i < LS_N; i++)
             ids[i] = tok[i][t];
-        rc = stream_batch_eval(bt, s, LS_N, ids, row);
+        rc = stream_batch_eval(bt, s, NULL, LS_N, ids, row);
         for (int i = 0; i < LS_N && !rc; i++) {
             const float *r = ref + ((size_t)i * LS_STEPS + t) * nv;
             float big = 1e-30f, d = 0;

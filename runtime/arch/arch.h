@@ -15,9 +15,10 @@ struct arch {
     /* Runs n_tok tokens of one stream from its current position, appends to its KV cache and
      * leaves the last position's logits (n_vocab floats) in s->logits (backend memory). */
     int (*forward)(struct backend *b, struct stream *s, const int32_t *ids, int n_tok);
-    /* One token of each of n streams (ss[i] takes ids[i] at its own position), in one pass
-     * over bt's n rows; leaves every row's logits in bt->logits (n, n_vocab). The caller
-     * advances the positions. NULL: the architecture has no lockstep forward. */
+    /* n rows in one pass: row i is token ids[i] of stream ss[i] at position bt->row_pos[i]
+     * (a stream may have several rows, at consecutive positions in row order); leaves every
+     * row's logits in bt->logits (n, n_vocab). The caller advances the positions. NULL: the
+     * architecture has no lockstep forward. */
     int (*forward_batch)(struct backend *b, struct stream_batch *bt, struct stream *const *ss,
                          const int32_t *ids, int n);
 };

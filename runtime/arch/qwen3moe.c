@@ -129,18 +129,19 @@ static int qwen3moe_attention_batch(struct backend *b, struct stream_batch *bt,
     }
     for (int i = 0; i < n && !rc; i++) {
         struct stream *s = ss[i];
+        const int pos = bt->row_pos[i];
         float *q = bt->q + (size_t)i * qw, *k = bt->k + (size_t)i * kvw;
         float *v = bt->v + (size_t)i * kvw;
         float *kc = s->k_cache + l * s->kv_layer_floats, *vc = s->v_cache + l * s->kv_layer_floats;
-        rc = op->rope(b, q, 1, hp->n_head, hp->head_dim, s->pos, hp->rope_base);
-        rc = rc ? rc : op->rope(b, k, 1, hp->n_head_kv, hp->head_dim, s->pos, hp->rope_base);
-        rc = rc ? rc : op->kv_store(b, kc, k, s->pos, 1, kvw);
-        rc = rc ? rc : op->kv_store(b, vc, v, s->pos, 1, kvw);
+        rc = op->rope(b, q, 1, hp->n_head, hp->head_dim, pos, hp->rope_base);
+        rc = rc ? rc : op->rope(b, k, 1, hp->n_head_kv, hp->head_dim, pos, hp->rope_base);
+        rc = rc ? rc : op->kv_store(b, kc, k, pos, 1, kvw);
+        rc = rc ? rc : op->kv_store(b, vc, v, pos, 1, kvw);
         if (rc)
             break;
         struct attn_args a = {
             .out = bt->att + (size_t)i * qw, .q = q, .k_cache = kc, .v_cache = vc,
-            .pos0 = s->pos, .n_tok = 1, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
+            .pos0 = pos, .n_tok = 1, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
             .head_dim = hp->head_dim, .scale = 1.0f / sqrtf((float)hp->head_dim),
         };
         rc = op->attention(b, &a);
@@ -154,7 +155,7 @@ static int qwen3moe_forward_batch(struct backend *b, struct stream_batch *bt,
     const struct backend_ops *op = b->ops;
     const struct model *m = bt->m;
     const struct model_hparams *hp = &m->hp;
-    int rc = op->rows_begin ? op->rows_begin(b, ss, n) : 0;
+    int rc = op->rows_begin ? op->rows_begin(b, ss, bt->row_pos, n) : 0;
 
     rc = rc ? rc : op->embed(b, bt->x, &m->tok_embd, ids, n);
 
