@@ -49,6 +49,8 @@
 #include "tokenizer.h"
 
 #define BATCH_MAX_STREAMS 4096 /* strata_batch_open's limit */
+#define BATCH_CHUNK 16 /* --prefill-chunk's default: with up to 16 decoding streams a step stays
+                        * within the MoE layer's 8-bit direct path (32 tokens) */
 #define BATCH_SYNC_S 1.0       /* OUT is synced at most this often (and at the end) */
 
 static volatile sig_atomic_t batch_interrupted;
@@ -65,6 +67,7 @@ static void batch_on_sigint(int sig)
 struct batch_opts {
     const char *input, *out;
     int n_streams;
+    int chunk; /* --prefill-chunk: prompt tokens that join a step; 0 = prompts alone */
     bool resume;
 };
 
@@ -113,6 +116,8 @@ struct batch_slot {
     struct strata_sampler *sm; /* the job's */
     struct tokenizer_stream ts;
     int32_t next;  /* the token the next step evaluates */
+    int fed;       /* prompt tokens evaluated (< n_prompt: the prompt is joining the steps) */
+    double t_start; /* when its prompt began */
     double t_gen0; /* when its prompt was done */
 };
 
@@ -151,8 +156,10 @@ static void batch_usage(void)
         "usage: strata batch [-m FILE] --input PROMPTS.jsonl -o OUT.jsonl [options]\n\n"
         "Generates for many prompts at once. Up to --streams N lines are decoded together in\n"
         "lockstep: each step is one forward pass over the last token of every stream, so each\n"
-        "layer's experts are fetched once for all the streams that chose them. A line's prompt\n"
-        "is evaluated alone when it enters a free stream. A line's output depends only on the\n"
+        "layer's experts are fetched once for all the streams that chose them. A line entering\n"
+        "a free stream while others decode has its prompt joined to their steps, up to\n"
+        "--prefill-chunk tokens a step, so they keep decoding; with none decoding it is\n"
+        "evaluated alone. A line's output depends only on the\n"
         "line and the flags (each line samples with its own sampler and seed), not on N or on\n"
         "which lines share its steps.\n\n"
         "input (--input FILE; - reads stdin): JSON Lines, one object a line, blank lines\n"
@@ -189,7 +196,9 @@ static void batch_usage(void)
         "                          object in OUT (a result or an error) are skipped; delete\n"
         "                          the error objects from OUT to run those lines again\n"
         "      --streams N         lines decoded together, 1-%d (default 4); each stream\n"
-        "                          holds a KV cache of -c tokens\n\n"
+        "                          holds a KV cache of -c tokens\n"
+        "      --prefill-chunk N   prompt tokens a step takes from a line joining the others\n"
+        "                          (default %d; 0: every prompt is evaluated alone first)\n\n"
         "prompts:\n"
         "      --chat              render \"prompt\" as a user message in the ChatML template\n"
         "      --system TEXT       system message (needs --chat)\n"
@@ -222,7 +231,7 @@ static void batch_usage(void)
         "in order are written, the rest can be run with --resume (exit 130). Exit 0 when\n"
         "every line succeeded, 1 when some failed (their error objects are in OUT) or the\n"
         "engine failed, 2 for a bad command line.\n",
-        STRATA_MAX_STOP, BATCH_MAX_STREAMS, d.gen.n_predict, d.gen.sampling.temperature,
+        STRATA_MAX_STOP, BATCH_MAX_STREAMS, BATCH_CHUNK, d.gen.n_predict, d.gen.sampling.temperature,
         d.gen.sampling.top_k, d.gen.sampling.top_p, d.gen.sampling.min_p,
         d.gen.sampling.repeat_penalty, d.gen.sampling.repeat_last_n,
         (unsigned long long)d.gen.sampling.seed, STRATA_MAX_STOP, STRATA_DEFAULT_MODEL, d.n_ctx);
@@ -248,7 +257,7 @@ static int batch_parse_flags(int argc, char **argv, struct batch_opts *bo, struc
     char **rest = calloc((size_t)argc + 1, sizeof(char *));
     int n_rest = 1, rc = 0;
 
-    *bo = (struct batch_opts){.n_streams = 4};
+    *bo = (struct batch_opts){.n_streams = 4, .chunk = BATCH_CHUNK};
     run_opts_init(o);
     if (!rest) {
         fprintf(stderr, "strata batch: out of memory\n");
@@ -287,6 +296,8 @@ static int batch_parse_flags(int argc, char **argv, struct batch_opts *bo, struc
             bo->out = argv[++i];
         } else if (!strcmp(a, "--streams")) {
             rc = args_i32("batch", a, argv[++i], 1, BATCH_MAX_STREAMS, &bo->n_streams);
+        } else if (!strcmp(a, "--prefill-chunk")) {
+            rc = args_i32("batch", a, argv[++i], 0, 4096, &bo->chunk);
         } else {
             fprintf(stderr, "strata batch: unknown option '%s' (see --help)\n", a);
             rc = 2;
@@ -1150,7 +1161,7 @@ static int batch_open_engine(struct batch *b, int n_pending)
             return cli_fail("opening the streams");
         strata_stream_set_progress(b->slots[i].st, batch_on_progress, NULL);
     }
-    if (strata_batch_open(ss->s, b->n_slots, &b->bt))
+    if (strata_batch_open_rows(ss->s, b->n_slots, b->n_slots + b->bo.chunk, &b->bt))
         return cli_fail("opening the batch");
     if (!strcmp(mi.device, "cuda")) {
         struct strata_stats st;
@@ -1236,6 +1247,7 @@ static int batch_finish(struct batch *b, struct batch_slot *sl, const char *reas
     strata_sampler_close(sl->sm);
     sl->sm = NULL;
     sl->job = NULL;
+    sl->fed = 0;
     strata_stream_truncate(sl->st, 0);
     return 0;
 oom:
@@ -1275,11 +1287,24 @@ static int batch_sample(struct batch *b, struct batch_slot *sl, float *logits)
     return 0;
 }
 
-/* Starts job j in free slot sl: its sampler, its prompt evaluated alone, its first token.
- * 0, -EINTR (Ctrl-C during the prompt), or 1 after the message. */
-static int batch_start(struct batch *b, struct batch_slot *sl, struct batch_job *j)
+/* The prompt of slot sl's job is evaluated (its last chunk's logits in `logits`): its
+ * timing, its first token. 0 or 1 after the message. */
+static int batch_prompt_done(struct batch *b, struct batch_slot *sl, float *logits)
 {
-    double t0;
+    struct batch_job *j = sl->job;
+    sl->fed = j->n_prompt;
+    sl->t_gen0 = clock_now_s();
+    j->prompt_ms = (sl->t_gen0 - sl->t_start) * 1e3;
+    free(j->ids);
+    j->ids = NULL;
+    return batch_sample(b, sl, logits);
+}
+
+/* Starts job j in free slot sl: its sampler; with `join`, its prompt is left to join the next
+ * steps (batch_loop), else evaluated alone now and its first token sampled. 0, -EINTR (Ctrl-C
+ * during the prompt), or 1 after the message. */
+static int batch_start(struct batch *b, struct batch_slot *sl, struct batch_job *j, bool join)
+{
     int rc;
 
     if (strata_sampler_open(b->sess.s, &j->gen.sampling, &sl->sm))
@@ -1288,11 +1313,12 @@ static int batch_start(struct batch *b, struct batch_slot *sl, struct batch_job 
         strata_sampler_accept(sl->sm, j->ids[i]);
     tokenizer_stream_init(&sl->ts, TOKENIZER_DECODE_SKIP_CONTROL);
     sl->job = j;
+    sl->fed = 0;
     j->state = JOB_RUNNING;
-    t0 = clock_now_s();
+    sl->t_start = clock_now_s();
+    if (join)
+        return 0;
     rc = strata_eval(sl->st, j->ids, j->n_prompt, b->logits);
-    sl->t_gen0 = clock_now_s();
-    j->prompt_ms = (sl->t_gen0 - t0) * 1e3;
     if (rc) {
         strata_sampler_close(sl->sm);
         sl->sm = NULL;
@@ -1304,12 +1330,12 @@ static int batch_start(struct batch *b, struct batch_slot *sl, struct batch_job 
         fprintf(stderr, "strata batch: line %d's prompt: %s\n", j->line, strata_error());
         return 1;
     }
-    free(j->ids);
-    j->ids = NULL;
-    return batch_sample(b, sl, b->logits);
+    return batch_prompt_done(b, sl, b->logits);
 }
 
-/* Fills the free slots with pending jobs (none after Ctrl-C). 0, or 1 after the message. */
+/* Fills the free slots with pending jobs (none after Ctrl-C): while a slot decodes (and
+ * --prefill-chunk is not 0) a new job's prompt joins the steps, else it is evaluated alone.
+ * 0, or 1 after the message. */
 static int batch_fill(struct batch *b)
 {
     for (int i = 0; i < b->n_slots; i++) {
@@ -1319,7 +1345,10 @@ static int batch_fill(struct batch *b)
                 b->next_start++;
             if (b->next_start == b->n_jobs)
                 return 0;
-            int rc = batch_start(b, sl, &b->jobs[b->next_start]);
+            bool decoding = false;
+            for (int k = 0; k < b->n_slots; k++)
+                decoding |= b->slots[k].job && b->slots[k].fed == b->slots[k].job->n_prompt;
+            int rc = batch_start(b, sl, &b->jobs[b->next_start], decoding && b->bo.chunk > 0);
             if (rc == -EINTR)
                 return 0;
             if (rc)
@@ -1346,36 +1375,57 @@ static void batch_progress(struct batch *b, bool final)
 /* The loop (DESIGN). 0, or 1 after the message. */
 static int batch_loop(struct batch *b)
 {
+    const int max_rows = b->n_slots + b->bo.chunk;
     struct strata_stream **sts = malloc(sizeof(*sts) * (size_t)b->n_slots);
     struct batch_slot **busy = malloc(sizeof(*busy) * (size_t)b->n_slots);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)b->n_slots);
+    int *n_tok = malloc(sizeof(int) * (size_t)b->n_slots);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)max_rows);
     int rc = 0;
 
-    if (!sts || !busy || !ids) {
+    if (!sts || !busy || !n_tok || !ids) {
         fprintf(stderr, "strata batch: out of memory\n");
         rc = 1;
     }
     while (!rc) {
-        int n = 0;
+        int n = 0, rows = 0;
         if ((rc = batch_fill(b)) || (rc = batch_write_ready(b, false)))
             break;
         if (batch_interrupted) /* during a prompt: no step after it */
             break;
-        for (int i = 0; i < b->n_slots; i++) {
-            if (b->slots[i].job) {
-                busy[n] = &b->slots[i];
-                sts[n] = b->slots[i].st;
-                ids[n++] = b->slots[i].next;
+        /* the decoding slots' tokens first, then the joining prompts' chunks in what is left */
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = 0; i < b->n_slots; i++) {
+                struct batch_slot *sl = &b->slots[i];
+                if (!sl->job || (sl->fed < sl->job->n_prompt) != (pass == 1))
+                    continue;
+                int t = pass ? sl->job->n_prompt - sl->fed : 1;
+                t = t < max_rows - rows ? t : max_rows - rows;
+                if (t < 1)
+                    continue;
+                busy[n] = sl;
+                sts[n] = sl->st;
+                n_tok[n++] = t;
+                if (pass)
+                    memcpy(ids + rows, sl->job->ids + sl->fed, sizeof(int32_t) * (size_t)t);
+                else
+                    ids[rows] = sl->next;
+                rows += t;
             }
         }
         if (!n)
             break; /* nothing pending, or Ctrl-C */
-        if (strata_batch_eval(b->bt, sts, n, ids, b->logits)) {
+        if (strata_batch_eval_chunks(b->bt, sts, n_tok, n, ids, b->logits)) {
             rc = cli_fail("decoding a step");
             break;
         }
-        for (int i = 0; i < n && !rc; i++)
-            rc = batch_sample(b, busy[i], b->logits + (size_t)i * (size_t)b->n_vocab);
+        for (int i = 0; i < n && !rc; i++) {
+            struct batch_slot *sl = busy[i];
+            float *row = b->logits + (size_t)i * (size_t)b->n_vocab;
+            if (sl->fed == sl->job->n_prompt)
+                rc = batch_sample(b, sl, row);
+            else if ((sl->fed += n_tok[i]) == sl->job->n_prompt)
+                rc = batch_prompt_done(b, sl, row);
+        }
         if (!rc)
             rc = batch_write_ready(b, false);
         batch_progress(b, false);
@@ -1384,6 +1434,7 @@ static int batch_loop(struct batch *b)
     }
     free(sts);
     free(busy);
+    free(n_tok);
     free(ids);
     return rc;
 }

@@ -99,8 +99,9 @@ struct strata_config {
                               * default 4096 */
     int n_batch;             /* tokens per forward call (prefill chunk); default 512 */
     int n_streams;           /* streams open at once (lockstep batches): n_streams streams of
-                              * n_ctx positions and a batch of n_streams rows are counted
-                              * against vram_budget; default 1 */
+                              * n_ctx positions and a batch of n_streams +
+                              * STRATA_BATCH_JOIN_ROWS rows are counted against vram_budget;
+                              * default 1 */
     int expert_slots;        /* > 0: exactly this many expert slots instead of the budget's
                               * (tests) */
     int prefetch_depth;      /* STRATA_FLAG_PREFETCH: predict the experts of the next 1..4
@@ -240,6 +241,10 @@ void strata_batch_close(struct strata_batch *b);
  * evaluated). */
 int strata_batch_eval(struct strata_batch *b, struct strata_stream *const *sts, int n,
                       const int32_t *ids, float *logits);
+/* Rows a lockstep batch is planned to have beyond one per stream (cfg.n_streams > 1): room for
+ * a joining prompt's chunk in each step. */
+#define STRATA_BATCH_JOIN_ROWS 16
+
 /* A batch whose steps may also carry prompt chunks: at most max_streams streams and max_rows
  * tokens (>= max_streams) per step. */
 int strata_batch_open_rows(struct strata *s, int max_streams, int max_rows,

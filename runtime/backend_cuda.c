@@ -13,6 +13,7 @@
 
 #include "backend.h"
 #include "cuda_attention.h"
+#include "strata.h"
 #include "cuda_info.h"
 #include "cuda_matmul.h"
 #include "cuda_mem.h"
@@ -682,7 +683,8 @@ static struct moe_layer_config cuda_moe_config(struct backend_cuda *c,
         .max_tok = CUDA_BACKEND_MAX_TOK, .cpu_layers = cfg->cpu_moe_layers,
         .cache = (cfg->vram_budget || cfg->expert_slots > 0) && !cfg->cpu_moe_layers,
         .vram_budget = cfg->vram_budget, .expert_slots = cfg->expert_slots,
-        .stream_bytes = one * n_streams + (n_streams > 1 ? cuda_batch_bytes(hp, n_streams) : 0),
+        .stream_bytes = one * n_streams +
+                        (n_streams > 1 ? cuda_batch_bytes(hp, n_streams + STRATA_BATCH_JOIN_ROWS) : 0),
         .n_streams = n_streams, .n_ctx = (int)n_ctx,
         .stream_one = one + (n_streams > 1 ? cuda_batch_bytes(hp, 1) : 0),
         .fill = cfg->residency == BACKEND_RESIDENCY_ZEROCOPY ? MOE_FILL_ZEROCOPY : MOE_FILL_COPY,

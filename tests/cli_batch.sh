@@ -3,7 +3,8 @@
 #  1. greedy texts of 3 prompts decoded together (--streams 3) equal strata run's for each
 #     prompt alone, and a per-line stop string cuts the text where run's text has it;
 #  2. --streams 1 and --streams 3 write the same OUT (timings aside), greedy and sampled at
-#     --temp 0.8 with per-line seeds;
+#     --temp 0.8 with per-line seeds, and so do prompts joining the steps in chunks of 2
+#     tokens or evaluated alone (--prefill-chunk 2, 0);
 #  3. malformed JSON, an unknown key, a wrong type and a prompt over the context (-c) become
 #     error objects naming their lines, the other lines run, exit 1;
 #  4. --resume skips the ids OUT holds (also after a torn last line) and ends with the same OUT
@@ -85,9 +86,16 @@ for n in 1 3; do
         -o "$tmp/t$n.jsonl" 2>"$tmp/err" || fail "seeded --streams $n exited $?: $(cat "$tmp/err")"
 done
 diff <(strip "$tmp/t1.jsonl") <(strip "$tmp/t3.jsonl") || fail "seeded: --streams 1 and 3 differ"
+# prompts joining the steps in chunks of 2 tokens, and every prompt alone first: the same OUT
+for c in 0 2; do
+    "$strata" "${B[@]}" --temp 0.8 --streams 3 --prefill-chunk $c --input "$tmp/seeded.jsonl" \
+        -o "$tmp/c$c.jsonl" 2>"$tmp/err" || fail "--prefill-chunk $c exited $?: $(cat "$tmp/err")"
+    diff <(strip "$tmp/t1.jsonl") <(strip "$tmp/c$c.jsonl") || fail "--prefill-chunk $c differs"
+done
 [ "$(text_of "$tmp/t1.jsonl" 1)" != "$(text_of "$tmp/t1.jsonl" 4)" ] ||
     fail "the same prompt with seeds 100 and 103 gave the same text"
-echo "ok: --streams 1 and 3 write the same OUT, greedy and seeded at --temp 0.8"
+echo "ok: --streams 1 and 3 write the same OUT, greedy and seeded at --temp 0.8, prompts joining"
+echo "    the steps in chunks of 2 or 16 tokens or evaluated alone"
 
 # 3. bad lines
 long=$(printf 'word %.0s' $(seq 1 100))
