@@ -68,8 +68,13 @@ struct backend_ops {
      * stream ss[i] at position pos[i], inside its cache; a stream's rows at consecutive
      * positions in row order); attention_rows: for one layer of that step, what rope (q and
      * k), kv_store (k and v) and attention do for each row in its own stream, in row order,
-     * with the same result. */
-    int (*rows_begin)(struct backend *b, struct stream *const *ss, const int *pos, int n);
+     * with the same result. rows_begin may also run the whole step itself (a graph recorded
+     * for `batch`, the lockstep batch's activations (alloc'd, so freeing them drops the graph),
+     * and this many rows;
+     * ids are the rows' tokens): 1 then, and the caller skips the forward; 0: the caller runs
+     * it (which the backend may be recording; step_end finishes it), or -errno. */
+    int (*rows_begin)(struct backend *b, const void *batch, struct stream *const *ss,
+                      const int *pos, const int32_t *ids, int n);
     int (*attention_rows)(struct backend *b, const struct attn_rows_args *a);
     /* x (n) += y (n). */
     int (*add)(struct backend *b, float *x, const float *y, size_t n);

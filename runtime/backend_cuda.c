@@ -25,6 +25,7 @@
 #include "stream.h"
 
 #define CUDA_BACKEND_MAX_TOK 512 /* tokens per launch of the batched ops; larger calls split */
+#define CUDA_ROWS_GRAPHS 64      /* lockstep steps of up to this many rows may be graphed */
 
 struct backend_cuda {
     struct backend base;
@@ -67,6 +68,13 @@ struct backend_cuda {
     float *rows_dev;
     float *rows_scratch;
     size_t rows_scratch_bytes;
+    /* lockstep graphs (all resident, --graph): one recorded step per row count, replayed for
+     * the same batch (its activations) and the same cache length rows_ctx */
+    bool rows_recording;
+    int rows_rec_n;
+    void *rows_exec[CUDA_ROWS_GRAPHS + 1];
+    const void *rows_key[CUDA_ROWS_GRAPHS + 1];
+    int rows_key_ctx[CUDA_ROWS_GRAPHS + 1];
 };
 
 static inline struct backend_cuda *cuda_of(struct backend *b)
@@ -173,7 +181,14 @@ static void cuda_free_op(struct backend *b, float *p)
 {
     if (!p)
         return;
-    cuda_block_forget(cuda_of(b), p);
+    struct backend_cuda *c = cuda_of(b);
+    for (int i = 0; i <= CUDA_ROWS_GRAPHS; i++) /* a batch's activations: its graphs go too */
+        if (c->rows_key[i] == p) {
+            cuda_graph_destroy(c->rows_exec[i]);
+            c->rows_exec[i] = NULL;
+            c->rows_key[i] = NULL;
+        }
+    cuda_block_forget(c, p);
     cuda_free(p);
 }
 
@@ -182,6 +197,17 @@ static int cuda_embed_op(struct backend *b, float *out, const struct weight *w,
 {
     backend_cuda_forget_xq(cuda_of(b));
     struct backend_cuda *c = cuda_of(b);
+    if (c->rows_recording) { /* lockstep graph: the ids are in the step's table */
+        const struct model_hparams *hp = &c->model->hp;
+        struct cuda_embed_args a = {
+            .out = out, .table = w->dev, .type = w->type, .row_bytes = w->row_bytes,
+            .n_embd = (int64_t)w->ne[0], .n_vocab = (int64_t)w->ne[1],
+            .ids = (const int32_t *)((void **)c->rows_dev + 2 * (size_t)n * hp->n_layer) + n,
+            .n = n, .stream = c->stream,
+        };
+        int rc = n == c->rows_n ? cuda_embed(&a) : -EINVAL;
+        return rc ? backend_cuda_fail(rc, "embed") : 0;
+    }
     if (c->recording) { /* the id arrives in step_dev[0], copied at the start of the graph */
         struct cuda_embed_args a = {
             .out = out, .table = w->dev, .type = w->type, .row_bytes = w->row_bytes,
@@ -328,10 +354,20 @@ static int cuda_attention_op(struct backend *b, const struct attn_args *at)
 /* The step's table (rows_host) for n rows: cache pointers of every layer, then positions. */
 static size_t cuda_rows_table_bytes(const struct model_hparams *hp, int n)
 {
-    return sizeof(void *) * 2 * (size_t)n * hp->n_layer + sizeof(int32_t) * (size_t)n;
+    return sizeof(void *) * 2 * (size_t)n * hp->n_layer + sizeof(int32_t) * 2 * (size_t)n;
 }
 
-static int cuda_rows_begin_op(struct backend *b, struct stream *const *ss, const int *rpos, int n)
+static void cuda_rows_graphs_drop(struct backend_cuda *c)
+{
+    for (int i = 0; i <= CUDA_ROWS_GRAPHS; i++) {
+        cuda_graph_destroy(c->rows_exec[i]);
+        c->rows_exec[i] = NULL;
+        c->rows_key[i] = NULL;
+    }
+}
+
+static int cuda_rows_begin_op(struct backend *b, const void *batch, struct stream *const *ss,
+                              const int *rpos, const int32_t *ids, int n)
 {
     struct backend_cuda *c = cuda_of(b);
     const struct model_hparams *hp = &c->model->hp;
@@ -342,6 +378,7 @@ static int cuda_rows_begin_op(struct backend *b, struct stream *const *ss, const
         if (!host)
             return err_set(-ENOMEM, "out of memory");
         c->rows_host = host;
+        cuda_rows_graphs_drop(c); /* they read the table being replaced */
         cuda_free_op(b, c->rows_dev);
         cuda_free_op(b, c->rows_scratch);
         c->rows_cap = 0;
@@ -363,13 +400,37 @@ static int cuda_rows_begin_op(struct backend *b, struct stream *const *ss, const
         }
     for (int i = 0; i < n; i++) {
         pos[i] = rpos[i];
+        pos[n + i] = ids[i];
         ctx = ss[i]->n_ctx > ctx ? ss[i]->n_ctx : ctx;
     }
     c->rows_n = n;
     c->rows_ctx = ctx;
     /* from pageable memory: the host table may be rewritten as soon as this returns */
     int rc = cuda_h2d(c->rows_dev, c->rows_host, cuda_rows_table_bytes(hp, n), c->stream);
-    return rc ? backend_cuda_fail(rc, "lockstep rows") : 0;
+    if (rc)
+        return backend_cuda_fail(rc, "lockstep rows");
+    /* a graph only where every op reads the table (all resident: no cache, no CPU lane) */
+    if (!c->graph || n > CUDA_ROWS_GRAPHS || moe_layer_slots(c->moe) ||
+        moe_layer_cpu_layers(c->moe))
+        return 0;
+    if (c->rows_exec[n] && c->rows_key[n] == batch && c->rows_key_ctx[n] == ctx) {
+        rc = cuda_graph_launch(c->rows_exec[n], c->stream);
+        if (rc)
+            return backend_cuda_fail(rc, "replaying a lockstep graph");
+        moe_layer_replayed(c->moe);
+        return 1;
+    }
+    cuda_graph_destroy(c->rows_exec[n]);
+    c->rows_exec[n] = NULL;
+    rc = cuda_graph_begin(c->stream);
+    if (rc)
+        return backend_cuda_fail(rc, "starting a lockstep graph");
+    c->rows_recording = true;
+    c->rows_rec_n = n;
+    c->rows_key[n] = batch;
+    c->rows_key_ctx[n] = ctx;
+    moe_layer_set_recording(c->moe, true);
+    return 0;
 }
 
 static int cuda_attention_rows_op(struct backend *b, const struct attn_rows_args *ra)
@@ -501,6 +562,21 @@ static int cuda_step_end(struct backend *b, int rc)
 {
     backend_cuda_forget_xq(cuda_of(b));
     struct backend_cuda *c = cuda_of(b);
+    if (c->rows_recording) {
+        void *exec = NULL;
+        int n = c->rows_rec_n;
+        c->rows_recording = false;
+        moe_layer_set_recording(c->moe, false);
+        int grc = cuda_graph_end(c->stream, &exec);
+        if (rc || grc) {
+            cuda_graph_destroy(exec);
+            c->rows_key[n] = NULL;
+            return rc ? rc : backend_cuda_fail(grc, "recording a lockstep graph");
+        }
+        c->rows_exec[n] = exec;
+        grc = cuda_graph_launch(exec, c->stream);
+        return grc ? backend_cuda_fail(grc, "running a lockstep graph") : 0;
+    }
     if (!c->recording)
         return rc;
     c->recording = false;
@@ -554,6 +630,7 @@ static void cuda_close_op(struct backend *b)
     cuda_host_free(c->step_pin);
     cuda_free(c->step_dev);
     cuda_free(c->argmax_dev);
+    cuda_rows_graphs_drop(c);
     cuda_free(c->rows_dev);
     cuda_free(c->rows_scratch);
     free(c->rows_host);

@@ -13,7 +13,8 @@
  *   (struct tolerance);
  * - all-resident agrees with the CPU backend (the same share of teacher-forced argmaxes);
  * - lockstep decode of three streams (stream_batch) gives each row its single-stream logits bit
- *   for bit in every cache mode, and within tolerance with the hybrid CPU lane;
+ *   for bit in every cache mode and replayed from a graph (all resident), and within tolerance
+ *   with the hybrid CPU lane;
  * - the same with a residency profile's experts placed into slots before the first token,
  *   frozen or seeding the cache;
  * - graph decode (one-token steps recorded once, replayed with the token and position in device
@@ -869,6 +870,8 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     struct backend_cuda_config st = {.device = 0, .cpu_moe_layers = 2};
     struct backend_cuda_config hy = {.device = 0, .expert_slots = 6, .hybrid = true};
     lockstep(path, "all resident", &(struct backend_cuda_config){.device = 0}, 0);
+    lockstep(path, "all resident, graphs", &(struct backend_cuda_config){.device = 0, .graph = true},
+             0);
     lockstep(path, "copy, 5 slots", &copy, 0);
     lockstep(path, "zerocopy, 5 slots", &zc, 0);
     lockstep(path, "copy + prefetch depth 2, 9 slots",

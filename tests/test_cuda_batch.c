@@ -1,5 +1,6 @@
 /* cuda batch: lockstep decode on the GPU against the same streams decoded one at a time
- * (tests/batchcheck.h), in every placement: all resident, the expert cache with too few slots
+ * (tests/batchcheck.h), in every placement: all resident (also with each step shape recorded
+ * once as a CUDA graph and replayed), the expert cache with too few slots
  * for one step's experts (copy and zero-copy fills), hybrid (misses split with the CPU lane),
  * static (layer 0's experts on the CPU), on a generated `tiny` f32 checkpoint, and all resident
  * and copy-cached on the shipped default model (q4_k_m). Exits 77 without a GPU.
@@ -22,6 +23,7 @@ struct place {
     enum strata_placement placement;
     enum strata_fill fill;
     int slots, cpu_layers;
+    unsigned flags;
 };
 
 static void check_places(const char *model, const char *path, const struct place *pl, int n,
@@ -36,6 +38,7 @@ static void check_places(const char *model, const char *path, const struct place
         cfg.fill = pl[i].fill;
         cfg.expert_slots = pl[i].slots;
         cfg.cpu_moe_layers = pl[i].cpu_layers;
+        cfg.flags = pl[i].flags;
         snprintf(label, sizeof(label), "%s, %s", model, pl[i].name);
         check_model(&cfg, label, path,
                     pl[i].placement == STRATA_PLACEMENT_HYBRID ? tol_hybrid : tol);
@@ -70,24 +73,28 @@ int main(void)
     }
     /* tiny: 2 layers of 8 experts, 2 used; four streams select up to 8 per layer */
     const struct place tiny[] = {
-        {"all resident", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 0, 0},
-        {"3 slots, copy", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 3, 0},
-        {"6 slots, copy", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 6, 0},
-        {"3 slots, zero-copy", STRATA_PLACEMENT_STREAM, STRATA_FILL_ZEROCOPY, 3, 0},
-        {"6 slots, hybrid", STRATA_PLACEMENT_HYBRID, STRATA_FILL_COPY, 6, 0},
-        {"static, layer 0 on the CPU", STRATA_PLACEMENT_STATIC, STRATA_FILL_COPY, 0, 1},
+        {"all resident", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 0, 0, 0},
+        {"all resident, graphs", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 0, 0,
+         STRATA_FLAG_GRAPH},
+        {"3 slots, copy", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 3, 0, 0},
+        {"6 slots, copy", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 6, 0, 0},
+        {"3 slots, zero-copy", STRATA_PLACEMENT_STREAM, STRATA_FILL_ZEROCOPY, 3, 0, 0},
+        {"6 slots, hybrid", STRATA_PLACEMENT_HYBRID, STRATA_FILL_COPY, 6, 0, 0},
+        {"static, layer 0 on the CPU", STRATA_PLACEMENT_STATIC, STRATA_FILL_COPY, 0, 1, 0},
     };
-    check_places("tiny f32", f32, tiny, 6, &(struct tolerance){1e-3, 95},
+    check_places("tiny f32", f32, tiny, 7, &(struct tolerance){1e-3, 95},
                  &(struct tolerance){1e-3, 95});
     test_data_path(path, sizeof(path), "../../models/strata-default.gguf");
     if (access(path, R_OK) == 0) {
         const struct place def[] = {
-            {"all resident", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 0, 0},
-            {"40 slots, copy", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 40, 0},
-            {"40 slots, zero-copy", STRATA_PLACEMENT_STREAM, STRATA_FILL_ZEROCOPY, 40, 0},
-            {"40 slots, hybrid", STRATA_PLACEMENT_HYBRID, STRATA_FILL_COPY, 40, 0},
+            {"all resident", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 0, 0, 0},
+            {"all resident, graphs", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 0, 0,
+             STRATA_FLAG_GRAPH},
+            {"40 slots, copy", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 40, 0, 0},
+            {"40 slots, zero-copy", STRATA_PLACEMENT_STREAM, STRATA_FILL_ZEROCOPY, 40, 0, 0},
+            {"40 slots, hybrid", STRATA_PLACEMENT_HYBRID, STRATA_FILL_COPY, 40, 0, 0},
         };
-        check_places("default model", path, def, 4, &(struct tolerance){5e-2, 90},
+        check_places("default model", path, def, 5, &(struct tolerance){5e-2, 90},
                      &(struct tolerance){5e-2, 90});
     }
     unlink(f32);

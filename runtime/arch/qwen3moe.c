@@ -155,7 +155,9 @@ static int qwen3moe_forward_batch(struct backend *b, struct stream_batch *bt,
     const struct backend_ops *op = b->ops;
     const struct model *m = bt->m;
     const struct model_hparams *hp = &m->hp;
-    int rc = op->rows_begin ? op->rows_begin(b, ss, bt->row_pos, n) : 0;
+    int rc = op->rows_begin ? op->rows_begin(b, bt->arena, ss, bt->row_pos, ids, n) : 0;
+    if (rc == 1) /* the backend replayed the step */
+        return 0;
 
     rc = rc ? rc : op->embed(b, bt->x, &m->tok_embd, ids, n);
 
