@@ -835,6 +835,15 @@ extern "C" size_t cuda_attention_scratch_bytes(int n_head, int head_dim)
     return sizeof(float) * (size_t)ATT_SPLIT_ROWS * n_head * (head_dim + 2);
 }
 
+extern "C" int cuda_attention_rows_ok(int n_head, int n_head_kv, int head_dim)
+{
+    if (n_head < 1 || n_head_kv < 1 || n_head % n_head_kv || head_dim % 32)
+        return 0;
+    const int rows = n_head / n_head_kv, D = head_dim / 32;
+    return rows <= ATTD_MAX_ROWS && (D == 2 || D == 4 || D == 8) && rows * D <= 64 &&
+           !(rows & (rows - 1));
+}
+
 extern "C" size_t cuda_attention_rows_scratch_bytes(int n_tok, int n_head, int head_dim)
 {
     if (n_tok < 1 || n_head < 1 || head_dim < 1)
@@ -903,8 +912,7 @@ static int attd_rows_launch(const struct cuda_attn_args *a, struct attn_params *
     const int rows = p->G, D = a->head_dim / 32;
     if (!a->pos_dev || !a->v_rows || !a->out || !a->q || a->n_tok > 65535)
         return -EINVAL;
-    if (rows > ATTD_MAX_ROWS || a->head_dim % 32 || (D != 2 && D != 4 && D != 8) ||
-        rows * D > 64 || (rows & (rows - 1)))
+    if (!cuda_attention_rows_ok(a->n_head, a->n_head_kv, a->head_dim))
         return -ENOTSUP;
     int ns = ops_imin(ATTD_CHUNKS, ops_cdiv(a->n_ctx, attd_sub(D)));
     int64_t nth = (int64_t)a->n_tok * a->n_head;

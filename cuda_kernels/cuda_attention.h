@@ -50,6 +50,8 @@ struct cuda_attn_args {
 size_t cuda_attention_scratch_bytes(int n_head, int head_dim);
 /* Scratch for a call with k_rows of n_tok rows (any context). */
 size_t cuda_attention_rows_scratch_bytes(int n_tok, int n_head, int head_dim);
+/* Whether a call with k_rows runs for these heads (else it answers -ENOTSUP). */
+int cuda_attention_rows_ok(int n_head, int n_head_kv, int head_dim);
 
 /* Prefill calls run on fp16 tensor cores: n_tok >= CUDA_ATTN_TC_MIN_TOK, n_tok * (n_head /
  * n_head_kv) >= CUDA_ATTN_TC_MIN_ROWS, head_dim a multiple of 16, k_cache/v_cache 16-byte and

@@ -409,9 +409,11 @@ static int cuda_rows_begin_op(struct backend *b, const void *batch, struct strea
     int rc = cuda_h2d(c->rows_dev, c->rows_host, cuda_rows_table_bytes(hp, n), c->stream);
     if (rc)
         return backend_cuda_fail(rc, "lockstep rows");
-    /* a graph only where every op reads the table (all resident: no cache, no CPU lane) */
+    /* a graph only where every op reads the table: all resident (no cache, no CPU lane), and
+     * attention in one launch (the row-by-row fallback takes positions from the host) */
     if (!c->graph || n > CUDA_ROWS_GRAPHS || moe_layer_slots(c->moe) ||
-        moe_layer_cpu_layers(c->moe))
+        moe_layer_cpu_layers(c->moe) ||
+        !cuda_attention_rows_ok((int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim))
         return 0;
     if (c->rows_exec[n] && c->rows_key[n] == batch && c->rows_key_ctx[n] == ctx) {
         rc = cuda_graph_launch(c->rows_exec[n], c->stream);

@@ -4,10 +4,12 @@
  * for one step's experts (copy and zero-copy fills), hybrid (misses split with the CPU lane),
  * static (layer 0's experts on the CPU), on a generated `tiny` f32 checkpoint, and all resident
  * and copy-cached on the shipped default model (q4_k_m). Exits 77 without a GPU.
- * Tolerances: measured errors are printed; each bound is over 10x the largest measured on an
- * H200 (bench/lockstep.md). Hybrid's lanes are chosen by measured costs, so a row may be
- * computed by the CPU in one run and the GPU in the other: its bound is the CPU-vs-CUDA one of
- * test_cuda_backend. */
+ * Tolerances: measured errors are printed. On an H200 every placement but hybrid gave the
+ * single-stream logits bit for bit (tiny f32) or within 3.5e-7 (the default model's chunked
+ * prompt); the bounds are 1e-3 and 5e-2. Hybrid's lanes are chosen by measured costs, so a row
+ * may be computed by the CPU in one run and the GPU in the other: 2.8e-7 (tiny f32) and 0.078
+ * (default model, 8-bit activations on both lanes, 16 steps), held to test_cuda_residency's
+ * CPU-lane bound of 0.2 and 90% of the argmaxes. */
 #include <errno.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -95,7 +97,7 @@ int main(void)
             {"40 slots, hybrid", STRATA_PLACEMENT_HYBRID, STRATA_FILL_COPY, 40, 0, 0},
         };
         check_places("default model", path, def, 5, &(struct tolerance){5e-2, 90},
-                     &(struct tolerance){5e-2, 90});
+                     &(struct tolerance){2e-1, 90});
     }
     unlink(f32);
     rmdir(tmpdir);
