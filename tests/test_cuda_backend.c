@@ -4,8 +4,10 @@
  *   quantize activations to 8 bits, in different ways); measured errors printed;
  * - greedy decode of 64 tokens: identical on f32; agreement counted on q4_k_m;
  * - CUDA prefill vs CUDA one-token decode steps within 1e-3 (f32);
- * - an 80-token prompt (the tensor-core prefill kernels): f32 as above, q4_k_m within 1e-1 of
- *   the CPU and of one-token steps.
+ * - an 80-token prompt (the tensor-core prefill kernels): f32 within 1e-2 (the prefill
+ *   attention rounds Q, K and V to fp16: 3e-5 and 2.9e-3 measured on two prompts), q4_k_m
+ *   within 1e-1 of the CPU and of one-token steps.
+ * The prompt comes from a fixed seed (STRATA_TEST_SEED replaces it), so a run is repeatable.
  * Exits 77 without a GPU. */
 #include <math.h>
 #include <stdlib.h>
@@ -24,6 +26,7 @@
 #define N_GREEDY 64
 #define N_LONG 80         /* >= CUDA_MATMUL_GEMM_MIN_M and CUDA_MOE_MMA_MIN_TOK */
 #define TOL_LONG_Q4 1e-1 /* q4_k_m with a long prompt: bf16 prefill against 8-bit activations */
+#define TOL_LONG_F32 1e-2 /* f32 with a long prompt: fp16 tensor-core attention */
 
 static char tmpdir[] = "/tmp/strata-test-cuda-backend-XXXXXX";
 
@@ -145,7 +148,8 @@ int main(void)
 
     if (!test_gpu_available("test_cuda_backend"))
         return TEST_SKIP;
-    rng_seed(&r, test_seed("test_cuda_backend"), 5);
+    const char *seed = getenv("STRATA_TEST_SEED");
+    rng_seed(&r, seed ? strtoull(seed, NULL, 0) : 2026, 5);
     if (!mkdtemp(tmpdir) || gen_tiny(QUANT_MIX_F32, f32, sizeof(f32)) ||
         gen_tiny(QUANT_MIX_Q4_K_M, q4, sizeof(q4))) {
         fprintf(stderr, "setup: %s\n", err_msg());
@@ -158,7 +162,7 @@ int main(void)
     prefill_vs_decode(f32, prompt, N_PROMPT, 1e-3);
     /* a prompt long enough for the tensor-core prefill (bf16 GEMMs and MoE tiles) against the
      * CPU and against one-token steps (8-bit activation codes on Q4_K/Q6_K) */
-    compare(f32, 1e-3, 1, prompt, N_LONG);
+    compare(f32, TOL_LONG_F32, 1, prompt, N_LONG);
     compare(q4, TOL_LONG_Q4, 0, prompt, N_LONG);
     prefill_vs_decode(q4, prompt, N_LONG, TOL_LONG_Q4);
     unlink(f32);

@@ -1,7 +1,7 @@
 /* cuda residency: with experts in pinned host memory and a VRAM slot pool far too
  * small to hold them, every logit must be bit-identical to the all-resident run, in both ways
  * of serving misses (copy into slots; read in place and cache between tokens), with the model
- * mapped and with --no-mmap's copy, while the pool evicts on every token; the copy path also
+ * mapped and with --no-mmap's copy, while the pool misses on every token; the copy path also
  * with --prefetch (the next layer's predicted experts streamed ahead). Also: a budget the
  * trunk cannot fit in is refused with the shortfall named, and a budget that fits gives a
  * pool. Static placement (the first layers' experts on the CPU) is checked against the
@@ -129,10 +129,12 @@ static void exact(const char *path, const int32_t *prompt)
                       ref.logits[first]);
                 CHECK(r.tot.slots == slots[si], "pool of %d slots, asked for %d", r.tot.slots,
                       slots[si]);
-                /* the smallest pools must be evicting all the time */
+                /* the smallest pools miss all the time and evict (the SLRU serves an expert
+                 * used less often than every slot's without a slot, so not at every miss) */
                 if (si == 0)
-                    CHECK(r.tot.evictions >= N_STEPS, "%s %s: only %llu evictions", path,
-                          mode_name[mode], (unsigned long long)r.tot.evictions);
+                    CHECK(r.tot.misses >= N_STEPS && r.tot.evictions >= N_STEPS / 4,
+                          "%s %s: only %llu misses, %llu evictions", path, mode_name[mode],
+                          (unsigned long long)r.tot.misses, (unsigned long long)r.tot.evictions);
                 CHECK(r.tot.bytes_copied > 0, "nothing was streamed");
                 free(r.logits);
             }
