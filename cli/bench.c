@@ -39,6 +39,8 @@ struct bench_opts {
     int cuda;      /* --device cuda */
     int bind;      /* --bind: one thread per physical core, bound */
     uint64_t vram_budget; /* --vram-budget */
+    uint64_t host_budget; /* --host-budget (CPU) */
+    bool host_pread, host_buffered; /* --host-io pread, --host-buffered */
     int residency;        /* --residency */
     int stats;            /* --stats */
     int prefetch;         /* --prefetch */
@@ -78,6 +80,10 @@ static void bench_usage(void)
            "      --bind            bind the CPU threads one per physical core (hwloc)\n"
            "      --device cpu|cuda backend (default cpu; cuda: every weight on the GPU, and the\n"
            "                        floor is bytes per token / device copy bandwidth)\n"
+           "      --host-budget SIZE  CPU: the routed experts read from the file into a host tier\n"
+           "                        of SIZE (at least a layer's experts); reports its hit rate\n"
+           "                        and read GB/s (--host-io auto|uring|pread, --host-buffered\n"
+           "                        as for strata run)\n"
            "      --vram-budget SIZE  cap GPU memory (implies --device cuda): experts served by\n"
            "                        the VRAM slot cache from pinned host memory; also reports\n"
            "                        hit rate and streamed GB/s of decode and of the prompt\n"
@@ -157,6 +163,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             o->no_mmap = 1;
             continue;
         }
+        if (!strcmp(a, "--host-buffered")) {
+            o->host_buffered = true;
+            continue;
+        }
         if (!strcmp(a, "--bind")) {
             o->bind = 1;
             continue;
@@ -190,7 +200,15 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             rc = args_threads("bench", a, v, 0, ARGS_MAX_THREADS, &o->n_threads);
         else if (!strcmp(a, "--bw-gib"))
             rc = bench_parse_bw(a, v, &o->bw_gib);
-        else if (!strcmp(a, "--vram-budget")) {
+        else if (!strcmp(a, "--host-budget"))
+            rc = args_size("bench", a, v, 1, UINT64_MAX, &o->host_budget);
+        else if (!strcmp(a, "--host-io")) {
+            if (strcmp(v, "auto") && strcmp(v, "uring") && strcmp(v, "pread")) {
+                fprintf(stderr, "strata bench: --host-io auto, uring or pread, not '%s'\n", v);
+                rc = 2;
+            }
+            o->host_pread = !strcmp(v, "pread");
+        } else if (!strcmp(a, "--vram-budget")) {
             rc = args_size("bench", a, v, 1, UINT64_MAX, &o->vram_budget);
             o->cuda = 1;
         } else if (!strcmp(a, "--placement")) {
@@ -234,6 +252,15 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
     if (o->profile && !o->vram_budget) {
         fprintf(stderr, "strata bench: --profile restores experts into the expert cache, which "
                         "needs --vram-budget\n");
+        return 2;
+    }
+    if (o->host_budget && o->cuda && !o->device_cpu) {
+        fprintf(stderr, "strata bench: --host-budget runs on the CPU device only so far\n");
+        return 2;
+    }
+    if (o->host_budget && o->no_mmap) {
+        fprintf(stderr, "strata bench: --host-budget reads experts from the file; --no-mmap "
+                        "copies them all to memory\n");
         return 2;
     }
     if (o->device_cpu || !o->cuda)
@@ -312,6 +339,11 @@ static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
     cfg->profile = o->profile;
     cfg->prefetch_depth = o->prefetch_depth;
     cfg->n_threads = o->n_threads;
+    if (cfg->device == STRATA_DEVICE_CPU) {
+        cfg->host_budget = o->host_budget;
+        cfg->flags |= (o->host_pread ? STRATA_FLAG_NO_URING : 0) |
+                      (o->host_buffered ? STRATA_FLAG_NO_DIRECT : 0);
+    }
     /* the first stream and, with --streams N, N more: their KV caches count against the budget */
     cfg->n_ctx = o->n_prompt + o->n_gen + 1;
     cfg->n_streams = 1 + (o->streams > 1 ? o->streams : 0);
@@ -610,6 +642,16 @@ static void bench_print(const struct bench_opts *o, struct strata *st, const str
     if (!o->cuda) {
         printf("floor        %.2f tok/s at %.1f GB/s -> decode at %.0f%% of the floor\n",
                1.0 / floor_s, r->bw / 1e9, 100.0 * tg * floor_s);
+    }
+    if (now.has_host_tier) {
+        uint64_t acc = now.tier_hits + now.tier_misses;
+        printf("host tier    %d slots (%s, %s); over the whole run: hit rate %.1f%% of %llu "
+               "expert uses, %.2f GB read at %.2f GB/s while reading (%.2f s)\n",
+               now.tier_slots, now.tier_uring ? "io_uring" : "pread",
+               now.tier_direct ? "O_DIRECT" : "buffered", acc ? 100.0 * now.tier_hits / acc : 0.0,
+               (unsigned long long)acc, now.tier_bytes_read / 1e9,
+               now.tier_read_seconds > 0 ? now.tier_bytes_read / 1e9 / now.tier_read_seconds : 0.0,
+               now.tier_read_seconds);
     }
 }
 

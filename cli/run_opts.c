@@ -70,6 +70,14 @@ static void run_opts_usage(const char *cmd)
            "      --device auto|cpu|cuda  backend (default %s: cuda when a GPU is present,\n"
            "                          with every weight on it if it fits, else under a\n"
            "                          budget of 90%% of its free memory; cpu otherwise)\n"
+           "      --host-budget SIZE  --device cpu: read the routed experts from the file into a\n"
+           "                          host tier of SIZE (at least one layer's experts), least\n"
+           "                          recently used out, instead of the mapping (for a model\n"
+           "                          larger than RAM); -v says how it reads\n"
+           "      --host-io auto|uring|pread  how the tier reads (default auto: io_uring\n"
+           "                          where it works)\n"
+           "      --host-buffered     never O_DIRECT (default: O_DIRECT where the file system\n"
+           "                          takes it)\n"
            "      --vram-budget SIZE  cap strata's GPU memory (e.g. 8G, 7.5GiB, 8000MB): the\n"
            "                          trunk and KV cache stay resident, experts live in pinned\n"
            "                          host memory and are cached in VRAM slots (implies\n"
@@ -231,6 +239,8 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->bind = true, used = 0;
         } else if (IS("--no-mmap", NULL)) {
             o->no_mmap = true, used = 0;
+        } else if (IS("--host-buffered", NULL)) {
+            o->host_buffered = true, used = 0;
         } else if (IS("-v", "--verbose")) {
             o->verbose = true, used = 0;
         } else if (IS("--stats", NULL)) {
@@ -265,6 +275,14 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->device_set = true;
         } else if (IS("--vram-budget", NULL)) {
             rc = args_size(cmd, arg, v, 1, UINT64_MAX, &o->vram_budget);
+        } else if (IS("--host-budget", NULL)) {
+            rc = args_size(cmd, arg, v, 1, UINT64_MAX, &o->host_budget);
+        } else if (IS("--host-io", NULL)) {
+            if (strcmp(v, "auto") && strcmp(v, "uring") && strcmp(v, "pread")) {
+                fprintf(stderr, "strata %s: --host-io auto, uring or pread, not '%s'\n", cmd, v);
+                return 2;
+            }
+            o->host_io = v;
         } else if (IS("--placement", NULL)) {
             if ((rc = run_opts_placement(v, cmd, &o->cpu_moe_layers, &o->hybrid)))
                 return rc;
@@ -340,6 +358,20 @@ int run_opts_check(struct run_opts *o, const char *cmd)
     }
     if (o->device_set && !strcmp(o->device, "cpu") && o->cuda_flag)
         return run_opts_cuda_only(cmd, o->cuda_flag, o->device);
+    if ((o->host_io || o->host_buffered) && !o->host_budget) {
+        fprintf(stderr, "strata %s: --host-io and --host-buffered need --host-budget\n", cmd);
+        return 2;
+    }
+    if (o->host_budget && (!o->device_set || strcmp(o->device, "cpu"))) {
+        fprintf(stderr, "strata %s: --host-budget runs on the CPU device only so far: add "
+                        "--device cpu\n", cmd);
+        return 2;
+    }
+    if (o->host_budget && o->no_mmap) {
+        fprintf(stderr, "strata %s: --host-budget reads experts from the file; --no-mmap "
+                        "copies them all to memory\n", cmd);
+        return 2;
+    }
     if ((o->vram_budget || o->cpu_moe_layers) && o->device_set && strcmp(o->device, "cuda")) {
         fprintf(stderr, "strata %s: --vram-budget and --placement need --device cuda\n", cmd);
         return 2;
@@ -412,6 +444,7 @@ void run_opts_config(const struct run_opts *o, const char *path, struct strata_c
                   : !strcmp(o->device, "cuda") ? STRATA_DEVICE_CUDA
                                                : STRATA_DEVICE_AUTO;
     cfg->vram_budget = o->vram_budget;
+    cfg->host_budget = o->host_budget;
     cfg->placement = o->hybrid           ? STRATA_PLACEMENT_HYBRID
                      : o->cpu_moe_layers ? STRATA_PLACEMENT_STATIC
                                          : STRATA_PLACEMENT_STREAM;
@@ -423,7 +456,9 @@ void run_opts_config(const struct run_opts *o, const char *path, struct strata_c
                  (o->gather ? STRATA_FLAG_GATHER : 0) | (o->no_mmap ? STRATA_FLAG_NO_MMAP : 0) |
                  (o->bind ? STRATA_FLAG_BIND : 0) |
                  (o->profile_freeze ? STRATA_FLAG_PROFILE_FREEZE : 0) |
-                 (o->profile_optional ? STRATA_FLAG_PROFILE_OPTIONAL : 0);
+                 (o->profile_optional ? STRATA_FLAG_PROFILE_OPTIONAL : 0) |
+                 (o->host_io && !strcmp(o->host_io, "pread") ? STRATA_FLAG_NO_URING : 0) |
+                 (o->host_buffered ? STRATA_FLAG_NO_DIRECT : 0);
     cfg->profile = o->profile;
     cfg->prefetch_depth = o->prefetch_depth;
     cfg->n_threads = o->n_threads;

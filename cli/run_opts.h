@@ -29,6 +29,9 @@ struct run_opts {
     const char *device;    /* --device cpu */
     bool device_set;       /* --device was given */
     uint64_t vram_budget;  /* --vram-budget, 0 = none */
+    uint64_t host_budget;  /* --host-budget, 0 = none */
+    const char *host_io;   /* --host-io auto|uring|pread */
+    bool host_buffered;    /* --host-buffered */
     const char *residency; /* --residency copy|zerocopy */
     bool stats;            /* --stats */
     bool prefetch;         /* --prefetch */

@@ -68,6 +68,8 @@ enum strata_flags {
     STRATA_FLAG_PROFILE_OPTIONAL = 1 << 7, /* a profile that cannot be used (another model,
                                             * unreadable, no expert cache) is reported and the
                                             * run goes on with a cold cache */
+    STRATA_FLAG_NO_URING = 1 << 8,  /* host tier: read with pread, never io_uring */
+    STRATA_FLAG_NO_DIRECT = 1 << 9, /* host tier: buffered reads, never O_DIRECT */
 };
 
 /* What the router chose at one layer for a batch of tokens (statistics tools). */
@@ -85,8 +87,10 @@ struct strata_config {
     enum strata_device device; /* default STRATA_DEVICE_CPU */
     int cuda_device;         /* CUDA device index; default 0 */
     uint64_t vram_budget;    /* bytes of VRAM strata may hold; 0 = every weight resident */
-    uint64_t host_budget;    /* bytes of host memory for experts; 0 = all of them (the only
-                              * value supported: every expert stays in host memory) */
+    uint64_t host_budget;    /* device CPU: bytes of a host tier the routed experts are read
+                              * into from the file (io_uring or pread, O_DIRECT where the file
+                              * system allows), at least one layer's experts; 0 = every expert
+                              * read from the mapping. Not yet with CUDA (-ENOTSUP) */
     enum strata_placement placement;
     int cpu_moe_layers;      /* STRATA_PLACEMENT_STATIC: layers whose experts run on the CPU;
                               * -1 (default) = the fewest that let the rest fit vram_budget */
@@ -323,6 +327,11 @@ struct strata_stats {
     uint64_t prefetch_late;    /* of those used, still copying when the layer's routing was
                                 * known */
     uint64_t prefetch_wasted;  /* bytes prefetched and evicted unused */
+    bool has_host_tier;        /* the host tier's (host_budget), over the run so far: */
+    int tier_slots;
+    uint64_t tier_hits, tier_misses, tier_bytes_read;
+    double tier_read_seconds;  /* wall time waiting for reads */
+    bool tier_uring, tier_direct;
 };
 void strata_get_stats(const struct strata *s, struct strata_stats *out);
 /* The expert cache's per-layer table (text), or JSON to path (nothing without a cache). */

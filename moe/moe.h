@@ -51,6 +51,9 @@ struct moe_experts {
     uint32_t gate_type, up_type, down_type;
     uint64_t gate_stride, up_stride, down_stride; /* bytes per expert */
     int n_embd, n_ff;
+    /* NULL, or (n_expert, 3) host addresses of each expert's gate, up and down rows (a host
+     * tier's slots), used instead of base + e * stride for the experts a call computes */
+    const uint8_t *const *ptrs;
 };
 
 struct layer_weights;

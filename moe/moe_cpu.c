@@ -88,9 +88,15 @@ int moe_cpu_run(struct moe_cpu *c, const struct moe_plan *p, const struct moe_ex
             continue;
         int e = p->expert[i];
         c->w[n] = w0;
-        c->w[n].gate = ex->gate + (size_t)e * ex->gate_stride;
-        c->w[n].up = ex->up + (size_t)e * ex->up_stride;
-        c->w[n].down = ex->down + (size_t)e * ex->down_stride;
+        if (ex->ptrs) {
+            c->w[n].gate = ex->ptrs[3 * (size_t)e];
+            c->w[n].up = ex->ptrs[3 * (size_t)e + 1];
+            c->w[n].down = ex->ptrs[3 * (size_t)e + 2];
+        } else {
+            c->w[n].gate = ex->gate + (size_t)e * ex->gate_stride;
+            c->w[n].up = ex->up + (size_t)e * ex->up_stride;
+            c->w[n].down = ex->down + (size_t)e * ex->down_stride;
+        }
         c->offset[n] = p->offset[i];
         c->offset[n + 1] = p->offset[i + 1];
         n++;

@@ -7,6 +7,7 @@
 
 #include "budget.h"
 #include "clock.h"
+#include "disk_tier.h"
 #include "errors.h"
 #include "expert_cache.h"
 #include "lane.h"
@@ -42,6 +43,10 @@ struct moe_layer {
     double cpu_s;        /* wall seconds in the CPU lane */
     int32_t *obs_ids;    /* (max_tok, k) host: the routing handed to the observer (device) */
     float *obs_w;
+    /* host tier (cfg.tier): one call's experts and their addresses */
+    int32_t *tier_ids;         /* (n_expert) */
+    const uint8_t **tier_got;  /* (3 n_expert) in tier_ids' order */
+    const uint8_t **tier_ptrs; /* (3 n_expert) by expert id */
 };
 
 /* ---- the CPU lane ------------------------------------------------------------------------- */
@@ -60,9 +65,33 @@ static int ml_open_cpu_lane(struct moe_layer *ml)
         if (!ml->in_h || !ml->out_h || !ml->ids_h || !ml->w_h)
             return err_set(-ENOMEM, "the CPU expert lane: out of memory");
     }
+    if (ml->cfg.tier) {
+        ml->tier_ids = malloc(sizeof(int32_t) * hp->n_expert);
+        ml->tier_got = calloc(3 * (size_t)hp->n_expert, sizeof(*ml->tier_got));
+        ml->tier_ptrs = calloc(3 * (size_t)hp->n_expert, sizeof(*ml->tier_ptrs));
+        if (!ml->tier_ids || !ml->tier_got || !ml->tier_ptrs)
+            return err_set(-ENOMEM, "the CPU expert lane: out of memory");
+    }
     int rc = moe_plan_init(&ml->plan, (int)t, (int)k, (int)hp->n_expert);
     rc = rc ? rc : moe_cpu_open((int)t, (int)hp->n_embd, (int)hp->n_ff_exp, &ml->cpu);
     return rc ? err_set(rc, "the CPU expert lane") : 0;
+}
+
+/* With a host tier: the plan's CPU-lane experts made resident there, their addresses in
+ * ml->tier_ptrs (indexed by expert) for ex. */
+static int ml_tier_fetch(struct moe_layer *ml, const struct moe_args *a, struct moe_experts *ex)
+{
+    const struct moe_plan *p = &ml->plan;
+    int n = 0;
+    for (int i = 0; i < p->n_active; i++)
+        if (p->lane[i] == MOE_LANE_CPU)
+            ml->tier_ids[n++] = p->expert[i];
+    int rc = disk_tier_get(ml->cfg.tier, a->layer, ml->tier_ids, n, ml->tier_got);
+    for (int i = 0; !rc && i < n; i++)
+        for (int q = 0; q < 3; q++)
+            ml->tier_ptrs[3 * (size_t)ml->tier_ids[i] + q] = ml->tier_got[3 * (size_t)i + q];
+    ex->ptrs = ml->tier_ptrs;
+    return rc;
 }
 
 /* out_h (nt, n_embd) = the plan's CPU-lane experts over in_h, timed. */
@@ -71,6 +100,11 @@ static int ml_cpu_run(struct moe_layer *ml, const struct moe_args *a, const floa
 {
     struct moe_experts ex;
     moe_experts_of(a->lw, a->hp, &ex);
+    if (ml->cfg.tier) {
+        int rc = ml_tier_fetch(ml, a, &ex);
+        if (rc)
+            return err_wrap(rc, "layer %d: ", a->layer);
+    }
     double t0 = clock_now_s();
     int rc = moe_cpu_run(ml->cpu, &ml->plan, &ex, in_h, out_h);
     ml->cpu_s += clock_now_s() - t0;
@@ -444,6 +478,9 @@ void moe_layer_close(struct moe_layer *ml)
     free(ml->item_lane);
     free(ml->obs_ids);
     free(ml->obs_w);
+    free(ml->tier_ids);
+    free(ml->tier_got);
+    free(ml->tier_ptrs);
     free(ml);
 }
 

@@ -82,8 +82,13 @@ struct moe_route_event {
 };
 typedef void (*moe_route_observer_fn)(void *ctx, const struct moe_route_event *ev);
 
+struct disk_tier;
+
 struct moe_layer_config {
     int max_tok;          /* tokens per call of the primitives; larger calls are split */
+    /* A host device: NULL, or the host tier the CPU lane reads its experts from (owned by the
+     * caller; the layer asks it for each call's experts). */
+    struct disk_tier *tier;
     /* Static placement (llama.cpp's --n-cpu-moe N): the experts of layers [0, N) run on the
      * CPU lane, the others are resident. -1: the smallest N whose resident experts fit
      * vram_budget. On a host device every layer's experts run on the CPU lane. */

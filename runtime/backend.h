@@ -109,6 +109,12 @@ struct backend {
 
 struct backend_cpu_config {
     int n_threads; /* 0 = OpenMP's default */
+    /* > 0: the routed experts are read from the file into a host tier of this many bytes
+     * (residency/disk_tier.h) instead of from the mapping; tier_pread: never io_uring;
+     * tier_buffered: never O_DIRECT */
+    uint64_t host_budget;
+    bool tier_pread, tier_buffered;
+    FILE *log;
     /* Called after each layer's routing, on the calling thread; NULL for none. */
     moe_route_observer_fn route_observer;
     void *route_ctx;
@@ -117,6 +123,9 @@ struct backend_cpu_config {
 /* Creates the CPU backend for model m. 0 or -errno. */
 int backend_cpu_open(const struct model *m, const struct backend_cpu_config *cfg,
                      struct backend **out);
+struct disk_tier_stats;
+/* The host tier's counters: false when the backend has none. */
+bool backend_cpu_tier_stats(const struct backend *b, struct disk_tier_stats *out);
 
 /* How misses of the expert cache are served (residency/expert_cache.h). */
 enum backend_residency {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "disk_tier.h"
 #include "errors.h"
 #include "matmul.h"
 #include "moe.h"
@@ -15,6 +16,7 @@
 struct backend_cpu {
     struct backend base;
     struct moe_layer *moe;   /* the MoE layer: every expert on its CPU lane */
+    struct disk_tier *tier;  /* with host_budget: where the lane reads its experts */
     float *router_logits;    /* (max_tok, n_expert) */
     int max_tok;
     struct backend_cpu_config cfg;
@@ -142,6 +144,7 @@ static void cpu_close(struct backend *b)
 {
     struct backend_cpu *c = cpu_of(b);
     moe_layer_close(c->moe);
+    disk_tier_close(c->tier);
     free(c->router_logits);
     free(c);
 }
@@ -195,6 +198,15 @@ static const struct backend_ops cpu_ops = {
     .close = cpu_close,
 };
 
+bool backend_cpu_tier_stats(const struct backend *b, struct disk_tier_stats *out)
+{
+    const struct backend_cpu *c = (const struct backend_cpu *)b;
+    if (!c->tier)
+        return false;
+    disk_tier_get_stats(c->tier, out);
+    return true;
+}
+
 int backend_cpu_open(const struct model *m, const struct backend_cpu_config *cfg,
                      struct backend **out)
 {
@@ -217,9 +229,21 @@ int backend_cpu_open(const struct model *m, const struct backend_cpu_config *cfg
         cpu_close(&c->base);
         return err_set(-ENOMEM, "cpu backend: out of memory");
     }
+    if (c->cfg.host_budget) {
+        struct disk_tier_config tc = {
+            .host_budget = c->cfg.host_budget,
+            .io = c->cfg.tier_pread ? DISK_TIER_IO_PREAD : DISK_TIER_IO_AUTO,
+            .buffered = c->cfg.tier_buffered, .log = c->cfg.log,
+        };
+        rc = disk_tier_open(m, &tc, &c->tier);
+        if (rc) {
+            cpu_close(&c->base);
+            return rc;
+        }
+    }
     struct moe_layer_config mc = {
         .max_tok = c->max_tok, .observer = c->cfg.route_observer,
-        .observer_ctx = c->cfg.route_ctx,
+        .observer_ctx = c->cfg.route_ctx, .tier = c->tier,
     };
     rc = moe_layer_open(m, &mc, &cpu_moe_ops, c, &c->moe);
     if (rc) {

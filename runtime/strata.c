@@ -19,6 +19,7 @@
 #include "clock.h"
 #include "cuda_info.h"
 #include "cuda_mem.h"
+#include "disk_tier.h"
 #include "errors.h"
 #include "generate.h"
 #include "model.h"
@@ -76,11 +77,14 @@ static int strata_config_check(const struct strata_config *cfg)
 {
     if (!cfg->model_path)
         return err_set(-EINVAL, "strata_config: model_path is required");
-    if (cfg->host_budget)
+    if (cfg->host_budget && cfg->device != STRATA_DEVICE_CPU)
         return err_set(-ENOTSUP,
-                       "strata_config: host_budget %llu: there is no host tier budget yet; every "
-                       "expert stays in host memory (set 0)",
+                       "strata_config: host_budget %llu: the host tier runs on the CPU device "
+                       "only so far (device cpu); with a GPU every expert stays in host memory",
                        (unsigned long long)cfg->host_budget);
+    if (cfg->host_budget && (cfg->flags & STRATA_FLAG_NO_MMAP))
+        return err_set(-EINVAL, "strata_config: host_budget reads the experts from the file; "
+                                "STRATA_FLAG_NO_MMAP copies them all to memory");
     if ((unsigned)cfg->device > STRATA_DEVICE_CUDA ||
         (unsigned)cfg->placement > STRATA_PLACEMENT_STATIC ||
         (unsigned)cfg->fill > STRATA_FILL_ZEROCOPY)
@@ -258,6 +262,10 @@ int strata_start(struct strata *s)
     } else {
         struct backend_cpu_config bc = {
             .n_threads = cfg->n_threads,
+            .host_budget = cfg->host_budget,
+            .tier_pread = cfg->flags & STRATA_FLAG_NO_URING,
+            .tier_buffered = cfg->flags & STRATA_FLAG_NO_DIRECT,
+            .log = cfg->log,
             .route_observer = cfg->route_observer ? strata_route_trampoline : NULL,
             .route_ctx = s,
         };
@@ -642,6 +650,17 @@ void strata_get_stats(const struct strata *s, struct strata_stats *out)
     struct moe_cache_totals t;
 
     memset(out, 0, sizeof(*out));
+    struct disk_tier_stats ts;
+    if (!s->cuda && s->core && backend_cpu_tier_stats(s->core, &ts)) {
+        out->has_host_tier = true;
+        out->tier_slots = ts.n_slots;
+        out->tier_hits = ts.hits;
+        out->tier_misses = ts.misses;
+        out->tier_bytes_read = ts.bytes_read;
+        out->tier_read_seconds = ts.read_seconds;
+        out->tier_uring = ts.uring;
+        out->tier_direct = ts.direct;
+    }
     if (!s->cuda || !s->core)
         return;
     out->vram_bytes = backend_cuda_vram_bytes(s->core);

@@ -10,7 +10,8 @@
  * - strata_generate at temperature 0 equals a manual strata_eval + argmax loop (ids and text);
  *   strata_sampler at temperature 0 is the argmax, and two samplers of one seed agree;
  * - the route observer sees every layer for every token, with the stream's positions;
- * - errors: a missing file (-ENOENT, the file named), host_budget (-ENOTSUP), CUDA options on
+ * - errors: a missing file (-ENOENT, the file named), a host_budget below one layer's experts
+ *   (-EINVAL) or with CUDA (-ENOTSUP), CUDA options on
  *   the CPU device (-EINVAL), a residency profile without an expert cache (-ENOTSUP; reported
  *   and ignored with STRATA_FLAG_PROFILE_OPTIONAL), the CUDA device
  *   without a GPU (-ENODEV; not checked where a GPU is present), an id outside the vocabulary
@@ -333,10 +334,18 @@ static void check_errors(const char *path)
     CHECK(strata_failed_step() == STRATA_STEP_LOAD, "step %d", (int)strata_failed_step());
 
     config_cpu(&cfg, path);
-    cfg.host_budget = 1 << 20;
+    cfg.host_budget = 4096; /* less than one layer's experts */
     rc = strata_open(&cfg, &s);
-    CHECK(rc == -ENOTSUP, "host_budget: %d", rc);
-    CHECK(strstr(strata_error(), "host memory") != NULL, "host_budget message: %s", strata_error());
+    CHECK(rc == -EINVAL, "host_budget of 4 KiB: %d", rc);
+    CHECK(strstr(strata_error(), "one layer has") != NULL, "host_budget message: %s",
+          strata_error());
+    config_cpu(&cfg, path);
+    cfg.device = STRATA_DEVICE_CUDA;
+    cfg.host_budget = 1 << 30;
+    rc = strata_open(&cfg, &s);
+    CHECK(rc == -ENOTSUP, "host_budget with CUDA: %d", rc);
+    CHECK(strstr(strata_error(), "CPU device only") != NULL, "host_budget message: %s",
+          strata_error());
 
     config_cpu(&cfg, path);
     cfg.vram_budget = 1 << 30;

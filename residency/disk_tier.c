@@ -1,0 +1,414 @@
+/* disk_tier: the host tier read from the file (disk_tier.h). */
+#include "disk_tier.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "errors.h"
+#include "gguf.h"
+#include "model.h"
+
+#define DT_ALIGN 4096u /* O_DIRECT's offset, length and buffer alignment */
+
+/* Where one expert's three parts lie in the file. */
+struct dt_part {
+    uint64_t off, len; /* the part's bytes */
+    const char *tensor;
+};
+
+struct dt_slot {
+    int layer, expert; /* -1: free */
+    uint64_t used;     /* call stamp of the last use */
+};
+
+struct disk_tier {
+    int fd;
+    bool direct, uring, registered;
+    struct io_uring ring;
+    int depth;
+    int n_layer, n_expert;
+    uint64_t file_size;
+    uint64_t (*base)[3];      /* (n_layer) file offset of expert 0's gate, up, down */
+    uint64_t (*stride)[3];    /* (n_layer) bytes between experts of each */
+    uint64_t (*len)[3];       /* (n_layer) bytes of one expert's part */
+    const char *(*name)[3];   /* (n_layer) tensor names */
+    const char *path;
+    uint8_t *pool;            /* n_slots * slot_bytes, DT_ALIGN aligned */
+    uint64_t slot_bytes;
+    int n_slots;
+    struct dt_slot *slots;
+    int32_t *where;           /* (n_layer * n_expert) slot or -1 */
+    uint64_t stamp;
+    struct disk_tier_stats st;
+    /* one call's reads */
+    struct dt_read {
+        uint8_t *dst;
+        uint64_t off, need, len; /* aligned file span [off, off + len), need bytes required */
+        int slot, part;
+    } *reads;
+};
+
+static uint64_t dt_down(uint64_t x)
+{
+    return x / DT_ALIGN * DT_ALIGN;
+}
+
+static uint64_t dt_up(uint64_t x)
+{
+    return (x + DT_ALIGN - 1) / DT_ALIGN * DT_ALIGN;
+}
+
+/* The aligned span of part p of expert e of layer l and where it lands in its slot. */
+static void dt_span(const struct disk_tier *t, int l, int e, int p, uint64_t *off, uint64_t *len,
+                    uint64_t *at, uint64_t *skip)
+{
+    uint64_t o = t->base[l][p] + (uint64_t)e * t->stride[l][p];
+    *off = dt_down(o);
+    *skip = o - *off;
+    *len = dt_up(o + t->len[l][p]) - *off;
+    *at = 0;
+    for (int q = 0; q < p; q++) {
+        uint64_t oq = t->base[l][q] + (uint64_t)e * t->stride[l][q];
+        *at += dt_up(oq + t->len[l][q]) - dt_down(oq);
+    }
+}
+
+static int dt_layout(struct disk_tier *t, const struct model *m)
+{
+    const struct gguf_file *f = m->file;
+    t->n_layer = (int)m->hp.n_layer;
+    t->n_expert = (int)m->hp.n_expert;
+    t->base = calloc((size_t)t->n_layer, sizeof(*t->base));
+    t->stride = calloc((size_t)t->n_layer, sizeof(*t->stride));
+    t->len = calloc((size_t)t->n_layer, sizeof(*t->len));
+    t->name = calloc((size_t)t->n_layer, sizeof(*t->name));
+    if (!t->base || !t->stride || !t->len || !t->name)
+        return err_set(-ENOMEM, "out of memory");
+    for (int l = 0; l < t->n_layer; l++) {
+        const struct layer_weights *lw = &m->layers[l];
+        const struct weight *w[3] = {&lw->gate_exps, &lw->up_exps, &lw->down_exps};
+        uint64_t need = 0;
+        for (int p = 0; p < 3; p++) {
+            const struct gguf_tensor *gt = w[p]->name ? gguf_find_tensor(f, w[p]->name) : NULL;
+            if (!gt || !w[p]->bytes)
+                return err_set(-EINVAL, "host tier: layer %d has no stacked experts in the file",
+                               l);
+            t->base[l][p] = f->data_offset + gt->offset;
+            t->stride[l][p] = w[p]->bytes / (uint64_t)t->n_expert;
+            t->len[l][p] = t->stride[l][p];
+            t->name[l][p] = gt->name;
+            /* the aligned span can start up to DT_ALIGN - 1 bytes early and end as late */
+            need += dt_up(t->len[l][p] + 2 * DT_ALIGN);
+        }
+        t->slot_bytes = need > t->slot_bytes ? need : t->slot_bytes;
+    }
+    return 0;
+}
+
+static int dt_open_file(struct disk_tier *t, const struct disk_tier_config *cfg)
+{
+    struct stat sb;
+    t->fd = cfg->buffered ? -1 : open(t->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    t->direct = t->fd >= 0;
+    if (t->fd < 0)
+        t->fd = open(t->path, O_RDONLY | O_CLOEXEC);
+    if (t->fd < 0)
+        return err_set(-errno, "host tier: %s: %s", t->path, strerror(errno));
+    if (fstat(t->fd, &sb))
+        return err_set(-errno, "host tier: %s: %s", t->path, strerror(errno));
+    t->file_size = (uint64_t)sb.st_size;
+    return 0;
+}
+
+/* io_uring with the file (and, where the memlock limit allows, the slots) registered. */
+static int dt_open_uring(struct disk_tier *t, const struct disk_tier_config *cfg)
+{
+    t->depth = cfg->queue_depth > 0 ? cfg->queue_depth : 64;
+    int rc = io_uring_queue_init((unsigned)t->depth, &t->ring, 0);
+    if (rc)
+        return rc;
+    t->uring = true;
+    rc = io_uring_register_files(&t->ring, &t->fd, 1);
+    if (rc) {
+        io_uring_queue_exit(&t->ring);
+        t->uring = false;
+        return rc;
+    }
+    if (t->n_slots <= 16384 && t->slot_bytes <= (1u << 30)) {
+        struct iovec *iov = malloc(sizeof(*iov) * (size_t)t->n_slots);
+        for (int i = 0; iov && i < t->n_slots; i++)
+            iov[i] = (struct iovec){t->pool + (size_t)i * t->slot_bytes, t->slot_bytes};
+        t->registered = iov && io_uring_register_buffers(&t->ring, iov, (unsigned)t->n_slots) == 0;
+        free(iov);
+    }
+    return 0;
+}
+
+int disk_tier_open(const struct model *m, const struct disk_tier_config *cfg,
+                   struct disk_tier **out)
+{
+    struct disk_tier *t = calloc(1, sizeof(*t));
+    int rc;
+    if (!t)
+        return err_set(-ENOMEM, "out of memory");
+    t->fd = -1;
+    t->path = m->file->path;
+    if (!t->path || m->copy) {
+        free(t);
+        return err_set(-EINVAL, "host tier: the model must be read from its file (not --no-mmap)");
+    }
+    rc = dt_layout(t, m);
+    if (!rc) {
+        uint64_t slots = cfg->host_budget / t->slot_bytes;
+        if (slots < (uint64_t)t->n_expert)
+            rc = err_set(-EINVAL,
+                         "--host-budget %.1f MiB holds %llu experts of %.2f MiB; one layer has "
+                         "%d: at least %.1f MiB",
+                         cfg->host_budget / 1048576.0, (unsigned long long)slots,
+                         t->slot_bytes / 1048576.0, t->n_expert,
+                         (double)t->slot_bytes * t->n_expert / 1048576.0);
+        else
+            t->n_slots = slots > (uint64_t)t->n_layer * t->n_expert
+                             ? t->n_layer * t->n_expert : (int)slots;
+    }
+    size_t pool = (size_t)t->n_slots * t->slot_bytes;
+    if (!rc && (posix_memalign((void **)&t->pool, DT_ALIGN, pool ? pool : DT_ALIGN) ||
+                !(t->slots = malloc(sizeof(*t->slots) * (size_t)t->n_slots)) ||
+                !(t->where = malloc(sizeof(int32_t) * (size_t)t->n_layer * t->n_expert)) ||
+                !(t->reads = malloc(sizeof(*t->reads) * 3 * (size_t)t->n_slots))))
+        rc = err_set(-ENOMEM, "host tier: %.1f MiB of slots", pool / 1048576.0);
+    rc = rc ? rc : dt_open_file(t, cfg);
+    if (rc) {
+        disk_tier_close(t);
+        return rc;
+    }
+    for (int i = 0; i < t->n_slots; i++)
+        t->slots[i] = (struct dt_slot){-1, -1, 0};
+    for (size_t i = 0; i < (size_t)t->n_layer * t->n_expert; i++)
+        t->where[i] = -1;
+    const char *why = NULL;
+    if (cfg->io != DISK_TIER_IO_PREAD) {
+        rc = dt_open_uring(t, cfg);
+        if (rc && cfg->io == DISK_TIER_IO_URING) {
+            disk_tier_close(t);
+            return err_set(rc, "host tier: io_uring: %s", strerror(-rc));
+        }
+        why = rc ? strerror(-rc) : NULL;
+    }
+    if (cfg->log)
+        fprintf(cfg->log,
+                "strata: host tier: %d expert slots of %.2f MiB (%.2f GiB), read from %s with "
+                "%s%s%s%s, %s\n",
+                t->n_slots, t->slot_bytes / 1048576.0, pool / 1073741824.0, t->path,
+                t->uring ? "io_uring" : "pread", why ? " (io_uring: " : "", why ? why : "",
+                why ? ")" : "",
+                t->direct ? "O_DIRECT" : "buffered (the file system refused O_DIRECT)");
+    t->st.n_slots = t->n_slots;
+    t->st.slot_bytes = t->slot_bytes;
+    t->st.uring = t->uring;
+    t->st.direct = t->direct;
+    t->st.registered = t->registered;
+    *out = t;
+    return 0;
+}
+
+void disk_tier_close(struct disk_tier *t)
+{
+    if (!t)
+        return;
+    if (t->uring)
+        io_uring_queue_exit(&t->ring);
+    if (t->fd >= 0)
+        close(t->fd);
+    free(t->base);
+    free(t->stride);
+    free(t->len);
+    free(t->name);
+    free(t->pool);
+    free(t->slots);
+    free(t->where);
+    free(t->reads);
+    free(t);
+}
+
+static int dt_fail(const struct disk_tier *t, const struct dt_read *r, int layer, int expert,
+                   long long got)
+{
+    if (got < 0)
+        return err_set(-EIO, "host tier: %s: reading %llu bytes at offset %llu (%s, layer %d "
+                             "expert %d): %s",
+                       t->path, (unsigned long long)r->len, (unsigned long long)r->off,
+                       t->name[layer][r->part], layer, expert, strerror((int)-got));
+    return err_set(-EIO,
+                   "host tier: %s: reading %llu bytes at offset %llu (%s, layer %d expert %d): "
+                   "the file ends after %lld of them (changed on disk?)",
+                   t->path, (unsigned long long)r->need, (unsigned long long)r->off,
+                   t->name[layer][r->part], layer, expert, got);
+}
+
+/* Reads t->reads[0..n) with pread. */
+static int dt_read_pread(struct disk_tier *t, int n, int layer)
+{
+    for (int i = 0; i < n; i++) {
+        struct dt_read *r = &t->reads[i];
+        uint64_t done = 0;
+        while (done < r->need) {
+            ssize_t got = pread(t->fd, r->dst + done, r->len - done, (off_t)(r->off + done));
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0)
+                return dt_fail(t, r, layer, t->slots[r->slot].expert, got < 0 ? -errno : (long long)done);
+            done += (uint64_t)got;
+        }
+    }
+    return 0;
+}
+
+/* Reads t->reads[0..n) through io_uring, up to depth in flight. */
+static int dt_read_uring(struct disk_tier *t, int n, int layer)
+{
+    int next = 0, inflight = 0, rc = 0;
+    while ((next < n || inflight) && !rc) {
+        while (next < n && inflight < t->depth) {
+            struct io_uring_sqe *sqe = io_uring_get_sqe(&t->ring);
+            if (!sqe)
+                break;
+            struct dt_read *r = &t->reads[next];
+            if (t->registered)
+                io_uring_prep_read_fixed(sqe, 0, r->dst, (unsigned)r->len, r->off, r->slot);
+            else
+                io_uring_prep_read(sqe, 0, r->dst, (unsigned)r->len, r->off);
+            sqe->flags |= IOSQE_FIXED_FILE;
+            io_uring_sqe_set_data64(sqe, (uint64_t)next);
+            next++;
+            inflight++;
+        }
+        int s = io_uring_submit(&t->ring);
+        if (s < 0)
+            return err_set(s, "host tier: io_uring_submit: %s", strerror(-s));
+        struct io_uring_cqe *cqe;
+        int w = io_uring_wait_cqe(&t->ring, &cqe);
+        if (w < 0)
+            return err_set(w, "host tier: io_uring_wait_cqe: %s", strerror(-w));
+        do {
+            struct dt_read *r = &t->reads[io_uring_cqe_get_data64(cqe)];
+            int res = cqe->res;
+            io_uring_cqe_seen(&t->ring, cqe);
+            inflight--;
+            if (!rc && (res < 0 || (uint64_t)res < r->need)) {
+                /* a short read that is not an error: the rest with pread, as the kernel may
+                 * split a read; an error ends the call */
+                if (res > 0) {
+                    struct dt_read rest = *r;
+                    rest.dst += res;
+                    rest.off += (uint64_t)res;
+                    rest.len -= (uint64_t)res;
+                    rest.need -= (uint64_t)res;
+                    struct dt_read keep = t->reads[0];
+                    t->reads[0] = rest;
+                    rc = dt_read_pread(t, 1, layer);
+                    t->reads[0] = keep;
+                } else {
+                    rc = dt_fail(t, r, layer, t->slots[r->slot].expert, res);
+                }
+            }
+        } while (!rc && inflight && io_uring_peek_cqe(&t->ring, &cqe) == 0);
+    }
+    while (inflight > 0) { /* reap what an error left in flight before the slots are reused */
+        struct io_uring_cqe *cqe;
+        if (io_uring_wait_cqe(&t->ring, &cqe) < 0)
+            break;
+        io_uring_cqe_seen(&t->ring, cqe);
+        inflight--;
+    }
+    return rc;
+}
+
+int disk_tier_get(struct disk_tier *t, int layer, const int32_t *experts, int n,
+                  const uint8_t **ptrs)
+{
+    if (layer < 0 || layer >= t->n_layer || n < 0 || n > t->n_slots)
+        return err_set(-EINVAL, "host tier: %d experts of layer %d (%d slots)", n, layer,
+                       t->n_slots);
+    t->stamp++;
+    int n_reads = 0;
+    /* hits first, so that no expert of this call is chosen as a victim for another */
+    for (int i = 0; i < n; i++) {
+        if (experts[i] < 0 || experts[i] >= t->n_expert)
+            return err_set(-EINVAL, "host tier: expert %d of %d", experts[i], t->n_expert);
+        int s = t->where[(size_t)layer * t->n_expert + experts[i]];
+        if (s >= 0)
+            t->slots[s].used = t->stamp;
+    }
+    for (int i = 0; i < n; i++) {
+        int e = experts[i], s = t->where[(size_t)layer * t->n_expert + e];
+        if (s >= 0) {
+            t->st.hits++;
+        } else {
+            t->st.misses++;
+            int v = -1;
+            for (int j = 0; j < t->n_slots; j++) { /* the least recent slot not in this call */
+                if (t->slots[j].used == t->stamp)
+                    continue;
+                if (v < 0 || t->slots[j].used < t->slots[v].used)
+                    v = j;
+            }
+            if (v < 0)
+                return err_set(-EINVAL, "host tier: %d experts in one call (%d slots)", n,
+                               t->n_slots);
+            if (t->slots[v].layer >= 0)
+                t->where[(size_t)t->slots[v].layer * t->n_expert + t->slots[v].expert] = -1;
+            t->slots[v] = (struct dt_slot){layer, e, t->stamp};
+            t->where[(size_t)layer * t->n_expert + e] = v;
+            s = v;
+            for (int p = 0; p < 3; p++) {
+                uint64_t off, len, at, skip;
+                dt_span(t, layer, e, p, &off, &len, &at, &skip);
+                uint64_t end = t->base[layer][p] + (uint64_t)e * t->stride[layer][p] +
+                               t->len[layer][p];
+                t->reads[n_reads++] = (struct dt_read){
+                    .dst = t->pool + (size_t)s * t->slot_bytes + at, .off = off,
+                    .need = end - off, .len = off + len > dt_up(t->file_size) ? dt_up(t->file_size) - off : len,
+                    .slot = s, .part = p,
+                };
+            }
+        }
+        for (int p = 0; p < 3; p++) {
+            uint64_t off, len, at, skip;
+            dt_span(t, layer, e, p, &off, &len, &at, &skip);
+            ptrs[3 * i + p] = t->pool + (size_t)s * t->slot_bytes + at + skip;
+        }
+    }
+    if (!n_reads)
+        return 0;
+    double t0 = clock_now_s();
+    int rc = t->uring ? dt_read_uring(t, n_reads, layer) : dt_read_pread(t, n_reads, layer);
+    t->st.read_seconds += clock_now_s() - t0;
+    for (int i = 0; i < n_reads; i++)
+        t->st.bytes_read += t->reads[i].len;
+    if (rc) /* the slots of this call hold nothing usable */
+        for (int i = 0; i < n_reads; i++) {
+            struct dt_slot *sl = &t->slots[t->reads[i].slot];
+            if (sl->layer >= 0)
+                t->where[(size_t)sl->layer * t->n_expert + sl->expert] = -1;
+            *sl = (struct dt_slot){-1, -1, 0};
+        }
+    return rc;
+}
+
+void disk_tier_get_stats(const struct disk_tier *t, struct disk_tier_stats *out)
+{
+    *out = t->st;
+}
+
+void disk_tier_reset_stats(struct disk_tier *t)
+{
+    t->st.hits = t->st.misses = t->st.bytes_read = 0;
+    t->st.read_seconds = 0;
+}

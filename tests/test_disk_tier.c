@@ -1,0 +1,281 @@
+/* disk_tier: the host tier read from the file, on a generated checkpoint (4 layers of 16
+ * experts, q4_k_m):
+ * - every expert a call returns holds the file's bytes of its gate, up and down rows, through
+ *   io_uring and pread, with O_DIRECT where the file system takes it and buffered;
+ * - a budget of one layer's experts misses every expert of a layer it comes back to after
+ *   another, a budget of all of them hits from the second pass on; less than a layer is
+ *   refused with the arithmetic, a call over the slots with -EINVAL;
+ * - a file cut short under the tier: the read fails with -EIO naming the file, the offset, the
+ *   tensor and the expert;
+ * - the CPU device with host_budget of one layer's experts (every layer read from the file at
+ *   every token) gives the logits of the mapped run bit for bit over a prompt and 16 greedy
+ *   steps, with io_uring and with pread, O_DIRECT and buffered.
+ * The model is fixed (gen seed); no timing is checked. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "disk_tier.h"
+#include "gen.h"
+#include "gguf.h"
+#include "model.h"
+#include "quant_mix.h"
+#include "strata.h"
+#include "testutil.h"
+
+#define N_STEPS 16
+
+static char tmpdir[] = "/tmp/strata-test-disk-tier-XXXXXX";
+
+static const uint8_t *expert_part(const struct model *m, int l, int e, int p)
+{
+    const struct layer_weights *lw = &m->layers[l];
+    const struct weight *w = p == 0 ? &lw->gate_exps : p == 1 ? &lw->up_exps : &lw->down_exps;
+    return (const uint8_t *)w->data + (size_t)e * (w->bytes / m->hp.n_expert);
+}
+
+static uint64_t part_bytes(const struct model *m, int l, int p)
+{
+    const struct layer_weights *lw = &m->layers[l];
+    const struct weight *w = p == 0 ? &lw->gate_exps : p == 1 ? &lw->up_exps : &lw->down_exps;
+    return w->bytes / m->hp.n_expert;
+}
+
+/* Asks for every expert of each layer in turn, `passes` times; counts wrong bytes. */
+static int sweep(struct disk_tier *t, const struct model *m, int passes, size_t *wrong)
+{
+    int ne = (int)m->hp.n_expert;
+    int32_t *ids = malloc(sizeof(int32_t) * ne);
+    const uint8_t **ptrs = malloc(sizeof(*ptrs) * 3 * ne);
+    int rc = 0;
+    for (int e = 0; e < ne; e++)
+        ids[e] = (e * 7) % ne; /* every expert, in another order than the file's */
+    for (int pass = 0; pass < passes && !rc; pass++)
+        for (int l = 0; l < (int)m->hp.n_layer && !rc; l++) {
+            rc = disk_tier_get(t, l, ids, ne, ptrs);
+            for (int i = 0; !rc && i < ne; i++)
+                for (int p = 0; p < 3; p++)
+                    *wrong += memcmp(ptrs[3 * i + p], expert_part(m, l, ids[i], p),
+                                     part_bytes(m, l, p)) != 0;
+        }
+    free(ids);
+    free(ptrs);
+    return rc;
+}
+
+static void check_tier(const char *path, uint64_t *layer_bytes)
+{
+    struct model *m = NULL;
+    CHECK(model_open(path, &m) == 0, "%s", strata_error());
+    if (!m)
+        return;
+    int nl = (int)m->hp.n_layer, ne = (int)m->hp.n_expert;
+    struct disk_tier *t = NULL;
+    struct disk_tier_stats st;
+
+    /* the slot size, from a tier of every expert */
+    struct disk_tier_config all = {.host_budget = 1ull << 40};
+    CHECK(disk_tier_open(m, &all, &t) == 0, "open: %s", strata_error());
+    if (!t) {
+        model_close(m);
+        return;
+    }
+    disk_tier_get_stats(t, &st);
+    uint64_t slot = st.slot_bytes;
+    *layer_bytes = slot * (uint64_t)ne;
+    CHECK(st.n_slots == nl * ne, "a budget above the model: %d slots", st.n_slots);
+    size_t wrong = 0;
+    CHECK(sweep(t, m, 2, &wrong) == 0, "sweep: %s", strata_error());
+    disk_tier_get_stats(t, &st);
+    printf("every expert held (%d slots of %llu bytes, %s, %s): 2 passes, %llu misses, %llu hits, "
+           "%zu parts differ from the file\n",
+           st.n_slots, (unsigned long long)slot, st.uring ? "io_uring" : "pread",
+           st.direct ? "O_DIRECT" : "buffered", (unsigned long long)st.misses,
+           (unsigned long long)st.hits, wrong);
+    CHECK(wrong == 0 && st.misses == (uint64_t)nl * ne && st.hits == (uint64_t)nl * ne,
+          "all held: %zu wrong, %llu misses, %llu hits", wrong, (unsigned long long)st.misses,
+          (unsigned long long)st.hits);
+    int32_t ids[64];
+    const uint8_t *ptrs[3 * 64];
+    for (int i = 0; i < 64; i++)
+        ids[i] = i % ne;
+    disk_tier_close(t);
+
+    /* one layer's worth, each way of reading */
+    static const struct {
+        enum disk_tier_io io;
+        bool buffered;
+        const char *name;
+    } ways[] = {{DISK_TIER_IO_URING, false, "io_uring"},
+                {DISK_TIER_IO_URING, true, "io_uring, buffered"},
+                {DISK_TIER_IO_PREAD, false, "pread"},
+                {DISK_TIER_IO_PREAD, true, "pread, buffered"}};
+    for (int w = 0; w < 4; w++) {
+        struct disk_tier_config one = {.host_budget = *layer_bytes, .io = ways[w].io,
+                                       .buffered = ways[w].buffered};
+        t = NULL;
+        int rc = disk_tier_open(m, &one, &t);
+        if (rc == -ENOSYS || rc == -EPERM) { /* io_uring refused here (seccomp, old kernel) */
+            printf("%s: %s (not checked)\n", ways[w].name, strata_error());
+            continue;
+        }
+        CHECK(rc == 0, "%s: %s", ways[w].name, strata_error());
+        if (!t)
+            continue;
+        wrong = 0;
+        CHECK(sweep(t, m, 2, &wrong) == 0, "%s: %s", ways[w].name, strata_error());
+        disk_tier_get_stats(t, &st);
+        printf("one layer held (%d slots, %s%s): 2 passes over %d layers, %llu misses, %llu hits, "
+               "%.2f MB read, %zu parts differ\n",
+               st.n_slots, st.uring ? "io_uring" : "pread",
+               st.direct ? ", O_DIRECT" : ", buffered", nl, (unsigned long long)st.misses,
+               (unsigned long long)st.hits, st.bytes_read / 1e6, wrong);
+        CHECK(wrong == 0 && st.hits == 0 && st.misses == 2ull * nl * ne,
+              "%s: %zu wrong, %llu hits", ways[w].name, wrong, (unsigned long long)st.hits);
+        CHECK(st.uring == (ways[w].io == DISK_TIER_IO_URING), "%s: io_uring %d", ways[w].name,
+              st.uring);
+        CHECK(!ways[w].buffered || !st.direct, "%s: O_DIRECT", ways[w].name);
+        CHECK(disk_tier_get(t, 0, ids, ne + 1, ptrs) == -EINVAL, "more experts than slots");
+        disk_tier_close(t);
+    }
+
+    /* less than a layer */
+    struct disk_tier_config small = {.host_budget = *layer_bytes - 1};
+    t = NULL;
+    CHECK(disk_tier_open(m, &small, &t) == -EINVAL && strstr(strata_error(), "one layer has"),
+          "a budget below a layer: %s", strata_error());
+    disk_tier_close(t);
+    model_close(m);
+}
+
+/* The file cut inside the last layer's down experts, under an open tier. */
+static void check_short_read(const char *src)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/cut.gguf", tmpdir);
+    FILE *in = fopen(src, "rb"), *out = fopen(path, "wb");
+    char buf[65536];
+    size_t n;
+    while (in && out && (n = fread(buf, 1, sizeof(buf), in)) > 0)
+        fwrite(buf, 1, n, out);
+    if (in)
+        fclose(in);
+    if (out)
+        fclose(out);
+    struct model *m = NULL;
+    CHECK(model_open(path, &m) == 0, "%s", strata_error());
+    if (!m)
+        return;
+    int l = (int)m->hp.n_layer - 1, ne = (int)m->hp.n_expert;
+    const struct weight *down = &m->layers[l].down_exps;
+    uint64_t at = (uint64_t)((const uint8_t *)down->data - m->file->base) + down->bytes / 2;
+    for (int io = DISK_TIER_IO_URING; io <= DISK_TIER_IO_PREAD; io++) {
+        struct disk_tier_config cfg = {.host_budget = 1ull << 40, .io = (enum disk_tier_io)io};
+        struct disk_tier *t = NULL;
+        if (disk_tier_open(m, &cfg, &t))
+            continue;
+        CHECK(truncate(path, (off_t)at) == 0, "truncate");
+        int32_t ids[64];
+        const uint8_t *ptrs[3 * 64];
+        for (int e = 0; e < ne; e++)
+            ids[e] = e;
+        int rc = disk_tier_get(t, l, ids, ne, ptrs);
+        printf("file cut at %llu (%s): rc %d: %s\n", (unsigned long long)at,
+               io == DISK_TIER_IO_URING ? "io_uring" : "pread", rc, strata_error());
+        CHECK(rc == -EIO && strstr(strata_error(), "cut.gguf") &&
+                  strstr(strata_error(), down->name) && strstr(strata_error(), "offset"),
+              "a cut file: %d (%s)", rc, strata_error());
+        disk_tier_close(t);
+    }
+    model_close(m);
+    unlink(path);
+}
+
+/* Logits of a prompt and N_STEPS greedy steps on the CPU device. */
+static int run(const char *path, uint64_t host_budget, unsigned flags, float *logits, int nv,
+               struct strata_stats *st)
+{
+    struct strata_config cfg;
+    struct strata *s = NULL;
+    struct strata_stream *ss = NULL;
+    static const int32_t prompt[] = {5, 77, 301, 12, 9, 140, 66, 2};
+    strata_config_init(&cfg);
+    cfg.model_path = path;
+    cfg.device = STRATA_DEVICE_CPU;
+    cfg.n_threads = 2;
+    cfg.n_ctx = 64;
+    cfg.host_budget = host_budget;
+    cfg.flags = flags;
+    int rc = strata_open(&cfg, &s);
+    rc = rc ? rc : strata_stream_open(s, 0, &ss);
+    rc = rc ? rc : strata_eval(ss, prompt, 8, logits);
+    for (int t = 0; !rc && t < N_STEPS; t++) {
+        int32_t id = 0;
+        const float *prev = logits + (size_t)t * nv;
+        for (int v = 1; v < nv; v++)
+            id = prev[v] > prev[id] ? v : id;
+        rc = strata_eval(ss, &id, 1, logits + (size_t)(t + 1) * nv);
+    }
+    if (s)
+        strata_get_stats(s, st);
+    strata_stream_close(ss);
+    strata_close(s);
+    return rc;
+}
+
+static void check_engine(const char *path, uint64_t layer_bytes, int nv)
+{
+    size_t n = (size_t)(N_STEPS + 1) * nv;
+    float *ref = test_xmalloc(sizeof(float) * n), *got = test_xmalloc(sizeof(float) * n);
+    struct strata_stats st;
+    CHECK(run(path, 0, 0, ref, nv, &st) == 0, "mapped: %s", strata_error());
+    static const unsigned flags[] = {0, STRATA_FLAG_NO_URING, STRATA_FLAG_NO_DIRECT,
+                                     STRATA_FLAG_NO_URING | STRATA_FLAG_NO_DIRECT};
+    for (int i = 0; i < 4; i++) {
+        test_poison_f32(got, n);
+        int rc = run(path, layer_bytes, flags[i], got, nv, &st);
+        CHECK(rc == 0, "host tier: %s", strata_error());
+        size_t diff = 0;
+        for (size_t j = 0; j < n; j++)
+            diff += memcmp(&got[j], &ref[j], sizeof(float)) != 0;
+        printf("CPU device, host tier of one layer (%d slots, %s, %s): prompt + %d steps, %llu "
+               "misses, %llu hits, %.1f MB read; %zu of %zu logits differ from the mapped run\n",
+               st.tier_slots, st.tier_uring ? "io_uring" : "pread",
+               st.tier_direct ? "O_DIRECT" : "buffered", N_STEPS,
+               (unsigned long long)st.tier_misses, (unsigned long long)st.tier_hits,
+               st.tier_bytes_read / 1e6, diff, n);
+        CHECK(st.has_host_tier && diff == 0, "host tier flags %u: %zu logits differ", flags[i],
+              diff);
+        /* every step reads every layer again: its experts were evicted by the layers after */
+        CHECK(st.tier_misses >= (uint64_t)(N_STEPS + 1) * 4, "only %llu misses",
+              (unsigned long long)st.tier_misses);
+    }
+    free(ref);
+    free(got);
+}
+
+int main(void)
+{
+    char path[512];
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    struct gen_preset p = *gen_preset_find("tiny");
+    p.n_layer = 4;
+    p.n_expert = 16;
+    p.n_expert_used = 4;
+    if (test_gen_model(&p, QUANT_MIX_Q4_K_M, 11, tmpdir, "tier", path, sizeof(path))) {
+        fprintf(stderr, "setup: %s\n", strata_error());
+        return 1;
+    }
+    uint64_t layer_bytes = 0;
+    check_tier(path, &layer_bytes);
+    check_short_read(path);
+    if (layer_bytes)
+        check_engine(path, layer_bytes, (int)p.n_vocab);
+    unlink(path);
+    rmdir(tmpdir);
+    return test_finish("test_disk_tier");
+}
