@@ -15,6 +15,7 @@
 #include "clock.h"
 #include "cli.h"
 #include "cuda_mem.h"
+#include "disk_tier.h"
 #include "errors.h"
 #include "gguf.h"
 #include "membw.h"
@@ -361,7 +362,14 @@ struct bench_run {
     double t_copy, t_warm, t_pp, t_tg;   /* --no-mmap copy, first token, prefill, decode */
     struct strata_stats p0, p1, c0, c1;  /* around prefill and around decode */
     bool pp_cached, cached;
+    double disk_bps;                     /* --host-budget: the probed read bandwidth */
+    uint64_t disk_bytes;                 /* over this many bytes */
+    bool disk_direct, disk_uring;
 };
+
+#define BENCH_DISK_BLOCK (1u << 20) /* the disk probe: reads of 1 MiB, */
+#define BENCH_DISK_DEPTH 32         /* 32 in flight, */
+#define BENCH_DISK_GIB 1.0          /* over 1 GiB of the experts */
 
 /* The host read bandwidth with every processor and with the run's threads, and over the
  * model's own mapping (page cache, usually 4 KiB pages). */
@@ -382,6 +390,14 @@ static void bench_bandwidths(const struct bench_opts *o, const struct model *m,
     r->mlen = gf->size - m0 < (uint64_t)(o->bw_gib * (1u << 30)) ? gf->size - m0
                                                                   : (uint64_t)(o->bw_gib * (1u << 30));
     r->bw_map = membw_read(gf->base + m0, r->mlen / 64 * 64, r->threads, 5);
+    if (o->host_budget && gf->path) { /* where the host tier reads: layer 0's experts on */
+        uint64_t at = (uint64_t)((const uint8_t *)m->layers[0].gate_exps.data - gf->base);
+        uint64_t want = (uint64_t)(BENCH_DISK_GIB * (1u << 30));
+        r->disk_bytes = gf->size - at < want ? (gf->size - at) / 4096 * 4096 : want;
+        r->disk_bps = disk_tier_probe(gf->path, at, r->disk_bytes,
+                                      BENCH_DISK_BLOCK, BENCH_DISK_DEPTH, &r->disk_direct,
+                                      &r->disk_uring);
+    }
 }
 
 /* The timed part: the first token (page-in), the prompt in one batch, then n_gen decode steps
@@ -643,6 +659,12 @@ static void bench_print(const struct bench_opts *o, struct strata *st, const str
         printf("floor        %.2f tok/s at %.1f GB/s -> decode at %.0f%% of the floor\n",
                1.0 / floor_s, r->bw / 1e9, 100.0 * tg * floor_s);
     }
+    if (now.has_host_tier && r->disk_bps > 0)
+        printf("disk read    %.2f GB/s (%s, %s: %d reads of %u KiB in flight over %.1f MiB of the "
+               "file from layer 0's experts)\n",
+               r->disk_bps / 1e9, r->disk_direct ? "O_DIRECT" : "buffered",
+               r->disk_uring ? "io_uring" : "pread", r->disk_uring ? BENCH_DISK_DEPTH : 1,
+               BENCH_DISK_BLOCK >> 10, r->disk_bytes / 1048576.0);
     if (now.has_host_tier) {
         uint64_t acc = now.tier_hits + now.tier_misses;
         printf("host tier    %d slots (%s, %s); over the whole run: hit rate %.1f%% of %llu "
@@ -652,6 +674,9 @@ static void bench_print(const struct bench_opts *o, struct strata *st, const str
                (unsigned long long)acc, now.tier_bytes_read / 1e9,
                now.tier_read_seconds > 0 ? now.tier_bytes_read / 1e9 / now.tier_read_seconds : 0.0,
                now.tier_read_seconds);
+        if (r->disk_bps > 0 && now.tier_read_seconds > 0)
+            printf("host tier    reads at %.0f%% of the probed disk bandwidth\n",
+                   100.0 * now.tier_bytes_read / now.tier_read_seconds / r->disk_bps);
     }
 }
 

@@ -412,3 +412,80 @@ void disk_tier_reset_stats(struct disk_tier *t)
     t->st.hits = t->st.misses = t->st.bytes_read = 0;
     t->st.read_seconds = 0;
 }
+
+double disk_tier_probe(const char *path, uint64_t off, uint64_t bytes, size_t block, int depth,
+                       bool *direct, bool *uring)
+{
+    struct io_uring ring;
+    uint8_t *buf = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    *direct = fd >= 0;
+    *uring = false;
+    if (fd < 0)
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct stat sb;
+    block = dt_up(block ? block : 1);
+    off = dt_down(off);
+    if (fstat(fd, &sb) || (uint64_t)sb.st_size <= off) {
+        close(fd);
+        return -EINVAL;
+    }
+    bytes = dt_down(bytes < (uint64_t)sb.st_size - off ? bytes : (uint64_t)sb.st_size - off);
+    depth = depth > 0 ? depth : 1;
+    if (posix_memalign((void **)&buf, DT_ALIGN, block * (size_t)depth)) {
+        close(fd);
+        return -ENOMEM;
+    }
+    uint64_t n = (bytes + block - 1) / block, next = 0, done = 0, got = 0;
+    double t0 = clock_now_s();
+    int rc = io_uring_queue_init((unsigned)depth, &ring, 0);
+    if (rc == 0) {
+        *uring = true;
+        int inflight = 0;
+        while (done < n && rc >= 0) {
+            while (next < n && inflight < depth) {
+                struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+                if (!sqe)
+                    break;
+                uint64_t len = next + 1 == n ? bytes - next * block : block;
+                io_uring_prep_read(sqe, fd, buf + (next % (uint64_t)depth) * block, (unsigned)len,
+                                   off + next * block);
+                next++;
+                inflight++;
+            }
+            io_uring_submit(&ring);
+            struct io_uring_cqe *cqe;
+            rc = io_uring_wait_cqe(&ring, &cqe);
+            if (rc < 0)
+                break;
+            if (cqe->res < 0)
+                rc = cqe->res;
+            else
+                got += (uint64_t)cqe->res;
+            io_uring_cqe_seen(&ring, cqe);
+            inflight--;
+            done++;
+        }
+        while (inflight-- > 0 && done < next) {
+            struct io_uring_cqe *cqe;
+            if (io_uring_wait_cqe(&ring, &cqe) < 0)
+                break;
+            io_uring_cqe_seen(&ring, cqe);
+        }
+        io_uring_queue_exit(&ring);
+    } else {
+        rc = 0;
+        for (uint64_t i = 0; i < n && rc >= 0; i++) {
+            uint64_t len = i + 1 == n ? bytes - i * block : block;
+            ssize_t r = pread(fd, buf, len, (off_t)(off + i * block));
+            rc = r < 0 ? -errno : 0;
+            got += r > 0 ? (uint64_t)r : 0;
+        }
+    }
+    double dt = clock_now_s() - t0;
+    free(buf);
+    close(fd);
+    return rc < 0 ? rc : dt > 0 ? got / dt : 0;
+}

@@ -59,6 +59,13 @@ int disk_tier_get(struct disk_tier *t, int layer, const int32_t *experts, int n,
                   const uint8_t **ptrs);
 
 void disk_tier_get_stats(const struct disk_tier *t, struct disk_tier_stats *out);
+
+/* The disk's read bandwidth for the tier: `bytes` of path from offset `off` (both rounded to
+ * 4096) in blocks of `block` bytes, `depth` of them in flight through io_uring (pread one at a
+ * time where io_uring does not work), O_DIRECT unless the file system refuses it (*direct
+ * says). Bytes per second, or -errno. */
+double disk_tier_probe(const char *path, uint64_t off, uint64_t bytes, size_t block, int depth,
+                       bool *direct, bool *uring);
 void disk_tier_reset_stats(struct disk_tier *t);
 
 #endif
