@@ -42,6 +42,7 @@ struct bench_opts {
     uint64_t vram_budget; /* --vram-budget */
     uint64_t host_budget; /* --host-budget (CPU) */
     bool host_pread, host_buffered; /* --host-io pread, --host-buffered */
+    bool host_no_ahead;             /* --host-no-ahead */
     int residency;        /* --residency */
     int stats;            /* --stats */
     int prefetch;         /* --prefetch */
@@ -84,7 +85,8 @@ static void bench_usage(void)
            "      --host-budget SIZE  CPU: the routed experts read from the file into a host tier\n"
            "                        of SIZE (at least a layer's experts); reports its hit rate\n"
            "                        and read GB/s (--host-io auto|uring|pread, --host-buffered\n"
-           "                        as for strata run)\n"
+           "                        as for strata run; --host-no-ahead: no reads of the next\n"
+           "                        layer's predicted experts while a layer computes)\n"
            "      --vram-budget SIZE  cap GPU memory (implies --device cuda): experts served by\n"
            "                        the VRAM slot cache from pinned host memory; also reports\n"
            "                        hit rate and streamed GB/s of decode and of the prompt\n"
@@ -166,6 +168,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         }
         if (!strcmp(a, "--host-buffered")) {
             o->host_buffered = true;
+            continue;
+        }
+        if (!strcmp(a, "--host-no-ahead")) {
+            o->host_no_ahead = true;
             continue;
         }
         if (!strcmp(a, "--bind")) {
@@ -343,7 +349,8 @@ static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
     if (cfg->device == STRATA_DEVICE_CPU) {
         cfg->host_budget = o->host_budget;
         cfg->flags |= (o->host_pread ? STRATA_FLAG_NO_URING : 0) |
-                      (o->host_buffered ? STRATA_FLAG_NO_DIRECT : 0);
+                      (o->host_buffered ? STRATA_FLAG_NO_DIRECT : 0) |
+                      (o->host_no_ahead ? STRATA_FLAG_NO_READ_AHEAD : 0);
     }
     /* the first stream and, with --streams N, N more: their KV caches count against the budget */
     cfg->n_ctx = o->n_prompt + o->n_gen + 1;
@@ -668,13 +675,19 @@ static void bench_print(const struct bench_opts *o, struct strata *st, const str
     if (now.has_host_tier) {
         uint64_t acc = now.tier_hits + now.tier_misses;
         printf("host tier    %d slots (%s, %s); over the whole run: hit rate %.1f%% of %llu "
-               "expert uses, %.2f GB read at %.2f GB/s while reading (%.2f s)\n",
+               "expert uses, %.2f GB read, %.2f s waited for reads\n",
                now.tier_slots, now.tier_uring ? "io_uring" : "pread",
                now.tier_direct ? "O_DIRECT" : "buffered", acc ? 100.0 * now.tier_hits / acc : 0.0,
-               (unsigned long long)acc, now.tier_bytes_read / 1e9,
-               now.tier_read_seconds > 0 ? now.tier_bytes_read / 1e9 / now.tier_read_seconds : 0.0,
-               now.tier_read_seconds);
-        if (r->disk_bps > 0 && now.tier_read_seconds > 0)
+               (unsigned long long)acc, now.tier_bytes_read / 1e9, now.tier_read_seconds);
+        if (now.tier_ahead)
+            printf("host tier    read ahead: %llu experts of the next layer while a layer "
+                   "computed, %llu of them used (%.0f%%)\n",
+                   (unsigned long long)now.tier_ahead, (unsigned long long)now.tier_ahead_used,
+                   100.0 * now.tier_ahead_used / now.tier_ahead);
+        else if (now.tier_read_seconds > 0)
+            printf("host tier    reads at %.2f GB/s\n",
+                   now.tier_bytes_read / 1e9 / now.tier_read_seconds);
+        if (r->disk_bps > 0 && now.tier_read_seconds > 0 && !now.tier_ahead)
             printf("host tier    reads at %.0f%% of the probed disk bandwidth\n",
                    100.0 * now.tier_bytes_read / now.tier_read_seconds / r->disk_bps);
     }

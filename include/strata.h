@@ -70,6 +70,8 @@ enum strata_flags {
                                             * run goes on with a cold cache */
     STRATA_FLAG_NO_URING = 1 << 8,  /* host tier: read with pread, never io_uring */
     STRATA_FLAG_NO_DIRECT = 1 << 9, /* host tier: buffered reads, never O_DIRECT */
+    STRATA_FLAG_NO_READ_AHEAD = 1 << 10, /* host tier: no reads of the next layer's predicted
+                                          * experts while a layer computes */
 };
 
 /* What the router chose at one layer for a batch of tokens (statistics tools). */
@@ -330,6 +332,7 @@ struct strata_stats {
     bool has_host_tier;        /* the host tier's (host_budget), over the run so far: */
     int tier_slots;
     uint64_t tier_hits, tier_misses, tier_bytes_read;
+    uint64_t tier_ahead, tier_ahead_used; /* experts read ahead of their layer; of those, used */
     double tier_read_seconds;  /* wall time waiting for reads */
     bool tier_uring, tier_direct;
 };

@@ -47,6 +47,9 @@ struct moe_layer {
     int32_t *tier_ids;         /* (n_expert) */
     const uint8_t **tier_got;  /* (3 n_expert) in tier_ids' order */
     const uint8_t **tier_ptrs; /* (3 n_expert) by expert id */
+    int32_t *ahead_ids;        /* (max_tok, k) the next layer's predicted routing */
+    float *ahead_w;
+    uint8_t *ahead_seen;       /* (n_expert) */
 };
 
 /* ---- the CPU lane ------------------------------------------------------------------------- */
@@ -69,7 +72,11 @@ static int ml_open_cpu_lane(struct moe_layer *ml)
         ml->tier_ids = malloc(sizeof(int32_t) * hp->n_expert);
         ml->tier_got = calloc(3 * (size_t)hp->n_expert, sizeof(*ml->tier_got));
         ml->tier_ptrs = calloc(3 * (size_t)hp->n_expert, sizeof(*ml->tier_ptrs));
-        if (!ml->tier_ids || !ml->tier_got || !ml->tier_ptrs)
+        ml->ahead_ids = malloc(sizeof(int32_t) * t * k);
+        ml->ahead_w = malloc(sizeof(float) * t * k);
+        ml->ahead_seen = malloc(hp->n_expert);
+        if (!ml->tier_ids || !ml->tier_got || !ml->tier_ptrs || !ml->ahead_ids || !ml->ahead_w ||
+            !ml->ahead_seen)
             return err_set(-ENOMEM, "the CPU expert lane: out of memory");
     }
     int rc = moe_plan_init(&ml->plan, (int)t, (int)k, (int)hp->n_expert);
@@ -94,6 +101,29 @@ static int ml_tier_fetch(struct moe_layer *ml, const struct moe_args *a, struct 
     return rc;
 }
 
+/* With a host tier and tier_ahead: layer + 1's router on this layer's input, and the reads of
+ * the experts it picks started before this layer computes. A failed prediction only costs
+ * reads. */
+static void ml_tier_ahead(struct moe_layer *ml, const struct moe_args *a, const float *in_h)
+{
+    const struct model_hparams *hp = a->hp;
+    const int nt = ml->plan.n_tok, k = (int)hp->n_expert_used;
+    if (a->layer + 1 >= (int)hp->n_layer ||
+        ml->ops->route(ml->dev, &ml->m->layers[a->layer + 1].router, in_h, nt, ml->ahead_ids,
+                       ml->ahead_w))
+        return;
+    memset(ml->ahead_seen, 0, hp->n_expert);
+    int n = 0;
+    for (int i = 0; i < nt * k; i++) {
+        int e = ml->ahead_ids[i];
+        if (e >= 0 && e < (int)hp->n_expert && !ml->ahead_seen[e]) {
+            ml->ahead_seen[e] = 1;
+            ml->tier_ids[n++] = e;
+        }
+    }
+    disk_tier_read_ahead(ml->cfg.tier, a->layer + 1, ml->tier_ids, n);
+}
+
 /* out_h (nt, n_embd) = the plan's CPU-lane experts over in_h, timed. */
 static int ml_cpu_run(struct moe_layer *ml, const struct moe_args *a, const float *in_h,
                       float *out_h)
@@ -104,6 +134,8 @@ static int ml_cpu_run(struct moe_layer *ml, const struct moe_args *a, const floa
         int rc = ml_tier_fetch(ml, a, &ex);
         if (rc)
             return err_wrap(rc, "layer %d: ", a->layer);
+        if (ml->cfg.tier_ahead)
+            ml_tier_ahead(ml, a, in_h);
     }
     double t0 = clock_now_s();
     int rc = moe_cpu_run(ml->cpu, &ml->plan, &ex, in_h, out_h);
@@ -481,6 +513,9 @@ void moe_layer_close(struct moe_layer *ml)
     free(ml->tier_ids);
     free(ml->tier_got);
     free(ml->tier_ptrs);
+    free(ml->ahead_ids);
+    free(ml->ahead_w);
+    free(ml->ahead_seen);
     free(ml);
 }
 

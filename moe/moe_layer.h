@@ -89,6 +89,8 @@ struct moe_layer_config {
     /* A host device: NULL, or the host tier the CPU lane reads its experts from (owned by the
      * caller; the layer asks it for each call's experts). */
     struct disk_tier *tier;
+    bool tier_ahead;      /* with tier: read layer l + 1's predicted experts (its router on layer
+                           * l's input) while layer l computes */
     /* Static placement (llama.cpp's --n-cpu-moe N): the experts of layers [0, N) run on the
      * CPU lane, the others are resident. -1: the smallest N whose resident experts fit
      * vram_budget. On a host device every layer's experts run on the CPU lane. */

@@ -25,6 +25,9 @@ struct dt_part {
 struct dt_slot {
     int layer, expert; /* -1: free */
     uint64_t used;     /* call stamp of the last use */
+    bool pending;      /* a read-ahead in flight */
+    bool ahead;        /* filled by a read-ahead, not looked up since */
+    bool bad;          /* a read-ahead into it failed */
 };
 
 struct disk_tier {
@@ -52,6 +55,8 @@ struct disk_tier {
         uint64_t off, need, len; /* aligned file span [off, off + len), need bytes required */
         int slot, part;
     } *reads;
+    struct dt_read *ahead;  /* (3 n_slots) the read-ahead's reads */
+    int n_ahead, ahead_inflight;
 };
 
 static uint64_t dt_down(uint64_t x)
@@ -181,7 +186,8 @@ int disk_tier_open(const struct model *m, const struct disk_tier_config *cfg,
     if (!rc && (posix_memalign((void **)&t->pool, DT_ALIGN, pool ? pool : DT_ALIGN) ||
                 !(t->slots = malloc(sizeof(*t->slots) * (size_t)t->n_slots)) ||
                 !(t->where = malloc(sizeof(int32_t) * (size_t)t->n_layer * t->n_expert)) ||
-                !(t->reads = malloc(sizeof(*t->reads) * 3 * (size_t)t->n_slots))))
+                !(t->reads = malloc(sizeof(*t->reads) * 3 * (size_t)t->n_slots)) ||
+                !(t->ahead = malloc(sizeof(*t->ahead) * 3 * (size_t)t->n_slots))))
         rc = err_set(-ENOMEM, "host tier: %.1f MiB of slots", pool / 1048576.0);
     rc = rc ? rc : dt_open_file(t, cfg);
     if (rc) {
@@ -189,7 +195,7 @@ int disk_tier_open(const struct model *m, const struct disk_tier_config *cfg,
         return rc;
     }
     for (int i = 0; i < t->n_slots; i++)
-        t->slots[i] = (struct dt_slot){-1, -1, 0};
+        t->slots[i] = (struct dt_slot){-1, -1, 0, false, false, false};
     for (size_t i = 0; i < (size_t)t->n_layer * t->n_expert; i++)
         t->where[i] = -1;
     const char *why = NULL;
@@ -222,8 +228,16 @@ void disk_tier_close(struct disk_tier *t)
 {
     if (!t)
         return;
-    if (t->uring)
+    if (t->uring) {
+        while (t->ahead_inflight > 0) { /* the kernel must not write into freed slots */
+            struct io_uring_cqe *cqe;
+            if (io_uring_wait_cqe(&t->ring, &cqe) < 0)
+                break;
+            io_uring_cqe_seen(&t->ring, cqe);
+            t->ahead_inflight--;
+        }
         io_uring_queue_exit(&t->ring);
+    }
     if (t->fd >= 0)
         close(t->fd);
     free(t->base);
@@ -234,6 +248,7 @@ void disk_tier_close(struct disk_tier *t)
     free(t->slots);
     free(t->where);
     free(t->reads);
+    free(t->ahead);
     free(t);
 }
 
@@ -330,12 +345,19 @@ static int dt_read_uring(struct disk_tier *t, int n, int layer)
     return rc;
 }
 
+static void dt_reap_ahead(struct disk_tier *t);
+
 int disk_tier_get(struct disk_tier *t, int layer, const int32_t *experts, int n,
                   const uint8_t **ptrs)
 {
     if (layer < 0 || layer >= t->n_layer || n < 0 || n > t->n_slots)
         return err_set(-EINVAL, "host tier: %d experts of layer %d (%d slots)", n, layer,
                        t->n_slots);
+    if (t->ahead_inflight || t->n_ahead) {
+        double t0 = clock_now_s();
+        dt_reap_ahead(t);
+        t->st.read_seconds += clock_now_s() - t0;
+    }
     t->stamp++;
     int n_reads = 0;
     /* hits first, so that no expert of this call is chosen as a victim for another */
@@ -350,6 +372,10 @@ int disk_tier_get(struct disk_tier *t, int layer, const int32_t *experts, int n,
         int e = experts[i], s = t->where[(size_t)layer * t->n_expert + e];
         if (s >= 0) {
             t->st.hits++;
+            if (t->slots[s].ahead) {
+                t->slots[s].ahead = false;
+                t->st.ahead_used++;
+            }
         } else {
             t->st.misses++;
             int v = -1;
@@ -364,7 +390,7 @@ int disk_tier_get(struct disk_tier *t, int layer, const int32_t *experts, int n,
                                t->n_slots);
             if (t->slots[v].layer >= 0)
                 t->where[(size_t)t->slots[v].layer * t->n_expert + t->slots[v].expert] = -1;
-            t->slots[v] = (struct dt_slot){layer, e, t->stamp};
+            t->slots[v] = (struct dt_slot){layer, e, t->stamp, false, false, false};
             t->where[(size_t)layer * t->n_expert + e] = v;
             s = v;
             for (int p = 0; p < 3; p++) {
@@ -397,9 +423,102 @@ int disk_tier_get(struct disk_tier *t, int layer, const int32_t *experts, int n,
             struct dt_slot *sl = &t->slots[t->reads[i].slot];
             if (sl->layer >= 0)
                 t->where[(size_t)sl->layer * t->n_expert + sl->expert] = -1;
-            *sl = (struct dt_slot){-1, -1, 0};
+            *sl = (struct dt_slot){-1, -1, 0, false, false, false};
         }
     return rc;
+}
+
+/* Waits for every read-ahead in flight; a slot one of them failed is emptied (its expert is a
+ * miss when asked for). */
+static void dt_reap_ahead(struct disk_tier *t)
+{
+    while (t->ahead_inflight > 0) {
+        struct io_uring_cqe *cqe;
+        if (io_uring_wait_cqe(&t->ring, &cqe) < 0)
+            break;
+        const struct dt_read *r = &t->ahead[io_uring_cqe_get_data64(cqe)];
+        if (cqe->res < 0 || (uint64_t)cqe->res < r->need)
+            t->slots[r->slot].bad = true;
+        io_uring_cqe_seen(&t->ring, cqe);
+        t->ahead_inflight--;
+    }
+    for (int i = 0; i < t->n_ahead; i++) {
+        struct dt_slot *sl = &t->slots[t->ahead[i].slot];
+        if (sl->bad || t->ahead_inflight) { /* a wait that failed: nothing of it is trusted */
+            if (sl->layer >= 0)
+                t->where[(size_t)sl->layer * t->n_expert + sl->expert] = -1;
+            *sl = (struct dt_slot){-1, -1, 0, false, false, false};
+        }
+        sl->pending = false;
+    }
+    t->n_ahead = 0;
+}
+
+int disk_tier_read_ahead(struct disk_tier *t, int layer, const int32_t *experts, int n)
+{
+    int started = 0;
+    if (!t->uring || layer < 0 || layer >= t->n_layer)
+        return 0;
+    for (int i = 0; i < n; i++) {
+        int e = experts[i];
+        if (e < 0 || e >= t->n_expert || t->where[(size_t)layer * t->n_expert + e] >= 0)
+            continue;
+        if (t->ahead_inflight + 3 > t->depth || io_uring_sq_space_left(&t->ring) < 3 ||
+            t->n_ahead + 3 > 3 * t->n_slots)
+            break;
+        int v = -1;
+        for (int j = 0; j < t->n_slots; j++) {
+            if (t->slots[j].used == t->stamp || t->slots[j].pending)
+                continue;
+            if (v < 0 || t->slots[j].used < t->slots[v].used)
+                v = j;
+        }
+        if (v < 0)
+            break;
+        if (t->slots[v].layer >= 0)
+            t->where[(size_t)t->slots[v].layer * t->n_expert + t->slots[v].expert] = -1;
+        t->slots[v] = (struct dt_slot){layer, e, t->stamp, true, true, false};
+        t->where[(size_t)layer * t->n_expert + e] = v;
+        for (int p = 0; p < 3; p++) {
+            uint64_t off, len, at, skip;
+            dt_span(t, layer, e, p, &off, &len, &at, &skip);
+            uint64_t end = t->base[layer][p] + (uint64_t)e * t->stride[layer][p] +
+                           t->len[layer][p];
+            struct dt_read *r = &t->ahead[t->n_ahead];
+            *r = (struct dt_read){
+                .dst = t->pool + (size_t)v * t->slot_bytes + at, .off = off, .need = end - off,
+                .len = off + len > dt_up(t->file_size) ? dt_up(t->file_size) - off : len,
+                .slot = v, .part = p,
+            };
+            struct io_uring_sqe *sqe = io_uring_get_sqe(&t->ring);
+            if (t->registered)
+                io_uring_prep_read_fixed(sqe, 0, r->dst, (unsigned)r->len, r->off, v);
+            else
+                io_uring_prep_read(sqe, 0, r->dst, (unsigned)r->len, r->off);
+            sqe->flags |= IOSQE_FIXED_FILE;
+            io_uring_sqe_set_data64(sqe, (uint64_t)t->n_ahead);
+            t->n_ahead++;
+            t->ahead_inflight++;
+            t->st.bytes_read += r->len;
+        }
+        started++;
+    }
+    if (started) {
+        int s = io_uring_submit(&t->ring);
+        if (s < 0) { /* nothing went out: forget them */
+            t->ahead_inflight = 0;
+            for (int i = 0; i < t->n_ahead; i++) {
+                struct dt_slot *sl = &t->slots[t->ahead[i].slot];
+                if (sl->layer >= 0)
+                    t->where[(size_t)sl->layer * t->n_expert + sl->expert] = -1;
+                *sl = (struct dt_slot){-1, -1, 0, false, false, false};
+            }
+            t->n_ahead = 0;
+            return 0;
+        }
+    }
+    t->st.ahead += (uint64_t)started;
+    return started;
 }
 
 void disk_tier_get_stats(const struct disk_tier *t, struct disk_tier_stats *out)

@@ -8,7 +8,9 @@
  * misses are read in one batch: three reads per expert, each of the 4096-aligned file span
  * around its bytes, all submitted before any is reaped (io_uring: queue_depth in flight, the
  * file registered, the slots registered where the memlock limit allows), or one pread after
- * another. The file is opened with O_DIRECT where the file system takes it, else buffered (the
+ * another. disk_tier_read_ahead starts the reads of a predicted next call without waiting
+ * (io_uring), into slots outside the current call; the next call reaps them before anything
+ * else, and a read-ahead that failed is only a miss then. The file is opened with O_DIRECT where the file system takes it, else buffered (the
  * log says which); a read that fails or comes back short ends the call with the file, offset,
  * tensor and expert named. Single-threaded: the MoE layer that owns it calls every function.
  */
@@ -37,8 +39,11 @@ struct disk_tier_config {
 
 struct disk_tier_stats {
     uint64_t hits, misses;  /* expert lookups */
+    uint64_t ahead, ahead_used; /* experts read ahead (disk_tier_read_ahead); of those, looked
+                                 * up by the layer they were read for */
     uint64_t bytes_read;    /* file bytes read (aligned spans) */
-    double read_seconds;    /* wall time in read batches */
+    double read_seconds;    /* wall time waiting for reads (a read-ahead's overlap with the
+                             * caller's compute is not in it) */
     int n_slots;
     uint64_t slot_bytes;
     bool uring, direct, registered; /* the paths in use */
@@ -57,6 +62,12 @@ void disk_tier_close(struct disk_tier *t);
  * stay valid until the next call. 0, -EINVAL, or -EIO (a failed or short read, named). */
 int disk_tier_get(struct disk_tier *t, int layer, const int32_t *experts, int n,
                   const uint8_t **ptrs);
+
+/* Starts reading experts[0..n) of layer (a prediction of its next call) into slots that the
+ * last disk_tier_get's call does not use, without waiting: they land while the caller computes,
+ * and the next disk_tier_get reaps them first. With io_uring only (else nothing is read); as
+ * many as free ring entries and slots allow. Returns how many experts were started. */
+int disk_tier_read_ahead(struct disk_tier *t, int layer, const int32_t *experts, int n);
 
 void disk_tier_get_stats(const struct disk_tier *t, struct disk_tier_stats *out);
 

@@ -265,6 +265,7 @@ int strata_start(struct strata *s)
             .host_budget = cfg->host_budget,
             .tier_pread = cfg->flags & STRATA_FLAG_NO_URING,
             .tier_buffered = cfg->flags & STRATA_FLAG_NO_DIRECT,
+            .tier_no_ahead = cfg->flags & STRATA_FLAG_NO_READ_AHEAD,
             .log = cfg->log,
             .route_observer = cfg->route_observer ? strata_route_trampoline : NULL,
             .route_ctx = s,
@@ -658,6 +659,8 @@ void strata_get_stats(const struct strata *s, struct strata_stats *out)
         out->tier_misses = ts.misses;
         out->tier_bytes_read = ts.bytes_read;
         out->tier_read_seconds = ts.read_seconds;
+        out->tier_ahead = ts.ahead;
+        out->tier_ahead_used = ts.ahead_used;
         out->tier_uring = ts.uring;
         out->tier_direct = ts.direct;
     }

@@ -9,7 +9,10 @@
  *   tensor and the expert;
  * - the CPU device with host_budget of one layer's experts (every layer read from the file at
  *   every token) gives the logits of the mapped run bit for bit over a prompt and 16 greedy
- *   steps, with io_uring and with pread, O_DIRECT and buffered.
+ *   steps, with io_uring and with pread, O_DIRECT and buffered, with and without reading the
+ *   next layer's predicted experts ahead (io_uring);
+ * - read ahead directly: the experts land with the file's bytes and count as used when asked
+ *   for.
  * The model is fixed (gen seed); no timing is checked. */
 #include <errno.h>
 #include <stdlib.h>
@@ -140,6 +143,31 @@ static void check_tier(const char *path, uint64_t *layer_bytes)
         disk_tier_close(t);
     }
 
+    /* read ahead: layer 1's experts started while layer 0's are in use, then asked for */
+    struct disk_tier_config ra = {.host_budget = 2 * *layer_bytes, .io = DISK_TIER_IO_URING};
+    t = NULL;
+    if (disk_tier_open(m, &ra, &t) == 0) {
+        int32_t all_ids[64];
+        for (int e = 0; e < ne; e++)
+            all_ids[e] = e;
+        CHECK(disk_tier_get(t, 0, all_ids, ne, ptrs) == 0, "layer 0: %s", strata_error());
+        int started = disk_tier_read_ahead(t, 1, all_ids, ne);
+        CHECK(disk_tier_get(t, 1, all_ids, ne, ptrs) == 0, "layer 1: %s", strata_error());
+        size_t bad = 0;
+        for (int e = 0; e < ne; e++)
+            for (int p = 0; p < 3; p++)
+                bad += memcmp(ptrs[3 * e + p], expert_part(m, 1, e, p), part_bytes(m, 1, p)) != 0;
+        disk_tier_get_stats(t, &st);
+        printf("read ahead: %d experts of layer 1 started, %llu used, %llu misses, %zu parts "
+               "differ\n",
+               started, (unsigned long long)st.ahead_used, (unsigned long long)st.misses, bad);
+        CHECK(started == ne && st.ahead_used == (uint64_t)ne && st.misses == (uint64_t)ne &&
+                  bad == 0,
+              "read ahead: %d started, %llu used, %zu differ", started,
+              (unsigned long long)st.ahead_used, bad);
+        disk_tier_close(t);
+    }
+
     /* less than a layer */
     struct disk_tier_config small = {.host_budget = *layer_bytes - 1};
     t = NULL;
@@ -231,20 +259,28 @@ static void check_engine(const char *path, uint64_t layer_bytes, int nv)
     struct strata_stats st;
     CHECK(run(path, 0, 0, ref, nv, &st) == 0, "mapped: %s", strata_error());
     static const unsigned flags[] = {0, STRATA_FLAG_NO_URING, STRATA_FLAG_NO_DIRECT,
-                                     STRATA_FLAG_NO_URING | STRATA_FLAG_NO_DIRECT};
-    for (int i = 0; i < 4; i++) {
+                                     STRATA_FLAG_NO_URING | STRATA_FLAG_NO_DIRECT,
+                                     STRATA_FLAG_NO_READ_AHEAD};
+    for (int i = 0; i < 5; i++) {
         test_poison_f32(got, n);
         int rc = run(path, layer_bytes, flags[i], got, nv, &st);
         CHECK(rc == 0, "host tier: %s", strata_error());
         size_t diff = 0;
         for (size_t j = 0; j < n; j++)
             diff += memcmp(&got[j], &ref[j], sizeof(float)) != 0;
-        printf("CPU device, host tier of one layer (%d slots, %s, %s): prompt + %d steps, %llu "
-               "misses, %llu hits, %.1f MB read; %zu of %zu logits differ from the mapped run\n",
+        printf("CPU device, host tier of one layer (%d slots, %s, %s%s): prompt + %d steps, %llu "
+               "misses, %llu hits (%llu of %llu experts read ahead used), %.1f MB read; %zu of "
+               "%zu logits differ from the mapped run\n",
                st.tier_slots, st.tier_uring ? "io_uring" : "pread",
-               st.tier_direct ? "O_DIRECT" : "buffered", N_STEPS,
+               st.tier_direct ? "O_DIRECT" : "buffered",
+               flags[i] & STRATA_FLAG_NO_READ_AHEAD ? ", no read-ahead" : "", N_STEPS,
                (unsigned long long)st.tier_misses, (unsigned long long)st.tier_hits,
+               (unsigned long long)st.tier_ahead_used, (unsigned long long)st.tier_ahead,
                st.tier_bytes_read / 1e6, diff, n);
+        /* with io_uring the next layer's predicted experts are read while a layer computes */
+        bool ahead = st.tier_uring && !(flags[i] & STRATA_FLAG_NO_READ_AHEAD);
+        CHECK(ahead ? st.tier_ahead_used > 0 : st.tier_ahead == 0, "read-ahead %llu/%llu",
+              (unsigned long long)st.tier_ahead_used, (unsigned long long)st.tier_ahead);
         CHECK(st.has_host_tier && diff == 0, "host tier flags %u: %zu logits differ", flags[i],
               diff);
         /* every step reads every layer again: its experts were evicted by the layers after */
