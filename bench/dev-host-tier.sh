@@ -14,10 +14,11 @@ run() { # label, args...
     sync; echo 3 > /proc/sys/vm/drop_caches
     echo "### $label: strata bench -m W1 --device cpu -t 2 -p 32 -n 16 --bw-gib 0.1 $* (memory limit ${LIMIT_MIB} MiB)"
     bash -c "echo \$\$ > $CG/cgroup.procs; exec $S bench -m $W1 --device cpu -t 2 -p 32 -n 16 --bw-gib 0.1 $*" 2>&1 |
-        grep -E "^(pp|tg|host|disk|first|floor|model read)"
+        grep -E "^(pp|tg|host tier|disk|first|floor)"
     echo "memory.max_usage_in_bytes $(cat $CG/memory.max_usage_in_bytes), failcnt $(cat $CG/memory.failcnt)"
     echo 0 > $CG/memory.max_usage_in_bytes 2>/dev/null
 }
 run "page cache (mapping)"
 run "host tier 2 GiB" --host-budget 2G
+run "host tier 2 GiB, read-ahead" --host-budget 2G --host-read-ahead
 run "host tier 2 GiB, pread" --host-budget 2G --host-io pread

@@ -42,7 +42,7 @@ struct bench_opts {
     uint64_t vram_budget; /* --vram-budget */
     uint64_t host_budget; /* --host-budget (CPU) */
     bool host_pread, host_buffered; /* --host-io pread, --host-buffered */
-    bool host_no_ahead;             /* --host-no-ahead */
+    bool host_ahead;                /* --host-read-ahead */
     int residency;        /* --residency */
     int stats;            /* --stats */
     int prefetch;         /* --prefetch */
@@ -85,7 +85,7 @@ static void bench_usage(void)
            "      --host-budget SIZE  CPU: the routed experts read from the file into a host tier\n"
            "                        of SIZE (at least a layer's experts); reports its hit rate\n"
            "                        and read GB/s (--host-io auto|uring|pread, --host-buffered\n"
-           "                        as for strata run; --host-no-ahead: no reads of the next\n"
+           "                        as for strata run; --host-read-ahead: read the next\n"
            "                        layer's predicted experts while a layer computes)\n"
            "      --vram-budget SIZE  cap GPU memory (implies --device cuda): experts served by\n"
            "                        the VRAM slot cache from pinned host memory; also reports\n"
@@ -170,8 +170,8 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             o->host_buffered = true;
             continue;
         }
-        if (!strcmp(a, "--host-no-ahead")) {
-            o->host_no_ahead = true;
+        if (!strcmp(a, "--host-read-ahead")) {
+            o->host_ahead = true;
             continue;
         }
         if (!strcmp(a, "--bind")) {
@@ -350,7 +350,7 @@ static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
         cfg->host_budget = o->host_budget;
         cfg->flags |= (o->host_pread ? STRATA_FLAG_NO_URING : 0) |
                       (o->host_buffered ? STRATA_FLAG_NO_DIRECT : 0) |
-                      (o->host_no_ahead ? STRATA_FLAG_NO_READ_AHEAD : 0);
+                      (o->host_ahead ? STRATA_FLAG_READ_AHEAD : 0);
     }
     /* the first stream and, with --streams N, N more: their KV caches count against the budget */
     cfg->n_ctx = o->n_prompt + o->n_gen + 1;

@@ -78,6 +78,9 @@ static void run_opts_usage(const char *cmd)
            "                          where it works)\n"
            "      --host-buffered     never O_DIRECT (default: O_DIRECT where the file system\n"
            "                          takes it)\n"
+           "      --host-read-ahead   read the next layer's predicted experts while a layer\n"
+           "                          computes (io_uring; not faster on the 2-core machine of\n"
+           "                          bench/host-tier.md)\n"
            "      --vram-budget SIZE  cap strata's GPU memory (e.g. 8G, 7.5GiB, 8000MB): the\n"
            "                          trunk and KV cache stay resident, experts live in pinned\n"
            "                          host memory and are cached in VRAM slots (implies\n"
@@ -241,6 +244,8 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->no_mmap = true, used = 0;
         } else if (IS("--host-buffered", NULL)) {
             o->host_buffered = true, used = 0;
+        } else if (IS("--host-read-ahead", NULL)) {
+            o->host_ahead = true, used = 0;
         } else if (IS("-v", "--verbose")) {
             o->verbose = true, used = 0;
         } else if (IS("--stats", NULL)) {
@@ -358,8 +363,9 @@ int run_opts_check(struct run_opts *o, const char *cmd)
     }
     if (o->device_set && !strcmp(o->device, "cpu") && o->cuda_flag)
         return run_opts_cuda_only(cmd, o->cuda_flag, o->device);
-    if ((o->host_io || o->host_buffered) && !o->host_budget) {
-        fprintf(stderr, "strata %s: --host-io and --host-buffered need --host-budget\n", cmd);
+    if ((o->host_io || o->host_buffered || o->host_ahead) && !o->host_budget) {
+        fprintf(stderr, "strata %s: --host-io, --host-buffered and --host-read-ahead need "
+                        "--host-budget\n", cmd);
         return 2;
     }
     if (o->host_budget && (!o->device_set || strcmp(o->device, "cpu"))) {
@@ -458,7 +464,8 @@ void run_opts_config(const struct run_opts *o, const char *path, struct strata_c
                  (o->profile_freeze ? STRATA_FLAG_PROFILE_FREEZE : 0) |
                  (o->profile_optional ? STRATA_FLAG_PROFILE_OPTIONAL : 0) |
                  (o->host_io && !strcmp(o->host_io, "pread") ? STRATA_FLAG_NO_URING : 0) |
-                 (o->host_buffered ? STRATA_FLAG_NO_DIRECT : 0);
+                 (o->host_buffered ? STRATA_FLAG_NO_DIRECT : 0) |
+                 (o->host_ahead ? STRATA_FLAG_READ_AHEAD : 0);
     cfg->profile = o->profile;
     cfg->prefetch_depth = o->prefetch_depth;
     cfg->n_threads = o->n_threads;

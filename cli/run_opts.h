@@ -32,6 +32,7 @@ struct run_opts {
     uint64_t host_budget;  /* --host-budget, 0 = none */
     const char *host_io;   /* --host-io auto|uring|pread */
     bool host_buffered;    /* --host-buffered */
+    bool host_ahead;       /* --host-read-ahead */
     const char *residency; /* --residency copy|zerocopy */
     bool stats;            /* --stats */
     bool prefetch;         /* --prefetch */

@@ -70,8 +70,9 @@ enum strata_flags {
                                             * run goes on with a cold cache */
     STRATA_FLAG_NO_URING = 1 << 8,  /* host tier: read with pread, never io_uring */
     STRATA_FLAG_NO_DIRECT = 1 << 9, /* host tier: buffered reads, never O_DIRECT */
-    STRATA_FLAG_NO_READ_AHEAD = 1 << 10, /* host tier: no reads of the next layer's predicted
-                                          * experts while a layer computes */
+    STRATA_FLAG_READ_AHEAD = 1 << 10, /* host tier: read the next layer's predicted experts
+                                       * while a layer computes (io_uring; bench/host-tier.md:
+                                       * not faster on a 2-core machine) */
 };
 
 /* What the router chose at one layer for a batch of tokens (statistics tools). */

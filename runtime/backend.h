@@ -113,7 +113,7 @@ struct backend_cpu_config {
      * (residency/disk_tier.h) instead of from the mapping; tier_pread: never io_uring;
      * tier_buffered: never O_DIRECT */
     uint64_t host_budget;
-    bool tier_pread, tier_buffered, tier_no_ahead;
+    bool tier_pread, tier_buffered, tier_ahead;
     FILE *log;
     /* Called after each layer's routing, on the calling thread; NULL for none. */
     moe_route_observer_fn route_observer;

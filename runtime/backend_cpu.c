@@ -243,7 +243,7 @@ int backend_cpu_open(const struct model *m, const struct backend_cpu_config *cfg
     }
     struct moe_layer_config mc = {
         .max_tok = c->max_tok, .observer = c->cfg.route_observer,
-        .observer_ctx = c->cfg.route_ctx, .tier = c->tier, .tier_ahead = !c->cfg.tier_no_ahead,
+        .observer_ctx = c->cfg.route_ctx, .tier = c->tier, .tier_ahead = c->cfg.tier_ahead,
     };
     rc = moe_layer_open(m, &mc, &cpu_moe_ops, c, &c->moe);
     if (rc) {

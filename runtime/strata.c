@@ -265,7 +265,7 @@ int strata_start(struct strata *s)
             .host_budget = cfg->host_budget,
             .tier_pread = cfg->flags & STRATA_FLAG_NO_URING,
             .tier_buffered = cfg->flags & STRATA_FLAG_NO_DIRECT,
-            .tier_no_ahead = cfg->flags & STRATA_FLAG_NO_READ_AHEAD,
+            .tier_ahead = cfg->flags & STRATA_FLAG_READ_AHEAD,
             .log = cfg->log,
             .route_observer = cfg->route_observer ? strata_route_trampoline : NULL,
             .route_ctx = s,

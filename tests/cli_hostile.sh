@@ -81,10 +81,11 @@ t 2 "static:N (N >= 1), not 'static:1x'" run -p x --placement static:1x
 t 2 "--host-budget wants a size such as 8G" run -p x --device cpu --host-budget 1Q
 t 2 "--host-budget runs on the CPU device only so far: add --device cpu" run -p x --host-budget 1G
 t 2 "--host-io auto, uring or pread, not 'aio'" "${run[@]}" -p x --host-budget 1G --host-io aio
-t 2 "--host-io and --host-buffered need --host-budget" "${run[@]}" -p x --host-buffered
+t 2 "--host-io, --host-buffered and --host-read-ahead need --host-budget" "${run[@]}" -p x --host-buffered
 t 2 "--no-mmap copies them all to memory" "${run[@]}" -p x --host-budget 1G --no-mmap
 t 1 "one layer has 128: at least" "${run[@]}" -p x --host-budget 1M
 t 0 "generation: 1 tokens" "${run[@]}" -p x --host-budget 64M --host-io pread --host-buffered
+t 0 "generation: 1 tokens" "${run[@]}" -p x --host-budget 64M --host-read-ahead
 t 2 "-s wants an integer" chat -s abc
 # strata run: prompt files
 t 2 "-f $tmp/dir: is a directory" "${run[@]}" -f "$tmp/dir"

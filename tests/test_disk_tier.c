@@ -260,8 +260,9 @@ static void check_engine(const char *path, uint64_t layer_bytes, int nv)
     CHECK(run(path, 0, 0, ref, nv, &st) == 0, "mapped: %s", strata_error());
     static const unsigned flags[] = {0, STRATA_FLAG_NO_URING, STRATA_FLAG_NO_DIRECT,
                                      STRATA_FLAG_NO_URING | STRATA_FLAG_NO_DIRECT,
-                                     STRATA_FLAG_NO_READ_AHEAD};
-    for (int i = 0; i < 5; i++) {
+                                     STRATA_FLAG_READ_AHEAD,
+                                     STRATA_FLAG_READ_AHEAD | STRATA_FLAG_NO_DIRECT};
+    for (int i = 0; i < 6; i++) {
         test_poison_f32(got, n);
         int rc = run(path, layer_bytes, flags[i], got, nv, &st);
         CHECK(rc == 0, "host tier: %s", strata_error());
@@ -273,12 +274,12 @@ static void check_engine(const char *path, uint64_t layer_bytes, int nv)
                "%zu logits differ from the mapped run\n",
                st.tier_slots, st.tier_uring ? "io_uring" : "pread",
                st.tier_direct ? "O_DIRECT" : "buffered",
-               flags[i] & STRATA_FLAG_NO_READ_AHEAD ? ", no read-ahead" : "", N_STEPS,
+               flags[i] & STRATA_FLAG_READ_AHEAD ? ", read-ahead" : "", N_STEPS,
                (unsigned long long)st.tier_misses, (unsigned long long)st.tier_hits,
                (unsigned long long)st.tier_ahead_used, (unsigned long long)st.tier_ahead,
                st.tier_bytes_read / 1e6, diff, n);
-        /* with io_uring the next layer's predicted experts are read while a layer computes */
-        bool ahead = st.tier_uring && !(flags[i] & STRATA_FLAG_NO_READ_AHEAD);
+        /* read-ahead: the next layer's predicted experts read while a layer computes */
+        bool ahead = st.tier_uring && (flags[i] & STRATA_FLAG_READ_AHEAD);
         CHECK(ahead ? st.tier_ahead_used > 0 : st.tier_ahead == 0, "read-ahead %llu/%llu",
               (unsigned long long)st.tier_ahead_used, (unsigned long long)st.tier_ahead);
         CHECK(st.has_host_tier && diff == 0, "host tier flags %u: %zu logits differ", flags[i],
