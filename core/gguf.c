@@ -655,6 +655,7 @@ static int file_map(const char *path, struct gguf_file_impl **out)
     }
     fi->pub.fd = fd;
     fi->pub.mapped = true;
+    fi->pub.mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
     *out = fi;
     return 0;
 }

@@ -85,6 +85,7 @@ struct gguf_file {
     struct gguf_tensor *tensors;  /* (n_tensors) owned, in file order */
     char *path;                   /* owned copy, or NULL for memory */
     int fd;                       /* -1 for memory */
+    int64_t mtime_ns;             /* the file's modification time when opened (0 for memory) */
     bool mapped;                  /* base came from mmap and is unmapped by gguf_close */
 };
 

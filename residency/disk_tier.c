@@ -33,6 +33,8 @@ struct dt_slot {
 struct disk_tier {
     int fd;
     bool direct, uring, registered;
+    uint64_t map_size;  /* the file as the model mapped it: size, */
+    int64_t map_mtime;  /* and modification time */
     struct io_uring ring;
     int depth;
     int n_layer, n_expert;
@@ -128,6 +130,13 @@ static int dt_open_file(struct disk_tier *t, const struct disk_tier_config *cfg)
     if (fstat(t->fd, &sb))
         return err_set(-errno, "host tier: %s: %s", t->path, strerror(errno));
     t->file_size = (uint64_t)sb.st_size;
+    int64_t mtime = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+    if (t->file_size != t->map_size || (t->map_mtime && mtime != t->map_mtime))
+        return err_set(-ESTALE,
+                       "host tier: %s changed on disk since it was loaded (%llu bytes, modified "
+                       "%.3f s later): load it again",
+                       t->path, (unsigned long long)t->file_size,
+                       (mtime - t->map_mtime) / 1e9);
     return 0;
 }
 
@@ -164,6 +173,8 @@ int disk_tier_open(const struct model *m, const struct disk_tier_config *cfg,
         return err_set(-ENOMEM, "out of memory");
     t->fd = -1;
     t->path = m->file->path;
+    t->map_size = m->file->size;
+    t->map_mtime = m->file->mtime_ns;
     if (!t->path || m->copy) {
         free(t);
         return err_set(-EINVAL, "host tier: the model must be read from its file (not --no-mmap)");

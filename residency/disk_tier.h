@@ -8,7 +8,8 @@
  * misses are read in one batch: three reads per expert, each of the 4096-aligned file span
  * around its bytes, all submitted before any is reaped (io_uring: queue_depth in flight, the
  * file registered, the slots registered where the memlock limit allows), or one pread after
- * another. disk_tier_read_ahead starts the reads of a predicted next call without waiting
+ * another. A file whose size or modification time differs from the mapped one is refused at
+ * open (-ESTALE). disk_tier_read_ahead starts the reads of a predicted next call without waiting
  * (io_uring), into slots outside the current call; the next call reaps them before anything
  * else, and a read-ahead that failed is only a miss then. The file is opened with O_DIRECT where the file system takes it, else buffered (the
  * log says which); a read that fails or comes back short ends the call with the file, offset,

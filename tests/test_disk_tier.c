@@ -5,6 +5,7 @@
  * - a budget of one layer's experts misses every expert of a layer it comes back to after
  *   another, a budget of all of them hits from the second pass on; less than a layer is
  *   refused with the arithmetic, a call over the slots with -EINVAL;
+ * - a file touched after the model mapped it is refused at open (-ESTALE);
  * - a file cut short under the tier: the read fails with -EIO naming the file, the offset, the
  *   tensor and the expert;
  * - the CPU device with host_budget of one layer's experts (every layer read from the file at
@@ -15,7 +16,9 @@
  *   for.
  * The model is fixed (gen seed); no timing is checked. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -167,6 +170,16 @@ static void check_tier(const char *path, uint64_t *layer_bytes)
               (unsigned long long)st.ahead_used, bad);
         disk_tier_close(t);
     }
+
+    /* the file changed on disk after the model mapped it: refused */
+    struct timespec ts[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};
+    CHECK(utimensat(AT_FDCWD, path, ts, 0) == 0, "touch");
+    t = NULL;
+    int rc_stale = disk_tier_open(m, &all, &t);
+    printf("after the file's mtime changed: rc %d: %s\n", rc_stale, strata_error());
+    CHECK(rc_stale == -ESTALE && strstr(strata_error(), "changed on disk"), "a touched file: %d",
+          rc_stale);
+    disk_tier_close(t);
 
     /* less than a layer */
     struct disk_tier_config small = {.host_budget = *layer_bytes - 1};
