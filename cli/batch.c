@@ -222,9 +222,11 @@ static void batch_usage(void)
         "  --vram-budget SIZE (counts the KV caches of all the streams), --placement\n"
         "  stream|hybrid|static|static:N, --residency copy|zerocopy, --streaming dma|kernel,\n"
         "  --prefetch, --prefetch-depth N, --profile FILE [--profile-freeze]\n"
-        "  [--profile-optional], --stats, --stats-json FILE, --bind, --no-mmap, -v\n\n"
-        "Not taken: -p and -f (the prompts come from --input), --graph (lockstep steps are not\n"
-        "replayed from a CUDA graph).\n\n"
+        "  [--profile-optional], --stats, --stats-json FILE, --bind, --no-mmap, -v, --graph\n"
+        "  (every expert resident: each step's shape recorded once as a CUDA graph and\n"
+        "  replayed), --host-budget SIZE [--host-io auto|uring|pread] [--host-buffered]\n"
+        "  [--host-read-ahead] (--device cpu)\n\n"
+        "Not taken: -p and -f (the prompts come from --input).\n\n"
         "Progress (lines done out of this run's, tokens generated per second since the\n"
         "start) goes to stderr, at most every second on a terminal and every 10 s otherwise.\n"
         "Ctrl-C stops after the current step (a second one ends at once): the lines finished\n"
@@ -244,9 +246,10 @@ static bool batch_run_flag(const char *a, bool *takes_value)
         "-m --model -t --threads --cpu-threads -c --ctx-size -b --batch-size --device "
         "--vram-budget --placement --residency --streaming --prefetch-depth --profile "
         "--stats-json --system -n --n-predict --temp --top-k --top-p --min-p --repeat-penalty "
-        "--repeat-last-n -s --seed --stop";
+        "--repeat-last-n -s --seed --stop --host-budget --host-io";
     static const char bare[] = "--chat --think --no-think --ignore-eos --bind --no-mmap -v "
-                               "--verbose --stats --prefetch --profile-freeze --profile-optional";
+                               "--verbose --stats --prefetch --profile-freeze --profile-optional "
+                               "--graph --host-buffered --host-read-ahead";
     return run_opts_flag_in(with_value, bare, a, takes_value);
 }
 
