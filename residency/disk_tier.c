@@ -133,10 +133,10 @@ static int dt_open_file(struct disk_tier *t, const struct disk_tier_config *cfg)
     int64_t mtime = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
     if (t->file_size != t->map_size || (t->map_mtime && mtime != t->map_mtime))
         return err_set(-ESTALE,
-                       "host tier: %s changed on disk since it was loaded (%llu bytes, modified "
-                       "%.3f s later): load it again",
-                       t->path, (unsigned long long)t->file_size,
-                       (mtime - t->map_mtime) / 1e9);
+                       "host tier: %s changed on disk since it was loaded (%llu bytes then, %llu "
+                       "now; modification time moved by %.3f s): load it again",
+                       t->path, (unsigned long long)t->map_size,
+                       (unsigned long long)t->file_size, (mtime - t->map_mtime) / 1e9);
     return 0;
 }
 
