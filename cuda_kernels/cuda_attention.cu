@@ -986,26 +986,6 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
         return -EINVAL;
     if (a->n_tok == 0)
         return 0;
-    if (a->k_rows) {
-        struct attn_params p = {};
-        p.out = a->out;
-        p.q = a->q;
-        p.pos_dev = a->pos_dev;
-        p.n_ctx = a->n_ctx;
-        p.n_head = a->n_head;
-        p.n_head_kv = a->n_head_kv;
-        p.hd = a->head_dim;
-        p.G = a->n_head / a->n_head_kv;
-        p.scale = a->scale;
-        return attd_rows_launch(a, &p, (cudaStream_t)a->stream);
-    }
-    if (!a->out || !a->q || !a->k_cache || !a->v_cache)
-        return -EINVAL;
-    struct attn_plan pl;
-    attn_plan_make(a, &pl);
-    if (pl.smem > 48 * 1024) /* cannot happen for head_dim <= 256; no opt-in attribute is set */
-        return -EINVAL;
-    int64_t nth = (int64_t)a->n_tok * a->n_head;
     struct attn_params p = {};
     p.out = a->out;
     p.q = a->q;
@@ -1020,6 +1000,15 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
     p.hd = a->head_dim;
     p.G = a->n_head / a->n_head_kv;
     p.scale = a->scale;
+    if (a->k_rows)
+        return attd_rows_launch(a, &p, (cudaStream_t)a->stream);
+    if (!a->out || !a->q || !a->k_cache || !a->v_cache)
+        return -EINVAL;
+    struct attn_plan pl;
+    attn_plan_make(a, &pl);
+    if (pl.smem > 48 * 1024) /* cannot happen for head_dim <= 256; no opt-in attribute is set */
+        return -EINVAL;
+    int64_t nth = (int64_t)a->n_tok * a->n_head;
     p.R = pl.R;
     p.T = pl.T;
     p.n_split = pl.n_split;
