@@ -4,14 +4,16 @@
 # inflated to the 30b-a3b preset's shapes) for each placement in W1_WHERE, and with P30B=1 on
 # the 30b-a3b preset (random weights) for each in P30B_WHERE: aggregate and per-stream decode
 # tok/s and expert bytes moved per generated token. Then (BATCH=1) strata batch on W1 at 8 GiB:
-# 32 prompts, --streams 1 against 8. Binaries: .carry/bin.tar.xz (scripts/device-pack.sh).
+# 32 prompts, --streams 1 against 8, and --streams 8 all resident with --graph. TESTS names the
+# test binaries to run (default: all). Binaries: .carry/bin.tar.xz (scripts/device-pack.sh).
 set -u
 . bench/device-env.sh
 export STRATA_TEST_DATA=$PWD/tests/data
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 R="$OUT/bench-lockstep.txt"
 if [ -z "${SKIP_TESTS:-}" ]; then
-    for t in "$B"/test_*; do
+    for t in ${TESTS:-"$B"/test_*}; do
+        t="$B/$(basename "$t")"
         (cd tests && timeout 300 "$t" >"$OUT/$(basename "$t").log" 2>&1)
         echo "$(basename "$t") rc=$?"
         grep -E "lockstep|another order|chunks|FAIL|attention rows .*16 rows" "$OUT/$(basename "$t").log" | head -40
@@ -47,16 +49,22 @@ lines = [l.strip() for f in sorted(glob.glob("docs/*.md")) for l in open(f) if l
 for i, l in enumerate(lines[:32]):
     print(json.dumps({"id": i, "prompt": l[:160]}))
 PY
-for n in 1 8; do
-    rm -f /tmp/batch-out-$n.jsonl
-    echo "### strata batch -m W1 --vram-budget 8G --temp 0 -n 64 --streams $n (32 prompts)" | tee -a "$R"
-    /usr/bin/time -f "%e s wall" timeout 120 "$B/strata" batch -m $W1 --vram-budget 8G --temp 0 -n 64 \
-        --streams $n --input /tmp/batch-in.jsonl -o /tmp/batch-out-$n.jsonl 2>&1 | tr '\r' '\n' | tail -3 | tee -a "$R"
-done
+batch() { # output name, streams, where...
+    local o=$1 n=$2
+    shift 2
+    rm -f /tmp/batch-out-$o.jsonl
+    echo "### strata batch -m W1 $* --temp 0 -n 64 --streams $n (32 prompts)" | tee -a "$R"
+    /usr/bin/time -f "%e s wall" timeout 120 "$B/strata" batch -m $W1 "$@" --temp 0 -n 64 \
+        --streams $n --input /tmp/batch-in.jsonl -o /tmp/batch-out-$o.jsonl 2>&1 | tr '\r' '\n' | tail -3 | tee -a "$R"
+}
+batch 1 1 --vram-budget 8G
+batch 8 8 --vram-budget 8G
+batch 8g 8 --device cuda --graph
 python3 - <<'PY' | tee -a "$R"
 import json
 a = [json.loads(l) for l in open("/tmp/batch-out-1.jsonl")]
-b = [json.loads(l) for l in open("/tmp/batch-out-8.jsonl")]
-same = sum(x.get("text") == y.get("text") for x, y in zip(a, b))
-print(f"batch: {same} of {len(a)} texts identical between --streams 1 and 8")
+for o in ("8", "8g"):
+    b = [json.loads(l) for l in open(f"/tmp/batch-out-{o}.jsonl")]
+    same = sum(x.get("text") == y.get("text") for x, y in zip(a, b))
+    print(f"batch: {same} of {len(a)} texts identical between --streams 1 and {o}")
 PY

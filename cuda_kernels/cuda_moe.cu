@@ -58,6 +58,8 @@ struct moe_params {
     float *h;         /* (n_pairs, n_ff) silu(gate x) * up x of each pair */
     int8_t *hq;       /* (n_pairs, n_ff) h as 8-bit codes (the 8-bit direct path) */
     float2 *hd;       /* (n_pairs, n_ff / 32) their (d, d * sum) per 32 elements */
+    int8_t *xq;       /* (n_tok, n_embd) the inputs as 8-bit codes (grouped 8-bit path) */
+    float2 *xd;       /* (n_tok, n_embd / 32) their (d, d * sum) per 32 elements */
     float *y;         /* (n_pairs, n_embd) w * down h of each pair (grouped path) */
     int32_t *cnt;     /* (MOE_SORT_THREADS, n_expert + 1) per-chunk counts, then cursors */
     int32_t *off;     /* (n_expert + 2) start of each bin in sorted */
@@ -459,13 +461,17 @@ static __device__ __forceinline__ void moe_q4k_scale_min(uint4 hd, int j, int *s
 }
 
 /* Q4_K unit u = sub-block j = u % 8 of block u / 8: codes are the low (j even) or high nibbles
- * of qs[32 (j / 2) ..], value d sc q - dmin m. */
+ * of qs[32 (j / 2) ..], value d sc q - dmin m. A unit is loaded once (load16 on a 16-byte
+ * aligned row: three 16-byte loads, header and 32 code bytes; load elsewhere) and applied to
+ * one or more activation rows: dot = load + apply, the arithmetic every 8-bit kernel shares. */
 template <> struct moe_q8_unit<QUANT_Q4_K> {
     static constexpr bool A16 = true; /* 144-byte blocks: 16-byte aligned rows stay aligned */
+    struct w {
+        uint32_t q[8]; /* the unit's 32 codes, 4 per word */
+        float dsc, dm; /* d sc and dmin m */
+    };
 
-    /* the same on a 16-byte aligned row: three 16-byte loads (header, 32 code bytes) */
-    static __device__ __forceinline__ float dot16(const uint8_t *row, int64_t u, const int8_t *xq,
-                                                  const float2 *xd, float acc)
+    static __device__ __forceinline__ w load16(const uint8_t *row, int64_t u)
     {
         const uint8_t *b = row + (u / 8) * 144;
         const int j = (int)(u % 8);
@@ -476,19 +482,16 @@ template <> struct moe_q8_unit<QUANT_Q4_K> {
         moe_q4k_scale_min(hd, j, &sc, &m);
         const int sh = 4 * (j & 1);
         const uint32_t q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-        const int4 x0 = *(const int4 *)(xq + 32 * u), x1 = *(const int4 *)(xq + 32 * u + 16);
-        const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        int dot = 0;
+        w r;
 #pragma unroll
-        for (int w = 0; w < 8; w++)
-            dot = __dp4a((int)((q[w] >> sh) & 0x0F0F0F0Fu), xs[w], dot);
-        const float d = cq_f16(hd.x & 0xFFFF), dmin = cq_f16(hd.x >> 16);
-        const float2 x = xd[u];
-        return acc + d * (float)sc * x.x * (float)dot - dmin * (float)m * x.y;
+        for (int i = 0; i < 8; i++)
+            r.q[i] = (q[i] >> sh) & 0x0F0F0F0Fu;
+        r.dsc = cq_f16(hd.x & 0xFFFF) * (float)sc;
+        r.dm = cq_f16(hd.x >> 16) * (float)m;
+        return r;
     }
 
-    static __device__ __forceinline__ float dot(const uint8_t *row, int64_t u, const int8_t *xq,
-                                                const float2 *xd, float acc)
+    static __device__ __forceinline__ w load(const uint8_t *row, int64_t u)
     {
         const uint8_t *b = row + (u / 8) * 144;
         const int j = (int)(u % 8);
@@ -496,15 +499,38 @@ template <> struct moe_q8_unit<QUANT_Q4_K> {
         cq_k4_scale_min(b + 4, j, &sc, &m);
         const uint8_t *q = b + 16 + 32 * (j / 2);
         const int sh = 4 * (j & 1);
+        w r;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            r.q[i] = (cq_ld_u32_a2(q + 4 * i) >> sh) & 0x0F0F0F0Fu;
+        r.dsc = cq_f16(cq_ld_u16(b)) * (float)sc;
+        r.dm = cq_f16(cq_ld_u16(b + 2)) * (float)m;
+        return r;
+    }
+
+    static __device__ __forceinline__ float apply(const w &wu, int64_t u, const int8_t *xq,
+                                                  const float2 *xd, float acc)
+    {
         const int4 x0 = *(const int4 *)(xq + 32 * u), x1 = *(const int4 *)(xq + 32 * u + 16);
         const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         int dot = 0;
 #pragma unroll
-        for (int w = 0; w < 8; w++)
-            dot = __dp4a((int)((cq_ld_u32_a2(q + 4 * w) >> sh) & 0x0F0F0F0Fu), xs[w], dot);
-        const float d = cq_f16(cq_ld_u16(b)), dmin = cq_f16(cq_ld_u16(b + 2));
+        for (int i = 0; i < 8; i++)
+            dot = __dp4a((int)wu.q[i], xs[i], dot);
         const float2 x = xd[u];
-        return acc + d * (float)sc * x.x * (float)dot - dmin * (float)m * x.y;
+        return acc + wu.dsc * x.x * (float)dot - wu.dm * x.y;
+    }
+
+    static __device__ __forceinline__ float dot16(const uint8_t *row, int64_t u, const int8_t *xq,
+                                                  const float2 *xd, float acc)
+    {
+        return apply(load16(row, u), u, xq, xd, acc);
+    }
+
+    static __device__ __forceinline__ float dot(const uint8_t *row, int64_t u, const int8_t *xq,
+                                                const float2 *xd, float acc)
+    {
+        return apply(load(row, u), u, xq, xd, acc);
     }
 };
 
@@ -513,26 +539,53 @@ template <> struct moe_q8_unit<QUANT_Q4_K> {
  * + 1 for its two halves of 16; value d sc (q - 32). */
 template <> struct moe_q8_unit<QUANT_Q6_K> {
     static constexpr bool A16 = false; /* 210-byte blocks */
+    struct w {
+        uint32_t q[8]; /* the unit's 32 codes minus 32, 4 per word */
+        int sc0, sc1;  /* the scales of its two halves */
+        float d;
+    };
 
-    static __device__ __forceinline__ float dot(const uint8_t *row, int64_t u, const int8_t *xq,
-                                                const float2 *xd, float acc)
+    static __device__ __forceinline__ w load(const uint8_t *row, int64_t u)
     {
         const uint8_t *b = row + (u / 8) * 210;
         const int s8 = (int)(u % 8), h = s8 / 4, s = s8 % 4;
         const uint8_t *ql = b + 64 * h + 32 * (s % 2), *qh = b + 128 + 32 * h;
         const int shl = 4 * (s / 2), shh = 2 * s;
+        w r;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint32_t lo = (cq_ld_u32_a2(ql + 4 * i) >> shl) & 0x0F0F0F0Fu;
+            const uint32_t hi = ((cq_ld_u32_a2(qh + 4 * i) >> shh) & 0x03030303u) << 4;
+            r.q[i] = __vsub4(lo | hi, 0x20202020u);
+        }
+        const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * s;
+        r.sc0 = sc[0];
+        r.sc1 = sc[1];
+        r.d = cq_f16(cq_ld_u16(b + 208));
+        return r;
+    }
+
+    static __device__ __forceinline__ w load16(const uint8_t *row, int64_t u)
+    {
+        return load(row, u);
+    }
+
+    static __device__ __forceinline__ float apply(const w &wu, int64_t u, const int8_t *xq,
+                                                  const float2 *xd, float acc)
+    {
         const int4 x0 = *(const int4 *)(xq + 32 * u), x1 = *(const int4 *)(xq + 32 * u + 16);
         const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         int dot[2] = {0, 0};
 #pragma unroll
-        for (int w = 0; w < 8; w++) {
-            const uint32_t lo = (cq_ld_u32_a2(ql + 4 * w) >> shl) & 0x0F0F0F0Fu;
-            const uint32_t hi = ((cq_ld_u32_a2(qh + 4 * w) >> shh) & 0x03030303u) << 4;
-            dot[w / 4] = __dp4a((int)__vsub4(lo | hi, 0x20202020u), xs[w], dot[w / 4]);
-        }
-        const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * s;
-        const float d = cq_f16(cq_ld_u16(b + 208));
-        return acc + d * xd[u].x * (float)(sc[0] * dot[0] + sc[1] * dot[1]);
+        for (int i = 0; i < 8; i++)
+            dot[i / 4] = __dp4a((int)wu.q[i], xs[i], dot[i / 4]);
+        return acc + wu.d * xd[u].x * (float)(wu.sc0 * dot[0] + wu.sc1 * dot[1]);
+    }
+
+    static __device__ __forceinline__ float dot(const uint8_t *row, int64_t u, const int8_t *xq,
+                                                const float2 *xd, float acc)
+    {
+        return apply(load(row, u), u, xq, xd, acc);
     }
 };
 
@@ -654,6 +707,165 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct mo
         }
         if (rr < p.n_embd)
             p.out[(int64_t)t * p.out_stride + rr] = anybad ? NAN : s;
+    }
+}
+
+/* ---- grouped 8-bit path (lockstep steps) -------------------------------------------------------
+ * The direct path reads an expert's weights once per pair that chose it; a step of several
+ * streams picks many experts more than once. Here the pairs are sorted by expert (k_moe_sort,
+ * tiles of up to MOE_TILE_Q8 pairs of one expert) and each weight unit is loaded once and
+ * applied to every pair of its tile. The inputs are quantized once per token into scratch
+ * (xq, xd) by the blocks of k_moe_prep_q8 that do not sort. Gate/up performs the direct path's
+ * arithmetic per pair (the same load/apply, the same lane order and butterfly), so h, hq and hd
+ * equal the direct path's bit for bit; down writes w * (down_e h) per pair to y, each row one
+ * warp over its units, and k_moe_combine sums each token's k pairs in order j: the outputs
+ * differ from the direct path's by the order of the down sums only (docs/cuda-ops.md). */
+
+#define MOE_TILE_Q8 8 /* pairs per tile on the grouped 8-bit path */
+
+static __device__ void moe_sort_body(const struct moe_params &p);
+
+/* Block 0 sorts the pairs by expert (k_moe_sort's body); block 1 + t quantizes token t's input
+ * row into xq / xd. */
+static __global__ void __launch_bounds__(MOE_SORT_THREADS) k_moe_prep_q8(struct moe_params p)
+{
+    if (blockIdx.x == 0) {
+        moe_sort_body(p);
+        return;
+    }
+    const int t = blockIdx.x - 1;
+    const float *src = p.in + (int64_t)t * p.in_stride;
+    moe_q8_quantize(&src, 1, p.n_embd, p.xq + (int64_t)t * p.n_embd,
+                    p.xd + (int64_t)t * (p.n_embd / 32));
+}
+
+/* gate/up of one tile: block (tile, MOE_Q8_GU_ROWS rows), warp w rows 2w and 2w + 1 for every
+ * pair of the tile, then each pair's 32 values of h quantized as k_moe_gate_up_q8 does. */
+template <uint32_t WT>
+static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32)
+    k_moe_gate_up_gq8(struct moe_params p)
+{
+    constexpr int TQ = MOE_TILE_Q8;
+    __shared__ float hs[TQ][MOE_Q8_GU_ROWS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, w = blockIdx.x;
+    if (w >= *p.n_tiles)
+        return;
+    const int b = p.tile_b[w], np = p.tile_n[w], e = p.tile_e[w];
+    const int64_t rb = (int64_t)blockIdx.y * MOE_Q8_GU_ROWS, r0 = rb + 2 * warp;
+    const int64_t nu = p.n_embd / 32;
+    int pairs[TQ];
+    const int8_t *xq[TQ];
+    const float2 *xd[TQ];
+#pragma unroll
+    for (int i = 0; i < TQ; i++) {
+        pairs[i] = p.sorted[b + (i < np ? i : 0)];
+        const int64_t t = pairs[i] / p.k;
+        xq[i] = p.xq + t * p.n_embd;
+        xd[i] = p.xd + t * nu;
+    }
+    if (e < 0 || e >= p.n_expert) { /* uniform over the block: no barrier below is reached */
+        if (warp < np) {
+            const int64_t hu = ((int64_t)pairs[warp] * p.n_ff + rb) / 32;
+            p.hq[hu * 32 + lane] = 0;
+            if (lane == 0)
+                p.hd[hu] = make_float2(NAN, NAN);
+        }
+        return;
+    }
+    const uint8_t *gb = moe_expert(p.gate, p.gate_stride, p.gate_ptrs, e);
+    const uint8_t *ub = moe_expert(p.up, p.up_stride, p.up_ptrs, e);
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        const int64_t r = r0 + ri;
+        const uint8_t *gr = gb + r * p.gate_row, *ur = ub + r * p.up_row;
+        float ag[TQ], au[TQ];
+#pragma unroll
+        for (int i = 0; i < TQ; i++)
+            ag[i] = au[i] = 0.0f;
+        const bool a16 =
+            moe_q8_unit<WT>::A16 && (((uintptr_t)gr | (uintptr_t)ur) & 15) == 0;
+        for (int64_t u = lane; u < nu; u += 32) {
+            typename moe_q8_unit<WT>::w wg, wu;
+            if (a16) {
+                wg = moe_q8_unit<WT>::load16(gr, u);
+                wu = moe_q8_unit<WT>::load16(ur, u);
+            } else {
+                wg = moe_q8_unit<WT>::load(gr, u);
+                wu = moe_q8_unit<WT>::load(ur, u);
+            }
+#pragma unroll
+            for (int i = 0; i < TQ; i++) {
+                if (i < np) {
+                    ag[i] = moe_q8_unit<WT>::apply(wg, u, xq[i], xd[i], ag[i]);
+                    au[i] = moe_q8_unit<WT>::apply(wu, u, xq[i], xd[i], au[i]);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < TQ; i++) {
+            if (i < np) {
+                const float gs = ops_warp_sum(ag[i]), us = ops_warp_sum(au[i]);
+                if (lane == 0)
+                    hs[i][2 * warp + ri] = __fmul_rn(moe_silu(gs), us);
+            }
+        }
+    }
+    __syncthreads();
+    if (warp < np) { /* as k_moe_gate_up_q8, one unit per pair */
+        const int64_t hu = ((int64_t)pairs[warp] * p.n_ff + rb) / 32;
+        const float v = hs[warp][lane], amax = ops_warp_max(fabsf(v));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const int q = __float2int_rn(v * id);
+        p.hq[hu * 32 + lane] = (int8_t)q;
+        const int sum = __reduce_add_sync(0xffffffffu, q);
+        if (lane == 0)
+            p.hd[hu] = make_float2(amax / 127.0f, amax / 127.0f * (float)sum);
+    }
+}
+
+/* down of one tile: block (tile, MOE_WARPS rows), warp w row w for every pair of the tile:
+ * y[pair, r] = w_pair * (down_e[r] . h_pair), its lanes walking the row's units. */
+template <uint32_t WT>
+static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_gq8(struct moe_params p)
+{
+    constexpr int TQ = MOE_TILE_Q8;
+    const int lane = threadIdx.x & 31, w = blockIdx.x;
+    const int64_t r = (int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
+    if (w >= *p.n_tiles || r >= p.n_embd)
+        return;
+    const int b = p.tile_b[w], np = p.tile_n[w], e = p.tile_e[w];
+    const int64_t nu = p.n_ff / 32;
+    int pairs[TQ];
+#pragma unroll
+    for (int i = 0; i < TQ; i++)
+        pairs[i] = p.sorted[b + (i < np ? i : 0)];
+    if (e < 0 || e >= p.n_expert) {
+        if (lane < np)
+            p.y[(int64_t)p.sorted[b + lane] * p.n_embd + r] = NAN;
+        return;
+    }
+    const uint8_t *dr = moe_expert(p.down, p.down_stride, p.down_ptrs, e) + r * p.down_row;
+    const bool a16 = moe_q8_unit<WT>::A16 && ((uintptr_t)dr & 15) == 0;
+    float acc[TQ];
+#pragma unroll
+    for (int i = 0; i < TQ; i++)
+        acc[i] = 0.0f;
+    for (int64_t u = lane; u < nu; u += 32) {
+        const typename moe_q8_unit<WT>::w wd =
+            a16 ? moe_q8_unit<WT>::load16(dr, u) : moe_q8_unit<WT>::load(dr, u);
+#pragma unroll
+        for (int i = 0; i < TQ; i++)
+            if (i < np)
+                acc[i] = moe_q8_unit<WT>::apply(wd, u, p.hq + (int64_t)pairs[i] * p.n_ff,
+                                                p.hd + (int64_t)pairs[i] * nu, acc[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < TQ; i++) {
+        if (i < np) {
+            const float s = ops_warp_sum(acc[i]);
+            if (lane == 0)
+                p.y[(int64_t)pairs[i] * p.n_embd + r] = __fmul_rn(p.wts[pairs[i]], s);
+        }
     }
 }
 
@@ -1037,7 +1249,7 @@ static __device__ __forceinline__ int moe_bin(const struct moe_params &p, int e)
  *      one bin per tile);
  *   4. thread c places its chunk's pairs in order at off[b] + cnt[c][b]++.
  * Global memory written before a __syncthreads is visible to the block after it. */
-static __global__ void __launch_bounds__(MOE_SORT_THREADS) k_moe_sort(struct moe_params p)
+static __device__ void moe_sort_body(const struct moe_params &p)
 {
     const int nb = p.n_expert + 1, c = threadIdx.x;
     const int len = (int)moe_cdiv(p.n_pairs, MOE_SORT_THREADS);
@@ -1083,11 +1295,16 @@ static __global__ void __launch_bounds__(MOE_SORT_THREADS) k_moe_sort(struct moe
     }
 }
 
+static __global__ void __launch_bounds__(MOE_SORT_THREADS) k_moe_sort(struct moe_params p)
+{
+    moe_sort_body(p);
+}
+
 /* ==== launcher =============================================================================== */
 
 /* Scratch layout: each array starts on a 256-byte boundary. */
 struct moe_layout {
-    size_t h, hq, hd, y, cnt, off, sorted, tile_e, tile_b, tile_n, n_tiles, total;
+    size_t h, hq, hd, xq, xd, y, cnt, off, sorted, tile_e, tile_b, tile_n, n_tiles, total;
     int max_tiles;
 };
 
@@ -1117,6 +1334,8 @@ static void moe_layout_make(int n_tok, int k, int n_expert, int64_t n_embd, int6
     l->h = moe_take(&at, sizeof(float) * pairs * n_ff);
     l->hq = moe_take(&at, pairs * n_ff);
     l->hd = moe_take(&at, sizeof(float) * 2 * pairs * (n_ff / 32 + 1));
+    l->xq = moe_take(&at, (size_t)n_tok * n_embd);
+    l->xd = moe_take(&at, sizeof(float) * 2 * (size_t)n_tok * (n_embd / 32 + 1));
     l->y = moe_take(&at, sizeof(float) * pairs * n_embd);
     l->cnt = moe_take(&at, sizeof(int32_t) * MOE_SORT_THREADS * bins);
     l->off = moe_take(&at, sizeof(int32_t) * (bins + 1));
@@ -1235,6 +1454,23 @@ static void moe_launch_down(const struct moe_params &p, bool grouped, unsigned i
         k_moe_down_direct<WT, MOE_DOWN_KMAX><<<grid, MOE_WARPS * 32, 0, s>>>(p);
 }
 
+/* The grouped 8-bit kernels exist for Q4_K and Q6_K only (p.hq is set for no other type). */
+template <uint32_t WT>
+static void moe_launch_gate_up_gq8(const struct moe_params &p, unsigned tiles, cudaStream_t s)
+{
+    if constexpr (moe_q8_type(WT))
+        k_moe_gate_up_gq8<WT><<<dim3(tiles, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS)),
+                                MOE_Q8_GU_WARPS * 32, 0, s>>>(p);
+}
+
+template <uint32_t WT>
+static void moe_launch_down_gq8(const struct moe_params &p, unsigned tiles, cudaStream_t s)
+{
+    if constexpr (moe_q8_type(WT))
+        k_moe_down_gq8<WT><<<dim3(tiles, (unsigned)moe_cdiv(p.n_embd, MOE_WARPS)),
+                             MOE_WARPS * 32, 0, s>>>(p);
+}
+
 #define MOE_DISPATCH(type, fn, ...)                                                                \
     switch (type) {                                                                                \
     case QUANT_F32:                                                                                \
@@ -1319,6 +1555,8 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     if (moe_q8_ok(a->gate_type, a->down_type, a->n_embd)) {
         p.hq = (int8_t *)(sc + l.hq);
         p.hd = (float2 *)(sc + l.hd);
+        p.xq = (int8_t *)(sc + l.xq);
+        p.xd = (float2 *)(sc + l.xd);
     }
     p.y = (float *)(sc + l.y);
     p.cnt = (int32_t *)(sc + l.cnt);
@@ -1331,12 +1569,25 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
 
     const int direct_max = p.hq ? CUDA_MOE_DIRECT_Q8_MAX_TOK : CUDA_MOE_DIRECT_MAX_TOK;
     const bool autop = a->path == CUDA_MOE_PATH_AUTO && a->n_tok > direct_max;
+    const bool grouped8 =
+        p.hq && (a->path == CUDA_MOE_PATH_GROUPED8 ||
+                 (a->path == CUDA_MOE_PATH_AUTO && a->n_tok >= CUDA_MOE_GROUPED8_MIN_TOK &&
+                  a->n_tok <= direct_max));
     bool mma = a->path == CUDA_MOE_PATH_MMA ||
                (autop && a->n_tok >= CUDA_MOE_MMA_MIN_TOK && a->gate_type != QUANT_F32 &&
                 a->down_type != QUANT_F32);
-    bool grouped = a->path == CUDA_MOE_PATH_GROUPED || (autop && !mma);
+    bool grouped = a->path == CUDA_MOE_PATH_GROUPED || (autop && !mma) ||
+                   (a->path == CUDA_MOE_PATH_GROUPED8 && !p.hq);
     cudaStream_t s = (cudaStream_t)a->stream;
-    if (mma) {
+    if (grouped8) {
+        p.tile = MOE_TILE_Q8;
+        k_moe_prep_q8<<<1 + a->n_tok, MOE_SORT_THREADS, 0, s>>>(p);
+        MOE_DISPATCH(a->gate_type, moe_launch_gate_up_gq8, p, (unsigned)l.max_tiles, s);
+        MOE_DISPATCH(a->down_type, moe_launch_down_gq8, p, (unsigned)l.max_tiles, s);
+        int64_t total = (int64_t)a->n_tok * a->n_embd;
+        unsigned blocks = (unsigned)(moe_cdiv(total, 256) < 4096 ? moe_cdiv(total, 256) : 4096);
+        k_moe_combine<<<blocks, 256, 0, s>>>(p);
+    } else if (mma) {
         p.tile = MOE_TILE_MMA;
         int64_t bins = (int64_t)a->n_expert + 1;
         unsigned tiles = (unsigned)(moe_cdiv(p.n_pairs, MOE_TILE_MMA) +

@@ -6,11 +6,16 @@
  *     out_t = sum_j w_j * (down_e h_j)                (n_embd), j = 0..k-1 in order
  * Weights stay quantized and every path is deterministic (same inputs, same bits); the paths
  * differ in how they multiply (errors in docs/cuda-ops.md):
- *   direct  (few tokens: decode, lockstep steps): one block per (pair, rows of gate/up) writes h; one per
+ *   direct  (few tokens: decode): one block per (pair, rows of gate/up) writes h; one per
  *           (token, down rows) sums its k experts. When gate/up and down are both Q4_K or Q6_K
  *           the weights are dotted with 8-bit activation codes (x and h, one scale per 32
  *           elements, integer dot products, as the CPU backend does); otherwise the direct path
  *           performs the grouped path's float operations.
+ *   grouped8 (Q4_K/Q6_K experts, lockstep steps of several tokens): the grouped path's sort,
+ *           then each selected expert's 8-bit units loaded once for every pair that chose it.
+ *           Its h equals the direct path's bit for bit; down results go per pair to scratch
+ *           and are summed in order j, so outputs differ from the direct path's by the order
+ *           of those float sums only.
  *   grouped (many tokens): a one-block counting sort groups the (token, j) pairs by expert
  *           (stable: pairs keep their order), tiles of up to 16 pairs of one expert share every
  *           decoded weight (float activations, weights decoded exactly as quant_ref does, float
@@ -36,12 +41,15 @@ extern "C" {
 #endif
 
 enum cuda_moe_path {
-    CUDA_MOE_PATH_AUTO = 0,    /* direct up to CUDA_MOE_DIRECT_MAX_TOK tokens (8-bit:
+    CUDA_MOE_PATH_AUTO = 0,    /* direct up to CUDA_MOE_DIRECT_MAX_TOK tokens (8-bit: grouped
+                                * 8-bit from CUDA_MOE_GROUPED8_MIN_TOK up to
                                 * CUDA_MOE_DIRECT_Q8_MAX_TOK), then mma from
                                 * CUDA_MOE_MMA_MIN_TOK (not F32), else grouped */
     CUDA_MOE_PATH_DIRECT = 1,  /* one pass per (token, expert) pair */
     CUDA_MOE_PATH_GROUPED = 2, /* pairs grouped by expert on the device */
     CUDA_MOE_PATH_MMA = 3,     /* grouped, on tensor cores (bf16 products, float sums) */
+    CUDA_MOE_PATH_GROUPED8 = 4, /* grouped on 8-bit codes (Q4_K/Q6_K experts; other types take
+                                 * the grouped path) */
 };
 
 #define CUDA_MOE_DIRECT_MAX_TOK 4
@@ -49,6 +57,9 @@ enum cuda_moe_path {
  * to this many tokens (lockstep steps of up to 32 streams): 30b-a3b's layer on an H200 at 8 /
  * 16 / 32 tokens, direct 118 / 217 / 408 us, grouped 355 / 539 / 750, mma 491 / 663 / 902. */
 #define CUDA_MOE_DIRECT_Q8_MAX_TOK 32
+/* From this many tokens up to CUDA_MOE_DIRECT_Q8_MAX_TOK the automatic choice for Q4_K/Q6_K
+ * experts is the grouped 8-bit path: each selected expert's weights read once per call. */
+#define CUDA_MOE_GROUPED8_MIN_TOK 2
 #define CUDA_MOE_MMA_MIN_TOK 32 /* the automatic choice takes the tensor cores from this many
                                  * tokens, for every weight type but F32 (kept exact) */
 

@@ -49,6 +49,10 @@ extern "C" { /* C headers without their own guard */
  * measure 1-2%) */
 #define TOL_Q8_NORM 3e-2
 #define TOL_Q8_MAX 1e-1
+/* grouped 8-bit against direct (8-bit): the same h bits, the down sums in another order (per
+ * pair, then over j, against per token across the pairs) */
+#define TOL_G8_NORM 1e-5
+#define TOL_G8_MAX 1e-4
 #define TOL_MMA_NORM 2e-2
 #define TOL_MMA_MAX 8e-2
 
@@ -113,6 +117,20 @@ static bool direct_q8(const struct moe_case *c)
     return (c->gt == QUANT_Q4_K || c->gt == QUANT_Q6_K) &&
            (c->dt == QUANT_Q4_K || c->dt == QUANT_Q6_K);
 }
+
+/* The path CUDA_MOE_PATH_AUTO takes (0 direct, 1 grouped, 2 mma, 4 grouped 8-bit), as
+ * cuda_moe.h states it. */
+static int auto_path_of(const struct moe_case *c)
+{
+    bool q8 = direct_q8(c);
+    if (q8 && c->n_tok >= CUDA_MOE_GROUPED8_MIN_TOK && c->n_tok <= CUDA_MOE_DIRECT_Q8_MAX_TOK)
+        return 4;
+    if (c->n_tok <= (q8 ? CUDA_MOE_DIRECT_Q8_MAX_TOK : CUDA_MOE_DIRECT_MAX_TOK))
+        return 0;
+    return c->n_tok >= CUDA_MOE_MMA_MIN_TOK && c->gt != QUANT_F32 && c->dt != QUANT_F32 ? 2 : 1;
+}
+
+static const char *const path_names_auto[5] = {"direct", "grouped", "mma", "", "grouped8"};
 
 /* Host and device copies of one layer's experts and inputs. */
 struct layer {
@@ -274,8 +292,8 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
           *w_got = (float *)test_xmalloc(sizeof(float) * nk);
     float *ref = (float *)test_xmalloc(sizeof(float) * nx),
           *cpu = (float *)test_xmalloc(sizeof(float) * nx);
-    float *got[4];
-    for (int i = 0; i < 4; i++)
+    float *got[5];
+    for (int i = 0; i < 5; i++)
         got[i] = (float *)test_xmalloc(sizeof(float) * nx);
 
     moe_route_softmax_topk(logits, c->n_tok, c->n_expert, c->k, ids_ref, w_ref);
@@ -311,10 +329,12 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
           "weight err %g",
           rc, id_bad, werr);
 
-    /* 0: direct, 1: grouped, 2: tensor cores, 3: slot tables on the automatic path */
-    static const enum cuda_moe_path paths[4] = {CUDA_MOE_PATH_DIRECT, CUDA_MOE_PATH_GROUPED,
-                                                CUDA_MOE_PATH_MMA, CUDA_MOE_PATH_AUTO};
-    for (int i = 0; i < 4; i++) {
+    /* 0: direct, 1: grouped, 2: tensor cores, 3: slot tables on the automatic path, 4: grouped
+     * 8-bit (the grouped path for other types) */
+    static const enum cuda_moe_path paths[5] = {CUDA_MOE_PATH_DIRECT, CUDA_MOE_PATH_GROUPED,
+                                                CUDA_MOE_PATH_MMA, CUDA_MOE_PATH_AUTO,
+                                                CUDA_MOE_PATH_GROUPED8};
+    for (int i = 0; i < 5; i++) {
         test_dev_poison(d_out, sizeof(float) * nx);
         struct cuda_moe_args a =
             layer_args(&L, d_out, d_x, d_ids, d_w, d_scratch, sb, paths[i], i == 3);
@@ -324,26 +344,25 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
     }
     /* the path the automatic choice takes, which the slot-table run must match bit for bit */
     bool q8 = direct_q8(c);
-    int auto_path = c->n_tok <= (q8 ? CUDA_MOE_DIRECT_Q8_MAX_TOK : CUDA_MOE_DIRECT_MAX_TOK) ? 0
-                    : c->n_tok >= CUDA_MOE_MMA_MIN_TOK && c->gt != QUANT_F32 && c->dt != QUANT_F32
-                        ? 2
-                        : 1;
-    double em, en, fm, fn, cm, cn, gm, gn, mm, mn;
+    int auto_path = auto_path_of(c);
+    double em, en, fm, fn, cm, cn, gm, gn, mm, mn, g8m, g8n;
     errs(got[0], ref, nx, &em, &en);
     errs(got[1], ref, nx, &fm, &fn);
     errs(cpu, ref, nx, &cm, &cn);
     errs(got[0], cpu, nx, &gm, &gn);
     errs(got[2], ref, nx, &mm, &mn);
-    size_t dg = bits_differ(got[0], got[1], nx);
+    errs(got[4], got[0], nx, &g8m, &g8n);
+    size_t dg = bits_differ(got[0], got[1], nx), dg8 = bits_differ(got[4], got[1], nx);
     size_t ds = bits_differ(got[auto_path], got[3], nx);
-    static const char *const path_name[3] = {"direct", "grouped", "mma"};
+    static const char *const path_name[5] = {"direct", "grouped", "mma", "", "grouped8"};
     printf("moe %-5s/%-5s n_embd %4d n_ff %4d experts %3d k %d n_tok %3d: routing %zu ids "
            "differ, w err %.2g | vs double: direct%s norm %.3g max %.3g, grouped norm %.3g max "
-           "%.3g, mma norm %.3g max %.3g, cpu norm %.3g | direct vs cpu: norm %.3g | grouped vs "
-           "direct, slots vs auto (%s): %zu/%zu bits differ\n",
+           "%.3g, mma norm %.3g max %.3g, cpu norm %.3g | direct vs cpu: norm %.3g | grouped8 vs "
+           "direct: norm %.3g max %.3g | grouped vs direct, slots vs auto (%s): %zu/%zu bits "
+           "differ\n",
            quant_type_name(c->gt), quant_type_name(c->dt), c->n_embd, c->n_ff, c->n_expert, c->k,
-           c->n_tok, id_bad, werr, q8 ? " (8-bit)" : "", en, em, fn, fm, mn, mm, cn, gn,
-           path_name[auto_path], dg, ds);
+           c->n_tok, id_bad, werr, q8 ? " (8-bit)" : "", en, em, fn, fm, mn, mm, cn, gn, g8n,
+           g8m, path_name[auto_path], dg, ds);
     CHECK(q8 ? en <= TOL_Q8_NORM && em <= TOL_Q8_MAX : en <= TOL_REF_NORM && em <= TOL_REF_MAX,
           "direct path vs double reference: norm %g max %g", en, em);
     CHECK(fn <= TOL_REF_NORM && fm <= TOL_REF_MAX,
@@ -353,12 +372,20 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
           mm);
     CHECK((q8 || dg == 0) && ds == 0, "paths disagree: grouped %zu, slots %zu elements differ", dg,
           ds);
+    if (q8)
+        CHECK(g8n <= TOL_G8_NORM && g8m <= TOL_G8_MAX,
+              "grouped 8-bit vs direct 8-bit: norm %g max %g", g8n, g8m);
+    else
+        CHECK(dg8 == 0, "grouped 8-bit request on %s: %zu elements differ from grouped",
+              quant_type_name(c->gt), dg8);
 
     if (bad_id) { /* one pair routed to a nonexistent expert: only its token turns NaN */
         int t = (int)rng_below(r, (uint32_t)c->n_tok), j = (int)rng_below(r, (uint32_t)c->k);
         int32_t bad = rng_below(r, 2) ? c->n_expert : -1;
         test_dev_put(d_ids + t * c->k + j, &bad, sizeof(bad));
-        for (int i = 0; i < 3; i++) {
+        static const int bad_paths[4] = {0, 1, 2, 4};
+        for (int bi = 0; bi < 4; bi++) {
+            const int i = bad_paths[bi];
             test_dev_poison(d_out, sizeof(float) * nx);
             struct cuda_moe_args a =
                 layer_args(&L, d_out, d_x, d_ids, d_w, d_scratch, sb, paths[i], false);
@@ -377,9 +404,7 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
             printf("moe invalid id %d at (token %d, k %d), %s path: rc %d, %zu/%d NaN in its row, "
                    "%zu/%zu other elements unchanged\n",
                    bad, t, j,
-                   i == 2 ? "mma"
-                   : i    ? "grouped"
-                          : "direct",
+                   path_name[i],
                    rci, nan_ok, c->n_embd, same, nx - c->n_embd);
             CHECK(rci == 0 && nan_ok == (size_t)c->n_embd && same == nx - c->n_embd,
                   "invalid expert id not contained (path %d)", i);
@@ -393,7 +418,7 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
     cuda_free(d_x), cuda_free(d_logits), cuda_free(d_ids), cuda_free(d_w), cuda_free(d_out);
     cuda_free(d_scratch);
     free(x), free(logits), free(ids_ref), free(ids_got), free(w_ref), free(w_got), free(ref);
-    free(cpu), free(got[0]), free(got[1]), free(got[2]), free(got[3]);
+    free(cpu), free(got[0]), free(got[1]), free(got[2]), free(got[3]), free(got[4]);
     layer_free(&L);
 }
 
@@ -455,10 +480,7 @@ static void run_graph_case(struct rng *r, const struct moe_case *c)
     printf("moe graph %-5s/%-5s experts %3d k %d n_tok %3d (%s path): 3 replays, %zu elements "
            "differ from eager launches\n",
            quant_type_name(c->gt), quant_type_name(c->dt), c->n_expert, c->k, c->n_tok,
-           c->n_tok <= (direct_q8(c) ? CUDA_MOE_DIRECT_Q8_MAX_TOK : CUDA_MOE_DIRECT_MAX_TOK)
-               ? "direct"
-           : c->n_tok >= CUDA_MOE_MMA_MIN_TOK ? "mma"
-                                              : "grouped",
+           path_names_auto[auto_path_of(c)],
            worst);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
@@ -505,14 +527,14 @@ static void bench_paths(struct rng *r)
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     printf("  bench: moe 2048x768 Q4_K/Q6_K 128 experts top-8: us per call (median of 25)\n"
-           "  bench: moe n_tok distinct    auto   direct  grouped      mma\n");
+           "  bench: moe n_tok distinct    auto   direct  grouped      mma grouped8\n");
     for (int ti = 0; ti < 8; ti++) {
         int n = toks[ti], distinct = 0;
         bool seen[128] = {false};
         for (int i = 0; i < n * 8; i++)
             distinct += !seen[ids[i]], seen[ids[i]] = true;
-        double us[4];
-        for (int pi = 0; pi < 4; pi++) {
+        double us[5];
+        for (int pi = 0; pi < 5; pi++) {
             c.n_tok = n;
             struct cuda_moe_args a = layer_args(&L, d_out, d_x, d_ids, d_w, d_scratch, sb,
                                                 (enum cuda_moe_path)pi, false);
@@ -533,8 +555,8 @@ static void bench_paths(struct rng *r)
                 }
             us[pi] = rc ? -1 : 1e3 * t[12];
         }
-        printf("  bench: moe %5d %8d %7.1f  %7.1f  %7.1f  %7.1f\n", n, distinct, us[0], us[1],
-               us[2], us[3]);
+        printf("  bench: moe %5d %8d %7.1f  %7.1f  %7.1f  %7.1f  %7.1f\n", n, distinct, us[0],
+               us[1], us[2], us[3], us[4]);
     }
     c.n_tok = 32;
     cudaEventDestroy(e0);
@@ -558,7 +580,9 @@ int main(void)
         {QUANT_Q4_K, QUANT_Q6_K, 512, 256, 64, 8, 300},
         {QUANT_Q5_K, QUANT_Q8_0, 256, 512, 32, 4, 33},
         {QUANT_Q6_K, QUANT_Q5_K, 256, 512, 128, 8, 2},
-        {QUANT_Q6_K, QUANT_Q4_K, 256, 512, 32, 4, 3}, /* 8-bit direct path, the other types */
+        {QUANT_Q6_K, QUANT_Q4_K, 256, 512, 32, 4, 3}, /* 8-bit paths, the other types */
+        {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 16, 8, 20}, /* grouped 8-bit: experts past one tile */
+        {QUANT_Q6_K, QUANT_Q6_K, 512, 256, 128, 8, 32},
         {QUANT_Q8_0, QUANT_Q8_0, 352, 96, 8, 2, 1},     /* rows not a multiple of 256 */
         {QUANT_Q8_0, QUANT_Q8_0, 352, 96, 8, 2, 40},    /* large tiles */
         {QUANT_MXFP4, QUANT_MXFP4, 352, 160, 32, 4, 5}, /* gpt-oss experts */
@@ -573,7 +597,7 @@ int main(void)
         run_case(&r, &cases[i], i % 3 == 0);
     static const struct moe_case graph_cases[] = {
         {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 64, 8, 1},
-        {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 64, 8, 20}, /* 8-bit direct, a lockstep step */
+        {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 64, 8, 20}, /* grouped 8-bit, a lockstep step */
         {QUANT_Q5_K, QUANT_Q8_0, 256, 256, 64, 8, 20}, /* grouped */
         /* the tensor-core path, its types' first use (shared memory opt-in inside a capture) */
         {QUANT_Q6_K, QUANT_Q5_K, 256, 256, 64, 8, 40},
