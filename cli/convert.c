@@ -44,6 +44,10 @@ static void convert_usage(FILE *out)
             "                             falls back to Q8_0, else F32.\n"
             "  --threads N      OpenMP threads (default: OpenMP's default, all cores)\n"
             "  --name NAME      general.name (default: the directory's name)\n"
+            "  --allow-unknown-keys\n"
+            "                   convert a config.json with keys strata does not know (a warning\n"
+            "                   per key) instead of refusing it (default: refuse; the keys\n"
+            "                   strata knows: docs/convert-keys.md)\n"
             "  -q, --quiet      no progress on stderr\n"
             "  -h, --help       this text\n",
             CONVERT_DEFAULT_MIX);
@@ -71,8 +75,9 @@ static void convert_progress(void *arg, const struct convert_event *ev)
 {
     const struct convert_cli_state *s = arg;
 
-    if (ev->kind == CONVERT_EVENT_NOTICE) {
-        fprintf(stderr, "strata convert: note: %s\n", ev->text);
+    if (ev->kind == CONVERT_EVENT_NOTICE || ev->kind == CONVERT_EVENT_WARNING) {
+        fprintf(stderr, "strata convert: %s: %s\n",
+                ev->kind == CONVERT_EVENT_WARNING ? "warning" : "note", ev->text);
         return;
     }
     if (s->quiet)
@@ -96,6 +101,7 @@ int cmd_convert(int argc, char **argv)
         {"quant", required_argument, NULL, 'm'},
         {"threads", required_argument, NULL, 't'},
         {"name", required_argument, NULL, 'n'},
+        {"allow-unknown-keys", no_argument, NULL, 'u'},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -122,6 +128,9 @@ int cmd_convert(int argc, char **argv)
             if (args_threads("convert", "--threads", optarg, 1, ARGS_MAX_THREADS, &v))
                 return 2;
             cfg.n_threads = (uint32_t)v;
+            break;
+        case 'u':
+            cfg.allow_unknown_keys = true;
             break;
         case 'q':
             st.quiet = true;

@@ -9,8 +9,11 @@
  * reference quantizers' bounds; the metadata and vocabulary; model_open and finite logits.
  * Then: sharded input gives the same tensors; any thread count gives the same bytes; the
  * errors for a missing tensor, a wrong shape, a wrong architecture, truncated or malformed
- * safetensors name what is wrong and leave no file; and the strata binary's convert and
- * logits commands agree with the library.
+ * safetensors name what is wrong and leave no file; the config.json audit refuses each value
+ * strata does not compute and each unknown key (naming the key, the value and why), and with
+ * allow_unknown_keys warns once per unknown key and writes the same bytes; a config with every
+ * key of no effect writes the same bytes as the plain one; and the strata binary's convert
+ * (with and without --allow-unknown-keys) and logits commands agree with the library.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -216,7 +219,9 @@ struct variant {
     uint32_t shrink_dim;
     bool v5_config; /* rope_parameters and num_local_experts instead of the 4.x keys */
     const char *model_type;
-    int n_shards; /* 0 = one model.safetensors */
+    int n_shards;         /* 0 = one model.safetensors */
+    const char *patch;    /* JSON object: members set in config.json (added or replaced) */
+    const char *drop_key; /* a config.json key to leave out */
 };
 
 static int st_write(const char *path, int from, int to, const struct variant *var)
@@ -337,6 +342,19 @@ static void config_write(const char *dir, const struct variant *var)
         json_object_object_add(c, "rope_scaling", NULL);
     }
 #undef INT
+    if (var->drop_key)
+        json_object_object_del(c, var->drop_key);
+    if (var->patch) {
+        json_object *p = json_tokener_parse(var->patch);
+        CHECK(p && json_object_is_type(p, json_type_object), "bad patch %s", var->patch);
+        if (p) {
+            json_object_object_foreach(p, key, val)
+            {
+                json_object_object_add(c, key, json_object_get(val));
+            }
+        }
+        json_object_put(p);
+    }
     json_write(dir, "config.json", c);
 }
 
@@ -850,6 +868,32 @@ static void expect_failure(const char *dir, int want, const char *part)
           "a failed conversion left a file");
 }
 
+struct warnings {
+    int n;
+    char text[4][512];
+};
+
+static void warnings_collect(void *arg, const struct convert_event *ev)
+{
+    struct warnings *w = arg;
+    if (ev->kind != CONVERT_EVENT_WARNING)
+        return;
+    if (w->n < 4)
+        snprintf(w->text[w->n], sizeof(w->text[0]), "%s", ev->text);
+    w->n++;
+}
+
+/* True if the files at a and b have the same bytes. */
+static bool same_bytes(const char *a, const char *b)
+{
+    size_t la = 0, lb = 0;
+    uint8_t *fa = file_slurp(a, &la), *fb = file_slurp(b, &lb);
+    bool same = fa && fb && la == lb && !memcmp(fa, fb, la);
+    free(fa);
+    free(fb);
+    return same;
+}
+
 /* ---- the parts of the test ---------------------------------------------------------------- */
 
 static void test_safetensors_hostile(void)
@@ -1013,6 +1057,177 @@ static void test_errors(const char *good_dir)
     (void)good_dir;
 }
 
+/* config.json values strata does not compute: each refused, the message naming the key, the
+ * value and why (docs/convert-keys.md). Only config.json changes between the cases. */
+static void test_config_refusals(void)
+{
+    static const struct {
+        const char *patch, *drop, *part;
+        int rc;
+    } cases[] = {
+        {"{\"norm_topk_prob\": false}", NULL, "norm_topk_prob = false is not supported: with",
+         -ENOTSUP},
+        {NULL, "norm_topk_prob", "norm_topk_prob is absent, which transformers reads as false",
+         -ENOTSUP},
+        {"{\"norm_topk_prob\": null}", NULL, "norm_topk_prob is absent", -ENOTSUP},
+        {"{\"hidden_act\": \"gelu\"}", NULL, "hidden_act = \"gelu\" is not supported: strata",
+         -ENOTSUP},
+        {"{\"attention_bias\": true}", NULL, "attention_bias = true is not supported", -ENOTSUP},
+        {"{\"use_sliding_window\": true, \"sliding_window\": 8}", NULL,
+         "use_sliding_window = true is not supported", -ENOTSUP},
+        {"{\"mlp_only_layers\": [1]}", NULL, "mlp_only_layers = [1] is not supported", -ENOTSUP},
+        {"{\"decoder_sparse_step\": 2}", NULL, "decoder_sparse_step = 2 is not supported",
+         -ENOTSUP},
+        {"{\"layer_types\": [\"full_attention\", \"sliding_attention\"]}", NULL,
+         "layer_types = [\"full_attention\",\"sliding_attention\"] is not supported", -ENOTSUP},
+        {"{\"partial_rotary_factor\": 0.5}", NULL, "partial_rotary_factor = 0.5 is not supported",
+         -ENOTSUP},
+        {"{\"shared_expert_intermediate_size\": 64}", NULL,
+         "shared_expert_intermediate_size = 64 is not supported", -ENOTSUP},
+        {"{\"use_qk_norm\": false}", NULL, "use_qk_norm = false is not supported", -ENOTSUP},
+        {"{\"qk_norm\": false}", NULL, "qk_norm = false is not supported", -ENOTSUP},
+        {"{\"quantization_config\": {\"quant_method\": \"fp8\"}}", NULL,
+         "quantization_config = {\"quant_method\":\"fp8\"} is not supported", -ENOTSUP},
+        {"{\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, "
+         "\"original_max_position_embeddings\": 1024}}",
+         NULL, "rope_scaling.rope_type = \"yarn\" is not supported", -ENOTSUP},
+        {"{\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}}", NULL,
+         "rope_scaling.type = \"dynamic\" is not supported", -ENOTSUP},
+        {"{\"rope_parameters\": {\"rope_type\": \"linear\", \"factor\": 2.0, "
+         "\"rope_theta\": 1000000.0}}",
+         NULL, "rope_parameters.rope_type = \"linear\" is not supported", -ENOTSUP},
+        {"{\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000000.0, "
+         "\"partial_rotary_factor\": 0.5}}",
+         NULL, "rope_parameters.partial_rotary_factor = 0.5 is not supported", -ENOTSUP},
+        {"{\"rope_parameters\": \"default\"}", NULL,
+         "rope_parameters = \"default\" is not supported", -ENOTSUP},
+        {"{\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0}}", NULL,
+         "rope_theta = 1000000.0 and rope_parameters.rope_theta = 10000.0 differ", -ENOTSUP},
+        {"{\"rope_parameters\": {\"rope_theta\": \"1e6\"}}", NULL,
+         "rope_parameters.rope_theta is \"1e6\", expected a number", -EINVAL},
+        {"{\"num_local_experts\": 16}", NULL, "num_experts = 8 and num_local_experts = 16 differ",
+         -ENOTSUP},
+        {NULL, "num_key_value_heads", "num_key_value_heads is missing", -ENOENT},
+    };
+    char dir[512];
+    struct variant v = {0};
+
+    ckpt_write("keys", &v, dir, sizeof(dir));
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        v = (struct variant){.patch = cases[i].patch, .drop_key = cases[i].drop};
+        config_write(dir, &v);
+        expect_failure(dir, cases[i].rc, cases[i].part);
+    }
+}
+
+/* Keys the table lacks: refused by default, at the top level and inside rope_parameters; with
+ * allow_unknown_keys one warning per key and the same bytes as the plain checkpoint. */
+static void test_config_unknown_keys(void)
+{
+    char dir[512], out[600], plain[600];
+    struct variant v = {.patch = "{\"foo_scale\": 3}"};
+
+    ckpt_write("unknown", &v, dir, sizeof(dir));
+    expect_failure(dir, -ENOTSUP,
+                   "unknown config key foo_scale (= 3): strata does not know whether it changes "
+                   "the computation");
+    v.patch = "{\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000000.0, "
+              "\"mrope_section\": [8, 8]}}";
+    config_write(dir, &v);
+    expect_failure(dir, -ENOTSUP, "unknown config key rope_parameters.mrope_section (= [8,8])");
+
+    v.patch = "{\"foo_scale\": 3, \"rope_parameters\": {\"rope_type\": \"default\", "
+              "\"rope_theta\": 1000000.0, \"mrope_section\": [8, 8]}}";
+    config_write(dir, &v);
+    struct warnings w = {0};
+    struct convert_config cfg = {.hf_dir = dir,
+                                 .out_path = out,
+                                 .mix = QUANT_MIX_F32,
+                                 .n_threads = 2,
+                                 .name = "tiny",
+                                 .allow_unknown_keys = true,
+                                 .progress = warnings_collect,
+                                 .progress_arg = &w};
+    snprintf(out, sizeof(out), "%s/unknown-allowed.gguf", tmp_root);
+    snprintf(plain, sizeof(plain), "%s/tiny-f32.gguf", tmp_root);
+    err_clear();
+    int rc = convert_run(&cfg, NULL);
+    CHECK(rc == 0, "allow_unknown_keys: %s", err_msg());
+    CHECK(w.n == 2 && strstr(w.text[0], "unknown config key foo_scale (= 3) ignored") &&
+              strstr(w.text[1], "unknown config key rope_parameters.mrope_section"),
+          "allow_unknown_keys: %d warnings, first '%s'", w.n, w.n ? w.text[0] : "");
+    CHECK(rc || same_bytes(out, plain),
+          "unknown keys allowed: the file differs from the plain one");
+    printf("  unknown keys allowed: %d warnings (%s), same bytes as without them\n", w.n,
+           w.n ? w.text[0] : "");
+}
+
+/* Every key of no effect, the accepted values of the checked keys and the rope parameters the
+ * default type ignores: the same bytes as the plain checkpoint. */
+static void test_config_no_effect_keys(void)
+{
+    char dir[512], out[600], plain[600];
+    struct variant v = {
+        .v5_config = true,
+        .patch = "{\"_name_or_path\": \"x/y\", \"transformers_version\": \"5.17.0\", "
+                 "\"torch_dtype\": \"bfloat16\", \"dtype\": \"float32\", \"use_cache\": false, "
+                 "\"initializer_range\": 0.5, \"attention_dropout\": 0.5, "
+                 "\"router_aux_loss_coef\": 0.5, \"output_router_logits\": true, "
+                 "\"sliding_window\": 8, \"max_window_layers\": 1, \"output_attentions\": true, "
+                 "\"output_hidden_states\": true, \"return_dict\": false, "
+                 "\"id2label\": {\"0\": \"LABEL_0\"}, \"label2id\": {\"LABEL_0\": 0}, "
+                 "\"tokenizer_class\": \"Qwen2Tokenizer\", \"hidden_act\": \"silu\", "
+                 "\"attention_bias\": false, \"use_sliding_window\": false, "
+                 "\"layer_types\": [\"full_attention\", \"full_attention\"], "
+                 "\"partial_rotary_factor\": 1.0, \"shared_expert_intermediate_size\": 0, "
+                 "\"use_qk_norm\": true, \"qk_norm\": true, \"quantization_config\": null, "
+                 "\"rope_theta\": 1000000, \"num_experts\": 8, \"rope_scaling\": null, "
+                 "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000000.0, "
+                 "\"partial_rotary_factor\": 1, \"factor\": 4.0, "
+                 "\"original_max_position_embeddings\": 1024, \"beta_fast\": 32, "
+                 "\"beta_slow\": 1}}"};
+
+    ckpt_write("no-effect", &v, dir, sizeof(dir));
+    snprintf(out, sizeof(out), "%s/no-effect.gguf", tmp_root);
+    snprintf(plain, sizeof(plain), "%s/tiny-f32.gguf", tmp_root);
+    int rc = convert_to(dir, out, QUANT_MIX_F32, 2);
+    CHECK(rc == 0, "no-effect keys: %s", err_msg());
+    CHECK(rc || same_bytes(out, plain), "no-effect keys: the file differs from the plain one");
+}
+
+/* strata convert refuses an unknown key (status 1, the key named) and converts it with
+ * --allow-unknown-keys, printing a warning. */
+static void check_cli_unknown_keys(const char *gguf, const char *log)
+{
+    char cmd[4096], dir[512];
+    struct variant v = {.patch = "{\"foo_scale\": 3}"};
+    size_t len = 0;
+
+    ckpt_write("unknown-cli", &v, dir, sizeof(dir));
+    snprintf(cmd, sizeof(cmd), "'%s' convert '%s' -o '%s' -q 2>'%s'", STRATA_BINARY, dir, gguf,
+             log);
+    int rc = system(cmd);
+    char *text = (char *)file_slurp(log, &len);
+    text = text ? realloc(text, len + 1) : NULL;
+    if (text)
+        text[len] = '\0';
+    CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 1 && text &&
+              strstr(text, "unknown config key foo_scale (= 3)"),
+          "convert with an unknown key: status %d, stderr '%s'", rc, text ? text : "");
+    free(text);
+    snprintf(cmd, sizeof(cmd), "'%s' convert '%s' -o '%s' -q --allow-unknown-keys 2>'%s'",
+             STRATA_BINARY, dir, gguf, log);
+    rc = system(cmd);
+    text = (char *)file_slurp(log, &len);
+    text = text ? realloc(text, len + 1) : NULL;
+    if (text)
+        text[len] = '\0';
+    CHECK(rc == 0 && text &&
+              strstr(text, "strata convert: warning: unknown config key foo_scale (= 3) ignored"),
+          "convert --allow-unknown-keys: status %d, stderr '%s'", rc, text ? text : "");
+    free(text);
+}
+
 /* The strata binary: convert, then logits with --greedy, against the library's results. */
 static void test_cli(const char *dir)
 {
@@ -1029,6 +1244,7 @@ static void test_cli(const char *dir)
              tmp_root, gguf, log);
     rc = system(cmd);
     CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 1, "convert of a missing directory: status %d", rc);
+    check_cli_unknown_keys(gguf, log);
 
     const int n_greedy = 3;
     snprintf(cmd, sizeof(cmd),
@@ -1098,6 +1314,9 @@ int main(void)
     test_mixes(dir);
     test_sharded_and_threads(dir);
     test_errors(dir);
+    test_config_refusals();
+    test_config_unknown_keys();
+    test_config_no_effect_keys();
     if (access(STRATA_BINARY, X_OK) == 0)
         test_cli(dir);
     else

@@ -1,5 +1,6 @@
-/* convert: the qwen3moe tensor plan (names, shapes, expert layouts), the hyperparameter keys,
- * and the parallel row conversion into the GGUF writer. Formats: docs/formats.md §4, §6. */
+/* convert: the qwen3moe tensor plan (names, shapes, expert layouts), the hyperparameter keys
+ * (config.json is audited first by convert_keys.c), and the parallel row conversion into the
+ * GGUF writer. Formats: docs/formats.md §4, §6; config.json keys: docs/convert-keys.md. */
 #include "convert.h"
 
 #include <errno.h>
@@ -31,9 +32,6 @@ struct convert_hparams {
     uint32_t n_expert, n_expert_used, n_vocab, n_ctx; /* n_ff, n_ctx: 0 when absent */
     double rms_eps, rope_base;
     bool tied;
-    bool yarn; /* rope scaling: yarn with the three values below */
-    double yarn_factor;
-    uint32_t yarn_orig_ctx;
 };
 
 /* n_rows consecutive rows of ne0 elements of src, starting at element elem0. */
@@ -67,18 +65,32 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-void convert_notice(const struct convert_config *cfg, const char *fmt, ...)
+static void convert_event_text(const struct convert_config *cfg, enum convert_event_kind kind,
+                               const char *fmt, va_list ap)
 {
     char text[1024];
-    va_list ap;
 
     if (!cfg->progress)
         return;
-    va_start(ap, fmt);
     vsnprintf(text, sizeof(text), fmt, ap);
-    va_end(ap);
-    struct convert_event ev = {.kind = CONVERT_EVENT_NOTICE, .text = text};
+    struct convert_event ev = {.kind = kind, .text = text};
     cfg->progress(cfg->progress_arg, &ev);
+}
+
+void convert_notice(const struct convert_config *cfg, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    convert_event_text(cfg, CONVERT_EVENT_NOTICE, fmt, ap);
+    va_end(ap);
+}
+
+void convert_warning(const struct convert_config *cfg, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    convert_event_text(cfg, CONVERT_EVENT_WARNING, fmt, ap);
+    va_end(ap);
 }
 
 /* ---- hyperparameters ---------------------------------------------------------------------- */
@@ -114,76 +126,53 @@ static int check_arch(const struct hf_ckpt *c)
                    c->dir, a0 ? a0 : "(none)", mt ? mt : "(none)");
 }
 
-/* rope_theta and rope scaling: top-level keys (transformers 4.x) or rope_parameters (5.x). */
-static int read_rope(const struct convert_config *cfg, const struct hf_ckpt *c,
-                     struct convert_hparams *hp)
+/* rope_theta: top-level (transformers 4.x) or inside rope_scaling / rope_parameters (5.x);
+ * convert_keys_check has made them agree and the rope type default. */
+static void read_rope(const struct convert_config *cfg, const struct hf_ckpt *c,
+                      struct convert_hparams *hp)
 {
-    json_object *rp = hf_ckpt_config_get(c, "rope_parameters");
-    json_object *rs = hf_ckpt_config_get(c, "rope_scaling");
-    json_object *v;
-    const char *type = NULL;
+    static const char *const nested[] = {"rope_scaling", "rope_parameters"};
+    json_object *v = hf_ckpt_config_get(c, "rope_theta");
 
-    if (hf_ckpt_config_f64(c, "rope_theta", &hp->rope_base)) {
-        if (rp && json_object_object_get_ex(rp, "rope_theta", &v) &&
-            (json_object_is_type(v, json_type_double) || json_object_is_type(v, json_type_int))) {
-            hp->rope_base = json_object_get_double(v);
-        } else {
-            hp->rope_base = 10000.0;
-            convert_notice(cfg, "config.json has no rope_theta; using %g", hp->rope_base);
-        }
+    for (size_t i = 0; !v && i < sizeof(nested) / sizeof(nested[0]); i++) {
+        json_object *o = hf_ckpt_config_get(c, nested[i]);
+        if (!o || !json_object_object_get_ex(o, "rope_theta", &v))
+            v = NULL;
     }
-    err_clear();
-    if (!(hp->rope_base > 0.0) || !isfinite(hp->rope_base))
-        return err_set(-EINVAL, "%s/config.json: rope_theta %g must be positive", c->dir,
-                       hp->rope_base);
-    json_object *sc = rs && json_object_is_type(rs, json_type_object) ? rs : rp;
-    if (!sc || !json_object_is_type(sc, json_type_object))
-        return 0;
-    if ((json_object_object_get_ex(sc, "rope_type", &v) ||
-         json_object_object_get_ex(sc, "type", &v)) &&
-        json_object_is_type(v, json_type_string))
-        type = json_object_get_string(v);
-    if (!type || !strcmp(type, "default"))
-        return 0;
-    if (strcmp(type, "yarn"))
-        return err_set(-ENOTSUP,
-                       "%s/config.json: rope scaling type '%s' is not supported "
-                       "(only yarn)",
-                       c->dir, type);
-    hp->yarn = true;
-    hp->yarn_factor = json_object_object_get_ex(sc, "factor", &v) ? json_object_get_double(v) : 1.0;
-    hp->yarn_orig_ctx = json_object_object_get_ex(sc, "original_max_position_embeddings", &v)
-                            ? (uint32_t)json_object_get_int64(v)
-                            : hp->n_ctx;
-    convert_notice(cfg,
-                   "YaRN rope scaling (factor %g, original context %u) is written to the "
-                   "file, but strata's qwen3moe forward does not apply it yet",
-                   hp->yarn_factor, hp->yarn_orig_ctx);
-    return 0;
+    if (v) {
+        hp->rope_base = json_object_get_double(v);
+    } else {
+        hp->rope_base = 10000.0;
+        convert_notice(cfg, "config.json has no rope_theta; using %g", hp->rope_base);
+    }
 }
 
+/* The implemented keys of the table in convert_keys.c, once convert_keys_check has passed. */
 static int read_hparams(const struct convert_config *cfg, const struct hf_ckpt *c,
                         struct convert_hparams *hp)
 {
     int rc = check_arch(c);
-    uint32_t sparse_step = 1;
 
+    rc = rc ? rc : convert_keys_check(cfg, c);
     memset(hp, 0, sizeof(*hp));
     rc = rc ? rc : cfg_u32(c, "num_hidden_layers", &hp->n_layer);
     rc = rc ? rc : cfg_u32(c, "hidden_size", &hp->n_embd);
     rc = rc ? rc : cfg_u32(c, "num_attention_heads", &hp->n_head);
+    if (!rc && !hf_ckpt_config_get(c, "num_key_value_heads"))
+        rc = err_set(-ENOENT,
+                     "%s/config.json: num_key_value_heads is missing (transformers' Qwen3MoeConfig "
+                     "would take 4, not the head count)",
+                     c->dir);
+    rc = rc ? rc : cfg_u32(c, "num_key_value_heads", &hp->n_head_kv);
     rc = rc ? rc : cfg_u32(c, "moe_intermediate_size", &hp->n_ff_exp);
     rc = rc ? rc : cfg_u32(c, "num_experts_per_tok", &hp->n_expert_used);
     rc = rc ? rc : cfg_u32(c, "vocab_size", &hp->n_vocab);
     if (rc)
         return rc;
-    hp->n_head_kv = hp->n_head;
     hp->head_dim = hp->n_head ? hp->n_embd / hp->n_head : 0;
-    rc = rc ? rc : cfg_u32_opt(c, "num_key_value_heads", &hp->n_head_kv);
     rc = rc ? rc : cfg_u32_opt(c, "head_dim", &hp->head_dim);
     rc = rc ? rc : cfg_u32_opt(c, "intermediate_size", &hp->n_ff);
     rc = rc ? rc : cfg_u32_opt(c, "max_position_embeddings", &hp->n_ctx);
-    rc = rc ? rc : cfg_u32_opt(c, "decoder_sparse_step", &sparse_step);
     if (rc)
         return rc;
     /* transformers 5.x maps num_experts to num_local_experts */
@@ -194,6 +183,7 @@ static int read_hparams(const struct convert_config *cfg, const struct hf_ckpt *
     if ((rc = hf_ckpt_config_f64(c, "rms_norm_eps", &hp->rms_eps)) && rc != -ENOENT)
         return rc;
     hp->tied = hf_ckpt_config_bool(c, "tie_word_embeddings", false);
+    read_rope(cfg, c, hp);
     err_clear();
 
     if (!hp->n_layer || !hp->n_embd || !hp->n_head || !hp->n_head_kv || !hp->head_dim ||
@@ -212,22 +202,10 @@ static int read_hparams(const struct convert_config *cfg, const struct hf_ckpt *
     if (!(hp->rms_eps > 0.0))
         return err_set(-EINVAL, "%s/config.json: rms_norm_eps %g must be positive", c->dir,
                        hp->rms_eps);
-    json_object *mlp_only = hf_ckpt_config_get(c, "mlp_only_layers");
-    if (sparse_step != 1 || (mlp_only && json_object_is_type(mlp_only, json_type_array) &&
-                             json_object_array_length(mlp_only) > 0))
-        return err_set(-ENOTSUP,
-                       "%s/config.json: dense layers (decoder_sparse_step %u, "
-                       "mlp_only_layers) are not supported; every layer must be MoE",
-                       c->dir, sparse_step);
-    if (hf_ckpt_config_bool(c, "attention_bias", false))
-        return err_set(-ENOTSUP, "%s/config.json: attention_bias is not supported", c->dir);
-    if (hf_ckpt_config_bool(c, "use_sliding_window", false))
-        return err_set(-ENOTSUP, "%s/config.json: use_sliding_window is not supported", c->dir);
-    if (!hf_ckpt_config_bool(c, "norm_topk_prob", false))
-        convert_notice(cfg, "config.json has norm_topk_prob false or absent; strata (like "
-                            "llama.cpp) always renormalizes the top-k expert weights, so outputs "
-                            "will differ from transformers'");
-    return read_rope(cfg, c, hp);
+    if (!(hp->rope_base > 0.0) || !isfinite(hp->rope_base))
+        return err_set(-EINVAL, "%s/config.json: rope_theta %g must be positive", c->dir,
+                       hp->rope_base);
+    return 0;
 }
 
 static int add_hparams(struct gguf_writer *w, const struct convert_config *cfg,
@@ -259,11 +237,6 @@ static int add_hparams(struct gguf_writer *w, const struct convert_config *cfg,
     U32(ARCH ".expert_count", hp->n_expert);
     U32(ARCH ".expert_used_count", hp->n_expert_used);
     U32(ARCH ".expert_feed_forward_length", hp->n_ff_exp);
-    if (hp->yarn) {
-        STR(ARCH ".rope.scaling.type", "yarn");
-        F32(ARCH ".rope.scaling.factor", hp->yarn_factor);
-        U32(ARCH ".rope.scaling.original_context_length", hp->yarn_orig_ctx);
-    }
 #undef U32
 #undef F32
 #undef STR

@@ -29,13 +29,14 @@
 /* ---- running a conversion ----------------------------------------------------------------- */
 
 enum convert_event_kind {
-    CONVERT_EVENT_NOTICE, /* text: something the user should know (ignored tensors, ...) */
-    CONVERT_EVENT_TENSOR, /* a tensor has been written */
+    CONVERT_EVENT_NOTICE,  /* text: something the user should know (ignored tensors, ...) */
+    CONVERT_EVENT_WARNING, /* text: something that may make the file wrong (unknown keys) */
+    CONVERT_EVENT_TENSOR,  /* a tensor has been written */
 };
 
 struct convert_event {
     enum convert_event_kind kind;
-    const char *text; /* NOTICE */
+    const char *text; /* NOTICE, WARNING */
     const char *name; /* TENSOR: GGUF name */
     uint32_t type;    /* TENSOR: ggml type written */
     uint32_t n_dims;
@@ -55,6 +56,8 @@ struct convert_config {
     enum quant_mix mix;
     uint32_t n_threads;           /* OpenMP threads; 0 = OpenMP's default */
     const char *name;             /* general.name; NULL = the directory's base name */
+    bool allow_unknown_keys;      /* a config.json key strata does not know gives a WARNING
+                                     event instead of failing with -ENOTSUP */
     convert_progress_fn progress; /* may be NULL */
     void *progress_arg;
     volatile sig_atomic_t *cancel; /* abort (-EINTR, temp file removed) once *cancel != 0;
@@ -73,7 +76,8 @@ struct convert_stats {
 
 /* Converts cfg->hf_dir into cfg->out_path; stats may be NULL. 0 or -errno; on failure nothing
  * is left at out_path and err_msg() names what failed (missing file, unsupported architecture,
- * missing tensor, shape mismatch with both shapes, malformed input). */
+ * missing tensor, shape mismatch with both shapes, malformed input, a config.json key whose
+ * value strata does not compute: docs/convert-keys.md). */
 int convert_run(const struct convert_config *cfg, struct convert_stats *stats);
 
 #endif

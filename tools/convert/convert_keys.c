@@ -1,0 +1,356 @@
+/* convert_keys: the audit of config.json, one table per architecture (qwen3moe now).
+ *
+ * Every key is in the table with what strata does with it:
+ *   IMPLEMENTED  its value reaches the GGUF (read_hparams in convert.c, convert_vocab.c);
+ *   NO_EFFECT    transformers' forward does not read it for inference logits;
+ *   CHECKED      only the value strata computes is accepted; any other value is refused with
+ *                an error that names the key, the value and why.
+ * A key the table lacks is refused ("strata does not know whether it changes the computation")
+ * unless cfg->allow_unknown_keys, which turns each one into a warning. Object values
+ * (rope_scaling, rope_parameters) are checked member by member against their own table.
+ * JSON null reads as absent, as everywhere in the converter. docs/convert-keys.md is this
+ * table in prose, with the reasons at length.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <json-c/json.h>
+
+#include "convert_priv.h"
+#include "errors.h"
+#include "hf_ckpt.h"
+
+enum key_kind {
+    KEY_IMPLEMENTED,
+    KEY_NO_EFFECT,
+    KEY_CHECKED,
+};
+
+struct key_table;
+
+struct key_rule {
+    const char *key;
+    enum key_kind kind;
+    bool (*ok)(json_object *v);  /* CHECKED: accepts a present, non-null value */
+    const char *absent;          /* CHECKED: transformers' default when absent or null, if
+                                    strata does not compute it; NULL when absence is fine */
+    const struct key_table *sub; /* an object value's members are checked against this */
+    const char *why; /* IMPLEMENTED: where it goes; NO_EFFECT: why; CHECKED: why others fail */
+};
+
+struct key_table {
+    const struct key_rule *rules;
+    size_t n;
+};
+
+/* ---- predicates of CHECKED keys ----------------------------------------------------------- */
+
+static bool is_number(json_object *v)
+{
+    return json_object_is_type(v, json_type_int) || json_object_is_type(v, json_type_double);
+}
+
+static bool ok_true(json_object *v)
+{
+    return json_object_is_type(v, json_type_boolean) && json_object_get_boolean(v);
+}
+
+static bool ok_false(json_object *v)
+{
+    return json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v);
+}
+
+static bool ok_one(json_object *v)
+{
+    return is_number(v) && json_object_get_double(v) == 1.0;
+}
+
+static bool ok_zero(json_object *v)
+{
+    return is_number(v) && json_object_get_double(v) == 0.0;
+}
+
+static bool ok_empty_array(json_object *v)
+{
+    return json_object_is_type(v, json_type_array) && json_object_array_length(v) == 0;
+}
+
+static bool ok_object(json_object *v)
+{
+    return json_object_is_type(v, json_type_object);
+}
+
+static bool ok_never(json_object *v)
+{
+    (void)v;
+    return false;
+}
+
+/* silu; transformers' ACT2FN maps "swish" to the same function */
+static bool ok_silu(json_object *v)
+{
+    const char *s = json_object_is_type(v, json_type_string) ? json_object_get_string(v) : "";
+    return !strcmp(s, "silu") || !strcmp(s, "swish");
+}
+
+static bool ok_rope_default(json_object *v)
+{
+    return json_object_is_type(v, json_type_string) &&
+           !strcmp(json_object_get_string(v), "default");
+}
+
+static bool ok_all_full_attention(json_object *v)
+{
+    if (!json_object_is_type(v, json_type_array))
+        return false;
+    for (size_t i = 0; i < json_object_array_length(v); i++) {
+        json_object *e = json_object_array_get_idx(v, i);
+        if (!json_object_is_type(e, json_type_string) ||
+            strcmp(json_object_get_string(e), "full_attention"))
+            return false;
+    }
+    return true;
+}
+
+/* ---- the tables --------------------------------------------------------------------------- */
+
+/* clang-format off */
+#define IMPL(k, w) {.key = k, .kind = KEY_IMPLEMENTED, .why = w}
+#define NONE(k, w) {.key = k, .kind = KEY_NO_EFFECT, .why = w}
+#define CHECK(k, f, w) {.key = k, .kind = KEY_CHECKED, .ok = f, .why = w}
+/* clang-format on */
+#define ROPE_TYPE_ONLY_DEFAULT                                                                     \
+    "strata's qwen3moe forward implements plain RoPE (rope type default); the scaling types "      \
+    "(linear, dynamic, yarn, longrope, llama3) change the rotation frequencies or scale the "      \
+    "attention"
+#define ROPE_SCALING_ONLY                                                                          \
+    "read only by the rope scaling types, which are refused; default RoPE does not read it"
+
+/* Members of rope_scaling (transformers 4.x) and rope_parameters (5.x). */
+static const struct key_rule rope_rules[] = {
+    CHECK("rope_type", ok_rope_default, ROPE_TYPE_ONLY_DEFAULT),
+    CHECK("type", ok_rope_default, ROPE_TYPE_ONLY_DEFAULT), /* the transformers 4.x spelling */
+    IMPL("rope_theta", "rope.freq_base"),
+    CHECK("partial_rotary_factor", ok_one,
+          "strata rotates the whole head (partial_rotary_factor 1); transformers versions "
+          "differ on whether Qwen3MoE reads it"),
+    NONE("factor", ROPE_SCALING_ONLY),
+    NONE("original_max_position_embeddings", ROPE_SCALING_ONLY),
+    NONE("attention_factor", ROPE_SCALING_ONLY),
+    NONE("beta_fast", ROPE_SCALING_ONLY),
+    NONE("beta_slow", ROPE_SCALING_ONLY),
+    NONE("mscale", ROPE_SCALING_ONLY),
+    NONE("mscale_all_dim", ROPE_SCALING_ONLY),
+    NONE("low_freq_factor", ROPE_SCALING_ONLY),
+    NONE("high_freq_factor", ROPE_SCALING_ONLY),
+    NONE("short_factor", ROPE_SCALING_ONLY),
+    NONE("long_factor", ROPE_SCALING_ONLY),
+    NONE("truncate", ROPE_SCALING_ONLY),
+};
+static const struct key_table rope_table = {rope_rules, sizeof(rope_rules) / sizeof(rope_rules[0])};
+
+/* config.json of Qwen3MoeForCausalLM (model_type qwen3_moe), transformers 4.x and 5.x. */
+static const struct key_rule qwen3moe_rules[] = {
+    IMPL("architectures", "selects the architecture: general.architecture qwen3moe"),
+    IMPL("model_type", "selects the architecture: general.architecture qwen3moe"),
+    IMPL("hidden_size", "embedding_length"),
+    IMPL("num_hidden_layers", "block_count"),
+    IMPL("num_attention_heads", "attention.head_count"),
+    IMPL("num_key_value_heads", "attention.head_count_kv (required)"),
+    IMPL("head_dim", "attention.key_length, attention.value_length"),
+    IMPL("intermediate_size", "feed_forward_length (the dense MLP; every layer is MoE)"),
+    IMPL("moe_intermediate_size", "expert_feed_forward_length"),
+    IMPL("num_experts", "expert_count"),
+    IMPL("num_local_experts", "expert_count (transformers 5.x spelling of num_experts)"),
+    IMPL("num_experts_per_tok", "expert_used_count"),
+    IMPL("vocab_size", "rows of token_embd and output; the vocabulary is padded to it"),
+    IMPL("max_position_embeddings", "context_length"),
+    IMPL("rms_norm_eps", "attention.layer_norm_rms_epsilon"),
+    IMPL("rope_theta", "rope.freq_base"),
+    IMPL("tie_word_embeddings", "true: no output.weight, the output head is token_embd"),
+    IMPL("bos_token_id", "tokenizer.ggml.bos_token_id unless tokenizer_config.json names it"),
+    IMPL("eos_token_id", "tokenizer.ggml.eos_token_id unless tokenizer_config.json names it"),
+    IMPL("pad_token_id", "tokenizer.ggml.padding_token_id unless tokenizer_config.json names it "
+                         "(the embedding's padding_idx only shapes initialisation)"),
+    {.key = "rope_scaling",
+     .kind = KEY_CHECKED,
+     .ok = ok_object,
+     .sub = &rope_table,
+     .why = "it must be an object of rope parameters (or null)"},
+    {.key = "rope_parameters",
+     .kind = KEY_CHECKED,
+     .ok = ok_object,
+     .sub = &rope_table,
+     .why = "it must be an object of rope parameters (or null)"},
+    {.key = "norm_topk_prob",
+     .kind = KEY_CHECKED,
+     .ok = ok_true,
+     .absent = "false",
+     .why = "with norm_topk_prob false transformers weights the top-k experts by their softmax "
+            "probabilities as they are; strata always renormalizes them to sum 1 (norm_topk_prob "
+            "true), so its logits would differ"},
+    CHECK("hidden_act", ok_silu, "strata's experts compute SwiGLU with silu"),
+    CHECK("attention_bias", ok_false, "strata's attention projections have no bias"),
+    CHECK("use_sliding_window", ok_false, "strata attends to the whole context"),
+    CHECK("decoder_sparse_step", ok_one, "strata's qwen3moe layers are all MoE (no dense MLP)"),
+    CHECK("mlp_only_layers", ok_empty_array, "strata's qwen3moe layers are all MoE (no dense MLP)"),
+    CHECK("layer_types", ok_all_full_attention, "strata's qwen3moe layers all use full attention"),
+    CHECK("partial_rotary_factor", ok_one, "strata rotates the whole head"),
+    CHECK("shared_expert_intermediate_size", ok_zero, "qwen3moe has no shared expert"),
+    CHECK("use_qk_norm", ok_true, "strata's qwen3moe attention always has q_norm and k_norm"),
+    CHECK("qk_norm", ok_true, "strata's qwen3moe attention always has q_norm and k_norm"),
+    CHECK("quantization_config", ok_never,
+          "the weights are quantized; strata convert reads F32, BF16 and F16 weights"),
+    NONE("sliding_window", "transformers sets it to None unless use_sliding_window (refused)"),
+    NONE("max_window_layers", "not read by transformers' Qwen3MoE"),
+    NONE("attention_dropout", "dropout acts in training only"),
+    NONE("router_aux_loss_coef", "a training loss term"),
+    NONE("output_router_logits", "adds router logits to the outputs; logits unchanged"),
+    NONE("initializer_range", "initialisation of weights the checkpoint does not hold"),
+    NONE("use_cache", "the KV cache gives the same logits"),
+    NONE("torch_dtype", "the dtype transformers loads into; strata reads the file's dtypes"),
+    NONE("dtype", "the dtype transformers loads into; strata reads the file's dtypes"),
+    NONE("transformers_version", "the version that wrote the file"),
+    NONE("_name_or_path", "where the model was loaded from"),
+    NONE("output_attentions", "selects extra outputs"),
+    NONE("output_hidden_states", "selects extra outputs"),
+    NONE("return_dict", "selects the output container"),
+    NONE("id2label", "labels of classification heads"),
+    NONE("label2id", "labels of classification heads"),
+    NONE("tokenizer_class", "strata reads tokenizer.json itself"),
+};
+static const struct key_table qwen3moe_table = {qwen3moe_rules,
+                                                sizeof(qwen3moe_rules) / sizeof(qwen3moe_rules[0])};
+
+#undef IMPL
+#undef NONE
+#undef CHECK
+#undef ROPE_TYPE_ONLY_DEFAULT
+#undef ROPE_SCALING_ONLY
+
+/* ---- the audit ---------------------------------------------------------------------------- */
+
+static const struct key_rule *rule_find(const struct key_table *t, const char *key)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (!strcmp(t->rules[i].key, key))
+            return &t->rules[i];
+    return NULL;
+}
+
+/* The JSON text of v, cut to fit buf. */
+static const char *value_str(json_object *v, char *buf, size_t size)
+{
+    const char *s = json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN);
+    if (strlen(s) < size)
+        return memcpy(buf, s, strlen(s) + 1);
+    snprintf(buf, size, "%.*s...", (int)size - 4, s);
+    return buf;
+}
+
+/* Checks the members of obj against t; prefix names the enclosing key ("" at the top). */
+static int audit_object(const struct convert_config *cfg, const struct hf_ckpt *c,
+                        const struct key_table *t, const char *prefix, json_object *obj)
+{
+    char val[96], path[160];
+
+    json_object_object_foreach(obj, key, v)
+    {
+        const struct key_rule *r = rule_find(t, key);
+        snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "." : "", key);
+        if (!r) {
+            value_str(v, val, sizeof(val));
+            if (!cfg->allow_unknown_keys)
+                return err_set(-ENOTSUP,
+                               "%s/config.json: unknown config key %s (= %s): strata does not "
+                               "know whether it changes the computation (--allow-unknown-keys "
+                               "converts anyway, with a warning)",
+                               c->dir, path, val);
+            convert_warning(cfg,
+                            "unknown config key %s (= %s) ignored: strata does not know whether "
+                            "it changes the computation",
+                            path, val);
+            continue;
+        }
+        if (r->kind != KEY_CHECKED || !v)
+            continue;
+        if (!r->ok(v))
+            return err_set(-ENOTSUP, "%s/config.json: %s = %s is not supported: %s", c->dir, path,
+                           value_str(v, val, sizeof(val)), r->why);
+        if (r->sub) {
+            int rc = audit_object(cfg, c, r->sub, path, v);
+            if (rc)
+                return rc;
+        }
+    }
+    for (size_t i = 0; i < t->n; i++) {
+        const struct key_rule *r = &t->rules[i];
+        json_object *v;
+        if (r->absent && (!json_object_object_get_ex(obj, r->key, &v) || !v)) {
+            snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "." : "", r->key);
+            return err_set(-ENOTSUP,
+                           "%s/config.json: %s is absent, which transformers reads as %s; that is "
+                           "not supported: %s",
+                           c->dir, path, r->absent, r->why);
+        }
+    }
+    return 0;
+}
+
+/* Member key of obj, or NULL when obj is not an object or the member is absent or null. */
+static json_object *member(json_object *obj, const char *key)
+{
+    json_object *v;
+    if (!obj || !json_object_is_type(obj, json_type_object) ||
+        !json_object_object_get_ex(obj, key, &v))
+        return NULL;
+    return v;
+}
+
+/* Keys that must agree where transformers versions read different ones: the rope base
+ * (4.x reads the top-level rope_theta, 5.x the one inside rope_scaling or rope_parameters) and
+ * the expert count (5.x reads num_experts as num_local_experts). */
+static int audit_agreement(const struct hf_ckpt *c)
+{
+    static const char *const at[] = {NULL, "rope_scaling", "rope_parameters"};
+    static const char *const name[] = {"rope_theta", "rope_scaling.rope_theta",
+                                       "rope_parameters.rope_theta"};
+    json_object *ne = hf_ckpt_config_get(c, "num_experts");
+    json_object *nle = hf_ckpt_config_get(c, "num_local_experts");
+    json_object *first = NULL;
+    size_t first_i = 0;
+    char a[96], b[96];
+
+    for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
+        json_object *v = at[i] ? member(hf_ckpt_config_get(c, at[i]), "rope_theta")
+                               : hf_ckpt_config_get(c, "rope_theta");
+        if (!v)
+            continue;
+        if (!is_number(v))
+            return err_set(-EINVAL, "%s/config.json: %s is %s, expected a number", c->dir, name[i],
+                           value_str(v, a, sizeof(a)));
+        if (!first) {
+            first = v;
+            first_i = i;
+        } else if (json_object_get_double(first) != json_object_get_double(v)) {
+            return err_set(-ENOTSUP,
+                           "%s/config.json: %s = %s and %s = %s differ; transformers versions "
+                           "read different ones, so the rope base is ambiguous",
+                           c->dir, name[first_i], value_str(first, a, sizeof(a)), name[i],
+                           value_str(v, b, sizeof(b)));
+        }
+    }
+    if (ne && nle && !json_object_equal(ne, nle))
+        return err_set(-ENOTSUP,
+                       "%s/config.json: num_experts = %s and num_local_experts = %s differ "
+                       "(transformers 5.x reads num_experts as num_local_experts)",
+                       c->dir, value_str(ne, a, sizeof(a)), value_str(nle, b, sizeof(b)));
+    return 0;
+}
+
+int convert_keys_check(const struct convert_config *cfg, const struct hf_ckpt *c)
+{
+    int rc = audit_object(cfg, c, &qwen3moe_table, "", c->config);
+    return rc ? rc : audit_agreement(c);
+}
