@@ -282,10 +282,6 @@ static int batch_parse_flags(int argc, char **argv, struct batch_opts *bo, struc
                     "object a line (see --help)\n",
                     a);
             rc = 2;
-        } else if (!strcmp(a, "--graph")) {
-            fprintf(stderr, "strata batch: --graph: lockstep steps are not replayed from a CUDA "
-                            "graph (it applies to strata run's one-stream decode)\n");
-            rc = 2;
         } else if (batch_run_flag(a, &takes)) {
             rest[n_rest++] = argv[i];
             if (takes && v)

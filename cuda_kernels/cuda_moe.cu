@@ -740,12 +740,15 @@ static __global__ void __launch_bounds__(MOE_SORT_THREADS) k_moe_prep_q8(struct 
 }
 
 /* gate/up of one tile: block (tile, MOE_Q8_GU_ROWS rows), warp w rows 2w and 2w + 1 for every
- * pair of the tile, then each pair's 32 values of h quantized as k_moe_gate_up_q8 does. */
-template <uint32_t WT>
+ * pair of the tile, then each pair's 32 values of h quantized as k_moe_gate_up_q8 does. With
+ * SMEM the tile's input codes are first copied into shared memory (MOE_TILE_Q8 rows of
+ * moe_q8_bytes), else read from scratch. */
+template <uint32_t WT, bool SMEM>
 static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32)
     k_moe_gate_up_gq8(struct moe_params p)
 {
     constexpr int TQ = MOE_TILE_Q8;
+    extern __shared__ __align__(16) uint8_t moe_smem[];
     __shared__ float hs[TQ][MOE_Q8_GU_ROWS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, w = blockIdx.x;
     if (w >= *p.n_tiles)
@@ -762,6 +765,30 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32)
         const int64_t t = pairs[i] / p.k;
         xq[i] = p.xq + t * p.n_embd;
         xd[i] = p.xd + t * nu;
+    }
+    if constexpr (SMEM) { /* np is uniform over the block: the barrier is reached by all */
+        int8_t *sq = (int8_t *)moe_smem;
+        float2 *sd = (float2 *)(moe_smem + (int64_t)TQ * p.n_embd);
+        const int64_t n16 = p.n_embd / 16;
+        for (int64_t j = threadIdx.x; j < np * n16; j += blockDim.x) {
+            const int i = (int)(j / n16);
+            const int64_t c = j - i * n16;
+            const int64_t t = p.sorted[b + i] / p.k;
+            ((int4 *)(sq + i * p.n_embd))[c] = ((const int4 *)(p.xq + t * p.n_embd))[c];
+        }
+        for (int64_t j = threadIdx.x; j < np * nu; j += blockDim.x) {
+            const int i = (int)(j / nu);
+            const int64_t c = j - i * nu;
+            const int64_t t = p.sorted[b + i] / p.k;
+            sd[i * nu + c] = p.xd[t * nu + c];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < TQ; i++) {
+            const int ii = i < np ? i : 0;
+            xq[i] = sq + ii * p.n_embd;
+            xd[i] = sd + ii * nu;
+        }
     }
     if (e < 0 || e >= p.n_expert) { /* uniform over the block: no barrier below is reached */
         if (warp < np) {
@@ -1240,7 +1267,53 @@ static __device__ __forceinline__ int moe_bin(const struct moe_params &p, int e)
     return e >= 0 && e < p.n_expert ? e : p.n_expert;
 }
 
-/* Stable counting sort of the pairs by expert, in one block (deterministic, no atomics).
+#define MOE_SORT_SMALL 1024 /* pairs up to which moe_sort_small sorts in shared memory */
+
+/* The same sort and tile list for up to MOE_SORT_SMALL pairs, every thread on its own pairs
+ * with no serial step: pair q of bin b goes to (pairs of smaller bins) + (pairs of bin b
+ * before q), each counted over the bins in shared memory; the first pair of each bin writes
+ * its bin's tiles after (tiles of smaller bins). */
+static __device__ void moe_sort_small(const struct moe_params &p)
+{
+    __shared__ int bin[MOE_SORT_SMALL], first[MOE_SORT_SMALL], cnt[MOE_SORT_SMALL];
+    const int n = p.n_pairs;
+    for (int q = threadIdx.x; q < n; q += blockDim.x)
+        bin[q] = moe_bin(p, p.ids[q]);
+    __syncthreads();
+    for (int q = threadIdx.x; q < n; q += blockDim.x) {
+        const int b = bin[q];
+        int before = 0, rank = 0, same = 0;
+        for (int q2 = 0; q2 < n; q2++) {
+            const int b2 = bin[q2];
+            before += b2 < b;
+            same += b2 == b;
+            rank += b2 == b && q2 < q;
+        }
+        p.sorted[before + rank] = q;
+        first[q] = rank == 0 ? before : -1; /* where the bin starts, on its first pair */
+        cnt[q] = same;
+    }
+    __syncthreads();
+    for (int q = threadIdx.x; q < n; q += blockDim.x) {
+        if (first[q] < 0)
+            continue;
+        const int b = bin[q], c = cnt[q];
+        int t = 0;
+        for (int q2 = 0; q2 < n; q2++)
+            if (first[q2] >= 0 && bin[q2] < b)
+                t += (cnt[q2] + p.tile - 1) / p.tile;
+        for (int s = 0; s < c; s += p.tile, t++) {
+            p.tile_e[t] = b;
+            p.tile_b[t] = first[q] + s;
+            p.tile_n[t] = c - s < p.tile ? c - s : p.tile;
+        }
+        if (first[q] + c == n) /* the last bin: t is the number of tiles */
+            *p.n_tiles = t;
+    }
+}
+
+/* Stable counting sort of the pairs by expert, in one block (deterministic, no atomics); up to
+ * MOE_SORT_SMALL pairs moe_sort_small instead.
  * Thread c owns the contiguous chunk c of the pairs and row c of cnt:
  *   1. cnt[c][b] = pairs of chunk c in bin b;
  *   2. per bin b (threads over bins): exclusive scan over the chunks -> cnt[c][b] is where
@@ -1251,6 +1324,10 @@ static __device__ __forceinline__ int moe_bin(const struct moe_params &p, int e)
  * Global memory written before a __syncthreads is visible to the block after it. */
 static __device__ void moe_sort_body(const struct moe_params &p)
 {
+    if (p.n_pairs <= MOE_SORT_SMALL) {
+        moe_sort_small(p);
+        return;
+    }
     const int nb = p.n_expert + 1, c = threadIdx.x;
     const int len = (int)moe_cdiv(p.n_pairs, MOE_SORT_THREADS);
     const int q0 = c * len < p.n_pairs ? c * len : p.n_pairs;
@@ -1458,9 +1535,14 @@ static void moe_launch_down(const struct moe_params &p, bool grouped, unsigned i
 template <uint32_t WT>
 static void moe_launch_gate_up_gq8(const struct moe_params &p, unsigned tiles, cudaStream_t s)
 {
-    if constexpr (moe_q8_type(WT))
-        k_moe_gate_up_gq8<WT><<<dim3(tiles, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS)),
-                                MOE_Q8_GU_WARPS * 32, 0, s>>>(p);
+    if constexpr (moe_q8_type(WT)) {
+        const dim3 grid(tiles, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS));
+        const uint64_t smem = moe_q8_bytes(MOE_TILE_Q8, p.n_embd);
+        if (smem + sizeof(float) * MOE_TILE_Q8 * MOE_Q8_GU_ROWS <= MOE_Q8_MAX_SMEM)
+            k_moe_gate_up_gq8<WT, true><<<grid, MOE_Q8_GU_WARPS * 32, smem, s>>>(p);
+        else
+            k_moe_gate_up_gq8<WT, false><<<grid, MOE_Q8_GU_WARPS * 32, 0, s>>>(p);
+    }
 }
 
 template <uint32_t WT>
