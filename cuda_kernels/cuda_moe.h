@@ -58,8 +58,11 @@ enum cuda_moe_path {
  * 16 / 32 tokens, direct 118 / 217 / 408 us, grouped 355 / 539 / 750, mma 491 / 663 / 902. */
 #define CUDA_MOE_DIRECT_Q8_MAX_TOK 32
 /* From this many tokens up to CUDA_MOE_DIRECT_Q8_MAX_TOK the automatic choice for Q4_K/Q6_K
- * experts is the grouped 8-bit path: each selected expert's weights read once per call. */
-#define CUDA_MOE_GROUPED8_MIN_TOK 2
+ * experts is the grouped 8-bit path: each selected expert's weights read once per call. Below
+ * it the direct path is faster although it reads an expert once per token: 30b-a3b's layer on
+ * an H200 at 1 / 8 / 24 / 32 tokens, direct 25 / 121 / 322 / 422 us, grouped 8-bit
+ * 40 / 175 / 340 / 385 (test_cuda_moe prints the table). */
+#define CUDA_MOE_GROUPED8_MIN_TOK 32
 #define CUDA_MOE_MMA_MIN_TOK 32 /* the automatic choice takes the tensor cores from this many
                                  * tokens, for every weight type but F32 (kept exact) */
 

@@ -492,18 +492,18 @@ static void run_graph_case(struct rng *r, const struct moe_case *c)
 }
 
 /* Timing (printed, never checked): one 30b-a3b-shaped layer (2048 x 768, 128 experts top-8,
- * Q4_K gate/up, Q6_K down) for decode-sized calls, the lockstep steps of 1 to 32 streams,
+ * Q4_K gate/up, Q6_K down) for decode-sized calls, the lockstep steps of 1 to 64 streams,
  * each path forced: microseconds per call, median of 25, distinct experts per call. */
 static void bench_paths(struct rng *r)
 {
-    static const int toks[] = {1, 2, 4, 8, 12, 16, 24, 32};
-    struct moe_case c = {QUANT_Q4_K, QUANT_Q6_K, 2048, 768, 128, 8, 32};
+    static const int toks[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64};
+    struct moe_case c = {QUANT_Q4_K, QUANT_Q6_K, 2048, 768, 128, 8, 64};
     struct layer L;
     layer_make(r, &c, &L);
-    float *x = test_rand_normal(r, (size_t)32 * c.n_embd, 1.0f);
-    int32_t ids[32 * 8];
-    float w[32 * 8];
-    for (int t = 0; t < 32; t++) /* k distinct experts per token, uniform */
+    float *x = test_rand_normal(r, (size_t)64 * c.n_embd, 1.0f);
+    int32_t ids[64 * 8];
+    float w[64 * 8];
+    for (int t = 0; t < 64; t++) /* k distinct experts per token, uniform */
         for (int j = 0; j < 8; j++) {
             int e, dup;
             do {
@@ -515,10 +515,10 @@ static void bench_paths(struct rng *r)
             ids[t * 8 + j] = e;
             w[t * 8 + j] = 0.125f;
         }
-    float *d_x = (float *)test_dev_dup(x, sizeof(float) * 32 * c.n_embd);
+    float *d_x = (float *)test_dev_dup(x, sizeof(float) * 64 * c.n_embd);
     int32_t *d_ids = (int32_t *)test_dev_dup(ids, sizeof(ids));
     float *d_w = (float *)test_dev_dup(w, sizeof(w));
-    float *d_out = (float *)test_dev_alloc(sizeof(float) * 32 * c.n_embd);
+    float *d_out = (float *)test_dev_alloc(sizeof(float) * 64 * c.n_embd);
     struct cuda_moe_args probe = layer_args(&L, d_out, d_x, d_ids, d_w, NULL, 0,
                                             CUDA_MOE_PATH_AUTO, false);
     size_t sb = cuda_moe_scratch_bytes(&probe);
@@ -528,7 +528,7 @@ static void bench_paths(struct rng *r)
     cudaEventCreate(&e1);
     printf("  bench: moe 2048x768 Q4_K/Q6_K 128 experts top-8: us per call (median of 25)\n"
            "  bench: moe n_tok distinct    auto   direct  grouped      mma grouped8\n");
-    for (int ti = 0; ti < 8; ti++) {
+    for (int ti = 0; ti < 10; ti++) {
         int n = toks[ti], distinct = 0;
         bool seen[128] = {false};
         for (int i = 0; i < n * 8; i++)
@@ -558,7 +558,7 @@ static void bench_paths(struct rng *r)
         printf("  bench: moe %5d %8d %7.1f  %7.1f  %7.1f  %7.1f  %7.1f\n", n, distinct, us[0],
                us[1], us[2], us[3], us[4]);
     }
-    c.n_tok = 32;
+    c.n_tok = 64;
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     cuda_free(d_x), cuda_free(d_ids), cuda_free(d_w), cuda_free(d_out), cuda_free(d_scratch);
