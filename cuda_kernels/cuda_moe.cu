@@ -1649,12 +1649,12 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     p.tile_n = (int32_t *)(sc + l.tile_n);
     p.n_tiles = (int32_t *)(sc + l.n_tiles);
 
-    const int direct_max = p.hq ? CUDA_MOE_DIRECT_Q8_MAX_TOK : CUDA_MOE_DIRECT_MAX_TOK;
-    const bool autop = a->path == CUDA_MOE_PATH_AUTO && a->n_tok > direct_max;
     const bool grouped8 =
         p.hq && (a->path == CUDA_MOE_PATH_GROUPED8 ||
                  (a->path == CUDA_MOE_PATH_AUTO && a->n_tok >= CUDA_MOE_GROUPED8_MIN_TOK &&
-                  a->n_tok <= direct_max));
+                  a->n_tok <= CUDA_MOE_GROUPED8_MAX_TOK));
+    const int direct_max = p.hq ? CUDA_MOE_GROUPED8_MIN_TOK - 1 : CUDA_MOE_DIRECT_MAX_TOK;
+    const bool autop = a->path == CUDA_MOE_PATH_AUTO && a->n_tok > direct_max && !grouped8;
     bool mma = a->path == CUDA_MOE_PATH_MMA ||
                (autop && a->n_tok >= CUDA_MOE_MMA_MIN_TOK && a->gate_type != QUANT_F32 &&
                 a->down_type != QUANT_F32);

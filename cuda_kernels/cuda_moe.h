@@ -41,10 +41,9 @@ extern "C" {
 #endif
 
 enum cuda_moe_path {
-    CUDA_MOE_PATH_AUTO = 0,    /* direct up to CUDA_MOE_DIRECT_MAX_TOK tokens (8-bit: grouped
-                                * 8-bit from CUDA_MOE_GROUPED8_MIN_TOK up to
-                                * CUDA_MOE_DIRECT_Q8_MAX_TOK), then mma from
-                                * CUDA_MOE_MMA_MIN_TOK (not F32), else grouped */
+    CUDA_MOE_PATH_AUTO = 0,    /* direct up to CUDA_MOE_DIRECT_MAX_TOK tokens, then mma from
+                                * CUDA_MOE_MMA_MIN_TOK (not F32), else grouped; Q4_K/Q6_K:
+                                * direct, grouped8, mma (CUDA_MOE_GROUPED8_MIN/MAX_TOK) */
     CUDA_MOE_PATH_DIRECT = 1,  /* one pass per (token, expert) pair */
     CUDA_MOE_PATH_GROUPED = 2, /* pairs grouped by expert on the device */
     CUDA_MOE_PATH_MMA = 3,     /* grouped, on tensor cores (bf16 products, float sums) */
@@ -53,16 +52,16 @@ enum cuda_moe_path {
 };
 
 #define CUDA_MOE_DIRECT_MAX_TOK 4
-/* The 8-bit direct path (Q4_K/Q6_K experts) stays ahead of the grouped and tensor-core paths up
- * to this many tokens (lockstep steps of up to 32 streams): 30b-a3b's layer on an H200 at 8 /
- * 16 / 32 tokens, direct 118 / 217 / 408 us, grouped 355 / 539 / 750, mma 491 / 663 / 902. */
-#define CUDA_MOE_DIRECT_Q8_MAX_TOK 32
-/* From this many tokens up to CUDA_MOE_DIRECT_Q8_MAX_TOK the automatic choice for Q4_K/Q6_K
- * experts is the grouped 8-bit path: each selected expert's weights read once per call. Below
- * it the direct path is faster although it reads an expert once per token: 30b-a3b's layer on
- * an H200 at 1 / 8 / 24 / 32 tokens, direct 25 / 121 / 322 / 422 us, grouped 8-bit
- * 40 / 175 / 340 / 385 (test_cuda_moe prints the table). */
+/* For Q4_K/Q6_K experts the automatic choice is the 8-bit direct path below
+ * CUDA_MOE_GROUPED8_MIN_TOK tokens (decode, lockstep steps), the grouped 8-bit path from there up
+ * to CUDA_MOE_GROUPED8_MAX_TOK (short prompts, prompt chunks), then the tensor cores. 30b-a3b's
+ * layer on an H200 (us per call; test_cuda_moe prints the table):
+ *   tokens       1    8   24   32   48    64
+ *   direct      26  122  324  423  618   814
+ *   grouped8    42  179  348  396  497   569
+ *   mma        107  455  808  824  980  1002 */
 #define CUDA_MOE_GROUPED8_MIN_TOK 32
+#define CUDA_MOE_GROUPED8_MAX_TOK 64
 #define CUDA_MOE_MMA_MIN_TOK 32 /* the automatic choice takes the tensor cores from this many
                                  * tokens, for every weight type but F32 (kept exact) */
 

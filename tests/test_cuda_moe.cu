@@ -123,9 +123,9 @@ static bool direct_q8(const struct moe_case *c)
 static int auto_path_of(const struct moe_case *c)
 {
     bool q8 = direct_q8(c);
-    if (q8 && c->n_tok >= CUDA_MOE_GROUPED8_MIN_TOK && c->n_tok <= CUDA_MOE_DIRECT_Q8_MAX_TOK)
+    if (q8 && c->n_tok >= CUDA_MOE_GROUPED8_MIN_TOK && c->n_tok <= CUDA_MOE_GROUPED8_MAX_TOK)
         return 4;
-    if (c->n_tok <= (q8 ? CUDA_MOE_DIRECT_Q8_MAX_TOK : CUDA_MOE_DIRECT_MAX_TOK))
+    if (c->n_tok <= (q8 ? CUDA_MOE_GROUPED8_MIN_TOK - 1 : CUDA_MOE_DIRECT_MAX_TOK))
         return 0;
     return c->n_tok >= CUDA_MOE_MMA_MIN_TOK && c->gt != QUANT_F32 && c->dt != QUANT_F32 ? 2 : 1;
 }
@@ -583,6 +583,7 @@ int main(void)
         {QUANT_Q6_K, QUANT_Q4_K, 256, 512, 32, 4, 3}, /* 8-bit paths, the other types */
         {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 16, 8, 20}, /* grouped 8-bit: experts past one tile */
         {QUANT_Q6_K, QUANT_Q6_K, 512, 256, 128, 8, 32},
+        {QUANT_Q4_K, QUANT_Q6_K, 512, 256, 128, 8, 48}, /* grouped 8-bit: a short prompt */
         {QUANT_Q8_0, QUANT_Q8_0, 352, 96, 8, 2, 1},     /* rows not a multiple of 256 */
         {QUANT_Q8_0, QUANT_Q8_0, 352, 96, 8, 2, 40},    /* large tiles */
         {QUANT_MXFP4, QUANT_MXFP4, 352, 160, 32, 4, 5}, /* gpt-oss experts */
@@ -599,10 +600,11 @@ int main(void)
         {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 64, 8, 1},
         {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 64, 8, 20}, /* grouped 8-bit, a lockstep step */
         {QUANT_Q5_K, QUANT_Q8_0, 256, 256, 64, 8, 20}, /* grouped */
+        {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 64, 8, 40}, /* grouped 8-bit */
         /* the tensor-core path, its types' first use (shared memory opt-in inside a capture) */
         {QUANT_Q6_K, QUANT_Q5_K, 256, 256, 64, 8, 40},
     };
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < (int)(sizeof(graph_cases) / sizeof(graph_cases[0])); i++)
         run_graph_case(&r, &graph_cases[i]);
     bench_paths(&r);
     return test_finish(NAME);
