@@ -32,6 +32,8 @@ strata_find_lib(jsonc json-c/json.h libjson-c.a json-c libjson-c-dev)
 strata_find_lib(pcre2 pcre2.h libpcre2-8.a pcre2-8 libpcre2-dev)
 target_compile_definitions(strata::pcre2 INTERFACE PCRE2_CODE_UNIT_WIDTH=8 PCRE2_STATIC)
 strata_find_lib(xxhash xxhash.h libxxhash.a xxhash libxxhash-dev)
+strata_find_lib(microhttpd microhttpd.h libmicrohttpd.a microhttpd libmicrohttpd-dev gnutls
+                Threads::Threads)
 strata_find_lib(utf8proc utf8proc.h libutf8proc.a utf8proc libutf8proc-dev)
 target_compile_definitions(strata::utf8proc INTERFACE UTF8PROC_STATIC)
 

@@ -4,7 +4,7 @@
 # Uses sudo when not root. Does nothing when everything is present.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libhwloc-dev liburing-dev libjemalloc-dev libjson-c-dev
-      libpcre2-dev libxxhash-dev libutf8proc-dev libudev-dev gnuplot-nox)
+      libpcre2-dev libxxhash-dev libutf8proc-dev libudev-dev libmicrohttpd-dev gnuplot-nox)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
