@@ -84,6 +84,13 @@ void run_print_stats(const struct strata_generate_stats *st)
             st->n_prompt, st->t_prompt_s > 0 ? st->n_prompt / st->t_prompt_s : 0.0, st->n_gen,
             st->t_gen_s > 0 && st->n_gen > 1 ? (st->n_gen - 1) / st->t_gen_s : 0.0,
             st->stopped_ctx ? " (context full)" : "");
+    if (st->n_verify)
+        fprintf(stderr,
+                "speculative: %d verify passes, %d drafted, %d accepted (%.1f%%), %.2f tokens "
+                "per pass\n",
+                st->n_verify, st->n_drafted, st->n_accepted,
+                st->n_drafted ? 100.0 * st->n_accepted / st->n_drafted : 0.0,
+                (double)(st->n_accepted + st->n_verify) / st->n_verify);
 }
 
 int cmd_run(int argc, char **argv)

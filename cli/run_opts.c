@@ -152,6 +152,14 @@ static void run_opts_usage(const char *cmd)
            "  -s, --seed S            sampling seed (default %llu)\n"
            "      --stop TEXT         stop when TEXT is generated (up to %d)\n"
            "      --ignore-eos        do not stop at end-of-generation tokens\n"
+           "      --spec none|ngram   speculative decoding: ngram drafts the tokens that\n"
+           "                          followed the latest earlier occurrence of the last 3..2\n"
+           "                          tokens (prompt lookup) and verifies them with the next\n"
+           "                          token in one forward pass; greedy output is unchanged,\n"
+           "                          sampled output keeps its distribution (default none)\n"
+           "      --draft-max K       drafted tokens per pass at most, adapting below it to\n"
+           "                          the acceptance rate (default 8 with --spec ngram)\n"
+           "      --draft-ngram N     longest suffix looked up, 2..8 (default 3)\n"
            "  -v, --verbose           print model and timing details\n",
            d.gen.n_predict, d.gen.sampling.temperature, d.gen.sampling.top_k,
            d.gen.sampling.top_p, d.gen.sampling.min_p, d.gen.sampling.repeat_penalty,
@@ -333,6 +341,17 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             rc = args_f32(cmd, arg, v, 0.01f, 100, &sc->repeat_penalty);
         } else if (IS("--repeat-last-n", NULL)) {
             rc = args_i32(cmd, arg, v, 0, 1 << 20, &sc->repeat_last_n);
+        } else if (IS("--spec", NULL)) {
+            if (!strcmp(v, "none") || !strcmp(v, "ngram")) {
+                o->spec_ngram = !strcmp(v, "ngram");
+            } else {
+                rc = args_fail(cmd, arg, v, "none or ngram");
+            }
+        } else if (IS("--draft-max", NULL)) {
+            rc = args_i32(cmd, arg, v, 1, 64, &o->gen.draft_max);
+            o->draft_max_set = true;
+        } else if (IS("--draft-ngram", NULL)) {
+            rc = args_i32(cmd, arg, v, 2, 8, &o->gen.draft_ngram);
         } else if (IS("-s", "--seed")) {
             rc = args_u64(cmd, arg, v, 0, UINT64_MAX, &sc->seed);
         } else if (IS("--stop", NULL)) {
@@ -356,6 +375,15 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
 
 int run_opts_check(struct run_opts *o, const char *cmd)
 {
+    if (o->draft_max_set && !o->spec_ngram) {
+        fprintf(stderr, "strata %s: --draft-max applies to speculative decoding: add --spec "
+                        "ngram\n", cmd);
+        return 2;
+    }
+    if (!o->spec_ngram)
+        o->gen.draft_max = 0;
+    else if (!o->draft_max_set)
+        o->gen.draft_max = 8;
     if (strcmp(o->device, "cpu") && strcmp(o->device, "cuda") && strcmp(o->device, "auto")) {
         fprintf(stderr, "strata %s: --device must be auto, cpu or cuda, not '%s'\n", cmd,
                 o->device);

@@ -47,6 +47,8 @@ struct run_opts {
     bool profile_optional; /* --profile-optional */
     const char *cuda_flag; /* the first option given that only the CUDA backend takes, or NULL */
     struct strata_generate_params gen;
+    bool spec_ngram;    /* --spec ngram */
+    bool draft_max_set; /* --draft-max given (it needs --spec ngram) */
 };
 
 /* Sets the defaults. */

@@ -198,16 +198,18 @@ static int sampler_nucleus(struct sampler *s, const float *logits)
     }
 }
 
-int32_t sampler_sample(struct sampler *s, float *logits)
+/* The chain up to the draw: s->cand[0..n) holds the candidates with their weights (not
+ * normalized), *sum their total. Returns n, or 0 for greedy (temperature <= 0). */
+static int sampler_dist(struct sampler *s, float *logits, double *sum_out)
 {
     const struct sampler_config *c = &s->cfg;
     int n;
-    double sum = 0, cum = 0, r;
+    double sum = 0, cum = 0;
 
     if (c->repeat_penalty != 1.0f)
         sampler_penalize(s, logits);
     if (c->temperature <= 0.0f)
-        return sampler_argmax(logits, s->n_vocab);
+        return 0;
     if (c->top_k > 0 && c->top_k < s->n_vocab) {
         n = sampler_top_k(s, logits, c->top_k);
         float mx = s->cand[0].v;
@@ -241,12 +243,68 @@ int32_t sampler_sample(struct sampler *s, float *logits)
     sum = 0;
     for (int i = 0; i < n; i++)
         sum += s->cand[i].v;
+    *sum_out = sum;
+    return n;
+}
+
+int32_t sampler_sample(struct sampler *s, float *logits)
+{
+    double sum = 0, cum = 0, r;
+    int n = sampler_dist(s, logits, &sum);
+
+    if (n == 0)
+        return sampler_argmax(logits, s->n_vocab);
     r = rng_f32(&s->rng) * sum;
-    cum = 0;
     for (int i = 0; i < n; i++) {
         cum += s->cand[i].v;
         if (r < cum)
             return s->cand[i].id;
     }
     return s->cand[n - 1].id;
+}
+
+int32_t sampler_pick_draft(const int32_t *ids, const float *w, int n, int32_t draft, double u1,
+                           double u2, bool *accepted)
+{
+    double sum = 0, wd = 0, cum = 0;
+    for (int i = 0; i < n; i++) {
+        sum += w[i];
+        if (ids[i] == draft)
+            wd = w[i];
+    }
+    *accepted = u1 * sum < wd;
+    if (*accepted)
+        return draft;
+    double r = u2 * (sum - wd);
+    int32_t last = -1;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] == draft)
+            continue;
+        cum += w[i];
+        last = ids[i];
+        if (r < cum)
+            return ids[i];
+    }
+    return last >= 0 ? last : draft; /* only the draft had weight: it is the only choice */
+}
+
+int32_t sampler_sample_draft(struct sampler *s, float *logits, int32_t draft, bool *accepted)
+{
+    double sum = 0;
+    int n = sampler_dist(s, logits, &sum);
+
+    if (n == 0) {
+        int32_t t = sampler_argmax(logits, s->n_vocab);
+        *accepted = t == draft;
+        return t;
+    }
+    /* the candidates as two arrays for sampler_pick_draft (the scratch's second half) */
+    int32_t *ids = (int32_t *)(s->cand + s->n_vocab);
+    float *w = (float *)(ids + n);
+    for (int i = 0; i < n; i++) {
+        ids[i] = s->cand[i].id;
+        w[i] = s->cand[i].v;
+    }
+    double u1 = rng_f32(&s->rng), u2 = rng_f32(&s->rng);
+    return sampler_pick_draft(ids, w, n, draft, u1, u2, accepted);
 }

@@ -4,6 +4,7 @@
 #ifndef STRATA_SAMPLER_H
 #define STRATA_SAMPLER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "rng.h"
@@ -35,6 +36,20 @@ void sampler_free(struct sampler *s);
 
 /* Chooses a token from logits (n_vocab floats; modified in place by the penalty). */
 int32_t sampler_sample(struct sampler *s, float *logits);
+
+/* Speculative decoding's acceptance rule for a drafted token (a draft distribution that puts
+ * all its mass on `draft`): sampler_sample's chain gives the distribution p; the draft is
+ * accepted with probability p(draft), else a token is drawn from p without the draft,
+ * renormalized, so the result is distributed as p. Greedy: the argmax, accepted when it is the
+ * draft. Consumes two draws of the RNG when sampling (none when greedy). *accepted tells which.
+ * Modifies logits in place (the penalty), as sampler_sample does. */
+int32_t sampler_sample_draft(struct sampler *s, float *logits, int32_t draft, bool *accepted);
+
+/* The rule on candidates ids[0..n) with weights w (not normalized) and two uniforms in [0, 1):
+ * accepted when u1 * sum(w) < w(draft); otherwise the candidate, the draft left out, at u2 of
+ * the remaining weight. */
+int32_t sampler_pick_draft(const int32_t *ids, const float *w, int n, int32_t draft, double u1,
+                           double u2, bool *accepted);
 
 /* Records a token (prompt or generated) for the repetition penalty. */
 void sampler_accept(struct sampler *s, int32_t tok);

@@ -294,6 +294,14 @@ struct strata_generate_params {
     const char *stop[STRATA_MAX_STOP]; /* stop strings (not emitted) */
     int n_stop;
     bool ignore_eos;
+    /* Speculative decoding with prompt-lookup drafts (0 = off): after each token, up to
+     * draft_max tokens that followed the latest earlier occurrence of the text's last
+     * draft_ngram .. 2 tokens (prompt and output) are verified with it in one forward pass
+     * (strata_batch's rows) and kept while they match what sampling picks (greedy: the argmax;
+     * sampled: the acceptance rule that leaves the distribution unchanged); the number tried
+     * adapts to the running acceptance. Greedy output equals plain decoding's. */
+    int draft_max;
+    int draft_ngram; /* default 3 */
 };
 void strata_generate_params_init(struct strata_generate_params *p);
 
@@ -301,6 +309,8 @@ struct strata_generate_stats {
     int n_prompt, n_gen;
     double t_prompt_s, t_gen_s;    /* wall seconds of prefill and of the decode loop */
     bool stopped_eog, stopped_string, stopped_ctx;
+    int n_verify;              /* speculative: verify passes */
+    int n_drafted, n_accepted; /* drafted tokens; of those, accepted */
 };
 
 /* Receives generated text as it completes (whole UTF-8 characters); nonzero stops. */

@@ -86,81 +86,220 @@ static int gen_flush(struct gen_text *t, const struct generate_config *cfg, gene
     return stop >= 0;
 }
 
+int generate_ngram_draft(const int32_t *hist, int n_hist, int ngram, int k, int32_t *out)
+{
+    for (int m = ngram; m >= 2; m--) {
+        if (n_hist < m + 1)
+            continue;
+        const int32_t *pat = hist + n_hist - m;
+        for (int j = n_hist - m - 1; j >= 0; j--) { /* the latest occurrence first */
+            if (memcmp(hist + j, pat, sizeof(int32_t) * (size_t)m))
+                continue;
+            int n = 0;
+            for (int i = j + m; i < n_hist && n < k; i++)
+                out[n++] = hist[i];
+            return n;
+        }
+    }
+    return 0;
+}
+
+/* The generation loop's state. */
+struct gen {
+    struct stream *s;
+    const struct tokenizer *tok;
+    const struct generate_config *cfg;
+    generate_emit_fn emit;
+    void *ctx;
+    int32_t *out_ids;
+    struct generate_stats *st;
+    struct sampler smp;
+    struct tokenizer_stream ts;
+    struct gen_text text;
+    int user_stop;
+    int32_t *hist; /* prompt and generated ids (speculative drafts look them up) */
+    int n_hist;
+    int pos; /* tokens before the one being handled (-1: the stream's position) */
+};
+
+/* Handles generated token id: end of generation, its text and the stop strings, n_predict and
+ * the context. 1 when generation ends, 0 to go on, or -errno. */
+static int gen_token(struct gen *g, int32_t id)
+{
+    const struct generate_config *cfg = g->cfg;
+    struct generate_stats *st = g->st;
+    char piece[4096];
+    int n, rc;
+
+    if (!cfg->ignore_eos && g->tok && tokenizer_is_eog(g->tok, id)) {
+        st->stopped_eog = true;
+        return 1;
+    }
+    if (g->out_ids)
+        g->out_ids[st->n_gen] = id;
+    st->n_gen++;
+    sampler_accept(&g->smp, id);
+    if (g->hist)
+        g->hist[g->n_hist++] = id;
+    if (g->tok) {
+        n = tokenizer_stream_feed(g->tok, &g->ts, id, piece, sizeof(piece));
+        if (n > 0 && (rc = gen_text_append(&g->text, piece, (size_t)n)))
+            return rc;
+        if (gen_flush(&g->text, cfg, g->emit, g->ctx, false, &g->user_stop)) {
+            st->stopped_string = true;
+            return 1;
+        }
+    }
+    if (st->n_gen == cfg->n_predict || g->user_stop)
+        return 1;
+    if ((g->pos >= 0 ? g->pos : g->s->pos) >= g->s->n_ctx) {
+        st->stopped_ctx = true;
+        return 1;
+    }
+    return 0;
+}
+
+/* Drafts to verify after token id (already handled, not yet evaluated): how many the budget
+ * allows (n_predict, the context, the adaptive length), looked up in the history. */
+static int gen_drafts(struct gen *g, int k_adapt, int32_t *d)
+{
+    const struct generate_config *cfg = g->cfg;
+    int k = k_adapt;
+    int left = cfg->n_predict - g->st->n_gen; /* accepted drafts count as generated tokens */
+    int room = g->s->n_ctx - g->s->pos - 1;
+    k = k < left ? k : left;
+    k = k < room ? k : room;
+    if (k < 1)
+        return 0;
+    return generate_ngram_draft(g->hist, g->n_hist, cfg->draft_ngram, k, d);
+}
+
 int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *prompt,
                  int n_prompt, const struct generate_config *cfg, generate_emit_fn emit,
                  void *ctx, int32_t *out_ids, struct generate_stats *st)
 {
     uint32_t n_vocab = s->m->hp.n_vocab;
-    float *logits = malloc(sizeof(float) * n_vocab);
-    struct tokenizer_stream ts;
-    struct gen_text text = {0};
-    struct sampler smp;
-    int rc, user_stop = 0;
+    const bool spec = cfg->draft_max > 0 && cfg->draft_ngram >= 2;
+    const int kmax = spec ? cfg->draft_max : 0;
+    float *logits = malloc(sizeof(float) * n_vocab * (size_t)(kmax + 1));
+    int32_t *drafts = malloc(sizeof(int32_t) * (size_t)(kmax + 1));
+    struct gen g = {.s = s, .tok = tok, .cfg = cfg, .emit = emit, .ctx = ctx, .out_ids = out_ids,
+                    .st = st, .pos = -1};
+    struct stream_batch *bt = NULL;
+    int rc;
     double t0;
 
     memset(st, 0, sizeof(*st));
-    if (!logits)
+    if (!logits || !drafts) {
+        free(logits);
+        free(drafts);
         return err_set(-ENOMEM, "out of memory");
-    rc = sampler_init(&smp, &cfg->sampling, (int)n_vocab);
+    }
+    rc = sampler_init(&g.smp, &cfg->sampling, (int)n_vocab);
+    if (!rc && spec) {
+        g.hist = malloc(sizeof(int32_t) * ((size_t)n_prompt + (size_t)cfg->n_predict + 1));
+        rc = g.hist ? stream_batch_open(s->b, 1, kmax + 1, &bt) : err_set(-ENOMEM, "out of memory");
+    }
     if (rc) {
         free(logits);
+        free(drafts);
+        free(g.hist);
+        sampler_free(&g.smp);
         return rc;
     }
-    tokenizer_stream_init(&ts, TOKENIZER_DECODE_SKIP_CONTROL);
+    tokenizer_stream_init(&g.ts, TOKENIZER_DECODE_SKIP_CONTROL);
     for (int i = 0; i < n_prompt; i++)
-        sampler_accept(&smp, prompt[i]);
+        sampler_accept(&g.smp, prompt[i]);
+    if (g.hist) {
+        memcpy(g.hist, prompt, sizeof(int32_t) * (size_t)n_prompt);
+        g.n_hist = n_prompt;
+    }
 
     /* greedy without penalties needs only the argmax, which the backend takes where the
      * logits are (on the GPU only the id comes back) */
-    bool argmax_only = cfg->sampling.temperature <= 0.0f && cfg->sampling.repeat_penalty == 1.0f;
-    int32_t next = 0;
+    bool argmax_only =
+        !spec && cfg->sampling.temperature <= 0.0f && cfg->sampling.repeat_penalty == 1.0f;
+    int32_t next = 0, pending = -1;
+    double accept_ema = 0.5; /* the running share of drafts accepted */
     t0 = generate_now();
     rc = argmax_only ? stream_eval_argmax(s, prompt, n_prompt, &next)
                      : stream_eval(s, prompt, n_prompt, logits);
     st->t_prompt_s = generate_now() - t0;
     st->n_prompt = n_prompt;
     t0 = generate_now();
-    while (!rc && st->n_gen < cfg->n_predict && !user_stop) {
-        int32_t id = argmax_only ? next : sampler_sample(&smp, logits);
-        char piece[4096];
-        int n;
-
-        if (!cfg->ignore_eos && tok && tokenizer_is_eog(tok, id)) {
-            st->stopped_eog = true;
+    while (!rc && st->n_gen < cfg->n_predict && !g.user_stop) {
+        int32_t id;
+        if (pending >= 0)
+            id = pending, pending = -1;
+        else
+            id = argmax_only ? next : sampler_sample(&g.smp, logits);
+        int r = gen_token(&g, id);
+        if (r) {
+            rc = r < 0 ? r : 0;
             break;
         }
-        if (out_ids)
-            out_ids[st->n_gen] = id;
-        st->n_gen++;
-        sampler_accept(&smp, id);
-        if (tok) {
-            n = tokenizer_stream_feed(tok, &ts, id, piece, sizeof(piece));
-            if (n > 0 && (rc = gen_text_append(&text, piece, (size_t)n)))
-                break;
-            if (gen_flush(&text, cfg, emit, ctx, false, &user_stop)) {
-                st->stopped_string = true;
+        /* a pass of id alone, or of id and drafts; the adaptive length is the run of accepted
+         * drafts the running acceptance share predicts, doubled, at least 1 */
+        int k_adapt = kmax;
+        if (spec) {
+            double run = accept_ema < 0.99 ? accept_ema / (1 - accept_ema) : 100;
+            k_adapt = 1 + (int)(2 * run);
+            k_adapt = k_adapt < kmax ? k_adapt : kmax;
+        }
+        int k = spec ? gen_drafts(&g, k_adapt, drafts + 1) : 0;
+        if (k == 0) {
+            rc = argmax_only ? stream_eval_argmax(s, &id, 1, &next)
+                             : stream_eval(s, &id, 1, logits);
+            continue;
+        }
+        const int base = s->pos;
+        drafts[0] = id;
+        rc = stream_batch_eval_all(bt, s, drafts, k + 1, logits);
+        if (rc)
+            break;
+        st->n_verify++;
+        st->n_drafted += k;
+        int i, done = 0, acc = 0;
+        for (i = 0; i < k && !done; i++) {
+            bool accepted;
+            int32_t t =
+                sampler_sample_draft(&g.smp, logits + (size_t)i * n_vocab, drafts[1 + i], &accepted);
+            if (!accepted) {
+                pending = t;
                 break;
             }
+            acc++;
+            g.pos = base + 1 + i; /* id and the drafts before this one are in the cache */
+            r = gen_token(&g, t);
+            g.pos = -1;
+            if (r) {
+                rc = r < 0 ? r : 0;
+                done = 1;
+            }
         }
-        if (st->n_gen == cfg->n_predict)
+        st->n_accepted += acc;
+        accept_ema = 0.9 * accept_ema + 0.1 * ((double)acc / k);
+        /* the cache keeps id and the accepted drafts */
+        stream_truncate(s, base + 1 + acc);
+        if (done)
             break;
-        if (s->pos >= s->n_ctx) {
-            st->stopped_ctx = true;
-            break;
-        }
-        rc = argmax_only ? stream_eval_argmax(s, &id, 1, &next) : stream_eval(s, &id, 1, logits);
+        if (pending < 0) /* every draft accepted: the last row's logits come next */
+            memmove(logits, logits + (size_t)k * n_vocab, sizeof(float) * n_vocab);
     }
     st->t_gen_s = generate_now() - t0;
     if (!rc && tok && !st->stopped_string) {
         char tail[8];
-        int n = tokenizer_stream_flush(&ts, tail, sizeof(tail));
+        int n = tokenizer_stream_flush(&g.ts, tail, sizeof(tail));
         if (n > 0)
-            gen_text_append(&text, tail, (size_t)n);
-        if (gen_flush(&text, cfg, emit, ctx, true, &user_stop))
+            gen_text_append(&g.text, tail, (size_t)n);
+        if (gen_flush(&g.text, cfg, emit, ctx, true, &g.user_stop))
             st->stopped_string = true;
     }
-    free(text.buf);
+    stream_batch_close(bt);
+    free(g.hist);
+    free(g.text.buf);
     free(logits);
-    sampler_free(&smp);
+    free(drafts);
+    sampler_free(&g.smp);
     return rc;
 }

@@ -21,13 +21,25 @@ struct generate_config {
     const char *stop[GENERATE_MAX_STOP]; /* stop strings (not emitted) */
     int n_stop;
     bool ignore_eos;               /* keep going past end-of-generation tokens */
+    /* speculative decoding with prompt-lookup drafts: up to draft_max tokens that followed the
+     * latest earlier occurrence of the text's last draft_ngram .. 2 tokens, verified in one
+     * forward (0 = off) */
+    int draft_max;
+    int draft_ngram;
 };
 
 struct generate_stats {
     int n_prompt, n_gen;
     double t_prompt_s, t_gen_s;    /* wall time of prefill and of the decode loop */
     bool stopped_eog, stopped_string, stopped_ctx;
+    int n_verify;            /* speculative: verify passes */
+    int n_drafted, n_accepted; /* drafted tokens; of those, accepted */
 };
+
+/* Prompt lookup: the up to k tokens that followed the latest earlier occurrence of hist's last
+ * m tokens, for m = ngram down to 2 (the first m that occurs). Writes them to out; returns
+ * their number (0: no occurrence). */
+int generate_ngram_draft(const int32_t *hist, int n_hist, int ngram, int k, int32_t *out);
 
 /* Receives generated text as it completes; return nonzero to stop. */
 typedef int (*generate_emit_fn)(void *ctx, const char *text, size_t len);

@@ -606,6 +606,7 @@ void strata_generate_params_init(struct strata_generate_params *p)
 {
     memset(p, 0, sizeof(*p));
     p->n_predict = 128;
+    p->draft_ngram = 3;
     strata_sampling_init(&p->sampling);
 }
 
@@ -618,10 +619,15 @@ int strata_generate(struct strata_stream *st, const int32_t *prompt, int n_promp
         .sampling = strata_sampler_config(&p->sampling),
         .n_stop = p->n_stop,
         .ignore_eos = p->ignore_eos,
+        .draft_max = p->draft_max,
+        .draft_ngram = p->draft_ngram,
     };
     struct generate_stats gs;
     int rc;
 
+    if (p->draft_max < 0 || p->draft_max > 64 || (p->draft_max && p->draft_ngram < 2))
+        return err_set(-EINVAL, "strata_generate: draft_max %d (0..64), draft_ngram %d (>= 2)",
+                       p->draft_max, p->draft_ngram);
     if (p->n_stop < 0 || p->n_stop > STRATA_MAX_STOP || p->n_predict < 0)
         return err_set(-EINVAL, "strata_generate: %d stop strings (at most %d), n_predict %d",
                        p->n_stop, STRATA_MAX_STOP, p->n_predict);
@@ -640,6 +646,9 @@ int strata_generate(struct strata_stream *st, const int32_t *prompt, int n_promp
             .stopped_eog = gs.stopped_eog,
             .stopped_string = gs.stopped_string,
             .stopped_ctx = gs.stopped_ctx,
+            .n_verify = gs.n_verify,
+            .n_drafted = gs.n_drafted,
+            .n_accepted = gs.n_accepted,
         };
     return rc;
 }

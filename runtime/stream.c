@@ -237,6 +237,30 @@ int stream_batch_eval(struct stream_batch *bt, struct stream *const *ss, const i
     return rc;
 }
 
+int stream_batch_eval_all(struct stream_batch *bt, struct stream *s, const int32_t *ids, int n,
+                          float *logits_host)
+{
+    const struct backend_ops *op = bt->b->ops;
+    if (s->b != bt->b)
+        return err_set(-EINVAL, "batch: the stream belongs to another backend");
+    if (n < 1 || n > bt->max_n)
+        return err_set(-EINVAL, "batch: %d tokens in a step (1..%d)", n, bt->max_n);
+    if (s->pos + n > s->n_ctx)
+        return err_set(-ENOSPC, "context full: the stream holds %d of %d tokens, %d more", s->pos,
+                       s->n_ctx, n);
+    for (int j = 0; j < n; j++) {
+        bt->row_st[j] = s;
+        bt->row_pos[j] = s->pos + j;
+    }
+    int rc = s->arch->forward_batch(bt->b, bt, bt->row_st, ids, n);
+    if (op->step_end)
+        rc = op->step_end(bt->b, rc);
+    if (rc)
+        return rc;
+    s->pos += n;
+    return op->read(bt->b, logits_host, bt->logits, (size_t)n * bt->m->hp.n_vocab);
+}
+
 void stream_truncate(struct stream *s, int pos)
 {
     if (pos >= 0 && pos <= s->pos)

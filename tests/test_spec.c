@@ -1,0 +1,201 @@
+/* spec: speculative decoding with prompt-lookup drafts (strata_generate's draft_max).
+ *  1. generate_ngram_draft finds the latest earlier occurrence of the longest suffix (3..2);
+ *  2. sampler_pick_draft's rule leaves the distribution unchanged: over a 2000 x 2000 grid of
+ *     its two uniforms each token's share equals its probability within 1 / 2000 (a
+ *     deterministic quadrature, not a statistical test);
+ *  3. greedy generation with drafts gives the same ids as without, on tiny f32 and q8_0 models
+ *     and the shipped default model, and accepts drafts where the text repeats; sampled
+ *     generation with drafts is reproducible for a seed; the budget (n_predict) and the
+ *     context end it as they end plain generation; bad draft settings are refused. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gen.h"
+#include "generate.h"
+#include "quant_mix.h"
+#include "sampler.h"
+#include "strata.h"
+#include "testutil.h"
+
+static const char *NAME = "test_spec";
+static char tmpdir[] = "/tmp/strata-test-spec-XXXXXX";
+
+static void test_ngram(void)
+{
+    int32_t out[8];
+    /* ... 5 6 7 9 ... 5 6 7 : the latest "5 6 7" is followed by 9 1 */
+    const int32_t h[] = {1, 5, 6, 7, 8, 2, 5, 6, 7, 9, 1, 5, 6, 7};
+    int n = generate_ngram_draft(h, 14, 3, 4, out);
+    CHECK(n == 4 && out[0] == 9 && out[1] == 1 && out[2] == 5 && out[3] == 6,
+          "3-gram: %d drafts, first %d", n, n ? out[0] : -1);
+    /* no earlier "3 4 7": falls back to "4 7", whose latest occurrence is at the start */
+    const int32_t h2[] = {4, 7, 2, 2, 3, 4, 7};
+    n = generate_ngram_draft(h2, 7, 3, 8, out);
+    CHECK(n == 5 && out[0] == 2 && out[4] == 7, "2-gram fallback: %d drafts", n);
+    /* a single token never drafts (the shortest suffix is 2) */
+    const int32_t h3[] = {1, 2, 3, 1};
+    CHECK(generate_ngram_draft(h3, 4, 3, 8, out) == 0, "1-gram drafted");
+    /* the drafts stop at the end of the history */
+    const int32_t h4[] = {8, 9, 8, 9};
+    n = generate_ngram_draft(h4, 4, 3, 8, out);
+    CHECK(n == 2 && out[0] == 8 && out[1] == 9, "short history: %d drafts", n);
+}
+
+static void test_rule(void)
+{
+    const int32_t ids[] = {3, 11, 5, 7};
+    const float w[] = {0.5f, 0.25f, 0.15f, 0.10f}; /* weights need not be normalized */
+    const int32_t drafts[] = {3, 5, 7, 42};        /* 42: a draft outside the candidates */
+    const int G = 2000;
+    for (int di = 0; di < 4; di++) {
+        double count[4] = {0}, acc = 0;
+        for (int a = 0; a < G; a++)
+            for (int b = 0; b < G; b++) {
+                bool accepted;
+                int32_t t = sampler_pick_draft(ids, w, 4, drafts[di], (a + 0.5) / G,
+                                               (b + 0.5) / G, &accepted);
+                acc += accepted;
+                for (int i = 0; i < 4; i++)
+                    count[i] += t == ids[i];
+            }
+        double worst = 0;
+        for (int i = 0; i < 4; i++) {
+            double d = fabs(count[i] / ((double)G * G) - w[i] / 1.0);
+            worst = d > worst ? d : worst;
+        }
+        double want_acc = 0;
+        for (int i = 0; i < 4; i++)
+            want_acc += ids[i] == drafts[di] ? w[i] : 0;
+        printf("rule: draft %d accepted %.4f (p %.4f), worst share error %.2g\n", drafts[di],
+               acc / ((double)G * G), want_acc, worst);
+        CHECK(worst <= 1.0 / G, "draft %d: a token's share is off by %g", drafts[di], worst);
+        CHECK(fabs(acc / ((double)G * G) - want_acc) <= 1.0 / G, "draft %d: acceptance %g",
+              drafts[di], acc / ((double)G * G));
+    }
+}
+
+struct gen_out {
+    int32_t ids[256];
+    struct strata_generate_stats st;
+    int rc;
+};
+
+static void run(struct strata *s, const int32_t *prompt, int n_prompt, int n_predict, int n_ctx,
+                float temp, int draft_max, struct gen_out *o)
+{
+    struct strata_stream *st = NULL;
+    struct strata_generate_params p;
+    strata_generate_params_init(&p);
+    p.n_predict = n_predict;
+    p.sampling.temperature = temp;
+    p.sampling.seed = 1234;
+    p.draft_max = draft_max;
+    memset(o, 0, sizeof(*o));
+    o->rc = strata_stream_open(s, n_ctx, &st);
+    if (!o->rc)
+        o->rc = strata_generate(st, prompt, n_prompt, &p, NULL, NULL, o->ids, &o->st);
+    strata_stream_close(st);
+}
+
+static void check_model(const char *label, const char *path, bool want_accepts)
+{
+    struct strata_config cfg;
+    struct strata *s = NULL;
+    strata_config_init(&cfg);
+    cfg.model_path = path;
+    cfg.device = STRATA_DEVICE_CPU;
+    cfg.n_threads = 2;
+    if (strata_open(&cfg, &s)) {
+        CHECK(0, "%s: open: %s", label, strata_error());
+        return;
+    }
+    static const char *const texts[] = {"def fibonacci(n):", "import os\nimport sys\n",
+                                        "class Stack:\n    def push(self, x):"};
+    struct strata_model_info mi;
+    strata_model_info(s, &mi);
+    int accepted = 0;
+    for (int t = 0; t < 3; t++) {
+        int32_t prompt[64];
+        int n = 0;
+        if (mi.has_tokenizer) {
+            n = strata_tokenize(s, texts[t], strlen(texts[t]), STRATA_TOKENIZE_ADD_BOS, prompt, 64);
+        } else {
+            for (; n < 6; n++)
+                prompt[n] = (int32_t)((7 * t + 3 * n + 1) % (int)mi.n_vocab);
+        }
+        struct gen_out a, b, c, d;
+        run(s, prompt, n, 64, 512, 0.0f, 0, &a);
+        run(s, prompt, n, 64, 512, 0.0f, 8, &b);
+        int same = a.st.n_gen == b.st.n_gen && !memcmp(a.ids, b.ids, sizeof(int32_t) * a.st.n_gen);
+        printf("%s, prompt %d: greedy %d tokens, with drafts %d (%s): %d passes, %d drafted, %d "
+               "accepted\n",
+               label, t, a.st.n_gen, b.st.n_gen, same ? "the same ids" : "DIFFERENT",
+               b.st.n_verify, b.st.n_drafted, b.st.n_accepted);
+        CHECK(!a.rc && !b.rc && same, "%s prompt %d: greedy with drafts differs (rc %d %d)",
+              label, t, a.rc, b.rc);
+        accepted += b.st.n_accepted;
+        /* sampled: reproducible for a seed, budget respected */
+        run(s, prompt, n, 32, 512, 0.8f, 8, &c);
+        run(s, prompt, n, 32, 512, 0.8f, 8, &d);
+        CHECK(!c.rc && !d.rc && c.st.n_gen == d.st.n_gen &&
+                  !memcmp(c.ids, d.ids, sizeof(int32_t) * c.st.n_gen) && c.st.n_gen <= 32,
+              "%s prompt %d: sampled generation with drafts not reproducible", label, t);
+        /* the budget and the context end generation as without drafts */
+        for (int np = 1; np <= 3; np++) {
+            run(s, prompt, n, np, 512, 0.0f, 8, &b);
+            CHECK(!b.rc && b.st.n_gen <= np && !memcmp(a.ids, b.ids, sizeof(int32_t) * b.st.n_gen),
+                  "%s: n_predict %d with drafts: rc %d, %d tokens", label, np, b.rc, b.st.n_gen);
+        }
+        run(s, prompt, n, 200, n + 40, 0.0f, 0, &a);
+        run(s, prompt, n, 200, n + 40, 0.0f, 8, &b);
+        CHECK(!a.rc && !b.rc && a.st.n_gen == b.st.n_gen && a.st.stopped_ctx == b.st.stopped_ctx &&
+                  !memcmp(a.ids, b.ids, sizeof(int32_t) * a.st.n_gen),
+              "%s: a full context ends generation differently with drafts (%d / %d tokens)",
+              label, a.st.n_gen, b.st.n_gen);
+    }
+    if (want_accepts)
+        CHECK(accepted > 0, "%s: no draft was ever accepted", label);
+    struct strata_stream *st = NULL;
+    struct strata_generate_params p;
+    strata_generate_params_init(&p);
+    p.draft_max = 65;
+    int32_t one = 1;
+    CHECK(!strata_stream_open(s, 64, &st) &&
+              strata_generate(st, &one, 1, &p, NULL, NULL, NULL, NULL) == -EINVAL,
+          "draft_max 65 was not refused");
+    p.draft_max = 4;
+    p.draft_ngram = 1;
+    CHECK(strata_generate(st, &one, 1, &p, NULL, NULL, NULL, NULL) == -EINVAL,
+          "draft_ngram 1 was not refused");
+    strata_stream_close(st);
+    strata_close(s);
+}
+
+int main(void)
+{
+    char f32[512], q8[512], path[512];
+    test_ngram();
+    test_rule();
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    const struct gen_preset *p = gen_preset_find("tiny");
+    if (test_gen_model(p, QUANT_MIX_F32, 7, tmpdir, "tiny", f32, sizeof(f32)) ||
+        test_gen_model(p, QUANT_MIX_Q8_0, 7, tmpdir, "tiny", q8, sizeof(q8))) {
+        fprintf(stderr, "setup: %s\n", strata_error());
+        return 1;
+    }
+    check_model("tiny f32", f32, false);
+    check_model("tiny q8_0", q8, false);
+    test_data_path(path, sizeof(path), "../../models/strata-default.gguf");
+    if (access(path, R_OK) == 0)
+        check_model("default model", path, true);
+    unlink(f32);
+    unlink(q8);
+    rmdir(tmpdir);
+    return test_finish(NAME);
+}
