@@ -11,6 +11,7 @@ int cmd_run(int argc, char **argv);           /* cli/run.c */
 int cmd_chat(int argc, char **argv);          /* cli/chat.c */
 int cmd_batch(int argc, char **argv);         /* cli/batch.c */
 int cmd_serve(int argc, char **argv);         /* cli/serve.c */
+int cmd_spec_replay(int argc, char **argv);   /* cli/spec_replay.c */
 int cmd_bench(int argc, char **argv);         /* cli/bench.c */
 int cmd_stats_routing(int argc, char **argv); /* cli/stats_routing.c */
 int cmd_convert(int argc, char **argv);       /* cli/convert.c */

@@ -18,6 +18,7 @@ static const struct command commands[] = {
     {"chat", cmd_chat, "talk with a model in its chat template"},
     {"batch", cmd_batch, "generate for many prompts (JSON Lines) decoded together in lockstep"},
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server on the lockstep engine"},
+    {"spec-replay", cmd_spec_replay, "a speculative draft source's acceptance on a fixed text"},
     {"inspect", cmd_inspect, "print a GGUF file's metadata, tensor table and byte counts"},
     {"gen", cmd_gen, "write a synthetic checkpoint with random, well-scaled weights"},
     {"convert", cmd_convert, "convert a Hugging Face checkpoint (safetensors) to GGUF"},

@@ -1,0 +1,151 @@
+/* strata spec-replay: a draft source's acceptance on a fixed text, teacher-forced: the text
+ * stands for what the model generates, and at each verify pass the drafts are compared with
+ * the text's next tokens (greedy acceptance: a draft is kept while it equals the token the
+ * text has there). Nothing is generated, so draft sources can be compared on the same text
+ * in seconds. The pass loop is strata_generate's (generate_ngram_draft, the same adaptive
+ * draft length). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
+#include "cli.h"
+#include "generate.h"
+#include "run_opts.h"
+#include "strata.h"
+
+#define REPLAY_KMAX 64
+
+static void replay_usage(void)
+{
+    printf("usage: strata spec-replay [-m MODEL] --spec ngram -f TEXT [--draft-max K]\n"
+           "                          [--draft-ngram N] [--skip N]\n\n"
+           "Replays TEXT (tokenized with the model's vocabulary) as if the model had generated\n"
+           "it: from token --skip on (default 1), each verify pass drafts up to K tokens from\n"
+           "what precedes (prompt lookup: what followed the latest earlier occurrence of the\n"
+           "last N..2 tokens), keeps them while they equal the text's next tokens, and moves\n"
+           "past the kept ones and one more (the token the pass itself yields). Prints the\n"
+           "passes, drafted and accepted tokens, tokens per pass, and the acceptance at each\n"
+           "draft position. --draft-max K as strata run (default 8, adapting below it to the\n"
+           "running acceptance; --fixed keeps it at K), --draft-ngram N (default 3).\n");
+}
+
+int cmd_spec_replay(int argc, char **argv)
+{
+    const char *model = NULL, *file = NULL, *spec = NULL;
+    int kmax = 8, ngram = 3, skip = 1, rc = 0;
+    bool fixed = false;
+
+    for (int i = 1; i < argc && !rc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            replay_usage();
+            return 0;
+        } else if (!strcmp(a, "--fixed")) {
+            fixed = true;
+        } else if (!v) {
+            fprintf(stderr, "strata spec-replay: %s needs a value or is unknown (see --help)\n",
+                    a);
+            rc = 2;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            model = argv[++i];
+        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+            file = argv[++i];
+        } else if (!strcmp(a, "--spec")) {
+            spec = argv[++i];
+        } else if (!strcmp(a, "--draft-max")) {
+            rc = args_i32("spec-replay", a, argv[++i], 1, REPLAY_KMAX, &kmax);
+        } else if (!strcmp(a, "--draft-ngram")) {
+            rc = args_i32("spec-replay", a, argv[++i], 2, 8, &ngram);
+        } else if (!strcmp(a, "--skip")) {
+            rc = args_i32("spec-replay", a, argv[++i], 1, 1 << 30, &skip);
+        } else {
+            fprintf(stderr, "strata spec-replay: unknown option '%s' (see --help)\n", a);
+            rc = 2;
+        }
+    }
+    if (rc)
+        return rc;
+    if (!spec || strcmp(spec, "ngram")) {
+        fprintf(stderr, "strata spec-replay: --spec %s: the draft sources are: ngram\n",
+                spec ? spec : "(missing)");
+        return 2;
+    }
+    if (!file) {
+        fprintf(stderr, "strata spec-replay: need -f TEXT\n");
+        return 2;
+    }
+    if (run_opts_model("spec-replay", &model))
+        return 2;
+    char *text = NULL;
+    size_t len = 0;
+    if ((rc = args_read_prompt("spec-replay", "-f", file, &text, &len)))
+        return rc;
+    struct strata_config cfg;
+    struct strata *s = NULL;
+    strata_config_init(&cfg);
+    cfg.model_path = model;
+    cfg.device = STRATA_DEVICE_CPU;
+    if (strata_open(&cfg, &s)) {
+        free(text);
+        return cli_open_fail();
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * (len + 4));
+    int n = ids ? strata_tokenize(s, text, len, STRATA_TOKENIZE_SPECIAL, ids, (int)(len + 4)) : -1;
+    free(text);
+    strata_close(s);
+    if (n < 0) {
+        free(ids);
+        return cli_fail("tokenizing the text");
+    }
+    if (n <= skip) {
+        fprintf(stderr, "strata spec-replay: the text has %d tokens, not more than --skip %d\n",
+                n, skip);
+        free(ids);
+        return 2;
+    }
+    long long passes = 0, drafted = 0, accepted = 0, at_pos[REPLAY_KMAX] = {0},
+              tried_pos[REPLAY_KMAX] = {0};
+    double ema = 0.5;
+    int32_t d[REPLAY_KMAX];
+    /* ids[0..i) are in the cache but for the last, ids[i - 1], which the next pass evaluates */
+    for (int i = skip; i < n;) {
+        int k = kmax;
+        if (!fixed) {
+            double run = ema < 0.99 ? ema / (1 - ema) : 100;
+            k = 1 + (int)(2 * run);
+            k = k < kmax ? k : kmax;
+        }
+        k = k < n - i ? k : n - i;
+        int nd = generate_ngram_draft(ids, i, ngram, k, d);
+        passes++;
+        if (!nd) {
+            i++;
+            continue;
+        }
+        int a = 0;
+        while (a < nd && d[a] == ids[i + a])
+            a++;
+        drafted += nd;
+        accepted += a;
+        for (int j = 0; j < nd; j++) {
+            tried_pos[j]++;
+            at_pos[j] += j < a;
+        }
+        ema = 0.9 * ema + 0.1 * ((double)a / nd);
+        i += a + 1;
+    }
+    long long tokens = n - skip;
+    printf("spec-replay: %s, %d tokens (%lld replayed), --spec ngram --draft-max %d%s "
+           "--draft-ngram %d\n",
+           file, n, tokens, kmax, fixed ? " (fixed)" : "", ngram);
+    printf("passes %lld, drafted %lld, accepted %lld (%.1f%%), %.2f tokens per pass\n", passes,
+           drafted, accepted, drafted ? 100.0 * accepted / drafted : 0.0,
+           passes ? (double)tokens / passes : 0.0);
+    printf("acceptance by draft position:");
+    for (int j = 0; j < kmax && tried_pos[j]; j++)
+        printf(" %d:%.0f%%", j + 1, 100.0 * at_pos[j] / tried_pos[j]);
+    printf("\n");
+    free(ids);
+    return 0;
+}

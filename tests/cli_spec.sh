@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Speculative decoding from the command line, on the shipped default model (CPU):
+#  1. strata run --spec ngram prints the same greedy text as strata run, and its statistics line;
+#  2. strata spec-replay on a text that repeats itself accepts drafts, and on a text without a
+#     repeated pair of tokens drafts nothing; its numbers are the same on a second run;
+#  3. bad options: --spec other, --draft-max without --spec, --draft-max 0, a missing -f: exit 2.
+set -uo pipefail
+strata=$1
+model="$2/../../models/strata-default.gguf"
+[ -r "$model" ] || { echo "skip: no $model"; exit 77; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+R=(run -m "$model" --device cpu -t 2 --temp 0 -n 48)
+
+for p in "def fibonacci(n):" "import os"; do
+    "$strata" "${R[@]}" -p "$p" >"$tmp/plain" 2>/dev/null || fail "run exited $?"
+    "$strata" "${R[@]}" -p "$p" --spec ngram --draft-max 6 >"$tmp/spec" 2>"$tmp/err" ||
+        fail "run --spec exited $?: $(cat "$tmp/err")"
+    cmp -s "$tmp/plain" "$tmp/spec" || fail "'$p': --spec ngram changed the greedy text"
+    grep -q "^speculative: [0-9]* verify passes, [0-9]* drafted, [0-9]* accepted" "$tmp/err" ||
+        fail "no statistics line: $(cat "$tmp/err")"
+done
+
+for i in 1 2 3 4 5 6; do printf 'for i in range(10):\n    total += values[i] * weights[i]\n'; done >"$tmp/rep.txt"
+"$strata" spec-replay -m "$model" --spec ngram -f "$tmp/rep.txt" >"$tmp/r1" 2>&1 || fail "spec-replay exited $?"
+"$strata" spec-replay -m "$model" --spec ngram -f "$tmp/rep.txt" >"$tmp/r2" 2>&1
+cmp -s "$tmp/r1" "$tmp/r2" || fail "spec-replay differs between two runs"
+acc=$(sed -n 's/^passes [0-9]*, drafted [0-9]*, accepted \([0-9]*\) .*/\1/p' "$tmp/r1")
+[ -n "$acc" ] && [ "$acc" -gt 20 ] || fail "a repeating text: $(cat "$tmp/r1")"
+grep -q "^acceptance by draft position: 1:" "$tmp/r1" || fail "no per-position line: $(cat "$tmp/r1")"
+printf 'The quick brown fox jumps over the lazy dog.' >"$tmp/short.txt"
+"$strata" spec-replay -m "$model" --spec ngram -f "$tmp/short.txt" >"$tmp/r3" 2>&1 || fail "short text exited $?"
+grep -q "drafted 0, accepted 0" "$tmp/r3" || fail "a text without repeats: $(cat "$tmp/r3")"
+
+for bad in "run -m $model --spec mtp -p x" "run -m $model --draft-max 4 -p x" \
+    "run -m $model --spec ngram --draft-max 0 -p x" "spec-replay -m $model --spec ngram" \
+    "spec-replay -m $model -f $tmp/rep.txt"; do
+    # shellcheck disable=SC2086
+    "$strata" $bad >/dev/null 2>"$tmp/err"
+    rc=$?
+    [ $rc = 2 ] || fail "'strata $bad' exited $rc: $(cat "$tmp/err")"
+done
+echo "cli_spec: ok"
