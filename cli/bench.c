@@ -57,6 +57,8 @@ struct bench_opts {
     bool device_cpu;         /* --device cpu was given */
     const char *prompt_file; /* -f: prompt text instead of random ids */
     int tg_greedy;           /* --tg greedy: decode feeds back the argmax */
+    int draft_max;           /* --spec ngram [--draft-max K]: also speculative decoding */
+    int32_t prompt_last;     /* the prompt's last token (bench_spec) */
 };
 
 static void bench_usage(void)
@@ -103,6 +105,10 @@ static void bench_usage(void)
            "                        gather kernel per batch\n"
            "      --prefetch        stream the experts the next layer's router predicts\n"
            "      --prefetch-depth N  the same for the next N layers (1-4)\n"
+           "      --spec ngram      with --tg greedy: then generate the tg tokens again with\n"
+           "                        strata_generate, without and with prompt-lookup drafts\n"
+           "                        (--draft-max K, default 8): tok/s of both, acceptance,\n"
+           "                        tokens per verify pass, expert bytes moved per token\n"
            "      --streams N       then also N streams (each the prompt rotated by its index)\n"
            "                        decoding -n tokens in lockstep, one forward per step:\n"
            "                        aggregate and per-stream tok/s, hit rate and expert bytes\n"
@@ -241,6 +247,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             o->prompt_file = v;
         else if (!strcmp(a, "--tg") && (!strcmp(v, "random") || !strcmp(v, "greedy")))
             o->tg_greedy = !strcmp(v, "greedy");
+        else if (!strcmp(a, "--spec") && !strcmp(v, "ngram"))
+            o->draft_max = o->draft_max ? o->draft_max : 8;
+        else if (!strcmp(a, "--draft-max"))
+            rc = args_i32("bench", a, v, 1, 64, &o->draft_max);
         else {
             fprintf(stderr, "strata bench: unknown option '%s' (see --help)\n", a);
             return 2;
@@ -251,6 +261,11 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
     }
     if (run_opts_model("bench", &o->model))
         return 1;
+    if (o->draft_max && !o->tg_greedy) {
+        fprintf(stderr, "strata bench: --spec and --draft-max measure greedy generation: add -f "
+                        "TEXT --tg greedy\n");
+        return 2;
+    }
     if ((o->profile_freeze || o->profile_optional) && !o->profile) {
         fprintf(stderr, "strata bench: --profile-freeze and --profile-optional go with --profile "
                         "FILE\n");
@@ -454,6 +469,51 @@ static int bench_timed(const struct bench_opts *o, struct strata *st, struct str
         backend_profile_report(b, stdout, "decode");
     free(logits);
     return rc;
+}
+
+/* --spec: greedy generation after the prompt with strata_generate, plain and with drafts, in
+ * the same process: tok/s of each, the drafts' statistics and the experts moved per token. */
+static int bench_spec(const struct bench_opts *o, struct strata *st, struct strata_stream *ss)
+{
+    struct strata_generate_stats gs[2];
+    double moved[2] = {0, 0};
+    int32_t last;
+    int rc = 0;
+
+    for (int k = 0; k < 2 && !rc; k++) {
+        struct strata_generate_params p;
+        struct strata_stats a, b;
+        strata_generate_params_init(&p);
+        p.n_predict = o->n_gen;
+        p.sampling.temperature = 0;
+        p.ignore_eos = true;
+        p.draft_max = k ? o->draft_max : 0;
+        /* the prompt's last token again, after the rest of it */
+        strata_stream_truncate(ss, o->n_prompt - 1);
+        last = o->prompt_last;
+        strata_get_stats(st, &a);
+        rc = strata_generate(ss, &last, 1, &p, NULL, NULL, NULL, &gs[k]);
+        strata_get_stats(st, &b);
+        moved[k] = (double)(b.bytes_streamed - a.bytes_streamed) +
+                   (double)(b.bytes_zero_copy - a.bytes_zero_copy);
+    }
+    if (rc)
+        return cli_fail("--spec: generation");
+    double t0 = gs[0].n_gen > 1 ? (gs[0].n_gen - 1) / gs[0].t_gen_s : 0;
+    double t1 = gs[1].n_gen > 1 ? (gs[1].n_gen - 1) / gs[1].t_gen_s : 0;
+    printf("spec         greedy generation of %d tokens: %.2f tok/s plain, %.2f tok/s with "
+           "ngram drafts (--draft-max %d) = %.2fx\n",
+           gs[1].n_gen, t0, t1, o->draft_max, t0 > 0 ? t1 / t0 : 0.0);
+    printf("spec         %d verify passes, %d drafted, %d accepted (%.1f%%), %.2f tokens per "
+           "pass",
+           gs[1].n_verify, gs[1].n_drafted, gs[1].n_accepted,
+           gs[1].n_drafted ? 100.0 * gs[1].n_accepted / gs[1].n_drafted : 0.0,
+           gs[1].n_verify ? (double)(gs[1].n_verify + gs[1].n_accepted) / gs[1].n_verify : 0.0);
+    if (moved[0] > 0 || moved[1] > 0)
+        printf("; experts moved %.1f MB per token plain, %.1f with drafts", moved[0] / gs[0].n_gen / 1e6,
+               moved[1] / gs[1].n_gen / 1e6);
+    printf("\n");
+    return 0;
 }
 
 /* The expert cache's part of the report: hit rate, what PCIe moved against its measured
@@ -750,6 +810,9 @@ int cmd_bench(int argc, char **argv)
         goto out;
     }
     bench_print(&o, st, m, &r);
+    o.prompt_last = ids[o.n_prompt - 1];
+    if (o.draft_max && (rc = bench_spec(&o, st, ss)))
+        goto out;
     if (o.streams > 1)
         rc = bench_lockstep(&o, st, ids, &rng);
 out:

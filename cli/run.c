@@ -84,6 +84,9 @@ void run_print_stats(const struct strata_generate_stats *st)
             st->n_prompt, st->t_prompt_s > 0 ? st->n_prompt / st->t_prompt_s : 0.0, st->n_gen,
             st->t_gen_s > 0 && st->n_gen > 1 ? (st->n_gen - 1) / st->t_gen_s : 0.0,
             st->stopped_ctx ? " (context full)" : "");
+    if (st->spec_unavailable)
+        fprintf(stderr, "speculative: no memory for the verify pass's rows (under --vram-budget "
+                        "they need room beside the cache); decoded without drafts\n");
     if (st->n_verify)
         fprintf(stderr,
                 "speculative: %d verify passes, %d drafted, %d accepted (%.1f%%), %.2f tokens "

@@ -311,6 +311,8 @@ struct strata_generate_stats {
     bool stopped_eog, stopped_string, stopped_ctx;
     int n_verify;              /* speculative: verify passes */
     int n_drafted, n_accepted; /* drafted tokens; of those, accepted */
+    bool spec_unavailable;     /* drafts were asked for, but there was no memory for the verify
+                                * pass's rows: decoded without them */
 };
 
 /* Receives generated text as it completes (whole UTF-8 characters); nonzero stops. */

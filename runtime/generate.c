@@ -179,7 +179,7 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
                  void *ctx, int32_t *out_ids, struct generate_stats *st)
 {
     uint32_t n_vocab = s->m->hp.n_vocab;
-    const bool spec = cfg->draft_max > 0 && cfg->draft_ngram >= 2;
+    bool spec = cfg->draft_max > 0 && cfg->draft_ngram >= 2;
     const int kmax = spec ? cfg->draft_max : 0;
     float *logits = malloc(sizeof(float) * n_vocab * (size_t)(kmax + 1));
     int32_t *drafts = malloc(sizeof(int32_t) * (size_t)(kmax + 1));
@@ -198,7 +198,16 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
     rc = sampler_init(&g.smp, &cfg->sampling, (int)n_vocab);
     if (!rc && spec) {
         g.hist = malloc(sizeof(int32_t) * ((size_t)n_prompt + (size_t)cfg->n_predict + 1));
-        rc = g.hist ? stream_batch_open(s->b, 1, kmax + 1, &bt) : err_set(-ENOMEM, "out of memory");
+        if (!g.hist) {
+            rc = err_set(-ENOMEM, "out of memory");
+        } else if (stream_batch_open(s->b, 1, kmax + 1, &bt)) {
+            /* no memory for the verify rows (a device budget planned without them): plain
+             * decoding, reported in the statistics */
+            spec = false;
+            st->spec_unavailable = true;
+            free(g.hist);
+            g.hist = NULL;
+        }
     }
     if (rc) {
         free(logits);

@@ -34,6 +34,7 @@ struct generate_stats {
     bool stopped_eog, stopped_string, stopped_ctx;
     int n_verify;            /* speculative: verify passes */
     int n_drafted, n_accepted; /* drafted tokens; of those, accepted */
+    bool spec_unavailable;     /* drafts were asked for, but the verify rows did not fit */
 };
 
 /* Prompt lookup: the up to k tokens that followed the latest earlier occurrence of hist's last

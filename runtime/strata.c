@@ -649,6 +649,7 @@ int strata_generate(struct strata_stream *st, const int32_t *prompt, int n_promp
             .n_verify = gs.n_verify,
             .n_drafted = gs.n_drafted,
             .n_accepted = gs.n_accepted,
+            .spec_unavailable = gs.spec_unavailable,
         };
     return rc;
 }
