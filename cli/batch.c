@@ -117,6 +117,12 @@ struct batch_slot {
     struct tokenizer_stream ts;
     int32_t next;  /* the token the next step evaluates */
     int fed;       /* prompt tokens evaluated (< n_prompt: the prompt is joining the steps) */
+    /* --spec ngram: the job's ids so far (prompt, then generated), the drafts of this step */
+    int32_t *hist;
+    int n_hist, cap_hist;
+    double accept_ema; /* the running share of drafts kept */
+    int32_t drafts[64];
+    int k;
     double t_start; /* when its prompt began */
     double t_gen0; /* when its prompt was done */
 };
@@ -142,6 +148,7 @@ struct batch {
     /* counts of this run */
     int n_total, n_done, n_failed, n_written;
     long long n_tokens;
+    long long n_verify, n_drafted, n_accepted; /* --spec */
     double t0, t_shown;
     bool tty, shown;
 };
@@ -214,7 +221,11 @@ static void batch_usage(void)
         "      --repeat-last-n N   tokens the penalty looks back (default %d)\n"
         "  -s, --seed S            sampling seed of every line without its own (default %llu)\n"
         "      --stop TEXT         stop when TEXT is generated (up to %d)\n"
-        "      --ignore-eos        do not stop at end-of-generation tokens\n\n"
+        "      --ignore-eos        do not stop at end-of-generation tokens\n"
+        "      --spec ngram        speculative decoding: each stream's step also carries up to\n"
+        "                          --draft-max K (default 8) prompt-lookup drafts as rows,\n"
+        "                          kept while sampling agrees (greedy texts unchanged;\n"
+        "                          --draft-ngram N, default 3; docs/speculative.md)\n\n"
         "model and machine (as for strata run; see strata run --help):\n"
         "  -m, --model FILE        GGUF model (default: the shipped default model, %s)\n"
         "  -c, --ctx-size N        context of each stream in tokens (default %d)\n"
@@ -246,7 +257,8 @@ static bool batch_run_flag(const char *a, bool *takes_value)
         "-m --model -t --threads --cpu-threads -c --ctx-size -b --batch-size --device "
         "--vram-budget --placement --residency --streaming --prefetch-depth --profile "
         "--stats-json --system -n --n-predict --temp --top-k --top-p --min-p --repeat-penalty "
-        "--repeat-last-n -s --seed --stop --host-budget --host-io";
+        "--repeat-last-n -s --seed --stop --host-budget --host-io --spec --draft-max "
+        "--draft-ngram";
     static const char bare[] = "--chat --think --no-think --ignore-eos --bind --no-mmap -v "
                                "--verbose --stats --prefetch --profile-freeze --profile-optional "
                                "--graph --host-buffered --host-read-ahead";
@@ -1101,6 +1113,12 @@ static void batch_tokenize(struct batch *b)
 
 /* Loads the model, tokenizes the pending jobs, and when some are left starts the engine with
  * one stream per slot and the batch. 0, or 1 after the message. */
+/* Rows a step may have: a token per stream, with --spec its drafts, and a prompt chunk. */
+static int batch_max_rows(const struct batch *b)
+{
+    return b->n_slots * (1 + b->o.gen.draft_max) + b->bo.chunk;
+}
+
 static int batch_open_engine(struct batch *b, int n_pending)
 {
     struct strata_config cfg;
@@ -1146,7 +1164,7 @@ static int batch_open_engine(struct batch *b, int n_pending)
     b->tok = strata_model_of(ss->s)->tok;
     b->n_vocab = (int)mi.n_vocab;
     b->slots = calloc((size_t)b->n_slots, sizeof(*b->slots));
-    b->logits = malloc(sizeof(float) * (size_t)b->n_slots * mi.n_vocab);
+    b->logits = malloc(sizeof(float) * (size_t)batch_max_rows(b) * mi.n_vocab);
     if (!b->slots || !b->logits) {
         fprintf(stderr, "strata batch: out of memory for %d streams\n", b->n_slots);
         return 1;
@@ -1160,7 +1178,14 @@ static int batch_open_engine(struct batch *b, int n_pending)
             return cli_fail("opening the streams");
         strata_stream_set_progress(b->slots[i].st, batch_on_progress, NULL);
     }
-    if (strata_batch_open_rows(ss->s, b->n_slots, b->n_slots + b->bo.chunk, &b->bt))
+    if (b->o.gen.draft_max &&
+        strata_batch_open_rows(ss->s, b->n_slots, batch_max_rows(b), &b->bt)) {
+        fprintf(stderr, "strata batch: --spec: no memory for %d rows a step (%s); decoding "
+                        "without drafts\n",
+                batch_max_rows(b), strata_error());
+        b->o.gen.draft_max = 0;
+    }
+    if (!b->bt && strata_batch_open_rows(ss->s, b->n_slots, batch_max_rows(b), &b->bt))
         return cli_fail("opening the batch");
     if (!strcmp(mi.device, "cuda")) {
         struct strata_stats st;
@@ -1177,6 +1202,7 @@ static void batch_close_engine(struct batch *b)
     for (int i = 0; i < b->n_slots && b->slots; i++) {
         strata_sampler_close(b->slots[i].sm);
         strata_stream_close(b->slots[i].st);
+        free(b->slots[i].hist);
     }
     free(b->slots);
     free(b->logits);
@@ -1254,22 +1280,37 @@ oom:
     return 1;
 }
 
-/* Samples slot sl's next token from logits (n_vocab) and handles it in strata_generate's order:
- * end of generation, the text and its stop strings, n_predict, the context. 0 or 1 after the
- * message. */
-static int batch_sample(struct batch *b, struct batch_slot *sl, float *logits)
+static int batch_hist_push(struct batch_slot *sl, int32_t id)
+{
+    if (sl->n_hist == sl->cap_hist) {
+        int cap = sl->cap_hist * 2 + 64;
+        int32_t *nh = realloc(sl->hist, sizeof(int32_t) * (size_t)cap);
+        if (!nh)
+            return -ENOMEM;
+        sl->hist = nh;
+        sl->cap_hist = cap;
+    }
+    sl->hist[sl->n_hist++] = id;
+    return 0;
+}
+
+/* Handles slot sl's chosen token id in strata_generate's order: end of generation, the text
+ * and its stop strings, n_predict, the context (pos: the tokens before id in the cache). 0
+ * (the slot goes on, next = id, or it finished), or 1 after the message. */
+static int batch_take(struct batch *b, struct batch_slot *sl, int32_t id, int pos)
 {
     struct batch_job *j = sl->job;
     char piece[4096];
 
-    if (j->n_gen >= j->gen.n_predict) /* n_predict 0 */
-        return batch_finish(b, sl, "length");
-    int32_t id = strata_sampler_sample(sl->sm, logits);
     if (!j->gen.ignore_eos && strata_token_is_eog(b->sess.s, id))
         return batch_finish(b, sl, "stop");
     j->n_gen++;
     b->n_tokens++;
     strata_sampler_accept(sl->sm, id);
+    if (b->o.gen.draft_max && batch_hist_push(sl, id)) {
+        fprintf(stderr, "strata batch: out of memory (line %d)\n", j->line);
+        return 1;
+    }
     size_t old = j->text.len;
     int n = tokenizer_stream_feed(b->tok, &sl->ts, id, piece, sizeof(piece));
     if (n > 0 && batch_text_append(&j->text, piece, (size_t)n)) {
@@ -1280,10 +1321,73 @@ static int batch_sample(struct batch *b, struct batch_slot *sl, float *logits)
         return batch_finish(b, sl, NULL);
     if (j->n_gen == j->gen.n_predict)
         return batch_finish(b, sl, "length");
-    if (strata_stream_pos(sl->st) >= strata_stream_n_ctx(sl->st))
+    if (pos >= strata_stream_n_ctx(sl->st))
         return batch_finish(b, sl, "context");
     sl->next = id;
     return 0;
+}
+
+/* Samples slot sl's next token from logits (n_vocab) and handles it (batch_take). 0 or 1
+ * after the message. */
+static int batch_sample(struct batch *b, struct batch_slot *sl, float *logits)
+{
+    if (sl->job->n_gen >= sl->job->gen.n_predict) /* n_predict 0 */
+        return batch_finish(b, sl, "length");
+    return batch_take(b, sl, strata_sampler_sample(sl->sm, logits), strata_stream_pos(sl->st));
+}
+
+/* --spec: the drafts slot sl's next step verifies with its token (sl->k of them): the
+ * adaptive length, within n_predict and the context, looked up in the job's ids. */
+static void batch_draft(const struct batch *b, struct batch_slot *sl)
+{
+    const struct batch_job *j = sl->job;
+    int k = 0;
+    if (b->o.gen.draft_max && sl->fed == j->n_prompt) {
+        double run = sl->accept_ema < 0.99 ? sl->accept_ema / (1 - sl->accept_ema) : 100;
+        k = 1 + (int)(2 * run);
+        k = k < b->o.gen.draft_max ? k : b->o.gen.draft_max;
+        int left = j->gen.n_predict - j->n_gen;
+        int room = strata_stream_n_ctx(sl->st) - strata_stream_pos(sl->st) - 1;
+        k = k < left ? k : left;
+        k = k < room ? k : room;
+        k = k > 0 ? strata_ngram_draft(sl->hist, sl->n_hist, b->o.gen.draft_ngram, k,
+                                       sl->drafts)
+                  : 0;
+    }
+    sl->k = k;
+}
+
+/* After a step that evaluated slot sl's token and its sl->k drafts (rows: their logits, k + 1
+ * rows): keeps the drafts sampling agrees with, rewinds the cache past the rest, and handles
+ * the next token. 0 or 1 after the message. */
+static int batch_verify(struct batch *b, struct batch_slot *sl, float *rows)
+{
+    const size_t nv = (size_t)b->n_vocab;
+    const int k = sl->k, base = strata_stream_pos(sl->st) - (k + 1);
+    int acc = 0, rc = 0;
+
+    if (k == 0)
+        return batch_sample(b, sl, rows);
+    b->n_verify++;
+    b->n_drafted += k;
+    for (int i = 0; i < k; i++) {
+        bool ok;
+        int32_t t = strata_sampler_sample_draft(sl->sm, rows + (size_t)i * nv, sl->drafts[i], &ok);
+        if (!ok) { /* the row's choice is the next token; the cache keeps the drafts before */
+            strata_stream_truncate(sl->st, base + 1 + i);
+            rc = batch_take(b, sl, t, base + 1 + i);
+            goto out;
+        }
+        acc++;
+        if ((rc = batch_take(b, sl, t, base + 1 + i)) || !sl->job)
+            goto out;
+    }
+    rc = batch_sample(b, sl, rows + (size_t)k * nv);
+out:
+    b->n_accepted += acc;
+    if (k)
+        sl->accept_ema = 0.9 * sl->accept_ema + 0.1 * ((double)acc / k);
+    return rc;
 }
 
 /* The prompt of slot sl's job is evaluated (its last chunk's logits in `logits`): its
@@ -1310,6 +1414,11 @@ static int batch_start(struct batch *b, struct batch_slot *sl, struct batch_job 
         return cli_fail("the sampler");
     for (int i = 0; i < j->n_prompt; i++) /* the repetition penalty sees the prompt */
         strata_sampler_accept(sl->sm, j->ids[i]);
+    sl->n_hist = 0;
+    sl->accept_ema = 0.5;
+    for (int i = 0; b->o.gen.draft_max && i < j->n_prompt; i++)
+        if (batch_hist_push(sl, j->ids[i]))
+            return cli_fail("out of memory");
     tokenizer_stream_init(&sl->ts, TOKENIZER_DECODE_SKIP_CONTROL);
     sl->job = j;
     sl->fed = 0;
@@ -1374,7 +1483,8 @@ static void batch_progress(struct batch *b, bool final)
 /* The loop (DESIGN). 0, or 1 after the message. */
 static int batch_loop(struct batch *b)
 {
-    const int max_rows = b->n_slots + b->bo.chunk;
+    const int max_rows = batch_max_rows(b);
+    const size_t nv = (size_t)b->n_vocab;
     struct strata_stream **sts = malloc(sizeof(*sts) * (size_t)b->n_slots);
     struct batch_slot **busy = malloc(sizeof(*busy) * (size_t)b->n_slots);
     int *n_tok = malloc(sizeof(int) * (size_t)b->n_slots);
@@ -1397,33 +1507,41 @@ static int batch_loop(struct batch *b)
                 struct batch_slot *sl = &b->slots[i];
                 if (!sl->job || (sl->fed < sl->job->n_prompt) != (pass == 1))
                     continue;
-                int t = pass ? sl->job->n_prompt - sl->fed : 1;
+                if (!pass)
+                    batch_draft(b, sl); /* every stream's drafts fit: max_rows has room */
+                int t = pass ? sl->job->n_prompt - sl->fed : 1 + sl->k;
                 t = t < max_rows - rows ? t : max_rows - rows;
                 if (t < 1)
                     continue;
                 busy[n] = sl;
                 sts[n] = sl->st;
                 n_tok[n++] = t;
-                if (pass)
+                if (pass) {
                     memcpy(ids + rows, sl->job->ids + sl->fed, sizeof(int32_t) * (size_t)t);
-                else
+                } else {
                     ids[rows] = sl->next;
+                    memcpy(ids + rows + 1, sl->drafts, sizeof(int32_t) * (size_t)sl->k);
+                }
                 rows += t;
             }
         }
         if (!n)
             break; /* nothing pending, or Ctrl-C */
-        if (strata_batch_eval_chunks(b->bt, sts, n_tok, n, ids, b->logits)) {
+        const bool spec = b->o.gen.draft_max > 0;
+        if ((spec ? strata_batch_eval_rows : strata_batch_eval_chunks)(b->bt, sts, n_tok, n, ids,
+                                                                       b->logits)) {
             rc = cli_fail("decoding a step");
             break;
         }
-        for (int i = 0; i < n && !rc; i++) {
+        for (int i = 0, at = 0; i < n && !rc; at += n_tok[i], i++) {
             struct batch_slot *sl = busy[i];
-            float *row = b->logits + (size_t)i * (size_t)b->n_vocab;
+            /* with --spec every row came back: the stream's rows start at `at` */
+            float *first = b->logits + (spec ? (size_t)at : (size_t)i) * nv;
+            float *last = spec ? first + (size_t)(n_tok[i] - 1) * nv : first;
             if (sl->fed == sl->job->n_prompt)
-                rc = batch_sample(b, sl, row);
+                rc = spec ? batch_verify(b, sl, first) : batch_sample(b, sl, last);
             else if ((sl->fed += n_tok[i]) == sl->job->n_prompt)
-                rc = batch_prompt_done(b, sl, row);
+                rc = batch_prompt_done(b, sl, last);
         }
         if (!rc)
             rc = batch_write_ready(b, false);
@@ -1513,6 +1631,12 @@ int cmd_batch(int argc, char **argv)
                 "strata batch: %d lines done in %.1f s, %lld tokens generated (%.1f "
                 "tok/s); results in %s\n",
                 b.n_done, dt, b.n_tokens, dt > 0 ? b.n_tokens / dt : 0.0, b.bo.out);
+        if (b.n_verify)
+            fprintf(stderr,
+                    "strata batch: speculative: %lld verify passes, %lld drafted, %lld accepted "
+                    "(%.1f%%)\n",
+                    b.n_verify, b.n_drafted, b.n_accepted,
+                    b.n_drafted ? 100.0 * b.n_accepted / b.n_drafted : 0.0);
         if (b.n_failed) {
             fprintf(stderr,
                     "strata batch: %d of %d lines failed: their error objects are in "

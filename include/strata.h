@@ -263,6 +263,11 @@ int strata_batch_open_rows(struct strata *s, int max_streams, int max_rows,
 int strata_batch_eval_chunks(struct strata_batch *b, struct strata_stream *const *sts,
                              const int *n_tok, int n, const int32_t *ids, float *logits);
 
+/* strata_batch_eval_chunks, but logits (sum of n_tok, n_vocab) receives every row's logits in
+ * row order, not only each stream's last: a stream's drafted tokens verified in a step. */
+int strata_batch_eval_rows(struct strata_batch *b, struct strata_stream *const *sts,
+                           const int *n_tok, int n, const int32_t *ids, float *logits);
+
 /* ---- sampling and generation -------------------------------------------------------------- */
 
 struct strata_sampling {
@@ -284,6 +289,15 @@ void strata_sampler_close(struct strata_sampler *sm);
  * recorded: pass it to strata_sampler_accept, as for the prompt's tokens, for the repetition
  * penalty to see it (strata_generate does both). */
 int32_t strata_sampler_sample(struct strata_sampler *sm, float *logits);
+/* Speculative decoding's choice for a drafted token: the draft (*accepted) with the probability
+ * sampling gives it, else a token drawn from that distribution without the draft (greedy: the
+ * argmax, accepted when it is the draft); the result is distributed as strata_sampler_sample's.
+ * Not recorded, as strata_sampler_sample. */
+int32_t strata_sampler_sample_draft(struct strata_sampler *sm, float *logits, int32_t draft,
+                                    bool *accepted);
+/* Prompt-lookup drafts: the up to k tokens that followed the latest earlier occurrence of
+ * hist's last ngram .. 2 tokens, into out; their number. */
+int strata_ngram_draft(const int32_t *hist, int n_hist, int ngram, int k, int32_t *out);
 /* Records a token (of the prompt, or one just sampled) for the repetition penalty. */
 void strata_sampler_accept(struct strata_sampler *sm, int32_t id);
 

@@ -597,6 +597,17 @@ int32_t strata_sampler_sample(struct strata_sampler *sm, float *logits)
     return sampler_sample(&sm->smp, logits);
 }
 
+int32_t strata_sampler_sample_draft(struct strata_sampler *sm, float *logits, int32_t draft,
+                                    bool *accepted)
+{
+    return sampler_sample_draft(&sm->smp, logits, draft, accepted);
+}
+
+int strata_ngram_draft(const int32_t *hist, int n_hist, int ngram, int k, int32_t *out)
+{
+    return generate_ngram_draft(hist, n_hist, ngram, k, out);
+}
+
 void strata_sampler_accept(struct strata_sampler *sm, int32_t id)
 {
     sampler_accept(&sm->smp, id);

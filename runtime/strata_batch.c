@@ -59,8 +59,26 @@ int strata_batch_eval(struct strata_batch *b, struct strata_stream *const *sts, 
     return strata_batch_eval_chunks(b, sts, NULL, n, ids, logits);
 }
 
+static int batch_check(struct strata_batch *b, struct strata_stream *const *sts, const int *n_tok,
+                       int n, const int32_t *ids);
+
 int strata_batch_eval_chunks(struct strata_batch *b, struct strata_stream *const *sts,
                              const int *n_tok, int n, const int32_t *ids, float *logits)
+{
+    int rc = batch_check(b, sts, n_tok, n, ids);
+    return rc ? rc : stream_batch_eval(b->bt, b->ss, n_tok, n, ids, logits);
+}
+
+int strata_batch_eval_rows(struct strata_batch *b, struct strata_stream *const *sts,
+                           const int *n_tok, int n, const int32_t *ids, float *logits)
+{
+    int rc = batch_check(b, sts, n_tok, n, ids);
+    return rc ? rc : stream_batch_eval_rows(b->bt, b->ss, n_tok, n, ids, logits);
+}
+
+/* The arguments of a step, and b->ss filled with the engine streams. 0 or -errno. */
+static int batch_check(struct strata_batch *b, struct strata_stream *const *sts, const int *n_tok,
+                       int n, const int32_t *ids)
 {
     const struct model_hparams *hp = &b->s->model->hp;
     int rows = 0;
@@ -80,5 +98,5 @@ int strata_batch_eval_chunks(struct strata_batch *b, struct strata_stream *const
         rows += t;
         b->ss[i] = sts[i]->st;
     }
-    return stream_batch_eval(b->bt, b->ss, n_tok, n, ids, logits);
+    return 0;
 }

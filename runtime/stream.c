@@ -193,8 +193,8 @@ void stream_batch_close(struct stream_batch *bt)
     free(bt);
 }
 
-int stream_batch_eval(struct stream_batch *bt, struct stream *const *ss, const int *n_tok, int n,
-                      const int32_t *ids, float *logits_host)
+static int batch_eval(struct stream_batch *bt, struct stream *const *ss, const int *n_tok, int n,
+                      const int32_t *ids, float *logits_host, bool all_rows)
 {
     const struct backend_ops *op = bt->b->ops;
     const size_t nv = bt->m->hp.n_vocab;
@@ -224,10 +224,10 @@ int stream_batch_eval(struct stream_batch *bt, struct stream *const *ss, const i
         rc = op->step_end(bt->b, rc);
     if (rc)
         return rc;
-    if (rows == n) {
+    if (rows == n || all_rows) {
         for (int i = 0; i < n; i++)
-            ss[i]->pos++;
-        return op->read(bt->b, logits_host, bt->logits, (size_t)n * nv);
+            ss[i]->pos += n_tok ? n_tok[i] : 1;
+        return op->read(bt->b, logits_host, bt->logits, (size_t)rows * nv);
     }
     for (int i = 0, r = 0; i < n && !rc; i++) {
         r += n_tok[i];
@@ -235,6 +235,18 @@ int stream_batch_eval(struct stream_batch *bt, struct stream *const *ss, const i
         rc = op->read(bt->b, logits_host + (size_t)i * nv, bt->logits + (size_t)(r - 1) * nv, nv);
     }
     return rc;
+}
+
+int stream_batch_eval(struct stream_batch *bt, struct stream *const *ss, const int *n_tok, int n,
+                      const int32_t *ids, float *logits_host)
+{
+    return batch_eval(bt, ss, n_tok, n, ids, logits_host, false);
+}
+
+int stream_batch_eval_rows(struct stream_batch *bt, struct stream *const *ss, const int *n_tok,
+                           int n, const int32_t *ids, float *logits_host)
+{
+    return batch_eval(bt, ss, n_tok, n, ids, logits_host, true);
 }
 
 int stream_batch_eval_all(struct stream_batch *bt, struct stream *s, const int32_t *ids, int n,

@@ -104,6 +104,11 @@ void stream_batch_close(struct stream_batch *bt);
 int stream_batch_eval(struct stream_batch *bt, struct stream *const *ss, const int *n_tok, int n,
                       const int32_t *ids, float *logits_host);
 
+/* stream_batch_eval, but logits_host (sum of n_tok, n_vocab) receives every row's logits, in
+ * row order (the verify rows of speculative decoding in a lockstep step). */
+int stream_batch_eval_rows(struct stream_batch *bt, struct stream *const *ss, const int *n_tok,
+                           int n, const int32_t *ids, float *logits_host);
+
 /* One stream evaluates ids[0..n) (n <= max_rows) in one forward of the batch, every token one
  * row attending to the earlier ones, and logits_host (n, n_vocab) receives every row's logits:
  * the verify pass of speculative decoding. The stream's position advances by n

@@ -3,7 +3,9 @@
 #  1. strata run --spec ngram prints the same greedy text as strata run, and its statistics line;
 #  2. strata spec-replay on a text that repeats itself accepts drafts, and on a text without a
 #     repeated pair of tokens drafts nothing; its numbers are the same on a second run;
-#  3. bad options: --spec other, --draft-max without --spec, --draft-max 0, a missing -f: exit 2.
+#  3. strata batch --spec ngram writes the greedy lines strata batch writes without it, and a
+#     sampled line the same text at --streams 1 and 3;
+#  4. bad options: --spec other, --draft-max without --spec, --draft-max 0, a missing -f: exit 2.
 set -uo pipefail
 strata=$1
 model="$2/../../models/strata-default.gguf"
@@ -32,6 +34,18 @@ grep -q "^acceptance by draft position: 1:" "$tmp/r1" || fail "no per-position l
 printf 'The quick brown fox jumps over the lazy dog.' >"$tmp/short.txt"
 "$strata" spec-replay -m "$model" --spec ngram -f "$tmp/short.txt" >"$tmp/r3" 2>&1 || fail "short text exited $?"
 grep -q "drafted 0, accepted 0" "$tmp/r3" || fail "a text without repeats: $(cat "$tmp/r3")"
+
+strip() { sed 's/,"timings":{[^}]*}//' "$1"; }
+printf '{"prompt":"def fibonacci(n):"}\n{"prompt":"import os"}\n{"prompt":"class Stack:"}\n{"prompt":"for i in range(","temperature":0.8,"seed":3}\n' >"$tmp/in.jsonl"
+B=(batch -m "$model" --device cpu -t 2 --temp 0 -n 32 --input "$tmp/in.jsonl")
+"$strata" "${B[@]}" --streams 3 -o "$tmp/b0.jsonl" 2>/dev/null || fail "batch exited $?"
+"$strata" "${B[@]}" --streams 3 --spec ngram -o "$tmp/b3.jsonl" 2>"$tmp/err" || fail "batch --spec exited $?"
+grep -q "speculative: [0-9]* verify passes" "$tmp/err" || fail "batch --spec: no statistics: $(cat "$tmp/err")"
+"$strata" "${B[@]}" --streams 1 --spec ngram -o "$tmp/b1.jsonl" 2>/dev/null || fail "batch --spec --streams 1 exited $?"
+[ "$(strip "$tmp/b0.jsonl" | head -3)" = "$(strip "$tmp/b3.jsonl" | head -3)" ] ||
+    fail "batch --spec changed greedy lines"
+[ "$(strip "$tmp/b1.jsonl")" = "$(strip "$tmp/b3.jsonl")" ] ||
+    fail "batch --spec: --streams 1 and 3 differ"
 
 for bad in "run -m $model --spec mtp -p x" "run -m $model --draft-max 4 -p x" \
     "run -m $model --spec ngram --draft-max 0 -p x" "spec-replay -m $model --spec ngram" \
