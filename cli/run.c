@@ -94,6 +94,12 @@ void run_print_stats(const struct strata_generate_stats *st)
                 st->n_verify, st->n_drafted, st->n_accepted,
                 st->n_drafted ? 100.0 * st->n_accepted / st->n_drafted : 0.0,
                 (double)(st->n_accepted + st->n_verify) / st->n_verify);
+    if (st->n_verify) {
+        fprintf(stderr, "speculative: accepted by draft position:");
+        for (int i = 0; i < 16 && st->drafted_at[i]; i++)
+            fprintf(stderr, " %d:%.0f%%", i + 1, 100.0 * st->accepted_at[i] / st->drafted_at[i]);
+        fprintf(stderr, "\n");
+    }
 }
 
 int cmd_run(int argc, char **argv)

@@ -327,6 +327,8 @@ struct strata_generate_stats {
     int n_drafted, n_accepted; /* drafted tokens; of those, accepted */
     bool spec_unavailable;     /* drafts were asked for, but there was no memory for the verify
                                 * pass's rows: decoded without them */
+    int drafted_at[16], accepted_at[16]; /* drafts by position in their pass (the 16th and
+                                          * later ones in the last entry); of those, accepted */
 };
 
 /* Receives generated text as it completes (whole UTF-8 characters); nonzero stops. */

@@ -268,6 +268,8 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
             break;
         st->n_verify++;
         st->n_drafted += k;
+        for (int j = 0; j < k; j++)
+            st->drafted_at[j < GENERATE_SPEC_POS ? j : GENERATE_SPEC_POS - 1]++;
         int i, done = 0, acc = 0;
         for (i = 0; i < k && !done; i++) {
             bool accepted;
@@ -277,6 +279,7 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
                 pending = t;
                 break;
             }
+            st->accepted_at[i < GENERATE_SPEC_POS ? i : GENERATE_SPEC_POS - 1]++;
             acc++;
             g.pos = base + 1 + i; /* id and the drafts before this one are in the cache */
             r = gen_token(&g, t);

@@ -14,6 +14,7 @@ struct stream;
 struct tokenizer;
 
 #define GENERATE_MAX_STOP 8
+#define GENERATE_SPEC_POS 16 /* draft positions counted one by one (later ones in the last) */
 
 struct generate_config {
     int n_predict;                 /* tokens to generate at most; default 128 */
@@ -35,6 +36,7 @@ struct generate_stats {
     int n_verify;            /* speculative: verify passes */
     int n_drafted, n_accepted; /* drafted tokens; of those, accepted */
     bool spec_unavailable;     /* drafts were asked for, but the verify rows did not fit */
+    int drafted_at[GENERATE_SPEC_POS], accepted_at[GENERATE_SPEC_POS]; /* per draft position */
 };
 
 /* Prompt lookup: the up to k tokens that followed the latest earlier occurrence of hist's last

@@ -662,6 +662,11 @@ int strata_generate(struct strata_stream *st, const int32_t *prompt, int n_promp
             .n_accepted = gs.n_accepted,
             .spec_unavailable = gs.spec_unavailable,
         };
+    if (stats)
+        for (int i = 0; i < 16 && i < GENERATE_SPEC_POS; i++) {
+            stats->drafted_at[i] = gs.drafted_at[i];
+            stats->accepted_at[i] = gs.accepted_at[i];
+        }
     return rc;
 }
 
