@@ -103,6 +103,10 @@ struct serve_slot {
     struct tokenizer_stream ts;
     int32_t next; /* the token its next step evaluates */
     int fed;      /* prompt tokens in the cache (< n_prompt: the prompt is joining steps) */
+    /* --spec ngram: this step's drafts (hist holds the ids they are looked up in) */
+    int32_t drafts[64];
+    int k;
+    double accept_ema;
 };
 
 struct serve {
@@ -128,6 +132,7 @@ struct serve {
     unsigned long long tok_gen, tok_prompt, tok_cached;
     double t_decode; /* engine seconds in steps with decoding rows */
     unsigned long long tok_decode;
+    unsigned long long n_verify, n_drafted, n_accepted; /* --spec */
     double t_start;
 };
 
@@ -173,6 +178,7 @@ static void serve_usage(void)
         "-c (each stream's context), -b, --device, --vram-budget, --placement, --residency,\n"
         "--streaming, --prefetch[-depth], --profile..., --host-budget..., --temp, --top-k,\n"
         "--top-p, --min-p, --repeat-penalty, --repeat-last-n, -s, --think/--no-think,\n"
+        "--spec ngram [--draft-max K] (each request's step also verifies prompt-lookup drafts),\n"
         "--system (a system message for chats that have none), --bind, --no-mmap, -v.\n"
         "Every stream's KV cache counts against --vram-budget (--parallel + --park streams).\n"
         "SIGINT/SIGTERM: queued requests are cancelled, running ones finish, then the server\n"
@@ -186,7 +192,7 @@ static bool serve_run_flag(const char *a, bool *takes_value)
         "-m --model -t --threads --cpu-threads -c --ctx-size -b --batch-size --device "
         "--vram-budget --placement --residency --streaming --prefetch-depth --profile "
         "--stats-json --system --temp --top-k --top-p --min-p --repeat-penalty "
-        "--repeat-last-n -s --seed --host-budget --host-io";
+        "--repeat-last-n -s --seed --host-budget --host-io --spec --draft-max --draft-ngram";
     static const char bare[] = "--think --no-think --bind --no-mmap -v --verbose --stats "
                                "--prefetch --profile-freeze --profile-optional --host-buffered "
                                "--host-read-ahead";
@@ -384,16 +390,14 @@ static void engine_finish(struct serve *sv, struct serve_slot *sl, const char *r
     req_unref(r);
 }
 
-/* Samples slot sl's next token from logits, in strata_generate's order: end of generation,
- * the text and its stop strings, max_tokens, the context. Under mu. */
-static void engine_sample(struct serve *sv, struct serve_slot *sl, float *logits)
+/* Handles slot sl's chosen token id in strata_generate's order: end of generation, the text
+ * and its stop strings, max_tokens, the context (pos: the tokens before id in the cache).
+ * Under mu. */
+static void engine_take(struct serve *sv, struct serve_slot *sl, int32_t id, int pos)
 {
     struct serve_req *r = sl->req;
     char piece[4096];
 
-    if (r->n_gen >= r->gen.n_predict)
-        return engine_finish(sv, sl, "length");
-    int32_t id = strata_sampler_sample(sl->sm, logits);
     if (!r->gen.ignore_eos && strata_token_is_eog(sv->s, id))
         return engine_finish(sv, sl, "stop");
     r->n_gen++;
@@ -407,9 +411,75 @@ static void engine_sample(struct serve *sv, struct serve_slot *sl, float *logits
         return engine_finish(sv, sl, NULL);
     if (r->n_gen == r->gen.n_predict)
         return engine_finish(sv, sl, "length");
-    if (strata_stream_pos(sl->st) >= strata_stream_n_ctx(sl->st))
+    if (pos >= strata_stream_n_ctx(sl->st))
         return engine_finish(sv, sl, "length");
     sl->next = id;
+}
+
+/* Samples slot sl's next token from logits and handles it. Under mu. */
+static void engine_sample(struct serve *sv, struct serve_slot *sl, float *logits)
+{
+    if (sl->req->n_gen >= sl->req->gen.n_predict)
+        return engine_finish(sv, sl, "length");
+    engine_take(sv, sl, strata_sampler_sample(sl->sm, logits), strata_stream_pos(sl->st));
+}
+
+/* --spec: slot sl's drafts for its next step (sl->k), looked up in the ids its cache holds
+ * and the token it evaluates next. Under mu. */
+static void engine_draft(struct serve *sv, struct serve_slot *sl)
+{
+    const struct serve_req *r = sl->req;
+    int k = 0;
+    sl->k = 0;
+    if (!sv->o.gen.draft_max || slot_hist_push(sl, &sl->next, 1))
+        return;
+    sl->n_hist--; /* sl->next only lends itself to the lookup: it is evaluated by the step */
+    double run = sl->accept_ema < 0.99 ? sl->accept_ema / (1 - sl->accept_ema) : 100;
+    k = 1 + (int)(2 * run);
+    k = k < sv->o.gen.draft_max ? k : sv->o.gen.draft_max;
+    int left = r->gen.n_predict - r->n_gen;
+    int room = strata_stream_n_ctx(sl->st) - strata_stream_pos(sl->st) - 1;
+    k = k < left ? k : left;
+    k = k < room ? k : room;
+    if (k > 0)
+        sl->k = strata_ngram_draft(sl->hist, sl->n_hist + 1, sv->o.gen.draft_ngram, k,
+                                   sl->drafts);
+}
+
+/* After a step that evaluated slot sl's token and its sl->k drafts (rows: k + 1 rows of
+ * logits): keeps the drafts sampling agrees with, rewinds past the rest, handles the next
+ * token. Under mu. */
+static void engine_verify(struct serve *sv, struct serve_slot *sl, float *rows)
+{
+    const size_t nv = (size_t)sv->n_vocab;
+    const int k = sl->k, base = strata_stream_pos(sl->st) - (k + 1);
+    int acc = 0;
+
+    if (k == 0)
+        return engine_sample(sv, sl, rows);
+    sv->n_verify++;
+    sv->n_drafted += (unsigned long long)k;
+    for (int i = 0; i < k; i++) {
+        bool ok;
+        int32_t t = strata_sampler_sample_draft(sl->sm, rows + (size_t)i * nv, sl->drafts[i], &ok);
+        if (!ok) {
+            strata_stream_truncate(sl->st, base + 1 + i);
+            sl->n_hist = base + 1 + i;
+            engine_take(sv, sl, t, base + 1 + i);
+            goto out;
+        }
+        acc++;
+        engine_take(sv, sl, t, base + 1 + i);
+        if (!sl->req) { /* finished: the cache holds what was evaluated */
+            strata_stream_truncate(sl->st, base + 1 + acc);
+            sl->n_hist = base + 1 + acc;
+            goto out;
+        }
+    }
+    engine_sample(sv, sl, rows + (size_t)k * nv);
+out:
+    sv->n_accepted += (unsigned long long)acc;
+    sl->accept_ema = 0.9 * sl->accept_ema + 0.1 * ((double)acc / k);
 }
 
 static int lcp(const int32_t *a, int na, const int32_t *b, int nb)
@@ -466,6 +536,7 @@ static void engine_admit(struct serve *sv)
             strata_sampler_accept(sl->sm, r->ids[i]);
         tokenizer_stream_init(&sl->ts, TOKENIZER_DECODE_SKIP_CONTROL);
         sl->req = r;
+        sl->accept_ema = 0.5;
         r->state = REQ_RUNNING;
         r->t_start = clock_now_s();
         sv->n_running++;
@@ -495,7 +566,9 @@ static int engine_step(struct serve *sv, struct strata_stream **sts, struct serv
             struct serve_slot *sl = &sv->slots[i];
             if (!sl->req || (sl->fed < sl->req->n_prompt) != (pass == 1))
                 continue;
-            int t = pass ? sl->req->n_prompt - sl->fed : 1;
+            if (!pass)
+                engine_draft(sv, sl); /* max_rows has room for every slot's drafts */
+            int t = pass ? sl->req->n_prompt - sl->fed : 1 + sl->k;
             if (pass && !decoding && n == 0) { /* alone: the whole prompt at once */
                 busy[0] = sl;
                 n_tok[0] = t;
@@ -508,10 +581,12 @@ static int engine_step(struct serve *sv, struct strata_stream **sts, struct serv
             busy[n] = sl;
             sts[n] = sl->st;
             n_tok[n++] = t;
-            if (pass)
+            if (pass) {
                 memcpy(ids + rows, sl->req->ids + sl->fed, sizeof(int32_t) * (size_t)t);
-            else
+            } else {
                 ids[rows] = sl->next;
+                memcpy(ids + rows + 1, sl->drafts, sizeof(int32_t) * (size_t)sl->k);
+            }
             rows += t;
         }
     pthread_mutex_unlock(&sv->mu);
@@ -519,6 +594,7 @@ static int engine_step(struct serve *sv, struct strata_stream **sts, struct serv
         return 0;
     double t0 = clock_now_s();
     int rc;
+    const bool spec = sv->o.gen.draft_max > 0, alone = n < 0;
     if (n < 0) { /* the owner of busy[0]'s request cannot free it: only the engine does */
         struct serve_slot *sl = busy[0];
         rc = strata_eval(sl->st, sl->req->ids + sl->fed, n_tok[0], sv->logits);
@@ -526,7 +602,8 @@ static int engine_step(struct serve *sv, struct strata_stream **sts, struct serv
             rc = slot_hist_push(sl, sl->req->ids + sl->fed, n_tok[0]);
         n = 1;
     } else {
-        rc = strata_batch_eval_chunks(sv->bt, sts, n_tok, n, ids, sv->logits);
+        rc = (spec ? strata_batch_eval_rows : strata_batch_eval_chunks)(sv->bt, sts, n_tok, n,
+                                                                         ids, sv->logits);
         for (int i = 0, at = 0; i < n && !rc; at += n_tok[i], i++)
             rc = slot_hist_push(busy[i], ids + at, n_tok[i]);
     }
@@ -541,15 +618,21 @@ static int engine_step(struct serve *sv, struct strata_stream **sts, struct serv
         return rc;
     }
     int dec = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0, at = 0; i < n; at += n_tok[i], i++) {
         struct serve_slot *sl = busy[i];
-        float *row = sv->logits + (size_t)i * (size_t)sv->n_vocab;
+        /* with --spec every row came back: the slot's rows start at `at` */
+        float *first = sv->logits + (spec && !alone ? (size_t)at : (size_t)i) * (size_t)sv->n_vocab;
+        float *last = spec && !alone ? first + (size_t)(n_tok[i] - 1) * sv->n_vocab : first;
         if (sl->fed == sl->req->n_prompt) {
-            dec++;
-            engine_sample(sv, sl, row);
+            int before = sl->req->n_gen;
+            if (spec)
+                engine_verify(sv, sl, first);
+            else
+                engine_sample(sv, sl, last);
+            dec += sl->req ? sl->req->n_gen - before : 1;
         } else if ((sl->fed += n_tok[i]) == sl->req->n_prompt) {
             sl->req->t_prompt_done = clock_now_s();
-            engine_sample(sv, sl, row);
+            engine_sample(sv, sl, last);
         }
     }
     if (dec) {
@@ -560,10 +643,17 @@ static int engine_step(struct serve *sv, struct strata_stream **sts, struct serv
     return 0;
 }
 
+/* Rows a step may have: a token per decoding request, with --spec its drafts, and a prompt
+ * chunk. */
+static int serve_max_rows(const struct serve *sv)
+{
+    return sv->so.parallel * (1 + sv->o.gen.draft_max) + SERVE_CHUNK;
+}
+
 static void *engine_main(void *arg)
 {
     struct serve *sv = arg;
-    const int max_rows = sv->so.parallel + SERVE_CHUNK;
+    const int max_rows = serve_max_rows(sv);
     struct strata_stream **sts = malloc(sizeof(*sts) * (size_t)sv->n_slots);
     struct serve_slot **busy = malloc(sizeof(*busy) * (size_t)sv->n_slots);
     int *n_tok = malloc(sizeof(int) * (size_t)sv->n_slots);
@@ -1197,10 +1287,13 @@ static enum MHD_Result handle_metrics(struct serve *sv, struct MHD_Connection *c
              "# TYPE strata_expert_hit_rate gauge\nstrata_expert_hit_rate %.6f\n"
              "# TYPE strata_host_tier_hit_rate gauge\nstrata_host_tier_hit_rate %.6f\n"
              "# HELP strata_prefetch_accuracy Prefetched experts their layer used / prefetched.\n"
-             "# TYPE strata_prefetch_accuracy gauge\nstrata_prefetch_accuracy %.6f\n",
+             "# TYPE strata_prefetch_accuracy gauge\nstrata_prefetch_accuracy %.6f\n"
+             "# HELP strata_spec_drafted_total Drafted tokens verified (--spec).\n"
+             "# TYPE strata_spec_drafted_total counter\nstrata_spec_drafted_total %llu\n"
+             "# TYPE strata_spec_accepted_total counter\nstrata_spec_accepted_total %llu\n",
              sv->n_requests, sv->n_ok, sv->n_cancelled, sv->n_bad, sv->n_rejected, sv->tok_gen,
              sv->tok_prompt, sv->tok_cached, sv->t_decode > 0 ? sv->tok_decode / sv->t_decode : 0,
-             sv->n_running, sv->n_queued, hit, tier, pf);
+             sv->n_running, sv->n_queued, hit, tier, pf, sv->n_drafted, sv->n_accepted);
     pthread_mutex_unlock(&sv->mu);
     return send_text(c, 200, "text/plain; version=0.0.4", buf, NULL);
 }
@@ -1308,7 +1401,7 @@ static int serve_open_engine(struct serve *sv)
         return 1;
     }
     sv->slots = calloc((size_t)sv->n_slots, sizeof(*sv->slots));
-    int rows = sv->so.parallel + SERVE_CHUNK;
+    int rows = serve_max_rows(sv);
     sv->logits = malloc(sizeof(float) * (size_t)rows * mi.n_vocab);
     if (!sv->slots || !sv->logits) {
         fprintf(stderr, "strata serve: out of memory for %d streams\n", sv->n_slots);

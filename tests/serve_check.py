@@ -19,7 +19,9 @@ Checks:
  7. a client that disconnects mid-stream frees its stream (running back to 0, counted as
     cancelled), and the server goes on serving;
  8. SIGTERM while a request runs: that request completes, the server exits 0 (under ASan this
-    is also where leaks would fail it).
+    is also where leaks would fail it);
+ 9. --spec ngram: greedy completions, alone and 12 at once, equal `strata run`'s, and drafts
+    were verified (/metrics).
 """
 import http.client
 import json
@@ -366,6 +368,45 @@ def check_shutdown():
           "the running request finished across SIGTERM: %r" % (chunks[-1:] if chunks else None))
 
 
+def check_spec():
+    sv = Server("--parallel", "4", "--spec", "ngram", "--draft-max", "6")
+    try:
+        wants = {}
+        for p in PROMPTS[:3]:
+            want = run_text(p, 24, 0, 1)
+            wants[p] = want[len(p):]
+            st, j, _ = sv.post("/v1/completions", {"prompt": p, "max_tokens": 24,
+                                                    "temperature": 0})
+            check(st == 200 and completion_text(j) == wants[p],
+                  "--spec greedy %r: %r, run %r" % (p, j, wants[p]))
+        results = [None] * 12
+
+        def one(k):
+            p = PROMPTS[k % 3]
+            if k % 2:
+                results[k] = sv.stream("/v1/completions", {"prompt": p, "max_tokens": 24,
+                                                            "temperature": 0})[0]
+            else:
+                st, j, _ = sv.post("/v1/completions", {"prompt": p, "max_tokens": 24,
+                                                        "temperature": 0})
+                results[k] = completion_text(j) if st == 200 else "status %d" % st
+
+        ts = [threading.Thread(target=one, args=(k,)) for k in range(12)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        bad = [k for k in range(12) if results[k] != wants[PROMPTS[k % 3]]]
+        check(not bad, "--spec concurrent greedy differs from run: %r" %
+              [(k, results[k]) for k in bad[:3]])
+        st, out, _ = sv.req("GET", "/metrics")
+        drafted = [ln for ln in out.decode().splitlines()
+                   if ln.startswith("strata_spec_drafted_total ")]
+        check(drafted and int(drafted[0].split()[1]) > 0, "--spec: no drafts in /metrics")
+    finally:
+        check(sv.stop() == 0, "spec server exit status")
+
+
 TMP = os.environ.get("TMPDIR", "/tmp")
 
 
@@ -381,6 +422,7 @@ def main():
     check_bad_input()
     check_queue_and_disconnect()
     check_shutdown()
+    check_spec()
     if FAILS:
         print("%d checks failed" % len(FAILS))
         return 1
