@@ -1343,9 +1343,7 @@ static void batch_draft(const struct batch *b, struct batch_slot *sl)
     const struct batch_job *j = sl->job;
     int k = 0;
     if (b->o.gen.draft_max && sl->fed == j->n_prompt) {
-        double run = sl->accept_ema < 0.99 ? sl->accept_ema / (1 - sl->accept_ema) : 100;
-        k = 1 + (int)(2 * run);
-        k = k < b->o.gen.draft_max ? k : b->o.gen.draft_max;
+        k = strata_draft_len(sl->accept_ema, b->o.gen.draft_max);
         int left = j->gen.n_predict - j->n_gen;
         int room = strata_stream_n_ctx(sl->st) - strata_stream_pos(sl->st) - 1;
         k = k < left ? k : left;

@@ -434,9 +434,7 @@ static void engine_draft(struct serve *sv, struct serve_slot *sl)
     if (!sv->o.gen.draft_max || slot_hist_push(sl, &sl->next, 1))
         return;
     sl->n_hist--; /* sl->next only lends itself to the lookup: it is evaluated by the step */
-    double run = sl->accept_ema < 0.99 ? sl->accept_ema / (1 - sl->accept_ema) : 100;
-    k = 1 + (int)(2 * run);
-    k = k < sv->o.gen.draft_max ? k : sv->o.gen.draft_max;
+    k = strata_draft_len(sl->accept_ema, sv->o.gen.draft_max);
     int left = r->gen.n_predict - r->n_gen;
     int room = strata_stream_n_ctx(sl->st) - strata_stream_pos(sl->st) - 1;
     k = k < left ? k : left;

@@ -111,11 +111,8 @@ int cmd_spec_replay(int argc, char **argv)
     /* ids[0..i) are in the cache but for the last, ids[i - 1], which the next pass evaluates */
     for (int i = skip; i < n;) {
         int k = kmax;
-        if (!fixed) {
-            double run = ema < 0.99 ? ema / (1 - ema) : 100;
-            k = 1 + (int)(2 * run);
-            k = k < kmax ? k : kmax;
-        }
+        if (!fixed)
+            k = generate_draft_len(ema, kmax);
         k = k < n - i ? k : n - i;
         int nd = generate_ngram_draft(ids, i, ngram, k, d);
         passes++;

@@ -295,6 +295,9 @@ int32_t strata_sampler_sample(struct strata_sampler *sm, float *logits);
  * Not recorded, as strata_sampler_sample. */
 int32_t strata_sampler_sample_draft(struct strata_sampler *sm, float *logits, int32_t draft,
                                     bool *accepted);
+/* The drafts a verify pass tries given the running share of drafts kept (an exponential
+ * average, starting at 0.5): 1 + twice the expected run of kept drafts, at most draft_max. */
+int strata_draft_len(double accept_ema, int draft_max);
 /* Prompt-lookup drafts: the up to k tokens that followed the latest earlier occurrence of
  * hist's last ngram .. 2 tokens, into out; their number. */
 int strata_ngram_draft(const int32_t *hist, int n_hist, int ngram, int k, int32_t *out);

@@ -86,6 +86,13 @@ static int gen_flush(struct gen_text *t, const struct generate_config *cfg, gene
     return stop >= 0;
 }
 
+int generate_draft_len(double accept_ema, int kmax)
+{
+    double run = accept_ema < 0.99 ? accept_ema / (1 - accept_ema) : 100;
+    int k = 1 + (int)(2 * run);
+    return k < kmax ? k : kmax;
+}
+
 int generate_ngram_draft(const int32_t *hist, int n_hist, int ngram, int k, int32_t *out)
 {
     for (int m = ngram; m >= 2; m--) {
@@ -250,11 +257,8 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
         /* a pass of id alone, or of id and drafts; the adaptive length is the run of accepted
          * drafts the running acceptance share predicts, doubled, at least 1 */
         int k_adapt = kmax;
-        if (spec) {
-            double run = accept_ema < 0.99 ? accept_ema / (1 - accept_ema) : 100;
-            k_adapt = 1 + (int)(2 * run);
-            k_adapt = k_adapt < kmax ? k_adapt : kmax;
-        }
+        if (spec)
+            k_adapt = generate_draft_len(accept_ema, kmax);
         int k = spec ? gen_drafts(&g, k_adapt, drafts + 1) : 0;
         if (k == 0) {
             rc = argmax_only ? stream_eval_argmax(s, &id, 1, &next)

@@ -39,6 +39,10 @@ struct generate_stats {
     int drafted_at[GENERATE_SPEC_POS], accepted_at[GENERATE_SPEC_POS]; /* per draft position */
 };
 
+/* The drafts a verify pass tries, adapted to the running share of drafts kept (accept_ema, an
+ * exponential average): twice the expected run of kept drafts, plus one, at most kmax. */
+int generate_draft_len(double accept_ema, int kmax);
+
 /* Prompt lookup: the up to k tokens that followed the latest earlier occurrence of hist's last
  * m tokens, for m = ngram down to 2 (the first m that occurs). Writes them to out; returns
  * their number (0: no occurrence). */

@@ -603,6 +603,11 @@ int32_t strata_sampler_sample_draft(struct strata_sampler *sm, float *logits, in
     return sampler_sample_draft(&sm->smp, logits, draft, accepted);
 }
 
+int strata_draft_len(double accept_ema, int draft_max)
+{
+    return generate_draft_len(accept_ema, draft_max);
+}
+
 int strata_ngram_draft(const int32_t *hist, int n_hist, int ngram, int k, int32_t *out)
 {
     return generate_ngram_draft(hist, n_hist, ngram, k, out);
