@@ -81,7 +81,8 @@ static int gen_flush(struct gen_text *t, const struct generate_config *cfg, gene
 
     if (n && emit && emit(ctx, t->buf, n))
         *user_stop = 1;
-    memmove(t->buf, t->buf + n, t->len - n);
+    if (t->len > n)
+        memmove(t->buf, t->buf + n, t->len - n);
     t->len -= n;
     return stop >= 0;
 }
