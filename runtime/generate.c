@@ -179,6 +179,8 @@ static int gen_drafts(struct gen *g, int k_adapt, int32_t *d)
     k = k < room ? k : room;
     if (k < 1)
         return 0;
+    if (cfg->draft_fn)
+        return cfg->draft_fn(cfg->draft_ctx, g->hist, g->n_hist, k, d);
     return generate_ngram_draft(g->hist, g->n_hist, cfg->draft_ngram, k, d);
 }
 

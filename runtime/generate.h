@@ -27,6 +27,10 @@ struct generate_config {
      * forward (0 = off) */
     int draft_max;
     int draft_ngram;
+    /* another draft source (NULL: prompt lookup): up to k drafts after hist into out, their
+     * number */
+    int (*draft_fn)(void *ctx, const int32_t *hist, int n_hist, int k, int32_t *out);
+    void *draft_ctx;
 };
 
 struct generate_stats {
