@@ -29,6 +29,16 @@
 #include "testutil.h"
 
 static const char *NAME = "test_spec";
+
+/* Under AddressSanitizer (CI's second pass, 10-20 times slower) the same checks on less work:
+ * the distribution test's bound holds for any sample count, only its power drops. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SPEC_SAMPLES 1000
+#define SPEC_PROMPTS 1
+#else
+#define SPEC_SAMPLES 4000
+#define SPEC_PROMPTS 3
+#endif
 static char tmpdir[] = "/tmp/strata-test-spec-XXXXXX";
 
 static void test_ngram(void)
@@ -125,7 +135,7 @@ static void check_model(const char *label, const char *path, bool want_accepts)
     struct strata_model_info mi;
     strata_model_info(s, &mi);
     int accepted = 0;
-    for (int t = 0; t < 3; t++) {
+    for (int t = 0; t < SPEC_PROMPTS; t++) {
         int32_t prompt[64];
         int n = 0;
         if (mi.has_tokenizer) {
@@ -232,7 +242,7 @@ static void test_distribution(const char *path)
     }
     struct strata_model_info mi;
     strata_model_info(s, &mi);
-    const int nv = (int)mi.n_vocab, N = 4000;
+    const int nv = (int)mi.n_vocab, N = SPEC_SAMPLES;
     int *h[2][2];
     for (int m = 0; m < 2; m++)
         for (int p = 0; p < 2; p++)
