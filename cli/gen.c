@@ -37,17 +37,19 @@ static void gen_usage(FILE *out)
             "Writes a GGUF checkpoint with random, well-scaled weights at a real model's shapes.\n"
             "The same seed and options give a byte-identical file for any --threads.\n\n"
             "options:\n"
-            "  --arch NAME      architecture (default %s; the only one so far)\n"
-            "  --preset NAME    model size (default %s), one of:\n",
+            "  --arch NAME      architecture: qwen3moe or gpt-oss (default %s); gpt-oss files\n"
+            "                   load (strata inspect) but strata has no gpt-oss forward yet\n"
+            "  --preset NAME    model size (default %s), one of (by architecture):\n",
             GEN_DEFAULT_ARCH, GEN_DEFAULT_PRESET);
     for (uint32_t i = 0; i < n; i++)
         fprintf(out,
-                "                     %-10s %u layers, d %u, %u/%u heads x %u, %u experts "
+                "                     %-8s %-10s %u layers, d %u, %u/%u heads x %u, %u experts "
                 "top-%u x %u, vocab %u\n",
-                p[i].name, p[i].n_layer, p[i].n_embd, p[i].n_head, p[i].n_head_kv, p[i].head_dim,
-                p[i].n_expert, p[i].n_expert_used, p[i].n_ff_exp, p[i].n_vocab);
+                p[i].arch, p[i].name, p[i].n_layer, p[i].n_embd, p[i].n_head, p[i].n_head_kv,
+                p[i].head_dim, p[i].n_expert, p[i].n_expert_used, p[i].n_ff_exp, p[i].n_vocab);
     fprintf(out,
-            "  --quant MIX      f32, q8_0 or q4_k_m (default %s)\n"
+            "  --quant MIX      f32, q8_0 or q4_k_m (default %s); gpt-oss experts are MXFP4\n"
+            "                   under every mix\n"
             "  --seed S         random seed (default %d)\n"
             "  --threads N      worker threads (default: online CPUs)\n"
             "  --layers N       override the preset's layer count (quick files at real shapes)\n"
@@ -218,12 +220,15 @@ int cmd_gen(int argc, char **argv)
     }
     if (optind < argc)
         return gen_usage_error("unexpected argument '%s'", argv[optind]);
-    if (strcmp(cfg.arch, "qwen3moe"))
-        return gen_usage_error("unknown architecture '%s' (known: qwen3moe)", cfg.arch);
-    const struct gen_preset *preset = gen_preset_find(preset_name);
+    bool oss = !strcmp(cfg.arch, "gpt-oss");
+    if (strcmp(cfg.arch, "qwen3moe") && !oss)
+        return gen_usage_error("unknown architecture '%s' (known: qwen3moe, gpt-oss)", cfg.arch);
+    if (oss && inflate)
+        return gen_usage_error("--inflate grows qwen3moe models only");
+    const struct gen_preset *preset = gen_preset_find_arch(cfg.arch, preset_name);
     if (!preset)
-        return gen_usage_error("unknown preset '%s' (known: tiny, 30b-a3b, 235b-a22b)",
-                               preset_name);
+        return gen_usage_error("unknown preset '%s' for %s (known: %s)", preset_name, cfg.arch,
+                               oss ? "tiny, 20b, 120b" : "tiny, 30b-a3b, 235b-a22b");
     if (quant_mix_parse(mix_name, &cfg.mix))
         return gen_usage_error("%s", err_msg());
     if (!cfg.out_path)

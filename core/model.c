@@ -15,6 +15,7 @@
 
 static const struct model_arch model_arch_table[] = {
     {"qwen3moe", model_qwen3moe_load},
+    {"gpt-oss", model_gptoss_load},
 };
 
 const struct model_arch *model_arch_find(const char *name)
@@ -139,8 +140,8 @@ static int model_load_arch(struct model *m)
     name[s.len] = '\0';
     m->arch = model_arch_find(name);
     if (!m->arch)
-        return err_set(-ENOTSUP, "unsupported architecture '%s' (strata supports: qwen3moe)",
-                       name);
+        return err_set(-ENOTSUP,
+                       "unsupported architecture '%s' (strata supports: qwen3moe, gpt-oss)", name);
     return m->arch->load(m);
 }
 
@@ -187,11 +188,17 @@ void model_weights_each(struct model *m, void (*fn)(struct weight *w, void *arg)
         m->output = m->tok_embd; /* keep the tie: output follows tok_embd */
     for (uint32_t l = 0; m->layers && l < m->hp.n_layer; l++) {
         struct layer_weights *lw = &m->layers[l];
-        struct weight *all[] = {&lw->attn_norm, &lw->wq,       &lw->wk,        &lw->wv,
-                                &lw->wo,        &lw->q_norm,   &lw->k_norm,    &lw->ffn_norm,
-                                &lw->router,    &lw->gate_exps, &lw->up_exps, &lw->down_exps};
-        for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
-            fn(all[i], arg);
+        struct weight *all[] = {&lw->attn_norm,   &lw->wq,        &lw->wk,
+                                &lw->wv,          &lw->wo,        &lw->q_norm,
+                                &lw->k_norm,      &lw->ffn_norm,  &lw->router,
+                                &lw->gate_exps,   &lw->up_exps,   &lw->down_exps,
+                                &lw->bq,          &lw->bk,        &lw->bv,
+                                &lw->bo,          &lw->sinks,     &lw->router_b,
+                                &lw->gate_exps_b, &lw->up_exps_b, &lw->down_exps_b};
+        for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+            if (all[i]->data)
+                fn(all[i], arg);
+        }
     }
 }
 

@@ -37,18 +37,39 @@ struct model_hparams {
     uint32_t n_vocab;
     float rms_eps;
     float rope_base;
+    /* gpt-oss (0 elsewhere): sliding-window attention and YaRN rope scaling */
+    uint32_t n_swa;           /* attention.sliding_window: a query sees itself and the n_swa - 1
+                                 keys before it on a sliding layer; 0: no sliding layers */
+    uint32_t swa_period;      /* layer l slides iff l % swa_period < swa_period - 1 (2: the even
+                                 layers); meaningful when n_swa > 0 */
+    float rope_yarn_factor;   /* rope.scaling.factor; 0: no YaRN */
+    uint32_t rope_yarn_n_ctx_orig; /* rope.scaling.original_context_length */
 };
 
+/* Whether layer l uses sliding-window attention (hp->n_swa keys). */
+static inline bool model_layer_is_swa(const struct model_hparams *hp, uint32_t l)
+{
+    return hp->n_swa && hp->swa_period && l % hp->swa_period < hp->swa_period - 1;
+}
+
 /* Weights of one qwen3moe-style layer. Stacked experts: gate/up (n_embd, n_ff_exp, n_expert),
- * down (n_ff_exp, n_embd, n_expert); expert e is slice ne[2] = e. */
+ * down (n_ff_exp, n_embd, n_expert); expert e is slice ne[2] = e. A weight an architecture does
+ * not have is left zeroed (data NULL): qwen3moe has no biases or sinks, gpt-oss no QK-norms. */
 struct layer_weights {
     struct weight attn_norm;          /* (n_embd) F32 */
     struct weight wq, wk, wv, wo;     /* (n_embd, n_head*head_dim) ... wo (n_head*head_dim, n_embd) */
     struct weight q_norm, k_norm;     /* (head_dim) F32 */
-    struct weight ffn_norm;           /* (n_embd) F32 */
+    struct weight ffn_norm;           /* (n_embd) F32; gpt-oss: post_attention_norm */
     struct weight router;             /* (n_embd, n_expert) F32 */
     struct weight gate_exps, up_exps; /* (n_embd, n_ff_exp, n_expert) */
     struct weight down_exps;          /* (n_ff_exp, n_embd, n_expert) */
+    /* gpt-oss only, all F32 */
+    struct weight bq, bk, bv;         /* (n_head*head_dim), (n_head_kv*head_dim) x2 */
+    struct weight bo;                 /* (n_embd) */
+    struct weight sinks;              /* (n_head) attention sink logits */
+    struct weight router_b;           /* (n_expert) */
+    struct weight gate_exps_b, up_exps_b; /* (n_ff_exp, n_expert) */
+    struct weight down_exps_b;        /* (n_embd, n_expert) */
 };
 
 struct model {
@@ -84,7 +105,8 @@ int model_weight_find(const struct model *m, const char *name, uint32_t n_dims,
  * Costs the model's size in RAM. 0 or -ENOMEM. */
 int model_load_copy(struct model *m, int n_threads);
 
-/* Calls fn on every weight of the model once (a tied output is visited once). */
+/* Calls fn on every weight of the model once (a tied output is visited once); weights the
+ * architecture does not have (data NULL) are skipped. */
 void model_weights_each(struct model *m, void (*fn)(struct weight *w, void *arg), void *arg);
 
 /* Bytes of one expert (gate + up + down slices) of layer l. */

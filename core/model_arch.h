@@ -15,5 +15,6 @@ struct model_arch {
 const struct model_arch *model_arch_find(const char *name);
 
 int model_qwen3moe_load(struct model *m);
+int model_gptoss_load(struct model *m);
 
 #endif

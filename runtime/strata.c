@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "arch.h"
 #include "backend.h"
 #include "backend_profile.h"
 #include "clock.h"
@@ -247,6 +248,11 @@ int strata_start(struct strata *s)
 
     if (s->backend)
         return strata_fail(STRATA_STEP_ENGINE, err_set(-EINVAL, "strata: already started"));
+    if (!arch_find(s->model->arch->name))
+        return strata_fail(STRATA_STEP_ENGINE,
+                           err_set(-ENOTSUP, "architecture %s: loaded, but strata has no "
+                                             "forward pass for it yet",
+                                   s->model->arch->name));
     if (cfg->device == STRATA_DEVICE_AUTO) {
         auto_cuda = cuda_device_count(&why) > 0;
         if (!auto_cuda && strata_config_needs_gpu(cfg))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # cli_gen: `strata gen` from the command line: help, argument errors (exit 2 with a message that
 # names the bad value), determinism across --threads (sha256 of the files), --layers, and an
-# interrupted write that must leave nothing behind.
+# interrupted write that must leave nothing behind; a gpt-oss file that inspect reads and run refuses.
 # usage: cli_gen.sh STRATA_BINARY [DATA_DIR]
 set -u
 strata=$1
@@ -52,6 +52,13 @@ hc=$(sha256sum <"$dir/c.gguf" | cut -d' ' -f1)
 [ "$ha" != "$hc" ] && ok || fail "seeds 7 and 8 gave the same file"
 size=$(stat -c %s "$dir/a.gguf")
 [ "$size" -lt 10000000 ] && ok || fail "tiny q4_k_m is $size bytes"
+
+# gpt-oss: gen writes it, inspect reads it, run refuses it (exit 1, no forward yet).
+"$strata" gen --arch gpt-oss --preset tiny -q -o "$dir/oss.gguf" >/dev/null &&
+"$strata" inspect --tensors "$dir/oss.gguf" | grep -q "blk.3.attn_sinks.weight" && ok || fail "gpt-oss gen/inspect"
+"$strata" run -m "$dir/oss.gguf" -p hi -n 1 >/dev/null 2>"$dir/err"
+[ $? -eq 1 ] && grep -q "no forward pass" "$dir/err" && ok || fail "gpt-oss run: $(cat "$dir/err")"
+expect_error "unknown preset '30b-a3b' for gpt-oss" --arch gpt-oss --preset 30b-a3b -o "$dir/x.gguf"
 
 # --layers changes block_count and the file size.
 "$strata" gen --preset tiny --layers 1 -q -o "$dir/one.gguf" >"$dir/out" || fail "--layers 1"

@@ -59,7 +59,8 @@ static bool all_finite(const float *x, size_t n)
 
 static void test_draw(uint64_t seed)
 {
-    static const uint32_t types[] = {QUANT_F32, QUANT_Q8_0, QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K};
+    static const uint32_t types[] = {QUANT_F32,  QUANT_Q8_0, QUANT_Q4_K,
+                                     QUANT_Q5_K, QUANT_Q6_K, QUANT_MXFP4};
     const uint64_t n = 512 * QK_K;
     struct rng r;
     float *y = malloc(n * sizeof(float));
@@ -124,7 +125,9 @@ static void test_draw(uint64_t seed)
     CHECK(gen_blocks_draw(QUANT_Q4_0, blk, 32, 0.0f, 1.0f, &r) == -EINVAL, "Q4_0 is not drawn");
     CHECK(gen_blocks_draw(QUANT_Q8_0, blk, 48, 0.0f, 1.0f, &r) == -EINVAL, "48 values");
     CHECK(gen_blocks_draw(QUANT_Q8_0, blk, 32, 1.0f, 1.0f, &r) == -EINVAL, "Q8_0 with mean");
-    CHECK(!gen_blocks_can_draw(QUANT_MXFP4) && gen_blocks_can_draw(QUANT_Q6_K), "can_draw");
+    CHECK(!gen_blocks_can_draw(QUANT_Q4_0) && gen_blocks_can_draw(QUANT_MXFP4) &&
+              gen_blocks_can_draw(QUANT_Q6_K),
+          "can_draw");
     free(y);
 }
 

@@ -12,6 +12,8 @@
  *   Q5_K    0..31 (mean 15.5) (32^2 - 1)/12       sc 32..63, min m = sc  std/sqrt(85.25 E sc²),
  *                                                                          dmin = 15.5 d
  *   Q6_K    -32..31           341.25 (+0.25 mean²) ±(64..127)           std/sqrt(341.5 E sc²)
+ *   MXFP4   E2M1, 16 codes    68.5/8 (mean 0)      -                      2^(e-127), e random
+ *                                                                          between two powers
  *
  * Q6_K has no min; its codes have mean -0.5, and the random sign of each sub-block's scale
  * makes the tensor mean 0 (a sub-block's own mean is off by 0.5/18.5 of its std).
@@ -115,6 +117,21 @@ static void draw_q6_k(struct block_q6_k *b, float std, struct rng *r)
     b->d = fp16_from_f32((float)(std / sqrt((341.25 + 0.25) * SC_Q6_MOMENT2)));
 }
 
+/* MXFP4: codes uniform over the 16 E2M1 values (mean 0, second moment MXFP4_CODE_MOMENT2); the
+ * scale is a power of two, so the block takes 2^a or 2^(a+1) around the wanted scale t with the
+ * probability that makes the mean squared scale t². */
+#define MXFP4_CODE_MOMENT2 (68.5 / 8.0) /* (0 + .25 + 1 + 2.25 + 4 + 9 + 16 + 36) / 8 */
+
+static void draw_mxfp4(struct block_mxfp4 *b, float std, struct rng *r)
+{
+    double t = std / sqrt(MXFP4_CODE_MOMENT2), a = floor(log2(t));
+    double p = (t * t / exp2(2.0 * a) - 1.0) / 3.0; /* (1-p) 4^a + p 4^(a+1) = t² */
+    int e = (int)a + 127 + (rng_f32(r) < p);
+
+    b->e = (uint8_t)(e < 1 ? 1 : e > 254 ? 254 : e);
+    fill_random(r, b->qs, sizeof(b->qs));
+}
+
 bool gen_blocks_can_draw(uint32_t type)
 {
     switch (type) {
@@ -123,6 +140,7 @@ bool gen_blocks_can_draw(uint32_t type)
     case QUANT_Q4_K:
     case QUANT_Q5_K:
     case QUANT_Q6_K:
+    case QUANT_MXFP4:
         return true;
     default:
         return false;
@@ -165,6 +183,10 @@ int gen_blocks_draw(uint32_t type, void *dst, uint64_t n, float mean, float std,
     case QUANT_Q6_K:
         for (uint64_t i = 0; i < nb; i++)
             draw_q6_k((struct block_q6_k *)dst + i, std, r);
+        break;
+    case QUANT_MXFP4:
+        for (uint64_t i = 0; i < nb; i++)
+            draw_mxfp4((struct block_mxfp4 *)dst + i, std, r);
         break;
     }
     return 0;

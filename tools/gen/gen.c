@@ -1,4 +1,4 @@
-/* gen: lays out a synthetic qwen3moe GGUF and fills it from worker threads.
+/* gen: lays out a synthetic qwen3moe or gpt-oss GGUF and fills it from worker threads.
  *
  * DESIGN. The calling thread builds the plan (metadata, tensor list with types, shapes and
  * value distributions), declares it to the GGUF writer and calls gguf_writer_begin_data. Tensor
@@ -29,8 +29,11 @@
 #include "quant.h"
 
 #define GEN_CHUNK_ELEMS (1u << 20) /* values per job: a multiple of every block size */
-#define GEN_MAX_TENSORS_PER_LAYER 12
+#define GEN_MAX_TENSORS_PER_LAYER 19 /* gpt-oss; qwen3moe has 12 */
 #define GEN_NORM_STD 0.05f /* norm weights are 1 + N(0, GEN_NORM_STD^2) */
+#define GEN_BIAS_STD 0.02f /* gpt-oss biases are N(0, GEN_BIAS_STD^2); its sinks N(0, 1) */
+#define GEN_TYPE_MIX UINT32_MAX /* plan_add: the mix chooses the type */
+#define GEN_FTYPE_MXFP4_MOE 38  /* general.file_type: MXFP4 experts, the rest Q8_0 */
 
 /* A short ChatML template of our own for the Qwen3 special tokens. */
 static const char chat_template[] =
@@ -82,8 +85,10 @@ static double now_seconds(void)
 
 /* ---- plan --------------------------------------------------------------------------------- */
 
+/* Appends a tensor; type GEN_TYPE_MIX lets the mix choose (quant_mix_tensor_type). */
 static void plan_add(struct gen_run *run, const struct gen_config *cfg, uint64_t *n_fallback,
-                     const char *name, uint32_t n_dims, const uint64_t *ne, float mean, float std)
+                     const char *name, uint32_t type, uint32_t n_dims, const uint64_t *ne,
+                     float mean, float std)
 {
     struct gen_tensor *t = &run->t[run->n_t++];
     bool fell_back;
@@ -95,8 +100,12 @@ static void plan_add(struct gen_run *run, const struct gen_config *cfg, uint64_t
         t->ne[d] = ne[d];
         t->n_elem *= ne[d];
     }
-    t->type = quant_mix_tensor_type(cfg->mix, name, n_dims, ne[0], &fell_back);
-    *n_fallback += fell_back;
+    if (type == GEN_TYPE_MIX) {
+        t->type = quant_mix_tensor_type(cfg->mix, name, n_dims, ne[0], &fell_back);
+        *n_fallback += fell_back;
+    } else {
+        t->type = type;
+    }
     t->mean = mean;
     t->std = std;
     t->n_chunks = (t->n_elem + GEN_CHUNK_ELEMS - 1) / GEN_CHUNK_ELEMS;
@@ -106,8 +115,8 @@ static void plan_add(struct gen_run *run, const struct gen_config *cfg, uint64_t
 
 /* The qwen3moe tensor list (docs/formats.md §4.2) in file order: token_embd, the layers, then
  * output_norm and output. Fan-in scaling: std = 1/sqrt(input length of the product). */
-static int plan_build(struct gen_run *run, const struct gen_config *cfg, uint32_t n_vocab,
-                      uint64_t *n_fallback)
+static int plan_build_qwen3moe(struct gen_run *run, const struct gen_config *cfg,
+                               uint32_t n_vocab, uint64_t *n_fallback)
 {
     const struct gen_preset *p = &cfg->preset;
     uint64_t d = p->n_embd, q = (uint64_t)p->n_head * p->head_dim;
@@ -121,7 +130,7 @@ static int plan_build(struct gen_run *run, const struct gen_config *cfg, uint32_
         return err_set(-ENOMEM, "gen: out of memory for the tensor list");
 
 #define ADD(nm, nd, m, s, ...)                                                                     \
-    plan_add(run, cfg, n_fallback, nm, nd, (const uint64_t[]){__VA_ARGS__}, m, s)
+    plan_add(run, cfg, n_fallback, nm, GEN_TYPE_MIX, nd, (const uint64_t[]){__VA_ARGS__}, m, s)
 #define BLK(suffix) (snprintf(name, sizeof(name), "blk.%u.%s", l, suffix), name)
 
     ADD("token_embd.weight", 2, 0.0f, 1.0f, d, n_vocab);
@@ -146,13 +155,76 @@ static int plan_build(struct gen_run *run, const struct gen_config *cfg, uint32_
     return 0;
 }
 
+/* The gpt-oss tensor list (docs/formats.md, gpt-oss) in file order: token_embd, the layers,
+ * then output_norm and output. Experts are MXFP4 whatever the mix (as converted checkpoints
+ * carry them); norms, biases, sinks and the router F32; the other matrices take the mix's type. */
+static int plan_build_gptoss(struct gen_run *run, const struct gen_config *cfg, uint32_t n_vocab,
+                             uint64_t *n_fallback)
+{
+    const struct gen_preset *p = &cfg->preset;
+    uint64_t d = p->n_embd, q = (uint64_t)p->n_head * p->head_dim;
+    uint64_t kv = (uint64_t)p->n_head_kv * p->head_dim, ff = p->n_ff_exp, e = p->n_expert;
+    float s_d = 1.0f / sqrtf((float)d), s_q = 1.0f / sqrtf((float)q);
+    float s_ff = 1.0f / sqrtf((float)ff), b = GEN_BIAS_STD;
+    const uint32_t mix = GEN_TYPE_MIX, f32 = QUANT_F32, mx = QUANT_MXFP4;
+    char name[64];
+
+    run->t = calloc((size_t)p->n_layer * GEN_MAX_TENSORS_PER_LAYER + 3, sizeof(*run->t));
+    if (!run->t)
+        return err_set(-ENOMEM, "gen: out of memory for the tensor list");
+
+#define ADD(nm, ty, nd, m, s, ...)                                                                 \
+    plan_add(run, cfg, n_fallback, nm, ty, nd, (const uint64_t[]){__VA_ARGS__}, m, s)
+#define BLK(suffix) (snprintf(name, sizeof(name), "blk.%u.%s", l, suffix), name)
+
+    ADD("token_embd.weight", mix, 2, 0.0f, 1.0f, d, n_vocab);
+    for (uint32_t l = 0; l < p->n_layer; l++) {
+        ADD(BLK("attn_norm.weight"), f32, 1, 1.0f, GEN_NORM_STD, d);
+        ADD(BLK("attn_q.weight"), mix, 2, 0.0f, s_d, d, q);
+        ADD(BLK("attn_q.bias"), f32, 1, 0.0f, b, q);
+        ADD(BLK("attn_k.weight"), mix, 2, 0.0f, s_d, d, kv);
+        ADD(BLK("attn_k.bias"), f32, 1, 0.0f, b, kv);
+        ADD(BLK("attn_v.weight"), mix, 2, 0.0f, s_d, d, kv);
+        ADD(BLK("attn_v.bias"), f32, 1, 0.0f, b, kv);
+        ADD(BLK("attn_output.weight"), mix, 2, 0.0f, s_q, q, d);
+        ADD(BLK("attn_output.bias"), f32, 1, 0.0f, b, d);
+        ADD(BLK("attn_sinks.weight"), f32, 1, 0.0f, 1.0f, (uint64_t)p->n_head);
+        ADD(BLK("post_attention_norm.weight"), f32, 1, 1.0f, GEN_NORM_STD, d);
+        ADD(BLK("ffn_gate_inp.weight"), f32, 2, 0.0f, s_d, d, e);
+        ADD(BLK("ffn_gate_inp.bias"), f32, 1, 0.0f, b, e);
+        ADD(BLK("ffn_gate_exps.weight"), mx, 3, 0.0f, s_d, d, ff, e);
+        ADD(BLK("ffn_gate_exps.bias"), f32, 2, 0.0f, b, ff, e);
+        ADD(BLK("ffn_up_exps.weight"), mx, 3, 0.0f, s_d, d, ff, e);
+        ADD(BLK("ffn_up_exps.bias"), f32, 2, 0.0f, b, ff, e);
+        ADD(BLK("ffn_down_exps.weight"), mx, 3, 0.0f, s_ff, ff, d, e);
+        ADD(BLK("ffn_down_exps.bias"), f32, 2, 0.0f, b, d, e);
+    }
+    ADD("output_norm.weight", f32, 1, 1.0f, GEN_NORM_STD, d);
+    ADD("output.weight", mix, 2, 0.0f, s_d, d, n_vocab);
+#undef BLK
+#undef ADD
+    return 0;
+}
+
+static bool gen_is_gptoss(const struct gen_config *cfg)
+{
+    return !strcmp(cfg->arch, "gpt-oss");
+}
+
 static int check_preset(const struct gen_config *cfg)
 {
     const struct gen_preset *p = &cfg->preset;
 
-    if (!cfg->arch || strcmp(cfg->arch, "qwen3moe"))
-        return err_set(-EINVAL, "gen: unknown architecture '%s' (known: qwen3moe)",
+    if (!cfg->arch || (strcmp(cfg->arch, "qwen3moe") && strcmp(cfg->arch, "gpt-oss")))
+        return err_set(-EINVAL, "gen: unknown architecture '%s' (known: qwen3moe, gpt-oss)",
                        cfg->arch ? cfg->arch : "(none)");
+    if (p->arch && strcmp(p->arch, cfg->arch))
+        return err_set(-EINVAL, "gen: preset '%s' is a %s preset, not %s",
+                       p->name ? p->name : "(custom)", p->arch, cfg->arch);
+    if (gen_is_gptoss(cfg) && (p->n_embd % 32 || p->n_ff_exp % 32 || !p->n_swa))
+        return err_set(-EINVAL, "gen: gpt-oss needs embd %u and expert ffn %u multiples of 32 "
+                                "(MXFP4 rows) and a sliding window (%u)",
+                       p->n_embd, p->n_ff_exp, p->n_swa);
     if (!cfg->out_path)
         return err_set(-EINVAL, "gen: no output path");
     if (cfg->mix != QUANT_MIX_F32 && cfg->mix != QUANT_MIX_Q8_0 && cfg->mix != QUANT_MIX_Q4_K_M)
@@ -179,35 +251,47 @@ static int write_metadata(struct gguf_writer *w, const struct gen_config *cfg,
                           const struct gen_vocab *v)
 {
     const struct gen_preset *p = &cfg->preset;
-    const struct gen_preset *base = p->name ? gen_preset_find(p->name) : NULL;
-    char name[160], layers[32] = "";
+    const struct gen_preset *base = p->name ? gen_preset_find_arch(cfg->arch, p->name) : NULL;
+    const char *a = cfg->arch;
+    bool oss = gen_is_gptoss(cfg);
+    char name[160], layers[32] = "", key[96];
+    uint32_t ftype = quant_mix_file_type(cfg->mix);
     int rc = 0;
 
     if (base && base->n_layer != p->n_layer)
         snprintf(layers, sizeof(layers), ", %u layers", p->n_layer);
     snprintf(name, sizeof(name), "%s (synthetic, strata gen %s seed %" PRIu64 "%s)",
-             p->model_name ? p->model_name : "qwen3moe", quant_mix_name(cfg->mix), cfg->seed, layers);
+             p->model_name ? p->model_name : a, quant_mix_name(cfg->mix), cfg->seed, layers);
+    if (oss && cfg->mix == QUANT_MIX_Q8_0)
+        ftype = GEN_FTYPE_MXFP4_MOE;
 
 #define U32(key, val) (rc = rc ? rc : gguf_writer_add_u32(w, key, val))
 #define F32(key, val) (rc = rc ? rc : gguf_writer_add_f32(w, key, val))
 #define STR(key, val) (rc = rc ? rc : gguf_writer_add_str(w, key, val))
-    STR("general.architecture", "qwen3moe");
+#define AK(k) (snprintf(key, sizeof(key), "%s.%s", a, k), key) /* an {arch}.* key */
+    STR("general.architecture", a);
     STR("general.name", name);
-    U32("general.file_type", quant_mix_file_type(cfg->mix));
+    U32("general.file_type", ftype);
     U32("general.quantization_version", 2);
-    U32("qwen3moe.block_count", p->n_layer);
-    U32("qwen3moe.context_length", p->n_ctx);
-    U32("qwen3moe.embedding_length", p->n_embd);
-    U32("qwen3moe.feed_forward_length", p->n_ff);
-    U32("qwen3moe.expert_feed_forward_length", p->n_ff_exp);
-    U32("qwen3moe.expert_count", p->n_expert);
-    U32("qwen3moe.expert_used_count", p->n_expert_used);
-    U32("qwen3moe.attention.head_count", p->n_head);
-    U32("qwen3moe.attention.head_count_kv", p->n_head_kv);
-    U32("qwen3moe.attention.key_length", p->head_dim);
-    U32("qwen3moe.attention.value_length", p->head_dim);
-    F32("qwen3moe.attention.layer_norm_rms_epsilon", p->rms_eps);
-    F32("qwen3moe.rope.freq_base", p->rope_base);
+    U32(AK("block_count"), p->n_layer);
+    U32(AK("context_length"), p->n_ctx);
+    U32(AK("embedding_length"), p->n_embd);
+    U32(AK("feed_forward_length"), p->n_ff);
+    U32(AK("expert_feed_forward_length"), p->n_ff_exp);
+    U32(AK("expert_count"), p->n_expert);
+    U32(AK("expert_used_count"), p->n_expert_used);
+    U32(AK("attention.head_count"), p->n_head);
+    U32(AK("attention.head_count_kv"), p->n_head_kv);
+    U32(AK("attention.key_length"), p->head_dim);
+    U32(AK("attention.value_length"), p->head_dim);
+    F32(AK("attention.layer_norm_rms_epsilon"), p->rms_eps);
+    F32(AK("rope.freq_base"), p->rope_base);
+    if (oss) { /* sliding_window_pattern is left out: absent means period 2 */
+        U32(AK("attention.sliding_window"), p->n_swa);
+        STR(AK("rope.scaling.type"), "yarn");
+        F32(AK("rope.scaling.factor"), p->yarn_factor);
+        U32(AK("rope.scaling.original_context_length"), p->yarn_n_ctx_orig);
+    }
     STR("tokenizer.ggml.model", "gpt2");
     STR("tokenizer.ggml.pre", "qwen2");
     if (!rc)
@@ -225,6 +309,7 @@ static int write_metadata(struct gguf_writer *w, const struct gen_config *cfg,
     if (!rc)
         rc = gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", false);
     STR("tokenizer.chat_template", chat_template);
+#undef AK
 #undef U32
 #undef F32
 #undef STR
@@ -395,7 +480,9 @@ int gen_file_write(const struct gen_config *cfg, struct gen_stats *stats)
                          : gen_vocab_build(cfg->preset.n_vocab, cfg->preset.special_base, &vocab);
     if (rc)
         return rc;
-    if ((rc = plan_build(&run, cfg, vocab.n_tokens, &st.n_fallback)))
+    rc = gen_is_gptoss(cfg) ? plan_build_gptoss(&run, cfg, vocab.n_tokens, &st.n_fallback)
+                            : plan_build_qwen3moe(&run, cfg, vocab.n_tokens, &st.n_fallback);
+    if (rc)
         goto out_vocab;
     if ((rc = gguf_writer_open(cfg->out_path, GGUF_DEFAULT_ALIGNMENT, &run.w)))
         goto out_plan;

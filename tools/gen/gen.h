@@ -1,8 +1,8 @@
 /* gen: the synthetic checkpoint generator behind `strata gen`.
  *
- * It writes a GGUF file of a real architecture (qwen3moe) at a preset's shapes with random but
- * well-scaled weights, so that the engine can be run, tested and benchmarked at real sizes
- * without downloading a checkpoint. Quantized blocks are drawn directly as valid codes and
+ * It writes a GGUF file of a real architecture (qwen3moe, gpt-oss) at a preset's shapes with
+ * random but well-scaled weights, so that the engine can be run, tested and benchmarked at real
+ * sizes without downloading a checkpoint. Quantized blocks are drawn directly as valid codes and
  * scales (no float quantization pass), in parallel over fixed chunks of each tensor, each chunk
  * with its own random stream derived from (seed, tensor index, chunk index): the same seed and
  * arguments give a byte-identical file whatever the thread count.
@@ -27,7 +27,9 @@
 
 /* The shapes and hyper-parameters of one model size. */
 struct gen_preset {
-    const char *name;       /* "tiny", "30b-a3b", "235b-a22b"; may be NULL in a custom one */
+    const char *arch;       /* general.architecture: "qwen3moe" or "gpt-oss" */
+    const char *name;       /* "tiny", "30b-a3b", "235b-a22b", "20b", "120b"; may be NULL in a
+                               custom one */
     const char *model_name; /* general.name stem, e.g. "Qwen3-30B-A3B"; may be NULL */
     uint32_t n_layer;       /* block_count */
     uint32_t n_ctx;         /* context_length */
@@ -44,13 +46,20 @@ struct gen_preset {
                                0 = the last three ids */
     float rms_eps;          /* attention.layer_norm_rms_epsilon */
     float rope_base;        /* rope.freq_base */
+    /* gpt-oss only (0 for qwen3moe) */
+    uint32_t n_swa;         /* attention.sliding_window (even layers slide) */
+    float yarn_factor;      /* rope.scaling.factor (type yarn) */
+    uint32_t yarn_n_ctx_orig; /* rope.scaling.original_context_length */
 };
 
 /* The built-in presets, in the order --help lists them; *n receives their count. */
 const struct gen_preset *gen_presets(uint32_t *n);
 
-/* The preset called name, or NULL. */
+/* The qwen3moe preset called name, or NULL. */
 const struct gen_preset *gen_preset_find(const char *name);
+
+/* The preset of architecture arch called name, or NULL. */
+const struct gen_preset *gen_preset_find_arch(const char *arch, const char *name);
 
 /* Quant mixes: core/quant_mix.h (gen draws f32, q8_0 and q4_k_m; bf16 is refused). */
 
@@ -115,7 +124,8 @@ typedef void (*gen_progress_fn)(void *arg, uint64_t done_bytes, uint64_t total_b
                                 double seconds);
 
 struct gen_config {
-    const char *arch;         /* "qwen3moe" (the only one so far) */
+    const char *arch;         /* "qwen3moe" or "gpt-oss"; must equal preset.arch when that is
+                                 set */
     struct gen_preset preset; /* a copy, with overrides (n_layer) already applied */
     enum quant_mix mix;
     uint64_t seed;

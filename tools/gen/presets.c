@@ -12,6 +12,7 @@
  * The Qwen3 sizes follow their released config.json (docs/formats.md §4). */
 static const struct gen_preset presets[] = {
     {
+        .arch = "qwen3moe",
         .name = "tiny",
         .model_name = "Qwen3-MoE-tiny",
         .n_layer = 2,
@@ -30,6 +31,7 @@ static const struct gen_preset presets[] = {
         .rope_base = 1000000.0f,
     },
     {
+        .arch = "qwen3moe",
         .name = "30b-a3b",
         .model_name = "Qwen3-30B-A3B",
         .n_layer = 48,
@@ -48,6 +50,7 @@ static const struct gen_preset presets[] = {
         .rope_base = 1000000.0f,
     },
     {
+        .arch = "qwen3moe",
         .name = "235b-a22b",
         .model_name = "Qwen3-235B-A22B",
         .n_layer = 94,
@@ -65,6 +68,76 @@ static const struct gen_preset presets[] = {
         .rms_eps = 1e-6f,
         .rope_base = 1000000.0f,
     },
+    /* gpt-oss tiny: the layout of the real ones (q width n_head*head_dim != n_embd, biases,
+     * sinks, MXFP4 experts whose rows of 64 are two blocks) at CI size; 4 layers so that the
+     * sliding (even) and full (odd) layers alternate twice. The 20b and 120b sizes follow
+     * docs/formats.md (gpt-oss); 20b's expert count 32 is the published figure. */
+    {
+        .arch = "gpt-oss",
+        .name = "tiny",
+        .model_name = "gpt-oss-tiny",
+        .n_layer = 4,
+        .n_ctx = 4096,
+        .n_embd = 64,
+        .n_ff = 64,
+        .n_ff_exp = 64,
+        .n_expert = 8,
+        .n_expert_used = 4,
+        .n_head = 8,
+        .n_head_kv = 2,
+        .head_dim = 16,
+        .n_vocab = 1024,
+        .special_base = 0,
+        .rms_eps = 1e-5f,
+        .rope_base = 150000.0f,
+        .n_swa = 16,
+        .yarn_factor = 32.0f,
+        .yarn_n_ctx_orig = 128,
+    },
+    {
+        .arch = "gpt-oss",
+        .name = "20b",
+        .model_name = "gpt-oss-20b",
+        .n_layer = 24,
+        .n_ctx = 131072,
+        .n_embd = 2880,
+        .n_ff = 2880,
+        .n_ff_exp = 2880,
+        .n_expert = 32,
+        .n_expert_used = 4,
+        .n_head = 64,
+        .n_head_kv = 8,
+        .head_dim = 64,
+        .n_vocab = 201088,
+        .special_base = 0,
+        .rms_eps = 1e-5f,
+        .rope_base = 150000.0f,
+        .n_swa = 128,
+        .yarn_factor = 32.0f,
+        .yarn_n_ctx_orig = 4096,
+    },
+    {
+        .arch = "gpt-oss",
+        .name = "120b",
+        .model_name = "gpt-oss-120b",
+        .n_layer = 36,
+        .n_ctx = 131072,
+        .n_embd = 2880,
+        .n_ff = 2880,
+        .n_ff_exp = 2880,
+        .n_expert = 128,
+        .n_expert_used = 4,
+        .n_head = 64,
+        .n_head_kv = 8,
+        .head_dim = 64,
+        .n_vocab = 201088,
+        .special_base = 0,
+        .rms_eps = 1e-5f,
+        .rope_base = 150000.0f,
+        .n_swa = 128,
+        .yarn_factor = 32.0f,
+        .yarn_n_ctx_orig = 4096,
+    },
 };
 
 #define N_PRESETS (sizeof(presets) / sizeof(presets[0]))
@@ -75,12 +148,17 @@ const struct gen_preset *gen_presets(uint32_t *n)
     return presets;
 }
 
-const struct gen_preset *gen_preset_find(const char *name)
+const struct gen_preset *gen_preset_find_arch(const char *arch, const char *name)
 {
     for (size_t i = 0; i < N_PRESETS; i++) {
-        if (!strcmp(presets[i].name, name))
+        if (!strcmp(presets[i].arch, arch) && !strcmp(presets[i].name, name))
             return &presets[i];
     }
     return NULL;
+}
+
+const struct gen_preset *gen_preset_find(const char *name)
+{
+    return gen_preset_find_arch("qwen3moe", name);
 }
 
