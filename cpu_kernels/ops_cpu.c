@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
@@ -95,11 +96,21 @@ static void attn_combine(const struct ops_attn *a, const float *parts, int n_chu
 /* Units of (query token, up to ATTN_MAX_HEADS heads of one KV head[, key chunk]), so that each
  * key and value row read serves all the heads that share it; without a split and with too few
  * units for the threads, one head per unit (the same arithmetic per head either way). */
+/* Decode's partial results, per calling thread: grown to the largest split seen and kept, and
+ * freed when the thread exits (a pthread key's destructor: a server's engine thread ends while
+ * the process goes on). */
+static _Thread_local float *parts;
+static _Thread_local size_t parts_cap;
+static pthread_key_t parts_key;
+static pthread_once_t parts_once = PTHREAD_ONCE_INIT;
+
+static void parts_key_make(void)
+{
+    pthread_key_create(&parts_key, free);
+}
+
 void ops_attention(const struct ops_attn *a)
 {
-    /* decode's partial results, per calling thread: grown to the largest split seen, kept */
-    static _Thread_local float *parts;
-    static _Thread_local size_t parts_cap;
     const int group = a->n_head / a->n_head_kv, ctx = a->pos0 + a->n_tok;
     int hp = group < ATTN_MAX_HEADS ? group : ATTN_MAX_HEADS;
     int n_chunks = 1;
@@ -113,6 +124,8 @@ void ops_attention(const struct ops_attn *a)
             else {
                 parts = p;
                 parts_cap = need;
+                pthread_once(&parts_once, parts_key_make);
+                pthread_setspecific(parts_key, p);
             }
         }
     }
