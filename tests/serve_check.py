@@ -118,7 +118,7 @@ class Server:
             text += c.get("text", "") if "text" in c else c.get("delta", {}).get("content", "")
         return text, chunks, utf8_ok and done
 
-    def stop(self, sig=signal.SIGTERM, timeout=60):
+    def stop(self, sig=signal.SIGTERM, timeout=180):
         if self.p.poll() is None:
             self.p.send_signal(sig)
         try:
@@ -333,10 +333,10 @@ def check_queue_and_disconnect():
         got = s.recv(4096)
         check(b"200" in got.split(b"\r\n")[0], "stream before disconnect: %r" % got[:100])
         s.close()
-        # the request may still be queued or running when the client is gone: wait (60 s at
+        # the request may still be queued or running when the client is gone: wait (180 s at
         # most) until it is counted as cancelled and nothing runs or waits
         t0, health, out = time.time(), None, b""
-        while time.time() - t0 < 60:
+        while time.time() - t0 < 180:
             st, out, _ = sv.req("GET", "/metrics")
             health = json.loads(sv.req("GET", "/health")[1])
             if (b'outcome="cancelled"} 1' in out and health["running"] == 0 and
@@ -357,7 +357,7 @@ def check_shutdown():
     result = {}
 
     def one():
-        result["r"] = sv.stream("/v1/completions", {"prompt": "class A:", "max_tokens": 400,
+        result["r"] = sv.stream("/v1/completions", {"prompt": "class A:", "max_tokens": 96,
                                                      "temperature": 0})
 
     t = threading.Thread(target=one)
@@ -365,7 +365,7 @@ def check_shutdown():
     t0 = time.time()  # the signal goes once the request runs (60 s at most)
     while time.time() - t0 < 60 and json.loads(sv.req("GET", "/health")[1])["running"] == 0:
         time.sleep(0.02)
-    rc = sv.stop(signal.SIGTERM)
+    rc = sv.stop(signal.SIGTERM, timeout=300)  # a loaded CI machine is slow; the finish counts
     t.join(60)
     text, chunks, ok = result.get("r", ("", [], False))
     check(rc == 0, "SIGTERM exit status %r: %s" % (rc, sv.output()[-2000:]))
