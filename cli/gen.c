@@ -37,8 +37,8 @@ static void gen_usage(FILE *out)
             "Writes a GGUF checkpoint with random, well-scaled weights at a real model's shapes.\n"
             "The same seed and options give a byte-identical file for any --threads.\n\n"
             "options:\n"
-            "  --arch NAME      architecture: qwen3moe or gpt-oss (default %s); gpt-oss files\n"
-            "                   load (strata inspect) but strata has no gpt-oss forward yet\n"
+            "  --arch NAME      architecture: qwen3moe or gpt-oss (default %s); gpt-oss runs\n"
+            "                   on the CPU only so far (--device cpu)\n"
             "  --preset NAME    model size (default %s), one of (by architecture):\n",
             GEN_DEFAULT_ARCH, GEN_DEFAULT_PRESET);
     for (uint32_t i = 0; i < n; i++)
@@ -49,7 +49,7 @@ static void gen_usage(FILE *out)
                 p[i].head_dim, p[i].n_expert, p[i].n_expert_used, p[i].n_ff_exp, p[i].n_vocab);
     fprintf(out,
             "  --quant MIX      f32, q8_0 or q4_k_m (default %s); gpt-oss experts are MXFP4\n"
-            "                   under every mix\n"
+            "                   under q8_0 and q4_k_m\n"
             "  --seed S         random seed (default %d)\n"
             "  --threads N      worker threads (default: online CPUs)\n"
             "  --layers N       override the preset's layer count (quick files at real shapes)\n"

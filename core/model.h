@@ -44,6 +44,8 @@ struct model_hparams {
                                  layers); meaningful when n_swa > 0 */
     float rope_yarn_factor;   /* rope.scaling.factor; 0: no YaRN */
     uint32_t rope_yarn_n_ctx_orig; /* rope.scaling.original_context_length */
+    bool swiglu_oai;          /* experts: gpt-oss's clamped SwiGLU (cpu_kernels/expert_ffn.h)
+                                 with biases, instead of silu(gate) * up */
 };
 
 /* Whether layer l uses sliding-window attention (hp->n_swa keys). */

@@ -96,6 +96,7 @@ static int gptoss_hparams_read(struct model *m)
     rc = rc ? rc : gptoss_rope_scaling(m);
     if (rc)
         return rc;
+    hp->swiglu_oai = true;
     if (value_length != hp->head_dim)
         return err_set(-EINVAL, ARCH ": value_length %u differs from key_length %u",
                        value_length, hp->head_dim);

@@ -256,7 +256,7 @@ ATTN_INLINE void attn_accumulate8(float *y0, const float *c, const float (*p0)[A
 
 /* Query token t, heads h0 .. h0+nh-1 (nh <= ATTN_MAX_HEADS, one KV head), keys
  * [j_begin, j_end) (j_end <= pos0 + t + 1). part NULL: the keys are all the token sees, and
- * the output goes to a->out. Else the unnormalised partial result goes to part: for head h,
+ * the output goes to a->out (the sink's term added to the denominator). Else the unnormalised partial result goes to part: for head h,
  * part + h * part_stride = [running max m, sum l, acc (head_dim)], m = -inf and l = 0 for no
  * keys (ops_attention combines the parts). */
 static void attn_unit(const struct ops_attn *a, int t, int h0, int nh, int j_begin, int j_end,
@@ -330,9 +330,11 @@ static void attn_unit(const struct ops_attn *a, int t, int h0, int nh, int j_beg
         return;
     }
     float *o = a->out + ((size_t)t * a->n_head + h0) * hd;
-    for (int h = 0; h < nh; h++)
+    for (int h = 0; h < nh; h++) {
+        float den = l[h] + (a->sinks ? expf(a->sinks[h0 + h] - m[h]) : 0.0f);
         for (int i = 0; i < hd; i++)
-            o[(size_t)h * hd + i] = acc[(size_t)h * hd + i] / l[h];
+            o[(size_t)h * hd + i] = acc[(size_t)h * hd + i] / den;
+    }
 }
 
 #endif

@@ -113,6 +113,27 @@ static inline float silu(float v)
     return v / (1.0f + expf(-v));
 }
 
+/* h of row r of n_ff from its gate and up values (expert_ffn.h). */
+static inline float ffn_act(const struct expert_ffn_weights *w, float g, float u, int64_t r)
+{
+    if (w->gate_b)
+        g += w->gate_b[r];
+    if (w->up_b)
+        u += w->up_b[r];
+    if (w->act == EXPERT_ACT_SWIGLU_OAI) {
+        g = g < EXPERT_OAI_LIMIT ? g : EXPERT_OAI_LIMIT;
+        u = u < -EXPERT_OAI_LIMIT ? -EXPERT_OAI_LIMIT : u > EXPERT_OAI_LIMIT ? EXPERT_OAI_LIMIT : u;
+        return g / (1.0f + expf(-EXPERT_OAI_ALPHA * g)) * (u + 1.0f);
+    }
+    return silu(g) * u;
+}
+
+/* Row r of n_embd of the down projection, with the bias where there is one. */
+static inline float ffn_down(const struct expert_ffn_weights *w, float y, int64_t r)
+{
+    return w->down_b ? y + w->down_b[r] : y;
+}
+
 /* The work of thread ith of nth for the batch of tokens [t0, t0 + mb). */
 static void batch_run(const struct expert_ffn_args *a, const struct ffn_layout *l, int t0, int mb,
                       int ith, int nth)
@@ -156,7 +177,7 @@ static void batch_run(const struct expert_ffn_args *a, const struct ffn_layout *
     matmul_rows(&mu, s + l->act_up, up_stride, r0, r1);
     for (int j = 0; j < mb; j++)
         for (int64_t r = r0; r < r1; r++)
-            g[j * w->n_ff + r] = silu(g[j * w->n_ff + r]) * u[j * w->n_ff + r];
+            g[j * w->n_ff + r] = ffn_act(w, g[j * w->n_ff + r], u[j * w->n_ff + r], r);
 #pragma omp barrier
 
     /* 3. convert h */
@@ -181,7 +202,7 @@ static void batch_run(const struct expert_ffn_args *a, const struct ffn_layout *
         float wt = a->token_weights ? a->token_weights[t0 + j] : 1.0f;
         float *o = a->out + row * a->out_stride;
         for (int64_t r = r0; r < r1; r++)
-            o[r] += wt * yv[j * w->n_embd + r];
+            o[r] += wt * ffn_down(w, yv[j * w->n_embd + r], r);
     }
 }
 
@@ -311,7 +332,7 @@ static void group_gate_up(const struct expert_ffn_group_args *a, const struct gr
         matmul_rows(&mu, s + l->act_up + (size_t)p0 * l->up_stride, l->up_stride, r0, r1);
         for (int j = 0; j < mb; j++)
             for (int64_t r = r0; r < r1; r++)
-                g[j * nf + r] = silu(g[j * nf + r]) * u[j * nf + r];
+                g[j * nf + r] = ffn_act(w, g[j * nf + r], u[j * nf + r], r);
     }
 }
 
@@ -339,7 +360,7 @@ static void group_down(const struct expert_ffn_group_args *a, const struct group
                 float *o = a->out + (int64_t)a->tokens[p0 + j] * a->out_stride;
                 float wt = a->token_weights ? a->token_weights[p0 + j] : 1.0f;
                 for (int64_t r = r0; r < r1; r++)
-                    o[r] += wt * ytmp[j * 16 + r - r0];
+                    o[r] += wt * ffn_down(w, ytmp[j * 16 + r - r0], r);
             }
         }
     }
@@ -450,8 +471,9 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
                     float *o = a->out + (int64_t)a->tokens[p] * a->out_stride;
                     const float *y = (const float *)(s + l.y) + (size_t)(p - p_begin) * w0->n_embd;
                     float wt = a->token_weights ? a->token_weights[p] : 1.0f;
+                    const struct expert_ffn_weights *w = &a->w[p - p_begin]; /* one pair each */
                     for (int64_t r = r0; r < r1; r++)
-                        o[r] += wt * y[r];
+                        o[r] += wt * ffn_down(w, y[r], r);
                 }
             }
         } else {

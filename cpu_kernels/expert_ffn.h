@@ -1,8 +1,9 @@
 /* expert_ffn: one expert's SwiGLU feed-forward on the CPU for a list of tokens, OpenMP.
  *
  * For each listed token t (row tokens[i] of x and out, router weight wt_i):
- *     h = silu(gate x_t) * (up x_t)        (n_ff)
- *     out_t += wt_i * (down h)            (n_embd)
+ *     g = gate x_t + gate_b, u = up x_t + up_b    (n_ff; the biases where given)
+ *     h = act(g, u)                               (silu(g) u, or swigluoai below)
+ *     out_t += wt_i * (down h + down_b)           (n_embd)
  * The result is ACCUMULATED into out, so a caller combining several experts zeroes out (or
  * starts from the residual) once and calls this per expert. Tokens are processed in batches of
  * up to MATMUL_MAX_BATCH through matmul's pieces, all inside one parallel region; every output
@@ -15,6 +16,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The gated activation h = act(g, u). */
+enum expert_act {
+    EXPERT_ACT_SILU = 0,       /* silu(g) * u */
+    EXPERT_ACT_SWIGLU_OAI = 1, /* gpt-oss: g' = min(g, L), u' = clamp(u, -L, L),
+                                * h = g' sigmoid(A g') (u' + 1); A, L below */
+};
+#define EXPERT_OAI_ALPHA 1.702f
+#define EXPERT_OAI_LIMIT 7.0f
+
 /* One expert's weights, each a contiguous row-major matrix of its quant type. */
 struct expert_ffn_weights {
     uint32_t gate_type, up_type, down_type; /* ggml type ids, vec_dot_supported() */
@@ -23,6 +33,9 @@ struct expert_ffn_weights {
     const void *down;                       /* (n_embd rows, n_ff) down_type, host memory */
     int64_t n_embd;                         /* model width; a block multiple of gate/up */
     int64_t n_ff;                           /* expert hidden width; a block multiple of down */
+    const float *gate_b, *up_b;             /* (n_ff) biases, or NULL */
+    const float *down_b;                    /* (n_embd) bias, or NULL */
+    enum expert_act act;
 };
 
 struct expert_ffn_args {

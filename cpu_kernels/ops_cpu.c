@@ -26,17 +26,23 @@ void ops_rmsnorm(float *out, const float *in, const float *w, int rows, int dim,
 
 void ops_rope_neox(float *x, int n_tok, int n_heads, int head_dim, int pos0, float base)
 {
-    int half = head_dim / 2;
     double freq[OPS_MAX_HEAD_DIM / 2]; /* base^(-2i/head_dim), once per call, not per token */
-    for (int i = 0; i < half; i++)
+    for (int i = 0; i < head_dim / 2; i++)
         freq[i] = pow((double)base, -2.0 * i / head_dim);
+    ops_rope_neox_freq(x, n_tok, n_heads, head_dim, pos0, freq, 1.0f);
+}
+
+void ops_rope_neox_freq(float *x, int n_tok, int n_heads, int head_dim, int pos0,
+                        const double *freq, float mscale)
+{
+    int half = head_dim / 2;
 
 #pragma omp parallel for schedule(static) if (n_tok > 4)
     for (int t = 0; t < n_tok; t++) {
         double pos = pos0 + t;
         for (int i = 0; i < half; i++) {
             double theta = pos * freq[i];
-            float c = (float)cos(theta), s = (float)sin(theta);
+            float c = (float)cos(theta) * mscale, s = (float)sin(theta) * mscale;
             for (int h = 0; h < n_heads; h++) {
                 float *v = x + ((size_t)t * n_heads + h) * head_dim;
                 float a = v[i], b = v[i + half];
@@ -45,6 +51,38 @@ void ops_rope_neox(float *x, int n_tok, int n_heads, int head_dim, int pos0, flo
             }
         }
     }
+}
+
+/* The dimension index (of head_dim) whose wavelength turns `turns` times over n positions. */
+static double yarn_dim(double turns, int head_dim, double base, double n)
+{
+    return head_dim * log(n / (turns * 2.0 * M_PI)) / (2.0 * log(base));
+}
+
+void ops_rope_yarn_freq(int head_dim, float base, float factor, uint32_t n_ctx_orig,
+                        float beta_fast, float beta_slow, int truncate, double *freq, float *mscale)
+{
+    int half = head_dim / 2;
+    double lo = yarn_dim(beta_fast, head_dim, base, n_ctx_orig);
+    double hi = yarn_dim(beta_slow, head_dim, base, n_ctx_orig);
+    if (truncate) {
+        lo = floor(lo);
+        hi = ceil(hi);
+    }
+    lo = lo > 0 ? lo : 0;
+    hi = hi < head_dim - 1 ? hi : head_dim - 1;
+    if (lo == hi)
+        hi += 0.001;
+    for (int i = 0; i < half; i++) {
+        /* float32 like the reference: base^(2i/d) and its inverses */
+        float pf = powf(base, (float)(2 * i) / (float)head_dim);
+        float extra = 1.0f / pf, inter = 1.0f / (factor * pf);
+        float ramp = (float)((i - lo) / (hi - lo));
+        ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+        float keep = 1.0f - ramp; /* the share of the unscaled frequency */
+        freq[i] = inter * (1.0f - keep) + extra * keep;
+    }
+    *mscale = factor <= 1.0f ? 1.0f : 0.1f * logf(factor) + 1.0f;
 }
 
 /* A few query tokens (decode) split their keys into chunks of ATTN_CHUNK, so that a long
@@ -89,6 +127,8 @@ static void attn_combine(const struct ops_attn *a, const float *parts, int n_chu
         for (int i = 0; i < hd; i++)
             o[i] += pc[2 + i] * f;
     }
+    if (a->sinks)
+        l += expf(a->sinks[h] - mx);
     for (int i = 0; i < hd; i++)
         o[i] /= l;
 }
@@ -145,11 +185,12 @@ void ops_attention(const struct ops_attn *a)
             int t = u / (a->n_head_kv * per_kv), g = u / per_kv % a->n_head_kv, c = u % per_kv;
             int h0 = g * group + c * hp, nh = group - c * hp < hp ? group - c * hp : hp;
             int last = a->pos0 + t;
+            int first = a->window > 0 && last + 1 > a->window ? last + 1 - a->window : 0;
             if (n_chunks == 1) {
-                unit(a, t, h0, nh, 0, last + 1, NULL, 0);
+                unit(a, t, h0, nh, first, last + 1, NULL, 0);
                 continue;
             }
-            int j0 = k * ATTN_CHUNK,
+            int j0 = k * ATTN_CHUNK > first ? k * ATTN_CHUNK : first,
                 j1 = (k + 1) * ATTN_CHUNK < last + 1 ? (k + 1) * ATTN_CHUNK : last + 1;
             float *part = buf + (((size_t)t * a->n_head + h0) * n_chunks + k) * stride;
             unit(a, t, h0, nh, j0, j1 > j0 ? j1 : j0, part, n_chunks * stride);

@@ -20,6 +20,21 @@ void ops_rmsnorm(float *out, const float *in, const float *w, int rows, int dim,
  * (x[i], x[i + head_dim/2]) of each head rotates by pos * base^(-2i/head_dim). */
 void ops_rope_neox(float *x, int n_tok, int n_heads, int head_dim, int pos0, float base);
 
+/* The same rotation with caller-given angles per position, freq (head_dim/2): the pair i of
+ * each head rotates by pos * freq[i], both of its results scaled by mscale (YaRN's attention
+ * factor; 1 for none). */
+void ops_rope_neox_freq(float *x, int n_tok, int n_heads, int head_dim, int pos0,
+                        const double *freq, float mscale);
+
+/* YaRN's angles and attention factor, as transformers' yarn rope computes them: the
+ * frequencies base^(-2i/head_dim), divided by factor where the dimension's wavelength is long
+ * (fewer than beta_slow turns over n_ctx_orig positions), unchanged where it is short (more
+ * than beta_fast turns), a linear ramp between (the correction range, rounded outward when
+ * truncate); *mscale = 0.1 ln(factor) + 1 (1 for factor <= 1). freq (head_dim/2). */
+void ops_rope_yarn_freq(int head_dim, float base, float factor, uint32_t n_ctx_orig,
+                        float beta_fast, float beta_slow, int truncate, double *freq,
+                        float *mscale);
+
 struct ops_attn {
     float *out;           /* (n_tok, n_head*head_dim) */
     const float *q;       /* (n_tok, n_head*head_dim) */
@@ -28,11 +43,16 @@ struct ops_attn {
     int pos0, n_tok;
     int n_head, n_head_kv, head_dim;
     float scale;
+    const float *sinks; /* (n_head) or NULL: a logit per head in the softmax's denominator
+                         * that takes no value (gpt-oss's attention sinks) */
+    int window;         /* > 0: query at position p sees keys p - window + 1 .. p only */
 };
 
 /* Causal attention (head_dim <= OPS_MAX_HEAD_DIM): query t (position pos0+t) of head h
- * attends to keys 0..pos0+t of kv head h / (n_head/n_head_kv), softmax(scale q.k) weighted
- * sum of v. Online softmax in float; the result does not depend on the thread count. */
+ * attends to keys 0..pos0+t (the last `window` of them when window > 0) of kv head
+ * h / (n_head/n_head_kv), softmax(scale q.k) weighted sum of v, the sink's e^sink added to
+ * the softmax's denominator when sinks are given. Online softmax in float; the result does not
+ * depend on the thread count. */
 void ops_attention(const struct ops_attn *a);
 
 /* In-place softmax of x (n). */

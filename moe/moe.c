@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "expert_ffn.h"
 #include "model.h"
 
 void moe_route_softmax_topk(const float *logits, int n_tok, int n_expert, int k, int32_t *ids,
@@ -112,5 +113,7 @@ void moe_experts_of(const struct layer_weights *lw, const struct model_hparams *
         .gate_stride = lw->gate_exps.bytes / n, .up_stride = lw->up_exps.bytes / n,
         .down_stride = lw->down_exps.bytes / n,
         .n_embd = (int)hp->n_embd, .n_ff = (int)hp->n_ff_exp,
+        .gate_b = lw->gate_exps_b.data, .up_b = lw->up_exps_b.data, .down_b = lw->down_exps_b.data,
+        .act = hp->swiglu_oai ? EXPERT_ACT_SWIGLU_OAI : EXPERT_ACT_SILU,
     };
 }

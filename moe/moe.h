@@ -51,6 +51,9 @@ struct moe_experts {
     uint32_t gate_type, up_type, down_type;
     uint64_t gate_stride, up_stride, down_stride; /* bytes per expert */
     int n_embd, n_ff;
+    const float *gate_b, *up_b; /* (n_expert, n_ff) F32 biases, or NULL */
+    const float *down_b;        /* (n_expert, n_embd), or NULL */
+    int act;                    /* enum expert_act (cpu_kernels/expert_ffn.h) */
     /* NULL, or (n_expert, 3) host addresses of each expert's gate, up and down rows (a host
      * tier's slots), used instead of base + e * stride for the experts a call computes */
     const uint8_t *const *ptrs;

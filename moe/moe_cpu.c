@@ -73,7 +73,7 @@ int moe_cpu_run(struct moe_cpu *c, const struct moe_plan *p, const struct moe_ex
 {
     struct expert_ffn_weights w0 = {
         .gate_type = ex->gate_type, .up_type = ex->up_type, .down_type = ex->down_type,
-        .n_embd = ex->n_embd, .n_ff = ex->n_ff,
+        .n_embd = ex->n_embd, .n_ff = ex->n_ff, .act = (enum expert_act)ex->act,
     };
     int n = 0, rc;
 
@@ -97,6 +97,12 @@ int moe_cpu_run(struct moe_cpu *c, const struct moe_plan *p, const struct moe_ex
             c->w[n].up = ex->up + (size_t)e * ex->up_stride;
             c->w[n].down = ex->down + (size_t)e * ex->down_stride;
         }
+        if (ex->gate_b)
+            c->w[n].gate_b = ex->gate_b + (size_t)e * ex->n_ff;
+        if (ex->up_b)
+            c->w[n].up_b = ex->up_b + (size_t)e * ex->n_ff;
+        if (ex->down_b)
+            c->w[n].down_b = ex->down_b + (size_t)e * ex->n_embd;
         c->offset[n] = p->offset[i];
         c->offset[n + 1] = p->offset[i + 1];
         n++;

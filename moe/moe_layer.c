@@ -109,7 +109,7 @@ static void ml_tier_ahead(struct moe_layer *ml, const struct moe_args *a, const 
     const struct model_hparams *hp = a->hp;
     const int nt = ml->plan.n_tok, k = (int)hp->n_expert_used;
     if (a->layer + 1 >= (int)hp->n_layer ||
-        ml->ops->route(ml->dev, &ml->m->layers[a->layer + 1].router, in_h, nt, ml->ahead_ids,
+        ml->ops->route(ml->dev, &ml->m->layers[a->layer + 1], in_h, nt, ml->ahead_ids,
                        ml->ahead_w))
         return;
     memset(ml->ahead_seen, 0, hp->n_expert);
@@ -261,7 +261,7 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
         int nt = a->n_tok - t0 < ml->cfg.max_tok ? a->n_tok - t0 : ml->cfg.max_tok;
         const float *in = a->in + (size_t)t0 * hp->n_embd;
         float *out = a->out + (size_t)t0 * hp->n_embd;
-        rc = ml->ops->route(ml->dev, &a->lw->router, in, nt, ml->route_ids, ml->route_w);
+        rc = ml->ops->route(ml->dev, a->lw, in, nt, ml->route_ids, ml->route_w);
         if (rc)
             break;
         if (ml->cfg.observer && (rc = ml_observe(ml, a, in, nt, t0)))

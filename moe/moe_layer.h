@@ -48,8 +48,10 @@ struct moe_device_ops {
     /* n bytes of device memory counted against the backend's budget; NULL on failure */
     void *(*alloc)(void *dev, size_t bytes);
     void (*free)(void *dev, void *p);
-    /* ids, w (n_tok, k) = softmax top-k (renormalised) of router applied to in (n_tok rows) */
-    int (*route)(void *dev, const struct weight *router, const float *in, int n_tok,
+    /* ids, w (n_tok, k) = softmax top-k (renormalised) of the layer's router (plus its bias,
+     * when it has one) applied to in (n_tok rows); the renormalised softmax of the top k equals
+     * gpt-oss's softmax over the k selected logits */
+    int (*route)(void *dev, const struct layer_weights *lw, const float *in, int n_tok,
                  int32_t *ids, float *w);
     int (*experts)(void *dev, const struct moe_expert_call *call);
     int (*to_host)(void *dev, void *host, const void *src, size_t bytes);

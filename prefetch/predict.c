@@ -11,7 +11,7 @@ int predict_ahead(struct predict *p, int layer, const float *in, int n_tok)
     int j = 0;
     for (; j < p->depth && layer + 1 + j < (int)hp->n_layer; j++) {
         int t = layer + 1 + j;
-        int rc = p->route(p->route_ctx, &p->m->layers[t].router, in, n_tok, p->ids + j * n,
+        int rc = p->route(p->route_ctx, &p->m->layers[t], in, n_tok, p->ids + j * n,
                           p->w + j * n);
         if (rc)
             return err_set(rc, "predicting the experts of layer %d failed", t);

@@ -13,11 +13,11 @@
 
 struct expert_cache;
 struct model;
-struct weight;
+struct layer_weights;
 
-/* ids, w (n_tok, k), device memory = the softmax top-k of router applied to in (n_tok rows).
- * 0 or -errno. */
-typedef int (*predict_route_fn)(void *ctx, const struct weight *router, const float *in,
+/* ids, w (n_tok, k), device memory = the routing of layer lw (its router, and its bias where
+ * it has one) applied to in (n_tok rows). 0 or -errno. */
+typedef int (*predict_route_fn)(void *ctx, const struct layer_weights *lw, const float *in,
                                 int n_tok, int32_t *ids, float *w);
 
 struct predict {

@@ -29,6 +29,18 @@ struct attn_args {
     int n_tok;
     int n_head, n_head_kv, head_dim;
     float scale;          /* 1/sqrt(head_dim) */
+    const struct weight *sinks; /* (n_head) F32, or NULL: per-head sink logits added to the
+                                 * softmax's denominator (gpt-oss) */
+    int window;           /* > 0: a query sees only the last `window` positions (itself
+                           * included); 0: every earlier one */
+};
+
+/* YaRN-scaled NEOX RoPE (struct backend_ops.rope_yarn): ops_rope_yarn_freq's parameters. */
+struct rope_yarn {
+    float base, factor;        /* rope.freq_base, rope.scaling.factor */
+    uint32_t n_ctx_orig;       /* rope.scaling.original_context_length */
+    float beta_fast, beta_slow;
+    bool truncate;             /* the correction range rounded outward */
 };
 
 /* Attention of lockstep rows (struct backend_ops.attention_rows): row i is the next token of
@@ -61,6 +73,14 @@ struct backend_ops {
     /* dst rows [pos0, pos0+n_tok) of a (n_ctx, width) cache = src (n_tok, width). */
     int (*kv_store)(struct backend *b, float *cache, const float *src, int pos0, int n_tok,
                     int width);
+    /* Optional (NULL: the backend has no YaRN): rope with YaRN's frequencies and attention
+     * factor. */
+    int (*rope_yarn)(struct backend *b, float *x, int n_tok, int n_heads, int head_dim,
+                     int pos0, const struct rope_yarn *y);
+    /* Optional (NULL: no biases): x (rows, bias->ne[0]) += bias (F32) on every row. */
+    int (*add_bias)(struct backend *b, float *x, const struct weight *bias, int rows);
+    /* Whether attention honours attn_args' sinks and window (else it refuses them). */
+    bool attn_sinks_window;
     /* Causal GQA attention over the cache. */
     int (*attention)(struct backend *b, const struct attn_args *a);
     /* Optional, both or neither (NULL: the forward runs rope, kv_store and attention row by

@@ -100,6 +100,33 @@ static int cpu_rope(struct backend *b, float *x, int n_tok, int n_heads, int hea
     return 0;
 }
 
+static int cpu_rope_yarn(struct backend *b, float *x, int n_tok, int n_heads, int head_dim,
+                         int pos0, const struct rope_yarn *y)
+{
+    double freq[OPS_MAX_HEAD_DIM / 2];
+    float mscale;
+    (void)b;
+    if (head_dim > OPS_MAX_HEAD_DIM || head_dim % 2)
+        return err_set(-EINVAL, "rope: head dim %d", head_dim);
+    ops_rope_yarn_freq(head_dim, y->base, y->factor, y->n_ctx_orig, y->beta_fast, y->beta_slow,
+                       y->truncate, freq, &mscale);
+    ops_rope_neox_freq(x, n_tok, n_heads, head_dim, pos0, freq, mscale);
+    return 0;
+}
+
+static int cpu_add_bias(struct backend *b, float *x, const struct weight *bias, int rows)
+{
+    const float *v = bias->data;
+    const size_t n = bias->ne[0];
+    (void)b;
+    if (bias->type)
+        return err_set(-EINVAL, "bias '%s' is not F32", bias->name);
+    for (int r = 0; r < rows; r++)
+        for (size_t i = 0; i < n; i++)
+            x[(size_t)r * n + i] += v[i];
+    return 0;
+}
+
 static int cpu_kv_store(struct backend *b, float *cache, const float *src, int pos0, int n_tok,
                         int width)
 {
@@ -114,7 +141,8 @@ static int cpu_attention(struct backend *b, const struct attn_args *a)
     struct ops_attn o = {
         .out = a->out, .q = a->q, .k_cache = a->k_cache, .v_cache = a->v_cache,
         .pos0 = a->pos0, .n_tok = a->n_tok, .n_head = a->n_head, .n_head_kv = a->n_head_kv,
-        .head_dim = a->head_dim, .scale = a->scale,
+        .head_dim = a->head_dim, .scale = a->scale, .window = a->window,
+        .sinks = a->sinks ? (const float *)a->sinks->data : NULL,
     };
     ops_attention(&o);
     return 0;
@@ -163,12 +191,14 @@ static void cpu_moe_free(void *dev, void *p)
     free(p);
 }
 
-static int cpu_moe_route(void *dev, const struct weight *router, const float *in, int n_tok,
+static int cpu_moe_route(void *dev, const struct layer_weights *lw, const float *in, int n_tok,
                          int32_t *ids, float *w)
 {
     struct backend_cpu *c = dev;
     const struct model_hparams *hp = &c->base.model->hp;
-    int rc = cpu_matmul(&c->base, c->router_logits, router, in, n_tok);
+    int rc = cpu_matmul(&c->base, c->router_logits, &lw->router, in, n_tok);
+    if (!rc && lw->router_b.data)
+        rc = cpu_add_bias(&c->base, c->router_logits, &lw->router_b, n_tok);
     if (!rc)
         moe_route_softmax_topk(c->router_logits, n_tok, (int)hp->n_expert,
                                (int)hp->n_expert_used, ids, w);
@@ -190,6 +220,9 @@ static const struct backend_ops cpu_ops = {
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
     .rope = cpu_rope,
+    .rope_yarn = cpu_rope_yarn,
+    .add_bias = cpu_add_bias,
+    .attn_sinks_window = true,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .add = cpu_add,

@@ -335,6 +335,8 @@ static int cuda_kv_store_op(struct backend *b, float *cache, const float *src, i
 
 static int cuda_attention_op(struct backend *b, const struct attn_args *at)
 {
+    if (at->sinks || at->window)
+        return err_set(-ENOTSUP, "cuda attention: no sinks or sliding window yet");
     backend_cuda_forget_xq(cuda_of(b));
     struct backend_cuda *c = cuda_of(b);
     struct cuda_attn_args a = {
@@ -902,12 +904,14 @@ static void cuda_moe_free(void *dev, void *p)
     cuda_free(p);
 }
 
-static int cuda_moe_route(void *dev, const struct weight *router, const float *in, int n_tok,
+static int cuda_moe_route(void *dev, const struct layer_weights *lw, const float *in, int n_tok,
                           int32_t *ids, float *w)
 {
     struct backend_cuda *c = dev;
     const struct model_hparams *hp = &c->model->hp;
-    int rc = backend_cuda_matmul(&c->base, c->router_logits, router, in, n_tok);
+    if (lw->router_b.data)
+        return err_set(-ENOTSUP, "cuda router: no router bias yet");
+    int rc = backend_cuda_matmul(&c->base, c->router_logits, &lw->router, in, n_tok);
     if (rc)
         return rc;
     struct cuda_topk_args tk = {

@@ -14,6 +14,7 @@ static const char *const prof_names[P_N] = {"embed", "rmsnorm", "matmul", "rope"
 
 struct backend_prof {
     struct backend base;
+    struct backend_ops ops; /* prof_ops less the optional ops the wrapped backend lacks */
     struct backend *inner;
     double t[P_N];
     long n[P_N];
@@ -70,6 +71,17 @@ static int prof_rope(struct backend *b, float *x, int n_tok, int n_heads, int he
     PROF(P_ROPE, in->ops->rope(in, x, n_tok, n_heads, head_dim, pos0, base));
 }
 
+static int prof_rope_yarn(struct backend *b, float *x, int n_tok, int n_heads, int head_dim,
+                          int pos0, const struct rope_yarn *y)
+{
+    PROF(P_ROPE, in->ops->rope_yarn(in, x, n_tok, n_heads, head_dim, pos0, y));
+}
+
+static int prof_add_bias(struct backend *b, float *x, const struct weight *bias, int rows)
+{
+    PROF(P_ADD, in->ops->add_bias(in, x, bias, rows));
+}
+
 static int prof_kv_store(struct backend *b, float *cache, const float *src, int pos0, int n_tok,
                          int width)
 {
@@ -110,6 +122,8 @@ static const struct backend_ops prof_ops = {
     .rmsnorm = prof_rmsnorm,
     .matmul = prof_matmul,
     .rope = prof_rope,
+    .rope_yarn = prof_rope_yarn,
+    .add_bias = prof_add_bias,
     .kv_store = prof_kv_store,
     .attention = prof_attention,
     .add = prof_add,
@@ -123,7 +137,13 @@ int backend_profile_open(struct backend *inner, struct backend **out)
     struct backend_prof *p = calloc(1, sizeof(*p));
     if (!p)
         return err_set(-ENOMEM, "out of memory");
-    p->base.ops = &prof_ops;
+    p->ops = prof_ops;
+    if (!inner->ops->rope_yarn)
+        p->ops.rope_yarn = NULL;
+    if (!inner->ops->add_bias)
+        p->ops.add_bias = NULL;
+    p->ops.attn_sinks_window = inner->ops->attn_sinks_window;
+    p->base.ops = &p->ops;
     p->base.model = inner->model;
     p->base.impl = p;
     p->inner = inner;

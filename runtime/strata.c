@@ -248,12 +248,18 @@ int strata_start(struct strata *s)
 
     if (s->backend)
         return strata_fail(STRATA_STEP_ENGINE, err_set(-EINVAL, "strata: already started"));
-    if (!arch_find(s->model->arch->name))
+    const struct arch *arch = arch_find(s->model->arch->name);
+    if (!arch)
         return strata_fail(STRATA_STEP_ENGINE,
                            err_set(-ENOTSUP, "architecture %s: loaded, but strata has no "
                                              "forward pass for it yet",
                                    s->model->arch->name));
-    if (cfg->device == STRATA_DEVICE_AUTO) {
+    if (arch->cpu_only && (cfg->device == STRATA_DEVICE_CUDA || strata_config_needs_gpu(cfg)))
+        return strata_fail(STRATA_STEP_ENGINE,
+                           err_set(-ENOTSUP, "architecture %s runs on the CPU only so far "
+                                             "(--device cpu; no VRAM budget or placement)",
+                                   s->model->arch->name));
+    if (cfg->device == STRATA_DEVICE_AUTO && !arch->cpu_only) {
         auto_cuda = cuda_device_count(&why) > 0;
         if (!auto_cuda && strata_config_needs_gpu(cfg))
             return strata_fail(STRATA_STEP_ENGINE,

@@ -53,11 +53,14 @@ hc=$(sha256sum <"$dir/c.gguf" | cut -d' ' -f1)
 size=$(stat -c %s "$dir/a.gguf")
 [ "$size" -lt 10000000 ] && ok || fail "tiny q4_k_m is $size bytes"
 
-# gpt-oss: gen writes it, inspect reads it, run refuses it (exit 1, no forward yet).
+# gpt-oss: gen writes it, inspect reads it, run generates on the CPU (the default device
+# picks it) and refuses --device cuda (exit 1: CPU only so far).
 "$strata" gen --arch gpt-oss --preset tiny -q -o "$dir/oss.gguf" >/dev/null &&
 "$strata" inspect --tensors "$dir/oss.gguf" | grep -q "blk.3.attn_sinks.weight" && ok || fail "gpt-oss gen/inspect"
-"$strata" run -m "$dir/oss.gguf" -p hi -n 1 >/dev/null 2>"$dir/err"
-[ $? -eq 1 ] && grep -q "no forward pass" "$dir/err" && ok || fail "gpt-oss run: $(cat "$dir/err")"
+"$strata" run -m "$dir/oss.gguf" -p hi -n 8 --temp 0 >"$dir/out" 2>"$dir/err" &&
+[ "$(wc -c <"$dir/out")" -gt 2 ] && ok || fail "gpt-oss run: $(cat "$dir/err")"
+"$strata" run -m "$dir/oss.gguf" --device cuda -p hi -n 1 >/dev/null 2>"$dir/err"
+[ $? -eq 1 ] && grep -q "CPU only" "$dir/err" && ok || fail "gpt-oss --device cuda: $(cat "$dir/err")"
 expect_error "unknown preset '30b-a3b' for gpt-oss" --arch gpt-oss --preset 30b-a3b -o "$dir/x.gguf"
 
 # --layers changes block_count and the file size.

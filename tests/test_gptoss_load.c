@@ -3,8 +3,8 @@
  * (gpt-oss) bound at its shape and type, the even layers sliding; qwen3moe's tiny still opens
  * with no gpt-oss weights bound. Rewritten copies with a tensor dropped, a wrong shape, a wrong
  * type, a missing key, a sliding_window_pattern or a rope scaling type strata does not read are
- * refused naming the tensor or key. strata_open on a gpt-oss file loads the model, then refuses
- * to start the engine with -ENOTSUP (no forward yet). Deterministic. */
+ * refused naming the tensor or key. strata_open runs a gpt-oss file on the CPU and refuses the
+ * CUDA device with -ENOTSUP (its forward: test_gptoss_forward). Deterministic. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,7 +121,7 @@ static void check_model(const struct model *m, const struct gen_preset *p, uint3
     const struct model_hparams *hp = &m->hp;
     uint64_t d = p->n_embd, q = (uint64_t)p->n_head * p->head_dim;
     uint64_t kv = (uint64_t)p->n_head_kv * p->head_dim, ff = p->n_ff_exp, e = p->n_expert;
-    const uint32_t f32 = QUANT_F32, mx = QUANT_MXFP4;
+    const uint32_t f32 = QUANT_F32, mx = big == QUANT_F32 ? QUANT_F32 : QUANT_MXFP4;
     char nm[64];
 
     CHECK(!strcmp(m->arch->name, "gpt-oss"), "arch %s", m->arch->name);
@@ -171,8 +171,10 @@ static void check_model(const struct model *m, const struct gen_preset *p, uint3
         CHECK(!lw->q_norm.data && !lw->k_norm.data, "layer %u: QK-norms bound", l);
     }
 #undef B
-    /* an expert's gate + up + down MXFP4 slices: 3 * d * ff values at 17 bytes per 32 */
-    CHECK(model_expert_bytes(m, 0) == 3 * d * ff / 32 * 17, "expert bytes %llu",
+    /* an expert's gate + up + down slices: 3 * d * ff values at 17 bytes per 32 (MXFP4) or 4
+     * bytes each (the f32 mix) */
+    CHECK(model_expert_bytes(m, 0) == (mx == f32 ? 3 * d * ff * 4 : 3 * d * ff / 32 * 17),
+          "expert bytes %llu",
           (unsigned long long)model_expert_bytes(m, 0));
 }
 
@@ -276,8 +278,9 @@ static void check_rewrites(const char *good)
     unlink(path);
 }
 
-/* The public API loads a gpt-oss file and refuses to start the engine on it. */
-static void check_engine_refuses(const char *path)
+/* The public API runs a gpt-oss file on the CPU and refuses the CUDA device and the options
+ * that need it, naming the architecture (the CUDA backend has no sinks, window or biases). */
+static void check_engine_devices(const char *path)
 {
     struct strata_config cfg;
     struct strata *s = NULL;
@@ -287,18 +290,22 @@ static void check_engine_refuses(const char *path)
     cfg.device = STRATA_DEVICE_CPU;
     cfg.n_threads = 1;
     int rc = strata_open(&cfg, &s);
-    CHECK(rc == -ENOTSUP && s == NULL, "strata_open returned %d", rc);
-    CHECK(strstr(strata_error(), "gpt-oss") && strstr(strata_error(), "no forward pass"),
-          "message: %s", strata_error());
-    CHECK(strata_failed_step() == STRATA_STEP_ENGINE, "failed step %d", (int)strata_failed_step());
-    printf("  strata_open: %s\n", strata_error());
+    CHECK(rc == 0, "strata_open on the CPU: %s", strata_error());
+    strata_close(s);
+    s = NULL;
 
-    rc = strata_load(&cfg, &s);
-    CHECK(rc == 0, "strata_load: %s", strata_error());
-    if (!rc) {
-        CHECK(strata_start(s) == -ENOTSUP, "strata_start: %s", strata_error());
-        strata_close(s);
-    }
+    cfg.device = STRATA_DEVICE_CUDA;
+    rc = strata_open(&cfg, &s);
+    CHECK(rc == -ENOTSUP && s == NULL, "strata_open on CUDA returned %d", rc);
+    CHECK(strstr(strata_error(), "gpt-oss") && strstr(strata_error(), "CPU only"), "message: %s",
+          strata_error());
+    CHECK(strata_failed_step() == STRATA_STEP_ENGINE, "failed step %d", (int)strata_failed_step());
+    printf("  strata_open on CUDA: %s\n", strata_error());
+
+    cfg.device = STRATA_DEVICE_AUTO;
+    cfg.vram_budget = 1 << 30;
+    rc = strata_open(&cfg, &s);
+    CHECK(rc == -ENOTSUP && s == NULL, "strata_open with a VRAM budget returned %d", rc);
 }
 
 static void check_qwen3moe_untouched(void)
@@ -344,7 +351,7 @@ int main(void)
     check_opens(good, p, QUANT_F32);
     check_opens(q8, p, QUANT_Q8_0);
     check_rewrites(good);
-    check_engine_refuses(good);
+    check_engine_devices(good);
     check_qwen3moe_untouched();
 
     /* gen refuses a preset of the other architecture */

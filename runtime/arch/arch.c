@@ -2,7 +2,20 @@
 
 #include <string.h>
 
-static const struct arch *const arch_table[] = {&arch_qwen3moe};
+#include "backend.h"
+#include "model.h"
+
+int arch_add_norm(struct backend *b, const struct model_hparams *hp, float *x, const float *y,
+                  float *xn, const struct weight *w, int n)
+{
+    const struct backend_ops *op = b->ops;
+    if (op->add_rmsnorm)
+        return op->add_rmsnorm(b, x, y, xn, w, n, hp->n_embd, hp->rms_eps);
+    int rc = op->add(b, x, y, (size_t)n * hp->n_embd);
+    return rc ? rc : op->rmsnorm(b, xn, x, w, n, hp->n_embd, hp->rms_eps);
+}
+
+static const struct arch *const arch_table[] = {&arch_qwen3moe, &arch_gptoss};
 
 const struct arch *arch_find(const char *name)
 {

@@ -3,6 +3,7 @@
 #ifndef STRATA_ARCH_H
 #define STRATA_ARCH_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct model;
@@ -21,11 +22,21 @@ struct arch {
      * architecture has no lockstep forward. */
     int (*forward_batch)(struct backend *b, struct stream_batch *bt, struct stream *const *ss,
                          const int32_t *ids, int n);
+    bool cpu_only; /* the CUDA backend lacks ops it needs: the engine runs it on the CPU */
 };
+
+struct model_hparams;
+struct weight;
+
+/* x (n, n_embd) += y; xn = rmsnorm(x) * w: one op where the backend has it, else add then
+ * rmsnorm. */
+int arch_add_norm(struct backend *b, const struct model_hparams *hp, float *x, const float *y,
+                  float *xn, const struct weight *w, int n);
 
 /* The forward of the architecture named NAME, or NULL. */
 const struct arch *arch_find(const char *name);
 
 extern const struct arch arch_qwen3moe;
+extern const struct arch arch_gptoss;
 
 #endif

@@ -13,21 +13,9 @@
 #include "model.h"
 #include "stream.h"
 
-/* x += y; xn = rmsnorm(x) * w over n rows: one op where the backend has it, else add then
- * rmsnorm. */
-static int qwen3moe_add_norm_rows(struct backend *b, const struct model_hparams *hp, float *x,
-                                  const float *y, float *xn, const struct weight *w, int n)
-{
-    const struct backend_ops *op = b->ops;
-    if (op->add_rmsnorm)
-        return op->add_rmsnorm(b, x, y, xn, w, n, hp->n_embd, hp->rms_eps);
-    int rc = op->add(b, x, y, (size_t)n * hp->n_embd);
-    return rc ? rc : op->rmsnorm(b, xn, x, w, n, hp->n_embd, hp->rms_eps);
-}
-
 static int qwen3moe_add_norm(struct backend *b, struct stream *s, const struct weight *w, int n)
 {
-    return qwen3moe_add_norm_rows(b, &s->m->hp, s->x, s->proj, s->xn, w, n);
+    return arch_add_norm(b, &s->m->hp, s->x, s->proj, s->xn, w, n);
 }
 
 /* Attention of layer l on xn = attn_norm(x) (the caller's), ending with proj = its output
@@ -166,7 +154,7 @@ static int qwen3moe_forward_batch(struct backend *b, struct stream_batch *bt,
     for (uint32_t l = 0; !rc && l < hp->n_layer; l++) {
         const struct layer_weights *lw = &m->layers[l];
         rc = qwen3moe_attention_batch(b, bt, ss, lw, l, n);
-        rc = rc ? rc : qwen3moe_add_norm_rows(b, hp, bt->x, bt->proj, bt->xn, &lw->ffn_norm, n);
+        rc = rc ? rc : arch_add_norm(b, hp, bt->x, bt->proj, bt->xn, &lw->ffn_norm, n);
         if (rc)
             break;
         /* every row's experts routed together: an expert is fetched once for the step */
@@ -178,7 +166,7 @@ static int qwen3moe_forward_batch(struct backend *b, struct stream_batch *bt,
         if (rc)
             break;
         if (l + 1 < hp->n_layer)
-            rc = qwen3moe_add_norm_rows(b, hp, bt->x, bt->proj, bt->xn,
+            rc = arch_add_norm(b, hp, bt->x, bt->proj, bt->xn,
                                         &m->layers[l + 1].attn_norm, n);
         else
             rc = op->add(b, bt->x, bt->proj, (size_t)n * hp->n_embd);

@@ -156,8 +156,9 @@ static int plan_build_qwen3moe(struct gen_run *run, const struct gen_config *cfg
 }
 
 /* The gpt-oss tensor list (docs/formats.md, gpt-oss) in file order: token_embd, the layers,
- * then output_norm and output. Experts are MXFP4 whatever the mix (as converted checkpoints
- * carry them); norms, biases, sinks and the router F32; the other matrices take the mix's type. */
+ * then output_norm and output. Experts are MXFP4 (as converted checkpoints carry them) except
+ * under the f32 mix, which is all F32 (the reference checks); norms, biases, sinks and the
+ * router F32; the other matrices take the mix's type. */
 static int plan_build_gptoss(struct gen_run *run, const struct gen_config *cfg, uint32_t n_vocab,
                              uint64_t *n_fallback)
 {
@@ -166,7 +167,8 @@ static int plan_build_gptoss(struct gen_run *run, const struct gen_config *cfg, 
     uint64_t kv = (uint64_t)p->n_head_kv * p->head_dim, ff = p->n_ff_exp, e = p->n_expert;
     float s_d = 1.0f / sqrtf((float)d), s_q = 1.0f / sqrtf((float)q);
     float s_ff = 1.0f / sqrtf((float)ff), b = GEN_BIAS_STD;
-    const uint32_t mix = GEN_TYPE_MIX, f32 = QUANT_F32, mx = QUANT_MXFP4;
+    const uint32_t mix = GEN_TYPE_MIX, f32 = QUANT_F32;
+    const uint32_t mx = cfg->mix == QUANT_MIX_F32 ? QUANT_F32 : QUANT_MXFP4;
     char name[64];
 
     run->t = calloc((size_t)p->n_layer * GEN_MAX_TENSORS_PER_LAYER + 3, sizeof(*run->t));
