@@ -386,6 +386,25 @@ def np_random_checkpoint(cfg, vocab, std, seed):
 
 # ---- transformers -------------------------------------------------------------------------------
 
+def eager_model(cls, conf, seed):
+    """cls(conf) in float32 with eager attention and, in transformers 5.x, the plain experts
+    loop, its parameters initialised from torch seed `seed`."""
+    import torch
+    conf._attn_implementation = "eager"
+    try:
+        conf._experts_implementation = "eager"  # transformers 5.x: the plain loop
+    except Exception:  # noqa: BLE001 - older versions have no such setting
+        pass
+    torch.manual_seed(seed)
+    model = cls(conf).float()
+    if hasattr(model, "set_experts_implementation"):
+        try:
+            model.set_experts_implementation("eager")
+        except Exception as e:  # noqa: BLE001
+            log(f"  note: set_experts_implementation('eager'): {e}")
+    return model
+
+
 class HF:
     """Random-init Qwen3MoeForCausalLM in float32 with eager attention."""
 
@@ -425,18 +444,7 @@ class HF:
         if conf is None:
             raise SetupError("cannot build a Qwen3MoeConfig with these keys")
         conf.head_dim = cfg["head_dim"]
-        conf._attn_implementation = "eager"
-        try:
-            conf._experts_implementation = "eager"  # transformers 5.x: the plain loop
-        except Exception:  # noqa: BLE001 - older versions have no such setting
-            pass
-        torch.manual_seed(args.seed)
-        self.model = Qwen3MoeForCausalLM(conf).float()
-        if hasattr(self.model, "set_experts_implementation"):
-            try:
-                self.model.set_experts_implementation("eager")
-            except Exception as e:  # noqa: BLE001
-                log(f"  note: set_experts_implementation('eager'): {e}")
+        self.model = eager_model(Qwen3MoeForCausalLM, conf, args.seed)
         with torch.no_grad():
             for name, p in self.model.named_parameters():
                 if p.dim() >= 2:

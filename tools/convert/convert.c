@@ -1,6 +1,7 @@
-/* convert: the qwen3moe tensor plan (names, shapes, expert layouts), the hyperparameter keys
- * (config.json is audited first by convert_keys.c), and the parallel row conversion into the
- * GGUF writer. Formats: docs/formats.md §4, §6; config.json keys: docs/convert-keys.md. */
+/* convert: the qwen3moe and gpt-oss tensor plans (names, shapes, expert layouts), the
+ * hyperparameter keys (config.json is audited first by convert_keys.c), and the parallel row
+ * conversion into the GGUF writer. Formats: docs/formats.md §4, §4b, §6; config.json keys:
+ * docs/convert-keys.md. */
 #include "convert.h"
 
 #include <errno.h>
@@ -23,22 +24,32 @@
 #include "quant_ref.h"
 #include "safetensors.h"
 
-#define ARCH "qwen3moe"
 #define CONVERT_CHUNK_BYTES (4u << 20) /* output bytes one worker converts at a time */
 
 struct convert_hparams {
+    enum convert_arch arch;
     uint32_t n_layer, n_embd, n_ff, n_ff_exp;
     uint32_t n_head, n_head_kv, head_dim;
     uint32_t n_expert, n_expert_used, n_vocab, n_ctx; /* n_ff, n_ctx: 0 when absent */
     double rms_eps, rope_base;
     bool tied;
+    /* gpt-oss */
+    uint32_t n_swa;          /* sliding_window */
+    double yarn_factor;      /* 0: no rope scaling */
+    uint32_t yarn_n_ctx_orig;
 };
 
-/* n_rows consecutive rows of ne0 elements of src, starting at element elem0. */
+/* n_rows rows of ne0 elements of src, the first starting at element elem0, each row_step
+ * elements after the one before (0: ne0, consecutive rows), its elements elem_step apart (0:
+ * 1, contiguous). With scales set, src holds MXFP4 blocks as transformers stores them (U8
+ * [rows, ne0 / 32, 16], scales U8 [rows, ne0 / 32]); elem0 and row_step then count those
+ * rows. */
 struct convert_segment {
     const struct safetensors_tensor *src;
     uint64_t elem0;
     uint64_t n_rows;
+    uint64_t row_step, elem_step;
+    const struct safetensors_tensor *scales;
 };
 
 struct convert_tensor {
@@ -46,6 +57,7 @@ struct convert_tensor {
     uint32_t n_dims;
     uint64_t ne[4];
     uint32_t type;
+    int32_t force_type; /* >= 0: this type whatever the mix (gpt-oss biases, experts) */
     bool fell_back;
     uint64_t n_rows, row_bytes; /* ne1*ne2*ne3, bytes of one output row */
     uint32_t n_seg;
@@ -110,7 +122,7 @@ static int cfg_u32_opt(const struct hf_ckpt *c, const char *key, uint32_t *out)
     return rc == -ENOENT ? 0 : rc;
 }
 
-static int check_arch(const struct hf_ckpt *c)
+static int check_arch(const struct hf_ckpt *c, enum convert_arch *arch)
 {
     const char *mt = hf_ckpt_config_str(c, "model_type");
     json_object *archs = hf_ckpt_config_get(c, "architectures");
@@ -118,11 +130,16 @@ static int check_arch(const struct hf_ckpt *c)
 
     if (archs && json_object_is_type(archs, json_type_array) && json_object_array_length(archs) > 0)
         a0 = json_object_get_string(json_object_array_get_idx(archs, 0));
+    *arch = CONVERT_ARCH_QWEN3MOE;
     if ((mt && !strcmp(mt, "qwen3_moe")) || (!mt && a0 && !strcmp(a0, "Qwen3MoeForCausalLM")))
+        return 0;
+    *arch = CONVERT_ARCH_GPTOSS;
+    if ((mt && !strcmp(mt, "gpt_oss")) || (!mt && a0 && !strcmp(a0, "GptOssForCausalLM")))
         return 0;
     return err_set(-ENOTSUP,
                    "%s/config.json: unsupported architecture '%s' (model_type '%s'); "
-                   "strata convert supports Qwen3MoeForCausalLM (model_type qwen3_moe)",
+                   "strata convert supports Qwen3MoeForCausalLM (model_type qwen3_moe) and "
+                   "GptOssForCausalLM (gpt_oss)",
                    c->dir, a0 ? a0 : "(none)", mt ? mt : "(none)");
 }
 
@@ -147,39 +164,103 @@ static void read_rope(const struct convert_config *cfg, const struct hf_ckpt *c,
     }
 }
 
-/* The implemented keys of the table in convert_keys.c, once convert_keys_check has passed. */
-static int read_hparams(const struct convert_config *cfg, const struct hf_ckpt *c,
-                        struct convert_hparams *hp)
+/* gpt-oss's YaRN: rope_scaling (4.x) or rope_parameters (5.x) of type yarn; the key audit has
+ * checked its other members. Absent or another type leaves rope scaling off (the audit refuses
+ * the types strata does not compute). */
+static int read_yarn(const struct hf_ckpt *c, struct convert_hparams *hp)
 {
-    int rc = check_arch(c);
+    static const char *const at[] = {"rope_scaling", "rope_parameters"};
+    for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
+        json_object *o = hf_ckpt_config_get(c, at[i]), *v;
+        const char *type = NULL;
+        if (!o || !json_object_is_type(o, json_type_object))
+            continue;
+        if (json_object_object_get_ex(o, "rope_type", &v) ||
+            json_object_object_get_ex(o, "type", &v))
+            type = json_object_get_string(v);
+        if (!type || strcmp(type, "yarn"))
+            continue;
+        if (!json_object_object_get_ex(o, "factor", &v) || !v)
+            return err_set(-EINVAL, "%s/config.json: %s.factor is missing (yarn)", c->dir, at[i]);
+        hp->yarn_factor = json_object_get_double(v);
+        if (!json_object_object_get_ex(o, "original_max_position_embeddings", &v) || !v)
+            return err_set(-EINVAL,
+                           "%s/config.json: %s.original_max_position_embeddings is missing "
+                           "(yarn)",
+                           c->dir, at[i]);
+        hp->yarn_n_ctx_orig = (uint32_t)json_object_get_int64(v);
+        if (!(hp->yarn_factor >= 1.0) || !isfinite(hp->yarn_factor) || !hp->yarn_n_ctx_orig)
+            return err_set(-EINVAL,
+                           "%s/config.json: yarn factor %g over %u positions (factor >= 1, "
+                           "positions > 0)",
+                           c->dir, hp->yarn_factor, hp->yarn_n_ctx_orig);
+        /* transformers versions take the factor from this key or from max_position_embeddings
+         * / original_max_position_embeddings: they must agree */
+        if (hp->n_ctx && (double)hp->n_ctx / hp->yarn_n_ctx_orig != hp->yarn_factor)
+            return err_set(-ENOTSUP,
+                           "%s/config.json: %s.factor %g differs from max_position_embeddings "
+                           "%u / original_max_position_embeddings %u; transformers versions "
+                           "read one or the other",
+                           c->dir, at[i], hp->yarn_factor, hp->n_ctx, hp->yarn_n_ctx_orig);
+        return 0;
+    }
+    return 0;
+}
 
-    rc = rc ? rc : convert_keys_check(cfg, c);
-    memset(hp, 0, sizeof(*hp));
-    rc = rc ? rc : cfg_u32(c, "num_hidden_layers", &hp->n_layer);
-    rc = rc ? rc : cfg_u32(c, "hidden_size", &hp->n_embd);
-    rc = rc ? rc : cfg_u32(c, "num_attention_heads", &hp->n_head);
-    if (!rc && !hf_ckpt_config_get(c, "num_key_value_heads"))
-        rc = err_set(-ENOENT,
-                     "%s/config.json: num_key_value_heads is missing (transformers' Qwen3MoeConfig "
-                     "would take 4, not the head count)",
-                     c->dir);
-    rc = rc ? rc : cfg_u32(c, "num_key_value_heads", &hp->n_head_kv);
+/* The architecture's own sizes: qwen3moe's expert keys, gpt-oss's experts, window and YaRN. */
+static int read_hparams_arch(const struct hf_ckpt *c, struct convert_hparams *hp)
+{
+    int rc = 0;
+    if (hp->arch == CONVERT_ARCH_GPTOSS) {
+        rc = rc ? rc : cfg_u32(c, "intermediate_size", &hp->n_ff_exp);
+        rc = rc ? rc : cfg_u32(c, "num_local_experts", &hp->n_expert);
+        rc = rc ? rc : cfg_u32(c, "sliding_window", &hp->n_swa);
+        hp->n_ff = hp->n_ff_exp;
+        if (!rc && !hp->n_swa)
+            rc = err_set(-EINVAL, "%s/config.json: sliding_window is 0", c->dir);
+        return rc ? rc : read_yarn(c, hp);
+    }
     rc = rc ? rc : cfg_u32(c, "moe_intermediate_size", &hp->n_ff_exp);
-    rc = rc ? rc : cfg_u32(c, "num_experts_per_tok", &hp->n_expert_used);
-    rc = rc ? rc : cfg_u32(c, "vocab_size", &hp->n_vocab);
-    if (rc)
-        return rc;
-    hp->head_dim = hp->n_head ? hp->n_embd / hp->n_head : 0;
-    rc = rc ? rc : cfg_u32_opt(c, "head_dim", &hp->head_dim);
     rc = rc ? rc : cfg_u32_opt(c, "intermediate_size", &hp->n_ff);
-    rc = rc ? rc : cfg_u32_opt(c, "max_position_embeddings", &hp->n_ctx);
     if (rc)
         return rc;
     /* transformers 5.x maps num_experts to num_local_experts */
     if (hf_ckpt_config_u32(c, "num_experts", &hp->n_expert) == -ENOENT &&
         (rc = cfg_u32(c, "num_local_experts", &hp->n_expert)))
         return err_wrap(rc, "num_experts: ");
-    hp->rms_eps = 1e-6;
+    return 0;
+}
+
+/* The implemented keys of the table in convert_keys.c, once convert_keys_check has passed. */
+static int read_hparams(const struct convert_config *cfg, const struct hf_ckpt *c,
+                        struct convert_hparams *hp)
+{
+    enum convert_arch arch = CONVERT_ARCH_QWEN3MOE;
+    int rc = check_arch(c, &arch);
+
+    rc = rc ? rc : convert_keys_check(cfg, c, arch);
+    memset(hp, 0, sizeof(*hp));
+    hp->arch = arch;
+    rc = rc ? rc : cfg_u32(c, "num_hidden_layers", &hp->n_layer);
+    rc = rc ? rc : cfg_u32(c, "hidden_size", &hp->n_embd);
+    rc = rc ? rc : cfg_u32(c, "num_attention_heads", &hp->n_head);
+    if (!rc && !hf_ckpt_config_get(c, "num_key_value_heads"))
+        rc = err_set(-ENOENT,
+                     "%s/config.json: num_key_value_heads is missing (transformers would take "
+                     "its config class's default, not the head count)",
+                     c->dir);
+    rc = rc ? rc : cfg_u32(c, "num_key_value_heads", &hp->n_head_kv);
+    rc = rc ? rc : cfg_u32(c, "num_experts_per_tok", &hp->n_expert_used);
+    rc = rc ? rc : cfg_u32(c, "vocab_size", &hp->n_vocab);
+    if (rc)
+        return rc;
+    hp->head_dim = hp->n_head ? hp->n_embd / hp->n_head : 0;
+    rc = rc ? rc : cfg_u32_opt(c, "head_dim", &hp->head_dim);
+    rc = rc ? rc : cfg_u32_opt(c, "max_position_embeddings", &hp->n_ctx);
+    rc = rc ? rc : read_hparams_arch(c, hp);
+    if (rc)
+        return rc;
+    hp->rms_eps = arch == CONVERT_ARCH_GPTOSS ? 1e-5 : 1e-6;
     if ((rc = hf_ckpt_config_f64(c, "rms_norm_eps", &hp->rms_eps)) && rc != -ENOENT)
         return rc;
     hp->tied = hf_ckpt_config_bool(c, "tie_word_embeddings", false);
@@ -213,30 +294,43 @@ static int add_hparams(struct gguf_writer *w, const struct convert_config *cfg,
 {
     const char *base = strrchr(c->dir, '/');
     const char *name = cfg->name ? cfg->name : base && base[1] ? base + 1 : c->dir;
+    const bool oss = hp->arch == CONVERT_ARCH_GPTOSS;
+    const char *arch = oss ? "gpt-oss" : "qwen3moe";
+    char k[96];
     int rc = 0;
 
+#define KEY(suffix) (snprintf(k, sizeof(k), "%s.%s", arch, suffix), k)
 #define U32(key, val) (rc = rc ? rc : gguf_writer_add_u32(w, key, val))
 #define F32(key, val) (rc = rc ? rc : gguf_writer_add_f32(w, key, (float)(val)))
 #define STR(key, val) (rc = rc ? rc : gguf_writer_add_str(w, key, val))
-    STR("general.architecture", ARCH);
+    STR("general.architecture", arch);
     STR("general.name", name);
     U32("general.file_type", quant_mix_file_type(cfg->mix));
     U32("general.quantization_version", 2);
     if (hp->n_ctx)
-        U32(ARCH ".context_length", hp->n_ctx);
-    U32(ARCH ".embedding_length", hp->n_embd);
+        U32(KEY("context_length"), hp->n_ctx);
+    U32(KEY("embedding_length"), hp->n_embd);
     if (hp->n_ff)
-        U32(ARCH ".feed_forward_length", hp->n_ff);
-    U32(ARCH ".block_count", hp->n_layer);
-    U32(ARCH ".attention.head_count", hp->n_head);
-    U32(ARCH ".attention.head_count_kv", hp->n_head_kv);
-    U32(ARCH ".attention.key_length", hp->head_dim);
-    U32(ARCH ".attention.value_length", hp->head_dim);
-    F32(ARCH ".rope.freq_base", hp->rope_base);
-    F32(ARCH ".attention.layer_norm_rms_epsilon", hp->rms_eps);
-    U32(ARCH ".expert_count", hp->n_expert);
-    U32(ARCH ".expert_used_count", hp->n_expert_used);
-    U32(ARCH ".expert_feed_forward_length", hp->n_ff_exp);
+        U32(KEY("feed_forward_length"), hp->n_ff);
+    U32(KEY("block_count"), hp->n_layer);
+    U32(KEY("attention.head_count"), hp->n_head);
+    U32(KEY("attention.head_count_kv"), hp->n_head_kv);
+    U32(KEY("attention.key_length"), hp->head_dim);
+    U32(KEY("attention.value_length"), hp->head_dim);
+    F32(KEY("rope.freq_base"), hp->rope_base);
+    F32(KEY("attention.layer_norm_rms_epsilon"), hp->rms_eps);
+    U32(KEY("expert_count"), hp->n_expert);
+    U32(KEY("expert_used_count"), hp->n_expert_used);
+    U32(KEY("expert_feed_forward_length"), hp->n_ff_exp);
+    if (oss) {
+        U32(KEY("attention.sliding_window"), hp->n_swa);
+        if (hp->yarn_factor) {
+            STR(KEY("rope.scaling.type"), "yarn");
+            F32(KEY("rope.scaling.factor"), hp->yarn_factor);
+            U32(KEY("rope.scaling.original_context_length"), hp->yarn_n_ctx_orig);
+        }
+    }
+#undef KEY
 #undef U32
 #undef F32
 #undef STR
@@ -275,6 +369,7 @@ static struct convert_tensor *plan_add(struct convert_plan *p, const char *name,
         return NULL;
     }
     snprintf(t->name, sizeof(t->name), "%s", name);
+    t->force_type = -1;
     t->n_dims = n_dims;
     t->n_rows = 1;
     for (uint32_t i = 0; i < 4; i++) {
@@ -294,9 +389,10 @@ static const char *shape_str(uint32_t n, const uint64_t *shape, char *buf, unsig
     return safetensors_shape_str(&t, buf, size);
 }
 
-/* Looks up HF tensor NAME and checks its dtype and PyTorch-order shape. */
-static int hf_get(struct hf_ckpt *c, const char *name, uint32_t n_dims, const uint64_t *shape,
-                  const struct safetensors_tensor **out)
+/* Looks up HF tensor NAME and checks its dtype (F32, BF16 or F16; U8 when u8) and
+ * PyTorch-order shape. */
+static int hf_get_as(struct hf_ckpt *c, const char *name, uint32_t n_dims, const uint64_t *shape,
+                     bool u8, const struct safetensors_tensor **out)
 {
     const struct safetensors_tensor *t = hf_ckpt_find(c, name);
     char got[128], want[128], src[256];
@@ -304,7 +400,11 @@ static int hf_get(struct hf_ckpt *c, const char *name, uint32_t n_dims, const ui
     if (!t)
         return err_set(-ENOENT, "tensor '%s' is missing from %s", name,
                        hf_ckpt_source(c, src, sizeof(src)));
-    if (t->dtype != SAFETENSORS_F32 && t->dtype != SAFETENSORS_BF16 && t->dtype != SAFETENSORS_F16)
+    if (u8 && t->dtype != SAFETENSORS_U8)
+        return err_set(-EINVAL, "tensor '%s' has dtype %s; MXFP4 blocks and scales are U8",
+                       name, t->dtype_name);
+    if (!u8 && t->dtype != SAFETENSORS_F32 && t->dtype != SAFETENSORS_BF16 &&
+        t->dtype != SAFETENSORS_F16)
         return err_set(-ENOTSUP,
                        "tensor '%s' has dtype %s; strata convert reads F32, BF16 and "
                        "F16",
@@ -318,6 +418,12 @@ static int hf_get(struct hf_ckpt *c, const char *name, uint32_t n_dims, const ui
                        shape_str(n_dims, shape, want, sizeof(want)));
     *out = t;
     return 0;
+}
+
+static int hf_get(struct hf_ckpt *c, const char *name, uint32_t n_dims, const uint64_t *shape,
+                  const struct safetensors_tensor **out)
+{
+    return hf_get_as(c, name, n_dims, shape, false, out);
 }
 
 /* A GGUF tensor that is one whole HF tensor of PyTorch shape `shape` (ne = reversed shape). */
@@ -335,7 +441,7 @@ static int plan_direct(struct convert_plan *p, struct hf_ckpt *c, const char *gg
     struct convert_tensor *t = plan_add(p, gguf_name, n_dims, ne, 1);
     if (!t)
         return -ENOMEM;
-    t->seg[0] = (struct convert_segment){src, 0, t->n_rows};
+    t->seg[0] = (struct convert_segment){.src = src, .n_rows = t->n_rows};
     return 0;
 }
 
@@ -369,7 +475,8 @@ static int plan_experts(struct convert_plan *p, struct hf_ckpt *c, const struct 
         if (!t)
             return -ENOMEM;
         for (uint64_t e = 0; e < E; e++) /* gate rows 0..F-1, up rows F..2F-1 of each expert */
-            t->seg[e] = (struct convert_segment){src, (e * 2 * F + (proj == PROJ_UP) * F) * H, F};
+            t->seg[e] = (struct convert_segment){
+                .src = src, .elem0 = (e * 2 * F + (proj == PROJ_UP) * F) * H, .n_rows = F};
         return 0;
     }
     struct convert_tensor *t = plan_add(p, name, 3, ne, (uint32_t)E);
@@ -387,7 +494,7 @@ static int plan_experts(struct convert_plan *p, struct hf_ckpt *c, const struct 
                          l, l);
             return rc;
         }
-        t->seg[e] = (struct convert_segment){src, 0, ne[1]};
+        t->seg[e] = (struct convert_segment){.src = src, .n_rows = ne[1]};
     }
     return 0;
 }
@@ -423,13 +530,156 @@ static int plan_layer(struct convert_plan *p, struct hf_ckpt *c, const struct co
     return rc;
 }
 
-static int plan_build(struct convert_plan *p, struct hf_ckpt *c, const struct convert_hparams *hp)
+/* ---- gpt-oss ---- */
+
+/* The type of a gpt-oss expert matrix under the mix: as converted checkpoints carry them
+ * (MXFP4) except under the float mixes. */
+static int32_t gptoss_expert_type(enum quant_mix mix)
+{
+    return mix == QUANT_MIX_F32 ? QUANT_F32 : mix == QUANT_MIX_BF16 ? QUANT_BF16 : QUANT_MXFP4;
+}
+
+/* blk.L.ffn_{gate,up,down}_exps of gpt-oss. transformers keeps gate and up fused and
+ * interleaved (gate = even outputs, up = odd), as float parameters in x·W order
+ * (gate_up_proj [E, H, 2F], down_proj [E, F, H]) or as MXFP4 blocks in W·x order
+ * (gate_up_proj_blocks [E, 2F, H/32, 16] + _scales [E, 2F, H/32], down_proj_blocks
+ * [E, H, F/32, 16] + _scales); GGUF wants each output row contiguous. */
+static int plan_gptoss_experts(struct convert_plan *p, struct hf_ckpt *c,
+                               const struct convert_hparams *hp, enum quant_mix mix, uint32_t l,
+                               enum expert_proj proj)
+{
+    static const char *const gguf[] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    const uint64_t E = hp->n_expert, F = hp->n_ff_exp, H = hp->n_embd;
+    const bool down = proj == PROJ_DOWN;
+    const uint64_t rows = down ? H : F, cols = down ? F : H; /* per expert, GGUF order */
+    const uint64_t odd = proj == PROJ_UP;
+    char name[GGUF_NAME_MAX + 1], hf[256], hs[256];
+    const struct safetensors_tensor *src, *sc;
+    uint64_t ne[3] = {cols, rows, E};
+    int rc;
+
+    snprintf(name, sizeof(name), "blk.%u.%s.weight", l, gguf[proj]);
+    snprintf(hf, sizeof(hf), "model.layers.%u.mlp.experts.%s_blocks", l,
+             down ? "down_proj" : "gate_up_proj");
+    if (hf_ckpt_find(c, hf)) {
+        snprintf(hs, sizeof(hs), "model.layers.%u.mlp.experts.%s_scales", l,
+                 down ? "down_proj" : "gate_up_proj");
+        if (cols % 32)
+            return err_set(-EINVAL, "tensor '%s': rows of %llu are not MXFP4 blocks of 32", hf,
+                           (unsigned long long)cols);
+        const uint64_t r_all = down ? H : 2 * F;
+        uint64_t bshape[4] = {E, r_all, cols / 32, 16}, sshape[3] = {E, r_all, cols / 32};
+        if ((rc = hf_get_as(c, hf, 4, bshape, true, &src)) ||
+            (rc = hf_get_as(c, hs, 3, sshape, true, &sc)))
+            return rc;
+        struct convert_tensor *t = plan_add(p, name, 3, ne, (uint32_t)E);
+        if (!t)
+            return -ENOMEM;
+        for (uint64_t e = 0; e < E; e++)
+            t->seg[e] = down ? (struct convert_segment){src, e * H, H, 1, 0, sc}
+                             : (struct convert_segment){src, e * 2 * F + odd, F, 2, 0, sc};
+        t->force_type = gptoss_expert_type(mix);
+        return 0;
+    }
+    snprintf(hf, sizeof(hf), "model.layers.%u.mlp.experts.%s", l,
+             down ? "down_proj" : "gate_up_proj");
+    uint64_t shape[3] = {E, down ? F : H, down ? H : 2 * F};
+    if ((rc = hf_get(c, hf, 3, shape, &src)))
+        return rc;
+    struct convert_tensor *t = plan_add(p, name, 3, ne, (uint32_t)E);
+    if (!t)
+        return -ENOMEM;
+    for (uint64_t e = 0; e < E; e++)
+        t->seg[e] = down ? (struct convert_segment){src, e * F * H, H, 1, H, NULL}
+                         : (struct convert_segment){src, e * H * 2 * F + odd, F, 2, 2 * F, NULL};
+    t->force_type = gptoss_expert_type(mix);
+    return 0;
+}
+
+/* The expert biases: gate_up_proj_bias [E, 2F] interleaved like the weights, down_proj_bias
+ * [E, H]; F32 always. */
+static int plan_gptoss_expert_bias(struct convert_plan *p, struct hf_ckpt *c,
+                                   const struct convert_hparams *hp, uint32_t l)
+{
+    const uint64_t E = hp->n_expert, F = hp->n_ff_exp, H = hp->n_embd;
+    char name[GGUF_NAME_MAX + 1], hf[256];
+    const struct safetensors_tensor *src;
+    uint64_t shape[2] = {E, 2 * F}, ne[2] = {F, E};
+    int rc;
+
+    snprintf(hf, sizeof(hf), "model.layers.%u.mlp.experts.gate_up_proj_bias", l);
+    if ((rc = hf_get(c, hf, 2, shape, &src)))
+        return rc;
+    for (uint64_t odd = 0; odd < 2; odd++) {
+        snprintf(name, sizeof(name), "blk.%u.%s.bias", l, odd ? "ffn_up_exps" : "ffn_gate_exps");
+        struct convert_tensor *t = plan_add(p, name, 2, ne, 1);
+        if (!t)
+            return -ENOMEM;
+        t->seg[0] = (struct convert_segment){src, odd, E, 2 * F, 2, NULL};
+        t->force_type = QUANT_F32;
+    }
+    uint64_t dshape[2] = {E, H};
+    snprintf(name, sizeof(name), "blk.%u.ffn_down_exps.bias", l);
+    snprintf(hf, sizeof(hf), "model.layers.%u.mlp.experts.down_proj_bias", l);
+    if ((rc = plan_direct(p, c, name, hf, 2, dshape)))
+        return rc;
+    p->t[p->n - 1].force_type = QUANT_F32;
+    return 0;
+}
+
+static int plan_gptoss_layer(struct convert_plan *p, struct hf_ckpt *c,
+                             const struct convert_hparams *hp, enum quant_mix mix, uint32_t l)
+{
+    const uint64_t H = hp->n_embd, D = hp->head_dim, E = hp->n_expert, NH = hp->n_head;
+    const uint64_t QW = NH * D, KVW = (uint64_t)hp->n_head_kv * D;
+    static const struct {
+        const char *gguf, *hf;
+        int kind; /* shape: 0 (H), 1 (QW, H), 2 (KVW, H), 3 (H, QW), 4 (E, H), 5 (QW), 6 (KVW),
+                   * 7 (E), 8 (n_head) */
+        bool f32; /* F32 whatever the mix */
+    } map[] = {
+        {"attn_norm.weight", "input_layernorm.weight", 0, false},
+        {"attn_q.weight", "self_attn.q_proj.weight", 1, false},
+        {"attn_q.bias", "self_attn.q_proj.bias", 5, true},
+        {"attn_k.weight", "self_attn.k_proj.weight", 2, false},
+        {"attn_k.bias", "self_attn.k_proj.bias", 6, true},
+        {"attn_v.weight", "self_attn.v_proj.weight", 2, false},
+        {"attn_v.bias", "self_attn.v_proj.bias", 6, true},
+        {"attn_output.weight", "self_attn.o_proj.weight", 3, false},
+        {"attn_output.bias", "self_attn.o_proj.bias", 0, true},
+        {"attn_sinks.weight", "self_attn.sinks", 8, true},
+        {"post_attention_norm.weight", "post_attention_layernorm.weight", 0, false},
+        {"ffn_gate_inp.weight", "mlp.router.weight", 4, false},
+        {"ffn_gate_inp.bias", "mlp.router.bias", 7, true},
+    };
+    const uint64_t shapes[9][2] = {{H, 0},  {QW, H}, {KVW, H}, {H, QW}, {E, H},
+                                   {QW, 0}, {KVW, 0}, {E, 0},  {NH, 0}};
+    char g[GGUF_NAME_MAX + 1], h[256];
+    int rc = 0;
+
+    for (size_t i = 0; !rc && i < sizeof(map) / sizeof(map[0]); i++) {
+        int k = map[i].kind;
+        snprintf(g, sizeof(g), "blk.%u.%s", l, map[i].gguf);
+        snprintf(h, sizeof(h), "model.layers.%u.%s", l, map[i].hf);
+        rc = plan_direct(p, c, g, h, shapes[k][1] ? 2 : 1, shapes[k]);
+        if (!rc && map[i].f32)
+            p->t[p->n - 1].force_type = QUANT_F32;
+    }
+    rc = rc ? rc : plan_gptoss_experts(p, c, hp, mix, l, PROJ_GATE);
+    rc = rc ? rc : plan_gptoss_experts(p, c, hp, mix, l, PROJ_UP);
+    rc = rc ? rc : plan_gptoss_experts(p, c, hp, mix, l, PROJ_DOWN);
+    return rc ? rc : plan_gptoss_expert_bias(p, c, hp, l);
+}
+
+static int plan_build(struct convert_plan *p, struct hf_ckpt *c, const struct convert_hparams *hp,
+                      enum quant_mix mix)
 {
     uint64_t emb[2] = {hp->n_vocab, hp->n_embd}, norm[1] = {hp->n_embd};
     int rc = plan_direct(p, c, "token_embd.weight", "model.embed_tokens.weight", 2, emb);
 
     for (uint32_t l = 0; !rc && l < hp->n_layer; l++)
-        rc = plan_layer(p, c, hp, l);
+        rc = hp->arch == CONVERT_ARCH_GPTOSS ? plan_gptoss_layer(p, c, hp, mix, l)
+                                             : plan_layer(p, c, hp, l);
     rc = rc ? rc : plan_direct(p, c, "output_norm.weight", "model.norm.weight", 1, norm);
     if (!rc && !hp->tied)
         rc = plan_direct(p, c, "output.weight", "lm_head.weight", 2, emb);
@@ -461,28 +711,65 @@ static uint32_t report_unused(const struct convert_config *cfg, const struct hf_
 
 /* ---- row conversion ----------------------------------------------------------------------- */
 
-/* n elements of src from element elem0 as floats. */
-static void src_to_f32(const struct safetensors_tensor *src, uint64_t elem0, uint64_t n, float *dst)
+/* n elements of src from element elem0, step elements apart, as floats. */
+static void src_to_f32(const struct safetensors_tensor *src, uint64_t elem0, uint64_t n,
+                       uint64_t step, float *dst)
 {
-    const uint8_t *p = (const uint8_t *)src->data + elem0 * safetensors_dtype_size(src->dtype);
+    const uint32_t size = safetensors_dtype_size(src->dtype);
+    const uint8_t *p = (const uint8_t *)src->data + elem0 * size;
     uint16_t h;
 
-    switch (src->dtype) {
-    case SAFETENSORS_F32:
-        memcpy(dst, p, n * sizeof(float));
-        break;
-    case SAFETENSORS_BF16:
-        for (uint64_t i = 0; i < n; i++) {
-            memcpy(&h, p + 2 * i, 2);
+    for (uint64_t i = 0; i < n; i++, p += step * size) {
+        switch (src->dtype) {
+        case SAFETENSORS_F32:
+            memcpy(&dst[i], p, sizeof(float));
+            break;
+        case SAFETENSORS_BF16:
+            memcpy(&h, p, 2);
             dst[i] = bf16_to_f32(h);
-        }
-        break;
-    default: /* F16: hf_get admits nothing else */
-        for (uint64_t i = 0; i < n; i++) {
-            memcpy(&h, p + 2 * i, 2);
+            break;
+        default: /* F16: hf_get admits nothing else */
+            memcpy(&h, p, 2);
             dst[i] = fp16_to_f32(h);
+            break;
         }
-        break;
+    }
+}
+
+/* The 32 E2M1 codes of one MXFP4 block as transformers packs them: element 2i in the low
+ * nibble of byte i, element 2i + 1 in the high one. */
+static void hf_mxfp4_codes(const uint8_t *blk, uint8_t *codes)
+{
+    for (int i = 0; i < 16; i++) {
+        codes[2 * i] = blk[i] & 0x0F;
+        codes[2 * i + 1] = blk[i] >> 4;
+    }
+}
+
+/* Source row `row` of an MXFP4 segment (n elements): as GGUF MXFP4 blocks into dst (the same
+ * codes and exponents, repacked: element j in the low nibble of byte j, j + 16 in the high),
+ * or as floats (value(code) * 2^(scale - 127)) when dst is NULL. */
+static void mxfp4_row(const struct convert_segment *sg, uint64_t row, uint64_t n, uint8_t *dst,
+                      float *f)
+{
+    static const float e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    const uint64_t nb = n / 32;
+    const uint8_t *blocks = (const uint8_t *)sg->src->data + row * nb * 16;
+    const uint8_t *scales = (const uint8_t *)sg->scales->data + row * nb;
+    uint8_t c[32];
+
+    for (uint64_t b = 0; b < nb; b++) {
+        hf_mxfp4_codes(blocks + b * 16, c);
+        if (dst) {
+            struct block_mxfp4 *o = (struct block_mxfp4 *)dst + b;
+            o->e = scales[b];
+            for (int j = 0; j < 16; j++)
+                o->qs[j] = (uint8_t)(c[j] | c[j + 16] << 4);
+            continue;
+        }
+        for (int j = 0; j < 32; j++)
+            f[b * 32 + j] = ldexpf(e2m1[c[j]], (int)scales[b] - 127);
     }
 }
 
@@ -500,17 +787,24 @@ static int rows_convert(const struct convert_tensor *t, uint64_t row0, uint64_t 
         while (r >= seg_row0 + t->seg[s].n_rows)
             seg_row0 += t->seg[s++].n_rows;
         const struct convert_segment *sg = &t->seg[s];
-        uint64_t elem = sg->elem0 + (r - seg_row0) * ne0;
+        uint64_t elem = sg->elem0 + (r - seg_row0) * (sg->row_step ? sg->row_step : ne0);
         enum safetensors_dtype dt = sg->src->dtype;
 
-        if ((t->type == QUANT_F32 && dt == SAFETENSORS_F32) ||
-            (t->type == QUANT_BF16 && dt == SAFETENSORS_BF16) ||
-            (t->type == QUANT_F16 && dt == SAFETENSORS_F16)) {
+        if (sg->scales) {
+            if (t->type == QUANT_MXFP4) {
+                mxfp4_row(sg, elem, ne0, dst, NULL);
+                continue;
+            }
+            mxfp4_row(sg, elem, ne0, NULL, scratch);
+        } else if (sg->elem_step <= 1 && ((t->type == QUANT_F32 && dt == SAFETENSORS_F32) ||
+                                          (t->type == QUANT_BF16 && dt == SAFETENSORS_BF16) ||
+                                          (t->type == QUANT_F16 && dt == SAFETENSORS_F16))) {
             memcpy(dst, (const uint8_t *)sg->src->data + elem * safetensors_dtype_size(dt),
                    t->row_bytes);
             continue;
+        } else {
+            src_to_f32(sg->src, elem, ne0, sg->elem_step ? sg->elem_step : 1, scratch);
         }
-        src_to_f32(sg->src, elem, ne0, scratch);
         if (t->type == QUANT_F32) {
             memcpy(dst, scratch, ne0 * sizeof(float));
             continue;
@@ -584,7 +878,9 @@ static int plan_types(const struct convert_config *cfg, struct convert_plan *p,
     for (uint32_t i = 0; i < p->n; i++) {
         struct convert_tensor *t = &p->t[i];
         int rc;
-        t->type = quant_mix_tensor_type(cfg->mix, t->name, t->n_dims, t->ne[0], &t->fell_back);
+        t->type = t->force_type >= 0 ? (uint32_t)t->force_type
+                                     : quant_mix_tensor_type(cfg->mix, t->name, t->n_dims,
+                                                             t->ne[0], &t->fell_back);
         if ((rc = quant_row_bytes(t->type, t->ne[0], &t->row_bytes)))
             return err_wrap(rc, "tensor '%s': ", t->name);
         if (t->type != QUANT_F32 && !quant_ref_can_quantize(t->type))
@@ -645,7 +941,7 @@ int convert_run(const struct convert_config *cfg, struct convert_stats *stats)
         return err_set(-EINVAL, "bad quant mix %d", (int)cfg->mix);
     rc = hf_ckpt_open(cfg->hf_dir, &c);
     rc = rc ? rc : read_hparams(cfg, c, &hp);
-    rc = rc ? rc : plan_build(&plan, c, &hp);
+    rc = rc ? rc : plan_build(&plan, c, &hp, cfg->mix);
     if (rc)
         goto out;
     st.n_unused = report_unused(cfg, c);

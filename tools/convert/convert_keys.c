@@ -1,4 +1,4 @@
-/* convert_keys: the audit of config.json, one table per architecture (qwen3moe now).
+/* convert_keys: the audit of config.json, one table per architecture (qwen3moe, gpt-oss).
  *
  * Every key is in the table with what strata does with it:
  *   IMPLEMENTED  its value reaches the GGUF (read_hparams in convert.c, convert_vocab.c);
@@ -100,6 +100,42 @@ static bool ok_rope_default(json_object *v)
            !strcmp(json_object_get_string(v), "default");
 }
 
+static bool ok_yarn(json_object *v)
+{
+    const char *s = json_object_is_type(v, json_type_string) ? json_object_get_string(v) : "";
+    return !strcmp(s, "yarn") || !strcmp(s, "default");
+}
+
+static bool ok_32(json_object *v)
+{
+    return is_number(v) && json_object_get_double(v) == 32.0;
+}
+
+static bool ok_7(json_object *v)
+{
+    return is_number(v) && json_object_get_double(v) == 7.0;
+}
+
+static bool ok_mxfp4(json_object *v)
+{
+    return json_object_is_type(v, json_type_string) && !strcmp(json_object_get_string(v), "mxfp4");
+}
+
+/* gpt-oss's layers alternate sliding and full attention, sliding first (the GGUF's default
+ * sliding_window_pattern 2) */
+static bool ok_alternating(json_object *v)
+{
+    if (!json_object_is_type(v, json_type_array))
+        return false;
+    for (size_t i = 0; i < json_object_array_length(v); i++) {
+        json_object *e = json_object_array_get_idx(v, i);
+        const char *want = i % 2 ? "full_attention" : "sliding_attention";
+        if (!json_object_is_type(e, json_type_string) || strcmp(json_object_get_string(e), want))
+            return false;
+    }
+    return true;
+}
+
 static bool ok_all_full_attention(json_object *v)
 {
     if (!json_object_is_type(v, json_type_array))
@@ -126,6 +162,24 @@ static bool ok_all_full_attention(json_object *v)
     "attention"
 #define ROPE_SCALING_ONLY                                                                          \
     "read only by the rope scaling types, which are refused; default RoPE does not read it"
+
+/* Keys of every architecture's config that transformers' forward does not read. */
+#define COMMON_NO_EFFECT                                                                           \
+    NONE("attention_dropout", "dropout acts in training only"),                                    \
+    NONE("router_aux_loss_coef", "a training loss term"),                                          \
+    NONE("output_router_logits", "adds router logits to the outputs; logits unchanged"),           \
+    NONE("initializer_range", "initialisation of weights the checkpoint does not hold"),           \
+    NONE("use_cache", "the KV cache gives the same logits"),                                       \
+    NONE("torch_dtype", "the dtype transformers loads into; strata reads the file's dtypes"),      \
+    NONE("dtype", "the dtype transformers loads into; strata reads the file's dtypes"),            \
+    NONE("transformers_version", "the version that wrote the file"),                               \
+    NONE("_name_or_path", "where the model was loaded from"),                                      \
+    NONE("output_attentions", "selects extra outputs"),                                            \
+    NONE("output_hidden_states", "selects extra outputs"),                                         \
+    NONE("return_dict", "selects the output container"),                                           \
+    NONE("id2label", "labels of classification heads"),                                            \
+    NONE("label2id", "labels of classification heads"),                                            \
+    NONE("tokenizer_class", "strata reads tokenizer.json itself")
 
 /* Members of rope_scaling (transformers 4.x) and rope_parameters (5.x). */
 static const struct key_rule rope_rules[] = {
@@ -204,25 +258,99 @@ static const struct key_rule qwen3moe_rules[] = {
           "the weights are quantized; strata convert reads F32, BF16 and F16 weights"),
     NONE("sliding_window", "transformers sets it to None unless use_sliding_window (refused)"),
     NONE("max_window_layers", "not read by transformers' Qwen3MoE"),
-    NONE("attention_dropout", "dropout acts in training only"),
-    NONE("router_aux_loss_coef", "a training loss term"),
-    NONE("output_router_logits", "adds router logits to the outputs; logits unchanged"),
-    NONE("initializer_range", "initialisation of weights the checkpoint does not hold"),
-    NONE("use_cache", "the KV cache gives the same logits"),
-    NONE("torch_dtype", "the dtype transformers loads into; strata reads the file's dtypes"),
-    NONE("dtype", "the dtype transformers loads into; strata reads the file's dtypes"),
-    NONE("transformers_version", "the version that wrote the file"),
-    NONE("_name_or_path", "where the model was loaded from"),
-    NONE("output_attentions", "selects extra outputs"),
-    NONE("output_hidden_states", "selects extra outputs"),
-    NONE("return_dict", "selects the output container"),
-    NONE("id2label", "labels of classification heads"),
-    NONE("label2id", "labels of classification heads"),
-    NONE("tokenizer_class", "strata reads tokenizer.json itself"),
+    COMMON_NO_EFFECT,
 };
 static const struct key_table qwen3moe_table = {qwen3moe_rules,
                                                 sizeof(qwen3moe_rules) / sizeof(qwen3moe_rules[0])};
 
+#define YARN_ONLY "strata's gpt-oss forward implements YaRN (rope type yarn) or plain RoPE"
+
+/* Members of gpt-oss's rope_scaling / rope_parameters: YaRN as transformers computes it. */
+static const struct key_rule gptoss_rope_rules[] = {
+    CHECK("rope_type", ok_yarn, YARN_ONLY),
+    CHECK("type", ok_yarn, YARN_ONLY),
+    IMPL("rope_theta", "rope.freq_base"),
+    IMPL("factor", "rope.scaling.factor"),
+    IMPL("original_max_position_embeddings", "rope.scaling.original_context_length"),
+    CHECK("beta_fast", ok_32, "strata's YaRN uses beta_fast 32 (the GGUF has no key for it)"),
+    CHECK("beta_slow", ok_one, "strata's YaRN uses beta_slow 1 (the GGUF has no key for it)"),
+    {.key = "truncate",
+     .kind = KEY_CHECKED,
+     .ok = ok_false,
+     .absent = "true",
+     .why = "strata's gpt-oss YaRN does not round the correction range (truncate false, as "
+            "gpt-oss's config sets it)"},
+    CHECK("attention_factor", ok_never,
+          "strata scales by 0.1 ln(factor) + 1, the value transformers computes when it is absent"),
+    CHECK("mscale", ok_never, "read by DeepSeek's YaRN variant only; strata does not compute it"),
+    CHECK("mscale_all_dim", ok_never,
+          "read by DeepSeek's YaRN variant only; strata does not compute it"),
+    CHECK("partial_rotary_factor", ok_one, "strata rotates the whole head"),
+};
+static const struct key_table gptoss_rope_table = {
+    gptoss_rope_rules, sizeof(gptoss_rope_rules) / sizeof(gptoss_rope_rules[0])};
+
+/* quantization_config of the published gpt-oss checkpoints: MXFP4 experts, read as they are. */
+static const struct key_rule gptoss_quant_rules[] = {
+    CHECK("quant_method", ok_mxfp4, "strata convert reads MXFP4 expert blocks, no other method"),
+    NONE("modules_to_not_convert", "names the modules left unquantized; strata reads each "
+                                   "tensor's dtype"),
+};
+static const struct key_table gptoss_quant_table = {
+    gptoss_quant_rules, sizeof(gptoss_quant_rules) / sizeof(gptoss_quant_rules[0])};
+
+/* config.json of GptOssForCausalLM (model_type gpt_oss), transformers 4.55+ and 5.x. */
+static const struct key_rule gptoss_rules[] = {
+    IMPL("architectures", "selects the architecture: general.architecture gpt-oss"),
+    IMPL("model_type", "selects the architecture: general.architecture gpt-oss"),
+    IMPL("hidden_size", "embedding_length"),
+    IMPL("num_hidden_layers", "block_count"),
+    IMPL("num_attention_heads", "attention.head_count"),
+    IMPL("num_key_value_heads", "attention.head_count_kv (required)"),
+    IMPL("head_dim", "attention.key_length, attention.value_length"),
+    IMPL("intermediate_size", "expert_feed_forward_length (and feed_forward_length)"),
+    IMPL("num_local_experts", "expert_count"),
+    IMPL("num_experts_per_tok", "expert_used_count"),
+    IMPL("vocab_size", "rows of token_embd and output; the vocabulary is padded to it"),
+    IMPL("max_position_embeddings", "context_length"),
+    IMPL("rms_norm_eps", "attention.layer_norm_rms_epsilon"),
+    IMPL("rope_theta", "rope.freq_base"),
+    IMPL("sliding_window", "attention.sliding_window"),
+    IMPL("tie_word_embeddings", "true: no output.weight, the output head is token_embd"),
+    IMPL("bos_token_id", "tokenizer.ggml.bos_token_id unless tokenizer_config.json names it"),
+    IMPL("eos_token_id", "tokenizer.ggml.eos_token_id unless tokenizer_config.json names it"),
+    IMPL("pad_token_id", "tokenizer.ggml.padding_token_id unless tokenizer_config.json names it"),
+    {.key = "rope_scaling",
+     .kind = KEY_CHECKED,
+     .ok = ok_object,
+     .sub = &gptoss_rope_table,
+     .why = "it must be an object of rope parameters (or null)"},
+    {.key = "rope_parameters",
+     .kind = KEY_CHECKED,
+     .ok = ok_object,
+     .sub = &gptoss_rope_table,
+     .why = "it must be an object of rope parameters (or null)"},
+    {.key = "quantization_config",
+     .kind = KEY_CHECKED,
+     .ok = ok_object,
+     .sub = &gptoss_quant_table,
+     .why = "it must be an object"},
+    CHECK("layer_types", ok_alternating,
+          "strata's gpt-oss layers alternate sliding and full attention, sliding first"),
+    CHECK("attention_bias", ok_true, "strata's gpt-oss attention projections have biases"),
+    CHECK("swiglu_limit", ok_7, "strata's experts clamp at 7 (cpu_kernels/expert_ffn.h)"),
+    CHECK("partial_rotary_factor", ok_one, "strata rotates the whole head"),
+    NONE("hidden_act", "gpt-oss's experts compute their clamped SwiGLU whatever it says"),
+    NONE("experts_per_token", "the original config's name; transformers reads num_experts_per_tok"),
+    NONE("initial_context_length", "the original config's name; transformers reads "
+                                   "rope_scaling.original_max_position_embeddings"),
+    COMMON_NO_EFFECT,
+};
+static const struct key_table gptoss_table = {gptoss_rules,
+                                              sizeof(gptoss_rules) / sizeof(gptoss_rules[0])};
+#undef YARN_ONLY
+
+#undef COMMON_NO_EFFECT
 #undef IMPL
 #undef NONE
 #undef CHECK
@@ -349,8 +477,10 @@ static int audit_agreement(const struct hf_ckpt *c)
     return 0;
 }
 
-int convert_keys_check(const struct convert_config *cfg, const struct hf_ckpt *c)
+int convert_keys_check(const struct convert_config *cfg, const struct hf_ckpt *c,
+                       enum convert_arch arch)
 {
-    int rc = audit_object(cfg, c, &qwen3moe_table, "", c->config);
+    int rc = audit_object(cfg, c, arch == CONVERT_ARCH_GPTOSS ? &gptoss_table : &qwen3moe_table,
+                          "", c->config);
     return rc ? rc : audit_agreement(c);
 }
