@@ -99,6 +99,7 @@ struct batch_job {
     enum batch_state state;
     char *error;  /* what is wrong with the line (malloc'd), or NULL */
     char *prompt; /* the rendered prompt (malloc'd) until tokenized */
+    bool chat;    /* rendered in ChatML ("messages", or "prompt" with --chat) */
     int32_t *ids; /* (n_prompt) its tokens (malloc'd) until evaluated */
     int n_prompt;
     struct strata_generate_params gen; /* stop[] points into stops or the --stop arguments */
@@ -615,6 +616,7 @@ static int batch_render_messages(const struct batch *b, struct batch_job *j, jso
     }
     if ((rc = chat_render_chatml(msgs, nm, true, b->o.think, &j->prompt)))
         batch_job_fail(b, j, "chat template: out of memory");
+    j->chat = true;
 out:
     free(msgs);
     return rc;
@@ -641,6 +643,7 @@ static int batch_render_prompt(const struct batch *b, struct batch_job *j, json_
         msgs[nm++] = (struct chat_msg){"user", p};
         if (chat_render_chatml(msgs, nm, true, b->o.think, &j->prompt))
             j->prompt = NULL;
+        j->chat = true;
     }
     if (!j->prompt) {
         batch_job_fail(b, j, "out of memory");
@@ -1136,6 +1139,13 @@ static int batch_open_engine(struct batch *b, int n_pending)
         fprintf(stderr, "strata batch: %s has no tokenizer (tokenizer.ggml.* keys)\n", b->o.model);
         return 1;
     }
+    /* jobs are rendered in ChatML before the model is known; gpt-oss reads harmony */
+    for (int i = 0; chat_format_of_arch(mi.arch) != CHAT_FORMAT_CHATML && i < b->n_jobs; i++)
+        if (b->jobs[i].state == JOB_PENDING && b->jobs[i].chat)
+            batch_job_fail(b, &b->jobs[i],
+                           "chat jobs on %s (harmony format) are not supported by strata batch "
+                           "yet: give a plain \"prompt\", or use strata chat / serve",
+                           mi.arch);
     batch_tokenize(b);
     n_pending = 0;
     for (int i = 0; i < b->n_jobs; i++)

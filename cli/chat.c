@@ -1,5 +1,5 @@
-/* strata chat: an interactive conversation in the model's chat template (ChatML). The KV cache
- * is kept across turns: each turn evaluates only its new tokens. */
+/* strata chat: an interactive conversation in the model's chat format (ChatML; harmony for
+ * gpt-oss). The KV cache is kept across turns: each turn evaluates only its new tokens. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,29 +11,53 @@
 #include "run_opts.h"
 #include "strata.h"
 
+/* How a reply is printed: as it comes (ChatML), or split into channels (harmony). */
+struct chat_out {
+    struct chat_harmony *h; /* NULL: ChatML */
+};
+
 static int chat_emit(void *ctx, const char *text, size_t len)
 {
-    (void)ctx;
+    struct chat_out *o = ctx;
+    if (o->h)
+        return chat_harmony_feed(o->h, text, len);
     fwrite(text, 1, len, stdout);
     fflush(stdout);
     return 0;
 }
 
+/* Evaluates text into the stream (the template's pieces between turns). 0 or 1. */
+static int chat_eval_text(struct run_session *s, const char *text)
+{
+    int32_t *ids = NULL;
+    int n = 0, rc;
+    if (run_tokenize(s, text, &ids, &n))
+        return 1;
+    rc = n ? strata_eval(s->stream, ids, n, NULL) : 0;
+    free(ids);
+    return rc ? cli_fail("generation") : 0;
+}
+
 /* Evaluates one turn: the rendered text of the new messages, then the reply. A turn that does
  * not fit in what is left of the context is not evaluated (said on stderr; the loop goes on,
- * and /reset empties the context); a reply cut off by the context is not closed. */
-static int chat_turn(struct run_session *s, const struct run_opts *o, const char *rendered)
+ * and /reset empties the context); a reply cut off by the context is not closed. A harmony
+ * reply is kept in the cache as the template renders history: its final channel only. */
+static int chat_turn(struct run_session *s, const struct run_opts *o, enum chat_format fmt,
+                     const char *rendered)
 {
     struct strata_generate_stats st;
     struct strata_generate_params gc = o->gen;
     struct strata_stream *str = s->stream;
+    struct chat_harmony h;
+    struct run_harmony_out hout;
+    struct chat_out out = {.h = fmt == CHAT_FORMAT_HARMONY ? &h : NULL};
     int32_t *ids = NULL;
     int n = 0, rc;
 
     if (run_tokenize(s, rendered, &ids, &n))
         return 1;
     if (strata_stream_pos(str) + n + 2 > strata_stream_n_ctx(str)) {
-        /* room for one reply token and <|im_end|> */
+        /* room for one reply token and the end of the turn */
         fprintf(stderr,
                 "strata chat: this message (%d tokens) does not fit in the context (%d of %d "
                 "used): /reset starts over, or restart with a larger -c\n",
@@ -41,24 +65,43 @@ static int chat_turn(struct run_session *s, const struct run_opts *o, const char
         free(ids);
         return 0;
     }
-    if (gc.n_stop < STRATA_MAX_STOP)
-        gc.stop[gc.n_stop++] = "<|im_end|>";
-    rc = strata_generate(str, ids, n, &gc, chat_emit, NULL, NULL, &st);
+    for (const char *const *stop = chat_stops(fmt); *stop && gc.n_stop < STRATA_MAX_STOP; stop++)
+        gc.stop[gc.n_stop++] = *stop;
+    const int reply_pos = strata_stream_pos(str) + n;
+    if (out.h)
+        run_harmony_start(&h, &hout, o->hide_reasoning);
+    rc = strata_generate(str, ids, n, &gc, chat_emit, &out, NULL, &st);
     free(ids);
-    if (rc)
+    if (out.h)
+        chat_harmony_flush(&h);
+    if (rc) {
+        if (out.h)
+            chat_harmony_free(&h);
         return cli_fail("generation");
+    }
     if (st.stopped_ctx || strata_stream_pos(str) + 2 > strata_stream_n_ctx(str)) {
         fprintf(stderr, "\nstrata chat: the context is full (%d tokens): /reset starts over\n",
                 strata_stream_pos(str));
+        if (out.h)
+            chat_harmony_free(&h);
         return 0;
     }
     /* close the assistant turn in the cache so the next turn follows the template */
-    if (run_tokenize(s, "<|im_end|>\n", &ids, &n))
-        return 1;
-    rc = strata_eval(str, ids, n, NULL);
-    free(ids);
+    if (out.h) {
+        const char *final = h.final ? h.final : "";
+        size_t len = strlen(final) + 64;
+        char *t = malloc(len);
+        strata_stream_truncate(str, reply_pos);
+        if (t)
+            snprintf(t, len, "<|channel|>final<|message|>%s<|end|>", final);
+        rc = t ? chat_eval_text(s, t) : cli_fail("out of memory");
+        free(t);
+        chat_harmony_free(&h);
+    } else {
+        rc = chat_eval_text(s, "<|im_end|>\n");
+    }
     if (rc)
-        return cli_fail("generation");
+        return rc;
     if (o->verbose)
         run_print_stats(&st);
     else
@@ -83,6 +126,9 @@ int cmd_chat(int argc, char **argv)
         return rc == 1 ? 0 : rc;
     if (run_session_open(&o, &s))
         return 1;
+    char today[32];
+    struct chat_style style = {.format = (enum chat_format)run_chat_format(&s), .think = o.think,
+                               .date = run_today(today, sizeof(today))};
     fprintf(stderr, "strata chat: type a message and press Enter; /reset forgets the conversation; "
                     "Ctrl-D or /exit to quit\n");
     for (;;) {
@@ -115,12 +161,13 @@ int cmd_chat(int argc, char **argv)
         if (first && o.system)
             msgs[nm++] = (struct chat_msg){"system", o.system};
         msgs[nm++] = (struct chat_msg){"user", line};
+        style.start = first;
         first = false;
-        if (chat_render_chatml(msgs, nm, true, o.think, &rendered)) {
+        if (chat_render(&style, msgs, nm, true, &rendered)) {
             rc = cli_fail("chat template");
             break;
         }
-        rc = chat_turn(&s, &o, rendered);
+        rc = chat_turn(&s, &o, style.format, rendered);
         free(rendered);
         if (rc)
             break;

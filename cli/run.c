@@ -22,9 +22,11 @@ static void run_on_sigint(int sig)
     run_interrupted = 1;
 }
 
+/* ctx: NULL, or the harmony splitter of a gpt-oss --chat reply */
 static int run_emit(void *ctx, const char *text, size_t len)
 {
-    (void)ctx;
+    if (ctx)
+        return chat_harmony_feed(ctx, text, len) ? 1 : run_interrupted;
     fwrite(text, 1, len, stdout);
     fflush(stdout);
     return run_interrupted;
@@ -122,21 +124,34 @@ int cmd_run(int argc, char **argv)
     rc = run_prompt_text(&o, &text);
     if (rc)
         return rc;
+    if (run_session_open(&o, &s)) {
+        free(text);
+        return 1;
+    }
+    const enum chat_format fmt = (enum chat_format)run_chat_format(&s);
+    struct chat_harmony h, *split = NULL;
+    struct run_harmony_out hout;
     if (o.chat_template) {
         struct chat_msg msgs[2];
+        char today[32];
+        struct chat_style style = {.format = fmt, .think = o.think, .start = true,
+                                   .date = run_today(today, sizeof(today))};
         int nm = 0;
         if (o.system)
             msgs[nm++] = (struct chat_msg){"system", o.system};
         msgs[nm++] = (struct chat_msg){"user", text};
-        if (chat_render_chatml(msgs, nm, true, o.think, &rendered)) {
+        if (chat_render(&style, msgs, nm, true, &rendered)) {
             free(text);
+            run_session_close(&s);
             return cli_fail("chat template");
         }
-    }
-    if (run_session_open(&o, &s)) {
-        free(text);
-        free(rendered);
-        return 1;
+        if (fmt == CHAT_FORMAT_HARMONY) {
+            run_harmony_start(&h, &hout, o.hide_reasoning);
+            split = &h;
+            for (const char *const *stop = chat_stops(fmt);
+                 *stop && o.gen.n_stop < STRATA_MAX_STOP; stop++)
+                o.gen.stop[o.gen.n_stop++] = *stop;
+        }
     }
     rc = run_tokenize(&s, rendered ? rendered : text, &ids, &n);
     if (!rc && n == 0) {
@@ -158,7 +173,13 @@ int cmd_run(int argc, char **argv)
         sigaction(SIGINT, &sa, &old_int);
         strata_stream_set_progress(s.stream, run_on_progress, &prog);
         fputs(rendered ? rendered : text, stdout);
-        rc = strata_generate(s.stream, ids, n, &o.gen, run_emit, NULL, NULL, &st);
+        if (split)
+            fputc('\n', stdout);
+        rc = strata_generate(s.stream, ids, n, &o.gen, run_emit, split, NULL, &st);
+        if (split) {
+            chat_harmony_flush(split);
+            chat_harmony_free(split);
+        }
         sigaction(SIGINT, &old_int, NULL);
         if (run_interrupted) {
             fflush(stdout);

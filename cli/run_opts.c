@@ -5,9 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "args.h"
+#include "chat.h"
 #include "clock.h"
 #include "cli.h"
 #include "cuda_info.h"
@@ -130,7 +132,10 @@ static void run_opts_usage(const char *cmd)
     if (chat)
         printf("messages (read from stdin, one a line; chat takes no -p or -f):\n"
                "      --system TEXT       system message, sent before the first message\n"
-               "      --no-think          Qwen3: pre-fill an empty <think></think> block\n");
+               "      --no-think          Qwen3: pre-fill an empty <think></think> block;\n"
+               "                          gpt-oss: reasoning effort low (default medium)\n"
+               "      --hide-reasoning    gpt-oss: do not print the analysis channel (default:\n"
+               "                          printed, dimmed on a terminal)\n");
     else
         printf("prompt:\n"
                "  -p, --prompt TEXT       prompt text\n"
@@ -138,9 +143,13 @@ static void run_opts_usage(const char *cmd)
                "                          stdin); prompts are UTF-8 text; a NUL byte is refused,\n"
                "                          other invalid UTF-8 is kept as bytes (the byte-level\n"
                "                          tokenizer encodes any byte)\n"
-               "      --chat              wrap the prompt in the model's chat template (ChatML)\n"
+               "      --chat              wrap the prompt in the model's chat template (ChatML;\n"
+               "                          gpt-oss: harmony, its reply split into channels)\n"
                "      --system TEXT       system message for --chat and strata chat\n"
-               "      --no-think          Qwen3: pre-fill an empty <think></think> block\n");
+               "      --no-think          Qwen3: pre-fill an empty <think></think> block;\n"
+               "                          gpt-oss: reasoning effort low (default medium)\n"
+               "      --hide-reasoning    gpt-oss with --chat: do not print the analysis channel\n"
+               "                          (default: printed, dimmed on a terminal)\n");
     printf("generation:\n"
            "  -n, --n-predict N       tokens to generate (default %d)\n"
            "      --temp T            temperature, 0 = greedy (default %.2f)\n"
@@ -244,6 +253,8 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->think = false, used = 0;
         } else if (IS("--think", NULL)) {
             o->think = true, used = 0;
+        } else if (IS("--hide-reasoning", NULL)) {
+            o->hide_reasoning = true, used = 0;
         } else if (IS("--ignore-eos", NULL)) {
             o->gen.ignore_eos = true, used = 0;
         } else if (IS("--bind", NULL)) {
@@ -530,6 +541,47 @@ int run_profile_check(struct strata *s, const char *path)
                 "lane agrees with the GPU within tolerance, not bit for bit)\n",
                 path, r.diff_at, r.n);
     return 0;
+}
+
+int run_chat_format(const struct run_session *s)
+{
+    struct strata_model_info mi;
+    strata_model_info(s->s, &mi);
+    return chat_format_of_arch(mi.arch);
+}
+
+const char *run_today(char *buf, size_t size)
+{
+    time_t now = time(NULL);
+    struct tm tm;
+    if (!localtime_r(&now, &tm) || !strftime(buf, size, "%Y-%m-%d", &tm))
+        snprintf(buf, size, "unknown");
+    return buf;
+}
+
+/* Prints a harmony reply's text: the final channel as is, the others (reasoning) dimmed on a
+ * terminal or hidden; the answer starts on a line of its own after reasoning. */
+static void run_harmony_emit(void *ctx, const char *channel, const char *text, size_t len)
+{
+    struct run_harmony_out *o = ctx;
+    bool final = !strcmp(channel, "final"), tty = isatty(STDOUT_FILENO);
+    if (!final && o->hide)
+        return;
+    if (final && o->last == 1)
+        fputc('\n', stdout);
+    if (!final && tty)
+        fputs("\033[2m", stdout);
+    fwrite(text, 1, len, stdout);
+    if (!final && tty)
+        fputs("\033[0m", stdout);
+    o->last = final ? 2 : 1;
+    fflush(stdout);
+}
+
+void run_harmony_start(struct chat_harmony *h, struct run_harmony_out *out, bool hide)
+{
+    *out = (struct run_harmony_out){.hide = hide};
+    chat_harmony_init(h, run_harmony_emit, out);
 }
 
 int run_session_open(const struct run_opts *o, struct run_session *s)

@@ -21,8 +21,9 @@ struct run_opts {
     int n_ctx;             /* -c */
     bool ctx_set;          /* -c was given (warned about above the trained context) */
     int n_batch;           /* -b */
-    bool chat_template;    /* --chat: wrap -p in the ChatML template */
+    bool chat_template;    /* --chat: wrap -p in the model's chat template */
     bool think;            /* --think / --no-think */
+    bool hide_reasoning;   /* --hide-reasoning: harmony's analysis channel not printed */
     bool verbose;
     bool no_mmap;          /* --no-mmap: weights copied to anonymous huge pages */
     bool bind;             /* --bind: one OpenMP thread per physical core, bound */
@@ -57,6 +58,24 @@ void run_opts_init(struct run_opts *o);
 /* Parses argv[1..argc); returns 0, 1 when --help was printed, or 2 on a bad option (message
  * printed). cmd is "run" or "chat" (for the help text). */
 int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd);
+
+struct run_session;
+struct chat_harmony;
+
+/* The chat format of the session's model (harmony for gpt-oss, else ChatML). */
+int run_chat_format(const struct run_session *s);
+
+/* Today's date as YYYY-MM-DD into buf (the harmony header's "Current date"). */
+const char *run_today(char *buf, size_t size);
+
+/* A harmony reply printed as it streams: the final channel as text, the others (reasoning)
+ * dimmed on a terminal, or not at all with hide. run_harmony_start initialises h to print
+ * through out. */
+struct run_harmony_out {
+    bool hide;
+    int last; /* what was printed last: 0 nothing, 1 reasoning, 2 the answer */
+};
+void run_harmony_start(struct chat_harmony *h, struct run_harmony_out *out, bool hide);
 
 /* The default model path (shipped with strata), or NULL if it is not present. */
 const char *run_opts_default_model(void);

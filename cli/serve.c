@@ -91,6 +91,11 @@ struct serve_req {
     int phase;   /* stream: 0 role, 1 content, 2 [DONE] sent; non-stream: 0 body, 1 sent */
     char *out;
     size_t out_len, out_off;
+    /* a chat request on a harmony model (gpt-oss): its reply split into channels, the final
+     * one as content and the analysis as reasoning_content (NULL otherwise) */
+    struct chat_harmony *hm;
+    char *part[2]; /* this chunk's content [0] and reasoning [1] */
+    size_t n_part[2], cap_part[2];
 };
 
 struct serve_slot {
@@ -115,6 +120,7 @@ struct serve {
     struct strata *s;
     const struct tokenizer *tok;
     int n_vocab, n_ctx;
+    enum chat_format fmt; /* of the model: ChatML, or harmony (gpt-oss) */
     struct serve_slot *slots;
     int n_slots;
     struct strata_batch *bt;
@@ -283,7 +289,30 @@ static void req_unref(struct serve_req *r) /* under mu */
     free(r->out);
     for (int i = 0; i < STRATA_MAX_STOP; i++)
         free(r->stops[i]);
+    if (r->hm) {
+        chat_harmony_free(r->hm);
+        free(r->hm);
+    }
+    free(r->part[0]);
+    free(r->part[1]);
     free(r);
+}
+
+/* The harmony splitter's output: final text to part[0], the other channels to part[1]. */
+static void req_harmony_emit(void *ctx, const char *channel, const char *text, size_t len)
+{
+    struct serve_req *r = ctx;
+    int k = strcmp(channel, "final") != 0;
+    if (r->n_part[k] + len + 1 > r->cap_part[k]) {
+        size_t cap = (r->n_part[k] + len + 1) * 2;
+        char *p = realloc(r->part[k], cap);
+        if (!p)
+            return; /* out of memory: the piece is lost, the reply goes on */
+        r->part[k] = p;
+        r->cap_part[k] = cap;
+    }
+    memcpy(r->part[k] + r->n_part[k], text, len);
+    r->n_part[k] += len;
 }
 
 static int req_append(struct serve_req *r, const char *s, size_t n)
@@ -798,7 +827,8 @@ static const char *finish_api(const char *f)
 }
 
 /* One response object (non-stream) or chunk (stream): text of n bytes, finish (NULL: none
- * yet), role (the first chunk). The caller holds mu. */
+ * yet), role (the first chunk); a harmony reply's reasoning from r->part[1] (the caller
+ * empties it). The caller holds mu. */
 static char *req_render(const struct serve_req *r, const char *text, size_t n, const char *finish,
                         bool role, bool usage)
 {
@@ -818,6 +848,9 @@ static char *req_render(const struct serve_req *r, const char *text, size_t n, c
             json_object_object_add(m, "role", json_object_new_string("assistant"));
         if (!role || !r->stream)
             json_object_object_add(m, "content", json_object_new_string_len(text, (int)n));
+        if (r->hm && r->n_part[1])
+            json_object_object_add(m, "reasoning_content",
+                                   json_object_new_string_len(r->part[1], (int)r->n_part[1]));
         json_object_object_add(c0, r->stream ? "delta" : "message", m);
     } else {
         json_object_object_add(c0, "text", json_object_new_string_len(text, (int)n));
@@ -878,9 +911,23 @@ static ssize_t req_reader(void *cls, uint64_t pos, char *buf, size_t max)
                 if (!r->chat)
                     continue;
                 r->out = req_render(r, "", 0, NULL, true, false);
+            } else if (r->phase == 1 && avail > r->sent && r->hm) {
+                /* harmony: the new bytes through the splitter; a chunk when they held text */
+                chat_harmony_feed(r->hm, r->text + r->sent, avail - r->sent);
+                r->sent = avail;
+                if (!r->n_part[0] && !r->n_part[1])
+                    continue;
+                r->out = req_render(r, r->part[0] ? r->part[0] : "", r->n_part[0], NULL, false,
+                                    false);
+                r->n_part[0] = r->n_part[1] = 0;
             } else if (r->phase == 1 && avail > r->sent) {
                 r->out = req_render(r, r->text + r->sent, avail - r->sent, NULL, false, false);
                 r->sent = avail;
+            } else if (r->phase == 1 && r->state == REQ_DONE && r->hm &&
+                       (chat_harmony_flush(r->hm), r->n_part[0] || r->n_part[1])) {
+                r->out = req_render(r, r->part[0] ? r->part[0] : "", r->n_part[0], NULL, false,
+                                    false);
+                r->n_part[0] = r->n_part[1] = 0;
             } else if (r->phase == 1 && r->state == REQ_DONE) {
                 r->out = req_render(r, "", 0, r->finish, false, r->include_usage);
                 r->phase = 2;
@@ -896,7 +943,14 @@ static ssize_t req_reader(void *cls, uint64_t pos, char *buf, size_t max)
                 pthread_mutex_unlock(&sv->mu);
                 return MHD_CONTENT_READER_END_OF_STREAM;
             }
-            r->out = req_render(r, r->text ? r->text : "", r->len, r->finish, false, true);
+            if (r->hm) { /* content: the final channel; reasoning_content: the others */
+                chat_harmony_feed(r->hm, r->text ? r->text : "", r->len);
+                chat_harmony_flush(r->hm);
+                r->out = req_render(r, r->part[0] ? r->part[0] : "", r->n_part[0], r->finish,
+                                    false, true);
+            } else {
+                r->out = req_render(r, r->text ? r->text : "", r->len, r->finish, false, true);
+            }
             r->phase = 1;
         }
         if (r->out) {
@@ -1013,7 +1067,10 @@ static int req_prompt(struct serve *sv, struct MHD_Connection *c, json_object *b
             msgs[nm++] = (struct chat_msg){"system", sv->o.system};
         msgs[nm++] = (struct chat_msg){r, json_object_get_string(content)};
     }
-    int rc = chat_render_chatml(msgs, nm, true, sv->o.think, text);
+    char today[32];
+    struct chat_style style = {.format = sv->fmt, .think = sv->o.think, .start = true,
+                               .date = run_today(today, sizeof(today))};
+    int rc = chat_render(&style, msgs, nm, true, text);
     free(msgs);
     if (rc) {
         *res = send_error(sv, c, 500, "server_error", "out of memory");
@@ -1151,6 +1208,21 @@ static enum MHD_Result handle_completion(struct serve *sv, struct MHD_Connection
     }
     if (req_prompt(sv, c, body, chat, &text, &res))
         goto out;
+    if (chat && sv->fmt == CHAT_FORMAT_HARMONY) { /* the reply's channels, its end markers */
+        if (!(r->hm = malloc(sizeof(*r->hm)))) {
+            res = send_error(sv, c, 500, "server_error", "out of memory");
+            goto out;
+        }
+        chat_harmony_init(r->hm, req_harmony_emit, r);
+        for (const char *const *s = chat_stops(sv->fmt); *s && r->gen.n_stop < STRATA_MAX_STOP;
+             s++) {
+            if (!(r->stops[r->gen.n_stop] = strdup(*s)))
+                break;
+            r->gen.stop[r->gen.n_stop] = r->stops[r->gen.n_stop];
+            r->stop_max = strlen(*s) > r->stop_max ? strlen(*s) : r->stop_max;
+            r->gen.n_stop++;
+        }
+    }
     size_t tl = strlen(text);
     if (!(r->ids = malloc(sizeof(int32_t) * (tl + 4)))) {
         res = send_error(sv, c, 500, "server_error", "out of memory");
@@ -1391,6 +1463,7 @@ static int serve_open_engine(struct serve *sv)
         return cli_fail("the profile's probe");
     strata_model_info(sv->s, &mi);
     sv->tok = strata_model_of(sv->s)->tok;
+    sv->fmt = chat_format_of_arch(mi.arch);
     sv->n_vocab = (int)mi.n_vocab;
     sv->n_ctx = sv->o.n_ctx;
     if (strata_streams_check(sv->s, sv->n_slots, sv->o.n_ctx)) {

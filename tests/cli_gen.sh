@@ -59,6 +59,13 @@ size=$(stat -c %s "$dir/a.gguf")
 "$strata" inspect --tensors "$dir/oss.gguf" | grep -q "blk.3.attn_sinks.weight" && ok || fail "gpt-oss gen/inspect"
 "$strata" run -m "$dir/oss.gguf" -p hi -n 8 --temp 0 >"$dir/out" 2>"$dir/err" &&
 [ "$(wc -c <"$dir/out")" -gt 2 ] && ok || fail "gpt-oss run: $(cat "$dir/err")"
+# --chat renders harmony: the system header with the reasoning effort, the developer message,
+# the assistant's opening; chat keeps a conversation over two messages
+"$strata" run -m "$dir/oss.gguf" --chat --system "be brief" -p hi -n 4 >"$dir/out" 2>"$dir/err" &&
+grep -q "Reasoning: medium" "$dir/out" && grep -q "<|start|>developer<|message|># Instructions" "$dir/out" &&
+grep -q "<|start|>user<|message|>hi<|end|><|start|>assistant" "$dir/out" && ok || fail "gpt-oss --chat: $(cat "$dir/err")"
+"$strata" run -m "$dir/oss.gguf" --chat --no-think -p hi -n 1 2>/dev/null | grep -q "Reasoning: low" && ok || fail "gpt-oss --chat --no-think"
+printf 'hi\nthere\n' | "$strata" chat -m "$dir/oss.gguf" -n 4 >/dev/null 2>"$dir/err" && ok || fail "gpt-oss chat: $(cat "$dir/err")"
 "$strata" run -m "$dir/oss.gguf" --device cuda -p hi -n 1 >/dev/null 2>"$dir/err"
 [ $? -eq 1 ] && grep -q "CPU only" "$dir/err" && ok || fail "gpt-oss --device cuda: $(cat "$dir/err")"
 expect_error "unknown preset '30b-a3b' for gpt-oss" --arch gpt-oss --preset 30b-a3b -o "$dir/x.gguf"
