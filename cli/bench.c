@@ -57,8 +57,11 @@ struct bench_opts {
     bool device_cpu;         /* --device cpu was given */
     const char *prompt_file; /* -f: prompt text instead of random ids */
     int tg_greedy;           /* --tg greedy: decode feeds back the argmax */
-    int draft_max;           /* --spec ngram [--draft-max K]: also speculative decoding */
-    int32_t prompt_last;     /* the prompt's last token (bench_spec) */
+    int draft_max;           /* --spec ngram|draft [--draft-max K]: also speculative decoding */
+    const char *draft_model; /* --spec draft: -md FILE */
+    const char *draft_device; /* --draft-device (default auto) */
+    bool spec_draft;
+    const int32_t *prompt;   /* the prompt's ids (bench_spec) */
 };
 
 static void bench_usage(void)
@@ -105,10 +108,13 @@ static void bench_usage(void)
            "                        gather kernel per batch\n"
            "      --prefetch        stream the experts the next layer's router predicts\n"
            "      --prefetch-depth N  the same for the next N layers (1-4)\n"
-           "      --spec ngram      with --tg greedy: then generate the tg tokens again with\n"
-           "                        strata_generate, without and with prompt-lookup drafts\n"
-           "                        (--draft-max K, default 8): tok/s of both, acceptance,\n"
-           "                        tokens per verify pass, expert bytes moved per token\n"
+           "      --spec ngram|draft  with --tg greedy: then generate the tg tokens again with\n"
+           "                        strata_generate, without and with drafts (--draft-max K,\n"
+           "                        default 8): prompt lookup, or the greedy tokens of\n"
+           "                        -md FILE (a small model with the same vocabulary, on\n"
+           "                        --draft-device auto|cpu|cuda, default auto); tok/s of\n"
+           "                        both, acceptance, tokens per verify pass, expert bytes\n"
+           "                        moved per token, the draft model's share of the time\n"
            "      --streams N       then also N streams (each the prompt rotated by its index)\n"
            "                        decoding -n tokens in lockstep, one forward per step:\n"
            "                        aggregate and per-stream tok/s, hit rate and expert bytes\n"
@@ -247,8 +253,14 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             o->prompt_file = v;
         else if (!strcmp(a, "--tg") && (!strcmp(v, "random") || !strcmp(v, "greedy")))
             o->tg_greedy = !strcmp(v, "greedy");
-        else if (!strcmp(a, "--spec") && !strcmp(v, "ngram"))
+        else if (!strcmp(a, "--spec") && (!strcmp(v, "ngram") || !strcmp(v, "draft"))) {
             o->draft_max = o->draft_max ? o->draft_max : 8;
+            o->spec_draft = !strcmp(v, "draft");
+        } else if (!strcmp(a, "-md") || !strcmp(a, "--draft-model"))
+            o->draft_model = v;
+        else if (!strcmp(a, "--draft-device") &&
+                 (!strcmp(v, "auto") || !strcmp(v, "cpu") || !strcmp(v, "cuda")))
+            o->draft_device = v;
         else if (!strcmp(a, "--draft-max"))
             rc = args_i32("bench", a, v, 1, 64, &o->draft_max);
         else {
@@ -261,6 +273,12 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
     }
     if (run_opts_model("bench", &o->model))
         return 1;
+    if (o->spec_draft != (o->draft_model != NULL)) {
+        fprintf(stderr, "strata bench: %s\n",
+                o->spec_draft ? "--spec draft needs -md FILE"
+                              : "-md is the draft model of --spec draft: add it");
+        return 2;
+    }
     if (o->draft_max && !o->tg_greedy) {
         fprintf(stderr, "strata bench: --spec and --draft-max measure greedy generation: add -f "
                         "TEXT --tg greedy\n");
@@ -479,7 +497,19 @@ static int bench_spec(const struct bench_opts *o, struct strata *st, struct stra
     double moved[2] = {0, 0};
     int32_t last;
     int rc = 0;
+    struct strata *dm = NULL;
+    struct strata_drafter *dr = NULL;
+    long long d_eval = 0;
+    double d_secs = 0;
 
+    if (o->spec_draft && /* the draft model, whole, following the target's history */
+        (run_open_draft(o->draft_model, o->draft_device, o->n_threads, o->n_prompt + o->n_gen + 1,
+                        false, st, &dm, &dr) ||
+         strata_drafter_set_prefix(dr, o->prompt, o->n_prompt - 1))) {
+        strata_drafter_close(dr);
+        strata_close(dm);
+        return 1;
+    }
     for (int k = 0; k < 2 && !rc; k++) {
         struct strata_generate_params p;
         struct strata_stats a, b;
@@ -488,22 +518,36 @@ static int bench_spec(const struct bench_opts *o, struct strata *st, struct stra
         p.sampling.temperature = 0;
         p.ignore_eos = true;
         p.draft_max = k ? o->draft_max : 0;
+        if (dr) {
+            p.draft_fn = strata_drafter_draft;
+            p.draft_ctx = dr;
+        }
         /* the prompt's last token again, after the rest of it */
         strata_stream_truncate(ss, o->n_prompt - 1);
-        last = o->prompt_last;
+        last = o->prompt[o->n_prompt - 1];
         strata_get_stats(st, &a);
         rc = strata_generate(ss, &last, 1, &p, NULL, NULL, NULL, &gs[k]);
         strata_get_stats(st, &b);
         moved[k] = (double)(b.bytes_streamed - a.bytes_streamed) +
                    (double)(b.bytes_zero_copy - a.bytes_zero_copy);
     }
+    if (dr)
+        strata_drafter_stats(dr, &d_eval, &d_secs);
+    strata_drafter_close(dr);
+    strata_close(dm);
     if (rc)
         return cli_fail("--spec: generation");
     double t0 = gs[0].n_gen > 1 ? (gs[0].n_gen - 1) / gs[0].t_gen_s : 0;
     double t1 = gs[1].n_gen > 1 ? (gs[1].n_gen - 1) / gs[1].t_gen_s : 0;
     printf("spec         greedy generation of %d tokens: %.2f tok/s plain, %.2f tok/s with "
-           "ngram drafts (--draft-max %d) = %.2fx\n",
-           gs[1].n_gen, t0, t1, o->draft_max, t0 > 0 ? t1 / t0 : 0.0);
+           "%s drafts (--draft-max %d) = %.2fx\n",
+           gs[1].n_gen, t0, t1, o->spec_draft ? "draft-model" : "ngram", o->draft_max,
+           t0 > 0 ? t1 / t0 : 0.0);
+    if (o->spec_draft)
+        printf("spec         draft model %s: %lld tokens evaluated in %.2f s (%.0f%% of the "
+               "generation with drafts)\n",
+               o->draft_model, d_eval, d_secs,
+               gs[1].t_gen_s > 0 ? 100.0 * d_secs / gs[1].t_gen_s : 0.0);
     printf("spec         %d verify passes, %d drafted, %d accepted (%.1f%%), %.2f tokens per "
            "pass",
            gs[1].n_verify, gs[1].n_drafted, gs[1].n_accepted,
@@ -810,7 +854,7 @@ int cmd_bench(int argc, char **argv)
         goto out;
     }
     bench_print(&o, st, m, &r);
-    o.prompt_last = ids[o.n_prompt - 1];
+    o.prompt = ids;
     if (o.draft_max && (rc = bench_spec(&o, st, ss)))
         goto out;
     if (o.streams > 1)

@@ -126,6 +126,7 @@ int cmd_chat(int argc, char **argv)
         return rc == 1 ? 0 : rc;
     if (run_session_open(&o, &s))
         return 1;
+    run_session_spec(&s, &o.gen);
     char today[32];
     struct chat_style style = {.format = (enum chat_format)run_chat_format(&s), .think = o.think,
                                .date = run_today(today, sizeof(today))};

@@ -128,6 +128,7 @@ int cmd_run(int argc, char **argv)
         free(text);
         return 1;
     }
+    run_session_spec(&s, &o.gen);
     const enum chat_format fmt = (enum chat_format)run_chat_format(&s);
     struct chat_harmony h, *split = NULL;
     struct run_harmony_out hout;

@@ -161,14 +161,21 @@ static void run_opts_usage(const char *cmd)
            "  -s, --seed S            sampling seed (default %llu)\n"
            "      --stop TEXT         stop when TEXT is generated (up to %d)\n"
            "      --ignore-eos        do not stop at end-of-generation tokens\n"
-           "      --spec none|ngram   speculative decoding: ngram drafts the tokens that\n"
-           "                          followed the latest earlier occurrence of the last 3..2\n"
-           "                          tokens (prompt lookup) and verifies them with the next\n"
-           "                          token in one forward pass; greedy output is unchanged,\n"
-           "                          sampled output keeps its distribution (default none)\n"
+           "      --spec none|ngram|draft\n"
+           "                          speculative decoding: drafted tokens are verified with\n"
+           "                          the next token in one forward pass; greedy output is\n"
+           "                          unchanged, sampled output keeps its distribution.\n"
+           "                          ngram: the tokens that followed the latest earlier\n"
+           "                          occurrence of the last 3..2 tokens (prompt lookup);\n"
+           "                          draft: the greedy tokens of --draft-model (default none)\n"
            "      --draft-max K       drafted tokens per pass at most, adapting below it to\n"
-           "                          the acceptance rate (default 8 with --spec ngram)\n"
+           "                          the acceptance rate (default 8 with --spec)\n"
            "      --draft-ngram N     longest suffix looked up, 2..8 (default 3)\n"
+           "  -md, --draft-model F    the draft model of --spec draft: a small GGUF with the\n"
+           "                          same vocabulary (checked token by token)\n"
+           "      --draft-device D    where the draft model runs: auto, cpu or cuda (default\n"
+           "                          auto: the GPU when there is one; all its weights\n"
+           "                          resident, outside --vram-budget)\n"
            "  -v, --verbose           print model and timing details\n",
            d.gen.n_predict, d.gen.sampling.temperature, d.gen.sampling.top_k,
            d.gen.sampling.top_p, d.gen.sampling.min_p, d.gen.sampling.repeat_penalty,
@@ -353,11 +360,18 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
         } else if (IS("--repeat-last-n", NULL)) {
             rc = args_i32(cmd, arg, v, 0, 1 << 20, &sc->repeat_last_n);
         } else if (IS("--spec", NULL)) {
-            if (!strcmp(v, "none") || !strcmp(v, "ngram")) {
+            if (!strcmp(v, "none") || !strcmp(v, "ngram") || !strcmp(v, "draft")) {
                 o->spec_ngram = !strcmp(v, "ngram");
+                o->spec_draft = !strcmp(v, "draft");
             } else {
-                rc = args_fail(cmd, arg, v, "none or ngram");
+                rc = args_fail(cmd, arg, v, "none, ngram or draft");
             }
+        } else if (IS("-md", "--draft-model")) {
+            o->draft_model = v;
+        } else if (IS("--draft-device", NULL)) {
+            if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "cuda"))
+                rc = args_fail(cmd, arg, v, "auto, cpu or cuda");
+            o->draft_device = v;
         } else if (IS("--draft-max", NULL)) {
             rc = args_i32(cmd, arg, v, 1, 64, &o->gen.draft_max);
             o->draft_max_set = true;
@@ -386,12 +400,22 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
 
 int run_opts_check(struct run_opts *o, const char *cmd)
 {
-    if (o->draft_max_set && !o->spec_ngram) {
+    if (o->draft_max_set && !o->spec_ngram && !o->spec_draft) {
         fprintf(stderr, "strata %s: --draft-max applies to speculative decoding: add --spec "
-                        "ngram\n", cmd);
+                        "ngram or --spec draft\n", cmd);
         return 2;
     }
-    if (!o->spec_ngram)
+    if (o->spec_draft != (o->draft_model != NULL)) {
+        fprintf(stderr, "strata %s: %s\n", cmd,
+                o->spec_draft ? "--spec draft needs --draft-model FILE (-md)"
+                              : "--draft-model is the draft model of --spec draft: add it");
+        return 2;
+    }
+    if (o->draft_device && !o->spec_draft) {
+        fprintf(stderr, "strata %s: --draft-device applies to --spec draft\n", cmd);
+        return 2;
+    }
+    if (!o->spec_ngram && !o->spec_draft)
         o->gen.draft_max = 0;
     else if (!o->draft_max_set)
         o->gen.draft_max = 8;
@@ -584,6 +608,39 @@ void run_harmony_start(struct chat_harmony *h, struct run_harmony_out *out, bool
     chat_harmony_init(h, run_harmony_emit, out);
 }
 
+int run_open_draft(const char *path, const char *device, int n_threads, int n_ctx, bool verbose,
+                   const struct strata *target, struct strata **draft,
+                   struct strata_drafter **drafter)
+{
+    struct strata_config cfg;
+    const char *dev = device ? device : "auto";
+    struct strata_model_info mi;
+
+    strata_config_init(&cfg);
+    cfg.model_path = path;
+    cfg.device = !strcmp(dev, "cpu")    ? STRATA_DEVICE_CPU
+                 : !strcmp(dev, "cuda") ? STRATA_DEVICE_CUDA
+                                        : STRATA_DEVICE_AUTO;
+    cfg.n_threads = n_threads;
+    cfg.n_ctx = n_ctx;
+    cfg.log = verbose ? stderr : NULL;
+    if (strata_open(&cfg, draft) || strata_drafter_open(*draft, target, n_ctx, drafter))
+        return cli_fail("--draft-model");
+    strata_model_info(*draft, &mi);
+    if (verbose)
+        fprintf(stderr, "strata: draft model %s: %s, %u layers, d %u; backend %s\n", path,
+                mi.arch, mi.n_layer, mi.n_embd, mi.device);
+    return 0;
+}
+
+void run_session_spec(const struct run_session *s, struct strata_generate_params *p)
+{
+    if (s->drafter) {
+        p->draft_fn = strata_drafter_draft;
+        p->draft_ctx = s->drafter;
+    }
+}
+
 int run_session_open(const struct run_opts *o, struct run_session *s)
 {
     const char *path = o->model ? o->model : run_opts_default_model();
@@ -625,6 +682,11 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
         run_session_close(s);
         return cli_fail("starting the engine");
     }
+    if (o->draft_model && run_open_draft(o->draft_model, o->draft_device, o->n_threads, o->n_ctx,
+                                         o->verbose, s->s, &s->draft, &s->drafter)) {
+        run_session_close(s);
+        return 1;
+    }
     strata_model_info(s->s, &mi);
     if (o->ctx_set && mi.n_ctx_train && (uint32_t)o->n_ctx > mi.n_ctx_train)
         fprintf(stderr,
@@ -656,6 +718,8 @@ void run_session_close(struct run_session *s)
             cli_fail("--stats-json");
     }
     strata_stream_close(s->stream);
+    strata_drafter_close(s->drafter);
+    strata_close(s->draft);
     strata_close(s->s);
     memset(s, 0, sizeof(*s));
 }

@@ -49,7 +49,10 @@ struct run_opts {
     const char *cuda_flag; /* the first option given that only the CUDA backend takes, or NULL */
     struct strata_generate_params gen;
     bool spec_ngram;    /* --spec ngram */
-    bool draft_max_set; /* --draft-max given (it needs --spec ngram) */
+    bool spec_draft;    /* --spec draft */
+    bool draft_max_set; /* --draft-max given (it needs --spec) */
+    const char *draft_model;  /* --draft-model FILE (-md), with --spec draft */
+    const char *draft_device; /* --draft-device auto|cpu|cuda (default auto) */
 };
 
 /* Sets the defaults. */
@@ -61,6 +64,16 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd);
 
 struct run_session;
 struct chat_harmony;
+
+/* --spec draft: the draft model at path opened whole (no budget, no placement) on device
+ * (auto|cpu|cuda; NULL = auto) and a drafter of n_ctx positions for target; 0, or 1 after the
+ * message (what was opened is left in *draft / *drafter for the caller to close). */
+int run_open_draft(const char *path, const char *device, int n_threads, int n_ctx, bool verbose,
+                   const struct strata *target, struct strata **draft,
+                   struct strata_drafter **drafter);
+
+/* With --spec draft, p's draft source becomes the session's draft model. */
+void run_session_spec(const struct run_session *s, struct strata_generate_params *p);
 
 /* The chat format of the session's model (harmony for gpt-oss, else ChatML). */
 int run_chat_format(const struct run_session *s);
@@ -88,6 +101,8 @@ int run_opts_model(const char *cmd, const char **model);
 struct run_session {
     struct strata *s;
     struct strata_stream *stream;
+    struct strata *draft;            /* --spec draft: the draft model, */
+    struct strata_drafter *drafter;  /* following the stream's history */
     bool stats;             /* print the expert cache's table at close */
     const char *stats_json; /* and/or write it there */
 };

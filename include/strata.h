@@ -319,8 +319,32 @@ struct strata_generate_params {
      * adapts to the running acceptance. Greedy output equals plain decoding's. */
     int draft_max;
     int draft_ngram; /* default 3 */
+    /* Another draft source instead of prompt lookup (NULL: prompt lookup; draft_max still
+     * bounds the drafts): up to k tokens to follow hist (n_hist ids: the prompt and the output
+     * so far) into out, their number (0: none this time). strata_drafter_draft is one. */
+    int (*draft_fn)(void *ctx, const int32_t *hist, int n_hist, int k, int32_t *out);
+    void *draft_ctx;
 };
 void strata_generate_params_init(struct strata_generate_params *p);
+
+/* A draft model for speculative decoding: another opened model with the same vocabulary as
+ * the one it drafts for, and a stream of n_ctx positions on it that follows the histories it
+ * is asked about (only the part that differs from what it holds is evaluated). */
+struct strata_drafter;
+/* 0 or -errno: -EINVAL when draft's vocabulary differs from target's (count or any token's
+ * text), naming the first difference. */
+int strata_drafter_open(struct strata *draft, const struct strata *target, int n_ctx,
+                        struct strata_drafter **out);
+void strata_drafter_close(struct strata_drafter *d);
+/* A draft_fn (ctx: the drafter): the draft model's greedy continuation of hist, up to k
+ * tokens; 0 when hist and the drafts do not fit its context or its forward fails. */
+int strata_drafter_draft(void *drafter, const int32_t *hist, int n_hist, int k, int32_t *out);
+/* Ids that come before every history the drafter is asked about (what the target's stream
+ * held before the strata_generate call whose drafts it makes: a prompt evaluated earlier, a
+ * conversation's earlier turns); n = 0 clears them. 0 or -ENOMEM. */
+int strata_drafter_set_prefix(struct strata_drafter *d, const int32_t *ids, int n);
+/* Tokens the draft model has evaluated and the wall seconds it took. */
+void strata_drafter_stats(const struct strata_drafter *d, long long *n_eval, double *seconds);
 
 struct strata_generate_stats {
     int n_prompt, n_gen;

@@ -649,6 +649,8 @@ int strata_generate(struct strata_stream *st, const int32_t *prompt, int n_promp
         .ignore_eos = p->ignore_eos,
         .draft_max = p->draft_max,
         .draft_ngram = p->draft_ngram,
+        .draft_fn = p->draft_fn,
+        .draft_ctx = p->draft_ctx,
     };
     struct generate_stats gs;
     int rc;

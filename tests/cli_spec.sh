@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Speculative decoding from the command line, on the shipped default model (CPU):
-#  1. strata run --spec ngram prints the same greedy text as strata run, and its statistics line;
+#  1. strata run --spec ngram and --spec draft (the model as its own draft: every draft kept)
+#     print the same greedy text as strata run, and their statistics lines;
 #  2. strata spec-replay on a text that repeats itself accepts drafts, and on a text without a
 #     repeated pair of tokens drafts nothing; its numbers are the same on a second run;
 #  3. strata batch --spec ngram writes the greedy lines strata batch writes without it, and a
 #     sampled line the same text at --streams 1 and 3;
-#  4. bad options: --spec other, --draft-max without --spec, --draft-max 0, a missing -f: exit 2.
+#  4. bad options: --spec other, --draft-max without --spec, --draft-max 0, a missing -f,
+#     --spec draft without -md, -md without --spec draft: exit 2; a draft model whose
+#     vocabulary differs: exit 1 naming it.
 set -uo pipefail
 strata=$1
 model="$2/../../models/strata-default.gguf"
@@ -22,7 +25,15 @@ for p in "def fibonacci(n):" "import os"; do
     cmp -s "$tmp/plain" "$tmp/spec" || fail "'$p': --spec ngram changed the greedy text"
     grep -q "^speculative: [0-9]* verify passes, [0-9]* drafted, [0-9]* accepted" "$tmp/err" ||
         fail "no statistics line: $(cat "$tmp/err")"
+    "$strata" "${R[@]}" -p "$p" --spec draft -md "$model" --draft-device cpu >"$tmp/spec" 2>"$tmp/err" ||
+        fail "run --spec draft exited $?: $(cat "$tmp/err")"
+    cmp -s "$tmp/plain" "$tmp/spec" || fail "'$p': --spec draft changed the greedy text"
+    grep -q "^speculative: [0-9]* verify passes, \([0-9]*\) drafted, \1 accepted (100.0%)" "$tmp/err" ||
+        fail "the model as its own draft: $(cat "$tmp/err")"
 done
+"$strata" gen --preset tiny -q -o "$tmp/tiny.gguf" >/dev/null || fail "gen"
+"$strata" "${R[@]}" -p x --spec draft -md "$tmp/tiny.gguf" >/dev/null 2>"$tmp/err"
+[ $? = 1 ] && grep -q "vocabulary" "$tmp/err" || fail "a foreign draft model: $(cat "$tmp/err")"
 
 for i in 1 2 3 4 5 6; do printf 'for i in range(10):\n    total += values[i] * weights[i]\n'; done >"$tmp/rep.txt"
 "$strata" spec-replay -m "$model" --spec ngram -f "$tmp/rep.txt" >"$tmp/r1" 2>&1 || fail "spec-replay exited $?"
@@ -49,7 +60,8 @@ grep -q "speculative: [0-9]* verify passes" "$tmp/err" || fail "batch --spec: no
 
 for bad in "run -m $model --spec mtp -p x" "run -m $model --draft-max 4 -p x" \
     "run -m $model --spec ngram --draft-max 0 -p x" "spec-replay -m $model --spec ngram" \
-    "spec-replay -m $model -f $tmp/rep.txt"; do
+    "spec-replay -m $model -f $tmp/rep.txt" "run -m $model --spec draft -p x" \
+    "run -m $model -md $model -p x"; do
     # shellcheck disable=SC2086
     "$strata" $bad >/dev/null 2>"$tmp/err"
     rc=$?

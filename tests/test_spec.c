@@ -12,7 +12,14 @@
  *     successor the plain runs saw most often: kept and rejected both happen), give the same
  *     distribution of the 2nd and the 3rd token by a chi-square test of homogeneity whose
  *     false-failure rate is below 1e-6 (5e-7 each, Wilson-Hilferty quantiles); the seeds are
- *     fixed, so the outcome is too. */
+ *     fixed, so the outcome is too;
+ *  5. a draft model (strata_drafter): with the model itself as its draft every draft is
+ *     accepted; with the model itself but its second-to-last draft of each pass changed (so
+ *     the drafter has evaluated a token the target then rejects, and must roll back) the
+ *     drafts before it are kept and the rest rejected; with another tiny model of the same
+ *     vocabulary they are rejected; greedy output equals plain decoding's with each; sampled
+ *     generations in a row on one drafter stay reproducible; a draft whose vocabulary differs
+ *     is refused, naming the difference. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -101,8 +108,12 @@ struct gen_out {
     int rc;
 };
 
-static void run(struct strata *s, const int32_t *prompt, int n_prompt, int n_predict, int n_ctx,
-                float temp, int draft_max, struct gen_out *o)
+/* n_predict tokens after prompt on a fresh stream of n_ctx positions, drafted by fn (NULL:
+ * prompt lookup) when draft_max > 0. */
+static void run_with(struct strata *s, const int32_t *prompt, int n_prompt, int n_predict,
+                     int n_ctx, float temp, int draft_max,
+                     int (*fn)(void *, const int32_t *, int, int, int32_t *), void *fn_ctx,
+                     struct gen_out *o)
 {
     struct strata_stream *st = NULL;
     struct strata_generate_params p;
@@ -111,6 +122,8 @@ static void run(struct strata *s, const int32_t *prompt, int n_prompt, int n_pre
     p.sampling.temperature = temp;
     p.sampling.seed = 1234;
     p.draft_max = draft_max;
+    p.draft_fn = fn;
+    p.draft_ctx = fn_ctx;
     memset(o, 0, sizeof(*o));
     o->rc = strata_stream_open(s, n_ctx, &st);
     if (!o->rc)
@@ -118,18 +131,19 @@ static void run(struct strata *s, const int32_t *prompt, int n_prompt, int n_pre
     strata_stream_close(st);
 }
 
+static void run(struct strata *s, const int32_t *prompt, int n_prompt, int n_predict, int n_ctx,
+                float temp, int draft_max, struct gen_out *o)
+{
+    run_with(s, prompt, n_prompt, n_predict, n_ctx, temp, draft_max, NULL, NULL, o);
+}
+
+static struct strata *open_cpu(const char *path);
+
 static void check_model(const char *label, const char *path, bool want_accepts)
 {
-    struct strata_config cfg;
-    struct strata *s = NULL;
-    strata_config_init(&cfg);
-    cfg.model_path = path;
-    cfg.device = STRATA_DEVICE_CPU;
-    cfg.n_threads = 2;
-    if (strata_open(&cfg, &s)) {
-        CHECK(0, "%s: open: %s", label, strata_error());
+    struct strata *s = open_cpu(path);
+    if (!s)
         return;
-    }
     static const char *const texts[] = {"def fibonacci(n):", "import os\nimport sys\n",
                                         "class Stack:\n    def push(self, x):"};
     struct strata_model_info mi;
@@ -314,6 +328,101 @@ static void test_distribution(const char *path)
     strata_close(s);
 }
 
+static struct strata *open_cpu(const char *path)
+{
+    struct strata_config cfg;
+    struct strata *s = NULL;
+    strata_config_init(&cfg);
+    cfg.model_path = path;
+    cfg.device = STRATA_DEVICE_CPU;
+    cfg.n_threads = 2;
+    CHECK(strata_open(&cfg, &s) == 0, "open %s: %s", path, strata_error());
+    return s;
+}
+
+/* Greedy (temp 0) or sampled generation of n tokens with drafter d (NULL: plain). */
+static void run_draft(struct strata *s, struct strata_drafter *d, const int32_t *prompt, int n,
+                      int n_predict, float temp, struct gen_out *o)
+{
+    run_with(s, prompt, n, n_predict, 256, temp, d ? 6 : 0, d ? strata_drafter_draft : NULL, d, o);
+}
+
+/* The drafter's drafts with the second-to-last one changed (k >= 3). */
+static int spoiled_drafts(void *ctx, const int32_t *hist, int n_hist, int k, int32_t *out)
+{
+    int n = strata_drafter_draft(ctx, hist, n_hist, k, out);
+    if (n >= 3)
+        out[n - 2] = (out[n - 2] + 1) % 1024;
+    return n;
+}
+
+static void test_drafter(const char *target, const char *other, const char *foreign)
+{
+    struct strata *t = open_cpu(target), *self = open_cpu(target), *o = open_cpu(other);
+    struct strata *q = open_cpu(target);
+    struct strata_drafter *ds = NULL, *dother = NULL, *dq = NULL;
+    const int32_t prompt[6] = {3, 17, 40, 5, 99, 7};
+    struct gen_out plain, a, b, c, d, e;
+    if (!t || !self || !o || !q)
+        goto out;
+    CHECK(strata_drafter_open(self, t, 256, &ds) == 0 &&
+              strata_drafter_open(o, t, 256, &dother) == 0 &&
+              strata_drafter_open(q, t, 256, &dq) == 0,
+          "drafter: %s", strata_error());
+    if (!ds || !dother || !dq)
+        goto out;
+    run_draft(t, NULL, prompt, 6, 64, 0.0f, &plain);
+    run_draft(t, ds, prompt, 6, 64, 0.0f, &a);
+    run_draft(t, dother, prompt, 6, 64, 0.0f, &b);
+    run_with(t, prompt, 6, 64, 256, 0.0f, 6, spoiled_drafts, dq, &e);
+    CHECK(!plain.rc && !a.rc && !b.rc && !e.rc && a.st.n_gen == plain.st.n_gen &&
+              b.st.n_gen == plain.st.n_gen && e.st.n_gen == plain.st.n_gen &&
+              !memcmp(a.ids, plain.ids, sizeof(int32_t) * plain.st.n_gen) &&
+              !memcmp(b.ids, plain.ids, sizeof(int32_t) * plain.st.n_gen) &&
+              !memcmp(e.ids, plain.ids, sizeof(int32_t) * plain.st.n_gen),
+          "greedy with a draft model differs from plain decoding");
+    CHECK(a.st.n_drafted > 0 && a.st.n_accepted == a.st.n_drafted,
+          "the model as its own draft: %d of %d accepted", a.st.n_accepted, a.st.n_drafted);
+    CHECK(e.st.n_accepted > 0 && e.st.n_accepted < e.st.n_drafted,
+          "spoiled drafts: %d of %d accepted (want some of each)", e.st.n_accepted,
+          e.st.n_drafted);
+    CHECK(b.st.n_accepted < b.st.n_drafted, "another model as draft: %d of %d accepted",
+          b.st.n_accepted, b.st.n_drafted);
+    printf("draft model: itself %d/%d accepted, spoiled %d/%d, another tiny model %d/%d; "
+           "greedy ids as plain\n",
+           a.st.n_accepted, a.st.n_drafted, e.st.n_accepted, e.st.n_drafted, b.st.n_accepted,
+           b.st.n_drafted);
+    /* the same drafter again after other histories: sampled runs reproduce */
+    run_draft(t, dother, prompt, 6, 40, 0.8f, &c);
+    run_draft(t, dother, prompt + 1, 5, 40, 0.8f, &d);
+    run_draft(t, dother, prompt, 6, 40, 0.8f, &d);
+    CHECK(!c.rc && !d.rc && c.st.n_gen == d.st.n_gen &&
+              !memcmp(c.ids, d.ids, sizeof(int32_t) * c.st.n_gen),
+          "sampled generation with a reused drafter is not reproducible");
+    long long n_eval = 0;
+    double secs = 0;
+    strata_drafter_stats(dother, &n_eval, &secs);
+    CHECK(n_eval > 0 && secs >= 0, "drafter stats %lld %g", n_eval, secs);
+    if (foreign) {
+        struct strata *f = open_cpu(foreign);
+        struct strata_drafter *df = NULL;
+        CHECK(f && strata_drafter_open(f, t, 256, &df) == -EINVAL &&
+                  strstr(strata_error(), "vocabulary"),
+              "a draft with another vocabulary was not refused: %s", strata_error());
+        printf("  refused: %s\n", strata_error());
+        strata_drafter_close(df);
+        strata_close(f);
+    }
+out:
+    strata_drafter_close(ds);
+    strata_drafter_close(dother);
+    strata_drafter_close(dq);
+    strata_close(t);
+    strata_close(self);
+    strata_close(o);
+    strata_close(q);
+}
+
 int main(void)
 {
     char f32[512], q8[512], path[512];
@@ -329,6 +438,14 @@ int main(void)
         fprintf(stderr, "setup: %s\n", strata_error());
         return 1;
     }
+    char other[512];
+    test_data_path(path, sizeof(path), "../../models/strata-default.gguf");
+    if (test_gen_model(p, QUANT_MIX_F32, 8, tmpdir, "tiny-other", other, sizeof(other))) {
+        fprintf(stderr, "setup: %s\n", strata_error());
+        return 1;
+    }
+    test_drafter(f32, other, access(path, R_OK) == 0 ? path : NULL);
+    unlink(other);
     test_distribution(f32);
     check_model("tiny f32", f32, false);
     check_model("tiny q8_0", q8, false);
