@@ -41,6 +41,8 @@ struct attn_params {
     const int32_t *pos_dev;
     int pos0, n_tok, n_ctx, n_head, n_head_kv, hd, G;
     float scale;
+    const float *sinks; /* NULL or (n_head): k_attn and k_attn_combine only */
+    int window;         /* > 0: k_attn only */
     int R, T, n_split;
     float *part_acc;        /* (n_split, n_tok * n_head, hd) */
     float *part_m, *part_l; /* (n_split, n_tok * n_head) */
@@ -109,7 +111,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn(struct attn_params 
         for (int e = tid; e < R * T; e += ATT_THREADS) {
             int r = e / T, j = e - r * T, key = k0 + j;
             float s = -INFINITY;
-            if (key < ke && key <= rpos[r]) {
+            if (key < ke && key <= rpos[r] && (p.window <= 0 || key > rpos[r] - p.window)) {
                 const float *qr = qs + r * ld, *kr = kv + j * ld;
                 float dot = 0.0f;
                 for (int d = 0; d < hd; d++)
@@ -166,7 +168,8 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn(struct attn_params 
             int r = e / hd, d = e - r * hd, rg = r0 + r;
             int64_t row = (int64_t)(rg / p.G) * p.n_head + kvh * p.G + rg % p.G;
             if (p.n_split == 1)
-                p.out[row * hd + d] = acc[i] / ls[r];
+                p.out[row * hd + d] =
+                    acc[i] / (ls[r] + (p.sinks ? expf(p.sinks[row % p.n_head] - ms[r]) : 0.0f));
             else
                 p.part_acc[((int64_t)split * nth + row) * hd + d] = acc[i];
         }
@@ -211,6 +214,8 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn
         for (int s = 0; s < p.n_split; s++)
             if (f[s] >= 0.0f)
                 l += p.part_l[s * nth + row] * f[s];
+        if (p.sinks) /* the sink's term, at the same reference maximum */
+            l += expf(p.sinks[row % p.n_head] - mx);
         lsum = l;
     }
     __syncthreads();
@@ -1000,8 +1005,10 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
     p.hd = a->head_dim;
     p.G = a->n_head / a->n_head_kv;
     p.scale = a->scale;
+    p.sinks = a->sinks;
+    p.window = a->window;
     if (a->k_rows)
-        return attd_rows_launch(a, &p, (cudaStream_t)a->stream);
+        return a->sinks || a->window > 0 ? -ENOTSUP : attd_rows_launch(a, &p, (cudaStream_t)a->stream);
     if (!a->out || !a->q || !a->k_cache || !a->v_cache)
         return -EINVAL;
     struct attn_plan pl;
@@ -1019,7 +1026,8 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
         attn_scratch_use(&p, a->scratch, pl.n_split, nth, a->head_dim);
     }
     cudaStream_t s = (cudaStream_t)a->stream;
-    if (attd_launch(a, &p, s) || attp_launch(a, &p, s))
+    const bool plain = !a->sinks && a->window <= 0; /* the decode and tensor-core kernels */
+    if (plain && (attd_launch(a, &p, s) || attp_launch(a, &p, s)))
         return cuda_last_error("cuda_attention");
     dim3 grid((unsigned)ops_cdiv(a->n_tok * p.G, pl.R), (unsigned)a->n_head_kv,
               (unsigned)pl.n_split);

@@ -41,6 +41,9 @@ struct cuda_attn_args {
     int n_tok, n_ctx;       /* n_ctx: rows of the caches; bounds every key index */
     int n_head, n_head_kv, head_dim; /* n_head a multiple of n_head_kv; head_dim even, <= 256 */
     float scale;                     /* usually 1/sqrt(head_dim) */
+    const float *sinks; /* NULL, or (n_head) device: a logit per head joining the softmax's
+                         * denominator with no value (gpt-oss) */
+    int window;         /* > 0: query t sees keys pos(t) - window + 1 .. pos(t) only */
     void *scratch; /* cuda_attention_scratch_bytes(n_head, head_dim) bytes, device */
     size_t scratch_bytes;
     void *stream;
@@ -72,6 +75,8 @@ int cuda_attention_rows_ok(int n_head, int n_head_kv, int head_dim);
  * result is that of one call per row, bit for bit); -ENOTSUP (nothing launched) where the
  * decode kernel does not apply (head_dim not 64, 128 or 256, n_head / n_head_kv not a power of
  * two up to 16, or more than 64 / (head_dim / 32) of them). */
+/* With sinks or a window every call runs the float tiled kernel (split over keys where the
+ * rows are few) and k_rows is refused (-ENOTSUP). */
 int cuda_attention(const struct cuda_attn_args *a);
 
 #ifdef __cplusplus

@@ -144,6 +144,9 @@ struct rope_params {
     int n_heads, head_dim, pos0;
     const int32_t *pos_dev;
     float base;
+    int n_freq; /* 0: base^(-2i/head_dim); else freq[0..n_freq) and mscale (YaRN) */
+    float mscale;
+    double freq[CUDA_ROPE_MAX_FREQ];
 };
 
 static __global__ void __launch_bounds__(ROPE_THREADS) k_rope_neox(struct rope_params p)
@@ -153,10 +156,11 @@ static __global__ void __launch_bounds__(ROPE_THREADS) k_rope_neox(struct rope_p
     double pos = p.pos_dev ? p.pos_dev[t] : p.pos0 + t;
 
     for (int i = threadIdx.x; i < half; i += ROPE_THREADS) {
-        double theta = pos * pow((double)p.base, -2.0 * i / p.head_dim), c, sv;
+        double f = p.n_freq ? p.freq[i] : pow((double)p.base, -2.0 * i / p.head_dim);
+        double theta = pos * f, c, sv;
         sincos(theta, &sv, &c); /* one argument reduction for both */
-        cs[i] = (float)c;
-        sn[i] = (float)sv;
+        cs[i] = p.n_freq ? (float)c * p.mscale : (float)c;
+        sn[i] = p.n_freq ? (float)sv * p.mscale : (float)sv;
     }
     __syncthreads();
     /* this block's heads: every load is issued before any store (the two halves of a pair
@@ -420,7 +424,16 @@ extern "C" int cuda_rope_neox(const struct cuda_rope_args *a)
         return 0;
     if (!a->x)
         return -EINVAL;
-    struct rope_params p = {a->x, a->n_heads, a->head_dim, a->pos0, a->pos_dev, a->base};
+    if (a->freq && a->head_dim / 2 > CUDA_ROPE_MAX_FREQ)
+        return -EINVAL;
+    struct rope_params p = {a->x, a->n_heads, a->head_dim, a->pos0, a->pos_dev, a->base, 0, 1.0f,
+                            {0}};
+    if (a->freq) {
+        p.n_freq = a->head_dim / 2;
+        p.mscale = a->mscale;
+        for (int i = 0; i < p.n_freq; i++)
+            p.freq[i] = a->freq[i];
+    }
     dim3 grid((unsigned)a->n_tok, (unsigned)ops_cdiv(a->n_heads, ROPE_HEADS));
     k_rope_neox<<<grid, ROPE_THREADS, 0, (cudaStream_t)a->stream>>>(p);
     return cuda_last_error("cuda_rope_neox");
@@ -457,6 +470,26 @@ extern "C" int cuda_add(float *x, const float *y, size_t n, void *stream)
         return -EINVAL;
     k_add<<<ops_stride_blocks((int64_t)n, 256), 256, 0, (cudaStream_t)stream>>>(x, y, n);
     return cuda_last_error("cuda_add");
+}
+
+static __global__ void k_add_bias(float *x, const float *b, int64_t n, int dim)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] += b[i % dim];
+}
+
+extern "C" int cuda_add_bias(float *x, const float *bias, int rows, int dim, void *stream)
+{
+    if (rows < 0 || dim < 1)
+        return -EINVAL;
+    if (rows == 0)
+        return 0;
+    if (!x || !bias)
+        return -EINVAL;
+    int64_t n = (int64_t)rows * dim;
+    k_add_bias<<<ops_stride_blocks(n, 256), 256, 0, (cudaStream_t)stream>>>(x, bias, n, dim);
+    return cuda_last_error("cuda_add_bias");
 }
 
 extern "C" int cuda_argmax(const float *x, int rows, int n, int32_t *out, void *stream)

@@ -75,10 +75,16 @@ struct cuda_rope_args {
     const int32_t *pos_dev; /* NULL, or (n_tok) device: position of each token (graph replay) */
     float base;             /* rope.freq_base */
     void *stream;
+    const double *freq;     /* NULL, or (head_dim/2) host: pair i's angle per position instead
+                             * of base^(-2i/head_dim) (YaRN, ops_rope_yarn_freq), head_dim/2 <=
+                             * CUDA_ROPE_MAX_FREQ; copied into the launch */
+    float mscale;           /* with freq: cos and sin scaled by it */
 };
+#define CUDA_ROPE_MAX_FREQ 128
 
-/* NEOX RoPE as ops_rope_neox: the pair (x[i], x[i + head_dim/2]) of every head rotates by
- * pos * base^(-2i/head_dim); the angle, cos and sin in double, rounded to float. */
+/* NEOX RoPE as ops_rope_neox (with freq: as ops_rope_neox_freq): the pair (x[i],
+ * x[i + head_dim/2]) of every head rotates by pos * base^(-2i/head_dim) (or pos * freq[i]);
+ * the angle, cos and sin in double, rounded to float (then scaled by mscale). */
 int cuda_rope_neox(const struct cuda_rope_args *a);
 
 /* ---- KV cache store ------------------------------------------------------------------------ */
@@ -103,6 +109,9 @@ int cuda_kv_store(const struct cuda_kv_store_args *a);
 
 /* x (n) += y (n), device. */
 int cuda_add(float *x, const float *y, size_t n, void *stream);
+
+/* x (rows, dim) += bias (dim) on every row, device. */
+int cuda_add_bias(float *x, const float *bias, int rows, int dim, void *stream);
 
 /* out[r] = index of the largest of x[r*n .. r*n + n) (rows of n floats, device), ties to the
  * lowest index, as sampler_argmax (inputs without NaN). out (rows) int32 device. */

@@ -21,6 +21,7 @@
 #include "cuda_ops.h"
 #include "errors.h"
 #include "moe_layer.h"
+#include "ops_cpu.h"
 #include "quant_blocks.h"
 #include "stream.h"
 
@@ -316,6 +317,35 @@ static int cuda_rope_op(struct backend *b, float *x, int n_tok, int n_heads, int
     return rc ? backend_cuda_fail(rc, "rope") : 0;
 }
 
+static int cuda_rope_yarn_op(struct backend *b, float *x, int n_tok, int n_heads, int head_dim,
+                             int pos0, const struct rope_yarn *y)
+{
+    double freq[CUDA_ROPE_MAX_FREQ];
+    float mscale;
+    if (head_dim / 2 > CUDA_ROPE_MAX_FREQ || head_dim % 2)
+        return err_set(-EINVAL, "cuda rope: head dim %d (YaRN up to %d)", head_dim,
+                       2 * CUDA_ROPE_MAX_FREQ);
+    ops_rope_yarn_freq(head_dim, y->base, y->factor, y->n_ctx_orig, y->beta_fast, y->beta_slow,
+                       y->truncate, freq, &mscale);
+    backend_cuda_forget_xq(cuda_of(b));
+    struct cuda_rope_args a = {
+        .x = x, .n_tok = n_tok, .n_heads = n_heads, .head_dim = head_dim, .pos0 = pos0,
+        .pos_dev = cuda_of(b)->recording ? cuda_of(b)->step_dev + 1 : NULL, .base = y->base,
+        .freq = freq, .mscale = mscale, .stream = cuda_of(b)->stream,
+    };
+    int rc = cuda_rope_neox(&a);
+    return rc ? backend_cuda_fail(rc, "rope") : 0;
+}
+
+static int cuda_add_bias_op(struct backend *b, float *x, const struct weight *bias, int rows)
+{
+    if (bias->type || !bias->dev)
+        return err_set(-EINVAL, "cuda bias '%s': not an F32 tensor on the device", bias->name);
+    backend_cuda_forget_xq(cuda_of(b));
+    int rc = cuda_add_bias(x, bias->dev, rows, (int)bias->ne[0], cuda_of(b)->stream);
+    return rc ? backend_cuda_fail(rc, "bias") : 0;
+}
+
 static int cuda_kv_store_op(struct backend *b, float *cache, const float *src, int pos0,
                             int n_tok, int width)
 {
@@ -335,8 +365,9 @@ static int cuda_kv_store_op(struct backend *b, float *cache, const float *src, i
 
 static int cuda_attention_op(struct backend *b, const struct attn_args *at)
 {
-    if (at->sinks || at->window)
-        return err_set(-ENOTSUP, "cuda attention: no sinks or sliding window yet");
+    if (at->sinks && (at->sinks->type || !at->sinks->dev))
+        return err_set(-EINVAL, "cuda attention: sinks '%s' not F32 on the device",
+                       at->sinks->name);
     backend_cuda_forget_xq(cuda_of(b));
     struct backend_cuda *c = cuda_of(b);
     struct cuda_attn_args a = {
@@ -345,7 +376,7 @@ static int cuda_attention_op(struct backend *b, const struct attn_args *at)
         .pos_dev = c->recording ? c->step_dev + 1 : NULL,
         .n_head = at->n_head, .n_head_kv = at->n_head_kv, .head_dim = at->head_dim,
         .scale = at->scale, .scratch = c->attn_scratch, .scratch_bytes = c->attn_scratch_bytes,
-        .stream = c->stream,
+        .stream = c->stream, .sinks = at->sinks ? at->sinks->dev : NULL, .window = at->window,
     };
     if (c->recording) /* keys up to the position in step_dev[1], of a cache this long */
         a.n_ctx = c->graph_stream->n_ctx;
@@ -651,6 +682,9 @@ static const struct backend_ops cuda_ops_table = {
     .rmsnorm = cuda_rmsnorm_op,
     .matmul = backend_cuda_matmul,
     .rope = cuda_rope_op,
+    .rope_yarn = cuda_rope_yarn_op,
+    .add_bias = cuda_add_bias_op,
+    .attn_sinks_window = true,
     .kv_store = cuda_kv_store_op,
     .attention = cuda_attention_op,
     .rows_begin = cuda_rows_begin_op,
@@ -760,16 +794,22 @@ static struct moe_layer_config cuda_moe_config(struct backend_cuda *c,
     const int n_streams = cfg->n_streams > 0 ? cfg->n_streams : 1;
     const uint64_t n_ctx = cfg->n_ctx > 0 ? (uint64_t)cfg->n_ctx : 4096;
     const uint64_t one = cuda_stream_bytes(hp, n_ctx, cfg->max_tok > 0 ? (uint64_t)cfg->max_tok : 512);
+    /* gpt-oss's experts (biases, clamped SwiGLU) run on the CPU lane: the GPU expert kernels
+     * compute silu(gate) * up without biases */
+    const bool cpu_experts = hp->swiglu_oai;
     struct moe_layer_config mc = {
-        .max_tok = CUDA_BACKEND_MAX_TOK, .cpu_layers = cfg->cpu_moe_layers,
-        .cache = (cfg->vram_budget || cfg->expert_slots > 0) && !cfg->cpu_moe_layers,
+        .max_tok = CUDA_BACKEND_MAX_TOK,
+        .cpu_layers = cpu_experts ? (int)hp->n_layer : cfg->cpu_moe_layers,
+        .cache = (cfg->vram_budget || cfg->expert_slots > 0) && !cfg->cpu_moe_layers &&
+                 !cpu_experts,
         .vram_budget = cfg->vram_budget, .expert_slots = cfg->expert_slots,
         .stream_bytes = one * n_streams +
                         (n_streams > 1 ? cuda_batch_bytes(hp, n_streams + STRATA_BATCH_JOIN_ROWS) : 0),
         .n_streams = n_streams, .n_ctx = (int)n_ctx,
         .stream_one = one + (n_streams > 1 ? cuda_batch_bytes(hp, 1) : 0),
         .fill = cfg->residency == BACKEND_RESIDENCY_ZEROCOPY ? MOE_FILL_ZEROCOPY : MOE_FILL_COPY,
-        .prefetch = cfg->prefetch, .prefetch_depth = cfg->prefetch_depth, .hybrid = cfg->hybrid, .hybrid_no_admit = cfg->hybrid_no_admit,
+        .prefetch = cfg->prefetch && !cpu_experts, .prefetch_depth = cfg->prefetch_depth,
+        .hybrid = cfg->hybrid && !cpu_experts, .hybrid_no_admit = cfg->hybrid_no_admit,
         .gather = cfg->gather_copies, .pin_chunk = cfg->pin_chunk, .stream = c->stream,
         .observer = cfg->route_observer, .observer_ctx = cfg->route_ctx, .log = cfg->log,
     };
@@ -909,9 +949,9 @@ static int cuda_moe_route(void *dev, const struct layer_weights *lw, const float
 {
     struct backend_cuda *c = dev;
     const struct model_hparams *hp = &c->model->hp;
-    if (lw->router_b.data)
-        return err_set(-ENOTSUP, "cuda router: no router bias yet");
     int rc = backend_cuda_matmul(&c->base, c->router_logits, &lw->router, in, n_tok);
+    if (!rc && lw->router_b.data) /* gpt-oss: logits + bias, then the same top-k softmax */
+        rc = cuda_add_bias_op(&c->base, c->router_logits, &lw->router_b, n_tok);
     if (rc)
         return rc;
     struct cuda_topk_args tk = {

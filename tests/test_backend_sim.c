@@ -19,7 +19,10 @@
  *   frozen or seeding the cache;
  * - graph decode (one-token steps recorded once, replayed with the token and position in device
  *   memory) is bit-identical to running the ops, with one launch per step;
- * - a budget that cannot hold the trunk is refused; static picks N from the budget.
+ * - a budget that cannot hold the trunk is refused; static picks N from the budget;
+ * - gpt-oss (tiny, f32, past its 16-position window): the backend's YaRN rope, biases, attention
+ *   sinks and window and router bias, its experts on the CPU lane, agree with the CPU backend
+ *   (the f32 tolerance), all resident and under a budget; lockstep rows equal single rows.
  * Streams here run in program order, so ordering between streams is test_expert_cache's job. */
 #include <errno.h>
 #include <math.h>
@@ -364,6 +367,13 @@ static int sim_rmsnorm(const struct cuda_rmsnorm_args *a)
 
 static int sim_rope_neox(const struct cuda_rope_args *a)
 {
+    if (a->freq) { /* YaRN: the angles are the caller's (eager launches only) */
+        for (int t = 0; t < a->n_tok; t++)
+            ops_rope_neox_freq(a->x + (size_t)t * a->n_heads * a->head_dim, 1, a->n_heads,
+                               a->head_dim, a->pos_dev ? a->pos_dev[t] : a->pos0 + t, a->freq,
+                               a->mscale);
+        return 0;
+    }
     if (a->pos_dev)
         for (int t = 0; t < a->n_tok; t++)
             ops_rope_neox(a->x + (size_t)t * a->n_heads * a->head_dim, 1, a->n_heads,
@@ -413,7 +423,7 @@ static int sim_attention(const struct cuda_attn_args *a)
             .k_cache = a->k_rows ? a->k_rows[t] : a->k_cache,
             .v_cache = a->v_rows ? a->v_rows[t] : a->v_cache, .pos0 = a->pos_dev ? a->pos_dev[t] : a->pos0 + t, .n_tok = 1,
             .n_head = a->n_head, .n_head_kv = a->n_head_kv, .head_dim = a->head_dim,
-            .scale = a->scale,
+            .scale = a->scale, .sinks = a->sinks, .window = a->window,
         };
         ops_attention(&o);
     }
@@ -438,6 +448,27 @@ int cuda_add(float *x, const float *y, size_t n, void *stream)
     (void)stream;
     struct sim_add_args a = {x, y, n};
     return SIM_RUN(sim_add, &a);
+}
+
+struct sim_bias_args {
+    float *x;
+    const float *b;
+    int rows, dim;
+};
+
+static int sim_add_bias(const struct sim_bias_args *a)
+{
+    for (int r = 0; r < a->rows; r++)
+        for (int i = 0; i < a->dim; i++)
+            a->x[(size_t)r * a->dim + i] += a->b[i];
+    return 0;
+}
+
+int cuda_add_bias(float *x, const float *bias, int rows, int dim, void *stream)
+{
+    (void)stream;
+    struct sim_bias_args a = {x, bias, rows, dim};
+    return SIM_RUN(sim_add_bias, &a);
 }
 
 int cuda_argmax(const float *x, int rows, int n, int32_t *out, void *stream)
@@ -517,6 +548,8 @@ int cuda_rmsnorm(const struct cuda_rmsnorm_args *a)
 
 int cuda_rope_neox(const struct cuda_rope_args *a)
 {
+    if (a->freq && g_rec) /* the angles live in the caller's frame only */
+        return -ENOTSUP;
     return SIM_RUN(sim_rope_neox, a);
 }
 
@@ -1096,6 +1129,32 @@ static int gen_model(enum quant_mix mix, char *path, size_t size)
     return test_gen_model(&p, mix, 29, tmpdir, "wide", path, size);
 }
 
+/* gpt-oss through the simulated backend: every layer's experts on the CPU lane. */
+static void gptoss_checks(const int32_t *prompt)
+{
+    char path[512];
+    struct run ref = {0};
+    struct backend_cuda_config cc = {0};
+    if (test_gen_model(gen_preset_find_arch("gpt-oss", "tiny"), QUANT_MIX_F32, 5, tmpdir, "oss",
+                       path, sizeof(path))) {
+        CHECK(0, "gen gpt-oss: %s", err_msg());
+        return;
+    }
+    CHECK(run(path, &cc, 256, prompt, NULL, &ref) == 0, "gpt-oss: all resident failed");
+    if (ref.logits) {
+        CHECK(ref.cpu_layers == 4, "gpt-oss: %d CPU layers, expected every one (4)",
+              ref.cpu_layers);
+        cpu_backend_check(path, prompt, &ref, &(struct tolerance){1e-3, 95});
+        cc.vram_budget = 64ull << 20;
+        close_enough(path, "gpt-oss, --vram-budget 64M", &cc, prompt, &ref,
+                     &(struct tolerance){1e-3, 95}, 4, false);
+        cc.vram_budget = 0;
+        lockstep(path, "gpt-oss", &cc, 1e-5);
+    }
+    free(ref.logits);
+    unlink(path);
+}
+
 int main(void)
 {
     char f32[512], q8[512];
@@ -1113,6 +1172,7 @@ int main(void)
     model_checks(f32, prompt, &(struct tolerance){1e-3, 95});
     model_checks(q8, prompt, &(struct tolerance){0.06, 85});
     budget_checks(q8);
+    gptoss_checks(prompt);
     unlink(f32);
     unlink(q8);
     rmdir(tmpdir);

@@ -3,7 +3,8 @@
  *   embed      vs quant_ref_dequantize: bit-exact (every type, random and drawn blocks), and
  *              NaN rows for ids outside the table;
  *   rmsnorm    vs ops_rmsnorm (plain, no weight, in place, fused residual): max rel 2e-6;
- *   rope       vs ops_rope_neox (pos0 and per-token device positions): max rel 2e-6;
+ *   rope       vs ops_rope_neox (pos0 and per-token device positions): max rel 2e-6; with
+ *              YaRN angles (gpt-oss's settings) vs ops_rope_neox_freq: the same bound;
  *   kv_store   exact copy, rows outside the cache skipped;
  *   attention  vs ops_attention: head_dim 64/128/256, GQA 1/4/8, contexts 1..1000, decode
  *              (split-K) and prefill (tiled), host and device positions, in place: max rel 2e-5
@@ -11,7 +12,9 @@
  *              calls on the fp16 tensor-core prefill path (cuda_ops.h): max rel 5e-3, with
  *              prefills of 64..300 tokens, GQA 1/4/8, head_dim 64/128 (and 16..256), pos0 0 and
  *              > 0, device positions, split keys; both sides of the path's threshold;
- *   add        exact; argmax: the index of sampler_argmax (ties to the lowest);
+ *              with gpt-oss's attention sinks and sliding windows (decode split over keys with
+ *              whole chunks outside the window, prefill; the float kernel): max rel 2e-5;
+ *   add        exact; add_bias exact; argmax: the index of sampler_argmax (ties to the lowest);
  *   topk       vs moe_route_softmax_topk: ids exact (also with tied logits), weights 2e-6 abs;
  *   graph      a decode step (rope, kv_store, attention with device positions) captured once in
  *              a CUDA graph and replayed at changing positions, vs the CPU step: max rel 2e-5.
@@ -321,6 +324,42 @@ static void test_rope(struct rng *r)
         cuda_free(d_x), cuda_free(d_pos);
         free(x), free(ref), free(got), free(pos);
     }
+    /* YaRN angles and attention factor (gpt-oss: head_dim 64, base 150000, factor 32 over 4096) */
+    for (int ci = 0; ci < 3; ci++) {
+        int n_tok = ci == 2 ? 200 : 1 + ci * 6, heads = ci ? 8 : 64, hd = 64;
+        size_t row = (size_t)heads * hd, n = n_tok * row;
+        double freq[32];
+        float ms;
+        ops_rope_yarn_freq(hd, 150000.0f, 32.0f, 4096, 32.0f, 1.0f, 0, freq, &ms);
+        float *x = test_rand_normal(r, n, 1.0f), *ref = (float *)test_xmalloc(n * sizeof(float));
+        float *got = (float *)test_xmalloc(n * sizeof(float));
+        int32_t *pos = (int32_t *)test_xmalloc(sizeof(int32_t) * n_tok);
+        memcpy(ref, x, n * sizeof(float));
+        for (int t = 0; t < n_tok; t++) {
+            pos[t] = ci == 1 ? (int32_t)rng_below(r, 100000) : 50 * ci + t;
+            ops_rope_neox_freq(ref + t * row, 1, heads, hd, pos[t], freq, ms);
+        }
+        float *d_x = (float *)test_dev_dup(x, n * sizeof(float));
+        int32_t *d_pos = (int32_t *)test_dev_dup(pos, sizeof(int32_t) * n_tok);
+        struct cuda_rope_args a = {};
+        a.x = d_x;
+        a.n_tok = n_tok;
+        a.n_heads = heads;
+        a.head_dim = hd;
+        a.pos0 = 50 * ci;
+        a.pos_dev = ci == 1 ? d_pos : NULL;
+        a.base = 150000.0f;
+        a.freq = freq;
+        a.mscale = ms;
+        int rc = cuda_rope_neox(&a);
+        test_dev_get(got, d_x, n * sizeof(float));
+        double e = test_max_rel_err(got, ref, n);
+        printf("rope YaRN n_tok %3d heads %2d head_dim %d: rc %d, max rel err %.3g\n", n_tok,
+               heads, hd, rc, e);
+        CHECK(rc == 0 && e <= TOL_ROPE, "rope YaRN case %d: rc %d err %g", ci, rc, e);
+        cuda_free(d_x), cuda_free(d_pos);
+        free(x), free(ref), free(got), free(pos);
+    }
 }
 
 /* ---- kv_store ----------------------------------------------------------------------------- */
@@ -377,6 +416,8 @@ struct attn_case {
     bool dev;     /* positions from device memory */
     bool inplace; /* out == q */
     float qscale; /* larger: peakier softmax */
+    int window;   /* > 0: sliding window (gpt-oss) */
+    bool sinks;   /* per-head sink logits (gpt-oss) */
 };
 
 static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scratch,
@@ -386,8 +427,8 @@ static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scra
     int n_ctx = c->pos0 + n_tok + c->ctx_slack;
     size_t qn = (size_t)n_tok * n_head * hd, kvw = (size_t)c->n_kv * hd, cn = (size_t)n_ctx * kvw;
     /* the path cuda_ops.h promises for this call (device buffers are aligned) */
-    bool tc =
-        n_tok >= CUDA_ATTN_TC_MIN_TOK && n_tok * c->G >= CUDA_ATTN_TC_MIN_ROWS && hd % 16 == 0;
+    bool tc = n_tok >= CUDA_ATTN_TC_MIN_TOK && n_tok * c->G >= CUDA_ATTN_TC_MIN_ROWS &&
+              hd % 16 == 0 && !c->window && !c->sinks;
     double tol = tc ? TOL_ATTN_TC : TOL_ATTN;
     float *q = test_rand_normal(r, qn, c->qscale);
     float *kc = test_rand_normal(r, cn, 1.0f), *vc = test_rand_normal(r, cn, 1.0f);
@@ -403,8 +444,11 @@ static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scra
     for (size_t i = (size_t)(last + 1) * kvw; i < cn; i++)
         kc[i] = vc[i] = NAN;
     float scale = 1.0f / sqrtf((float)hd);
-    struct ops_attn o = {ref, q, kc, vc, c->pos0, n_tok, n_head, c->n_kv, hd, scale};
+    float *sinks = c->sinks ? test_rand_normal(r, (size_t)n_head, 2.0f) : NULL;
+    struct ops_attn o = {ref, q, kc, vc, c->pos0, n_tok, n_head, c->n_kv, hd, scale, sinks,
+                         c->window};
     ops_attention(&o);
+    float *d_sinks = sinks ? (float *)test_dev_dup(sinks, sizeof(float) * n_head) : NULL;
 
     float *d_q = (float *)test_dev_dup(q, qn * sizeof(float));
     float *d_k = (float *)test_dev_dup(kc, cn * sizeof(float));
@@ -428,20 +472,24 @@ static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scra
     a.scale = scale;
     a.scratch = d_scratch;
     a.scratch_bytes = scratch_bytes;
+    a.sinks = d_sinks;
+    a.window = c->window;
     int rc = cuda_attention(&a);
     test_dev_get(got, d_out, qn * sizeof(float));
     double e = test_max_rel_err(got, ref, qn), en = test_norm_rel_err(got, ref, qn);
     printf("attention head_dim %3d heads %2d/%d (GQA %d) n_tok %3d keys %4d..%4d n_ctx %4d %s%s"
-           " %s: rc %d, max rel %.3g, norm rel %.3g\n",
+           " %s%s%s: rc %d, max rel %.3g, norm rel %.3g\n",
            hd, n_head, c->n_kv, c->G, n_tok, c->pos0 + 1, last + 1, n_ctx,
-           c->dev ? "dev-pos" : "pos0", c->inplace ? " in-place" : "", tc ? "fp16-tc" : "float", rc,
-           e, en);
+           c->dev ? "dev-pos" : "pos0", c->inplace ? " in-place" : "", tc ? "fp16-tc" : "float",
+           c->window ? " window" : "", c->sinks ? " sinks" : "", rc, e, en);
     CHECK(rc == 0 && e <= tol, "attention hd %d G %d n_kv %d n_tok %d pos0 %d (%s): rc %d err %g",
           hd, c->G, c->n_kv, n_tok, c->pos0, tc ? "fp16-tc" : "float", rc, e);
     cuda_free(d_q), cuda_free(d_k), cuda_free(d_v), cuda_free(d_pos);
+    if (d_sinks)
+        cuda_free(d_sinks);
     if (!c->inplace)
         cuda_free(d_out);
-    free(q), free(kc), free(vc), free(ref), free(got), free(pos);
+    free(q), free(kc), free(vc), free(ref), free(got), free(pos), free(sinks);
 }
 
 /* Prefills on the tensor-core path and next to it. Rows of a block are t * G + g in tiles of
@@ -539,6 +587,19 @@ static void test_attention(struct rng *r)
     }
     struct attn_case odd = {96, 2, 3, 9, 41, 3, false, false, 2.0f}; /* head_dim 96, GQA 2 */
     run_attn_case(r, &odd, d_scratch, scratch_bytes);
+    /* gpt-oss: 64/8 heads of 64, window 128 and sinks; decode past the window (split keys,
+     * chunks before the window empty), at the window's edge, device positions, and prefill */
+    static const struct attn_case oss[] = {
+        {64, 8, 8, 1, 1000, 0, false, false, 1.5f, 128, true},
+        {64, 8, 8, 1, 127, 5, true, false, 1.5f, 128, true},
+        {64, 8, 8, 1, 128, 0, false, false, 1.5f, 128, false},
+        {64, 8, 8, 1, 700, 40, true, false, 1.5f, 0, true},
+        {64, 8, 2, 300, 0, 0, false, false, 1.5f, 128, true},
+        {64, 8, 2, 64, 200, 7, false, true, 1.5f, 16, true},
+        {64, 8, 8, 5, 3000, 0, false, false, 3.0f, 128, true},
+    };
+    for (size_t i = 0; i < sizeof(oss) / sizeof(oss[0]); i++)
+        run_attn_case(r, &oss[i], d_scratch, scratch_bytes);
     test_attention_tc(r, d_scratch, scratch_bytes);
     cuda_free(d_scratch);
 }
@@ -690,6 +751,30 @@ static void test_add(struct rng *r)
         CHECK(rc == 0 && bad == 0, "add n %zu: rc %d, %zu differ", n, rc, bad);
         cuda_free(d_x), cuda_free(d_y);
         free(x), free(y), free(ref), free(got);
+    }
+}
+
+static void test_add_bias(struct rng *r)
+{
+    static const int shapes[][2] = {{1, 8}, {7, 2880}, {64, 201}, {0, 5}};
+    for (int i = 0; i < 4; i++) {
+        int rows = shapes[i][0], dim = shapes[i][1];
+        size_t n = (size_t)rows * dim;
+        float *x = test_rand_normal(r, n + 1, 1.0f), *b = test_rand_normal(r, dim, 1.0f);
+        float *ref = (float *)test_xmalloc((n + 1) * sizeof(float)),
+              *got = (float *)test_xmalloc((n + 1) * sizeof(float));
+        for (size_t j = 0; j < n; j++)
+            ref[j] = x[j] + b[j % dim];
+        float *d_x = (float *)test_dev_dup(x, (n + 1) * sizeof(float)),
+              *d_b = (float *)test_dev_dup(b, dim * sizeof(float));
+        int rc = cuda_add_bias(d_x, d_b, rows, dim, NULL);
+        test_dev_get(got, d_x, (n + 1) * sizeof(float));
+        size_t first = 0, bad = bits_differ(got, ref, n, &first);
+        printf("add_bias rows %2d dim %4d: rc %d, %zu elements differ\n", rows, dim, rc, bad);
+        CHECK(rc == 0 && bad == 0 && !memcmp(&got[n], &x[n], sizeof(float)),
+              "add_bias %d x %d: rc %d, %zu differ", rows, dim, rc, bad);
+        cuda_free(d_x), cuda_free(d_b);
+        free(x), free(b), free(ref), free(got);
     }
 }
 
@@ -877,6 +962,7 @@ int main(void)
     test_attention(&r);
     test_attention_rows(&r);
     test_add(&r);
+    test_add_bias(&r);
     test_argmax(&r);
     test_topk(&r);
     test_graph(&r);

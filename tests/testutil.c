@@ -160,7 +160,7 @@ int test_gen_model(const struct gen_preset *p, int mix, uint64_t seed, const cha
 {
     struct gen_config cfg = {0};
     snprintf(buf, size, "%s/%s-%s.gguf", dir, name, quant_mix_name((enum quant_mix)mix));
-    cfg.arch = "qwen3moe";
+    cfg.arch = p->arch ? p->arch : "qwen3moe";
     cfg.preset = *p;
     cfg.mix = (enum quant_mix)mix;
     cfg.seed = seed;
