@@ -54,6 +54,9 @@ struct moe_params {
     const void *const *up_ptrs;
     const void *const *down_ptrs;
     uint64_t gate_row, up_row, down_row; /* bytes per row */
+    const float *gate_b, *up_b; /* NULL or (n_expert, n_ff): gpt-oss's biases */
+    const float *down_b;        /* NULL or (n_expert, n_embd) */
+    int oai;                    /* h = gpt-oss's clamped SwiGLU instead of silu(gate) up */
     /* scratch views */
     float *h;         /* (n_pairs, n_ff) silu(gate x) * up x of each pair */
     int8_t *hq;       /* (n_pairs, n_ff) h as 8-bit codes (the 8-bit direct path) */
@@ -81,6 +84,31 @@ static __device__ __forceinline__ const uint8_t *moe_expert(const uint8_t *base,
 static __device__ __forceinline__ float moe_silu(float v)
 {
     return v / (1.0f + expf(-v));
+}
+
+/* h of row r of expert e from its gate and up sums: silu(g) u, or with gpt-oss's biases and
+ * activation min(g', 7) sigmoid(1.702 min(g', 7)) (clamp(u', -7, 7) + 1), g' = g + b_gate,
+ * u' = u + b_up (cpu_kernels/expert_ffn.h) */
+static __device__ __forceinline__ float moe_h(const struct moe_params &p, int e, int64_t r,
+                                              float g, float u)
+{
+    if (p.gate_b) {
+        g = __fadd_rn(g, p.gate_b[(int64_t)e * p.n_ff + r]);
+        u = __fadd_rn(u, p.up_b[(int64_t)e * p.n_ff + r]);
+    }
+    if (p.oai) {
+        g = fminf(g, 7.0f);
+        u = fminf(fmaxf(u, -7.0f), 7.0f);
+        return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-1.702f * g))), __fadd_rn(u, 1.0f));
+    }
+    return __fmul_rn(moe_silu(g), u);
+}
+
+/* Row r of expert e's down projection with its bias, where it has one. */
+static __device__ __forceinline__ float moe_down_b(const struct moe_params &p, int e, int64_t r,
+                                                   float y)
+{
+    return p.down_b ? __fadd_rn(y, p.down_b[(int64_t)e * p.n_embd + r]) : y;
 }
 
 /* The pairs of work item w: on the direct path pair w alone, on the grouped path tile w of the
@@ -157,7 +185,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     for (int i = 0; i < TM; i++) {
         float gs = ops_warp_sum(ag[i]), us = ops_warp_sum(au[i]);
         if (lane == 0 && i < np)
-            p.h[(int64_t)pairs[i] * p.n_ff + r] = __fmul_rn(moe_silu(gs), us);
+            p.h[(int64_t)pairs[i] * p.n_ff + r] = moe_h(p, e, r, gs, us);
     }
 }
 
@@ -179,10 +207,12 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_direct(struc
         const float *hx[KMAX];
         float s[KMAX];
         bool ok[KMAX];
+        int ex[KMAX];
 #pragma unroll
         for (int i = 0; i < KMAX; i++) {
             int j = j0 + i, pr = t * p.k + (j < p.k ? j : 0), e = p.ids[pr];
             ok[i] = j < p.k && e >= 0 && e < p.n_expert;
+            ex[i] = ok[i] ? e : 0;
             dr[i] = moe_expert(p.down, p.down_stride, p.down_ptrs, ok[i] ? e : 0) +
                     r * p.down_row;
             hx[i] = p.h + (int64_t)pr * p.n_ff;
@@ -201,7 +231,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_direct(struc
             int j = j0 + i;
             if (j >= p.k)
                 break;
-            float ws = ops_warp_sum(s[i]);
+            float ws = moe_down_b(p, ex[i], r, ops_warp_sum(s[i]));
             acc = ok[i] ? __fadd_rn(acc, __fmul_rn(p.wts[t * p.k + j], ws)) : NAN;
         }
     }
@@ -315,7 +345,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_gate_up_staged(st
     }
     float gs = ops_warp_sum(ag), us = ops_warp_sum(au);
     if (lane == 0)
-        p.h[(int64_t)pair * p.n_ff + r] = __fmul_rn(moe_silu(gs), us);
+        p.h[(int64_t)pair * p.n_ff + r] = moe_h(p, e, r, gs, us);
 }
 
 /* Grouped path: y[pair, r] = w_pair * (down_e[r] . h_pair) for the pairs of one tile. */
@@ -353,7 +383,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_grouped(stru
     }
 #pragma unroll
     for (int i = 0; i < TM; i++) {
-        float s = ops_warp_sum(acc[i]);
+        float s = moe_down_b(p, e, r, ops_warp_sum(acc[i]));
         if (lane == 0 && i < np)
             p.y[(int64_t)pairs[i] * p.n_embd + r] = __fmul_rn(p.wts[pairs[i]], s);
     }
@@ -1208,7 +1238,7 @@ static __global__ void __launch_bounds__(256) k_moe_gate_up_mma(struct moe_param
         const int pr = i / (MMA_ROWS / 2), c = i % (MMA_ROWS / 2);
         if (r0 + c < p.n_ff) {
             const float g = cs[pr * MMA_CLD + c], u = cs[pr * MMA_CLD + MMA_ROWS / 2 + c];
-            p.h[(int64_t)pairs[pr] * p.n_ff + r0 + c] = __fmul_rn(moe_silu(g), u);
+            p.h[(int64_t)pairs[pr] * p.n_ff + r0 + c] = moe_h(p, e, r0 + c, g, u);
         }
     }
 }
@@ -1257,7 +1287,7 @@ static __global__ void __launch_bounds__(256) k_moe_down_mma(struct moe_params p
         const int pr = i / MMA_ROWS, c = i % MMA_ROWS;
         if (r0 + c < p.n_embd)
             p.y[(int64_t)pairs[pr] * p.n_embd + r0 + c] =
-                __fmul_rn(p.wts[pairs[pr]], cs[pr * MMA_CLD + c]);
+                __fmul_rn(p.wts[pairs[pr]], moe_down_b(p, e, r0 + c, cs[pr * MMA_CLD + c]));
     }
 }
 
@@ -1634,7 +1664,13 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     p.up_row = cq_row_bytes(a->up_type, a->n_embd);
     p.down_row = cq_row_bytes(a->down_type, a->n_ff);
     p.h = (float *)(sc + l.h);
-    if (moe_q8_ok(a->gate_type, a->down_type, a->n_embd)) {
+    p.gate_b = a->gate_b;
+    p.up_b = a->up_b;
+    p.down_b = a->down_b;
+    p.oai = a->act_oai;
+    /* the 8-bit paths compute silu(gate) up without biases: with them, the float paths */
+    const bool plain = !a->gate_b && !a->up_b && !a->down_b && !a->act_oai;
+    if (plain && moe_q8_ok(a->gate_type, a->down_type, a->n_embd)) {
         p.hq = (int8_t *)(sc + l.hq);
         p.hd = (float2 *)(sc + l.hd);
         p.xq = (int8_t *)(sc + l.xq);

@@ -37,6 +37,12 @@ struct moe_layer {
     int32_t *ids_h;      /* (max_tok, k) */
     float *w_h;
     float *cpu_partial;  /* (max_tok, n_embd) device: the hybrid lane's sum, added to out */
+    /* experts with biases or gpt-oss's activation give a nonzero output from the zero slot the
+     * GPU reads for a CPU-lane expert: hybrid then hands the GPU the weights with the CPU
+     * lane's pairs at 0 */
+    float *w_gpu;        /* (max_tok, k) device, or NULL */
+    float *w_gpu_h;      /* (max_tok, k) host */
+    uint8_t *on_cpu;     /* (n_expert) host */
     struct lane_model lanes; /* hybrid's cost model, measured at open */
     struct lane_item *items; /* (n_expert) scratch of the split */
     uint8_t *item_lane;
@@ -197,6 +203,26 @@ static int ml_hybrid_add(struct moe_layer *ml, const struct moe_args *a, float *
     return rc ? err_set(rc, "layer %d: adding the CPU lane's experts failed", a->layer) : 0;
 }
 
+/* Hybrid with biased experts: the routing weights for the GPU's kernel, with the pairs of the
+ * CPU lane's experts at 0 (their zero slots would add biases); the host routing was read back
+ * under the cache's sync. */
+static int ml_hybrid_gpu_weights(struct moe_layer *ml, int nt)
+{
+    const int32_t *cpu;
+    int n_cpu = expert_cache_cpu_experts(ml->cache, &cpu);
+    const int n_expert = (int)ml->m->hp.n_expert, pairs = nt * (int)ml->m->hp.n_expert_used;
+    memset(ml->on_cpu, 0, (size_t)n_expert);
+    for (int i = 0; i < n_cpu; i++)
+        if (cpu[i] >= 0 && cpu[i] < n_expert)
+            ml->on_cpu[cpu[i]] = 1;
+    for (int i = 0; i < pairs; i++) {
+        int e = ml->ids_h[i];
+        ml->w_gpu_h[i] = e >= 0 && e < n_expert && ml->on_cpu[e] ? 0.0f : ml->w_h[i];
+    }
+    int rc = ml->ops->to_device(ml->dev, ml->w_gpu, ml->w_gpu_h, sizeof(float) * (size_t)pairs);
+    return rc ? err_set(rc, "the GPU's share of the hybrid routing") : 0;
+}
+
 /* The cache's split of a call's misses: lane_assign over the lane model measured at open. */
 static void ml_split(void *ctx, int layer, const int32_t *miss_ids, int n_miss,
                      const int32_t *pair_count, uint64_t expert_bytes, uint8_t *to_cpu)
@@ -277,6 +303,11 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
             .out = out, .in = in, .n_tok = nt, .layer = a->layer, .ids = ml->route_ids,
             .w = ml->route_w, .lw = a->lw, .gate = tab.gate, .up = tab.up, .down = tab.down,
         };
+        if (ml->hybrid && ml->w_gpu) {
+            if ((rc = ml_hybrid_gpu_weights(ml, nt)))
+                break;
+            call.w = ml->w_gpu;
+        }
         rc = ml->ops->experts(ml->dev, &call);
         if (!rc && ml->hybrid) /* while the GPU computes its part */
             rc = ml_hybrid_add(ml, a, out, nt);
@@ -352,6 +383,15 @@ static int ml_open_hybrid(struct moe_layer *ml)
         rc = -ENOMEM;
     if (!rc && !(ml->cpu_partial = ml_alloc(ml, sizeof(float) * ml->cfg.max_tok * hp->n_embd)))
         rc = -ENOMEM;
+    const struct layer_weights *lw0 = &ml->m->layers[0];
+    if (!rc && (hp->swiglu_oai || lw0->gate_exps_b.data || lw0->down_exps_b.data)) {
+        size_t pairs = (size_t)ml->cfg.max_tok * hp->n_expert_used;
+        ml->w_gpu = ml_alloc(ml, sizeof(float) * pairs);
+        ml->w_gpu_h = malloc(sizeof(float) * pairs);
+        ml->on_cpu = malloc(hp->n_expert);
+        if (!ml->w_gpu || !ml->w_gpu_h || !ml->on_cpu)
+            rc = -ENOMEM;
+    }
     if (rc)
         return err_set(rc, "the hybrid CPU lane");
     /* every call may split: prefill too, priced by the pair cost above */
@@ -500,6 +540,9 @@ void moe_layer_close(struct moe_layer *ml)
     ml->ops->free(ml->dev, ml->pred.ids);
     ml->ops->free(ml->dev, ml->pred.w);
     ml->ops->free(ml->dev, ml->cpu_partial);
+    ml->ops->free(ml->dev, ml->w_gpu);
+    free(ml->w_gpu_h);
+    free(ml->on_cpu);
     moe_cpu_close(ml->cpu);
     moe_plan_free(&ml->plan);
     free(ml->in_h);

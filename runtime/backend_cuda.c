@@ -794,22 +794,17 @@ static struct moe_layer_config cuda_moe_config(struct backend_cuda *c,
     const int n_streams = cfg->n_streams > 0 ? cfg->n_streams : 1;
     const uint64_t n_ctx = cfg->n_ctx > 0 ? (uint64_t)cfg->n_ctx : 4096;
     const uint64_t one = cuda_stream_bytes(hp, n_ctx, cfg->max_tok > 0 ? (uint64_t)cfg->max_tok : 512);
-    /* gpt-oss's experts (biases, clamped SwiGLU) run on the CPU lane: the GPU expert kernels
-     * compute silu(gate) * up without biases */
-    const bool cpu_experts = hp->swiglu_oai;
     struct moe_layer_config mc = {
-        .max_tok = CUDA_BACKEND_MAX_TOK,
-        .cpu_layers = cpu_experts ? (int)hp->n_layer : cfg->cpu_moe_layers,
-        .cache = (cfg->vram_budget || cfg->expert_slots > 0) && !cfg->cpu_moe_layers &&
-                 !cpu_experts,
+        .max_tok = CUDA_BACKEND_MAX_TOK, .cpu_layers = cfg->cpu_moe_layers,
+        .cache = (cfg->vram_budget || cfg->expert_slots > 0) && !cfg->cpu_moe_layers,
         .vram_budget = cfg->vram_budget, .expert_slots = cfg->expert_slots,
         .stream_bytes = one * n_streams +
                         (n_streams > 1 ? cuda_batch_bytes(hp, n_streams + STRATA_BATCH_JOIN_ROWS) : 0),
         .n_streams = n_streams, .n_ctx = (int)n_ctx,
         .stream_one = one + (n_streams > 1 ? cuda_batch_bytes(hp, 1) : 0),
         .fill = cfg->residency == BACKEND_RESIDENCY_ZEROCOPY ? MOE_FILL_ZEROCOPY : MOE_FILL_COPY,
-        .prefetch = cfg->prefetch && !cpu_experts, .prefetch_depth = cfg->prefetch_depth,
-        .hybrid = cfg->hybrid && !cpu_experts, .hybrid_no_admit = cfg->hybrid_no_admit,
+        .prefetch = cfg->prefetch, .prefetch_depth = cfg->prefetch_depth, .hybrid = cfg->hybrid,
+        .hybrid_no_admit = cfg->hybrid_no_admit,
         .gather = cfg->gather_copies, .pin_chunk = cfg->pin_chunk, .stream = c->stream,
         .observer = cfg->route_observer, .observer_ctx = cfg->route_ctx, .log = cfg->log,
     };
@@ -977,6 +972,8 @@ static int cuda_moe_experts(void *dev, const struct moe_expert_call *e)
         .down = lw->down_exps.dev, .gate_stride = lw->gate_exps.bytes / n,
         .up_stride = lw->up_exps.bytes / n, .down_stride = lw->down_exps.bytes / n,
         .gate_ptrs = e->gate, .up_ptrs = e->up, .down_ptrs = e->down,
+        .gate_b = lw->gate_exps_b.dev, .up_b = lw->up_exps_b.dev, .down_b = lw->down_exps_b.dev,
+        .act_oai = hp->swiglu_oai,
         .scratch = c->moe_scratch, .scratch_bytes = c->moe_scratch_bytes, .stream = c->stream,
     };
     int rc = cuda_moe_ffn(&a);

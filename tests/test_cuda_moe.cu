@@ -16,7 +16,10 @@
  *     <= 8e-2 of max |ref|;
  *   an expert id outside the table turns that token's row (only) into NaN;
  *   a router + experts step captured in a CUDA graph and replayed on new inputs equals the
- *     eager launches bit for bit (direct and grouped paths).
+ *     eager launches bit for bit (direct and grouped paths);
+ *   gpt-oss's experts (per-expert biases and the clamped SwiGLU, MXFP4 and F32 weights, every
+ *     path: a Q4_K/Q6_K case must leave the 8-bit paths for the float ones) by the same
+ *     criteria, the references computing biases and activation as cpu_kernels/expert_ffn.h.
  * Replay a failure with STRATA_TEST_SEED. Exits 77 without a GPU. */
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -28,6 +31,7 @@
 #include "cuda_mem.h"
 #include "cuda_moe.h"
 #include "cuda_ops.h"
+#include "expert_ffn.h"
 #include "moe.h"
 #include "quant.h"
 #include "quant_ref.h"
@@ -108,13 +112,14 @@ static void errs(const float *a, const float *b, size_t n, double *emax, double 
 struct moe_case {
     uint32_t gt, dt; /* gate/up type, down type */
     int n_embd, n_ff, n_expert, k, n_tok;
+    bool oai; /* gpt-oss: biases and the clamped SwiGLU */
 };
 
 /* Whether the direct path runs on 8-bit activation codes (cuda_moe.h): Q4_K or Q6_K gate/up and
- * down weights. */
+ * down weights, without gpt-oss's biases and activation. */
 static bool direct_q8(const struct moe_case *c)
 {
-    return (c->gt == QUANT_Q4_K || c->gt == QUANT_Q6_K) &&
+    return !c->oai && (c->gt == QUANT_Q4_K || c->gt == QUANT_Q6_K) &&
            (c->dt == QUANT_Q4_K || c->dt == QUANT_Q6_K);
 }
 
@@ -141,7 +146,22 @@ struct layer {
     void *d_gate, *d_up, *d_down; /* device, stacked */
     void *d_slots;                /* device: every expert again, in reverse order */
     const void **d_ptrs;          /* device (3, n_expert) pointers into d_slots */
+    float *gb, *ub, *db;          /* oai: biases (n_expert, n_ff) x2 and (n_expert, n_embd) */
+    float *d_gb, *d_ub, *d_db;
 };
+
+/* h of one row: silu(g) u, or gpt-oss's min(g', 7) sigmoid(1.702 min(g', 7)) (clamp(u', -7, 7)
+ * + 1) with g' = g + gate bias, u' = u + up bias (double). */
+static double ref_h(const struct layer *L, int e, int r, double g, double u)
+{
+    if (!L->c->oai)
+        return g / (1.0 + exp(-g)) * u;
+    g += L->gb[(size_t)e * L->c->n_ff + r];
+    u += L->ub[(size_t)e * L->c->n_ff + r];
+    g = g < 7.0 ? g : 7.0;
+    u = u < -7.0 ? -7.0 : u > 7.0 ? 7.0 : u;
+    return g / (1.0 + exp(-1.702 * g)) * (u + 1.0);
+}
 
 static const float *layer_deq(struct layer *L, int e, int which)
 {
@@ -194,6 +214,15 @@ static void layer_make(struct rng *r, const struct moe_case *c, struct layer *L)
     }
     L->d_ptrs = (const void **)test_dev_dup(ptrs, sizeof(void *) * 3 * c->n_expert);
     free(ptrs);
+    if (c->oai) { /* biases large enough to matter (and to reach the clamps now and then) */
+        size_t nf = (size_t)c->n_expert * c->n_ff, ne = (size_t)c->n_expert * c->n_embd;
+        L->gb = test_rand_normal(r, nf, 1.5f);
+        L->ub = test_rand_normal(r, nf, 1.5f);
+        L->db = test_rand_normal(r, ne, 0.5f);
+        L->d_gb = (float *)test_dev_dup(L->gb, sizeof(float) * nf);
+        L->d_ub = (float *)test_dev_dup(L->ub, sizeof(float) * nf);
+        L->d_db = (float *)test_dev_dup(L->db, sizeof(float) * ne);
+    }
 }
 
 static void layer_free(struct layer *L)
@@ -203,6 +232,10 @@ static void layer_free(struct layer *L)
     free(L->deq), free(L->gate), free(L->up), free(L->down);
     cuda_free(L->d_gate), cuda_free(L->d_up), cuda_free(L->d_down), cuda_free(L->d_slots);
     cuda_free(L->d_ptrs);
+    if (L->c->oai) {
+        free(L->gb), free(L->ub), free(L->db);
+        cuda_free(L->d_gb), cuda_free(L->d_ub), cuda_free(L->d_db);
+    }
 }
 
 static struct cuda_moe_args layer_args(const struct layer *L, float *out, const float *in,
@@ -223,6 +256,8 @@ static struct cuda_moe_args layer_args(const struct layer *L, float *out, const 
         a.down_ptrs = L->d_ptrs + 2 * c->n_expert;
     }
     a.path = path, a.scratch = scratch, a.scratch_bytes = scratch_bytes;
+    if (c->oai)
+        a.gate_b = L->d_gb, a.up_b = L->d_ub, a.down_b = L->d_db, a.act_oai = 1;
     return a;
 }
 
@@ -245,10 +280,10 @@ static void reference_double(struct layer *L, const float *x, const int32_t *ids
                     sg += (double)g[(size_t)r * c->n_embd + i] * xt[i];
                     su += (double)u[(size_t)r * c->n_embd + i] * xt[i];
                 }
-                h[r] = sg / (1.0 + exp(-sg)) * su;
+                h[r] = ref_h(L, e, r, sg, su);
             }
             for (int i = 0; i < c->n_embd; i++) {
-                double s = 0;
+                double s = c->oai ? L->db[(size_t)e * c->n_embd + i] : 0.0;
                 for (int r = 0; r < c->n_ff; r++)
                     s += (double)d[(size_t)i * c->n_ff + r] * h[r];
                 o[i] += w[t * c->k + j] * s;
@@ -273,6 +308,10 @@ static void reference_cpu(const struct layer *L, const float *x, const int32_t *
     moe_plan_build(&plan, ids, w, c->n_tok);
     struct moe_experts ex = {L->gate,     L->up,       L->down,     c->gt,     c->gt,  c->dt,
                              L->g_stride, L->g_stride, L->d_stride, c->n_embd, c->n_ff};
+    if (c->oai) {
+        ex.gate_b = L->gb, ex.up_b = L->ub, ex.down_b = L->db;
+        ex.act = EXPERT_ACT_SWIGLU_OAI;
+    }
     if (moe_cpu_run(cpu, &plan, &ex, x, out))
         fatal("moe_cpu_run");
     moe_cpu_close(cpu);
@@ -355,13 +394,13 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
     size_t dg = bits_differ(got[0], got[1], nx), dg8 = bits_differ(got[4], got[1], nx);
     size_t ds = bits_differ(got[auto_path], got[3], nx);
     static const char *const path_name[5] = {"direct", "grouped", "mma", "", "grouped8"};
-    printf("moe %-5s/%-5s n_embd %4d n_ff %4d experts %3d k %d n_tok %3d: routing %zu ids "
+    printf("moe %-5s/%-5s%s n_embd %4d n_ff %4d experts %3d k %d n_tok %3d: routing %zu ids "
            "differ, w err %.2g | vs double: direct%s norm %.3g max %.3g, grouped norm %.3g max "
            "%.3g, mma norm %.3g max %.3g, cpu norm %.3g | direct vs cpu: norm %.3g | grouped8 vs "
            "direct: norm %.3g max %.3g | grouped vs direct, slots vs auto (%s): %zu/%zu bits "
            "differ\n",
-           quant_type_name(c->gt), quant_type_name(c->dt), c->n_embd, c->n_ff, c->n_expert, c->k,
-           c->n_tok, id_bad, werr, q8 ? " (8-bit)" : "", en, em, fn, fm, mn, mm, cn, gn, g8n,
+           quant_type_name(c->gt), quant_type_name(c->dt), c->oai ? " oai" : "", c->n_embd,
+           c->n_ff, c->n_expert, c->k, c->n_tok, id_bad, werr, q8 ? " (8-bit)" : "", en, em, fn, fm, mn, mm, cn, gn, g8n,
            g8m, path_name[auto_path], dg, ds);
     CHECK(q8 ? en <= TOL_Q8_NORM && em <= TOL_Q8_MAX : en <= TOL_REF_NORM && em <= TOL_REF_MAX,
           "direct path vs double reference: norm %g max %g", en, em);
@@ -592,6 +631,12 @@ int main(void)
         {QUANT_F32, QUANT_F32, 200, 72, 8, 2, 16},
         {QUANT_F16, QUANT_BF16, 256, 128, 16, 4, 4},
         {QUANT_BF16, QUANT_F16, 128, 64, 8, 8, 7}, /* k = n_expert */
+        /* gpt-oss: biases and the clamped SwiGLU on every path */
+        {QUANT_MXFP4, QUANT_MXFP4, 352, 160, 32, 4, 1, true},
+        {QUANT_MXFP4, QUANT_MXFP4, 352, 160, 32, 4, 4, true},
+        {QUANT_MXFP4, QUANT_MXFP4, 352, 160, 8, 4, 40, true},
+        {QUANT_F32, QUANT_F32, 200, 72, 8, 2, 16, true},
+        {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 16, 4, 33, true}, /* not the 8-bit paths */
     };
     int n = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int i = 0; i < n; i++)
