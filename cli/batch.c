@@ -124,6 +124,7 @@ struct batch_slot {
     double accept_ema; /* the running share of drafts kept */
     int32_t drafts[64];
     int k;
+    struct strata_drafter *drafter; /* --spec draft: its stream on the draft model */
     double t_start; /* when its prompt began */
     double t_gen0; /* when its prompt was done */
 };
@@ -223,10 +224,12 @@ static void batch_usage(void)
         "  -s, --seed S            sampling seed of every line without its own (default %llu)\n"
         "      --stop TEXT         stop when TEXT is generated (up to %d)\n"
         "      --ignore-eos        do not stop at end-of-generation tokens\n"
-        "      --spec ngram        speculative decoding: each stream's step also carries up to\n"
-        "                          --draft-max K (default 8) prompt-lookup drafts as rows,\n"
-        "                          kept while sampling agrees (greedy texts unchanged;\n"
-        "                          --draft-ngram N, default 3; docs/speculative.md)\n\n"
+        "      --spec ngram|draft  speculative decoding: each stream's step also carries up to\n"
+        "                          --draft-max K (default 8) drafts as rows, kept while\n"
+        "                          sampling agrees (greedy texts unchanged): prompt lookup\n"
+        "                          (--draft-ngram N, default 3), or the greedy tokens of\n"
+        "                          -md FILE (--draft-device auto|cpu|cuda; each stream has its\n"
+        "                          own stream on it); docs/speculative.md\n\n"
         "model and machine (as for strata run; see strata run --help):\n"
         "  -m, --model FILE        GGUF model (default: the shipped default model, %s)\n"
         "  -c, --ctx-size N        context of each stream in tokens (default %d)\n"
@@ -259,7 +262,7 @@ static bool batch_run_flag(const char *a, bool *takes_value)
         "--vram-budget --placement --residency --streaming --prefetch-depth --profile "
         "--stats-json --system -n --n-predict --temp --top-k --top-p --min-p --repeat-penalty "
         "--repeat-last-n -s --seed --stop --host-budget --host-io --spec --draft-max "
-        "--draft-ngram";
+        "--draft-ngram -md --draft-model --draft-device";
     static const char bare[] = "--chat --think --no-think --ignore-eos --bind --no-mmap -v "
                                "--verbose --stats --prefetch --profile-freeze --profile-optional "
                                "--graph --host-buffered --host-read-ahead";
@@ -1188,6 +1191,17 @@ static int batch_open_engine(struct batch *b, int n_pending)
             return cli_fail("opening the streams");
         strata_stream_set_progress(b->slots[i].st, batch_on_progress, NULL);
     }
+    /* --spec draft: the draft model once, a drafter (a stream on it) per slot */
+    for (int i = 0; b->o.draft_model && i < b->n_slots; i++) {
+        int rc = i ? (strata_drafter_open(ss->draft, ss->s, b->o.n_ctx, &b->slots[i].drafter)
+                          ? cli_fail("--draft-model")
+                          : 0)
+                   : run_open_draft(b->o.draft_model, b->o.draft_device, b->o.n_threads,
+                                    b->o.n_ctx, b->o.verbose, ss->s, &ss->draft,
+                                    &b->slots[0].drafter);
+        if (rc)
+            return rc;
+    }
     if (b->o.gen.draft_max &&
         strata_batch_open_rows(ss->s, b->n_slots, batch_max_rows(b), &b->bt)) {
         fprintf(stderr, "strata batch: --spec: no memory for %d rows a step (%s); decoding "
@@ -1212,6 +1226,7 @@ static void batch_close_engine(struct batch *b)
     for (int i = 0; i < b->n_slots && b->slots; i++) {
         strata_sampler_close(b->slots[i].sm);
         strata_stream_close(b->slots[i].st);
+        strata_drafter_close(b->slots[i].drafter);
         free(b->slots[i].hist);
     }
     free(b->slots);
@@ -1358,9 +1373,12 @@ static void batch_draft(const struct batch *b, struct batch_slot *sl)
         int room = strata_stream_n_ctx(sl->st) - strata_stream_pos(sl->st) - 1;
         k = k < left ? k : left;
         k = k < room ? k : room;
-        k = k > 0 ? strata_ngram_draft(sl->hist, sl->n_hist, b->o.gen.draft_ngram, k,
-                                       sl->drafts)
-                  : 0;
+        if (k > 0 && sl->drafter)
+            k = strata_drafter_draft(sl->drafter, sl->hist, sl->n_hist, k, sl->drafts);
+        else
+            k = k > 0 ? strata_ngram_draft(sl->hist, sl->n_hist, b->o.gen.draft_ngram, k,
+                                           sl->drafts)
+                      : 0;
     }
     sl->k = k;
 }

@@ -5,7 +5,8 @@
 #  2. strata spec-replay on a text that repeats itself accepts drafts, and on a text without a
 #     repeated pair of tokens drafts nothing; its numbers are the same on a second run;
 #  3. strata batch --spec ngram writes the greedy lines strata batch writes without it, and a
-#     sampled line the same text at --streams 1 and 3;
+#     sampled line the same text at --streams 1 and 3; --spec draft (the model as its own draft)
+#     the same greedy lines, every draft kept;
 #  4. bad options: --spec other, --draft-max without --spec, --draft-max 0, a missing -f,
 #     --spec draft without -md, -md without --spec draft: exit 2; a draft model whose
 #     vocabulary differs: exit 1 naming it.
@@ -57,6 +58,14 @@ grep -q "speculative: [0-9]* verify passes" "$tmp/err" || fail "batch --spec: no
     fail "batch --spec changed greedy lines"
 [ "$(strip "$tmp/b1.jsonl")" = "$(strip "$tmp/b3.jsonl")" ] ||
     fail "batch --spec: --streams 1 and 3 differ"
+head -3 "$tmp/in.jsonl" >"$tmp/in3.jsonl" # the greedy lines
+"$strata" "${B[@]}" --input "$tmp/in3.jsonl" --streams 3 --spec draft -md "$model" --draft-device cpu \
+    -o "$tmp/bd.jsonl" 2>"$tmp/err" ||
+    fail "batch --spec draft exited $?: $(cat "$tmp/err")"
+[ "$(strip "$tmp/b0.jsonl" | head -3)" = "$(strip "$tmp/bd.jsonl" | head -3)" ] ||
+    fail "batch --spec draft changed greedy lines"
+grep -q "speculative: [0-9]* verify passes, \([0-9]*\) drafted, \1 accepted" "$tmp/err" ||
+    fail "batch --spec draft with the model itself: $(cat "$tmp/err")"
 
 for bad in "run -m $model --spec mtp -p x" "run -m $model --draft-max 4 -p x" \
     "run -m $model --spec ngram --draft-max 0 -p x" "spec-replay -m $model --spec ngram" \
