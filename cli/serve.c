@@ -227,6 +227,10 @@ static int serve_parse(int argc, char **argv, struct serve_opts *so, struct run_
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             serve_usage();
             rc = 1;
+        } else if (!strcmp(a, "--spec") && v && !strcmp(v, "draft")) {
+            fprintf(stderr, "strata serve: --spec draft is not available in serve (--spec ngram "
+                            "is); run, chat, bench and batch take a draft model\n");
+            rc = 2;
         } else if (serve_run_flag(a, &takes)) {
             rest[n_rest++] = argv[i];
             if (takes && v)
