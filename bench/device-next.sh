@@ -7,7 +7,9 @@
 #      WHERE (default --vram-budget 4G, then 2G, 8G and resident): plain against --spec ngram
 #      and against --spec draft with the shipped model as the draft (on the GPU), greedy
 #      generation after the first 256 tokens of SPEC_TEXT (default cli/serve.c);
-#   4. unless SKIP_SERVE=1, bench/device-serve.sh (strata serve under load, 30b-a3b at 8 GiB).
+#   4. unless SKIP_SERVE=1, bench/device-serve.sh (strata serve under load, 30b-a3b at 8 GiB);
+#   5. when tests/data/npm was carried, tools/tokref/hf_check.py (the tokenizer corpora against
+#      Hugging Face tokenizers, gpt-oss's o200k included).
 # Binaries: .carry/bin.tar.xz (scripts/device-pack.sh).
 set -u
 . bench/device-env.sh
@@ -43,3 +45,12 @@ for w in "${where[@]}"; do
     done
 done
 [ -n "${SKIP_SERVE:-}" ] || bash bench/device-serve.sh
+if [ -d tests/data/npm/tokenizer-gptoss ]; then
+    python3 tools/tokref/hf_check.py \
+        tests/data/npm/tokenizer-qwen3/models/tokenizer.json tests/data/tokenizer/qwen3-expected.jsonl \
+        tests/data/npm/tokenizer-gptoss/models/tokenizer.json tests/data/tokenizer/gptoss-expected.jsonl \
+        tests/data/npm/tokenizer-deepseek_v3/models/tokenizer.json tests/data/tokenizer/deepseek_v3-expected.jsonl \
+        >"$OUT/hf-tokenizers.log" 2>&1
+    echo "hf_check rc=$?"
+    tail -5 "$OUT/hf-tokenizers.log"
+fi
