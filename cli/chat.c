@@ -16,6 +16,28 @@ struct chat_out {
     struct chat_harmony *h; /* NULL: ChatML */
 };
 
+/* The ids the stream's cache holds, in order (--spec draft: the drafter's prefix, so that its
+ * drafts see the whole conversation); n always equals the stream's position. */
+struct chat_conv {
+    int32_t *ids;
+    int n, cap;
+};
+
+static int conv_add(struct chat_conv *c, const int32_t *ids, int n)
+{
+    if (c->n + n > c->cap) {
+        int cap = (c->n + n) * 2;
+        int32_t *p = realloc(c->ids, sizeof(int32_t) * (size_t)cap);
+        if (!p)
+            return cli_fail("out of memory");
+        c->ids = p;
+        c->cap = cap;
+    }
+    memcpy(c->ids + c->n, ids, sizeof(int32_t) * (size_t)n);
+    c->n += n;
+    return 0;
+}
+
 static int chat_emit(void *ctx, const char *text, size_t len)
 {
     struct chat_out *o = ctx;
@@ -27,15 +49,16 @@ static int chat_emit(void *ctx, const char *text, size_t len)
 }
 
 /* Evaluates text into the stream (the template's pieces between turns). 0 or 1. */
-static int chat_eval_text(struct run_session *s, const char *text)
+static int chat_eval_text(struct run_session *s, struct chat_conv *conv, const char *text)
 {
     int32_t *ids = NULL;
     int n = 0, rc;
     if (run_tokenize(s, text, &ids, &n))
         return 1;
     rc = n ? strata_eval(s->stream, ids, n, NULL) : 0;
+    rc = rc ? cli_fail("generation") : conv_add(conv, ids, n);
     free(ids);
-    return rc ? cli_fail("generation") : 0;
+    return rc;
 }
 
 /* Evaluates one turn: the rendered text of the new messages, then the reply. A turn that does
@@ -43,7 +66,7 @@ static int chat_eval_text(struct run_session *s, const char *text)
  * and /reset empties the context); a reply cut off by the context is not closed. A harmony
  * reply is kept in the cache as the template renders history: its final channel only. */
 static int chat_turn(struct run_session *s, const struct run_opts *o, enum chat_format fmt,
-                     const char *rendered)
+                     struct chat_conv *conv, const char *rendered)
 {
     struct strata_generate_stats st;
     struct strata_generate_params gc = o->gen;
@@ -68,10 +91,26 @@ static int chat_turn(struct run_session *s, const struct run_opts *o, enum chat_
     for (const char *const *stop = chat_stops(fmt); *stop && gc.n_stop < STRATA_MAX_STOP; stop++)
         gc.stop[gc.n_stop++] = *stop;
     const int reply_pos = strata_stream_pos(str) + n;
+    int32_t *gen = malloc(sizeof(int32_t) * (size_t)(gc.n_predict > 0 ? gc.n_predict : 1));
+    if (!gen) {
+        free(ids);
+        return cli_fail("out of memory");
+    }
+    /* the drafter sees the conversation before this turn (the ids the cache holds) */
+    const int n_pre = conv->n == strata_stream_pos(str) ? conv->n : 0;
+    if (s->drafter && strata_drafter_set_prefix(s->drafter, conv->ids, n_pre)) {
+        free(ids), free(gen);
+        return cli_fail("out of memory");
+    }
     if (out.h)
         run_harmony_start(&h, &hout, o->hide_reasoning);
-    rc = strata_generate(str, ids, n, &gc, chat_emit, &out, NULL, &st);
+    rc = strata_generate(str, ids, n, &gc, chat_emit, &out, gen, &st);
+    /* the cache now holds this turn's rendered ids and the reply's tokens before the last */
+    const int n_gen_cached = strata_stream_pos(str) - reply_pos;
+    if (!rc)
+        rc = conv_add(conv, ids, n) || conv_add(conv, gen, n_gen_cached > 0 ? n_gen_cached : 0);
     free(ids);
+    free(gen);
     if (out.h)
         chat_harmony_flush(&h);
     if (rc) {
@@ -92,13 +131,14 @@ static int chat_turn(struct run_session *s, const struct run_opts *o, enum chat_
         size_t len = strlen(final) + 64;
         char *t = malloc(len);
         strata_stream_truncate(str, reply_pos);
+        conv->n = reply_pos < conv->n ? reply_pos : conv->n;
         if (t)
             snprintf(t, len, "<|channel|>final<|message|>%s<|end|>", final);
-        rc = t ? chat_eval_text(s, t) : cli_fail("out of memory");
+        rc = t ? chat_eval_text(s, conv, t) : cli_fail("out of memory");
         free(t);
         chat_harmony_free(&h);
     } else {
-        rc = chat_eval_text(s, "<|im_end|>\n");
+        rc = chat_eval_text(s, conv, "<|im_end|>\n");
     }
     if (rc)
         return rc;
@@ -113,6 +153,7 @@ int cmd_chat(int argc, char **argv)
 {
     struct run_opts o;
     struct run_session s;
+    struct chat_conv conv = {0};
     char *line = NULL;
     size_t cap = 0;
     ssize_t got;
@@ -153,6 +194,7 @@ int cmd_chat(int argc, char **argv)
             break;
         if (!strcmp(line, "/reset")) {
             strata_stream_truncate(s.stream, 0);
+            conv.n = 0;
             first = true;
             fprintf(stderr, "strata chat: the conversation is forgotten\n");
             continue;
@@ -168,12 +210,13 @@ int cmd_chat(int argc, char **argv)
             rc = cli_fail("chat template");
             break;
         }
-        rc = chat_turn(&s, &o, style.format, rendered);
+        rc = chat_turn(&s, &o, style.format, &conv, rendered);
         free(rendered);
         if (rc)
             break;
     }
     free(line);
+    free(conv.ids);
     run_session_close(&s);
     return rc;
 }

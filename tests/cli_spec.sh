@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Speculative decoding from the command line, on the shipped default model (CPU):
 #  1. strata run --spec ngram and --spec draft (the model as its own draft: every draft kept)
-#     print the same greedy text as strata run, and their statistics lines;
+#     print the same greedy text as strata run, and their statistics lines; strata chat over two
+#     messages with the model as its own draft: the same replies, every draft kept in both turns
+#     (its drafter is given the earlier turn);
 #  2. strata spec-replay on a text that repeats itself accepts drafts, and on a text without a
 #     repeated pair of tokens drafts nothing; its numbers are the same on a second run;
 #  3. strata batch --spec ngram writes the greedy lines strata batch writes without it, and a
@@ -32,6 +34,15 @@ for p in "def fibonacci(n):" "import os"; do
     grep -q "^speculative: [0-9]* verify passes, \([0-9]*\) drafted, \1 accepted (100.0%)" "$tmp/err" ||
         fail "the model as its own draft: $(cat "$tmp/err")"
 done
+printf 'def add(a, b):\nclass Stack:\n' >"$tmp/msgs"
+C=(chat -m "$model" --device cpu -t 2 --temp 0 -n 24)
+"$strata" "${C[@]}" <"$tmp/msgs" >"$tmp/c0" 2>/dev/null || fail "chat exited $?"
+"$strata" "${C[@]}" -v --spec draft -md "$model" --draft-device cpu <"$tmp/msgs" >"$tmp/c1" 2>"$tmp/err" ||
+    fail "chat --spec draft exited $?: $(cat "$tmp/err")"
+# (-v prints the statistics instead of the newline after each reply)
+[ "$(tr -d '\n' <"$tmp/c0")" = "$(tr -d '\n' <"$tmp/c1")" ] || fail "chat --spec draft changed the replies"
+[ "$(grep -c "^speculative: [0-9]* verify passes, \([0-9]*\) drafted, \1 accepted (100.0%)" "$tmp/err")" = 2 ] ||
+    fail "chat --spec draft, the model as its own draft: $(grep speculative "$tmp/err")"
 "$strata" gen --preset tiny -q -o "$tmp/tiny.gguf" >/dev/null || fail "gen"
 "$strata" "${R[@]}" -p x --spec draft -md "$tmp/tiny.gguf" >/dev/null 2>"$tmp/err"
 [ $? = 1 ] && grep -q "vocabulary" "$tmp/err" || fail "a foreign draft model: $(cat "$tmp/err")"
