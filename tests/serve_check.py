@@ -8,7 +8,7 @@ Checks:
     (greedy and sampled), and /v1/chat/completions equals `strata run --chat`; every streamed
     chunk is whole UTF-8;
  3. 8 clients sending 64 requests at once (--parallel 4) all get the text each request gets
-    alone;
+    alone (4 clients and 24 requests under STRATA_TEST_QUICK=1, which sanitizer builds set);
  4. prefix reuse: a second turn that resends the first turn's history evaluates fewer prompt
     tokens (usage.prompt_tokens_details.cached_tokens) and gives the same text as on a server
     that never saw the first turn;
@@ -20,8 +20,8 @@ Checks:
     cancelled), and the server goes on serving;
  8. SIGTERM while a request runs: that request completes, the server exits 0 (under ASan this
     is also where leaks would fail it);
- 9. --spec ngram: greedy completions, alone and 12 at once, equal `strata run`'s, and drafts
-    were verified (/metrics).
+ 9. --spec ngram: greedy completions, alone and 12 at once (6 when quick), equal `strata run`'s,
+    and drafts were verified (/metrics).
 """
 import http.client
 import json
@@ -35,6 +35,7 @@ import time
 
 STRATA, MODEL = sys.argv[1], sys.argv[2]
 FAILS = []
+QUICK = os.environ.get("STRATA_TEST_QUICK") == "1"
 
 
 def check(cond, what):
@@ -181,18 +182,19 @@ def check_run_equal(sv):
 
 
 def check_concurrent(sv):
+    n, clients, n_alone = (24, 4, 8) if QUICK else (64, 8, 16)
     reqs = []
-    for k in range(64):
+    for k in range(n):
         p = PROMPTS[k % len(PROMPTS)] + "\n" * (k % 3)
         reqs.append({"prompt": p, "max_tokens": 8 + k % 5, "temperature": 0.7, "seed": k})
     alone = []
-    for r in reqs[:16]:
+    for r in reqs[:n_alone]:
         st, j, _ = sv.post("/v1/completions", r)
         alone.append(completion_text(j) if st == 200 else None)
-    results = [None] * 64
+    results = [None] * n
 
     def client(c):
-        for k in range(c, 64, 8):
+        for k in range(c, n, clients):
             try:
                 if k % 2:
                     st, j, _ = sv.post("/v1/completions", reqs[k])
@@ -202,14 +204,14 @@ def check_concurrent(sv):
             except Exception as e:  # noqa: BLE001 (the check below reports it)
                 results[k] = "error %r" % e
 
-    ts = [threading.Thread(target=client, args=(c,)) for c in range(8)]
+    ts = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     t0 = time.time()
     for t in ts:
         t.start()
     for t in ts:
         t.join()
     dt = time.time() - t0
-    bad = [k for k in range(16) if results[k] != alone[k]]
+    bad = [k for k in range(n_alone) if results[k] != alone[k]]
     check(not bad, "concurrent requests differ from alone: %r" %
           [(k, results[k], alone[k]) for k in bad[:3]])
     # the same request (k and k + 16 * m share prompt, max_tokens and seed only when equal)
@@ -222,7 +224,7 @@ def check_concurrent(sv):
           "some concurrent requests failed: %r" % [x for x in results if
                                                    not isinstance(x, str) or
                                                    x.startswith(("error", "status"))][:3])
-    print("concurrent: 64 requests from 8 clients in %.1f s" % dt)
+    print("concurrent: %d requests from %d clients in %.1f s" % (n, clients, dt))
 
 
 def check_prefix_reuse():
@@ -384,7 +386,8 @@ def check_spec():
                                                     "temperature": 0})
             check(st == 200 and completion_text(j) == wants[p],
                   "--spec greedy %r: %r, run %r" % (p, j, wants[p]))
-        results = [None] * 12
+        n = 6 if QUICK else 12
+        results = [None] * n
 
         def one(k):
             p = PROMPTS[k % 3]
@@ -396,12 +399,12 @@ def check_spec():
                                                         "temperature": 0})
                 results[k] = completion_text(j) if st == 200 else "status %d" % st
 
-        ts = [threading.Thread(target=one, args=(k,)) for k in range(12)]
+        ts = [threading.Thread(target=one, args=(k,)) for k in range(n)]
         for t in ts:
             t.start()
         for t in ts:
             t.join()
-        bad = [k for k in range(12) if results[k] != wants[PROMPTS[k % 3]]]
+        bad = [k for k in range(n) if results[k] != wants[PROMPTS[k % 3]]]
         check(not bad, "--spec concurrent greedy differs from run: %r" %
               [(k, results[k]) for k in bad[:3]])
         st, out, _ = sv.req("GET", "/metrics")
