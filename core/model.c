@@ -16,6 +16,8 @@
 static const struct model_arch model_arch_table[] = {
     {"qwen3moe", model_qwen3moe_load},
     {"gpt-oss", model_gptoss_load},
+    {"qwen3next", model_qwen3next_load},
+    {"qwen35moe", model_qwen3next_load},
 };
 
 const struct model_arch *model_arch_find(const char *name)
@@ -188,13 +190,24 @@ void model_weights_each(struct model *m, void (*fn)(struct weight *w, void *arg)
         m->output = m->tok_embd; /* keep the tie: output follows tok_embd */
     for (uint32_t l = 0; m->layers && l < m->hp.n_layer; l++) {
         struct layer_weights *lw = &m->layers[l];
-        struct weight *all[] = {&lw->attn_norm,   &lw->wq,        &lw->wk,
-                                &lw->wv,          &lw->wo,        &lw->q_norm,
-                                &lw->k_norm,      &lw->ffn_norm,  &lw->router,
-                                &lw->gate_exps,   &lw->up_exps,   &lw->down_exps,
-                                &lw->bq,          &lw->bk,        &lw->bv,
-                                &lw->bo,          &lw->sinks,     &lw->router_b,
-                                &lw->gate_exps_b, &lw->up_exps_b, &lw->down_exps_b};
+        struct weight *all[] = {&lw->attn_norm,   &lw->wq,
+                                &lw->wk,          &lw->wv,
+                                &lw->wo,          &lw->q_norm,
+                                &lw->k_norm,      &lw->ffn_norm,
+                                &lw->router,      &lw->gate_exps,
+                                &lw->up_exps,     &lw->down_exps,
+                                &lw->bq,          &lw->bk,
+                                &lw->bv,          &lw->bo,
+                                &lw->sinks,       &lw->router_b,
+                                &lw->gate_exps_b, &lw->up_exps_b,
+                                &lw->down_exps_b, &lw->shexp_gate_inp,
+                                &lw->gate_shexp,  &lw->up_shexp,
+                                &lw->down_shexp,  &lw->ssm_qkv,
+                                &lw->ssm_z,       &lw->ssm_ba,
+                                &lw->ssm_beta,    &lw->ssm_alpha,
+                                &lw->ssm_conv,    &lw->ssm_dt_b,
+                                &lw->ssm_a,       &lw->ssm_norm,
+                                &lw->ssm_out};
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
             if (all[i]->data)
                 fn(all[i], arg);

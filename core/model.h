@@ -46,7 +46,60 @@ struct model_hparams {
     uint32_t rope_yarn_n_ctx_orig; /* rope.scaling.original_context_length */
     bool swiglu_oai;          /* experts: gpt-oss's clamped SwiGLU (cpu_kernels/expert_ffn.h)
                                  with biases, instead of silu(gate) * up */
+    /* qwen3next / qwen35moe (0 elsewhere): Gated DeltaNet layers between gated attention
+     * layers, a shared expert beside the routed ones */
+    uint32_t full_attn_interval; /* layer l attends iff (l + 1) % interval == 0, the others are
+                                    Gated DeltaNet; 0: every layer attends */
+    uint32_t n_rot;              /* rope.dimension_count: rotated dims of a head (NEOX pairs
+                                    (i, i + n_rot/2)); the rest pass through; 0: head_dim */
+    bool attn_gated;      /* attn_q carries per head [q | gate]; out = attn * sigmoid(gate) */
+    uint32_t n_ff_shexp;  /* expert_shared_feed_forward_length; 0: no shared expert */
+    uint32_t ssm_d_conv;  /* ssm.conv_kernel: taps of the causal depthwise conv */
+    uint32_t ssm_d_state; /* ssm.state_size: head dim of q, k and v */
+    uint32_t ssm_n_k;     /* ssm.group_count: q/k heads */
+    uint32_t ssm_n_v;     /* ssm.time_step_rank: v heads (a multiple of ssm_n_k) */
+    bool ssm_v_tiled;     /* v head p reads q/k head p % n_k (qwen35moe), else p / (n_v/n_k) */
+    uint32_t n_nextn;     /* nextn_predict_layers: MTP blocks after the n_layer main ones
+                             (not loaded) */
 };
+
+/* Whether layer l is a Gated DeltaNet (recurrent) layer. */
+static inline bool model_layer_is_ssm(const struct model_hparams *hp, uint32_t l)
+{
+    return hp->full_attn_interval && (l + 1) % hp->full_attn_interval != 0;
+}
+
+/* Layers with a KV cache (the attending ones), and layer l's index among them. */
+static inline uint32_t model_n_kv_layers(const struct model_hparams *hp)
+{
+    return hp->full_attn_interval ? hp->n_layer / hp->full_attn_interval : hp->n_layer;
+}
+static inline uint32_t model_kv_layer(const struct model_hparams *hp, uint32_t l)
+{
+    return hp->full_attn_interval ? l / hp->full_attn_interval : l;
+}
+
+/* Gated DeltaNet layers (with a recurrent state), and layer l's index among them. */
+static inline uint32_t model_n_ssm_layers(const struct model_hparams *hp)
+{
+    return hp->n_layer - model_n_kv_layers(hp);
+}
+static inline uint32_t model_ssm_layer(const struct model_hparams *hp, uint32_t l)
+{
+    return l - model_kv_layer(hp, l);
+}
+
+/* Floats of one Gated DeltaNet layer's conv state ((d_conv - 1) x conv channels) and delta
+ * rule state (n_v x d_state x d_state), per stream. */
+static inline uint64_t model_conv_state_floats(const struct model_hparams *hp)
+{
+    return (uint64_t)(hp->ssm_d_conv ? hp->ssm_d_conv - 1 : 0) * (2 * hp->ssm_n_k + hp->ssm_n_v) *
+           hp->ssm_d_state;
+}
+static inline uint64_t model_ssm_state_floats(const struct model_hparams *hp)
+{
+    return (uint64_t)hp->ssm_n_v * hp->ssm_d_state * hp->ssm_d_state;
+}
 
 /* Whether layer l uses sliding-window attention (hp->n_swa keys). */
 static inline bool model_layer_is_swa(const struct model_hparams *hp, uint32_t l)
@@ -72,6 +125,21 @@ struct layer_weights {
     struct weight router_b;           /* (n_expert) */
     struct weight gate_exps_b, up_exps_b; /* (n_ff_exp, n_expert) */
     struct weight down_exps_b;        /* (n_embd, n_expert) */
+    /* qwen3next / qwen35moe: the shared expert (every layer) */
+    struct weight shexp_gate_inp;       /* (n_embd) F32: one sigmoid logit */
+    struct weight gate_shexp, up_shexp; /* (n_embd, n_ff_shexp) */
+    struct weight down_shexp;           /* (n_ff_shexp, n_embd) */
+    /* Gated DeltaNet layers (K = n_k*d_state, V = n_v*d_state, C = 2K + V) */
+    struct weight ssm_qkv;             /* attn_qkv (n_embd, C): q (K) | k (K) | v (V) */
+    struct weight ssm_z;               /* attn_gate (n_embd, V) */
+    struct weight ssm_ba;              /* qwen3next (n_embd, 2 n_v): per q/k head g, the b of
+                                          its r = n_v/n_k v heads then their a */
+    struct weight ssm_beta, ssm_alpha; /* qwen35moe (n_embd, n_v) each */
+    struct weight ssm_conv;            /* (d_conv, C) F32: tap d_conv-1 meets the newest input */
+    struct weight ssm_dt_b;            /* (n_v) F32 */
+    struct weight ssm_a;               /* (n_v) F32: -exp(A_log), negative */
+    struct weight ssm_norm;            /* (d_state) F32 */
+    struct weight ssm_out;             /* (V, n_embd) */
 };
 
 struct model {

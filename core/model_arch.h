@@ -16,5 +16,6 @@ const struct model_arch *model_arch_find(const char *name);
 
 int model_qwen3moe_load(struct model *m);
 int model_gptoss_load(struct model *m);
+int model_qwen3next_load(struct model *m); /* qwen3next and qwen35moe */
 
 #endif

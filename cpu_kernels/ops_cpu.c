@@ -35,7 +35,22 @@ void ops_rope_neox(float *x, int n_tok, int n_heads, int head_dim, int pos0, flo
 void ops_rope_neox_freq(float *x, int n_tok, int n_heads, int head_dim, int pos0,
                         const double *freq, float mscale)
 {
-    int half = head_dim / 2;
+    ops_rope_neox_rot(x, n_tok, n_heads, head_dim, head_dim, pos0, freq, mscale);
+}
+
+void ops_rope_neox_partial(float *x, int n_tok, int n_heads, int head_dim, int n_rot, int pos0,
+                           float base)
+{
+    double freq[OPS_MAX_HEAD_DIM / 2];
+    for (int i = 0; i < n_rot / 2; i++)
+        freq[i] = pow((double)base, -2.0 * i / n_rot);
+    ops_rope_neox_rot(x, n_tok, n_heads, head_dim, n_rot, pos0, freq, 1.0f);
+}
+
+void ops_rope_neox_rot(float *x, int n_tok, int n_heads, int head_dim, int n_rot, int pos0,
+                       const double *freq, float mscale)
+{
+    int half = n_rot / 2;
 
 #pragma omp parallel for schedule(static) if (n_tok > 4)
     for (int t = 0; t < n_tok; t++) {

@@ -26,6 +26,15 @@ void ops_rope_neox(float *x, int n_tok, int n_heads, int head_dim, int pos0, flo
 void ops_rope_neox_freq(float *x, int n_tok, int n_heads, int head_dim, int pos0,
                         const double *freq, float mscale);
 
+/* NEOX RoPE of the first n_rot dims of each head (even n_rot <= head_dim): the pair
+ * (x[i], x[i + n_rot/2]) rotates by pos * base^(-2i/n_rot); dims n_rot.. pass through. */
+void ops_rope_neox_partial(float *x, int n_tok, int n_heads, int head_dim, int n_rot, int pos0,
+                           float base);
+
+/* ops_rope_neox_freq over the first n_rot dims of each head (freq (n_rot/2)). */
+void ops_rope_neox_rot(float *x, int n_tok, int n_heads, int head_dim, int n_rot, int pos0,
+                       const double *freq, float mscale);
+
 /* YaRN's angles and attention factor, as transformers' yarn rope computes them: the
  * frequencies base^(-2i/head_dim), divided by factor where the dimension's wavelength is long
  * (fewer than beta_slow turns over n_ctx_orig positions), unchanged where it is short (more

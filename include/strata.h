@@ -214,8 +214,10 @@ int strata_streams_check(const struct strata *s, int n_streams, int n_ctx);
 void strata_stream_close(struct strata_stream *st);
 int strata_stream_pos(const struct strata_stream *st);   /* tokens in its KV cache */
 int strata_stream_n_ctx(const struct strata_stream *st); /* positions it holds at most */
-/* Forgets positions pos.. (pos <= the current position). */
-void strata_stream_truncate(struct strata_stream *st, int pos);
+/* Forgets positions pos.. (pos <= the current position). Models with a recurrent state
+ * (qwen3next, qwen35moe) cannot take it back: their stream re-evaluates its first pos tokens
+ * (a prefill). 0 or -errno (that re-evaluation failed; the stream is then empty). */
+int strata_stream_truncate(struct strata_stream *st, int pos);
 
 /* Called after each chunk (n_batch tokens) of an evaluation longer than one chunk, such as a
  * long prompt's prefill, with the tokens done and the total; nonzero stops the evaluation,

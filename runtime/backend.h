@@ -55,6 +55,22 @@ struct attn_rows_args {
     float rope_base; /* rope.freq_base */
 };
 
+/* The core of a Gated DeltaNet layer (struct backend_ops.gdn) on n_tok consecutive tokens of
+ * one stream: conv + SiLU of the qkv projections (in place), then the gated delta rule and the
+ * gated norm (cpu_kernels/ops_ssm.h) into out. */
+struct gdn_args {
+    float *out;         /* (n_tok, V) */
+    float *qkv;         /* (n_tok, C): projections in, conv'd out */
+    const float *z;     /* (n_tok, V) */
+    const float *b, *a; /* beta / alpha logits, rows ba_stride apart */
+    int ba_stride;
+    bool ba_grouped; /* qwen3next's grouped ssm_ba (ops_ssm.h) */
+    const struct layer_weights *lw;
+    float *conv_state; /* (d_conv - 1, C) of this layer and stream */
+    float *ssm_state;  /* (n_v, d_state, d_state) */
+    int n_tok;
+};
+
 struct backend_ops {
     const char *name;
     /* Activation memory: n floats, 64-byte aligned, NULL on failure (err_msg says why). */
@@ -79,6 +95,18 @@ struct backend_ops {
                      int pos0, const struct rope_yarn *y);
     /* Optional (NULL: no biases): x (rows, bias->ne[0]) += bias (F32) on every row. */
     int (*add_bias)(struct backend *b, float *x, const struct weight *bias, int rows);
+    /* Optional, all or none (NULL: no hybrid Gated DeltaNet models): NEOX rope of the first
+     * n_rot dims of each head; q, gate (rows, hd) = the halves of each row of qg (rows, 2 hd);
+     * x (n) *= sigmoid(gate (n)); out (n, n_embd) += the shared expert of in (n, n_embd):
+     * sigmoid(shexp_gate_inp . in) * down(silu(gate in) * up in); the Gated DeltaNet core. */
+    int (*rope_partial)(struct backend *b, float *x, int n_tok, int n_heads, int head_dim,
+                        int n_rot, int pos0, float base);
+    int (*split_halves)(struct backend *b, float *q, float *gate, const float *qg, int rows,
+                        int hd);
+    int (*mul_sigmoid)(struct backend *b, float *x, const float *gate, size_t n);
+    int (*shared_expert)(struct backend *b, float *out, const float *in,
+                         const struct layer_weights *lw, int n);
+    int (*gdn)(struct backend *b, const struct gdn_args *a);
     /* Whether attention honours attn_args' sinks and window (else it refuses them). */
     bool attn_sinks_window;
     /* Causal GQA attention over the cache. */
@@ -96,6 +124,8 @@ struct backend_ops {
     int (*rows_begin)(struct backend *b, const void *batch, struct stream *const *ss,
                       const int *pos, const int32_t *ids, int n);
     int (*attention_rows)(struct backend *b, const struct attn_rows_args *a);
+    /* Optional (NULL: models with a recurrent state cannot run): p (n) = 0. */
+    int (*zero)(struct backend *b, float *p, size_t n);
     /* x (n) += y (n). */
     int (*add)(struct backend *b, float *x, const float *y, size_t n);
     /* Optional (NULL: the caller runs add, then rmsnorm): x (rows, dim) += y, then out = x /

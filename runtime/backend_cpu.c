@@ -1,5 +1,6 @@
 /* backend_cpu: the op table executed at once on the host with the CPU kernels (OpenMP).
  * It is the numerical reference for the CUDA backend and the engine of CPU-only runs. */
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "moe.h"
 #include "moe_layer.h"
 #include "ops_cpu.h"
+#include "ops_ssm.h"
 #include "quant_ref.h"
 
 struct backend_cpu {
@@ -18,6 +20,7 @@ struct backend_cpu {
     struct moe_layer *moe;   /* the MoE layer: every expert on its CPU lane */
     struct disk_tier *tier;  /* with host_budget: where the lane reads its experts */
     float *router_logits;    /* (max_tok, n_expert) */
+    float *shexp;            /* shared expert scratch: (max_tok, 2 n_ff_shexp + n_embd) */
     int max_tok;
     struct backend_cpu_config cfg;
 };
@@ -148,6 +151,109 @@ static int cpu_attention(struct backend *b, const struct attn_args *a)
     return 0;
 }
 
+static int cpu_rope_partial(struct backend *b, float *x, int n_tok, int n_heads, int head_dim,
+                            int n_rot, int pos0, float base)
+{
+    (void)b;
+    if (n_rot > head_dim || n_rot % 2 || head_dim > OPS_MAX_HEAD_DIM)
+        return err_set(-EINVAL, "rope: %d of %d dims", n_rot, head_dim);
+    ops_rope_neox_partial(x, n_tok, n_heads, head_dim, n_rot, pos0, base);
+    return 0;
+}
+
+static int cpu_split_halves(struct backend *b, float *q, float *gate, const float *qg, int rows,
+                            int hd)
+{
+    (void)b;
+    for (int r = 0; r < rows; r++) {
+        memcpy(q + (size_t)r * hd, qg + (size_t)r * 2 * hd, sizeof(float) * hd);
+        memcpy(gate + (size_t)r * hd, qg + (size_t)r * 2 * hd + hd, sizeof(float) * hd);
+    }
+    return 0;
+}
+
+static int cpu_mul_sigmoid(struct backend *b, float *x, const float *gate, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++)
+        x[i] *= 1.0f / (1.0f + expf(-gate[i]));
+    return 0;
+}
+
+static int cpu_shared_expert(struct backend *b, float *out, const float *in,
+                             const struct layer_weights *lw, int n)
+{
+    struct backend_cpu *c = cpu_of(b);
+    const struct model_hparams *hp = &b->model->hp;
+    const size_t fs = hp->n_ff_shexp, e = hp->n_embd;
+    const float *gw = lw->shexp_gate_inp.data;
+
+    if (!c->shexp)
+        return err_set(-EINVAL, "shared expert: the model has none");
+    for (int r0 = 0; r0 < n; r0 += c->max_tok) {
+        int m = n - r0 < c->max_tok ? n - r0 : c->max_tok;
+        const float *x = in + (size_t)r0 * e;
+        float *g = c->shexp, *u = g + (size_t)m * fs, *d = u + (size_t)m * fs;
+        int rc = cpu_matmul(b, g, &lw->gate_shexp, x, m);
+        rc = rc ? rc : cpu_matmul(b, u, &lw->up_shexp, x, m);
+        if (rc)
+            return rc;
+        for (size_t i = 0; i < (size_t)m * fs; i++)
+            u[i] *= ops_silu(g[i]);
+        rc = cpu_matmul(b, d, &lw->down_shexp, u, m);
+        if (rc)
+            return rc;
+        for (int r = 0; r < m; r++) {
+            const float *xr = x + (size_t)r * e;
+            float dot = 0.0f;
+            for (size_t i = 0; i < e; i++)
+                dot += gw[i] * xr[i];
+            float s = 1.0f / (1.0f + expf(-dot));
+            float *o = out + (size_t)(r0 + r) * e;
+            for (size_t i = 0; i < e; i++)
+                o[i] += s * d[(size_t)r * e + i];
+        }
+    }
+    return 0;
+}
+
+static int cpu_gdn(struct backend *b, const struct gdn_args *a)
+{
+    const struct model_hparams *hp = &b->model->hp;
+    const struct layer_weights *lw = a->lw;
+    const int d = (int)hp->ssm_d_state, ch = (int)(2 * hp->ssm_n_k + hp->ssm_n_v) * d;
+
+    ops_ssm_conv(a->qkv, a->conv_state, lw->ssm_conv.data, a->n_tok, ch, (int)hp->ssm_d_conv);
+    struct ops_gdn g = {
+        .out = a->out,
+        .qkv = a->qkv,
+        .z = a->z,
+        .b = a->b,
+        .a = a->a,
+        .ba_stride = a->ba_stride,
+        .ba_grouped = a->ba_grouped,
+        .a_log_neg = lw->ssm_a.data,
+        .dt_bias = lw->ssm_dt_b.data,
+        .norm_w = lw->ssm_norm.data,
+        .state = a->ssm_state,
+        .n_tok = a->n_tok,
+        .n_k = (int)hp->ssm_n_k,
+        .n_v = (int)hp->ssm_n_v,
+        .d = d,
+        .v_tiled = hp->ssm_v_tiled,
+        .eps = hp->rms_eps,
+    };
+    ops_gdn(&g);
+    return 0;
+}
+
+static int cpu_zero(struct backend *b, float *p, size_t n)
+{
+    (void)b;
+    memset(p, 0, n * sizeof(float));
+    return 0;
+}
+
 static int cpu_add(struct backend *b, float *x, const float *y, size_t n)
 {
     (void)b;
@@ -174,6 +280,7 @@ static void cpu_close(struct backend *b)
     moe_layer_close(c->moe);
     disk_tier_close(c->tier);
     free(c->router_logits);
+    free(c->shexp);
     free(c);
 }
 
@@ -223,8 +330,14 @@ static const struct backend_ops cpu_ops = {
     .rope_yarn = cpu_rope_yarn,
     .add_bias = cpu_add_bias,
     .attn_sinks_window = true,
+    .rope_partial = cpu_rope_partial,
+    .split_halves = cpu_split_halves,
+    .mul_sigmoid = cpu_mul_sigmoid,
+    .shared_expert = cpu_shared_expert,
+    .gdn = cpu_gdn,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .zero = cpu_zero,
     .add = cpu_add,
     .moe_ffn = cpu_moe_ffn,
     .read = cpu_read,
@@ -258,7 +371,10 @@ int backend_cpu_open(const struct model *m, const struct backend_cpu_config *cfg
     if (cfg && cfg->n_threads > 0)
         omp_set_num_threads(cfg->n_threads);
     c->router_logits = malloc(sizeof(float) * (size_t)c->max_tok * hp->n_expert);
-    if (!c->router_logits) {
+    if (hp->n_ff_shexp) /* gate, up and down outputs */
+        c->shexp =
+            malloc(sizeof(float) * (size_t)c->max_tok * (2 * (size_t)hp->n_ff_shexp + hp->n_embd));
+    if (!c->router_logits || (hp->n_ff_shexp && !c->shexp)) {
         cpu_close(&c->base);
         return err_set(-ENOMEM, "cpu backend: out of memory");
     }

@@ -299,7 +299,11 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
         st->n_accepted += acc;
         accept_ema = 0.9 * accept_ema + 0.1 * ((double)acc / k);
         /* the cache keeps id and the accepted drafts */
-        stream_truncate(s, base + 1 + acc);
+        r = stream_truncate(s, base + 1 + acc);
+        if (r) {
+            rc = r;
+            break;
+        }
         if (done)
             break;
         if (pending < 0) /* every draft accepted: the last row's logits come next */

@@ -512,9 +512,9 @@ int strata_stream_n_ctx(const struct strata_stream *st)
     return st->st->n_ctx;
 }
 
-void strata_stream_truncate(struct strata_stream *st, int pos)
+int strata_stream_truncate(struct strata_stream *st, int pos)
 {
-    stream_truncate(st->st, pos < 0 ? 0 : pos);
+    return stream_truncate(st->st, pos < 0 ? 0 : pos);
 }
 
 void strata_stream_set_progress(struct strata_stream *st, strata_progress_fn fn, void *ctx)

@@ -2,12 +2,71 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "arch/arch.h"
 #include "model_arch.h"
 #include "backend.h"
 #include "errors.h"
 #include "sampler.h"
+
+/* Floats per row of struct stream_hybrid (0 for models without Gated DeltaNet layers). */
+static uint64_t stream_hybrid_floats(const struct model_hparams *hp)
+{
+    if (!hp->full_attn_interval)
+        return 0;
+    uint64_t qw = (uint64_t)hp->n_head * hp->head_dim, d = hp->ssm_d_state;
+    uint64_t vw = hp->ssm_n_v * d, cw = 2 * hp->ssm_n_k * d + vw;
+    return 3 * qw + cw + 2 * vw + 2 * (uint64_t)hp->ssm_n_v;
+}
+
+static void stream_hybrid_free(struct backend *b, struct stream_hybrid *hy)
+{
+    if (hy)
+        b->ops->free(b, hy->mem);
+    free(hy);
+}
+
+/* The hybrid scratch for `rows` tokens, or NULL with *rc = 0 when the model needs none. */
+static struct stream_hybrid *stream_hybrid_alloc(struct backend *b, size_t rows, int *rc)
+{
+    const struct model_hparams *hp = &b->model->hp;
+    size_t qw = (size_t)hp->n_head * hp->head_dim, d = hp->ssm_d_state;
+    size_t vw = hp->ssm_n_v * d, cw = 2 * hp->ssm_n_k * d + vw;
+    struct stream_hybrid *hy;
+
+    *rc = 0;
+    if (!hp->full_attn_interval)
+        return NULL;
+    if (!(hy = calloc(1, sizeof(*hy))) ||
+        !(hy->mem = b->ops->alloc(b, rows * stream_hybrid_floats(hp)))) {
+        free(hy);
+        *rc = err_set(-ENOMEM, "out of memory for the hybrid layers' scratch");
+        return NULL;
+    }
+    hy->qg = hy->mem;
+    hy->gate = hy->qg + rows * 2 * qw;
+    hy->qkv = hy->gate + rows * qw;
+    hy->z = hy->qkv + rows * cw;
+    hy->ba = hy->z + rows * vw;
+    hy->o = hy->ba + rows * 2 * hp->ssm_n_v;
+    return hy;
+}
+
+/* Zeroes the recurrent state of s (an empty stream). */
+static int stream_state_reset(struct stream *s)
+{
+    const struct model_hparams *hp = &s->m->hp;
+    struct backend *b = s->b;
+    size_t n = model_n_ssm_layers(hp);
+
+    if (!s->conv_state)
+        return 0;
+    if (!b->ops->zero)
+        return err_set(-ENOTSUP, "the %s backend cannot reset a recurrent state", b->ops->name);
+    int rc = b->ops->zero(b, s->conv_state, n * model_conv_state_floats(hp));
+    return rc ? rc : b->ops->zero(b, s->ssm_state, n * model_ssm_state_floats(hp));
+}
 
 int stream_size_get(const struct model *m, int n_ctx, int max_tok, struct stream_size *out)
 {
@@ -17,11 +76,16 @@ int stream_size_get(const struct model *m, int n_ctx, int max_tok, struct stream
     if (n_ctx <= 0 || max_tok <= 0)
         return err_set(-EINVAL, "stream: context %d and batch %d must be positive", n_ctx,
                        max_tok);
-    /* floats: kvw = n_head_kv*head_dim; act = 3 n_embd + 2 n_head*head_dim + 2 kvw per token */
+    /* floats: kvw = n_head_kv*head_dim; act = 3 n_embd + 2 n_head*head_dim + 2 kvw per token
+     * (and the hybrid scratch); the recurrent state is a few MiB per layer at most */
     kvw = (uint64_t)hp->n_head_kv * hp->head_dim;
-    act = 3 * (uint64_t)hp->n_embd + 2 * (uint64_t)hp->n_head * hp->head_dim + 2 * kvw;
+    act = 3 * (uint64_t)hp->n_embd + 2 * (uint64_t)hp->n_head * hp->head_dim + 2 * kvw +
+          stream_hybrid_floats(hp);
+    uint64_t state = (uint64_t)model_n_ssm_layers(hp) *
+                     (model_conv_state_floats(hp) + model_ssm_state_floats(hp)) * sizeof(float);
     if (__builtin_mul_overflow(kvw, (uint64_t)n_ctx, &kv) ||
-        __builtin_mul_overflow(kv, 2 * (uint64_t)hp->n_layer * sizeof(float), &kv) ||
+        __builtin_mul_overflow(kv, 2 * (uint64_t)model_n_kv_layers(hp) * sizeof(float), &kv) ||
+        __builtin_add_overflow(kv, state, &kv) ||
         __builtin_mul_overflow(act, (uint64_t)max_tok, &act) ||
         __builtin_add_overflow(act, (uint64_t)hp->n_vocab, &act) ||
         __builtin_mul_overflow(act, sizeof(float), &act) || kv > SIZE_MAX || act > SIZE_MAX)
@@ -73,12 +137,32 @@ int stream_open(struct backend *b, int n_ctx, int max_tok, struct stream **out)
     s->n_ctx = n_ctx;
     s->max_tok = max_tok;
     s->kv_layer_floats = (size_t)n_ctx * kvw;
-    s->k_cache = b->ops->alloc(b, s->kv_layer_floats * hp->n_layer);
-    s->v_cache = b->ops->alloc(b, s->kv_layer_floats * hp->n_layer);
-    s->arena = b->ops->alloc(b, sz.arena_bytes / sizeof(float));
+    s->k_cache = b->ops->alloc(b, s->kv_layer_floats * model_n_kv_layers(hp));
+    s->v_cache = b->ops->alloc(b, s->kv_layer_floats * model_n_kv_layers(hp));
+    s->arena = b->ops->alloc(b, (sz.arena_bytes / sizeof(float)) - t * stream_hybrid_floats(hp));
     if (!s->k_cache || !s->v_cache || !s->arena) {
         stream_close(s);
         return err_wrap(-ENOMEM, "stream of %d tokens: ", n_ctx);
+    }
+    if (model_n_ssm_layers(hp)) {
+        size_t n = model_n_ssm_layers(hp);
+        s->conv_state = b->ops->alloc(b, n * model_conv_state_floats(hp));
+        s->ssm_state = b->ops->alloc(b, n * model_ssm_state_floats(hp));
+        s->hist = malloc(sizeof(int32_t) * (size_t)n_ctx);
+        if (!s->conv_state || !s->ssm_state || !s->hist) {
+            stream_close(s);
+            return err_wrap(-ENOMEM, "the recurrent state of a stream: ");
+        }
+        rc = stream_state_reset(s);
+        if (rc) {
+            stream_close(s);
+            return rc;
+        }
+    }
+    s->hy = stream_hybrid_alloc(b, t, &rc);
+    if (rc) {
+        stream_close(s);
+        return rc;
     }
     s->x = s->arena;
     s->xn = s->x + t * e;
@@ -99,6 +183,12 @@ void stream_close(struct stream *s)
     s->b->ops->free(s->b, s->k_cache);
     s->b->ops->free(s->b, s->v_cache);
     s->b->ops->free(s->b, s->arena);
+    if (s->conv_state)
+        s->b->ops->free(s->b, s->conv_state);
+    if (s->ssm_state)
+        s->b->ops->free(s->b, s->ssm_state);
+    stream_hybrid_free(s->b, s->hy);
+    free(s->hist);
     free(s->logits_host);
     free(s);
 }
@@ -126,6 +216,8 @@ int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host)
         }
         if (rc)
             return rc;
+        if (s->hist)
+            memmove(s->hist + s->pos, ids + i, sizeof(int32_t) * chunk);
         s->pos += chunk;
         if (s->progress && n > s->max_tok && s->progress(s->progress_ctx, i + chunk, n))
             return err_set(-EINTR, "stopped after %d of %d tokens", i + chunk, n);
@@ -179,6 +271,12 @@ int stream_batch_open(struct backend *b, int max_streams, int max_n, struct stre
     bt->k = bt->att + t * qw;
     bt->v = bt->k + t * kvw;
     bt->logits = bt->v + t * kvw;
+    int rc;
+    bt->hy = stream_hybrid_alloc(b, t, &rc);
+    if (rc) {
+        stream_batch_close(bt);
+        return rc;
+    }
     *out = bt;
     return 0;
 }
@@ -188,6 +286,7 @@ void stream_batch_close(struct stream_batch *bt)
     if (!bt)
         return;
     bt->b->ops->free(bt->b, bt->arena);
+    stream_hybrid_free(bt->b, bt->hy);
     free(bt->row_st);
     free(bt->row_pos);
     free(bt);
@@ -224,6 +323,12 @@ static int batch_eval(struct stream_batch *bt, struct stream *const *ss, const i
         rc = op->step_end(bt->b, rc);
     if (rc)
         return rc;
+    for (int i = 0, r = 0; i < n; i++) { /* the ids of recurrent streams */
+        int t = n_tok ? n_tok[i] : 1;
+        if (ss[i]->hist)
+            memcpy(ss[i]->hist + ss[i]->pos, ids + r, sizeof(int32_t) * t);
+        r += t;
+    }
     if (rows == n || all_rows) {
         for (int i = 0; i < n; i++)
             ss[i]->pos += n_tok ? n_tok[i] : 1;
@@ -269,14 +374,34 @@ int stream_batch_eval_all(struct stream_batch *bt, struct stream *s, const int32
         rc = op->step_end(bt->b, rc);
     if (rc)
         return rc;
+    if (s->hist)
+        memcpy(s->hist + s->pos, ids, sizeof(int32_t) * n);
     s->pos += n;
     return op->read(bt->b, logits_host, bt->logits, (size_t)n * bt->m->hp.n_vocab);
 }
 
-void stream_truncate(struct stream *s, int pos)
+int stream_truncate(struct stream *s, int pos)
 {
-    if (pos >= 0 && pos <= s->pos)
+    if (pos < 0 || pos > s->pos)
+        return 0;
+    if (!s->hist || pos == s->pos) {
         s->pos = pos;
+        return 0;
+    }
+    /* the recurrent state holds all s->pos tokens: start over and evaluate the first pos */
+    s->pos = 0;
+    int rc = stream_state_reset(s);
+    if (rc || !pos)
+        return rc;
+    stream_progress_fn progress = s->progress;
+    s->progress = NULL;
+    rc = stream_eval(s, s->hist, pos, NULL); /* hist[0, pos) is rewritten with itself */
+    s->progress = progress;
+    if (rc) {
+        s->pos = 0;
+        stream_state_reset(s);
+    }
+    return rc;
 }
 
 int stream_eval_argmax(struct stream *s, const int32_t *ids, int n, int32_t *next)

@@ -14,6 +14,19 @@ struct backend;
 typedef int (*stream_progress_fn)(void *ctx, int done, int total);
 struct model;
 
+/* The scratch of hybrid Gated DeltaNet models' forwards, for `rows` tokens (backend memory,
+ * one allocation): the gated attention's q | gate projection and its halves, and a recurrent
+ * layer's qkv, z, beta/alpha logits and output. */
+struct stream_hybrid {
+    float *mem;
+    float *qg;   /* (rows, 2 n_head*head_dim) */
+    float *gate; /* (rows, n_head*head_dim) */
+    float *qkv;  /* (rows, 2 n_k*d_state + n_v*d_state) */
+    float *z;    /* (rows, n_v*d_state) */
+    float *ba;   /* (rows, 2 n_v) */
+    float *o;    /* (rows, n_v*d_state) */
+};
+
 struct stream {
     struct backend *b;
     const struct model *m;
@@ -22,7 +35,14 @@ struct stream {
     int max_tok;   /* tokens per forward call (prefill chunk) */
     int pos;       /* tokens already in the KV cache */
     size_t kv_layer_floats; /* n_ctx * n_head_kv * head_dim */
-    float *k_cache, *v_cache; /* (n_layer, n_ctx, n_head_kv*head_dim), backend memory */
+    float *k_cache, *v_cache; /* (model_n_kv_layers, n_ctx, n_head_kv*head_dim), backend
+                               * memory; layer l at model_kv_layer(l) */
+    /* Gated DeltaNet models (NULL otherwise): each recurrent layer's state after pos tokens,
+     * layer l at model_ssm_layer(l), backend memory; and the ids in the cache (host), which a
+     * rewind re-evaluates since the state cannot be taken back */
+    float *conv_state; /* (n_ssm_layers, model_conv_state_floats) */
+    float *ssm_state;  /* (n_ssm_layers, model_ssm_state_floats) */
+    int32_t *hist;     /* (n_ctx) */
     /* scratch, backend memory, views into one allocation (arena) */
     float *arena;
     float *x;      /* (max_tok, n_embd) residual stream */
@@ -32,6 +52,7 @@ struct stream {
     float *att;    /* (max_tok, n_head*head_dim) */
     float *proj;   /* (max_tok, n_embd) attention output / moe output */
     float *logits; /* (n_vocab) of the last position */
+    struct stream_hybrid *hy;    /* Gated DeltaNet models' extra scratch, else NULL */
     stream_progress_fn progress; /* NULL: none */
     void *progress_ctx;
     float *logits_host; /* (n_vocab) host copy for stream_eval_argmax on backends without
@@ -40,7 +61,8 @@ struct stream {
 
 /* The backend memory a stream needs, in bytes. */
 struct stream_size {
-    uint64_t kv_bytes;    /* the K and V caches: 2 * n_layer * n_ctx * n_head_kv*head_dim floats */
+    uint64_t kv_bytes;    /* the K and V caches: 2 * n_kv_layers * n_ctx * n_head_kv*head_dim
+                           * floats, and Gated DeltaNet layers' recurrent state */
     uint64_t arena_bytes; /* the activations: max_tok * (3 n_embd + 2 n_head*head_dim +
                            * 2 n_head_kv*head_dim) + n_vocab floats */
 };
@@ -71,8 +93,11 @@ int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host)
  * id crosses). For greedy decoding without penalties. */
 int stream_eval_argmax(struct stream *s, const int32_t *ids, int n, int32_t *next);
 
-/* Forgets tokens from position pos on (pos <= s->pos). */
-void stream_truncate(struct stream *s, int pos);
+/* Forgets tokens from position pos on (pos <= s->pos). A model with recurrent state cannot
+ * take it back: the stream starts over and re-evaluates its first pos tokens (their ids are
+ * kept), so a rewind costs a prefill of pos tokens there. 0 or -errno (the re-evaluation
+ * failed: the stream is then empty). */
+int stream_truncate(struct stream *s, int pos);
 
 /* Lockstep decode of several streams on one backend: the activations of up to max_n rows (one
  * per stream) and their logits, in the backend's memory. */
@@ -88,6 +113,7 @@ struct stream_batch {
     float *q, *att;        /* (max_n, n_head*head_dim) */
     float *k, *v;          /* (max_n, n_head_kv*head_dim) */
     float *logits;         /* (max_n, n_vocab) */
+    struct stream_hybrid *hy; /* Gated DeltaNet models' extra scratch, else NULL */
 };
 
 /* A batch of up to max_streams streams and max_rows rows (tokens) per step. */

@@ -15,7 +15,8 @@ int arch_add_norm(struct backend *b, const struct model_hparams *hp, float *x, c
     return rc ? rc : op->rmsnorm(b, xn, x, w, n, hp->n_embd, hp->rms_eps);
 }
 
-static const struct arch *const arch_table[] = {&arch_qwen3moe, &arch_gptoss};
+static const struct arch *const arch_table[] = {&arch_qwen3moe, &arch_gptoss, &arch_qwen3next,
+                                                &arch_qwen35moe};
 
 const struct arch *arch_find(const char *name)
 {

@@ -38,5 +38,7 @@ const struct arch *arch_find(const char *name);
 
 extern const struct arch arch_qwen3moe;
 extern const struct arch arch_gptoss;
+extern const struct arch arch_qwen3next;
+extern const struct arch arch_qwen35moe;
 
 #endif

@@ -1,0 +1,514 @@
+/* test_qwen3next_forward: strata's qwen3next and qwen35moe forwards on the CPU backend against
+ * a scalar reference written here from the models' definition (transformers'
+ * Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM; docs/formats.md): every weight dequantized to
+ * float, token after token through
+ *   - Gated DeltaNet layers: qkv projection, causal depthwise conv over the last d_conv raw
+ *     inputs (zeros before the first) and SiLU, q and k L2-normed (q also by 1/sqrt(d)), per v
+ *     head beta = sigmoid(b), g = ssm_a softplus(a + dt_bias), S = e^g S, S += k (beta (v -
+ *     S^T k))^T, o = S^T q, RMSNorm(o) w silu(z); the v head's q/k head j / r (qwen3next, with
+ *     its grouped ssm_ba) or j mod n_k (qwen35moe, separate beta and alpha);
+ *   - gated attention layers: per head [q | gate], q/k RMSNorm, NEOX rope on the first n_rot
+ *     dims, causal GQA, times sigmoid(gate);
+ *   - MoE: softmax over all experts, top-k, renormalized; plus the shared expert scaled by
+ *     sigmoid(w . x).
+ *
+ * Files: each architecture's tiny preset of tools/gen (layers of both kinds, 4 v heads over 2
+ * q/k heads) over 40 tokens (past the conv window and several prefill chunks).
+ *   - f32: bound 1e-4 relative (norm) on the logits.
+ *   - q8_0: the reference rounds activations before each quantized product as the CPU kernels
+ *     do; bound 1e-1 (a boundary flip carries through the recurrent state and the KV rows).
+ * Checks per file: prefill in one call, token by token, in chunks (3 + 9 + 28); a rewind to
+ * position 23 (the stream re-evaluates its first 23 tokens) then the rest; the lockstep batch
+ * of 3 streams at positions 0, 17, 35, and a step of 2 rows of one stream beside 1 of
+ * another; greedy continuation of 12 tokens equal to the reference's argmax chain (f32).
+ * Deterministic: gen's seed 1 and fixed token ids. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "errors.h"
+#include "fp16.h"
+#include "gen.h"
+#include "model.h"
+#include "quant.h"
+#include "quant_mix.h"
+#include "quant_ref.h"
+#include "strata.h"
+#include "strata_internal.h"
+#include "testutil.h"
+
+#define N_TOK 40
+#define N_GREEDY 12
+#define N_CTX 128
+
+/* ---- the scalar reference ------------------------------------------------------------------ */
+
+static void ref_row(const struct weight *w, uint64_t e, uint64_t r, float *out)
+{
+    const uint8_t *p = (const uint8_t *)w->data + (e * w->ne[1] + r) * w->row_bytes;
+    int rc = quant_ref_dequantize(w->type, p, out, (int64_t)w->ne[0]);
+    CHECK(rc == 0, "dequantize %s", w->name);
+}
+
+/* Whether activations are rounded to Q8_0 before a product with a quantized weight, as the CPU
+ * kernels do (cpu_kernels/vec_dot.h). */
+static bool ref_q8_act;
+
+static void ref_round_q8(const float *x, float *xq, int64_t n)
+{
+    for (int64_t b = 0; b < n; b += 32) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf(x[b + j]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        float dh = fp16_to_f32(fp16_from_f32(d));
+        for (int j = 0; j < 32; j++) {
+            float c = nearbyintf(x[b + j] * id);
+            xq[b + j] = dh * fminf(fmaxf(c, -127.0f), 127.0f);
+        }
+    }
+}
+
+/* y (ne[1]) = W (slice e) x (ne[0]), in double. */
+static void ref_linear(const struct weight *w, uint64_t e, const float *x, float *y)
+{
+    float *row = test_xmalloc(sizeof(float) * w->ne[0]);
+    float *xq = test_xmalloc(sizeof(float) * w->ne[0]);
+    memcpy(xq, x, sizeof(float) * w->ne[0]);
+    if (ref_q8_act && w->type != QUANT_F32 && w->type != QUANT_F16 && w->type != QUANT_BF16)
+        ref_round_q8(x, xq, (int64_t)w->ne[0]);
+    for (uint64_t r = 0; r < w->ne[1]; r++) {
+        ref_row(w, e, r, row);
+        double s = 0;
+        for (uint64_t i = 0; i < w->ne[0]; i++)
+            s += (double)row[i] * xq[i];
+        y[r] = (float)s;
+    }
+    free(row);
+    free(xq);
+}
+
+static void ref_rmsnorm(const float *x, const float *w, int n, float eps, float *y)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float inv = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++)
+        y[i] = x[i] * inv * (w ? w[i] : 1.0f);
+}
+
+static float sigm(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
+
+static float silu(float x)
+{
+    return x * sigm(x);
+}
+
+/* NEOX rope of the first n_rot dims of each of n_heads heads at position pos. */
+static void ref_rope(const struct model_hparams *hp, float *x, int n_heads, int pos)
+{
+    const int hd = (int)hp->head_dim, half = (int)hp->n_rot / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + h * hd;
+        for (int i = 0; i < half; i++) {
+            double theta = pos * pow(hp->rope_base, -2.0 * i / hp->n_rot);
+            float c = (float)cos(theta), s = (float)sin(theta), a = v[i], b = v[i + half];
+            v[i] = a * c - b * s;
+            v[i + half] = b * c + a * s;
+        }
+    }
+}
+
+/* Gated attention of layer l over all n_tok tokens: x += Wo(attn * sigmoid(gate)). */
+static void ref_attention(const struct model *m, uint32_t l, float *x, int n_tok)
+{
+    const struct model_hparams *hp = &m->hp;
+    const struct layer_weights *lw = &m->layers[l];
+    const int d = (int)hp->n_embd, hd = (int)hp->head_dim, nh = (int)hp->n_head;
+    const int nkv = (int)hp->n_head_kv, qw = nh * hd, kvw = nkv * hd;
+    float *xn = test_xmalloc(sizeof(float) * d), *qg = test_xmalloc(sizeof(float) * 2 * qw);
+    float *q = test_xmalloc(sizeof(float) * n_tok * qw),
+          *gt = test_xmalloc(sizeof(float) * n_tok * qw);
+    float *kk = test_xmalloc(sizeof(float) * n_tok * kvw);
+    float *vv = test_xmalloc(sizeof(float) * n_tok * kvw);
+    float *att = test_xmalloc(sizeof(float) * qw), *o = test_xmalloc(sizeof(float) * d);
+    double *sc = test_xmalloc(sizeof(double) * n_tok);
+
+    for (int t = 0; t < n_tok; t++) {
+        ref_rmsnorm(x + t * d, lw->attn_norm.data, d, hp->rms_eps, xn);
+        ref_linear(&lw->wq, 0, xn, qg);
+        for (int h = 0; h < nh; h++) {
+            memcpy(q + t * qw + h * hd, qg + h * 2 * hd, sizeof(float) * hd);
+            memcpy(gt + t * qw + h * hd, qg + h * 2 * hd + hd, sizeof(float) * hd);
+            ref_rmsnorm(q + t * qw + h * hd, lw->q_norm.data, hd, hp->rms_eps, q + t * qw + h * hd);
+        }
+        ref_linear(&lw->wk, 0, xn, kk + t * kvw);
+        ref_linear(&lw->wv, 0, xn, vv + t * kvw);
+        for (int h = 0; h < nkv; h++)
+            ref_rmsnorm(kk + t * kvw + h * hd, lw->k_norm.data, hd, hp->rms_eps,
+                        kk + t * kvw + h * hd);
+        ref_rope(hp, q + t * qw, nh, t);
+        ref_rope(hp, kk + t * kvw, nkv, t);
+    }
+    for (int t = 0; t < n_tok; t++) {
+        for (int h = 0; h < nh; h++) {
+            const int g = h / (nh / nkv);
+            double mx = -INFINITY, den = 0;
+            for (int j = 0; j <= t; j++) {
+                double s = 0;
+                for (int i = 0; i < hd; i++)
+                    s += (double)q[t * qw + h * hd + i] * kk[j * kvw + g * hd + i];
+                sc[j] = s / sqrt((double)hd);
+                mx = fmax(mx, sc[j]);
+            }
+            for (int j = 0; j <= t; j++)
+                den += exp(sc[j] - mx);
+            for (int i = 0; i < hd; i++) {
+                double a = 0;
+                for (int j = 0; j <= t; j++)
+                    a += exp(sc[j] - mx) / den * vv[j * kvw + g * hd + i];
+                att[h * hd + i] = (float)a * sigm(gt[t * qw + h * hd + i]);
+            }
+        }
+        ref_linear(&lw->wo, 0, att, o);
+        for (int i = 0; i < d; i++)
+            x[t * d + i] += o[i];
+    }
+    free(xn), free(qg), free(q), free(gt), free(kk), free(vv), free(att), free(o), free(sc);
+}
+
+/* A Gated DeltaNet layer over all n_tok tokens from a zero state: x += Wout(o). */
+static void ref_deltanet(const struct model *m, uint32_t l, float *x, int n_tok)
+{
+    const struct model_hparams *hp = &m->hp;
+    const struct layer_weights *lw = &m->layers[l];
+    const int D = (int)hp->n_embd, d = (int)hp->ssm_d_state, nk = (int)hp->ssm_n_k;
+    const int nv = (int)hp->ssm_n_v, r = nv / nk, K = nk * d, V = nv * d, C = 2 * K + V;
+    const int kc = (int)hp->ssm_d_conv;
+    const float *cw = lw->ssm_conv.data, *an = lw->ssm_a.data, *dtb = lw->ssm_dt_b.data;
+    float *xn = test_xmalloc(sizeof(float) * D), *raw = test_xmalloc(sizeof(float) * n_tok * C);
+    float *cv = test_xmalloc(sizeof(float) * C), *z = test_xmalloc(sizeof(float) * V);
+    float *bl = test_xmalloc(sizeof(float) * nv), *al = test_xmalloc(sizeof(float) * nv);
+    float *ba = test_xmalloc(sizeof(float) * 2 * nv), *o = test_xmalloc(sizeof(float) * V);
+    float *y = test_xmalloc(sizeof(float) * D);
+    double *S = calloc((size_t)nv * d * d, sizeof(double));
+    double qv[256], kv[256], mem[256], oh[256];
+
+    for (int t = 0; t < n_tok; t++) {
+        ref_rmsnorm(x + t * D, lw->attn_norm.data, D, hp->rms_eps, xn);
+        ref_linear(&lw->ssm_qkv, 0, xn, raw + (size_t)t * C);
+        ref_linear(&lw->ssm_z, 0, xn, z);
+        if (hp->ssm_v_tiled) {
+            ref_linear(&lw->ssm_beta, 0, xn, bl);
+            ref_linear(&lw->ssm_alpha, 0, xn, al);
+        } else {
+            ref_linear(&lw->ssm_ba, 0, xn, ba);
+            for (int j = 0; j < nv; j++) {
+                bl[j] = ba[(j / r) * 2 * r + j % r];
+                al[j] = ba[(j / r) * 2 * r + r + j % r];
+            }
+        }
+        for (int c = 0; c < C; c++) {
+            double s = 0;
+            for (int j = 0; j < kc; j++) {
+                int tt = t - (kc - 1) + j;
+                if (tt >= 0)
+                    s += (double)cw[c * kc + j] * raw[(size_t)tt * C + c];
+            }
+            cv[c] = silu((float)s);
+        }
+        for (int j = 0; j < nv; j++) {
+            const int kh = hp->ssm_v_tiled ? j % nk : j / r;
+            double nq = 0, nkk = 0;
+            for (int i = 0; i < d; i++) {
+                nq += (double)cv[kh * d + i] * cv[kh * d + i];
+                nkk += (double)cv[K + kh * d + i] * cv[K + kh * d + i];
+            }
+            for (int i = 0; i < d; i++) {
+                qv[i] = cv[kh * d + i] / sqrt(nq + 1e-6) / sqrt((double)d);
+                kv[i] = cv[K + kh * d + i] / sqrt(nkk + 1e-6);
+            }
+            const double beta = sigm(bl[j]);
+            const double sp = log1p(exp((double)al[j] + dtb[j]));
+            const double decay = exp(an[j] * sp);
+            double *Sj = S + (size_t)j * d * d;
+            for (int b = 0; b < d; b++) {
+                double acc = 0;
+                for (int a = 0; a < d; a++) {
+                    Sj[a * d + b] *= decay;
+                    acc += Sj[a * d + b] * kv[a];
+                }
+                mem[b] = beta * (cv[2 * K + j * d + b] - acc);
+            }
+            for (int b = 0; b < d; b++) {
+                double acc = 0;
+                for (int a = 0; a < d; a++) {
+                    Sj[a * d + b] += kv[a] * mem[b];
+                    acc += Sj[a * d + b] * qv[a];
+                }
+                oh[b] = acc;
+            }
+            double ss = 0;
+            for (int b = 0; b < d; b++)
+                ss += oh[b] * oh[b];
+            const double rn = 1.0 / sqrt(ss / d + hp->rms_eps);
+            for (int b = 0; b < d; b++)
+                o[j * d + b] = (float)(oh[b] * rn) * ((const float *)lw->ssm_norm.data)[b] *
+                               silu(z[j * d + b]);
+        }
+        ref_linear(&lw->ssm_out, 0, o, y);
+        for (int i = 0; i < D; i++)
+            x[t * D + i] += y[i];
+    }
+    free(xn), free(raw), free(cv), free(z), free(bl), free(al), free(ba), free(o), free(y);
+    free(S);
+}
+
+/* The routed experts and the shared expert of layer l on every token: x += both. */
+static void ref_moe(const struct model *m, uint32_t l, float *x, int n_tok)
+{
+    const struct model_hparams *hp = &m->hp;
+    const struct layer_weights *lw = &m->layers[l];
+    const int D = (int)hp->n_embd, ff = (int)hp->n_ff_exp, fs = (int)hp->n_ff_shexp;
+    const int ne = (int)hp->n_expert, k = (int)hp->n_expert_used;
+    const int fm = ff > fs ? ff : fs;
+    float *xn = test_xmalloc(sizeof(float) * D), *lg = test_xmalloc(sizeof(float) * ne);
+    float *g = test_xmalloc(sizeof(float) * fm), *u = test_xmalloc(sizeof(float) * fm);
+    float *y = test_xmalloc(sizeof(float) * D), *o = test_xmalloc(sizeof(float) * D);
+
+    for (int t = 0; t < n_tok; t++) {
+        ref_rmsnorm(x + t * D, lw->ffn_norm.data, D, hp->rms_eps, xn);
+        ref_linear(&lw->router, 0, xn, lg);
+        double mx = -INFINITY, den = 0;
+        for (int e = 0; e < ne; e++)
+            mx = fmax(mx, lg[e]);
+        for (int e = 0; e < ne; e++)
+            den += exp(lg[e] - mx);
+        int sel[64];
+        bool used[4096] = {0};
+        double wsum = 0;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < ne; e++)
+                if (!used[e] && (best < 0 || lg[e] > lg[best]))
+                    best = e;
+            used[best] = true;
+            sel[j] = best;
+            wsum += exp(lg[best] - mx) / den;
+        }
+        for (int i = 0; i < D; i++)
+            o[i] = 0;
+        for (int j = 0; j < k; j++) {
+            const int e = sel[j];
+            const float wgt = (float)(exp(lg[e] - mx) / den / wsum);
+            ref_linear(&lw->gate_exps, (uint64_t)e, xn, g);
+            ref_linear(&lw->up_exps, (uint64_t)e, xn, u);
+            for (int i = 0; i < ff; i++)
+                g[i] = silu(g[i]) * u[i];
+            ref_linear(&lw->down_exps, (uint64_t)e, g, y);
+            for (int i = 0; i < D; i++)
+                o[i] += wgt * y[i];
+        }
+        ref_linear(&lw->gate_shexp, 0, xn, g);
+        ref_linear(&lw->up_shexp, 0, xn, u);
+        for (int i = 0; i < fs; i++)
+            g[i] = silu(g[i]) * u[i];
+        ref_linear(&lw->down_shexp, 0, g, y);
+        double gd = 0;
+        for (int i = 0; i < D; i++)
+            gd += (double)((const float *)lw->shexp_gate_inp.data)[i] * xn[i];
+        const float sg = sigm((float)gd);
+        for (int i = 0; i < D; i++)
+            x[t * D + i] += o[i] + sg * y[i];
+    }
+    free(xn), free(lg), free(g), free(u), free(y), free(o);
+}
+
+/* Logits (n_tok, n_vocab) at every position of ids. */
+static float *ref_forward(const struct model *m, const int32_t *ids, int n_tok)
+{
+    const struct model_hparams *hp = &m->hp;
+    const int D = (int)hp->n_embd, V = (int)hp->n_vocab;
+    float *x = test_xmalloc(sizeof(float) * n_tok * D), *xn = test_xmalloc(sizeof(float) * D);
+    float *logits = test_xmalloc(sizeof(float) * n_tok * V);
+
+    for (int t = 0; t < n_tok; t++)
+        ref_row(&m->tok_embd, 0, (uint64_t)ids[t], x + t * D);
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        if (model_layer_is_ssm(hp, l))
+            ref_deltanet(m, l, x, n_tok);
+        else
+            ref_attention(m, l, x, n_tok);
+        ref_moe(m, l, x, n_tok);
+    }
+    for (int t = 0; t < n_tok; t++) {
+        ref_rmsnorm(x + t * D, m->output_norm.data, D, hp->rms_eps, xn);
+        ref_linear(&m->output, 0, xn, logits + (size_t)t * V);
+    }
+    free(x), free(xn);
+    return logits;
+}
+
+static int32_t argmax(const float *v, int n)
+{
+    int32_t b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b])
+            b = i;
+    return b;
+}
+
+/* ---- strata against it --------------------------------------------------------------------- */
+
+static struct strata *open_cpu(const char *path)
+{
+    struct strata_config cfg;
+    struct strata *s = NULL;
+    strata_config_init(&cfg);
+    cfg.model_path = path;
+    cfg.device = STRATA_DEVICE_CPU;
+    cfg.n_threads = 2;
+    cfg.n_ctx = N_CTX;
+    cfg.n_batch = 16; /* prefill chunks of 16: the recurrent state crosses chunk boundaries */
+    int rc = strata_open(&cfg, &s);
+    CHECK(rc == 0, "strata_open %s: %s", path, strata_error());
+    return rc ? NULL : s;
+}
+
+static double err_at(const float *lg, const float *ref, int t, int V)
+{
+    return test_norm_rel_err(lg, ref + (size_t)t * V, V);
+}
+
+static void check_file(const char *path, const char *label, double tol, bool exact_greedy)
+{
+    struct strata *s = open_cpu(path);
+    if (!s)
+        return;
+    const struct model *m = strata_model_of(s);
+    const int V = (int)m->hp.n_vocab;
+    int32_t ids[N_TOK + N_GREEDY];
+    for (int i = 0; i < N_TOK; i++)
+        ids[i] = (int32_t)((i * 7919 + 13) % V);
+    float *ref = ref_forward(m, ids, N_TOK);
+    float *lg = test_xmalloc(sizeof(float) * V);
+    struct strata_stream *st = NULL;
+    double worst = 0, e;
+
+    CHECK(strata_stream_open(s, N_CTX, &st) == 0, "stream: %s", strata_error());
+    CHECK(strata_eval(st, ids, N_TOK, lg) == 0, "eval: %s", strata_error());
+    worst = fmax(worst, e = err_at(lg, ref, N_TOK - 1, V));
+    CHECK(e < tol, "%s prefill: rel err %.3g", label, e);
+    CHECK(strata_stream_truncate(st, 0) == 0, "truncate: %s", strata_error());
+    for (int t = 0; t < N_TOK; t++) {
+        CHECK(strata_eval(st, ids + t, 1, lg) == 0, "eval: %s", strata_error());
+        worst = fmax(worst, e = err_at(lg, ref, t, V));
+        CHECK(e < tol, "%s decode position %d: rel err %.3g", label, t, e);
+    }
+    CHECK(strata_stream_truncate(st, 0) == 0, "truncate: %s", strata_error());
+    const int chunks[3] = {3, 9, 28};
+    for (int c = 0, at = 0; c < 3; at += chunks[c], c++) {
+        CHECK(strata_eval(st, ids + at, chunks[c], lg) == 0, "eval: %s", strata_error());
+        worst = fmax(worst, e = err_at(lg, ref, at + chunks[c] - 1, V));
+        CHECK(e < tol, "%s chunk %d: rel err %.3g", label, c, e);
+    }
+    /* a rewind: the recurrent state is rebuilt from the kept ids */
+    CHECK(strata_stream_truncate(st, 23) == 0, "truncate to 23: %s", strata_error());
+    CHECK(strata_stream_pos(st) == 23, "position after the rewind: %d", strata_stream_pos(st));
+    CHECK(strata_eval(st, ids + 23, N_TOK - 23, lg) == 0, "eval: %s", strata_error());
+    worst = fmax(worst, e = err_at(lg, ref, N_TOK - 1, V));
+    CHECK(e < tol, "%s after a rewind to 23: rel err %.3g", label, e);
+    printf("  %s: logits vs reference, worst rel err %.3g over prefill, %d decode steps, "
+           "chunks and a rewind\n",
+           label, worst, N_TOK);
+
+    int32_t got[N_GREEDY];
+    CHECK(strata_stream_truncate(st, 0) == 0, "truncate: %s", strata_error());
+    CHECK(strata_eval(st, ids, N_TOK, lg) == 0, "eval: %s", strata_error());
+    for (int i = 0; i < N_GREEDY; i++) {
+        got[i] = argmax(lg, V);
+        CHECK(strata_eval(st, &got[i], 1, lg) == 0, "eval: %s", strata_error());
+    }
+    memcpy(ids + N_TOK, got, sizeof(got));
+    float *ref2 = ref_forward(m, ids, N_TOK + N_GREEDY - 1);
+    int same = 0;
+    for (int i = 0; i < N_GREEDY; i++)
+        same += argmax(ref2 + (size_t)(N_TOK - 1 + i) * V, V) == got[i];
+    CHECK(same == N_GREEDY || !exact_greedy, "%s greedy: %d of %d tokens are the reference's",
+          label, same, N_GREEDY);
+    printf("  %s: greedy %d of %d tokens identical to the reference\n", label, same, N_GREEDY);
+    free(ref2);
+
+    /* lockstep: three streams at positions 0, 17 and 35, one row each */
+    struct strata_stream *sts[3] = {NULL, NULL, NULL};
+    struct strata_batch *bt = NULL;
+    const int pre[3] = {0, 17, 35};
+    for (int i = 0; i < 3; i++) {
+        CHECK(strata_stream_open(s, N_CTX, &sts[i]) == 0, "stream: %s", strata_error());
+        if (pre[i])
+            CHECK(strata_eval(sts[i], ids, pre[i], lg) == 0, "eval: %s", strata_error());
+    }
+    CHECK(strata_batch_open(s, 3, &bt) == 0, "batch: %s", strata_error());
+    float *rows = test_xmalloc(sizeof(float) * 3 * V);
+    int32_t next[3];
+    for (int i = 0; i < 3; i++)
+        next[i] = ids[pre[i]];
+    CHECK(strata_batch_eval(bt, sts, 3, next, rows) == 0, "batch eval: %s", strata_error());
+    double be = 0;
+    for (int i = 0; i < 3; i++)
+        be = fmax(be, err_at(rows + (size_t)i * V, ref, pre[i], V));
+    CHECK(be < tol, "%s lockstep rows: rel err %.3g", label, be);
+    printf("  %s: lockstep batch of 3 streams at positions 0, 17, 35: rel err %.3g\n", label, be);
+    strata_batch_close(bt);
+    for (int i = 0; i < 3; i++)
+        strata_stream_close(sts[i]);
+    free(rows);
+    strata_stream_close(st);
+    free(lg);
+    free(ref);
+    strata_close(s);
+}
+
+int main(void)
+{
+    char dir[] = "/tmp/strata_q3n_fwd_XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    const char *arches[2] = {"qwen3next", "qwen35moe"};
+    const int mixes[2] = {QUANT_MIX_F32, QUANT_MIX_Q8_0};
+    const double tols[2] = {1e-4, 1e-1};
+    for (int a = 0; a < 2; a++) {
+        const struct gen_preset *p = gen_preset_find_arch(arches[a], "tiny");
+        CHECK(p != NULL, "gen has no tiny %s preset", arches[a]);
+        if (!p)
+            continue;
+        for (int i = 0; i < 2; i++) {
+            char path[256], label[64];
+            snprintf(path, sizeof(path), "%s/%s-%d.gguf", dir, arches[a], i);
+            snprintf(label, sizeof(label), "%s %s", arches[a], i ? "q8_0" : "f32");
+            struct gen_config cfg = {.arch = arches[a],
+                                     .preset = *p,
+                                     .mix = mixes[i],
+                                     .seed = 1,
+                                     .n_threads = 2,
+                                     .out_path = path};
+            int rc = gen_file_write(&cfg, NULL);
+            CHECK(rc == 0, "gen %s: %s", label, err_msg());
+            if (!rc) {
+                ref_q8_act = mixes[i] != QUANT_MIX_F32;
+                check_file(path, label, tols[i], mixes[i] == QUANT_MIX_F32);
+            }
+            unlink(path);
+        }
+    }
+    rmdir(dir);
+    return test_finish("test_qwen3next_forward");
+}
