@@ -37,16 +37,25 @@ static void gen_usage(FILE *out)
             "Writes a GGUF checkpoint with random, well-scaled weights at a real model's shapes.\n"
             "The same seed and options give a byte-identical file for any --threads.\n\n"
             "options:\n"
-            "  --arch NAME      architecture: qwen3moe or gpt-oss (default %s); gpt-oss runs\n"
-            "                   on the CPU only so far (--device cpu)\n"
+            "  --arch NAME      architecture: qwen3moe, gpt-oss, qwen3next or qwen35moe\n"
+            "                   (default %s); gpt-oss runs on the CPU only so far (--device\n"
+            "                   cpu); qwen3next and qwen35moe mix Gated DeltaNet (GDN) layers\n"
+            "                   with full attention every N-th layer\n"
             "  --preset NAME    model size (default %s), one of (by architecture):\n",
             GEN_DEFAULT_ARCH, GEN_DEFAULT_PRESET);
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < n; i++) {
         fprintf(out,
-                "                     %-8s %-10s %u layers, d %u, %u/%u heads x %u, %u experts "
+                "                     %-9s %-9s %u layers, d %u, %u/%u heads x %u, %u experts "
                 "top-%u x %u, vocab %u\n",
                 p[i].arch, p[i].name, p[i].n_layer, p[i].n_embd, p[i].n_head, p[i].n_head_kv,
                 p[i].head_dim, p[i].n_expert, p[i].n_expert_used, p[i].n_ff_exp, p[i].n_vocab);
+        if (p[i].full_attn_interval)
+            fprintf(out,
+                    "                                         + shared expert x %u, rope %u "
+                    "dims, GDN %u q/k + %u v heads x %u, conv %u, full attention every %u\n",
+                    p[i].n_ff_shexp, p[i].n_rot, p[i].ssm_n_group, p[i].ssm_dt_rank,
+                    p[i].ssm_d_state, p[i].ssm_d_conv, p[i].full_attn_interval);
+    }
     fprintf(out,
             "  --quant MIX      f32, q8_0 or q4_k_m (default %s); gpt-oss experts are MXFP4\n"
             "                   under q8_0 and q4_k_m\n"
@@ -63,6 +72,26 @@ static void gen_usage(FILE *out)
             "  -q, --quiet      no progress on stderr\n"
             "  -h, --help       this text\n",
             GEN_DEFAULT_MIX, GEN_DEFAULT_SEED);
+}
+
+/* Writes the names of arch's presets ("tiny, 30b-a3b, ...") to buf; how many there are (0: an
+ * unknown architecture). */
+static uint32_t gen_preset_names(const char *arch, char *buf, size_t size)
+{
+    uint32_t n, found = 0;
+    const struct gen_preset *p = gen_presets(&n);
+    size_t len = 0;
+
+    buf[0] = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (strcmp(p[i].arch, arch))
+            continue;
+        int k = snprintf(buf + len, size - len, "%s%s", found ? ", " : "", p[i].name);
+        if (k > 0 && (size_t)k < size - len)
+            len += (size_t)k;
+        found++;
+    }
+    return found;
 }
 
 static int gen_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -220,15 +249,16 @@ int cmd_gen(int argc, char **argv)
     }
     if (optind < argc)
         return gen_usage_error("unexpected argument '%s'", argv[optind]);
-    bool oss = !strcmp(cfg.arch, "gpt-oss");
-    if (strcmp(cfg.arch, "qwen3moe") && !oss)
-        return gen_usage_error("unknown architecture '%s' (known: qwen3moe, gpt-oss)", cfg.arch);
-    if (oss && inflate)
+    char known[256];
+    if (!gen_preset_names(cfg.arch, known, sizeof(known)))
+        return gen_usage_error(
+            "unknown architecture '%s' (known: qwen3moe, gpt-oss, qwen3next, qwen35moe)", cfg.arch);
+    if (strcmp(cfg.arch, "qwen3moe") && inflate)
         return gen_usage_error("--inflate grows qwen3moe models only");
     const struct gen_preset *preset = gen_preset_find_arch(cfg.arch, preset_name);
     if (!preset)
         return gen_usage_error("unknown preset '%s' for %s (known: %s)", preset_name, cfg.arch,
-                               oss ? "tiny, 20b, 120b" : "tiny, 30b-a3b, 235b-a22b");
+                               known);
     if (quant_mix_parse(mix_name, &cfg.mix))
         return gen_usage_error("%s", err_msg());
     if (!cfg.out_path)

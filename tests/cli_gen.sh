@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # cli_gen: `strata gen` from the command line: help, argument errors (exit 2 with a message that
 # names the bad value), determinism across --threads (sha256 of the files), --layers, and an
-# interrupted write that must leave nothing behind; a gpt-oss file that inspect reads and run refuses.
+# interrupted write that must leave nothing behind; a gpt-oss file that inspect reads and run refuses;
+# qwen3next and qwen35moe files (deterministic, their layer kinds' tensors).
 # usage: cli_gen.sh STRATA_BINARY [DATA_DIR]
 set -u
 strata=$1
@@ -69,6 +70,32 @@ printf 'hi\nthere\n' | "$strata" chat -m "$dir/oss.gguf" -n 4 >/dev/null 2>"$dir
 "$strata" run -m "$dir/oss.gguf" --device cuda -p hi -n 1 >/dev/null 2>"$dir/err"
 [ $? -eq 1 ] && grep -q "CPU only" "$dir/err" && ok || fail "gpt-oss --device cuda: $(cat "$dir/err")"
 expect_error "unknown preset '30b-a3b' for gpt-oss" --arch gpt-oss --preset 30b-a3b -o "$dir/x.gguf"
+
+# qwen3next / qwen35moe: listed by --help, written deterministically across --threads, with
+# the GDN tensors of their kind (inspect reads the file only; the forward is not tested here).
+grep -q "qwen3next *80b-a3b" "$dir/help" && grep -q "qwen35moe *35b-a3b" "$dir/help" && ok ||
+    fail "gen --help lacks the hybrid presets"
+for arch in qwen3next qwen35moe; do
+    "$strata" gen --arch $arch --preset tiny --seed 5 --threads 1 -q -o "$dir/$arch-1.gguf" >/dev/null &&
+    "$strata" gen --arch $arch --preset tiny --seed 5 --threads 2 -q -o "$dir/$arch-2.gguf" >/dev/null ||
+        fail "$arch tiny gen failed"
+    cmp -s "$dir/$arch-1.gguf" "$dir/$arch-2.gguf" && ok || fail "$arch: 1 and 2 threads differ"
+    "$strata" inspect --tensors "$dir/$arch-1.gguf" >"$dir/out" 2>&1 || fail "$arch inspect"
+    grep -q "blk.1.attn_q.weight" "$dir/out" && grep -q "blk.0.ssm_a " "$dir/out" &&
+    ! grep -q "blk.1.ssm_a " "$dir/out" && ok || fail "$arch layer kinds: $(cat "$dir/out")"
+    rm -f "$dir/$arch-2.gguf"
+done
+grep -q "blk.0.ssm_ba.weight" <("$strata" inspect --tensors "$dir/qwen3next-1.gguf") && ok ||
+    fail "qwen3next: no ssm_ba"
+"$strata" inspect --tensors "$dir/qwen35moe-1.gguf" >"$dir/out" 2>&1
+grep -q "blk.0.ssm_beta.weight" "$dir/out" && grep -q "blk.0.ssm_alpha.weight" "$dir/out" &&
+! grep -q "ssm_ba.weight" "$dir/out" && ok || fail "qwen35moe: ssm_beta/ssm_alpha"
+"$strata" inspect "$dir/qwen35moe-1.gguf" 2>&1 | grep -q "rope.dimension_sections .*3, 3, 2, 0" &&
+    ok || fail "qwen35moe: rope.dimension_sections"
+rm -f "$dir"/qwen3*.gguf
+expect_error "unknown preset 'huge' for qwen3next (known: tiny, 80b-a3b)" --arch qwen3next --preset huge -o "$dir/x.gguf"
+expect_error "unknown preset '80b-a3b' for qwen35moe (known: tiny, 35b-a3b)" --arch qwen35moe --preset 80b-a3b -o "$dir/x.gguf"
+expect_error "--inflate grows qwen3moe models only" --arch qwen3next --inflate "$dir/none.gguf" -o "$dir/x.gguf"
 
 # --layers changes block_count and the file size.
 "$strata" gen --preset tiny --layers 1 -q -o "$dir/one.gguf" >"$dir/out" || fail "--layers 1"

@@ -7,7 +7,11 @@
  * - files: the tiny preset in every mix opens with gguf_open, has exactly the qwen3moe tensors
  *   with the right types and shapes and metadata, is < 10 MB, and every tensor's dequantized
  *   values are well-scaled; same seed with other thread counts gives identical bytes, another
- *   seed other bytes; cancellation and bad arguments leave no file behind.
+ *   seed other bytes; cancellation and bad arguments leave no file behind;
+ * - hybrid files (qwen3next, qwen35moe): the tiny presets in every mix have exactly the keys,
+ *   tensors, shapes and types of the strata contract (docs/formats.md §4(c), §4(f)), written out
+ *   here independently of gen.c; ssm_a is strictly negative; 1 and 2 threads give the same
+ *   bytes; rope.dimension_sections at the real head size; bad GDN shapes are refused.
  * Seeds come from test_seed (replay with STRATA_TEST_SEED).
  */
 #include <dirent.h>
@@ -694,6 +698,301 @@ static void test_files(uint64_t seed)
     CHECK(count_dir_entries(tmpdir) == 0, "failed writes left files in %s", tmpdir);
 }
 
+/* ---- hybrid architectures (qwen3next, qwen35moe) ----------------------------------------- */
+
+/* The tensor list of a qwen3next / qwen35moe file, from the contract (not from gen.c). */
+static uint32_t want_hybrid(const char *arch, const struct gen_preset *p, enum quant_mix mix,
+                            uint32_t n_vocab, struct want_tensor *w)
+{
+    uint64_t d = p->n_embd, hd = p->head_dim, nh = p->n_head, nkv = p->n_head_kv;
+    uint64_t e = p->n_expert, f = p->n_ff_exp, fs = p->n_ff_shexp, ds = p->ssm_d_state;
+    uint64_t nk = p->ssm_n_group, nv = p->ssm_dt_rank, kc = p->ssm_d_conv;
+    uint64_t K = nk * ds, V = nv * ds, C = 2 * K + V;
+    bool kq = mix == QUANT_MIX_Q4_K_M;
+    uint32_t big = mix == QUANT_MIX_F32 ? QUANT_F32 : QUANT_Q8_0, f32 = QUANT_F32;
+    uint32_t n = 0;
+    char nm[64];
+
+#define W(tn, nd, ty, m, s, ...)                                                                   \
+    do {                                                                                           \
+        w[n] = (struct want_tensor){                                                               \
+            .n_dims = nd, .ne = {__VA_ARGS__}, .type = ty, .mean = m, .std = s};                   \
+        snprintf(w[n].name, sizeof(w[n].name), "%s", tn);                                          \
+        n++;                                                                                       \
+    } while (0)
+#define B(l, s) (snprintf(nm, sizeof(nm), "blk.%u.%s", l, s), nm)
+#define FAN(x) (1 / sqrt((double)(x)))
+    /* q4_k_m: K-quants where rows are a multiple of 256, else Q8_0; attention, GDN and shared
+     * expert matrices Q8_0 (rows are multiples of 32 in every preset tested). */
+    uint32_t k4_d = kq && d % 256 == 0 ? QUANT_Q4_K : big;
+    uint32_t k6_d = kq && d % 256 == 0 ? QUANT_Q6_K : big;
+    uint32_t k6_f = kq && f % 256 == 0 ? QUANT_Q6_K : big;
+
+    W("token_embd.weight", 2, k4_d, 0, 1, d, n_vocab);
+    for (uint32_t l = 0; l < p->n_layer; l++) {
+        W(B(l, "attn_norm.weight"), 1, f32, 1, 0.05, d);
+        if ((l + 1) % p->full_attn_interval == 0) {
+            W(B(l, "attn_q.weight"), 2, big, 0, FAN(d), d, nh * hd * 2);
+            W(B(l, "attn_k.weight"), 2, big, 0, FAN(d), d, nkv * hd);
+            W(B(l, "attn_v.weight"), 2, big, 0, FAN(d), d, nkv * hd);
+            W(B(l, "attn_output.weight"), 2, big, 0, FAN(nh * hd), nh * hd, d);
+            W(B(l, "attn_q_norm.weight"), 1, f32, 1, 0.05, hd);
+            W(B(l, "attn_k_norm.weight"), 1, f32, 1, 0.05, hd);
+        } else {
+            W(B(l, "attn_qkv.weight"), 2, big, 0, FAN(d), d, C);
+            W(B(l, "attn_gate.weight"), 2, big, 0, FAN(d), d, V);
+            if (!strcmp(arch, "qwen3next")) {
+                W(B(l, "ssm_ba.weight"), 2, big, 0, FAN(d), d, 2 * nv);
+            } else {
+                W(B(l, "ssm_beta.weight"), 2, big, 0, FAN(d), d, nv);
+                W(B(l, "ssm_alpha.weight"), 2, big, 0, FAN(d), d, nv);
+            }
+            W(B(l, "ssm_conv1d.weight"), 2, f32, 0, FAN(kc), kc, C);
+            W(B(l, "ssm_dt.bias"), 1, f32, 1, 0.05, nv);
+            W(B(l, "ssm_a"), 1, f32, -4, 0.5, nv);
+            W(B(l, "ssm_norm.weight"), 1, f32, 1, 0.05, ds);
+            W(B(l, "ssm_out.weight"), 2, big, 0, FAN(V), V, d);
+        }
+        W(B(l, "post_attention_norm.weight"), 1, f32, 1, 0.05, d);
+        W(B(l, "ffn_gate_inp.weight"), 2, f32, 0, FAN(d), d, e);
+        W(B(l, "ffn_gate_exps.weight"), 3, k4_d, 0, FAN(d), d, f, e);
+        W(B(l, "ffn_up_exps.weight"), 3, k4_d, 0, FAN(d), d, f, e);
+        W(B(l, "ffn_down_exps.weight"), 3, k6_f, 0, FAN(f), f, d, e);
+        W(B(l, "ffn_gate_inp_shexp.weight"), 1, f32, 0, FAN(d), d);
+        W(B(l, "ffn_gate_shexp.weight"), 2, big, 0, FAN(d), d, fs);
+        W(B(l, "ffn_up_shexp.weight"), 2, big, 0, FAN(d), d, fs);
+        W(B(l, "ffn_down_shexp.weight"), 2, big, 0, FAN(fs), fs, d);
+    }
+    W("output_norm.weight", 1, f32, 1, 0.05, d);
+    W("output.weight", 2, k6_d, 0, FAN(d), d, n_vocab);
+#undef FAN
+#undef B
+#undef W
+    return n;
+}
+
+static int write_hybrid(const char *arch, const struct gen_preset *p, enum quant_mix mix,
+                        uint64_t seed, uint32_t threads, const char *path, struct gen_stats *st)
+{
+    struct gen_config cfg = {.arch = arch,
+                             .preset = *p,
+                             .mix = mix,
+                             .seed = seed,
+                             .n_threads = threads,
+                             .out_path = path};
+    return gen_file_write(&cfg, st);
+}
+
+/* The keys of the contract: every required one with the preset's value, the optional ones gen
+ * writes, no feed_forward_length, and qwen35moe's rope.dimension_sections (want_sec). */
+static void check_hybrid_metadata(const struct gguf_file *f, const char *arch,
+                                  const struct gen_preset *p, enum quant_mix mix,
+                                  const int32_t *want_sec)
+{
+    static const char *const u32_keys[] = {
+        "block_count",
+        "context_length",
+        "embedding_length",
+        "attention.head_count",
+        "attention.head_count_kv",
+        "attention.key_length",
+        "attention.value_length",
+        "expert_count",
+        "expert_used_count",
+        "expert_feed_forward_length",
+        "expert_shared_feed_forward_length",
+        "ssm.conv_kernel",
+        "ssm.state_size",
+        "ssm.group_count",
+        "ssm.time_step_rank",
+        "ssm.inner_size",
+        "rope.dimension_count",
+        "full_attention_interval",
+    };
+    const uint32_t want[] = {
+        p->n_layer,       p->n_ctx,
+        p->n_embd,        p->n_head,
+        p->n_head_kv,     p->head_dim,
+        p->head_dim,      p->n_expert,
+        p->n_expert_used, p->n_ff_exp,
+        p->n_ff_shexp,    p->ssm_d_conv,
+        p->ssm_d_state,   p->ssm_n_group,
+        p->ssm_dt_rank,   p->ssm_dt_rank * p->ssm_d_state,
+        p->n_rot,         p->full_attn_interval,
+    };
+    char key[128];
+    float eps = 0, base = 0;
+
+    CHECK(kv_str_is(f, "general.architecture", arch), "%s: general.architecture", arch);
+    CHECK(kv_u32(f, "general.file_type") == quant_mix_file_type(mix), "%s: file_type", arch);
+    for (size_t i = 0; i < sizeof(u32_keys) / sizeof(u32_keys[0]); i++) {
+        snprintf(key, sizeof(key), "%s.%s", arch, u32_keys[i]);
+        uint32_t v = kv_u32(f, key);
+        CHECK(v == want[i], "%s: %u, want %u", key, v, want[i]);
+    }
+    snprintf(key, sizeof(key), "%s.attention.layer_norm_rms_epsilon", arch);
+    CHECK(gguf_get_f32(f, key, &eps) == 0 && eps == p->rms_eps, "%s %g", key, (double)eps);
+    snprintf(key, sizeof(key), "%s.rope.freq_base", arch);
+    CHECK(gguf_get_f32(f, key, &base) == 0 && base == p->rope_base, "%s %g", key, (double)base);
+    snprintf(key, sizeof(key), "%s.feed_forward_length", arch);
+    CHECK(gguf_find_kv(f, key) == NULL, "%s written", key);
+    snprintf(key, sizeof(key), "%s.nextn_predict_layers", arch);
+    CHECK(gguf_find_kv(f, key) == NULL, "%s written (no MTP blocks)", key);
+    CHECK(kv_str_is(f, "tokenizer.ggml.pre", "qwen2"), "%s: tokenizer.ggml.pre", arch);
+
+    snprintf(key, sizeof(key), "%s.rope.dimension_sections", arch);
+    const struct gguf_value *sec = NULL;
+    if (!want_sec) {
+        CHECK(gguf_find_kv(f, key) == NULL, "%s written", key);
+        return;
+    }
+    CHECK(gguf_get_arr(f, key, &sec) == 0 && sec->arr.elem_type == GGUF_TYPE_INT32 &&
+              sec->arr.count == 4,
+          "%s: %s", key, err_msg());
+    if (!sec || sec->arr.elem_type != GGUF_TYPE_INT32 || sec->arr.count != 4)
+        return;
+    int32_t s[4], sum = 0;
+    memcpy(s, sec->arr.data, sizeof(s));
+    for (int i = 0; i < 4; i++)
+        sum += s[i];
+    CHECK(!memcmp(s, want_sec, sizeof(s)), "%s: [%d, %d, %d, %d], want [%d, %d, %d, %d]", key, s[0],
+          s[1], s[2], s[3], want_sec[0], want_sec[1], want_sec[2], want_sec[3]);
+    CHECK(2 * sum == (int32_t)p->n_rot, "%s: 2 * sum %d != n_rot %u", key, 2 * sum, p->n_rot);
+}
+
+/* Every value of every blk.N.ssm_a is < 0; returns how many tensors were checked. */
+static uint32_t check_ssm_a_negative(const struct gguf_file *f, const struct gen_preset *p)
+{
+    uint32_t n = 0;
+    for (uint32_t l = 0; l < p->n_layer; l++) {
+        char nm[64];
+        snprintf(nm, sizeof(nm), "blk.%u.ssm_a", l);
+        const struct gguf_tensor *t = gguf_find_tensor(f, nm);
+        if (!t || t->type != QUANT_F32)
+            continue;
+        const float *a = t->data;
+        for (uint64_t i = 0; i < t->ne[0]; i++)
+            CHECK(a[i] < 0.0f, "%s[%llu] = %g is not negative", nm, (unsigned long long)i,
+                  (double)a[i]);
+        n++;
+    }
+    return n;
+}
+
+static void check_hybrid_file(const char *path, const char *arch, const struct gen_preset *p,
+                              enum quant_mix mix, const int32_t *want_sec)
+{
+    struct gguf_file *f = NULL;
+    struct want_tensor *w = calloc((size_t)p->n_layer * 19 + 3, sizeof(*w));
+    uint32_t n = want_hybrid(arch, p, mix, p->n_vocab, w), n_gdn = 0;
+
+    for (uint32_t l = 0; l < p->n_layer; l++)
+        n_gdn += (l + 1) % p->full_attn_interval != 0;
+    CHECK(gguf_open(path, &f) == 0, "gguf_open %s: %s", path, err_msg());
+    if (f) {
+        check_hybrid_metadata(f, arch, p, mix, want_sec);
+        check_tensors(f, w, n);
+        CHECK(check_ssm_a_negative(f, p) == n_gdn, "%s: ssm_a of %u GDN layers", path, n_gdn);
+        gguf_close(f);
+    }
+    free(w);
+}
+
+static void test_hybrid(uint64_t seed)
+{
+    static const char *const archs[] = {"qwen3next", "qwen35moe"};
+    static const int32_t sec_tiny[4] = {3, 3, 2, 0}, sec_real[4] = {11, 11, 10, 0};
+    char path[128], path2[128];
+    struct gen_stats st;
+
+    const struct gen_preset *p = gen_preset_find_arch("qwen3next", "80b-a3b");
+    CHECK(p && p->n_layer == 48 && p->n_embd == 2048 && p->n_head == 16 && p->n_head_kv == 2 &&
+              p->head_dim == 256 && p->n_rot == 64 && p->n_expert == 512 &&
+              p->n_expert_used == 10 && p->n_ff_exp == 512 && p->n_ff_shexp == 512 &&
+              p->n_vocab == 151936 && p->rope_base == 1e7f && p->ssm_d_conv == 4 &&
+              p->ssm_d_state == 128 && p->ssm_n_group == 16 && p->ssm_dt_rank == 32 &&
+              p->full_attn_interval == 4 && p->n_ctx == 262144,
+          "qwen3next 80b-a3b preset");
+    p = gen_preset_find_arch("qwen35moe", "35b-a3b");
+    CHECK(p && p->n_layer == 40 && p->n_embd == 2048 && p->n_head == 16 && p->n_head_kv == 2 &&
+              p->head_dim == 256 && p->n_rot == 64 && p->n_expert == 256 && p->n_expert_used == 8 &&
+              p->n_ff_exp == 512 && p->n_ff_shexp == 512 && p->n_vocab == 248320 &&
+              p->ssm_n_group == 16 && p->ssm_dt_rank == 32 && p->ssm_d_state == 128 &&
+              p->full_attn_interval == 4,
+          "qwen35moe 35b-a3b preset");
+
+    for (size_t a = 0; a < 2; a++) {
+        const char *arch = archs[a];
+        const int32_t *sec = a == 1 ? sec_tiny : NULL;
+        const struct gen_preset *tiny = gen_preset_find_arch(arch, "tiny");
+        CHECK(tiny != NULL, "%s tiny preset", arch);
+        if (!tiny)
+            continue;
+        CHECK(tiny->ssm_dt_rank == 2 * tiny->ssm_n_group && tiny->full_attn_interval == 2 &&
+                  tiny->n_layer == 4,
+              "%s tiny: r = %u, interval %u", arch, tiny->ssm_dt_rank / tiny->ssm_n_group,
+              tiny->full_attn_interval);
+        for (int m = 0; m < QUANT_MIX_COUNT; m++) {
+            if (m == QUANT_MIX_BF16)
+                continue;
+            struct gen_preset ps = *tiny;
+            if (m == QUANT_MIX_F32)
+                ps.n_layer = 2; /* one GDN and one full-attention layer, a smaller file */
+            snprintf(path, sizeof(path), "%s/%s-tiny-%s.gguf", tmpdir, arch, quant_mix_name(m));
+            CHECK(write_hybrid(arch, &ps, m, seed, 2, path, &st) == 0, "write %s: %s", path,
+                  err_msg());
+            printf("%s tiny %-6s: %llu bytes, %llu tensors, %llu fallback\n", arch,
+                   quant_mix_name(m), (unsigned long long)file_size(path),
+                   (unsigned long long)st.n_tensors, (unsigned long long)st.n_fallback);
+            CHECK(st.n_fallback == 0, "%s %s: %llu fallbacks", arch, quant_mix_name(m),
+                  (unsigned long long)st.n_fallback);
+            check_hybrid_file(path, arch, &ps, m, sec);
+            if (m == QUANT_MIX_Q4_K_M) {
+                tmp_path(path2, sizeof(path2), "hybrid-again.gguf");
+                CHECK(write_hybrid(arch, &ps, m, seed, 1, path2, NULL) == 0, "%s", err_msg());
+                CHECK(files_equal(path, path2), "%s: same seed, 1 vs 2 threads: files differ",
+                      arch);
+                unlink(path2);
+            }
+            unlink(path);
+        }
+
+        /* The real head size (256, 64 rotated): qwen35moe's sections are Qwen3.5's. */
+        struct gen_preset real = *tiny;
+        real.n_layer = 2;
+        real.head_dim = 256;
+        real.n_rot = 64;
+        real.ssm_d_state = 128;
+        tmp_path(path, sizeof(path), "hybrid-real.gguf");
+        CHECK(write_hybrid(arch, &real, QUANT_MIX_Q8_0, seed, 2, path, NULL) == 0, "%s", err_msg());
+        check_hybrid_file(path, arch, &real, QUANT_MIX_Q8_0, a == 1 ? sec_real : NULL);
+        unlink(path);
+
+        /* Refused: v heads not a multiple of q/k heads, odd or too many rotated dims, no
+         * interval, another architecture's preset. */
+        struct gen_preset bad = *tiny;
+        bad.ssm_dt_rank = 3;
+        CHECK(write_hybrid(arch, &bad, QUANT_MIX_Q8_0, seed, 2, path, NULL) == -EINVAL &&
+                  strstr(err_msg(), "v heads"),
+              "%s: 3 v heads over 2 groups: %s", arch, err_msg());
+        bad = *tiny;
+        bad.n_rot = 15;
+        CHECK(write_hybrid(arch, &bad, QUANT_MIX_Q8_0, seed, 2, path, NULL) == -EINVAL,
+              "%s: odd n_rot accepted", arch);
+        bad.n_rot = bad.head_dim + 2;
+        CHECK(write_hybrid(arch, &bad, QUANT_MIX_Q8_0, seed, 2, path, NULL) == -EINVAL,
+              "%s: n_rot > head_dim accepted", arch);
+        bad = *tiny;
+        bad.full_attn_interval = 0;
+        CHECK(write_hybrid(arch, &bad, QUANT_MIX_Q8_0, seed, 2, path, NULL) == -EINVAL,
+              "%s: interval 0 accepted", arch);
+        CHECK(write_hybrid(archs[1 - a], tiny, QUANT_MIX_Q8_0, seed, 2, path, NULL) == -EINVAL &&
+                  strstr(err_msg(), arch),
+              "%s preset written as %s: %s", arch, archs[1 - a], err_msg());
+    }
+    CHECK(count_dir_entries(tmpdir) == 0, "hybrid tests left files in %s", tmpdir);
+}
+
 int main(void)
 {
     uint64_t seed = test_seed("test_gen");
@@ -707,6 +1006,7 @@ int main(void)
     test_mixes();
     test_vocab();
     test_files(seed);
+    test_hybrid(seed);
     char path[128];
     unlink(tmp_path(path, sizeof(path), "tokenizer.json"));
     rmdir(tmpdir);

@@ -1,4 +1,5 @@
-/* gen: lays out a synthetic qwen3moe or gpt-oss GGUF and fills it from worker threads.
+/* gen: lays out a synthetic qwen3moe, gpt-oss, qwen3next or qwen35moe GGUF and fills it from
+ * worker threads.
  *
  * DESIGN. The calling thread builds the plan (metadata, tensor list with types, shapes and
  * value distributions), declares it to the GGUF writer and calls gguf_writer_begin_data. Tensor
@@ -29,8 +30,17 @@
 #include "quant.h"
 
 #define GEN_CHUNK_ELEMS (1u << 20) /* values per job: a multiple of every block size */
-#define GEN_MAX_TENSORS_PER_LAYER 19 /* gpt-oss; qwen3moe has 12 */
+#define GEN_MAX_TENSORS_PER_LAYER 19 /* gpt-oss and a qwen35moe GDN layer; qwen3moe 12 */
 #define GEN_NORM_STD 0.05f /* norm weights are 1 + N(0, GEN_NORM_STD^2) */
+/* Gated DeltaNet parameters (qwen3next, qwen35moe): ssm_dt.bias is N(1, 0.05^2); ssm_a
+ * (= -exp(A_log)) is N(-4, 0.5^2), which rng_normal's bound |z| < 7.5 keeps below -0.28; values
+ * above GEN_SSM_A_MAX would still be clamped to it, so that ssm_a is strictly negative whatever
+ * the normal draw. */
+#define GEN_DT_BIAS_MEAN 1.0f
+#define GEN_DT_BIAS_STD 0.05f
+#define GEN_SSM_A_MEAN (-4.0f)
+#define GEN_SSM_A_STD 0.5f
+#define GEN_SSM_A_MAX (-0.01f)
 #define GEN_BIAS_STD 0.02f /* gpt-oss biases are N(0, GEN_BIAS_STD^2); its sinks N(0, 1) */
 #define GEN_TYPE_MIX UINT32_MAX /* plan_add: the mix chooses the type */
 #define GEN_FTYPE_MXFP4_MOE 38  /* general.file_type: MXFP4 experts, the rest Q8_0 */
@@ -51,6 +61,7 @@ struct gen_tensor {
     uint64_t ne[3]; /* ggml order: ne[0] contiguous */
     uint64_t n_elem;
     float mean, std;    /* distribution of the dequantized values */
+    bool negative;      /* F32 only: values above GEN_SSM_A_MAX are clamped to it (ssm_a) */
     int idx;            /* index in the GGUF writer */
     uint64_t first_job; /* job number of chunk 0 */
     uint64_t n_chunks;
@@ -208,17 +219,119 @@ static int plan_build_gptoss(struct gen_run *run, const struct gen_config *cfg, 
     return 0;
 }
 
+/* The qwen3next / qwen35moe tensor list (docs/formats.md §4(c), §4(f)) in file order:
+ * token_embd, the layers, then output_norm and output. Layer l is full attention iff
+ * (l + 1) % full_attn_interval == 0 (gated attention: attn_q holds q and its gate per head),
+ * else Gated DeltaNet; every layer has the routed experts plus a shared expert with a sigmoid
+ * gate. qwen3next has one ssm_ba {H, 2 n_v}, qwen35moe ssm_beta and ssm_alpha {H, n_v}. Norms,
+ * the router, the shared expert's gate and the GDN vectors and conv are F32; the other matrices
+ * take the mix's type. */
+static int plan_build_hybrid(struct gen_run *run, const struct gen_config *cfg, uint32_t n_vocab,
+                             uint64_t *n_fallback)
+{
+    const struct gen_preset *p = &cfg->preset;
+    bool ba = !strcmp(cfg->arch, "qwen3next");
+    uint64_t d = p->n_embd, hd = p->head_dim, q = (uint64_t)p->n_head * hd;
+    uint64_t kv = (uint64_t)p->n_head_kv * hd, ff = p->n_ff_exp, fs = p->n_ff_shexp;
+    uint64_t e = p->n_expert, ds = p->ssm_d_state, nv = p->ssm_dt_rank, kc = p->ssm_d_conv;
+    uint64_t v = nv * ds, c = 2 * (uint64_t)p->ssm_n_group * ds + v; /* V, conv channels C */
+    float s_d = 1.0f / sqrtf((float)d), s_q = 1.0f / sqrtf((float)q);
+    float s_ff = 1.0f / sqrtf((float)ff), s_fs = 1.0f / sqrtf((float)fs);
+    float s_v = 1.0f / sqrtf((float)v), s_kc = 1.0f / sqrtf((float)kc);
+    const uint32_t mix = GEN_TYPE_MIX, f32 = QUANT_F32;
+    char name[64];
+
+    run->t = calloc((size_t)p->n_layer * GEN_MAX_TENSORS_PER_LAYER + 3, sizeof(*run->t));
+    if (!run->t)
+        return err_set(-ENOMEM, "gen: out of memory for the tensor list");
+
+#define ADD(nm, ty, nd, m, s, ...)                                                                 \
+    plan_add(run, cfg, n_fallback, nm, ty, nd, (const uint64_t[]){__VA_ARGS__}, m, s)
+#define BLK(suffix) (snprintf(name, sizeof(name), "blk.%u.%s", l, suffix), name)
+
+    ADD("token_embd.weight", mix, 2, 0.0f, 1.0f, d, n_vocab);
+    for (uint32_t l = 0; l < p->n_layer; l++) {
+        ADD(BLK("attn_norm.weight"), f32, 1, 1.0f, GEN_NORM_STD, d);
+        if ((l + 1) % p->full_attn_interval == 0) {
+            ADD(BLK("attn_q.weight"), mix, 2, 0.0f, s_d, d, 2 * q);
+            ADD(BLK("attn_k.weight"), mix, 2, 0.0f, s_d, d, kv);
+            ADD(BLK("attn_v.weight"), mix, 2, 0.0f, s_d, d, kv);
+            ADD(BLK("attn_output.weight"), mix, 2, 0.0f, s_q, q, d);
+            ADD(BLK("attn_q_norm.weight"), f32, 1, 1.0f, GEN_NORM_STD, hd);
+            ADD(BLK("attn_k_norm.weight"), f32, 1, 1.0f, GEN_NORM_STD, hd);
+        } else {
+            ADD(BLK("attn_qkv.weight"), mix, 2, 0.0f, s_d, d, c);
+            ADD(BLK("attn_gate.weight"), mix, 2, 0.0f, s_d, d, v);
+            if (ba) {
+                ADD(BLK("ssm_ba.weight"), mix, 2, 0.0f, s_d, d, 2 * nv);
+            } else {
+                ADD(BLK("ssm_beta.weight"), mix, 2, 0.0f, s_d, d, nv);
+                ADD(BLK("ssm_alpha.weight"), mix, 2, 0.0f, s_d, d, nv);
+            }
+            ADD(BLK("ssm_conv1d.weight"), f32, 2, 0.0f, s_kc, kc, c);
+            ADD(BLK("ssm_dt.bias"), f32, 1, GEN_DT_BIAS_MEAN, GEN_DT_BIAS_STD, nv);
+            ADD(BLK("ssm_a"), f32, 1, GEN_SSM_A_MEAN, GEN_SSM_A_STD, nv);
+            run->t[run->n_t - 1].negative = true;
+            ADD(BLK("ssm_norm.weight"), f32, 1, 1.0f, GEN_NORM_STD, ds);
+            ADD(BLK("ssm_out.weight"), mix, 2, 0.0f, s_v, v, d);
+        }
+        ADD(BLK("post_attention_norm.weight"), f32, 1, 1.0f, GEN_NORM_STD, d);
+        ADD(BLK("ffn_gate_inp.weight"), f32, 2, 0.0f, s_d, d, e);
+        ADD(BLK("ffn_gate_exps.weight"), mix, 3, 0.0f, s_d, d, ff, e);
+        ADD(BLK("ffn_up_exps.weight"), mix, 3, 0.0f, s_d, d, ff, e);
+        ADD(BLK("ffn_down_exps.weight"), mix, 3, 0.0f, s_ff, ff, d, e);
+        ADD(BLK("ffn_gate_inp_shexp.weight"), f32, 1, 0.0f, s_d, d);
+        ADD(BLK("ffn_gate_shexp.weight"), mix, 2, 0.0f, s_d, d, fs);
+        ADD(BLK("ffn_up_shexp.weight"), mix, 2, 0.0f, s_d, d, fs);
+        ADD(BLK("ffn_down_shexp.weight"), mix, 2, 0.0f, s_fs, fs, d);
+    }
+    ADD("output_norm.weight", f32, 1, 1.0f, GEN_NORM_STD, d);
+    ADD("output.weight", mix, 2, 0.0f, s_d, d, n_vocab);
+#undef BLK
+#undef ADD
+    return 0;
+}
+
 static bool gen_is_gptoss(const struct gen_config *cfg)
 {
     return !strcmp(cfg->arch, "gpt-oss");
+}
+
+/* qwen3next and qwen35moe: Gated DeltaNet layers between gated attention layers. */
+static bool gen_is_hybrid(const struct gen_config *cfg)
+{
+    return !strcmp(cfg->arch, "qwen3next") || !strcmp(cfg->arch, "qwen35moe");
+}
+
+/* The hybrid architectures' own hyper-parameters. */
+static int check_hybrid(const struct gen_preset *p)
+{
+    const char *name = p->name ? p->name : "(custom)";
+
+    if (!p->n_ff_shexp || !p->ssm_d_conv || !p->ssm_d_state || !p->ssm_n_group || !p->ssm_dt_rank ||
+        !p->full_attn_interval)
+        return err_set(-EINVAL, "gen: preset '%s' has a zero shared-expert or GDN dimension", name);
+    if (p->ssm_dt_rank % p->ssm_n_group)
+        return err_set(-EINVAL, "gen: %u GDN v heads are not a multiple of %u q/k heads",
+                       p->ssm_dt_rank, p->ssm_n_group);
+    if (!p->n_rot || p->n_rot % 2 || p->n_rot > p->head_dim)
+        return err_set(-EINVAL, "gen: rope dimension count %u is not even in 2..%u", p->n_rot,
+                       p->head_dim);
+    if ((uint64_t)p->ssm_dt_rank * p->ssm_d_state > UINT32_MAX)
+        return err_set(-EINVAL, "gen: GDN inner size %u x %u does not fit ssm.inner_size",
+                       p->ssm_dt_rank, p->ssm_d_state);
+    return 0;
 }
 
 static int check_preset(const struct gen_config *cfg)
 {
     const struct gen_preset *p = &cfg->preset;
 
-    if (!cfg->arch || (strcmp(cfg->arch, "qwen3moe") && strcmp(cfg->arch, "gpt-oss")))
-        return err_set(-EINVAL, "gen: unknown architecture '%s' (known: qwen3moe, gpt-oss)",
+    if (!cfg->arch ||
+        (strcmp(cfg->arch, "qwen3moe") && strcmp(cfg->arch, "gpt-oss") && !gen_is_hybrid(cfg)))
+        return err_set(-EINVAL,
+                       "gen: unknown architecture '%s' (known: qwen3moe, gpt-oss, qwen3next, "
+                       "qwen35moe)",
                        cfg->arch ? cfg->arch : "(none)");
     if (p->arch && strcmp(p->arch, cfg->arch))
         return err_set(-EINVAL, "gen: preset '%s' is a %s preset, not %s",
@@ -244,10 +357,50 @@ static int check_preset(const struct gen_config *cfg)
                        p->n_head_kv);
     if (p->n_layer > 100000)
         return err_set(-EINVAL, "gen: %u layers is not a model", p->n_layer);
-    return 0;
+    return gen_is_hybrid(cfg) ? check_hybrid(p) : 0;
 }
 
 /* ---- metadata ----------------------------------------------------------------------------- */
+
+/* qwen35moe's rope.dimension_sections: Qwen3.5's [11, 11, 10, 0] scaled to n_rot/2 rotated
+ * pairs (t and h rounded, w the rest), so that 2 * sum == n_rot; n_rot 64 gives [11, 11, 10, 0]. */
+static void rope_sections(uint32_t n_rot, int32_t out[4])
+{
+    int32_t half = (int32_t)(n_rot / 2), th = (11 * half + 16) / 32;
+
+    out[0] = th;
+    out[1] = th;
+    out[2] = half - 2 * th;
+    out[3] = 0;
+}
+
+/* The qwen3next / qwen35moe keys beyond the qwen3moe ones. */
+static int write_metadata_hybrid(struct gguf_writer *w, const struct gen_config *cfg)
+{
+    const struct gen_preset *p = &cfg->preset;
+    char key[96];
+    int rc = 0;
+
+#define U32(k, val)                                                                                \
+    (snprintf(key, sizeof(key), "%s.%s", cfg->arch, k),                                            \
+     rc = rc ? rc : gguf_writer_add_u32(w, key, val))
+    U32("expert_shared_feed_forward_length", p->n_ff_shexp);
+    U32("rope.dimension_count", p->n_rot);
+    U32("ssm.conv_kernel", p->ssm_d_conv);
+    U32("ssm.state_size", p->ssm_d_state);
+    U32("ssm.group_count", p->ssm_n_group);
+    U32("ssm.time_step_rank", p->ssm_dt_rank);
+    U32("ssm.inner_size", p->ssm_dt_rank * p->ssm_d_state);
+    U32("full_attention_interval", p->full_attn_interval);
+#undef U32
+    if (!rc && !strcmp(cfg->arch, "qwen35moe")) {
+        int32_t sec[4];
+        rope_sections(p->n_rot, sec);
+        snprintf(key, sizeof(key), "%s.rope.dimension_sections", cfg->arch);
+        rc = gguf_writer_add_arr(w, key, GGUF_TYPE_INT32, sec, 4);
+    }
+    return rc;
+}
 
 static int write_metadata(struct gguf_writer *w, const struct gen_config *cfg,
                           const struct gen_vocab *v)
@@ -255,7 +408,7 @@ static int write_metadata(struct gguf_writer *w, const struct gen_config *cfg,
     const struct gen_preset *p = &cfg->preset;
     const struct gen_preset *base = p->name ? gen_preset_find_arch(cfg->arch, p->name) : NULL;
     const char *a = cfg->arch;
-    bool oss = gen_is_gptoss(cfg);
+    bool oss = gen_is_gptoss(cfg), hybrid = gen_is_hybrid(cfg);
     char name[160], layers[32] = "", key[96];
     uint32_t ftype = quant_mix_file_type(cfg->mix);
     int rc = 0;
@@ -278,7 +431,8 @@ static int write_metadata(struct gguf_writer *w, const struct gen_config *cfg,
     U32(AK("block_count"), p->n_layer);
     U32(AK("context_length"), p->n_ctx);
     U32(AK("embedding_length"), p->n_embd);
-    U32(AK("feed_forward_length"), p->n_ff);
+    if (!hybrid) /* qwen3next and qwen35moe have no dense FFN */
+        U32(AK("feed_forward_length"), p->n_ff);
     U32(AK("expert_feed_forward_length"), p->n_ff_exp);
     U32(AK("expert_count"), p->n_expert);
     U32(AK("expert_used_count"), p->n_expert_used);
@@ -294,6 +448,8 @@ static int write_metadata(struct gguf_writer *w, const struct gen_config *cfg,
         F32(AK("rope.scaling.factor"), p->yarn_factor);
         U32(AK("rope.scaling.original_context_length"), p->yarn_n_ctx_orig);
     }
+    if (!rc && hybrid)
+        rc = write_metadata_hybrid(w, cfg);
     STR("tokenizer.ggml.model", "gpt2");
     STR("tokenizer.ggml.pre", "qwen2");
     if (!rc)
@@ -359,6 +515,11 @@ static int do_job(struct gen_run *run, uint64_t j, void *buf)
     rng_seed(&r, run->cfg->seed, (uint64_t)(t - run->t) << 32 | chunk);
     if ((rc = gen_blocks_draw(t->type, buf, n, t->mean, t->std, &r)))
         return err_wrap(rc, "tensor '%s': ", t->name);
+    if (t->negative && t->type == QUANT_F32) {
+        float *y = buf;
+        for (uint64_t i = 0; i < n; i++)
+            y[i] = y[i] <= GEN_SSM_A_MAX ? y[i] : GEN_SSM_A_MAX;
+    }
     if ((rc = gguf_writer_pwrite(run->w, t->idx, at, buf, bytes)))
         return err_wrap(rc, "tensor '%s' chunk %" PRIu64 ": ", t->name, chunk);
     atomic_fetch_add(&run->done_bytes, bytes);
@@ -482,8 +643,12 @@ int gen_file_write(const struct gen_config *cfg, struct gen_stats *stats)
                          : gen_vocab_build(cfg->preset.n_vocab, cfg->preset.special_base, &vocab);
     if (rc)
         return rc;
-    rc = gen_is_gptoss(cfg) ? plan_build_gptoss(&run, cfg, vocab.n_tokens, &st.n_fallback)
-                            : plan_build_qwen3moe(&run, cfg, vocab.n_tokens, &st.n_fallback);
+    if (gen_is_gptoss(cfg))
+        rc = plan_build_gptoss(&run, cfg, vocab.n_tokens, &st.n_fallback);
+    else if (gen_is_hybrid(cfg))
+        rc = plan_build_hybrid(&run, cfg, vocab.n_tokens, &st.n_fallback);
+    else
+        rc = plan_build_qwen3moe(&run, cfg, vocab.n_tokens, &st.n_fallback);
     if (rc)
         goto out_vocab;
     if ((rc = gguf_writer_open(cfg->out_path, GGUF_DEFAULT_ALIGNMENT, &run.w)))

@@ -1,6 +1,7 @@
 /* gen: the synthetic checkpoint generator behind `strata gen`.
  *
- * It writes a GGUF file of a real architecture (qwen3moe, gpt-oss) at a preset's shapes with
+ * It writes a GGUF file of a real architecture (qwen3moe, gpt-oss, and the hybrid Gated
+ * DeltaNet + gated attention qwen3next and qwen35moe) at a preset's shapes with
  * random but well-scaled weights, so that the engine can be run, tested and benchmarked at real
  * sizes without downloading a checkpoint. Quantized blocks are drawn directly as valid codes and
  * scales (no float quantization pass), in parallel over fixed chunks of each tensor, each chunk
@@ -8,7 +9,8 @@
  * arguments give a byte-identical file whatever the thread count.
  *
  * Scaling rules (dequantized values): a weight of fan-in n has mean ~0 and std ~1/sqrt(n);
- * token embeddings have std 1; norm weights are 1 + N(0, 0.05^2). Details: docs/gen.md.
+ * token embeddings have std 1; norm weights are 1 + N(0, 0.05^2); the Gated DeltaNet's conv,
+ * dt bias and A (strictly negative) have rules of their own. Details: docs/gen.md.
  *
  * Pieces: presets.c (presets, quant mixes), draw.c (block drawing), vocab.c and corpus.c
  * (byte-level BPE vocabulary), gen.c (file layout, worker threads, progress).
@@ -27,14 +29,16 @@
 
 /* The shapes and hyper-parameters of one model size. */
 struct gen_preset {
-    const char *arch;       /* general.architecture: "qwen3moe" or "gpt-oss" */
-    const char *name;       /* "tiny", "30b-a3b", "235b-a22b", "20b", "120b"; may be NULL in a
-                               custom one */
+    const char *arch;       /* general.architecture: "qwen3moe", "gpt-oss", "qwen3next" or
+                               "qwen35moe" */
+    const char *name;       /* "tiny", "30b-a3b", "235b-a22b", "20b", "120b", "80b-a3b",
+                               "35b-a3b"; may be NULL in a custom one */
     const char *model_name; /* general.name stem, e.g. "Qwen3-30B-A3B"; may be NULL */
     uint32_t n_layer;       /* block_count */
     uint32_t n_ctx;         /* context_length */
     uint32_t n_embd;        /* embedding_length */
-    uint32_t n_ff;          /* feed_forward_length (dense size; unused by the MoE forward) */
+    uint32_t n_ff;          /* feed_forward_length (dense size; unused by the MoE forward; not
+                               written for qwen3next and qwen35moe) */
     uint32_t n_ff_exp;      /* expert_feed_forward_length */
     uint32_t n_expert;      /* expert_count */
     uint32_t n_expert_used; /* expert_used_count (top-k) */
@@ -50,6 +54,16 @@ struct gen_preset {
     uint32_t n_swa;         /* attention.sliding_window (even layers slide) */
     float yarn_factor;      /* rope.scaling.factor (type yarn) */
     uint32_t yarn_n_ctx_orig; /* rope.scaling.original_context_length */
+    /* qwen3next and qwen35moe only (0 elsewhere): layer l is full attention iff
+     * (l + 1) % full_attn_interval == 0, else Gated DeltaNet (GDN). The GDN q/k heads are
+     * ssm_n_group, its v heads ssm_dt_rank, both of dim ssm_d_state. */
+    uint32_t n_ff_shexp;         /* expert_shared_feed_forward_length (the shared expert) */
+    uint32_t n_rot;              /* rope.dimension_count: rotated dims of each head (even) */
+    uint32_t ssm_d_conv;         /* ssm.conv_kernel: taps of the causal depthwise conv */
+    uint32_t ssm_d_state;        /* ssm.state_size: GDN head dim (q/k and v) */
+    uint32_t ssm_n_group;        /* ssm.group_count: GDN q/k heads */
+    uint32_t ssm_dt_rank;        /* ssm.time_step_rank: GDN v heads, a multiple of ssm_n_group */
+    uint32_t full_attn_interval; /* full_attention_interval */
 };
 
 /* The built-in presets, in the order --help lists them; *n receives their count. */
@@ -124,8 +138,8 @@ typedef void (*gen_progress_fn)(void *arg, uint64_t done_bytes, uint64_t total_b
                                 double seconds);
 
 struct gen_config {
-    const char *arch;         /* "qwen3moe" or "gpt-oss"; must equal preset.arch when that is
-                                 set */
+    const char *arch;         /* "qwen3moe", "gpt-oss", "qwen3next" or "qwen35moe"; must equal
+                                 preset.arch when that is set */
     struct gen_preset preset; /* a copy, with overrides (n_layer) already applied */
     enum quant_mix mix;
     uint64_t seed;
