@@ -7,10 +7,14 @@
 #include "errors.h"
 #include "generate.h"
 
-enum prof_op { P_EMBED, P_RMSNORM, P_MATMUL, P_ROPE, P_KV, P_ATTN, P_ADD, P_MOE, P_READ, P_N };
+enum prof_op {
+    P_EMBED, P_RMSNORM, P_MATMUL, P_ROPE, P_KV, P_ATTN, P_ADD, P_MOE, P_SHEXP, P_GDN, P_READ,
+    P_N
+};
 
-static const char *const prof_names[P_N] = {"embed", "rmsnorm", "matmul", "rope", "kv_store",
-                                            "attention", "add", "moe_ffn", "read"};
+static const char *const prof_names[P_N] = {"embed", "rmsnorm",   "matmul",   "rope",
+                                            "kv_store", "attention", "add",   "moe_ffn",
+                                            "shared_ffn", "deltanet", "read"};
 
 struct backend_prof {
     struct backend base;
@@ -103,6 +107,39 @@ static int prof_moe_ffn(struct backend *b, const struct moe_args *a)
     PROF(P_MOE, in->ops->moe_ffn(in, a));
 }
 
+static int prof_rope_partial(struct backend *b, float *x, int n_tok, int n_heads, int head_dim,
+                             int n_rot, int pos0, float base)
+{
+    PROF(P_ROPE, in->ops->rope_partial(in, x, n_tok, n_heads, head_dim, n_rot, pos0, base));
+}
+
+static int prof_split_halves(struct backend *b, float *q, float *gate, const float *qg, int rows,
+                             int hd)
+{
+    PROF(P_ADD, in->ops->split_halves(in, q, gate, qg, rows, hd));
+}
+
+static int prof_mul_sigmoid(struct backend *b, float *x, const float *gate, size_t n)
+{
+    PROF(P_ADD, in->ops->mul_sigmoid(in, x, gate, n));
+}
+
+static int prof_shared_expert(struct backend *b, float *out, const float *x,
+                              const struct layer_weights *lw, int n)
+{
+    PROF(P_SHEXP, in->ops->shared_expert(in, out, x, lw, n));
+}
+
+static int prof_gdn(struct backend *b, const struct gdn_args *a)
+{
+    PROF(P_GDN, in->ops->gdn(in, a));
+}
+
+static int prof_zero(struct backend *b, float *x, size_t n)
+{
+    PROF(P_ADD, in->ops->zero(in, x, n));
+}
+
 static int prof_read(struct backend *b, float *host, const float *src, size_t n)
 {
     PROF(P_READ, in->ops->read(in, host, src, n));
@@ -124,6 +161,12 @@ static const struct backend_ops prof_ops = {
     .rope = prof_rope,
     .rope_yarn = prof_rope_yarn,
     .add_bias = prof_add_bias,
+    .rope_partial = prof_rope_partial,
+    .split_halves = prof_split_halves,
+    .mul_sigmoid = prof_mul_sigmoid,
+    .shared_expert = prof_shared_expert,
+    .gdn = prof_gdn,
+    .zero = prof_zero,
     .kv_store = prof_kv_store,
     .attention = prof_attention,
     .add = prof_add,
@@ -143,6 +186,16 @@ int backend_profile_open(struct backend *inner, struct backend **out)
     if (!inner->ops->add_bias)
         p->ops.add_bias = NULL;
     p->ops.attn_sinks_window = inner->ops->attn_sinks_window;
+    if (!inner->ops->rope_partial || !inner->ops->split_halves || !inner->ops->mul_sigmoid ||
+        !inner->ops->shared_expert || !inner->ops->gdn) {
+        p->ops.rope_partial = NULL;
+        p->ops.split_halves = NULL;
+        p->ops.mul_sigmoid = NULL;
+        p->ops.shared_expert = NULL;
+        p->ops.gdn = NULL;
+    }
+    if (!inner->ops->zero)
+        p->ops.zero = NULL;
     p->base.ops = &p->ops;
     p->base.model = inner->model;
     p->base.impl = p;
