@@ -22,22 +22,31 @@
     RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*" \
                     "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
+/* Qwen3.5's: qwen2's with combining marks (\p{M}) inside letter runs, not punctuation runs */
+#define RE_QWEN35                                                                                  \
+    RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"                                \
+                    "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
 static const struct tokenizer_pre pre_table[] = {
     {"qwen2", 1, {RE_QWEN2}, TOKENIZER_VOCAB_NFC},
+    {"qwen35", 1, {RE_QWEN35}, TOKENIZER_VOCAB_NFC},
     {"deepseek-r1-qwen", 1, {RE_QWEN2}, TOKENIZER_VOCAB_NFC}, /* Qwen2.5 vocabulary */
     {"megrez", 1, {RE_QWEN2}, TOKENIZER_VOCAB_NFC},
-    {"llama-bpe", 1,
+    {"llama-bpe",
+     1,
      {RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
                       "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
      TOKENIZER_VOCAB_IGNORE_MERGES},
-    {"gpt-4o", 1,
-     {"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
-      RE_CONTRACTIONS "?"
-      "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*"
-      RE_CONTRACTIONS "?"
+    {"gpt-4o",
+     1,
+     {"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]"
+      "+" RE_CONTRACTIONS "?"
+      "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]"
+      "*" RE_CONTRACTIONS "?"
       "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
      TOKENIZER_VOCAB_IGNORE_MERGES},
-    {"deepseek-v3", 3,
+    {"deepseek-v3",
+     3,
      {"\\p{N}{1,3}",
       /* [\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+ with the code points as UTF-8 */
       "[\xe4\xb8\x80-\xe9\xbe\xa5\xe3\x81\x80-\xe3\x82\x9f\xe3\x82\xa0-\xe3\x83\xbf]+",
@@ -45,8 +54,10 @@ static const struct tokenizer_pre pre_table[] = {
       "|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
       "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"},
      0},
-    {"gpt-2", 1,
-     {"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"}, 0},
+    {"gpt-2",
+     1,
+     {"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"},
+     0},
 };
 
 const struct tokenizer_pre *tokenizer_pre_find(const char *name)
@@ -488,8 +499,10 @@ static int build_regex(struct tokenizer *tok, const struct tokenizer_vocab *v)
             return err_set(-EINVAL, "tokenizer: neither pre-tokenizer regexes nor a pre name");
         pre = tokenizer_pre_find(v->pre);
         if (!pre)
-            return err_set(-ENOTSUP, "tokenizer: pre-tokenizer '%s' is not supported "
-                           "(known: qwen2, llama-bpe, gpt-4o, deepseek-v3, gpt-2)", v->pre);
+            return err_set(-ENOTSUP,
+                           "tokenizer: pre-tokenizer '%s' is not supported "
+                           "(known: qwen2, qwen35, llama-bpe, gpt-4o, deepseek-v3, gpt-2)",
+                           v->pre);
         src = pre->regex;
         n = pre->n_regex;
         tok->flags |= pre->flags;
@@ -701,8 +714,9 @@ int tokenizer_open_gguf(const struct gguf_file *f, struct tokenizer **out)
         memcpy(pre, s.ptr, s.len);
         pre[s.len] = '\0';
     } else {
-        return err_set(-ENOTSUP, "gguf: tokenizer.ggml.pre is absent; strata needs the "
-                       "pre-tokenizer named (qwen2, llama-bpe, gpt-4o, deepseek-v3, gpt-2)");
+        return err_set(
+            -ENOTSUP, "gguf: tokenizer.ggml.pre is absent; strata needs the "
+                      "pre-tokenizer named (qwen2, qwen35, llama-bpe, gpt-4o, deepseek-v3, gpt-2)");
     }
     v.pre = pre;
 

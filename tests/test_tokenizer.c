@@ -1112,11 +1112,59 @@ static void test_vocab_json_errors(void)
     rmdir(dir);
 }
 
+/* The qwen35 pre-tokenizer keeps a combining mark in the letter run before it; qwen2 splits
+ * it off into a punctuation run. With the merge "q Ì" (the bytes 'q' 0xCC), "q\u0301z" (q,
+ * COMBINING ACUTE ACCENT, z: no precomposed form, so NFC leaves it) joins 'q' and 0xCC only
+ * under qwen35. */
+static void test_qwen35_marks(void)
+{
+    struct synth s = {0};
+    for (int b = 0; b < 256; b++) {
+        uint8_t byte = (uint8_t)b;
+        char t[4];
+        bytelevel(&byte, 1, t);
+        synth_add(&s, t, TOKENIZER_TOKEN_NORMAL);
+    }
+    char e[4], lead[4], joined[8];
+    bytelevel((const uint8_t *)"q", 1, e);
+    bytelevel((const uint8_t *)"\xcc", 1, lead);
+    snprintf(joined, sizeof(joined), "%s%s", e, lead);
+    int32_t merged = synth_add(&s, joined, TOKENIZER_TOKEN_NORMAL);
+    synth_add_merge(&s, e, lead);
+    const char *pres[2] = {"qwen2", "qwen35"};
+    for (int p = 0; p < 2; p++) {
+        struct tokenizer_vocab v;
+        synth_vocab(&s, &v, 0);
+        v.eos_id = -1;
+        v.n_pre_regex = 0;
+        v.pre = pres[p];
+        struct tokenizer *tok = NULL;
+        int rc = tokenizer_open_vocab(&v, &tok);
+        CHECK(rc == 0, "open %s vocab: %s", pres[p], err_msg());
+        if (rc)
+            continue;
+        int32_t ids[8];
+        int n = tokenizer_encode(tok, "q\xcc\x81z", 4, 0, ids, 8);
+        bool joined_ids = n == 3 && ids[0] == merged;
+        CHECK(n > 0 && joined_ids == (p == 1), "%s: %d ids for q + U+0301 + z (first %d)", pres[p],
+              n, n > 0 ? ids[0] : -1);
+        tokenizer_close(tok);
+    }
+    for (uint32_t i = 0; i < s.n; i++)
+        free(s.tok[i]);
+    for (uint32_t i = 0; i < s.n_merge; i++)
+        free(s.merge[i]);
+    free(s.tok);
+    free(s.type);
+    free(s.merge);
+}
+
 int main(void)
 {
     uint64_t seed = test_seed("test_tokenizer");
     test_synthetic(seed);
     test_white_space();
+    test_qwen35_marks();
     test_vocab_json_errors();
     bool have_all = true;
     for (size_t i = 0; i < sizeof(real_toks) / sizeof(real_toks[0]); i++)
