@@ -1,7 +1,7 @@
 /* convert: the qwen3moe and gpt-oss tensor plans (names, shapes, expert layouts), the
  * hyperparameter keys (config.json is audited first by convert_keys.c), and the parallel row
- * conversion into the GGUF writer. Formats: docs/formats.md §4, §4b, §6; config.json keys:
- * docs/convert-keys.md. */
+ * conversion into the GGUF writer; the qwen3next / qwen35moe plans are in convert_hybrid.c.
+ * Formats: docs/formats.md §4, §4b, §6; config.json keys: docs/convert-keys.md. */
 #include "convert.h"
 
 #include <errno.h>
@@ -25,50 +25,6 @@
 #include "safetensors.h"
 
 #define CONVERT_CHUNK_BYTES (4u << 20) /* output bytes one worker converts at a time */
-
-struct convert_hparams {
-    enum convert_arch arch;
-    uint32_t n_layer, n_embd, n_ff, n_ff_exp;
-    uint32_t n_head, n_head_kv, head_dim;
-    uint32_t n_expert, n_expert_used, n_vocab, n_ctx; /* n_ff, n_ctx: 0 when absent */
-    double rms_eps, rope_base;
-    bool tied;
-    /* gpt-oss */
-    uint32_t n_swa;          /* sliding_window */
-    double yarn_factor;      /* 0: no rope scaling */
-    uint32_t yarn_n_ctx_orig;
-};
-
-/* n_rows rows of ne0 elements of src, the first starting at element elem0, each row_step
- * elements after the one before (0: ne0, consecutive rows), its elements elem_step apart (0:
- * 1, contiguous). With scales set, src holds MXFP4 blocks as transformers stores them (U8
- * [rows, ne0 / 32, 16], scales U8 [rows, ne0 / 32]); elem0 and row_step then count those
- * rows. */
-struct convert_segment {
-    const struct safetensors_tensor *src;
-    uint64_t elem0;
-    uint64_t n_rows;
-    uint64_t row_step, elem_step;
-    const struct safetensors_tensor *scales;
-};
-
-struct convert_tensor {
-    char name[GGUF_NAME_MAX + 1];
-    uint32_t n_dims;
-    uint64_t ne[4];
-    uint32_t type;
-    int32_t force_type; /* >= 0: this type whatever the mix (gpt-oss biases, experts) */
-    bool fell_back;
-    uint64_t n_rows, row_bytes; /* ne1*ne2*ne3, bytes of one output row */
-    uint32_t n_seg;
-    struct convert_segment *seg; /* (n_seg) owned */
-    int idx;                     /* writer index */
-};
-
-struct convert_plan {
-    uint32_t n, cap;
-    struct convert_tensor *t; /* (n) owned */
-};
 
 static double now_s(void)
 {
@@ -111,7 +67,7 @@ static int cfg_u32(const struct hf_ckpt *c, const char *key, uint32_t *out)
 {
     int rc = hf_ckpt_config_u32(c, key, out);
     if (rc == -ENOENT)
-        return err_set(rc, "%s/config.json: %s is missing", c->dir, key);
+        return err_set(rc, "%s/config.json: %s%s is missing", c->dir, c->config_at, key);
     return rc;
 }
 
@@ -120,6 +76,11 @@ static int cfg_u32_opt(const struct hf_ckpt *c, const char *key, uint32_t *out)
 {
     int rc = hf_ckpt_config_u32(c, key, out);
     return rc == -ENOENT ? 0 : rc;
+}
+
+static bool arch_hybrid(enum convert_arch arch)
+{
+    return arch == CONVERT_ARCH_QWEN3NEXT || arch == CONVERT_ARCH_QWEN35MOE;
 }
 
 static int check_arch(const struct hf_ckpt *c, enum convert_arch *arch)
@@ -136,10 +97,21 @@ static int check_arch(const struct hf_ckpt *c, enum convert_arch *arch)
     *arch = CONVERT_ARCH_GPTOSS;
     if ((mt && !strcmp(mt, "gpt_oss")) || (!mt && a0 && !strcmp(a0, "GptOssForCausalLM")))
         return 0;
+    *arch = CONVERT_ARCH_QWEN3NEXT;
+    if ((mt && !strcmp(mt, "qwen3_next")) || (!mt && a0 && !strcmp(a0, "Qwen3NextForCausalLM")))
+        return 0;
+    *arch = CONVERT_ARCH_QWEN35MOE;
+    if ((mt && (!strcmp(mt, "qwen3_5_moe") || !strcmp(mt, "qwen3_5_moe_text"))) ||
+        (!mt && a0 &&
+         (!strcmp(a0, "Qwen3_5MoeForCausalLM") ||
+          !strcmp(a0, "Qwen3_5MoeForConditionalGeneration"))))
+        return 0;
     return err_set(-ENOTSUP,
                    "%s/config.json: unsupported architecture '%s' (model_type '%s'); "
-                   "strata convert supports Qwen3MoeForCausalLM (model_type qwen3_moe) and "
-                   "GptOssForCausalLM (gpt_oss)",
+                   "strata convert supports Qwen3MoeForCausalLM (model_type qwen3_moe), "
+                   "GptOssForCausalLM (gpt_oss), Qwen3NextForCausalLM (qwen3_next) and "
+                   "Qwen3_5MoeForConditionalGeneration / Qwen3_5MoeForCausalLM (qwen3_5_moe, "
+                   "qwen3_5_moe_text)",
                    c->dir, a0 ? a0 : "(none)", mt ? mt : "(none)");
 }
 
@@ -221,7 +193,8 @@ static int read_hparams_arch(const struct hf_ckpt *c, struct convert_hparams *hp
         return rc ? rc : read_yarn(c, hp);
     }
     rc = rc ? rc : cfg_u32(c, "moe_intermediate_size", &hp->n_ff_exp);
-    rc = rc ? rc : cfg_u32_opt(c, "intermediate_size", &hp->n_ff);
+    if (hp->arch == CONVERT_ARCH_QWEN3MOE) /* the hybrids' dense MLP width is not written */
+        rc = rc ? rc : cfg_u32_opt(c, "intermediate_size", &hp->n_ff);
     if (rc)
         return rc;
     /* transformers 5.x maps num_experts to num_local_experts */
@@ -232,12 +205,19 @@ static int read_hparams_arch(const struct hf_ckpt *c, struct convert_hparams *hp
 }
 
 /* The implemented keys of the table in convert_keys.c, once convert_keys_check has passed. */
-static int read_hparams(const struct convert_config *cfg, const struct hf_ckpt *c,
+static int read_hparams(const struct convert_config *cfg, struct hf_ckpt *c,
                         struct convert_hparams *hp)
 {
     enum convert_arch arch = CONVERT_ARCH_QWEN3MOE;
     int rc = check_arch(c, &arch);
 
+    /* Qwen3.5's text model is configured by text_config (a qwen3_5_moe_text config alone has
+     * none); the audit still reads the whole file. Without text_config transformers would
+     * build its default text model, whatever the checkpoint holds. */
+    const char *mt = hf_ckpt_config_str(c, "model_type");
+    if (!rc && arch == CONVERT_ARCH_QWEN35MOE &&
+        (hf_ckpt_config_get(c, "text_config") || (mt && !strcmp(mt, "qwen3_5_moe"))))
+        rc = hf_ckpt_config_enter(c, "text_config");
     rc = rc ? rc : convert_keys_check(cfg, c, arch);
     memset(hp, 0, sizeof(*hp));
     hp->arch = arch;
@@ -246,15 +226,16 @@ static int read_hparams(const struct convert_config *cfg, const struct hf_ckpt *
     rc = rc ? rc : cfg_u32(c, "num_attention_heads", &hp->n_head);
     if (!rc && !hf_ckpt_config_get(c, "num_key_value_heads"))
         rc = err_set(-ENOENT,
-                     "%s/config.json: num_key_value_heads is missing (transformers would take "
+                     "%s/config.json: %snum_key_value_heads is missing (transformers would take "
                      "its config class's default, not the head count)",
-                     c->dir);
+                     c->dir, c->config_at);
     rc = rc ? rc : cfg_u32(c, "num_key_value_heads", &hp->n_head_kv);
     rc = rc ? rc : cfg_u32(c, "num_experts_per_tok", &hp->n_expert_used);
     rc = rc ? rc : cfg_u32(c, "vocab_size", &hp->n_vocab);
     if (rc)
         return rc;
-    hp->head_dim = hp->n_head ? hp->n_embd / hp->n_head : 0;
+    /* transformers' default: Qwen3-Next's and Qwen3.5's config classes say 256 */
+    hp->head_dim = arch_hybrid(arch) ? 256 : hp->n_head ? hp->n_embd / hp->n_head : 0;
     rc = rc ? rc : cfg_u32_opt(c, "head_dim", &hp->head_dim);
     rc = rc ? rc : cfg_u32_opt(c, "max_position_embeddings", &hp->n_ctx);
     rc = rc ? rc : read_hparams_arch(c, hp);
@@ -286,7 +267,7 @@ static int read_hparams(const struct convert_config *cfg, const struct hf_ckpt *
     if (!(hp->rope_base > 0.0) || !isfinite(hp->rope_base))
         return err_set(-EINVAL, "%s/config.json: rope_theta %g must be positive", c->dir,
                        hp->rope_base);
-    return 0;
+    return arch_hybrid(arch) ? convert_hybrid_hparams(cfg, c, hp) : 0;
 }
 
 static int add_hparams(struct gguf_writer *w, const struct convert_config *cfg,
@@ -294,8 +275,14 @@ static int add_hparams(struct gguf_writer *w, const struct convert_config *cfg,
 {
     const char *base = strrchr(c->dir, '/');
     const char *name = cfg->name ? cfg->name : base && base[1] ? base + 1 : c->dir;
+    static const char *const arch_names[] = {
+        [CONVERT_ARCH_QWEN3MOE] = "qwen3moe",
+        [CONVERT_ARCH_GPTOSS] = "gpt-oss",
+        [CONVERT_ARCH_QWEN3NEXT] = "qwen3next",
+        [CONVERT_ARCH_QWEN35MOE] = "qwen35moe",
+    };
     const bool oss = hp->arch == CONVERT_ARCH_GPTOSS;
-    const char *arch = oss ? "gpt-oss" : "qwen3moe";
+    const char *arch = arch_names[hp->arch];
     char k[96];
     int rc = 0;
 
@@ -330,6 +317,8 @@ static int add_hparams(struct gguf_writer *w, const struct convert_config *cfg,
             U32(KEY("rope.scaling.original_context_length"), hp->yarn_n_ctx_orig);
         }
     }
+    if (!rc && arch_hybrid(hp->arch))
+        rc = convert_hybrid_add_hparams(w, hp, arch);
 #undef KEY
 #undef U32
 #undef F32
@@ -341,15 +330,16 @@ static int add_hparams(struct gguf_writer *w, const struct convert_config *cfg,
 
 static void plan_free(struct convert_plan *p)
 {
-    for (uint32_t i = 0; i < p->n; i++)
+    for (uint32_t i = 0; i < p->n; i++) {
         free(p->t[i].seg);
+        free(p->t[i].col_perm);
+    }
     free(p->t);
     memset(p, 0, sizeof(*p));
 }
 
-/* Appends an output tensor with n_seg empty segments. */
-static struct convert_tensor *plan_add(struct convert_plan *p, const char *name, uint32_t n_dims,
-                                       const uint64_t *ne, uint32_t n_seg)
+struct convert_tensor *convert_plan_add(struct convert_plan *p, const char *name, uint32_t n_dims,
+                                        const uint64_t *ne, uint32_t n_seg)
 {
     if (p->n == p->cap) {
         uint32_t cap = p->cap ? 2 * p->cap : 64;
@@ -420,25 +410,24 @@ static int hf_get_as(struct hf_ckpt *c, const char *name, uint32_t n_dims, const
     return 0;
 }
 
-static int hf_get(struct hf_ckpt *c, const char *name, uint32_t n_dims, const uint64_t *shape,
-                  const struct safetensors_tensor **out)
+int convert_hf_get(struct hf_ckpt *c, const char *name, uint32_t n_dims, const uint64_t *shape,
+                   const struct safetensors_tensor **out)
 {
     return hf_get_as(c, name, n_dims, shape, false, out);
 }
 
-/* A GGUF tensor that is one whole HF tensor of PyTorch shape `shape` (ne = reversed shape). */
-static int plan_direct(struct convert_plan *p, struct hf_ckpt *c, const char *gguf_name,
-                       const char *hf_name, uint32_t n_dims, const uint64_t *shape)
+int convert_plan_direct(struct convert_plan *p, struct hf_ckpt *c, const char *gguf_name,
+                        const char *hf_name, uint32_t n_dims, const uint64_t *shape)
 {
     const struct safetensors_tensor *src;
     uint64_t ne[4];
-    int rc = hf_get(c, hf_name, n_dims, shape, &src);
+    int rc = convert_hf_get(c, hf_name, n_dims, shape, &src);
 
     if (rc)
         return rc;
     for (uint32_t i = 0; i < n_dims; i++)
         ne[i] = shape[n_dims - 1 - i];
-    struct convert_tensor *t = plan_add(p, gguf_name, n_dims, ne, 1);
+    struct convert_tensor *t = convert_plan_add(p, gguf_name, n_dims, ne, 1);
     if (!t)
         return -ENOMEM;
     t->seg[0] = (struct convert_segment){.src = src, .n_rows = t->n_rows};
@@ -447,9 +436,9 @@ static int plan_direct(struct convert_plan *p, struct hf_ckpt *c, const char *gg
 
 enum expert_proj { PROJ_GATE, PROJ_UP, PROJ_DOWN };
 
-/* blk.L.ffn_{gate,up,down}_exps from per-expert or fused HF tensors. */
+/* blk.L.ffn_{gate,up,down}_exps from per-expert or fused HF tensors under layer prefix lp. */
 static int plan_experts(struct convert_plan *p, struct hf_ckpt *c, const struct convert_hparams *hp,
-                        uint32_t l, enum expert_proj proj)
+                        uint32_t l, const char *lp, enum expert_proj proj)
 {
     static const char *const gguf[] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
     static const char *const hf[] = {"gate_proj", "up_proj", "down_proj"};
@@ -461,17 +450,16 @@ static int plan_experts(struct convert_plan *p, struct hf_ckpt *c, const struct 
     int rc;
 
     snprintf(name, sizeof(name), "blk.%u.%s.weight", l, gguf[proj]);
-    snprintf(hf_name, sizeof(hf_name), "model.layers.%u.mlp.experts.%s", l,
-             down ? "down_proj" : "gate_up_proj");
+    snprintf(hf_name, sizeof(hf_name), "%smlp.experts.%s", lp, down ? "down_proj" : "gate_up_proj");
     if (hf_ckpt_find(c, hf_name)) { /* fused */
         if (down) {
             uint64_t shape[3] = {E, H, F};
-            return plan_direct(p, c, name, hf_name, 3, shape);
+            return convert_plan_direct(p, c, name, hf_name, 3, shape);
         }
         uint64_t shape[3] = {E, 2 * F, H};
-        if ((rc = hf_get(c, hf_name, 3, shape, &src)))
+        if ((rc = convert_hf_get(c, hf_name, 3, shape, &src)))
             return rc;
-        struct convert_tensor *t = plan_add(p, name, 3, ne, (uint32_t)E);
+        struct convert_tensor *t = convert_plan_add(p, name, 3, ne, (uint32_t)E);
         if (!t)
             return -ENOMEM;
         for (uint64_t e = 0; e < E; e++) /* gate rows 0..F-1, up rows F..2F-1 of each expert */
@@ -479,24 +467,32 @@ static int plan_experts(struct convert_plan *p, struct hf_ckpt *c, const struct 
                 .src = src, .elem0 = (e * 2 * F + (proj == PROJ_UP) * F) * H, .n_rows = F};
         return 0;
     }
-    struct convert_tensor *t = plan_add(p, name, 3, ne, (uint32_t)E);
+    struct convert_tensor *t = convert_plan_add(p, name, 3, ne, (uint32_t)E);
     if (!t)
         return -ENOMEM;
     uint64_t shape[2] = {ne[1], ne[0]};
     for (uint64_t e = 0; e < E; e++) {
-        snprintf(hf_name, sizeof(hf_name), "model.layers.%u.mlp.experts.%llu.%s.weight", l,
+        snprintf(hf_name, sizeof(hf_name), "%smlp.experts.%llu.%s.weight", lp,
                  (unsigned long long)e, hf[proj]);
-        if ((rc = hf_get(c, hf_name, 2, shape, &src))) {
+        if ((rc = convert_hf_get(c, hf_name, 2, shape, &src))) {
             if (rc == -ENOENT && e == 0)
                 err_wrap(rc,
                          "layer %u has neither fused experts "
-                         "(model.layers.%u.mlp.experts.gate_up_proj) nor per-expert ones: ",
-                         l, l);
+                         "(%smlp.experts.gate_up_proj) nor per-expert ones: ",
+                         l, lp);
             return rc;
         }
         t->seg[e] = (struct convert_segment){.src = src, .n_rows = ne[1]};
     }
     return 0;
+}
+
+int convert_plan_experts(struct convert_plan *p, struct hf_ckpt *c,
+                         const struct convert_hparams *hp, uint32_t l, const char *lp)
+{
+    int rc = plan_experts(p, c, hp, l, lp, PROJ_GATE);
+    rc = rc ? rc : plan_experts(p, c, hp, l, lp, PROJ_UP);
+    return rc ? rc : plan_experts(p, c, hp, l, lp, PROJ_DOWN);
 }
 
 static int plan_layer(struct convert_plan *p, struct hf_ckpt *c, const struct convert_hparams *hp,
@@ -522,12 +518,12 @@ static int plan_layer(struct convert_plan *p, struct hf_ckpt *c, const struct co
         int k = map[i].kind;
         snprintf(g, sizeof(g), "blk.%u.%s.weight", l, map[i].gguf);
         snprintf(h, sizeof(h), "model.layers.%u.%s.weight", l, map[i].hf);
-        rc = plan_direct(p, c, g, h, shapes[k][1] ? 2 : 1, shapes[k]);
+        rc = convert_plan_direct(p, c, g, h, shapes[k][1] ? 2 : 1, shapes[k]);
     }
-    rc = rc ? rc : plan_experts(p, c, hp, l, PROJ_GATE);
-    rc = rc ? rc : plan_experts(p, c, hp, l, PROJ_UP);
-    rc = rc ? rc : plan_experts(p, c, hp, l, PROJ_DOWN);
-    return rc;
+    if (rc)
+        return rc;
+    snprintf(h, sizeof(h), "model.layers.%u.", l);
+    return convert_plan_experts(p, c, hp, l, h);
 }
 
 /* ---- gpt-oss ---- */
@@ -572,7 +568,7 @@ static int plan_gptoss_experts(struct convert_plan *p, struct hf_ckpt *c,
         if ((rc = hf_get_as(c, hf, 4, bshape, true, &src)) ||
             (rc = hf_get_as(c, hs, 3, sshape, true, &sc)))
             return rc;
-        struct convert_tensor *t = plan_add(p, name, 3, ne, (uint32_t)E);
+        struct convert_tensor *t = convert_plan_add(p, name, 3, ne, (uint32_t)E);
         if (!t)
             return -ENOMEM;
         for (uint64_t e = 0; e < E; e++)
@@ -584,9 +580,9 @@ static int plan_gptoss_experts(struct convert_plan *p, struct hf_ckpt *c,
     snprintf(hf, sizeof(hf), "model.layers.%u.mlp.experts.%s", l,
              down ? "down_proj" : "gate_up_proj");
     uint64_t shape[3] = {E, down ? F : H, down ? H : 2 * F};
-    if ((rc = hf_get(c, hf, 3, shape, &src)))
+    if ((rc = convert_hf_get(c, hf, 3, shape, &src)))
         return rc;
-    struct convert_tensor *t = plan_add(p, name, 3, ne, (uint32_t)E);
+    struct convert_tensor *t = convert_plan_add(p, name, 3, ne, (uint32_t)E);
     if (!t)
         return -ENOMEM;
     for (uint64_t e = 0; e < E; e++)
@@ -608,11 +604,11 @@ static int plan_gptoss_expert_bias(struct convert_plan *p, struct hf_ckpt *c,
     int rc;
 
     snprintf(hf, sizeof(hf), "model.layers.%u.mlp.experts.gate_up_proj_bias", l);
-    if ((rc = hf_get(c, hf, 2, shape, &src)))
+    if ((rc = convert_hf_get(c, hf, 2, shape, &src)))
         return rc;
     for (uint64_t odd = 0; odd < 2; odd++) {
         snprintf(name, sizeof(name), "blk.%u.%s.bias", l, odd ? "ffn_up_exps" : "ffn_gate_exps");
-        struct convert_tensor *t = plan_add(p, name, 2, ne, 1);
+        struct convert_tensor *t = convert_plan_add(p, name, 2, ne, 1);
         if (!t)
             return -ENOMEM;
         t->seg[0] = (struct convert_segment){src, odd, E, 2 * F, 2, NULL};
@@ -621,7 +617,7 @@ static int plan_gptoss_expert_bias(struct convert_plan *p, struct hf_ckpt *c,
     uint64_t dshape[2] = {E, H};
     snprintf(name, sizeof(name), "blk.%u.ffn_down_exps.bias", l);
     snprintf(hf, sizeof(hf), "model.layers.%u.mlp.experts.down_proj_bias", l);
-    if ((rc = plan_direct(p, c, name, hf, 2, dshape)))
+    if ((rc = convert_plan_direct(p, c, name, hf, 2, dshape)))
         return rc;
     p->t[p->n - 1].force_type = QUANT_F32;
     return 0;
@@ -661,7 +657,7 @@ static int plan_gptoss_layer(struct convert_plan *p, struct hf_ckpt *c,
         int k = map[i].kind;
         snprintf(g, sizeof(g), "blk.%u.%s", l, map[i].gguf);
         snprintf(h, sizeof(h), "model.layers.%u.%s", l, map[i].hf);
-        rc = plan_direct(p, c, g, h, shapes[k][1] ? 2 : 1, shapes[k]);
+        rc = convert_plan_direct(p, c, g, h, shapes[k][1] ? 2 : 1, shapes[k]);
         if (!rc && map[i].f32)
             p->t[p->n - 1].force_type = QUANT_F32;
     }
@@ -671,18 +667,22 @@ static int plan_gptoss_layer(struct convert_plan *p, struct hf_ckpt *c,
     return rc ? rc : plan_gptoss_expert_bias(p, c, hp, l);
 }
 
-static int plan_build(struct convert_plan *p, struct hf_ckpt *c, const struct convert_hparams *hp,
-                      enum quant_mix mix)
+static int plan_build(const struct convert_config *cfg, struct convert_plan *p, struct hf_ckpt *c,
+                      const struct convert_hparams *hp)
 {
     uint64_t emb[2] = {hp->n_vocab, hp->n_embd}, norm[1] = {hp->n_embd};
-    int rc = plan_direct(p, c, "token_embd.weight", "model.embed_tokens.weight", 2, emb);
+    const enum quant_mix mix = cfg->mix;
+
+    if (arch_hybrid(hp->arch))
+        return convert_hybrid_plan(cfg, p, c, hp);
+    int rc = convert_plan_direct(p, c, "token_embd.weight", "model.embed_tokens.weight", 2, emb);
 
     for (uint32_t l = 0; !rc && l < hp->n_layer; l++)
         rc = hp->arch == CONVERT_ARCH_GPTOSS ? plan_gptoss_layer(p, c, hp, mix, l)
                                              : plan_layer(p, c, hp, l);
-    rc = rc ? rc : plan_direct(p, c, "output_norm.weight", "model.norm.weight", 1, norm);
+    rc = rc ? rc : convert_plan_direct(p, c, "output_norm.weight", "model.norm.weight", 1, norm);
     if (!rc && !hp->tied)
-        rc = plan_direct(p, c, "output.weight", "lm_head.weight", 2, emb);
+        rc = convert_plan_direct(p, c, "output.weight", "lm_head.weight", 2, emb);
     if (!rc && hp->tied)
         hf_ckpt_find(c, "lm_head.weight"); /* a tied copy is not an unused tensor */
     return rc;
@@ -773,6 +773,28 @@ static void mxfp4_row(const struct convert_segment *sg, uint64_t row, uint64_t n
     }
 }
 
+/* Applies t->op to the n values of output row r (from src); -EINVAL naming the tensor when
+ * ssm_a would not be finite and negative. */
+static int row_op(const struct convert_tensor *t, const struct safetensors_tensor *src, uint64_t r,
+                  float *x, uint64_t n)
+{
+    for (uint64_t i = 0; t->op != CONVERT_OP_NONE && i < n; i++) {
+        if (t->op == CONVERT_OP_ADD_ONE) {
+            x[i] += 1.0f;
+            continue;
+        }
+        float a = x[i];
+        x[i] = -expf(a);
+        if (!(x[i] < 0.0f) || !isfinite(x[i]))
+            return err_set(-EINVAL,
+                           "tensor '%s' (from '%s'): element %llu of row %llu: -exp(%g) = %g; "
+                           "strata needs a finite negative decay",
+                           t->name, src->name, (unsigned long long)i, (unsigned long long)r,
+                           (double)a, (double)x[i]);
+    }
+    return 0;
+}
+
 /* Converts output rows [row0, row0 + n) of t into dst; scratch holds ne0 floats. */
 static int rows_convert(const struct convert_tensor *t, uint64_t row0, uint64_t n, uint8_t *dst,
                         float *scratch)
@@ -796,15 +818,23 @@ static int rows_convert(const struct convert_tensor *t, uint64_t row0, uint64_t 
                 continue;
             }
             mxfp4_row(sg, elem, ne0, NULL, scratch);
-        } else if (sg->elem_step <= 1 && ((t->type == QUANT_F32 && dt == SAFETENSORS_F32) ||
-                                          (t->type == QUANT_BF16 && dt == SAFETENSORS_BF16) ||
-                                          (t->type == QUANT_F16 && dt == SAFETENSORS_F16))) {
+        } else if (sg->elem_step <= 1 && t->op == CONVERT_OP_NONE && !t->col_perm &&
+                   ((t->type == QUANT_F32 && dt == SAFETENSORS_F32) ||
+                    (t->type == QUANT_BF16 && dt == SAFETENSORS_BF16) ||
+                    (t->type == QUANT_F16 && dt == SAFETENSORS_F16))) {
             memcpy(dst, (const uint8_t *)sg->src->data + elem * safetensors_dtype_size(dt),
                    t->row_bytes);
             continue;
+        } else if (t->col_perm) {
+            const uint64_t step = sg->elem_step ? sg->elem_step : 1;
+            for (uint64_t i = 0; i < ne0; i++)
+                src_to_f32(sg->src, elem + t->col_perm[i] * step, 1, 1, &scratch[i]);
         } else {
             src_to_f32(sg->src, elem, ne0, sg->elem_step ? sg->elem_step : 1, scratch);
         }
+        int rc = row_op(t, sg->src, r, scratch, ne0);
+        if (rc)
+            return rc;
         if (t->type == QUANT_F32) {
             memcpy(dst, scratch, ne0 * sizeof(float));
             continue;
@@ -816,7 +846,7 @@ static int rows_convert(const struct convert_tensor *t, uint64_t row0, uint64_t 
                                "not finite",
                                t->name, sg->src->name, (unsigned long long)i,
                                (unsigned long long)r);
-        int rc = quant_ref_quantize(t->type, scratch, dst, (int64_t)ne0);
+        rc = quant_ref_quantize(t->type, scratch, dst, (int64_t)ne0);
         if (rc)
             return err_set(rc, "tensor '%s': cannot quantize to %s", t->name,
                            quant_type_name(t->type));
@@ -941,7 +971,7 @@ int convert_run(const struct convert_config *cfg, struct convert_stats *stats)
         return err_set(-EINVAL, "bad quant mix %d", (int)cfg->mix);
     rc = hf_ckpt_open(cfg->hf_dir, &c);
     rc = rc ? rc : read_hparams(cfg, c, &hp);
-    rc = rc ? rc : plan_build(&plan, c, &hp, cfg->mix);
+    rc = rc ? rc : plan_build(cfg, &plan, c, &hp);
     if (rc)
         goto out;
     st.n_unused = report_unused(cfg, c);

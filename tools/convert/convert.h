@@ -1,9 +1,11 @@
 /* convert: Hugging Face checkpoint -> GGUF, behind `strata convert`.
  *
- * Input: a directory with config.json (Qwen3MoeForCausalLM, model_type qwen3_moe), safetensors
- * weights (model.safetensors, or shards listed by model.safetensors.index.json) in F32, BF16 or
- * F16, tokenizer.json, and optionally tokenizer_config.json / chat_template.jinja.
- * Output: a qwen3moe GGUF with the names, shapes and keys of docs/formats.md §4, §5 and §6.
+ * Input: a directory with config.json (Qwen3MoeForCausalLM, GptOssForCausalLM,
+ * Qwen3NextForCausalLM or Qwen3_5MoeForConditionalGeneration / Qwen3_5MoeForCausalLM),
+ * safetensors weights (model.safetensors, or shards listed by model.safetensors.index.json) in
+ * F32, BF16 or F16, tokenizer.json, and optionally tokenizer_config.json / chat_template.jinja.
+ * Output: a qwen3moe, gpt-oss, qwen3next or qwen35moe GGUF with the names, shapes and keys of
+ * docs/formats.md §4, §5 and §6.
  *
  * Experts are accepted per expert (mlp.experts.E.{gate,up,down}_proj.weight, what transformers
  * 4.x and the released checkpoints store) or fused (mlp.experts.gate_up_proj [E, 2F, H] with

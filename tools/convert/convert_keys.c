@@ -1,4 +1,5 @@
-/* convert_keys: the audit of config.json, one table per architecture (qwen3moe, gpt-oss).
+/* convert_keys: the audit of config.json, one table per architecture (qwen3moe, gpt-oss,
+ * qwen3next, qwen35moe: its outer config and its text_config).
  *
  * Every key is in the table with what strata does with it:
  *   IMPLEMENTED  its value reaches the GGUF (read_hparams in convert.c, convert_vocab.c);
@@ -149,6 +150,41 @@ static bool ok_all_full_attention(json_object *v)
     return true;
 }
 
+/* Qwen3-Next / Qwen3.5 layer types: "linear_attention" or "full_attention" (transformers also
+ * reads the legacy "mamba" and "attention"); the pattern itself is checked in
+ * convert_hybrid.c against full_attention_interval. */
+static bool ok_hybrid_layer_types(json_object *v)
+{
+    if (!json_object_is_type(v, json_type_array))
+        return false;
+    for (size_t i = 0; i < json_object_array_length(v); i++) {
+        json_object *e = json_object_array_get_idx(v, i);
+        const char *s = json_object_is_type(e, json_type_string) ? json_object_get_string(e) : "";
+        if (strcmp(s, "linear_attention") && strcmp(s, "full_attention") && strcmp(s, "mamba") &&
+            strcmp(s, "attention"))
+            return false;
+    }
+    return true;
+}
+
+/* mrope_section: three non-negative integers (the sum is checked in convert_hybrid.c) */
+static bool ok_mrope_section(json_object *v)
+{
+    if (!json_object_is_type(v, json_type_array) || json_object_array_length(v) != 3)
+        return false;
+    for (size_t i = 0; i < 3; i++) {
+        json_object *e = json_object_array_get_idx(v, i);
+        if (!json_object_is_type(e, json_type_int) || json_object_get_int64(e) < 0)
+            return false;
+    }
+    return true;
+}
+
+static bool ok_number(json_object *v)
+{
+    return is_number(v);
+}
+
 /* ---- the tables --------------------------------------------------------------------------- */
 
 /* clang-format off */
@@ -262,6 +298,201 @@ static const struct key_rule qwen3moe_rules[] = {
 };
 static const struct key_table qwen3moe_table = {qwen3moe_rules,
                                                 sizeof(qwen3moe_rules) / sizeof(qwen3moe_rules[0])};
+
+/* ---- qwen3next, qwen35moe ---- */
+
+#define HYBRID_ROPE_DEFAULT                                                                        \
+    "strata's qwen3next / qwen35moe attention implements plain partial RoPE (rope type "           \
+    "default); the scaling types (linear, dynamic, yarn, longrope, llama3) change the rotation "   \
+    "frequencies or scale the attention"
+#define HYBRID_RPF "rope.dimension_count = head_dim x partial_rotary_factor (default 0.25)"
+#define MTP_DROPPED                                                                                \
+    "the multi-token-prediction head (mtp.* tensors) only drafts tokens; transformers ignores "    \
+    "it and strata convert drops it (no nextn_predict_layers key)"
+
+/* Members of Qwen3-Next's rope_scaling (4.x) / rope_parameters (5.x). */
+static const struct key_rule qwen3next_rope_rules[] = {
+    CHECK("rope_type", ok_rope_default, HYBRID_ROPE_DEFAULT),
+    CHECK("type", ok_rope_default, HYBRID_ROPE_DEFAULT),
+    IMPL("rope_theta", "rope.freq_base"),
+    {.key = "partial_rotary_factor",
+     .kind = KEY_CHECKED,
+     .ok = ok_number,
+     .why = HYBRID_RPF "; it must be a number"},
+    NONE("factor", ROPE_SCALING_ONLY),
+    NONE("original_max_position_embeddings", ROPE_SCALING_ONLY),
+    NONE("attention_factor", ROPE_SCALING_ONLY),
+    NONE("beta_fast", ROPE_SCALING_ONLY),
+    NONE("beta_slow", ROPE_SCALING_ONLY),
+    NONE("mscale", ROPE_SCALING_ONLY),
+    NONE("mscale_all_dim", ROPE_SCALING_ONLY),
+    NONE("low_freq_factor", ROPE_SCALING_ONLY),
+    NONE("high_freq_factor", ROPE_SCALING_ONLY),
+    NONE("short_factor", ROPE_SCALING_ONLY),
+    NONE("long_factor", ROPE_SCALING_ONLY),
+    NONE("truncate", ROPE_SCALING_ONLY),
+};
+static const struct key_table qwen3next_rope_table = {
+    qwen3next_rope_rules, sizeof(qwen3next_rope_rules) / sizeof(qwen3next_rope_rules[0])};
+
+/* Qwen3.5's: the same, plus the M-RoPE sections of its vision positions. */
+static const struct key_rule qwen35_rope_rules[] = {
+    CHECK("rope_type", ok_rope_default, HYBRID_ROPE_DEFAULT),
+    CHECK("type", ok_rope_default, HYBRID_ROPE_DEFAULT),
+    IMPL("rope_theta", "rope.freq_base"),
+    {.key = "partial_rotary_factor",
+     .kind = KEY_CHECKED,
+     .ok = ok_number,
+     .why = HYBRID_RPF "; it must be a number"},
+    CHECK("mrope_section", ok_mrope_section,
+          "rope.dimension_sections [t, h, w, 0]: three non-negative integers whose sum is half "
+          "of rope.dimension_count"),
+    NONE("mrope_interleaved", "text tokens have the same t, h and w positions, so how the "
+                              "sections interleave does not change their rotation"),
+    NONE("factor", ROPE_SCALING_ONLY),
+    NONE("original_max_position_embeddings", ROPE_SCALING_ONLY),
+    NONE("attention_factor", ROPE_SCALING_ONLY),
+    NONE("beta_fast", ROPE_SCALING_ONLY),
+    NONE("beta_slow", ROPE_SCALING_ONLY),
+    NONE("mscale", ROPE_SCALING_ONLY),
+    NONE("mscale_all_dim", ROPE_SCALING_ONLY),
+    NONE("low_freq_factor", ROPE_SCALING_ONLY),
+    NONE("high_freq_factor", ROPE_SCALING_ONLY),
+    NONE("short_factor", ROPE_SCALING_ONLY),
+    NONE("long_factor", ROPE_SCALING_ONLY),
+    NONE("truncate", ROPE_SCALING_ONLY),
+};
+static const struct key_table qwen35_rope_table = {
+    qwen35_rope_rules, sizeof(qwen35_rope_rules) / sizeof(qwen35_rope_rules[0])};
+
+/* The keys Qwen3-Next's config and Qwen3.5-MoE's text_config share; `rope` is the table of
+ * their rope objects. */
+/* clang-format off */
+#define HYBRID_RULES(rope)                                                                         \
+    IMPL("hidden_size", "embedding_length"),                                                       \
+    IMPL("num_hidden_layers", "block_count"),                                                      \
+    IMPL("num_attention_heads", "attention.head_count"),                                           \
+    IMPL("num_key_value_heads", "attention.head_count_kv (required)"),                            \
+    IMPL("head_dim", "attention.key_length, attention.value_length (default 256)"),              \
+    IMPL("moe_intermediate_size", "expert_feed_forward_length"),                                   \
+    IMPL("shared_expert_intermediate_size", "expert_shared_feed_forward_length"),                  \
+    IMPL("num_experts", "expert_count"),                                                           \
+    IMPL("num_experts_per_tok", "expert_used_count"),                                              \
+    IMPL("vocab_size", "rows of token_embd and output; the vocabulary is padded to it"),          \
+    IMPL("max_position_embeddings", "context_length"),                                             \
+    IMPL("rms_norm_eps", "attention.layer_norm_rms_epsilon"),                                      \
+    IMPL("rope_theta", "rope.freq_base"),                                                          \
+    IMPL("partial_rotary_factor", HYBRID_RPF),                                                     \
+    IMPL("linear_conv_kernel_dim", "ssm.conv_kernel (default 4)"),                                \
+    IMPL("linear_key_head_dim", "ssm.state_size (default 128)"),                                  \
+    IMPL("linear_value_head_dim", "must equal linear_key_head_dim (strata's GDN state is "        \
+                                  "square); checked in convert_hybrid.c"),                         \
+    IMPL("linear_num_key_heads", "ssm.group_count (default 16)"),                                 \
+    IMPL("linear_num_value_heads", "ssm.time_step_rank, ssm.inner_size (default 32); a "          \
+                                   "multiple of linear_num_key_heads"),                            \
+    IMPL("full_attention_interval", "full_attention_interval (default 4)"),                       \
+    IMPL("tie_word_embeddings", "true: no output.weight, the output head is token_embd"),          \
+    IMPL("bos_token_id", "tokenizer.ggml.bos_token_id unless tokenizer_config.json names it"),    \
+    IMPL("eos_token_id", "tokenizer.ggml.eos_token_id unless tokenizer_config.json names it"),    \
+    IMPL("pad_token_id", "tokenizer.ggml.padding_token_id unless tokenizer_config.json names it"), \
+    {.key = "rope_scaling",                                                                        \
+     .kind = KEY_CHECKED,                                                                          \
+     .ok = ok_object,                                                                              \
+     .sub = &(rope),                                                                               \
+     .why = "it must be an object of rope parameters (or null)"},                                 \
+    {.key = "rope_parameters",                                                                     \
+     .kind = KEY_CHECKED,                                                                          \
+     .ok = ok_object,                                                                              \
+     .sub = &(rope),                                                                               \
+     .why = "it must be an object of rope parameters (or null)"},                                 \
+    CHECK("layer_types", ok_hybrid_layer_types,                                                    \
+          "strata's layers are linear_attention (Gated DeltaNet) or full_attention, full "        \
+          "attention exactly at the layers l with (l + 1) % full_attention_interval == 0 "        \
+          "(checked in convert_hybrid.c)"),                                                       \
+    CHECK("norm_topk_prob", ok_true,                                                               \
+          "strata always renormalizes the top-k expert weights to sum 1 (transformers' default " \
+          "true); with false transformers would weight them by their softmax probabilities as "   \
+          "they are"),                                                                             \
+    CHECK("hidden_act", ok_silu,                                                                   \
+          "strata computes SwiGLU experts and the Gated DeltaNet convolution's activation with "  \
+          "silu"),                                                                                 \
+    CHECK("attention_bias", ok_false, "strata's attention projections have no bias"),             \
+    CHECK("attn_output_gate", ok_true,                                                             \
+          "strata's full attention always multiplies by sigmoid(gate) from q_proj's second half " \
+          "per head; transformers does too and does not read the key, but a checkpoint that "     \
+          "says false was made for an ungated attention"),                                        \
+    CHECK("decoder_sparse_step", ok_one,                                                           \
+          "strata's layers are all MoE: another step makes layer 0 (and others) a dense MLP"),    \
+    CHECK("mlp_only_layers", ok_empty_array,                                                       \
+          "strata's layers are all MoE: the listed layers would be dense MLPs"),                  \
+    CHECK("use_sliding_window", ok_false, "strata's full attention layers see the whole context"), \
+    CHECK("quantization_config", ok_never,                                                         \
+          "the weights are quantized; strata convert reads F32, BF16 and F16 weights"),            \
+    NONE("intermediate_size", "the dense MLP's width; no layer is dense (decoder_sparse_step, "   \
+                              "mlp_only_layers), so it is not read"),                              \
+    NONE("sliding_window", "no layer uses a sliding window (use_sliding_window is refused)"),     \
+    NONE("max_window_layers", "not read by transformers' Qwen3-Next or Qwen3.5"),                 \
+    NONE("mtp_num_hidden_layers", MTP_DROPPED),                                                    \
+    NONE("mtp_use_dedicated_embeddings", MTP_DROPPED),                                             \
+    NONE("mamba_ssm_dtype", "the dtype other engines keep the recurrent state in; transformers " \
+                            "does not read it, strata keeps it in F32"),                           \
+    COMMON_NO_EFFECT
+/* clang-format on */
+
+/* config.json of Qwen3NextForCausalLM (model_type qwen3_next), transformers 4.57+ and 5.x. */
+static const struct key_rule qwen3next_rules[] = {
+    IMPL("architectures", "selects the architecture: general.architecture qwen3next"),
+    IMPL("model_type", "selects the architecture: general.architecture qwen3next"),
+    HYBRID_RULES(qwen3next_rope_table),
+};
+static const struct key_table qwen3next_table = {qwen3next_rules, sizeof(qwen3next_rules) /
+                                                                      sizeof(qwen3next_rules[0])};
+
+/* text_config of Qwen3_5MoeForConditionalGeneration (model_type qwen3_5_moe_text), or the whole
+ * config.json of a text-only Qwen3_5MoeForCausalLM. */
+static const struct key_rule qwen35moe_text_rules[] = {
+    IMPL("architectures", "selects the architecture: general.architecture qwen35moe"),
+    IMPL("model_type", "selects the architecture: general.architecture qwen35moe"),
+    IMPL("mrope_section", "rope.dimension_sections [t, h, w, 0] (default [11, 11, 10])"),
+    HYBRID_RULES(qwen35_rope_table),
+};
+static const struct key_table qwen35moe_text_table = {
+    qwen35moe_text_rules, sizeof(qwen35moe_text_rules) / sizeof(qwen35moe_text_rules[0])};
+
+#define VISION_ONLY                                                                                \
+    "read by the vision tower and the image/video input path only; strata converts the text "      \
+    "model (model.visual.* is dropped)"
+
+/* config.json of Qwen3_5MoeForConditionalGeneration (model_type qwen3_5_moe). */
+static const struct key_rule qwen35moe_rules[] = {
+    IMPL("architectures", "selects the architecture: general.architecture qwen35moe"),
+    IMPL("model_type", "selects the architecture: general.architecture qwen35moe"),
+    {.key = "text_config",
+     .kind = KEY_CHECKED,
+     .ok = ok_object,
+     .sub = &qwen35moe_text_table,
+     .why = "it must be an object: the text model's config"},
+    IMPL("tie_word_embeddings", "true: no output.weight (must agree with text_config's)"),
+    IMPL("bos_token_id", "tokenizer.ggml.bos_token_id unless text_config or "
+                         "tokenizer_config.json names it"),
+    IMPL("eos_token_id", "tokenizer.ggml.eos_token_id unless text_config or "
+                         "tokenizer_config.json names it"),
+    IMPL("pad_token_id", "tokenizer.ggml.padding_token_id unless text_config or "
+                         "tokenizer_config.json names it"),
+    NONE("vision_config", VISION_ONLY),
+    NONE("image_token_id", VISION_ONLY),
+    NONE("video_token_id", VISION_ONLY),
+    NONE("vision_start_token_id", VISION_ONLY),
+    NONE("vision_end_token_id", VISION_ONLY),
+    COMMON_NO_EFFECT,
+};
+static const struct key_table qwen35moe_table = {qwen35moe_rules, sizeof(qwen35moe_rules) /
+                                                                      sizeof(qwen35moe_rules[0])};
+#undef VISION_ONLY
+#undef HYBRID_RULES
+#undef HYBRID_ROPE_DEFAULT
+#undef HYBRID_RPF
+#undef MTP_DROPPED
 
 #define YARN_ONLY "strata's gpt-oss forward implements YaRN (rope type yarn) or plain RoPE"
 
@@ -480,7 +711,21 @@ static int audit_agreement(const struct hf_ckpt *c)
 int convert_keys_check(const struct convert_config *cfg, const struct hf_ckpt *c,
                        enum convert_arch arch)
 {
-    int rc = audit_object(cfg, c, arch == CONVERT_ARCH_GPTOSS ? &gptoss_table : &qwen3moe_table,
-                          "", c->config);
+    const struct key_table *t = &qwen3moe_table;
+
+    switch (arch) {
+    case CONVERT_ARCH_QWEN3MOE:
+        break;
+    case CONVERT_ARCH_GPTOSS:
+        t = &gptoss_table;
+        break;
+    case CONVERT_ARCH_QWEN3NEXT:
+        t = &qwen3next_table;
+        break;
+    case CONVERT_ARCH_QWEN35MOE: /* the outer config when the text model's is text_config */
+        t = c->config != c->config_root ? &qwen35moe_table : &qwen35moe_text_table;
+        break;
+    }
+    int rc = audit_object(cfg, c, t, "", c->config_root);
     return rc ? rc : audit_agreement(c);
 }

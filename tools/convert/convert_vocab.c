@@ -90,10 +90,15 @@ static int add_chat_template(const struct convert_config *cfg, struct hf_ckpt *c
     return rc;
 }
 
-/* config.json's KEY (an integer, or the first of a list) when it is a valid id. */
+/* config.json's KEY (an integer, or the first of a list) when it is a valid id; from the text
+ * config (text_config) first, then the top level. */
 static int32_t config_id(const struct hf_ckpt *c, const char *key, uint32_t n_vocab)
 {
     json_object *v = hf_ckpt_config_get(c, key);
+    if (!v && c->config != c->config_root &&
+        (!json_object_object_get_ex(c->config_root, key, &v) ||
+         json_object_is_type(v, json_type_null)))
+        v = NULL;
     if (v && json_object_is_type(v, json_type_array))
         v = json_object_array_length(v) ? json_object_array_get_idx(v, 0) : NULL;
     if (!v || !json_object_is_type(v, json_type_int))

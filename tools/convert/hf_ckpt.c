@@ -162,9 +162,10 @@ int hf_ckpt_open(const char *dir, struct hf_ckpt **out)
         rc = err_set(-ENAMETOOLONG, "%s: path too long", dir);
         goto out_close;
     }
-    rc = json_load(path, &c->config);
+    rc = json_load(path, &c->config_root);
     if (rc)
         goto out_close;
+    c->config = c->config_root;
     hf_ckpt_path(c, "model.safetensors.index.json", path, sizeof(path));
     if (access(path, F_OK) == 0) {
         rc = index_open(c, path);
@@ -197,8 +198,8 @@ void hf_ckpt_close(struct hf_ckpt *c)
     free(c->shards);
     free(c->tensors);
     free(c->used);
-    if (c->config)
-        json_object_put(c->config);
+    if (c->config_root)
+        json_object_put(c->config_root);
     free(c->dir);
     free(c);
 }
@@ -213,6 +214,19 @@ const struct safetensors_tensor *hf_ckpt_find(struct hf_ckpt *c, const char *nam
         return NULL;
     c->used[hit - c->tensors] = true;
     return *hit;
+}
+
+int hf_ckpt_config_enter(struct hf_ckpt *c, const char *key)
+{
+    json_object *v = NULL;
+
+    if (!json_object_object_get_ex(c->config_root, key, &v) ||
+        !json_object_is_type(v, json_type_object))
+        return err_set(-EINVAL, "%s/config.json: %s is %s, expected an object", c->dir, key,
+                       v ? json_object_to_json_string(v) : "absent");
+    snprintf(c->config_at, sizeof(c->config_at), "%s.", key);
+    c->config = v;
+    return 0;
 }
 
 json_object *hf_ckpt_config_get(const struct hf_ckpt *c, const char *key)
@@ -230,8 +244,8 @@ int hf_ckpt_config_u32(const struct hf_ckpt *c, const char *key, uint32_t *out)
         return -ENOENT;
     int64_t x = json_object_get_int64(v);
     if (!json_object_is_type(v, json_type_int) || x < 0 || x > UINT32_MAX)
-        return err_set(-EINVAL, "%s/config.json: %s is %s, expected an integer in [0, %u]", c->dir,
-                       key, json_object_to_json_string(v), UINT32_MAX);
+        return err_set(-EINVAL, "%s/config.json: %s%s is %s, expected an integer in [0, %u]",
+                       c->dir, c->config_at, key, json_object_to_json_string(v), UINT32_MAX);
     *out = (uint32_t)x;
     return 0;
 }
@@ -242,11 +256,11 @@ int hf_ckpt_config_f64(const struct hf_ckpt *c, const char *key, double *out)
     if (!v)
         return -ENOENT;
     if (!json_object_is_type(v, json_type_double) && !json_object_is_type(v, json_type_int))
-        return err_set(-EINVAL, "%s/config.json: %s is %s, expected a number", c->dir, key,
-                       json_object_to_json_string(v));
+        return err_set(-EINVAL, "%s/config.json: %s%s is %s, expected a number", c->dir,
+                       c->config_at, key, json_object_to_json_string(v));
     *out = json_object_get_double(v);
     if (!isfinite(*out))
-        return err_set(-EINVAL, "%s/config.json: %s is not finite", c->dir, key);
+        return err_set(-EINVAL, "%s/config.json: %s%s is not finite", c->dir, c->config_at, key);
     return 0;
 }
 

@@ -18,7 +18,10 @@ struct json_object;
 
 struct hf_ckpt {
     char *dir;                  /* owned copy */
-    struct json_object *config; /* config.json, owned (json-c reference) */
+    struct json_object *config_root; /* config.json, owned (json-c reference) */
+    struct json_object *config;      /* what the hf_ckpt_config_* getters read: config_root, or
+                                        the member hf_ckpt_config_enter chose (a view) */
+    char config_at[64];              /* "" or "KEY.": where config lies, for messages */
     uint32_t n_shards;
     struct safetensors_file **shards; /* (n_shards) owned */
     uint32_t n_tensors;
@@ -39,6 +42,11 @@ const char *hf_ckpt_source(const struct hf_ckpt *c, char *buf, unsigned size);
 
 /* Path DIR/NAME into buf (returns buf, or NULL if it does not fit). */
 char *hf_ckpt_path(const struct hf_ckpt *c, const char *name, char *buf, unsigned size);
+
+/* Makes the hf_ckpt_config_* getters read config.json's member KEY (an object, such as the
+ * text_config of a vision-language checkpoint) instead of its top level. 0, or -EINVAL naming
+ * KEY when it is absent or not an object. */
+int hf_ckpt_config_enter(struct hf_ckpt *c, const char *key);
 
 /* config.json members. _u32 / _f64: -ENOENT if absent or null (no message: the caller
  * decides whether that is an error), -EINVAL if the type or range is wrong (named). */
