@@ -13,16 +13,17 @@
 
 #include "backend.h"
 #include "cuda_attention.h"
-#include "strata.h"
 #include "cuda_info.h"
 #include "cuda_matmul.h"
 #include "cuda_mem.h"
 #include "cuda_moe.h"
 #include "cuda_ops.h"
+#include "cuda_ssm.h"
 #include "errors.h"
 #include "moe_layer.h"
 #include "ops_cpu.h"
 #include "quant_blocks.h"
+#include "strata.h"
 #include "stream.h"
 
 #define CUDA_BACKEND_MAX_TOK 512 /* tokens per launch of the batched ops; larger calls split */
@@ -45,6 +46,8 @@ struct backend_cuda {
     float *router_logits;     /* (MAX_TOK, n_expert) */
     void *moe_scratch;
     size_t moe_scratch_bytes;
+    float *shexp_scratch;     /* the shared expert's gate, up and down rows: (MAX_TOK,
+                               * 2 n_ff_shexp + n_embd), or NULL without one */
     size_t weight_bytes;      /* uploaded weights */
     size_t alloc_bytes;       /* everything else cuda_alloc handed out */
     struct cuda_block *blocks; /* cuda_alloc's live allocations, to give their bytes back */
@@ -346,6 +349,125 @@ static int cuda_add_bias_op(struct backend *b, float *x, const struct weight *bi
     return rc ? backend_cuda_fail(rc, "bias") : 0;
 }
 
+/* ---- the hybrid Gated DeltaNet models' ops (qwen3next, qwen35moe) ---------------------- */
+
+static int cuda_rope_partial_op(struct backend *b, float *x, int n_tok, int n_heads, int head_dim,
+                                int n_rot, int pos0, float base)
+{
+    struct backend_cuda *c = cuda_of(b);
+    backend_cuda_forget_xq(c);
+    struct cuda_rope_partial_args a = {
+        .x = x,
+        .n_tok = n_tok,
+        .n_heads = n_heads,
+        .head_dim = head_dim,
+        .n_rot = n_rot,
+        .pos0 = pos0,
+        .pos_dev = c->recording ? c->step_dev + 1 : NULL,
+        .base = base,
+        .stream = c->stream,
+    };
+    int rc = cuda_rope_partial(&a);
+    return rc ? backend_cuda_fail(rc, "partial rope") : 0;
+}
+
+static int cuda_split_halves_op(struct backend *b, float *q, float *gate, const float *qg, int rows,
+                                int hd)
+{
+    backend_cuda_forget_xq(cuda_of(b));
+    int rc = cuda_split_halves(q, gate, qg, rows, hd, cuda_of(b)->stream);
+    return rc ? backend_cuda_fail(rc, "q / gate split") : 0;
+}
+
+static int cuda_mul_sigmoid_op(struct backend *b, float *x, const float *gate, size_t n)
+{
+    backend_cuda_forget_xq(cuda_of(b));
+    int rc = cuda_mul_sigmoid(x, gate, n, cuda_of(b)->stream);
+    return rc ? backend_cuda_fail(rc, "sigmoid gate") : 0;
+}
+
+static int cuda_zero_op(struct backend *b, float *p, size_t n)
+{
+    int rc = cuda_memset(p, 0, n * sizeof(float), cuda_of(b)->stream);
+    return rc ? backend_cuda_fail(rc, "zeroing a state") : 0;
+}
+
+/* out += sigmoid(shexp_gate_inp . in) * down(silu(gate in) * up in), MAX_TOK rows at a time. */
+static int cuda_shared_expert_op(struct backend *b, float *out, const float *in,
+                                 const struct layer_weights *lw, int n)
+{
+    struct backend_cuda *c = cuda_of(b);
+    const struct model_hparams *hp = &c->model->hp;
+    const size_t fs = hp->n_ff_shexp, e = hp->n_embd;
+    if (!c->shexp_scratch || !lw->shexp_gate_inp.dev)
+        return err_set(-EINVAL, "cuda shared expert: the model has none on the device");
+    for (int r0 = 0; r0 < n; r0 += CUDA_BACKEND_MAX_TOK) {
+        int m = n - r0 < CUDA_BACKEND_MAX_TOK ? n - r0 : CUDA_BACKEND_MAX_TOK;
+        const float *x = in + (size_t)r0 * e;
+        float *g = c->shexp_scratch, *u = g + (size_t)m * fs, *d = u + (size_t)m * fs;
+        int rc = backend_cuda_matmul(b, g, &lw->gate_shexp, x, m);
+        rc = rc ? rc : backend_cuda_matmul(b, u, &lw->up_shexp, x, m);
+        if (rc)
+            return rc;
+        backend_cuda_forget_xq(c);
+        rc = cuda_swiglu_inplace(u, g, (size_t)m * fs, c->stream);
+        if (rc)
+            return backend_cuda_fail(rc, "shared expert swiglu");
+        rc = backend_cuda_matmul(b, d, &lw->down_shexp, u, m);
+        if (rc)
+            return rc;
+        backend_cuda_forget_xq(c);
+        rc = cuda_add_sigmoid_gated(out + (size_t)r0 * e, d, x, lw->shexp_gate_inp.dev, m, (int)e,
+                                    c->stream);
+        if (rc)
+            return backend_cuda_fail(rc, "shared expert gate");
+    }
+    return 0;
+}
+
+static int cuda_gdn_op(struct backend *b, const struct gdn_args *a)
+{
+    struct backend_cuda *c = cuda_of(b);
+    const struct model_hparams *hp = &c->model->hp;
+    const struct layer_weights *lw = a->lw;
+    const int d = (int)hp->ssm_d_state;
+    backend_cuda_forget_xq(c);
+    struct cuda_ssm_conv_args cv = {
+        .x = a->qkv,
+        .state = a->conv_state,
+        .w = lw->ssm_conv.dev,
+        .n_tok = a->n_tok,
+        .ch = (int)(2 * hp->ssm_n_k + hp->ssm_n_v) * d,
+        .d_conv = (int)hp->ssm_d_conv,
+        .stream = c->stream,
+    };
+    int rc = cuda_ssm_conv(&cv);
+    if (rc)
+        return backend_cuda_fail(rc, "deltanet conv");
+    struct cuda_gdn_args g = {
+        .out = a->out,
+        .qkv = a->qkv,
+        .z = a->z,
+        .b = a->b,
+        .a = a->a,
+        .ba_stride = a->ba_stride,
+        .ba_grouped = a->ba_grouped,
+        .a_log_neg = lw->ssm_a.dev,
+        .dt_bias = lw->ssm_dt_b.dev,
+        .norm_w = lw->ssm_norm.dev,
+        .state = a->ssm_state,
+        .n_tok = a->n_tok,
+        .n_k = (int)hp->ssm_n_k,
+        .n_v = (int)hp->ssm_n_v,
+        .d = d,
+        .v_tiled = hp->ssm_v_tiled,
+        .eps = hp->rms_eps,
+        .stream = c->stream,
+    };
+    rc = cuda_gdn(&g);
+    return rc ? backend_cuda_fail(rc, "deltanet") : 0;
+}
+
 static int cuda_kv_store_op(struct backend *b, float *cache, const float *src, int pos0,
                             int n_tok, int width)
 {
@@ -560,7 +682,7 @@ static int cuda_step_begin(struct backend *b, const struct stream *s, const int3
 {
     backend_cuda_forget_xq(cuda_of(b));
     struct backend_cuda *c = cuda_of(b);
-    if (!c->graph || n != 1)
+    if (!c->graph || n != 1 || s->conv_state) /* recurrent state: no graph (yet) */
         return 0;
     bool same = c->graph_stream == s && c->graph_bufs[0] == s->arena &&
                 c->graph_bufs[1] == s->k_cache && c->graph_bufs[2] == s->v_cache;
@@ -661,6 +783,7 @@ static void cuda_close_op(struct backend *b)
     cuda_free(c->attn_scratch);
     cuda_free(c->router_logits);
     cuda_free(c->moe_scratch);
+    cuda_free(c->shexp_scratch);
     cuda_graph_destroy(c->graph_exec);
     cuda_host_free(c->step_pin);
     cuda_free(c->step_dev);
@@ -685,6 +808,12 @@ static const struct backend_ops cuda_ops_table = {
     .rope_yarn = cuda_rope_yarn_op,
     .add_bias = cuda_add_bias_op,
     .attn_sinks_window = true,
+    .rope_partial = cuda_rope_partial_op,
+    .split_halves = cuda_split_halves_op,
+    .mul_sigmoid = cuda_mul_sigmoid_op,
+    .shared_expert = cuda_shared_expert_op,
+    .gdn = cuda_gdn_op,
+    .zero = cuda_zero_op,
     .kv_store = cuda_kv_store_op,
     .attention = cuda_attention_op,
     .rows_begin = cuda_rows_begin_op,
@@ -758,27 +887,35 @@ static int cuda_buffers(struct backend_cuda *c)
     rc = rc ? rc : cuda_malloc((void **)&c->router_logits, sizeof(float) * t * hp->n_expert);
     rc = rc ? rc : cuda_malloc(&c->moe_scratch, c->moe_scratch_bytes);
     rc = rc ? rc : cuda_malloc((void **)&c->argmax_dev, sizeof(int32_t));
+    const size_t shexp = hp->n_ff_shexp ? t * (2 * (size_t)hp->n_ff_shexp + hp->n_embd) : 0;
+    if (shexp)
+        rc = rc ? rc : cuda_malloc((void **)&c->shexp_scratch, sizeof(float) * shexp);
     if (rc)
         return err_set(rc, "cuda backend: cannot allocate the scratch buffers");
     c->alloc_bytes += c->mm_scratch_bytes + c->attn_scratch_bytes + c->moe_scratch_bytes +
-                      t * (sizeof(int32_t) + sizeof(float) * hp->n_expert);
+                      t * (sizeof(int32_t) + sizeof(float) * hp->n_expert) + sizeof(float) * shexp;
     return 0;
 }
 
-/* What stream_open will allocate for n_ctx positions and max_tok tokens (stream.c's sizes). */
+/* What stream_open will allocate for n_ctx positions and max_tok tokens (stream.c's sizes:
+ * the KV cache of the attending layers, the recurrent state, the activations). */
 static uint64_t cuda_stream_bytes(const struct model_hparams *hp, uint64_t n_ctx, uint64_t t)
 {
     uint64_t qw = (uint64_t)hp->n_head * hp->head_dim, kvw = (uint64_t)hp->n_head_kv * hp->head_dim;
-    uint64_t kv = 2 * n_ctx * kvw * hp->n_layer;
-    uint64_t arena = t * hp->n_embd * 3 + t * qw * 2 + t * kvw * 2 + hp->n_vocab;
-    return sizeof(float) * (kv + arena);
+    uint64_t kv = 2 * n_ctx * kvw * model_n_kv_layers(hp);
+    uint64_t state = (uint64_t)model_n_ssm_layers(hp) *
+                     (model_conv_state_floats(hp) + model_ssm_state_floats(hp));
+    uint64_t arena =
+        t * hp->n_embd * 3 + t * qw * 2 + t * kvw * 2 + hp->n_vocab + t * stream_hybrid_floats(hp);
+    return sizeof(float) * (kv + state + arena);
 }
 
 /* A lockstep batch of t rows (stream_batch_open's arena, rows_begin's table and scratch). */
 static uint64_t cuda_batch_bytes(const struct model_hparams *hp, uint64_t t)
 {
     uint64_t qw = (uint64_t)hp->n_head * hp->head_dim, kvw = (uint64_t)hp->n_head_kv * hp->head_dim;
-    uint64_t arena = sizeof(float) * t * (3 * hp->n_embd + 2 * qw + 2 * kvw + hp->n_vocab);
+    uint64_t arena = sizeof(float) * t *
+                     (3 * hp->n_embd + 2 * qw + 2 * kvw + hp->n_vocab + stream_hybrid_floats(hp));
     uint64_t table = sizeof(void *) * 2 * t * hp->n_layer + sizeof(int32_t) * t;
     return arena + table + cuda_attention_rows_scratch_bytes((int)t, (int)hp->n_head,
                                                              (int)hp->head_dim);

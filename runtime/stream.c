@@ -10,8 +10,7 @@
 #include "errors.h"
 #include "sampler.h"
 
-/* Floats per row of struct stream_hybrid (0 for models without Gated DeltaNet layers). */
-static uint64_t stream_hybrid_floats(const struct model_hparams *hp)
+uint64_t stream_hybrid_floats(const struct model_hparams *hp)
 {
     if (!hp->full_attn_interval)
         return 0;

@@ -72,6 +72,10 @@ struct stream_size {
  * says which. */
 int stream_size_get(const struct model *m, int n_ctx, int max_tok, struct stream_size *out);
 
+/* Floats per row of struct stream_hybrid (0 for models without Gated DeltaNet layers). */
+struct model_hparams;
+uint64_t stream_hybrid_floats(const struct model_hparams *hp);
+
 /* Checks that a stream of *sz (n_ctx tokens) fits in host memory of which avail bytes are
  * available, keeping a margin: at most 90% of avail. 0, or -ENOMEM with the stream's sizes and
  * avail in the message. Allocates nothing. */

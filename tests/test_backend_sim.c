@@ -24,7 +24,10 @@
  *   sinks and window, router bias and expert biases with the clamped SwiGLU agree with the CPU
  *   backend (the f32 tolerance) all resident; the expert cache (copy and zerocopy), static
  *   placement and the hybrid CPU lane agree with all resident; lockstep rows equal single
- *   rows.
+ *   rows;
+ * - qwen3next and qwen35moe (tiny, 2 layers, f32): the recurrent state on the device, the
+ *   shared expert, partial rope and the attention gate agree with the CPU backend all
+ *   resident; the expert cache and the hybrid lane with all resident; lockstep rows.
  * Streams here run in program order, so ordering between streams is test_expert_cache's job. */
 #include <errno.h>
 #include <math.h>
@@ -39,14 +42,16 @@
 #include "cuda_info.h"
 #include "cuda_matmul.h"
 #include "cuda_mem.h"
-#include "mock_cuda_host.h"
 #include "cuda_moe.h"
 #include "cuda_ops.h"
+#include "cuda_ssm.h"
 #include "errors.h"
 #include "gen.h"
+#include "mock_cuda_host.h"
 #include "model.h"
 #include "moe.h"
 #include "ops_cpu.h"
+#include "ops_ssm.h"
 #include "quant.h"
 #include "quant_ref.h"
 #include "sampler.h"
@@ -584,6 +589,130 @@ int cuda_softmax_topk(const struct cuda_topk_args *a)
 int cuda_moe_ffn(const struct cuda_moe_args *a)
 {
     return SIM_RUN(sim_moe_ffn, a);
+}
+
+/* ---- cuda_ssm: the CPU ops ----------------------------------------------------------------- */
+
+static int sim_ssm_conv(const struct cuda_ssm_conv_args *a)
+{
+    ops_ssm_conv(a->x, a->state, a->w, a->n_tok, a->ch, a->d_conv);
+    return 0;
+}
+
+int cuda_ssm_conv(const struct cuda_ssm_conv_args *a)
+{
+    return SIM_RUN(sim_ssm_conv, a);
+}
+
+static int sim_gdn(const struct cuda_gdn_args *a)
+{
+    struct ops_gdn g = {
+        .out = a->out,
+        .qkv = a->qkv,
+        .z = a->z,
+        .b = a->b,
+        .a = a->a,
+        .ba_stride = a->ba_stride,
+        .ba_grouped = a->ba_grouped,
+        .a_log_neg = a->a_log_neg,
+        .dt_bias = a->dt_bias,
+        .norm_w = a->norm_w,
+        .state = a->state,
+        .n_tok = a->n_tok,
+        .n_k = a->n_k,
+        .n_v = a->n_v,
+        .d = a->d,
+        .v_tiled = a->v_tiled,
+        .eps = a->eps,
+    };
+    ops_gdn(&g);
+    return 0;
+}
+
+int cuda_gdn(const struct cuda_gdn_args *a)
+{
+    return SIM_RUN(sim_gdn, a);
+}
+
+static int sim_rope_partial(const struct cuda_rope_partial_args *a)
+{
+    for (int t = 0; t < a->n_tok; t++)
+        ops_rope_neox_partial(a->x + (size_t)t * a->n_heads * a->head_dim, 1, a->n_heads,
+                              a->head_dim, a->n_rot, a->pos_dev ? a->pos_dev[t] : a->pos0 + t,
+                              a->base);
+    return 0;
+}
+
+int cuda_rope_partial(const struct cuda_rope_partial_args *a)
+{
+    return SIM_RUN(sim_rope_partial, a);
+}
+
+struct sim_ew_args {
+    float *x, *y;
+    const float *g;
+    size_t n;
+    int rows, dim, kind; /* 0 split, 1 mul_sigmoid, 2 swiglu, 3 gated add */
+    const float *w;
+};
+
+static int sim_ew(const struct sim_ew_args *a)
+{
+    if (a->kind == 0) {
+        for (int r = 0; r < a->rows; r++) {
+            memcpy(a->x + (size_t)r * a->dim, a->g + (size_t)r * 2 * a->dim,
+                   sizeof(float) * a->dim);
+            memcpy(a->y + (size_t)r * a->dim, a->g + (size_t)r * 2 * a->dim + a->dim,
+                   sizeof(float) * a->dim);
+        }
+    } else if (a->kind == 1) {
+        for (size_t i = 0; i < a->n; i++)
+            a->x[i] *= 1.0f / (1.0f + expf(-a->g[i]));
+    } else if (a->kind == 2) {
+        for (size_t i = 0; i < a->n; i++)
+            a->x[i] *= ops_silu(a->g[i]);
+    } else {
+        for (int r = 0; r < a->rows; r++) {
+            const float *xr = a->g + (size_t)r * a->dim, *yr = a->y + (size_t)r * a->dim;
+            float dot = 0.0f;
+            for (int i = 0; i < a->dim; i++)
+                dot += a->w[i] * xr[i];
+            float sg = 1.0f / (1.0f + expf(-dot));
+            for (int i = 0; i < a->dim; i++)
+                a->x[(size_t)r * a->dim + i] += sg * yr[i];
+        }
+    }
+    return 0;
+}
+
+int cuda_split_halves(float *q, float *gate, const float *qg, int rows, int hd, void *stream)
+{
+    (void)stream;
+    struct sim_ew_args a = {.x = q, .y = gate, .g = qg, .rows = rows, .dim = hd, .kind = 0};
+    return SIM_RUN(sim_ew, &a);
+}
+
+int cuda_mul_sigmoid(float *x, const float *gate, size_t n, void *stream)
+{
+    (void)stream;
+    struct sim_ew_args a = {.x = x, .g = gate, .n = n, .kind = 1};
+    return SIM_RUN(sim_ew, &a);
+}
+
+int cuda_swiglu_inplace(float *u, const float *g, size_t n, void *stream)
+{
+    (void)stream;
+    struct sim_ew_args a = {.x = u, .g = g, .n = n, .kind = 2};
+    return SIM_RUN(sim_ew, &a);
+}
+
+int cuda_add_sigmoid_gated(float *out, const float *y, const float *x, const float *w, int rows,
+                           int dim, void *stream)
+{
+    (void)stream;
+    struct sim_ew_args a = {
+        .x = out, .y = (float *)y, .g = x, .w = w, .rows = rows, .dim = dim, .kind = 3};
+    return SIM_RUN(sim_ew, &a);
 }
 
 /* ---- the checks --------------------------------------------------------------------------- */
@@ -1171,6 +1300,40 @@ static void gptoss_checks(const int32_t *prompt)
     unlink(path);
 }
 
+/* qwen3next and qwen35moe (tiny, 2 layers: a Gated DeltaNet one, then gated attention; f32)
+ * through the simulated backend: the recurrent state in device memory, the shared expert, the
+ * partial rope and the attention gate agree with the CPU backend all resident; the expert
+ * cache and the hybrid lane agree with all resident; lockstep rows equal single rows. */
+static void hybrid_checks(const int32_t *prompt)
+{
+    const char *arches[2] = {"qwen3next", "qwen35moe"};
+    for (int i = 0; i < 2; i++) {
+        char path[512], what[96];
+        struct run ref = {0};
+        struct backend_cuda_config cc = {0};
+        struct gen_preset p = *gen_preset_find_arch(arches[i], "tiny");
+        p.n_layer = 2;
+        if (test_gen_model(&p, QUANT_MIX_F32, 7, tmpdir, arches[i], path, sizeof(path))) {
+            CHECK(0, "gen %s: %s", arches[i], err_msg());
+            continue;
+        }
+        CHECK(run(path, &cc, 256, prompt, NULL, &ref) == 0, "%s: all resident failed", arches[i]);
+        if (ref.logits) {
+            const struct tolerance tol = {1e-3, 95};
+            cpu_backend_check(path, prompt, &ref, &tol);
+            struct backend_cuda_config slots = {.expert_slots = 6};
+            snprintf(what, sizeof(what), "%s, 6 slots (copy)", arches[i]);
+            exact(path, what, &slots, 256, prompt, &ref);
+            struct backend_cuda_config hy = {.expert_slots = 6, .hybrid = true};
+            snprintf(what, sizeof(what), "%s, hybrid 6 slots", arches[i]);
+            close_enough(path, what, &hy, prompt, &ref, &tol, 0, true);
+            lockstep(path, arches[i], &cc, 1e-5);
+        }
+        free(ref.logits);
+        unlink(path);
+    }
+}
+
 int main(void)
 {
     char f32[512], q8[512];
@@ -1189,6 +1352,7 @@ int main(void)
     model_checks(q8, prompt, &(struct tolerance){0.06, 85});
     budget_checks(q8);
     gptoss_checks(prompt);
+    hybrid_checks(prompt);
     unlink(f32);
     unlink(q8);
     rmdir(tmpdir);
