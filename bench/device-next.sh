@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU machine, one call for what the open issues still need measured there (about 8 minutes):
 #   1. every GPU test in .carry/bin (TESTS names some; SKIP_TESTS=1 none);
-#   2. gpt-oss against transformers: tests/hf/compare_gptoss.py (strata on the CPU, torch on
-#      the GPU), its CI reference in $OUT/hf-gptoss/ci-ref-gptoss/;
+#   2. gpt-oss, qwen3next and qwen35moe against transformers: tests/hf/compare_gptoss.py and
+#      compare_qwen3next.py (strata on the CPU, torch on the GPU), their CI references in
+#      $OUT/hf-gptoss/ci-ref-gptoss/ and $OUT/hf-qwen3next/ci-ref-{qwen3next,qwen35moe}/;
 #   3. speculative decoding on W1-real (the shipped model inflated to the 30b-a3b shapes) under
 #      WHERE (default --vram-budget 4G, then 2G, 8G and resident): plain against --spec ngram
 #      and against --spec draft with the shipped model as the draft (on the GPU), greedy
@@ -29,6 +30,10 @@ if [ -z "${SKIP_HF:-}" ]; then
         --device cuda --threads 16 >"$OUT/hf-gptoss.log" 2>&1
     echo "compare_gptoss rc=$?"
     tail -25 "$OUT/hf-gptoss.log"
+    timeout 300 python3 tests/hf/compare_qwen3next.py --strata "$B/strata" \
+        --out "$OUT/hf-qwen3next" --device cuda --threads 16 >"$OUT/hf-qwen3next.log" 2>&1
+    echo "compare_qwen3next rc=$?"
+    tail -40 "$OUT/hf-qwen3next.log"
 fi
 W1=/dev/shm/w1.gguf
 [ -f $W1 ] || "$B/strata" gen --inflate models/strata-default.gguf --preset 30b-a3b -o $W1 2>&1 | tail -1
