@@ -126,6 +126,9 @@ struct backend_ops {
     int (*attention_rows)(struct backend *b, const struct attn_rows_args *a);
     /* Optional (NULL: models with a recurrent state cannot run): p (n) = 0. */
     int (*zero)(struct backend *b, float *p, size_t n);
+    /* Optional (NULL: a rewind of a recurrent state starts over): dst (n) = src (n), both
+     * backend memory, not overlapping. */
+    int (*copy)(struct backend *b, float *dst, const float *src, size_t n);
     /* x (n) += y (n). */
     int (*add)(struct backend *b, float *x, const float *y, size_t n);
     /* Optional (NULL: the caller runs add, then rmsnorm): x (rows, dim) += y, then out = x /

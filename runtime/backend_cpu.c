@@ -254,6 +254,13 @@ static int cpu_zero(struct backend *b, float *p, size_t n)
     return 0;
 }
 
+static int cpu_copy(struct backend *b, float *dst, const float *src, size_t n)
+{
+    (void)b;
+    memcpy(dst, src, n * sizeof(float));
+    return 0;
+}
+
 static int cpu_add(struct backend *b, float *x, const float *y, size_t n)
 {
     (void)b;
@@ -338,6 +345,7 @@ static const struct backend_ops cpu_ops = {
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .zero = cpu_zero,
+    .copy = cpu_copy,
     .add = cpu_add,
     .moe_ffn = cpu_moe_ffn,
     .read = cpu_read,

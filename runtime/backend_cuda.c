@@ -392,6 +392,12 @@ static int cuda_zero_op(struct backend *b, float *p, size_t n)
     return rc ? backend_cuda_fail(rc, "zeroing a state") : 0;
 }
 
+static int cuda_copy_op(struct backend *b, float *dst, const float *src, size_t n)
+{
+    int rc = cuda_d2d(dst, src, n * sizeof(float), cuda_of(b)->stream);
+    return rc ? backend_cuda_fail(rc, "copying a state") : 0;
+}
+
 /* out += sigmoid(shexp_gate_inp . in) * down(silu(gate in) * up in), MAX_TOK rows at a time. */
 static int cuda_shared_expert_op(struct backend *b, float *out, const float *in,
                                  const struct layer_weights *lw, int n)
@@ -814,6 +820,7 @@ static const struct backend_ops cuda_ops_table = {
     .shared_expert = cuda_shared_expert_op,
     .gdn = cuda_gdn_op,
     .zero = cuda_zero_op,
+    .copy = cuda_copy_op,
     .kv_store = cuda_kv_store_op,
     .attention = cuda_attention_op,
     .rows_begin = cuda_rows_begin_op,

@@ -140,6 +140,11 @@ static int prof_zero(struct backend *b, float *x, size_t n)
     PROF(P_ADD, in->ops->zero(in, x, n));
 }
 
+static int prof_copy(struct backend *b, float *dst, const float *src, size_t n)
+{
+    PROF(P_ADD, in->ops->copy(in, dst, src, n));
+}
+
 static int prof_read(struct backend *b, float *host, const float *src, size_t n)
 {
     PROF(P_READ, in->ops->read(in, host, src, n));
@@ -167,6 +172,7 @@ static const struct backend_ops prof_ops = {
     .shared_expert = prof_shared_expert,
     .gdn = prof_gdn,
     .zero = prof_zero,
+    .copy = prof_copy,
     .kv_store = prof_kv_store,
     .attention = prof_attention,
     .add = prof_add,
@@ -196,6 +202,8 @@ int backend_profile_open(struct backend *inner, struct backend **out)
     }
     if (!inner->ops->zero)
         p->ops.zero = NULL;
+    if (!inner->ops->copy)
+        p->ops.copy = NULL;
     p->base.ops = &p->ops;
     p->base.model = inner->model;
     p->base.impl = p;

@@ -52,6 +52,43 @@ static struct stream_hybrid *stream_hybrid_alloc(struct backend *b, size_t rows,
     return hy;
 }
 
+/* The floats of the conv states and of the delta rule states of s (each one span). */
+static void stream_state_floats(const struct stream *s, size_t *conv, size_t *ssm)
+{
+    const struct model_hparams *hp = &s->m->hp;
+    *conv = (size_t)model_n_ssm_layers(hp) * model_conv_state_floats(hp);
+    *ssm = (size_t)model_n_ssm_layers(hp) * model_ssm_state_floats(hp);
+}
+
+/* Copies the recurrent state of s aside as its checkpoint at s->pos (allocated on first use);
+ * a backend without copy keeps none. */
+static int stream_checkpoint(struct stream *s)
+{
+    struct backend *b = s->b;
+    size_t conv, ssm;
+    if (!s->conv_state || !b->ops->copy)
+        return 0;
+    stream_state_floats(s, &conv, &ssm);
+    if (!s->ckpt && !(s->ckpt = b->ops->alloc(b, conv + ssm)))
+        return err_wrap(-ENOMEM, "a checkpoint of the recurrent state: ");
+    int rc = b->ops->copy(b, s->ckpt, s->conv_state, conv);
+    rc = rc ? rc : b->ops->copy(b, s->ckpt + conv, s->ssm_state, ssm);
+    s->ckpt_pos = rc ? -1 : s->pos;
+    return rc;
+}
+
+static int stream_restore(struct stream *s)
+{
+    struct backend *b = s->b;
+    size_t conv, ssm;
+    stream_state_floats(s, &conv, &ssm);
+    int rc = b->ops->copy(b, s->conv_state, s->ckpt, conv);
+    rc = rc ? rc : b->ops->copy(b, s->ssm_state, s->ckpt + conv, ssm);
+    if (!rc)
+        s->pos = s->ckpt_pos;
+    return rc;
+}
+
 /* Zeroes the recurrent state of s (an empty stream). */
 static int stream_state_reset(struct stream *s)
 {
@@ -143,6 +180,7 @@ int stream_open(struct backend *b, int n_ctx, int max_tok, struct stream **out)
         stream_close(s);
         return err_wrap(-ENOMEM, "stream of %d tokens: ", n_ctx);
     }
+    s->ckpt_pos = -1;
     if (model_n_ssm_layers(hp)) {
         size_t n = model_n_ssm_layers(hp);
         s->conv_state = b->ops->alloc(b, n * model_conv_state_floats(hp));
@@ -182,6 +220,8 @@ void stream_close(struct stream *s)
     s->b->ops->free(s->b, s->k_cache);
     s->b->ops->free(s->b, s->v_cache);
     s->b->ops->free(s->b, s->arena);
+    if (s->ckpt)
+        s->b->ops->free(s->b, s->ckpt);
     if (s->conv_state)
         s->b->ops->free(s->b, s->conv_state);
     if (s->ssm_state)
@@ -317,7 +357,13 @@ static int batch_eval(struct stream_batch *bt, struct stream *const *ss, const i
             bt->row_pos[rows] = ss[i]->pos + j;
         }
     }
-    int rc = ss[0]->arch->forward_batch(bt->b, bt, bt->row_st, ids, rows);
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) /* several rows of a recurrent stream: a checkpoint */
+        if (ss[i]->hist && n_tok && n_tok[i] > 1)
+            rc = stream_checkpoint(ss[i]);
+    if (rc)
+        return rc;
+    rc = ss[0]->arch->forward_batch(bt->b, bt, bt->row_st, ids, rows);
     if (op->step_end) /* a step the caller ran: the backend's bookkeeping after it */
         rc = op->step_end(bt->b, rc);
     if (rc)
@@ -368,7 +414,8 @@ int stream_batch_eval_all(struct stream_batch *bt, struct stream *s, const int32
         bt->row_st[j] = s;
         bt->row_pos[j] = s->pos + j;
     }
-    int rc = s->arch->forward_batch(bt->b, bt, bt->row_st, ids, n);
+    int rc = s->hist && n > 1 ? stream_checkpoint(s) : 0;
+    rc = rc ? rc : s->arch->forward_batch(bt->b, bt, bt->row_st, ids, n);
     if (op->step_end)
         rc = op->step_end(bt->b, rc);
     if (rc)
@@ -387,17 +434,26 @@ int stream_truncate(struct stream *s, int pos)
         s->pos = pos;
         return 0;
     }
-    /* the recurrent state holds all s->pos tokens: start over and evaluate the first pos */
-    s->pos = 0;
-    int rc = stream_state_reset(s);
-    if (rc || !pos)
+    /* the recurrent state holds all s->pos tokens: back to the checkpoint when pos is at or
+     * after it, else start over; then evaluate the ids up to pos */
+    int rc;
+    if (s->ckpt_pos >= 0 && pos >= s->ckpt_pos) {
+        rc = stream_restore(s);
+    } else {
+        s->pos = 0;
+        s->ckpt_pos = -1;
+        rc = stream_state_reset(s);
+    }
+    if (rc || pos == s->pos)
         return rc;
     stream_progress_fn progress = s->progress;
     s->progress = NULL;
-    rc = stream_eval(s, s->hist, pos, NULL); /* hist[0, pos) is rewritten with itself */
+    /* hist[s->pos, pos) is rewritten with itself */
+    rc = stream_eval(s, s->hist + s->pos, pos - s->pos, NULL);
     s->progress = progress;
     if (rc) {
         s->pos = 0;
+        s->ckpt_pos = -1;
         stream_state_reset(s);
     }
     return rc;

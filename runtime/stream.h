@@ -43,6 +43,11 @@ struct stream {
     float *conv_state; /* (n_ssm_layers, model_conv_state_floats) */
     float *ssm_state;  /* (n_ssm_layers, model_ssm_state_floats) */
     int32_t *hist;     /* (n_ctx) */
+    /* a copy of both states at position ckpt_pos (< 0: none), taken before a lockstep step
+     * evaluates several rows of the stream (a speculative verify, a prompt chunk): a rewind to
+     * a position at or after it restores the copy and re-evaluates only the ids between */
+    float *ckpt;
+    int ckpt_pos;
     /* scratch, backend memory, views into one allocation (arena) */
     float *arena;
     float *x;      /* (max_tok, n_embd) residual stream */
@@ -98,9 +103,10 @@ int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host)
 int stream_eval_argmax(struct stream *s, const int32_t *ids, int n, int32_t *next);
 
 /* Forgets tokens from position pos on (pos <= s->pos). A model with recurrent state cannot
- * take it back: the stream starts over and re-evaluates its first pos tokens (their ids are
- * kept), so a rewind costs a prefill of pos tokens there. 0 or -errno (the re-evaluation
- * failed: the stream is then empty). */
+ * take it back: the stream restores its checkpoint when pos is at or after it (a lockstep step
+ * of several rows of the stream takes one first) and re-evaluates the ids from there to pos,
+ * else starts over and re-evaluates its first pos tokens (their ids are kept): a prefill of
+ * pos tokens. 0 or -errno (the re-evaluation failed: the stream is then empty). */
 int stream_truncate(struct stream *s, int pos);
 
 /* Lockstep decode of several streams on one backend: the activations of up to max_n rows (one

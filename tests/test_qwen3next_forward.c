@@ -19,8 +19,10 @@
  *     do; bound 1e-1 (a boundary flip carries through the recurrent state and the KV rows).
  * Checks per file: prefill in one call, token by token, in chunks (3 + 9 + 28); a rewind to
  * position 23 (the stream re-evaluates its first 23 tokens) then the rest; the lockstep batch
- * of 3 streams at positions 0, 17, 35, and a step of 2 rows of one stream beside 1 of
- * another; greedy continuation of 12 tokens equal to the reference's argmax chain (f32).
+ * of 3 streams at positions 0, 17, 35; a step of 5 rows of one stream beside 1 of another,
+ * every row's logits, then rewinds of that stream into those rows (its checkpoint) and before
+ * them (it starts over); greedy continuation of 12 tokens equal to the reference's argmax
+ * chain (f32).
  * Deterministic: gen's seed 1 and fixed token ids. */
 #include <math.h>
 #include <stdio.h>
@@ -465,6 +467,37 @@ static void check_file(const char *path, const char *label, double tol, bool exa
         be = fmax(be, err_at(rows + (size_t)i * V, ref, pre[i], V));
     CHECK(be < tol, "%s lockstep rows: rel err %.3g", label, be);
     printf("  %s: lockstep batch of 3 streams at positions 0, 17, 35: rel err %.3g\n", label, be);
+    strata_batch_close(bt);
+
+    /* a step of 5 rows of one stream (at 18) beside 1 of another (at 36), every row's logits;
+     * then rewinds: into those rows (the checkpoint taken before them), and before them (the
+     * stream starts over) */
+    bt = NULL;
+    CHECK(strata_batch_open_rows(s, 2, 8, &bt) == 0, "batch rows: %s", strata_error());
+    struct strata_stream *two[2] = {sts[1], sts[2]};
+    const int n_tok[2] = {5, 1};
+    int32_t step[6];
+    memcpy(step, ids + 18, 5 * sizeof(int32_t));
+    step[5] = ids[36];
+    float *all = test_xmalloc(sizeof(float) * 6 * V);
+    CHECK(strata_batch_eval_rows(bt, two, n_tok, 2, step, all) == 0, "rows: %s", strata_error());
+    double re = 0;
+    for (int i = 0; i < 5; i++)
+        re = fmax(re, err_at(all + (size_t)i * V, ref, 18 + i, V));
+    re = fmax(re, err_at(all + (size_t)5 * V, ref, 36, V));
+    CHECK(re < tol, "%s 5 + 1 rows: rel err %.3g", label, re);
+    const int back[2] = {20, 10}; /* after the checkpoint at 18, before it */
+    double we = 0;
+    for (int i = 0; i < 2; i++) {
+        CHECK(strata_stream_truncate(sts[1], back[i]) == 0, "truncate: %s", strata_error());
+        CHECK(strata_stream_pos(sts[1]) == back[i], "position %d", strata_stream_pos(sts[1]));
+        CHECK(strata_eval(sts[1], ids + back[i], 1, lg) == 0, "eval: %s", strata_error());
+        we = fmax(we, err_at(lg, ref, back[i], V));
+    }
+    CHECK(we < tol, "%s rewinds to 20 and 10 after the rows: rel err %.3g", label, we);
+    printf("  %s: 5 + 1 rows of two streams: rel err %.3g; rewinds into and before them: %.3g\n",
+           label, re, we);
+    free(all);
     strata_batch_close(bt);
     for (int i = 0; i < 3; i++)
         strata_stream_close(sts[i]);
