@@ -298,8 +298,9 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
         }
         st->n_accepted += acc;
         accept_ema = 0.9 * accept_ema + 0.1 * ((double)acc / k);
-        /* the cache keeps id and the accepted drafts */
-        r = stream_truncate(s, base + 1 + acc);
+        /* the cache keeps id and the accepted drafts, but not the last token generated when
+         * generation ends here: as plain decoding, which never evaluates that one */
+        r = stream_truncate(s, base + 1 + acc - (done && acc > 0 ? 1 : 0));
         if (r) {
             rc = r;
             break;
