@@ -8,7 +8,8 @@
  * default stream), never allocate or synchronise, so they can be captured in a CUDA graph;
  * pointers are device memory; they return 0, -EINVAL for bad shapes (nothing launched) or -EIO
  * when the launch fails. Deterministic: no float atomics, fixed summation orders. Without a
- * CUDA build (cuda_ssm_stub.c) every launcher returns -ENODEV.
+ * CUDA build (cuda_ssm_stub.c) every launcher returns -ENODEV. A call with no tokens (rows,
+ * elements) returns 0 without launching.
  */
 #ifndef STRATA_CUDA_SSM_H
 #define STRATA_CUDA_SSM_H
@@ -41,7 +42,7 @@ int cuda_ssm_conv(const struct cuda_ssm_conv_args *a);
  * k = l2norm(k) (1e-6 under the root); beta = sigmoid(b), decay = exp(a_log_neg_j *
  * softplus(a + dt_bias_j)); S = decay S; S += k (beta (v - S^T k))^T; o = S^T q;
  * out = o / sqrt(mean(o^2) + eps) * norm_w * silu(z). state (n_v, d, d) S[j][k][v], updated.
- * 1 <= d <= CUDA_SSM_MAX_D, n_v a multiple of n_k. */
+ * 1 <= d <= CUDA_SSM_MAX_D, n_v a multiple of n_k, ba_stride >= 2 n_v (ba_grouped) or n_v. */
 struct cuda_gdn_args {
     float *out;         /* (n_tok, n_v*d) */
     const float *qkv;   /* (n_tok, 2*n_k*d + n_v*d) */
@@ -62,7 +63,7 @@ int cuda_gdn(const struct cuda_gdn_args *a);
 /* NEOX rope of the first n_rot dims of each head, as ops_rope_neox_partial: the pair (x[i],
  * x[i + n_rot/2]) rotates by pos * base^(-2i/n_rot) (angle, cos and sin in double, rounded to
  * float); dims n_rot.. pass through. Token t at pos0 + t, or at pos_dev[t] when pos_dev is
- * non-NULL (graph replay). Even n_rot <= head_dim <= 1024. */
+ * non-NULL (graph replay). Even n_rot <= head_dim <= 1024 (n_rot 0: nothing to do). */
 struct cuda_rope_partial_args {
     float *x; /* (n_tok, n_heads*head_dim) */
     int n_tok, n_heads, head_dim, n_rot;

@@ -60,7 +60,7 @@ struct backend_cuda {
     bool recording;           /* between step_begin and step_end of the recording */
     void *graph_exec;         /* the recorded step, or NULL */
     const struct stream *graph_stream; /* the stream whose buffers it writes */
-    const float *graph_bufs[3];        /* and those buffers (a new stream may reuse the address) */
+    const float *graph_bufs[4];        /* and those buffers (a new stream may reuse the address) */
     int32_t *step_pin;        /* pinned host [0] token id, [1] position: read by the graph */
     void *step_pin_dev;
     int32_t *step_dev;        /* (2) device copy of step_pin */
@@ -688,10 +688,11 @@ static int cuda_step_begin(struct backend *b, const struct stream *s, const int3
 {
     backend_cuda_forget_xq(cuda_of(b));
     struct backend_cuda *c = cuda_of(b);
-    if (!c->graph || n != 1 || s->conv_state) /* recurrent state: no graph (yet) */
+    if (!c->graph || n != 1)
         return 0;
     bool same = c->graph_stream == s && c->graph_bufs[0] == s->arena &&
-                c->graph_bufs[1] == s->k_cache && c->graph_bufs[2] == s->v_cache;
+                c->graph_bufs[1] == s->k_cache && c->graph_bufs[2] == s->v_cache &&
+                c->graph_bufs[3] == s->conv_state;
     if (c->graph_exec && !same) { /* another stream's buffers: record anew */
         cuda_graph_destroy(c->graph_exec);
         c->graph_exec = NULL;
@@ -717,6 +718,8 @@ static int cuda_step_begin(struct backend *b, const struct stream *s, const int3
     c->graph_bufs[0] = s->arena;
     c->graph_bufs[1] = s->k_cache;
     c->graph_bufs[2] = s->v_cache;
+    c->graph_bufs[3] = s->conv_state; /* recurrent models: with ssm_state and hy, allocated
+                                       * with the stream */
     moe_layer_set_recording(c->moe, true);
     return 0;
 }

@@ -27,7 +27,8 @@
  *   rows;
  * - qwen3next and qwen35moe (tiny, 2 layers, f32): the recurrent state on the device, the
  *   shared expert, partial rope and the attention gate agree with the CPU backend all
- *   resident; the expert cache and the hybrid lane with all resident; lockstep rows.
+ *   resident; the expert cache and the hybrid lane with all resident; lockstep rows; graph
+ *   decode (one launch per step, two streams taking turns) bit-identical.
  * Streams here run in program order, so ordering between streams is test_expert_cache's job. */
 #include <errno.h>
 #include <math.h>
@@ -1328,6 +1329,13 @@ static void hybrid_checks(const int32_t *prompt)
             snprintf(what, sizeof(what), "%s, hybrid 6 slots", arches[i]);
             close_enough(path, what, &hy, prompt, &ref, &tol, 0, true);
             lockstep(path, arches[i], &cc, 1e-5);
+            struct backend_cuda_config gr = {.device = 0, .graph = true};
+            int launches = g_graph_launches;
+            snprintf(what, sizeof(what), "%s, graph decode", arches[i]);
+            exact(path, what, &gr, 256, prompt, &ref);
+            CHECK(g_graph_launches - launches == N_STEPS, "%s: %d graph launches for %d steps",
+                  arches[i], g_graph_launches - launches, N_STEPS);
+            graph_two_streams(path, prompt, &ref);
         }
         free(ref.logits);
         unlink(path);

@@ -1,0 +1,397 @@
+/* cuda_ssm with CUDA: kernels first, then the C launchers that check shapes, compute the grid
+ * and check the launch. Contracts in cuda_ssm.h; design and tolerances in docs/cuda-ops.md.
+ * The kernels are plain on purpose (one thread per channel or column, loops over tokens in
+ * order): each mirrors its CPU op's loops, so a reader can check one against the other. */
+#include "cuda_mem.h"
+#include "cuda_ops_util.cuh"
+#include "cuda_ssm.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+
+/* ==== kernels ================================================================================ */
+
+/* As ops_silu: x / (1 + e^-x). */
+static __device__ __forceinline__ float ssm_silu(float x)
+{
+    return x / (1.0f + expf(-x));
+}
+
+static __device__ __forceinline__ float ssm_sigmoid(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
+
+/* ---- causal conv + SiLU: one thread per channel, tokens in order --------------------------- */
+
+#define CONV_THREADS 128
+
+struct ssm_conv_params {
+    float *x;       /* (n_tok, ch), in place */
+    float *state;   /* (d_conv - 1, ch), row 0 the oldest input */
+    const float *w; /* (ch, d_conv) */
+    int n_tok, ch, d_conv;
+};
+
+static __global__ void __launch_bounds__(CONV_THREADS) k_ssm_conv(struct ssm_conv_params p)
+{
+    const int c = blockIdx.x * CONV_THREADS + threadIdx.x;
+    if (c >= p.ch)
+        return;
+    const int h = p.d_conv - 1;
+    const float *wc = p.w + (int64_t)c * p.d_conv;
+    float win[CUDA_SSM_MAX_CONV]; /* the channel's last h inputs, oldest first */
+
+    for (int j = 0; j < h; j++)
+        win[j] = p.state[(int64_t)j * p.ch + c];
+    for (int t = 0; t < p.n_tok; t++) {
+        float *px = p.x + (int64_t)t * p.ch + c;
+        const float u = *px;
+        float acc = wc[h] * u;
+        for (int j = 0; j < h; j++)
+            acc += wc[j] * win[j];
+        for (int j = 0; j + 1 < h; j++)
+            win[j] = win[j + 1];
+        if (h)
+            win[h - 1] = u;
+        *px = ssm_silu(acc);
+    }
+    for (int j = 0; j < h; j++)
+        p.state[(int64_t)j * p.ch + c] = win[j];
+}
+
+/* ---- gated delta rule: one block per v head, tokens in order ------------------------------- */
+
+#define GDN_THREADS 128
+#define GDN_WARPS (GDN_THREADS / 32)
+#define GDN_COLS (CUDA_SSM_MAX_D / GDN_THREADS) /* columns b per thread: tid, tid + 128 */
+#define GDN_L2_EPS 1e-6f                        /* as ops_ssm.c's SSM_L2_EPS */
+static_assert(CUDA_SSM_MAX_D % GDN_THREADS == 0, "every column b < CUDA_SSM_MAX_D has a thread");
+
+struct gdn_params {
+    float *out;       /* (n_tok, n_v*d) */
+    const float *qkv; /* (n_tok, 2*n_k*d + n_v*d) */
+    const float *z;   /* (n_tok, n_v*d) */
+    const float *b, *a;
+    int ba_stride;
+    bool ba_grouped;
+    const float *a_log_neg, *dt_bias; /* (n_v) */
+    const float *norm_w;              /* (d) */
+    float *state;                     /* (n_v, d, d) */
+    int n_tok, n_k, n_v, d;
+    bool v_tiled;
+    float eps;
+};
+
+/* As ops_ssm.c's softplus, with its shortcut above 20. */
+static __device__ __forceinline__ float gdn_softplus(float x)
+{
+    return x > 20.0f ? x : log1pf(expf(x));
+}
+
+/* Block of GDN_THREADS: thread tid owns the state columns b = tid + c * GDN_THREADS (c <
+ * GDN_COLS, b < d), so it alone reads and writes S[a][b] for every a, across all tokens: no
+ * other thread touches its part of the state (and a warp's loads of S[a][.] are coalesced).
+ * Per token, shared memory holds the raw q and k of the head's q/k head, normalized as they
+ * are read (times rq, rk); sums over the head (|q|^2, |k|^2, k.q, |o|^2) are fixed-order block
+ * reductions: each thread adds its elements in index order, a warp butterfly, then every
+ * thread adds the GDN_WARPS warp sums in warp order. Threads without a column (d < 128) still
+ * take part in every reduction and barrier. */
+static __global__ void __launch_bounds__(GDN_THREADS) k_gdn(struct gdn_params p)
+{
+    __shared__ float sq[CUDA_SSM_MAX_D], sk[CUDA_SSM_MAX_D]; /* raw q, k of head kh */
+    __shared__ float red_qk[GDN_WARPS][3];                   /* warp sums of |q|^2, |k|^2, k.q */
+    __shared__ float red_o[GDN_WARPS];                       /* warp sums of |o|^2 */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int j = blockIdx.x, d = p.d, r = p.n_v / p.n_k;
+    const int kh = p.v_tiled ? j % p.n_k : j / r;
+    const int bi = p.ba_grouped ? (j / r) * 2 * r + j % r : j;
+    const int ai = p.ba_grouped ? (j / r) * 2 * r + r + j % r : j;
+    const int64_t kw = (int64_t)p.n_k * d, vw = (int64_t)p.n_v * d, cw = 2 * kw + vw;
+    const float qscale = 1.0f / sqrtf((float)d);
+    const float a_log_neg = p.a_log_neg[j], dt_bias = p.dt_bias[j];
+    float *S = p.state + (int64_t)j * d * d; /* S[a][b] at S[a*d + b] */
+
+    for (int t = 0; t < p.n_tok; t++) {
+        const float *row = p.qkv + (int64_t)t * cw;
+        const float *qh = row + (int64_t)kh * d, *kh_row = row + kw + (int64_t)kh * d;
+        const float *v = row + 2 * kw + (int64_t)j * d;
+        const float *z = p.z + (int64_t)t * vw + (int64_t)j * d;
+        float *out = p.out + (int64_t)t * vw + (int64_t)j * d;
+
+        /* 1. raw q and k into shared memory; |q|^2, |k|^2 and the raw k.q */
+        float pq = 0.0f, pk = 0.0f, pkq = 0.0f;
+        for (int i = tid; i < d; i += GDN_THREADS) {
+            const float qi = qh[i], ki = kh_row[i];
+            sq[i] = qi;
+            sk[i] = ki;
+            pq += qi * qi;
+            pk += ki * ki;
+            pkq += ki * qi;
+        }
+        pq = ops_warp_sum(pq);
+        pk = ops_warp_sum(pk);
+        pkq = ops_warp_sum(pkq);
+        if (lane == 0) {
+            red_qk[warp][0] = pq;
+            red_qk[warp][1] = pk;
+            red_qk[warp][2] = pkq;
+        }
+        __syncthreads(); /* red_qk and sq/sk complete */
+        float ssq = 0.0f, ssk = 0.0f, kq_raw = 0.0f;
+        for (int w = 0; w < GDN_WARPS; w++) {
+            ssq += red_qk[w][0];
+            ssk += red_qk[w][1];
+            kq_raw += red_qk[w][2];
+        }
+        /* as l2norm_scaled: q = q * (1/sqrt(d)) / sqrt(|q|^2 + eps), k = k / sqrt(|k|^2 + eps) */
+        const float rq = qscale / sqrtf(ssq + GDN_L2_EPS), rk = 1.0f / sqrtf(ssk + GDN_L2_EPS);
+        const float kq = kq_raw * rq * rk; /* k.q of the normalized vectors */
+        const float beta = ssm_sigmoid(p.b[(int64_t)t * p.ba_stride + bi]);
+        const float decay =
+            expf(a_log_neg * gdn_softplus(p.a[(int64_t)t * p.ba_stride + ai] + dt_bias));
+
+        /* 2. this thread's columns of S: S = decay S; delta = beta (v - S^T k);
+         * S += k delta^T; o = S^T q = (decay S_old)^T q + (k.q) delta */
+        float o[GDN_COLS];
+        float po = 0.0f;
+#pragma unroll
+        for (int c = 0; c < GDN_COLS; c++) {
+            const int b = tid + c * GDN_THREADS;
+            o[c] = 0.0f;
+            if (b >= d)
+                continue;
+            float acc_k = 0.0f, acc_q = 0.0f;
+            for (int a = 0; a < d; a++) {
+                const float s = decay * S[(int64_t)a * d + b];
+                acc_k += s * (sk[a] * rk);
+                acc_q += s * (sq[a] * rq);
+            }
+            const float delta = beta * (v[b] - acc_k);
+            for (int a = 0; a < d; a++) {
+                float *s = S + (int64_t)a * d + b;
+                *s = decay * *s + (sk[a] * rk) * delta;
+            }
+            o[c] = acc_q + kq * delta;
+            po += o[c] * o[c];
+        }
+
+        /* 3. gated RMSNorm over the head's d outputs */
+        po = ops_warp_sum(po);
+        if (lane == 0)
+            red_o[warp] = po;
+        __syncthreads(); /* red_o complete */
+        float ss = 0.0f;
+        for (int w = 0; w < GDN_WARPS; w++)
+            ss += red_o[w];
+        const float rn = 1.0f / sqrtf(ss / d + p.eps);
+#pragma unroll
+        for (int c = 0; c < GDN_COLS; c++) {
+            const int b = tid + c * GDN_THREADS;
+            if (b < d)
+                out[b] = o[c] * rn * p.norm_w[b] * ssm_silu(z[b]);
+        }
+        __syncthreads(); /* every thread is done with sq, sk, red_qk and red_o of token t */
+    }
+}
+
+/* ---- partial NEOX rope: one block per (token, ROPE_P_HEADS heads) --------------------------- */
+
+#define ROPE_P_THREADS 128
+#define ROPE_P_MAX_HALF 512 /* head_dim <= 1024 */
+#define ROPE_P_HEADS 4
+
+struct rope_partial_params {
+    float *x; /* (n_tok, n_heads*head_dim) */
+    int n_heads, head_dim, n_rot, pos0;
+    const int32_t *pos_dev;
+    float base;
+};
+
+static __global__ void __launch_bounds__(ROPE_P_THREADS)
+    k_rope_partial(struct rope_partial_params p)
+{
+    __shared__ float cs[ROPE_P_MAX_HALF], sn[ROPE_P_MAX_HALF];
+    const int t = blockIdx.x, half = p.n_rot / 2;
+    const double pos = p.pos_dev ? (double)p.pos_dev[t] : (double)p.pos0 + t;
+
+    /* as ops_rope_neox_partial: freq = base^(-2i/n_rot), angle, cos and sin in double */
+    for (int i = threadIdx.x; i < half; i += ROPE_P_THREADS) {
+        const double theta = pos * pow((double)p.base, -2.0 * i / p.n_rot);
+        double c, s;
+        sincos(theta, &s, &c);
+        cs[i] = (float)c;
+        sn[i] = (float)s;
+    }
+    __syncthreads();
+    const int h0 = blockIdx.y * ROPE_P_HEADS, nh = min(ROPE_P_HEADS, p.n_heads - h0);
+    float *x = p.x + ((int64_t)t * p.n_heads + h0) * p.head_dim;
+    /* each pair is read and written by one thread: no ordering between threads needed */
+    for (int e = threadIdx.x; e < nh * half; e += ROPE_P_THREADS) {
+        const int h = e / half, i = e - h * half;
+        float *v = x + (int64_t)h * p.head_dim;
+        const float a = v[i], b = v[i + half], c = cs[i], s = sn[i];
+        v[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        v[i + half] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    }
+}
+
+/* ---- elementwise: grid-stride loops ------------------------------------------------------- */
+
+#define EW_THREADS 256
+
+static __global__ void k_split_halves(float *q, float *gate, const float *qg, int64_t n, int hd)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / hd, c = i - r * hd;
+        q[i] = qg[r * 2 * hd + c];
+        gate[i] = qg[r * 2 * hd + hd + c];
+    }
+}
+
+static __global__ void k_mul_sigmoid(float *x, const float *gate, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __fmul_rn(x[i], ssm_sigmoid(gate[i]));
+}
+
+static __global__ void k_swiglu_inplace(float *u, const float *g, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        u[i] = __fmul_rn(u[i], ssm_silu(g[i]));
+}
+
+/* ---- sigmoid-gated add: one block per row, a fixed-order block reduction for the dot ------- */
+
+#define GATED_THREADS 256
+
+static __global__ void __launch_bounds__(GATED_THREADS)
+    k_add_sigmoid_gated(float *out, const float *y, const float *x, const float *w, int dim)
+{
+    __shared__ float part[GATED_THREADS / 32];
+    const int64_t base = (int64_t)blockIdx.x * dim;
+    float dot = 0.0f;
+
+    for (int i = threadIdx.x; i < dim; i += GATED_THREADS)
+        dot += w[i] * x[base + i];
+    dot = ops_warp_sum(dot);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = dot;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int i = 0; i < GATED_THREADS / 32; i++)
+        tot += part[i];
+    const float s = ssm_sigmoid(tot);
+    for (int i = threadIdx.x; i < dim; i += GATED_THREADS)
+        out[base + i] = __fadd_rn(out[base + i], __fmul_rn(s, y[base + i]));
+}
+
+/* ==== launchers ============================================================================== */
+
+/* Blocks for a grid-stride loop over n elements. */
+static unsigned ssm_stride_blocks(int64_t n, int threads)
+{
+    int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : b > 4096 ? 4096 : b);
+}
+
+extern "C" int cuda_ssm_conv(const struct cuda_ssm_conv_args *a)
+{
+    if (!a || a->n_tok < 0 || a->ch < 1 || a->d_conv < 1 || a->d_conv > CUDA_SSM_MAX_CONV)
+        return -EINVAL;
+    if (a->n_tok == 0)
+        return 0;
+    if (!a->x || !a->w || (a->d_conv > 1 && !a->state))
+        return -EINVAL;
+    struct ssm_conv_params p = {a->x, a->state, a->w, a->n_tok, a->ch, a->d_conv};
+    k_ssm_conv<<<ops_cdiv(a->ch, CONV_THREADS), CONV_THREADS, 0, (cudaStream_t)a->stream>>>(p);
+    return cuda_last_error("cuda_ssm_conv");
+}
+
+extern "C" int cuda_gdn(const struct cuda_gdn_args *a)
+{
+    if (!a || a->n_tok < 0 || a->n_k < 1 || a->n_v < 1 || a->n_v % a->n_k || a->d < 1 ||
+        a->d > CUDA_SSM_MAX_D || a->ba_stride < (a->ba_grouped ? 2 * a->n_v : a->n_v))
+        return -EINVAL;
+    if (a->n_tok == 0)
+        return 0;
+    if (!a->out || !a->qkv || !a->z || !a->b || !a->a || !a->a_log_neg || !a->dt_bias ||
+        !a->norm_w || !a->state)
+        return -EINVAL;
+    struct gdn_params p = {a->out,       a->qkv,        a->z,         a->b,       a->a,
+                           a->ba_stride, a->ba_grouped, a->a_log_neg, a->dt_bias, a->norm_w,
+                           a->state,     a->n_tok,      a->n_k,       a->n_v,     a->d,
+                           a->v_tiled,   a->eps};
+    k_gdn<<<a->n_v, GDN_THREADS, 0, (cudaStream_t)a->stream>>>(p);
+    return cuda_last_error("cuda_gdn");
+}
+
+extern "C" int cuda_rope_partial(const struct cuda_rope_partial_args *a)
+{
+    if (!a || a->n_tok < 0 || a->n_heads < 1 || a->head_dim < 1 ||
+        a->head_dim > 2 * ROPE_P_MAX_HALF || a->n_rot < 0 || a->n_rot % 2 || a->n_rot > a->head_dim)
+        return -EINVAL;
+    if (a->n_tok == 0 || a->n_rot == 0) /* nothing rotates */
+        return 0;
+    if (!a->x)
+        return -EINVAL;
+    struct rope_partial_params p = {a->x,    a->n_heads, a->head_dim, a->n_rot,
+                                    a->pos0, a->pos_dev, a->base};
+    dim3 grid((unsigned)a->n_tok, (unsigned)ops_cdiv(a->n_heads, ROPE_P_HEADS));
+    k_rope_partial<<<grid, ROPE_P_THREADS, 0, (cudaStream_t)a->stream>>>(p);
+    return cuda_last_error("cuda_rope_partial");
+}
+
+extern "C" int cuda_split_halves(float *q, float *gate, const float *qg, int rows, int hd,
+                                 void *stream)
+{
+    if (rows < 0 || hd < 1)
+        return -EINVAL;
+    if (rows == 0)
+        return 0;
+    if (!q || !gate || !qg)
+        return -EINVAL;
+    const int64_t n = (int64_t)rows * hd;
+    k_split_halves<<<ssm_stride_blocks(n, EW_THREADS), EW_THREADS, 0, (cudaStream_t)stream>>>(
+        q, gate, qg, n, hd);
+    return cuda_last_error("cuda_split_halves");
+}
+
+extern "C" int cuda_mul_sigmoid(float *x, const float *gate, size_t n, void *stream)
+{
+    if (n == 0)
+        return 0;
+    if (!x || !gate)
+        return -EINVAL;
+    k_mul_sigmoid<<<ssm_stride_blocks((int64_t)n, EW_THREADS), EW_THREADS, 0,
+                    (cudaStream_t)stream>>>(x, gate, n);
+    return cuda_last_error("cuda_mul_sigmoid");
+}
+
+extern "C" int cuda_swiglu_inplace(float *u, const float *g, size_t n, void *stream)
+{
+    if (n == 0)
+        return 0;
+    if (!u || !g)
+        return -EINVAL;
+    k_swiglu_inplace<<<ssm_stride_blocks((int64_t)n, EW_THREADS), EW_THREADS, 0,
+                       (cudaStream_t)stream>>>(u, g, n);
+    return cuda_last_error("cuda_swiglu_inplace");
+}
+
+extern "C" int cuda_add_sigmoid_gated(float *out, const float *y, const float *x, const float *w,
+                                      int rows, int dim, void *stream)
+{
+    if (rows < 0 || dim < 1)
+        return -EINVAL;
+    if (rows == 0)
+        return 0;
+    if (!out || !y || !x || !w)
+        return -EINVAL;
+    k_add_sigmoid_gated<<<rows, GATED_THREADS, 0, (cudaStream_t)stream>>>(out, y, x, w, dim);
+    return cuda_last_error("cuda_add_sigmoid_gated");
+}
