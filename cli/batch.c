@@ -263,7 +263,7 @@ static bool batch_run_flag(const char *a, bool *takes_value)
         "--stats-json --system -n --n-predict --temp --top-k --top-p --min-p --repeat-penalty "
         "--repeat-last-n -s --seed --stop --host-budget --host-io --spec --draft-max "
         "--draft-ngram -md --draft-model --draft-device";
-    static const char bare[] = "--chat --think --no-think --ignore-eos --bind --no-mmap -v "
+    static const char bare[] = "--chat --think --no-think --ignore-eos --bind --no-mmap --no-mtp -v "
                                "--verbose --stats --prefetch --profile-freeze --profile-optional "
                                "--graph --host-buffered --host-read-ahead";
     return run_opts_flag_in(with_value, bare, a, takes_value);

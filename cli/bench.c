@@ -37,6 +37,7 @@ struct bench_opts {
     bool profile_freeze;   /* --profile-freeze */
     bool profile_optional; /* --profile-optional */
     int no_mmap;   /* --no-mmap: weights copied to anonymous huge pages */
+    int no_mtp;    /* --no-mtp: the MTP block left unloaded */
     int cuda;      /* --device cuda */
     int bind;      /* --bind: one thread per physical core, bound */
     uint64_t vram_budget; /* --vram-budget */
@@ -84,6 +85,7 @@ static void bench_usage(void)
            "      --bw-gib G        size of the bandwidth probe in GiB (default 2)\n"
            "      --op-times        also print the time spent in each op (pp and tg; CPU)\n"
            "      --no-mmap         copy the weights into anonymous memory on huge pages\n"
+           "      --no-mtp          leave the model's multi-token-prediction block unloaded\n"
            "      --bind            bind the CPU threads one per physical core (hwloc)\n"
            "      --device cpu|cuda backend (default cpu; cuda: every weight on the GPU, and the\n"
            "                        floor is bytes per token / device copy bandwidth)\n"
@@ -172,6 +174,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         }
         if (!strcmp(a, "--profile-optional")) {
             o->profile_optional = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-mtp")) {
+            o->no_mtp = 1;
             continue;
         }
         if (!strcmp(a, "--no-mmap")) {
@@ -374,6 +380,7 @@ static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
     cfg->fill = (enum strata_fill)o->residency;
     cfg->flags = (o->graph ? STRATA_FLAG_GRAPH : 0) | (o->prefetch ? STRATA_FLAG_PREFETCH : 0) |
                  (o->gather ? STRATA_FLAG_GATHER : 0) | (o->no_mmap ? STRATA_FLAG_NO_MMAP : 0) |
+                 (o->no_mtp ? STRATA_FLAG_NO_MTP : 0) |
                  (o->profile_freeze ? STRATA_FLAG_PROFILE_FREEZE : 0) |
                  (o->profile_optional ? STRATA_FLAG_PROFILE_OPTIONAL : 0);
     cfg->profile = o->profile;

@@ -62,6 +62,8 @@ static void gen_usage(FILE *out)
             "  --seed S         random seed (default %d)\n"
             "  --threads N      worker threads (default: online CPUs)\n"
             "  --layers N       override the preset's layer count (quick files at real shapes)\n"
+            "  --mtp 0|1        qwen3next / qwen35moe: also write a multi-token-prediction block\n"
+            "                   (nextn_predict_layers; default 0)\n"
             "  --vocab PATH     take vocab, merges and added tokens from a Hugging Face\n"
             "                   tokenizer.json (default: a synthetic BPE vocabulary)\n"
             "  --inflate SMALL  instead of random weights, grow the qwen3moe model SMALL to the\n"
@@ -188,6 +190,7 @@ int cmd_gen(int argc, char **argv)
         {"seed", required_argument, NULL, 's'},
         {"threads", required_argument, NULL, 't'},
         {"layers", required_argument, NULL, 'l'},
+        {"mtp", required_argument, NULL, 'T'},
         {"vocab", required_argument, NULL, 'v'},
         {"inflate", required_argument, NULL, 'i'},
         {"output", required_argument, NULL, 'o'},
@@ -199,8 +202,8 @@ int cmd_gen(int argc, char **argv)
     const char *inflate = NULL; /* --inflate SMALL */
     struct gen_config cfg = {.arch = GEN_DEFAULT_ARCH, .seed = GEN_DEFAULT_SEED};
     struct gen_progress_state ps = {.tty = isatty(STDERR_FILENO), .last_decile = -1};
-    uint64_t layers = 0;
-    bool quiet = false;
+    uint64_t layers = 0, mtp = 0;
+    bool quiet = false, mtp_set = false;
     int c, threads;
 
     optind = 1;
@@ -240,6 +243,11 @@ int cmd_gen(int argc, char **argv)
             if (args_u64("gen", "--layers", optarg, 1, 100000, &layers))
                 return 2;
             break;
+        case 'T':
+            if (args_u64("gen", "--mtp", optarg, 0, 1, &mtp))
+                return 2;
+            mtp_set = true;
+            break;
         case 'h':
             gen_usage(stdout);
             return 0;
@@ -266,6 +274,10 @@ int cmd_gen(int argc, char **argv)
     cfg.preset = *preset;
     if (layers)
         cfg.preset.n_layer = (uint32_t)layers;
+    if (mtp_set && mtp && strcmp(cfg.arch, "qwen3next") && strcmp(cfg.arch, "qwen35moe"))
+        return gen_usage_error("--mtp: only qwen3next and qwen35moe have MTP blocks");
+    if (mtp_set)
+        cfg.preset.n_nextn = (uint32_t)mtp;
     if (!quiet) {
         cfg.progress = gen_progress;
         cfg.progress_arg = &ps;

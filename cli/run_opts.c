@@ -127,7 +127,9 @@ static void run_opts_usage(const char *cmd)
            "      --bind              bind the CPU threads one per physical core (hwloc), on\n"
            "                          the GPU's NUMA node with --device cuda\n"
            "      --no-mmap           copy the weights into anonymous memory on huge pages\n"
-           "                          (more RAM, faster CPU decode than the page cache)\n",
+           "                          (more RAM, faster CPU decode than the page cache)\n"
+           "      --no-mtp            leave the model's multi-token-prediction block unloaded\n"
+           "                          (qwen3next, qwen35moe; nothing uses it yet)\n",
            STRATA_DEFAULT_MODEL, d.n_ctx, d.n_batch, d.device, d.residency);
     if (chat)
         printf("messages (read from stdin, one a line; chat takes no -p or -f):\n"
@@ -268,6 +270,8 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->bind = true, used = 0;
         } else if (IS("--no-mmap", NULL)) {
             o->no_mmap = true, used = 0;
+        } else if (IS("--no-mtp", NULL)) {
+            o->no_mtp = true, used = 0;
         } else if (IS("--host-buffered", NULL)) {
             o->host_buffered = true, used = 0;
         } else if (IS("--host-read-ahead", NULL)) {
@@ -523,7 +527,7 @@ void run_opts_config(const struct run_opts *o, const char *path, struct strata_c
     cfg->fill = (enum strata_fill)fill;
     cfg->flags = (o->graph ? STRATA_FLAG_GRAPH : 0) | (o->prefetch ? STRATA_FLAG_PREFETCH : 0) |
                  (o->gather ? STRATA_FLAG_GATHER : 0) | (o->no_mmap ? STRATA_FLAG_NO_MMAP : 0) |
-                 (o->bind ? STRATA_FLAG_BIND : 0) |
+                 (o->no_mtp ? STRATA_FLAG_NO_MTP : 0) | (o->bind ? STRATA_FLAG_BIND : 0) |
                  (o->profile_freeze ? STRATA_FLAG_PROFILE_FREEZE : 0) |
                  (o->profile_optional ? STRATA_FLAG_PROFILE_OPTIONAL : 0) |
                  (o->host_io && !strcmp(o->host_io, "pread") ? STRATA_FLAG_NO_URING : 0) |

@@ -26,6 +26,7 @@ struct run_opts {
     bool hide_reasoning;   /* --hide-reasoning: harmony's analysis channel not printed */
     bool verbose;
     bool no_mmap;          /* --no-mmap: weights copied to anonymous huge pages */
+    bool no_mtp;           /* --no-mtp: the model's MTP block left unloaded */
     bool bind;             /* --bind: one OpenMP thread per physical core, bound */
     const char *device;    /* --device cpu */
     bool device_set;       /* --device was given */

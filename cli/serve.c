@@ -199,7 +199,7 @@ static bool serve_run_flag(const char *a, bool *takes_value)
         "--vram-budget --placement --residency --streaming --prefetch-depth --profile "
         "--stats-json --system --temp --top-k --top-p --min-p --repeat-penalty "
         "--repeat-last-n -s --seed --host-budget --host-io --spec --draft-max --draft-ngram";
-    static const char bare[] = "--think --no-think --bind --no-mmap -v --verbose --stats "
+    static const char bare[] = "--think --no-think --bind --no-mmap --no-mtp -v --verbose --stats "
                                "--prefetch --profile-freeze --profile-optional --host-buffered "
                                "--host-read-ahead";
     return run_opts_flag_in(with_value, bare, a, takes_value);

@@ -143,17 +143,26 @@ static int model_load_arch(struct model *m)
     m->arch = model_arch_find(name);
     if (!m->arch)
         return err_set(-ENOTSUP,
-                       "unsupported architecture '%s' (strata supports: qwen3moe, gpt-oss)", name);
+                       "unsupported architecture '%s' (strata supports: qwen3moe, gpt-oss, "
+                       "qwen3next, qwen35moe)",
+                       name);
     return m->arch->load(m);
 }
 
 int model_open(const char *path, struct model **out)
+{
+    return model_open_opts(path, NULL, out);
+}
+
+int model_open_opts(const char *path, const struct model_open_opts *opts, struct model **out)
 {
     struct model *m = calloc(1, sizeof(*m));
     int rc;
 
     if (!m)
         return err_set(-ENOMEM, "out of memory");
+    if (opts)
+        m->opts = *opts;
     rc = gguf_open(path, &m->file);
     if (rc)
         goto out_free;
@@ -182,14 +191,24 @@ out_free:
 
 void model_weights_each(struct model *m, void (*fn)(struct weight *w, void *arg), void *arg)
 {
+    const bool head_tied = m->mtp && m->mtp->head_norm.data == m->output_norm.data;
     fn(&m->tok_embd, arg);
     fn(&m->output_norm, arg);
     if (m->output.data != m->tok_embd.data)
         fn(&m->output, arg);
     else
         m->output = m->tok_embd; /* keep the tie: output follows tok_embd */
-    for (uint32_t l = 0; m->layers && l < m->hp.n_layer; l++) {
-        struct layer_weights *lw = &m->layers[l];
+    if (m->mtp) {
+        struct weight *mw[] = {&m->mtp->eh_proj, &m->mtp->enorm, &m->mtp->hnorm};
+        for (size_t i = 0; i < sizeof(mw) / sizeof(mw[0]); i++)
+            fn(mw[i], arg);
+        if (!head_tied)
+            fn(&m->mtp->head_norm, arg);
+        else
+            m->mtp->head_norm = m->output_norm; /* keep the view: it follows output_norm */
+    }
+    for (uint32_t l = 0; m->layers && l < m->hp.n_layer + (m->mtp ? 1 : 0); l++) {
+        struct layer_weights *lw = l < m->hp.n_layer ? &m->layers[l] : &m->mtp->lw;
         struct weight *all[] = {&lw->attn_norm,   &lw->wq,
                                 &lw->wk,          &lw->wv,
                                 &lw->wo,          &lw->q_norm,
@@ -259,6 +278,7 @@ void model_close(struct model *m)
     free(m->copy);
     tokenizer_close(m->tok);
     free(m->layers);
+    free(m->mtp);
     gguf_close(m->file);
     free(m);
 }

@@ -60,7 +60,7 @@ struct model_hparams {
     uint32_t ssm_n_v;     /* ssm.time_step_rank: v heads (a multiple of ssm_n_k) */
     bool ssm_v_tiled;     /* v head p reads q/k head p % n_k (qwen35moe), else p / (n_v/n_k) */
     uint32_t n_nextn;     /* nextn_predict_layers: MTP blocks after the n_layer main ones
-                             (not loaded) */
+                             (the first is loaded into struct model.mtp) */
 };
 
 /* Whether layer l is a Gated DeltaNet (recurrent) layer. */
@@ -142,6 +142,22 @@ struct layer_weights {
     struct weight ssm_out;             /* (V, n_embd) */
 };
 
+/* A multi-token-prediction block (qwen3next / qwen35moe "nextn"): a gated-attention layer with
+ * the model's MoE and shared expert, fed eh_proj . [enorm(embedding of token i+1) |
+ * hnorm(the main model's normed hidden state at i)]; its output through head_norm and the
+ * model's output matrix drafts token i+2. */
+struct mtp_weights {
+    struct weight eh_proj;          /* (2 n_embd, n_embd): the embedding half first */
+    struct weight enorm, hnorm;     /* (n_embd) F32 */
+    struct weight head_norm;        /* (n_embd) F32: shared_head_norm, else output_norm's view */
+    struct layer_weights lw;        /* the decoder layer, an attention layer's tensors */
+};
+
+/* Options of model_open_opts. */
+struct model_open_opts {
+    bool skip_mtp; /* leave MTP blocks unloaded (they are still counted) */
+};
+
 struct model {
     struct gguf_file *file;        /* owned */
     const struct model_arch *arch; /* static table entry: name and loader */
@@ -150,6 +166,8 @@ struct model {
     struct weight output_norm;     /* (n_embd) F32 */
     struct weight output;          /* (n_embd, n_vocab); tok_embd's view when tied */
     struct layer_weights *layers;  /* (n_layer) owned */
+    struct mtp_weights *mtp;       /* owned; NULL: the file has no MTP block, or it was skipped */
+    struct model_open_opts opts;   /* as opened */
     struct tokenizer *tok;         /* owned; NULL when the file has no vocabulary */
     void *copy;                    /* model_load_copy's buffer (weights point into it), or NULL */
     uint64_t copy_bytes;
@@ -158,6 +176,8 @@ struct model {
 /* Opens PATH, validates it for its architecture and loads the tokenizer. 0 or -errno; the
  * message names the file and the key/tensor at fault. */
 int model_open(const char *path, struct model **out);
+/* model_open with options (NULL: the defaults). */
+int model_open_opts(const char *path, const struct model_open_opts *opts, struct model **out);
 void model_close(struct model *m);
 
 /* Fills *w from tensor NAME checking its type is one the kernels support and its dims equal

@@ -4,7 +4,8 @@
  * layer has routed experts and a shared expert. The two differ in how a Gated DeltaNet layer
  * stores its beta/alpha projections (one grouped ssm_ba, or ssm_beta + ssm_alpha) and in which
  * q/k head a value head reads. Formats: docs/formats.md (qwen3next); the forward is
- * runtime/arch/qwen3next.c. MTP blocks (nextn_predict_layers) are counted, not loaded. */
+ * runtime/arch/qwen3next.c. The first MTP block (nextn_predict_layers) is loaded into m->mtp
+ * unless the opener skips it. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -238,10 +239,9 @@ static int q3n_layer_ssm(struct model *m, uint32_t l)
     return 0;
 }
 
-static int q3n_layer_attn(struct model *m, uint32_t l)
+static int q3n_layer_attn(struct model *m, uint32_t l, struct layer_weights *lw)
 {
     const struct model_hparams *hp = &m->hp;
-    struct layer_weights *lw = &m->layers[l];
     uint64_t e = hp->n_embd, qw = (uint64_t)hp->n_head * hp->head_dim;
     uint64_t kvw = (uint64_t)hp->n_head_kv * hp->head_dim;
     int rc = 0;
@@ -256,10 +256,10 @@ static int q3n_layer_attn(struct model *m, uint32_t l)
     return rc ? rc : q3n_small(l, &lw->k_norm);
 }
 
-static int q3n_layer(struct model *m, uint32_t l)
+/* Layer l's tensors into lw (blocks past n_layer: the MTP block, an attention layer). */
+static int q3n_layer(struct model *m, uint32_t l, struct layer_weights *lw)
 {
     const struct model_hparams *hp = &m->hp;
-    struct layer_weights *lw = &m->layers[l];
     uint64_t e = hp->n_embd, f = hp->n_ff_exp, n = hp->n_expert, fs = hp->n_ff_shexp;
     int rc = 0;
 
@@ -279,7 +279,40 @@ static int q3n_layer(struct model *m, uint32_t l)
     rc = rc ? rc : q3n_small(l, &lw->shexp_gate_inp);
     if (rc)
         return rc;
-    return model_layer_is_ssm(hp, l) ? q3n_layer_ssm(m, l) : q3n_layer_attn(m, l);
+    if (l < hp->n_layer && model_layer_is_ssm(hp, l))
+        return q3n_layer_ssm(m, l);
+    return q3n_layer_attn(m, l, lw);
+}
+
+/* The first MTP block (block n_layer): its nextn tensors and its attention layer. Later ones,
+ * if a file has them, are counted and left unloaded. */
+static int q3n_mtp(struct model *m)
+{
+    const struct model_hparams *hp = &m->hp;
+    const uint32_t l = hp->n_layer;
+    const uint64_t e = hp->n_embd;
+    struct mtp_weights *mt = calloc(1, sizeof(*mt));
+    int rc = 0;
+
+    if (!mt)
+        return err_set(-ENOMEM, "out of memory");
+    m->mtp = mt;
+    rc = rc ? rc : q3n_tensor(m, l, "nextn.eh_proj.weight", 2, 2 * e, e, 1, &mt->eh_proj);
+    rc = rc ? rc : q3n_tensor(m, l, "nextn.enorm.weight", 1, e, 1, 1, &mt->enorm);
+    rc = rc ? rc : q3n_tensor(m, l, "nextn.hnorm.weight", 1, e, 1, 1, &mt->hnorm);
+    rc = rc ? rc : q3n_small(l, &mt->enorm);
+    rc = rc ? rc : q3n_small(l, &mt->hnorm);
+    if (rc)
+        return err_wrap(rc, "the MTP block (--no-mtp skips it): ");
+    char name[64];
+    snprintf(name, sizeof(name), "blk.%u.nextn.shared_head_norm.weight", l);
+    rc = model_weight_find(m, name, 1, (const uint64_t[]){e}, &mt->head_norm);
+    if (rc == -ENOENT)
+        mt->head_norm = m->output_norm;
+    else if (rc || (rc = q3n_small(l, &mt->head_norm)))
+        return err_wrap(rc, "the MTP block (--no-mtp skips it): ");
+    rc = q3n_layer(m, l, &mt->lw);
+    return rc ? err_wrap(rc, "the MTP block (--no-mtp skips it): ") : 0;
 }
 
 int model_qwen3next_load(struct model *m)
@@ -316,11 +349,11 @@ int model_qwen3next_load(struct model *m)
     if (!m->layers)
         return err_set(-ENOMEM, "out of memory");
     for (uint32_t l = 0; l < hp->n_layer; l++) {
-        rc = q3n_layer(m, l);
+        rc = q3n_layer(m, l, &m->layers[l]);
         if (rc == -ENOENT) /* a layer short of the block count */
             return err_wrap(rc, "%s: ", key);
         if (rc)
             return rc;
     }
-    return 0;
+    return hp->n_nextn && !m->opts.skip_mtp ? q3n_mtp(m) : 0;
 }

@@ -73,6 +73,8 @@ enum strata_flags {
     STRATA_FLAG_READ_AHEAD = 1 << 10, /* host tier: read the next layer's predicted experts
                                        * while a layer computes (io_uring; bench/host-tier.md:
                                        * not faster on a 2-core machine) */
+    STRATA_FLAG_NO_MTP = 1 << 11,     /* leave the model's multi-token-prediction block
+                                       * unloaded (qwen3next, qwen35moe) */
 };
 
 /* What the router chose at one layer for a batch of tokens (statistics tools). */

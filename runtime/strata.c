@@ -155,7 +155,8 @@ int strata_load(const struct strata_config *cfg, struct strata **out)
     s->cfg.model_path = s->path;
     s->cfg.n_threads = strata_threads_cap(cfg->n_threads);
     s->bind_node = -1;
-    rc = model_open(s->path, &s->model);
+    struct model_open_opts mo = {.skip_mtp = (cfg->flags & STRATA_FLAG_NO_MTP) != 0};
+    rc = model_open_opts(s->path, &mo, &s->model);
     if (rc) {
         strata_close(s);
         return strata_fail(STRATA_STEP_LOAD, rc);

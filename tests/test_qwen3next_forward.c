@@ -508,6 +508,88 @@ static void check_file(const char *path, const char *label, double tol, bool exa
     strata_close(s);
 }
 
+static void count_one(struct weight *w, void *arg)
+{
+    (void)w;
+    (*(unsigned *)arg)++;
+}
+
+/* A file with an MTP block (gen --mtp 1): the loader fills m->mtp (nextn tensors at block
+ * n_layer, an attention layer's weights) unless skip_mtp; the main forward is the same either
+ * way; the weights are visited (and so copied by --no-mmap and uploaded by CUDA) once each. */
+static void check_mtp(const char *dir)
+{
+    char path[256];
+    struct gen_preset p = *gen_preset_find_arch("qwen35moe", "tiny");
+    p.n_nextn = 1;
+    snprintf(path, sizeof(path), "%s/mtp.gguf", dir);
+    struct gen_config cfg = {.arch = "qwen35moe", .preset = p, .mix = QUANT_MIX_Q8_0, .seed = 3,
+                             .n_threads = 2, .out_path = path};
+    CHECK(gen_file_write(&cfg, NULL) == 0, "gen mtp: %s", err_msg());
+    struct model *m = NULL, *k = NULL;
+    struct model_open_opts skip = {.skip_mtp = true};
+    CHECK(model_open(path, &m) == 0, "open: %s", err_msg());
+    CHECK(model_open_opts(path, &skip, &k) == 0, "open --no-mtp: %s", err_msg());
+    if (!m || !k) {
+        model_close(m), model_close(k);
+        unlink(path);
+        return;
+    }
+    const uint64_t H = m->hp.n_embd;
+    CHECK(m->hp.n_layer == p.n_layer && m->hp.n_nextn == 1, "layers %u, nextn %u", m->hp.n_layer,
+          m->hp.n_nextn);
+    CHECK(m->mtp && !k->mtp, "mtp %p (skipped: %p)", (void *)m->mtp, (void *)k->mtp);
+    if (m->mtp) {
+        const struct mtp_weights *mt = m->mtp;
+        char want[64];
+        snprintf(want, sizeof(want), "blk.%u.nextn.eh_proj.weight", p.n_layer);
+        CHECK(!strcmp(mt->eh_proj.name, want) && mt->eh_proj.ne[0] == 2 * H &&
+                  mt->eh_proj.ne[1] == H,
+              "eh_proj %s %llu x %llu", mt->eh_proj.name, (unsigned long long)mt->eh_proj.ne[0],
+              (unsigned long long)mt->eh_proj.ne[1]);
+        CHECK(mt->enorm.data && mt->hnorm.data && mt->head_norm.data &&
+                  mt->head_norm.data != m->output_norm.data,
+              "the MTP norms");
+        CHECK(mt->lw.wq.ne[1] == 2 * (uint64_t)p.n_head * p.head_dim && mt->lw.q_norm.data &&
+                  mt->lw.gate_exps.ne[2] == p.n_expert && mt->lw.down_shexp.data &&
+                  !mt->lw.ssm_qkv.data,
+              "the MTP layer is an attention layer with the MoE and the shared expert");
+    }
+    unsigned nm = 0, nk = 0;
+    model_weights_each(m, count_one, &nm);
+    model_weights_each(k, count_one, &nk);
+    CHECK(nm == nk + 4 + 16, "weights visited: %u with MTP, %u without", nm, nk);
+    model_close(m);
+    model_close(k);
+    /* the main forward ignores the block; --no-mmap's copy rebases it */
+    const int32_t ids[5] = {11, 503, 77, 900, 3};
+    float *la = NULL, *lb = NULL;
+    for (int i = 0; i < 2; i++) {
+        struct strata_config sc;
+        struct strata *s = NULL;
+        struct strata_stream *st = NULL;
+        strata_config_init(&sc);
+        sc.model_path = path;
+        sc.device = STRATA_DEVICE_CPU;
+        sc.n_threads = 2;
+        sc.n_ctx = 32;
+        sc.flags = i ? STRATA_FLAG_NO_MTP : STRATA_FLAG_NO_MMAP;
+        float *lg = test_xmalloc(sizeof(float) * 1024);
+        CHECK(strata_open(&sc, &s) == 0, "strata_open: %s", strata_error());
+        CHECK(s && strata_stream_open(s, 32, &st) == 0, "stream: %s", strata_error());
+        CHECK(st && strata_eval(st, ids, 5, lg) == 0, "eval: %s", strata_error());
+        strata_stream_close(st);
+        strata_close(s);
+        *(i ? &lb : &la) = lg;
+    }
+    CHECK(!memcmp(la, lb, sizeof(float) * 1024), "logits with and without the MTP block differ");
+    printf("  qwen35moe with an MTP block: loaded (%u weights, 20 of them its own), skipped with "
+           "--no-mtp, the same logits either way\n",
+           nm);
+    free(la), free(lb);
+    unlink(path);
+}
+
 int main(void)
 {
     char dir[] = "/tmp/strata_q3n_fwd_XXXXXX";
@@ -542,6 +624,7 @@ int main(void)
             unlink(path);
         }
     }
+    check_mtp(dir);
     rmdir(dir);
     return test_finish("test_qwen3next_forward");
 }

@@ -241,7 +241,8 @@ static int plan_build_hybrid(struct gen_run *run, const struct gen_config *cfg, 
     const uint32_t mix = GEN_TYPE_MIX, f32 = QUANT_F32;
     char name[64];
 
-    run->t = calloc((size_t)p->n_layer * GEN_MAX_TENSORS_PER_LAYER + 3, sizeof(*run->t));
+    run->t = calloc((size_t)(p->n_layer + p->n_nextn) * GEN_MAX_TENSORS_PER_LAYER + 4,
+                    sizeof(*run->t));
     if (!run->t)
         return err_set(-ENOMEM, "gen: out of memory for the tensor list");
 
@@ -250,9 +251,15 @@ static int plan_build_hybrid(struct gen_run *run, const struct gen_config *cfg, 
 #define BLK(suffix) (snprintf(name, sizeof(name), "blk.%u.%s", l, suffix), name)
 
     ADD("token_embd.weight", mix, 2, 0.0f, 1.0f, d, n_vocab);
-    for (uint32_t l = 0; l < p->n_layer; l++) {
+    for (uint32_t l = 0; l < p->n_layer + p->n_nextn; l++) {
+        if (l >= p->n_layer) { /* the MTP block: its own projection and norms, then a layer */
+            ADD(BLK("nextn.eh_proj.weight"), mix, 2, 0.0f, 1.0f / sqrtf(2.0f * d), 2 * d, d);
+            ADD(BLK("nextn.enorm.weight"), f32, 1, 1.0f, GEN_NORM_STD, d);
+            ADD(BLK("nextn.hnorm.weight"), f32, 1, 1.0f, GEN_NORM_STD, d);
+            ADD(BLK("nextn.shared_head_norm.weight"), f32, 1, 1.0f, GEN_NORM_STD, d);
+        }
         ADD(BLK("attn_norm.weight"), f32, 1, 1.0f, GEN_NORM_STD, d);
-        if ((l + 1) % p->full_attn_interval == 0) {
+        if (l >= p->n_layer || (l + 1) % p->full_attn_interval == 0) {
             ADD(BLK("attn_q.weight"), mix, 2, 0.0f, s_d, d, 2 * q);
             ADD(BLK("attn_k.weight"), mix, 2, 0.0f, s_d, d, kv);
             ADD(BLK("attn_v.weight"), mix, 2, 0.0f, s_d, d, kv);
@@ -317,6 +324,8 @@ static int check_hybrid(const struct gen_preset *p)
     if (!p->n_rot || p->n_rot % 2 || p->n_rot > p->head_dim)
         return err_set(-EINVAL, "gen: rope dimension count %u is not even in 2..%u", p->n_rot,
                        p->head_dim);
+    if (p->n_nextn > 1)
+        return err_set(-EINVAL, "gen: %u MTP blocks (gen writes 0 or 1)", p->n_nextn);
     if ((uint64_t)p->ssm_dt_rank * p->ssm_d_state > UINT32_MAX)
         return err_set(-EINVAL, "gen: GDN inner size %u x %u does not fit ssm.inner_size",
                        p->ssm_dt_rank, p->ssm_d_state);
@@ -392,6 +401,8 @@ static int write_metadata_hybrid(struct gguf_writer *w, const struct gen_config 
     U32("ssm.time_step_rank", p->ssm_dt_rank);
     U32("ssm.inner_size", p->ssm_dt_rank * p->ssm_d_state);
     U32("full_attention_interval", p->full_attn_interval);
+    if (p->n_nextn)
+        U32("nextn_predict_layers", p->n_nextn);
 #undef U32
     if (!rc && !strcmp(cfg->arch, "qwen35moe")) {
         int32_t sec[4];
@@ -428,7 +439,7 @@ static int write_metadata(struct gguf_writer *w, const struct gen_config *cfg,
     STR("general.name", name);
     U32("general.file_type", ftype);
     U32("general.quantization_version", 2);
-    U32(AK("block_count"), p->n_layer);
+    U32(AK("block_count"), p->n_layer + p->n_nextn);
     U32(AK("context_length"), p->n_ctx);
     U32(AK("embedding_length"), p->n_embd);
     if (!hybrid) /* qwen3next and qwen35moe have no dense FFN */

@@ -64,6 +64,9 @@ struct gen_preset {
     uint32_t ssm_n_group;        /* ssm.group_count: GDN q/k heads */
     uint32_t ssm_dt_rank;        /* ssm.time_step_rank: GDN v heads, a multiple of ssm_n_group */
     uint32_t full_attn_interval; /* full_attention_interval */
+    uint32_t n_nextn;       /* nextn_predict_layers: 0, or 1 MTP block written after the layers
+                               (block n_layer: nextn.* and a full-attention layer); block_count
+                               counts it */
 };
 
 /* The built-in presets, in the order --help lists them; *n receives their count. */
