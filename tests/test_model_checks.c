@@ -2,7 +2,8 @@
  * or tensor: a block count that disagrees with the blk.N tensors, context_length 0, a norm
  * epsilon that is not finite and positive, NaN or infinity in an F32 norm or router. Each bad
  * file is the tiny f32 model of tools/gen (seed 1) with one change, made by patching its bytes
- * or by rewriting it through core/gguf_write; the unchanged model still opens. Deterministic. */
+ * or by rewriting it through core/gguf_write; the unchanged model still opens. Also the hybrid
+ * qwen3next loader's own checks (check_hybrid). Deterministic. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -216,6 +217,82 @@ static void check_patches(const char *good)
     }
 }
 
+/* qwen3next (tiny, f32, 4 layers: blocks 0 and 2 Gated DeltaNet, 1 and 3 attention): a
+ * positive ssm_a (the state would grow), a NaN in the conv kernel, sizes that disagree
+ * (inner_size, v heads not a multiple of q/k heads, a rope count over the head, a conv too
+ * long), a missing layer, an MTP block counted but absent: each refused by name. */
+static void check_hybrid(void)
+{
+    char good[256], path[256];
+    const struct gen_preset *p = gen_preset_find_arch("qwen3next", "tiny");
+    if (test_gen_model(p, QUANT_MIX_F32, 1, tmpdir, "q3n", good, sizeof(good))) {
+        CHECK(0, "gen qwen3next: %s", err_msg());
+        return;
+    }
+    expect_opens(good);
+    struct {
+        const char *file;
+        struct edit e;
+        int code;
+        const char *w1, *w2;
+    } cases[] = {
+        {"q3n-inner.gguf", {"qwen3next.ssm.inner_size", GGUF_TYPE_UINT32, 100, 0, -1}, -EINVAL,
+         "qwen3next.ssm.inner_size", NULL},
+        {"q3n-vheads.gguf", {"qwen3next.ssm.time_step_rank", GGUF_TYPE_UINT32, 3, 0, -1},
+         -EINVAL, "ssm.time_step_rank", "ssm.group_count"},
+        {"q3n-rot.gguf", {"qwen3next.rope.dimension_count", GGUF_TYPE_UINT32, 130, 0, -1},
+         -EINVAL, "qwen3next.rope.dimension_count", NULL},
+        {"q3n-conv.gguf", {"qwen3next.ssm.conv_kernel", GGUF_TYPE_UINT32, 17, 0, -1}, -EINVAL,
+         "ssm.conv_kernel", NULL},
+        {"q3n-drop2.gguf", {.drop_block = 2}, -ENOENT, "blk.2.", NULL},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", tmpdir, cases[i].file);
+        int rc = rewrite(good, path, &cases[i].e);
+        CHECK(rc == 0, "rewrite %s: %s", cases[i].file, err_msg());
+        if (rc)
+            continue;
+        expect_refused(path, cases[i].code, cases[i].w1, cases[i].w2);
+        unlink(path);
+    }
+    /* a file that counts an MTP block (nextn_predict_layers 1, block_count 5) without it */
+    struct gen_preset pm = *p;
+    pm.n_nextn = 1;
+    char mtp[256];
+    if (!test_gen_model(&pm, QUANT_MIX_F32, 1, tmpdir, "q3n-mtp", mtp, sizeof(mtp))) {
+        expect_opens(mtp);
+        snprintf(path, sizeof(path), "%s/q3n-mtp-dropped.gguf", tmpdir);
+        CHECK(rewrite(mtp, path, &(struct edit){.drop_block = 4}) == 0, "rewrite: %s",
+              err_msg());
+        expect_refused(path, -ENOENT, "MTP block", "blk.4.nextn.eh_proj");
+        unlink(path);
+        unlink(mtp);
+    } else {
+        CHECK(0, "gen qwen3next --mtp 1: %s", err_msg());
+    }
+    struct {
+        const char *tensor;
+        uint64_t elem;
+        float v;
+        const char *what;
+    } pc[] = {
+        {"blk.0.ssm_a", 1, 0.5f, "never positive"},
+        {"blk.2.ssm_conv1d.weight", 9, NAN, "NaN"},
+        {"blk.0.ssm_dt.bias", 0, INFINITY, "infinity"},
+        {"blk.1.ffn_gate_inp_shexp.weight", 4, NAN, "NaN"},
+    };
+    for (size_t i = 0; i < sizeof(pc) / sizeof(pc[0]); i++) {
+        snprintf(path, sizeof(path), "%s/q3n-patched-%zu.gguf", tmpdir, i);
+        int rc = patch(good, path, pc[i].tensor, pc[i].elem, pc[i].v);
+        CHECK(rc == 0, "patch %s: %s", pc[i].tensor, err_msg());
+        if (rc)
+            continue;
+        expect_refused(path, -EINVAL, pc[i].tensor, pc[i].what);
+        unlink(path);
+    }
+    unlink(good);
+}
+
 int main(void)
 {
     char good[256];
@@ -239,6 +316,7 @@ int main(void)
         check_patches(good);
         unlink(good);
     }
+    check_hybrid();
     rmdir(tmpdir);
     return test_finish("test_model_checks");
 }
