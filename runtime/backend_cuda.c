@@ -913,7 +913,7 @@ static uint64_t cuda_stream_bytes(const struct model_hparams *hp, uint64_t n_ctx
 {
     uint64_t qw = (uint64_t)hp->n_head * hp->head_dim, kvw = (uint64_t)hp->n_head_kv * hp->head_dim;
     uint64_t kv = 2 * n_ctx * kvw * model_n_kv_layers(hp);
-    uint64_t state = (uint64_t)model_n_ssm_layers(hp) *
+    uint64_t state = 2 * (uint64_t)model_n_ssm_layers(hp) * /* and its checkpoint */
                      (model_conv_state_floats(hp) + model_ssm_state_floats(hp));
     uint64_t arena =
         t * hp->n_embd * 3 + t * qw * 2 + t * kvw * 2 + hp->n_vocab + t * stream_hybrid_floats(hp);

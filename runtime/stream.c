@@ -117,7 +117,8 @@ int stream_size_get(const struct model *m, int n_ctx, int max_tok, struct stream
     kvw = (uint64_t)hp->n_head_kv * hp->head_dim;
     act = 3 * (uint64_t)hp->n_embd + 2 * (uint64_t)hp->n_head * hp->head_dim + 2 * kvw +
           stream_hybrid_floats(hp);
-    uint64_t state = (uint64_t)model_n_ssm_layers(hp) *
+    /* the state and the checkpoint a lockstep step of several rows may copy it into */
+    uint64_t state = 2 * (uint64_t)model_n_ssm_layers(hp) *
                      (model_conv_state_floats(hp) + model_ssm_state_floats(hp)) * sizeof(float);
     if (__builtin_mul_overflow(kvw, (uint64_t)n_ctx, &kv) ||
         __builtin_mul_overflow(kv, 2 * (uint64_t)model_n_kv_layers(hp) * sizeof(float), &kv) ||

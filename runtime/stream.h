@@ -67,7 +67,8 @@ struct stream {
 /* The backend memory a stream needs, in bytes. */
 struct stream_size {
     uint64_t kv_bytes;    /* the K and V caches: 2 * n_kv_layers * n_ctx * n_head_kv*head_dim
-                           * floats, and Gated DeltaNet layers' recurrent state */
+                           * floats, and Gated DeltaNet layers' recurrent state and its
+                           * checkpoint */
     uint64_t arena_bytes; /* the activations: max_tok * (3 n_embd + 2 n_head*head_dim +
                            * 2 n_head_kv*head_dim) + n_vocab floats */
 };
