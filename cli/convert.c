@@ -32,8 +32,8 @@ static void convert_usage(FILE *out)
             "model-*.safetensors with model.safetensors.index.json, tokenizer.json,\n"
             "tokenizer_config.json) into a GGUF file. Architectures: Qwen3MoeForCausalLM,\n"
             "GptOssForCausalLM, Qwen3NextForCausalLM, Qwen3_5MoeForCausalLM and\n"
-            "Qwen3_5MoeForConditionalGeneration (the text model; vision and MTP weights are\n"
-            "left out). Weights may be F32, BF16 or F16; experts per expert or fused\n"
+            "Qwen3_5MoeForConditionalGeneration (the text model; vision weights are left\n"
+            "out). Weights may be F32, BF16 or F16; experts per expert or fused\n"
             "(gate_up_proj); gpt-oss experts also as MXFP4 blocks (the published files).\n\n"
             "options:\n"
             "  -o, --output F   output file (required; written to a temp file, then renamed)\n"
@@ -49,6 +49,11 @@ static void convert_usage(FILE *out)
             "                   q4_k_m); biases and sinks F32\n"
             "  --threads N      OpenMP threads (default: OpenMP's default, all cores)\n"
             "  --name NAME      general.name (default: the directory's name)\n"
+            "  --no-mtp         qwen3next / qwen35moe: drop the multi-token-prediction head\n"
+            "                   (mtp.*): block_count = num_hidden_layers, no nextn key\n"
+            "                   (default: keep it as llama.cpp does, as block\n"
+            "                   num_hidden_layers with nextn.* tensors, block_count + 1,\n"
+            "                   nextn_predict_layers 1; more than one MTP layer is refused)\n"
             "  --allow-unknown-keys\n"
             "                   convert a config.json with keys strata does not know (a warning\n"
             "                   per key) instead of refusing it (default: refuse; the keys\n"
@@ -107,6 +112,7 @@ int cmd_convert(int argc, char **argv)
         {"threads", required_argument, NULL, 't'},
         {"name", required_argument, NULL, 'n'},
         {"allow-unknown-keys", no_argument, NULL, 'u'},
+        {"no-mtp", no_argument, NULL, 'M'},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -136,6 +142,9 @@ int cmd_convert(int argc, char **argv)
             break;
         case 'u':
             cfg.allow_unknown_keys = true;
+            break;
+        case 'M':
+            cfg.no_mtp = true;
             break;
         case 'q':
             st.quiet = true;

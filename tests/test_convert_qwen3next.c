@@ -9,9 +9,13 @@
  * experts per expert in even layers and fused (gate_up_proj [E, 2F, H], down_proj [E, H, F])
  * in odd ones. qwen35moe: text_config with layer_types only (full attention at layer 3, the
  * interval 4 inferred), in_proj_qkv / in_proj_z / in_proj_b / in_proj_a, mrope_section [2, 1, 1],
- * fused experts except in layer 0, the text model under model.language_model. plus mtp.* and
+ * fused experts except in layer 0, the text model under model.language_model. plus
  * model.visual.* tensors that must be dropped; and the same weights as a text-only
- * Qwen3_5MoeForCausalLM config (prefix model.).
+ * Qwen3_5MoeForCausalLM config (prefix model.). Both have an MTP head (mtp_num_hidden_layers 1:
+ * mtp.fc, mtp.pre_fc_norm_embedding / _hidden, mtp.norm and mtp.layers.0, a full-attention
+ * layer with per-expert experts in qwen3next, fused in qwen35moe), written by default as block
+ * 4 (blk.4.nextn.eh_proj / enorm / hnorm / shared_head_norm + the layer's tensors,
+ * block_count 5, nextn_predict_layers 1) and dropped by --no-mtp (the output without it).
  * Every expected GGUF tensor is computed here from the HF values by index arithmetic written
  * independently of the converter's segment plan (FORMATS §4(c), §4(f), /tmp contract): norms
  * + 1 except linear_attn.norm, ssm_a = -exp(A_log), the qkvz split, the ba grouping, the tiled
@@ -19,7 +23,10 @@
  * columns), the expert split. Checks at f32: every key, and every tensor's name, shape, type and
  * values bit for bit, and no other tensor; at q8_0: the norms, router, shared-expert gate,
  * conv, dt, a F32, the matrices Q8_0; strata opens each file and gives finite logits (the
- * forward itself is checked by the runtime's tests). Then the key audit refuses, naming the key:
+ * forward itself is checked by the runtime's tests). The MTP head is also dropped when the
+ * config has no mtp_num_hidden_layers or the checkpoint no mtp.* tensor, and --no-mtp converts
+ * mtp_num_hidden_layers 2 and mtp_use_dedicated_embeddings true, which are refused (by name)
+ * without it, as is an MTP layer short of a tensor. Then the key audit refuses, naming the key:
  * for qwen3next norm_topk_prob false, linear_value_head_dim != linear_key_head_dim,
  * linear_num_value_heads not a multiple of the key heads, layer_types off the interval
  * pattern, decoder_sparse_step 2, rope_scaling yarn; for qwen35moe a mrope_section that does
@@ -135,6 +142,14 @@ static const float *hf_get(const char *fmt, ...)
     exit(1);
 }
 
+/* HF tensors whose names start with this are left out of the files written (NULL: none). */
+static const char *st_skip;
+
+static bool st_skipped(const struct hft *t)
+{
+    return st_skip && !strncmp(t->name, st_skip, strlen(st_skip));
+}
+
 /* Writes the HF tensors as F32 safetensors; names starting with `from` start with `to` instead. */
 static void st_write(const char *path, const char *from, const char *to)
 {
@@ -143,6 +158,8 @@ static void st_write(const char *path, const char *from, const char *to)
     char name[160];
 
     for (int i = 0; i < n_hf; i++) {
+        if (st_skipped(&hf[i]))
+            continue;
         json_object *e = json_object_new_object(), *sh = json_object_new_array();
         json_object *offs = json_object_new_array();
         for (uint32_t d = 0; d < hf[i].n_dims; d++)
@@ -172,7 +189,8 @@ static void st_write(const char *path, const char *from, const char *to)
         for (uint64_t i = strlen(js); i < hl; i++)
             fputc(' ', f);
         for (int i = 0; i < n_hf; i++)
-            fwrite(hf[i].data, 4, hf[i].n, f);
+            if (!st_skipped(&hf[i]))
+                fwrite(hf[i].data, 4, hf[i].n, f);
         CHECK(fclose(f) == 0, "close %s", path);
     }
     json_object_put(hdr);
@@ -180,12 +198,14 @@ static void st_write(const char *path, const char *from, const char *to)
 
 /* ---- the checkpoints ---------------------------------------------------------------------- */
 
+/* Layer l is full attention; so is the MTP layer, block NL, whatever the interval. */
 static bool layer_full(enum arch a, int l)
 {
-    return (l + 1) % (a == QWEN3NEXT ? 2 : 4) == 0;
+    return l == NL || (l + 1) % (a == QWEN3NEXT ? 2 : 4) == 0;
 }
 
-/* Experts fused in this layer (else per expert). */
+/* Experts fused in this layer (else per expert); the MTP layer (NL): per expert in qwen3next,
+ * fused in qwen35moe. */
 static bool layer_fused(enum arch a, int l)
 {
     return a == QWEN3NEXT ? l % 2 == 1 : l != 0;
@@ -208,6 +228,44 @@ static void experts_build(const char *lp, bool fused)
     hf_new(0, s, 3, E, H, F, "%smlp.experts.down_proj", lp);
 }
 
+/* One decoder layer under lp (layer l's kind of attention and expert storage). */
+static void layer_build(enum arch a, const char *lp, int l)
+{
+    const float s = 1.0f / sqrtf(H);
+
+    hf_new(0, 0.1f, 1, H, 0, 0, "%sinput_layernorm.weight", lp);
+    hf_new(0, 0.1f, 1, H, 0, 0, "%spost_attention_layernorm.weight", lp);
+    if (layer_full(a, l)) {
+        hf_new(0, s, 2, 2 * QW, H, 0, "%sself_attn.q_proj.weight", lp);
+        hf_new(0, s, 2, KVW, H, 0, "%sself_attn.k_proj.weight", lp);
+        hf_new(0, s, 2, KVW, H, 0, "%sself_attn.v_proj.weight", lp);
+        hf_new(0, 1.0f / sqrtf(QW), 2, H, QW, 0, "%sself_attn.o_proj.weight", lp);
+        hf_new(0, 0.1f, 1, HD, 0, 0, "%sself_attn.q_norm.weight", lp);
+        hf_new(0, 0.1f, 1, HD, 0, 0, "%sself_attn.k_norm.weight", lp);
+    } else {
+        if (a == QWEN3NEXT) {
+            hf_new(0, s, 2, 2 * KD + 2 * VD, H, 0, "%slinear_attn.in_proj_qkvz.weight", lp);
+            hf_new(0, s, 2, 2 * NV, H, 0, "%slinear_attn.in_proj_ba.weight", lp);
+        } else {
+            hf_new(0, s, 2, CH, H, 0, "%slinear_attn.in_proj_qkv.weight", lp);
+            hf_new(0, s, 2, VD, H, 0, "%slinear_attn.in_proj_z.weight", lp);
+            hf_new(0, s, 2, NV, H, 0, "%slinear_attn.in_proj_b.weight", lp);
+            hf_new(0, s, 2, NV, H, 0, "%slinear_attn.in_proj_a.weight", lp);
+        }
+        hf_new(0, 0.5f, 3, CH, 1, KC, "%slinear_attn.conv1d.weight", lp);
+        hf_new(1.0f, 0.3f, 1, NV, 0, 0, "%slinear_attn.dt_bias", lp);
+        hf_new(0.5f, 0.5f, 1, NV, 0, 0, "%slinear_attn.A_log", lp);
+        hf_new(1.0f, 0.1f, 1, D, 0, 0, "%slinear_attn.norm.weight", lp);
+        hf_new(0, 1.0f / sqrtf(VD), 2, H, VD, 0, "%slinear_attn.out_proj.weight", lp);
+    }
+    hf_new(0, s, 2, E, H, 0, "%smlp.gate.weight", lp);
+    experts_build(lp, layer_fused(a, l));
+    hf_new(0, s, 2, 1, H, 0, "%smlp.shared_expert_gate.weight", lp);
+    hf_new(0, s, 2, FS, H, 0, "%smlp.shared_expert.gate_proj.weight", lp);
+    hf_new(0, s, 2, FS, H, 0, "%smlp.shared_expert.up_proj.weight", lp);
+    hf_new(0, 1.0f / sqrtf(FS), 2, H, FS, 0, "%smlp.shared_expert.down_proj.weight", lp);
+}
+
 static void model_build(enum arch a)
 {
     const char *pre = a == QWEN3NEXT ? "model." : "model.language_model.";
@@ -218,43 +276,17 @@ static void model_build(enum arch a)
     hf_new(0, 1.0f, 2, NVOCAB, H, 0, "%sembed_tokens.weight", pre);
     for (int l = 0; l < NL; l++) {
         snprintf(lp, sizeof(lp), "%slayers.%d.", pre, l);
-        hf_new(0, 0.1f, 1, H, 0, 0, "%sinput_layernorm.weight", lp);
-        hf_new(0, 0.1f, 1, H, 0, 0, "%spost_attention_layernorm.weight", lp);
-        if (layer_full(a, l)) {
-            hf_new(0, s, 2, 2 * QW, H, 0, "%sself_attn.q_proj.weight", lp);
-            hf_new(0, s, 2, KVW, H, 0, "%sself_attn.k_proj.weight", lp);
-            hf_new(0, s, 2, KVW, H, 0, "%sself_attn.v_proj.weight", lp);
-            hf_new(0, 1.0f / sqrtf(QW), 2, H, QW, 0, "%sself_attn.o_proj.weight", lp);
-            hf_new(0, 0.1f, 1, HD, 0, 0, "%sself_attn.q_norm.weight", lp);
-            hf_new(0, 0.1f, 1, HD, 0, 0, "%sself_attn.k_norm.weight", lp);
-        } else {
-            if (a == QWEN3NEXT) {
-                hf_new(0, s, 2, 2 * KD + 2 * VD, H, 0, "%slinear_attn.in_proj_qkvz.weight", lp);
-                hf_new(0, s, 2, 2 * NV, H, 0, "%slinear_attn.in_proj_ba.weight", lp);
-            } else {
-                hf_new(0, s, 2, CH, H, 0, "%slinear_attn.in_proj_qkv.weight", lp);
-                hf_new(0, s, 2, VD, H, 0, "%slinear_attn.in_proj_z.weight", lp);
-                hf_new(0, s, 2, NV, H, 0, "%slinear_attn.in_proj_b.weight", lp);
-                hf_new(0, s, 2, NV, H, 0, "%slinear_attn.in_proj_a.weight", lp);
-            }
-            hf_new(0, 0.5f, 3, CH, 1, KC, "%slinear_attn.conv1d.weight", lp);
-            hf_new(1.0f, 0.3f, 1, NV, 0, 0, "%slinear_attn.dt_bias", lp);
-            hf_new(0.5f, 0.5f, 1, NV, 0, 0, "%slinear_attn.A_log", lp);
-            hf_new(1.0f, 0.1f, 1, D, 0, 0, "%slinear_attn.norm.weight", lp);
-            hf_new(0, 1.0f / sqrtf(VD), 2, H, VD, 0, "%slinear_attn.out_proj.weight", lp);
-        }
-        hf_new(0, s, 2, E, H, 0, "%smlp.gate.weight", lp);
-        experts_build(lp, layer_fused(a, l));
-        hf_new(0, s, 2, 1, H, 0, "%smlp.shared_expert_gate.weight", lp);
-        hf_new(0, s, 2, FS, H, 0, "%smlp.shared_expert.gate_proj.weight", lp);
-        hf_new(0, s, 2, FS, H, 0, "%smlp.shared_expert.up_proj.weight", lp);
-        hf_new(0, 1.0f / sqrtf(FS), 2, H, FS, 0, "%smlp.shared_expert.down_proj.weight", lp);
+        layer_build(a, lp, l);
     }
     hf_new(0, 0.1f, 1, H, 0, 0, "%snorm.weight", pre);
     hf_new(0, s, 2, NVOCAB, H, 0, "lm_head.weight");
-    /* what the converter must drop */
-    hf_new(0, s, 2, H, 2 * H, 0, "mtp.fc.weight");
+    /* the MTP head, kept as block NL unless --no-mtp */
+    hf_new(0, 1.0f / sqrtf(2 * H), 2, H, 2 * H, 0, "mtp.fc.weight");
+    hf_new(0, 0.1f, 1, H, 0, 0, "mtp.pre_fc_norm_embedding.weight");
+    hf_new(0, 0.1f, 1, H, 0, 0, "mtp.pre_fc_norm_hidden.weight");
     hf_new(0, 0.1f, 1, H, 0, 0, "mtp.norm.weight");
+    layer_build(a, "mtp.layers.0.", NL);
+    /* what the converter must drop */
     if (a == QWEN35MOE)
         hf_new(0, s, 2, 32, 48, 0, "model.visual.patch_embed.proj.weight");
 }
@@ -280,6 +312,7 @@ static const char *const config_qwen3next =
     "\"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\","
     "\"full_attention\"], \"rope_theta\": 10000000.0, \"partial_rotary_factor\": 0.25,"
     "\"rope_scaling\": null, \"torch_dtype\": \"float32\","
+    "\"mtp_num_hidden_layers\": 1, \"mtp_use_dedicated_embeddings\": false,"
     "\"transformers_version\": \"4.57.0.dev0\"}";
 
 #define TEXT35_KEYS                                                                                \
@@ -369,9 +402,11 @@ static const char *ckpt_write(const char *name, const char *config, const struct
     return dir;
 }
 
-static int convert(const char *dir, const char *out, enum quant_mix mix, struct convert_stats *st)
+static int convert(const char *dir, const char *out, enum quant_mix mix, bool no_mtp,
+                   struct convert_stats *st)
 {
-    struct convert_config cfg = {.hf_dir = dir, .out_path = out, .mix = mix, .n_threads = 2};
+    struct convert_config cfg = {
+        .hf_dir = dir, .out_path = out, .mix = mix, .n_threads = 2, .no_mtp = no_mtp};
     return convert_run(&cfg, st);
 }
 
@@ -569,26 +604,59 @@ static void want_moe(enum arch a, const char *lp, int l)
     want_copy(false, false, 2, FS, H, hf_get("%smlp.shared_expert.down_proj.weight", lp), nm);
 }
 
-static void wants_build(enum arch a)
+/* Block l from the HF layer under lp. */
+static void want_layer(enum arch a, const char *lp, int l)
+{
+    char nm[64];
+    snprintf(nm, sizeof(nm), "blk.%d.attn_norm.weight", l);
+    want_copy(true, true, 1, H, 0, hf_get("%sinput_layernorm.weight", lp), nm);
+    snprintf(nm, sizeof(nm), "blk.%d.post_attention_norm.weight", l);
+    want_copy(true, true, 1, H, 0, hf_get("%spost_attention_layernorm.weight", lp), nm);
+    if (layer_full(a, l))
+        want_attn(lp, l);
+    else
+        want_gdn(a, lp, l);
+    want_moe(a, lp, l);
+}
+
+/* The MTP head as llama.cpp's converters write it (FORMATS §4(f)): block NL's nextn.eh_proj is
+ * mtp.fc [H, 2H] as it is (ne {2H, H}), enorm / hnorm / shared_head_norm are
+ * pre_fc_norm_embedding / pre_fc_norm_hidden / norm + 1 (F32), and mtp.layers.0 is block NL,
+ * a full-attention layer converted as a main one. */
+static void want_mtp(enum arch a)
+{
+    static const struct {
+        const char *gguf, *hf;
+    } norms[] = {
+        {"nextn.enorm.weight", "mtp.pre_fc_norm_embedding.weight"},
+        {"nextn.hnorm.weight", "mtp.pre_fc_norm_hidden.weight"},
+        {"nextn.shared_head_norm.weight", "mtp.norm.weight"},
+    };
+    char nm[64];
+    snprintf(nm, sizeof(nm), "blk.%d.nextn.eh_proj.weight", NL);
+    want_copy(false, false, 2, 2 * H, H, hf_get("mtp.fc.weight"), nm);
+    for (size_t i = 0; i < sizeof(norms) / sizeof(norms[0]); i++) {
+        snprintf(nm, sizeof(nm), "blk.%d.%s", NL, norms[i].gguf);
+        want_copy(true, true, 1, H, 0, hf_get("%s", norms[i].hf), nm);
+    }
+    want_layer(a, "mtp.layers.0.", NL);
+}
+
+/* The tensors of a conversion, with the MTP block or (--no-mtp) without. */
+static void wants_build(enum arch a, bool mtp)
 {
     const char *pre = a == QWEN3NEXT ? "model." : "model.language_model.";
-    char lp[96], nm[64];
+    char lp[96];
 
     wants_free();
     want_copy(false, false, 2, H, NVOCAB, hf_get("%sembed_tokens.weight", pre),
               "token_embd.weight");
     for (int l = 0; l < NL; l++) {
         snprintf(lp, sizeof(lp), "%slayers.%d.", pre, l);
-        snprintf(nm, sizeof(nm), "blk.%d.attn_norm.weight", l);
-        want_copy(true, true, 1, H, 0, hf_get("%sinput_layernorm.weight", lp), nm);
-        snprintf(nm, sizeof(nm), "blk.%d.post_attention_norm.weight", l);
-        want_copy(true, true, 1, H, 0, hf_get("%spost_attention_layernorm.weight", lp), nm);
-        if (layer_full(a, l))
-            want_attn(lp, l);
-        else
-            want_gdn(a, lp, l);
-        want_moe(a, lp, l);
+        want_layer(a, lp, l);
     }
+    if (mtp)
+        want_mtp(a);
     want_copy(true, true, 1, H, 0, hf_get("%snorm.weight", pre), "output_norm.weight");
     want_copy(false, false, 2, H, NVOCAB, hf_get("lm_head.weight"), "output.weight");
 }
@@ -655,7 +723,8 @@ static void expect_f32(const struct gguf_file *g, const char *arch, const char *
     CHECK(gguf_get_f32(g, k, &got) == 0 && got == v, "%s = %g, want %g", k, got, v);
 }
 
-static void check_keys(const struct gguf_file *g, enum arch a)
+/* The keys; with the MTP block, block_count NL + 1 and nextn_predict_layers 1. */
+static void check_keys(const struct gguf_file *g, enum arch a, bool mtp)
 {
     const char *arch = a == QWEN3NEXT ? "qwen3next" : "qwen35moe";
     struct gguf_str s = {0};
@@ -668,7 +737,7 @@ static void check_keys(const struct gguf_file *g, enum arch a)
         const char *key;
         uint32_t v;
     } u[] = {
-        {"block_count", NL},
+        {"block_count", NL + mtp},
         {"context_length", 512},
         {"embedding_length", H},
         {"attention.head_count", NH},
@@ -691,8 +760,10 @@ static void check_keys(const struct gguf_file *g, enum arch a)
         expect_u32(g, arch, u[i].key, u[i].v);
     expect_f32(g, arch, "attention.layer_norm_rms_epsilon", 1e-6f);
     expect_f32(g, arch, "rope.freq_base", 1e7f);
-    static const char *const absent[] = {"nextn_predict_layers", "feed_forward_length"};
-    for (size_t i = 0; i < 2; i++) {
+    if (mtp)
+        expect_u32(g, arch, "nextn_predict_layers", 1);
+    static const char *const absent[] = {"feed_forward_length", "nextn_predict_layers"};
+    for (size_t i = 0; i < (mtp ? 1u : 2u); i++) {
         snprintf(k, sizeof(k), "%s.%s", arch, absent[i]);
         CHECK(gguf_find_kv(g, k) == NULL, "%s is written", k);
     }
@@ -711,7 +782,8 @@ static void check_keys(const struct gguf_file *g, enum arch a)
         }
     }
     CHECK(gguf_get_str(g, "tokenizer.ggml.pre", &s) == 0, "tokenizer.ggml.pre");
-    printf("  %s keys ok (tokenizer.ggml.pre %.*s)\n", arch, (int)s.len, s.ptr);
+    printf("  %s keys%s ok (tokenizer.ggml.pre %.*s)\n", arch, mtp ? " with MTP" : "", (int)s.len,
+           s.ptr);
 }
 
 /* The converted file runs: a few tokens through strata on the CPU, finite logits. */
@@ -744,30 +816,60 @@ static void check_runs(const char *path)
     free(lg);
 }
 
-/* Converts the current checkpoint at f32 and q8_0 and checks both. */
+/* Converts checkpoint directory dir (q8: at q8_0, else f32; no_mtp: --no-mtp) and checks the
+ * file against the wanted tensors with the MTP block (mtp) or without, and that it runs. */
+static void check_one(enum arch a, const char *name, const char *dir, bool q8, bool no_mtp,
+                      bool mtp)
+{
+    char out[600], label[128];
+    struct convert_stats st;
+    struct gguf_file *g = NULL;
+
+    wants_build(a, mtp);
+    snprintf(out, sizeof(out), "%s/%s-%s%s.gguf", tmp_root, name, q8 ? "q8_0" : "f32",
+             no_mtp ? "-no-mtp" : "");
+    int rc = convert(dir, out, q8 ? QUANT_MIX_Q8_0 : QUANT_MIX_F32, no_mtp, &st);
+    CHECK(rc == 0, "convert %s: %s", name, err_msg());
+    if (rc || gguf_open(out, &g))
+        return;
+    CHECK(st.n_unused == 0, "%s: %u checkpoint tensors unused", name, st.n_unused);
+    snprintf(label, sizeof(label), "%s at %s%s", name, q8 ? "q8_0" : "f32",
+             no_mtp ? " --no-mtp"
+             : mtp  ? " with MTP"
+                    : " without MTP");
+    if (!q8)
+        check_keys(g, a, mtp);
+    check_tensors(g, q8, label);
+    gguf_close(g);
+    check_runs(out);
+}
+
+/* Converts the current checkpoint at f32 and q8_0, with the MTP block (the default) and with
+ * --no-mtp (what a converter that drops mtp.* writes), and checks each. */
 static void check_conversion(enum arch a, const char *name, const char *config, const char *from,
                              const char *to)
 {
-    char dir[512], out[600], label[96];
-    struct convert_stats st;
+    char dir[512];
 
     ckpt_write(name, config, NULL, 0, from, to, dir, sizeof(dir));
-    for (int q8 = 0; q8 < 2; q8++) {
-        snprintf(out, sizeof(out), "%s/%s-%s.gguf", tmp_root, name, q8 ? "q8_0" : "f32");
-        int rc = convert(dir, out, q8 ? QUANT_MIX_Q8_0 : QUANT_MIX_F32, &st);
-        CHECK(rc == 0, "convert %s: %s", name, err_msg());
-        struct gguf_file *g = NULL;
-        if (rc || gguf_open(out, &g))
-            continue;
-        CHECK(st.n_unused == 0, "%s: %u checkpoint tensors unused", name, st.n_unused);
-        snprintf(label, sizeof(label), "%s at %s", name, q8 ? "q8_0" : "f32");
-        if (!q8)
-            check_keys(g, a);
-        check_tensors(g, q8, label);
-        gguf_close(g);
-        check_runs(out);
-    }
+    for (int no_mtp = 0; no_mtp < 2; no_mtp++)
+        for (int q8 = 0; q8 < 2; q8++)
+            check_one(a, name, dir, q8, no_mtp, !no_mtp);
 }
+
+/* A config edit (and st_skip) that converts at f32 with the MTP block or without. */
+static void check_mtp_case(enum arch a, const char *name, const char *config, const struct edit *ed,
+                           bool no_mtp, bool mtp)
+{
+    char dir[512];
+
+    ckpt_write(name, config, ed, ed ? 1 : 0, "", "", dir, sizeof(dir));
+    check_one(a, name, dir, false, no_mtp, mtp);
+}
+
+/* The conversion fails with want_rc (-ENOTSUP by default), its message containing word, and
+ * leaves no file. */
+static int want_rc = -ENOTSUP;
 
 static void expect_refused(const char *label, const char *config, const struct edit *ed, int n_ed,
                            const char *word)
@@ -775,8 +877,8 @@ static void expect_refused(const char *label, const char *config, const struct e
     char dir[512], out[600];
     ckpt_write("refused", config, ed, n_ed, "", "", dir, sizeof(dir));
     snprintf(out, sizeof(out), "%s/refused.gguf", tmp_root);
-    int rc = convert(dir, out, QUANT_MIX_F32, NULL);
-    CHECK(rc == -ENOTSUP && strstr(err_msg(), word) && access(out, F_OK) != 0,
+    int rc = convert(dir, out, QUANT_MIX_F32, false, NULL);
+    CHECK(rc == want_rc && strstr(err_msg(), word) && access(out, F_OK) != 0,
           "%s: rc %d, message %s", label, rc, err_msg());
     printf("  refused %-34s %s\n", label, err_msg());
 }
@@ -798,8 +900,23 @@ int main(void)
 
     /* qwen3next */
     model_build(QWEN3NEXT);
-    wants_build(QWEN3NEXT);
     check_conversion(QWEN3NEXT, "qwen3next", config_qwen3next, "", "");
+    const struct edit mtp2 = {"mtp_num_hidden_layers", "2"};
+    const struct edit mtp0 = {"mtp_num_hidden_layers", NULL};
+    const struct edit mtp_emb = {"mtp_use_dedicated_embeddings", "true"};
+    check_mtp_case(QWEN3NEXT, "qwen3next-mtp2", config_qwen3next, &mtp2, true, false);
+    check_mtp_case(QWEN3NEXT, "qwen3next-mtp-absent", config_qwen3next, &mtp0, false, false);
+    check_mtp_case(QWEN3NEXT, "qwen3next-mtp-emb", config_qwen3next, &mtp_emb, true, false);
+    expect_refused("qwen3next mtp_num_hidden_layers 2", config_qwen3next, &mtp2, 1,
+                   "mtp_num_hidden_layers = 2");
+    expect_refused("qwen3next mtp_use_dedicated_embeddings", config_qwen3next, &mtp_emb, 1,
+                   "mtp_use_dedicated_embeddings = true");
+    st_skip = "mtp.layers.0.self_attn.k_norm";
+    want_rc = -ENOENT;
+    expect_refused("qwen3next MTP layer incomplete", config_qwen3next, NULL, 0,
+                   "mtp.layers.0.self_attn.k_norm.weight");
+    want_rc = -ENOTSUP;
+    st_skip = NULL;
     const struct edit topk = {"norm_topk_prob", "false"};
     const struct edit vdim = {"linear_value_head_dim", "32"};
     const struct edit nv = {"linear_num_value_heads", "5"};
@@ -823,10 +940,15 @@ int main(void)
 
     /* qwen35moe: ConditionalGeneration, then the same weights as a text-only CausalLM */
     model_build(QWEN35MOE);
-    wants_build(QWEN35MOE);
     check_conversion(QWEN35MOE, "qwen35moe", config_qwen35moe, "", "");
     check_conversion(QWEN35MOE, "qwen35moe-text", config_qwen35moe_text, "model.language_model.",
                      "model.");
+    st_skip = "mtp."; /* what transformers' save_pretrained writes: config says 1, no tensors */
+    check_mtp_case(QWEN35MOE, "qwen35moe-no-mtp-tensors", config_qwen35moe, NULL, false, false);
+    st_skip = NULL;
+    const struct edit mtp2_35 = {"text_config.mtp_num_hidden_layers", "2"};
+    expect_refused("qwen35moe mtp_num_hidden_layers 2", config_qwen35moe, &mtp2_35, 1,
+                   "text_config.mtp_num_hidden_layers = 2");
     const struct edit mrope = {"text_config.rope_parameters.mrope_section", "[11, 11, 10]"};
     const struct edit types35 = {"text_config.layer_types",
                                  "[\"linear_attention\", \"full_attention\","

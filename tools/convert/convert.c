@@ -299,7 +299,7 @@ static int add_hparams(struct gguf_writer *w, const struct convert_config *cfg,
     U32(KEY("embedding_length"), hp->n_embd);
     if (hp->n_ff)
         U32(KEY("feed_forward_length"), hp->n_ff);
-    U32(KEY("block_count"), hp->n_layer);
+    U32(KEY("block_count"), hp->n_layer + hp->n_nextn);
     U32(KEY("attention.head_count"), hp->n_head);
     U32(KEY("attention.head_count_kv"), hp->n_head_kv);
     U32(KEY("attention.key_length"), hp->head_dim);

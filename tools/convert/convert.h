@@ -7,6 +7,10 @@
  * Output: a qwen3moe, gpt-oss, qwen3next or qwen35moe GGUF with the names, shapes and keys of
  * docs/formats.md §4, §5 and §6.
  *
+ * A qwen3next / qwen35moe checkpoint's multi-token-prediction head (mtp.*, one layer) is kept
+ * by default as llama.cpp writes it: block num_hidden_layers with its nextn.* tensors,
+ * block_count + 1 and nextn_predict_layers 1 (docs/convert-keys.md).
+ *
  * Experts are accepted per expert (mlp.experts.E.{gate,up,down}_proj.weight, what transformers
  * 4.x and the released checkpoints store) or fused (mlp.experts.gate_up_proj [E, 2F, H] with
  * the gate rows first, mlp.experts.down_proj [E, H, F], what transformers 5.x keeps in memory
@@ -60,6 +64,9 @@ struct convert_config {
     const char *name;             /* general.name; NULL = the directory's base name */
     bool allow_unknown_keys;      /* a config.json key strata does not know gives a WARNING
                                      event instead of failing with -ENOTSUP */
+    bool no_mtp;                  /* qwen3next / qwen35moe: drop the multi-token-prediction
+                                     head (mtp.*) instead of writing it as block
+                                     num_hidden_layers (nextn) */
     convert_progress_fn progress; /* may be NULL */
     void *progress_arg;
     volatile sig_atomic_t *cancel; /* abort (-EINTR, temp file removed) once *cancel != 0;

@@ -14,7 +14,14 @@
  *     g·r + s, so that position p reads q/k head p % n_k. The V rows of in_proj_qkv and
  *     conv1d, in_proj_z, in_proj_b / in_proj_a, A_log, dt_bias and out_proj's input columns
  *     are all permuted so.
- * The MTP head (mtp.*) and the vision tower (model.visual.*) are dropped with a notice.
+ * The multi-token-prediction head (mtp_num_hidden_layers 1) becomes block L = n_layer as
+ * llama.cpp writes it: mtp.fc [H, 2H] -> nextn.eh_proj {2H, H} (inputs: the normed embedding,
+ * then the normed hidden state), mtp.pre_fc_norm_embedding / pre_fc_norm_hidden / norm ->
+ * nextn.enorm / hnorm / shared_head_norm (1 + w), and mtp.layers.0, a full-attention layer,
+ * named and converted as a main one; block_count is n_layer + 1 and nextn_predict_layers 1.
+ * --no-mtp (cfg->no_mtp) drops it, as does a config without mtp_num_hidden_layers or a
+ * checkpoint without mtp.* tensors. Dropped mtp.* tensors and the vision tower (model.visual.*)
+ * are reported in a notice.
  */
 #include <errno.h>
 #include <math.h>
@@ -260,10 +267,55 @@ static int read_tied(const struct hf_ckpt *c, struct convert_hparams *hp)
     return 0;
 }
 
+/* The checkpoint's tensors whose names start with PREFIX. */
+static uint32_t count_prefix(const struct hf_ckpt *c, const char *prefix)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < c->n_tensors; i++)
+        n += !strncmp(c->tensors[i]->name, prefix, strlen(prefix));
+    return n;
+}
+
+/* hp->n_nextn: 1 when the MTP head is kept (mtp_num_hidden_layers 1, mtp.* tensors present,
+ * no --no-mtp), else 0. More layers, or dedicated MTP embeddings, are refused by name unless
+ * --no-mtp drops the head. */
+static int read_mtp(const struct convert_config *cfg, const struct hf_ckpt *c,
+                    struct convert_hparams *hp)
+{
+    json_object *ded = hf_ckpt_config_get(c, "mtp_use_dedicated_embeddings");
+    uint32_t n_mtp = 0;
+    int rc = u32_def(c, "mtp_num_hidden_layers", 0, &n_mtp);
+
+    hp->n_nextn = 0;
+    if (rc || !n_mtp || cfg->no_mtp)
+        return rc;
+    if (n_mtp > 1)
+        return err_set(-ENOTSUP,
+                       "%s/config.json: %smtp_num_hidden_layers = %u is not supported: strata "
+                       "converts one multi-token-prediction layer (the GGUF's nextn block); "
+                       "--no-mtp drops the head",
+                       c->dir, c->config_at, n_mtp);
+    if (ded && (!json_object_is_type(ded, json_type_boolean) || json_object_get_boolean(ded)))
+        return err_set(-ENOTSUP,
+                       "%s/config.json: %smtp_use_dedicated_embeddings = %s is not supported: "
+                       "strata's MTP block reads the model's token_embd and output (false); "
+                       "--no-mtp drops the head",
+                       c->dir, c->config_at, json_object_to_json_string(ded));
+    if (!count_prefix(c, "mtp.")) {
+        convert_notice(cfg,
+                       "config.json has %smtp_num_hidden_layers 1 but the checkpoint has no "
+                       "mtp.* tensor (transformers' save_pretrained leaves them out): the GGUF "
+                       "has no MTP block",
+                       c->config_at);
+        return 0;
+    }
+    hp->n_nextn = 1;
+    return 0;
+}
+
 int convert_hybrid_hparams(const struct convert_config *cfg, struct hf_ckpt *c,
                            struct convert_hparams *hp)
 {
-    uint32_t n_mtp = 0;
     int rc = u32_def(c, "shared_expert_intermediate_size", 512, &hp->n_ff_shexp);
 
     rc = rc ? rc : read_linear_attn(c, hp);
@@ -272,17 +324,12 @@ int convert_hybrid_hparams(const struct convert_config *cfg, struct hf_ckpt *c,
     if (!rc && hp->arch == CONVERT_ARCH_QWEN35MOE)
         rc = read_mrope(c, hp);
     rc = rc ? rc : read_tied(c, hp);
-    rc = rc ? rc : u32_def(c, "mtp_num_hidden_layers", 0, &n_mtp);
+    rc = rc ? rc : read_mtp(cfg, c, hp);
     if (rc)
         return rc;
     if (!hp->n_ff_shexp)
         return err_set(-EINVAL, "%s/config.json: %sshared_expert_intermediate_size is 0", c->dir,
                        c->config_at);
-    if (n_mtp)
-        convert_notice(cfg,
-                       "the %u multi-token-prediction layer%s (mtp.*) %s not converted: the "
-                       "GGUF has no MTP block (no nextn_predict_layers)",
-                       n_mtp, n_mtp > 1 ? "s" : "", n_mtp > 1 ? "are" : "is");
     /* ConditionalGeneration checkpoints keep the text model under model.language_model. */
     snprintf(hp->prefix, sizeof(hp->prefix), "%s",
              hp->arch == CONVERT_ARCH_QWEN35MOE &&
@@ -308,6 +355,8 @@ int convert_hybrid_add_hparams(struct gguf_writer *w, const struct convert_hpara
     U32(KEY("ssm.inner_size"), hp->ssm_n_v * hp->ssm_state);
     U32(KEY("rope.dimension_count"), hp->n_rot);
     U32(KEY("full_attention_interval"), hp->full_attn_interval);
+    if (hp->n_nextn)
+        U32(KEY("nextn_predict_layers"), hp->n_nextn);
     if (!rc && hp->arch == CONVERT_ARCH_QWEN35MOE)
         rc = gguf_writer_add_arr(w, KEY("rope.dimension_sections"), GGUF_TYPE_INT32,
                                  hp->rope_sections, 4);
@@ -580,14 +629,15 @@ static int plan_moe(const struct hyb_layer *y)
                            0);
 }
 
-static int plan_layer(struct convert_plan *p, struct hf_ckpt *c, const struct convert_hparams *hp,
-                      uint32_t l)
+/* Block l from the HF decoder layer under lp: gated full attention or a Gated DeltaNet, then
+ * the MoE. */
+static int plan_block(struct convert_plan *p, struct hf_ckpt *c, const struct convert_hparams *hp,
+                      uint32_t l, const char *lp, bool full)
 {
     struct hyb_layer y = {.p = p, .c = c, .hp = hp, .l = l};
     const uint64_t H = hp->n_embd;
-    const bool full = (l + 1) % hp->full_attn_interval == 0;
 
-    snprintf(y.lp, sizeof(y.lp), "%slayers.%u.", hp->prefix, l);
+    snprintf(y.lp, sizeof(y.lp), "%s", lp);
     int rc =
         hyb_direct(&y, "attn_norm.weight", "input_layernorm.weight", H, 0, HYB_F32 | HYB_ADD_ONE);
     rc = rc ? rc : full ? plan_attn(&y) : plan_gdn(&y);
@@ -597,25 +647,45 @@ static int plan_layer(struct convert_plan *p, struct hf_ckpt *c, const struct co
     return rc ? rc : plan_moe(&y);
 }
 
-/* Marks the MTP head and the vision tower used and says that they are dropped. */
-static void drop_extras(const struct convert_config *cfg, struct hf_ckpt *c)
+/* Main layer l: model.layers.l. (or model.language_model.layers.l.). */
+static int plan_layer(struct convert_plan *p, struct hf_ckpt *c, const struct convert_hparams *hp,
+                      uint32_t l)
 {
-    static const char *const what[] = {"mtp.", "model.visual."};
-    static const char *const why[] = {"multi-token-prediction head", "vision tower"};
+    char lp[64];
 
-    for (size_t k = 0; k < sizeof(what) / sizeof(what[0]); k++) {
-        uint32_t n = 0;
-        for (uint32_t i = 0; i < c->n_tensors; i++)
-            if (!strncmp(c->tensors[i]->name, what[k], strlen(what[k]))) {
-                c->used[i] = true;
-                n++;
-            }
-        if (n)
-            convert_notice(cfg,
-                           "%u tensor%s of the %s (%s*) dropped: strata converts the text "
-                           "model only",
-                           n, n > 1 ? "s" : "", why[k], what[k]);
-    }
+    snprintf(lp, sizeof(lp), "%slayers.%u.", hp->prefix, l);
+    return plan_block(p, c, hp, l, lp, (l + 1) % hp->full_attn_interval == 0);
+}
+
+/* The MTP head as block n_layer (see the top of the file). */
+static int plan_mtp(struct convert_plan *p, struct hf_ckpt *c, const struct convert_hparams *hp)
+{
+    struct hyb_layer y = {.p = p, .c = c, .hp = hp, .l = hp->n_layer, .lp = "mtp."};
+    const uint64_t H = hp->n_embd;
+    const unsigned norm = HYB_F32 | HYB_ADD_ONE;
+
+    /* fc [H, 2H] as it is: ne0 = 2H inputs, the embedding half first */
+    int rc = hyb_direct(&y, "nextn.eh_proj.weight", "fc.weight", 2 * H, H, 0);
+    rc = rc ? rc : hyb_direct(&y, "nextn.enorm.weight", "pre_fc_norm_embedding.weight", H, 0, norm);
+    rc = rc ? rc : hyb_direct(&y, "nextn.hnorm.weight", "pre_fc_norm_hidden.weight", H, 0, norm);
+    rc = rc ? rc : hyb_direct(&y, "nextn.shared_head_norm.weight", "norm.weight", H, 0, norm);
+    return rc ? rc : plan_block(p, c, hp, hp->n_layer, "mtp.layers.0.", true);
+}
+
+/* Marks the tensors under PREFIX used and says that they are dropped and why. */
+static void drop_prefix(const struct convert_config *cfg, struct hf_ckpt *c, const char *prefix,
+                        const char *what, const char *why)
+{
+    uint32_t n = 0;
+
+    for (uint32_t i = 0; i < c->n_tensors; i++)
+        if (!strncmp(c->tensors[i]->name, prefix, strlen(prefix))) {
+            c->used[i] = true;
+            n++;
+        }
+    if (n)
+        convert_notice(cfg, "%u tensor%s of the %s (%s*) dropped: %s", n, n > 1 ? "s" : "", what,
+                       prefix, why);
 }
 
 int convert_hybrid_plan(const struct convert_config *cfg, struct convert_plan *p, struct hf_ckpt *c,
@@ -629,6 +699,8 @@ int convert_hybrid_plan(const struct convert_config *cfg, struct convert_plan *p
     rc = convert_plan_direct(p, c, "token_embd.weight", hf, 2, emb);
     for (uint32_t l = 0; !rc && l < hp->n_layer; l++)
         rc = plan_layer(p, c, hp, l);
+    if (!rc && hp->n_nextn)
+        rc = plan_mtp(p, c, hp);
     snprintf(hf, sizeof(hf), "%snorm.weight", hp->prefix);
     rc = rc ? rc : convert_plan_direct(p, c, "output_norm.weight", hf, 1, &emb[1]);
     if (!rc) {
@@ -639,7 +711,11 @@ int convert_hybrid_plan(const struct convert_config *cfg, struct convert_plan *p
         rc = convert_plan_direct(p, c, "output.weight", "lm_head.weight", 2, emb);
     if (!rc && hp->tied)
         hf_ckpt_find(c, "lm_head.weight"); /* a tied copy is not an unused tensor */
+    if (!rc && !hp->n_nextn)
+        drop_prefix(cfg, c, "mtp.", "multi-token-prediction head",
+                    cfg->no_mtp ? "--no-mtp"
+                                : "config.json's mtp_num_hidden_layers is 0 or absent");
     if (!rc)
-        drop_extras(cfg, c);
+        drop_prefix(cfg, c, "model.visual.", "vision tower", "strata converts the text model only");
     return rc;
 }

@@ -306,9 +306,6 @@ static const struct key_table qwen3moe_table = {qwen3moe_rules,
     "default); the scaling types (linear, dynamic, yarn, longrope, llama3) change the rotation "   \
     "frequencies or scale the attention"
 #define HYBRID_RPF "rope.dimension_count = head_dim x partial_rotary_factor (default 0.25)"
-#define MTP_DROPPED                                                                                \
-    "the multi-token-prediction head (mtp.* tensors) only drafts tokens; transformers ignores "    \
-    "it and strata convert drops it (no nextn_predict_layers key)"
 
 /* Members of Qwen3-Next's rope_scaling (4.x) / rope_parameters (5.x). */
 static const struct key_rule qwen3next_rope_rules[] = {
@@ -432,8 +429,13 @@ static const struct key_table qwen35_rope_table = {
                               "mlp_only_layers), so it is not read"),                              \
     NONE("sliding_window", "no layer uses a sliding window (use_sliding_window is refused)"),     \
     NONE("max_window_layers", "not read by transformers' Qwen3-Next or Qwen3.5"),                 \
-    NONE("mtp_num_hidden_layers", MTP_DROPPED),                                                    \
-    NONE("mtp_use_dedicated_embeddings", MTP_DROPPED),                                             \
+    IMPL("mtp_num_hidden_layers", "the multi-token-prediction head: 1 writes block "              \
+                                  "num_hidden_layers (nextn), block_count + 1 and "               \
+                                  "nextn_predict_layers 1 (unless --no-mtp); more is refused in " \
+                                  "convert_hybrid.c"),                                             \
+    IMPL("mtp_use_dedicated_embeddings", "must be false or absent when the MTP head is kept "     \
+                                         "(it reads token_embd and output); checked in "          \
+                                         "convert_hybrid.c"),                                      \
     NONE("mamba_ssm_dtype", "the dtype other engines keep the recurrent state in; transformers " \
                             "does not read it, strata keeps it in F32"),                           \
     COMMON_NO_EFFECT
@@ -492,7 +494,6 @@ static const struct key_table qwen35moe_table = {qwen35moe_rules, sizeof(qwen35m
 #undef HYBRID_RULES
 #undef HYBRID_ROPE_DEFAULT
 #undef HYBRID_RPF
-#undef MTP_DROPPED
 
 #define YARN_ONLY "strata's gpt-oss forward implements YaRN (rope type yarn) or plain RoPE"
 

@@ -23,7 +23,9 @@ enum convert_arch {
  * architectures, convert_hybrid.c). */
 struct convert_hparams {
     enum convert_arch arch;
-    uint32_t n_layer, n_embd, n_ff, n_ff_exp;
+    uint32_t n_layer, n_embd, n_ff, n_ff_exp; /* n_layer: the main layers (num_hidden_layers) */
+    uint32_t n_nextn; /* MTP blocks written after the main layers (0 or 1): block_count is
+                         n_layer + n_nextn */
     uint32_t n_head, n_head_kv, head_dim;
     uint32_t n_expert, n_expert_used, n_vocab, n_ctx; /* n_ff, n_ctx: 0 when absent */
     double rms_eps, rope_base;
