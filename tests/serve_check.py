@@ -418,19 +418,37 @@ def check_spec():
 TMP = os.environ.get("TMPDIR", "/tmp")
 
 
+T0 = [time.time()]
+
+
+def lap(what):
+    """Prints the seconds since the last lap (where a slow machine spends the test's time)."""
+    now = time.time()
+    print("time: %s %.1f s" % (what, now - T0[0]), flush=True)
+    T0[0] = now
+
+
 def main():
     sv = Server("--parallel", "4")
     try:
         check_basics(sv)
+        lap("basics")
         check_run_equal(sv)
+        lap("equal to strata run")
         check_concurrent(sv)
+        lap("concurrent")
     finally:
         check(sv.stop() == 0, "main server exit status: " + sv.output()[-2000:])
     check_prefix_reuse()
+    lap("prefix reuse")
     check_bad_input()
+    lap("bad input")
     check_queue_and_disconnect()
+    lap("queue and disconnect")
     check_shutdown()
+    lap("shutdown")
     check_spec()
+    lap("spec")
     if FAILS:
         print("%d checks failed" % len(FAILS))
         return 1
