@@ -40,6 +40,7 @@
 #include "cli.h"
 #include "clock.h"
 #include "errors.h"
+#include "gguf.h"
 #include "model.h"
 #include "outfile.h"
 #include "run_opts.h"
@@ -99,11 +100,13 @@ struct batch_job {
     enum batch_state state;
     char *error;  /* what is wrong with the line (malloc'd), or NULL */
     char *prompt; /* the rendered prompt (malloc'd) until tokenized */
-    bool chat;    /* rendered in ChatML ("messages", or "prompt" with --chat) */
+    bool chat;    /* rendered in the model's chat format ("messages", or "prompt" with
+                   * --chat): ChatML, or harmony (gpt-oss) */
     int32_t *ids; /* (n_prompt) its tokens (malloc'd) until evaluated */
     int n_prompt;
     struct strata_generate_params gen; /* stop[] points into stops or the --stop arguments */
-    char *stops[STRATA_MAX_STOP];      /* the line's own stop strings (malloc'd) */
+    char *stops[STRATA_MAX_STOP];      /* the line's own stop strings (malloc'd), then a
+                                        * harmony chat job's end markers */
     /* the result */
     struct batch_text text;
     int n_gen;
@@ -153,6 +156,9 @@ struct batch {
     long long n_verify, n_drafted, n_accepted; /* --spec */
     double t0, t_shown;
     bool tty, shown;
+    struct chat_style style; /* how chat jobs are rendered: the model's format, read from its
+                              * file before the jobs are */
+    char today[16];
 };
 
 /* ---- the command line --------------------------------------------------------------------- */
@@ -175,9 +181,10 @@ static void batch_usage(void)
         "skipped. Keys:\n"
         "  \"id\"          string or integer (default: the line number); unique in the file\n"
         "  \"prompt\"      string: the text to continue; with --chat the user message of a\n"
-        "                ChatML conversation (after --system)\n"
+        "                conversation (after --system) in the model's chat template (ChatML;\n"
+        "                harmony for gpt-oss)\n"
         "  \"messages\"    instead of \"prompt\": an array of {\"role\": \"system\"|\"user\"|\n"
-        "                \"assistant\", \"content\": string}, rendered in the ChatML template\n"
+        "                \"assistant\", \"content\": string}, rendered in that template\n"
         "                with the assistant's turn opened (with --chat, --system goes first\n"
         "                when the first message is not a system message)\n"
         "  \"n_predict\", \"temperature\", \"top_k\", \"top_p\", \"min_p\", \"seed\": this line's\n"
@@ -190,7 +197,8 @@ static void batch_usage(void)
         "output (-o FILE): one JSON object a line, in the input's order:\n"
         "  {\"id\", \"text\", \"tokens\", \"finish_reason\", \"prompt_tokens\",\n"
         "   \"timings\": {\"prompt_ms\", \"gen_ms\"}}\n"
-        "\"text\" is the generated text (invalid UTF-8 becomes U+FFFD), \"tokens\" the tokens\n"
+        "\"text\" is the generated text (invalid UTF-8 becomes U+FFFD; a harmony conversation's\n"
+        "final channel, its reasoning in \"reasoning\"), \"tokens\" the tokens\n"
         "generated; \"finish_reason\" is \"stop\" (an end-of-generation token, or a stop string,\n"
         "which is cut from the text), \"length\" (n_predict tokens) or \"context\" (the context\n"
         "is full). \"gen_ms\" is wall time from the end of the prompt to the last token, shared\n"
@@ -209,7 +217,7 @@ static void batch_usage(void)
         "      --prefill-chunk N   prompt tokens a step takes from a line joining the others\n"
         "                          (default %d; 0: every prompt is evaluated alone first)\n\n"
         "prompts:\n"
-        "      --chat              render \"prompt\" as a user message in the ChatML template\n"
+        "      --chat              render \"prompt\" as a user message in the chat template\n"
         "      --system TEXT       system message (needs --chat)\n"
         "      --no-think          Qwen3: pre-fill an empty <think></think> block in every\n"
         "                          rendered conversation (needs --chat)\n\n"
@@ -248,9 +256,9 @@ static void batch_usage(void)
         "in order are written, the rest can be run with --resume (exit 130). Exit 0 when\n"
         "every line succeeded, 1 when some failed (their error objects are in OUT) or the\n"
         "engine failed, 2 for a bad command line.\n",
-        STRATA_MAX_STOP, BATCH_MAX_STREAMS, BATCH_CHUNK, d.gen.n_predict, d.gen.sampling.temperature,
-        d.gen.sampling.top_k, d.gen.sampling.top_p, d.gen.sampling.min_p,
-        d.gen.sampling.repeat_penalty, d.gen.sampling.repeat_last_n,
+        STRATA_MAX_STOP, BATCH_MAX_STREAMS, BATCH_CHUNK, d.gen.n_predict,
+        d.gen.sampling.temperature, d.gen.sampling.top_k, d.gen.sampling.top_p,
+        d.gen.sampling.min_p, d.gen.sampling.repeat_penalty, d.gen.sampling.repeat_last_n,
         (unsigned long long)d.gen.sampling.seed, STRATA_MAX_STOP, STRATA_DEFAULT_MODEL, d.n_ctx);
 }
 
@@ -617,7 +625,7 @@ static int batch_render_messages(const struct batch *b, struct batch_job *j, jso
             msgs[nm++] = (struct chat_msg){"system", b->o.system};
         msgs[nm++] = (struct chat_msg){r, c};
     }
-    if ((rc = chat_render_chatml(msgs, nm, true, b->o.think, &j->prompt)))
+    if ((rc = chat_render(&b->style, msgs, nm, true, &j->prompt)))
         batch_job_fail(b, j, "chat template: out of memory");
     j->chat = true;
 out:
@@ -644,7 +652,7 @@ static int batch_render_prompt(const struct batch *b, struct batch_job *j, json_
         if (b->o.system)
             msgs[nm++] = (struct chat_msg){"system", b->o.system};
         msgs[nm++] = (struct chat_msg){"user", p};
-        if (chat_render_chatml(msgs, nm, true, b->o.think, &j->prompt))
+        if (chat_render(&b->style, msgs, nm, true, &j->prompt))
             j->prompt = NULL;
         j->chat = true;
     }
@@ -653,6 +661,26 @@ static int batch_render_prompt(const struct batch *b, struct batch_job *j, json_
         return -ENOMEM;
     }
     return 0;
+}
+
+/* A harmony chat job also stops at the reply's end markers (after its own stop strings). */
+static void batch_harmony_stops(const struct batch *b, struct batch_job *j)
+{
+    int own = 0;
+    while (own < STRATA_MAX_STOP && j->stops[own])
+        own++;
+    for (const char *const *m = chat_stops(CHAT_FORMAT_HARMONY); *m; m++) {
+        if (j->gen.n_stop >= STRATA_MAX_STOP || own >= STRATA_MAX_STOP) {
+            batch_job_fail(b, j, "too many stop strings with harmony's end markers (%d at most)",
+                           STRATA_MAX_STOP);
+            return;
+        }
+        if (!(j->stops[own] = strdup(*m))) {
+            batch_job_fail(b, j, "out of memory");
+            return;
+        }
+        j->gen.stop[j->gen.n_stop++] = j->stops[own++];
+    }
 }
 
 /* The keys other than "id": sampling overrides and the prompt. */
@@ -705,6 +733,8 @@ static void batch_read_keys(const struct batch *b, struct batch_job *j, json_obj
         batch_render_prompt(b, j, prompt);
     else
         batch_render_messages(b, j, messages);
+    if (j->chat && j->state == JOB_PENDING && b->style.format == CHAT_FORMAT_HARMONY)
+        batch_harmony_stops(b, j);
 }
 
 /* Parses one line (len bytes, no newline) into job j. Errors are kept in the job. */
@@ -994,6 +1024,35 @@ static json_object *batch_ms_json(double ms)
     return json_object_new_double_s(ms, buf);
 }
 
+static int batch_text_append(struct batch_text *t, const char *s, size_t n);
+
+/* A harmony reply's channels: the final one into out[0], the others (reasoning) into out[1]. */
+static void batch_harmony_emit(void *ctx, const char *channel, const char *text, size_t len)
+{
+    struct batch_text *out = ctx;
+    batch_text_append(&out[strcmp(channel, "final") ? 1 : 0], text, len);
+}
+
+/* A harmony chat job's text split into its channels: j->text becomes the final channel's, and
+ * *reasoning the others' ("" when there were none). 0 or -ENOMEM. */
+static int batch_harmony_split(struct batch_job *j, json_object **reasoning)
+{
+    struct batch_text part[2] = {{0}};
+    struct chat_harmony h;
+    chat_harmony_init(&h, batch_harmony_emit, part);
+    int rc = chat_harmony_feed(&h, j->text.buf ? j->text.buf : "", j->text.len);
+    chat_harmony_flush(&h);
+    chat_harmony_free(&h);
+    if (!rc && !batch_utf8_fix(&part[1]))
+        *reasoning = json_object_new_string_len(part[1].buf ? part[1].buf : "", (int)part[1].len);
+    if (!rc && !*reasoning)
+        rc = -ENOMEM;
+    free(j->text.buf);
+    free(part[1].buf);
+    j->text = part[0];
+    return rc;
+}
+
 /* Job j's object, one line. 0 or 1 after the message. */
 static int batch_write_job(struct batch *b, struct batch_job *j)
 {
@@ -1008,11 +1067,18 @@ static int batch_write_job(struct batch *b, struct batch_job *j)
     if (j->error) {
         json_object_object_add(o, "error", json_object_new_string(j->error));
     } else {
-        if (batch_utf8_fix(&j->text) || !(t = json_object_new_object()))
+        json_object *reasoning = NULL;
+        if (j->chat && b->style.format == CHAT_FORMAT_HARMONY && batch_harmony_split(j, &reasoning))
             goto oom;
+        if (batch_utf8_fix(&j->text) || !(t = json_object_new_object())) {
+            json_object_put(reasoning);
+            goto oom;
+        }
         json_object_object_add(
             o, "text",
             json_object_new_string_len(j->text.buf ? j->text.buf : "", (int)j->text.len));
+        if (reasoning)
+            json_object_object_add(o, "reasoning", reasoning);
         json_object_object_add(o, "tokens", json_object_new_int(j->n_gen));
         json_object_object_add(o, "finish_reason", json_object_new_string(j->finish));
         json_object_object_add(o, "prompt_tokens", json_object_new_int(j->n_prompt));
@@ -1142,13 +1208,11 @@ static int batch_open_engine(struct batch *b, int n_pending)
         fprintf(stderr, "strata batch: %s has no tokenizer (tokenizer.ggml.* keys)\n", b->o.model);
         return 1;
     }
-    /* jobs are rendered in ChatML before the model is known; gpt-oss reads harmony */
-    for (int i = 0; chat_format_of_arch(mi.arch) != CHAT_FORMAT_CHATML && i < b->n_jobs; i++)
-        if (b->jobs[i].state == JOB_PENDING && b->jobs[i].chat)
-            batch_job_fail(b, &b->jobs[i],
-                           "chat jobs on %s (harmony format) are not supported by strata batch "
-                           "yet: give a plain \"prompt\", or use strata chat / serve",
-                           mi.arch);
+    /* chat jobs were rendered in the format read from the file before it loaded */
+    if ((int)chat_format_of_arch(mi.arch) != (int)b->style.format) {
+        fprintf(stderr, "strata batch: %s changed while the jobs were read\n", b->o.model);
+        return 1;
+    }
     batch_tokenize(b);
     n_pending = 0;
     for (int i = 0; i < b->n_jobs; i++)
@@ -1600,6 +1664,27 @@ static void batch_free(struct batch *b)
     free(b->jobs);
 }
 
+/* The chat format of the model, read from its general.architecture before the jobs are (they
+ * are rendered as they are read): ChatML when the file cannot be read (loading it reports
+ * why). */
+static void batch_peek_style(struct batch *b)
+{
+    const char *path = b->o.model ? b->o.model : run_opts_default_model();
+    struct gguf_file *f = NULL;
+    struct gguf_str a;
+    char arch[64] = "";
+
+    if (path && !gguf_open(path, &f) && !gguf_get_str(f, "general.architecture", &a) &&
+        a.len < sizeof(arch))
+        memcpy(arch, a.ptr, a.len);
+    gguf_close(f);
+    err_clear();
+    b->style = (struct chat_style){.format = chat_format_of_arch(arch),
+                                   .think = b->o.think,
+                                   .start = true,
+                                   .date = run_today(b->today, sizeof(b->today))};
+}
+
 int cmd_batch(int argc, char **argv)
 {
     struct batch b = {.fd = -1};
@@ -1610,6 +1695,7 @@ int cmd_batch(int argc, char **argv)
         return rc == 1 ? 0 : rc;
     if ((rc = batch_check_flags(&b.bo, &b.o)))
         return rc;
+    batch_peek_style(&b);
     if ((rc = batch_read_input(&b)) || (rc = batch_check_ids(&b)))
         goto out;
     if (b.bo.resume && (rc = batch_resume(&b)))

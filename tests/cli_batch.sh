@@ -10,7 +10,10 @@
 #  4. --resume skips the ids OUT holds (also after a torn last line) and ends with the same OUT
 #     as one whole run; Ctrl-C writes the finished lines, exits 130, and --resume finishes;
 #  5. an existing OUT without --resume, a directory OUT, --streams 0 and abc, -p are refused
-#     with exit 2 and nothing written.
+#     with exit 2 and nothing written;
+#  6. a chat job on a harmony model (gen's tiny gpt-oss) is rendered as strata run --chat
+#     renders it (the same prompt token count) and its line carries "reasoning" beside "text";
+#     a ChatML model's chat line has no "reasoning".
 set -uo pipefail
 strata=$1
 model="$2/../../models/strata-default.gguf"
@@ -191,4 +194,31 @@ rc=$?
 [ "$rc" = 1 ] && grep -q "16 streams of 1048576 positions need 16 x .* such streams fit" "$tmp/err" ||
     fail "16 streams of 1M positions: exit $rc: $(cat "$tmp/err")"
 echo "ok: 16 streams of 1M positions refused: $(grep -o 'need .*' "$tmp/err" | head -c 160)"
+# harmony chat jobs
+"$strata" gen --arch gpt-oss --preset tiny --quant q8_0 -q -o "$tmp/oss.gguf" >/dev/null ||
+    fail "gen gpt-oss"
+printf '{"messages":[{"role":"user","content":"What is a stack?"}]}\n{"prompt":"hello"}\n' \
+    >"$tmp/oss.jsonl"
+# (the harmony header carries today's date: a pair of runs across midnight is run again)
+for attempt in 1 2; do
+    rm -f "$tmp/oss.out"
+    timeout 120 "$strata" batch -m "$tmp/oss.gguf" --device cpu -t 1 --temp 0 -n 8 \
+        --input "$tmp/oss.jsonl" -o "$tmp/oss.out" 2>"$tmp/err" ||
+        fail "batch on gpt-oss: $(cat "$tmp/err")"
+    timeout 120 "$strata" run -m "$tmp/oss.gguf" --device cpu -t 1 --temp 0 -n 8 --chat \
+        -p "What is a stack?" >/dev/null 2>"$tmp/err" ||
+        fail "run --chat on gpt-oss: $(cat "$tmp/err")"
+    n_run=$(sed -n 's/^prompt: \([0-9]*\) tokens.*/\1/p' "$tmp/err")
+    line1=$(sed -n 1p "$tmp/oss.out")
+    echo "$line1" | grep -q "\"prompt_tokens\":$n_run," && break
+done
+echo "$line1" | grep -q '"reasoning":' || fail "harmony chat line without reasoning: $line1"
+echo "$line1" | grep -q "\"prompt_tokens\":$n_run," ||
+    fail "harmony chat prompt: run --chat has $n_run tokens, batch: $line1"
+sed -n 2p "$tmp/oss.out" | grep -q '"reasoning":' && fail "a plain prompt got reasoning"
+printf '{"messages":[{"role":"user","content":"hi"}]}\n' >"$tmp/chatml.jsonl"
+timeout 120 "$strata" "${B[@]}" -n 4 --input "$tmp/chatml.jsonl" -o "$tmp/chatml.out" \
+    2>"$tmp/err" || fail "chat job on the default model: $(cat "$tmp/err")"
+grep -q '"reasoning":' "$tmp/chatml.out" && fail "a ChatML line got reasoning"
+echo "ok: harmony chat jobs ($n_run prompt tokens as strata run --chat)"
 echo "ok: strata batch"
