@@ -41,52 +41,14 @@
 
 /* ---- the scalar reference ------------------------------------------------------------------ */
 
-/* Row r (n floats) of weight w, slice e of a 3-D stack. */
-static void ref_row(const struct weight *w, uint64_t e, uint64_t r, float *out)
-{
-    const uint8_t *p = (const uint8_t *)w->data + (e * w->ne[1] + r) * w->row_bytes;
-    int rc = quant_ref_dequantize(w->type, p, out, (int64_t)w->ne[0]);
-    CHECK(rc == 0, "dequantize %s", w->name);
-}
-
-/* Whether the reference rounds activations as the CPU kernels do before a product with a
- * block-quantized weight (cpu_kernels/vec_dot.h: Q8_0 blocks of 32, d = max|x| / 127, codes
- * round-half-even of x * (1/d), d kept as f16). Off: the model's definition, float
- * activations. */
+/* Whether the reference rounds activations as the CPU kernels do (test_ref_linear's q8_act).
+ * Off: the model's definition, float activations. */
 static bool ref_q8_act;
-
-static void ref_round_q8(const float *x, float *xq, int64_t n)
-{
-    for (int64_t b = 0; b < n; b += 32) {
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++)
-            amax = fmaxf(amax, fabsf(x[b + j]));
-        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        float dh = fp16_to_f32(fp16_from_f32(d));
-        for (int j = 0; j < 32; j++) {
-            float c = nearbyintf(x[b + j] * id);
-            xq[b + j] = dh * fminf(fmaxf(c, -127.0f), 127.0f);
-        }
-    }
-}
 
 /* y (ne[1]) = W (slice e) x (ne[0]) [+ b], in double. */
 static void ref_linear(const struct weight *w, uint64_t e, const float *x, const float *b, float *y)
 {
-    float *row = test_xmalloc(sizeof(float) * w->ne[0]);
-    float *xq = test_xmalloc(sizeof(float) * w->ne[0]);
-    memcpy(xq, x, sizeof(float) * w->ne[0]);
-    if (ref_q8_act && w->type != QUANT_F32 && w->type != QUANT_F16 && w->type != QUANT_BF16)
-        ref_round_q8(x, xq, (int64_t)w->ne[0]);
-    for (uint64_t r = 0; r < w->ne[1]; r++) {
-        ref_row(w, e, r, row);
-        double s = 0;
-        for (uint64_t i = 0; i < w->ne[0]; i++)
-            s += (double)row[i] * xq[i];
-        y[r] = (float)s + (b ? b[r] : 0.0f);
-    }
-    free(row);
-    free(xq);
+    test_ref_linear(w, e, x, b, ref_q8_act, y);
 }
 
 static void ref_rmsnorm(const float *x, const struct weight *w, int n, float eps, float *y)
@@ -156,7 +118,7 @@ static float *ref_forward(const struct model *m, const int32_t *ids, int n_tok)
     float *logits = test_xmalloc(sizeof(float) * n_tok * V);
 
     for (int t = 0; t < n_tok; t++)
-        ref_row(&m->tok_embd, 0, (uint64_t)ids[t], x + t * d);
+        test_ref_row(&m->tok_embd, 0, (uint64_t)ids[t], x + t * d);
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const struct layer_weights *lw = &m->layers[l];
         const bool swa = model_layer_is_swa(hp, l);

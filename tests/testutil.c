@@ -2,8 +2,11 @@
 
 #include "cuda_info.h"
 #include "cuda_mem.h"
+#include "fp16.h"
 #include "gen.h"
+#include "model.h"
 #include "quant.h"
+#include "quant_ref.h"
 
 #include <math.h>
 #include <string.h>
@@ -167,4 +170,45 @@ int test_gen_model(const struct gen_preset *p, int mix, uint64_t seed, const cha
     cfg.n_threads = 2;
     cfg.out_path = buf;
     return gen_file_write(&cfg, NULL);
+}
+
+void test_ref_row(const struct weight *w, uint64_t e, uint64_t r, float *out)
+{
+    const uint8_t *p = (const uint8_t *)w->data + (e * w->ne[1] + r) * w->row_bytes;
+    int rc = quant_ref_dequantize(w->type, p, out, (int64_t)w->ne[0]);
+    CHECK(rc == 0, "dequantize %s", w->name);
+}
+
+static void test_ref_round_q8(const float *x, float *xq, int64_t n)
+{
+    for (int64_t b = 0; b < n; b += 32) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf(x[b + j]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        float dh = fp16_to_f32(fp16_from_f32(d));
+        for (int j = 0; j < 32; j++) {
+            float c = nearbyintf(x[b + j] * id);
+            xq[b + j] = dh * fminf(fmaxf(c, -127.0f), 127.0f);
+        }
+    }
+}
+
+void test_ref_linear(const struct weight *w, uint64_t e, const float *x, const float *bias,
+                     int q8_act, float *y)
+{
+    float *row = test_xmalloc(sizeof(float) * w->ne[0]);
+    float *xq = test_xmalloc(sizeof(float) * w->ne[0]);
+    memcpy(xq, x, sizeof(float) * w->ne[0]);
+    if (q8_act && w->type != QUANT_F32 && w->type != QUANT_F16 && w->type != QUANT_BF16)
+        test_ref_round_q8(x, xq, (int64_t)w->ne[0]);
+    for (uint64_t r = 0; r < w->ne[1]; r++) {
+        test_ref_row(w, e, r, row);
+        double s = 0;
+        for (uint64_t i = 0; i < w->ne[0]; i++)
+            s += (double)row[i] * xq[i];
+        y[r] = (float)s + (bias ? bias[r] : 0.0f);
+    }
+    free(row);
+    free(xq);
 }

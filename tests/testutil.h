@@ -50,6 +50,21 @@ struct gen_preset;
 int test_gen_model(const struct gen_preset *p, int mix, uint64_t seed, const char *dir,
                    const char *name, char *buf, size_t size);
 
+/* ---- scalar references of the whole-model tests (test_*_forward) ------------------------ */
+
+struct weight;
+
+/* Row r (ne[0] floats) of weight w, slice e of a 3-D stack, dequantized (a failure is a
+ * failed check). */
+void test_ref_row(const struct weight *w, uint64_t e, uint64_t r, float *out);
+
+/* y (ne[1]) = W (slice e) x (ne[0]) [+ bias], summed in double. q8_act: x rounded first as the
+ * CPU kernels round activations before a product with a block-quantized weight
+ * (cpu_kernels/vec_dot.h: Q8_0 blocks of 32, d = max|x| / 127 kept as f16, codes
+ * round-half-even of x / d); off: the model's definition, float activations. */
+void test_ref_linear(const struct weight *w, uint64_t e, const float *x, const float *bias,
+                     int q8_act, float *y);
+
 /* Path under tests/data: writes into buf and returns it. */
 const char *test_data_path(char *buf, size_t size, const char *name);
 
