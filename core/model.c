@@ -79,6 +79,31 @@ int model_weight_get(const struct model *m, const char *name, uint32_t n_dims,
     return rc;
 }
 
+int model_arch_u32(const struct model *m, const char *key, uint32_t *out)
+{
+    char full[128];
+    snprintf(full, sizeof(full), "%s.%s", m->arch->name, key);
+    return gguf_get_u32(m->file, full, out);
+}
+
+int model_arch_f32(const struct model *m, const char *key, float *out)
+{
+    char full[128];
+    snprintf(full, sizeof(full), "%s.%s", m->arch->name, key);
+    return gguf_get_f32(m->file, full, out);
+}
+
+int model_arch_u32_or(const struct model *m, const char *key, uint32_t def, uint32_t *out)
+{
+    int rc = model_arch_u32(m, key, out);
+    if (rc == -ENOENT) {
+        *out = def;
+        err_clear();
+        return 0;
+    }
+    return rc;
+}
+
 int model_check_blocks(const struct model *m, const char *count_key, uint32_t n_layer)
 {
     for (uint64_t i = 0; i < m->file->n_tensors; i++) {

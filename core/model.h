@@ -202,7 +202,14 @@ void model_weights_each(struct model *m, void (*fn)(struct weight *w, void *arg)
 /* Bytes of one expert (gate + up + down slices) of layer l. */
 uint64_t model_expert_bytes(const struct model *m, uint32_t layer);
 
-/* ---- checks the loaders share (model.c) ---------------------------------------------------- */
+/* ---- what the loaders share (model.c) ------------------------------------------------------ */
+
+/* The key "{architecture}.KEY" of m's file (m->arch->name is the prefix) as gguf_get_u32 /
+ * gguf_get_f32 read it: 0, -ENOENT (absent, named) or -EINVAL. model_arch_u32_or: an absent key
+ * takes def (no message); present but of a wrong type is refused. */
+int model_arch_u32(const struct model *m, const char *key, uint32_t *out);
+int model_arch_f32(const struct model *m, const char *key, float *out);
+int model_arch_u32_or(const struct model *m, const char *key, uint32_t def, uint32_t *out);
 
 /* Refuses (-EINVAL, naming the tensor and count_key) a tensor blk.N.* with N >= n_layer: a
  * block count that disagrees with the tensors present. Missing layers are found by the loader

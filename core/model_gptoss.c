@@ -14,32 +14,6 @@
 
 #define ARCH "gpt-oss"
 
-static int gptoss_u32(const struct model *m, const char *key, uint32_t *out)
-{
-    char full[128];
-    snprintf(full, sizeof(full), ARCH ".%s", key);
-    return gguf_get_u32(m->file, full, out);
-}
-
-static int gptoss_f32(const struct model *m, const char *key, float *out)
-{
-    char full[128];
-    snprintf(full, sizeof(full), ARCH ".%s", key);
-    return gguf_get_f32(m->file, full, out);
-}
-
-/* An optional u32 key: absent takes def; present but of a wrong type is refused. */
-static int gptoss_u32_or(const struct model *m, const char *key, uint32_t def, uint32_t *out)
-{
-    int rc = gptoss_u32(m, key, out);
-    if (rc == -ENOENT) {
-        *out = def;
-        err_clear();
-        return 0;
-    }
-    return rc;
-}
-
 /* rope.scaling.*: absent or type "none" leaves YaRN off; "yarn" needs factor and
  * original_context_length; another type is refused. */
 static int gptoss_rope_scaling(struct model *m)
@@ -59,9 +33,9 @@ static int gptoss_rope_scaling(struct model *m)
     if (type.len != 4 || memcmp(type.ptr, "yarn", 4))
         return err_set(-EINVAL, ARCH ".rope.scaling.type is '%.*s' (strata reads yarn or none)",
                        (int)(type.len > 32 ? 32 : type.len), (const char *)type.ptr);
-    rc = gptoss_f32(m, "rope.scaling.factor", &hp->rope_yarn_factor);
-    rc = rc ? rc : gptoss_u32(m, "rope.scaling.original_context_length",
-                              &hp->rope_yarn_n_ctx_orig);
+    rc = model_arch_f32(m, "rope.scaling.factor", &hp->rope_yarn_factor);
+    rc = rc ? rc
+            : model_arch_u32(m, "rope.scaling.original_context_length", &hp->rope_yarn_n_ctx_orig);
     if (rc)
         return rc;
     if (!isfinite(hp->rope_yarn_factor) || !(hp->rope_yarn_factor >= 1.0f) ||
@@ -78,21 +52,21 @@ static int gptoss_hparams_read(struct model *m)
     uint32_t value_length = 0;
     int rc = 0;
 
-    rc = rc ? rc : gptoss_u32(m, "block_count", &hp->n_layer);
-    rc = rc ? rc : gptoss_u32(m, "embedding_length", &hp->n_embd);
-    rc = rc ? rc : gptoss_u32(m, "attention.head_count", &hp->n_head);
-    rc = rc ? rc : gptoss_u32(m, "attention.head_count_kv", &hp->n_head_kv);
-    rc = rc ? rc : gptoss_u32(m, "attention.key_length", &hp->head_dim);
-    rc = rc ? rc : gptoss_u32(m, "expert_count", &hp->n_expert);
-    rc = rc ? rc : gptoss_u32(m, "expert_used_count", &hp->n_expert_used);
-    rc = rc ? rc : gptoss_u32(m, "expert_feed_forward_length", &hp->n_ff_exp);
-    rc = rc ? rc : gptoss_u32(m, "attention.sliding_window", &hp->n_swa);
-    rc = rc ? rc : gptoss_f32(m, "attention.layer_norm_rms_epsilon", &hp->rms_eps);
-    rc = rc ? rc : gptoss_f32(m, "rope.freq_base", &hp->rope_base);
+    rc = rc ? rc : model_arch_u32(m, "block_count", &hp->n_layer);
+    rc = rc ? rc : model_arch_u32(m, "embedding_length", &hp->n_embd);
+    rc = rc ? rc : model_arch_u32(m, "attention.head_count", &hp->n_head);
+    rc = rc ? rc : model_arch_u32(m, "attention.head_count_kv", &hp->n_head_kv);
+    rc = rc ? rc : model_arch_u32(m, "attention.key_length", &hp->head_dim);
+    rc = rc ? rc : model_arch_u32(m, "expert_count", &hp->n_expert);
+    rc = rc ? rc : model_arch_u32(m, "expert_used_count", &hp->n_expert_used);
+    rc = rc ? rc : model_arch_u32(m, "expert_feed_forward_length", &hp->n_ff_exp);
+    rc = rc ? rc : model_arch_u32(m, "attention.sliding_window", &hp->n_swa);
+    rc = rc ? rc : model_arch_f32(m, "attention.layer_norm_rms_epsilon", &hp->rms_eps);
+    rc = rc ? rc : model_arch_f32(m, "rope.freq_base", &hp->rope_base);
     /* optional keys: absent takes the default; present but of a wrong type is refused */
-    rc = rc ? rc : gptoss_u32_or(m, "attention.value_length", hp->head_dim, &value_length);
-    rc = rc ? rc : gptoss_u32_or(m, "attention.sliding_window_pattern", 2, &hp->swa_period);
-    rc = rc ? rc : gptoss_u32_or(m, "context_length", 4096, &hp->n_ctx_train);
+    rc = rc ? rc : model_arch_u32_or(m, "attention.value_length", hp->head_dim, &value_length);
+    rc = rc ? rc : model_arch_u32_or(m, "attention.sliding_window_pattern", 2, &hp->swa_period);
+    rc = rc ? rc : model_arch_u32_or(m, "context_length", 4096, &hp->n_ctx_train);
     rc = rc ? rc : gptoss_rope_scaling(m);
     if (rc)
         return rc;

@@ -12,45 +12,31 @@
 
 #define ARCH "qwen3moe"
 
-static int qwen3moe_u32(const struct model *m, const char *key, uint32_t *out)
-{
-    char full[128];
-    snprintf(full, sizeof(full), ARCH ".%s", key);
-    return gguf_get_u32(m->file, full, out);
-}
-
-static int qwen3moe_f32(const struct model *m, const char *key, float *out)
-{
-    char full[128];
-    snprintf(full, sizeof(full), ARCH ".%s", key);
-    return gguf_get_f32(m->file, full, out);
-}
-
 static int qwen3moe_hparams(struct model *m)
 {
     struct model_hparams *hp = &m->hp;
     int rc = 0;
 
-    rc = rc ? rc : qwen3moe_u32(m, "block_count", &hp->n_layer);
-    rc = rc ? rc : qwen3moe_u32(m, "embedding_length", &hp->n_embd);
-    rc = rc ? rc : qwen3moe_u32(m, "attention.head_count", &hp->n_head);
-    rc = rc ? rc : qwen3moe_u32(m, "attention.head_count_kv", &hp->n_head_kv);
-    rc = rc ? rc : qwen3moe_u32(m, "expert_count", &hp->n_expert);
-    rc = rc ? rc : qwen3moe_u32(m, "expert_used_count", &hp->n_expert_used);
-    rc = rc ? rc : qwen3moe_u32(m, "expert_feed_forward_length", &hp->n_ff_exp);
-    rc = rc ? rc : qwen3moe_f32(m, "attention.layer_norm_rms_epsilon", &hp->rms_eps);
+    rc = rc ? rc : model_arch_u32(m, "block_count", &hp->n_layer);
+    rc = rc ? rc : model_arch_u32(m, "embedding_length", &hp->n_embd);
+    rc = rc ? rc : model_arch_u32(m, "attention.head_count", &hp->n_head);
+    rc = rc ? rc : model_arch_u32(m, "attention.head_count_kv", &hp->n_head_kv);
+    rc = rc ? rc : model_arch_u32(m, "expert_count", &hp->n_expert);
+    rc = rc ? rc : model_arch_u32(m, "expert_used_count", &hp->n_expert_used);
+    rc = rc ? rc : model_arch_u32(m, "expert_feed_forward_length", &hp->n_ff_exp);
+    rc = rc ? rc : model_arch_f32(m, "attention.layer_norm_rms_epsilon", &hp->rms_eps);
     if (rc)
         return rc;
     /* optional keys: absent takes the default; present but of a wrong type is refused */
-    if ((rc = qwen3moe_u32(m, "attention.key_length", &hp->head_dim)) == -ENOENT)
+    if ((rc = model_arch_u32(m, "attention.key_length", &hp->head_dim)) == -ENOENT)
         hp->head_dim = hp->n_embd / (hp->n_head ? hp->n_head : 1);
     else if (rc)
         return rc;
-    if ((rc = qwen3moe_f32(m, "rope.freq_base", &hp->rope_base)) == -ENOENT)
+    if ((rc = model_arch_f32(m, "rope.freq_base", &hp->rope_base)) == -ENOENT)
         hp->rope_base = 10000.0f;
     else if (rc)
         return rc;
-    if ((rc = qwen3moe_u32(m, "context_length", &hp->n_ctx_train)) == -ENOENT)
+    if ((rc = model_arch_u32(m, "context_length", &hp->n_ctx_train)) == -ENOENT)
         hp->n_ctx_train = 4096;
     else if (rc)
         return rc;

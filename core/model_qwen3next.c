@@ -21,60 +21,34 @@ static const char *q3n_arch(const struct model *m)
     return m->arch->name;
 }
 
-static int q3n_u32(const struct model *m, const char *key, uint32_t *out)
-{
-    char full[128];
-    snprintf(full, sizeof(full), "%s.%s", q3n_arch(m), key);
-    return gguf_get_u32(m->file, full, out);
-}
-
-static int q3n_f32(const struct model *m, const char *key, float *out)
-{
-    char full[128];
-    snprintf(full, sizeof(full), "%s.%s", q3n_arch(m), key);
-    return gguf_get_f32(m->file, full, out);
-}
-
-/* An optional u32 key: absent takes def; present but of a wrong type is refused. */
-static int q3n_u32_or(const struct model *m, const char *key, uint32_t def, uint32_t *out)
-{
-    int rc = q3n_u32(m, key, out);
-    if (rc == -ENOENT) {
-        *out = def;
-        err_clear();
-        return 0;
-    }
-    return rc;
-}
-
 static int q3n_hparams_read(struct model *m, uint32_t *value_length, uint32_t *inner,
                             uint32_t *blocks)
 {
     struct model_hparams *hp = &m->hp;
     int rc = 0;
 
-    rc = rc ? rc : q3n_u32(m, "block_count", blocks);
-    rc = rc ? rc : q3n_u32(m, "embedding_length", &hp->n_embd);
-    rc = rc ? rc : q3n_u32(m, "attention.head_count", &hp->n_head);
-    rc = rc ? rc : q3n_u32(m, "attention.head_count_kv", &hp->n_head_kv);
-    rc = rc ? rc : q3n_u32(m, "attention.key_length", &hp->head_dim);
-    rc = rc ? rc : q3n_u32(m, "expert_count", &hp->n_expert);
-    rc = rc ? rc : q3n_u32(m, "expert_used_count", &hp->n_expert_used);
-    rc = rc ? rc : q3n_u32(m, "expert_feed_forward_length", &hp->n_ff_exp);
-    rc = rc ? rc : q3n_u32(m, "expert_shared_feed_forward_length", &hp->n_ff_shexp);
-    rc = rc ? rc : q3n_u32(m, "ssm.conv_kernel", &hp->ssm_d_conv);
-    rc = rc ? rc : q3n_u32(m, "ssm.state_size", &hp->ssm_d_state);
-    rc = rc ? rc : q3n_u32(m, "ssm.group_count", &hp->ssm_n_k);
-    rc = rc ? rc : q3n_u32(m, "ssm.time_step_rank", &hp->ssm_n_v);
-    rc = rc ? rc : q3n_u32(m, "ssm.inner_size", inner);
-    rc = rc ? rc : q3n_u32(m, "rope.dimension_count", &hp->n_rot);
-    rc = rc ? rc : q3n_f32(m, "attention.layer_norm_rms_epsilon", &hp->rms_eps);
-    rc = rc ? rc : q3n_f32(m, "rope.freq_base", &hp->rope_base);
+    rc = rc ? rc : model_arch_u32(m, "block_count", blocks);
+    rc = rc ? rc : model_arch_u32(m, "embedding_length", &hp->n_embd);
+    rc = rc ? rc : model_arch_u32(m, "attention.head_count", &hp->n_head);
+    rc = rc ? rc : model_arch_u32(m, "attention.head_count_kv", &hp->n_head_kv);
+    rc = rc ? rc : model_arch_u32(m, "attention.key_length", &hp->head_dim);
+    rc = rc ? rc : model_arch_u32(m, "expert_count", &hp->n_expert);
+    rc = rc ? rc : model_arch_u32(m, "expert_used_count", &hp->n_expert_used);
+    rc = rc ? rc : model_arch_u32(m, "expert_feed_forward_length", &hp->n_ff_exp);
+    rc = rc ? rc : model_arch_u32(m, "expert_shared_feed_forward_length", &hp->n_ff_shexp);
+    rc = rc ? rc : model_arch_u32(m, "ssm.conv_kernel", &hp->ssm_d_conv);
+    rc = rc ? rc : model_arch_u32(m, "ssm.state_size", &hp->ssm_d_state);
+    rc = rc ? rc : model_arch_u32(m, "ssm.group_count", &hp->ssm_n_k);
+    rc = rc ? rc : model_arch_u32(m, "ssm.time_step_rank", &hp->ssm_n_v);
+    rc = rc ? rc : model_arch_u32(m, "ssm.inner_size", inner);
+    rc = rc ? rc : model_arch_u32(m, "rope.dimension_count", &hp->n_rot);
+    rc = rc ? rc : model_arch_f32(m, "attention.layer_norm_rms_epsilon", &hp->rms_eps);
+    rc = rc ? rc : model_arch_f32(m, "rope.freq_base", &hp->rope_base);
     /* optional keys: absent takes the default; present but of a wrong type is refused */
-    rc = rc ? rc : q3n_u32_or(m, "attention.value_length", hp->head_dim, value_length);
-    rc = rc ? rc : q3n_u32_or(m, "full_attention_interval", 4, &hp->full_attn_interval);
-    rc = rc ? rc : q3n_u32_or(m, "nextn_predict_layers", 0, &hp->n_nextn);
-    rc = rc ? rc : q3n_u32_or(m, "context_length", 4096, &hp->n_ctx_train);
+    rc = rc ? rc : model_arch_u32_or(m, "attention.value_length", hp->head_dim, value_length);
+    rc = rc ? rc : model_arch_u32_or(m, "full_attention_interval", 4, &hp->full_attn_interval);
+    rc = rc ? rc : model_arch_u32_or(m, "nextn_predict_layers", 0, &hp->n_nextn);
+    rc = rc ? rc : model_arch_u32_or(m, "context_length", 4096, &hp->n_ctx_train);
     return rc;
 }
 
