@@ -41,6 +41,7 @@
 #include "clock.h"
 #include "errors.h"
 #include "gguf.h"
+#include "json_text.h"
 #include "model.h"
 #include "outfile.h"
 #include "run_opts.h"
@@ -970,47 +971,6 @@ static int batch_write_all(struct batch *b, const char *buf, size_t len)
     return 0;
 }
 
-/* Replaces what is not UTF-8 in t (RFC 3629: no overlong forms, surrogates or code points
- * above U+10FFFF) with U+FFFD, a byte at a time. 0 or -ENOMEM. */
-static int batch_utf8_fix(struct batch_text *t)
-{
-    const uint8_t *s = (const uint8_t *)t->buf;
-    size_t n = t->len, out_len = 0;
-    char *out = malloc(3 * n + 1);
-
-    if (!out)
-        return -ENOMEM;
-    for (size_t i = 0; i < n;) {
-        uint8_t c = s[i];
-        size_t k = c < 0x80                 ? 1
-                   : c >= 0xC2 && c <= 0xDF ? 2
-                   : c >= 0xE0 && c <= 0xEF ? 3
-                   : c >= 0xF0 && c <= 0xF4 ? 4
-                                            : 0;
-        bool ok = k && i + k <= n;
-        for (size_t x = 1; ok && x < k; x++)
-            ok = (s[i + x] & 0xC0) == 0x80;
-        if (ok && k == 3)
-            ok = !(c == 0xE0 && s[i + 1] < 0xA0) && !(c == 0xED && s[i + 1] >= 0xA0);
-        if (ok && k == 4)
-            ok = !(c == 0xF0 && s[i + 1] < 0x90) && !(c == 0xF4 && s[i + 1] >= 0x90);
-        if (ok) {
-            memcpy(out + out_len, s + i, k);
-            out_len += k;
-            i += k;
-        } else {
-            memcpy(out + out_len, "\xEF\xBF\xBD", 3);
-            out_len += 3;
-            i++;
-        }
-    }
-    free(t->buf);
-    t->buf = out;
-    t->len = out_len;
-    t->cap = 3 * n + 1;
-    return 0;
-}
-
 static json_object *batch_id_json(const struct batch_id *id)
 {
     return id->is_str ? json_object_new_string_len(id->str, (int)id->len)
@@ -1043,8 +1003,8 @@ static int batch_harmony_split(struct batch_job *j, json_object **reasoning)
     int rc = chat_harmony_feed(&h, j->text.buf ? j->text.buf : "", j->text.len);
     chat_harmony_flush(&h);
     chat_harmony_free(&h);
-    if (!rc && !batch_utf8_fix(&part[1]))
-        *reasoning = json_object_new_string_len(part[1].buf ? part[1].buf : "", (int)part[1].len);
+    if (!rc)
+        *reasoning = json_text_new(part[1].buf ? part[1].buf : "", part[1].len);
     if (!rc && !*reasoning)
         rc = -ENOMEM;
     free(j->text.buf);
@@ -1070,13 +1030,11 @@ static int batch_write_job(struct batch *b, struct batch_job *j)
         json_object *reasoning = NULL;
         if (j->chat && b->style.format == CHAT_FORMAT_HARMONY && batch_harmony_split(j, &reasoning))
             goto oom;
-        if (batch_utf8_fix(&j->text) || !(t = json_object_new_object())) {
+        if (!(t = json_object_new_object())) {
             json_object_put(reasoning);
             goto oom;
         }
-        json_object_object_add(
-            o, "text",
-            json_object_new_string_len(j->text.buf ? j->text.buf : "", (int)j->text.len));
+        json_object_object_add(o, "text", json_text_new(j->text.buf ? j->text.buf : "", j->text.len));
         if (reasoning)
             json_object_object_add(o, "reasoning", reasoning);
         json_object_object_add(o, "tokens", json_object_new_int(j->n_gen));

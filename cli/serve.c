@@ -35,6 +35,7 @@
 #include "cli.h"
 #include "clock.h"
 #include "errors.h"
+#include "json_text.h"
 #include "model.h"
 #include "run_opts.h"
 #include "strata.h"
@@ -851,13 +852,13 @@ static char *req_render(const struct serve_req *r, const char *text, size_t n, c
         if (role || !r->stream)
             json_object_object_add(m, "role", json_object_new_string("assistant"));
         if (!role || !r->stream)
-            json_object_object_add(m, "content", json_object_new_string_len(text, (int)n));
+            json_object_object_add(m, "content", json_text_new(text, n));
         if (r->hm && r->n_part[1])
             json_object_object_add(m, "reasoning_content",
-                                   json_object_new_string_len(r->part[1], (int)r->n_part[1]));
+                                   json_text_new(r->part[1], r->n_part[1]));
         json_object_object_add(c0, r->stream ? "delta" : "message", m);
     } else {
-        json_object_object_add(c0, "text", json_object_new_string_len(text, (int)n));
+        json_object_object_add(c0, "text", json_text_new(text, n));
         json_object_object_add(c0, "logprobs", NULL);
     }
     json_object_object_add(c0, "finish_reason",

@@ -21,7 +21,11 @@ Checks:
  8. SIGTERM while a request runs: that request completes, the server exits 0 (under ASan this
     is also where leaks would fail it);
  9. --spec ngram: greedy completions, alone and 12 at once (6 when quick), equal `strata run`'s,
-    and drafts were verified (/metrics).
+    and drafts were verified (/metrics);
+10. a random-weight model (strata gen's tiny preset), whose byte tokens make ill-formed UTF-8:
+    completions, streamed and not, are valid UTF-8 JSON whose text is strata run's output with
+    each maximal ill-formed subsequence replaced by U+FFFD (Python's decoder does the same), and
+    at least one of them needed a replacement.
 """
 import http.client
 import json
@@ -54,11 +58,11 @@ def free_port():
 
 
 class Server:
-    def __init__(self, *args):
+    def __init__(self, *args, model=None):
         self.port = free_port()
         self.log = open(os.path.join(TMP, "serve-%d.log" % self.port), "w+")
         self.p = subprocess.Popen(
-            [STRATA, "serve", "-m", MODEL, "--device", "cpu", "-t", "2", "--port", str(self.port)]
+            [STRATA, "serve", "-m", model or MODEL, "--device", "cpu", "-t", "2", "--port", str(self.port)]
             + list(args), stdout=self.log, stderr=subprocess.STDOUT)
         t0 = time.time()
         while time.time() - t0 < 120:
@@ -129,8 +133,8 @@ class Server:
             return -9
 
 
-def run_text(prompt, n, temp, seed, chat=False):
-    args = [STRATA, "run", "-m", MODEL, "--device", "cpu", "-t", "2", "-n", str(n), "--temp",
+def run_text(prompt, n, temp, seed, chat=False, model=None):
+    args = [STRATA, "run", "-m", model or MODEL, "--device", "cpu", "-t", "2", "-n", str(n), "--temp",
             str(temp), "-s", str(seed), "-p", prompt] + (["--chat"] if chat else [])
     out = subprocess.run(args, capture_output=True, check=True).stdout.decode("utf-8", "replace")
     return out
@@ -418,6 +422,38 @@ def check_spec():
 TMP = os.environ.get("TMPDIR", "/tmp")
 
 
+def check_ill_formed():
+    model = os.path.join(TMP, "random-tiny.gguf")
+    subprocess.run([STRATA, "gen", "--preset", "tiny", "-q", "-o", model], check=True,
+                   capture_output=True)
+    sv = Server("--parallel", "2", model=model)
+    replaced = 0
+    try:
+        for seed in range(1, 5):
+            want = run_text("a", 24, 1.0, seed, model=model)
+            ok = check(want.startswith("a"), "run echoes its prompt: %r" % want)
+            want = want[1:] if ok else want
+            replaced += "\ufffd" in want
+            req = {"prompt": "a", "max_tokens": 24, "temperature": 1.0, "seed": seed}
+            st, body, _ = sv.req("POST", "/v1/completions", req)
+            try:
+                j = json.loads(body.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as e:
+                check(False, "ill-formed model output, seed %d: %s: %r" % (seed, e, body))
+                continue
+            check(st == 200 and completion_text(j) == want,
+                  "ill-formed model output, seed %d: %r, run %r" % (seed, j, want))
+            try:
+                text, _, ok = sv.stream("/v1/completions", req)
+            except (UnicodeDecodeError, ValueError) as e:
+                text, ok = str(e), False
+            check(ok and text == want, "streamed ill-formed model output, seed %d: %r, run %r" %
+                  (seed, text, want))
+    finally:
+        check(sv.stop() == 0, "random-model server exit status: " + sv.output()[-2000:])
+    check(replaced > 0, "no ill-formed UTF-8 in 4 samples of the random model: the check saw none")
+
+
 T0 = [time.time()]
 
 
@@ -449,6 +485,8 @@ def main():
     lap("shutdown")
     check_spec()
     lap("spec")
+    check_ill_formed()
+    lap("ill-formed UTF-8")
     if FAILS:
         print("%d checks failed" % len(FAILS))
         return 1
