@@ -544,6 +544,20 @@ static void expect_refused(const char *label, const struct edit *ed, int n_ed, c
     printf("  refused %-22s %s\n", label, err_msg());
 }
 
+/* A config the converter takes (0 from convert). */
+static void expect_converts(const char *label, const struct edit *ed, int n_ed)
+{
+    char dir[512], out[600];
+    tensors_add(false);
+    ckpt_write("accepted", ed, n_ed, dir, sizeof(dir));
+    snprintf(out, sizeof(out), "%s/accepted.gguf", tmp_root);
+    int rc = convert(dir, out, QUANT_MIX_F32);
+    CHECK(rc == 0 && access(out, F_OK) == 0, "%s: rc %d, message %s", label, rc,
+          rc ? err_msg() : "");
+    printf("  converts %-21s %s\n", label, rc ? "no" : "yes");
+    remove(out);
+}
+
 static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
 {
     (void)sb, (void)flag, (void)ftw;
@@ -575,6 +589,14 @@ int main(void)
     expect_refused("factor 8 (256 / 64 = 4)", &factor, 1, "factor");
     expect_refused("rope_type linear", &linear, 1, "rope_type");
     expect_refused("unknown key", &unknown, 1, "foo_scale");
+    /* plain RoPE: truncate is YaRN's, so its absence does not matter there */
+    const struct edit plain[] = {{"rope_parameters.rope_type", "\"default\""},
+                                 {"rope_parameters.truncate", NULL},
+                                 {"rope_parameters.factor", NULL},
+                                 {"rope_parameters.original_max_position_embeddings", NULL},
+                                 {"rope_parameters.beta_fast", NULL},
+                                 {"rope_parameters.beta_slow", NULL}};
+    expect_converts("plain rope", plain, 6);
 
     nftw(tmp_root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
     for (int l = 0; l < NL; l++) {

@@ -198,7 +198,7 @@ def main():
     ap.add_argument("--strata", required=True, help="path of the strata binary")
     ap.add_argument("--out", required=True, help="summary.md and ci-ref-gptoss/ go here")
     ap.add_argument("--work", help="checkpoints and GGUF files (default: a temp dir, removed)")
-    ap.add_argument("--configs", default="A,B")
+    ap.add_argument("--configs", default="A,B", help="comma-separated; empty: the CI reference only")
     ap.add_argument("--greedy", type=int, default=16)
     ap.add_argument("--init-std", type=float, default=0.08)
     ap.add_argument("--ci-init-std", type=float, default=0.1)
@@ -218,7 +218,7 @@ def main():
     try:
         import torch
         torch.set_num_threads(args.threads)
-        for name in args.configs.split(","):
+        for name in filter(None, args.configs.split(",")):
             d = os.path.join(args.work, name)
             ref, gguf, vocab = build(args, name, CONFIGS[name], args.init_std, d)
             versions = ref.versions

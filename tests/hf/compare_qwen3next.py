@@ -200,7 +200,7 @@ def main():
     ap.add_argument("--out", required=True, help="summary and ci-ref-<arch>/ go here")
     ap.add_argument("--work", help="checkpoints and GGUF files (default: a temp dir, removed)")
     ap.add_argument("--arches", default=",".join(ARCHES))
-    ap.add_argument("--configs", default="A,B")
+    ap.add_argument("--configs", default="A,B", help="comma-separated; empty: the CI reference only")
     ap.add_argument("--greedy", type=int, default=16)
     ap.add_argument("--init-std", type=float, default=0.08)
     ap.add_argument("--ci-init-std", type=float, default=0.1)
@@ -221,7 +221,7 @@ def main():
         import torch
         torch.set_num_threads(args.threads)
         for arch in args.arches.split(","):
-            for name in args.configs.split(","):
+            for name in filter(None, args.configs.split(",")):
                 d = os.path.join(args.work, arch, name)
                 ref, gguf, vocab = build(args, arch, name, CONFIGS[name], args.init_std, d)
                 versions = ref.versions

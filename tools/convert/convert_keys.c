@@ -36,6 +36,8 @@ struct key_rule {
     bool (*ok)(json_object *v);  /* CHECKED: accepts a present, non-null value */
     const char *absent;          /* CHECKED: transformers' default when absent or null, if
                                     strata does not compute it; NULL when absence is fine */
+    bool (*applies)(json_object *obj); /* CHECKED with absent: whether absence matters in this
+                                          enclosing object (NULL: always) */
     const struct key_table *sub; /* an object value's members are checked against this */
     const char *why; /* IMPLEMENTED: where it goes; NO_EFFECT: why; CHECKED: why others fail */
 };
@@ -105,6 +107,16 @@ static bool ok_yarn(json_object *v)
 {
     const char *s = json_object_is_type(v, json_type_string) ? json_object_get_string(v) : "";
     return !strcmp(s, "yarn") || !strcmp(s, "default");
+}
+
+/* A rope_parameters / rope_scaling object whose type is YaRN. */
+static bool rope_is_yarn(json_object *obj)
+{
+    json_object *v;
+    if (!json_object_object_get_ex(obj, "rope_type", &v) || !v)
+        json_object_object_get_ex(obj, "type", &v);
+    return v && json_object_is_type(v, json_type_string) &&
+           !strcmp(json_object_get_string(v), "yarn");
 }
 
 static bool ok_32(json_object *v)
@@ -510,6 +522,7 @@ static const struct key_rule gptoss_rope_rules[] = {
      .kind = KEY_CHECKED,
      .ok = ok_false,
      .absent = "true",
+     .applies = rope_is_yarn,
      .why = "strata's gpt-oss YaRN does not round the correction range (truncate false, as "
             "gpt-oss's config sets it)"},
     CHECK("attention_factor", ok_never,
@@ -647,7 +660,8 @@ static int audit_object(const struct convert_config *cfg, const struct hf_ckpt *
     for (size_t i = 0; i < t->n; i++) {
         const struct key_rule *r = &t->rules[i];
         json_object *v;
-        if (r->absent && (!json_object_object_get_ex(obj, r->key, &v) || !v)) {
+        if (r->absent && (!r->applies || r->applies(obj)) &&
+            (!json_object_object_get_ex(obj, r->key, &v) || !v)) {
             snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "." : "", r->key);
             return err_set(-ENOTSUP,
                            "%s/config.json: %s is absent, which transformers reads as %s; that is "
