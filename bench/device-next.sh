@@ -20,7 +20,7 @@ ldd "$B/strata" | grep "not found"
 if [ -z "${SKIP_TESTS:-}" ]; then
     for t in ${TESTS:-"$B"/test_*}; do
         t="$B/$(basename "$t")"
-        (cd tests && timeout 300 "$t" >"$OUT/$(basename "$t").log" 2>&1)
+        (cd tests && timeout "${TEST_TIMEOUT:-300}" "$t" >"$OUT/$(basename "$t").log" 2>&1)
         echo "$(basename "$t") rc=$?"
         grep -E "FAIL" "$OUT/$(basename "$t").log" | head -20
     done

@@ -38,9 +38,8 @@ static void gen_usage(FILE *out)
             "The same seed and options give a byte-identical file for any --threads.\n\n"
             "options:\n"
             "  --arch NAME      architecture: qwen3moe, gpt-oss, qwen3next or qwen35moe\n"
-            "                   (default %s); gpt-oss runs on the CPU only so far (--device\n"
-            "                   cpu); qwen3next and qwen35moe mix Gated DeltaNet (GDN) layers\n"
-            "                   with full attention every N-th layer\n"
+            "                   (default %s); qwen3next and qwen35moe mix Gated DeltaNet (GDN)\n"
+            "                   layers with full attention every N-th layer\n"
             "  --preset NAME    model size (default %s), one of (by architecture):\n",
             GEN_DEFAULT_ARCH, GEN_DEFAULT_PRESET);
     for (uint32_t i = 0; i < n; i++) {

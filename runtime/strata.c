@@ -255,18 +255,7 @@ int strata_start(struct strata *s)
                            err_set(-ENOTSUP, "architecture %s: loaded, but strata has no "
                                              "forward pass for it yet",
                                    s->model->arch->name));
-    /* STRATA_CUDA_UNVERIFIED=1: run such an architecture on CUDA anyway (its ops exist there;
-     * for checking them on a GPU) */
-    const char *unverified = getenv("STRATA_CUDA_UNVERIFIED");
-    const bool cpu_only = arch->cpu_only && !(unverified && !strcmp(unverified, "1"));
-    if (cpu_only && (cfg->device == STRATA_DEVICE_CUDA || strata_config_needs_gpu(cfg)))
-        return strata_fail(STRATA_STEP_ENGINE,
-                           err_set(-ENOTSUP,
-                                   "architecture %s runs on the CPU only so far "
-                                   "(--device cpu; no VRAM budget or placement; "
-                                   "STRATA_CUDA_UNVERIFIED=1 tries its CUDA path)",
-                                   s->model->arch->name));
-    if (cfg->device == STRATA_DEVICE_AUTO && !cpu_only) {
+    if (cfg->device == STRATA_DEVICE_AUTO) {
         auto_cuda = cuda_device_count(&why) > 0;
         if (!auto_cuda && strata_config_needs_gpu(cfg))
             return strata_fail(STRATA_STEP_ENGINE,

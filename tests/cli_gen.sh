@@ -54,8 +54,7 @@ hc=$(sha256sum <"$dir/c.gguf" | cut -d' ' -f1)
 size=$(stat -c %s "$dir/a.gguf")
 [ "$size" -lt 10000000 ] && ok || fail "tiny q4_k_m is $size bytes"
 
-# gpt-oss: gen writes it, inspect reads it, run generates on the CPU (the default device
-# picks it) and refuses --device cuda (exit 1: CPU only so far).
+# gpt-oss: gen writes it, inspect reads it, run generates (on the CPU here).
 "$strata" gen --arch gpt-oss --preset tiny -q -o "$dir/oss.gguf" >/dev/null &&
 "$strata" inspect --tensors "$dir/oss.gguf" | grep -q "blk.3.attn_sinks.weight" && ok || fail "gpt-oss gen/inspect"
 "$strata" run -m "$dir/oss.gguf" -p hi -n 8 --temp 0 >"$dir/out" 2>"$dir/err" &&
@@ -67,8 +66,6 @@ grep -q "Reasoning: medium" "$dir/out" && grep -q "<|start|>developer<|message|>
 grep -q "<|start|>user<|message|>hi<|end|><|start|>assistant" "$dir/out" && ok || fail "gpt-oss --chat: $(cat "$dir/err")"
 "$strata" run -m "$dir/oss.gguf" --chat --no-think -p hi -n 1 2>/dev/null | grep -q "Reasoning: low" && ok || fail "gpt-oss --chat --no-think"
 printf 'hi\nthere\n' | "$strata" chat -m "$dir/oss.gguf" -n 4 >/dev/null 2>"$dir/err" && ok || fail "gpt-oss chat: $(cat "$dir/err")"
-"$strata" run -m "$dir/oss.gguf" --device cuda -p hi -n 1 >/dev/null 2>"$dir/err"
-[ $? -eq 1 ] && grep -q "CPU only" "$dir/err" && ok || fail "gpt-oss --device cuda: $(cat "$dir/err")"
 expect_error "unknown preset '30b-a3b' for gpt-oss" --arch gpt-oss --preset 30b-a3b -o "$dir/x.gguf"
 
 # qwen3next / qwen35moe: listed by --help, written deterministically across --threads, with

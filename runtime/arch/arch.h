@@ -22,7 +22,6 @@ struct arch {
      * architecture has no lockstep forward. */
     int (*forward_batch)(struct backend *b, struct stream_batch *bt, struct stream *const *ss,
                          const int32_t *ids, int n);
-    bool cpu_only; /* the CUDA backend lacks ops it needs: the engine runs it on the CPU */
 };
 
 struct model_hparams;

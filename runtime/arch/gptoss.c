@@ -221,5 +221,4 @@ const struct arch arch_gptoss = {
     .name = "gpt-oss",
     .forward = gptoss_forward,
     .forward_batch = gptoss_forward_batch,
-    .cpu_only = true,
 };

@@ -272,12 +272,10 @@ const struct arch arch_qwen3next = {
     .name = "qwen3next",
     .forward = q3n_forward,
     .forward_batch = q3n_forward_batch,
-    .cpu_only = true,
 };
 
 const struct arch arch_qwen35moe = {
     .name = "qwen35moe",
     .forward = q3n_forward,
     .forward_batch = q3n_forward_batch,
-    .cpu_only = true,
 };

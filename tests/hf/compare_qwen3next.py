@@ -154,19 +154,22 @@ def prompts(vocab, seed):
 
 
 def evaluate(args, arch, name, ref, gguf, all_ids, rows):
-    for ids in all_ids:
-        for one in (False, True):
-            got_ids, greedy, blocks = strata_logits(args, gguf, ids, args.greedy, one_by_one=one)
-            if got_ids != ids:
-                raise SetupError(f"strata logits echoed other ids: {got_ids[:8]} vs {ids[:8]}")
-            ref_blocks = ref.last_logits(ids + greedy, args.greedy + 1)
-            c = compare_case(blocks, greedy, ref_blocks, ref.greedy(ids, args.greedy))
-            ok = c["err_max"] <= F32_TOL and (c["agree"] == c["n"] or c["tie"])
-            rows.append(dict(arch=arch, config=name, prompt=len(ids), one_by_one=one, ok=ok, **c))
-            log(f"  {arch} {name} prompt {len(ids):3d}{' one-by-one' if one else '           '}:"
-                f" max rel err {c['err_max']:.2e} (first block {c['err0']:.2e}), greedy "
-                f"{c['agree']}/{c['n']}{' (near-tie)' if c['agree'] < c['n'] and c['tie'] else ''}"
-                f" {'ok' if ok else 'FAIL'}")
+    for dev, ids, one in ((d, i, o) for d in args.strata_devices.split(",") for i in all_ids
+                         for o in (False, True)):
+        args.strata_device = dev
+        got_ids, greedy, blocks = strata_logits(args, gguf, ids, args.greedy, one_by_one=one)
+        if got_ids != ids:
+            raise SetupError(f"strata logits echoed other ids: {got_ids[:8]} vs {ids[:8]}")
+        ref_blocks = ref.last_logits(ids + greedy, args.greedy + 1)
+        c = compare_case(blocks, greedy, ref_blocks, ref.greedy(ids, args.greedy))
+        ok = c["err_max"] <= F32_TOL and (c["agree"] == c["n"] or c["tie"])
+        rows.append(dict(backend=dev, arch=arch, config=name, prompt=len(ids), one_by_one=one,
+                         ok=ok, **c))
+        log(f"  {arch} {name} {dev} prompt {len(ids):3d}"
+            f"{' one-by-one' if one else '           '}:"
+            f" max rel err {c['err_max']:.2e} (first block {c['err0']:.2e}), greedy "
+            f"{c['agree']}/{c['n']}{' (near-tie)' if c['agree'] < c['n'] and c['tie'] else ''}"
+            f" {'ok' if ok else 'FAIL'}")
 
 
 def ci_reference(args, arch, rows):
@@ -200,7 +203,8 @@ def main():
     ap.add_argument("--out", required=True, help="summary and ci-ref-<arch>/ go here")
     ap.add_argument("--work", help="checkpoints and GGUF files (default: a temp dir, removed)")
     ap.add_argument("--arches", default=",".join(ARCHES))
-    ap.add_argument("--configs", default="A,B", help="comma-separated; empty: the CI reference only")
+    ap.add_argument("--configs", default="A,B",
+                    help="comma-separated; empty: the CI reference only")
     ap.add_argument("--greedy", type=int, default=16)
     ap.add_argument("--init-std", type=float, default=0.08)
     ap.add_argument("--ci-init-std", type=float, default=0.1)
@@ -208,8 +212,10 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--device", default="cpu", help="torch device of the reference")
     ap.add_argument("--no-ci-ref", action="store_true")
+    ap.add_argument("--strata-devices", default="cpu",
+                    help="strata backends to check, comma-separated (cpu,cuda)")
     args = ap.parse_args()
-    args.strata_device = "cpu"
+    args.strata_device = "cpu"  # set per backend by evaluate
     args.self_test = False
     t0 = time.time()
     os.makedirs(args.out, exist_ok=True)
@@ -236,11 +242,11 @@ def main():
             shutil.rmtree(tmp, ignore_errors=True)
     lines = [f"# strata vs transformers, qwen3next / qwen35moe ({versions}), "
              f"{time.time() - t0:.0f} s", "",
-             "| arch | config | prompt | feed | max rel err | greedy | ok |",
-             "|---|---|---|---|---|---|---|"]
+             "| backend | arch | config | prompt | feed | max rel err | greedy | ok |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         feed = "one by one" if r["one_by_one"] else "batch"
-        lines.append(f"| {r['arch']} | {r['config']} | {r['prompt']} | {feed}"
+        lines.append(f"| {r['backend']} | {r['arch']} | {r['config']} | {r['prompt']} | {feed}"
                      f" | {r['err_max']:.2e} | {r['agree']}/{r['n']}{' tie' if r['tie'] else ''}"
                      f" | {'yes' if r['ok'] else 'NO'} |")
     text = "\n".join(lines) + "\n"
