@@ -1,7 +1,8 @@
 /* test_hf_ref: the CPU engine against Hugging Face transformers, without a GPU or Python.
  *
  * tests/data/hf-ref/ is written by tests/hf/compare_qwen3moe.py (its ci-ref/ output; see
- * docs/hf-reference.md): a tiny random-weight Qwen3-MoE checkpoint (hf/: config.json,
+ * docs/hf-reference.md), hf-ref-qwen3next/ and hf-ref-qwen35moe/ by compare_qwen3next.py and
+ * hf-ref-gptoss/ by compare_gptoss.py. Each holds a tiny random-weight checkpoint (hf/: config.json,
  * model.safetensors, tokenizer files), its strata f32 GGUF (model.gguf), and, for a few
  * prompts, transformers' float32 greedy tokens and its logits after the prompt and after each
  * greedy token (logits.bin, described by ref.json, which also names the versions used).
@@ -11,7 +12,7 @@
  * to transformers' greedy token at every step, except at a near-tie (transformers' gap between
  * the two tokens within twice the measured error), reported; the prompt text tokenized by
  * strata equal to the ids `tokenizers` gave; and converting hf/ again gives the same tensor
- * bytes as model.gguf. Exit 77 when the data is absent.
+ * bytes as model.gguf. Exit 77 when every folder is absent.
  */
 #include <errno.h>
 #include <ftw.h>
@@ -167,25 +168,25 @@ static void check_reconvert(const char *dir, const char *gguf_path)
     nftw(tmpdir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
 }
 
-int main(void)
+/* One reference folder of tests/data; 0 when absent (skipped). */
+static int check_dir(const char *name)
 {
     char dir[512], path[600];
-    test_data_path(dir, sizeof(dir), "hf-ref");
+    test_data_path(dir, sizeof(dir), name);
     snprintf(path, sizeof(path), "%s/ref.json", dir);
     if (access(path, R_OK) != 0) {
-        printf("%s: %s absent (written by tests/hf/compare_qwen3moe.py): skipped\n", NAME, path);
-        return TEST_SKIP;
+        printf("%s: %s absent (written by tests/hf/compare_*.py): skipped\n", NAME, path);
+        return 0;
     }
     json_object *root = json_object_from_file(path);
     CHECK(root != NULL, "%s: %s", path, json_util_get_last_err());
     if (!root)
-        return test_finish(NAME);
+        return 1;
     json_object *cases = member(root, "cases"), *refv = member(root, "reference");
     uint32_t nv = (uint32_t)json_object_get_int(member(root, "n_vocab"));
     int n_cases = cases ? (int)json_object_array_length(cases) : 0;
-    printf("%s: reference %s, %d cases, vocab %u\n", NAME,
+    printf("%s: %s: reference %s, %d cases, vocab %u\n", NAME, name,
            refv ? json_object_get_string(refv) : "?", n_cases, nv);
-
     /* the reference logits */
     snprintf(path, sizeof(path), "%s/%s", dir, json_object_get_string(member(root, "logits")));
     FILE *f = fopen(path, "rb");
@@ -241,5 +242,18 @@ int main(void)
     check_reconvert(dir, path);
     free(ref);
     json_object_put(root);
+    return 1;
+}
+
+int main(void)
+{
+    /* qwen3moe (compare_qwen3moe.py), qwen3next and qwen35moe (compare_qwen3next.py), gpt-oss
+     * (compare_gptoss.py) */
+    const char *dirs[] = {"hf-ref", "hf-ref-qwen3next", "hf-ref-qwen35moe", "hf-ref-gptoss"};
+    int found = 0;
+    for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++)
+        found += check_dir(dirs[i]);
+    if (!found)
+        return TEST_SKIP;
     return test_finish(NAME);
 }
