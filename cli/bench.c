@@ -345,19 +345,37 @@ static int bench_prompt_text(const struct strata *st, const char *path, int32_t 
     return 0;
 }
 
-/* Weight bytes one decode token reads, outside the KV cache. */
-static double bench_token_bytes(const struct model *m)
+/* Weight bytes one decode token reads: every tensor of the main layers and the head once,
+ * one row of the token embedding, and of each layer's expert tensors (names with "_exps.",
+ * biases included) the share of the n_used experts a token selects; an MTP block past the
+ * main layers is not read. *cpu_experts (when not NULL) receives the expert share of the
+ * first n_cpu layers: what a static placement reads from host memory. */
+static double bench_token_bytes(const struct model *m, uint32_t n_cpu, double *cpu_experts)
 {
     const struct model_hparams *hp = &m->hp;
-    double b = (double)m->output.bytes + (double)m->output_norm.bytes +
-               (double)m->tok_embd.row_bytes;
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
-        const struct layer_weights *lw = &m->layers[l];
-        b += (double)(lw->wq.bytes + lw->wk.bytes + lw->wv.bytes + lw->wo.bytes +
-                      lw->attn_norm.bytes + lw->q_norm.bytes + lw->k_norm.bytes +
-                      lw->ffn_norm.bytes + lw->router.bytes);
-        b += (double)hp->n_expert_used * (double)model_expert_bytes(m, l);
+    const struct gguf_file *f = m->file;
+    double b = 0, cpu = 0;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const char *name = f->tensors[i].name;
+        double sz = (double)f->tensors[i].size;
+        unsigned layer;
+        if (!strcmp(name, "token_embd.weight")) {
+            b += (double)m->tok_embd.row_bytes;
+        } else if (sscanf(name, "blk.%u.", &layer) == 1) {
+            if (layer >= hp->n_layer)
+                continue;
+            if (strstr(name, "_exps.")) {
+                sz *= (double)hp->n_expert_used / hp->n_expert;
+                if (layer < n_cpu)
+                    cpu += sz;
+            }
+            b += sz;
+        } else {
+            b += sz;
+        }
     }
+    if (cpu_experts)
+        *cpu_experts = cpu;
     return b;
 }
 
@@ -717,15 +735,16 @@ static void bench_print(const struct bench_opts *o, struct strata *st, const str
                         const struct bench_run *r)
 {
     const struct model_hparams *hp = &m->hp;
-    double wbytes = bench_token_bytes(m);
+    struct strata_stats now;
+    strata_get_stats(st, &now);
+    double cpu_ebytes = 0;
+    double wbytes = bench_token_bytes(m, o->cuda ? (uint32_t)now.cpu_moe_layers : 0, &cpu_ebytes);
     double kv_per_pos = 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * sizeof(float);
     double kvbytes = kv_per_pos * (o->n_prompt + o->n_gen / 2.0); /* mean context of the run */
     double floor_s = (wbytes + kvbytes) / r->bw;
     double tg = o->n_gen / r->t_tg;
-    struct strata_stats now;
     printf("model        %s (%s, %u layers, %u experts top-%u)\n", o->model, m->arch->name,
            hp->n_layer, hp->n_expert, hp->n_expert_used);
-    strata_get_stats(st, &now);
     if (o->cuda)
         printf("backend      cuda, %.2f GiB of VRAM%s\n", now.vram_bytes / 1073741824.0,
                now.graph ? ", decode steps replayed from a CUDA graph" : "");
@@ -761,10 +780,17 @@ static void bench_print(const struct bench_opts *o, struct strata *st, const str
         double hbm_floor = (wbytes + kvbytes) / hbm;
         printf("device copy  %.0f GB/s (1 GiB device-to-device, read + written, median of 10)\n",
                hbm / 1e9);
-        if (!r->cached)
+        if (!r->cached && cpu_ebytes > 0) {
+            /* static: the CPU layers' experts from host memory, the rest from HBM */
+            double f = (wbytes + kvbytes - cpu_ebytes) / hbm + cpu_ebytes / r->bw;
+            printf("floor        %.1f tok/s: %.3f GB of experts per token at %.1f GB/s of host "
+                   "memory, the rest at %.0f GB/s of HBM -> decode at %.1f%% of the floor\n",
+                   1.0 / f, cpu_ebytes / 1e9, r->bw / 1e9, hbm / 1e9, 100.0 * tg * f);
+        } else if (!r->cached) {
             printf("floor        %.1f tok/s at %.0f GB/s of HBM -> decode at %.1f%% of the "
                    "floor\n",
                    1.0 / hbm_floor, hbm / 1e9, 100.0 * tg * hbm_floor);
+        }
     }
     if (r->cached)
         bench_print_cache(o, st, m, r, tg);
