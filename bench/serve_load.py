@@ -2,7 +2,12 @@
 """Load on a running strata serve: C concurrent clients, each sending R streamed completions in
 turn (random-id-free: fixed prompts, temperature 0.8, distinct seeds), for C in the list given.
 Prints per concurrency: requests, aggregate generated tok/s over the wall time, time to first
-token (p50 / p99) and the time between streamed chunks (p50 / p99).
+token (p50 / p99) and the time between streamed chunks (p50 / p99), as the client sees them;
+then the server's own timings of the same requests (the final chunk's "timings"): time to the
+first token (queued + prompt) and each request's mean time per generated token (p50 / p99).
+A chunk carries text only, so on a model whose tokens often decode to nothing (the random
+presets' filler vocabulary) the client's figures are per chunk, not per token; the server's
+are per token on any model.
 
 usage: serve_load.py PORT CONCURRENCIES (e.g. 1,4,16) [REQUESTS_PER_CLIENT] [MAX_TOKENS]
 """
@@ -29,7 +34,7 @@ def one(k, out):
     c.request("POST", "/v1/completions", body=json.dumps(body),
               headers={"Content-Type": "application/json"})
     r = c.getresponse()
-    first, last, gaps, n_tok, buf = None, None, [], 0, b""
+    first, last, gaps, n_tok, buf, tm = None, None, [], 0, b"", None
     while True:
         chunk = r.read1(65536) if hasattr(r, "read1") else r.read(1)
         if not chunk:
@@ -43,6 +48,8 @@ def one(k, out):
             j = json.loads(ev[6:])
             if j.get("usage"):
                 n_tok = j["usage"]["completion_tokens"]
+            if j.get("timings"):
+                tm = j["timings"]
             if j["choices"][0].get("text"):
                 if first is None:
                     first = now - t0
@@ -50,7 +57,11 @@ def one(k, out):
                     gaps.append(now - last)
                 last = now
     c.close()
-    out.append((first, gaps, n_tok))
+    srv = (None, None)
+    if tm:
+        pps = tm.get("predicted_per_second", 0)
+        srv = ((tm.get("queued_ms", 0) + tm.get("prompt_ms", 0)) / 1e3, 1 / pps if pps else None)
+    out.append((first, gaps, n_tok, srv))
 
 
 def pct(xs, p):
@@ -79,3 +90,8 @@ for conc in CONC:
           "first token p50 %7.1f ms p99 %7.1f ms | between chunks p50 %6.1f ms p99 %6.1f ms"
           % (conc, len(res), toks, wall, toks / wall, pct([r[0] for r in res], 50),
              pct([r[0] for r in res], 99), pct(gaps, 50), pct(gaps, 99)), flush=True)
+    ttft = [r[3][0] for r in res]
+    tpt = [r[3][1] for r in res]
+    print("    server:  first token (queued + prompt) p50 %7.1f ms p99 %7.1f ms | time per token "
+          "(mean of each request) p50 %6.1f ms p99 %6.1f ms"
+          % (pct(ttft, 50), pct(ttft, 99), pct(tpt, 50), pct(tpt, 99)), flush=True)
