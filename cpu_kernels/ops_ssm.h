@@ -1,7 +1,9 @@
 /* ops_ssm: the recurrent ops of Gated DeltaNet layers (qwen3next, qwen35moe) on the CPU, in
  * float32 with OpenMP over heads: the short causal depthwise conv with its rolling state, and
  * the gated delta rule with its per-head state, each token after the other (the recurrent
- * form; a prefill of n tokens costs n steps). Shapes (rows, cols), cols contiguous. */
+ * form; a prefill of n tokens costs n steps). The delta rule's head step is built for plain
+ * x86-64, AVX2 and AVX-512 (ssm_body.h) and picked at run time. Shapes (rows, cols), cols
+ * contiguous. */
 #ifndef STRATA_OPS_SSM_H
 #define STRATA_OPS_SSM_H
 

@@ -1,15 +1,19 @@
 /* test_ops_ssm: the Gated DeltaNet ops of cpu_kernels/ops_ssm.h against scalar double
  * references on fresh random data (seeded): the causal conv + SiLU with its rolling state, and
  * the gated delta rule with its per-head state, for both head mappings and both beta/alpha
- * layouts, evaluated in one call and split over two calls (the state carries the first part).
+ * layouts, evaluated in one call and split over two calls (the state carries the first part);
+ * and each build of the delta rule's head step this CPU can run (plain x86-64, AVX2, AVX-512:
+ * cpu_kernels/ssm_body.h) against the same reference and against each other.
  * Bound: 1e-5 relative (norm); float against double over 37 tokens. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_features.h"
 #include "ops_ssm.h"
 #include "rng.h"
+#include "ssm_body.h"
 #include "testutil.h"
 
 #define TOL 1e-5
@@ -174,6 +178,32 @@ static void check_gdn(struct rng *r, const struct gdn_case *c)
     printf("  gdn: %d q/k heads, %d v heads of %d, %s, %s: rel err %.3g\n", c->nk, c->nv, d,
            c->tiled ? "v head j reads j mod n_k" : "v head j reads j / r",
            c->grouped ? "grouped ssm_ba" : "beta and alpha apart", e);
+    /* every build, one call over the 37 tokens from a zero state */
+    g.n_tok = n, g.out = got, g.qkv = qkv, g.z = z, g.b = b, g.a = c->grouped ? b : a;
+    const struct {
+        const char *name;
+        void (*head)(const struct ops_gdn *g, int j);
+        enum cpu_isa isa;
+    } builds[] = {{"x86-64", gdn_head, CPU_ISA_SCALAR},
+                  {"avx2", ops_gdn_head_avx2, CPU_ISA_AVX2},
+                  {"avx512", ops_gdn_head_avx512, CPU_ISA_AVX512}};
+    float *first = malloc(sizeof(float) * n * vw);
+    for (size_t k = 0; k < sizeof(builds) / sizeof(builds[0]); k++) {
+        if (cpu_isa_best() < builds[k].isa)
+            continue;
+        memset(state, 0, sizeof(float) * (size_t)c->nv * d * d);
+        for (int j = 0; j < c->nv; j++)
+            builds[k].head(&g, j);
+        double er = test_norm_rel_err(got, want, n * vw);
+        double eb = k ? test_norm_rel_err(got, first, n * vw) : 0.0;
+        if (!k)
+            memcpy(first, got, sizeof(float) * n * vw);
+        CHECK(er < TOL && eb < TOL, "gdn %s build, d %d: rel err %.3g, against x86-64 %.3g",
+              builds[k].name, d, er, eb);
+        printf("    %-6s build: rel err %.3g, against the x86-64 build %.3g\n", builds[k].name,
+               er, eb);
+    }
+    free(first);
     free(qkv), free(z), free(b), free(a), free(an), free(dt), free(nw), free(want), free(got);
     free(state);
 }
@@ -188,6 +218,7 @@ int main(void)
         {2, 4, 32, true, false},
         {3, 6, 16, true, false},
         {1, 1, 128, false, true},
+        {2, 4, 24, true, true}, /* rows of 24: a vector's tail in every build */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         check_gdn(&r, &cases[i]);
