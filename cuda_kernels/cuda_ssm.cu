@@ -93,18 +93,26 @@ static __device__ __forceinline__ float gdn_softplus(float x)
 /* Block of GDN_THREADS: thread tid owns the state columns b = tid + c * GDN_THREADS (c <
  * GDN_COLS, b < d), so it alone reads and writes S[a][b] for every a, across all tokens: no
  * other thread touches its part of the state (and a warp's loads of S[a][.] are coalesced).
+ * D > 0 (d == D <= GDN_THREADS, one column per thread): the thread holds its column in
+ * registers for the whole call, read once before the first token and written once after the
+ * last, so a prefill's tokens cost no state traffic; D == 0: any d up to CUDA_SSM_MAX_D, the
+ * state read and written in memory at every token. Both compute the same sums in the same
+ * order.
  * Per token, shared memory holds the raw q and k of the head's q/k head, normalized as they
  * are read (times rq, rk); sums over the head (|q|^2, |k|^2, k.q, |o|^2) are fixed-order block
  * reductions: each thread adds its elements in index order, a warp butterfly, then every
  * thread adds the GDN_WARPS warp sums in warp order. Threads without a column (d < 128) still
  * take part in every reduction and barrier. */
+template <int D>
 static __global__ void __launch_bounds__(GDN_THREADS) k_gdn(struct gdn_params p)
 {
+    static_assert(D >= 0 && D <= GDN_THREADS, "a register column per thread");
+    constexpr int NC = D ? 1 : GDN_COLS; /* columns per thread */
     __shared__ float sq[CUDA_SSM_MAX_D], sk[CUDA_SSM_MAX_D]; /* raw q, k of head kh */
     __shared__ float red_qk[GDN_WARPS][3];                   /* warp sums of |q|^2, |k|^2, k.q */
     __shared__ float red_o[GDN_WARPS];                       /* warp sums of |o|^2 */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int j = blockIdx.x, d = p.d, r = p.n_v / p.n_k;
+    const int j = blockIdx.x, d = D ? D : p.d, r = p.n_v / p.n_k;
     const int kh = p.v_tiled ? j % p.n_k : j / r;
     const int bi = p.ba_grouped ? (j / r) * 2 * r + j % r : j;
     const int ai = p.ba_grouped ? (j / r) * 2 * r + r + j % r : j;
@@ -112,6 +120,14 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn(struct gdn_params p)
     const float qscale = 1.0f / sqrtf((float)d);
     const float a_log_neg = p.a_log_neg[j], dt_bias = p.dt_bias[j];
     float *S = p.state + (int64_t)j * d * d; /* S[a][b] at S[a*d + b] */
+    float col[D ? D : 1];                    /* D > 0: S[.][tid] */
+    if constexpr (D > 0) {
+        if (tid < D) {
+#pragma unroll
+            for (int a = 0; a < D; a++)
+                col[a] = S[a * D + tid];
+        }
+    }
 
     for (int t = 0; t < p.n_tok; t++) {
         const float *row = p.qkv + (int64_t)t * cw;
@@ -154,24 +170,37 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn(struct gdn_params p)
 
         /* 2. this thread's columns of S: S = decay S; delta = beta (v - S^T k);
          * S += k delta^T; o = S^T q = (decay S_old)^T q + (k.q) delta */
-        float o[GDN_COLS];
+        float o[NC];
         float po = 0.0f;
 #pragma unroll
-        for (int c = 0; c < GDN_COLS; c++) {
+        for (int c = 0; c < NC; c++) {
             const int b = tid + c * GDN_THREADS;
             o[c] = 0.0f;
             if (b >= d)
                 continue;
-            float acc_k = 0.0f, acc_q = 0.0f;
-            for (int a = 0; a < d; a++) {
-                const float s = decay * S[(int64_t)a * d + b];
-                acc_k += s * (sk[a] * rk);
-                acc_q += s * (sq[a] * rq);
-            }
-            const float delta = beta * (v[b] - acc_k);
-            for (int a = 0; a < d; a++) {
-                float *s = S + (int64_t)a * d + b;
-                *s = decay * *s + (sk[a] * rk) * delta;
+            float acc_k = 0.0f, acc_q = 0.0f, delta;
+            if constexpr (D > 0) {
+#pragma unroll
+                for (int a = 0; a < D; a++) {
+                    const float s = decay * col[a];
+                    acc_k += s * (sk[a] * rk);
+                    acc_q += s * (sq[a] * rq);
+                }
+                delta = beta * (v[b] - acc_k);
+#pragma unroll
+                for (int a = 0; a < D; a++)
+                    col[a] = decay * col[a] + (sk[a] * rk) * delta;
+            } else {
+                for (int a = 0; a < d; a++) {
+                    const float s = decay * S[(int64_t)a * d + b];
+                    acc_k += s * (sk[a] * rk);
+                    acc_q += s * (sq[a] * rq);
+                }
+                delta = beta * (v[b] - acc_k);
+                for (int a = 0; a < d; a++) {
+                    float *s = S + (int64_t)a * d + b;
+                    *s = decay * *s + (sk[a] * rk) * delta;
+                }
             }
             o[c] = acc_q + kq * delta;
             po += o[c] * o[c];
@@ -187,12 +216,19 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn(struct gdn_params p)
             ss += red_o[w];
         const float rn = 1.0f / sqrtf(ss / d + p.eps);
 #pragma unroll
-        for (int c = 0; c < GDN_COLS; c++) {
+        for (int c = 0; c < NC; c++) {
             const int b = tid + c * GDN_THREADS;
             if (b < d)
                 out[b] = o[c] * rn * p.norm_w[b] * ssm_silu(z[b]);
         }
         __syncthreads(); /* every thread is done with sq, sk, red_qk and red_o of token t */
+    }
+    if constexpr (D > 0) {
+        if (tid < D) {
+#pragma unroll
+            for (int a = 0; a < D; a++)
+                S[a * D + tid] = col[a];
+        }
     }
 }
 
@@ -326,7 +362,23 @@ extern "C" int cuda_gdn(const struct cuda_gdn_args *a)
                            a->ba_stride, a->ba_grouped, a->a_log_neg, a->dt_bias, a->norm_w,
                            a->state,     a->n_tok,      a->n_k,       a->n_v,     a->d,
                            a->v_tiled,   a->eps};
-    k_gdn<<<a->n_v, GDN_THREADS, 0, (cudaStream_t)a->stream>>>(p);
+    cudaStream_t st = (cudaStream_t)a->stream;
+    switch (a->d) { /* the head dims with a register-resident state column */
+    case 128:
+        k_gdn<128><<<a->n_v, GDN_THREADS, 0, st>>>(p);
+        break;
+    case 64:
+        k_gdn<64><<<a->n_v, GDN_THREADS, 0, st>>>(p);
+        break;
+    case 32:
+        k_gdn<32><<<a->n_v, GDN_THREADS, 0, st>>>(p);
+        break;
+    case 16:
+        k_gdn<16><<<a->n_v, GDN_THREADS, 0, st>>>(p);
+        break;
+    default:
+        k_gdn<0><<<a->n_v, GDN_THREADS, 0, st>>>(p);
+    }
     return cuda_last_error("cuda_gdn");
 }
 
