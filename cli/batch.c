@@ -222,7 +222,8 @@ static void batch_usage(void)
         "      --system TEXT       system message (needs --chat)\n"
         "      --no-think          Qwen3: pre-fill an empty <think></think> block in every\n"
         "                          rendered conversation (needs --chat)\n\n"
-        "generation (the defaults of every line):\n"
+        "generation (the defaults of every line; a model file's general.sampling.* keys\n"
+        "replace those of the flags not given):\n"
         "  -n, --n-predict N       tokens to generate at most (default %d)\n"
         "      --temp T            temperature, 0 = greedy (default %.2f)\n"
         "      --top-k K           0 = off (default %d)\n"
@@ -1624,7 +1625,7 @@ static void batch_free(struct batch *b)
 
 /* The chat format of the model, read from its general.architecture before the jobs are (they
  * are rendered as they are read): ChatML when the file cannot be read (loading it reports
- * why). */
+ * why); and its general.sampling.* defaults for the flags not given. */
 static void batch_peek_style(struct batch *b)
 {
     const char *path = b->o.model ? b->o.model : run_opts_default_model();
@@ -1635,6 +1636,8 @@ static void batch_peek_style(struct batch *b)
     if (path && !gguf_open(path, &f) && !gguf_get_str(f, "general.architecture", &a) &&
         a.len < sizeof(arch))
         memcpy(arch, a.ptr, a.len);
+    struct strata_sampling fs = b->o.gen.sampling; /* the lines start from these */
+    run_opts_sampling_take(&b->o, &fs, strata_sampling_from_gguf(f, &fs));
     gguf_close(f);
     err_clear();
     b->style = (struct chat_style){.format = chat_format_of_arch(arch),

@@ -143,7 +143,7 @@ static int chat_turn(struct run_session *s, const struct run_opts *o, enum chat_
     if (rc)
         return rc;
     if (o->verbose)
-        run_print_stats(&st);
+        run_print_stats(&st, &o->gen.sampling);
     else
         putchar('\n');
     return 0;
@@ -168,6 +168,7 @@ int cmd_chat(int argc, char **argv)
     if (run_session_open(&o, &s))
         return 1;
     run_session_spec(&s, &o.gen);
+    run_opts_sampling(&o, s.s, true);
     char today[32];
     struct chat_style style = {.format = (enum chat_format)run_chat_format(&s), .think = o.think,
                                .date = run_today(today, sizeof(today))};

@@ -80,12 +80,15 @@ oom:
     return 1;
 }
 
-void run_print_stats(const struct strata_generate_stats *st)
+void run_print_stats(const struct strata_generate_stats *st, const struct strata_sampling *sc)
 {
-    fprintf(stderr, "\nprompt: %d tokens, %.2f tok/s | generation: %d tokens, %.2f tok/s%s\n",
+    fprintf(stderr, "\nprompt: %d tokens, %.2f tok/s | generation: %d tokens, %.2f tok/s%s",
             st->n_prompt, st->t_prompt_s > 0 ? st->n_prompt / st->t_prompt_s : 0.0, st->n_gen,
             st->t_gen_s > 0 && st->n_gen > 1 ? (st->n_gen - 1) / st->t_gen_s : 0.0,
             st->stopped_ctx ? " (context full)" : "");
+    if (sc->temperature > 0)
+        fprintf(stderr, " | seed %llu", (unsigned long long)sc->seed);
+    fputc('\n', stderr);
     if (st->spec_unavailable)
         fprintf(stderr, "speculative: no memory for the verify pass's rows (under --vram-budget "
                         "they need room beside the cache); decoded without drafts\n");
@@ -129,6 +132,7 @@ int cmd_run(int argc, char **argv)
         return 1;
     }
     run_session_spec(&s, &o.gen);
+    run_opts_sampling(&o, s.s, true);
     const enum chat_format fmt = (enum chat_format)run_chat_format(&s);
     struct chat_harmony h, *split = NULL;
     struct run_harmony_out hout;
@@ -190,7 +194,7 @@ int cmd_run(int argc, char **argv)
         } else if (rc) {
             rc = cli_fail("generation");
         } else {
-            run_print_stats(&st);
+            run_print_stats(&st, &o.gen.sampling);
         }
     }
     free(ids);

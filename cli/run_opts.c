@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -152,7 +153,8 @@ static void run_opts_usage(const char *cmd)
                "                          gpt-oss: reasoning effort low (default medium)\n"
                "      --hide-reasoning    gpt-oss with --chat: do not print the analysis channel\n"
                "                          (default: printed, dimmed on a terminal)\n");
-    printf("generation:\n"
+    printf("generation (a model file's general.sampling.* keys replace these defaults for the\n"
+           "flags not given; --verbose prints the settings used):\n"
            "  -n, --n-predict N       tokens to generate (default %d)\n"
            "      --temp T            temperature, 0 = greedy (default %.2f)\n"
            "      --top-k K           0 = off (default %d)\n"
@@ -160,7 +162,8 @@ static void run_opts_usage(const char *cmd)
            "      --min-p P           0 = off (default %.2f)\n"
            "      --repeat-penalty R  1 = off (default %.2f)\n"
            "      --repeat-last-n N   tokens the penalty looks back (default %d)\n"
-           "  -s, --seed S            sampling seed (default %llu)\n"
+           "  -s, --seed S            sampling seed (default: a random one, which run prints\n"
+           "                          after the generation and chat with --verbose)\n"
            "      --stop TEXT         stop when TEXT is generated (up to %d)\n"
            "      --ignore-eos        do not stop at end-of-generation tokens\n"
            "      --spec none|ngram|draft\n"
@@ -181,7 +184,7 @@ static void run_opts_usage(const char *cmd)
            "  -v, --verbose           print model and timing details\n",
            d.gen.n_predict, d.gen.sampling.temperature, d.gen.sampling.top_k,
            d.gen.sampling.top_p, d.gen.sampling.min_p, d.gen.sampling.repeat_penalty,
-           d.gen.sampling.repeat_last_n, (unsigned long long)d.gen.sampling.seed,
+           d.gen.sampling.repeat_last_n,
            STRATA_MAX_STOP);
     if (!strcmp(cmd, "run"))
         printf("\nA prompt that takes over 2 s to evaluate shows its progress on stderr; Ctrl-C\n"
@@ -353,16 +356,22 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             rc = args_i32(cmd, arg, v, 0, 1 << 20, &o->gen.n_predict);
         } else if (IS("--temp", NULL)) {
             rc = args_f32(cmd, arg, v, 0, 100, &sc->temperature);
+            o->sampling_set |= STRATA_SAMPLING_TEMP;
         } else if (IS("--top-k", NULL)) {
             rc = args_i32(cmd, arg, v, 0, 1 << 24, &sc->top_k);
+            o->sampling_set |= STRATA_SAMPLING_TOP_K;
         } else if (IS("--top-p", NULL)) {
             rc = args_f32(cmd, arg, v, 0, 1, &sc->top_p);
+            o->sampling_set |= STRATA_SAMPLING_TOP_P;
         } else if (IS("--min-p", NULL)) {
             rc = args_f32(cmd, arg, v, 0, 1, &sc->min_p);
+            o->sampling_set |= STRATA_SAMPLING_MIN_P;
         } else if (IS("--repeat-penalty", NULL)) {
             rc = args_f32(cmd, arg, v, 0.01f, 100, &sc->repeat_penalty);
+            o->sampling_set |= STRATA_SAMPLING_REPEAT_PENALTY;
         } else if (IS("--repeat-last-n", NULL)) {
             rc = args_i32(cmd, arg, v, 0, 1 << 20, &sc->repeat_last_n);
+            o->sampling_set |= STRATA_SAMPLING_REPEAT_LAST_N;
         } else if (IS("--spec", NULL)) {
             if (!strcmp(v, "none") || !strcmp(v, "ngram") || !strcmp(v, "draft")) {
                 o->spec_ngram = !strcmp(v, "ngram");
@@ -383,6 +392,7 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             rc = args_i32(cmd, arg, v, 2, 8, &o->gen.draft_ngram);
         } else if (IS("-s", "--seed")) {
             rc = args_u64(cmd, arg, v, 0, UINT64_MAX, &sc->seed);
+            o->seed_set = true;
         } else if (IS("--stop", NULL)) {
             if (o->gen.n_stop == STRATA_MAX_STOP) {
                 fprintf(stderr, "strata: at most %d --stop strings\n", STRATA_MAX_STOP);
@@ -643,6 +653,44 @@ void run_session_spec(const struct run_session *s, struct strata_generate_params
         p->draft_fn = strata_drafter_draft;
         p->draft_ctx = s->drafter;
     }
+}
+
+void run_opts_sampling_take(struct run_opts *o, const struct strata_sampling *f, unsigned mask)
+{
+    struct strata_sampling *sc = &o->gen.sampling;
+    unsigned got = mask & ~o->sampling_set;
+    if (got & STRATA_SAMPLING_TEMP)
+        sc->temperature = f->temperature;
+    if (got & STRATA_SAMPLING_TOP_K)
+        sc->top_k = f->top_k;
+    if (got & STRATA_SAMPLING_TOP_P)
+        sc->top_p = f->top_p;
+    if (got & STRATA_SAMPLING_MIN_P)
+        sc->min_p = f->min_p;
+    if (got & STRATA_SAMPLING_REPEAT_PENALTY)
+        sc->repeat_penalty = f->repeat_penalty;
+    if (got & STRATA_SAMPLING_REPEAT_LAST_N)
+        sc->repeat_last_n = f->repeat_last_n;
+    if (got && o->verbose)
+        fprintf(stderr,
+                "strata: sampling defaults from the model file: temp %.2f, top-k %d, top-p "
+                "%.2f, min-p %.2f, repeat-penalty %.2f, repeat-last-n %d\n",
+                sc->temperature, sc->top_k, sc->top_p, sc->min_p, sc->repeat_penalty,
+                sc->repeat_last_n);
+}
+
+void run_opts_sampling(struct run_opts *o, const struct strata *st, bool random_seed)
+{
+    struct strata_sampling *sc = &o->gen.sampling, f = *sc;
+    run_opts_sampling_take(o, &f, strata_sampling_from_model(st, &f));
+    if (random_seed && !o->seed_set) {
+        uint64_t seed;
+        if (getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed))
+            seed = (uint64_t)(clock_now_s() * 1e9) ^ ((uint64_t)getpid() << 32);
+        sc->seed = seed;
+    }
+    if (o->verbose)
+        fprintf(stderr, "strata: sampling seed %llu\n", (unsigned long long)sc->seed);
 }
 
 int run_session_open(const struct run_opts *o, struct run_session *s)

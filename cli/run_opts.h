@@ -49,6 +49,8 @@ struct run_opts {
     bool profile_optional; /* --profile-optional */
     const char *cuda_flag; /* the first option given that only the CUDA backend takes, or NULL */
     struct strata_generate_params gen;
+    unsigned sampling_set; /* the sampling flags given (enum strata_sampling_field) */
+    bool seed_set;         /* -s given */
     bool spec_ngram;    /* --spec ngram */
     bool spec_draft;    /* --spec draft */
     bool draft_max_set; /* --draft-max given (it needs --spec) */
@@ -72,6 +74,13 @@ struct chat_harmony;
 int run_open_draft(const char *path, const char *device, int n_threads, int n_ctx, bool verbose,
                    const struct strata *target, struct strata **draft,
                    struct strata_drafter **drafter);
+
+/* The sampling settings of a command on model st: the model file's general.sampling.* keys
+ * for the flags not given (said with verbose), and unless random_seed is false or -s was given,
+ * a seed drawn from the system's entropy. */
+void run_opts_sampling(struct run_opts *o, const struct strata *st, bool random_seed);
+/* The fields of f in mask (strata_sampling_from_*'s) that no flag gave, into o. */
+void run_opts_sampling_take(struct run_opts *o, const struct strata_sampling *f, unsigned mask);
 
 /* With --spec draft, p's draft source becomes the session's draft model. */
 void run_session_spec(const struct run_session *s, struct strata_generate_params *p);
@@ -153,7 +162,8 @@ void run_session_close(struct run_session *s);
  * printing the error. */
 int run_tokenize(const struct run_session *s, const char *text, int32_t **ids, int *n);
 
-/* Prints "prompt: N tokens, X tok/s | generation: M tokens, Y tok/s" to stderr. */
-void run_print_stats(const struct strata_generate_stats *st);
+/* Prints "prompt: N tokens, X tok/s | generation: M tokens, Y tok/s" to stderr, then with
+ * "| seed S" when sampling (temperature > 0): the -s that repeats the output. */
+void run_print_stats(const struct strata_generate_stats *st, const struct strata_sampling *sc);
 
 #endif

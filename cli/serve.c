@@ -167,8 +167,9 @@ static void serve_usage(void)
         "(loading | ready | busy), GET /metrics (Prometheus text), GET / (a chat page).\n"
         "Request keys: model, messages | prompt, max_tokens (max_completion_tokens),\n"
         "temperature, top_p, top_k, min_p, repeat_penalty, seed, stop (a string or up to %d),\n"
-        "n (1), stream, stream_options.include_usage; absent ones take the flags' values,\n"
-        "max_tokens the rest of the context. Other keys are ignored.\n"
+        "n (1), stream, stream_options.include_usage; absent ones take the flags' values\n"
+        "(for a sampling flag not given, the model file's general.sampling.* key where it has\n"
+        "one), max_tokens the rest of the context. Other keys are ignored.\n"
         "\n"
         "Server options:\n"
         "      --host ADDR         address to listen on (default 127.0.0.1)\n"
@@ -1456,6 +1457,7 @@ static int serve_open_engine(struct serve *sv)
     cfg.n_streams = sv->n_slots;
     if (strata_load(&cfg, &sv->s))
         return cli_open_fail();
+    run_opts_sampling(&sv->o, sv->s, false); /* requests start from these */
     strata_model_info(sv->s, &mi);
     if (!mi.has_tokenizer) {
         fprintf(stderr, "strata serve: %s has no tokenizer (tokenizer.ggml.* keys)\n",

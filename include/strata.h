@@ -285,6 +285,21 @@ struct strata_sampling {
 };
 void strata_sampling_init(struct strata_sampling *p); /* the defaults above */
 
+/* The fields strata_sampling_from_model can set. */
+enum strata_sampling_field {
+    STRATA_SAMPLING_TEMP = 1u << 0,
+    STRATA_SAMPLING_TOP_K = 1u << 1,
+    STRATA_SAMPLING_TOP_P = 1u << 2,
+    STRATA_SAMPLING_MIN_P = 1u << 3,
+    STRATA_SAMPLING_REPEAT_PENALTY = 1u << 4,
+    STRATA_SAMPLING_REPEAT_LAST_N = 1u << 5,
+};
+/* The model file's own sampling defaults, the keys llama.cpp's GGUF writer names
+ * (general.sampling.temp, top_k, top_p, min_p, penalty_repeat, penalty_last_n), written over
+ * *p where present and in range; returns the fields set (enum strata_sampling_field). The seed
+ * is never taken from the file. */
+unsigned strata_sampling_from_model(const struct strata *s, struct strata_sampling *p);
+
 struct strata_sampler;
 int strata_sampler_open(const struct strata *s, const struct strata_sampling *p,
                         struct strata_sampler **out);

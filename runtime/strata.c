@@ -23,6 +23,7 @@
 #include "disk_tier.h"
 #include "errors.h"
 #include "generate.h"
+#include "gguf.h"
 #include "model.h"
 #include "model_arch.h"
 #include "sampler.h"
@@ -572,6 +573,35 @@ void strata_sampling_init(struct strata_sampling *p)
         .repeat_last_n = d.repeat_last_n,
         .seed = d.seed,
     };
+}
+
+unsigned strata_sampling_from_model(const struct strata *s, struct strata_sampling *p)
+{
+    return strata_sampling_from_gguf(s && s->model ? s->model->file : NULL, p);
+}
+
+unsigned strata_sampling_from_gguf(const struct gguf_file *f, struct strata_sampling *p)
+{
+    unsigned set = 0;
+    float x;
+    int64_t n;
+    if (!f || !p)
+        return 0;
+    /* each key where present and in the range the CLI flag takes; anything else is ignored */
+    if (!gguf_get_f32(f, "general.sampling.temp", &x) && x >= 0 && x <= 100)
+        p->temperature = x, set |= STRATA_SAMPLING_TEMP;
+    if (!gguf_get_i64(f, "general.sampling.top_k", &n) && n >= 0 && n <= (1 << 24))
+        p->top_k = (int)n, set |= STRATA_SAMPLING_TOP_K;
+    if (!gguf_get_f32(f, "general.sampling.top_p", &x) && x >= 0 && x <= 1)
+        p->top_p = x, set |= STRATA_SAMPLING_TOP_P;
+    if (!gguf_get_f32(f, "general.sampling.min_p", &x) && x >= 0 && x <= 1)
+        p->min_p = x, set |= STRATA_SAMPLING_MIN_P;
+    if (!gguf_get_f32(f, "general.sampling.penalty_repeat", &x) && x >= 0.01f && x <= 100)
+        p->repeat_penalty = x, set |= STRATA_SAMPLING_REPEAT_PENALTY;
+    if (!gguf_get_i64(f, "general.sampling.penalty_last_n", &n) && n >= 0 && n <= (1 << 20))
+        p->repeat_last_n = (int)n, set |= STRATA_SAMPLING_REPEAT_LAST_N;
+    err_clear();
+    return set;
 }
 
 int strata_sampler_open(const struct strata *s, const struct strata_sampling *p,

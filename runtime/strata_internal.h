@@ -27,6 +27,10 @@ enum strata_step {
 };
 enum strata_step strata_failed_step(void);
 
+/* strata_sampling_from_model's reading of an open GGUF file (f NULL: nothing). */
+struct gguf_file;
+unsigned strata_sampling_from_gguf(const struct gguf_file *f, struct strata_sampling *p);
+
 /* strata_open's first half: checks cfg, opens the model, binds the threads (BIND) and copies
  * the weights (NO_MMAP). The handle's tokenizer, model info and strata_model_of work; streams
  * need strata_start. 0 or -errno (strata_error()); *out is untouched on failure. */
