@@ -1035,7 +1035,8 @@ static int batch_write_job(struct batch *b, struct batch_job *j)
             json_object_put(reasoning);
             goto oom;
         }
-        json_object_object_add(o, "text", json_text_new(j->text.buf ? j->text.buf : "", j->text.len));
+        json_object_object_add(o, "text",
+                               json_text_new(j->text.buf ? j->text.buf : "", j->text.len));
         if (reasoning)
             json_object_object_add(o, "reasoning", reasoning);
         json_object_object_add(o, "tokens", json_object_new_int(j->n_gen));

@@ -182,9 +182,8 @@ static void run_opts_usage(const char *cmd)
            "                          auto: the GPU when there is one; all its weights\n"
            "                          resident, outside --vram-budget)\n"
            "  -v, --verbose           print model and timing details\n",
-           d.gen.n_predict, d.gen.sampling.temperature, d.gen.sampling.top_k,
-           d.gen.sampling.top_p, d.gen.sampling.min_p, d.gen.sampling.repeat_penalty,
-           d.gen.sampling.repeat_last_n,
+           d.gen.n_predict, d.gen.sampling.temperature, d.gen.sampling.top_k, d.gen.sampling.top_p,
+           d.gen.sampling.min_p, d.gen.sampling.repeat_penalty, d.gen.sampling.repeat_last_n,
            STRATA_MAX_STOP);
     if (!strcmp(cmd, "run"))
         printf("\nA prompt that takes over 2 s to evaluate shows its progress on stderr; Ctrl-C\n"

@@ -855,8 +855,7 @@ static char *req_render(const struct serve_req *r, const char *text, size_t n, c
         if (!role || !r->stream)
             json_object_object_add(m, "content", json_text_new(text, n));
         if (r->hm && r->n_part[1])
-            json_object_object_add(m, "reasoning_content",
-                                   json_text_new(r->part[1], r->n_part[1]));
+            json_object_object_add(m, "reasoning_content", json_text_new(r->part[1], r->n_part[1]));
         json_object_object_add(c0, r->stream ? "delta" : "message", m);
     } else {
         json_object_object_add(c0, "text", json_text_new(text, n));

@@ -103,11 +103,10 @@ static __device__ __forceinline__ float gdn_softplus(float x)
  * reductions: each thread adds its elements in index order, a warp butterfly, then every
  * thread adds the GDN_WARPS warp sums in warp order. Threads without a column (d < 128) still
  * take part in every reduction and barrier. */
-template <int D>
-static __global__ void __launch_bounds__(GDN_THREADS) k_gdn(struct gdn_params p)
+template <int D> static __global__ void __launch_bounds__(GDN_THREADS) k_gdn(struct gdn_params p)
 {
     static_assert(D >= 0 && D <= GDN_THREADS, "a register column per thread");
-    constexpr int NC = D ? 1 : GDN_COLS; /* columns per thread */
+    constexpr int NC = D ? 1 : GDN_COLS;                     /* columns per thread */
     __shared__ float sq[CUDA_SSM_MAX_D], sk[CUDA_SSM_MAX_D]; /* raw q, k of head kh */
     __shared__ float red_qk[GDN_WARPS][3];                   /* warp sums of |q|^2, |k|^2, k.q */
     __shared__ float red_o[GDN_WARPS];                       /* warp sums of |o|^2 */

@@ -2,9 +2,9 @@
  *
  * tests/data/hf-ref/ is written by tests/hf/compare_qwen3moe.py (its ci-ref/ output; see
  * docs/hf-reference.md), hf-ref-qwen3next/ and hf-ref-qwen35moe/ by compare_qwen3next.py and
- * hf-ref-gptoss/ by compare_gptoss.py. Each holds a tiny random-weight checkpoint (hf/: config.json,
- * model.safetensors, tokenizer files), its strata f32 GGUF (model.gguf), and, for a few
- * prompts, transformers' float32 greedy tokens and its logits after the prompt and after each
+ * hf-ref-gptoss/ by compare_gptoss.py. Each holds a tiny random-weight checkpoint (hf/:
+ * config.json, model.safetensors, tokenizer files), its strata f32 GGUF (model.gguf), and, for a
+ * few prompts, transformers' float32 greedy tokens and its logits after the prompt and after each
  * greedy token (logits.bin, described by ref.json, which also names the versions used).
  *
  * Checks: every logits block within TOL (max |strata - hf| / max |hf|) of transformers', with

@@ -200,8 +200,8 @@ static void check_gdn(struct rng *r, const struct gdn_case *c)
             memcpy(first, got, sizeof(float) * n * vw);
         CHECK(er < TOL && eb < TOL, "gdn %s build, d %d: rel err %.3g, against x86-64 %.3g",
               builds[k].name, d, er, eb);
-        printf("    %-6s build: rel err %.3g, against the x86-64 build %.3g\n", builds[k].name,
-               er, eb);
+        printf("    %-6s build: rel err %.3g, against the x86-64 build %.3g\n", builds[k].name, er,
+               eb);
     }
     free(first);
     free(qkv), free(z), free(b), free(a), free(an), free(dt), free(nw), free(want), free(got);
@@ -214,11 +214,9 @@ int main(void)
     rng_seed(&r, 20261202, 0);
     check_conv(&r);
     const struct gdn_case cases[] = {
-        {2, 4, 32, false, true},
-        {2, 4, 32, true, false},
-        {3, 6, 16, true, false},
-        {1, 1, 128, false, true},
-        {2, 4, 24, true, true}, /* rows of 24: a vector's tail in every build */
+        {2, 4, 32, false, true},  {2, 4, 32, true, false}, {3, 6, 16, true, false},
+        {1, 1, 128, false, true}, {2, 4, 24, true, true}, /* rows of 24: a vector's tail in every
+                                                             build */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         check_gdn(&r, &cases[i]);

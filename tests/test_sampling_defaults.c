@@ -122,8 +122,7 @@ int main(void)
     CHECK(with_keys(base, good, all, 6) == 0, "writing %s: %s", good, err_msg());
     set = from_model(good, &p);
     CHECK(set == 0x3f && p.temperature == 0.3f && p.top_k == 7 && p.top_p == 0.5f &&
-              p.min_p == 0.2f && p.repeat_penalty == 1.25f && p.repeat_last_n == 32 &&
-              p.seed == 77,
+              p.min_p == 0.2f && p.repeat_penalty == 1.25f && p.repeat_last_n == 32 && p.seed == 77,
           "every key: mask %#x, temp %g top-k %d top-p %g min-p %g penalty %g last-n %d seed "
           "%llu",
           set, p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty, p.repeat_last_n,
