@@ -449,6 +449,13 @@ static void tokenizer_write(const char *dir)
     json_object_object_add(tc, "pad_token", json_object_new_string("<|endoftext|>"));
     json_object_object_add(tc, "chat_template", json_object_new_string(CHAT_TEMPLATE));
     json_write(dir, "tokenizer_config.json", tc);
+
+    /* the author's sampling defaults; min_p is not a number and is left out */
+    json_object *gc = json_tokener_parse("{\"do_sample\": true, \"temperature\": 0.6, \"top_k\": 20, "
+                                         "\"top_p\": 0.95, \"repetition_penalty\": 1.05, "
+                                         "\"min_p\": \"low\", \"max_new_tokens\": 100, "
+                                         "\"eos_token_id\": [263, 262]}");
+    json_write(dir, "generation_config.json", gc);
 }
 
 /* Writes a checkpoint directory tmp_root/NAME; returns its path (static buffer per call). */
@@ -669,6 +676,14 @@ static void check_metadata(const struct gguf_file *f, enum quant_mix mix)
           "rope.freq_base %g", base);
     CHECK(gguf_get_f32(f, "qwen3moe.attention.layer_norm_rms_epsilon", &eps) == 0 && eps == 1e-6f,
           "rms epsilon %g", eps);
+    float x = 0;
+    CHECK(gguf_get_f32(f, "general.sampling.temp", &x) == 0 && x == 0.6f, "sampling.temp %g", x);
+    check_kv_u32(f, "general.sampling.top_k", 20);
+    CHECK(gguf_get_f32(f, "general.sampling.top_p", &x) == 0 && x == 0.95f, "sampling.top_p %g",
+          x);
+    CHECK(gguf_get_f32(f, "general.sampling.penalty_repeat", &x) == 0 && x == 1.05f,
+          "sampling.penalty_repeat %g", x);
+    CHECK(!gguf_find_kv(f, "general.sampling.min_p"), "min_p \"low\" was written");
     check_kv_str(f, "tokenizer.ggml.model", "gpt2");
     check_kv_str(f, "tokenizer.ggml.pre", "qwen2");
     check_kv_str(f, "tokenizer.chat_template", CHAT_TEMPLATE);

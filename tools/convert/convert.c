@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <json-c/json.h>
 
@@ -323,6 +324,58 @@ static int add_hparams(struct gguf_writer *w, const struct convert_config *cfg,
 #undef U32
 #undef F32
 #undef STR
+    return rc;
+}
+
+/* The checkpoint author's sampling defaults: generation_config.json's do_sample, temperature,
+ * top_k, top_p, min_p and repetition_penalty as general.sampling.* (what strata run reads for
+ * the flags a user does not give). do_sample false is greedy (temp 0). A value that is not a
+ * number in the range the flag takes is left out with a notice; the other keys of that file
+ * (token ids, lengths) do not change the computation. No file: nothing. */
+static int add_sampling(struct gguf_writer *w, const struct convert_config *cfg,
+                        const struct hf_ckpt *c)
+{
+    static const struct {
+        const char *hf, *gguf;
+        double lo, hi;
+        bool integer;
+    } keys[] = {
+        {"temperature", "general.sampling.temp", 0, 100, false},
+        {"top_k", "general.sampling.top_k", 0, 1 << 24, true},
+        {"top_p", "general.sampling.top_p", 0, 1, false},
+        {"min_p", "general.sampling.min_p", 0, 1, false},
+        {"repetition_penalty", "general.sampling.penalty_repeat", 0.01, 100, false},
+    };
+    char path[4096];
+    json_object *g, *v;
+    int rc = 0;
+
+    if (!hf_ckpt_path(c, "generation_config.json", path, sizeof(path)) || access(path, R_OK))
+        return 0;
+    if (!(g = json_object_from_file(path)) || !json_object_is_type(g, json_type_object)) {
+        convert_notice(cfg, "%s: not a JSON object; no sampling defaults written", path);
+        json_object_put(g);
+        return 0;
+    }
+    const bool greedy = json_object_object_get_ex(g, "do_sample", &v) &&
+                        json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v);
+    if (greedy)
+        rc = gguf_writer_add_f32(w, "general.sampling.temp", 0.0f);
+    for (size_t i = 0; !rc && i < sizeof(keys) / sizeof(keys[0]); i++) {
+        if (!json_object_object_get_ex(g, keys[i].hf, &v) || !v || (greedy && i == 0))
+            continue;
+        const bool num = json_object_is_type(v, json_type_double) ||
+                         json_object_is_type(v, json_type_int);
+        const double x = num ? json_object_get_double(v) : 0;
+        if (!num || !(x >= keys[i].lo && x <= keys[i].hi) || (keys[i].integer && x != (int)x)) {
+            convert_notice(cfg, "%s: %s = %s is not a sampling default strata takes; left out",
+                           path, keys[i].hf, json_object_to_json_string(v));
+            continue;
+        }
+        rc = keys[i].integer ? gguf_writer_add_u32(w, keys[i].gguf, (uint32_t)x)
+                             : gguf_writer_add_f32(w, keys[i].gguf, (float)x);
+    }
+    json_object_put(g);
     return rc;
 }
 
@@ -979,6 +1032,7 @@ int convert_run(const struct convert_config *cfg, struct convert_stats *stats)
     if (rc)
         goto out;
     rc = add_hparams(w, cfg, c, &hp);
+    rc = rc ? rc : add_sampling(w, cfg, c);
     rc = rc ? rc : convert_vocab_add(cfg, c, w, hp.n_vocab, &st.n_vocab);
     rc = rc ? rc : plan_types(cfg, &plan, w, &st);
     rc = rc ? rc : run_write(cfg, &plan, w, &st, t0);
