@@ -654,6 +654,14 @@ void run_session_spec(const struct run_session *s, struct strata_generate_params
     }
 }
 
+uint64_t run_random_seed(void)
+{
+    uint64_t seed;
+    if (getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed))
+        seed = (uint64_t)(clock_now_s() * 1e9) ^ ((uint64_t)getpid() << 32);
+    return seed;
+}
+
 void run_opts_sampling_take(struct run_opts *o, const struct strata_sampling *f, unsigned mask)
 {
     struct strata_sampling *sc = &o->gen.sampling;
@@ -682,12 +690,8 @@ void run_opts_sampling(struct run_opts *o, const struct strata *st, bool random_
 {
     struct strata_sampling *sc = &o->gen.sampling, f = *sc;
     run_opts_sampling_take(o, &f, strata_sampling_from_model(st, &f));
-    if (random_seed && !o->seed_set) {
-        uint64_t seed;
-        if (getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed))
-            seed = (uint64_t)(clock_now_s() * 1e9) ^ ((uint64_t)getpid() << 32);
-        sc->seed = seed;
-    }
+    if (random_seed && !o->seed_set)
+        sc->seed = run_random_seed();
     if (o->verbose)
         fprintf(stderr, "strata: sampling seed %llu\n", (unsigned long long)sc->seed);
 }

@@ -79,6 +79,8 @@ int run_open_draft(const char *path, const char *device, int n_threads, int n_ct
  * for the flags not given (said with verbose), and unless random_seed is false or -s was given,
  * a seed drawn from the system's entropy. */
 void run_opts_sampling(struct run_opts *o, const struct strata *st, bool random_seed);
+/* A seed from the system's entropy (the clock and pid if that fails). */
+uint64_t run_random_seed(void);
 /* The fields of f in mask (strata_sampling_from_*'s) that no flag gave, into o. */
 void run_opts_sampling_take(struct run_opts *o, const struct strata_sampling *f, unsigned mask);
 

@@ -169,7 +169,8 @@ static void serve_usage(void)
         "temperature, top_p, top_k, min_p, repeat_penalty, seed, stop (a string or up to %d),\n"
         "n (1), stream, stream_options.include_usage; absent ones take the flags' values\n"
         "(for a sampling flag not given, the model file's general.sampling.* key where it has\n"
-        "one), max_tokens the rest of the context. Other keys are ignored.\n"
+        "one; no seed: a random one unless -s is given), max_tokens the rest of the context.\n"
+        "Other keys are ignored.\n"
         "\n"
         "Server options:\n"
         "      --host ADDR         address to listen on (default 127.0.0.1)\n"
@@ -1157,6 +1158,8 @@ static enum MHD_Result handle_completion(struct serve *sv, struct MHD_Connection
         goto out;
     if (present)
         r->gen.sampling.seed = (uint64_t)d;
+    else if (!sv->o.seed_set) /* as OpenAI's API: no seed, a random one */
+        r->gen.sampling.seed = run_random_seed();
     if (key_num(sv, c, body, "presence_penalty", 0, 0, &d, &present, &res) ||
         key_num(sv, c, body, "frequency_penalty", 0, 0, &d, &present, &res))
         goto out;

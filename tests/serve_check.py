@@ -25,7 +25,8 @@ Checks:
 10. a random-weight model (strata gen's tiny preset), whose byte tokens make ill-formed UTF-8:
     completions, streamed and not, are valid UTF-8 JSON whose text is strata run's output with
     each maximal ill-formed subsequence replaced by U+FFFD (Python's decoder does the same), and
-    at least one of them needed a replacement.
+    at least one of them needed a replacement; and four identical sampled requests without a
+    seed do not all give the same text (each gets a random seed).
 """
 import http.client
 import json
@@ -449,6 +450,13 @@ def check_ill_formed():
                 text, ok = str(e), False
             check(ok and text == want, "streamed ill-formed model output, seed %d: %r, run %r" %
                   (seed, text, want))
+        texts = set()
+        for _ in range(4):
+            st, j, _ = sv.post("/v1/completions", {"prompt": "a", "max_tokens": 24,
+                                                   "temperature": 1.0})
+            texts.add(completion_text(j) if st == 200 else None)
+        check(len(texts) > 1 and None not in texts,
+              "4 sampled requests without a seed gave one text: %r" % texts)
     finally:
         check(sv.stop() == 0, "random-model server exit status: " + sv.output()[-2000:])
     check(replaced > 0, "no ill-formed UTF-8 in 4 samples of the random model: the check saw none")
