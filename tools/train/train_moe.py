@@ -310,6 +310,10 @@ def main():
     ap.add_argument("--seed", type=int, default=20261130)
     ap.add_argument("--strata", help="strata binary: convert the export and check its logits")
     ap.add_argument("--quant", default="q4_k_m", help="the shipped mix (with --strata)")
+    ap.add_argument("--repetition-penalty", type=float,
+                    help="written to hf/generation_config.json, which strata convert stores as "
+                         "the model's general.sampling.penalty_repeat (the default strata run "
+                         "then uses); measure it with bench/sampling_loops.py")
     a = ap.parse_args()
 
     import torch
@@ -321,6 +325,9 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 checks below compare to 1e-5
     hf_dir = os.path.join(a.out, "hf")
     os.makedirs(hf_dir, exist_ok=True)
+    if a.repetition_penalty:
+        with open(os.path.join(hf_dir, "generation_config.json"), "w") as f:
+            json.dump({"do_sample": True, "repetition_penalty": a.repetition_penalty}, f, indent=1)
     t0 = time.time()
     files = corpus_files(int(a.corpus_mb * 1e6))
     train_texts, held_texts = split_heldout(files, 0.02)
