@@ -1,0 +1,186 @@
+/* cuda spec: speculative decoding on the GPU. Greedy generation with prompt-lookup drafts
+ * (--spec ngram, up to 8 drafts a verify pass) gives the same ids as plain greedy decoding in
+ * each placement: all resident (also with graphs), the expert cache with too few slots (copy
+ * and zero-copy fills), static; on the shipped default model (q4_k_m) and on a generated tiny
+ * qwen3next f32 checkpoint, whose rejected drafts restore its recurrent state from the
+ * checkpoint taken on the GPU. Besides prompt lookup, an oracle drafter proposes plain
+ * decoding's own next tokens with the third of each pass wrong, so every pass both keeps and
+ * rejects drafts. A verify pass's rows take the kernels a lockstep step's rows
+ * take, which test_cuda_batch holds bit-identical to single-row decoding in these placements.
+ * The hybrid placement chooses each miss's lane by measured cost, so its two runs may compute
+ * a row on different lanes; it is reported, not held to identity. Exits 77 without a GPU. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gen.h"
+#include "quant_mix.h"
+#include "strata.h"
+#include "testutil.h"
+
+#define NAME "test_cuda_spec"
+#define N_GEN 64
+
+static char tmpdir[] = "/tmp/strata-test-cuda-spec-XXXXXX";
+
+struct place {
+    const char *name;
+    enum strata_placement placement;
+    enum strata_fill fill;
+    int slots, cpu_layers;
+    unsigned flags;
+    bool exact; /* held to identical ids */
+};
+
+/* Drafts that plain decoding's own ids would accept, except the third of every pass, which is
+ * off by one: each pass keeps two drafts and rejects the rest, so both the accepting and the
+ * rolling-back paths run on every model (a random model seldom repeats itself for prompt
+ * lookup to find). */
+struct oracle {
+    const int32_t *plain; /* plain greedy ids */
+    int n_plain, n_prompt, n_vocab;
+};
+
+static int oracle_draft(void *ctx, const int32_t *hist, int n_hist, int max, int32_t *out)
+{
+    const struct oracle *o = ctx;
+    (void)hist;
+    int g = n_hist - o->n_prompt, n = 0;
+    for (; n < max && g + n < o->n_plain; n++)
+        out[n] = n == 2 ? (o->plain[g + n] + 1) % o->n_vocab : o->plain[g + n];
+    return n;
+}
+
+/* N_GEN greedy ids after prompt on a fresh stream, with draft_max drafts a pass (0: plain),
+ * from fn (NULL: prompt lookup). */
+static int generate(struct strata *s, const int32_t *prompt, int n, int draft_max,
+                    int (*fn)(void *, const int32_t *, int, int, int32_t *), void *fn_ctx,
+                    int32_t *ids, struct strata_generate_stats *st)
+{
+    struct strata_stream *str = NULL;
+    struct strata_generate_params p;
+    strata_generate_params_init(&p);
+    p.n_predict = N_GEN;
+    p.sampling.temperature = 0.0f;
+    p.draft_max = draft_max;
+    p.draft_fn = fn;
+    p.draft_ctx = fn_ctx;
+    memset(st, 0, sizeof(*st));
+    int rc = strata_stream_open(s, 1024, &str);
+    if (!rc)
+        rc = strata_generate(str, prompt, n, &p, NULL, NULL, ids, st);
+    strata_stream_close(str);
+    return rc;
+}
+
+static void check_place(const char *model, const char *path, const struct place *pl)
+{
+    struct strata_config cfg;
+    struct strata *s = NULL;
+    strata_config_init(&cfg);
+    cfg.model_path = path;
+    cfg.device = STRATA_DEVICE_CUDA;
+    cfg.placement = pl->placement;
+    cfg.fill = pl->fill;
+    cfg.expert_slots = pl->slots;
+    cfg.cpu_moe_layers = pl->cpu_layers;
+    cfg.flags = pl->flags;
+    int rc = strata_open(&cfg, &s);
+    CHECK(rc == 0, "%s, %s: strata_open: %s", model, pl->name, strata_error());
+    if (rc)
+        return;
+    struct strata_model_info mi;
+    strata_model_info(s, &mi);
+    static const char *const texts[] = {"def fibonacci(n):",
+                                        "class Stack:\n    def push(self, x):"};
+    for (int t = 0; t < 2; t++) {
+        int32_t prompt[64], a[N_GEN + 8], b[N_GEN + 8];
+        int n = 0;
+        if (mi.has_tokenizer)
+            n = strata_tokenize(s, texts[t], strlen(texts[t]), STRATA_TOKENIZE_ADD_BOS, prompt, 64);
+        for (; n < 6; n++) /* a tiny generated vocabulary may not spell the text */
+            prompt[n] = (int32_t)((7 * t + 3 * n + 1) % (int)mi.n_vocab);
+
+        struct strata_generate_stats sa, sb;
+        int ra = generate(s, prompt, n, 0, NULL, NULL, a, &sa);
+        struct oracle o = {a, sa.n_gen, n, (int)mi.n_vocab};
+        for (int k = 0; k < 2; k++) { /* prompt lookup, then the oracle */
+            int rb = generate(s, prompt, n, 8, k ? oracle_draft : NULL, &o, b, &sb);
+            int same = 0;
+            while (same < sa.n_gen && same < sb.n_gen && a[same] == b[same])
+                same++;
+            printf("%s, %s, prompt %d: %d greedy tokens, with %s drafts %d of them the same; "
+                   "%d verify passes, %d drafted, %d accepted\n",
+                   model, pl->name, t, sa.n_gen, k ? "oracle" : "ngram", same, sb.n_verify,
+                   sb.n_drafted, sb.n_accepted);
+            CHECK(!ra && !rb, "%s, %s: generate: %d %d (%s)", model, pl->name, ra, rb,
+                  strata_error());
+            if (k)
+                CHECK(sb.n_accepted > 0 && sb.n_accepted < sb.n_drafted,
+                      "%s, %s, prompt %d: oracle drafts: %d of %d accepted", model, pl->name, t,
+                      sb.n_accepted, sb.n_drafted);
+            if (pl->exact)
+                CHECK(sa.n_gen == sb.n_gen && same == sa.n_gen,
+                      "%s, %s, prompt %d: greedy with %s drafts leaves plain decoding at token "
+                      "%d",
+                      model, pl->name, t, k ? "oracle" : "ngram", same);
+        }
+    }
+    strata_close(s);
+}
+
+int main(void)
+{
+    char q3n[512], path[512];
+    struct strata_config cfg;
+    struct strata *s = NULL;
+
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    const struct gen_preset *p = gen_preset_find_arch("qwen3next", "tiny");
+    if (!p || test_gen_model(p, QUANT_MIX_F32, 3, tmpdir, "q3n", q3n, sizeof(q3n))) {
+        fprintf(stderr, "setup: %s\n", strata_error());
+        return 1;
+    }
+    strata_config_init(&cfg);
+    cfg.model_path = q3n;
+    cfg.device = STRATA_DEVICE_CUDA;
+    int rc = strata_open(&cfg, &s);
+    strata_close(s);
+    if (rc == -ENODEV) {
+        printf("skip: %s\n", strata_error());
+        unlink(q3n);
+        rmdir(tmpdir);
+        return 77;
+    }
+    const struct place tiny[] = {
+        {"all resident", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 0, 0, 0, true},
+        {"all resident, graphs", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 0, 0, STRATA_FLAG_GRAPH,
+         true},
+        {"6 slots, copy", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 6, 0, 0, true},
+    };
+    for (int i = 0; i < 3; i++)
+        check_place("tiny qwen3next f32", q3n, &tiny[i]);
+    test_data_path(path, sizeof(path), "../../models/strata-default.gguf");
+    if (access(path, R_OK) == 0) {
+        const struct place def[] = {
+            {"all resident", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 0, 0, 0, true},
+            {"all resident, graphs", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 0, 0,
+             STRATA_FLAG_GRAPH, true},
+            {"40 slots, copy", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 40, 0, 0, true},
+            {"40 slots, zero-copy", STRATA_PLACEMENT_STREAM, STRATA_FILL_ZEROCOPY, 40, 0, 0, true},
+            {"static, 4 layers on the CPU", STRATA_PLACEMENT_STATIC, STRATA_FILL_COPY, 0, 4, 0,
+             true},
+            {"40 slots, hybrid", STRATA_PLACEMENT_HYBRID, STRATA_FILL_COPY, 40, 0, 0, false},
+        };
+        for (int i = 0; i < 6; i++)
+            check_place("default model", path, &def[i]);
+    }
+    unlink(q3n);
+    rmdir(tmpdir);
+    return test_finish(NAME);
+}
