@@ -3,11 +3,13 @@
 #   1. every GPU test in .carry/bin (TESTS names some; SKIP_TESTS=1 none);
 #   2. gpt-oss, qwen3next and qwen35moe against transformers: tests/hf/compare_gptoss.py and
 #      compare_qwen3next.py (strata on the CPU, torch on the GPU), their CI references in
-#      $OUT/hf-gptoss/ci-ref-gptoss/ and $OUT/hf-qwen3next/ci-ref-{qwen3next,qwen35moe}/;
-#   3. speculative decoding on W1-real (the shipped model inflated to the 30b-a3b shapes) under
-#      WHERE (default --vram-budget 4G, then 2G, 8G and resident): plain against --spec ngram
-#      and against --spec draft with the shipped model as the draft (on the GPU), greedy
-#      generation after the first 256 tokens of SPEC_TEXT (default cli/serve.c);
+#      logs/hf-gptoss/ci-ref-gptoss/ and logs/hf-qwen3next/ci-ref-{qwen3next,qwen35moe}/ (in
+#      $OUT/logs.tar, with every log);
+#   3. speculative decoding on SPEC_MODELS (default w1: W1-real, the shipped model inflated to
+#      the 30b-a3b shapes; 30b: the 30b-a3b preset) under WHERE (default --vram-budget 4G, then
+#      2G, 8G and resident): plain against --spec ngram and against --spec draft with the
+#      shipped model as the draft (on the GPU), greedy generation after the first 256 tokens
+#      of SPEC_TEXT (default cli/serve.c);
 #   4. unless SKIP_SERVE=1, bench/device-serve.sh (strata serve under load, 30b-a3b at 8 GiB);
 #   5. when tests/data/npm was carried, tools/tokref/hf_check.py (the tokenizer corpora against
 #      Hugging Face tokenizers, gpt-oss's o200k included).
@@ -15,38 +17,50 @@
 set -u
 . bench/device-env.sh
 export STRATA_TEST_DATA=$PWD/tests/data
+# a call brings back only a few files: logs and the HF outputs come back packed in logs.tar
+L=$OUT/logs
+mkdir -p "$L"
+trap 'tar -cf "$OUT/logs.tar" -C "$OUT" logs && rm -rf "$L"' EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 ldd "$B/strata" | grep "not found"
 if [ -z "${SKIP_TESTS:-}" ]; then
     for t in ${TESTS:-"$B"/test_*}; do
         t="$B/$(basename "$t")"
-        (cd tests && timeout "${TEST_TIMEOUT:-300}" "$t" >"$OUT/$(basename "$t").log" 2>&1)
+        (cd tests && timeout "${TEST_TIMEOUT:-300}" "$t" >"$L/$(basename "$t").log" 2>&1)
         echo "$(basename "$t") rc=$?"
-        grep -E "FAIL" "$OUT/$(basename "$t").log" | head -20
+        grep -E "FAIL" "$L/$(basename "$t").log" | head -20
     done
 fi
 if [ -z "${SKIP_HF:-}" ]; then
-    timeout 240 python3 tests/hf/compare_gptoss.py --strata "$B/strata" --out "$OUT/hf-gptoss" \
-        --device cuda --threads 16 >"$OUT/hf-gptoss.log" 2>&1
+    timeout 240 python3 tests/hf/compare_gptoss.py --strata "$B/strata" --out "$L/hf-gptoss" \
+        --device cuda --threads 16 >"$L/hf-gptoss.log" 2>&1
     echo "compare_gptoss rc=$?"
-    tail -25 "$OUT/hf-gptoss.log"
+    tail -25 "$L/hf-gptoss.log"
     timeout 300 python3 tests/hf/compare_qwen3next.py --strata "$B/strata" \
-        --out "$OUT/hf-qwen3next" --device cuda --threads 16 >"$OUT/hf-qwen3next.log" 2>&1
+        --out "$L/hf-qwen3next" --device cuda --threads 16 >"$L/hf-qwen3next.log" 2>&1
     echo "compare_qwen3next rc=$?"
-    tail -40 "$OUT/hf-qwen3next.log"
+    tail -40 "$L/hf-qwen3next.log"
 fi
 W1=/dev/shm/w1.gguf
-[ -f $W1 ] || "$B/strata" gen --inflate models/strata-default.gguf --preset 30b-a3b -o $W1 2>&1 | tail -1
 R="$OUT/bench-spec.txt"
 IFS=, read -ra where <<<"${WHERE:---vram-budget 4G,--vram-budget 2G,--vram-budget 8G,--device cuda}"
-for w in "${where[@]}"; do
-    for kind in ngram draft; do
-        extra=()
-        [ $kind = draft ] && extra=(-md models/strata-default.gguf --draft-device cuda)
-        echo "### strata bench -m W1 $w -f ${SPEC_TEXT:-cli/serve.c} -p 256 -n 128 --tg greedy --spec $kind ${extra[*]}" | tee -a "$R"
-        timeout 120 "$B/strata" bench -m $W1 $w -f "${SPEC_TEXT:-cli/serve.c}" -p 256 -n 128 \
-            --bw-gib 0.5 --tg greedy --spec $kind "${extra[@]}" 2>&1 |
-            grep -E "^(tg|spec|cache |backend)" | tee -a "$R"
+for model in ${SPEC_MODELS:-w1}; do
+    if [ "$model" = 30b ]; then
+        gen_30b
+        f=$M
+    else
+        [ -f $W1 ] || "$B/strata" gen --inflate models/strata-default.gguf --preset 30b-a3b -o $W1 2>&1 | tail -1
+        f=$W1
+    fi
+    for w in "${where[@]}"; do
+        for kind in ngram draft; do
+            extra=()
+            [ $kind = draft ] && extra=(-md models/strata-default.gguf --draft-device cuda)
+            echo "### strata bench -m $model $w -f ${SPEC_TEXT:-cli/serve.c} -p 256 -n 128 --tg greedy --spec $kind ${extra[*]}" | tee -a "$R"
+            timeout 120 "$B/strata" bench -m $f $w -f "${SPEC_TEXT:-cli/serve.c}" -p 256 -n 128 \
+                --bw-gib 0.5 --tg greedy --spec $kind "${extra[@]}" 2>&1 |
+                grep -E "^(tg|spec|cache |backend)" | tee -a "$R"
+        done
     done
 done
 [ -n "${SKIP_SERVE:-}" ] || bash bench/device-serve.sh
