@@ -10,7 +10,8 @@
 #      2G, 8G and resident): plain against --spec ngram and against --spec draft with the
 #      shipped model as the draft (on the GPU), greedy generation after the first 256 tokens
 #      of SPEC_TEXT (default cli/serve.c);
-#   4. unless SKIP_SERVE=1, bench/device-serve.sh (strata serve under load, 30b-a3b at 8 GiB);
+#   4. unless SKIP_SERVE=1, bench/device-serve.sh (strata serve under load: the 30b-a3b preset
+#      at 8 GiB, W1-real at 2 GiB);
 #   5. when tests/data/npm was carried, tools/tokref/hf_check.py (the tokenizer corpora against
 #      Hugging Face tokenizers, gpt-oss's o200k included).
 # Binaries: .carry/bin.tar.xz (scripts/device-pack.sh).
