@@ -876,6 +876,8 @@ static char *req_render(const struct serve_req *r, const char *text, size_t n, c
         json_object_object_add(t, "predicted_per_second",
                                json_object_new_double(gm > 0 ? r->n_gen / gm : 0));
         json_object_object_add(o, "timings", t);
+        /* the seed the request was sampled with: sent back, it repeats the reply */
+        json_object_object_add(o, "seed", json_object_new_uint64(r->gen.sampling.seed));
     }
     const char *s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
                                                           JSON_C_TO_STRING_NOSLASHESCAPE);
@@ -1158,8 +1160,9 @@ static enum MHD_Result handle_completion(struct serve *sv, struct MHD_Connection
         goto out;
     if (present)
         r->gen.sampling.seed = (uint64_t)d;
-    else if (!sv->o.seed_set) /* as OpenAI's API: no seed, a random one */
-        r->gen.sampling.seed = run_random_seed();
+    else if (!sv->o.seed_set) /* as OpenAI's API: no seed, a random one, of 53 bits so that
+                               * the reply's "seed" can be sent back exactly */
+        r->gen.sampling.seed = run_random_seed() >> 11;
     if (key_num(sv, c, body, "presence_penalty", 0, 0, &d, &present, &res) ||
         key_num(sv, c, body, "frequency_penalty", 0, 0, &d, &present, &res))
         goto out;

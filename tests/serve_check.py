@@ -26,7 +26,8 @@ Checks:
     completions, streamed and not, are valid UTF-8 JSON whose text is strata run's output with
     each maximal ill-formed subsequence replaced by U+FFFD (Python's decoder does the same), and
     at least one of them needed a replacement; and four identical sampled requests without a
-    seed do not all give the same text (each gets a random seed).
+    seed each report a different seed (53 random bits: a collision has probability 6 / 2^53),
+    and a request sent again with a reported seed gives that reply.
 """
 import http.client
 import json
@@ -450,13 +451,18 @@ def check_ill_formed():
                 text, ok = str(e), False
             check(ok and text == want, "streamed ill-formed model output, seed %d: %r, run %r" %
                   (seed, text, want))
-        texts = set()
+        seeds, first = set(), None
         for _ in range(4):
-            st, j, _ = sv.post("/v1/completions", {"prompt": "a", "max_tokens": 24,
-                                                   "temperature": 1.0})
-            texts.add(completion_text(j) if st == 200 else None)
-        check(len(texts) > 1 and None not in texts,
-              "4 sampled requests without a seed gave one text: %r" % texts)
+            req = {"prompt": "a", "max_tokens": 24, "temperature": 1.0}
+            st, j, _ = sv.post("/v1/completions", req)
+            seeds.add(j.get("seed") if st == 200 else None)
+            first = first or (j.get("seed"), completion_text(j))
+        check(len(seeds) == 4 and None not in seeds,
+              "4 sampled requests without a seed reported the seeds %r" % seeds)
+        if first[0] is not None:
+            st, j, _ = sv.post("/v1/completions", dict(req, seed=first[0]))
+            check(st == 200 and completion_text(j) == first[1] and j.get("seed") == first[0],
+                  "the reported seed %r did not repeat the reply: %r" % (first[0], j))
     finally:
         check(sv.stop() == 0, "random-model server exit status: " + sv.output()[-2000:])
     check(replaced > 0, "no ill-formed UTF-8 in 4 samples of the random model: the check saw none")
