@@ -38,57 +38,43 @@ struct edit {
     const char *add_str;
 };
 
-/* Copies src to dst through gguf_writer with e applied. 0 or -errno. */
-static int rewrite(const char *src, const char *dst, const struct edit *e)
+static int edit_kv(void *ctx, struct gguf_writer *w, const struct gguf_kv *kv)
 {
-    struct gguf_file *f;
-    struct gguf_writer *w;
-    int rc = gguf_open(src, &f);
+    const struct edit *e = ctx;
+    (void)w;
+    return e->drop_key && !strcmp(kv->key, e->drop_key) ? TEST_KV_SKIP : TEST_KV_COPY;
+}
 
-    if (rc)
-        return rc;
-    rc = gguf_writer_open(dst, (uint32_t)f->alignment, &w);
-    if (rc)
-        goto out_close;
-    for (uint64_t i = 0; !rc && i < f->n_kv; i++) {
-        const struct gguf_kv *kv = &f->kv[i];
-        if (!strcmp(kv->key, "general.alignment") || (e->drop_key && !strcmp(kv->key, e->drop_key)))
-            continue;
-        rc = gguf_writer_copy_kv(w, kv);
-    }
-    if (!rc && e->add_u32_key)
+static int edit_add_kvs(void *ctx, struct gguf_writer *w)
+{
+    const struct edit *e = ctx;
+    int rc = 0;
+    if (e->add_u32_key)
         rc = gguf_writer_add_u32(w, e->add_u32_key, e->add_u32);
     if (!rc && e->add_str_key)
         rc = gguf_writer_add_str(w, e->add_str_key, e->add_str);
-    for (uint64_t i = 0; !rc && i < f->n_tensors; i++) {
-        const struct gguf_tensor *t = &f->tensors[i];
-        uint64_t ne[GGUF_MAX_DIMS];
-        uint32_t type = t->type;
-        if (e->drop_tensor && !strcmp(t->name, e->drop_tensor))
-            continue;
-        memcpy(ne, t->ne, sizeof(ne));
-        if (e->swap_tensor && !strcmp(t->name, e->swap_tensor)) {
-            ne[0] = t->ne[1];
-            ne[1] = t->ne[0];
-        }
-        if (e->retype_tensor && !strcmp(t->name, e->retype_tensor))
-            type = 26; /* I32: 4 bytes an element like F32 */
-        int idx = gguf_writer_add_tensor(w, t->name, type, t->n_dims, ne);
-        rc = idx < 0 ? idx : 0;
-    }
-    rc = rc ? rc : gguf_writer_begin_data(w);
-    for (uint64_t i = 0; !rc && i < f->n_tensors; i++) {
-        const struct gguf_tensor *t = &f->tensors[i];
-        if (!e->drop_tensor || strcmp(t->name, e->drop_tensor))
-            rc = gguf_writer_write(w, t->data, t->size);
-    }
-    if (rc)
-        gguf_writer_abort(w);
-    else
-        rc = gguf_writer_finish(w);
-out_close:
-    gguf_close(f);
     return rc;
+}
+
+static bool edit_tensor(void *ctx, const struct gguf_tensor *t, uint32_t *type, uint64_t *ne)
+{
+    const struct edit *e = ctx;
+    if (e->drop_tensor && !strcmp(t->name, e->drop_tensor))
+        return false;
+    if (e->swap_tensor && !strcmp(t->name, e->swap_tensor)) {
+        ne[0] = t->ne[1];
+        ne[1] = t->ne[0];
+    }
+    if (e->retype_tensor && !strcmp(t->name, e->retype_tensor))
+        *type = 26; /* I32: 4 bytes an element like F32 */
+    return true;
+}
+
+/* Copies src to dst with e applied. 0 or -errno. */
+static int rewrite(const char *src, const char *dst, const struct edit *e)
+{
+    const struct test_rewrite rw = {(void *)e, edit_kv, edit_add_kvs, edit_tensor};
+    return test_gguf_rewrite(src, dst, &rw);
 }
 
 static int gen_gptoss(const struct gen_preset *p, enum quant_mix mix, const char *path)

@@ -37,48 +37,28 @@ static bool in_block(const char *name, int block)
     return block >= 0 && !strncmp(name, pre, strlen(pre));
 }
 
-/* Copies src to dst through gguf_writer with e applied. 0 or -errno. */
+static int edit_kv(void *ctx, struct gguf_writer *w, const struct gguf_kv *kv)
+{
+    const struct edit *e = ctx;
+    if (!e->key || strcmp(kv->key, e->key))
+        return TEST_KV_COPY;
+    int rc = e->type == GGUF_TYPE_FLOAT32 ? gguf_writer_add_f32(w, kv->key, e->f)
+                                          : gguf_writer_add_u32(w, kv->key, e->u);
+    return rc ? rc : TEST_KV_DONE;
+}
+
+static bool edit_tensor(void *ctx, const struct gguf_tensor *t, uint32_t *type, uint64_t *ne)
+{
+    const struct edit *e = ctx;
+    (void)type, (void)ne;
+    return !in_block(t->name, e->drop_block);
+}
+
+/* Copies src to dst with e applied. 0 or -errno. */
 static int rewrite(const char *src, const char *dst, const struct edit *e)
 {
-    struct gguf_file *f;
-    struct gguf_writer *w;
-    int rc = gguf_open(src, &f);
-
-    if (rc)
-        return rc;
-    rc = gguf_writer_open(dst, (uint32_t)f->alignment, &w);
-    if (rc)
-        goto out_close;
-    for (uint64_t i = 0; !rc && i < f->n_kv; i++) {
-        const struct gguf_kv *kv = &f->kv[i];
-        if (!strcmp(kv->key, "general.alignment"))
-            continue;
-        if (e->key && !strcmp(kv->key, e->key))
-            rc = e->type == GGUF_TYPE_FLOAT32 ? gguf_writer_add_f32(w, kv->key, e->f)
-                                              : gguf_writer_add_u32(w, kv->key, e->u);
-        else
-            rc = gguf_writer_copy_kv(w, kv);
-    }
-    for (uint64_t i = 0; !rc && i < f->n_tensors; i++) {
-        const struct gguf_tensor *t = &f->tensors[i];
-        if (in_block(t->name, e->drop_block))
-            continue;
-        int idx = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
-        rc = idx < 0 ? idx : 0;
-    }
-    rc = rc ? rc : gguf_writer_begin_data(w);
-    for (uint64_t i = 0; !rc && i < f->n_tensors; i++) {
-        const struct gguf_tensor *t = &f->tensors[i];
-        if (!in_block(t->name, e->drop_block))
-            rc = gguf_writer_write(w, t->data, t->size);
-    }
-    if (rc)
-        gguf_writer_abort(w);
-    else
-        rc = gguf_writer_finish(w);
-out_close:
-    gguf_close(f);
-    return rc;
+    const struct test_rewrite rw = {.ctx = (void *)e, .kv = edit_kv, .tensor = edit_tensor};
+    return test_gguf_rewrite(src, dst, &rw);
 }
 
 /* Copies src to dst with element `elem` of F32 tensor `name` set to v. 0 or -errno. */

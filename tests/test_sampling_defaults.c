@@ -25,40 +25,29 @@ struct key {
     double v;
 };
 
+struct keys {
+    const struct key *k;
+    int n;
+};
+
+static int add_keys(void *ctx, struct gguf_writer *w)
+{
+    const struct keys *ks = ctx;
+    int rc = 0;
+    for (int i = 0; !rc && i < ks->n; i++) {
+        const struct key *k = &ks->k[i];
+        rc = k->type == GGUF_TYPE_FLOAT32  ? gguf_writer_add_f32(w, k->name, (float)k->v)
+             : k->type == GGUF_TYPE_UINT32 ? gguf_writer_add_u32(w, k->name, (uint32_t)k->v)
+                                           : gguf_writer_add_str(w, k->name, "0.5");
+    }
+    return rc;
+}
+
 /* Copies src to dst with the keys added. 0 or -errno. */
 static int with_keys(const char *src, const char *dst, const struct key *k, int n)
 {
-    struct gguf_file *f;
-    struct gguf_writer *w;
-    int rc = gguf_open(src, &f);
-    if (rc)
-        return rc;
-    rc = gguf_writer_open(dst, (uint32_t)f->alignment, &w);
-    if (rc) {
-        gguf_close(f);
-        return rc;
-    }
-    for (uint64_t i = 0; !rc && i < f->n_kv; i++)
-        if (strcmp(f->kv[i].key, "general.alignment"))
-            rc = gguf_writer_copy_kv(w, &f->kv[i]);
-    for (int i = 0; !rc && i < n; i++)
-        rc = k[i].type == GGUF_TYPE_FLOAT32  ? gguf_writer_add_f32(w, k[i].name, (float)k[i].v)
-             : k[i].type == GGUF_TYPE_UINT32 ? gguf_writer_add_u32(w, k[i].name, (uint32_t)k[i].v)
-                                             : gguf_writer_add_str(w, k[i].name, "0.5");
-    for (uint64_t i = 0; !rc && i < f->n_tensors; i++) {
-        const struct gguf_tensor *t = &f->tensors[i];
-        int idx = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
-        rc = idx < 0 ? idx : 0;
-    }
-    rc = rc ? rc : gguf_writer_begin_data(w);
-    for (uint64_t i = 0; !rc && i < f->n_tensors; i++)
-        rc = gguf_writer_write(w, f->tensors[i].data, f->tensors[i].size);
-    if (rc)
-        gguf_writer_abort(w);
-    else
-        rc = gguf_writer_finish(w);
-    gguf_close(f);
-    return rc;
+    struct keys ks = {k, n};
+    return test_gguf_rewrite(src, dst, &(struct test_rewrite){.ctx = &ks, .add_kvs = add_keys});
 }
 
 /* The sampling settings strata_sampling_from_model leaves for path, and its mask. */

@@ -4,11 +4,14 @@
 #include "cuda_mem.h"
 #include "fp16.h"
 #include "gen.h"
+#include "gguf.h"
 #include "model.h"
 #include "quant.h"
 #include "quant_ref.h"
 
+#include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 #include <time.h>
 
@@ -211,4 +214,52 @@ void test_ref_linear(const struct weight *w, uint64_t e, const float *x, const f
     }
     free(row);
     free(xq);
+}
+
+int test_gguf_rewrite(const char *src, const char *dst, const struct test_rewrite *rw)
+{
+    struct gguf_file *f;
+    struct gguf_writer *w;
+    int rc = gguf_open(src, &f);
+    if (rc)
+        return rc;
+    rc = gguf_writer_open(dst, (uint32_t)f->alignment, &w);
+    if (rc) {
+        gguf_close(f);
+        return rc;
+    }
+    for (uint64_t i = 0; !rc && i < f->n_kv; i++) {
+        const struct gguf_kv *kv = &f->kv[i];
+        if (!strcmp(kv->key, "general.alignment"))
+            continue;
+        int a = rw->kv ? rw->kv(rw->ctx, w, kv) : TEST_KV_COPY;
+        rc = a < 0 ? a : a == TEST_KV_COPY ? gguf_writer_copy_kv(w, kv) : 0;
+    }
+    if (!rc && rw->add_kvs)
+        rc = rw->add_kvs(rw->ctx, w);
+    bool *keep = calloc(f->n_tensors ? f->n_tensors : 1, sizeof(bool));
+    if (!keep)
+        rc = rc ? rc : -ENOMEM;
+    for (uint64_t i = 0; !rc && i < f->n_tensors; i++) {
+        const struct gguf_tensor *t = &f->tensors[i];
+        uint64_t ne[GGUF_MAX_DIMS];
+        uint32_t type = t->type;
+        memcpy(ne, t->ne, sizeof(ne));
+        keep[i] = !rw->tensor || rw->tensor(rw->ctx, t, &type, ne);
+        if (keep[i]) {
+            int idx = gguf_writer_add_tensor(w, t->name, type, t->n_dims, ne);
+            rc = idx < 0 ? idx : 0;
+        }
+    }
+    rc = rc ? rc : gguf_writer_begin_data(w);
+    for (uint64_t i = 0; !rc && i < f->n_tensors; i++)
+        if (keep[i])
+            rc = gguf_writer_write(w, f->tensors[i].data, f->tensors[i].size);
+    free(keep);
+    if (rc)
+        gguf_writer_abort(w);
+    else
+        rc = gguf_writer_finish(w);
+    gguf_close(f);
+    return rc;
 }

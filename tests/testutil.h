@@ -3,6 +3,7 @@
 #ifndef STRATA_TESTUTIL_H
 #define STRATA_TESTUTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -85,6 +86,33 @@ uint64_t test_row_bytes(uint32_t type, int64_t n);
 /* For GPU tests: returns 1 when a CUDA device is usable; else prints why and returns 0 (the
  * test then exits TEST_SKIP). */
 int test_gpu_available(const char *name);
+
+/* ---- rewriting a GGUF file (hostile and edited variants of a generated one) -------------- */
+
+struct gguf_kv;
+struct gguf_tensor;
+struct gguf_writer;
+
+enum test_kv_action {
+    TEST_KV_COPY, /* the key as it is */
+    TEST_KV_SKIP, /* left out */
+    TEST_KV_DONE, /* the callback wrote its own value */
+};
+
+/* What test_gguf_rewrite changes; a NULL callback changes nothing. */
+struct test_rewrite {
+    void *ctx;
+    /* each key of the source but general.alignment: enum test_kv_action, or -errno */
+    int (*kv)(void *ctx, struct gguf_writer *w, const struct gguf_kv *kv);
+    /* after the copied keys: keys to add; 0 or -errno */
+    int (*add_kvs)(void *ctx, struct gguf_writer *w);
+    /* each tensor: false leaves it out; its type and shape may be changed in place (the bytes
+     * are copied as they are) */
+    bool (*tensor)(void *ctx, const struct gguf_tensor *t, uint32_t *type, uint64_t *ne);
+};
+
+/* Copies src to dst through gguf_writer with rw's changes. 0 or -errno. */
+int test_gguf_rewrite(const char *src, const char *dst, const struct test_rewrite *rw);
 
 /* Seed for fresh random data: STRATA_TEST_SEED if set (to replay a failure), else the time.
  * The seed is printed so a failure can be reproduced. */
