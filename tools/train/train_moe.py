@@ -115,6 +115,42 @@ def encode_all(tok, texts, eot):
     return ids
 
 
+GGML_BLOCKS = {"q4_k": (256, 144), "q6_k": (256, 210), "q8_0": (32, 34), "f32": (1, 4)}
+
+
+def tensor_bytes(ne0, n, kind):
+    """Bytes of an n-element tensor with rows of ne0 in the q4_k_m mix's type for it, with the
+    same fallbacks as strata's core/quant_mix.c (a row length the block does not divide takes
+    Q8_0, or F32 when 32 does not divide it either)."""
+    if kind in ("q4_k", "q6_k") and ne0 % 256:
+        kind = "q8_0" if ne0 % 32 == 0 else "f32"
+    if kind == "q8_0" and ne0 % 32:
+        kind = "f32"
+    block, size = GGML_BLOCKS[kind]
+    return n // block * size
+
+
+def q4_k_m_bytes(layers, hidden, ffn, vocab, experts=128, heads=4, kv_heads=2, head_dim=64):
+    """The tensor bytes of the q4_k_m file for a shape (metadata and tokenizer not counted):
+    experts gate/up Q4_K, down Q6_K, attention Q8_0, token embedding Q4_K, output Q6_K, norms and
+    router F32."""
+    h, q, kv = hidden, heads * head_dim, kv_heads * head_dim
+    per = (tensor_bytes(h, h * q, "q8_0") + 2 * tensor_bytes(h, h * kv, "q8_0") +
+           tensor_bytes(q, q * h, "q8_0") + 4 * (2 * head_dim + 2 * h + experts * h) +
+           2 * tensor_bytes(h, h * ffn * experts, "q4_k") +
+           tensor_bytes(ffn, ffn * h * experts, "q6_k"))
+    return (layers * per + tensor_bytes(h, vocab * h, "q4_k") + tensor_bytes(h, vocab * h, "q6_k")
+            + 4 * h)
+
+
+def parse_shape(text):
+    """'LAYERSxHIDDENxFFN' -> (layers, hidden, ffn)."""
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise SystemExit(f"shape '{text}': expected LAYERSxHIDDENxFFN, e.g. 16x256x32")
+    return tuple(int(p) for p in parts)
+
+
 def build_model(cfg):
     import torch
     import torch.nn.functional as F
@@ -304,6 +340,17 @@ def main():
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--expert-ffn", type=int, default=32)
+    ap.add_argument("--trials", default="",
+                    help="comma-separated shapes LAYERSxHIDDENxFFN (e.g. 16x256x32,9x256x64) "
+                         "trained --trial-minutes each; the one with the lowest held-out loss "
+                         "is then trained for --minutes (instead of --layers/--hidden/--expert-ffn)")
+    ap.add_argument("--trial-minutes", type=float, default=1.0)
+    ap.add_argument("--cap-mb", type=float, default=48.0,
+                    help="the --quant q4_k_m file's size cap: trial shapes over it are refused")
+    ap.add_argument("--ref-corpus-mb", type=float, default=0.0,
+                    help="also report the held-out loss on the held-out files of the first this "
+                         "many MB of the corpus (the corpus an earlier model was trained on, so "
+                         "its held-out loss compares)")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -350,74 +397,125 @@ def main():
         f"bytes/token), {held_ids.numel() / 1e6:.2f} M held out, {time.time() - t0:.1f} s")
     with open(os.path.join(a.out, "heldout.txt"), "w") as f:
         f.write("\n".join(t for t in held_texts[:40] if len(t) < 20000))
+    ref_ids = None
+    if a.ref_corpus_mb:
+        k, total = 0, 0
+        while k < len(files) and total < a.ref_corpus_mb * 1e6:
+            total += len(files[k][1])
+            k += 1
+        ref_held = split_heldout(files[:k], 0.02)[1]
+        ref_ids = torch.tensor(encode_all(tok, ref_held, eot), dtype=torch.long, device=dev)
+        log(f"reference held-out set: {len(ref_held)} files of the first {k}, "
+            f"{ref_ids.numel() / 1e6:.2f} M tokens")
 
-    cfg = {
-        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
-        "vocab_size": tok.get_vocab_size(), "hidden_size": a.hidden,
-        "intermediate_size": 4 * a.hidden, "moe_intermediate_size": a.expert_ffn,
-        "num_hidden_layers": a.layers, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 64, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
-        "decoder_sparse_step": 1, "mlp_only_layers": [], "router_aux_loss_coef": 0.001,
-        "output_router_logits": False, "max_position_embeddings": 1024, "rope_theta": 1e6,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "rope_scaling": None,
-        "rms_norm_eps": 1e-6, "hidden_act": "silu", "attention_bias": False,
-        "attention_dropout": 0.0, "tie_word_embeddings": False, "initializer_range": 0.02,
-        "bos_token_id": None, "eos_token_id": eot, "pad_token_id": eot, "use_cache": True,
-        "torch_dtype": "float32", "dtype": "float32",
-    }
-    model, aux_loss = build_model(cfg)
-    model = model.to(dev)
-    n_params = sum(p.numel() for p in model.parameters())
-    log(f"model: {n_params / 1e6:.1f} M parameters")
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1,
-                            fused=True)
+    def make_cfg(layers, hidden, ffn):
+        return {
+            "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+            "vocab_size": tok.get_vocab_size(), "hidden_size": hidden,
+            "intermediate_size": 4 * hidden, "moe_intermediate_size": ffn,
+            "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 64, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+            "decoder_sparse_step": 1, "mlp_only_layers": [], "router_aux_loss_coef": 0.001,
+            "output_router_logits": False, "max_position_embeddings": 1024, "rope_theta": 1e6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "rope_scaling": None,
+            "rms_norm_eps": 1e-6, "hidden_act": "silu", "attention_bias": False,
+            "attention_dropout": 0.0, "tie_word_embeddings": False, "initializer_range": 0.02,
+            "bos_token_id": None, "eos_token_id": eot, "pad_token_id": eot, "use_cache": True,
+            "torch_dtype": "float32", "dtype": "float32",
+        }
 
     def batch(ids, n, gen=None):
         ix = torch.randint(0, ids.numel() - a.seq - 1, (n,), device=dev, generator=gen)
         return ids[ix[:, None] + torch.arange(a.seq + 1, device=dev)[None, :]]
 
-    def lm_loss(x):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits, router = model(x[:, :-1])
-        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
-        return ce, aux_loss(router)
+    def train(cfg, minutes, tag):
+        """A fresh model of cfg's shape (same seed) trained for minutes of wall clock with the
+        warm-up and cosine schedule over that budget. Returns (model, result dict)."""
+        torch.manual_seed(a.seed)
+        model, aux_loss = build_model(cfg)
+        model = model.to(dev)
+        n_params = sum(p.numel() for p in model.parameters())
+        log(f"{tag}: {cfg['num_hidden_layers']} layers x hidden {cfg['hidden_size']} x expert "
+            f"FFN {cfg['moe_intermediate_size']}, {n_params / 1e6:.1f} M parameters, "
+            f"{minutes:g} min")
+        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95),
+                                weight_decay=0.1, fused=True)
 
-    @torch.no_grad()
-    def held_loss(n_batches=16):
-        model.eval()
-        g = torch.Generator(device=dev).manual_seed(0)
-        tot = sum(lm_loss(batch(held_ids, a.batch, g))[0].item() for _ in range(n_batches))
+        def lm_loss(x):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits, router = model(x[:, :-1])
+            ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                 x[:, 1:].reshape(-1))
+            return ce, aux_loss(router)
+
+        @torch.no_grad()
+        def held_loss(ids, n_batches=16):
+            model.eval()
+            g = torch.Generator(device=dev).manual_seed(0)
+            tot = sum(lm_loss(batch(ids, a.batch, g))[0].item() for _ in range(n_batches))
+            model.train()
+            return tot / n_batches
+
+        budget = minutes * 60.0
+        curve, step, start, warm = [], 0, time.time(), 100
         model.train()
-        return tot / n_batches
+        while time.time() - start < budget:
+            frac = (time.time() - start) / budget
+            lr = a.lr * min(1.0, (step + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            ce, aux = lm_loss(batch(train_ids, a.batch))
+            (ce + cfg["router_aux_loss_coef"] * aux).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if step % 100 == 0:
+                row = {"step": step, "seconds": round(time.time() - start, 1),
+                       "loss": round(ce.item(), 4), "aux_loss": round(aux.item(), 4),
+                       "lr": round(lr, 6)}
+                if step % 500 == 0:
+                    row["held_out_loss"] = round(held_loss(held_ids, 4), 4)
+                curve.append(row)
+                log(f"{tag} " + json.dumps(row))
+            step += 1
+        train_s = time.time() - start
+        res = {"layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"],
+               "expert_ffn": cfg["moe_intermediate_size"], "params": n_params, "steps": step,
+               "tokens_seen": step * a.batch * a.seq, "train_seconds": round(train_s, 1),
+               "held_out_loss": held_loss(held_ids), "curve": curve}
+        if ref_ids is not None:
+            res["held_out_loss_ref"] = held_loss(ref_ids)
+        del opt
+        log(f"{tag}: held-out loss {res['held_out_loss']:.4f} (ppl "
+            f"{math.exp(res['held_out_loss']):.2f})"
+            + (f", on the {a.ref_corpus_mb:g} MB corpus's held-out files "
+               f"{res['held_out_loss_ref']:.4f}" if ref_ids is not None else "")
+            + f" after {step} steps, {res['tokens_seen'] / 1e6:.0f} M tokens, "
+            f"{train_s / 60:.1f} min ({res['tokens_seen'] / train_s / 1e3:.0f} k tokens/s)")
+        return model, res
 
-    budget = a.minutes * 60.0
-    curve, step, start, warm = [], 0, time.time(), 100
-    model.train()
-    while time.time() - start < budget:
-        frac = (time.time() - start) / budget
-        lr = a.lr * min(1.0, (step + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
-        for g in opt.param_groups:
-            g["lr"] = lr
-        ce, aux = lm_loss(batch(train_ids, a.batch))
-        (ce + cfg["router_aux_loss_coef"] * aux).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if step % 100 == 0:
-            row = {"step": step, "seconds": round(time.time() - start, 1),
-                   "loss": round(ce.item(), 4), "aux_loss": round(aux.item(), 4),
-                   "lr": round(lr, 6)}
-            if step % 500 == 0:
-                row["held_out_loss"] = round(held_loss(4), 4)
-            curve.append(row)
-            log(json.dumps(row))
-        step += 1
-    train_s = time.time() - start
-    final = held_loss()
-    tokens_seen = step * a.batch * a.seq
-    log(f"held-out loss {final:.4f} (ppl {math.exp(final):.2f}) after {step} steps, "
-        f"{tokens_seen / 1e6:.0f} M tokens, {train_s / 60:.1f} min "
-        f"({tokens_seen / train_s / 1e3:.0f} k tokens/s)")
+    cap = a.cap_mb * 1e6 - 0.4e6  # the tokenizer and metadata take about 0.3 MB
+    shapes = [parse_shape(t) for t in a.trials.split(",")] if a.trials else []
+    for sh in shapes:
+        est = q4_k_m_bytes(*sh, tok.get_vocab_size())
+        log(f"shape {sh[0]}x{sh[1]}x{sh[2]}: about {est / 1e6:.1f} MB of tensors at q4_k_m")
+        if est > cap:
+            raise SystemExit(f"shape {sh[0]}x{sh[1]}x{sh[2]} does not fit {a.cap_mb:g} MB")
+    trials = []
+    for i, sh in enumerate(shapes):
+        _, res = train(make_cfg(*sh), a.trial_minutes, f"trial {i + 1}/{len(shapes)}")
+        res["q4_k_m_tensor_bytes"] = q4_k_m_bytes(*sh, tok.get_vocab_size())
+        trials.append(res)
+        torch.cuda.empty_cache()
+    shape = (a.layers, a.hidden, a.expert_ffn)
+    if trials:
+        best = min(trials, key=lambda r: r["held_out_loss"])
+        shape = (best["layers"], best["hidden"], best["expert_ffn"])
+        log(f"trials: {shape[0]}x{shape[1]}x{shape[2]} has the lowest held-out loss")
+    cfg = make_cfg(*shape)
+    model, res = train(cfg, a.minutes, "run")
+    step, curve, train_s = res["steps"], res["curve"], res["train_seconds"]
+    final, tokens_seen, n_params = res["held_out_loss"], res["tokens_seen"], res["params"]
 
     with open(os.path.join(hf_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
@@ -427,8 +525,10 @@ def main():
         json.dump({"args": vars(a), "params": n_params, "steps": step,
                    "tokens_seen": tokens_seen, "train_seconds": round(train_s, 1),
                    "train_tokens": int(train_ids.numel()), "held_out_tokens": int(held_ids.numel()),
-                   "corpus_files": len(files), "held_out_loss": final, "curve": curve,
-                   "torch": torch.__version__}, f, indent=1)
+                   "corpus_files": len(files), "corpus_bytes": sum(len(t) for _, t in files),
+                   "held_out_loss": final, "held_out_loss_ref": res.get("held_out_loss_ref"),
+                   "layers": shape[0], "hidden": shape[1], "expert_ffn": shape[2],
+                   "trials": trials, "curve": curve, "torch": torch.__version__}, f, indent=1)
 
     # The export checked by transformers itself: the same function, float32, no autocast.
     check = {}
