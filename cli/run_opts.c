@@ -166,13 +166,15 @@ static void run_opts_usage(const char *cmd)
            "                          after the generation and chat with --verbose)\n"
            "      --stop TEXT         stop when TEXT is generated (up to %d)\n"
            "      --ignore-eos        do not stop at end-of-generation tokens\n"
-           "      --spec none|ngram|draft\n"
+           "      --spec none|ngram|draft|mtp\n"
            "                          speculative decoding: drafted tokens are verified with\n"
            "                          the next token in one forward pass; greedy output is\n"
            "                          unchanged, sampled output keeps its distribution.\n"
            "                          ngram: the tokens that followed the latest earlier\n"
            "                          occurrence of the last 3..2 tokens (prompt lookup);\n"
-           "                          draft: the greedy tokens of --draft-model (default none)\n"
+           "                          draft: the greedy tokens of --draft-model;\n"
+           "                          mtp: the greedy tokens of the model's own MTP block\n"
+           "                          (qwen3next, qwen35moe files with one) (default none)\n"
            "      --draft-max K       drafted tokens per pass at most, adapting below it to\n"
            "                          the acceptance rate (default 8 with --spec)\n"
            "      --draft-ngram N     longest suffix looked up, 2..8 (default 3)\n"
@@ -372,11 +374,13 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             rc = args_i32(cmd, arg, v, 0, 1 << 20, &sc->repeat_last_n);
             o->sampling_set |= STRATA_SAMPLING_REPEAT_LAST_N;
         } else if (IS("--spec", NULL)) {
-            if (!strcmp(v, "none") || !strcmp(v, "ngram") || !strcmp(v, "draft")) {
+            if (!strcmp(v, "none") || !strcmp(v, "ngram") || !strcmp(v, "draft") ||
+                !strcmp(v, "mtp")) {
                 o->spec_ngram = !strcmp(v, "ngram");
                 o->spec_draft = !strcmp(v, "draft");
+                o->spec_mtp = !strcmp(v, "mtp");
             } else {
-                rc = args_fail(cmd, arg, v, "none, ngram or draft");
+                rc = args_fail(cmd, arg, v, "none, ngram, draft or mtp");
             }
         } else if (IS("-md", "--draft-model")) {
             o->draft_model = v;
@@ -413,9 +417,10 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
 
 int run_opts_check(struct run_opts *o, const char *cmd)
 {
-    if (o->draft_max_set && !o->spec_ngram && !o->spec_draft) {
+    const bool spec = o->spec_ngram || o->spec_draft || o->spec_mtp;
+    if (o->draft_max_set && !spec) {
         fprintf(stderr, "strata %s: --draft-max applies to speculative decoding: add --spec "
-                        "ngram or --spec draft\n", cmd);
+                        "ngram, draft or mtp\n", cmd);
         return 2;
     }
     if (o->spec_draft != (o->draft_model != NULL)) {
@@ -428,7 +433,7 @@ int run_opts_check(struct run_opts *o, const char *cmd)
         fprintf(stderr, "strata %s: --draft-device applies to --spec draft\n", cmd);
         return 2;
     }
-    if (!o->spec_ngram && !o->spec_draft)
+    if (!spec)
         o->gen.draft_max = 0;
     else if (!o->draft_max_set)
         o->gen.draft_max = 8;
@@ -651,6 +656,9 @@ void run_session_spec(const struct run_session *s, struct strata_generate_params
     if (s->drafter) {
         p->draft_fn = strata_drafter_draft;
         p->draft_ctx = s->drafter;
+    } else if (s->mtp) {
+        p->draft_fn = strata_mtp_draft;
+        p->draft_ctx = s->mtp;
     }
 }
 
@@ -742,6 +750,10 @@ int run_session_open(const struct run_opts *o, struct run_session *s)
         run_session_close(s);
         return 1;
     }
+    if (o->spec_mtp && strata_mtp_open(s->stream, &s->mtp)) {
+        run_session_close(s);
+        return cli_fail("--spec mtp");
+    }
     strata_model_info(s->s, &mi);
     if (o->ctx_set && mi.n_ctx_train && (uint32_t)o->n_ctx > mi.n_ctx_train)
         fprintf(stderr,
@@ -772,6 +784,7 @@ void run_session_close(struct run_session *s)
         if (s->stats_json && strata_write_cache_stats_json(s->s, s->stats_json))
             cli_fail("--stats-json");
     }
+    strata_mtp_close(s->mtp);
     strata_stream_close(s->stream);
     strata_drafter_close(s->drafter);
     strata_close(s->draft);

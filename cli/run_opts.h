@@ -53,6 +53,7 @@ struct run_opts {
     bool seed_set;         /* -s given */
     bool spec_ngram;    /* --spec ngram */
     bool spec_draft;    /* --spec draft */
+    bool spec_mtp;      /* --spec mtp */
     bool draft_max_set; /* --draft-max given (it needs --spec) */
     const char *draft_model;  /* --draft-model FILE (-md), with --spec draft */
     const char *draft_device; /* --draft-device auto|cpu|cuda (default auto) */
@@ -84,7 +85,8 @@ uint64_t run_random_seed(void);
 /* The fields of f in mask (strata_sampling_from_*'s) that no flag gave, into o. */
 void run_opts_sampling_take(struct run_opts *o, const struct strata_sampling *f, unsigned mask);
 
-/* With --spec draft, p's draft source becomes the session's draft model. */
+/* With --spec draft (mtp), p's draft source becomes the session's draft model (the model's MTP
+ * block). */
 void run_session_spec(const struct run_session *s, struct strata_generate_params *p);
 
 /* The chat format of the session's model (harmony for gpt-oss, else ChatML). */
@@ -115,6 +117,7 @@ struct run_session {
     struct strata_stream *stream;
     struct strata *draft;            /* --spec draft: the draft model, */
     struct strata_drafter *drafter;  /* following the stream's history */
+    struct strata_mtp *mtp;          /* --spec mtp: the model's MTP block on the stream */
     bool stats;             /* print the expert cache's table at close */
     const char *stats_json; /* and/or write it there */
 };

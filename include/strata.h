@@ -365,6 +365,23 @@ int strata_drafter_set_prefix(struct strata_drafter *d, const int32_t *ids, int 
 /* Tokens the draft model has evaluated and the wall seconds it took. */
 void strata_drafter_stats(const struct strata_drafter *d, long long *n_eval, double *seconds);
 
+/* The model's own multi-token-prediction block as the draft source of stream st (qwen3next,
+ * qwen35moe files that have one; docs/speculative.md): from now on every evaluation of st also
+ * runs the block on the positions it completes (one attention layer with the MoE, a KV cache
+ * of st's context; what st already holds is evaluated again for it), and strata_mtp_draft
+ * drafts greedily from the model's last hidden state. 0, or -ENOTSUP ("this model has no MTP
+ * block", "the MTP block was not loaded (--no-mtp)"), -ENOMEM. Close it before st. */
+struct strata_mtp;
+int strata_mtp_open(struct strata_stream *st, struct strata_mtp **out);
+void strata_mtp_close(struct strata_mtp *d);
+/* A draft_fn (ctx: the strata_mtp) for strata_generate on its stream: up to k tokens to follow
+ * hist's last id (the token about to be evaluated at the stream's position); 0 when there is
+ * nothing to draft from (an empty stream) or the block's forward fails. */
+int strata_mtp_draft(void *mtp, const int32_t *hist, int n_hist, int k, int32_t *out);
+/* Rows the block has run (following the stream and drafting) and the wall seconds spent
+ * drafting. */
+void strata_mtp_stats(const struct strata_mtp *d, long long *n_rows, double *seconds);
+
 struct strata_generate_stats {
     int n_prompt, n_gen;
     double t_prompt_s, t_gen_s;    /* wall seconds of prefill and of the decode loop */

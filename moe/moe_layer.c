@@ -136,7 +136,7 @@ static int ml_cpu_run(struct moe_layer *ml, const struct moe_args *a, const floa
 {
     struct moe_experts ex;
     moe_experts_of(a->lw, a->hp, &ex);
-    if (ml->cfg.tier) {
+    if (ml->cfg.tier && a->layer < (int)a->hp->n_layer) { /* the MTP block: the mapping */
         int rc = ml_tier_fetch(ml, a, &ex);
         if (rc)
             return err_wrap(rc, "layer %d: ", a->layer);
@@ -281,6 +281,9 @@ static int ml_observe(struct moe_layer *ml, const struct moe_args *a, const floa
 int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
 {
     const struct model_hparams *hp = a->hp;
+    /* the MTP block (layer n_layer): outside the cache, the tier and the statistics; its
+     * experts are resident on a device (uploaded with the trunk), on the CPU lane on a host */
+    const bool mtp = a->layer >= (int)hp->n_layer;
     int rc = 0;
 
     for (int t0 = 0; t0 < a->n_tok && !rc; t0 += ml->cfg.max_tok) {
@@ -290,26 +293,26 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
         rc = ml->ops->route(ml->dev, a->lw, in, nt, ml->route_ids, ml->route_w);
         if (rc)
             break;
-        if (ml->cfg.observer && (rc = ml_observe(ml, a, in, nt, t0)))
+        if (ml->cfg.observer && !mtp && (rc = ml_observe(ml, a, in, nt, t0)))
             break;
-        if (a->layer < ml->cpu_layers) {
+        if (mtp ? ml->ops->host : a->layer < ml->cpu_layers) {
             rc = ml_run_cpu_layer(ml, a, in, out, nt);
             continue;
         }
         struct expert_tables tab = {0};
-        if (ml->cache && (rc = ml_run_cached(ml, a, in, nt, &tab)))
+        if (ml->cache && !mtp && (rc = ml_run_cached(ml, a, in, nt, &tab)))
             break;
         struct moe_expert_call call = {
             .out = out, .in = in, .n_tok = nt, .layer = a->layer, .ids = ml->route_ids,
             .w = ml->route_w, .lw = a->lw, .gate = tab.gate, .up = tab.up, .down = tab.down,
         };
-        if (ml->hybrid && ml->w_gpu) {
+        if (ml->hybrid && ml->w_gpu && !mtp) {
             if ((rc = ml_hybrid_gpu_weights(ml, nt)))
                 break;
             call.w = ml->w_gpu;
         }
         rc = ml->ops->experts(ml->dev, &call);
-        if (!rc && ml->hybrid) /* while the GPU computes its part */
+        if (!rc && ml->hybrid && !mtp) /* while the GPU computes its part */
             rc = ml_hybrid_add(ml, a, out, nt);
     }
     return rc;

@@ -8,6 +8,7 @@
 #include "model_arch.h"
 #include "backend.h"
 #include "errors.h"
+#include "mtp.h"
 #include "sampler.h"
 
 uint64_t stream_hybrid_floats(const struct model_hparams *hp)
@@ -218,6 +219,7 @@ void stream_close(struct stream *s)
 {
     if (!s)
         return;
+    mtp_close(s);
     s->b->ops->free(s->b, s->k_cache);
     s->b->ops->free(s->b, s->v_cache);
     s->b->ops->free(s->b, s->arena);
@@ -254,6 +256,8 @@ int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host)
             if (op->step_end)
                 rc = op->step_end(s->b, rc);
         }
+        if (!rc && s->mtp) /* the chunk's final residuals are in s->x */
+            rc = mtp_follow(s, s->x, ids + i, chunk, s->pos);
         if (rc)
             return rc;
         if (s->hist)
@@ -369,6 +373,14 @@ static int batch_eval(struct stream_batch *bt, struct stream *const *ss, const i
         rc = op->step_end(bt->b, rc);
     if (rc)
         return rc;
+    for (int i = 0, r = 0; i < n && !rc; i++) { /* MTP states, from the rows' residuals */
+        int t = n_tok ? n_tok[i] : 1;
+        if (ss[i]->mtp)
+            rc = mtp_follow(ss[i], bt->x + (size_t)r * bt->m->hp.n_embd, ids + r, t, ss[i]->pos);
+        r += t;
+    }
+    if (rc)
+        return rc;
     for (int i = 0, r = 0; i < n; i++) { /* the ids of recurrent streams */
         int t = n_tok ? n_tok[i] : 1;
         if (ss[i]->hist)
@@ -419,6 +431,8 @@ int stream_batch_eval_all(struct stream_batch *bt, struct stream *s, const int32
     rc = rc ? rc : s->arch->forward_batch(bt->b, bt, bt->row_st, ids, n);
     if (op->step_end)
         rc = op->step_end(bt->b, rc);
+    if (!rc && s->mtp)
+        rc = mtp_follow(s, bt->x, ids, n, s->pos);
     if (rc)
         return rc;
     if (s->hist)
@@ -431,6 +445,8 @@ int stream_truncate(struct stream *s, int pos)
 {
     if (pos < 0 || pos > s->pos)
         return 0;
+    if (pos < s->pos)
+        mtp_truncate(s, pos);
     if (!s->hist || pos == s->pos) {
         s->pos = pos;
         return 0;

@@ -8,6 +8,7 @@
 
 struct arch;
 struct backend;
+struct stream_mtp;
 
 /* Called by stream_eval after each chunk of an evaluation longer than one chunk (prefill) with
  * the tokens done and the total; nonzero stops the evaluation. */
@@ -62,6 +63,8 @@ struct stream {
     void *progress_ctx;
     float *logits_host; /* (n_vocab) host copy for stream_eval_argmax on backends without
                          * read_argmax; allocated on first use, owned */
+    struct stream_mtp *mtp; /* owned: the MTP block's state, which every forward feeds
+                             * (runtime/mtp.h); NULL: none */
 };
 
 /* The backend memory a stream needs, in bytes. */

@@ -33,12 +33,15 @@
 #include "errors.h"
 #include "fp16.h"
 #include "gen.h"
+#include "backend.h"
 #include "model.h"
+#include "mtp.h"
 #include "quant.h"
 #include "quant_mix.h"
 #include "quant_ref.h"
 #include "strata.h"
 #include "strata_internal.h"
+#include "stream.h"
 #include "testutil.h"
 
 #define N_TOK 40
@@ -92,11 +95,12 @@ static void ref_rope(const struct model_hparams *hp, float *x, int n_heads, int 
     }
 }
 
-/* Gated attention of layer l over all n_tok tokens: x += Wo(attn * sigmoid(gate)). */
-static void ref_attention(const struct model *m, uint32_t l, float *x, int n_tok)
+/* Gated attention of layer lw over all n_tok tokens (at positions 0..): x += Wo(attn *
+ * sigmoid(gate)). */
+static void ref_attention(const struct model *m, const struct layer_weights *lw, float *x,
+                          int n_tok)
 {
     const struct model_hparams *hp = &m->hp;
-    const struct layer_weights *lw = &m->layers[l];
     const int d = (int)hp->n_embd, hd = (int)hp->head_dim, nh = (int)hp->n_head;
     const int nkv = (int)hp->n_head_kv, qw = nh * hd, kvw = nkv * hd;
     float *xn = test_xmalloc(sizeof(float) * d), *qg = test_xmalloc(sizeof(float) * 2 * qw);
@@ -237,11 +241,10 @@ static void ref_deltanet(const struct model *m, uint32_t l, float *x, int n_tok)
     free(S);
 }
 
-/* The routed experts and the shared expert of layer l on every token: x += both. */
-static void ref_moe(const struct model *m, uint32_t l, float *x, int n_tok)
+/* The routed experts and the shared expert of layer lw on every token: x += both. */
+static void ref_moe(const struct model *m, const struct layer_weights *lw, float *x, int n_tok)
 {
     const struct model_hparams *hp = &m->hp;
-    const struct layer_weights *lw = &m->layers[l];
     const int D = (int)hp->n_embd, ff = (int)hp->n_ff_exp, fs = (int)hp->n_ff_shexp;
     const int ne = (int)hp->n_expert, k = (int)hp->n_expert_used;
     const int fm = ff > fs ? ff : fs;
@@ -297,8 +300,9 @@ static void ref_moe(const struct model *m, uint32_t l, float *x, int n_tok)
     free(xn), free(lg), free(g), free(u), free(y), free(o);
 }
 
-/* Logits (n_tok, n_vocab) at every position of ids. */
-static float *ref_forward(const struct model *m, const int32_t *ids, int n_tok)
+/* Logits (n_tok, n_vocab) at every position of ids; hid (n_tok, n_embd), if not NULL,
+ * receives the hidden states after the output norm. */
+static float *ref_forward_hid(const struct model *m, const int32_t *ids, int n_tok, float *hid)
 {
     const struct model_hparams *hp = &m->hp;
     const int D = (int)hp->n_embd, V = (int)hp->n_vocab;
@@ -311,15 +315,50 @@ static float *ref_forward(const struct model *m, const int32_t *ids, int n_tok)
         if (model_layer_is_ssm(hp, l))
             ref_deltanet(m, l, x, n_tok);
         else
-            ref_attention(m, l, x, n_tok);
-        ref_moe(m, l, x, n_tok);
+            ref_attention(m, &m->layers[l], x, n_tok);
+        ref_moe(m, &m->layers[l], x, n_tok);
     }
     for (int t = 0; t < n_tok; t++) {
         ref_rmsnorm(x + t * D, m->output_norm.data, D, hp->rms_eps, xn);
+        if (hid)
+            memcpy(hid + (size_t)t * D, xn, sizeof(float) * D);
         ref_linear(&m->output, 0, xn, logits + (size_t)t * V);
     }
     free(x), free(xn);
     return logits;
+}
+
+static float *ref_forward(const struct model *m, const int32_t *ids, int n_tok)
+{
+    return ref_forward_hid(m, ids, n_tok, NULL);
+}
+
+/* The MTP block (docs/formats.md) over rows 0..n: row t joins hid[t] (the main model's hidden
+ * state after the output norm) with the token nxt[t]: x = eh_proj [enorm(embedding) |
+ * hnorm(hid)], at position t; the attention layer with the MoE and the shared expert; the head
+ * norm into out (n, n_embd) and the output matrix into logits (n, n_vocab). */
+static void ref_mtp(const struct model *m, const float *hid, const int32_t *nxt, int n, float *out,
+                    float *logits)
+{
+    const struct model_hparams *hp = &m->hp;
+    const struct mtp_weights *mw = m->mtp;
+    const int D = (int)hp->n_embd, V = (int)hp->n_vocab;
+    float *x = test_xmalloc(sizeof(float) * n * D), *cat = test_xmalloc(sizeof(float) * 2 * D);
+    float *e = test_xmalloc(sizeof(float) * D);
+
+    for (int t = 0; t < n; t++) {
+        test_ref_row(&m->tok_embd, 0, (uint64_t)nxt[t], e);
+        ref_rmsnorm(e, mw->enorm.data, D, hp->rms_eps, cat);
+        ref_rmsnorm(hid + (size_t)t * D, mw->hnorm.data, D, hp->rms_eps, cat + D);
+        ref_linear(&mw->eh_proj, 0, cat, x + (size_t)t * D);
+    }
+    ref_attention(m, &mw->lw, x, n);
+    ref_moe(m, &mw->lw, x, n);
+    for (int t = 0; t < n; t++) {
+        ref_rmsnorm(x + (size_t)t * D, mw->head_norm.data, D, hp->rms_eps, out + (size_t)t * D);
+        ref_linear(&m->output, 0, out + (size_t)t * D, logits + (size_t)t * V);
+    }
+    free(x), free(cat), free(e);
 }
 
 static int32_t argmax(const float *v, int n)
@@ -555,6 +594,150 @@ static void check_mtp(const char *dir)
     unlink(path);
 }
 
+#define MTP_K 3
+
+/* After the stream holds ids[0..N_TOK): drafts after token nxt (k = 1, then MTP_K) against
+ * the reference's chain; the relative errors of the block's last logits in *e1 (k = 1) and *ek
+ * (the MTP_K-th row). */
+static void mtp_probe(struct strata_stream *st, int32_t nxt, const float *ref_lg,
+                      const int32_t *ref_d, const char *what, double tol, double *worst)
+{
+    struct stream *s = strata_stream_of(st);
+    const int V = (int)s->m->hp.n_vocab;
+    float *lg = test_xmalloc(sizeof(float) * V);
+    int32_t d[MTP_K];
+    int n = mtp_draft(s, nxt, 1, d);
+    CHECK(n == 1 && s->b->ops->read(s->b, lg, s->mtp->logits, (size_t)V) == 0,
+          "%s: draft 1: %d (%s)", what, n, err_msg());
+    double e1 = test_norm_rel_err(lg, ref_lg + (size_t)(N_TOK - 1) * V, V);
+    n = mtp_draft(s, nxt, MTP_K, d);
+    CHECK(n == MTP_K && s->b->ops->read(s->b, lg, s->mtp->logits, (size_t)V) == 0,
+          "%s: %d drafts: %d (%s)", what, MTP_K, n, err_msg());
+    double ek = test_norm_rel_err(lg, ref_lg + (size_t)(N_TOK + MTP_K - 2) * V, V);
+    CHECK(e1 < tol && ek < tol, "%s: MTP logits rel err %.3g (row 1), %.3g (row %d)", what, e1,
+          ek, MTP_K);
+    CHECK(!memcmp(d, ref_d, sizeof(d)), "%s: drafts %d %d %d, the reference's %d %d %d", what,
+          d[0], d[1], d[2], ref_d[0], ref_d[1], ref_d[2]);
+    *worst = fmax(*worst, fmax(e1, ek));
+    free(lg);
+}
+
+/* The MTP block's forward (runtime/mtp.h, the arch's mtp_forward) against ref_mtp on a tiny f32
+ * file with a block: the stream's rows through prefill in chunks, token by token, a rewind,
+ * and the rows of a verify pass with a rewind into them; the drafts chain the block's own
+ * output. */
+static void check_mtp_forward(const char *dir, const char *arch)
+{
+    char path[256];
+    struct gen_preset p = *gen_preset_find_arch(arch, "tiny");
+    p.n_nextn = 1;
+    snprintf(path, sizeof(path), "%s/mtp-fwd.gguf", dir);
+    struct gen_config cfg = {.arch = arch, .preset = p, .mix = QUANT_MIX_F32, .seed = 5,
+                             .n_threads = 2, .out_path = path};
+    CHECK(gen_file_write(&cfg, NULL) == 0, "gen mtp: %s", err_msg());
+    struct strata *s = open_cpu(path);
+    if (!s) {
+        unlink(path);
+        return;
+    }
+    const struct model *m = strata_model_of(s);
+    const int V = (int)m->hp.n_vocab, D = (int)m->hp.n_embd, R = N_TOK + MTP_K - 1;
+    int32_t ids[N_TOK], nxt[N_TOK + MTP_K];
+    for (int i = 0; i < N_TOK; i++)
+        ids[i] = (int32_t)((i * 7919 + 13) % V);
+    const int32_t next = 321;
+    float *hid = test_xmalloc(sizeof(float) * R * D), *out = test_xmalloc(sizeof(float) * R * D);
+    float *rl = test_xmalloc(sizeof(float) * (size_t)R * V);
+    free(ref_forward_hid(m, ids, N_TOK, hid));
+    for (int t = 0; t + 1 < N_TOK; t++)
+        nxt[t] = ids[t + 1];
+    nxt[N_TOK - 1] = next;
+    int32_t rd[MTP_K];
+    for (int j = 0; j < MTP_K; j++) { /* row N_TOK - 1 + j: its draft, then the chain's row */
+        ref_mtp(m, hid, nxt, N_TOK + j, out, rl);
+        rd[j] = argmax(rl + (size_t)(N_TOK - 1 + j) * V, V);
+        memcpy(hid + (size_t)(N_TOK + j) * D, out + (size_t)(N_TOK - 1 + j) * D,
+               sizeof(float) * D);
+        nxt[N_TOK + j] = rd[j];
+    }
+
+    struct strata_stream *st = NULL;
+    struct strata_mtp *mtp = NULL;
+    double worst = 0;
+    const double tol = 1e-4;
+    CHECK(strata_stream_open(s, N_CTX, &st) == 0, "stream: %s", strata_error());
+    CHECK(st && strata_mtp_open(st, &mtp) == 0, "mtp: %s", strata_error());
+    if (!mtp)
+        goto out;
+    CHECK(strata_eval(st, ids, N_TOK, NULL) == 0, "eval: %s", strata_error());
+    mtp_probe(st, next, rl, rd, "prefill in chunks of 16", tol, &worst);
+    CHECK(strata_stream_truncate(st, 0) == 0, "truncate: %s", strata_error());
+    for (int t = 0; t < N_TOK; t++)
+        CHECK(strata_eval(st, ids + t, 1, NULL) == 0, "eval: %s", strata_error());
+    mtp_probe(st, next, rl, rd, "token by token", tol, &worst);
+    CHECK(strata_stream_truncate(st, 23) == 0, "truncate: %s", strata_error());
+    CHECK(strata_eval(st, ids + 23, N_TOK - 23, NULL) == 0, "eval: %s", strata_error());
+    mtp_probe(st, next, rl, rd, "a rewind to 23", tol, &worst);
+    /* a verify pass's rows (30..39 in one step), a rewind into them (its checkpoint), the rest */
+    struct strata_batch *bt = NULL;
+    float *rows = test_xmalloc(sizeof(float) * 10 * (size_t)V);
+    const int ten = 10;
+    CHECK(strata_stream_truncate(st, 30) == 0, "truncate: %s", strata_error());
+    CHECK(strata_batch_open_rows(s, 1, 10, &bt) == 0, "batch: %s", strata_error());
+    CHECK(bt && strata_batch_eval_rows(bt, &st, &ten, 1, ids + 30, rows) == 0, "rows: %s",
+          strata_error());
+    mtp_probe(st, next, rl, rd, "a step of 10 rows", tol, &worst);
+    CHECK(strata_stream_truncate(st, 36) == 0, "truncate: %s", strata_error());
+    CHECK(strata_eval(st, ids + 36, N_TOK - 36, NULL) == 0, "eval: %s", strata_error());
+    mtp_probe(st, next, rl, rd, "a rewind into the step's rows", tol, &worst);
+    strata_batch_close(bt);
+    free(rows);
+    printf("  %s MTP block vs reference: worst rel err %.3g of its logits, drafts %d %d %d equal "
+           "over prefill, decode, rewinds and a step's rows\n",
+           arch, worst, rd[0], rd[1], rd[2]);
+out:
+    strata_mtp_close(mtp);
+    strata_stream_close(st);
+    strata_close(s);
+    free(hid), free(out), free(rl);
+    unlink(path);
+}
+
+/* --spec mtp's refusals: a file without a block, and one opened with STRATA_FLAG_NO_MTP. */
+static void check_mtp_refusals(const char *dir)
+{
+    char path[256];
+    for (int i = 0; i < 2; i++) {
+        struct gen_preset p = *gen_preset_find_arch("qwen3next", "tiny");
+        p.n_nextn = (uint32_t)i;
+        snprintf(path, sizeof(path), "%s/mtp-refuse.gguf", dir);
+        struct gen_config cfg = {.arch = "qwen3next", .preset = p, .mix = QUANT_MIX_Q8_0,
+                                 .seed = 1, .n_threads = 2, .out_path = path};
+        CHECK(gen_file_write(&cfg, NULL) == 0, "gen: %s", err_msg());
+        struct strata_config sc;
+        struct strata *s = NULL;
+        struct strata_stream *st = NULL;
+        struct strata_mtp *mtp = NULL;
+        strata_config_init(&sc);
+        sc.model_path = path;
+        sc.device = STRATA_DEVICE_CPU;
+        sc.n_threads = 2;
+        sc.n_ctx = 32;
+        sc.flags = i ? STRATA_FLAG_NO_MTP : 0;
+        CHECK(strata_open(&sc, &s) == 0, "open: %s", strata_error());
+        CHECK(s && strata_stream_open(s, 32, &st) == 0, "stream: %s", strata_error());
+        int rc = st ? strata_mtp_open(st, &mtp) : 0;
+        const char *want = i ? "the MTP block was not loaded (--no-mtp)" : "this model has no MTP block";
+        CHECK(rc == -ENOTSUP && strstr(strata_error(), want), "%s: %d '%s'", want, rc,
+              strata_error());
+        strata_mtp_close(mtp);
+        strata_stream_close(st);
+        strata_close(s);
+        unlink(path);
+    }
+    printf("  --spec mtp refused without a block and with --no-mtp\n");
+}
+
 int main(void)
 {
     char dir[] = "/tmp/strata_q3n_fwd_XXXXXX";
@@ -590,6 +773,9 @@ int main(void)
         }
     }
     check_mtp(dir);
+    check_mtp_forward(dir, "qwen3next");
+    check_mtp_forward(dir, "qwen35moe");
+    check_mtp_refusals(dir);
     rmdir(dir);
     return test_finish("test_qwen3next_forward");
 }

@@ -22,6 +22,13 @@ struct arch {
      * architecture has no lockstep forward. */
     int (*forward_batch)(struct backend *b, struct stream_batch *bt, struct stream *const *ss,
                          const int32_t *ids, int n);
+    /* The model's MTP block (runtime/mtp.h) on n <= s->mtp->max_rows rows of stream s: row i
+     * joins h[i] (n_embd, the main model's output-normed hidden state at position pos0 + i,
+     * backend memory) with token ids[i] (the one at pos0 + i + 1), writes the block's KV cache
+     * at pos0 + i and leaves its output after the head norm in s->mtp->out. NULL: the
+     * architecture has no MTP block. */
+    int (*mtp_forward)(struct backend *b, struct stream *s, const float *h, const int32_t *ids,
+                       int n, int pos0);
 };
 
 struct model_hparams;

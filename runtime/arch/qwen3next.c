@@ -17,6 +17,7 @@
 #include "errors.h"
 #include "model.h"
 #include "model_arch.h"
+#include "mtp.h"
 #include "stream.h"
 
 static int q3n_supported(const struct backend *b)
@@ -35,7 +36,8 @@ struct q3n_rows {
     float *x, *xn, *proj, *q, *k, *v, *att;
     struct stream_hybrid *hy;
     int n;
-    struct stream *one;       /* non-NULL: every row is its, from its position on */
+    struct stream *one;       /* non-NULL: every row is its, row i at position pos0 + i */
+    int pos0;
     struct stream *const *ss; /* else row i belongs to stream ss[i] at position pos[i] */
     const int *pos;
 };
@@ -47,7 +49,13 @@ static struct stream *q3n_row_stream(const struct q3n_rows *r, int i)
 
 static int q3n_row_pos(const struct q3n_rows *r, int i)
 {
-    return r->one ? r->one->pos + i : r->pos[i];
+    return r->one ? r->pos0 + i : r->pos[i];
+}
+
+/* The weights of layer l: the MTP block's attention layer is layer n_layer. */
+static const struct layer_weights *q3n_lw(const struct model *m, uint32_t l)
+{
+    return l < m->hp.n_layer ? &m->layers[l] : &m->mtp->lw;
 }
 
 /* Rope, KV append and attention of the n consecutive rows [r, r + n) of one stream. */
@@ -58,7 +66,9 @@ static int q3n_attend_run(struct backend *b, const struct q3n_rows *r, uint32_t 
     const struct model_hparams *hp = &s->m->hp;
     const size_t qw = (size_t)hp->n_head * hp->head_dim, kvw = (size_t)hp->n_head_kv * hp->head_dim;
     const size_t kl = model_kv_layer(hp, l);
-    float *kc = s->k_cache + kl * s->kv_layer_floats, *vc = s->v_cache + kl * s->kv_layer_floats;
+    const bool mtp = l >= hp->n_layer; /* the MTP block: its own cache */
+    float *kc = mtp ? s->mtp->k_cache : s->k_cache + kl * s->kv_layer_floats;
+    float *vc = mtp ? s->mtp->v_cache : s->v_cache + kl * s->kv_layer_floats;
     float *q = r->q + r0 * qw, *k = r->k + r0 * kvw;
     const int pos = q3n_row_pos(r, r0);
 
@@ -107,7 +117,7 @@ static int q3n_attention(struct backend *b, const struct model *m, const struct 
 {
     const struct backend_ops *op = b->ops;
     const struct model_hparams *hp = &m->hp;
-    const struct layer_weights *lw = &m->layers[l];
+    const struct layer_weights *lw = q3n_lw(m, l);
     const int n = r->n, hd = (int)hp->head_dim;
     const size_t qw = (size_t)hp->n_head * hd;
 
@@ -230,6 +240,7 @@ static int q3n_forward(struct backend *b, struct stream *s, const int32_t *ids, 
         .hy = s->hy,
         .n = n,
         .one = s,
+        .pos0 = s->pos,
     };
     rc = q3n_layers(b, m, &r);
     if (rc)
@@ -268,14 +279,79 @@ static int q3n_forward_batch(struct backend *b, struct stream_batch *bt, struct 
     return rc ? rc : op->matmul(b, bt->logits, &m->output, bt->xn, n);
 }
 
+/* The MTP block on n rows: x = eh_proj [enorm(embedding of ids[i]) | hnorm(h[i])], then one
+ * gated attention layer (layer n_layer: the block's weights and KV cache) with the MoE and the
+ * shared expert, then the head norm into s->mtp->out. */
+static int q3n_mtp_forward(struct backend *b, struct stream *s, const float *h,
+                           const int32_t *ids, int n, int pos0)
+{
+    const struct backend_ops *op = b->ops;
+    const struct model *m = s->m;
+    const struct model_hparams *hp = &m->hp;
+    const struct mtp_weights *mw = m->mtp;
+    struct stream_mtp *mt = s->mtp;
+    const size_t e = hp->n_embd;
+    const uint32_t l = hp->n_layer;
+    int rc = q3n_supported(b);
+
+    if (rc)
+        return rc;
+    if (!mw || !mt || n < 1 || n > mt->max_rows)
+        return err_set(-EINVAL, "%s: MTP rows %d without the block or its state", m->arch->name,
+                       n);
+    rc = op->embed(b, mt->e, &m->tok_embd, ids, n);
+    rc = rc ? rc : op->rmsnorm(b, mt->e, mt->e, &mw->enorm, n, (int)e, hp->rms_eps);
+    rc = rc ? rc : op->rmsnorm(b, mt->xn, h, &mw->hnorm, n, (int)e, hp->rms_eps);
+    for (int i = 0; i < n && !rc; i++) { /* eh_proj's input rows: the embedding half first */
+        rc = op->copy(b, mt->cat + 2 * e * i, mt->e + e * i, e);
+        rc = rc ? rc : op->copy(b, mt->cat + 2 * e * i + e, mt->xn + e * i, e);
+    }
+    rc = rc ? rc : op->matmul(b, mt->x, &mw->eh_proj, mt->cat, n);
+    if (rc)
+        return rc;
+    struct q3n_rows r = {
+        .x = mt->x,
+        .xn = mt->xn,
+        .proj = mt->proj,
+        .q = mt->q,
+        .k = mt->k,
+        .v = mt->v,
+        .att = mt->att,
+        .hy = &mt->hy,
+        .n = n,
+        .one = s,
+        .pos0 = pos0,
+    };
+    rc = op->rmsnorm(b, r.xn, r.x, &mw->lw.attn_norm, n, (int)e, hp->rms_eps);
+    rc = rc ? rc : q3n_attention(b, m, &r, l);
+    rc = rc ? rc : arch_add_norm(b, hp, r.x, r.proj, r.xn, &mw->lw.ffn_norm, n);
+    if (rc)
+        return rc;
+    struct moe_args ma = {
+        .out = r.proj,
+        .in = r.xn,
+        .n_tok = n,
+        .pos0 = pos0,
+        .layer = (int)l,
+        .lw = &mw->lw,
+        .hp = hp,
+    };
+    rc = op->moe_ffn(b, &ma);
+    rc = rc ? rc : op->shared_expert(b, r.proj, r.xn, &mw->lw, n);
+    rc = rc ? rc : op->add(b, r.x, r.proj, (size_t)n * e);
+    return rc ? rc : op->rmsnorm(b, mt->out, r.x, &mw->head_norm, n, (int)e, hp->rms_eps);
+}
+
 const struct arch arch_qwen3next = {
     .name = "qwen3next",
     .forward = q3n_forward,
     .forward_batch = q3n_forward_batch,
+    .mtp_forward = q3n_mtp_forward,
 };
 
 const struct arch arch_qwen35moe = {
     .name = "qwen35moe",
     .forward = q3n_forward,
     .forward_batch = q3n_forward_batch,
+    .mtp_forward = q3n_mtp_forward,
 };
