@@ -19,15 +19,25 @@
  *     drafts before it are kept and the rest rejected; with another tiny model of the same
  *     vocabulary they are rejected; greedy output equals plain decoding's with each; sampled
  *     generations in a row on one drafter stay reproducible; a draft whose vocabulary differs
- *     is refused, naming the difference. */
+ *     is refused, naming the difference;
+ *  6. the model's MTP block (strata_mtp, tiny qwen3next and qwen35moe with a block, f32):
+ *     greedy generation with its drafts gives plain decoding's ids, in one call and in a second
+ *     call on the same stream; with its drafts replaced by plain decoding's tokens (the last
+ *     of every third pass spoiled) drafts are kept and rejected and the ids are still plain
+ *     decoding's, and afterwards the block's cache is that of a stream that evaluated the same
+ *     ids in one prefill (the same drafts, its logits within 1e-4); a block opened on a stream
+ *     that already holds tokens drafts as one opened before them; sampled generation with its
+ *     drafts is reproducible for a seed. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "gen.h"
 #include "generate.h"
+#include "mtp.h"
 #include "quant_mix.h"
 #include "sampler.h"
 #include "strata.h"
@@ -423,6 +433,167 @@ out:
     strata_close(q);
 }
 
+/* ---- the MTP block --------------------------------------------------------------------------- */
+
+/* Generation with the MTP block's drafts (draft_max 0: plain) on stream st, which the block
+ * follows when mtp is not NULL; fn replaces strata_mtp_draft when given. */
+static void mtp_gen(struct strata_stream *st, struct strata_mtp *mtp, const int32_t *prompt,
+                    int n, int n_predict, float temp, int draft_max,
+                    int (*fn)(void *, const int32_t *, int, int, int32_t *), void *fn_ctx,
+                    struct gen_out *o)
+{
+    struct strata_generate_params p;
+    strata_generate_params_init(&p);
+    p.n_predict = n_predict;
+    p.sampling.temperature = temp;
+    p.sampling.seed = 99;
+    p.draft_max = draft_max;
+    p.draft_fn = fn ? fn : mtp ? strata_mtp_draft : NULL;
+    p.draft_ctx = fn ? fn_ctx : mtp;
+    memset(o, 0, sizeof(*o));
+    o->rc = strata_generate(st, prompt, n, &p, NULL, NULL, o->ids, &o->st);
+}
+
+/* The MTP block's drafts, then replaced by the tokens plain decoding generated there; the last
+ * of every third pass spoiled. */
+struct mtp_forced {
+    struct strata_mtp *mtp;
+    const int32_t *plain; /* plain decoding's ids after the prompt */
+    int n_prompt, n_plain, pass;
+};
+
+static int mtp_forced_drafts(void *ctx, const int32_t *hist, int n_hist, int k, int32_t *out)
+{
+    struct mtp_forced *f = ctx;
+    int n = strata_mtp_draft(f->mtp, hist, n_hist, k, out);
+    int g = n_hist - f->n_prompt; /* hist ends with plain[g - 1]: the drafts are plain[g..] */
+    for (int i = 0; i < n; i++)
+        out[i] = g + i < f->n_plain ? f->plain[g + i] : out[i];
+    if (n >= 2 && ++f->pass % 3 == 0)
+        out[n - 1] = (out[n - 1] + 1) % 1024;
+    return n;
+}
+
+/* The block's drafts (MTP_CHECK_K) and last logits on stream st after token id. */
+#define MTP_CHECK_K 3
+static int mtp_peek(struct strata_stream *st, int32_t id, int32_t *d, float *lg)
+{
+    struct stream *s = st->st;
+    int n = mtp_draft(s, id, MTP_CHECK_K, d);
+    if (n != MTP_CHECK_K)
+        return -1;
+    return s->b->ops->read(s->b, lg, s->mtp->logits, s->m->hp.n_vocab);
+}
+
+static void test_mtp(const char *arch)
+{
+    char path[512];
+    struct gen_preset pr = *gen_preset_find_arch(arch, "tiny");
+    pr.n_nextn = 1;
+    pr.arch = arch;
+    if (test_gen_model(&pr, QUANT_MIX_F32, 11, tmpdir, arch, path, sizeof(path))) {
+        CHECK(0, "gen %s: %s", arch, strata_error());
+        return;
+    }
+    struct strata *s = open_cpu(path);
+    struct strata_stream *a = NULL, *b = NULL;
+    struct strata_mtp *ma = NULL, *mb = NULL;
+    const int32_t prompt[6] = {3, 17, 40, 5, 99, 7};
+    struct gen_out plain, plain2, spec, spec2, forced, c, d;
+    float *la = NULL, *lb = NULL;
+    if (!s)
+        goto out;
+    const int V = 1024;
+    la = test_xmalloc(sizeof(float) * V), lb = test_xmalloc(sizeof(float) * V);
+    /* plain, then a second call on the same stream */
+    CHECK(strata_stream_open(s, 256, &a) == 0, "stream: %s", strata_error());
+    mtp_gen(a, NULL, prompt, 6, 48, 0.0f, 0, NULL, NULL, &plain);
+    mtp_gen(a, NULL, prompt + 2, 3, 24, 0.0f, 0, NULL, NULL, &plain2);
+    strata_stream_close(a);
+    /* with the block's drafts */
+    CHECK(strata_stream_open(s, 256, &a) == 0 && strata_mtp_open(a, &ma) == 0, "mtp: %s",
+          strata_error());
+    if (!ma)
+        goto out;
+    mtp_gen(a, ma, prompt, 6, 48, 0.0f, 4, NULL, NULL, &spec);
+    mtp_gen(a, ma, prompt + 2, 3, 24, 0.0f, 4, NULL, NULL, &spec2);
+    CHECK(!plain.rc && !spec.rc && !plain2.rc && !spec2.rc && plain.st.n_gen == spec.st.n_gen &&
+              plain2.st.n_gen == spec2.st.n_gen &&
+              !memcmp(plain.ids, spec.ids, sizeof(int32_t) * plain.st.n_gen) &&
+              !memcmp(plain2.ids, spec2.ids, sizeof(int32_t) * plain2.st.n_gen),
+          "%s: greedy with MTP drafts differs from plain decoding (rc %d %d)", arch, spec.rc,
+          spec2.rc);
+    CHECK(spec.st.n_verify > 0 && spec.st.n_drafted > 0, "%s: no MTP drafts (%d passes)", arch,
+          spec.st.n_verify);
+    strata_mtp_close(ma);
+    ma = NULL;
+    strata_stream_close(a);
+    /* forced drafts: kept and rejected; then the block's cache against a fresh prefill's */
+    CHECK(strata_stream_open(s, 256, &a) == 0 && strata_mtp_open(a, &ma) == 0, "mtp: %s",
+          strata_error());
+    struct mtp_forced f = {.mtp = ma, .plain = plain.ids, .n_prompt = 6, .n_plain = plain.st.n_gen};
+    if (ma)
+        mtp_gen(a, ma, prompt, 6, 48, 0.0f, 4, mtp_forced_drafts, &f, &forced);
+    CHECK(ma && !forced.rc && forced.st.n_gen == plain.st.n_gen &&
+              !memcmp(plain.ids, forced.ids, sizeof(int32_t) * plain.st.n_gen),
+          "%s: greedy with forced drafts differs from plain decoding", arch);
+    CHECK(forced.st.n_accepted > 0 && forced.st.n_accepted < forced.st.n_drafted,
+          "%s: forced drafts: %d of %d kept (want some of each)", arch, forced.st.n_accepted,
+          forced.st.n_drafted);
+    int32_t hist[128], da[MTP_CHECK_K], db[MTP_CHECK_K];
+    int nh = ma ? strata_stream_pos(a) : 0;
+    memcpy(hist, prompt, sizeof(prompt));
+    memcpy(hist + 6, plain.ids, sizeof(int32_t) * (size_t)(nh - 6));
+    int32_t last = plain.ids[nh - 6]; /* generated, not evaluated */
+    CHECK(strata_stream_open(s, 256, &b) == 0 && strata_mtp_open(b, &mb) == 0 &&
+              strata_eval(b, hist, nh, NULL) == 0,
+          "fresh stream: %s", strata_error());
+    int ra = ma ? mtp_peek(a, last, da, la) : -1, rb = mb ? mtp_peek(b, last, db, lb) : -1;
+    double e = test_norm_rel_err(la, lb, V);
+    CHECK(!ra && !rb && !memcmp(da, db, sizeof(da)) && e < 1e-4,
+          "%s: the block's cache after generation differs from a prefill's: drafts %d %d %d / "
+          "%d %d %d, logits rel err %.3g",
+          arch, da[0], da[1], da[2], db[0], db[1], db[2], e);
+    /* a block opened on a stream that holds tokens already */
+    strata_mtp_close(mb);
+    mb = NULL;
+    strata_stream_close(b);
+    CHECK(strata_stream_open(s, 256, &b) == 0 && strata_eval(b, hist, nh, NULL) == 0 &&
+              strata_mtp_open(b, &mb) == 0,
+          "a block opened late: %s", strata_error());
+    rb = mb ? mtp_peek(b, last, db, lb) : -1;
+    double e2 = test_norm_rel_err(la, lb, V);
+    CHECK(!rb && !memcmp(da, db, sizeof(da)) && e2 < 1e-4,
+          "%s: a block opened on a stream of %d tokens drafts %d %d %d (logits rel err %.3g)",
+          arch, nh, db[0], db[1], db[2], e2);
+    /* sampled: reproducible */
+    strata_stream_truncate(a, 0);
+    mtp_gen(a, ma, prompt, 6, 32, 0.8f, 4, NULL, NULL, &c);
+    strata_stream_truncate(a, 0);
+    mtp_gen(a, ma, prompt, 6, 32, 0.8f, 4, NULL, NULL, &d);
+    CHECK(!c.rc && !d.rc && c.st.n_gen == d.st.n_gen &&
+              !memcmp(c.ids, d.ids, sizeof(int32_t) * c.st.n_gen),
+          "%s: sampled generation with MTP drafts is not reproducible", arch);
+    long long rows = 0;
+    double secs = 0;
+    if (ma)
+        strata_mtp_stats(ma, &rows, &secs);
+    printf("%s MTP block: greedy ids as plain (%d + %d tokens; %d drafted, %d accepted); forced "
+           "drafts %d/%d kept; its cache after generation as a prefill's (logits %.3g, opened "
+           "late %.3g); %lld block rows\n",
+           arch, spec.st.n_gen, spec2.st.n_gen, spec.st.n_drafted + spec2.st.n_drafted,
+           spec.st.n_accepted + spec2.st.n_accepted, forced.st.n_accepted, forced.st.n_drafted,
+           e, e2, rows);
+out:
+    strata_mtp_close(ma);
+    strata_mtp_close(mb);
+    strata_stream_close(a);
+    strata_stream_close(b);
+    strata_close(s);
+    free(la), free(lb);
+    unlink(path);
+}
+
 int main(void)
 {
     char f32[512], q8[512], path[512];
@@ -446,6 +617,8 @@ int main(void)
     }
     test_drafter(f32, other, access(path, R_OK) == 0 ? path : NULL);
     unlink(other);
+    test_mtp("qwen3next");
+    test_mtp("qwen35moe");
     test_distribution(f32);
     check_model("tiny f32", f32, false);
     check_model("tiny q8_0", q8, false);
