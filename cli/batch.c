@@ -129,6 +129,7 @@ struct batch_slot {
     int32_t drafts[64];
     int k;
     struct strata_drafter *drafter; /* --spec draft: its stream on the draft model */
+    struct strata_mtp *mtp;         /* --spec mtp: the model's MTP block following st */
     double t_start; /* when its prompt began */
     double t_gen0; /* when its prompt was done */
 };
@@ -234,12 +235,14 @@ static void batch_usage(void)
         "  -s, --seed S            sampling seed of every line without its own (default %llu)\n"
         "      --stop TEXT         stop when TEXT is generated (up to %d)\n"
         "      --ignore-eos        do not stop at end-of-generation tokens\n"
-        "      --spec ngram|draft  speculative decoding: each stream's step also carries up to\n"
-        "                          --draft-max K (default 8) drafts as rows, kept while\n"
+        "      --spec ngram|draft|mtp  speculative decoding: each stream's step also carries\n"
+        "                          up to --draft-max K (default 8) drafts as rows, kept while\n"
         "                          sampling agrees (greedy texts unchanged): prompt lookup\n"
-        "                          (--draft-ngram N, default 3), or the greedy tokens of\n"
-        "                          -md FILE (--draft-device auto|cpu|cuda; each stream has its\n"
-        "                          own stream on it); docs/speculative.md\n\n"
+        "                          (--draft-ngram N, default 3), the greedy tokens of -md FILE\n"
+        "                          (--draft-device auto|cpu|cuda; each stream has its own\n"
+        "                          stream on it), or those of the model's own MTP block\n"
+        "                          (qwen3next, qwen35moe files with one; each stream has its\n"
+        "                          own block cache); docs/speculative.md\n\n"
         "model and machine (as for strata run; see strata run --help):\n"
         "  -m, --model FILE        GGUF model (default: the shipped default model, %s)\n"
         "  -c, --ctx-size N        context of each stream in tokens (default %d)\n"
@@ -1226,6 +1229,10 @@ static int batch_open_engine(struct batch *b, int n_pending)
         if (rc)
             return rc;
     }
+    /* --spec mtp: the block follows each slot's stream */
+    for (int i = 0; b->o.spec_mtp && i < b->n_slots; i++)
+        if (strata_mtp_open(b->slots[i].st, &b->slots[i].mtp))
+            return cli_fail("--spec mtp");
     if (b->o.gen.draft_max &&
         strata_batch_open_rows(ss->s, b->n_slots, batch_max_rows(b), &b->bt)) {
         fprintf(stderr, "strata batch: --spec: no memory for %d rows a step (%s); decoding "
@@ -1249,6 +1256,7 @@ static void batch_close_engine(struct batch *b)
     strata_batch_close(b->bt);
     for (int i = 0; i < b->n_slots && b->slots; i++) {
         strata_sampler_close(b->slots[i].sm);
+        strata_mtp_close(b->slots[i].mtp);
         strata_stream_close(b->slots[i].st);
         strata_drafter_close(b->slots[i].drafter);
         free(b->slots[i].hist);
@@ -1399,6 +1407,8 @@ static void batch_draft(const struct batch *b, struct batch_slot *sl)
         k = k < room ? k : room;
         if (k > 0 && sl->drafter)
             k = strata_drafter_draft(sl->drafter, sl->hist, sl->n_hist, k, sl->drafts);
+        else if (k > 0 && sl->mtp)
+            k = strata_mtp_draft(sl->mtp, sl->hist, sl->n_hist, k, sl->drafts);
         else
             k = k > 0 ? strata_ngram_draft(sl->hist, sl->n_hist, b->o.gen.draft_ngram, k,
                                            sl->drafts)

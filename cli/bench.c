@@ -58,10 +58,12 @@ struct bench_opts {
     bool device_cpu;         /* --device cpu was given */
     const char *prompt_file; /* -f: prompt text instead of random ids */
     int tg_greedy;           /* --tg greedy: decode feeds back the argmax */
-    int draft_max;           /* --spec ngram|draft [--draft-max K]: also speculative decoding */
+    int draft_max;           /* --spec ngram|draft|mtp [--draft-max K]: also speculative
+                              * decoding */
     const char *draft_model; /* --spec draft: -md FILE */
     const char *draft_device; /* --draft-device (default auto) */
     bool spec_draft;
+    bool spec_mtp;           /* --spec mtp: the model's MTP block drafts */
     const int32_t *prompt;   /* the prompt's ids (bench_spec) */
 };
 
@@ -110,13 +112,15 @@ static void bench_usage(void)
            "                        gather kernel per batch\n"
            "      --prefetch        stream the experts the next layer's router predicts\n"
            "      --prefetch-depth N  the same for the next N layers (1-4)\n"
-           "      --spec ngram|draft  with --tg greedy: then generate the tg tokens again with\n"
-           "                        strata_generate, without and with drafts (--draft-max K,\n"
-           "                        default 8): prompt lookup, or the greedy tokens of\n"
-           "                        -md FILE (a small model with the same vocabulary, on\n"
-           "                        --draft-device auto|cpu|cuda, default auto); tok/s of\n"
+           "      --spec ngram|draft|mtp  with --tg greedy: then generate the tg tokens again\n"
+           "                        with strata_generate, without and with drafts (--draft-max\n"
+           "                        K, default 8): prompt lookup, the greedy tokens of -md FILE\n"
+           "                        (a small model with the same vocabulary, on --draft-device\n"
+           "                        auto|cpu|cuda, default auto), or those of the model's own\n"
+           "                        MTP block (mtp; the plain run goes without it); tok/s of\n"
            "                        both, acceptance, tokens per verify pass, expert bytes\n"
-           "                        moved per token, the draft model's share of the time\n"
+           "                        moved per token, the draft model's (block's) share of the\n"
+           "                        time\n"
            "      --streams N       then also N streams (each the prompt rotated by its index)\n"
            "                        decoding -n tokens in lockstep, one forward per step:\n"
            "                        aggregate and per-stream tok/s, hit rate and expert bytes\n"
@@ -259,9 +263,11 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             o->prompt_file = v;
         else if (!strcmp(a, "--tg") && (!strcmp(v, "random") || !strcmp(v, "greedy")))
             o->tg_greedy = !strcmp(v, "greedy");
-        else if (!strcmp(a, "--spec") && (!strcmp(v, "ngram") || !strcmp(v, "draft"))) {
+        else if (!strcmp(a, "--spec") &&
+                 (!strcmp(v, "ngram") || !strcmp(v, "draft") || !strcmp(v, "mtp"))) {
             o->draft_max = o->draft_max ? o->draft_max : 8;
             o->spec_draft = !strcmp(v, "draft");
+            o->spec_mtp = !strcmp(v, "mtp");
         } else if (!strcmp(a, "-md") || !strcmp(a, "--draft-model"))
             o->draft_model = v;
         else if (!strcmp(a, "--draft-device") &&
@@ -524,6 +530,7 @@ static int bench_spec(const struct bench_opts *o, struct strata *st, struct stra
     int rc = 0;
     struct strata *dm = NULL;
     struct strata_drafter *dr = NULL;
+    struct strata_mtp *mtp = NULL;
     long long d_eval = 0;
     double d_secs = 0;
 
@@ -549,6 +556,13 @@ static int bench_spec(const struct bench_opts *o, struct strata *st, struct stra
         }
         /* the prompt's last token again, after the rest of it */
         strata_stream_truncate(ss, o->n_prompt - 1);
+        if (k && o->spec_mtp) { /* the block follows the stream from here (the rest of the
+                                 * prompt is evaluated again for it) */
+            if ((rc = strata_mtp_open(ss, &mtp)))
+                break;
+            p.draft_fn = strata_mtp_draft;
+            p.draft_ctx = mtp;
+        }
         last = o->prompt[o->n_prompt - 1];
         strata_get_stats(st, &a);
         rc = strata_generate(ss, &last, 1, &p, NULL, NULL, NULL, &gs[k]);
@@ -558,21 +572,29 @@ static int bench_spec(const struct bench_opts *o, struct strata *st, struct stra
     }
     if (dr)
         strata_drafter_stats(dr, &d_eval, &d_secs);
+    if (mtp)
+        strata_mtp_stats(mtp, &d_eval, &d_secs);
+    strata_mtp_close(mtp);
     strata_drafter_close(dr);
     strata_close(dm);
     if (rc)
-        return cli_fail("--spec: generation");
+        return cli_fail(o->spec_mtp && !mtp ? "--spec mtp" : "--spec: generation");
     double t0 = gs[0].n_gen > 1 ? (gs[0].n_gen - 1) / gs[0].t_gen_s : 0;
     double t1 = gs[1].n_gen > 1 ? (gs[1].n_gen - 1) / gs[1].t_gen_s : 0;
     printf("spec         greedy generation of %d tokens: %.2f tok/s plain, %.2f tok/s with "
            "%s drafts (--draft-max %d) = %.2fx\n",
-           gs[1].n_gen, t0, t1, o->spec_draft ? "draft-model" : "ngram", o->draft_max,
+           gs[1].n_gen, t0, t1,
+           o->spec_draft ? "draft-model" : o->spec_mtp ? "MTP" : "ngram", o->draft_max,
            t0 > 0 ? t1 / t0 : 0.0);
     if (o->spec_draft)
         printf("spec         draft model %s: %lld tokens evaluated in %.2f s (%.0f%% of the "
                "generation with drafts)\n",
                o->draft_model, d_eval, d_secs,
                gs[1].t_gen_s > 0 ? 100.0 * d_secs / gs[1].t_gen_s : 0.0);
+    if (o->spec_mtp)
+        printf("spec         MTP block: %lld rows (following the stream and drafting); "
+               "drafting took %.2f s (%.0f%% of the generation with drafts)\n",
+               d_eval, d_secs, gs[1].t_gen_s > 0 ? 100.0 * d_secs / gs[1].t_gen_s : 0.0);
     printf("spec         %d verify passes, %d drafted, %d accepted (%.1f%%), %.2f tokens per "
            "pass",
            gs[1].n_verify, gs[1].n_drafted, gs[1].n_accepted,

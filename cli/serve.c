@@ -113,6 +113,7 @@ struct serve_slot {
     int32_t drafts[64];
     int k;
     double accept_ema;
+    struct strata_mtp *mtp; /* --spec mtp: the model's MTP block following st */
 };
 
 struct serve {
@@ -187,7 +188,8 @@ static void serve_usage(void)
         "-c (each stream's context), -b, --device, --vram-budget, --placement, --residency,\n"
         "--streaming, --prefetch[-depth], --profile..., --host-budget..., --temp, --top-k,\n"
         "--top-p, --min-p, --repeat-penalty, --repeat-last-n, -s, --think/--no-think,\n"
-        "--spec ngram [--draft-max K] (each request's step also verifies prompt-lookup drafts),\n"
+        "--spec ngram|mtp [--draft-max K] (each request's step also verifies prompt-lookup\n"
+        "drafts, or those of the model's own MTP block: qwen3next, qwen35moe files with one),\n"
         "--system (a system message for chats that have none), --bind, --no-mmap, -v.\n"
         "Every stream's KV cache counts against --vram-budget (--parallel + --park streams).\n"
         "SIGINT/SIGTERM: queued requests are cancelled, running ones finish, then the server\n"
@@ -232,7 +234,7 @@ static int serve_parse(int argc, char **argv, struct serve_opts *so, struct run_
             rc = 1;
         } else if (!strcmp(a, "--spec") && v && !strcmp(v, "draft")) {
             fprintf(stderr, "strata serve: --spec draft is not available in serve (--spec ngram "
-                            "is); run, chat, bench and batch take a draft model\n");
+                            "and mtp are); run, chat, bench and batch take a draft model\n");
             rc = 2;
         } else if (serve_run_flag(a, &takes)) {
             rest[n_rest++] = argv[i];
@@ -475,7 +477,9 @@ static void engine_draft(struct serve *sv, struct serve_slot *sl)
     int room = strata_stream_n_ctx(sl->st) - strata_stream_pos(sl->st) - 1;
     k = k < left ? k : left;
     k = k < room ? k : room;
-    if (k > 0)
+    if (k > 0 && sl->mtp)
+        sl->k = strata_mtp_draft(sl->mtp, sl->hist, sl->n_hist + 1, k, sl->drafts);
+    else if (k > 0)
         sl->k = strata_ngram_draft(sl->hist, sl->n_hist + 1, sv->o.gen.draft_ngram, k,
                                    sl->drafts);
 }
@@ -1493,6 +1497,9 @@ static int serve_open_engine(struct serve *sv)
     for (int i = 0; i < sv->n_slots; i++)
         if (strata_stream_open(sv->s, sv->o.n_ctx, &sv->slots[i].st))
             return cli_fail("opening the streams");
+    for (int i = 0; sv->o.spec_mtp && i < sv->n_slots; i++)
+        if (strata_mtp_open(sv->slots[i].st, &sv->slots[i].mtp))
+            return cli_fail("--spec mtp");
     if (strata_batch_open_rows(sv->s, sv->so.parallel, rows, &sv->bt))
         return cli_fail("opening the batch");
     if (sv->o.verbose || !strcmp(mi.device, "cuda")) {
@@ -1608,6 +1615,7 @@ out:
     strata_batch_close(sv.bt);
     for (int i = 0; i < sv.n_slots && sv.slots; i++) {
         strata_sampler_close(sv.slots[i].sm);
+        strata_mtp_close(sv.slots[i].mtp);
         strata_stream_close(sv.slots[i].st);
         free(sv.slots[i].hist);
     }

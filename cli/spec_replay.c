@@ -3,7 +3,8 @@
  * the text's next tokens (greedy acceptance: a draft is kept while it equals the token the
  * text has there). Nothing is generated, so draft sources can be compared on the same text
  * in seconds. The pass loop is strata_generate's (generate_ngram_draft, the same adaptive
- * draft length). */
+ * draft length). With --spec mtp the model's MTP block drafts: the model evaluates the text
+ * (on the CPU), each pass's token and kept drafts in one call, and the block follows it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,12 +19,14 @@
 
 static void replay_usage(void)
 {
-    printf("usage: strata spec-replay [-m MODEL] --spec ngram -f TEXT [--draft-max K]\n"
-           "                          [--draft-ngram N] [--skip N]\n\n"
+    printf("usage: strata spec-replay [-m MODEL] --spec ngram|mtp -f TEXT [--draft-max K]\n"
+           "                          [--draft-ngram N] [--skip N] [-t N]\n\n"
            "Replays TEXT (tokenized with the model's vocabulary) as if the model had generated\n"
            "it: from token --skip on (default 1), each verify pass drafts up to K tokens from\n"
-           "what precedes (prompt lookup: what followed the latest earlier occurrence of the\n"
-           "last N..2 tokens), keeps them while they equal the text's next tokens, and moves\n"
+           "what precedes (ngram, prompt lookup: what followed the latest earlier occurrence\n"
+           "of the last N..2 tokens; mtp: the model's own MTP block, qwen3next and qwen35moe\n"
+           "files with one, while the model evaluates the text on the CPU with -t N threads,\n"
+           "default all), keeps them while they equal the text's next tokens, and moves\n"
            "past the kept ones and one more (the token the pass itself yields). Prints the\n"
            "passes, drafted and accepted tokens, tokens per pass, and the acceptance at each\n"
            "draft position. --draft-max K as strata run (default 8, adapting below it to the\n"
@@ -33,7 +36,7 @@ static void replay_usage(void)
 int cmd_spec_replay(int argc, char **argv)
 {
     const char *model = NULL, *file = NULL, *spec = NULL;
-    int kmax = 8, ngram = 3, skip = 1, rc = 0;
+    int kmax = 8, ngram = 3, skip = 1, threads = 0, rc = 0;
     bool fixed = false;
 
     for (int i = 1; i < argc && !rc; i++) {
@@ -59,6 +62,8 @@ int cmd_spec_replay(int argc, char **argv)
             rc = args_i32("spec-replay", a, argv[++i], 2, 8, &ngram);
         } else if (!strcmp(a, "--skip")) {
             rc = args_i32("spec-replay", a, argv[++i], 1, 1 << 30, &skip);
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            rc = args_i32("spec-replay", a, argv[++i], 1, 4096, &threads);
         } else {
             fprintf(stderr, "strata spec-replay: unknown option '%s' (see --help)\n", a);
             rc = 2;
@@ -66,11 +71,12 @@ int cmd_spec_replay(int argc, char **argv)
     }
     if (rc)
         return rc;
-    if (!spec || strcmp(spec, "ngram")) {
-        fprintf(stderr, "strata spec-replay: --spec %s: the draft sources are: ngram\n",
+    if (!spec || (strcmp(spec, "ngram") && strcmp(spec, "mtp"))) {
+        fprintf(stderr, "strata spec-replay: --spec %s: the draft sources are: ngram, mtp\n",
                 spec ? spec : "(missing)");
         return 2;
     }
+    const bool mtp = !strcmp(spec, "mtp");
     if (!file) {
         fprintf(stderr, "strata spec-replay: need -f TEXT\n");
         return 2;
@@ -86,6 +92,9 @@ int cmd_spec_replay(int argc, char **argv)
     strata_config_init(&cfg);
     cfg.model_path = model;
     cfg.device = STRATA_DEVICE_CPU;
+    cfg.n_threads = threads;
+    if (mtp) /* the text's tokens: at most its bytes + BOS/EOS */
+        cfg.n_ctx = len + 4 < (1u << 30) ? (int)len + 4 : 1 << 30;
     if (strata_open(&cfg, &s)) {
         free(text);
         return cli_open_fail();
@@ -93,16 +102,25 @@ int cmd_spec_replay(int argc, char **argv)
     int32_t *ids = malloc(sizeof(int32_t) * (len + 4));
     int n = ids ? strata_tokenize(s, text, len, STRATA_TOKENIZE_SPECIAL, ids, (int)(len + 4)) : -1;
     free(text);
-    strata_close(s);
     if (n < 0) {
         free(ids);
+        strata_close(s);
         return cli_fail("tokenizing the text");
     }
     if (n <= skip) {
         fprintf(stderr, "strata spec-replay: the text has %d tokens, not more than --skip %d\n",
                 n, skip);
         free(ids);
+        strata_close(s);
         return 2;
+    }
+    /* mtp: a stream that holds the text before token skip - 1, the block following it */
+    struct strata_stream *st = NULL;
+    struct strata_mtp *dm = NULL;
+    if (mtp && (strata_stream_open(s, n + 1, &st) || strata_mtp_open(st, &dm) ||
+                (skip > 1 && strata_eval(st, ids, skip - 1, NULL)))) {
+        rc = cli_fail("--spec mtp");
+        goto out;
     }
     long long passes = 0, drafted = 0, accepted = 0, at_pos[REPLAY_KMAX] = {0},
               tried_pos[REPLAY_KMAX] = {0};
@@ -114,15 +132,21 @@ int cmd_spec_replay(int argc, char **argv)
         if (!fixed)
             k = generate_draft_len(ema, kmax);
         k = k < n - i ? k : n - i;
-        int nd = generate_ngram_draft(ids, i, ngram, k, d);
+        int nd =
+            mtp ? strata_mtp_draft(dm, ids, i, k, d) : generate_ngram_draft(ids, i, ngram, k, d);
+        int a = 0;
+        while (a < nd && d[a] == ids[i + a])
+            a++;
+        /* the pass's token and the kept drafts go into the model's cache */
+        if (mtp && strata_eval(st, ids + i - 1, a + 1, NULL)) {
+            rc = cli_fail("evaluating the text");
+            goto out;
+        }
         passes++;
         if (!nd) {
             i++;
             continue;
         }
-        int a = 0;
-        while (a < nd && d[a] == ids[i + a])
-            a++;
         drafted += nd;
         accepted += a;
         for (int j = 0; j < nd; j++) {
@@ -133,9 +157,11 @@ int cmd_spec_replay(int argc, char **argv)
         i += a + 1;
     }
     long long tokens = n - skip;
-    printf("spec-replay: %s, %d tokens (%lld replayed), --spec ngram --draft-max %d%s "
-           "--draft-ngram %d\n",
-           file, n, tokens, kmax, fixed ? " (fixed)" : "", ngram);
+    printf("spec-replay: %s, %d tokens (%lld replayed), --spec %s --draft-max %d%s", file, n,
+           tokens, spec, kmax, fixed ? " (fixed)" : "");
+    if (!mtp)
+        printf(" --draft-ngram %d", ngram);
+    printf("\n");
     printf("passes %lld, drafted %lld, accepted %lld (%.1f%%), %.2f tokens per pass\n", passes,
            drafted, accepted, drafted ? 100.0 * accepted / drafted : 0.0,
            passes ? (double)tokens / passes : 0.0);
@@ -143,6 +169,10 @@ int cmd_spec_replay(int argc, char **argv)
     for (int j = 0; j < kmax && tried_pos[j]; j++)
         printf(" %d:%.0f%%", j + 1, 100.0 * at_pos[j] / tried_pos[j]);
     printf("\n");
+out:
+    strata_mtp_close(dm);
+    strata_stream_close(st);
+    strata_close(s);
     free(ids);
-    return 0;
+    return rc;
 }

@@ -11,7 +11,8 @@
 #     the same greedy lines, every draft kept;
 #  4. bad options: --spec other, --draft-max without --spec, --draft-max 0, a missing -f,
 #     --spec draft without -md, -md without --spec draft: exit 2; a draft model whose
-#     vocabulary differs: exit 1 naming it.
+#     vocabulary differs, and --spec mtp on a model without an MTP block: exit 1 naming it
+#     (cli_spec_mtp runs --spec mtp).
 set -uo pipefail
 strata=$1
 model="$2/../../models/strata-default.gguf"
@@ -80,7 +81,9 @@ head -3 "$tmp/in.jsonl" >"$tmp/in3.jsonl" # the greedy lines
 grep -q "speculative: [0-9]* verify passes, \([0-9]*\) drafted, \1 accepted" "$tmp/err" ||
     fail "batch --spec draft with the model itself: $(cat "$tmp/err")"
 
-for bad in "run -m $model --spec mtp -p x" "run -m $model --draft-max 4 -p x" \
+"$strata" run -m "$model" --device cpu -t 2 -n 4 -p x --spec mtp >/dev/null 2>"$tmp/err"
+[ $? = 1 ] && grep -q "this model has no MTP block" "$tmp/err" || fail "--spec mtp without a block: $(cat "$tmp/err")"
+for bad in "run -m $model --spec other -p x" "run -m $model --draft-max 4 -p x" \
     "run -m $model --spec ngram --draft-max 0 -p x" "spec-replay -m $model --spec ngram" \
     "spec-replay -m $model -f $tmp/rep.txt" "run -m $model --spec draft -p x" \
     "run -m $model -md $model -p x"; do
