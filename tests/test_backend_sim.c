@@ -28,7 +28,11 @@
  * - qwen3next and qwen35moe (tiny, 2 layers, f32): the recurrent state on the device, the
  *   shared expert, partial rope and the attention gate agree with the CPU backend all
  *   resident; the expert cache and the hybrid lane with all resident; lockstep rows; graph
- *   decode (one launch per step, two streams taking turns) bit-identical.
+ *   decode (one launch per step, two streams taking turns) bit-identical;
+ * - their MTP block (runtime/mtp.h; --spec mtp) in every placement: its drafts and logits after
+ *   a prompt agree with the CPU backend's, are bit-identical to all resident under the expert
+ *   cache (copy and zerocopy) and graph decode, close under the hybrid lane and static
+ *   placement; greedy generation with its drafts gives each placement's plain greedy ids.
  * Streams here run in program order, so ordering between streams is test_expert_cache's job. */
 #include <errno.h>
 #include <math.h>
@@ -48,9 +52,11 @@
 #include "cuda_ssm.h"
 #include "errors.h"
 #include "gen.h"
+#include "generate.h"
 #include "mock_cuda_host.h"
 #include "model.h"
 #include "moe.h"
+#include "mtp.h"
 #include "ops_cpu.h"
 #include "ops_ssm.h"
 #include "quant.h"
@@ -1342,6 +1348,126 @@ static void hybrid_checks(const int32_t *prompt)
     }
 }
 
+/* ---- the MTP block ------------------------------------------------------------------------- */
+
+#define MTP_GEN 32
+
+struct mtp_result {
+    int32_t d[3];      /* the drafts after the prompt and the first greedy token */
+    float *logits;     /* (n_vocab) the block's logits of the third */
+    int32_t plain[MTP_GEN], spec[MTP_GEN]; /* greedy ids without and with its drafts */
+    int n_plain, n_spec, drafted;
+};
+
+static int mtp_sim_draft(void *ctx, const int32_t *hist, int n_hist, int k, int32_t *out)
+{
+    int n = mtp_draft(ctx, hist[n_hist - 1], k, out);
+    return n > 0 ? n : 0;
+}
+
+/* The block on backend config cc (NULL: the CPU backend) after prompt and token first. */
+static int mtp_run(const char *path, const struct backend_cuda_config *cc, const int32_t *prompt,
+                   int32_t first, struct mtp_result *out)
+{
+    struct model *m = NULL;
+    struct backend *b = NULL;
+    struct stream *s = NULL;
+    struct backend_cpu_config cpu = {.n_threads = 1};
+    struct generate_config gc = {.n_predict = MTP_GEN, .draft_ngram = 3};
+    struct generate_stats gs;
+    int rc = model_open(path, &m);
+    rc = rc ? rc : cc ? backend_cuda_open(m, cc, &b) : backend_cpu_open(m, &cpu, &b);
+    rc = rc ? rc : stream_open(b, 256, 32, &s);
+    rc = rc ? rc : mtp_open(s);
+    rc = rc ? rc : stream_eval(s, prompt, N_PROMPT, NULL);
+    if (!rc && mtp_draft(s, first, 3, out->d) != 3)
+        rc = -EIO;
+    if (!rc) {
+        out->logits = test_xmalloc(sizeof(float) * m->hp.n_vocab);
+        rc = b->ops->read(b, out->logits, s->mtp->logits, m->hp.n_vocab);
+    }
+    for (int spec = 0; spec < 2 && !rc; spec++) {
+        gc.draft_max = spec ? 4 : 0;
+        gc.draft_fn = spec ? mtp_sim_draft : NULL;
+        gc.draft_ctx = s;
+        rc = stream_truncate(s, 0);
+        rc = rc ? rc
+                : generate_run(s, NULL, prompt, N_PROMPT, &gc, NULL, NULL,
+                               spec ? out->spec : out->plain, &gs);
+        *(spec ? &out->n_spec : &out->n_plain) = gs.n_gen;
+        out->drafted = gs.n_drafted;
+    }
+    if (rc)
+        fprintf(stderr, "%s: MTP: %s\n", path, err_msg());
+    stream_close(s);
+    backend_close(b);
+    model_close(m);
+    return rc;
+}
+
+static void mtp_checks(const char *arch, const int32_t *prompt)
+{
+    char path[512];
+    struct gen_preset p = *gen_preset_find_arch(arch, "tiny");
+    p.n_layer = 2;
+    p.n_nextn = 1;
+    if (test_gen_model(&p, QUANT_MIX_F32, 9, tmpdir, "mtp", path, sizeof(path))) {
+        CHECK(0, "gen %s: %s", arch, err_msg());
+        return;
+    }
+    const int nv = n_vocab_of(path);
+    struct {
+        const char *what;
+        struct backend_cuda_config cc;
+        bool cpu, exact;
+    } cases[] = {
+        {"all resident", {.device = 0}, false, true},
+        {"the CPU backend", {.device = 0}, true, false},
+        {"6 slots (copy)", {.expert_slots = 6}, false, true},
+        {"6 slots (zerocopy)", {.expert_slots = 6, .residency = BACKEND_RESIDENCY_ZEROCOPY},
+         false, true},
+        {"graph decode", {.device = 0, .graph = true}, false, true},
+        {"hybrid 6 slots", {.expert_slots = 6, .hybrid = true}, false, false},
+        {"static:1", {.device = 0, .cpu_moe_layers = 1}, false, false},
+    };
+    struct mtp_result ref = {0};
+    int32_t first = 0;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct mtp_result r = {0};
+        if (i == 0) { /* the first greedy token after the prompt */
+            struct run pr = {0};
+            CHECK(run(path, &cases[0].cc, 256, prompt, NULL, &pr) == 0, "%s: run", arch);
+            first = pr.ids[0];
+            free(pr.logits);
+        }
+        int rc = mtp_run(path, cases[i].cpu ? NULL : &cases[i].cc, prompt, first, &r);
+        CHECK(rc == 0, "%s MTP %s: %s", arch, cases[i].what, err_msg());
+        if (rc) {
+            free(r.logits);
+            continue;
+        }
+        bool same = r.n_plain == r.n_spec && !memcmp(r.plain, r.spec, sizeof(int32_t) * r.n_plain);
+        CHECK(same && r.n_plain == MTP_GEN && r.drafted > 0,
+              "%s MTP %s: greedy with its drafts differs (%d / %d tokens, %d drafted)", arch,
+              cases[i].what, r.n_plain, r.n_spec, r.drafted);
+        double e = i ? test_max_rel_err(r.logits, ref.logits, (size_t)nv) : 0;
+        bool dsame = i == 0 || !memcmp(r.d, ref.d, sizeof(r.d));
+        printf("%s MTP, %-20s drafts %d %d %d (%s), logits %s (%.3g); greedy with its drafts "
+               "as without (%d drafted)\n",
+               arch, cases[i].what, r.d[0], r.d[1], r.d[2], dsame ? "as all resident" : "DIFFER",
+               cases[i].exact && e == 0 ? "bit-identical" : "within", e, r.drafted);
+        CHECK(dsame, "%s MTP %s: drafts differ from all resident", arch, cases[i].what);
+        CHECK(cases[i].exact ? e == 0 : e < 1e-3, "%s MTP %s: logits off by %.3g", arch,
+              cases[i].what, e);
+        if (i == 0)
+            ref = r;
+        else
+            free(r.logits);
+    }
+    free(ref.logits);
+    unlink(path);
+}
+
 int main(void)
 {
     char f32[512], q8[512];
@@ -1361,6 +1487,8 @@ int main(void)
     budget_checks(q8);
     gptoss_checks(prompt);
     hybrid_checks(prompt);
+    mtp_checks("qwen3next", prompt);
+    mtp_checks("qwen35moe", prompt);
     unlink(f32);
     unlink(q8);
     rmdir(tmpdir);
