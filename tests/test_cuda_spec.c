@@ -8,7 +8,12 @@
  * rejects drafts. A verify pass's rows take the kernels a lockstep step's rows
  * take, which test_cuda_batch holds bit-identical to single-row decoding in these placements.
  * The hybrid placement chooses each miss's lane by measured cost, so its two runs may compute
- * a row on different lanes; it is reported, not held to identity. Exits 77 without a GPU. */
+ * a row on different lanes; it is reported, not held to identity.
+ * The MTP block (--spec mtp) on tiny qwen3next and qwen35moe f32 checkpoints with one, in each
+ * placement (all resident, graphs, the cache with copy and zero-copy fills, static, hybrid
+ * reported): its drafts after a prompt equal the CPU backend's; greedy generation with its
+ * drafts, and with an oracle that runs the block and then replaces its drafts as above, gives
+ * plain decoding's ids. Exits 77 without a GPU. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,6 +136,156 @@ static void check_place(const char *model, const char *path, const struct place 
     strata_close(s);
 }
 
+/* ---- the MTP block ------------------------------------------------------------------------- */
+
+/* The oracle's drafts after the MTP block has drafted (so that the block runs, and its cache
+ * follows accepted and rejected rows). */
+struct mtp_oracle {
+    struct oracle o;
+    struct strata_mtp *mtp;
+};
+
+static int mtp_oracle_draft(void *ctx, const int32_t *hist, int n_hist, int max, int32_t *out)
+{
+    struct mtp_oracle *m = ctx;
+    strata_mtp_draft(m->mtp, hist, n_hist, max, out);
+    return oracle_draft(&m->o, hist, n_hist, max, out);
+}
+
+/* N_GEN greedy ids after prompt on a fresh stream followed by the MTP block, drafted by it
+ * (mo NULL) or by the oracle after it; d3, if not NULL, receives the block's 3 drafts after
+ * the prompt and token first instead (nothing generated). */
+static int generate_mtp(struct strata *s, const int32_t *prompt, int n, struct mtp_oracle *mo,
+                        int32_t first, int32_t *d3, int32_t *ids,
+                        struct strata_generate_stats *st)
+{
+    struct strata_stream *str = NULL;
+    struct strata_mtp *mtp = NULL;
+    struct strata_generate_params p;
+    strata_generate_params_init(&p);
+    p.n_predict = N_GEN;
+    p.sampling.temperature = 0.0f;
+    p.draft_max = 8;
+    memset(st, 0, sizeof(*st));
+    int rc = strata_stream_open(s, 1024, &str);
+    rc = rc ? rc : strata_mtp_open(str, &mtp);
+    if (!rc && d3) {
+        int32_t hist[65];
+        memcpy(hist, prompt, sizeof(int32_t) * (size_t)n);
+        hist[n] = first;
+        rc = strata_eval(str, prompt, n, NULL);
+        if (!rc && strata_mtp_draft(mtp, hist, n + 1, 3, d3) != 3)
+            rc = -EIO;
+    } else if (!rc) {
+        if (mo)
+            mo->mtp = mtp;
+        p.draft_fn = mo ? mtp_oracle_draft : strata_mtp_draft;
+        p.draft_ctx = mo ? (void *)mo : (void *)mtp;
+        rc = strata_generate(str, prompt, n, &p, NULL, NULL, ids, st);
+    }
+    strata_mtp_close(mtp);
+    strata_stream_close(str);
+    return rc;
+}
+
+static void check_mtp_place(const char *model, const char *path, const struct place *pl,
+                            const int32_t *cpu_d3, int32_t first)
+{
+    struct strata_config cfg;
+    struct strata *s = NULL;
+    strata_config_init(&cfg);
+    cfg.model_path = path;
+    cfg.device = pl ? STRATA_DEVICE_CUDA : STRATA_DEVICE_CPU;
+    if (pl) {
+        cfg.placement = pl->placement;
+        cfg.fill = pl->fill;
+        cfg.expert_slots = pl->slots;
+        cfg.cpu_moe_layers = pl->cpu_layers;
+        cfg.flags = pl->flags;
+    }
+    int rc = strata_open(&cfg, &s);
+    CHECK(rc == 0, "%s MTP, %s: strata_open: %s", model, pl ? pl->name : "cpu", strata_error());
+    if (rc)
+        return;
+    const int32_t prompt[6] = {3, 17, 40, 5, 99, 7};
+    int32_t a[N_GEN + 8], b[N_GEN + 8], d3[3];
+    struct strata_generate_stats sa, sb;
+    int ra = generate(s, prompt, 6, 0, NULL, NULL, a, &sa);
+    int rd = generate_mtp(s, prompt, 6, NULL, first, d3, NULL, &sb);
+    CHECK(!ra && !rd, "%s MTP, %s: %d %d (%s)", model, pl ? pl->name : "cpu", ra, rd,
+          strata_error());
+    if (!pl) { /* the CPU backend: the reference drafts */
+        memcpy((int32_t *)cpu_d3, d3, sizeof(d3));
+        strata_close(s);
+        return;
+    }
+    CHECK(!memcmp(d3, cpu_d3, sizeof(d3)), "%s MTP, %s: drafts %d %d %d, the CPU's %d %d %d",
+          model, pl->name, d3[0], d3[1], d3[2], cpu_d3[0], cpu_d3[1], cpu_d3[2]);
+    struct mtp_oracle mo = {.o = {a, sa.n_gen, 6, 1024}};
+    for (int k = 0; k < 2; k++) { /* the block's drafts, then the oracle after the block */
+        int rb = generate_mtp(s, prompt, 6, k ? &mo : NULL, 0, NULL, b, &sb);
+        int same = 0;
+        while (same < sa.n_gen && same < sb.n_gen && a[same] == b[same])
+            same++;
+        printf("%s, %s: drafts after the prompt %d %d %d (the CPU's: %s); %d greedy tokens, with "
+               "%s drafts %d of them the same; %d verify passes, %d drafted, %d accepted\n",
+               model, pl->name, d3[0], d3[1], d3[2],
+               memcmp(d3, cpu_d3, sizeof(d3)) ? "DIFFERENT" : "the same", sa.n_gen,
+               k ? "oracle-after-MTP" : "MTP", same, sb.n_verify, sb.n_drafted, sb.n_accepted);
+        CHECK(!rb && sb.n_drafted > 0, "%s MTP, %s: generate %d, %d drafted (%s)", model,
+              pl->name, rb, sb.n_drafted, strata_error());
+        if (k)
+            CHECK(sb.n_accepted > 0 && sb.n_accepted < sb.n_drafted,
+                  "%s MTP, %s: oracle drafts: %d of %d accepted", model, pl->name, sb.n_accepted,
+                  sb.n_drafted);
+        if (pl->exact)
+            CHECK(sa.n_gen == sb.n_gen && same == sa.n_gen,
+                  "%s MTP, %s: greedy with drafts leaves plain decoding at token %d", model,
+                  pl->name, same);
+    }
+    strata_close(s);
+}
+
+static void check_mtp(const char *arch)
+{
+    char path[512], label[64];
+    struct gen_preset p = *gen_preset_find_arch(arch, "tiny");
+    p.n_nextn = 1;
+    p.arch = arch;
+    snprintf(label, sizeof(label), "tiny %s f32 + MTP", arch);
+    if (test_gen_model(&p, QUANT_MIX_F32, 4, tmpdir, "mtp", path, sizeof(path))) {
+        CHECK(0, "gen %s: %s", arch, strata_error());
+        return;
+    }
+    /* the first greedy token after the prompt, on the CPU, and the block's drafts there */
+    struct strata_config cfg;
+    struct strata *s = NULL;
+    strata_config_init(&cfg);
+    cfg.model_path = path;
+    cfg.device = STRATA_DEVICE_CPU;
+    const int32_t prompt[6] = {3, 17, 40, 5, 99, 7};
+    int32_t first = -1, cpu_d3[3] = {-1, -1, -1};
+    struct strata_stream *st = NULL;
+    if (!strata_open(&cfg, &s) && !strata_stream_open(s, 64, &st))
+        strata_eval_argmax(st, prompt, 6, &first);
+    strata_stream_close(st);
+    strata_close(s);
+    CHECK(first >= 0, "%s: the first token on the CPU: %s", arch, strata_error());
+    check_mtp_place(label, path, NULL, cpu_d3, first);
+    const struct place pl[] = {
+        {"all resident", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 0, 0, 0, true},
+        {"all resident, graphs", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 0, 0, STRATA_FLAG_GRAPH,
+         true},
+        {"6 slots, copy", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 6, 0, 0, true},
+        {"6 slots, zero-copy", STRATA_PLACEMENT_STREAM, STRATA_FILL_ZEROCOPY, 6, 0, 0, true},
+        {"static, 2 layers on the CPU", STRATA_PLACEMENT_STATIC, STRATA_FILL_COPY, 0, 2, 0, true},
+        {"6 slots, hybrid", STRATA_PLACEMENT_HYBRID, STRATA_FILL_COPY, 6, 0, 0, false},
+    };
+    for (size_t i = 0; i < sizeof(pl) / sizeof(pl[0]); i++)
+        check_mtp_place(label, path, &pl[i], cpu_d3, first);
+    unlink(path);
+}
+
 int main(void)
 {
     char q3n[512], path[512];
@@ -165,6 +320,8 @@ int main(void)
     };
     for (int i = 0; i < 3; i++)
         check_place("tiny qwen3next f32", q3n, &tiny[i]);
+    check_mtp("qwen3next");
+    check_mtp("qwen35moe");
     test_data_path(path, sizeof(path), "../../models/strata-default.gguf");
     if (access(path, R_OK) == 0) {
         const struct place def[] = {
