@@ -23,7 +23,14 @@
  * every row's logits, then rewinds of that stream into those rows (its checkpoint) and before
  * them (it starts over); greedy continuation of 12 tokens equal to the reference's argmax
  * chain (f32).
- * Deterministic: gen's seed 1 and fixed token ids. */
+ * The MTP block (tiny f32 files with one, both architectures): its logits and 3 chained drafts
+ * against the reference's (row t: x = eh_proj [enorm(embedding of the token at t + 1) |
+ * hnorm(the output-normed hidden state at t)], the attention layer with the MoE and the shared
+ * expert at position t, the head norm, the output matrix; a draft row's hidden state is the
+ * previous row's head-normed output), bound 1e-4, after prefill in chunks, token by token, a
+ * rewind, and a step of 10 rows with a rewind into them; refused without a block and with
+ * --no-mtp.
+ * Deterministic: gen's seeds 1 and 5 and fixed token ids. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
