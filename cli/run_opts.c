@@ -130,7 +130,7 @@ static void run_opts_usage(const char *cmd)
            "      --no-mmap           copy the weights into anonymous memory on huge pages\n"
            "                          (more RAM, faster CPU decode than the page cache)\n"
            "      --no-mtp            leave the model's multi-token-prediction block unloaded\n"
-           "                          (qwen3next, qwen35moe; nothing uses it yet)\n",
+           "                          (qwen3next, qwen35moe; only --spec mtp uses it)\n",
            STRATA_DEFAULT_MODEL, d.n_ctx, d.n_batch, d.device, d.residency);
     if (chat)
         printf("messages (read from stdin, one a line; chat takes no -p or -f):\n"
