@@ -663,6 +663,8 @@ static void check_mtp_forward(const char *dir, const char *arch)
     for (int j = 0; j < MTP_K; j++) { /* row N_TOK - 1 + j: its draft, then the chain's row */
         ref_mtp(m, hid, nxt, N_TOK + j, out, rl);
         rd[j] = argmax(rl + (size_t)(N_TOK - 1 + j) * V, V);
+        if (j + 1 == MTP_K)
+            break;
         memcpy(hid + (size_t)(N_TOK + j) * D, out + (size_t)(N_TOK - 1 + j) * D,
                sizeof(float) * D);
         nxt[N_TOK + j] = rd[j];
