@@ -35,8 +35,9 @@ static int mtp_alloc(struct stream *s, struct stream_mtp *mt)
     mt->max_rows = MTP_MAX_ROWS;
     mt->k_cache = b->ops->alloc(b, (size_t)s->n_ctx * kvw);
     mt->v_cache = b->ops->alloc(b, (size_t)s->n_ctx * kvw);
-    /* h, e, x, xn, proj, out (6), cat (2); q, att, gate (3), qg (2); k, v (2); h_last, logits */
-    mt->arena = b->ops->alloc(b, t * (8 * e + 5 * qw + 2 * kvw) + e + hp->n_vocab);
+    /* h, e, x, xn, proj, out (6), cat (2); q, att, gate (3), qg (2); k, v (2); h_last, h_ckpt,
+     * logits */
+    mt->arena = b->ops->alloc(b, t * (8 * e + 5 * qw + 2 * kvw) + 2 * e + hp->n_vocab);
     if (!mt->k_cache || !mt->v_cache || !mt->arena)
         return err_wrap(-ENOMEM, "the MTP block's cache (%d positions): ", s->n_ctx);
     float *p = mt->arena;
@@ -54,6 +55,7 @@ static int mtp_alloc(struct stream *s, struct stream_mtp *mt)
     mt->k = p, p += t * kvw;
     mt->v = p, p += t * kvw;
     mt->h_last = p, p += e;
+    mt->h_ckpt = p, p += e;
     mt->logits = p;
     return 0;
 }
@@ -75,6 +77,7 @@ int mtp_open(struct stream *s)
     if (!(mt = calloc(1, sizeof(*mt))))
         return err_set(-ENOMEM, "out of memory");
     mt->h_pos = -1;
+    mt->h_ckpt_pos = -1;
     if ((rc = mtp_alloc(s, mt))) {
         mtp_free(s->b, mt);
         return rc;
@@ -162,6 +165,30 @@ void mtp_truncate(struct stream *s, int pos)
         mt->pos = keep;
     if (mt->h_pos > pos - 1)
         mt->h_pos = -1;
+}
+
+int mtp_checkpoint(struct stream *s)
+{
+    struct stream_mtp *mt = s->mtp;
+    if (!mt)
+        return 0;
+    mt->h_ckpt_pos = -1;
+    if (mt->h_pos < 0 || mt->h_pos != s->pos - 1)
+        return 0;
+    int rc = s->b->ops->copy(s->b, mt->h_ckpt, mt->h_last, s->m->hp.n_embd);
+    if (!rc)
+        mt->h_ckpt_pos = mt->h_pos;
+    return rc;
+}
+
+int mtp_restore(struct stream *s)
+{
+    struct stream_mtp *mt = s->mtp;
+    if (!mt || mt->h_ckpt_pos < 0 || mt->h_ckpt_pos != s->pos - 1)
+        return 0;
+    int rc = s->b->ops->copy(s->b, mt->h_last, mt->h_ckpt, s->m->hp.n_embd);
+    mt->h_pos = rc ? -1 : mt->h_ckpt_pos;
+    return rc;
 }
 
 /* The argmax of the block's last logits. */

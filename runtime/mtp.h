@@ -25,8 +25,9 @@
 #define MTP_MAX_ROWS 32 /* rows per block forward; longer runs go in pieces */
 
 struct stream_mtp {
-    int pos;   /* the block's KV cache holds rows for positions [0, pos) */
-    int h_pos; /* the position whose hidden state h_last holds; -1: none */
+    int pos;        /* the block's KV cache holds rows for positions [0, pos) */
+    int h_pos;      /* the position whose hidden state h_last holds; -1: none */
+    int h_ckpt_pos; /* the position h_ckpt holds; -1: none */
     int max_rows;
     float *k_cache, *v_cache; /* (n_ctx, n_head_kv*head_dim) the block's attention, backend
                                * memory */
@@ -34,6 +35,7 @@ struct stream_mtp {
     float *arena;
     float *h;             /* (max_rows, n_embd) the rows' hidden states (output-normed) */
     float *h_last;        /* (n_embd) */
+    float *h_ckpt;        /* (n_embd) h_last when the stream took its checkpoint */
     float *e;             /* (max_rows, n_embd) the rows' token embeddings */
     float *cat;           /* (max_rows, 2 n_embd) per row [enorm(e) | hnorm(h)], eh_proj's input */
     float *x, *xn, *proj; /* (max_rows, n_embd) the block's residual stream and its scratch */
@@ -60,6 +62,11 @@ int mtp_follow(struct stream *s, const float *x, const int32_t *ids, int n, int 
 /* The stream keeps positions [0, pos): the block's rows from pos - 1 on are forgotten (row
  * pos - 1 needs the token at pos, which is gone). */
 void mtp_truncate(struct stream *s, int pos);
+
+/* The stream takes (restores) the checkpoint of its recurrent state: the last hidden state
+ * goes with it, so that a rewind to the checkpoint's position finds it. 0 or -errno. */
+int mtp_checkpoint(struct stream *s);
+int mtp_restore(struct stream *s);
 
 /* Up to k greedy drafts after token id (sampled, not yet evaluated: it goes at position
  * s->pos) into out; their number (0 when the hidden state of position s->pos - 1 is not

@@ -74,6 +74,7 @@ static int stream_checkpoint(struct stream *s)
         return err_wrap(-ENOMEM, "a checkpoint of the recurrent state: ");
     int rc = b->ops->copy(b, s->ckpt, s->conv_state, conv);
     rc = rc ? rc : b->ops->copy(b, s->ckpt + conv, s->ssm_state, ssm);
+    rc = rc ? rc : mtp_checkpoint(s);
     s->ckpt_pos = rc ? -1 : s->pos;
     return rc;
 }
@@ -87,7 +88,7 @@ static int stream_restore(struct stream *s)
     rc = rc ? rc : b->ops->copy(b, s->ssm_state, s->ckpt + conv, ssm);
     if (!rc)
         s->pos = s->ckpt_pos;
-    return rc;
+    return rc ? rc : mtp_restore(s);
 }
 
 /* Zeroes the recurrent state of s (an empty stream). */

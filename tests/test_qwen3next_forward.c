@@ -28,8 +28,8 @@
  * hnorm(the output-normed hidden state at t)], the attention layer with the MoE and the shared
  * expert at position t, the head norm, the output matrix; a draft row's hidden state is the
  * previous row's head-normed output), bound 1e-4, after prefill in chunks, token by token, a
- * rewind, and a step of 10 rows with a rewind into them; refused without a block and with
- * --no-mtp.
+ * rewind, a step of 10 rows with rewinds into them and onto their checkpoint; refused without
+ * a block and with --no-mtp.
  * Deterministic: gen's seeds 1 and 5 and fixed token ids. */
 #include <math.h>
 #include <stdio.h>
@@ -699,6 +699,24 @@ static void check_mtp_forward(const char *dir, const char *arch)
     CHECK(strata_stream_truncate(st, 36) == 0, "truncate: %s", strata_error());
     CHECK(strata_eval(st, ids + 36, N_TOK - 36, NULL) == 0, "eval: %s", strata_error());
     mtp_probe(st, next, rl, rd, "a rewind into the step's rows", tol, &worst);
+    /* a rewind onto the step's checkpoint (30): nothing is evaluated again, the last hidden
+     * state comes back with the checkpoint; the draft after ids[30] is the reference's row 29 */
+    float *rl30 = test_xmalloc(sizeof(float) * 30 * (size_t)V);
+    ref_mtp(m, hid, nxt, 30, out, rl30);
+    float *lg = test_xmalloc(sizeof(float) * V);
+    struct stream *ss = strata_stream_of(st);
+    int32_t d1 = -1;
+    CHECK(strata_stream_truncate(st, 30) == 0 && ss->ckpt_pos == 30, "truncate to the "
+          "checkpoint: %s (checkpoint at %d)", strata_error(), ss->ckpt_pos);
+    CHECK(mtp_draft(ss, ids[30], 1, &d1) == 1 &&
+              ss->b->ops->read(ss->b, lg, ss->mtp->logits, (size_t)V) == 0,
+          "no draft after a rewind onto the checkpoint");
+    double ec = test_norm_rel_err(lg, rl30 + (size_t)29 * V, V);
+    CHECK(d1 == argmax(rl30 + (size_t)29 * V, V) && ec < tol,
+          "after a rewind onto the checkpoint: draft %d, the reference's %d, rel err %.3g", d1,
+          argmax(rl30 + (size_t)29 * V, V), ec);
+    worst = fmax(worst, ec);
+    free(rl30), free(lg);
     strata_batch_close(bt);
     free(rows);
     printf("  %s MTP block vs reference: worst rel err %.3g of its logits, drafts %d %d %d equal "
