@@ -33,6 +33,51 @@ static void replay_usage(void)
            "running acceptance; --fixed keeps it at K), --draft-ngram N (default 3).\n");
 }
 
+/* What a replay is given and what it counts. */
+struct replay {
+    const int32_t *ids; /* the text's ids */
+    int n, skip, kmax, ngram;
+    bool fixed;
+    struct strata_stream *st; /* mtp: the model's stream, the block following it; else NULL */
+    struct strata_mtp *mtp;
+    long long passes, drafted, accepted, at_pos[REPLAY_KMAX], tried_pos[REPLAY_KMAX];
+};
+
+/* The verify passes over ids[skip..n). 0, or 1 after the message (an evaluation failed). */
+static int replay_run(struct replay *r)
+{
+    const int32_t *ids = r->ids;
+    double ema = 0.5;
+    int32_t d[REPLAY_KMAX];
+    /* ids[0..i) are in the cache but for the last, ids[i - 1], which the next pass evaluates */
+    for (int i = r->skip; i < r->n;) {
+        int k = r->fixed ? r->kmax : generate_draft_len(ema, r->kmax);
+        k = k < r->n - i ? k : r->n - i;
+        int nd = r->mtp ? strata_mtp_draft(r->mtp, ids, i, k, d)
+                        : generate_ngram_draft(ids, i, r->ngram, k, d);
+        int a = 0;
+        while (a < nd && d[a] == ids[i + a])
+            a++;
+        /* the pass's token and the kept drafts go into the model's cache */
+        if (r->mtp && strata_eval(r->st, ids + i - 1, a + 1, NULL))
+            return cli_fail("evaluating the text");
+        r->passes++;
+        if (!nd) {
+            i++;
+            continue;
+        }
+        r->drafted += nd;
+        r->accepted += a;
+        for (int j = 0; j < nd; j++) {
+            r->tried_pos[j]++;
+            r->at_pos[j] += j < a;
+        }
+        ema = 0.9 * ema + 0.1 * ((double)a / nd);
+        i += a + 1;
+    }
+    return 0;
+}
+
 int cmd_spec_replay(int argc, char **argv)
 {
     const char *model = NULL, *file = NULL, *spec = NULL;
@@ -115,63 +160,28 @@ int cmd_spec_replay(int argc, char **argv)
         return 2;
     }
     /* mtp: a stream that holds the text before token skip - 1, the block following it */
-    struct strata_stream *st = NULL;
-    struct strata_mtp *dm = NULL;
-    if (mtp && (strata_stream_open(s, n + 1, &st) || strata_mtp_open(st, &dm) ||
-                (skip > 1 && strata_eval(st, ids, skip - 1, NULL)))) {
+    struct replay r = {.ids = ids, .n = n, .skip = skip, .kmax = kmax, .ngram = ngram,
+                       .fixed = fixed};
+    if (mtp && (strata_stream_open(s, n + 1, &r.st) || strata_mtp_open(r.st, &r.mtp) ||
+                (skip > 1 && strata_eval(r.st, ids, skip - 1, NULL))))
         rc = cli_fail("--spec mtp");
-        goto out;
+    rc = rc ? rc : replay_run(&r);
+    if (!rc) {
+        long long tokens = n - skip;
+        printf("spec-replay: %s, %d tokens (%lld replayed), --spec %s --draft-max %d%s", file, n,
+               tokens, spec, kmax, fixed ? " (fixed)" : "");
+        if (!mtp)
+            printf(" --draft-ngram %d", ngram);
+        printf("\npasses %lld, drafted %lld, accepted %lld (%.1f%%), %.2f tokens per pass\n",
+               r.passes, r.drafted, r.accepted, r.drafted ? 100.0 * r.accepted / r.drafted : 0.0,
+               r.passes ? (double)tokens / r.passes : 0.0);
+        printf("acceptance by draft position:");
+        for (int j = 0; j < kmax && r.tried_pos[j]; j++)
+            printf(" %d:%.0f%%", j + 1, 100.0 * r.at_pos[j] / r.tried_pos[j]);
+        printf("\n");
     }
-    long long passes = 0, drafted = 0, accepted = 0, at_pos[REPLAY_KMAX] = {0},
-              tried_pos[REPLAY_KMAX] = {0};
-    double ema = 0.5;
-    int32_t d[REPLAY_KMAX];
-    /* ids[0..i) are in the cache but for the last, ids[i - 1], which the next pass evaluates */
-    for (int i = skip; i < n;) {
-        int k = kmax;
-        if (!fixed)
-            k = generate_draft_len(ema, kmax);
-        k = k < n - i ? k : n - i;
-        int nd =
-            mtp ? strata_mtp_draft(dm, ids, i, k, d) : generate_ngram_draft(ids, i, ngram, k, d);
-        int a = 0;
-        while (a < nd && d[a] == ids[i + a])
-            a++;
-        /* the pass's token and the kept drafts go into the model's cache */
-        if (mtp && strata_eval(st, ids + i - 1, a + 1, NULL)) {
-            rc = cli_fail("evaluating the text");
-            goto out;
-        }
-        passes++;
-        if (!nd) {
-            i++;
-            continue;
-        }
-        drafted += nd;
-        accepted += a;
-        for (int j = 0; j < nd; j++) {
-            tried_pos[j]++;
-            at_pos[j] += j < a;
-        }
-        ema = 0.9 * ema + 0.1 * ((double)a / nd);
-        i += a + 1;
-    }
-    long long tokens = n - skip;
-    printf("spec-replay: %s, %d tokens (%lld replayed), --spec %s --draft-max %d%s", file, n,
-           tokens, spec, kmax, fixed ? " (fixed)" : "");
-    if (!mtp)
-        printf(" --draft-ngram %d", ngram);
-    printf("\n");
-    printf("passes %lld, drafted %lld, accepted %lld (%.1f%%), %.2f tokens per pass\n", passes,
-           drafted, accepted, drafted ? 100.0 * accepted / drafted : 0.0,
-           passes ? (double)tokens / passes : 0.0);
-    printf("acceptance by draft position:");
-    for (int j = 0; j < kmax && tried_pos[j]; j++)
-        printf(" %d:%.0f%%", j + 1, 100.0 * at_pos[j] / tried_pos[j]);
-    printf("\n");
-out:
-    strata_mtp_close(dm);
-    strata_stream_close(st);
+    strata_mtp_close(r.mtp);
+    strata_stream_close(r.st);
     strata_close(s);
     free(ids);
     return rc;
