@@ -92,8 +92,11 @@ int mtp_open(struct stream *s)
                            "the MTP block needs the stream's tokens to follow it");
         }
         memcpy(ids, s->hist, sizeof(int32_t) * (size_t)pos);
+        stream_progress_fn progress = s->progress;
+        s->progress = NULL;
         rc = stream_truncate(s, 0);
         rc = rc ? rc : stream_eval(s, ids, pos, NULL);
+        s->progress = progress;
         free(ids);
         if (rc) {
             mtp_close(s);
