@@ -282,8 +282,8 @@ static int q3n_forward_batch(struct backend *b, struct stream_batch *bt, struct 
 /* The MTP block on n rows: x = eh_proj [enorm(embedding of ids[i]) | hnorm(h[i])], then one
  * gated attention layer (layer n_layer: the block's weights and KV cache) with the MoE and the
  * shared expert, then the head norm into s->mtp->out. */
-static int q3n_mtp_forward(struct backend *b, struct stream *s, const float *h,
-                           const int32_t *ids, int n, int pos0)
+static int q3n_mtp_forward(struct backend *b, struct stream *s, const float *h, const int32_t *ids,
+                           int n, int pos0)
 {
     const struct backend_ops *op = b->ops;
     const struct model *m = s->m;
@@ -297,8 +297,7 @@ static int q3n_mtp_forward(struct backend *b, struct stream *s, const float *h,
     if (rc)
         return rc;
     if (!mw || !mt || n < 1 || n > mt->max_rows)
-        return err_set(-EINVAL, "%s: MTP rows %d without the block or its state", m->arch->name,
-                       n);
+        return err_set(-EINVAL, "%s: MTP rows %d without the block or its state", m->arch->name, n);
     rc = op->embed(b, mt->e, &m->tok_embd, ids, n);
     rc = rc ? rc : op->rmsnorm(b, mt->e, mt->e, &mw->enorm, n, (int)e, hp->rms_eps);
     rc = rc ? rc : op->rmsnorm(b, mt->xn, h, &mw->hnorm, n, (int)e, hp->rms_eps);
