@@ -4,7 +4,9 @@ three seeds each, N tokens, through `strata run`. A line repeats when it equals 
 non-empty line of the same output; an output "loops" when half its lines repeat.
 
 usage: sampling_loops.py STRATA [MODEL] [N]
-Prints one line per setting: the mean share of repeated lines and the outputs that loop.
+Prints one line per setting: the mean share of repeated lines and the outputs that loop. The
+first setting is the defaults a plain `strata run` uses (the model file's general.sampling.*
+keys, then strata's own); `--repeat-penalty 1.0` is the same without a penalty.
 """
 import subprocess
 import sys
@@ -15,7 +17,7 @@ N = int(sys.argv[3]) if len(sys.argv) > 3 else 96
 PROMPTS = ["def fibonacci(n):", "import os", "class Stack:", "def read_config(path):",
            "for i in range(10):", "# parse the command line arguments", "def merge_sort(items):",
            'with open("data.csv") as f:', "class Node:", "def main():"]
-SETTINGS = [[], ["--repeat-penalty", "1.1"], ["--repeat-penalty", "1.2"],
+SETTINGS = [[], ["--repeat-penalty", "1.0"], ["--repeat-penalty", "1.1"], ["--repeat-penalty", "1.2"],
             ["--repeat-penalty", "1.3"], ["--min-p", "0.1"],
             ["--repeat-penalty", "1.1", "--min-p", "0.1"], ["--temp", "0.6", "--repeat-penalty", "1.1"]]
 
@@ -40,7 +42,7 @@ def main():
                 out = subprocess.run(cmd, capture_output=True, check=True).stdout
                 shares.append(repeated(out.decode("utf-8", "replace")[len(p):]))
         print("%-38s repeated lines %.3f, outputs that loop %d of %d"
-              % (" ".join(st) or "strata's defaults", sum(shares) / len(shares),
+              % (" ".join(st) or "the defaults (the model file's, then strata's)", sum(shares) / len(shares),
                  sum(s >= 0.5 for s in shares), len(shares)), flush=True)
 
 

@@ -1,9 +1,14 @@
 /* gen --inflate on the shipped trained model: the inflated model must route like the
- * small one, on real text (tests/data/routing-prompts.txt through the model's own tokenizer):
- * the top-k sets of >= 95% of (token, layer) pairs equal. CI inflates to a mid-size target
+ * small one, on real text (tests/data/routing-prompts.txt through the model's own tokenizer).
+ * Where the small router's k-th and (k+1)-th logits are near a tie (closer than MARGIN), the
+ * small model's own kernels already decide by rounding: its quantized matmuls round the
+ * activations to 8 bits, the inflated f32 file's do not. So the top-k sets must be equal on
+ * >= 99% of the (token, layer) pairs whose choice is decided by at least MARGIN, and on >= 90%
+ * of all pairs (both printed). CI inflates to a mid-size target
  * (hidden 512, expert FFN 64; f32 and q4_k_m); with STRATA_INFLATED=FILE the test compares an
  * already inflated file instead (the full 30b-a3b shapes: docs/default-model.md). */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -12,6 +17,7 @@
 #include "errors.h"
 #include "gen.h"
 #include "model.h"
+#include "quant_blocks.h"
 #include "stream.h"
 #include "testutil.h"
 #include "tokenizer.h"
@@ -19,20 +25,53 @@
 #define MAX_TOK 256
 #define MAX_LAYER 64
 #define MAX_K 8
+#define MARGIN 0.05f /* router logits; the kernels' rounding moves them by 0.01-0.03 */
 
 static char tmpdir[] = "/tmp/strata-test-inflate-trained-XXXXXX";
 
 struct routes {
     int n_layer, k, n_tok;
     int32_t (*ids)[MAX_TOK][MAX_K]; /* (layer, token, k) */
+    bool (*decided)[MAX_TOK];       /* (layer, token): k-th and (k+1)-th logits >= MARGIN apart;
+                                     * NULL: not computed */
+    const struct model *m;
 };
+
+static int cmp_desc(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* Whether the router's k-th and (k+1)-th logits for the MoE input x are MARGIN apart. */
+static bool decided(const struct model *m, int layer, const float *x, int k)
+{
+    const struct weight *w = &m->layers[layer].router;
+    const float *rw = w->data;
+    float logit[512];
+    int n_e = (int)w->ne[1], d = (int)w->ne[0];
+    if (n_e > 512 || k >= n_e)
+        return true;
+    for (int e = 0; e < n_e; e++) {
+        double acc = 0;
+        for (int i = 0; i < d; i++)
+            acc += (double)rw[(size_t)e * d + i] * x[i];
+        logit[e] = (float)acc;
+    }
+    qsort(logit, (size_t)n_e, sizeof(float), cmp_desc);
+    return logit[k - 1] - logit[k] >= MARGIN;
+}
 
 static void observe(void *ctx, const struct moe_route_event *ev)
 {
     struct routes *r = ctx;
-    for (int t = 0; t < ev->n_tok && ev->pos0 + t < MAX_TOK; t++)
+    for (int t = 0; t < ev->n_tok && ev->pos0 + t < MAX_TOK; t++) {
         memcpy(r->ids[ev->layer][ev->pos0 + t], ev->ids + (size_t)t * ev->k,
                sizeof(int32_t) * (size_t)ev->k);
+        if (r->decided && ev->in)
+            r->decided[ev->layer][ev->pos0 + t] =
+                decided(r->m, ev->layer, ev->in + (size_t)t * r->m->hp.n_embd, ev->k);
+    }
 }
 
 static int run(const char *path, const int32_t *ids, int n, struct routes *r)
@@ -44,6 +83,9 @@ static int run(const char *path, const int32_t *ids, int n, struct routes *r)
     int rc = model_open(path, &m);
     if (!rc && (m->hp.n_layer > MAX_LAYER || m->hp.n_expert_used > MAX_K))
         rc = err_set(-EINVAL, "%s: too many layers or experts per token for this test", path);
+    if (!rc && r->decided && m->layers[0].router.type != QUANT_F32)
+        rc = err_set(-EINVAL, "%s: the router is not F32", path);
+    r->m = m;
     rc = rc ? rc : backend_cpu_open(m, &bc, &b);
     rc = rc ? rc : stream_open(b, n, n, &s);
     if (!rc) {
@@ -58,11 +100,16 @@ static int run(const char *path, const int32_t *ids, int n, struct routes *r)
     return rc;
 }
 
-static double agreement(const struct routes *a, const struct routes *b)
+/* The share of (token, layer) pairs whose top-k sets are equal: all pairs (decided_only
+ * false) or those a decides by MARGIN; *n gets the pairs counted. */
+static double agreement(const struct routes *a, const struct routes *b, bool decided_only,
+                        int *n)
 {
     int same = 0, total = 0;
     for (int l = 0; l < a->n_layer; l++)
         for (int t = 0; t < a->n_tok; t++) {
+            if (decided_only && !a->decided[l][t])
+                continue;
             int hits = 0;
             for (int i = 0; i < a->k; i++)
                 for (int j = 0; j < a->k; j++)
@@ -70,7 +117,8 @@ static double agreement(const struct routes *a, const struct routes *b)
             same += hits == a->k;
             total++;
         }
-    return (double)same / total;
+    *n = total;
+    return total ? (double)same / total : 0;
 }
 
 /* The first MAX_TOK tokens of the prompts file (separators dropped). */
@@ -103,15 +151,22 @@ static void compare(const char *small, const char *big, const char *what, const 
                     int n)
 {
     static int32_t a[MAX_LAYER][MAX_TOK][MAX_K], b[MAX_LAYER][MAX_TOK][MAX_K];
-    struct routes rs = {.ids = a}, rb = {.ids = b};
+    static bool dec[MAX_LAYER][MAX_TOK];
+    struct routes rs = {.ids = a, .decided = dec}, rb = {.ids = b};
     CHECK(run(small, ids, n, &rs) == 0, "run %s: %s", small, err_msg());
     CHECK(run(big, ids, n, &rb) == 0, "run %s: %s", big, err_msg());
     if (test_failures)
         return;
-    double ag = agreement(&rs, &rb);
-    printf("%s: top-%d sets equal on %.1f%% of %d (token, layer) pairs\n", what, rs.k, 100 * ag,
-           n * rs.n_layer);
-    CHECK(ag >= 0.95, "%s: inflation changed the routing: %.1f%% agreement", what, 100 * ag);
+    int n_all, n_dec;
+    double ag = agreement(&rs, &rb, false, &n_all), ag_dec = agreement(&rs, &rb, true, &n_dec);
+    printf("%s: top-%d sets equal on %.1f%% of %d (token, layer) pairs, on %.2f%% of the %d "
+           "decided by >= %.2f\n",
+           what, rs.k, 100 * ag, n_all, 100 * ag_dec, n_dec, (double)MARGIN);
+    CHECK(n_dec >= n_all / 4, "%s: only %d of %d pairs decided by %.2f", what, n_dec, n_all,
+          (double)MARGIN);
+    CHECK(ag_dec >= 0.99, "%s: inflation changed the routing: %.2f%% agreement where decided",
+          what, 100 * ag_dec);
+    CHECK(ag >= 0.90, "%s: inflation changed the routing: %.1f%% agreement", what, 100 * ag);
 }
 
 int main(void)
