@@ -20,7 +20,9 @@ model="$2/../../models/strata-default.gguf"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-R=(run -m "$model" --device cpu -t 2 --temp 0 -n 48)
+# Plain greedy: the shipped file sets a repeat penalty (general.sampling.penalty_repeat), which
+# the target applies and a draft model does not, so "every draft kept" holds only without it.
+R=(run -m "$model" --device cpu -t 2 --temp 0 --repeat-penalty 1 -n 48)
 
 prompts=("def fibonacci(n):" "import os")
 [ "${STRATA_TEST_QUICK:-}" = 1 ] && prompts=("def fibonacci(n):") # sanitizer builds: one prompt
@@ -37,8 +39,13 @@ for p in "${prompts[@]}"; do
     grep -q "^speculative: [0-9]* verify passes, \([0-9]*\) drafted, \1 accepted (100.0%)" "$tmp/err" ||
         fail "the model as its own draft: $(cat "$tmp/err")"
 done
+# greedy under the file's repeat penalty: the verify pass applies it row by row
+P=(run -m "$model" --device cpu -t 2 --temp 0 -n 48 -p "def fibonacci(n):")
+"$strata" "${P[@]}" >"$tmp/plain" 2>/dev/null || fail "run exited $?"
+"$strata" "${P[@]}" --spec ngram >"$tmp/spec" 2>/dev/null || fail "run --spec ngram exited $?"
+cmp -s "$tmp/plain" "$tmp/spec" || fail "--spec ngram changed the greedy text under the file's penalty"
 printf 'def add(a, b):\nclass Stack:\n' >"$tmp/msgs"
-C=(chat -m "$model" --device cpu -t 2 --temp 0 -n 24)
+C=(chat -m "$model" --device cpu -t 2 --temp 0 --repeat-penalty 1 -n 24)
 "$strata" "${C[@]}" <"$tmp/msgs" >"$tmp/c0" 2>/dev/null || fail "chat exited $?"
 "$strata" "${C[@]}" -v --spec draft -md "$model" --draft-device cpu <"$tmp/msgs" >"$tmp/c1" 2>"$tmp/err" ||
     fail "chat --spec draft exited $?: $(cat "$tmp/err")"
@@ -63,7 +70,7 @@ grep -q "drafted 0, accepted 0" "$tmp/r3" || fail "a text without repeats: $(cat
 
 strip() { sed 's/,"timings":{[^}]*}//' "$1"; }
 printf '{"prompt":"def fibonacci(n):"}\n{"prompt":"import os"}\n{"prompt":"class Stack:"}\n{"prompt":"for i in range(","temperature":0.8,"seed":3}\n' >"$tmp/in.jsonl"
-B=(batch -m "$model" --device cpu -t 2 --temp 0 -n 32 --input "$tmp/in.jsonl")
+B=(batch -m "$model" --device cpu -t 2 --temp 0 --repeat-penalty 1 -n 32 --input "$tmp/in.jsonl")
 "$strata" "${B[@]}" --streams 3 -o "$tmp/b0.jsonl" 2>/dev/null || fail "batch exited $?"
 "$strata" "${B[@]}" --streams 3 --spec ngram -o "$tmp/b3.jsonl" 2>"$tmp/err" || fail "batch --spec exited $?"
 grep -q "speculative: [0-9]* verify passes" "$tmp/err" || fail "batch --spec: no statistics: $(cat "$tmp/err")"
