@@ -221,8 +221,8 @@ static void batch_usage(void)
         "prompts:\n"
         "      --chat              render \"prompt\" as a user message in the chat template\n"
         "      --system TEXT       system message (needs --chat)\n"
-        "      --no-think          Qwen3: pre-fill an empty <think></think> block in every\n"
-        "                          rendered conversation (needs --chat)\n\n"
+        "      --no-think          Qwen3, Qwen3.5: pre-fill an empty <think></think> block in\n"
+        "                          every rendered conversation (needs --chat)\n\n"
         "generation (the defaults of every line; a model file's general.sampling.* keys\n"
         "replace those of the flags not given):\n"
         "  -n, --n-predict N       tokens to generate at most (default %d)\n"
@@ -631,7 +631,7 @@ static int batch_render_messages(const struct batch *b, struct batch_job *j, jso
         msgs[nm++] = (struct chat_msg){r, c};
     }
     if ((rc = chat_render(&b->style, msgs, nm, true, &j->prompt)))
-        batch_job_fail(b, j, "chat template: out of memory");
+        batch_job_fail(b, j, "%s", rc == -EINVAL ? err_msg() : "chat template: out of memory");
     j->chat = true;
 out:
     free(msgs);

@@ -135,7 +135,8 @@ static void run_opts_usage(const char *cmd)
     if (chat)
         printf("messages (read from stdin, one a line; chat takes no -p or -f):\n"
                "      --system TEXT       system message, sent before the first message\n"
-               "      --no-think          Qwen3: pre-fill an empty <think></think> block;\n"
+               "      --no-think          Qwen3, Qwen3.5: pre-fill an empty <think></think> block\n"
+               "                          (Qwen3.5 otherwise opens the reply with <think>);\n"
                "                          gpt-oss: reasoning effort low (default medium)\n"
                "      --hide-reasoning    gpt-oss: do not print the analysis channel (default:\n"
                "                          printed, dimmed on a terminal)\n");
@@ -147,9 +148,11 @@ static void run_opts_usage(const char *cmd)
                "                          other invalid UTF-8 is kept as bytes (the byte-level\n"
                "                          tokenizer encodes any byte)\n"
                "      --chat              wrap the prompt in the model's chat template (ChatML;\n"
-               "                          gpt-oss: harmony, its reply split into channels)\n"
+               "                          qwen35moe: Qwen3.5's; gpt-oss: harmony, its reply\n"
+               "                          split into channels)\n"
                "      --system TEXT       system message for --chat and strata chat\n"
-               "      --no-think          Qwen3: pre-fill an empty <think></think> block;\n"
+               "      --no-think          Qwen3, Qwen3.5: pre-fill an empty <think></think> block\n"
+               "                          (Qwen3.5 otherwise opens the reply with <think>);\n"
                "                          gpt-oss: reasoning effort low (default medium)\n"
                "      --hide-reasoning    gpt-oss with --chat: do not print the analysis channel\n"
                "                          (default: printed, dimmed on a terminal)\n");

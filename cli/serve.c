@@ -1085,7 +1085,8 @@ static int req_prompt(struct serve *sv, struct MHD_Connection *c, json_object *b
     int rc = chat_render(&style, msgs, nm, true, text);
     free(msgs);
     if (rc) {
-        *res = send_error(sv, c, 500, "server_error", "out of memory");
+        *res = rc == -EINVAL ? send_error(sv, c, 400, "invalid_request_error", err_msg())
+                             : send_error(sv, c, 500, "server_error", "out of memory");
         return 1;
     }
     return 0;

@@ -8,7 +8,11 @@
 
 enum chat_format chat_format_of_arch(const char *arch)
 {
-    return arch && !strcmp(arch, "gpt-oss") ? CHAT_FORMAT_HARMONY : CHAT_FORMAT_CHATML;
+    if (arch && !strcmp(arch, "gpt-oss"))
+        return CHAT_FORMAT_HARMONY;
+    if (arch && !strcmp(arch, "qwen35moe"))
+        return CHAT_FORMAT_QWEN35;
+    return CHAT_FORMAT_CHATML;
 }
 
 #define HARMONY_IDENTITY "You are ChatGPT, a large language model trained by OpenAI."
@@ -49,9 +53,66 @@ static char *render_harmony(const struct chat_style *st, const struct chat_msg *
     return p;
 }
 
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+/* Appends s[0..n) without the whitespace at its end and, if lead, at its start. */
+static char *put_trimmed(char *p, const char *s, size_t n, bool lead)
+{
+    while (lead && n && is_space(*s))
+        s++, n--;
+    while (n && is_space(s[n - 1]))
+        n--;
+    memcpy(p, s, n);
+    return p + n;
+}
+
+static char *render_qwen35(const struct chat_style *st, const struct chat_msg *msgs, int n,
+                           bool add_assistant, char *p)
+{
+    for (int i = 0; i < n; i++) {
+        const char *r = msgs[i].role, *c = msgs[i].content, *end = c + strlen(c);
+        bool lead = true;
+        if (!strcmp(r, "assistant")) {
+            /* the reply without its reasoning: after the last </think>, leading newlines off */
+            for (const char *t = strstr(c, "</think>"); t; t = strstr(t + 1, "</think>"))
+                c = t + strlen("</think>"), lead = false;
+            while (!lead && *c == '\n')
+                c++;
+        }
+        p += sprintf(p, "<|im_start|>%s\n", r);
+        p = put_trimmed(p, c, (size_t)(end - c), lead);
+        p += sprintf(p, "<|im_end|>\n");
+    }
+    if (add_assistant)
+        p += sprintf(p, "<|im_start|>assistant\n%s",
+                     st->think ? "<think>\n" : "<think>\n\n</think>\n\n");
+    return p;
+}
+
+/* Qwen3.5's template refuses a system message after the first and a conversation without a
+ * user message. */
+static int check_qwen35(const struct chat_msg *msgs, int n)
+{
+    bool user = false;
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(msgs[i].role, "system") && i > 0)
+            return err_set(-EINVAL, "Qwen3.5 chat format: a system message must come first");
+        user |= !strcmp(msgs[i].role, "user");
+    }
+    return user ? 0 : err_set(-EINVAL, "Qwen3.5 chat format: no user message");
+}
+
 int chat_render(const struct chat_style *st, const struct chat_msg *msgs, int n, bool add_assistant,
                 char **out)
 {
+    if (st->format == CHAT_FORMAT_QWEN35) {
+        int rc = check_qwen35(msgs, n);
+        if (rc)
+            return rc;
+    }
     char *buf = malloc(chat_cap(msgs, n)), *p;
 
     if (!buf)
@@ -59,6 +120,8 @@ int chat_render(const struct chat_style *st, const struct chat_msg *msgs, int n,
     p = buf;
     if (st->format == CHAT_FORMAT_HARMONY) {
         p = render_harmony(st, msgs, n, add_assistant, p);
+    } else if (st->format == CHAT_FORMAT_QWEN35) {
+        p = render_qwen35(st, msgs, n, add_assistant, p);
     } else {
         for (int i = 0; i < n; i++)
             p += sprintf(p, "<|im_start|>%s\n%s<|im_end|>\n", msgs[i].role, msgs[i].content);

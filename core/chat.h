@@ -2,6 +2,10 @@
  *
  *   ChatML (the Qwen family):  <|im_start|>ROLE\nCONTENT<|im_end|>\n ... <|im_start|>assistant\n
  *     With thinking disabled, Qwen3's template pre-fills an empty <think></think> block.
+ *   Qwen3.5 (qwen35moe): ChatML as its released template renders a text conversation: the
+ *     system message only first, every content trimmed, an earlier assistant reply without
+ *     its reasoning (the text up to </think> and the newlines after it dropped), and the
+ *     assistant's turn opened with "<think>\n" (thinking) or "<think>\n\n</think>\n\n".
  *   harmony (gpt-oss):         <|start|>ROLE<|message|>CONTENT<|end|> ... <|start|>assistant
  *     A conversation opens with the system header (identity, knowledge cutoff, the date,
  *     "Reasoning: medium" or "low" without thinking, the valid channels); a system message
@@ -24,9 +28,11 @@ struct chat_msg {
 enum chat_format {
     CHAT_FORMAT_CHATML = 0,
     CHAT_FORMAT_HARMONY = 1,
+    CHAT_FORMAT_QWEN35 = 2,
 };
 
-/* The format of architecture ARCH (general.architecture): harmony for gpt-oss, else ChatML. */
+/* The format of architecture ARCH (general.architecture): harmony for gpt-oss, Qwen3.5's for
+ * qwen35moe, else ChatML. */
 enum chat_format chat_format_of_arch(const char *arch);
 
 struct chat_style {
@@ -37,7 +43,8 @@ struct chat_style {
 };
 
 /* Renders msgs[0..n) and, if add_assistant, the opening of the assistant's turn. *out is
- * malloc'd and NUL-terminated. 0 or -ENOMEM. */
+ * malloc'd and NUL-terminated. 0, -ENOMEM, or -EINVAL for a conversation the format's template
+ * refuses (Qwen3.5: a system message after the first, no user message). */
 int chat_render(const struct chat_style *st, const struct chat_msg *msgs, int n, bool add_assistant,
                 char **out);
 

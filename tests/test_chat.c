@@ -1,5 +1,8 @@
 /* test_chat: the conversation formats of core/chat.h.
  *   - ChatML renders as before (with and without the empty think block).
+ *   - Qwen3.5: the texts Qwen3.5's released chat template renders (jinja2 with transformers'
+ *     settings, trim_blocks and lstrip_blocks) for four conversations, with and without
+ *     thinking, an earlier reply with reasoning and padding; its refusals.
  *   - harmony: the system header (identity, cutoff, date, reasoning effort, channels) only when
  *     the messages open the conversation, a system message as the developer's instructions, an
  *     earlier assistant reply on its final channel, the assistant's opening; the exact text of
@@ -9,6 +12,7 @@
  *     every split into three pieces; a "<" that starts no marker stays text; <|return|> ends
  *     the reply; the final text is kept.
  * Deterministic. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +33,56 @@ static void check_chatml(void)
     CHECK(chat_format_of_arch("gpt-oss") == CHAT_FORMAT_HARMONY &&
               chat_format_of_arch("qwen3moe") == CHAT_FORMAT_CHATML,
           "formats of the architectures");
+}
+
+static void check_qwen35(void)
+{
+    static const struct {
+        struct chat_msg m[3];
+        int n;
+        bool think;
+        const char *want;
+    } cases[] = {
+        {{{"system", "be brief"}, {"user", "hi"}},
+         2,
+         true,
+         "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+         "<|im_start|>assistant\n<think>\n"},
+        {{{"system", "be brief"}, {"user", "hi"}},
+         2,
+         false,
+         "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+         "<|im_start|>assistant\n<think>\n\n</think>\n\n"},
+        {{{"user", "  hi\n"},
+          {"assistant", "let me think\n</think>\n\n  hello there \n"},
+          {"user", "more"}},
+         3,
+         true,
+         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n  hello there<|im_end|>\n"
+         "<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n<think>\n"},
+        {{{"user", "a"}, {"assistant", "plain reply"}, {"user", "b"}},
+         3,
+         false,
+         "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nplain reply<|im_end|>\n"
+         "<|im_start|>user\nb<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct chat_style st = {.format = CHAT_FORMAT_QWEN35, .think = cases[i].think};
+        char *out = NULL;
+        CHECK(chat_render(&st, cases[i].m, cases[i].n, true, &out) == 0 && out &&
+                  !strcmp(out, cases[i].want),
+              "qwen35 case %zu:\n%s\nwant\n%s", i, out ? out : "(null)", cases[i].want);
+        free(out);
+    }
+    struct chat_style st = {.format = CHAT_FORMAT_QWEN35, .think = true};
+    struct chat_msg late[2] = {{"user", "hi"}, {"system", "late"}}, none[1] = {{"system", "x"}};
+    char *out = NULL;
+    CHECK(chat_render(&st, late, 2, true, &out) == -EINVAL && !out,
+          "qwen35: a late system message");
+    CHECK(chat_render(&st, none, 1, true, &out) == -EINVAL && !out, "qwen35: no user message");
+    CHECK(chat_format_of_arch("qwen35moe") == CHAT_FORMAT_QWEN35 &&
+              chat_format_of_arch("qwen3next") == CHAT_FORMAT_CHATML,
+          "qwen35moe's format");
 }
 
 static void check_harmony_render(void)
@@ -136,6 +190,7 @@ static void check_harmony_parse(void)
 int main(void)
 {
     check_chatml();
+    check_qwen35();
     check_harmony_render();
     check_harmony_parse();
     return test_finish("test_chat");
