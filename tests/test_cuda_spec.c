@@ -80,19 +80,27 @@ static int generate(struct strata *s, const int32_t *prompt, int n, int draft_ma
     return rc;
 }
 
-static void check_place(const char *model, const char *path, const struct place *pl)
+/* Opens path on the GPU in placement pl, or on the CPU when pl is NULL. */
+static int open_placed(const char *path, const struct place *pl, struct strata **s)
 {
     struct strata_config cfg;
-    struct strata *s = NULL;
     strata_config_init(&cfg);
     cfg.model_path = path;
-    cfg.device = STRATA_DEVICE_CUDA;
-    cfg.placement = pl->placement;
-    cfg.fill = pl->fill;
-    cfg.expert_slots = pl->slots;
-    cfg.cpu_moe_layers = pl->cpu_layers;
-    cfg.flags = pl->flags;
-    int rc = strata_open(&cfg, &s);
+    cfg.device = pl ? STRATA_DEVICE_CUDA : STRATA_DEVICE_CPU;
+    if (pl) {
+        cfg.placement = pl->placement;
+        cfg.fill = pl->fill;
+        cfg.expert_slots = pl->slots;
+        cfg.cpu_moe_layers = pl->cpu_layers;
+        cfg.flags = pl->flags;
+    }
+    return strata_open(&cfg, s);
+}
+
+static void check_place(const char *model, const char *path, const struct place *pl)
+{
+    struct strata *s = NULL;
+    int rc = open_placed(path, pl, &s);
     CHECK(rc == 0, "%s, %s: strata_open: %s", model, pl->name, strata_error());
     if (rc)
         return;
@@ -191,19 +199,8 @@ static int generate_mtp(struct strata *s, const int32_t *prompt, int n, struct m
 static void check_mtp_place(const char *model, const char *path, const struct place *pl,
                             const int32_t *cpu_d3, int32_t first)
 {
-    struct strata_config cfg;
     struct strata *s = NULL;
-    strata_config_init(&cfg);
-    cfg.model_path = path;
-    cfg.device = pl ? STRATA_DEVICE_CUDA : STRATA_DEVICE_CPU;
-    if (pl) {
-        cfg.placement = pl->placement;
-        cfg.fill = pl->fill;
-        cfg.expert_slots = pl->slots;
-        cfg.cpu_moe_layers = pl->cpu_layers;
-        cfg.flags = pl->flags;
-    }
-    int rc = strata_open(&cfg, &s);
+    int rc = open_placed(path, pl, &s);
     CHECK(rc == 0, "%s MTP, %s: strata_open: %s", model, pl ? pl->name : "cpu", strata_error());
     if (rc)
         return;
