@@ -9,7 +9,9 @@
 #      the 30b-a3b shapes; 30b: the 30b-a3b preset) under WHERE (default --vram-budget 4G, then
 #      2G, 8G and resident): plain against --spec ngram and against --spec draft with the
 #      shipped model as the draft (on the GPU), greedy generation after the first 256 tokens
-#      of SPEC_TEXT (default cli/serve.c);
+#      of SPEC_TEXT (default cli/serve.c); q3n: the qwen3next 80b-a3b preset cut to 8 layers with
+#      an MTP block, plain against --spec ngram and --spec mtp, and greedy `strata run` text
+#      with --spec mtp compared with plain (--graph, and --vram-budget 4G);
 #   4. unless SKIP_SERVE=1, bench/device-serve.sh (strata serve under load: the 30b-a3b preset
 #      at 8 GiB, W1-real at 2 GiB);
 #   5. when tests/data/npm was carried, tools/tokref/hf_check.py (the tokenizer corpora against
@@ -46,15 +48,33 @@ W1=/dev/shm/w1.gguf
 R="$OUT/bench-spec.txt"
 IFS=, read -ra where <<<"${WHERE:---vram-budget 4G,--vram-budget 2G,--vram-budget 8G,--device cuda}"
 for model in ${SPEC_MODELS:-w1}; do
+    kinds="ngram draft"
     if [ "$model" = 30b ]; then
         gen_30b
         f=$M
+    elif [ "$model" = q3n ]; then
+        f=/dev/shm/q3n-mtp.gguf
+        kinds="ngram mtp"
+        [ -f $f ] || "$B/strata" gen --arch qwen3next --preset 80b-a3b --layers 8 --mtp 1 -q -o $f 2>&1 | tail -1
+        for w in "--device cuda --graph" "--vram-budget 4G"; do
+            # shellcheck disable=SC2086
+            for spec in "" "--spec mtp"; do
+                timeout 120 "$B/strata" run -m $f $w --temp 0 -n 64 -p "def main():" $spec \
+                    >"$L/q3n-run${spec:+-mtp}.txt" 2>"$L/q3n-run${spec:+-mtp}.err"
+            done
+            if cmp -s "$L/q3n-run.txt" "$L/q3n-run-mtp.txt"; then
+                echo "q3n $w: --spec mtp greedy text identical" | tee -a "$R"
+            else
+                echo "q3n $w: --spec mtp CHANGED the greedy text" | tee -a "$R"
+            fi
+            grep -h "^speculative" "$L/q3n-run-mtp.err" | tee -a "$R"
+        done
     else
         [ -f $W1 ] || "$B/strata" gen --inflate models/strata-default.gguf --preset 30b-a3b -o $W1 2>&1 | tail -1
         f=$W1
     fi
     for w in "${where[@]}"; do
-        for kind in ngram draft; do
+        for kind in $kinds; do
             extra=()
             [ $kind = draft ] && extra=(-md models/strata-default.gguf --draft-device cuda)
             echo "### strata bench -m $model $w -f ${SPEC_TEXT:-cli/serve.c} -p 256 -n 128 --tg greedy --spec $kind ${extra[*]}" | tee -a "$R"
