@@ -584,8 +584,10 @@ static int bench_spec(const struct bench_opts *o, struct strata *st, struct stra
     printf("spec         greedy generation of %d tokens: %.2f tok/s plain, %.2f tok/s with "
            "%s drafts (--draft-max %d) = %.2fx\n",
            gs[1].n_gen, t0, t1,
-           o->spec_draft ? "draft-model" : o->spec_mtp ? "MTP" : "ngram", o->draft_max,
-           t0 > 0 ? t1 / t0 : 0.0);
+           o->spec_draft ? "draft-model"
+           : o->spec_mtp ? "MTP"
+                         : "ngram",
+           o->draft_max, t0 > 0 ? t1 / t0 : 0.0);
     if (o->spec_draft)
         printf("spec         draft model %s: %lld tokens evaluated in %.2f s (%.0f%% of the "
                "generation with drafts)\n",

@@ -422,8 +422,10 @@ int run_opts_check(struct run_opts *o, const char *cmd)
 {
     const bool spec = o->spec_ngram || o->spec_draft || o->spec_mtp;
     if (o->draft_max_set && !spec) {
-        fprintf(stderr, "strata %s: --draft-max applies to speculative decoding: add --spec "
-                        "ngram, draft or mtp\n", cmd);
+        fprintf(stderr,
+                "strata %s: --draft-max applies to speculative decoding: add --spec "
+                "ngram, draft or mtp\n",
+                cmd);
         return 2;
     }
     if (o->spec_draft != (o->draft_model != NULL)) {

@@ -160,8 +160,8 @@ int cmd_spec_replay(int argc, char **argv)
         return 2;
     }
     /* mtp: a stream that holds the text before token skip - 1, the block following it */
-    struct replay r = {.ids = ids, .n = n, .skip = skip, .kmax = kmax, .ngram = ngram,
-                       .fixed = fixed};
+    struct replay r = {
+        .ids = ids, .n = n, .skip = skip, .kmax = kmax, .ngram = ngram, .fixed = fixed};
     if (mtp && (strata_stream_open(s, n + 1, &r.st) || strata_mtp_open(r.st, &r.mtp) ||
                 (skip > 1 && strata_eval(r.st, ids, skip - 1, NULL))))
         rc = cli_fail("--spec mtp");

@@ -5,9 +5,9 @@
 #include <string.h>
 
 #include "arch/arch.h"
-#include "model_arch.h"
 #include "backend.h"
 #include "errors.h"
+#include "model_arch.h"
 #include "mtp.h"
 #include "sampler.h"
 

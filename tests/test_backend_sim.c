@@ -1353,8 +1353,8 @@ static void hybrid_checks(const int32_t *prompt)
 #define MTP_GEN 32
 
 struct mtp_result {
-    int32_t d[3];      /* the drafts after the prompt and the first greedy token */
-    float *logits;     /* (n_vocab) the block's logits of the third */
+    int32_t d[3];  /* the drafts after the prompt and the first greedy token */
+    float *logits; /* (n_vocab) the block's logits of the third */
     int32_t plain[MTP_GEN], spec[MTP_GEN]; /* greedy ids without and with its drafts */
     int n_plain, n_spec, drafted;
 };
@@ -1424,8 +1424,10 @@ static void mtp_checks(const char *arch, const int32_t *prompt)
         {"all resident", {.device = 0}, false, true},
         {"the CPU backend", {.device = 0}, true, false},
         {"6 slots (copy)", {.expert_slots = 6}, false, true},
-        {"6 slots (zerocopy)", {.expert_slots = 6, .residency = BACKEND_RESIDENCY_ZEROCOPY},
-         false, true},
+        {"6 slots (zerocopy)",
+         {.expert_slots = 6, .residency = BACKEND_RESIDENCY_ZEROCOPY},
+         false,
+         true},
         {"graph decode", {.device = 0, .graph = true}, false, true},
         {"hybrid 6 slots", {.expert_slots = 6, .hybrid = true}, false, false},
         {"static:1", {.device = 0, .cpu_moe_layers = 1}, false, false},

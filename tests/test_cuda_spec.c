@@ -164,8 +164,7 @@ static int mtp_oracle_draft(void *ctx, const int32_t *hist, int n_hist, int max,
  * (mo NULL) or by the oracle after it; d3, if not NULL, receives the block's 3 drafts after
  * the prompt and token first instead (nothing generated). */
 static int generate_mtp(struct strata *s, const int32_t *prompt, int n, struct mtp_oracle *mo,
-                        int32_t first, int32_t *d3, int32_t *ids,
-                        struct strata_generate_stats *st)
+                        int32_t first, int32_t *d3, int32_t *ids, struct strata_generate_stats *st)
 {
     struct strata_stream *str = NULL;
     struct strata_mtp *mtp = NULL;
@@ -216,8 +215,8 @@ static void check_mtp_place(const char *model, const char *path, const struct pl
         strata_close(s);
         return;
     }
-    CHECK(!memcmp(d3, cpu_d3, sizeof(d3)), "%s MTP, %s: drafts %d %d %d, the CPU's %d %d %d",
-          model, pl->name, d3[0], d3[1], d3[2], cpu_d3[0], cpu_d3[1], cpu_d3[2]);
+    CHECK(!memcmp(d3, cpu_d3, sizeof(d3)), "%s MTP, %s: drafts %d %d %d, the CPU's %d %d %d", model,
+          pl->name, d3[0], d3[1], d3[2], cpu_d3[0], cpu_d3[1], cpu_d3[2]);
     struct mtp_oracle mo = {.o = {a, sa.n_gen, 6, 1024}};
     for (int k = 0; k < 2; k++) { /* the block's drafts, then the oracle after the block */
         int rb = generate_mtp(s, prompt, 6, k ? &mo : NULL, 0, NULL, b, &sb);
@@ -229,8 +228,8 @@ static void check_mtp_place(const char *model, const char *path, const struct pl
                model, pl->name, d3[0], d3[1], d3[2],
                memcmp(d3, cpu_d3, sizeof(d3)) ? "DIFFERENT" : "the same", sa.n_gen,
                k ? "oracle-after-MTP" : "MTP", same, sb.n_verify, sb.n_drafted, sb.n_accepted);
-        CHECK(!rb && sb.n_drafted > 0, "%s MTP, %s: generate %d, %d drafted (%s)", model,
-              pl->name, rb, sb.n_drafted, strata_error());
+        CHECK(!rb && sb.n_drafted > 0, "%s MTP, %s: generate %d, %d drafted (%s)", model, pl->name,
+              rb, sb.n_drafted, strata_error());
         if (k)
             CHECK(sb.n_accepted > 0 && sb.n_accepted < sb.n_drafted,
                   "%s MTP, %s: oracle drafts: %d of %d accepted", model, pl->name, sb.n_accepted,

@@ -102,8 +102,7 @@ static int run(const char *path, const int32_t *ids, int n, struct routes *r)
 
 /* The share of (token, layer) pairs whose top-k sets are equal: all pairs (decided_only
  * false) or those a decides by MARGIN; *n gets the pairs counted. */
-static double agreement(const struct routes *a, const struct routes *b, bool decided_only,
-                        int *n)
+static double agreement(const struct routes *a, const struct routes *b, bool decided_only, int *n)
 {
     int same = 0, total = 0;
     for (int l = 0; l < a->n_layer; l++)
@@ -164,8 +163,8 @@ static void compare(const char *small, const char *big, const char *what, const 
            what, rs.k, 100 * ag, n_all, 100 * ag_dec, n_dec, (double)MARGIN);
     CHECK(n_dec >= n_all / 4, "%s: only %d of %d pairs decided by %.2f", what, n_dec, n_all,
           (double)MARGIN);
-    CHECK(ag_dec >= 0.99, "%s: inflation changed the routing: %.2f%% agreement where decided",
-          what, 100 * ag_dec);
+    CHECK(ag_dec >= 0.99, "%s: inflation changed the routing: %.2f%% agreement where decided", what,
+          100 * ag_dec);
     CHECK(ag >= 0.90, "%s: inflation changed the routing: %.1f%% agreement", what, 100 * ag);
 }
 

@@ -37,10 +37,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "errors.h"
 #include "fp16.h"
 #include "gen.h"
-#include "backend.h"
 #include "model.h"
 #include "mtp.h"
 #include "quant.h"
@@ -621,10 +621,10 @@ static void mtp_probe(struct strata_stream *st, int32_t nxt, const float *ref_lg
     CHECK(n == MTP_K && s->b->ops->read(s->b, lg, s->mtp->logits, (size_t)V) == 0,
           "%s: %d drafts: %d (%s)", what, MTP_K, n, err_msg());
     double ek = test_norm_rel_err(lg, ref_lg + (size_t)(N_TOK + MTP_K - 2) * V, V);
-    CHECK(e1 < tol && ek < tol, "%s: MTP logits rel err %.3g (row 1), %.3g (row %d)", what, e1,
-          ek, MTP_K);
-    CHECK(!memcmp(d, ref_d, sizeof(d)), "%s: drafts %d %d %d, the reference's %d %d %d", what,
-          d[0], d[1], d[2], ref_d[0], ref_d[1], ref_d[2]);
+    CHECK(e1 < tol && ek < tol, "%s: MTP logits rel err %.3g (row 1), %.3g (row %d)", what, e1, ek,
+          MTP_K);
+    CHECK(!memcmp(d, ref_d, sizeof(d)), "%s: drafts %d %d %d, the reference's %d %d %d", what, d[0],
+          d[1], d[2], ref_d[0], ref_d[1], ref_d[2]);
     *worst = fmax(*worst, fmax(e1, ek));
     free(lg);
 }
@@ -639,8 +639,12 @@ static void check_mtp_forward(const char *dir, const char *arch)
     struct gen_preset p = *gen_preset_find_arch(arch, "tiny");
     p.n_nextn = 1;
     snprintf(path, sizeof(path), "%s/mtp-fwd.gguf", dir);
-    struct gen_config cfg = {.arch = arch, .preset = p, .mix = QUANT_MIX_F32, .seed = 5,
-                             .n_threads = 2, .out_path = path};
+    struct gen_config cfg = {.arch = arch,
+                             .preset = p,
+                             .mix = QUANT_MIX_F32,
+                             .seed = 5,
+                             .n_threads = 2,
+                             .out_path = path};
     CHECK(gen_file_write(&cfg, NULL) == 0, "gen mtp: %s", err_msg());
     struct strata *s = open_cpu(path);
     if (!s) {
@@ -665,8 +669,7 @@ static void check_mtp_forward(const char *dir, const char *arch)
         rd[j] = argmax(rl + (size_t)(N_TOK - 1 + j) * V, V);
         if (j + 1 == MTP_K)
             break;
-        memcpy(hid + (size_t)(N_TOK + j) * D, out + (size_t)(N_TOK - 1 + j) * D,
-               sizeof(float) * D);
+        memcpy(hid + (size_t)(N_TOK + j) * D, out + (size_t)(N_TOK - 1 + j) * D, sizeof(float) * D);
         nxt[N_TOK + j] = rd[j];
     }
 
@@ -706,8 +709,10 @@ static void check_mtp_forward(const char *dir, const char *arch)
     float *lg = test_xmalloc(sizeof(float) * V);
     struct stream *ss = strata_stream_of(st);
     int32_t d1 = -1;
-    CHECK(strata_stream_truncate(st, 30) == 0 && ss->ckpt_pos == 30, "truncate to the "
-          "checkpoint: %s (checkpoint at %d)", strata_error(), ss->ckpt_pos);
+    CHECK(strata_stream_truncate(st, 30) == 0 && ss->ckpt_pos == 30,
+          "truncate to the "
+          "checkpoint: %s (checkpoint at %d)",
+          strata_error(), ss->ckpt_pos);
     CHECK(mtp_draft(ss, ids[30], 1, &d1) == 1 &&
               ss->b->ops->read(ss->b, lg, ss->mtp->logits, (size_t)V) == 0,
           "no draft after a rewind onto the checkpoint");
@@ -738,8 +743,12 @@ static void check_mtp_refusals(const char *dir)
         struct gen_preset p = *gen_preset_find_arch("qwen3next", "tiny");
         p.n_nextn = (uint32_t)i;
         snprintf(path, sizeof(path), "%s/mtp-refuse.gguf", dir);
-        struct gen_config cfg = {.arch = "qwen3next", .preset = p, .mix = QUANT_MIX_Q8_0,
-                                 .seed = 1, .n_threads = 2, .out_path = path};
+        struct gen_config cfg = {.arch = "qwen3next",
+                                 .preset = p,
+                                 .mix = QUANT_MIX_Q8_0,
+                                 .seed = 1,
+                                 .n_threads = 2,
+                                 .out_path = path};
         CHECK(gen_file_write(&cfg, NULL) == 0, "gen: %s", err_msg());
         struct strata_config sc;
         struct strata *s = NULL;
@@ -754,7 +763,8 @@ static void check_mtp_refusals(const char *dir)
         CHECK(strata_open(&sc, &s) == 0, "open: %s", strata_error());
         CHECK(s && strata_stream_open(s, 32, &st) == 0, "stream: %s", strata_error());
         int rc = st ? strata_mtp_open(st, &mtp) : 0;
-        const char *want = i ? "the MTP block was not loaded (--no-mtp)" : "this model has no MTP block";
+        const char *want =
+            i ? "the MTP block was not loaded (--no-mtp)" : "this model has no MTP block";
         CHECK(rc == -ENOTSUP && strstr(strata_error(), want), "%s: %d '%s'", want, rc,
               strata_error());
         strata_mtp_close(mtp);

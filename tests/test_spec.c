@@ -437,8 +437,8 @@ out:
 
 /* Generation with the MTP block's drafts (draft_max 0: plain) on stream st, which the block
  * follows when mtp is not NULL; fn replaces strata_mtp_draft when given. */
-static void mtp_gen(struct strata_stream *st, struct strata_mtp *mtp, const int32_t *prompt,
-                    int n, int n_predict, float temp, int draft_max,
+static void mtp_gen(struct strata_stream *st, struct strata_mtp *mtp, const int32_t *prompt, int n,
+                    int n_predict, float temp, int draft_max,
                     int (*fn)(void *, const int32_t *, int, int, int32_t *), void *fn_ctx,
                     struct gen_out *o)
 {
@@ -564,8 +564,8 @@ static void test_mtp(const char *arch)
     rb = mb ? mtp_peek(b, last, db, lb) : -1;
     double e2 = test_norm_rel_err(la, lb, V);
     CHECK(!rb && !memcmp(da, db, sizeof(da)) && e2 < 1e-4,
-          "%s: a block opened on a stream of %d tokens drafts %d %d %d (logits rel err %.3g)",
-          arch, nh, db[0], db[1], db[2], e2);
+          "%s: a block opened on a stream of %d tokens drafts %d %d %d (logits rel err %.3g)", arch,
+          nh, db[0], db[1], db[2], e2);
     /* sampled: reproducible */
     strata_stream_truncate(a, 0);
     mtp_gen(a, ma, prompt, 6, 32, 0.8f, 4, NULL, NULL, &c);
@@ -582,8 +582,8 @@ static void test_mtp(const char *arch)
            "drafts %d/%d kept; its cache after generation as a prefill's (logits %.3g, opened "
            "late %.3g); %lld block rows\n",
            arch, spec.st.n_gen, spec2.st.n_gen, spec.st.n_drafted + spec2.st.n_drafted,
-           spec.st.n_accepted + spec2.st.n_accepted, forced.st.n_accepted, forced.st.n_drafted,
-           e, e2, rows);
+           spec.st.n_accepted + spec2.st.n_accepted, forced.st.n_accepted, forced.st.n_drafted, e,
+           e2, rows);
 out:
     strata_mtp_close(ma);
     strata_mtp_close(mb);

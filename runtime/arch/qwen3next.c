@@ -36,7 +36,7 @@ struct q3n_rows {
     float *x, *xn, *proj, *q, *k, *v, *att;
     struct stream_hybrid *hy;
     int n;
-    struct stream *one;       /* non-NULL: every row is its, row i at position pos0 + i */
+    struct stream *one; /* non-NULL: every row is its, row i at position pos0 + i */
     int pos0;
     struct stream *const *ss; /* else row i belongs to stream ss[i] at position pos[i] */
     const int *pos;
