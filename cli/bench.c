@@ -91,8 +91,9 @@ static void bench_usage(void)
            "      --bind            bind the CPU threads one per physical core (hwloc)\n"
            "      --device cpu|cuda backend (default cpu; cuda: every weight on the GPU, and the\n"
            "                        floor is bytes per token / device copy bandwidth)\n"
-           "      --host-budget SIZE  CPU: the routed experts read from the file into a host tier\n"
-           "                        of SIZE (at least a layer's experts); reports its hit rate\n"
+           "      --host-budget SIZE  CPU, or CUDA with --placement static (its CPU layers): the\n"
+           "                        routed experts read from the file into a host tier of\n"
+           "                        SIZE (at least a layer's experts); reports its hit rate\n"
            "                        and read GB/s (--host-io auto|uring|pread, --host-buffered\n"
            "                        as for strata run; --host-read-ahead: read the next\n"
            "                        layer's predicted experts while a layer computes)\n"
@@ -306,8 +307,9 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
                         "needs --vram-budget\n");
         return 2;
     }
-    if (o->host_budget && o->cuda && !o->device_cpu) {
-        fprintf(stderr, "strata bench: --host-budget runs on the CPU device only so far\n");
+    if (o->host_budget && o->cuda && !o->device_cpu && !o->cpu_moe_layers) {
+        fprintf(stderr, "strata bench: --host-budget runs on the CPU device, or on CUDA with "
+                        "--placement static\n");
         return 2;
     }
     if (o->host_budget && o->no_mmap) {

@@ -73,7 +73,8 @@ static void run_opts_usage(const char *cmd)
            "      --device auto|cpu|cuda  backend (default %s: cuda when a GPU is present,\n"
            "                          with every weight on it if it fits, else under a\n"
            "                          budget of 90%% of its free memory; cpu otherwise)\n"
-           "      --host-budget SIZE  --device cpu: read the routed experts from the file into a\n"
+           "      --host-budget SIZE  --device cpu (or CUDA with --placement static, for its CPU\n"
+           "                          layers): read the routed experts from the file into a\n"
            "                          host tier of SIZE (at least one layer's experts), least\n"
            "                          recently used out, instead of the mapping (for a model\n"
            "                          larger than RAM); -v says how it reads\n"
@@ -454,9 +455,12 @@ int run_opts_check(struct run_opts *o, const char *cmd)
                         "--host-budget\n", cmd);
         return 2;
     }
-    if (o->host_budget && (!o->device_set || strcmp(o->device, "cpu"))) {
-        fprintf(stderr, "strata %s: --host-budget runs on the CPU device only so far: add "
-                        "--device cpu\n", cmd);
+    if (o->host_budget && !o->cpu_moe_layers && (!o->device_set || strcmp(o->device, "cpu"))) {
+        fprintf(stderr,
+                "strata %s: --host-budget runs on the CPU device, or on CUDA with "
+                "--placement static (the expert cache and the hybrid lane read every "
+                "expert from host memory): add --device cpu or --placement static\n",
+                cmd);
         return 2;
     }
     if (o->host_budget && o->no_mmap) {

@@ -216,6 +216,10 @@ struct backend_cuda_config {
                            * experts fit vram_budget. 0: off */
     uint64_t pin_chunk;   /* host experts are registered in pieces of this many bytes; 0 =
                            * 1 GiB (tests use small pieces so experts straddle them) */
+    /* static placement only: > 0 reads the CPU layers' experts from the file into a host tier
+     * of this many bytes (residency/disk_tier.h), as backend_cpu_config's host_budget */
+    uint64_t host_budget;
+    bool tier_pread, tier_buffered, tier_ahead;
     FILE *log;            /* set-up reports (host path, slots, shrinking), NULL = quiet */
     /* Called after each layer's routing with the ids read back to the host (a sync per layer;
      * no graph); NULL for none. */
@@ -242,6 +246,9 @@ int backend_cuda_cache_totals(const struct backend *b, struct moe_cache_totals *
 
 /* Whether one-token decode steps are replayed from a CUDA graph (--graph, all resident). */
 bool backend_cuda_graph(const struct backend *b);
+
+/* The host tier's counters (static placement with host_budget): false when there is none. */
+bool backend_cuda_tier_stats(const struct backend *b, struct disk_tier_stats *out);
 
 /* Wall seconds the CPU lane has spent computing experts (static placement and hybrid), since
  * the backend opened: its busy time. */

@@ -19,6 +19,7 @@
 #include "cuda_moe.h"
 #include "cuda_ops.h"
 #include "cuda_ssm.h"
+#include "disk_tier.h"
 #include "errors.h"
 #include "moe_layer.h"
 #include "ops_cpu.h"
@@ -55,6 +56,7 @@ struct backend_cuda {
     int rc;                   /* first error of the weight upload */
     uint64_t budget;          /* 0 = no cap */
     struct moe_layer *moe;    /* the MoE layer: placement, expert cache, CPU lane */
+    struct disk_tier *tier;   /* static placement with host_budget: the CPU layers' experts */
     /* graph decode: one-token steps recorded once and replayed */
     bool graph;               /* wanted, and possible (moe_layer_graph_safe) */
     bool recording;           /* between step_begin and step_end of the recording */
@@ -786,6 +788,7 @@ static void cuda_close_op(struct backend *b)
     if (c->stream)
         cuda_stream_sync(c->stream);
     moe_layer_close(c->moe);
+    disk_tier_close(c->tier);
     model_weights_each(c->model, cuda_weight_release, NULL);
     cuda_free(c->ids_dev);
     cuda_free(c->mm_scratch);
@@ -942,18 +945,30 @@ static struct moe_layer_config cuda_moe_config(struct backend_cuda *c,
     const uint64_t n_ctx = cfg->n_ctx > 0 ? (uint64_t)cfg->n_ctx : 4096;
     const uint64_t one = cuda_stream_bytes(hp, n_ctx, cfg->max_tok > 0 ? (uint64_t)cfg->max_tok : 512);
     struct moe_layer_config mc = {
-        .max_tok = CUDA_BACKEND_MAX_TOK, .cpu_layers = cfg->cpu_moe_layers,
+        .max_tok = CUDA_BACKEND_MAX_TOK,
+        .cpu_layers = cfg->cpu_moe_layers,
         .cache = (cfg->vram_budget || cfg->expert_slots > 0) && !cfg->cpu_moe_layers,
-        .vram_budget = cfg->vram_budget, .expert_slots = cfg->expert_slots,
-        .stream_bytes = one * n_streams +
-                        (n_streams > 1 ? cuda_batch_bytes(hp, n_streams + STRATA_BATCH_JOIN_ROWS) : 0),
-        .n_streams = n_streams, .n_ctx = (int)n_ctx,
+        .vram_budget = cfg->vram_budget,
+        .expert_slots = cfg->expert_slots,
+        .stream_bytes =
+            one * n_streams +
+            (n_streams > 1 ? cuda_batch_bytes(hp, n_streams + STRATA_BATCH_JOIN_ROWS) : 0),
+        .n_streams = n_streams,
+        .n_ctx = (int)n_ctx,
         .stream_one = one + (n_streams > 1 ? cuda_batch_bytes(hp, 1) : 0),
         .fill = cfg->residency == BACKEND_RESIDENCY_ZEROCOPY ? MOE_FILL_ZEROCOPY : MOE_FILL_COPY,
-        .prefetch = cfg->prefetch, .prefetch_depth = cfg->prefetch_depth, .hybrid = cfg->hybrid,
+        .prefetch = cfg->prefetch,
+        .prefetch_depth = cfg->prefetch_depth,
+        .hybrid = cfg->hybrid,
         .hybrid_no_admit = cfg->hybrid_no_admit,
-        .gather = cfg->gather_copies, .pin_chunk = cfg->pin_chunk, .stream = c->stream,
-        .observer = cfg->route_observer, .observer_ctx = cfg->route_ctx, .log = cfg->log,
+        .gather = cfg->gather_copies,
+        .pin_chunk = cfg->pin_chunk,
+        .stream = c->stream,
+        .observer = cfg->route_observer,
+        .observer_ctx = cfg->route_ctx,
+        .log = cfg->log,
+        .tier = c->tier,
+        .tier_ahead = cfg->tier_ahead,
     };
     return mc;
 }
@@ -991,6 +1006,23 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
         return err_set(-EINVAL, "static placement of %d layers (the model has %u; automatic "
                                 "needs --vram-budget)",
                        cfg->cpu_moe_layers, m->hp.n_layer);
+    }
+    if (cfg->host_budget) {
+        struct disk_tier_config tc = {
+            .host_budget = cfg->host_budget,
+            .io = cfg->tier_pread ? DISK_TIER_IO_PREAD : DISK_TIER_IO_AUTO,
+            .buffered = cfg->tier_buffered,
+            .log = cfg->log,
+        };
+        rc = !cfg->cpu_moe_layers
+                 ? err_set(-ENOTSUP, "cuda backend: the host tier serves static placement's CPU "
+                                     "layers only so far (the expert cache and the hybrid lane "
+                                     "read every expert from host memory)")
+                 : disk_tier_open(m, &tc, &c->tier);
+        if (rc) {
+            cuda_close_op(&c->base);
+            return rc;
+        }
     }
     model_weights_each(m, cuda_trunk_upload, c);
     rc = c->rc ? c->rc : cuda_buffers(c);
@@ -1034,6 +1066,15 @@ int backend_cuda_print_stats(const struct backend *b, FILE *f)
 int backend_cuda_write_stats_json(const struct backend *b, const char *path)
 {
     return moe_layer_write_stats_json(((const struct backend_cuda *)b)->moe, path);
+}
+
+bool backend_cuda_tier_stats(const struct backend *b, struct disk_tier_stats *out)
+{
+    const struct backend_cuda *c = b ? (const struct backend_cuda *)b : NULL;
+    if (!c || !c->tier)
+        return false;
+    disk_tier_get_stats(c->tier, out);
+    return true;
 }
 
 double backend_cuda_cpu_lane_seconds(const struct backend *b)

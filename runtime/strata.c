@@ -79,10 +79,12 @@ static int strata_config_check(const struct strata_config *cfg)
 {
     if (!cfg->model_path)
         return err_set(-EINVAL, "strata_config: model_path is required");
-    if (cfg->host_budget && cfg->device != STRATA_DEVICE_CPU)
+    if (cfg->host_budget && cfg->device != STRATA_DEVICE_CPU &&
+        cfg->placement != STRATA_PLACEMENT_STATIC)
         return err_set(-ENOTSUP,
-                       "strata_config: host_budget %llu: the host tier runs on the CPU device "
-                       "only so far (device cpu); with a GPU every expert stays in host memory",
+                       "strata_config: host_budget %llu: with a GPU the host tier serves static "
+                       "placement's CPU layers only so far (placement static); the expert cache "
+                       "and the hybrid lane read every expert from host memory",
                        (unsigned long long)cfg->host_budget);
     if (cfg->host_budget && (cfg->flags & STRATA_FLAG_NO_MMAP))
         return err_set(-EINVAL, "strata_config: host_budget reads the experts from the file; "
@@ -216,6 +218,10 @@ static int strata_start_cuda(struct strata *s, bool auto_cuda)
         .hybrid = cfg->placement == STRATA_PLACEMENT_HYBRID,
         .hybrid_no_admit = cfg->flags & STRATA_FLAG_NO_HYBRID_ADMIT,
         .cpu_moe_layers = cfg->placement == STRATA_PLACEMENT_STATIC ? cfg->cpu_moe_layers : 0,
+        .host_budget = cfg->host_budget,
+        .tier_pread = cfg->flags & STRATA_FLAG_NO_URING,
+        .tier_buffered = cfg->flags & STRATA_FLAG_NO_DIRECT,
+        .tier_ahead = cfg->flags & STRATA_FLAG_READ_AHEAD,
         .log = cfg->log,
         .route_observer = cfg->route_observer ? strata_route_trampoline : NULL,
         .route_ctx = s,
@@ -723,7 +729,8 @@ void strata_get_stats(const struct strata *s, struct strata_stats *out)
 
     memset(out, 0, sizeof(*out));
     struct disk_tier_stats ts;
-    if (!s->cuda && s->core && backend_cpu_tier_stats(s->core, &ts)) {
+    if (s->core &&
+        (s->cuda ? backend_cuda_tier_stats(s->core, &ts) : backend_cpu_tier_stats(s->core, &ts))) {
         out->has_host_tier = true;
         out->tier_slots = ts.n_slots;
         out->tier_hits = ts.hits;

@@ -343,9 +343,9 @@ static void check_errors(const char *path)
     cfg.device = STRATA_DEVICE_CUDA;
     cfg.host_budget = 1 << 30;
     rc = strata_open(&cfg, &s);
-    CHECK(rc == -ENOTSUP, "host_budget with CUDA: %d", rc);
-    CHECK(strstr(strata_error(), "CPU device only") != NULL, "host_budget message: %s",
-          strata_error());
+    CHECK(rc == -ENOTSUP, "host_budget with CUDA's expert cache: %d", rc);
+    CHECK(strstr(strata_error(), "static placement's CPU layers only") != NULL,
+          "host_budget message: %s", strata_error());
 
     config_cpu(&cfg, path);
     cfg.vram_budget = 1 << 30;

@@ -20,6 +20,8 @@
  * - graph decode (one-token steps recorded once, replayed with the token and position in device
  *   memory) is bit-identical to running the ops, with one launch per step;
  * - a budget that cannot hold the trunk is refused; static picks N from the budget;
+ * - static placement with its CPU layers read through a host tier (--host-budget) of one
+ *   layer's experts is bit-identical to reading the mapping; the expert cache refuses a tier;
  * - gpt-oss (tiny, f32, past its 16-position window): the backend's YaRN rope, biases, attention
  *   sinks and window, router bias and expert biases with the clamped SwiGLU agree with the CPU
  *   backend (the f32 tolerance) all resident; the expert cache (copy and zerocopy), static
@@ -50,6 +52,7 @@
 #include "cuda_moe.h"
 #include "cuda_ops.h"
 #include "cuda_ssm.h"
+#include "disk_tier.h"
 #include "errors.h"
 #include "gen.h"
 #include "generate.h"
@@ -734,7 +737,8 @@ struct run {
     int32_t ids[N_STEPS];
     struct moe_cache_totals tot;
     int cpu_layers;
-    double cpu_lane_s; /* the backend's CPU-lane busy time */
+    double cpu_lane_s;    /* the backend's CPU-lane busy time */
+    uint64_t tier_misses; /* the host tier's reads from the file (static with host_budget) */
 };
 
 /* A residency profile's frozen set restored into the cache after open (run), or none. */
@@ -772,6 +776,8 @@ static int run(const char *path, const struct backend_cuda_config *cc, int n_ctx
         backend_cuda_cache_totals(b, &out->tot);
         out->cpu_layers = backend_cuda_cpu_moe_layers(b);
         out->cpu_lane_s = backend_cuda_cpu_lane_seconds(b);
+        struct disk_tier_stats ts;
+        out->tier_misses = backend_cuda_tier_stats(b, &ts) ? ts.misses : 0;
     }
     if (rc)
         fprintf(stderr, "%s: %s\n", path, err_msg());
@@ -806,6 +812,50 @@ static void exact(const char *path, const char *what, const struct backend_cuda_
            (unsigned long long)r.tot.misses, (unsigned long long)r.tot.evictions);
     CHECK(first == n, "%s %s: logit %zu (step %zu) differs", path, what, first, first / nv);
     free(r.logits);
+}
+
+/* Static placement with its CPU layers' experts read from the file through a host tier that
+ * holds one layer's experts (so every token reads again): bit-identical to the same placement
+ * reading the mapping, and the tier did read. */
+static void static_tier(const char *path, const struct backend_cuda_config *st,
+                        const int32_t *prompt)
+{
+    struct model *m = NULL;
+    if (model_open(path, &m))
+        return;
+    const struct layer_weights *lw = &m->layers[0];
+    /* a layer's experts with the slots' alignment (each of 3 parts at most 3 pages more): more
+     * than one layer, less than two */
+    uint64_t layer = lw->gate_exps.bytes + lw->up_exps.bytes + lw->down_exps.bytes +
+                     (uint64_t)m->hp.n_expert * 3 * 3 * 4096;
+    model_close(m);
+    struct backend_cuda_config tc = *st;
+    tc.host_budget = layer;
+    struct run ref = {0}, r = {0};
+    int nv = n_vocab_of(path);
+    CHECK(run(path, st, 256, prompt, NULL, &ref) == 0 && run(path, &tc, 256, prompt, NULL, &r) == 0,
+          "%s: static with a host tier failed", path);
+    if (ref.logits && r.logits) {
+        size_t n = (size_t)nv * (N_STEPS + 1);
+        bool same = !memcmp(ref.logits, r.logits, sizeof(float) * n);
+        printf("%s: static:%d, host tier of one layer's experts: %s, %llu reads\n", path,
+               st->cpu_moe_layers, same ? "bit-identical" : "DIFFERS",
+               (unsigned long long)r.tier_misses);
+        CHECK(same, "%s: static with a host tier changed the logits", path);
+        CHECK(r.tier_misses >= (uint64_t)N_STEPS, "%s: the host tier read %llu times", path,
+              (unsigned long long)r.tier_misses);
+        CHECK(!ref.tier_misses, "%s: a host tier without host_budget", path);
+    }
+    free(ref.logits);
+    free(r.logits);
+    /* the expert cache reads every expert from host memory: refused with a tier */
+    struct backend_cuda_config cache = {.device = 0, .expert_slots = 6, .host_budget = layer};
+    struct backend *b = NULL;
+    int rc = model_open(path, &m) ? -1 : backend_cuda_open(m, &cache, &b);
+    CHECK(rc == -ENOTSUP && strstr(err_msg(), "static placement"),
+          "%s: a host tier under the expert cache: %d (%s)", path, rc, err_msg());
+    backend_close(b);
+    model_close(m);
 }
 
 /* How far the CPU lane (static and hybrid) and the CPU backend may move from the float
@@ -1072,6 +1122,7 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
              &(struct backend_cuda_config){.device = 0, .expert_slots = 6, .hybrid = true},
              tol->logits < 0.01 ? tol->logits * 10 : 1.0);
     close_enough(path, "static:2", &st, prompt, &ref, tol, 2, false);
+    static_tier(path, &st, prompt);
     close_enough(path, "hybrid + admit when idle, 6 slots", &hy, prompt, &ref, tol, 0, true);
     struct backend_cuda_config hy_na = hy; /* CPU-lane misses never copied into a slot */
     hy_na.hybrid_no_admit = true;
