@@ -1472,6 +1472,10 @@ static int batch_start(struct batch *b, struct batch_slot *sl, struct batch_job 
 
     if (strata_sampler_open(b->sess.s, &j->gen.sampling, &sl->sm))
         return cli_fail("the sampler");
+    /* the draft model drafts what this line's greedy sampler, penalty included, would pick */
+    if (sl->drafter && strata_drafter_set_penalty(sl->drafter, j->gen.sampling.repeat_penalty,
+                                                  j->gen.sampling.repeat_last_n))
+        return cli_fail("the draft model's penalty");
     for (int i = 0; i < j->n_prompt; i++) /* the repetition penalty sees the prompt */
         strata_sampler_accept(sl->sm, j->ids[i]);
     sl->n_hist = 0;

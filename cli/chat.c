@@ -167,8 +167,8 @@ int cmd_chat(int argc, char **argv)
         return rc == 1 ? 0 : rc;
     if (run_session_open(&o, &s))
         return 1;
+    run_opts_sampling(&o, s.s, true); /* before the drafter takes the sampler's penalty */
     run_session_spec(&s, &o.gen);
-    run_opts_sampling(&o, s.s, true);
     char today[32];
     struct chat_style style = {.format = (enum chat_format)run_chat_format(&s), .think = o.think,
                                .date = run_today(today, sizeof(today))};

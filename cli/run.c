@@ -131,8 +131,8 @@ int cmd_run(int argc, char **argv)
         free(text);
         return 1;
     }
+    run_opts_sampling(&o, s.s, true); /* before the drafter takes the sampler's penalty */
     run_session_spec(&s, &o.gen);
-    run_opts_sampling(&o, s.s, true);
     const enum chat_format fmt = (enum chat_format)run_chat_format(&s);
     struct chat_harmony h, *split = NULL;
     struct run_harmony_out hout;

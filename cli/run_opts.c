@@ -663,6 +663,10 @@ int run_open_draft(const char *path, const char *device, int n_threads, int n_ct
 void run_session_spec(const struct run_session *s, struct strata_generate_params *p)
 {
     if (s->drafter) {
+        /* drafts as the greedy sampler would pick them, penalty included; if that cannot be
+         * set (out of memory) the drafts are the plain argmax, which changes no output */
+        strata_drafter_set_penalty(s->drafter, p->sampling.repeat_penalty,
+                                   p->sampling.repeat_last_n);
         p->draft_fn = strata_drafter_draft;
         p->draft_ctx = s->drafter;
     } else if (s->mtp) {

@@ -71,20 +71,23 @@ int32_t sampler_argmax(const float *logits, int n)
     return best;
 }
 
-/* Penalises each distinct recent token once (CTRL-style: divide positive logits, multiply
- * negative ones). */
-static void sampler_penalize(struct sampler *s, float *logits)
+void sampler_penalize_tokens(float *logits, int n_vocab, const int32_t *recent, int n,
+                             float penalty)
 {
-    float p = s->cfg.repeat_penalty;
-    for (int i = 0; i < s->n_recent; i++) {
-        int32_t t = s->recent[i];
+    for (int i = 0; i < n; i++) {
+        int32_t t = recent[i];
         int seen = 0;
         for (int j = 0; j < i; j++)
-            seen |= s->recent[j] == t;
-        if (seen || t < 0 || t >= s->n_vocab)
+            seen |= recent[j] == t;
+        if (seen || t < 0 || t >= n_vocab)
             continue;
-        logits[t] = logits[t] > 0 ? logits[t] / p : logits[t] * p;
+        logits[t] = logits[t] > 0 ? logits[t] / penalty : logits[t] * penalty;
     }
+}
+
+static void sampler_penalize(struct sampler *s, float *logits)
+{
+    sampler_penalize_tokens(logits, s->n_vocab, s->recent, s->n_recent, s->cfg.repeat_penalty);
 }
 
 static int sampler_cand_cmp(const void *a, const void *b)

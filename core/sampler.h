@@ -51,6 +51,12 @@ int32_t sampler_sample_draft(struct sampler *s, float *logits, int32_t draft, bo
 int32_t sampler_pick_draft(const int32_t *ids, const float *w, int n, int32_t draft, double u1,
                            double u2, bool *accepted);
 
+/* The repetition penalty on logits: each distinct token of recent[0..n) once, CTRL-style
+ * (positive logits divided by penalty, negative ones multiplied); ids outside [0, n_vocab)
+ * skipped. sampler_sample applies it over the tokens sampler_accept recorded. */
+void sampler_penalize_tokens(float *logits, int n_vocab, const int32_t *recent, int n,
+                             float penalty);
+
 /* Records a token (prompt or generated) for the repetition penalty. */
 void sampler_accept(struct sampler *s, int32_t tok);
 

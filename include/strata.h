@@ -363,6 +363,13 @@ int strata_drafter_draft(void *drafter, const int32_t *hist, int n_hist, int k, 
  * held before the strata_generate call whose drafts it makes: a prompt evaluated earlier, a
  * conversation's earlier turns); n = 0 clears them. 0 or -ENOMEM. */
 int strata_drafter_set_prefix(struct strata_drafter *d, const int32_t *ids, int n);
+/* Drafts as a greedy sampler with this repetition penalty picks (strata_sampling's
+ * repeat_penalty and repeat_last_n: the target's, so that its drafts are what the target
+ * would choose): the argmax after penalising the distinct tokens among the last
+ * repeat_last_n of the history and the drafts so far (the history of the call, as the
+ * target's sampler sees it: not the prefix). 1 or 0 tokens: the plain argmax (the
+ * default). 0, -EINVAL (penalty <= 0, repeat_last_n < 0) or -ENOMEM. */
+int strata_drafter_set_penalty(struct strata_drafter *d, float repeat_penalty, int repeat_last_n);
 /* Tokens the draft model has evaluated and the wall seconds it took. */
 void strata_drafter_stats(const struct strata_drafter *d, long long *n_eval, double *seconds);
 

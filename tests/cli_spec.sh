@@ -20,9 +20,14 @@ model="$2/../../models/strata-default.gguf"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-# Plain greedy: the shipped file sets a repeat penalty (general.sampling.penalty_repeat), which
-# the target applies and a draft model does not, so "every draft kept" holds only without it.
-R=(run -m "$model" --device cpu -t 2 --temp 0 --repeat-penalty 1 -n 48)
+# Greedy under the shipped file's repeat penalty (general.sampling.penalty_repeat): the verify
+# pass applies it row by row, and the draft model drafts with it, so the model as its own
+# draft still has every draft kept. The draft model's passes are held to 3 rows (D): from 4
+# rows on, the CPU's K-quant matmuls take the gemm kernels, whose float sums run in another
+# order than one row's vec_dot (cpu_kernels/gemm.h), and a near-tie can then flip (seen on
+# 'import os' at --draft-max 8, where the 9-row passes' output head differs).
+R=(run -m "$model" --device cpu -t 2 --temp 0 -n 48)
+D=(--spec draft -md "$model" --draft-device cpu --draft-max 2)
 
 prompts=("def fibonacci(n):" "import os")
 [ "${STRATA_TEST_QUICK:-}" = 1 ] && prompts=("def fibonacci(n):") # sanitizer builds: one prompt
@@ -33,21 +38,21 @@ for p in "${prompts[@]}"; do
     cmp -s "$tmp/plain" "$tmp/spec" || fail "'$p': --spec ngram changed the greedy text"
     grep -q "^speculative: [0-9]* verify passes, [0-9]* drafted, [0-9]* accepted" "$tmp/err" ||
         fail "no statistics line: $(cat "$tmp/err")"
-    "$strata" "${R[@]}" -p "$p" --spec draft -md "$model" --draft-device cpu >"$tmp/spec" 2>"$tmp/err" ||
+    "$strata" "${R[@]}" -p "$p" "${D[@]}" >"$tmp/spec" 2>"$tmp/err" ||
         fail "run --spec draft exited $?: $(cat "$tmp/err")"
     cmp -s "$tmp/plain" "$tmp/spec" || fail "'$p': --spec draft changed the greedy text"
     grep -q "^speculative: [0-9]* verify passes, \([0-9]*\) drafted, \1 accepted (100.0%)" "$tmp/err" ||
         fail "the model as its own draft: $(cat "$tmp/err")"
 done
-# greedy under the file's repeat penalty: the verify pass applies it row by row
-P=(run -m "$model" --device cpu -t 2 --temp 0 -n 48 -p "def fibonacci(n):")
-"$strata" "${P[@]}" >"$tmp/plain" 2>/dev/null || fail "run exited $?"
-"$strata" "${P[@]}" --spec ngram >"$tmp/spec" 2>/dev/null || fail "run --spec ngram exited $?"
-cmp -s "$tmp/plain" "$tmp/spec" || fail "--spec ngram changed the greedy text under the file's penalty"
+# and without it (--repeat-penalty 1): the plain argmax drafts
+"$strata" "${R[@]}" --repeat-penalty 1 -p "def fibonacci(n):" "${D[@]}" >/dev/null 2>"$tmp/err" ||
+    fail "run --spec draft --repeat-penalty 1 exited $?"
+grep -q "^speculative: [0-9]* verify passes, \([0-9]*\) drafted, \1 accepted (100.0%)" "$tmp/err" ||
+    fail "the model as its own draft, no penalty: $(cat "$tmp/err")"
 printf 'def add(a, b):\nclass Stack:\n' >"$tmp/msgs"
-C=(chat -m "$model" --device cpu -t 2 --temp 0 --repeat-penalty 1 -n 24)
+C=(chat -m "$model" --device cpu -t 2 --temp 0 -n 24)
 "$strata" "${C[@]}" <"$tmp/msgs" >"$tmp/c0" 2>/dev/null || fail "chat exited $?"
-"$strata" "${C[@]}" -v --spec draft -md "$model" --draft-device cpu <"$tmp/msgs" >"$tmp/c1" 2>"$tmp/err" ||
+"$strata" "${C[@]}" -v "${D[@]}" <"$tmp/msgs" >"$tmp/c1" 2>"$tmp/err" ||
     fail "chat --spec draft exited $?: $(cat "$tmp/err")"
 # (-v prints the statistics instead of the newline after each reply)
 [ "$(tr -d '\n' <"$tmp/c0")" = "$(tr -d '\n' <"$tmp/c1")" ] || fail "chat --spec draft changed the replies"
@@ -70,7 +75,7 @@ grep -q "drafted 0, accepted 0" "$tmp/r3" || fail "a text without repeats: $(cat
 
 strip() { sed 's/,"timings":{[^}]*}//' "$1"; }
 printf '{"prompt":"def fibonacci(n):"}\n{"prompt":"import os"}\n{"prompt":"class Stack:"}\n{"prompt":"for i in range(","temperature":0.8,"seed":3}\n' >"$tmp/in.jsonl"
-B=(batch -m "$model" --device cpu -t 2 --temp 0 --repeat-penalty 1 -n 32 --input "$tmp/in.jsonl")
+B=(batch -m "$model" --device cpu -t 2 --temp 0 -n 32 --input "$tmp/in.jsonl")
 "$strata" "${B[@]}" --streams 3 -o "$tmp/b0.jsonl" 2>/dev/null || fail "batch exited $?"
 "$strata" "${B[@]}" --streams 3 --spec ngram -o "$tmp/b3.jsonl" 2>"$tmp/err" || fail "batch --spec exited $?"
 grep -q "speculative: [0-9]* verify passes" "$tmp/err" || fail "batch --spec: no statistics: $(cat "$tmp/err")"
