@@ -19,7 +19,9 @@
  *     drafts before it are kept and the rest rejected; with another tiny model of the same
  *     vocabulary they are rejected; greedy output equals plain decoding's with each; sampled
  *     generations in a row on one drafter stay reproducible; a draft whose vocabulary differs
- *     is refused, naming the difference;
+ *     is refused, naming the difference; greedy under a repetition penalty of 1.5, the model
+ *     as its own draft with the penalty set (strata_drafter_set_penalty) has every draft kept,
+ *     and the output is plain decoding's with and without it;
  *  6. the model's MTP block (strata_mtp, tiny qwen3next and qwen35moe with a block, f32):
  *     greedy generation with its drafts gives plain decoding's ids, in one call and in a second
  *     call on the same stream; with its drafts replaced by plain decoding's tokens (the last
@@ -120,6 +122,8 @@ struct gen_out {
 
 /* n_predict tokens after prompt on a fresh stream of n_ctx positions, drafted by fn (NULL:
  * prompt lookup) when draft_max > 0. */
+static float g_penalty = 1.0f; /* run_with's repetition penalty */
+
 static void run_with(struct strata *s, const int32_t *prompt, int n_prompt, int n_predict,
                      int n_ctx, float temp, int draft_max,
                      int (*fn)(void *, const int32_t *, int, int, int32_t *), void *fn_ctx,
@@ -130,6 +134,7 @@ static void run_with(struct strata *s, const int32_t *prompt, int n_prompt, int 
     strata_generate_params_init(&p);
     p.n_predict = n_predict;
     p.sampling.temperature = temp;
+    p.sampling.repeat_penalty = g_penalty;
     p.sampling.seed = 1234;
     p.draft_max = draft_max;
     p.draft_fn = fn;
@@ -402,6 +407,27 @@ static void test_drafter(const char *target, const char *other, const char *fore
            "greedy ids as plain\n",
            a.st.n_accepted, a.st.n_drafted, e.st.n_accepted, e.st.n_drafted, b.st.n_accepted,
            b.st.n_drafted);
+    /* greedy under a repetition penalty: the drafter that applies it has every draft kept,
+     * one that does not only some (printed); both leave the output plain decoding's */
+    g_penalty = 1.5f;
+    struct gen_out pp, pa, pb;
+    run_draft(t, NULL, prompt, 6, 64, 0.0f, &pp);
+    run_draft(t, ds, prompt, 6, 64, 0.0f, &pb);
+    CHECK(strata_drafter_set_penalty(ds, 1.5f, 64) == 0, "set_penalty: %s", strata_error());
+    run_draft(t, ds, prompt, 6, 64, 0.0f, &pa);
+    CHECK(strata_drafter_set_penalty(ds, 1.0f, 64) == 0 &&
+              strata_drafter_set_penalty(ds, 0.0f, 64) == -EINVAL,
+          "set_penalty: off, and 0 refused");
+    g_penalty = 1.0f;
+    CHECK(!pp.rc && !pa.rc && !pb.rc && pa.st.n_gen == pp.st.n_gen && pb.st.n_gen == pp.st.n_gen &&
+              !memcmp(pa.ids, pp.ids, sizeof(int32_t) * pp.st.n_gen) &&
+              !memcmp(pb.ids, pp.ids, sizeof(int32_t) * pp.st.n_gen),
+          "greedy under a penalty with a draft model differs from plain decoding");
+    CHECK(pa.st.n_drafted > 0 && pa.st.n_accepted == pa.st.n_drafted,
+          "the model as its own draft under the same penalty: %d of %d accepted", pa.st.n_accepted,
+          pa.st.n_drafted);
+    printf("penalty 1.5: itself with the penalty %d/%d accepted, without it %d/%d\n",
+           pa.st.n_accepted, pa.st.n_drafted, pb.st.n_accepted, pb.st.n_drafted);
     /* the same drafter again after other histories: sampled runs reproduce */
     run_draft(t, dother, prompt, 6, 40, 0.8f, &c);
     run_draft(t, dother, prompt + 1, 5, 40, 0.8f, &d);
