@@ -50,9 +50,9 @@ static void check_places(const char *model, const char *path, const struct place
 int main(void)
 {
     char f32[512], path[512];
-    struct strata_config cfg;
-    struct strata *s = NULL;
 
+    if (!test_gpu_available("test_cuda_batch"))
+        return TEST_SKIP;
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");
         return 1;
@@ -61,17 +61,6 @@ int main(void)
     if (test_gen_model(p, QUANT_MIX_F32, 7, tmpdir, "tiny", f32, sizeof(f32))) {
         fprintf(stderr, "setup: %s\n", strata_error());
         return 1;
-    }
-    strata_config_init(&cfg);
-    cfg.model_path = f32;
-    cfg.device = STRATA_DEVICE_CUDA;
-    int rc = strata_open(&cfg, &s);
-    strata_close(s);
-    if (rc == -ENODEV) {
-        printf("skip: %s\n", strata_error());
-        unlink(f32);
-        rmdir(tmpdir);
-        return 77;
     }
     /* tiny: 2 layers of 8 experts, 2 used; four streams select up to 8 per layer */
     const struct place tiny[] = {

@@ -285,9 +285,9 @@ static void check_mtp(const char *arch)
 int main(void)
 {
     char q3n[512], path[512];
-    struct strata_config cfg;
-    struct strata *s = NULL;
 
+    if (!test_gpu_available("test_cuda_spec"))
+        return TEST_SKIP;
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");
         return 1;
@@ -296,17 +296,6 @@ int main(void)
     if (!p || test_gen_model(p, QUANT_MIX_F32, 3, tmpdir, "q3n", q3n, sizeof(q3n))) {
         fprintf(stderr, "setup: %s\n", strata_error());
         return 1;
-    }
-    strata_config_init(&cfg);
-    cfg.model_path = q3n;
-    cfg.device = STRATA_DEVICE_CUDA;
-    int rc = strata_open(&cfg, &s);
-    strata_close(s);
-    if (rc == -ENODEV) {
-        printf("skip: %s\n", strata_error());
-        unlink(q3n);
-        rmdir(tmpdir);
-        return 77;
     }
     const struct place tiny[] = {
         {"all resident", STRATA_PLACEMENT_STREAM, STRATA_FILL_COPY, 0, 0, 0, true},
