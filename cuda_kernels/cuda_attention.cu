@@ -38,6 +38,8 @@ struct attn_params {
     const float *q, *k, *v;
     const float *const *kz, *const *vz; /* lockstep rows: block z (blockIdx.z of the decode
                                          * kernel) is token z with its own caches */
+    int zrows; /* the decode kernel's block z is query token z, computed as a call of its own
+                * (its caches kz[z], or k and v at position pos0 + z); the combine follows */
     const int32_t *pos_dev;
     int pos0, n_tok, n_ctx, n_head, n_head_kv, hd, G;
     float scale;
@@ -193,7 +195,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn
     __shared__ float lsum;
     const int64_t nth = (int64_t)p.n_tok * p.n_head;
     int64_t row = blockIdx.x;
-    if (p.kz) { /* lockstep rows: row z's splits and output follow those of rows before it */
+    if (p.zrows) { /* row z's splits and output follow those of rows before it */
         const int64_t z = row / nth, per = (int64_t)p.n_split * nth;
         row -= z * nth;
         p.part_acc += z * per * p.hd;
@@ -328,12 +330,17 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kvh = blockIdx.y, split = blockIdx.x, rows = p.n_tok * p.G;
     const int64_t qw = (int64_t)p.n_head * HD, kv_off = (int64_t)kvh * HD;
-    if (p.kz) { /* lockstep rows: token z (one per block row of the grid) with its own caches */
+    if (p.zrows) { /* token z (one per block row of the grid) as a call of its own */
         const int64_t z = blockIdx.z, per = (int64_t)p.n_split * p.n_head;
-        p.k = p.kz[z];
-        p.v = p.vz[z];
+        if (p.kz) { /* lockstep rows: its own caches */
+            p.k = p.kz[z];
+            p.v = p.vz[z];
+        }
         p.q += z * qw;
-        p.pos_dev += z;
+        if (p.pos_dev)
+            p.pos_dev += z;
+        else
+            p.pos0 += (int)z;
         p.part_acc += z * per * HD;
         p.part_m += z * per;
         p.part_l += z * per;
@@ -837,7 +844,9 @@ extern "C" size_t cuda_attention_scratch_bytes(int n_head, int head_dim)
 {
     if (n_head < 1 || head_dim < 1)
         return 0;
-    return sizeof(float) * (size_t)ATT_SPLIT_ROWS * n_head * (head_dim + 2);
+    /* the split-K rows of k_attn, or CUDA_ATTN_EXACT_MAX_TOK rows of ATTD_CHUNKS splits */
+    const size_t rows = ops_imax(ATT_SPLIT_ROWS, ATTD_CHUNKS * CUDA_ATTN_EXACT_MAX_TOK);
+    return sizeof(float) * rows * n_head * (head_dim + 2);
 }
 
 extern "C" int cuda_attention_rows_ok(int n_head, int n_head_kv, int head_dim)
@@ -925,6 +934,7 @@ static int attd_rows_launch(const struct cuda_attn_args *a, struct attn_params *
         !ops_aligned(a->scratch, 4))
         return -EINVAL;
     p->n_tok = 1;
+    p->zrows = 1;
     p->kz = a->k_rows;
     p->vz = a->v_rows;
     p->n_split = ns;
@@ -935,6 +945,36 @@ static int attd_rows_launch(const struct cuda_attn_args *a, struct attn_params *
         return -ENOTSUP;
     k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(*p);
     return cuda_last_error("cuda_attention (rows)");
+}
+
+/* A few query rows of one stream (2 .. CUDA_ATTN_EXACT_MAX_TOK): the decode kernel with one
+ * token per grid row z, each split and combined as a call for that token alone would be
+ * (attd_launch), so that every row's bits do not depend on the rows beside it. True when it
+ * launched; false (nothing launched) where the decode kernel does not take the heads or the
+ * scratch is short. */
+static bool attd_each_launch(const struct cuda_attn_args *a, struct attn_params *p, cudaStream_t s)
+{
+    const int D = a->head_dim / 32;
+    if (a->n_tok < 2 || a->n_tok > CUDA_ATTN_EXACT_MAX_TOK ||
+        !cuda_attention_rows_ok(a->n_head, a->n_head_kv, a->head_dim))
+        return false;
+    int keys = a->pos_dev ? a->n_ctx : a->pos0 + a->n_tok;
+    int ns = ops_imin(ATTD_CHUNKS, ops_cdiv(keys, attd_sub(D)));
+    int64_t nth = (int64_t)a->n_tok * a->n_head;
+    if (!a->scratch || a->scratch_bytes < attn_scratch_need(ns, nth, a->head_dim) ||
+        !ops_aligned(a->scratch, 4))
+        return false;
+    struct attn_params q = *p;
+    q.n_tok = 1;
+    q.zrows = 1;
+    q.n_split = ns;
+    attn_scratch_use(&q, a->scratch, ns, nth, a->head_dim);
+    dim3 grid((unsigned)ns, (unsigned)a->n_head_kv, (unsigned)a->n_tok);
+    if (!attd_dispatch<2>(D, p->G, grid, q, s) && !attd_dispatch<4>(D, p->G, grid, q, s) &&
+        !attd_dispatch<8>(D, p->G, grid, q, s))
+        return false;
+    k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(q);
+    return true;
 }
 
 /* The tensor-core prefill kernel where it applies (n_tok >= CUDA_ATTN_TC_MIN_TOK, n_tok * G >=
@@ -1027,7 +1067,7 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
     }
     cudaStream_t s = (cudaStream_t)a->stream;
     const bool plain = !a->sinks && a->window <= 0; /* the decode and tensor-core kernels */
-    if (plain && (attd_launch(a, &p, s) || attp_launch(a, &p, s)))
+    if (plain && (attd_each_launch(a, &p, s) || attd_launch(a, &p, s) || attp_launch(a, &p, s)))
         return cuda_last_error("cuda_attention");
     dim3 grid((unsigned)ops_cdiv(a->n_tok * p.G, pl.R), (unsigned)a->n_head_kv,
               (unsigned)pl.n_split);

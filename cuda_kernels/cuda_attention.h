@@ -56,7 +56,8 @@ size_t cuda_attention_rows_scratch_bytes(int n_tok, int n_head, int head_dim);
 /* Whether a call with k_rows runs for these heads (else it answers -ENOTSUP). */
 int cuda_attention_rows_ok(int n_head, int n_head_kv, int head_dim);
 
-/* Prefill calls run on fp16 tensor cores: n_tok >= CUDA_ATTN_TC_MIN_TOK, n_tok * (n_head /
+/* Prefill calls (beyond the rows cuda_attention takes row by row, below) run on fp16 tensor
+ * cores: n_tok >= CUDA_ATTN_TC_MIN_TOK, n_tok * (n_head /
  * n_head_kv) >= CUDA_ATTN_TC_MIN_ROWS, head_dim a multiple of 16, k_cache/v_cache 16-byte and
  * q/out 8-byte aligned. Q, K, V and the softmax weights are rounded to fp16 there (values beyond
  * +-65504 clamped; products and sums in float): a score s moves by about 3e-4 |s|, and the
@@ -65,16 +66,23 @@ int cuda_attention_rows_ok(int n_head, int n_head_kv, int head_dim);
 #define CUDA_ATTN_TC_MIN_TOK 3
 #define CUDA_ATTN_TC_MIN_ROWS 64
 
+/* Calls of 2 .. CUDA_ATTN_EXACT_MAX_TOK query rows (a speculative verify pass, a short prompt)
+ * compute each row as a call of that row alone would, bit for bit, where the decode kernel takes
+ * the heads (as for k_rows below): a position's output then does not depend on how many rows
+ * its pass holds, so verifying drafts gives plain decoding's logits. */
+#define CUDA_ATTN_EXACT_MAX_TOK 16
+
 /* Causal GQA attention as ops_attention: query t of head h attends to keys 0..pos(t) of kv head
  * h / (n_head / n_head_kv) with softmax(scale * q.k) weights, online softmax in float. Few
  * query rows (decode) split the keys over several blocks and combine the partial softmaxes in a
  * second kernel (split-K flash-decoding); the split is planned from n_ctx when pos_dev is set,
- * so one captured graph serves every position. Many rows (prefill) take the tensor-core path
- * above. With k_rows, every query row is one token of its own stream: one launch of the decode
- * kernel for all of them (the keys of each split as that row alone would split them, so the
- * result is that of one call per row, bit for bit); -ENOTSUP (nothing launched) where the
- * decode kernel does not apply (head_dim not 64, 128 or 256, n_head / n_head_kv not a power of
- * two up to 16, or more than 64 / (head_dim / 32) of them). */
+ * so one captured graph serves every position. Up to CUDA_ATTN_EXACT_MAX_TOK rows take that
+ * kernel row by row (above); more rows (prefill) take the tensor-core path above. With k_rows,
+ * every query row is one token of its own stream: one launch of the decode kernel for all of them
+ * (the keys of each split as that row alone would split them, so the result is that of one call per
+ * row, bit for bit); -ENOTSUP (nothing launched) where the decode kernel does not apply (head_dim
+ * not 64, 128 or 256, n_head / n_head_kv not a power of two up to 16, or more than 64 / (head_dim /
+ * 32) of them). */
 /* With sinks or a window every call runs the float tiled kernel (split over keys where the
  * rows are few) and k_rows is refused (-ENOTSUP). */
 int cuda_attention(const struct cuda_attn_args *a);

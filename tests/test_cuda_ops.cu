@@ -16,6 +16,8 @@
  *              whole chunks outside the window, prefill; the float kernel): max rel 2e-5;
  *   add        exact; add_bias exact; argmax: the index of sampler_argmax (ties to the lowest);
  *   topk       vs moe_route_softmax_topk: ids exact (also with tied logits), weights 2e-6 abs;
+ *              2..16 rows of one stream at positions 0..1515 (a verify pass): each row bit for
+ *              bit the call of that row alone where the decode kernel takes the heads;
  *   graph      a decode step (rope, kv_store, attention with device positions) captured once in
  *              a CUDA graph and replayed at changing positions, vs the CPU step: max rel 2e-5.
  * Replay a failure with STRATA_TEST_SEED. Exits 77 without a GPU. */
@@ -730,6 +732,106 @@ static void test_attention_rows(struct rng *r)
     cuda_free(dummy);
 }
 
+/* A few rows of one stream (a speculative verify pass): every output of one call of n rows at
+ * pos0 .. pos0 + n - 1 must equal, bit for bit, the call of that row alone, for positions whose
+ * keys fill one chunk or many, with positions from the host and from device memory; heads the
+ * decode kernel does not take (head_dim 96) go the tiled way and are only held to the float
+ * tolerance. */
+static void test_attention_exact(struct rng *r)
+{
+    /* {head_dim, G, n_kv}: 30b-a3b, qwen3next, the shipped model's kind, MHA, and odd */
+    static const int shapes[][3] = {{128, 8, 4}, {256, 8, 2}, {64, 4, 2}, {128, 1, 2}, {96, 2, 1}};
+    static const int rows[] = {2, 3, 5, 9, CUDA_ATTN_EXACT_MAX_TOK};
+    static const int starts[] = {0, 30, 700, 1500};
+    const int n_ctx = 1600;
+    for (int si = 0; si < 5; si++) {
+        int hd = shapes[si][0], G = shapes[si][1], n_kv = shapes[si][2];
+        int n_head = G * n_kv, kvw = n_kv * hd, qw = n_head * hd, nmax = CUDA_ATTN_EXACT_MAX_TOK;
+        bool exact = cuda_attention_rows_ok(n_head, n_kv, hd);
+        float *kc = test_rand_normal(r, (size_t)n_ctx * kvw, 1.0f);
+        float *vc = test_rand_normal(r, (size_t)n_ctx * kvw, 1.0f);
+        float *q = test_rand_normal(r, (size_t)nmax * qw, 2.0f);
+        float *d_k = (float *)test_dev_dup(kc, sizeof(float) * (size_t)n_ctx * kvw);
+        float *d_v = (float *)test_dev_dup(vc, sizeof(float) * (size_t)n_ctx * kvw);
+        float *d_q = (float *)test_dev_dup(q, sizeof(float) * (size_t)nmax * qw);
+        size_t sb = cuda_attention_scratch_bytes(n_head, hd);
+        void *d_scratch = test_dev_alloc(sb);
+        float *d_out = (float *)test_dev_alloc(sizeof(float) * (size_t)nmax * qw);
+        float *d_ref = (float *)test_dev_alloc(sizeof(float) * (size_t)nmax * qw);
+        int32_t *d_pos = (int32_t *)test_dev_alloc(sizeof(int32_t) * (size_t)nmax);
+        float *got = (float *)test_xmalloc(sizeof(float) * (size_t)nmax * qw);
+        float *ref = (float *)test_xmalloc(sizeof(float) * (size_t)nmax * qw);
+        size_t worst = 0;
+        double worst_err = 0.0;
+        for (int ri = 0; ri < 5; ri++) {
+            for (int pi = 0; pi < 4; pi++) {
+                for (int dev = 0; dev < 2; dev++) {
+                    int n = rows[ri], pos0 = starts[pi];
+                    int32_t pos[CUDA_ATTN_EXACT_MAX_TOK];
+                    for (int t = 0; t < n; t++)
+                        pos[t] = pos0 + t;
+                    test_dev_put(d_pos, pos, sizeof(int32_t) * (size_t)n);
+                    test_dev_poison(d_out, sizeof(float) * (size_t)n * qw);
+                    struct cuda_attn_args a = {};
+                    a.out = d_out;
+                    a.q = d_q;
+                    a.k_cache = d_k;
+                    a.v_cache = d_v;
+                    a.pos0 = pos0;
+                    a.pos_dev = dev ? d_pos : NULL;
+                    a.n_tok = n;
+                    a.n_ctx = n_ctx;
+                    a.n_head = n_head;
+                    a.n_head_kv = n_kv;
+                    a.head_dim = hd;
+                    a.scale = 1.0f / sqrtf((float)hd);
+                    a.scratch = d_scratch;
+                    a.scratch_bytes = sb;
+                    int rc = cuda_attention(&a);
+                    for (int t = 0; t < n && !rc; t++) {
+                        struct cuda_attn_args b = a;
+                        b.out = d_ref + (size_t)t * qw;
+                        b.q = d_q + (size_t)t * qw;
+                        b.pos0 = pos0 + t;
+                        b.pos_dev = NULL;
+                        b.n_tok = 1;
+                        rc = cuda_attention(&b);
+                    }
+                    CHECK(rc == 0, "attention exact hd %d G %d n %d pos0 %d: rc %d", hd, G, n, pos0,
+                          rc);
+                    if (rc)
+                        continue;
+                    test_dev_get(got, d_out, sizeof(float) * (size_t)n * qw);
+                    test_dev_get(ref, d_ref, sizeof(float) * (size_t)n * qw);
+                    size_t first = 0, diff = bits_differ(got, ref, (size_t)n * qw, &first);
+                    double err = 0.0;
+                    for (size_t i = 0; i < (size_t)n * qw; i++)
+                        err = fmax(err, fabs((double)got[i] - ref[i]));
+                    worst = diff > worst ? diff : worst;
+                    worst_err = fmax(worst_err, err);
+                    if (exact)
+                        CHECK(diff == 0,
+                              "attention exact hd %d G %d n %d pos0 %d %s: %zu of %d "
+                              "differ from the rows alone (first %zu, max %g)",
+                              hd, G, n, pos0, dev ? "pos_dev" : "pos0", diff, n * qw, first, err);
+                    else
+                        CHECK(err <= 1e-5,
+                              "attention hd %d G %d n %d pos0 %d: max %g from the "
+                              "rows alone",
+                              hd, G, n, pos0, err);
+                }
+            }
+        }
+        printf("attention of 2..%d rows of one stream, head_dim %3d heads %2d/%d, positions up to "
+               "%d: %s; at most %zu elements differ from each row alone (max %.3g)\n",
+               CUDA_ATTN_EXACT_MAX_TOK, hd, n_head, n_kv, starts[3] + nmax - 1,
+               exact ? "row by row (must be 0)" : "tiled kernel", worst, worst_err);
+        cuda_free(d_k), cuda_free(d_v), cuda_free(d_q), cuda_free(d_scratch);
+        cuda_free(d_out), cuda_free(d_ref), cuda_free(d_pos);
+        free(kc), free(vc), free(q), free(got), free(ref);
+    }
+}
+
 /* ---- add, argmax, topk -------------------------------------------------------------------- */
 
 static void test_add(struct rng *r)
@@ -961,6 +1063,7 @@ int main(void)
     test_kv_store(&r);
     test_attention(&r);
     test_attention_rows(&r);
+    test_attention_exact(&r);
     test_add(&r);
     test_add_bias(&r);
     test_argmax(&r);
