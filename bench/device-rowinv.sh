@@ -3,8 +3,9 @@
 # model below, `strata logits` of a 3-token prompt evaluated as one batch and one token at a
 # time (--decode-one-by-one) must give the same float32 logits bit for bit (a speculative
 # verify pass of k + 1 rows relies on it). Also the one-by-one run twice (determinism). Models:
-# the qwen3next 80b-a3b preset cut to LAYERS (default "1 4"), q4_k_m, and the 30b-a3b qwen3moe
-# preset cut to 4 layers; each under --device cuda and --vram-budget 4G.
+# MODELS, entries ARCH:LAYERS[:QUANT] (q3n: the qwen3next 80b-a3b preset, moe: the 30b-a3b
+# preset, cut to LAYERS; QUANT default q4_k_m), default "q3n:1 q3n:4 moe:4"; each under WHERE
+# (comma-separated, default --device cuda, --vram-budget 4G and --device cpu).
 set -u
 . bench/device-env.sh
 R=$OUT/rowinv.txt
@@ -23,12 +24,13 @@ else:
 PY
 }
 for spec in ${MODELS:-q3n:1 q3n:4 moe:4}; do
-    arch=${spec%%:*} nl=${spec#*:}
-    f=/dev/shm/rowinv-$arch-$nl.gguf
+    IFS=: read -r arch nl quant <<<"$spec"
+    quant=${quant:-q4_k_m}
+    f=/dev/shm/rowinv-$arch-$nl-$quant.gguf
     if [ $arch = q3n ]; then
-        "$B/strata" gen --arch qwen3next --preset 80b-a3b --layers $nl -q -o $f 2>&1 | tail -1
+        "$B/strata" gen --arch qwen3next --preset 80b-a3b --layers $nl --quant $quant -q -o $f 2>&1 | tail -1
     else
-        "$B/strata" gen --preset 30b-a3b --layers $nl -q -o $f 2>&1 | tail -1
+        "$B/strata" gen --preset 30b-a3b --layers $nl --quant $quant -q -o $f 2>&1 | tail -1
     fi
     IFS=, read -ra where <<<"${WHERE:---device cuda,--vram-budget 4G,--device cpu}"
     for w in "${where[@]}"; do
@@ -39,7 +41,7 @@ for spec in ${MODELS:-q3n:1 q3n:4 moe:4}; do
                     echo "logits $w $m failed"
                 [ -z "$m" ] || { [ -f /tmp/l1.bin ] || cp /tmp/l$m.bin /tmp/l1.bin; }
             done
-            echo "$arch $nl layers, $w, ids $ids: batch vs one by one: $(cmpf /tmp/l.bin /tmp/l1.bin);" \
+            echo "$arch $nl layers $quant, $w, ids $ids: batch vs one by one: $(cmpf /tmp/l.bin /tmp/l1.bin);" \
                 "one by one twice: $(cmpf /tmp/l1.bin /tmp/l--decode-one-by-one.bin)" | tee -a "$R"
             rm -f /tmp/l*.bin
         done

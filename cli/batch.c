@@ -125,7 +125,7 @@ struct batch_slot {
     /* --spec ngram: the job's ids so far (prompt, then generated), the drafts of this step */
     int32_t *hist;
     int n_hist, cap_hist;
-    double accept_ema; /* the running share of drafts kept */
+    struct strata_draft_pace pace; /* --spec: the adaptive draft length, paused after misses */
     int32_t drafts[64];
     int k;
     struct strata_drafter *drafter; /* --spec draft: its stream on the draft model */
@@ -1400,7 +1400,7 @@ static void batch_draft(const struct batch *b, struct batch_slot *sl)
     const struct batch_job *j = sl->job;
     int k = 0;
     if (b->o.gen.draft_max && sl->fed == j->n_prompt) {
-        k = strata_draft_len(sl->accept_ema, b->o.gen.draft_max);
+        k = strata_draft_pace_len(&sl->pace, b->o.gen.draft_max);
         int left = j->gen.n_predict - j->n_gen;
         int room = strata_stream_n_ctx(sl->st) - strata_stream_pos(sl->st) - 1;
         k = k < left ? k : left;
@@ -1445,8 +1445,7 @@ static int batch_verify(struct batch *b, struct batch_slot *sl, float *rows)
     rc = batch_sample(b, sl, rows + (size_t)k * nv);
 out:
     b->n_accepted += acc;
-    if (k)
-        sl->accept_ema = 0.9 * sl->accept_ema + 0.1 * ((double)acc / k);
+    strata_draft_pace_update(&sl->pace, k, acc);
     return rc;
 }
 
@@ -1479,7 +1478,7 @@ static int batch_start(struct batch *b, struct batch_slot *sl, struct batch_job 
     for (int i = 0; i < j->n_prompt; i++) /* the repetition penalty sees the prompt */
         strata_sampler_accept(sl->sm, j->ids[i]);
     sl->n_hist = 0;
-    sl->accept_ema = 0.5;
+    strata_draft_pace_init(&sl->pace);
     for (int i = 0; b->o.gen.draft_max && i < j->n_prompt; i++)
         if (batch_hist_push(sl, j->ids[i]))
             return cli_fail("out of memory");

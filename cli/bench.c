@@ -604,6 +604,8 @@ static int bench_spec(const struct bench_opts *o, struct strata *st, struct stra
            gs[1].n_verify, gs[1].n_drafted, gs[1].n_accepted,
            gs[1].n_drafted ? 100.0 * gs[1].n_accepted / gs[1].n_drafted : 0.0,
            gs[1].n_verify ? (double)(gs[1].n_verify + gs[1].n_accepted) / gs[1].n_verify : 0.0);
+    if (gs[1].n_paused)
+        printf(", %d steps paused", gs[1].n_paused);
     if (moved[0] > 0 || moved[1] > 0)
         printf("; experts moved %.1f MB per token plain, %.1f with drafts", moved[0] / gs[0].n_gen / 1e6,
                moved[1] / gs[1].n_gen / 1e6);

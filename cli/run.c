@@ -99,6 +99,11 @@ void run_print_stats(const struct strata_generate_stats *st, const struct strata
                 st->n_verify, st->n_drafted, st->n_accepted,
                 st->n_drafted ? 100.0 * st->n_accepted / st->n_drafted : 0.0,
                 (double)(st->n_accepted + st->n_verify) / st->n_verify);
+    if (st->n_paused)
+        fprintf(stderr,
+                "speculative: %d steps without drafts (drafting paused after passes "
+                "that kept none)\n",
+                st->n_paused);
     if (st->n_verify) {
         fprintf(stderr, "speculative: accepted by draft position:");
         for (int i = 0; i < 16 && st->drafted_at[i]; i++)

@@ -112,7 +112,7 @@ struct serve_slot {
     /* --spec ngram: this step's drafts (hist holds the ids they are looked up in) */
     int32_t drafts[64];
     int k;
-    double accept_ema;
+    struct strata_draft_pace pace; /* the adaptive draft length, paused after misses */
     struct strata_mtp *mtp; /* --spec mtp: the model's MTP block following st */
 };
 
@@ -472,7 +472,7 @@ static void engine_draft(struct serve *sv, struct serve_slot *sl)
     if (!sv->o.gen.draft_max || slot_hist_push(sl, &sl->next, 1))
         return;
     sl->n_hist--; /* sl->next only lends itself to the lookup: it is evaluated by the step */
-    k = strata_draft_len(sl->accept_ema, sv->o.gen.draft_max);
+    k = strata_draft_pace_len(&sl->pace, sv->o.gen.draft_max);
     int left = r->gen.n_predict - r->n_gen;
     int room = strata_stream_n_ctx(sl->st) - strata_stream_pos(sl->st) - 1;
     k = k < left ? k : left;
@@ -517,7 +517,7 @@ static void engine_verify(struct serve *sv, struct serve_slot *sl, float *rows)
     engine_sample(sv, sl, rows + (size_t)k * nv);
 out:
     sv->n_accepted += (unsigned long long)acc;
-    sl->accept_ema = 0.9 * sl->accept_ema + 0.1 * ((double)acc / k);
+    strata_draft_pace_update(&sl->pace, k, acc);
 }
 
 static int lcp(const int32_t *a, int na, const int32_t *b, int nb)
@@ -574,7 +574,7 @@ static void engine_admit(struct serve *sv)
             strata_sampler_accept(sl->sm, r->ids[i]);
         tokenizer_stream_init(&sl->ts, TOKENIZER_DECODE_SKIP_CONTROL);
         sl->req = r;
-        sl->accept_ema = 0.5;
+        strata_draft_pace_init(&sl->pace);
         r->state = REQ_RUNNING;
         r->t_start = clock_now_s();
         sv->n_running++;

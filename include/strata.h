@@ -318,6 +318,22 @@ int32_t strata_sampler_sample_draft(struct strata_sampler *sm, float *logits, in
 /* The drafts a verify pass tries given the running share of drafts kept (an exponential
  * average, starting at 0.5): 1 + twice the expected run of kept drafts, at most draft_max. */
 int strata_draft_len(double accept_ema, int draft_max);
+/* The pace of a stream's drafting: strata_draft_len's adaptive length, and a pause after 4
+ * verify passes in a row that kept no draft (4 steps without drafts, doubling up to 64 with each
+ * probe pass that keeps none; a kept draft ends it), so that drafts that are never kept stop
+ * costing a verify pass at every step. */
+struct strata_draft_pace {
+    double accept_ema; /* the running share of drafts kept (exponential average) */
+    int miss_run;      /* verify passes in a row that kept no draft */
+    int pause;         /* steps left without drafts */
+    int pause_len;     /* the last pause's length */
+    int n_paused;      /* steps taken without drafts because of a pause, so far */
+};
+void strata_draft_pace_init(struct strata_draft_pace *p);
+/* The drafts to try this step, at most draft_max; 0 while paused. */
+int strata_draft_pace_len(struct strata_draft_pace *p, int draft_max);
+/* After a verify pass of k > 0 drafts of which accepted were kept. */
+void strata_draft_pace_update(struct strata_draft_pace *p, int k, int accepted);
 /* Prompt-lookup drafts: the up to k tokens that followed the latest earlier occurrence of
  * hist's last ngram .. 2 tokens, into out; their number. */
 int strata_ngram_draft(const int32_t *hist, int n_hist, int ngram, int k, int32_t *out);
@@ -400,6 +416,8 @@ struct strata_generate_stats {
                                 * pass's rows: decoded without them */
     int drafted_at[16], accepted_at[16]; /* drafts by position in their pass (the 16th and
                                           * later ones in the last entry); of those, accepted */
+    int n_paused; /* steps decoded without drafts while drafting was paused (none kept lately:
+                   * struct strata_draft_pace) */
 };
 
 /* Receives generated text as it completes (whole UTF-8 characters); nonzero stops. */

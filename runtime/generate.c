@@ -6,6 +6,7 @@
 
 #include "errors.h"
 #include "model.h"
+#include "strata.h"
 #include "stream.h"
 #include "tokenizer.h"
 
@@ -92,6 +93,40 @@ int generate_draft_len(double accept_ema, int kmax)
     double run = accept_ema < 0.99 ? accept_ema / (1 - accept_ema) : 100;
     int k = 1 + (int)(2 * run);
     return k < kmax ? k : kmax;
+}
+
+void generate_pace_init(struct strata_draft_pace *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->accept_ema = 0.5;
+}
+
+int generate_pace_len(struct strata_draft_pace *p, int kmax)
+{
+    if (p->pause > 0) {
+        p->pause--;
+        p->n_paused++;
+        return 0;
+    }
+    return generate_draft_len(p->accept_ema, kmax);
+}
+
+void generate_pace_update(struct strata_draft_pace *p, int k, int acc)
+{
+    if (k <= 0)
+        return;
+    p->accept_ema = 0.9 * p->accept_ema + 0.1 * ((double)acc / k);
+    if (acc > 0) {
+        p->miss_run = 0;
+        p->pause_len = 0;
+        return;
+    }
+    if (++p->miss_run < GENERATE_PACE_MISSES)
+        return;
+    p->pause_len = p->pause_len ? 2 * p->pause_len : 4;
+    if (p->pause_len > GENERATE_PACE_MAX_PAUSE)
+        p->pause_len = GENERATE_PACE_MAX_PAUSE;
+    p->pause = p->pause_len;
 }
 
 int generate_ngram_draft(const int32_t *hist, int n_hist, int ngram, int k, int32_t *out)
@@ -239,7 +274,8 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
     bool argmax_only =
         !spec && cfg->sampling.temperature <= 0.0f && cfg->sampling.repeat_penalty == 1.0f;
     int32_t next = 0, pending = -1;
-    double accept_ema = 0.5; /* the running share of drafts accepted */
+    struct strata_draft_pace pace;
+    generate_pace_init(&pace);
     t0 = generate_now();
     rc = argmax_only ? stream_eval_argmax(s, prompt, n_prompt, &next)
                      : stream_eval(s, prompt, n_prompt, logits);
@@ -258,11 +294,11 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
             break;
         }
         /* a pass of id alone, or of id and drafts; the adaptive length is the run of accepted
-         * drafts the running acceptance share predicts, doubled, at least 1 */
-        int k_adapt = kmax;
-        if (spec)
-            k_adapt = generate_draft_len(accept_ema, kmax);
-        int k = spec ? gen_drafts(&g, k_adapt, drafts + 1) : 0;
+         * drafts the running acceptance share predicts, doubled, at least 1 (0 while drafting
+         * is paused after passes that kept nothing) */
+        int k_adapt = spec ? generate_pace_len(&pace, kmax) : 0;
+        st->n_paused = pace.n_paused;
+        int k = k_adapt > 0 ? gen_drafts(&g, k_adapt, drafts + 1) : 0;
         if (k == 0) {
             rc = argmax_only ? stream_eval_argmax(s, &id, 1, &next)
                              : stream_eval(s, &id, 1, logits);
@@ -297,7 +333,7 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
             }
         }
         st->n_accepted += acc;
-        accept_ema = 0.9 * accept_ema + 0.1 * ((double)acc / k);
+        generate_pace_update(&pace, k, acc);
         /* the cache keeps id and the accepted drafts, but not the last token generated when
          * generation ends here: as plain decoding, which never evaluates that one */
         r = stream_truncate(s, base + 1 + acc - (done && acc > 0 ? 1 : 0));

@@ -41,11 +41,28 @@ struct generate_stats {
     int n_drafted, n_accepted; /* drafted tokens; of those, accepted */
     bool spec_unavailable;     /* drafts were asked for, but the verify rows did not fit */
     int drafted_at[GENERATE_SPEC_POS], accepted_at[GENERATE_SPEC_POS]; /* per draft position */
+    int n_paused; /* steps without drafts while drafting was paused */
 };
 
 /* The drafts a verify pass tries, adapted to the running share of drafts kept (accept_ema, an
  * exponential average): twice the expected run of kept drafts, plus one, at most kmax. */
 int generate_draft_len(double accept_ema, int kmax);
+
+/* The pace of drafting (struct strata_draft_pace, include/strata.h): the adaptive length, and a
+ * pause after GENERATE_PACE_MISSES verify passes in a row that kept no draft, of 4 steps,
+ * doubling with each probe pass that keeps none either (up to GENERATE_PACE_MAX_PAUSE); a kept
+ * draft ends it. Drafts that are never kept then cost a pass of two rows only every so often
+ * instead of at every step (under a VRAM budget a second row can double the experts a step
+ * moves). */
+#define GENERATE_PACE_MISSES 4
+#define GENERATE_PACE_MAX_PAUSE 64
+struct strata_draft_pace;
+void generate_pace_init(struct strata_draft_pace *p);
+/* The drafts to try this step (at most kmax); 0 while paused (the step is counted in
+ * n_paused). */
+int generate_pace_len(struct strata_draft_pace *p, int kmax);
+/* After a verify pass of k > 0 drafts of which acc were kept. */
+void generate_pace_update(struct strata_draft_pace *p, int k, int acc);
 
 /* Prompt lookup: the up to k tokens that followed the latest earlier occurrence of hist's last
  * m tokens, for m = ngram down to 2 (the first m that occurs). Writes them to out; returns

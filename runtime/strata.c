@@ -652,6 +652,21 @@ int strata_draft_len(double accept_ema, int draft_max)
     return generate_draft_len(accept_ema, draft_max);
 }
 
+void strata_draft_pace_init(struct strata_draft_pace *p)
+{
+    generate_pace_init(p);
+}
+
+int strata_draft_pace_len(struct strata_draft_pace *p, int draft_max)
+{
+    return generate_pace_len(p, draft_max);
+}
+
+void strata_draft_pace_update(struct strata_draft_pace *p, int k, int accepted)
+{
+    generate_pace_update(p, k, accepted);
+}
+
 int strata_ngram_draft(const int32_t *hist, int n_hist, int ngram, int k, int32_t *out)
 {
     return generate_ngram_draft(hist, n_hist, ngram, k, out);
@@ -712,6 +727,7 @@ int strata_generate(struct strata_stream *st, const int32_t *prompt, int n_promp
             .n_drafted = gs.n_drafted,
             .n_accepted = gs.n_accepted,
             .spec_unavailable = gs.spec_unavailable,
+            .n_paused = gs.n_paused,
         };
     if (stats)
         for (int i = 0; i < 16 && i < GENERATE_SPEC_POS; i++) {

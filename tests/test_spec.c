@@ -371,6 +371,53 @@ static int spoiled_drafts(void *ctx, const int32_t *hist, int n_hist, int k, int
     return n;
 }
 
+/* Drafts that are never kept: the plain greedy continuation (g_wrong_plain, indexed by the
+ * position after the prompt) plus one. */
+static const int32_t *g_wrong_plain;
+static int g_wrong_prompt;
+
+static int wrong_drafts(void *ctx, const int32_t *hist, int n_hist, int k, int32_t *out)
+{
+    (void)ctx, (void)hist;
+    int n = 0;
+    for (int at = n_hist - g_wrong_prompt; n < k && at >= 0 && at < 64; n++, at++)
+        out[n] = (g_wrong_plain[at] + 1) % 1024;
+    return n;
+}
+
+/* The pace of drafting: 4 passes in a row that keep nothing pause drafting for 4 steps, each
+ * probe pass that keeps nothing doubles the pause up to 64, a kept draft ends it. */
+static void test_pace(void)
+{
+    struct strata_draft_pace p;
+    strata_draft_pace_init(&p);
+    int k0 = strata_draft_pace_len(&p, 8);
+    CHECK(k0 == strata_draft_len(0.5, 8), "first length %d", k0);
+    for (int i = 0; i < 3; i++) {
+        strata_draft_pace_update(&p, 1, 0);
+        CHECK(strata_draft_pace_len(&p, 8) > 0, "paused after %d misses", i + 1);
+    }
+    int want[] = {4, 8, 16, 32, 64, 64}, bad = 0;
+    for (int round = 0; round < 6; round++) {
+        strata_draft_pace_update(&p, 1, 0); /* the 4th miss, then each probe's */
+        int paused = 0;
+        while (strata_draft_pace_len(&p, 8) == 0 && paused < 1000)
+            paused++;
+        bad += paused != want[round];
+    }
+    CHECK(bad == 0 && p.n_paused == 4 + 8 + 16 + 32 + 64 + 64, "pauses: %d wrong, %d steps", bad,
+          p.n_paused);
+    strata_draft_pace_update(&p, 2, 1); /* a kept draft: no pause, the miss run starts over */
+    int k = strata_draft_pace_len(&p, 8);
+    for (int i = 0; i < 3; i++)
+        strata_draft_pace_update(&p, 1, 0);
+    CHECK(k > 0 && strata_draft_pace_len(&p, 8) > 0, "a kept draft did not end the pause");
+    strata_draft_pace_update(&p, 1, 0);
+    CHECK(strata_draft_pace_len(&p, 8) == 0 && p.pause == 3, "the pause did not restart at 4");
+    printf("draft pace: pauses of 4, 8, 16, 32, 64 and 64 steps after passes keeping none; a "
+           "kept draft ends them\n");
+}
+
 static void test_drafter(const char *target, const char *other, const char *foreign)
 {
     struct strata *t = open_cpu(target), *self = open_cpu(target), *o = open_cpu(other);
@@ -403,6 +450,19 @@ static void test_drafter(const char *target, const char *other, const char *fore
           e.st.n_drafted);
     CHECK(b.st.n_accepted < b.st.n_drafted, "another model as draft: %d of %d accepted",
           b.st.n_accepted, b.st.n_drafted);
+    /* drafts never kept: drafting pauses (a pass every few steps, then every 64), the output
+     * stays plain decoding's */
+    g_wrong_plain = plain.ids, g_wrong_prompt = 6;
+    run_with(t, prompt, 6, 64, 256, 0.0f, 4, wrong_drafts, NULL, &d);
+    CHECK(!d.rc && d.st.n_gen == plain.st.n_gen &&
+              !memcmp(d.ids, plain.ids, sizeof(int32_t) * plain.st.n_gen),
+          "greedy with drafts never kept differs from plain decoding");
+    CHECK(d.st.n_accepted == 0 && d.st.n_verify >= 4 && d.st.n_verify <= 10 &&
+              d.st.n_paused >= 64 - 1 - 10,
+          "drafts never kept: %d passes, %d accepted, %d steps paused", d.st.n_verify,
+          d.st.n_accepted, d.st.n_paused);
+    printf("drafts never kept: %d verify passes in 64 tokens, %d steps paused\n", d.st.n_verify,
+           d.st.n_paused);
     printf("draft model: itself %d/%d accepted, spoiled %d/%d, another tiny model %d/%d; "
            "greedy ids as plain\n",
            a.st.n_accepted, a.st.n_drafted, e.st.n_accepted, e.st.n_drafted, b.st.n_accepted,
@@ -625,6 +685,7 @@ int main(void)
     char f32[512], q8[512], path[512];
     test_ngram();
     test_rule();
+    test_pace();
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");
         return 1;
