@@ -91,7 +91,8 @@ static void bench_usage(void)
            "      --bind            bind the CPU threads one per physical core (hwloc)\n"
            "      --device cpu|cuda backend (default cpu; cuda: every weight on the GPU, and the\n"
            "                        floor is bytes per token / device copy bandwidth)\n"
-           "      --host-budget SIZE  CPU, or CUDA with --placement static (its CPU layers): the\n"
+           "      --host-budget SIZE  CPU, CUDA with --placement static (its CPU layers) or the\n"
+           "                        expert cache (copy path): the\n"
            "                        routed experts read from the file into a host tier of\n"
            "                        SIZE (at least a layer's experts); reports its hit rate\n"
            "                        and read GB/s (--host-io auto|uring|pread, --host-buffered\n"
@@ -307,9 +308,15 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
                         "needs --vram-budget\n");
         return 2;
     }
-    if (o->host_budget && o->cuda && !o->device_cpu && !o->cpu_moe_layers) {
-        fprintf(stderr, "strata bench: --host-budget runs on the CPU device, or on CUDA with "
-                        "--placement static\n");
+    if (o->host_budget && o->cuda && !o->device_cpu && !o->cpu_moe_layers && !o->vram_budget) {
+        fprintf(stderr, "strata bench: --host-budget runs on the CPU device, or on CUDA under "
+                        "--vram-budget (the expert cache) or with --placement static\n");
+        return 2;
+    }
+    if (o->host_budget && o->vram_budget && !o->cpu_moe_layers &&
+        (o->hybrid || o->residency == STRATA_FILL_ZEROCOPY)) {
+        fprintf(stderr, "strata bench: --host-budget under the expert cache copies its misses "
+                        "from the tier: not with --placement hybrid or --residency zerocopy\n");
         return 2;
     }
     if (o->host_budget && o->no_mmap) {

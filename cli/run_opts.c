@@ -73,11 +73,13 @@ static void run_opts_usage(const char *cmd)
            "      --device auto|cpu|cuda  backend (default %s: cuda when a GPU is present,\n"
            "                          with every weight on it if it fits, else under a\n"
            "                          budget of 90%% of its free memory; cpu otherwise)\n"
-           "      --host-budget SIZE  --device cpu (or CUDA with --placement static, for its CPU\n"
-           "                          layers): read the routed experts from the file into a\n"
-           "                          host tier of SIZE (at least one layer's experts), least\n"
-           "                          recently used out, instead of the mapping (for a model\n"
-           "                          larger than RAM); -v says how it reads\n"
+           "      --host-budget SIZE  read the routed experts from the file into a host tier of\n"
+           "                          SIZE (at least one layer's experts), least recently used\n"
+           "                          out, instead of the mapping (for a model larger than\n"
+           "                          RAM): on --device cpu, for --placement static's CPU\n"
+           "                          layers, and under --vram-budget for the expert cache,\n"
+           "                          whose misses are copied on from the tier (copy residency,\n"
+           "                          not hybrid); -v says how it reads\n"
            "      --host-io auto|uring|pread  how the tier reads (default auto: io_uring\n"
            "                          where it works)\n"
            "      --host-buffered     never O_DIRECT (default: O_DIRECT where the file system\n"
@@ -455,11 +457,21 @@ int run_opts_check(struct run_opts *o, const char *cmd)
                         "--host-budget\n", cmd);
         return 2;
     }
-    if (o->host_budget && !o->cpu_moe_layers && (!o->device_set || strcmp(o->device, "cpu"))) {
+    if (o->host_budget && !o->cpu_moe_layers && !o->vram_budget &&
+        (!o->device_set || strcmp(o->device, "cpu"))) {
         fprintf(stderr,
-                "strata %s: --host-budget runs on the CPU device, or on CUDA with "
-                "--placement static (the expert cache and the hybrid lane read every "
-                "expert from host memory): add --device cpu or --placement static\n",
+                "strata %s: --host-budget runs on the CPU device, or on CUDA under "
+                "--vram-budget (the expert cache) or with --placement static: add one of "
+                "--device cpu, --vram-budget or --placement static\n",
+                cmd);
+        return 2;
+    }
+    if (o->host_budget && o->vram_budget && !o->cpu_moe_layers &&
+        (o->hybrid || (o->residency && !strcmp(o->residency, "zerocopy")))) {
+        fprintf(stderr,
+                "strata %s: --host-budget under the expert cache copies its misses from the "
+                "tier into VRAM: not with --placement hybrid or --residency zerocopy, which "
+                "read experts from host memory at any time\n",
                 cmd);
         return 2;
     }

@@ -447,9 +447,16 @@ static int ml_open_cache(struct moe_layer *ml)
     ml->ops->held(ml->dev, &weights, &other);
     uint64_t fixed = weights + other + cfg->stream_bytes;
     struct expert_cache_config ec = {
-        .n_slots = cfg->expert_slots, .max_pairs = cfg->max_tok * (int)hp->n_expert_used,
-        .gather = cfg->gather, .pin_chunk = cfg->pin_chunk, .log = cfg->log,
+        .n_slots = cfg->expert_slots,
+        .max_pairs = cfg->max_tok * (int)hp->n_expert_used,
+        .gather = cfg->gather,
+        .pin_chunk = cfg->pin_chunk,
+        .log = cfg->log,
+        .tier = cfg->tier,
     };
+    if (cfg->tier && (cfg->hybrid || cfg->fill == MOE_FILL_ZEROCOPY))
+        return err_set(-ENOTSUP, "a host tier under the expert cache serves the copy path only "
+                                 "(not the hybrid lane or zero-copy misses)");
     if (cfg->vram_budget) {
         uint64_t trunk, slot;
         struct budget_plan plan;
@@ -500,7 +507,8 @@ int moe_layer_open(const struct model *m, const struct moe_layer_config *cfg,
     }
     ml->route_ids = ml_alloc(ml, sizeof(int32_t) * pairs);
     ml->route_w = ml_alloc(ml, sizeof(float) * pairs);
-    ml->prefetch = cfg->prefetch && cfg->cache && !ops->host;
+    /* with a host tier under the cache, predictions read ahead into the tier */
+    ml->prefetch = (cfg->prefetch || (cfg->tier && cfg->tier_ahead)) && cfg->cache && !ops->host;
     if (ml->prefetch) {
         int depth = cfg->prefetch_depth < 1 ? 1 : cfg->prefetch_depth;
         depth = depth > EXPERT_CACHE_MAX_DEPTH ? EXPERT_CACHE_MAX_DEPTH : depth;

@@ -60,6 +60,14 @@ struct expert_cache {
     void *arena;      /* the copy in an anonymous mapping on the GPU's node, registered */
     size_t arena_bytes;
     struct ec_layer *lay;
+    /* the host tier instead (cfg.tier): lay[].host and .mapped are NULL */
+    struct disk_tier *tier;
+    const uint8_t **tier_ptr; /* (3 n_expert) this call's experts in the tier, by expert id */
+    int tier_layer;           /* the layer tier_ptr is of, -1: none */
+    const uint8_t **tier_got; /* (3 n_expert) scratch: disk_tier_get's answer */
+    int32_t *tier_ids;        /* (n_expert) scratch: the experts asked of the tier */
+    uint8_t *tier_park;       /* where an entry of an expert in no slot points between calls
+                               * (inside the registered tier memory; no kernel reads it) */
 
     /* slots */
     void **chunks;
@@ -140,7 +148,8 @@ static inline uint64_t ec_expert_bytes(const struct expert_cache *c, int l)
 }
 
 /* host_tier.c: fills c->lay (host and mapped addresses, strides) from the model, pinning its
- * memory in place or copying it into pinned memory; ec_host_tier_close undoes it. */
+ * memory in place or copying it into pinned memory (with a tier: the strides, and the tier's
+ * memory registered); ec_host_tier_close undoes it. */
 int ec_host_tier(struct expert_cache *c);
 void ec_host_tier_close(struct expert_cache *c);
 
@@ -157,6 +166,17 @@ bool ec_in_slot(struct expert_cache *c, int l, int e);
 void ec_tables(struct expert_cache *c, int l, struct expert_tables *t);
 /* Uploads layer l's table when dirty (or always while recording). */
 int ec_upload(struct expert_cache *c, int l);
+/* Where part p of expert e of layer l is read from when it is in no slot: its mapped host
+ * address, or with a tier its bytes there during the call that fetched it (tier_ptr) and the
+ * park address otherwise. */
+const uint8_t *ec_host_addr(const struct expert_cache *c, int l, int p, int e);
+/* With a tier: whether (l, e) was fetched by the last ec_tier_fetch. */
+static inline bool ec_tier_has(const struct expert_cache *c, int l, int e)
+{
+    return l == c->tier_layer && c->tier_ptr[3 * (size_t)e] != NULL;
+}
+/* With a tier: makes experts ids[0..n) of layer resident in it (tier_ptr). 0 or -errno. */
+int ec_tier_fetch(struct expert_cache *c, int layer, const int32_t *ids, int n);
 
 /* fill_copy.c: the copy machinery both paths use */
 /* Launches the gather pieces collected so far on the copy stream. */

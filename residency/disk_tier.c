@@ -235,6 +235,12 @@ int disk_tier_open(const struct model *m, const struct disk_tier_config *cfg,
     return 0;
 }
 
+void disk_tier_memory(const struct disk_tier *t, uint8_t **pool, size_t *bytes)
+{
+    *pool = t->pool;
+    *bytes = (size_t)t->n_slots * t->slot_bytes;
+}
+
 void disk_tier_close(struct disk_tier *t)
 {
     if (!t)

@@ -72,6 +72,10 @@ int disk_tier_read_ahead(struct disk_tier *t, int layer, const int32_t *experts,
 
 void disk_tier_get_stats(const struct disk_tier *t, struct disk_tier_stats *out);
 
+/* The slots' memory, one block: every address disk_tier_get returns lies inside it (the expert
+ * cache registers it for DMA). */
+void disk_tier_memory(const struct disk_tier *t, uint8_t **pool, size_t *bytes);
+
 /* The disk's read bandwidth for the tier: `bytes` of path from offset `off` (both rounded to
  * 4096) in blocks of `block` bytes, `depth` of them in flight through io_uring (pread one at a
  * time where io_uring does not work), O_DIRECT unless the file system refuses it (*direct

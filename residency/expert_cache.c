@@ -25,6 +25,8 @@ int expert_cache_open(const struct model *m, const struct expert_cache_config *c
     c->compute = compute_stream;
     c->log = cfg->log;
     c->gather = cfg->gather;
+    c->tier = cfg->tier;
+    c->tier_layer = -1;
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     c->reg_chunk = cfg->pin_chunk / page * page;
     if (!c->reg_chunk)
@@ -77,7 +79,7 @@ int expert_cache_open(const struct model *m, const struct expert_cache_config *c
         for (int p = 0; p < P_N; p++)
             for (int e = 0; e < c->n_expert; e++)
                 c->tab_host[((size_t)l * P_N + p) * c->n_expert + e] =
-                    c->lay[l].mapped[p] + (uint64_t)e * c->lay[l].stride[p];
+                    (void *)ec_host_addr(c, l, p, e);
     rc = cuda_h2d(c->tab_dev, c->tab_host, nt * sizeof(void *), c->compute);
     rc = rc ? rc : cuda_stream_sync(c->compute);
     if (rc) {

@@ -19,6 +19,13 @@
  *                 table entries switched to the slot once the copy is known complete (at a
  *                 later step end). A victim's entry goes back to host memory before its slot is
  *                 overwritten, while nothing runs.
+ * With a host tier (cfg.tier, --host-budget: disk_tier.h) only the tier's slots are pinned and
+ * registered, not the file: a call's misses are made resident there first (one disk_tier_get
+ * of the layer's misses), then copied into VRAM slots from the tier's buffers, or read in place
+ * from them when every slot is guarded; those buffers stay valid for the call, since the next
+ * call's read-back syncs the compute stream (after this call's kernels and the copies they
+ * waited for) before it asks the tier again. Predictions (--prefetch) become read-aheads into
+ * the tier instead of copies into VRAM.
  * Ownership: single-threaded, owned by the CUDA backend; all CUDA calls go through cuda_mem.
  */
 #ifndef STRATA_EXPERT_CACHE_H
@@ -46,6 +53,9 @@ struct expert_cache_config {
     uint64_t pin_chunk;  /* host memory is registered in pieces of this many bytes (rounded
                           * down to pages; one expert may straddle two); 0 = 1 GiB */
     FILE *log;           /* where the set-up reports go (host path, slots), NULL = quiet */
+    struct disk_tier *tier; /* experts come from this host tier (read from the file on
+                             * demand) instead of the whole mapping pinned: copy path only (no
+                             * zero-copy, no hybrid lane); the caller keeps it open */
 };
 
 struct expert_cache_layer_stats {

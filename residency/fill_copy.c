@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "disk_tier.h"
 #include "errors.h"
 #include "slru.h"
 
@@ -95,13 +96,72 @@ int ec_admit_guard(struct expert_cache *c, int l, int e, int guard, int *rc)
     }
     for (int p = 0; p < P_N && !*rc; p++) {
         uint64_t at = (uint64_t)e * c->lay[l].stride[p];
-        *rc = ec_copy_piece(c, c->slot[s] + c->off[p], c->lay[l].host[p] + at,
-                            c->lay[l].mapped[p] + at, c->lay[l].stride[p]);
+        if (c->tier && !ec_tier_has(c, l, e)) { /* not fetched: a bug, never garbage */
+            *rc = -EFAULT;
+            break;
+        }
+        const uint8_t *host = c->tier ? ec_host_addr(c, l, p, e) : c->lay[l].host[p] + at;
+        /* the tier's memory is registered in place: its mapped address is its host one */
+        *rc = ec_copy_piece(c, c->slot[s] + c->off[p], host,
+                            c->tier ? (uint8_t *)host : c->lay[l].mapped[p] + at,
+                            c->lay[l].stride[p]);
     }
     if (*rc)
         *rc = err_set(*rc, "expert cache: streaming expert %d of layer %d failed", e, l);
     c->stats[l].bytes_copied += ec_expert_bytes(c, l);
     return s;
+}
+
+int ec_tier_fetch(struct expert_cache *c, int layer, const int32_t *ids, int n)
+{
+    memset(c->tier_ptr, 0, sizeof(*c->tier_ptr) * 3 * (size_t)c->n_expert);
+    c->tier_layer = layer;
+    if (n == 0)
+        return 0;
+    int rc = disk_tier_get(c->tier, layer, ids, n, c->tier_got);
+    if (rc)
+        return err_wrap(rc, "expert cache: layer %d: ", layer);
+    for (int i = 0; i < n; i++)
+        for (int p = 0; p < P_N; p++)
+            c->tier_ptr[3 * (size_t)ids[i] + p] = c->tier_got[3 * (size_t)i + p];
+    return 0;
+}
+
+/* With a tier: this call's misses (c->tier_ids, n) fetched into it, then admitted and copied on
+ * from there (or, when every slot is guarded, read in place there). Whether any was copied. */
+static bool ec_tier_misses(struct expert_cache *c, int layer, int n, int *rc)
+{
+    bool copied = false;
+    *rc = ec_tier_fetch(c, layer, c->tier_ids, n);
+    for (int i = 0; i < n && !*rc; i++) {
+        int e = c->tier_ids[i];
+        int s = ec_admit(c, layer, e, rc);
+        if (s >= 0) {
+            ec_point_slot(c, layer, e, s);
+            copied = true;
+        } else {
+            ec_point_host(c, layer, e);
+            c->stats[layer].bytes_zerocopy += ec_expert_bytes(c, layer);
+        }
+    }
+    return copied;
+}
+
+/* With a tier, predictions read the next layer's experts that no slot holds into the tier
+ * ahead (disk_tier_read_ahead), instead of copying them into VRAM. */
+static void ec_tier_ahead(struct expert_cache *c, int layer, int n_pred)
+{
+    int t = layer + 1, n = 0;
+    c->stamp++;
+    for (int i = 0; i < n_pred && layer + 1 < c->n_layer; i++) {
+        int e = c->pred_host[i];
+        if (e < 0 || e >= c->n_expert || c->seen[e] == c->stamp || slru_peek(c->slru, t, e) >= 0)
+            continue;
+        c->seen[e] = c->stamp;
+        c->tier_ids[n++] = e;
+    }
+    if (n)
+        disk_tier_read_ahead(c->tier, t, c->tier_ids, n);
 }
 
 /* Hybrid: the misses of this call, each to PCIe (admitted and copied) or the CPU (entries on
@@ -162,6 +222,10 @@ static int ec_prefetch(struct expert_cache *c, int layer, int n_pred, int n_dept
     busy = c->pf_last_set && busy == 0;
     /* the batch goes on the prefetch stream, after everything the copy stream holds (a victim
      * slot may still be receiving a copy there) */
+    if (c->tier) {
+        ec_tier_ahead(c, layer, n_pred);
+        return 0;
+    }
     rc = ec_flush(c);
     rc = rc ? rc : cuda_event_record(c->copy_mark, c->copy);
     rc = rc ? rc : cuda_stream_wait(c->pf_stream, c->copy_mark);
@@ -260,7 +324,7 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
         c->bg_id = -1;
     }
     bool split = c->hybrid && n_pairs <= c->max_cpu_tok * (int)c->m->hp.n_expert_used;
-    int n_miss = 0;
+    int n_miss = 0, n_tier = 0;
     for (int i = 0; i < n_pairs && !rc; i++) {
         int e = ids[i];
         if (e < 0 || e >= c->n_expert || c->seen[e] == c->stamp)
@@ -281,6 +345,10 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
             c->miss_ids[n_miss++] = e;
             continue;
         }
+        if (c->tier) { /* fetched together below */
+            c->tier_ids[n_tier++] = e;
+            continue;
+        }
         int s = ec_admit(c, layer, e, &rc);
         if (s >= 0) {
             ec_point_slot(c, layer, e, s);
@@ -294,6 +362,8 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
         copied |= ec_assign_misses(c, layer, ids, n_pairs, n_miss, &rc);
         qsort(c->cpu_ids, (size_t)c->n_cpu, sizeof(int32_t), ec_cmp_i32);
     }
+    if (c->tier && !rc)
+        copied |= ec_tier_misses(c, layer, n_tier, &rc);
     rc = rc ? rc : ec_upload(c, layer);
     /* this layer's experts wait for every copy enqueued so far: its misses, and experts a
      * prediction at the previous layer admitted, whose entries already point at their slots */
@@ -329,6 +399,9 @@ void expert_cache_set_hybrid_admit(struct expert_cache *c, bool on)
 int expert_cache_set_hybrid(struct expert_cache *c, expert_cache_split_fn split, void *ctx,
                             int max_cpu_tok)
 {
+    if (c->tier)
+        return err_set(-ENOTSUP, "the hybrid lane reads its experts from the file mapping; it "
+                                 "does not take a host tier (--host-budget) yet");
     size_t ne = (size_t)c->n_expert;
     c->cpu_ids = malloc(sizeof(*c->cpu_ids) * ne);
     c->miss_ids = malloc(sizeof(*c->miss_ids) * ne);

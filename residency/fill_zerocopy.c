@@ -20,6 +20,8 @@ int expert_cache_prepare_zerocopy(struct expert_cache *c, int layer, const int32
     int rc = 0;
     if (n_pairs > c->max_pairs)
         return err_set(-EINVAL, "expert cache: %d pairs (at most %d)", n_pairs, c->max_pairs);
+    if (c->tier) /* misses would be read in place, after the host tier has moved on */
+        return err_set(-ENOTSUP, "expert cache: zero-copy misses with a host tier");
     if (c->n_pending_ids[layer] >= 0) { /* the layer ran twice in one step: settle the first */
         rc = cuda_stream_sync(c->compute);
         rc = rc ? err_set(rc, "expert cache: sync failed") : expert_cache_step_end(c);

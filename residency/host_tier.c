@@ -17,6 +17,7 @@
 
 #include "clock.h"
 #include "cuda_info.h"
+#include "disk_tier.h"
 #include "errors.h"
 #include "topo.h"
 
@@ -158,12 +159,44 @@ static int ec_copy_pinned(struct expert_cache *c, int *node_out)
     return 0;
 }
 
+/* With a host tier: the strides, and the tier's slots registered (the file is not). */
+static int ec_tier_register(struct expert_cache *c)
+{
+    uint8_t *pool;
+    size_t bytes;
+    double t0 = clock_now_s();
+    for (int l = 0; l < c->n_layer; l++)
+        for (int p = 0; p < P_N; p++)
+            c->lay[l].stride[p] = ec_weight(c->m, l, p)->bytes / (uint64_t)c->n_expert;
+    disk_tier_memory(c->tier, &pool, &bytes);
+    size_t ne = (size_t)c->n_expert;
+    c->tier_ptr = calloc(3 * ne, sizeof(*c->tier_ptr));
+    c->tier_got = calloc(3 * ne, sizeof(*c->tier_got));
+    c->tier_ids = malloc(sizeof(*c->tier_ids) * ne);
+    if (!c->tier_ptr || !c->tier_got || !c->tier_ids)
+        return err_set(-ENOMEM, "out of memory");
+    int rc = ec_register(c, pool, bytes, false);
+    if (rc)
+        return err_set(rc, "expert cache: cannot pin the host tier's %.2f GiB",
+                       bytes / 1073741824.0);
+    c->tier_park = pool;
+    if (c->log)
+        fprintf(c->log,
+                "strata: expert cache: misses read through the host tier (%.2f GiB "
+                "pinned in %.2f s), not the file mapping\n",
+                bytes / 1073741824.0, clock_now_s() - t0);
+    return 0;
+}
+
 int ec_host_tier(struct expert_cache *c)
 {
     const struct model *m = c->m;
     uintptr_t lo = UINTPTR_MAX, hi = 0, page = (uintptr_t)sysconf(_SC_PAGESIZE);
     double t0 = clock_now_s();
     uint64_t expert_bytes = 0;
+
+    if (c->tier)
+        return ec_tier_register(c);
 
     for (int l = 0; l < c->n_layer; l++) {
         for (int p = 0; p < P_N; p++) {
@@ -215,4 +248,7 @@ void ec_host_tier_close(struct expert_cache *c)
     cuda_host_free(c->pinned);
     if (c->arena)
         munmap(c->arena, c->arena_bytes);
+    free(c->tier_ptr);
+    free(c->tier_got);
+    free(c->tier_ids);
 }

@@ -9,6 +9,28 @@
 #include "errors.h"
 #include "slru.h"
 
+/* With a tier: the experts of the run of entries from i on that share entry i's layer (one
+ * layer's worth at most, none twice, none in a slot) fetched into the tier, once the copies
+ * from its previous fetch have landed. 0 or -errno. */
+static int ec_preload_fetch(struct expert_cache *c, const int32_t *layer, const int32_t *expert,
+                            int i, int n)
+{
+    int l = layer[i], k = 0;
+    int rc = ec_flush(c);
+    rc = rc ? rc : cuda_stream_sync(c->copy);
+    if (rc)
+        return rc;
+    c->stamp++;
+    for (int j = i; j < n && layer[j] == l && k < c->n_expert; j++) {
+        int e = expert[j];
+        if (e < 0 || e >= c->n_expert || c->seen[e] == c->stamp || slru_peek(c->slru, l, e) >= 0)
+            continue;
+        c->seen[e] = c->stamp;
+        c->tier_ids[k++] = e;
+    }
+    return ec_tier_fetch(c, l, c->tier_ids, k);
+}
+
 int expert_cache_preload(struct expert_cache *c, const int32_t *layer, const int32_t *expert,
                          int n, bool pin, expert_cache_progress_fn progress, void *ctx)
 {
@@ -33,10 +55,14 @@ int expert_cache_preload(struct expert_cache *c, const int32_t *layer, const int
             rc = err_set(-EINVAL, "expert cache: no expert %d in layer %d to restore", e, l);
             break;
         }
-        if (slru_peek(c->slru, l, e) >= 0)
+        if (slru_peek(c->slru, l, e) >= 0) {
             slot_of[i] = slru_peek(c->slru, l, e);
-        else if ((slot_of[i] = ec_admit(c, l, e, &rc)) < 0)
-            break; /* the pool is full */
+        } else {
+            if (c->tier && !ec_tier_has(c, l, e) && (rc = ec_preload_fetch(c, layer, expert, i, n)))
+                break;
+            if ((slot_of[i] = ec_admit(c, l, e, &rc)) < 0)
+                break; /* the pool is full */
+        }
         placed++;
         if (pin && !rc)
             slru_pin(c->slru, l, e);

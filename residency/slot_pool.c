@@ -93,10 +93,18 @@ void **ec_entry(struct expert_cache *c, int l, int p, int e)
     return &c->tab_host[((size_t)l * P_N + p) * c->n_expert + e];
 }
 
+const uint8_t *ec_host_addr(const struct expert_cache *c, int l, int p, int e)
+{
+    if (!c->tier)
+        return c->lay[l].mapped[p] + (uint64_t)e * c->lay[l].stride[p];
+    const uint8_t *t = l == c->tier_layer ? c->tier_ptr[3 * (size_t)e + p] : NULL;
+    return t ? t : c->tier_park;
+}
+
 void ec_point_host(struct expert_cache *c, int l, int e)
 {
     for (int p = 0; p < P_N; p++)
-        *ec_entry(c, l, p, e) = c->lay[l].mapped[p] + (uint64_t)e * c->lay[l].stride[p];
+        *ec_entry(c, l, p, e) = (void *)ec_host_addr(c, l, p, e);
     c->dirty[l] = 1;
 }
 
@@ -109,8 +117,10 @@ void ec_point_slot(struct expert_cache *c, int l, int e, int s)
 
 bool ec_in_slot(struct expert_cache *c, int l, int e)
 {
-    return *ec_entry(c, l, P_GATE, e) !=
-           (void *)(c->lay[l].mapped[P_GATE] + (uint64_t)e * c->lay[l].stride[P_GATE]);
+    const uint8_t *a = *ec_entry(c, l, P_GATE, e);
+    if (c->tier) /* an entry not in a slot points into the registered tier memory */
+        return !(a >= c->reg_lo && a < c->reg_lo + c->reg_bytes);
+    return a != c->lay[l].mapped[P_GATE] + (uint64_t)e * c->lay[l].stride[P_GATE];
 }
 
 void ec_tables(struct expert_cache *c, int l, struct expert_tables *t)

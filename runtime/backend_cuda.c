@@ -1014,10 +1014,15 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
             .buffered = cfg->tier_buffered,
             .log = cfg->log,
         };
-        rc = !cfg->cpu_moe_layers
+        bool cache = !cfg->cpu_moe_layers && (cfg->vram_budget || cfg->expert_slots > 0);
+        rc = !cfg->cpu_moe_layers && !cache
                  ? err_set(-ENOTSUP, "cuda backend: the host tier serves static placement's CPU "
-                                     "layers only so far (the expert cache and the hybrid lane "
-                                     "read every expert from host memory)")
+                                     "layers or the expert cache (all resident, no expert is "
+                                     "read from host memory)")
+             : cache && (cfg->hybrid || cfg->residency == BACKEND_RESIDENCY_ZEROCOPY)
+                 ? err_set(-ENOTSUP, "cuda backend: a host tier under the expert cache serves "
+                                     "its copy path only (not the hybrid lane or zero-copy "
+                                     "misses)")
                  : disk_tier_open(m, &tc, &c->tier);
         if (rc) {
             cuda_close_op(&c->base);

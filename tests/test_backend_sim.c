@@ -21,7 +21,9 @@
  *   memory) is bit-identical to running the ops, with one launch per step;
  * - a budget that cannot hold the trunk is refused; static picks N from the budget;
  * - static placement with its CPU layers read through a host tier (--host-budget) of one
- *   layer's experts is bit-identical to reading the mapping; the expert cache refuses a tier;
+ *   layer's experts is bit-identical to reading the mapping; the expert cache's copy path with
+ *   its misses read through such a tier (with predictions read ahead, with a profile placed
+ *   from it) is bit-identical to all resident; hybrid and zero-copy refuse a tier;
  * - gpt-oss (tiny, f32, past its 16-position window): the backend's YaRN rope, biases, attention
  *   sinks and window, router bias and expert biases with the clamped SwiGLU agree with the CPU
  *   backend (the f32 tolerance) all resident; the expert cache (copy and zerocopy), static
@@ -817,8 +819,27 @@ static void exact(const char *path, const char *what, const struct backend_cuda_
 /* Static placement with its CPU layers' experts read from the file through a host tier that
  * holds one layer's experts (so every token reads again): bit-identical to the same placement
  * reading the mapping, and the tier did read. */
+/* One run under cc against ref's logits: whether bit-identical, and the tier's reads. */
+static bool tier_run(const char *path, const char *what, const struct backend_cuda_config *cc,
+                     const int32_t *prompt, const struct run *ref)
+{
+    struct run r = {0};
+    int nv = n_vocab_of(path);
+    CHECK(run(path, cc, 256, prompt, NULL, &r) == 0, "%s: %s failed", path, what);
+    bool same =
+        r.logits && !memcmp(ref->logits, r.logits, sizeof(float) * (size_t)nv * (N_STEPS + 1));
+    printf("%s: %-44s %s; %d slots, %llu misses, %llu reads from the file\n", path, what,
+           same ? "bit-identical" : "DIFFERS", r.tot.slots, (unsigned long long)r.tot.misses,
+           (unsigned long long)r.tier_misses);
+    CHECK(same, "%s: %s changed the logits", path, what);
+    CHECK(r.tier_misses >= (uint64_t)N_STEPS, "%s: %s: the host tier read %llu times", path, what,
+          (unsigned long long)r.tier_misses);
+    free(r.logits);
+    return same;
+}
+
 static void static_tier(const char *path, const struct backend_cuda_config *st,
-                        const int32_t *prompt)
+                        const int32_t *prompt, const struct run *all)
 {
     struct model *m = NULL;
     if (model_open(path, &m))
@@ -848,14 +869,37 @@ static void static_tier(const char *path, const struct backend_cuda_config *st,
     }
     free(ref.logits);
     free(r.logits);
-    /* the expert cache reads every expert from host memory: refused with a tier */
+    /* the expert cache's copy path with its misses read through the tier (which holds one
+     * layer's experts, so most steps read the file): all resident's logits, also with the
+     * next layer's predicted experts read ahead and with a profile's experts placed from the
+     * tier before the first token */
     struct backend_cuda_config cache = {.device = 0, .expert_slots = 6, .host_budget = layer};
-    struct backend *b = NULL;
-    int rc = model_open(path, &m) ? -1 : backend_cuda_open(m, &cache, &b);
-    CHECK(rc == -ENOTSUP && strstr(err_msg(), "static placement"),
-          "%s: a host tier under the expert cache: %d (%s)", path, rc, err_msg());
-    backend_close(b);
-    model_close(m);
+    tier_run(path, "copy, 6 slots, host tier of one layer", &cache, prompt, all);
+    struct backend_cuda_config ahead = cache;
+    ahead.prefetch = true;
+    tier_run(path, "copy, 6 slots, host tier, predictions ahead", &ahead, prompt, all);
+    static const int32_t fl[4] = {0, 0, 1, 0}, fe[4] = {4, 2, 7, 5};
+    struct restore fz = {.n = 4, .layer = fl, .expert = fe, .pin = true};
+    g_restore = &fz;
+    tier_run(path, "copy, 6 slots, host tier, 4 frozen", &cache, prompt, all);
+    CHECK(fz.placed == 4, "host tier, 4 frozen: %d placed", fz.placed);
+    g_restore = NULL;
+    /* the hybrid lane and zero-copy misses read host memory at any time: refused */
+    for (int k = 0; k < 2; k++) {
+        struct backend_cuda_config no = cache;
+        if (k)
+            no.hybrid = true;
+        else
+            no.residency = BACKEND_RESIDENCY_ZEROCOPY;
+        struct backend *b = NULL;
+        int rc = model_open(path, &m) ? -1 : backend_cuda_open(m, &no, &b);
+        CHECK(rc == -ENOTSUP && strstr(err_msg(), "copy path"),
+              "%s: a host tier under the %s: %d (%s)", path, k ? "hybrid lane" : "zero-copy cache",
+              rc, err_msg());
+        backend_close(b);
+        model_close(m);
+        m = NULL;
+    }
 }
 
 /* How far the CPU lane (static and hybrid) and the CPU backend may move from the float
@@ -1122,7 +1166,7 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
              &(struct backend_cuda_config){.device = 0, .expert_slots = 6, .hybrid = true},
              tol->logits < 0.01 ? tol->logits * 10 : 1.0);
     close_enough(path, "static:2", &st, prompt, &ref, tol, 2, false);
-    static_tier(path, &st, prompt);
+    static_tier(path, &st, prompt, &ref);
     close_enough(path, "hybrid + admit when idle, 6 slots", &hy, prompt, &ref, tol, 0, true);
     struct backend_cuda_config hy_na = hy; /* CPU-lane misses never copied into a slot */
     hy_na.hybrid_no_admit = true;
