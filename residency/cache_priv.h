@@ -10,9 +10,10 @@
  * uploads, the kernels that read the tables, read-backs of routing ids), the cache's copy
  * stream (the copies a layer waits for: its misses, and admissions between steps) and its
  * prefetch stream (copies of predicted experts, so that a layer's own misses never queue
- * behind them). Events order the compute stream after both; the prefetch stream starts each
- * batch after the copy stream's work so far, and a copy into a slot whose last write was a
- * prefetch still in flight waits for the prefetch stream first. */
+ * behind them). Events order the compute stream after both (after the prefetch stream only
+ * up to the last prefetched expert the layer uses: the stream runs its copies in order); the
+ * prefetch stream starts each batch after the copy stream's work so far, and a copy into a slot
+ * whose last write was a prefetch still in flight waits for the prefetch stream first. */
 #ifndef STRATA_CACHE_PRIV_H
 #define STRATA_CACHE_PRIV_H
 
@@ -87,14 +88,18 @@ struct expert_cache {
     const int32_t *pred_dev; /* set by expert_cache_predict_ahead for the next prepare_copy */
     int n_pred, n_depth;     /* ids per depth block, blocks */
     int32_t *pred_host;      /* pinned (EXPERT_CACHE_MAX_DEPTH * max_pairs) */
-    void **pf_done;          /* (n_layer) events: prefetch copies into the layer enqueued so far */
-    uint8_t *pf_pending;     /* (n_layer) pf_done was recorded since the layer's last call */
     void *pf_last;           /* event: every prefetch copy enqueued so far */
     bool pf_last_set;        /* pf_last was recorded */
     void *pf_stream;         /* where prefetch copies go */
     void *xfer;              /* the stream copies are enqueued on now: copy or pf_stream */
     void *copy_mark;         /* event on the copy stream that a prefetch batch starts after */
     uint8_t *slot_pf;        /* (n_slots) last written by the prefetch stream (maybe still) */
+    void **slot_ev;          /* (slot_cap) event recorded after the last prefetch copy into
+                              * the slot (created on first use): a layer waits only for the
+                              * prefetched experts it uses, the latest of them */
+    uint64_t *slot_pf_seq;   /* (slot_cap) the order of that copy on the prefetch stream */
+    uint64_t pf_seq;
+    int slot_cap;
     void *pred_host_dev;
     bool copies_pending;     /* copies enqueued that no compute work has waited for yet */
     bool recording;          /* a graph is being recorded: upload every table */

@@ -58,15 +58,10 @@ int expert_cache_open(const struct model *m, const struct expert_cache_config *c
     rc = slru_open(&sc, &c->slru);
     rc = rc ? rc : cuda_host_alloc((void **)&c->tab_host, nt * sizeof(void *), &c->tab_host_dev);
     rc = rc ? rc : cuda_malloc((void **)&c->tab_dev, nt * sizeof(void *));
-    rc = rc ? rc : cuda_host_alloc((void **)&c->pred_host,
-                                   sizeof(int32_t) * EXPERT_CACHE_MAX_DEPTH * (size_t)c->max_pairs,
-                                   &c->pred_host_dev);
-    c->pf_done = calloc((size_t)c->n_layer, sizeof(void *));
-    c->pf_pending = calloc((size_t)c->n_layer, 1);
-    if (!c->pf_done || !c->pf_pending)
-        rc = rc ? rc : -ENOMEM;
-    for (int l = 0; l < c->n_layer && !rc; l++)
-        rc = cuda_event_create(&c->pf_done[l]);
+    rc = rc ? rc
+            : cuda_host_alloc((void **)&c->pred_host,
+                              sizeof(int32_t) * EXPERT_CACHE_MAX_DEPTH * (size_t)c->max_pairs,
+                              &c->pred_host_dev);
     rc = rc ? rc : cuda_event_create(&c->pf_last);
     rc = rc ? rc : cuda_host_alloc((void **)&c->ids_host,
                                    sizeof(int32_t) * (size_t)c->n_layer * (size_t)c->max_pairs,
@@ -126,11 +121,6 @@ void expert_cache_close(struct expert_cache *c)
     free(c->n_zeroed);
     cuda_free(c->tab_dev);
     cuda_event_destroy(c->copy_done);
-    for (int l = 0; c->pf_done && l < c->n_layer; l++)
-        if (c->pf_done[l])
-            cuda_event_destroy(c->pf_done[l]);
-    free(c->pf_done);
-    free(c->pf_pending);
     if (c->pf_last)
         cuda_event_destroy(c->pf_last);
     cuda_stream_destroy(c->copy);
@@ -139,6 +129,11 @@ void expert_cache_close(struct expert_cache *c)
     if (c->copy_mark)
         cuda_event_destroy(c->copy_mark);
     free(c->slot_pf);
+    for (int s = 0; c->slot_ev && s < c->slot_cap; s++)
+        if (c->slot_ev[s])
+            cuda_event_destroy(c->slot_ev[s]);
+    free(c->slot_ev);
+    free(c->slot_pf_seq);
     slru_close(c->slru);
     free(c->chunks);
     free(c->chunk_first);

@@ -111,7 +111,8 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
  * stream; e.g. layer l+1's router applied to layer l's input). prepare_copy reads them back with
  * its own ids, and once layer l's misses are enqueued it admits the predicted experts of l + 1
  * that are not resident (never evicting layer l's or l + 2's), copying them while layer l
- * computes. Layer l + 1's experts then wait for those copies only if they have not landed. */
+ * computes. Layer l + 1's experts then wait only for the predicted experts they use that have
+ * not landed (the prefetch stream's copies up to the latest of them). */
 void expert_cache_predict_next(struct expert_cache *c, const int32_t *pred_dev, int n);
 
 /* Depth-N prediction: pred_dev holds n_depth consecutive blocks of n ids, block j (0-based) the

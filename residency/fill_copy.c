@@ -244,17 +244,19 @@ static int ec_prefetch(struct expert_cache *c, int layer, int n_pred, int n_dept
             int s = ec_admit_guard(c, t, e, j == 0 ? t : layer, &rc);
             if (s < 0)
                 continue;
+            /* an event behind this expert's copy (gather mode: its pieces launched first) */
+            if (!rc && c->gather)
+                rc = ec_flush(c);
+            if (!rc && !c->slot_ev[s])
+                rc = cuda_event_create(&c->slot_ev[s]);
+            rc = rc ? rc : cuda_event_record(c->slot_ev[s], c->pf_stream);
+            c->slot_pf_seq[s] = ++c->pf_seq;
             ec_point_slot(c, t, e, s);
             c->prefetched[(size_t)t * c->n_expert + e] = 1;
             c->stats[t].prefetched++;
             into = true;
         }
-        if (into && !rc) {
-            rc = ec_flush(c);
-            rc = rc ? rc : cuda_event_record(c->pf_done[t], c->pf_stream);
-            c->pf_pending[t] = 1;
-            any = true;
-        }
+        any |= into;
     }
     rc = rc ? rc : ec_flush(c);
     c->xfer = c->copy;
@@ -296,16 +298,10 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
     rc = rc ? rc : cuda_stream_sync(c->compute);
     if (rc)
         return err_set(rc, "expert cache: reading layer %d's routing back failed", layer);
-    /* prefetches into this layer still copying now make its experts wait: too late */
-    bool late = false, wait_pf = c->pf_pending[layer];
-    if (c->pf_pending[layer]) {
-        int done = cuda_event_done(c->pf_done[layer]);
-        if (done < 0)
-            return err_set(done, "expert cache: querying layer %d's prefetch copies failed",
-                           layer);
-        late = done == 0;
-        c->pf_pending[layer] = 0;
-    }
+    /* prefetched experts this call uses that are still copying make its experts wait (too
+     * late): for the latest of them, which the prefetch stream copies last */
+    int wait_slot = -1;
+    uint64_t wait_seq = 0;
     slru_step(c->slru);
     c->stamp++;
     /* the CPU lane's zero entries of this layer's previous call go back to host memory (that
@@ -331,9 +327,18 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
             continue; /* a bad id is the kernel's to report (NaN) */
         c->seen[e] = c->stamp;
         uint8_t *pf = &c->prefetched[(size_t)layer * c->n_expert + e];
-        if (*pf && slru_peek(c->slru, layer, e) >= 0) {
+        int ps = *pf ? slru_peek(c->slru, layer, e) : -1;
+        if (ps >= 0) {
             c->stats[layer].prefetch_used++;
-            c->stats[layer].prefetch_late += late;
+            int done = cuda_event_done(c->slot_ev[ps]);
+            if (done < 0)
+                rc = err_set(done, "expert cache: querying layer %d's prefetch copies failed",
+                             layer);
+            if (done == 0) {
+                c->stats[layer].prefetch_late++;
+                if (c->slot_pf_seq[ps] > wait_seq)
+                    wait_seq = c->slot_pf_seq[ps], wait_slot = ps;
+            }
         }
         *pf = 0;
         if (slru_lookup(c->slru, layer, e) >= 0) {
@@ -375,7 +380,7 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
             rc = err_set(rc, "expert cache: ordering layer %d after its copies failed", layer);
         c->copies_pending = false;
     }
-    if (!rc && wait_pf && (rc = cuda_stream_wait(c->compute, c->pf_done[layer])))
+    if (!rc && wait_slot >= 0 && (rc = cuda_stream_wait(c->compute, c->slot_ev[wait_slot])))
         rc = err_set(rc, "expert cache: ordering layer %d after its prefetches failed", layer);
     /* then a CPU-lane expert of this call, for the layer's next call (its entries stay on the
      * zero slot until then; the next layer's call waits for the copy) */

@@ -36,10 +36,14 @@ int ec_slots(struct expert_cache *c, const struct expert_cache_config *cfg)
     c->slot = calloc(want, sizeof(*c->slot));
     c->slot_gen = calloc(want, sizeof(*c->slot_gen));
     c->slot_pf = calloc(want, 1);
+    c->slot_ev = calloc(want, sizeof(*c->slot_ev));
+    c->slot_pf_seq = calloc(want, sizeof(*c->slot_pf_seq));
+    c->slot_cap = (int)want;
     c->chunks = calloc(want, sizeof(*c->chunks));
     c->chunk_first = calloc(want, sizeof(*c->chunk_first));
     c->chunk_n = calloc(want, sizeof(*c->chunk_n));
-    if (!c->slot || !c->chunks || !c->slot_gen || !c->slot_pf || !c->chunk_first || !c->chunk_n)
+    if (!c->slot || !c->chunks || !c->slot_gen || !c->slot_pf || !c->chunk_first || !c->chunk_n ||
+        !c->slot_ev || !c->slot_pf_seq)
         return err_set(-ENOMEM, "out of memory");
     uint64_t got = 0;
     int per = SLOTS_PER_ALLOC;
