@@ -2,21 +2,23 @@
  * CPU lane's expert groups), where vec_dot's one-row-at-a-time dots are compute-bound.
  *
  * Sixteen weight rows sit in the 16 lanes of a vector: their codes are unpacked and transposed
- * once per chunk of 256 elements into unsigned bytes, 4 consecutive elements of a row per
- * 32-bit lane, and every activation row then costs one vpdpbusd per 4 elements for all 16
- * rows, its 4 codes broadcast. Activations are vec_dot's (Q8_0 or Q8_K rows, quantized
- * once per matmul); per-sub-block scales and offsets are applied in float per lane:
+ * once per chunk (a K-quant block of 256 elements, 512 elements of Q8_0) into unsigned bytes,
+ * 4 consecutive elements of a row per 32-bit lane, and every activation row then costs one
+ * vpdpbusd per 4 elements for all 16 rows, its 4 codes broadcast. Activations are vec_dot's
+ * (Q8_0 or Q8_K rows, quantized once per matmul); each block's sums stay integers, per lane:
  *
  *   Q8_0   codes w + 128; -128 * (sum of the activation block, kept with the activation
  *          row: vec_dot_q8_0_extra) starts each block's sum
- *   Q4_K   nibbles as they are (Q5_K: with the 5th bit); d * scale per 32 elements; the mins
- *          times the Q8_K bsums (vpdpwssd), times dmin, taken off
- *   Q6_K   6-bit codes (value + 32); d * scale per 16 elements; 32 * the scales times the
- *          bsums (vpdpwssd), times d, taken off
+ *   Q4_K   nibbles as they are (Q5_K: with the 5th bit); the sum of each 32 elements times
+ *          its scale; the mins times the Q8_K bsums (vpdpwssd) kept apart
+ *   Q6_K   6-bit codes (value + 32); the sum of each 16 elements times its scale; 32 * the
+ *          scales times the bsums (vpdpwssd) taken off
  *
- * The integer sums are exact, so a result differs from the vec_dot of the same row only by
- * the order of float accumulation. Each output is computed by one call in an order fixed by
- * its shapes, whatever the tile or thread it lands in.
+ * and go into float accumulators exactly as vec_dot adds them (vec_dot.h, with the same FMAs
+ * and the same final combination). So every output equals, bit for bit, the vec_dot of its
+ * weight row and activation row at the same ISA level: a row's result does not depend on the
+ * batch it comes in or on its place there (speculative decoding's verify pass relies on it,
+ * docs/speculative.md), nor on the tile or thread it lands in.
  */
 #ifndef STRATA_GEMM_H
 #define STRATA_GEMM_H
@@ -35,8 +37,9 @@ extern "C" {
 #define GEMM_MIN_M 4
 
 /* y[j * y_stride + r] = row r of W (w + r * w_stride, n elements) . activation row j (act +
- * j * act_stride, vec_dot's format for wtype), for r in [0, n_rows), j in [0, m). n is a
- * multiple of the type's block, w_stride at most GEMM_MAX_STRIDE. */
+ * j * act_stride, vec_dot's format for wtype), for r in [0, n_rows), j in [0, m): the bits of
+ * vec_dot_get(wtype, isa) on that pair, for the isa the kernel came from. n is a multiple of
+ * the type's block, w_stride at most GEMM_MAX_STRIDE. */
 typedef void (*gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
                         size_t act_stride, int m, float *y, int64_t y_stride);
 

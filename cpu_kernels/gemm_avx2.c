@@ -1,8 +1,9 @@
 /* gemm_avx2: the K-quant gemm kernels (gemm_body.h) for AVX2 CPUs and AVX-512 ones without
  * VNNI: 8 weight rows per vector, 8 x 8 dword transposes, and per two 4-element steps two
- * vpmaddubsw added in int16 and one vpmaddwd. The int16 sums cannot saturate: codes are at
- * most 63 and activation codes at most 127 in magnitude, so four products stay within
- * 4 * 63 * 127 = 32004. Q8_0's codes + 128 would not fit, so Q8_0 keeps the dots here.
+ * vpmaddubsw added in int16 and one vpmaddwd by the sub-block's scale. The int16 sums cannot
+ * saturate: codes are at most 63 and activation codes at most 127 in magnitude, so four
+ * products stay within 4 * 63 * 127 = 32004, and two of them times a scale (at most 128 in
+ * magnitude) fit int32. Q8_0's codes + 128 would not fit, so Q8_0 keeps the dots here.
  */
 #include <immintrin.h>
 #include <stdbool.h>
@@ -16,6 +17,7 @@
 #define LANES 8
 #define TOK 4    /* activation rows per register tile */
 #define MAX_M 64 /* activation rows per pass over the weights */
+#define GEMM_MAX_ACC 2 /* float accumulators per output (gemm_body.h) */
 
 struct tile {
     const uint8_t *row[LANES];
@@ -64,11 +66,10 @@ AI void load_transposed(const struct tile *t, size_t at, __m256i x[LANES])
     }
 }
 
-/* acc[j] (8 floats each, rows of the tile) for m activation rows, stored to y. */
-static void store_tile(const float *acc, int m, const struct tile *t, float *y, int64_t y_stride)
+/* Outputs v (lane r: row r of the tile) to y, the tile's rows only. */
+AI void store_tile(__m256 v, const struct tile *t, float *y)
 {
-    for (int j = 0; j < m; j++)
-        _mm256_maskstore_ps(y + (int64_t)j * y_stride, t->live, _mm256_load_ps(acc + 8 * j));
+    _mm256_maskstore_ps(y, t->live, v);
 }
 
 /* The f16 in the low half of every dword, as floats. */
@@ -96,14 +97,20 @@ AI __m256 f16_low(__m256i x)
 #define V_SETZERO_F _mm256_setzero_ps
 #define V_CVT _mm256_cvtepi32_ps
 #define V_MUL _mm256_mul_ps
+#define V_SUB_F _mm256_sub_ps
+#define V_SUB32 _mm256_sub_epi32
 #define V_FMADD _mm256_fmadd_ps
-#define V_FNMADD _mm256_fnmadd_ps
 #define V_LOAD_F _mm256_load_ps
 #define V_STORE_F _mm256_store_ps
-#define DOT2(s, c0, a0, c1, a1)                                                                    \
-    _mm256_add_epi32((s), _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16((c0), (a0)),     \
+/* the scale as two int16 in every dword, the multiplier of vpmaddwd */
+#define SCALE(x)                                                                                   \
+    _mm256_or_si256(_mm256_and_si256((x), _mm256_set1_epi32(0xffff)), _mm256_slli_epi32((x), 16))
+#define SB_START(s) (s)
+#define DOT2(t, c0, a0, c1, a1, sc)                                                                \
+    _mm256_add_epi32((t), _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16((c0), (a0)),     \
                                                              _mm256_maddubs_epi16((c1), (a1))),    \
-                                            _mm256_set1_epi16(1)))
+                                            (sc)))
+#define SB_END(s, t, sc) (t)
 #define PAIRS(s, p, b) _mm256_add_epi32((s), _mm256_madd_epi16((p), (b)))
 
 #include "gemm_body.h"

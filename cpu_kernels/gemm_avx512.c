@@ -1,11 +1,13 @@
 /* gemm_avx512: the gemm kernels with AVX-512 VNNI (contract and scheme in gemm.h).
  *
- * For each tile of 16 weight rows and each chunk of 256 elements (one Q4_K/Q6_K block, up to 8
+ * For each tile of 16 weight rows and each chunk (one Q4_K/Q6_K block of 256 elements, up to 16
  * Q8_0 blocks), the chunk is packed once: codes[k4] holds elements 4*k4 .. 4*k4+3 of the 16
  * rows as unsigned bytes (lane r = row r), plus per-lane scale vectors. Activation rows then
- * go through the chunk TOK at a time, each with its own int32 and float accumulators, and one
- * vpdpbusd per 4 elements against its 4 codes broadcast. Per-row results for the tile stay in
- * acc (one 16-float vector per activation row) across chunks and are stored at the end.
+ * go through the chunk TOK at a time, each with its own int32 accumulators, and one vpdpbusd
+ * per 4 elements against its 4 codes broadcast. Each block's integer sums then go into the
+ * float accumulators of its activation row (a few 16-float vectors in acc, kept across chunks)
+ * exactly as vec_dot adds them, and the accumulators are combined as vec_dot combines them
+ * when the tile is stored.
  */
 #include <immintrin.h>
 #include <stdbool.h>
@@ -18,9 +20,10 @@
 #define AI static inline __attribute__((always_inline))
 
 #define LANES 16
-#define CHUNK 256 /* elements per packed Q8_0 chunk */
+#define CHUNK 512 /* elements per packed Q8_0 chunk */
 #define TOK 8     /* activation rows per register tile */
 #define MAX_M 64  /* activation rows per pass over the weights (acc on the stack) */
+#define GEMM_MAX_ACC 4 /* Q8_0's accumulators per output (K-quants: 2) */
 
 /* Lane offsets of a tile's 16 rows from its first: rows past n_rows repeat the last row, so
  * every load stays inside the weights; their lanes are never stored. */
@@ -83,11 +86,10 @@ AI void load_transposed(const struct tile *t, size_t at, __m512i x[LANES])
     transpose16(x);
 }
 
-/* acc[t] (16 floats each, rows of the tile) for m activation rows, stored to y. */
-static void store_tile(const float *acc, int m, const struct tile *t, float *y, int64_t y_stride)
+/* Outputs v (lane r: row r of the tile) to y, the tile's rows only. */
+AI void store_tile(__m512 v, const struct tile *t, float *y)
 {
-    for (int j = 0; j < m; j++)
-        _mm512_mask_storeu_ps(y + (int64_t)j * y_stride, t->live, _mm512_load_ps(acc + 16 * j));
+    _mm512_mask_storeu_ps(y, t->live, v);
 }
 
 /* The f16 in the low half of every dword, as floats. */
@@ -112,12 +114,16 @@ AI __m512 f16_low(__m512i x)
 #define V_SETZERO_F _mm512_setzero_ps
 #define V_CVT _mm512_cvtepi32_ps
 #define V_MUL _mm512_mul_ps
+#define V_SUB_F _mm512_sub_ps
+#define V_SUB32 _mm512_sub_epi32
 #define V_FMADD _mm512_fmadd_ps
-#define V_FNMADD _mm512_fnmadd_ps
 #define V_LOAD_F _mm512_load_ps
 #define V_STORE_F _mm512_store_ps
-#define DOT2(s, c0, a0, c1, a1)                                                                    \
-    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32((s), (c0), (a0)), (c1), (a1))
+#define SCALE(x) (x)
+#define SB_START(s) _mm512_setzero_si512()
+#define DOT2(t, c0, a0, c1, a1, sc)                                                                \
+    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32((t), (c0), (a0)), (c1), (a1))
+#define SB_END(s, t, sc) _mm512_add_epi32((s), _mm512_mullo_epi32((t), (sc)))
 #define PAIRS(s, p, b) _mm512_dpwssd_epi32((s), (p), (b))
 
 #include "gemm_body.h"
@@ -125,9 +131,11 @@ AI __m512 f16_low(__m512i x)
 /* ---- Q8_0 ---- */
 
 #define Q8_BLOCKS (CHUNK / QK_32) /* blocks per chunk */
+#define Q8_ACC VEC_DOT_Q8_0_ACC   /* accumulators per output, vec_dot.h */
+_Static_assert(Q8_BLOCKS % Q8_ACC == 0 && Q8_ACC <= GEMM_MAX_ACC, "Q8_0 accumulators");
 
 struct q8_0_pack {
-    __m512i codes[K4];
+    __m512i codes[CHUNK / 4];
     __m512 d[Q8_BLOCKS];
 };
 
@@ -153,6 +161,11 @@ static void q8_0_pack(const struct tile *t, int64_t b0, int nb, struct q8_0_pack
             _mm512_cvtepi32_epi16(tile_gather(t, (size_t)(b0 + b) * sizeof(struct block_q8_0))));
 }
 
+/* Blocks [b0, b0 + nb) of nt activation rows, each with Q8_ACC accumulators at
+ * acc + Q8_ACC * 16 * j. As in vec_dot.h: block b's exact integer dot, times d_w * d_a, is
+ * added by one FMA to accumulator b % Q8_ACC (b0 is a multiple of Q8_ACC), which holds 0
+ * before the first chunk. Each accumulator's blocks in turn, so one register per row (the
+ * chunk of 16 blocks makes that 4 blocks per load and store of an accumulator). */
 AI void q8_0_rows(const struct q8_0_pack *p, const uint8_t *act, size_t act_stride, int64_t n,
                   int64_t b0, int nb, float *acc, int nt)
 {
@@ -163,23 +176,35 @@ AI void q8_0_rows(const struct q8_0_pack *p, const uint8_t *act, size_t act_stri
     for (int j = 0; j < nt; j++) {
         a[j] = (const struct block_q8_0 *)(act + (size_t)j * act_stride) + b0;
         pa[j] = vec_dot_q8_0_extras((void *)(act + (size_t)j * act_stride), n) + b0;
-        sum[j] = _mm512_load_ps(acc + 16 * j);
     }
-    for (int b = 0; b < nb; b++) {
+    for (int k = 0; k < Q8_ACC && k < nb; k++) {
         for (int j = 0; j < nt; j++)
-            isum[j] = _mm512_set1_epi32(pa[j][b].off);
-        for (int i = 0; i < 8; i++) {
-            const __m512i c = p->codes[8 * b + i];
+            sum[j] = b0 ? _mm512_load_ps(acc + 16 * (Q8_ACC * j + k)) : _mm512_setzero_ps();
+        for (int b = k; b < nb; b += Q8_ACC) {
             for (int j = 0; j < nt; j++)
-                isum[j] = _mm512_dpbusd_epi32(isum[j], c, bcast32(a[j][b].qs + 4 * i));
+                isum[j] = _mm512_set1_epi32(pa[j][b].off);
+            for (int i = 0; i < 8; i++) {
+                const __m512i c = p->codes[8 * b + i];
+                for (int j = 0; j < nt; j++)
+                    isum[j] = _mm512_dpbusd_epi32(isum[j], c, bcast32(a[j][b].qs + 4 * i));
+            }
+            for (int j = 0; j < nt; j++)
+                sum[j] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]),
+                                    _mm512_mul_ps(p->d[b], _mm512_set1_ps(pa[j][b].d)), sum[j]);
         }
         for (int j = 0; j < nt; j++)
-            sum[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]),
-                                     _mm512_mul_ps(p->d[b], _mm512_set1_ps(pa[j][b].d)), sum[j]);
+            _mm512_store_ps(acc + 16 * (Q8_ACC * j + k), sum[j]);
     }
-    for (int j = 0; j < nt; j++)
-        _mm512_store_ps(acc + 16 * j, sum[j]);
 }
+
+/* Output row j of a Q8_0 tile from its accumulators at p: (acc[0] + acc[1]) + (acc[2] +
+ * acc[3]), those no block reached (rows of fewer than 4 blocks: n_blk of gemm_q8_0) being 0. */
+_Static_assert(Q8_ACC == 4, "Q8_FINISH combines four accumulators");
+#define Q8_ACC_AT(p, k) ((k) < n_blk ? _mm512_load_ps((p) + 16 * (k)) : _mm512_setzero_ps())
+#define Q8_FINISH(p)                                                                               \
+    _mm512_add_ps(_mm512_add_ps(Q8_ACC_AT(p, 0), Q8_ACC_AT(p, 1)),                                 \
+                  _mm512_add_ps(Q8_ACC_AT(p, 2), Q8_ACC_AT(p, 3)))
 
 static void gemm_q8_0(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
                       size_t act_stride, int m, float *y, int64_t y_stride)
@@ -188,8 +213,9 @@ static void gemm_q8_0(int64_t n, const void *w, size_t w_stride, int64_t n_rows,
     const uint8_t *x = act;
     const int64_t n_blk = n / QK_32;
 #define Q80_ROWS(NT)                                                                               \
-    q8_0_rows(&p, x + (size_t)(j0 + j) * act_stride, act_stride, n, b0, nb, acc + 16 * j, NT)
-    GEMM_DRIVER({
+    q8_0_rows(&p, x + (size_t)(j0 + j) * act_stride, act_stride, n, b0, nb, acc + Q8_ACC * 16 * j, \
+              NT)
+    GEMM_DRIVER(Q8_ACC, Q8_FINISH, {
         for (int64_t b0 = 0; b0 < n_blk; b0 += Q8_BLOCKS) {
             int nb = n_blk - b0 < Q8_BLOCKS ? (int)(n_blk - b0) : Q8_BLOCKS;
             q8_0_pack(&t, b0, nb, &p);

@@ -1,21 +1,28 @@
 /* gemm_body.h: the K-quant gemm kernels (Q4_K, Q5_K, Q6_K with Q8_K activations; gemm.h),
  * written once and included by gemm_avx512.c (16 rows per vector, VNNI) and gemm_avx2.c (8
  * rows per vector). The including file defines:
- *   LANES, TOK, MAX_M; VI, VF (integer and float vectors of LANES dwords)
+ *   LANES, TOK, MAX_M, GEMM_MAX_ACC (most accumulators per activation row of its kernels);
+ *   VI, VF (integer and float vectors of LANES dwords)
  *   struct tile, tile_init, tile_gather, load_transposed (4 * LANES bytes of every row of the
- *   tile, transposed: x[i] = bytes 4i .. 4i+3), store_tile (acc to y, the tile's rows only),
- *   f16_low (the f16 in the low half of every dword, as floats)
- *   DOT2(s, c0, a0, c1, a1): s + the 4-byte dot products of codes c0, c1 (unsigned) with the
- *   broadcast activation codes a0, a1 (signed), in int32 lanes
+ *   tile, transposed: x[i] = bytes 4i .. 4i+3), store_tile (one vector of outputs to y, the
+ *   tile's rows only), f16_low (the f16 in the low half of every dword, as floats)
+ *   SCALE(x): a sub-block's integer scale (one int32 per lane) in the form SB_END uses
+ *   SB_START(s), DOT2(t, c0, a0, c1, a1, sc), SB_END(s, t, sc): one sub-block's codes
+ *   times activation codes, each step of 8 elements adding the 4-byte dot products of codes
+ *   c0, c1 (unsigned) with the broadcast activation codes a0, a1 (signed), and the total
+ *   times the scale sc added to the int32 lanes of s (AVX-512: plain dots, one vpmulld per
+ *   sub-block; AVX2: the scale is the vpmaddwd multiplier)
  *   PAIRS(s, p, b): s + p . b over int16 pairs (vpdpwssd / vpmaddwd)
  *   V_* for the element-wise intrinsics below.
  *
  * A block of 256 elements of 16 (or 8) weight rows is packed once: codes[k4] holds elements
- * 4 k4 .. 4 k4 + 3 of every row (lane r = row r) as unsigned bytes, with the float scale of each
- * sub-block and the offset term: sum_i pairs[i] . (bsums[2i], bsums[2i + 1]) times off_scale,
- * taken off the block's sum (Q4_K/Q5_K: mins and dmin; Q6_K: the +32 of its codes, 32 * d *
- * scale). Activation rows then go through the block TOK at a time. GEMM_DRIVER and FOR_NT
- * also serve the including file's other kernels (gemm_avx512.c's Q8_0).
+ * 4 k4 .. 4 k4 + 3 of every row (lane r = row r) as unsigned bytes, with the integer scale of
+ * each sub-block, d and dmin as floats, and the pairs of the offset term
+ * sum_i pairs[i] . (bsums[2i], bsums[2i + 1]) (Q4_K/Q5_K: the mins; Q6_K: the scales, for the
+ * +32 of its codes). Activation rows then go through the block TOK at a time. The float
+ * arithmetic per output is vec_dot.h's (the integer sums of a block, then one FMA per
+ * accumulator). GEMM_DRIVER and FOR_NT also serve the including file's other kernels
+ * (gemm_avx512.c's Q8_0).
  */
 
 #define K4 (QK_K / 4) /* 4-element steps per block */
@@ -41,14 +48,14 @@ AI VI bcast32(const void *p)
 
 struct kq_pack {
     VI codes[K4];
-    VF scale[16];
+    VI scale[16]; /* SCALE of the integer scale of each sub-block */
     VI pairs[8];
-    VF off_scale;
+    VF d, dmin; /* dmin: Q4_K/Q5_K only */
 };
 
 /* Q4_K and Q5_K (five): codes as they are, Q5_K's 5th bit of element 32s + l being bit s of
- * qh[l]; scale = d * 6-bit scale per 32 elements, pairs = (min, min). Both formats start with
- * d, dmin and the 12 scale bytes. */
+ * qh[l]; a 6-bit scale per 32 elements, pairs = (min, min). Both formats start with d, dmin
+ * and the 12 scale bytes. */
 AI void k45_pack(const struct tile *t, int64_t blk, struct kq_pack *p, bool five)
 {
     const VI m4 = V_SET1_8(0x0f), one = V_SET1_8(1);
@@ -74,8 +81,8 @@ AI void k45_pack(const struct tile *t, int64_t blk, struct kq_pack *p, bool five
     }
     VI dd = tile_gather(t, at);
     VI u0 = tile_gather(t, at + 4), u1 = tile_gather(t, at + 8), u2 = tile_gather(t, at + 12);
-    VF d = f16_low(dd);
-    p->off_scale = f16_low(V_SRLI32(dd, 16));
+    p->d = f16_low(dd);
+    p->dmin = f16_low(V_SRLI32(dd, 16));
     /* vec_dot_k4_scales across lanes: sc 0..3, sc 4..7, mins 0..3, mins 4..7 */
     const VI m6 = V_SET1_32(0x3f3f3f3f), m2 = V_SET1_32(0x03030303), m4w = V_SET1_32(0x0f0f0f0f);
     VI s[4];
@@ -84,13 +91,13 @@ AI void k45_pack(const struct tile *t, int64_t blk, struct kq_pack *p, bool five
     s[2] = V_AND(u1, m6);
     s[3] = V_OR(V_AND(V_SRLI32(u2, 4), m4w), V_SLLI32(V_AND(V_SRLI32(u1, 6), m2), 4));
     for (int sb = 0; sb < 8; sb++) {
-        p->scale[sb] = V_MUL(d, V_CVT(byte_of(s[sb / 4], sb % 4)));
+        p->scale[sb] = SCALE(byte_of(s[sb / 4], sb % 4));
         VI mn = byte_of(s[2 + sb / 4], sb % 4);
         p->pairs[sb] = V_OR(mn, V_SLLI32(mn, 16));
     }
 }
 
-/* Q6_K: 6-bit codes (value + 32); scale = d * scale per 16 elements, pairs = scales 2i, 2i+1.
+/* Q6_K: 6-bit codes (value + 32); a signed 8-bit scale per 16 elements, pairs = scales 2i, 2i+1.
  * Element 128h + 32s + l: low 4 bits from ql[64h + 32(s & 1) + l] (low nibble for s < 2),
  * high 2 bits (qh[32h + l] >> 2s) & 3 (vec_dot.c's dot_q6_k_scalar). */
 AI void q6_k_pack(const struct tile *t, int64_t blk, struct kq_pack *p)
@@ -114,13 +121,12 @@ AI void q6_k_pack(const struct tile *t, int64_t blk, struct kq_pack *p)
                 p->codes[32 * h + 8 * s + l4] = V_OR(lo[s], V_AND(hi[s], hi2));
         }
     /* scales[16] at 192, d at 208: the dword at 206 keeps the gather inside the block */
-    VF d = f16_low(V_SRLI32(tile_gather(t, at + offsetof(struct block_q6_k, d) - 2), 16));
-    p->off_scale = V_MUL(d, V_SET1_F(32.0f));
+    p->d = f16_low(V_SRLI32(tile_gather(t, at + offsetof(struct block_q6_k, d) - 2), 16));
     for (int k = 0; k < 4; k++) {
         VI sc = tile_gather(t, at + offsetof(struct block_q6_k, scales) + 4 * k), s8[4];
         for (int b = 0; b < 4; b++) {
             s8[b] = sbyte_of(sc, b);
-            p->scale[4 * k + b] = V_MUL(d, V_CVT(s8[b]));
+            p->scale[4 * k + b] = SCALE(s8[b]);
         }
         for (int i = 0; i < 2; i++)
             p->pairs[2 * k + i] =
@@ -128,54 +134,72 @@ AI void q6_k_pack(const struct tile *t, int64_t blk, struct kq_pack *p)
     }
 }
 
-/* Sub-blocks of k4_sub steps (8: 32 elements, 4: 16 elements) of block blk; nt activation
- * rows; acc[j] += d_j * (sum of scale * codes . a - off_scale * offset term). */
+/* Sub-blocks of k4_sub steps (8: 32 elements, Q4_K/Q5_K; 4: 16 elements, Q6_K) of block blk;
+ * nt activation rows, each with KQ_ACC accumulators at acc + KQ_ACC * LANES * j (0 before
+ * block 0). As in vec_dot.h: isum = sum of scale * codes . a (Q6_K: minus 32 * scales .
+ * bsums), msum = mins . bsums; acc[0] += isum * (d * a_d), acc[1] += msum * (dmin * a_d), one
+ * FMA each (Q6_K: acc[0] only). */
+#define KQ_ACC 2
 AI void kq_rows(const struct kq_pack *p, int k4_sub, const uint8_t *act, size_t act_stride,
                 int64_t blk, float *acc, int nt)
 {
+    const bool mins = k4_sub == 8;
     const struct block_q8_k *a[TOK];
-    VI isum[TOK];
-    VF sum[TOK];
+    VI isum[TOK], part[TOK]; /* the block's sum, the sub-block's (SB_START .. SB_END) */
     for (int j = 0; j < nt; j++) {
         a[j] = (const struct block_q8_k *)(act + (size_t)j * act_stride) + blk;
-        sum[j] = V_SETZERO_F();
+        isum[j] = V_SETZERO_I();
     }
     for (int sb = 0; sb < K4 / k4_sub; sb++) {
         for (int j = 0; j < nt; j++)
-            isum[j] = V_SETZERO_I();
+            part[j] = SB_START(isum[j]);
         for (int i = 0; i < k4_sub; i += 2) {
             const int k4 = k4_sub * sb + i;
             const VI c0 = p->codes[k4], c1 = p->codes[k4 + 1];
             for (int j = 0; j < nt; j++)
-                isum[j] = DOT2(isum[j], c0, bcast32(a[j]->qs + 4 * k4), c1,
-                               bcast32(a[j]->qs + 4 * k4 + 4));
+                part[j] = DOT2(part[j], c0, bcast32(a[j]->qs + 4 * k4), c1,
+                               bcast32(a[j]->qs + 4 * k4 + 4), p->scale[sb]);
         }
         for (int j = 0; j < nt; j++)
-            sum[j] = V_FMADD(V_CVT(isum[j]), p->scale[sb], sum[j]);
+            isum[j] = SB_END(isum[j], part[j], p->scale[sb]);
     }
     for (int j = 0; j < nt; j++) {
         VI off = V_SETZERO_I();
         for (int i = 0; i < 8; i++)
             off = PAIRS(off, p->pairs[i], bcast32(&a[j]->bsums[2 * i]));
-        sum[j] = V_FNMADD(V_CVT(off), p->off_scale, sum[j]);
-        V_STORE_F(acc + LANES * j, V_FMADD(sum[j], V_SET1_F(a[j]->d), V_LOAD_F(acc + LANES * j)));
+        const VF ad = V_SET1_F(a[j]->d);
+        float *aj = acc + KQ_ACC * LANES * j;
+        if (!mins)
+            isum[j] = V_SUB32(isum[j], V_SLLI32(off, 5));
+        V_STORE_F(aj, V_FMADD(V_CVT(isum[j]), V_MUL(p->d, ad), blk ? V_LOAD_F(aj) : V_SETZERO_F()));
+        if (mins)
+            V_STORE_F(aj + LANES, V_FMADD(V_CVT(off), V_MUL(p->dmin, ad),
+                                          blk ? V_LOAD_F(aj + LANES) : V_SETZERO_F()));
     }
 }
 
+/* Output row j of a K-quant tile from its accumulators: acc[0] - acc[1] (mins), acc[0]. */
+AI VF kq_finish(const float *acc, bool mins)
+{
+    return mins ? V_SUB_F(V_LOAD_F(acc), V_LOAD_F(acc + LANES)) : V_LOAD_F(acc);
+}
+
 /* Runs the statements given for every tile of LANES rows (t) and every pass of at most
- * MAX_M activation rows (j0, mm), with acc (mm vectors of LANES floats) zeroed before and
- * stored to y after. Uses n_rows, w, w_stride, m, y, y_stride of the calling kernel. */
-#define GEMM_DRIVER(...)                                                                           \
+ * MAX_M activation rows (j0, mm), with acc: nacc vectors of LANES floats per activation row,
+ * which the statements initialize; finish(acc + LANES * j * nacc) is then output row j of the
+ * tile. Uses n_rows, w, w_stride, m, y, y_stride of the calling kernel. */
+#define GEMM_DRIVER(nacc, finish, ...)                                                             \
     for (int64_t r0 = 0; r0 < n_rows; r0 += LANES) {                                               \
         struct tile t;                                                                             \
         tile_init(&t, (const uint8_t *)w + (size_t)r0 * w_stride, w_stride,                        \
                   n_rows - r0 < LANES ? n_rows - r0 : LANES);                                      \
         for (int j0 = 0; j0 < m; j0 += MAX_M) {                                                    \
             const int mm = m - j0 < MAX_M ? m - j0 : MAX_M;                                        \
-            float acc[MAX_M * LANES] __attribute__((aligned(64)));                                 \
-            memset(acc, 0, sizeof(float) * LANES * (size_t)mm);                                    \
+            float acc[MAX_M * LANES * GEMM_MAX_ACC] __attribute__((aligned(64)));                  \
             __VA_ARGS__;                                                                           \
-            store_tile(acc, mm, &t, y + (int64_t)j0 * y_stride + r0, y_stride);                    \
+            for (int j = 0; j < mm; j++)                                                           \
+                store_tile(finish(acc + LANES * j * (nacc)), &t,                                   \
+                           y + (int64_t)(j0 + j) * y_stride + r0);                                 \
         }                                                                                          \
     }
 
@@ -222,8 +246,10 @@ AI void kq_gemm(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const
     struct kq_pack p __attribute__((aligned(64)));
     const uint8_t *x = act;
 #define KQ_ROWS(NT)                                                                                \
-    kq_rows(&p, k4_sub, x + (size_t)(j0 + j) * act_stride, act_stride, blk, acc + LANES * j, NT)
-    GEMM_DRIVER({
+    kq_rows(&p, k4_sub, x + (size_t)(j0 + j) * act_stride, act_stride, blk,                        \
+            acc + KQ_ACC * LANES * j, NT)
+#define KQ_FINISH(acc) kq_finish(acc, k4_sub == 8)
+    GEMM_DRIVER(KQ_ACC, KQ_FINISH, {
         for (int64_t blk = 0; blk < n / QK_K; blk++) {
             pack(&t, blk, &p);
             for (int j = 0; j < mm; j += TOK)
@@ -231,6 +257,7 @@ AI void kq_gemm(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const
         }
     })
 #undef KQ_ROWS
+#undef KQ_FINISH
 }
 
 static void q4_k_pack(const struct tile *t, int64_t blk, struct kq_pack *p)

@@ -6,7 +6,9 @@
  * Batches of GEMM_MIN_M rows or more go through the gemm kernel where the host has one
  * (gemm.h: 16 weight rows at a time against every activation row); otherwise each weight row
  * is used for up to 16 activation rows while it is in L1. Every output element is computed by
- * one thread in an order fixed by the shapes, so results do not depend on the thread count.
+ * one thread, and every path (vec_dot, vec_dot_rows, gemm) gives it the bits of vec_dot on its
+ * row, so results depend neither on the thread count nor on the number of activation rows in
+ * the call: a batch of m rows gives each row what m = 1 gives it.
  */
 #ifndef STRATA_MATMUL_H
 #define STRATA_MATMUL_H

@@ -10,8 +10,22 @@
  *   F32, F16, BF16                 F32 (a plain copy)
  *
  * Every kernel has a scalar reference; AVX2 and AVX-512 (with VNNI where present) variants are
- * chosen at run time from cpu_isa_best(). Integer sums are exact in every variant; only the
- * order of float accumulation differs between variants.
+ * chosen at run time from cpu_isa_best(). Integer sums are exact in every variant. The SIMD
+ * variants of the types gemm covers (gemm.h: Q4_K, Q5_K and Q6_K at AVX2 and AVX-512, Q8_0 at
+ * AVX-512) also share one float arithmetic with gemm, operation for operation (those files are
+ * built with -ffp-contract=off, so every FMA is one written as such), and so give a row the
+ * same bits alone, in vec_dot_rows and in a gemm batch. Per block, in order, with a_d the
+ * activation block's scale, each product x * y below one float multiplication and each
+ * accumulator starting at 0:
+ *   Q4_K, Q5_K  isum = sum of scale * code * a, msum = sum of min * (the sum of the sub-block's
+ *               activation codes), exact integers; acc_i = fma(isum, d * a_d, acc_i),
+ *               acc_m = fma(msum, dmin * a_d, acc_m); the dot is acc_i - acc_m
+ *   Q6_K        isum = sum of scale * (code - 32) * a; acc = fma(isum, d * a_d, acc)
+ *   Q8_0        block b's isum = sum of w * a; acc[b % VEC_DOT_Q8_0_ACC] =
+ *               fma(isum, d_w * d_a, acc[b % VEC_DOT_Q8_0_ACC]); the dot is
+ *               (acc[0] + acc[1]) + (acc[2] + acc[3])
+ * Everything else (the other types, Q8_0 at AVX2, the scalar kernels) sums in orders of its
+ * own.
  * Activation quantization: d = max|x| / 127, q = round-half-even(x / d) computed as x * (1/d);
  * the SIMD quantizers produce the same codes and sums as the scalar one, bit for bit.
  */
@@ -76,6 +90,10 @@ typedef void (*vec_dot_rows_fn)(int64_t n, const void *w_row, const void *act, s
  * where there is none (then call the vec_dot_fn once per row): Q8_0, Q4_K, Q5_K and Q6_K with
  * AVX2 and AVX-512. */
 vec_dot_rows_fn vec_dot_rows_get(uint32_t wtype, enum cpu_isa isa);
+
+/* Float accumulators per Q8_0 dot (see above): enough independent FMA chains to keep a
+ * single dot streaming. */
+#define VEC_DOT_Q8_0_ACC 4
 
 /* ---- per-ISA tables: for vec_dot.c only. Each returns NULL for a type it does not cover.
  * The SIMD files are compiled with their instruction sets, so these must only be called when

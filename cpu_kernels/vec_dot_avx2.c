@@ -1,6 +1,7 @@
 /* vec_dot_avx2: AVX2 + FMA + F16C dot kernels and activation quantizers (compiled with those
  * flags; called only when cpu_isa_best() >= CPU_ISA_AVX2). Same results as the scalar
- * references in vec_dot.c up to float accumulation order; the quantizers are bit-identical.
+ * references in vec_dot.c up to float accumulation order (the K-quants' is vec_dot.h's, shared
+ * with gemm); the quantizers are bit-identical.
  *
  * Signed int8 x int8 products use the sign trick: |w| (unsigned) times a * sign(w) (signed)
  * with vpmaddubsw, which cannot overflow because activation codes lie in [-127, 127].
@@ -262,8 +263,25 @@ static inline __m128i k4_min_sums(const int16_t *bsums, uint64_t mins8)
     return _mm_madd_epi16(bs, m);
 }
 
+/* [isum, msum, isum, msum]: the sums of the lanes of i and of m. */
+static inline __m128i isum_msum(__m256i i, __m128i m)
+{
+    __m128i i4 = _mm_add_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    __m128i t = _mm_hadd_epi32(i4, m); /* i pairs, i pairs, m pairs, m pairs */
+    return _mm_hadd_epi32(t, t);
+}
+
+/* The sum of the 8 lanes of x, in lane 0. */
+static inline __m128i sum_epi32(__m256i x)
+{
+    __m128i x4 = _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    x4 = _mm_add_epi32(x4, _mm_shuffle_epi32(x4, 0x4e));
+    return _mm_add_epi32(x4, _mm_shuffle_epi32(x4, 0xb1));
+}
+
 /* Q4_K and Q5_K (five: the 5th bit from qh), one weight row against nr activation rows, as in
- * dot_q8_0_rows: the codes and scales are unpacked once, each row's sums are the single dot's. */
+ * dot_q8_0_rows: the codes and scales are unpacked once, each row's sums are the single dot's,
+ * added in vec_dot.h's order. */
 static inline __attribute__((always_inline)) void dot_k45_rows(int64_t n, const void *w_row,
                                                                const void *act, size_t act_stride,
                                                                int nr, float *out, bool five)
@@ -272,12 +290,10 @@ static inline __attribute__((always_inline)) void dot_k45_rows(int64_t n, const 
     const size_t bsize = five ? sizeof(struct block_q5_k) : sizeof(struct block_q4_k);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i m1 = _mm256_set1_epi8(1);
-    __m256 acc[VEC_DOT_ROWS];
-    __m128 acc_m[VEC_DOT_ROWS];
+    __m128 acc[VEC_DOT_ROWS]; /* lane 0: acc_i, lane 1: acc_m (vec_dot.h) */
     for (int r = 0; r < nr; r++) {
         a[r] = (const struct block_q8_k *)((const uint8_t *)act + r * act_stride);
-        acc[r] = _mm256_setzero_ps();
-        acc_m[r] = _mm_setzero_ps();
+        acc[r] = _mm_setzero_ps();
     }
     for (int64_t b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = (const uint8_t *)w_row + b * bsize;
@@ -324,20 +340,17 @@ static inline __attribute__((always_inline)) void dot_k45_rows(int64_t n, const 
                 isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(phi, shi));
             }
         }
-        float dw = f16_load(w4->d), dminw = f16_load(w4->dmin);
+        uint32_t d_dmin; /* the f16 d and dmin, adjacent */
+        memcpy(&d_dmin, &w4->d, 4);
+        const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)d_dmin)); /* [d, dmin, 0, 0] */
         for (int r = 0; r < nr; r++) {
-            float d = dw * a[r][b].d;
-            float dmin = dminw * a[r][b].d;
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum[r]), acc[r]);
-            acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin),
-                                    _mm_cvtepi32_ps(k4_min_sums(a[r][b].bsums, mins8)), acc_m[r]);
+            __m128 f = _mm_mul_ps(dd, _mm_set1_ps(a[r][b].d));
+            __m128i im = isum_msum(isum[r], k4_min_sums(a[r][b].bsums, mins8));
+            acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(im), f, acc[r]);
         }
     }
-    for (int r = 0; r < nr; r++) {
-        __m128 m = _mm_add_ps(acc_m[r], _mm_movehl_ps(acc_m[r], acc_m[r]));
-        m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        out[r] = hsum_ps(acc[r]) - _mm_cvtss_f32(m);
-    }
+    for (int r = 0; r < nr; r++)
+        out[r] = _mm_cvtss_f32(_mm_sub_ss(acc[r], _mm_movehdup_ps(acc[r])));
 }
 
 static inline __attribute__((always_inline)) void
@@ -352,7 +365,7 @@ dot_q5_k_rows(int64_t n, const void *w, const void *a, size_t stride, int nr, fl
     dot_k45_rows(n, w, a, stride, nr, out, true);
 }
 
-/* Q6_K, one weight row against nr activation rows, as in dot_q8_0_rows. */
+/* Q6_K, one weight row against nr activation rows, as in dot_k45_rows. */
 static inline __attribute__((always_inline)) void
 dot_q6_k_rows(int64_t n, const void *w_row, const void *act, size_t act_stride, int nr, float *out)
 {
@@ -360,10 +373,10 @@ dot_q6_k_rows(int64_t n, const void *w_row, const void *act, size_t act_stride, 
     const struct block_q8_k *a[VEC_DOT_ROWS];
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i m3 = _mm256_set1_epi8(3);
-    __m256 acc[VEC_DOT_ROWS];
+    __m128 acc[VEC_DOT_ROWS]; /* lane 0 (vec_dot.h) */
     for (int r = 0; r < nr; r++) {
         a[r] = (const struct block_q8_k *)((const uint8_t *)act + r * act_stride);
-        acc[r] = _mm256_setzero_ps();
+        acc[r] = _mm_setzero_ps();
     }
     for (int64_t b = 0; b < n / QK_K; b++) {
         __m128i sc8 = _mm_loadu_si128((const __m128i *)w[b].scales);
@@ -407,12 +420,12 @@ dot_q6_k_rows(int64_t n, const void *w_row, const void *act, size_t act_stride, 
             __m256i offset =
                 _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[r][b].bsums), sc16);
             isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(offset, 5));
-            float d = dw * a[r][b].d;
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum[r]), acc[r]);
+            acc[r] = _mm_fmadd_ss(_mm_cvtepi32_ps(sum_epi32(isum[r])), _mm_set_ss(dw * a[r][b].d),
+                                  acc[r]);
         }
     }
     for (int r = 0; r < nr; r++)
-        out[r] = hsum_ps(acc[r]);
+        out[r] = _mm_cvtss_f32(acc[r]);
 }
 
 /* A single dot and a VEC_DOT_ROWS-row dot from one multi-row body. */

@@ -60,12 +60,6 @@ AI __m512i words_2x16(short a, short b)
                               1);
 }
 
-/* A zmm of 16 floats: the low 8 = a, the high 8 = b. */
-AI __m512 floats_2x8(float a, float b)
-{
-    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
-}
-
 AI float f16_load(uint16_t h)
 {
     return _cvtsh_ss(h);
@@ -149,9 +143,10 @@ vec_dot_quantize_fn vec_dot_avx512_quantize_get(enum quant_type act_type)
 
 /* ---- 32-element blocks with Q8_0 activations ----
  * Blocks go in groups of 16: one gather each fetches the 16 weight and the 16 activation
- * scales (a vector conversion instead of 32 scalar ones), then pairs of blocks fill a zmm and
- * take their two scales from that vector with one permute. Leftover blocks (fewer than 16)
- * use scalar scales. Each body is an always-inline function of `vnni`, instantiated twice. */
+ * scales (a vector conversion instead of 32 scalar ones). Q4_0 and MXFP4: pairs of blocks
+ * fill a zmm and take their two scales from that vector with one permute; leftover blocks
+ * (fewer than 16) use scalar scales. Q8_0 sums each block's dot first (vec_dot.h's order).
+ * Each body is an always-inline function of `vnni`, instantiated twice. */
 
 #define GROUP 16
 
@@ -216,66 +211,149 @@ AI __m512i dot_s8_act(__m512i w_abs, __mmask64 w_neg, __m512i a, bool vnni)
     return dpbusd(_mm512_setzero_si512(), w_abs, as, vnni);
 }
 
-/* The Q8_0 dot of one weight row with nr activation rows (act + r * act_stride), out[r]; each
- * row's arithmetic is the single dot's (nr = 1), in the same order, so every out[r] equals it
- * bit for bit; the weights are loaded and prepared once for all rows. */
+/* The scales of 16 activation blocks, from their extras (vec_dot.h: floats 8 bytes apart). */
+AI __m512 act_scales16(const struct vec_dot_q8_0_extra *e)
+{
+    const __m512i even =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    return _mm512_permutex2var_ps(_mm512_loadu_ps(e), even, _mm512_loadu_ps(e + 8));
+}
+
+/* The scales of activation blocks b, b + 1 (both present), i2, i3 from their extras. */
+AI __m128 act_scales4(const struct vec_dot_q8_0_extra *e, int64_t b, int64_t i2, int64_t i3)
+{
+    __m128 x0 = _mm_loadu_ps(&e[b].d);
+    __m128 x1 = _mm_castsi128_ps(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)&e[i2]),
+                                                    _mm_loadl_epi64((const __m128i *)&e[i3])));
+    return _mm_shuffle_ps(x0, x1, 0x88);
+}
+
+/* 4 f16 as floats, in lanes 0-3. */
+AI __m128 f16x4(uint16_t a, uint16_t b, uint16_t c, uint16_t d)
+{
+    return _mm_cvtph_ps(_mm_setr_epi16((short)a, (short)b, (short)c, (short)d, 0, 0, 0, 0));
+}
+
+/* The sum of the 8 lanes of x, in lane 0. */
+AI __m128i sum8_epi32(__m256i x)
+{
+    __m128i x4 = _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    x4 = _mm_add_epi32(x4, _mm_shuffle_epi32(x4, 0x4e));
+    return _mm_add_epi32(x4, _mm_shuffle_epi32(x4, 0xb1));
+}
+
+/* Per 128 bits: [a0 + a1, a2 + a3, b0 + b1, b2 + b3] (in-lane shuffles only). */
+AI __m512i pair_sums(__m512i a, __m512i b)
+{
+    __m512 fa = _mm512_castsi512_ps(a), fb = _mm512_castsi512_ps(b);
+    return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0x88)),
+                            _mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0xdd)));
+}
+
+/* 128-bit lanes: [a0 + a1, a2 + a3, b0 + b1, b2 + b3]. */
+AI __m512i lane_sums(__m512i a, __m512i b)
+{
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xdd));
+}
+
+/* The dots of 4 blocks in lanes 0-3 from p0 and p1, whose dpbusd lanes 0-7 and 8-15 hold the
+ * 4-element sums of blocks (0, 2) and (1, 3). */
+AI __m128i quad_sums(__m512i p0, __m512i p1)
+{
+    __m512i q = pair_sums(p0, p1); /* 128-bit lanes 0, 1: [0 0 1 1]; 2, 3: [2 2 3 3] */
+    q = pair_sums(q, q);           /* [0 1 0 1], [2 3 2 3] */
+    q = _mm512_add_epi32(q, _mm512_shuffle_i32x4(q, q, 0xb1)); /* lanes 0, 2 complete */
+    return _mm_unpacklo_epi64(_mm512_castsi512_si128(q), _mm512_extracti32x4_epi32(q, 2));
+}
+
+/* The Q8_0 dot of one weight row with nr activation rows (act + r * act_stride), out[r], in
+ * vec_dot.h's order: each row's arithmetic is the single dot's (nr = 1), so every out[r]
+ * equals it bit for bit; the weights are loaded and prepared once for all rows.
+ *
+ * Groups of 16 blocks: one gather fetches the 16 weight scales (the activation scales are
+ * floats in the row's extras); blocks k and k + 4 (k = 0..3, 8..11) fill a zmm whose dpbusd
+ * lanes hold 4-element sums, 8 per block; two rounds of pair_sums and one of lane_sums turn
+ * the 8 vectors into one with the 16 blocks' dots in block order, and one FMA per quarter adds
+ * them to the 4 accumulators (lane k of an xmm: blocks b % 4 == k). The blocks after the last
+ * group go 4 at a time the same way, with scalar weight scales (a block past the end reads the
+ * last one again and is masked out); a lone last block takes a 256-bit dot. */
 AI void dot_q8_0_body(int64_t n, const void *w_row, const void *act, size_t act_stride, int nr,
                       float *out, bool vnni)
 {
     const struct block_q8_0 *w = w_row;
     const struct block_q8_0 *a[VEC_DOT_ROWS];
+    const struct vec_dot_q8_0_extra *e[VEC_DOT_ROWS];
     const __m512i offs = block_offsets(sizeof(struct block_q8_0));
-    __m512 acc0[VEC_DOT_ROWS], acc1[VEC_DOT_ROWS];
-    __m256 tail[VEC_DOT_ROWS];
+    __m128 acc[VEC_DOT_ROWS];
     for (int r = 0; r < nr; r++) {
         a[r] = (const struct block_q8_0 *)((const uint8_t *)act + r * act_stride);
-        acc0[r] = acc1[r] = _mm512_setzero_ps();
-        tail[r] = _mm256_setzero_ps();
+        e[r] = vec_dot_q8_0_extras((void *)a[r], n);
+        acc[r] = _mm_setzero_ps();
     }
+    _Static_assert(VEC_DOT_Q8_0_ACC == 4 && GROUP == 16, "one xmm of accumulators per row");
     int64_t nb = n / QK_32, b = 0;
     for (; b + GROUP <= nb; b += GROUP) {
         VEC_DOT_PREFETCH(&w[b], GROUP * sizeof(*w));
         __m512 dw = f16_scales16(&w[b], offs), d[VEC_DOT_ROWS];
         for (int r = 0; r < nr; r++)
-            d[r] = _mm512_mul_ps(dw, f16_scales16(&a[r][b], offs));
-        for (int k = 0; k < GROUP / 2; k += 2) {
-            const int64_t i = b + 2 * k;
-            __m512i w0 = load_2x256(w[i].qs, w[i + 1].qs);
-            __m512i w1 = load_2x256(w[i + 2].qs, w[i + 3].qs);
+            d[r] = _mm512_mul_ps(dw, act_scales16(e[r] + b));
+        __m512i q[VEC_DOT_ROWS][4];
+        for (int k = 0; k < 4; k++) {
+            /* blocks i, i + 4 and i + 1, i + 5: after pair_sums, 128-bit lanes 0-1 hold blocks
+             * i, i + 1 and lanes 2-3 i + 4, i + 5 */
+            const int64_t i = b + 8 * (k / 2) + 2 * (k % 2);
+            __m512i w0 = load_2x256(w[i].qs, w[i + 4].qs);
+            __m512i w1 = load_2x256(w[i + 1].qs, w[i + 5].qs);
             __m512i wa0 = _mm512_abs_epi8(w0), wa1 = _mm512_abs_epi8(w1);
             __mmask64 wn0 = _mm512_movepi8_mask(w0), wn1 = _mm512_movepi8_mask(w1);
             for (int r = 0; r < nr; r++) {
                 const struct block_q8_0 *ar = a[r];
-                __m512i p0 = dot_s8_act(wa0, wn0, load_2x256(ar[i].qs, ar[i + 1].qs), vnni);
-                __m512i p1 = dot_s8_act(wa1, wn1, load_2x256(ar[i + 2].qs, ar[i + 3].qs), vnni);
-                acc0[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(k), d[r]),
-                                          _mm512_cvtepi32_ps(p0), acc0[r]);
-                acc1[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(k + 1), d[r]),
-                                          _mm512_cvtepi32_ps(p1), acc1[r]);
+                __m512i p0 = dot_s8_act(wa0, wn0, load_2x256(ar[i].qs, ar[i + 4].qs), vnni);
+                __m512i p1 = dot_s8_act(wa1, wn1, load_2x256(ar[i + 1].qs, ar[i + 5].qs), vnni);
+                q[r][k] = pair_sums(p0, p1);
             }
         }
-    }
-    for (; b + 1 < nb; b += 2) {
-        __m512i w0 = load_2x256(w[b].qs, w[b + 1].qs), wa0 = _mm512_abs_epi8(w0);
-        __mmask64 wn0 = _mm512_movepi8_mask(w0);
         for (int r = 0; r < nr; r++) {
-            const struct block_q8_0 *ar = a[r];
-            __m512i p = dot_s8_act(wa0, wn0, load_2x256(ar[b].qs, ar[b + 1].qs), vnni);
-            __m512 d = floats_2x8(f16_load(w[b].d) * f16_load(ar[b].d),
-                                  f16_load(w[b + 1].d) * f16_load(ar[b + 1].d));
-            acc0[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc0[r]);
+            /* pair_sums: 128-bit lanes 0-1 blocks 0-3 (halves), 2-3 blocks 4-7; 8-15 alike */
+            __m512 s = _mm512_cvtepi32_ps(
+                lane_sums(pair_sums(q[r][0], q[r][1]), pair_sums(q[r][2], q[r][3])));
+            acc[r] = _mm_fmadd_ps(_mm512_castps512_ps128(s), _mm512_castps512_ps128(d[r]), acc[r]);
+            acc[r] =
+                _mm_fmadd_ps(_mm512_extractf32x4_ps(s, 1), _mm512_extractf32x4_ps(d[r], 1), acc[r]);
+            acc[r] =
+                _mm_fmadd_ps(_mm512_extractf32x4_ps(s, 2), _mm512_extractf32x4_ps(d[r], 2), acc[r]);
+            acc[r] =
+                _mm_fmadd_ps(_mm512_extractf32x4_ps(s, 3), _mm512_extractf32x4_ps(d[r], 3), acc[r]);
         }
     }
-    for (; b < nb; b++) {
+    for (; b + 1 < nb; b += 4) {
+        const int cnt = nb - b < 4 ? (int)(nb - b) : 4; /* 2, 3 or 4 */
+        const int64_t i1 = b + 1, i2 = cnt > 2 ? b + 2 : i1, i3 = b + cnt - 1;
+        const __mmask8 live = (__mmask8)((1u << cnt) - 1);
+        __m512i w0 = load_2x256(w[b].qs, w[i2].qs), w1 = load_2x256(w[i1].qs, w[i3].qs);
+        __m512i wa0 = _mm512_abs_epi8(w0), wa1 = _mm512_abs_epi8(w1);
+        __mmask64 wn0 = _mm512_movepi8_mask(w0), wn1 = _mm512_movepi8_mask(w1);
+        __m128 dw = f16x4(w[b].d, w[i1].d, w[i2].d, w[i3].d);
+        for (int r = 0; r < nr; r++) {
+            const struct block_q8_0 *ar = a[r];
+            __m512i p0 = dot_s8_act(wa0, wn0, load_2x256(ar[b].qs, ar[i2].qs), vnni);
+            __m512i p1 = dot_s8_act(wa1, wn1, load_2x256(ar[i1].qs, ar[i3].qs), vnni);
+            __m128 d = _mm_mul_ps(dw, act_scales4(e[r], b, i2, i3));
+            acc[r] = _mm_mask3_fmadd_ps(_mm_cvtepi32_ps(quad_sums(p0, p1)), d, acc[r], live);
+        }
+    }
+    if (b < nb) { /* a lone last block, into accumulator 0 (b is a multiple of 4) */
         __m256i w0 = _mm256_loadu_si256((const __m256i *)w[b].qs);
         for (int r = 0; r < nr; r++) {
             __m256i p = dot_s8_256(w0, _mm256_loadu_si256((const __m256i *)a[r][b].qs), vnni);
-            float d = f16_load(w[b].d) * f16_load(a[r][b].d);
-            tail[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), tail[r]);
+            __m128 d = _mm_set_ss(f16_load(w[b].d) * e[r][b].d);
+            acc[r] = _mm_mask3_fmadd_ss(_mm_cvtepi32_ps(sum8_epi32(p)), d, acc[r], 1);
         }
     }
-    for (int r = 0; r < nr; r++)
-        out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r])) + hsum_256(tail[r]);
+    for (int r = 0; r < nr; r++) {
+        __m128 h = _mm_add_ps(acc[r], _mm_movehdup_ps(acc[r])); /* lanes 0, 2: acc 0+1, 2+3 */
+        out[r] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehl_ps(h, h)));
+    }
 }
 
 /* Q4_0: nibbles (0..15) go in unsigned; subtract 8 * sum(a) per block. */
@@ -391,6 +469,21 @@ AI __m256i k4_min_sums(const int16_t *bsums, __m256i mins16)
     return _mm256_madd_epi16(mins16, _mm256_loadu_si256((const __m256i *)bsums));
 }
 
+/* [isum, msum, isum, msum]: the sums of the lanes of i and of m. */
+AI __m128i isum_msum(__m512i i, __m256i m)
+{
+    __m256i i8 = _mm256_add_epi32(_mm512_castsi512_si256(i), _mm512_extracti64x4_epi64(i, 1));
+    __m256i t = _mm256_hadd_epi32(i8, m); /* per 128 bits: i pairs, i pairs, m pairs, m pairs */
+    __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    return _mm_hadd_epi32(t4, t4);
+}
+
+/* The sum of the 16 lanes of x, in lane 0. */
+AI __m128i sum16_epi32(__m512i x)
+{
+    return sum8_epi32(_mm256_add_epi32(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64(x, 1)));
+}
+
 /* [d, dmin] of a Q4_K/Q5_K block (d, dmin adjacent f16) as floats; times a Q8_K block's d
  * gives [d * a_d, dmin * a_d]. */
 AI __m128 k4_d_dmin(const void *d_dmin)
@@ -413,12 +506,10 @@ AI void dot_k45_body(int64_t n, const void *w_row, const void *act, size_t act_s
     /* word index vectors selecting the scale of each 16-word half */
     const __m512i sidx[4] = {words_2x16(0, 2), words_2x16(1, 3), words_2x16(4, 6),
                              words_2x16(5, 7)};
-    __m512 acc[VEC_DOT_ROWS];
-    __m256 acc_m[VEC_DOT_ROWS];
+    __m128 acc[VEC_DOT_ROWS]; /* lane 0: acc_i, lane 1: acc_m (vec_dot.h) */
     for (int r = 0; r < nr; r++) {
         a[r] = (const struct block_q8_k *)((const uint8_t *)act + r * act_stride);
-        acc[r] = _mm512_setzero_ps();
-        acc_m[r] = _mm256_setzero_ps();
+        acc[r] = _mm_setzero_ps();
     }
     for (int64_t b = 0; b < n / QK_K; b++) {
         const uint8_t *blk = (const uint8_t *)w_row + b * bsize;
@@ -465,35 +556,37 @@ AI void dot_k45_body(int64_t n, const void *w_row, const void *act, size_t act_s
             }
         }
         for (int r = 0; r < nr; r++) {
-            __m128 f = _mm_mul_ps(dd, _mm_set1_ps(a[r][b].d)); /* [d * a_d, dmin * a_d] */
-            acc[r] = _mm512_fmadd_ps(_mm512_broadcastss_ps(f),
-                                     _mm512_cvtepi32_ps(_mm512_add_epi32(isum[r][0], isum[r][1])),
-                                     acc[r]);
-            acc_m[r] = _mm256_fmadd_ps(
-                _mm256_permutexvar_ps(_mm256_set1_epi32(1), _mm256_castps128_ps256(f)),
-                _mm256_cvtepi32_ps(k4_min_sums(a[r][b].bsums, mins16)), acc_m[r]);
+            __m128 f = _mm_mul_ps(dd, _mm_set1_ps(a[r][b].d)); /* [d * a_d, dmin * a_d, 0, 0] */
+            __m128i im = isum_msum(_mm512_add_epi32(isum[r][0], isum[r][1]),
+                                   k4_min_sums(a[r][b].bsums, mins16));
+            acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(im), f, acc[r]);
         }
     }
     for (int r = 0; r < nr; r++)
-        out[r] = _mm512_reduce_add_ps(acc[r]) - hsum_256(acc_m[r]);
+        out[r] = _mm_cvtss_f32(_mm_sub_ss(acc[r], _mm_movehdup_ps(acc[r])));
 }
 
-/* Q6_K: per half h, one zmm of ql gives sub-blocks (of 32) 0,1 in its low nibbles and 2,3 in
- * its high nibbles, in element order; codes go in unsigned (0..63), minus 32 * bsums. nr
- * activation rows at act + r * act_stride, as in dot_q8_0_body. */
-AI void dot_q6_k_body(int64_t n, const void *w_row, const void *act, size_t act_stride, int nr,
-                      float *out, bool vnni)
+/* Lanes 0, 1: the sums of the lanes of x and of y (sharing their steps). */
+AI __m128i sums2_epi32(__m512i x, __m512i y)
 {
-    const struct block_q6_k *w = w_row;
-    const struct block_q8_k *a[VEC_DOT_ROWS];
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const __m512i m3 = _mm512_set1_epi8(3);
-    const __m512i shift_lo = words_2x16(0, 2), shift_hi = words_2x16(4, 6);
-    /* word i of the products of half h, part t uses scale 8h + 4t + i/8 */
-    __m512i sidx[4];
+    __m256i x8 = _mm256_add_epi32(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64(x, 1));
+    __m256i y8 = _mm256_add_epi32(_mm512_castsi512_si256(y), _mm512_extracti64x4_epi64(y, 1));
+    __m256i t = _mm256_hadd_epi32(x8, y8); /* per 128 bits: x pairs, x pairs, y pairs, y pairs */
+    __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    return _mm_hadd_epi32(t4, t4);
+}
+
+/* Q6_K constants: scale index vectors (word i of the products of half h, part t uses scale
+ * 8h + 4t + i/8) and shift counts for the high bits. */
+struct q6_k_consts {
+    __m512i sidx[4], shift_lo, shift_hi, m4, m3;
+};
+
+AI void q6_k_consts_init(struct q6_k_consts *c)
+{
     for (int k = 0; k < 4; k++) {
         short base = (short)(4 * k);
-        sidx[k] = _mm512_inserti64x4(
+        c->sidx[k] = _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm256_setr_epi16(base, base, base, base, base, base, base, base,
                                                      base + 1, base + 1, base + 1, base + 1,
                                                      base + 1, base + 1, base + 1, base + 1)),
@@ -502,49 +595,84 @@ AI void dot_q6_k_body(int64_t n, const void *w_row, const void *act, size_t act_
                               base + 3, base + 3),
             1);
     }
-    __m512 acc[VEC_DOT_ROWS];
+    c->shift_lo = words_2x16(0, 2), c->shift_hi = words_2x16(4, 6);
+    c->m4 = _mm512_set1_epi8(0x0f), c->m3 = _mm512_set1_epi8(3);
+}
+
+/* Block wb of a Q6_K row against block b of nr activation rows: isum[r] in 16 int32 lanes
+ * summing to sum of scale * (code - 32) * a. Per half h, one zmm of ql gives sub-blocks (of
+ * 32) 0,1 in its low nibbles and 2,3 in its high nibbles, in element order; codes go in
+ * unsigned (0..63), and the offset as bsums times -32 * the scales. */
+AI void q6_k_isum(const struct block_q6_k *wb, const struct block_q8_k *const *a, int64_t b, int nr,
+                  const struct q6_k_consts *c, __m512i *isum, bool vnni)
+{
+    VEC_DOT_PREFETCH(wb, sizeof(*wb));
+    __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wb->scales));
+    __m512i sc = _mm512_castsi256_si512(sc16);
+    __m512i off = _mm512_zextsi256_si512(
+        _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)));
+    for (int r = 0; r < nr; r++)
+        isum[r] = dpwssd(_mm512_setzero_si512(),
+                         _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a[r][b].bsums)),
+                         off, vnni);
+    for (int h = 0; h < 2; h++) {
+        __m512i ql = _mm512_loadu_si512(wb->ql + 64 * h);
+        __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb->qh + 32 * h)));
+        __m512i hlo = _mm512_and_si512(_mm512_srlv_epi16(qh, c->shift_lo), c->m3);
+        __m512i hhi = _mm512_and_si512(_mm512_srlv_epi16(qh, c->shift_hi), c->m3);
+        __m512i qlo = _mm512_or_si512(_mm512_and_si512(ql, c->m4), _mm512_slli_epi16(hlo, 4));
+        __m512i qhi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), c->m4),
+                                      _mm512_slli_epi16(hhi, 4));
+        __m512i slo = _mm512_permutexvar_epi16(c->sidx[2 * h], sc);
+        __m512i shi = _mm512_permutexvar_epi16(c->sidx[2 * h + 1], sc);
+        for (int r = 0; r < nr; r++) {
+            const int8_t *y = a[r][b].qs;
+            __m512i plo = _mm512_maddubs_epi16(qlo, _mm512_loadu_si512(y + 128 * h));
+            __m512i phi = _mm512_maddubs_epi16(qhi, _mm512_loadu_si512(y + 128 * h + 64));
+            isum[r] = dpwssd(isum[r], plo, slo, vnni);
+            isum[r] = dpwssd(isum[r], phi, shi, vnni);
+        }
+    }
+}
+
+/* Q6_K: nr activation rows at act + r * act_stride, as in dot_q8_0_body; blocks in pairs, whose
+ * sums share their reduction steps. The bsums of an activation block are 16 words, so the upper
+ * half of their zmm is never used (the offset vector is 0 there). */
+AI void dot_q6_k_body(int64_t n, const void *w_row, const void *act, size_t act_stride, int nr,
+                      float *out, bool vnni)
+{
+    const struct block_q6_k *w = w_row;
+    const struct block_q8_k *a[VEC_DOT_ROWS];
+    struct q6_k_consts c;
+    q6_k_consts_init(&c);
+    __m128 acc[VEC_DOT_ROWS]; /* lane 0 (vec_dot.h) */
     for (int r = 0; r < nr; r++) {
         a[r] = (const struct block_q8_k *)((const uint8_t *)act + r * act_stride);
-        acc[r] = _mm512_setzero_ps();
+        acc[r] = _mm_setzero_ps();
     }
-    for (int64_t b = 0; b < n / QK_K; b++) {
-        VEC_DOT_PREFETCH(&w[b], sizeof(*w));
-        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[b].scales));
-        __m512i sc = _mm512_castsi256_si512(sc16);
-        __m512i isum[VEC_DOT_ROWS];
-        for (int r = 0; r < nr; r++)
-            isum[r] = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++) {
-            __m512i ql = _mm512_loadu_si512(w[b].ql + 64 * h);
-            __m512i qh =
-                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w[b].qh + 32 * h)));
-            __m512i hlo = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), m3);
-            __m512i hhi = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), m3);
-            __m512i qlo = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(hlo, 4));
-            __m512i qhi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                          _mm512_slli_epi16(hhi, 4));
-            __m512i slo = _mm512_permutexvar_epi16(sidx[2 * h], sc);
-            __m512i shi = _mm512_permutexvar_epi16(sidx[2 * h + 1], sc);
-            for (int r = 0; r < nr; r++) {
-                const int8_t *y = a[r][b].qs;
-                __m512i plo = _mm512_maddubs_epi16(qlo, _mm512_loadu_si512(y + 128 * h));
-                __m512i phi = _mm512_maddubs_epi16(qhi, _mm512_loadu_si512(y + 128 * h + 64));
-                isum[r] = dpwssd(isum[r], plo, slo, vnni);
-                isum[r] = dpwssd(isum[r], phi, shi, vnni);
-            }
-        }
-        float dw = f16_load(w[b].d);
+    const int64_t nb = n / QK_K;
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        __m512i i0[VEC_DOT_ROWS], i1[VEC_DOT_ROWS];
+        q6_k_isum(&w[b], a, b, nr, &c, i0, vnni);
+        q6_k_isum(&w[b + 1], a, b + 1, nr, &c, i1, vnni);
+        float dw0 = f16_load(w[b].d), dw1 = f16_load(w[b + 1].d);
         for (int r = 0; r < nr; r++) {
-            __m256i offset =
-                _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[r][b].bsums), sc16);
-            isum[r] =
-                _mm512_sub_epi32(isum[r], _mm512_zextsi256_si512(_mm256_slli_epi32(offset, 5)));
-            float d = dw * a[r][b].d;
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum[r]), acc[r]);
+            __m128 s = _mm_cvtepi32_ps(sums2_epi32(i0[r], i1[r]));
+            acc[r] = _mm_fmadd_ss(s, _mm_set_ss(dw0 * a[r][b].d), acc[r]);
+            acc[r] = _mm_fmadd_ss(_mm_movehdup_ps(s), _mm_set_ss(dw1 * a[r][b + 1].d), acc[r]);
         }
+    }
+    if (b < nb) {
+        __m512i i0[VEC_DOT_ROWS];
+        q6_k_isum(&w[b], a, b, nr, &c, i0, vnni);
+        float dw = f16_load(w[b].d);
+        for (int r = 0; r < nr; r++)
+            acc[r] = _mm_fmadd_ss(_mm_cvtepi32_ps(sum16_epi32(i0[r])), _mm_set_ss(dw * a[r][b].d),
+                                  acc[r]);
     }
     for (int r = 0; r < nr; r++)
-        out[r] = _mm512_reduce_add_ps(acc[r]);
+        out[r] = _mm_cvtss_f32(acc[r]);
 }
 
 /* ---- float weights with F32 activations ---- */

@@ -1,16 +1,21 @@
 /* test_matmul: the OpenMP small-batch matmul, its gemm kernels and the SwiGLU expert FFN built
  * on it.
  *
- * gemm (where the host has a kernel): every output against the scalar vec_dot of its row and
- * activation row, within the float accumulation error TOL_GEMM * sum |w a| (the integer sums
- * are exact), over tiles cut short, activation rows past a register tile and past a pass
- * (MAX_M), and a Q8_0 row that ends in an odd block.
+ * gemm (where the host has a kernel, at every ISA level up to the host's): every output equals,
+ * bit for bit, the vec_dot of the same level on its row and activation row, and lies within
+ * TOL_GEMM * sum |w a| of the scalar vec_dot (the integer sums are exact), over tiles cut
+ * short, activation rows past a register tile and past a pass (MAX_M), and a Q8_0 row that
+ * ends in an odd block.
  * matmul: every output equals, bit for bit, the single-threaded best vec_dot of its weight row
- * (the gemm kernel called directly, for batches of GEMM_MIN_M rows or more where one exists)
- * with its activation row converted by the scalar quantizer; it agrees with a double sum over
- * weights decoded by quant_ref and the unconverted float activations within the error of 8-bit
- * activations; padding between output rows stays poisoned; 1 and 2 threads give identical
- * bytes; bad arguments are refused.
+ * with its activation row converted by the scalar quantizer, whatever the batch size; it
+ * agrees with a double sum over weights decoded by quant_ref and the unconverted float
+ * activations within the error of 8-bit activations; padding between output rows stays
+ * poisoned; 1 and 2 threads give identical bytes; bad arguments are refused.
+ * Batch invariance: for every weight type and several row lengths, each of BATCH_ROWS
+ * activation rows through matmul alone (m = 1) gives the same bytes as in every batch of 2 ..
+ * BATCH_ROWS rows (speculative decoding's verify pass depends on it, docs/speculative.md).
+ * matmul uses the process's ISA level: ctest runs this program again under each lower
+ * STRATA_CPU_ISA cap.
  * expert_ffn: against a double-precision reference (decoded weights, float activations, exact
  * silu), tokens listed out of order with a duplicate and crossing a batch boundary; 1 and 2
  * threads identical.
@@ -199,30 +204,22 @@ static double run_matmul_case(const struct mm_case *c, struct rng *r, double *bo
           "%s n_in %lld n_out %lld m %d: 1 and 2 threads differ", tn, (long long)c->n_in,
           (long long)c->n_out, c->m);
 
-    /* bit-exact against direct kernel calls (gemm for batches it takes); padding untouched */
+    /* bit-exact against the vec_dot of each row, whatever the batch; padding untouched */
     vec_dot_fn dot = vec_dot_get(c->type, CPU_ISA_COUNT);
-    gemm_fn gemm = c->m >= GEMM_MIN_M ? gemm_get(c->type, CPU_ISA_COUNT) : NULL;
     for (int j = 0; j < c->m; j++)
         vec_dot_quantize_get(c->type, CPU_ISA_SCALAR)(x + j * x_stride, act + j * abytes, c->n_in);
-    float *gy = NULL;
-    if (gemm) {
-        gy = malloc(sizeof(float) * (size_t)(c->m * c->n_out));
-        gemm(c->n_in, w, w_stride, c->n_out, act, abytes, c->m, gy, c->n_out);
-    }
     int mismatches = 0, touched = 0;
     for (int j = 0; j < c->m; j++) {
         for (int64_t o = 0; o < c->n_out; o++) {
-            float want =
-                gy ? gy[j * c->n_out + o] : dot(c->n_in, w + o * w_stride, act + j * abytes);
+            float want = dot(c->n_in, w + o * w_stride, act + j * abytes);
             float got = y1[j * y_stride + o];
             mismatches += memcmp(&want, &got, sizeof(float)) != 0;
         }
         for (int64_t o = c->n_out; o < y_stride; o++)
             touched += !isnan(y1[j * y_stride + o]);
     }
-    CHECK(mismatches == 0, "%s m %d: %d outputs differ from the direct %s", tn, c->m, mismatches,
-          gy ? "gemm" : "vec_dot");
-    free(gy);
+    CHECK(mismatches == 0, "%s m %d: %d outputs differ from the vec_dot of their row", tn, c->m,
+          mismatches);
     CHECK(touched == 0, "%s m %d: %d padding outputs written", tn, c->m, touched);
 
     /* against the double reference with float activations: the difference is bounded by
@@ -262,10 +259,10 @@ static double run_matmul_case(const struct mm_case *c, struct rng *r, double *bo
     return err;
 }
 
-/* One gemm call of n_rows x m against the scalar vec_dot (same activations); returns the
- * worst |diff| / sum |w a|. */
-static double run_gemm_case(gemm_fn gemm, uint32_t type, int64_t n, int64_t n_rows, int m,
-                            struct rng *r)
+/* One gemm call of n_rows x m against the vec_dot of the same ISA level (bit for bit) and the
+ * scalar vec_dot (same activations); returns the worst |diff| / sum |w a| against the scalar. */
+static double run_gemm_case(gemm_fn gemm, enum cpu_isa isa, uint32_t type, int64_t n,
+                            int64_t n_rows, int m, struct rng *r)
 {
     const char *tn = quant_type_name(type);
     size_t w_stride = vec_dot_row_bytes(type, n) + 64;
@@ -275,7 +272,7 @@ static double run_gemm_case(gemm_fn gemm, uint32_t type, int64_t n, int64_t n_ro
     float *x = malloc(sizeof(float) * (size_t)n);
     float *y = malloc(sizeof(float) * (size_t)(m * y_stride));
     enum quant_type at = vec_dot_act_type(type);
-    vec_dot_fn ref = vec_dot_get(type, CPU_ISA_SCALAR);
+    vec_dot_fn ref = vec_dot_get(type, CPU_ISA_SCALAR), same = vec_dot_get(type, isa);
 
     fill_weights(type, w, n_rows, n, w_stride, r);
     for (int j = 0; j < m; j++) {
@@ -285,11 +282,13 @@ static double run_gemm_case(gemm_fn gemm, uint32_t type, int64_t n, int64_t n_ro
     test_poison_f32(y, (size_t)(m * y_stride));
     gemm(n, w, w_stride, n_rows, act, abytes, m, y, y_stride);
     float *wf = decode(type, w, n_rows, n, w_stride);
-    int over = 0, touched = 0;
+    int over = 0, touched = 0, inexact = 0;
     double worst = 0;
     for (int j = 0; j < m; j++) {
         const uint8_t *aj = act + (size_t)j * abytes;
         for (int64_t o = 0; o < n_rows; o++) {
+            float want = same(n, w + o * w_stride, aj);
+            inexact += memcmp(&want, &y[j * y_stride + o], sizeof(float)) != 0;
             double sabs = 0;
             for (int64_t i = 0; i < n; i++)
                 sabs += fabs(wf[o * n + i] * act_value(at, aj, i));
@@ -300,6 +299,8 @@ static double run_gemm_case(gemm_fn gemm, uint32_t type, int64_t n, int64_t n_ro
         for (int64_t o = n_rows; o < y_stride; o++)
             touched += !isnan(y[j * y_stride + o]);
     }
+    CHECK(inexact == 0, "gemm %s %s n %lld rows %lld m %d: %d outputs differ from its vec_dot", tn,
+          cpu_isa_name(isa), (long long)n, (long long)n_rows, m, inexact);
     CHECK(over == 0, "gemm %s n %lld rows %lld m %d: %d outputs off the scalar dot (worst %.3g)",
           tn, (long long)n, (long long)n_rows, m, over, worst);
     CHECK(touched == 0, "gemm %s rows %lld m %d: %d outputs written past the rows", tn,
@@ -313,10 +314,10 @@ static void test_gemm(struct rng *r)
     static const uint32_t gtypes[] = {QUANT_Q8_0, QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K};
     for (int isa = CPU_ISA_AVX2; isa <= (int)cpu_isa_best(); isa++)
         for (size_t t = 0; t < sizeof(gtypes) / sizeof(gtypes[0]); t++) {
+            /* a level may pair the gemm of the level below with its own vec_dot */
             gemm_fn gemm = gemm_get(gtypes[t], (enum cpu_isa)isa);
-            if (!gemm ||
-                (isa > CPU_ISA_AVX2 && gemm == gemm_get(gtypes[t], (enum cpu_isa)(isa - 1))))
-                continue; /* none, or the same kernel as the level below */
+            if (!gemm)
+                continue;
             /* Q8_0: 37 blocks, so the last chunk has 5 (odd) blocks */
             int64_t n = vec_dot_block(gtypes[t]) == QK_K ? 768 : 32 * 37;
             const struct {
@@ -325,8 +326,8 @@ static void test_gemm(struct rng *r)
             } cases[] = {{16, 1}, {1, 4}, {15, 8}, {17, 9}, {40, 16}, {33, 70}, {16, 13}};
             double worst = 0;
             for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
-                worst =
-                    fmax(worst, run_gemm_case(gemm, gtypes[t], n, cases[k].rows, cases[k].m, r));
+                worst = fmax(worst, run_gemm_case(gemm, (enum cpu_isa)isa, gtypes[t], n,
+                                                  cases[k].rows, cases[k].m, r));
             printf("  gemm %-6s %-10s vs the scalar dot: worst |diff| / sum |w a| %.2e "
                    "(tolerance %.0e)\n",
                    quant_type_name(gtypes[t]), cpu_isa_name((enum cpu_isa)isa), worst, TOL_GEMM);
@@ -350,6 +351,75 @@ static void test_matmul(struct rng *r)
                "outputs), worst element at %.3f of its bound\n",
                quant_type_name(type), worst, bound_used);
     }
+}
+
+/* ---- batch invariance ---- */
+
+#define BATCH_ROWS 17 /* activation rows; batches of 2 .. BATCH_ROWS of them */
+
+/* BATCH_ROWS activation rows through matmul one at a time, then in batches of m = 2 ..
+ * BATCH_ROWS rows taken at shifting offsets (so a row lands at every position of a register
+ * tile); every batched output must have the bytes of the same row computed alone. Returns the
+ * outputs compared. */
+static int64_t run_batch_case(uint32_t type, int64_t n, struct rng *r)
+{
+    const char *tn = quant_type_name(type);
+    const int64_t n_out = 37; /* two 16-row tiles and one cut short (five 8-row ones with AVX2) */
+    const size_t w_stride = vec_dot_row_bytes(type, n);
+    uint8_t *w = test_xmalloc((size_t)n_out * w_stride);
+    float *x = test_xmalloc(sizeof(float) * (size_t)(BATCH_ROWS * n));
+    float *alone = test_xmalloc(sizeof(float) * (size_t)(BATCH_ROWS * n_out));
+    float *y = test_xmalloc(sizeof(float) * (size_t)(BATCH_ROWS * n_out));
+    int64_t compared = 0;
+
+    fill_weights(type, w, n_out, n, w_stride, r);
+    fill_normal(x, (size_t)(BATCH_ROWS * n), 1.0f, r);
+    test_poison_f32(alone, (size_t)(BATCH_ROWS * n_out));
+    struct matmul_args a = {.wtype = type,
+                            .w = w,
+                            .w_stride = w_stride,
+                            .n_in = n,
+                            .n_out = n_out,
+                            .m = 1,
+                            .x_stride = n,
+                            .y_stride = n_out};
+    for (int j = 0; j < BATCH_ROWS; j++) {
+        a.x = x + j * n, a.y = alone + j * n_out;
+        CHECK(matmul_run(&a) == 0, "%s n %lld: matmul_run of row %d failed", tn, (long long)n, j);
+    }
+    for (int m = 2; m <= BATCH_ROWS; m++) {
+        const int j0 = 5 * m % (BATCH_ROWS - m + 1); /* first row of the batch */
+        a.m = m, a.x = x + j0 * n, a.y = y;
+        test_poison_f32(y, (size_t)(m * n_out));
+        CHECK(matmul_run(&a) == 0, "%s n %lld: matmul_run of m %d failed", tn, (long long)n, m);
+        int differ = 0;
+        for (int64_t i = 0; i < m * n_out; i++)
+            differ += memcmp(&y[i], &alone[j0 * n_out + i], sizeof(float)) != 0;
+        compared += m * n_out;
+        CHECK(differ == 0,
+              "%s n %lld m %d (rows %d .. %d): %d of %lld outputs differ from the rows alone", tn,
+              (long long)n, m, j0, j0 + m - 1, differ, (long long)(m * n_out));
+    }
+    free(w), free(x), free(alone), free(y);
+    return compared;
+}
+
+static void test_batch_invariance(struct rng *r)
+{
+    int64_t compared = 0;
+    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+        const int64_t blk = vec_dot_block(types[t]);
+        /* row lengths in blocks: 1 to 3 (the kernels' short tails) and enough for several
+         * groups of blocks with a tail; float rows of odd lengths */
+        const int64_t lens[][4] = {{101, 301, 801, 0}, {1, 2, 3, 37}, {1, 2, 3, 8}};
+        const int64_t *len = lens[blk == 1 ? 0 : blk == QK_32 ? 1 : 2];
+        for (int k = 0; k < 4 && len[k]; k++)
+            compared += run_batch_case(types[t], len[k] * (blk == 1 ? 1 : blk), r);
+    }
+    printf("  batch invariance at %s: %lld outputs of batches of 2 .. %d rows against the rows "
+           "alone, %d weight types\n",
+           cpu_isa_name(cpu_isa_best()), (long long)compared, BATCH_ROWS,
+           (int)(sizeof(types) / sizeof(types[0])));
 }
 
 static void test_matmul_args(void)
@@ -559,6 +629,7 @@ int main(void)
     test_matmul_args();
     test_gemm(&r);
     test_matmul(&r);
+    test_batch_invariance(&r);
     test_expert_ffn(&r);
     return test_finish("test_matmul");
 }
