@@ -25,14 +25,14 @@ int main(void)
         fprintf(stderr, "setup: %s\n", strata_error());
         return 1;
     }
-    /* measured on the development machine: the tiny f32 and q8_0 models give every lockstep
-     * row bit for bit (0), the default model (Q4_K gate/up: the batched rows take the gemm
-     * kernels) 4.0e-7; the tolerances leave a margin of over 10x */
-    check_model(&cpu, "tiny f32", f32, &(struct tolerance){1e-6, 95});
-    check_model(&cpu, "tiny q8_0", q8, &(struct tolerance){1e-6, 95});
+    /* on the CPU a matmul row's bits do not depend on its batch (cpu_kernels/vec_dot.h), so
+     * every lockstep row equals its single-stream row bit for bit, the default model's (Q4_K
+     * gate/up: the batched rows take the gemm kernels) included */
+    check_model(&cpu, "tiny f32", f32, &(struct tolerance){0, 100});
+    check_model(&cpu, "tiny q8_0", q8, &(struct tolerance){0, 100});
     test_data_path(path, sizeof(path), "../../models/strata-default.gguf");
     if (access(path, R_OK) == 0)
-        check_model(&cpu, "default model", path, &(struct tolerance){1e-5, 95});
+        check_model(&cpu, "default model", path, &(struct tolerance){0, 100});
     unlink(f32);
     unlink(q8);
     rmdir(tmpdir);
