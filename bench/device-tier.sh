@@ -5,7 +5,8 @@
 # and the expert cache (stream placement) each: reading the mapping, and through a host tier of
 # HOST_BUDGETS (default 4G and 8G: about 25% and 50% of the experts; the bench probes the
 # disk's O_DIRECT bandwidth in the same run and reports the tier's reads against it); then the
-# cache with --host-read-ahead, and static with --host-io pread. About 6 minutes. Results in
+# cache with --host-read-ahead, hybrid without and with a 4G tier, and static with --host-io
+# pread. About 7 minutes. Results in
 # $OUT/bench-tier.txt.
 set -u
 . bench/device-env.sh
@@ -32,5 +33,7 @@ for p in "--placement static" ""; do
     done
 done
 run --host-budget 4G --host-read-ahead
+run --placement hybrid
+run --placement hybrid --host-budget 4G
 run --placement static --host-budget 4G --host-io pread
 rm -f "$F"

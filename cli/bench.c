@@ -92,7 +92,7 @@ static void bench_usage(void)
            "      --device cpu|cuda backend (default cpu; cuda: every weight on the GPU, and the\n"
            "                        floor is bytes per token / device copy bandwidth)\n"
            "      --host-budget SIZE  CPU, CUDA with --placement static (its CPU layers) or the\n"
-           "                        expert cache (copy path): the\n"
+           "                        expert cache (copy path, hybrid): the\n"
            "                        routed experts read from the file into a host tier of\n"
            "                        SIZE (at least a layer's experts); reports its hit rate\n"
            "                        and read GB/s (--host-io auto|uring|pread, --host-buffered\n"
@@ -314,9 +314,9 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         return 2;
     }
     if (o->host_budget && o->vram_budget && !o->cpu_moe_layers &&
-        (o->hybrid || o->residency == STRATA_FILL_ZEROCOPY)) {
+        o->residency == STRATA_FILL_ZEROCOPY) {
         fprintf(stderr, "strata bench: --host-budget under the expert cache copies its misses "
-                        "from the tier: not with --placement hybrid or --residency zerocopy\n");
+                        "from the tier: not with --residency zerocopy\n");
         return 2;
     }
     if (o->host_budget && o->no_mmap) {

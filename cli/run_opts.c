@@ -78,8 +78,9 @@ static void run_opts_usage(const char *cmd)
            "                          out, instead of the mapping (for a model larger than\n"
            "                          RAM): on --device cpu, for --placement static's CPU\n"
            "                          layers, and under --vram-budget for the expert cache,\n"
-           "                          whose misses are copied on from the tier (copy residency,\n"
-           "                          not hybrid); -v says how it reads\n"
+           "                          whose misses are copied on from the tier or computed\n"
+           "                          there by the hybrid lane (copy residency); -v says how\n"
+           "                          it reads\n"
            "      --host-io auto|uring|pread  how the tier reads (default auto: io_uring\n"
            "                          where it works)\n"
            "      --host-buffered     never O_DIRECT (default: O_DIRECT where the file system\n"
@@ -466,12 +467,12 @@ int run_opts_check(struct run_opts *o, const char *cmd)
                 cmd);
         return 2;
     }
-    if (o->host_budget && o->vram_budget && !o->cpu_moe_layers &&
-        (o->hybrid || (o->residency && !strcmp(o->residency, "zerocopy")))) {
+    if (o->host_budget && o->vram_budget && !o->cpu_moe_layers && o->residency &&
+        !strcmp(o->residency, "zerocopy")) {
         fprintf(stderr,
                 "strata %s: --host-budget under the expert cache copies its misses from the "
-                "tier into VRAM: not with --placement hybrid or --residency zerocopy, which "
-                "read experts from host memory at any time\n",
+                "tier into VRAM: not with --residency zerocopy, whose kernels read experts from "
+                "host memory at any time\n",
                 cmd);
         return 2;
     }

@@ -136,7 +136,9 @@ static int ml_cpu_run(struct moe_layer *ml, const struct moe_args *a, const floa
 {
     struct moe_experts ex;
     moe_experts_of(a->lw, a->hp, &ex);
-    if (ml->cfg.tier && a->layer < (int)a->hp->n_layer) { /* the MTP block: the mapping */
+    if (ml->cfg.tier && ml->cache) { /* hybrid: the cache fetched every miss into the tier */
+        ex.ptrs = expert_cache_tier_ptrs(ml->cache);
+    } else if (ml->cfg.tier && a->layer < (int)a->hp->n_layer) { /* the MTP block: the mapping */
         int rc = ml_tier_fetch(ml, a, &ex);
         if (rc)
             return err_wrap(rc, "layer %d: ", a->layer);
@@ -454,9 +456,9 @@ static int ml_open_cache(struct moe_layer *ml)
         .log = cfg->log,
         .tier = cfg->tier,
     };
-    if (cfg->tier && (cfg->hybrid || cfg->fill == MOE_FILL_ZEROCOPY))
-        return err_set(-ENOTSUP, "a host tier under the expert cache serves the copy path only "
-                                 "(not the hybrid lane or zero-copy misses)");
+    if (cfg->tier && cfg->fill == MOE_FILL_ZEROCOPY)
+        return err_set(-ENOTSUP, "a host tier under the expert cache serves its copy path and "
+                                 "the hybrid lane (not zero-copy misses)");
     if (cfg->vram_budget) {
         uint64_t trunk, slot;
         struct budget_plan plan;

@@ -54,8 +54,8 @@ struct expert_cache_config {
                           * down to pages; one expert may straddle two); 0 = 1 GiB */
     FILE *log;           /* where the set-up reports go (host path, slots), NULL = quiet */
     struct disk_tier *tier; /* experts come from this host tier (read from the file on
-                             * demand) instead of the whole mapping pinned: copy path only (no
-                             * zero-copy, no hybrid lane); the caller keeps it open */
+                             * demand) instead of the whole mapping pinned: copy path and the
+                             * hybrid lane (no zero-copy); the caller keeps it open */
 };
 
 struct expert_cache_layer_stats {
@@ -148,6 +148,11 @@ void expert_cache_set_hybrid_admit(struct expert_cache *c, bool on);
 
 /* The experts the last prepare_copy gave to the CPU lane (ascending ids), and their count. */
 int expert_cache_cpu_experts(const struct expert_cache *c, const int32_t **ids);
+
+/* With a host tier: the host addresses of the last prepare_copy's misses in the tier, 3 per
+ * expert id (gate, up, down; NULL for experts that were not missed), valid until the next
+ * prepare_copy: where the CPU lane reads its experts. NULL without a tier. */
+const uint8_t *const *expert_cache_tier_ptrs(const struct expert_cache *c);
 
 /* (b): enqueues the read-back of the layer's ids (no wait) and returns the tables as they are;
  * the accounting happens at expert_cache_step_end. */

@@ -364,10 +364,13 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
     }
     if (split && n_miss && !rc) {
         qsort(c->miss_ids, (size_t)n_miss, sizeof(int32_t), ec_cmp_i32);
+        /* with a tier, both lanes' misses from one request: the CPU lane reads them there */
+        if (c->tier && (rc = ec_tier_fetch(c, layer, c->miss_ids, n_miss)))
+            return rc;
         copied |= ec_assign_misses(c, layer, ids, n_pairs, n_miss, &rc);
         qsort(c->cpu_ids, (size_t)c->n_cpu, sizeof(int32_t), ec_cmp_i32);
     }
-    if (c->tier && !rc)
+    if (c->tier && n_tier && !rc)
         copied |= ec_tier_misses(c, layer, n_tier, &rc);
     rc = rc ? rc : ec_upload(c, layer);
     /* this layer's experts wait for every copy enqueued so far: its misses, and experts a
@@ -401,12 +404,14 @@ void expert_cache_set_hybrid_admit(struct expert_cache *c, bool on)
     c->admit_idle = on;
 }
 
+const uint8_t *const *expert_cache_tier_ptrs(const struct expert_cache *c)
+{
+    return c->tier ? c->tier_ptr : NULL;
+}
+
 int expert_cache_set_hybrid(struct expert_cache *c, expert_cache_split_fn split, void *ctx,
                             int max_cpu_tok)
 {
-    if (c->tier)
-        return err_set(-ENOTSUP, "the hybrid lane reads its experts from the file mapping; it "
-                                 "does not take a host tier (--host-budget) yet");
     size_t ne = (size_t)c->n_expert;
     c->cpu_ids = malloc(sizeof(*c->cpu_ids) * ne);
     c->miss_ids = malloc(sizeof(*c->miss_ids) * ne);

@@ -1019,10 +1019,9 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
                  ? err_set(-ENOTSUP, "cuda backend: the host tier serves static placement's CPU "
                                      "layers or the expert cache (all resident, no expert is "
                                      "read from host memory)")
-             : cache && (cfg->hybrid || cfg->residency == BACKEND_RESIDENCY_ZEROCOPY)
+             : cache && cfg->residency == BACKEND_RESIDENCY_ZEROCOPY
                  ? err_set(-ENOTSUP, "cuda backend: a host tier under the expert cache serves "
-                                     "its copy path only (not the hybrid lane or zero-copy "
-                                     "misses)")
+                                     "its copy path and the hybrid lane (not zero-copy misses)")
                  : disk_tier_open(m, &tc, &c->tier);
         if (rc) {
             cuda_close_op(&c->base);

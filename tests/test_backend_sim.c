@@ -23,7 +23,8 @@
  * - static placement with its CPU layers read through a host tier (--host-budget) of one
  *   layer's experts is bit-identical to reading the mapping; the expert cache's copy path with
  *   its misses read through such a tier (with predictions read ahead, with a profile placed
- *   from it) is bit-identical to all resident; hybrid and zero-copy refuse a tier;
+ *   from it) is bit-identical to all resident, the hybrid lane reading its experts from the tier
+ * agrees with all resident as the hybrid lane does; zero-copy refuses a tier;
  * - gpt-oss (tiny, f32, past its 16-position window): the backend's YaRN rope, biases, attention
  *   sinks and window, router bias and expert biases with the clamped SwiGLU agree with the CPU
  *   backend (the f32 tolerance) all resident; the expert cache (copy and zerocopy), static
@@ -838,18 +839,25 @@ static bool tier_run(const char *path, const char *what, const struct backend_cu
     return same;
 }
 
+/* A host budget of one layer's experts with the slots' alignment (each of 3 parts at most 3
+ * pages more): more than one layer, less than two. */
+static uint64_t one_layer_tier(const char *path)
+{
+    struct model *m = NULL;
+    if (model_open(path, &m))
+        return 0;
+    const struct layer_weights *lw = &m->layers[0];
+    uint64_t layer = lw->gate_exps.bytes + lw->up_exps.bytes + lw->down_exps.bytes +
+                     (uint64_t)m->hp.n_expert * 3 * 3 * 4096;
+    model_close(m);
+    return layer;
+}
+
 static void static_tier(const char *path, const struct backend_cuda_config *st,
                         const int32_t *prompt, const struct run *all)
 {
     struct model *m = NULL;
-    if (model_open(path, &m))
-        return;
-    const struct layer_weights *lw = &m->layers[0];
-    /* a layer's experts with the slots' alignment (each of 3 parts at most 3 pages more): more
-     * than one layer, less than two */
-    uint64_t layer = lw->gate_exps.bytes + lw->up_exps.bytes + lw->down_exps.bytes +
-                     (uint64_t)m->hp.n_expert * 3 * 3 * 4096;
-    model_close(m);
+    uint64_t layer = one_layer_tier(path);
     struct backend_cuda_config tc = *st;
     tc.host_budget = layer;
     struct run ref = {0}, r = {0};
@@ -884,22 +892,15 @@ static void static_tier(const char *path, const struct backend_cuda_config *st,
     tier_run(path, "copy, 6 slots, host tier, 4 frozen", &cache, prompt, all);
     CHECK(fz.placed == 4, "host tier, 4 frozen: %d placed", fz.placed);
     g_restore = NULL;
-    /* the hybrid lane and zero-copy misses read host memory at any time: refused */
-    for (int k = 0; k < 2; k++) {
-        struct backend_cuda_config no = cache;
-        if (k)
-            no.hybrid = true;
-        else
-            no.residency = BACKEND_RESIDENCY_ZEROCOPY;
-        struct backend *b = NULL;
-        int rc = model_open(path, &m) ? -1 : backend_cuda_open(m, &no, &b);
-        CHECK(rc == -ENOTSUP && strstr(err_msg(), "copy path"),
-              "%s: a host tier under the %s: %d (%s)", path, k ? "hybrid lane" : "zero-copy cache",
-              rc, err_msg());
-        backend_close(b);
-        model_close(m);
-        m = NULL;
-    }
+    /* zero-copy misses are read by the kernels at any time: refused */
+    struct backend_cuda_config no = cache;
+    no.residency = BACKEND_RESIDENCY_ZEROCOPY;
+    struct backend *b = NULL;
+    int rc = model_open(path, &m) ? -1 : backend_cuda_open(m, &no, &b);
+    CHECK(rc == -ENOTSUP && strstr(err_msg(), "copy path"),
+          "%s: a host tier under the zero-copy cache: %d (%s)", path, rc, err_msg());
+    backend_close(b);
+    model_close(m);
 }
 
 /* How far the CPU lane (static and hybrid) and the CPU backend may move from the float
@@ -985,6 +986,8 @@ static void close_enough(const char *path, const char *what,
     CHECK(!want_cpu_lane || r.tot.cpu_computed > 0, "%s: the CPU lane computed nothing", what);
     CHECK((want_cpu_lane || want_cpu_layers) == (r.cpu_lane_s > 0),
           "%s: CPU lane busy for %g s", what, r.cpu_lane_s);
+    CHECK(!cc->host_budget || r.tier_misses >= (uint64_t)N_STEPS,
+          "%s: the host tier read %llu times", what, (unsigned long long)r.tier_misses);
     free(r.logits);
 }
 
@@ -1168,6 +1171,11 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     close_enough(path, "static:2", &st, prompt, &ref, tol, 2, false);
     static_tier(path, &st, prompt, &ref);
     close_enough(path, "hybrid + admit when idle, 6 slots", &hy, prompt, &ref, tol, 0, true);
+    /* the hybrid lane reading its experts from a host tier of one layer's experts (both lanes'
+     * misses fetched in one request) */
+    struct backend_cuda_config hy_t = hy;
+    hy_t.host_budget = one_layer_tier(path);
+    close_enough(path, "hybrid, 6 slots, host tier", &hy_t, prompt, &ref, tol, 0, true);
     struct backend_cuda_config hy_na = hy; /* CPU-lane misses never copied into a slot */
     hy_na.hybrid_no_admit = true;
     close_enough(path, "hybrid, no admission, 6 slots", &hy_na, prompt, &ref, tol, 0, true);
