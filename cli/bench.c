@@ -41,7 +41,7 @@ struct bench_opts {
     int cuda;      /* --device cuda */
     int bind;      /* --bind: one thread per physical core, bound */
     uint64_t vram_budget; /* --vram-budget */
-    uint64_t host_budget; /* --host-budget (CPU) */
+    uint64_t host_budget; /* --host-budget */
     bool host_pread, host_buffered; /* --host-io pread, --host-buffered */
     bool host_ahead;                /* --host-read-ahead */
     int residency;        /* --residency */
@@ -419,12 +419,10 @@ static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
     cfg->profile = o->profile;
     cfg->prefetch_depth = o->prefetch_depth;
     cfg->n_threads = o->n_threads;
-    if (cfg->device == STRATA_DEVICE_CPU) {
-        cfg->host_budget = o->host_budget;
-        cfg->flags |= (o->host_pread ? STRATA_FLAG_NO_URING : 0) |
-                      (o->host_buffered ? STRATA_FLAG_NO_DIRECT : 0) |
-                      (o->host_ahead ? STRATA_FLAG_READ_AHEAD : 0);
-    }
+    cfg->host_budget = o->host_budget; /* the CPU device, static's CPU layers, the cache */
+    cfg->flags |= (o->host_pread ? STRATA_FLAG_NO_URING : 0) |
+                  (o->host_buffered ? STRATA_FLAG_NO_DIRECT : 0) |
+                  (o->host_ahead ? STRATA_FLAG_READ_AHEAD : 0);
     /* the first stream and, with --streams N, N more: their KV caches count against the budget */
     cfg->n_ctx = o->n_prompt + o->n_gen + 1;
     cfg->n_streams = 1 + (o->streams > 1 ? o->streams : 0);

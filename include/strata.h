@@ -93,10 +93,12 @@ struct strata_config {
     int cuda_device;         /* CUDA device index; default 0 */
     uint64_t vram_budget;    /* bytes of VRAM strata may hold; 0 = every weight resident */
     uint64_t host_budget;    /* device CPU, or CUDA with STRATA_PLACEMENT_STATIC (its CPU
-                              * layers): bytes of a host tier the routed experts are read
-                              * into from the file (io_uring or pread, O_DIRECT where the file
-                              * system allows), at least one layer's experts; 0 = every expert
-                              * read from the mapping. Other CUDA placements: -ENOTSUP */
+                              * layers) or under vram_budget (the expert cache's misses, copy
+                              * fill and the hybrid lane): bytes of a host tier the routed
+                              * experts are read into from the file (io_uring or pread,
+                              * O_DIRECT where the file system allows), at least one layer's
+                              * experts; 0 = every expert read from the mapping. CUDA with
+                              * STRATA_FILL_ZEROCOPY or every expert resident: -ENOTSUP */
     enum strata_placement placement;
     int cpu_moe_layers;      /* STRATA_PLACEMENT_STATIC: layers whose experts run on the CPU;
                               * -1 (default) = the fewest that let the rest fit vram_budget */

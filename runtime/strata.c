@@ -80,11 +80,11 @@ static int strata_config_check(const struct strata_config *cfg)
     if (!cfg->model_path)
         return err_set(-EINVAL, "strata_config: model_path is required");
     if (cfg->host_budget && cfg->device != STRATA_DEVICE_CPU &&
-        cfg->placement != STRATA_PLACEMENT_STATIC)
+        cfg->placement != STRATA_PLACEMENT_STATIC && cfg->fill == STRATA_FILL_ZEROCOPY)
         return err_set(-ENOTSUP,
                        "strata_config: host_budget %llu: with a GPU the host tier serves static "
-                       "placement's CPU layers only so far (placement static); the expert cache "
-                       "and the hybrid lane read every expert from host memory",
+                       "placement's CPU layers and the expert cache's copy path and hybrid lane; "
+                       "zero-copy misses are read from host memory at any time",
                        (unsigned long long)cfg->host_budget);
     if (cfg->host_budget && (cfg->flags & STRATA_FLAG_NO_MMAP))
         return err_set(-EINVAL, "strata_config: host_budget reads the experts from the file; "

@@ -11,7 +11,7 @@
  *   strata_sampler at temperature 0 is the argmax, and two samplers of one seed agree;
  * - the route observer sees every layer for every token, with the stream's positions;
  * - errors: a missing file (-ENOENT, the file named), a host_budget below one layer's experts
- *   (-EINVAL) or with CUDA (-ENOTSUP), CUDA options on
+ *   (-EINVAL) or with CUDA's zero-copy cache (-ENOTSUP), CUDA options on
  *   the CPU device (-EINVAL), a residency profile without an expert cache (-ENOTSUP; reported
  *   and ignored with STRATA_FLAG_PROFILE_OPTIONAL), the CUDA device
  *   without a GPU (-ENODEV; not checked where a GPU is present), an id outside the vocabulary
@@ -341,11 +341,13 @@ static void check_errors(const char *path)
           strata_error());
     config_cpu(&cfg, path);
     cfg.device = STRATA_DEVICE_CUDA;
+    cfg.vram_budget = 1 << 30;
+    cfg.fill = STRATA_FILL_ZEROCOPY;
     cfg.host_budget = 1 << 30;
     rc = strata_open(&cfg, &s);
-    CHECK(rc == -ENOTSUP, "host_budget with CUDA's expert cache: %d", rc);
-    CHECK(strstr(strata_error(), "static placement's CPU layers only") != NULL,
-          "host_budget message: %s", strata_error());
+    CHECK(rc == -ENOTSUP, "host_budget with CUDA's zero-copy cache: %d", rc);
+    CHECK(strstr(strata_error(), "zero-copy misses") != NULL, "host_budget message: %s",
+          strata_error());
 
     config_cpu(&cfg, path);
     cfg.vram_budget = 1 << 30;
