@@ -86,6 +86,10 @@ typedef void (*moe_route_observer_fn)(void *ctx, const struct moe_route_event *e
 
 struct disk_tier;
 
+/* Decode calls of a layer without a miss or a used prefetch after which it is no longer
+ * predicted (until it misses again). */
+#define MOE_PREFETCH_QUIET 8
+
 struct moe_layer_config {
     int max_tok;          /* tokens per call of the primitives; larger calls are split */
     /* A host device: NULL, or the host tier the CPU lane reads its experts from (owned by the
@@ -105,7 +109,8 @@ struct moe_layer_config {
     int n_streams, n_ctx;  /* how many streams of how many positions stream_bytes counts */
     uint64_t stream_one;   /* the bytes of one of them (its share of stream_bytes) */
     enum moe_fill fill;   /* for decode-sized calls; prefill copies */
-    bool prefetch;        /* copy path: layer l + 1's experts predicted and streamed ahead */
+    bool prefetch;        /* copy path: layer l + 1's experts predicted and streamed ahead
+                           * (decode: only while layer l + 1 misses: MOE_PREFETCH_QUIET) */
     int prefetch_depth;   /* with prefetch: layers l + 1 .. l + depth (1..4; 0 = 1) */
     bool hybrid;          /* each call's misses split between streaming and the CPU lane */
     bool hybrid_no_admit; /* hybrid: a CPU-lane miss is never also copied into a slot */
