@@ -32,6 +32,7 @@ struct moe_layer {
     struct predict pred; /* pred.ids, pred.w: (max_tok, k) device, owned here */
     uint64_t *pf_seen;   /* (n_layer + 1) the layer's misses and used prefetches when last seen */
     int *pf_quiet;       /* (n_layer + 1) calls of the layer before it without either */
+    uint64_t n_predictions;
     /* the CPU lane */
     struct moe_cpu *cpu;
     struct moe_plan plan;
@@ -271,8 +272,10 @@ static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const f
     if (ml->hybrid)
         rc = ml_stage_inputs(ml, in, nt);
     if (!rc && !zc && ml->prefetch && a->layer + 1 < (int)a->hp->n_layer &&
-        ml_predict_worth(ml, a->layer + 1, nt))
+        ml_predict_worth(ml, a->layer + 1, nt)) {
         rc = predict_ahead(&ml->pred, a->layer, in, nt);
+        ml->n_predictions++;
+    }
     if (rc)
         return rc;
     return zc ? expert_cache_prepare_zerocopy(ml->cache, a->layer, ml->route_ids, pairs, tab)
@@ -688,6 +691,7 @@ int moe_layer_cache_totals(const struct moe_layer *ml, struct moe_cache_totals *
         t->prefetch_wasted += s->prefetch_wasted;
     }
     t->slots = expert_cache_slots(ml->cache);
+    t->predictions = ml->n_predictions;
     return 0;
 }
 

@@ -180,6 +180,7 @@ struct moe_cache_totals {
     uint64_t cpu_computed; /* misses the hybrid CPU lane computed */
     uint64_t cpu_admitted; /* of those, also copied into a slot behind their call */
     uint64_t prefetched, prefetch_used, prefetch_late, prefetch_wasted; /* expert_cache.h's */
+    uint64_t predictions; /* layer calls that predicted the next layer's experts */
     int slots;
 };
 /* The cache's totals over all layers so far; -ENOENT without a cache. */

@@ -7,6 +7,8 @@
  * split and the hybrid CPU lane, end to end through the qwen3moe forward:
  * - with a cache of any size (copy, zerocopy, prefetch; a pool shrunk by a later, oversized
  *   stream), every logit of a prompt and 128 greedy steps is bit-identical to all-resident;
+ *   prediction stops for layers that stopped missing (a slot for every expert) and goes on
+ *   where they miss;
  * - static placement and the hybrid lane, whose experts the real CPU lane computes (8-bit
  *   activations), agree with all-resident on >= 95% (f32) or 85% (q8_0) of teacher-forced
  *   argmaxes, the median row's logits within 1e-3 (f32) or 0.06 (q8_0) of its largest
@@ -839,6 +841,39 @@ static bool tier_run(const char *path, const char *what, const struct backend_cu
     return same;
 }
 
+/* Prediction is skipped for a layer that stopped missing: with a slot for every expert the
+ * layers stop missing after the first tokens and most decode calls predict nothing; with 9
+ * slots they miss all along and most calls predict. Logits bit-identical either way. */
+static void prediction_gate(const char *path, const int32_t *prompt, const struct run *ref)
+{
+    struct model *m = NULL;
+    if (model_open(path, &m))
+        return;
+    int n_layer = (int)m->hp.n_layer, all = n_layer * (int)m->hp.n_expert;
+    model_close(m);
+    /* the layers that have a next one, called for the prompt and each step */
+    uint64_t calls = (uint64_t)(n_layer - 1) * (N_STEPS + 1), got[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        struct backend_cuda_config cc = {
+            .device = 0, .expert_slots = k ? all : 9, .prefetch = true};
+        struct run r = {0};
+        int nv = n_vocab_of(path);
+        CHECK(run(path, &cc, 256, prompt, NULL, &r) == 0, "%s: prediction gate run", path);
+        if (!r.logits)
+            continue;
+        CHECK(!memcmp(r.logits, ref->logits, sizeof(float) * (size_t)nv * (N_STEPS + 1)),
+              "%s: prediction gate, %d slots: logits differ", path, cc.expert_slots);
+        got[k] = r.tot.predictions;
+        free(r.logits);
+    }
+    printf("%s: layer calls that predicted the next layer: %llu of %llu with 9 slots, %llu "
+           "with a slot for every expert\n",
+           path, (unsigned long long)got[0], (unsigned long long)calls, (unsigned long long)got[1]);
+    CHECK(got[0] > calls / 2 && got[1] < calls / 4,
+          "%s: predictions %llu (9 slots), %llu (all slots) of %llu layer calls", path,
+          (unsigned long long)got[0], (unsigned long long)got[1], (unsigned long long)calls);
+}
+
 /* A host budget of one layer's experts with the slots' alignment (each of 3 parts at most 3
  * pages more): more than one layer, less than two. */
 static uint64_t one_layer_tier(const char *path)
@@ -1120,6 +1155,7 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     exact(path, "copy, 5 slots", &copy, 256, prompt, &ref);
     exact(path, "zerocopy, 5 slots", &zc, 256, prompt, &ref);
     exact(path, "copy + prefetch, 9 slots", &pf, 256, prompt, &ref);
+    prediction_gate(path, prompt, &ref);
     struct backend_cuda_config ga = {.device = 0, .expert_slots = 7, .gather_copies = true,
                                      .prefetch = true};
     exact(path, "gather kernel + prefetch, 7 slots", &ga, 256, prompt, &ref);
