@@ -199,6 +199,84 @@ static __global__ void __launch_bounds__(ROPE_THREADS) k_rope_neox(struct rope_p
     }
 }
 
+/* ---- attention prologue: a block per (token, head) -----------------------------------------
+ * Blocks 0 .. n_head - 1 of grid row y take the q heads, the next n_head_kv the k heads (also
+ * stored to the cache), the last n_head_kv copy v heads into the cache. Thread i holds element
+ * i of the head: the norm's sum of squares goes through the same shuffles and partial sums as
+ * k_rmsnorm's (whose threads past head_dim add zeros), the rotation is k_rope_neox's. */
+
+#define QKR_THREADS NORM_THREADS
+
+struct qkr_params {
+    float *q, *k;
+    const float *v, *qw, *kw;
+    float eps;
+    int n_tok, n_head, n_kv, hd, pos0;
+    const int32_t *pos_dev;
+    float base;
+    float *kc, *vc;
+    float *const *caches;
+    int n_ctx;
+};
+
+static __global__ void __launch_bounds__(QKR_THREADS) k_qk_rope_store(struct qkr_params p)
+{
+    __shared__ double part[QKR_THREADS / 32];
+    __shared__ float xs[CUDA_QKR_MAX_HEAD_DIM];
+    const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x, hd = p.hd, half = hd / 2;
+    const int64_t kvw = (int64_t)p.n_kv * hd;
+    const int pos = p.pos_dev ? p.pos_dev[t] : p.pos0 + t;
+    const bool store = pos >= 0 && pos < p.n_ctx;
+    if (h >= p.n_head + p.n_kv) { /* a v head: into the cache */
+        const int64_t off = (int64_t)(h - p.n_head - p.n_kv) * hd + i;
+        float *vc = p.caches ? p.caches[p.n_tok + t] : p.vc;
+        if (store && i < hd)
+            vc[(int64_t)pos * kvw + off] = p.v[(int64_t)t * kvw + off];
+        return;
+    }
+    const bool isq = h < p.n_head;
+    float *x = isq ? p.q + ((int64_t)t * p.n_head + h) * hd
+                   : p.k + (int64_t)t * kvw + (int64_t)(h - p.n_head) * hd;
+    const float *w = isq ? p.qw : p.kw;
+    float xv = i < hd ? x[i] : 0.0f;
+    if (w) {
+        const float wv = i < hd ? w[i] : 1.0f;
+        double ss = 0.0;
+        if (i < hd)
+            ss += (double)xv * xv;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if ((i & 31) == 0)
+            part[i >> 5] = ss;
+        __syncthreads();
+        double tot = 0.0;
+#pragma unroll
+        for (int j = 0; j < QKR_THREADS / 32; j++)
+            tot += part[j];
+        const float inv = 1.0f / sqrtf((float)(tot / hd) + p.eps);
+        xv = __fmul_rn(__fmul_rn(xv, inv), wv);
+    }
+    if (i < hd)
+        xs[i] = xv;
+    __syncthreads();
+    if (i >= half)
+        return;
+    double f = pow((double)p.base, -2.0 * i / hd), c, sv;
+    sincos((double)pos * f, &sv, &c);
+    const float cf = (float)c, sf = (float)sv, a = xs[i], b = xs[i + half];
+    const float o0 = __fsub_rn(__fmul_rn(a, cf), __fmul_rn(b, sf));
+    const float o1 = __fadd_rn(__fmul_rn(a, sf), __fmul_rn(b, cf));
+    x[i] = o0;
+    x[i + half] = o1;
+    if (!isq && store) {
+        float *kc =
+            (p.caches ? p.caches[t] : p.kc) + (int64_t)pos * kvw + (int64_t)(h - p.n_head) * hd;
+        kc[i] = o0;
+        kc[i + half] = o1;
+    }
+}
+
 /* ---- KV store and add: grid-stride copies -------------------------------------------------- */
 
 struct kv_store_params {
@@ -460,6 +538,27 @@ extern "C" int cuda_kv_store(const struct cuda_kv_store_args *a)
                                 a->n_ctx,  a->pos0, a->pos_dev, a->caches_dev};
     k_kv_store<<<ops_stride_blocks(p.total, 256), 256, 0, (cudaStream_t)a->stream>>>(p);
     return cuda_last_error("cuda_kv_store");
+}
+
+extern "C" int cuda_qk_rope_store(const struct cuda_qk_rope_store_args *a)
+{
+    if (!a || a->n_tok < 0 || a->n_head < 1 || a->n_head_kv < 1 || a->head_dim < 2 ||
+        a->head_dim % 2 || a->head_dim > CUDA_QKR_MAX_HEAD_DIM || a->n_ctx < 1)
+        return -EINVAL;
+    if (!a->pos_dev && (a->pos0 < 0 || (int64_t)a->pos0 + a->n_tok > a->n_ctx))
+        return -EINVAL;
+    if (a->n_tok == 0)
+        return 0;
+    if (!a->q || !a->k || !a->v || (a->caches_dev ? !a->pos_dev : !a->k_cache || !a->v_cache))
+        return -EINVAL;
+    struct qkr_params p = {
+        a->q,     a->k,       a->v,         a->q_norm,     a->k_norm, a->eps,
+        a->n_tok, a->n_head,  a->n_head_kv, a->head_dim,   a->pos0,   a->pos_dev,
+        a->base,  a->k_cache, a->v_cache,   a->caches_dev, a->n_ctx,
+    };
+    dim3 grid((unsigned)a->n_tok, (unsigned)(a->n_head + 2 * a->n_head_kv));
+    k_qk_rope_store<<<grid, QKR_THREADS, 0, (cudaStream_t)a->stream>>>(p);
+    return cuda_last_error("cuda_qk_rope_store");
 }
 
 extern "C" int cuda_add(float *x, const float *y, size_t n, void *stream)

@@ -105,6 +105,33 @@ struct cuda_kv_store_args {
 /* cache row pos(t) = src row t. With pos_dev NULL, pos0 + n_tok <= n_ctx is checked. */
 int cuda_kv_store(const struct cuda_kv_store_args *a);
 
+/* ---- attention prologue: q/k norms, RoPE and the KV store in one launch ------------------- */
+
+#define CUDA_QKR_MAX_HEAD_DIM 256
+
+struct cuda_qk_rope_store_args {
+    float *q;       /* (n_tok, n_head * head_dim) device: normed and rotated in place */
+    float *k;       /* (n_tok, n_head_kv * head_dim) device: normed and rotated in place */
+    const float *v; /* (n_tok, n_head_kv * head_dim) device */
+    const float *q_norm, *k_norm; /* (head_dim) device F32 per-head RMSNorm scales, or NULL:
+                                   * that tensor is rotated without a norm */
+    float eps;
+    int n_tok, n_head, n_head_kv, head_dim; /* head_dim even, <= CUDA_QKR_MAX_HEAD_DIM */
+    int pos0;                               /* position of token 0 when pos_dev is NULL */
+    const int32_t *pos_dev;   /* NULL, or (n_tok) device positions (graph replay, lockstep) */
+    float base;               /* rope.freq_base */
+    float *k_cache, *v_cache; /* (n_ctx, n_head_kv * head_dim) device: row pos(t) = k, v of t */
+    float *const *caches_dev; /* NULL, or (2 * n_tok) device: token t's own k cache at [t] and
+                               * v cache at [n_tok + t] (lockstep rows; pos_dev needed) */
+    int n_ctx;                /* rows of the caches; a row outside [0, n_ctx) is skipped */
+    void *stream;
+};
+
+/* Bit for bit what cuda_rmsnorm over the heads of q and of k (rows of head_dim, the scales
+ * q_norm and k_norm), cuda_rope_neox of both and cuda_kv_store of k and v give, in one launch
+ * of a block per (token, head). With pos_dev NULL, pos0 + n_tok <= n_ctx is checked. */
+int cuda_qk_rope_store(const struct cuda_qk_rope_store_args *a);
+
 /* ---- elementwise, argmax, router ----------------------------------------------------------- */
 
 /* x (n) += y (n), device. */

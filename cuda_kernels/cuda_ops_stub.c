@@ -33,6 +33,12 @@ int cuda_kv_store(const struct cuda_kv_store_args *a)
     return -ENODEV;
 }
 
+int cuda_qk_rope_store(const struct cuda_qk_rope_store_args *a)
+{
+    (void)a;
+    return -ENODEV;
+}
+
 int cuda_add(float *x, const float *y, size_t n, void *stream)
 {
     (void)x, (void)y, (void)n, (void)stream;

@@ -35,6 +35,18 @@ struct attn_args {
                            * included); 0: every earlier one */
 };
 
+/* The attention prologue of a layer with per-head q/k norms (struct backend_ops.qk_rope_store):
+ * q and k normed per head and rotated (NEOX RoPE) in place, k and v stored to the cache rows
+ * pos0 .. pos0 + n_tok - 1. */
+struct qk_rope_args {
+    float *q, *k;   /* (n_tok, n_head*head_dim), (n_tok, n_head_kv*head_dim) */
+    const float *v; /* (n_tok, n_head_kv*head_dim) */
+    const struct weight *q_norm, *k_norm; /* (head_dim) F32 */
+    float eps, rope_base;
+    int pos0, n_tok, n_head, n_head_kv, head_dim;
+    float *k_cache, *v_cache; /* (n_ctx, n_head_kv*head_dim) of this layer */
+};
+
 /* YaRN-scaled NEOX RoPE (struct backend_ops.rope_yarn): ops_rope_yarn_freq's parameters. */
 struct rope_yarn {
     float base, factor;        /* rope.freq_base, rope.scaling.factor */
@@ -89,6 +101,9 @@ struct backend_ops {
     /* dst rows [pos0, pos0+n_tok) of a (n_ctx, width) cache = src (n_tok, width). */
     int (*kv_store)(struct backend *b, float *cache, const float *src, int pos0, int n_tok,
                     int width);
+    /* Optional (NULL: the forward runs the ops one by one): rmsnorm of q's and k's heads,
+     * rope of both, kv_store of k and v, with their results. */
+    int (*qk_rope_store)(struct backend *b, const struct qk_rope_args *a);
     /* Optional (NULL: the backend has no YaRN): rope with YaRN's frequencies and attention
      * factor. */
     int (*rope_yarn)(struct backend *b, float *x, int n_tok, int n_heads, int head_dim,

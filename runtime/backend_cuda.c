@@ -493,6 +493,50 @@ static int cuda_kv_store_op(struct backend *b, float *cache, const float *src, i
     return rc ? backend_cuda_fail(rc, "kv_store") : 0;
 }
 
+static int cuda_qk_rope_store_op(struct backend *b, const struct qk_rope_args *q)
+{
+    struct backend_cuda *c = cuda_of(b);
+    const int kvw = q->n_head_kv * q->head_dim;
+    if (q->head_dim > CUDA_QKR_MAX_HEAD_DIM) { /* the ops one by one */
+        int rc =
+            cuda_rmsnorm_op(b, q->q, q->q, q->q_norm, q->n_tok * q->n_head, q->head_dim, q->eps);
+        rc = rc ? rc
+                : cuda_rmsnorm_op(b, q->k, q->k, q->k_norm, q->n_tok * q->n_head_kv, q->head_dim,
+                                  q->eps);
+        rc = rc ? rc
+                : cuda_rope_op(b, q->q, q->n_tok, q->n_head, q->head_dim, q->pos0, q->rope_base);
+        rc = rc ? rc
+                : cuda_rope_op(b, q->k, q->n_tok, q->n_head_kv, q->head_dim, q->pos0, q->rope_base);
+        rc = rc ? rc : cuda_kv_store_op(b, q->k_cache, q->k, q->pos0, q->n_tok, kvw);
+        return rc ? rc : cuda_kv_store_op(b, q->v_cache, q->v, q->pos0, q->n_tok, kvw);
+    }
+    backend_cuda_forget_xq(c);
+    struct cuda_qk_rope_store_args a = {
+        .q = q->q,
+        .k = q->k,
+        .v = q->v,
+        .q_norm = q->q_norm->dev,
+        .k_norm = q->k_norm->dev,
+        .eps = q->eps,
+        .n_tok = q->n_tok,
+        .n_head = q->n_head,
+        .n_head_kv = q->n_head_kv,
+        .head_dim = q->head_dim,
+        .pos0 = q->pos0,
+        .base = q->rope_base,
+        .k_cache = q->k_cache,
+        .v_cache = q->v_cache,
+        .n_ctx = q->pos0 + q->n_tok,
+        .stream = c->stream,
+    };
+    if (c->recording) { /* the row comes from step_dev[1]; the cache holds graph_stream's n_ctx */
+        a.pos_dev = c->step_dev + 1;
+        a.n_ctx = c->graph_stream->n_ctx;
+    }
+    int rc = cuda_qk_rope_store(&a);
+    return rc ? backend_cuda_fail(rc, "qk_rope_store") : 0;
+}
+
 static int cuda_attention_op(struct backend *b, const struct attn_args *at)
 {
     if (at->sinks && (at->sinks->type || !at->sinks->dev))
@@ -828,6 +872,7 @@ static const struct backend_ops cuda_ops_table = {
     .zero = cuda_zero_op,
     .copy = cuda_copy_op,
     .kv_store = cuda_kv_store_op,
+    .qk_rope_store = cuda_qk_rope_store_op,
     .attention = cuda_attention_op,
     .rows_begin = cuda_rows_begin_op,
     .attention_rows = cuda_attention_rows_op,

@@ -418,6 +418,53 @@ static int sim_kv_store(const struct cuda_kv_store_args *a)
     return 0;
 }
 
+/* the fused prologue as the ops it replaces, one after the other */
+static int sim_qk_rope_store(const struct cuda_qk_rope_store_args *a)
+{
+    struct cuda_rmsnorm_args nq = {
+        .out = a->q,
+        .in = a->q,
+        .w = a->q_norm,
+        .rows = a->n_tok * a->n_head,
+        .dim = a->head_dim,
+        .eps = a->eps,
+    };
+    struct cuda_rmsnorm_args nk = nq;
+    nk.out = a->k, nk.in = a->k, nk.w = a->k_norm, nk.rows = a->n_tok * a->n_head_kv;
+    struct cuda_rope_args rq = {
+        .x = a->q,
+        .n_tok = a->n_tok,
+        .n_heads = a->n_head,
+        .head_dim = a->head_dim,
+        .pos0 = a->pos0,
+        .pos_dev = a->pos_dev,
+        .base = a->base,
+    };
+    struct cuda_rope_args rk = rq;
+    rk.x = a->k, rk.n_heads = a->n_head_kv;
+    struct cuda_kv_store_args sk = {
+        .cache = a->k_cache,
+        .src = a->k,
+        .n_tok = a->n_tok,
+        .width = a->n_head_kv * a->head_dim,
+        .n_ctx = a->n_ctx,
+        .pos0 = a->pos0,
+        .pos_dev = a->pos_dev,
+        .caches_dev = a->caches_dev,
+    };
+    struct cuda_kv_store_args sv = sk;
+    sv.cache = a->v_cache, sv.src = a->v;
+    sv.caches_dev = a->caches_dev ? a->caches_dev + a->n_tok : NULL;
+    if (a->q_norm)
+        sim_rmsnorm(&nq);
+    if (a->k_norm)
+        sim_rmsnorm(&nk);
+    sim_rope_neox(&rq);
+    sim_rope_neox(&rk);
+    int rc = sim_kv_store(&sk);
+    return rc ? rc : sim_kv_store(&sv);
+}
+
 size_t cuda_attention_scratch_bytes(int n_head, int head_dim)
 {
     (void)n_head, (void)head_dim;
@@ -589,6 +636,11 @@ int cuda_rope_neox(const struct cuda_rope_args *a)
 int cuda_kv_store(const struct cuda_kv_store_args *a)
 {
     return SIM_RUN(sim_kv_store, a);
+}
+
+int cuda_qk_rope_store(const struct cuda_qk_rope_store_args *a)
+{
+    return SIM_RUN(sim_qk_rope_store, a);
 }
 
 int cuda_attention(const struct cuda_attn_args *a)

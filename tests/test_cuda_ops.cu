@@ -411,6 +411,128 @@ static void test_kv_store(struct rng *r)
     CHECK(cuda_kv_store(&bad) == -EINVAL, "kv_store past the cache end was not refused");
 }
 
+/* ---- the fused attention prologue against the launches it replaces -------------------------- */
+
+static void test_qk_rope_store(struct rng *r)
+{
+    struct {
+        int n_tok, n_head, n_kv, hd;
+        bool norm, dev, rows; /* norms; device positions; a cache per token */
+    } cases[] = {
+        {1, 32, 4, 128, true, false, false},   {1, 32, 4, 128, true, true, false},
+        {5, 64, 4, 128, true, false, false},   {3, 16, 2, 256, true, true, true},
+        {9, 8, 8, 64, false, true, false},     {17, 12, 3, 96, true, false, false},
+        {300, 32, 4, 128, true, false, false}, {4, 4, 1, 256, true, true, true},
+    };
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+        const int n_tok = cases[ci].n_tok, nh = cases[ci].n_head, nkv = cases[ci].n_kv;
+        const int hd = cases[ci].hd, n_ctx = n_tok + 40 + rng_below(r, 60);
+        const bool dev = cases[ci].dev, rows = cases[ci].rows;
+        const int pos0 = dev ? 0 : rng_below(r, n_ctx - n_tok + 1);
+        const size_t qn = (size_t)n_tok * nh * hd, kn = (size_t)n_tok * nkv * hd;
+        const size_t cn = (size_t)n_ctx * nkv * hd;
+        const float base = ci & 1 ? 1e6f : 10000.0f, eps = 1e-6f;
+        float *q = test_rand_normal(r, qn, 2.0f), *k = test_rand_normal(r, kn, 2.0f);
+        float *v = test_rand_normal(r, kn, 1.0f), *cache = test_rand_normal(r, cn, 1.0f);
+        float *qw = test_rand_normal(r, hd, 1.0f), *kw = test_rand_normal(r, hd, 1.0f);
+        int32_t *pos = (int32_t *)test_xmalloc(sizeof(int32_t) * n_tok);
+        for (int t = 0; t < n_tok; t++) /* distinct rows; one outside the cache */
+            pos[t] = dev ? (int32_t)((t * 37 + 5) % n_ctx) : pos0 + t;
+        if (dev && n_tok > 2)
+            pos[n_tok - 1] = n_ctx + 3;
+        float *d_q[2], *d_k[2], *d_kc[2][2], *d_vc[2][2];
+        float *d_v = (float *)test_dev_dup(v, kn * sizeof(float));
+        float *d_qw = (float *)test_dev_dup(qw, hd * sizeof(float));
+        float *d_kw = (float *)test_dev_dup(kw, hd * sizeof(float));
+        int32_t *d_pos = (int32_t *)test_dev_dup(pos, sizeof(int32_t) * n_tok);
+        for (int w = 0; w < 2; w++) { /* 0: separate launches, 1: fused; two caches (rows) */
+            d_q[w] = (float *)test_dev_dup(q, qn * sizeof(float));
+            d_k[w] = (float *)test_dev_dup(k, kn * sizeof(float));
+            for (int c = 0; c < 2; c++) {
+                d_kc[w][c] = (float *)test_dev_dup(cache, cn * sizeof(float));
+                d_vc[w][c] = (float *)test_dev_dup(cache, cn * sizeof(float));
+            }
+        }
+        /* lockstep rows: token t's caches are cache t % 2 */
+        float *tab[2][128];
+        float **d_tab[2] = {NULL, NULL};
+        if (rows) {
+            CHECK(n_tok <= 64, "case %zu: too many rows for the table", ci);
+            for (int w = 0; w < 2; w++) {
+                for (int t = 0; t < n_tok; t++) {
+                    tab[w][t] = d_kc[w][t % 2];
+                    tab[w][n_tok + t] = d_vc[w][t % 2];
+                }
+                d_tab[w] = (float **)test_dev_dup(tab[w], sizeof(float *) * 2 * n_tok);
+            }
+        }
+        const int32_t *pd = dev ? d_pos : NULL;
+        int rc = 0;
+        if (cases[ci].norm) {
+            struct cuda_rmsnorm_args nq = {d_q[0], d_q[0], NULL, d_qw, n_tok * nh, hd, eps, NULL};
+            struct cuda_rmsnorm_args nk = {d_k[0], d_k[0], NULL, d_kw, n_tok * nkv, hd, eps, NULL};
+            rc = rc ? rc : cuda_rmsnorm(&nq);
+            rc = rc ? rc : cuda_rmsnorm(&nk);
+        }
+        struct cuda_rope_args rq = {d_q[0], n_tok, nh, hd, pos0, pd, base, NULL};
+        struct cuda_rope_args rk = {d_k[0], n_tok, nkv, hd, pos0, pd, base, NULL};
+        rc = rc ? rc : cuda_rope_neox(&rq);
+        rc = rc ? rc : cuda_rope_neox(&rk);
+        struct cuda_kv_store_args sk = {d_kc[0][0], d_k[0], n_tok, nkv * hd,
+                                        n_ctx,      pos0,   pd,    rows ? d_tab[0] : NULL};
+        struct cuda_kv_store_args sv = {d_vc[0][0], d_v,  n_tok, nkv * hd,
+                                        n_ctx,      pos0, pd,    rows ? d_tab[0] + n_tok : NULL};
+        rc = rc ? rc : cuda_kv_store(&sk);
+        rc = rc ? rc : cuda_kv_store(&sv);
+        struct cuda_qk_rope_store_args fa = {};
+        fa.q = d_q[1], fa.k = d_k[1], fa.v = d_v;
+        fa.q_norm = cases[ci].norm ? d_qw : NULL, fa.k_norm = cases[ci].norm ? d_kw : NULL;
+        fa.eps = eps, fa.n_tok = n_tok, fa.n_head = nh, fa.n_head_kv = nkv, fa.head_dim = hd;
+        fa.pos0 = pos0, fa.pos_dev = pd, fa.base = base;
+        fa.k_cache = d_kc[1][0], fa.v_cache = d_vc[1][0], fa.caches_dev = rows ? d_tab[1] : NULL;
+        fa.n_ctx = n_ctx;
+        int rf = cuda_qk_rope_store(&fa);
+        size_t bad = 0, first = 0;
+        size_t mx = qn > cn ? qn : cn;
+        float *a = (float *)test_xmalloc(mx * sizeof(float)),
+              *b = (float *)test_xmalloc(mx * sizeof(float));
+        test_dev_get(a, d_q[0], qn * sizeof(float));
+        test_dev_get(b, d_q[1], qn * sizeof(float));
+        bad += bits_differ(a, b, qn, &first);
+        test_dev_get(a, d_k[0], kn * sizeof(float));
+        test_dev_get(b, d_k[1], kn * sizeof(float));
+        bad += bits_differ(a, b, kn, &first);
+        for (int c = 0; c < 2; c++) {
+            test_dev_get(a, d_kc[0][c], cn * sizeof(float));
+            test_dev_get(b, d_kc[1][c], cn * sizeof(float));
+            bad += bits_differ(a, b, cn, &first);
+            test_dev_get(a, d_vc[0][c], cn * sizeof(float));
+            test_dev_get(b, d_vc[1][c], cn * sizeof(float));
+            bad += bits_differ(a, b, cn, &first);
+        }
+        printf("qk_rope_store n_tok %3d heads %2d/%d head_dim %3d%s%s%s: rc %d/%d, %zu elements "
+               "differ\n",
+               n_tok, nh, nkv, hd, cases[ci].norm ? " norms" : "", dev ? " device positions" : "",
+               rows ? " rows" : "", rc, rf, bad);
+        CHECK(rc == 0 && rf == 0 && bad == 0, "qk_rope_store case %zu: rc %d/%d, %zu differ", ci,
+              rc, rf, bad);
+        for (int w = 0; w < 2; w++) {
+            cuda_free(d_q[w]), cuda_free(d_k[w]), cuda_free(d_tab[w]);
+            for (int c = 0; c < 2; c++)
+                cuda_free(d_kc[w][c]), cuda_free(d_vc[w][c]);
+        }
+        cuda_free(d_v), cuda_free(d_qw), cuda_free(d_kw), cuda_free(d_pos);
+        free(q), free(k), free(v), free(cache), free(qw), free(kw), free(pos), free(a), free(b);
+    }
+    struct cuda_qk_rope_store_args bad = {};
+    bad.q = bad.k = (float *)8, bad.v = (const float *)8, bad.k_cache = bad.v_cache = (float *)8;
+    bad.n_tok = 4, bad.n_head = bad.n_head_kv = 1, bad.head_dim = 64, bad.pos0 = 7, bad.n_ctx = 10;
+    CHECK(cuda_qk_rope_store(&bad) == -EINVAL, "qk_rope_store past the cache end was not refused");
+    bad.pos0 = 0, bad.head_dim = 2 * CUDA_QKR_MAX_HEAD_DIM;
+    CHECK(cuda_qk_rope_store(&bad) == -EINVAL, "qk_rope_store head_dim %d was not refused",
+          bad.head_dim);
+}
+
 /* ---- attention ---------------------------------------------------------------------------- */
 
 struct attn_case {
@@ -1061,6 +1183,7 @@ int main(void)
     test_rmsnorm(&r);
     test_rope(&r);
     test_kv_store(&r);
+    test_qk_rope_store(&r);
     test_attention(&r);
     test_attention_rows(&r);
     test_attention_exact(&r);

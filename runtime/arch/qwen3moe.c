@@ -32,14 +32,36 @@ static int qwen3moe_attention(struct backend *b, struct stream *s, const struct 
     rc = rc ? rc : op->matmul(b, s->q, &lw->wq, s->xn, n);
     rc = rc ? rc : op->matmul(b, s->k, &lw->wk, s->xn, n);
     rc = rc ? rc : op->matmul(b, s->v, &lw->wv, s->xn, n);
-    rc = rc ? rc : op->rmsnorm(b, s->q, s->q, &lw->q_norm, n * hp->n_head, hp->head_dim,
-                               hp->rms_eps);
-    rc = rc ? rc : op->rmsnorm(b, s->k, s->k, &lw->k_norm, n * hp->n_head_kv, hp->head_dim,
-                               hp->rms_eps);
-    rc = rc ? rc : op->rope(b, s->q, n, hp->n_head, hp->head_dim, s->pos, hp->rope_base);
-    rc = rc ? rc : op->rope(b, s->k, n, hp->n_head_kv, hp->head_dim, s->pos, hp->rope_base);
-    rc = rc ? rc : op->kv_store(b, kc, s->k, s->pos, n, kvw);
-    rc = rc ? rc : op->kv_store(b, vc, s->v, s->pos, n, kvw);
+    if (op->qk_rope_store) {
+        struct qk_rope_args qa = {
+            .q = s->q,
+            .k = s->k,
+            .v = s->v,
+            .q_norm = &lw->q_norm,
+            .k_norm = &lw->k_norm,
+            .eps = hp->rms_eps,
+            .rope_base = hp->rope_base,
+            .pos0 = s->pos,
+            .n_tok = n,
+            .n_head = hp->n_head,
+            .n_head_kv = hp->n_head_kv,
+            .head_dim = hp->head_dim,
+            .k_cache = kc,
+            .v_cache = vc,
+        };
+        rc = rc ? rc : op->qk_rope_store(b, &qa);
+    } else {
+        rc =
+            rc ? rc
+               : op->rmsnorm(b, s->q, s->q, &lw->q_norm, n * hp->n_head, hp->head_dim, hp->rms_eps);
+        rc = rc ? rc
+                : op->rmsnorm(b, s->k, s->k, &lw->k_norm, n * hp->n_head_kv, hp->head_dim,
+                              hp->rms_eps);
+        rc = rc ? rc : op->rope(b, s->q, n, hp->n_head, hp->head_dim, s->pos, hp->rope_base);
+        rc = rc ? rc : op->rope(b, s->k, n, hp->n_head_kv, hp->head_dim, s->pos, hp->rope_base);
+        rc = rc ? rc : op->kv_store(b, kc, s->k, s->pos, n, kvw);
+        rc = rc ? rc : op->kv_store(b, vc, s->v, s->pos, n, kvw);
+    }
     if (rc)
         return rc;
     struct attn_args a = {
