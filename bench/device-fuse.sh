@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# GPU machine: all-resident decode of the 30b-a3b preset, two builds side by side in one lease:
+# .carry/bin.tar.xz holding base/strata (the reference build) beside bin/ (the build
+# under test, with the CUDA tests named in TESTS). Prints pp512/tg128 eager and with --graph
+# for both, then (NCU=1) ncu's per-kernel decode times for both (bench/ncu-summary.py).
+set -u
+. bench/device-env.sh
+# (bin.tar.xz may hold base/ beside bin/)
+nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader
+for t in ${TESTS:-}; do
+    "$B/$t" >"$OUT/$t.log" 2>&1; echo "$t rc=$?"
+    grep -E "FAIL|failed" "$OUT/$t.log" | head -5
+done
+gen_30b
+for round in 1 2; do
+    for bin in .carry/base .carry/bin; do
+        for g in "" --graph; do
+            echo "### round $round $bin bench --device cuda $g"
+            "$bin/strata" bench -m $M --device cuda $g -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)"
+        done
+    done
+done
+if [ -n "${NCU:-}" ]; then
+    for bin in .carry/base .carry/bin; do
+        B=$PWD/$bin ncu_decode "$OUT/ncu-$(basename $bin).txt" --graph | sort -rn | head -40
+    done
+fi
