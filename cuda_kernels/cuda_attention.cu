@@ -48,6 +48,9 @@ struct attn_params {
     int R, T, n_split;
     float *part_acc;        /* (n_split, n_tok * n_head, hd) */
     float *part_m, *part_l; /* (n_split, n_tok * n_head) */
+    unsigned *count; /* decode kernel: NULL, or a counter per (grid z, kv head): the last of a
+                      * kv head's split blocks to finish merges the splits itself (as
+                      * k_attn_combine would) and sets the counter back to zero */
 };
 
 static __device__ __forceinline__ int attn_pos(const struct attn_params &p, int t)
@@ -311,6 +314,53 @@ template <int D> struct attd_tile {
     }
 };
 
+/* The merge of k_attn_combine for the RMAX rows of kv head kvh, by the block that finished
+ * last: the same operations in the same order, so the same bits. The other blocks' partial
+ * results are read past L1 (__ldcg). */
+template <int RMAX>
+static __device__ __forceinline__ void attd_merge(const struct attn_params &p, int kvh, int tid)
+{
+    __shared__ float f[RMAX][ATTD_CHUNKS];
+    __shared__ float mxs[RMAX], ls[RMAX];
+    const int64_t nth = (int64_t)p.n_tok * p.n_head;
+    const int ns = p.n_split;
+    if (tid < RMAX) {
+        const int64_t row = (int64_t)(tid / p.G) * p.n_head + kvh * p.G + tid % p.G;
+        float mx = -INFINITY;
+        for (int s = 0; s < ns; s++)
+            mx = fmaxf(mx, __ldcg(p.part_m + s * nth + row));
+        mxs[tid] = mx;
+    }
+    __syncthreads();
+    for (int e = tid; e < RMAX * ns; e += ATTD_THREADS) {
+        const int r = e / ns, s = e - r * ns;
+        const int64_t row = (int64_t)(r / p.G) * p.n_head + kvh * p.G + r % p.G;
+        float m = __ldcg(p.part_m + s * nth + row);
+        f[r][s] = m != -INFINITY ? expf(m - mxs[r]) : -1.0f;
+    }
+    __syncthreads();
+    if (tid < RMAX) {
+        const int64_t row = (int64_t)(tid / p.G) * p.n_head + kvh * p.G + tid % p.G;
+        float l = 0.0f;
+        for (int s = 0; s < ns; s++)
+            if (f[tid][s] >= 0.0f)
+                l += __ldcg(p.part_l + s * nth + row) * f[tid][s];
+        ls[tid] = l;
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int r = 0; r < RMAX; r++) {
+        const int64_t row = (int64_t)(r / p.G) * p.n_head + kvh * p.G + r % p.G;
+        for (int d = tid; d < p.hd; d += ATTD_THREADS) {
+            float o = 0.0f;
+            for (int s = 0; s < ns; s++)
+                if (f[r][s] >= 0.0f)
+                    o += __ldcg(p.part_acc + (s * nth + row) * p.hd + d) * f[r][s];
+            p.out[row * p.hd + d] = o / ls[r];
+        }
+    }
+}
+
 /* RMAX is the exact row count (n_tok * G): loops without guards keep the code small, which
  * matters here, since each warp runs it once or twice and an instruction cache miss costs as
  * much as a tile (guarding the loops up to 16 rows makes the kernel bound by instruction
@@ -344,6 +394,7 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
         p.part_acc += z * per * HD;
         p.part_m += z * per;
         p.part_l += z * per;
+        p.out += z * qw;
     }
 
     int kmax = 0;
@@ -467,6 +518,22 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
             p.part_l[split * nth + row] = rl[r];
         }
     }
+    if (!p.count)
+        return;
+    /* the last block of this kv head (and grid row z) merges the splits */
+    __shared__ int last;
+    unsigned *ctr = p.count + (int64_t)blockIdx.z * gridDim.y + kvh;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0)
+        last = atomicAdd(ctr, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    attd_merge<RMAX>(p, kvh, tid);
+    if (tid == 0)
+        *ctr = 0;
 }
 
 /* ---- prefill attention on tensor cores -------------------------------------------------------
@@ -828,14 +895,14 @@ static void attn_plan_make(const struct cuda_attn_args *a, struct attn_plan *pl)
  * accumulators (ns, nth, head_dim), then the maxima (ns, nth) and sums (ns, nth). */
 static size_t attn_scratch_need(int ns, int64_t nth, int head_dim)
 {
-    return sizeof(float) * (size_t)ns * nth * (head_dim + 2);
+    return CUDA_ATTN_COUNT_BYTES + sizeof(float) * (size_t)ns * nth * (head_dim + 2);
 }
 
 /* Points p's partial results into scratch, laid out as attn_scratch_need counts it. */
 static void attn_scratch_use(struct attn_params *p, void *scratch, int ns, int64_t nth,
                              int head_dim)
 {
-    p->part_acc = (float *)scratch;
+    p->part_acc = (float *)((uint8_t *)scratch + CUDA_ATTN_COUNT_BYTES);
     p->part_m = p->part_acc + (size_t)ns * nth * head_dim;
     p->part_l = p->part_m + (size_t)ns * nth;
 }
@@ -846,7 +913,7 @@ extern "C" size_t cuda_attention_scratch_bytes(int n_head, int head_dim)
         return 0;
     /* the split-K rows of k_attn, or CUDA_ATTN_EXACT_MAX_TOK rows of ATTD_CHUNKS splits */
     const size_t rows = ops_imax(ATT_SPLIT_ROWS, ATTD_CHUNKS * CUDA_ATTN_EXACT_MAX_TOK);
-    return sizeof(float) * rows * n_head * (head_dim + 2);
+    return CUDA_ATTN_COUNT_BYTES + sizeof(float) * rows * n_head * (head_dim + 2);
 }
 
 extern "C" int cuda_attention_rows_ok(int n_head, int n_head_kv, int head_dim)
@@ -895,6 +962,15 @@ static bool attd_dispatch(int d, int rows, dim3 grid, const struct attn_params &
     }
 }
 
+/* After the decode kernel's launch: its last blocks merged the splits (count set), or the
+ * combine runs now. Sets p->count before the launch when the merge is to be fused. */
+static void attd_count_plan(const struct cuda_attn_args *a, struct attn_params *p, int nz)
+{
+    p->count = !a->combine_apart && (int64_t)nz * a->n_head_kv <= CUDA_ATTN_COUNT_BYTES / 4
+                   ? (unsigned *)a->scratch
+                   : NULL;
+}
+
 /* The decode kernel where it applies (few rows, head_dim 64/128/256, scratch given): launches
  * it and the combine, true; else false and nothing launched. */
 static bool attd_launch(const struct cuda_attn_args *a, struct attn_params *p, cudaStream_t s)
@@ -910,11 +986,15 @@ static bool attd_launch(const struct cuda_attn_args *a, struct attn_params *p, c
         return false;
     p->n_split = ns;
     attn_scratch_use(p, a->scratch, ns, nth, a->head_dim);
+    attd_count_plan(a, p, 1);
     dim3 grid((unsigned)ns, (unsigned)a->n_head_kv);
     if (!attd_dispatch<2>(D, rows, grid, *p, s) && !attd_dispatch<4>(D, rows, grid, *p, s) &&
-        !attd_dispatch<8>(D, rows, grid, *p, s))
+        !attd_dispatch<8>(D, rows, grid, *p, s)) {
+        p->count = NULL;
         return false;
-    k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(*p);
+    }
+    if (!p->count)
+        k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(*p);
     return true;
 }
 
@@ -939,11 +1019,13 @@ static int attd_rows_launch(const struct cuda_attn_args *a, struct attn_params *
     p->vz = a->v_rows;
     p->n_split = ns;
     attn_scratch_use(p, a->scratch, ns, nth, a->head_dim);
+    attd_count_plan(a, p, a->n_tok);
     dim3 grid((unsigned)ns, (unsigned)a->n_head_kv, (unsigned)a->n_tok);
     if (!attd_dispatch<2>(D, rows, grid, *p, s) && !attd_dispatch<4>(D, rows, grid, *p, s) &&
         !attd_dispatch<8>(D, rows, grid, *p, s))
         return -ENOTSUP;
-    k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(*p);
+    if (!p->count)
+        k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(*p);
     return cuda_last_error("cuda_attention (rows)");
 }
 
@@ -969,11 +1051,13 @@ static bool attd_each_launch(const struct cuda_attn_args *a, struct attn_params 
     q.zrows = 1;
     q.n_split = ns;
     attn_scratch_use(&q, a->scratch, ns, nth, a->head_dim);
+    attd_count_plan(a, &q, a->n_tok);
     dim3 grid((unsigned)ns, (unsigned)a->n_head_kv, (unsigned)a->n_tok);
     if (!attd_dispatch<2>(D, p->G, grid, q, s) && !attd_dispatch<4>(D, p->G, grid, q, s) &&
         !attd_dispatch<8>(D, p->G, grid, q, s))
         return false;
-    k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(q);
+    if (!q.count)
+        k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(q);
     return true;
 }
 

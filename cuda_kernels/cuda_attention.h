@@ -23,6 +23,8 @@ extern "C" {
 
 /* Largest head_dim cuda_attention supports. */
 #define CUDA_ATTN_MAX_HEAD_DIM 256
+/* Bytes of counters at the start of the scratch (one per kv head and lockstep row). */
+#define CUDA_ATTN_COUNT_BYTES 4096
 
 struct cuda_attn_args {
     float *out;             /* (n_tok, n_head*head_dim) device */
@@ -44,8 +46,12 @@ struct cuda_attn_args {
     const float *sinks; /* NULL, or (n_head) device: a logit per head joining the softmax's
                          * denominator with no value (gpt-oss) */
     int window;         /* > 0: query t sees keys pos(t) - window + 1 .. pos(t) only */
-    void *scratch; /* cuda_attention_scratch_bytes(n_head, head_dim) bytes, device */
+    void *scratch;      /* cuda_attention_scratch_bytes(n_head, head_dim) bytes, device, zeroed
+                         * once before its first call (it starts with counters that every call
+                         * leaves at zero); one call in flight per scratch */
     size_t scratch_bytes;
+    int combine_apart; /* 1: the decode kernel's key splits are merged by a kernel of its own
+                        * (the same bits; testing) instead of by each kv head's last block */
     void *stream;
 };
 
@@ -74,9 +80,10 @@ int cuda_attention_rows_ok(int n_head, int n_head_kv, int head_dim);
 
 /* Causal GQA attention as ops_attention: query t of head h attends to keys 0..pos(t) of kv head
  * h / (n_head / n_head_kv) with softmax(scale * q.k) weights, online softmax in float. Few
- * query rows (decode) split the keys over several blocks and combine the partial softmaxes in a
- * second kernel (split-K flash-decoding); the split is planned from n_ctx when pos_dev is set,
- * so one captured graph serves every position. Up to CUDA_ATTN_EXACT_MAX_TOK rows take that
+ * query rows (decode) split the keys over several blocks, and the last of them to finish for a
+ * kv head merges the partial softmaxes (split-K flash-decoding; the other kernels merge in a
+ * second one); the split is planned from n_ctx when pos_dev is set, so one captured graph serves
+ * every position. Up to CUDA_ATTN_EXACT_MAX_TOK rows take that
  * kernel row by row (above); more rows (prefill) take the tensor-core path above. With k_rows,
  * every query row is one token of its own stream: one launch of the decode kernel for all of them
  * (the keys of each split as that row alone would split them, so the result is that of one call per

@@ -629,6 +629,17 @@ struct mmv_params {
     const int32_t *x_rows; /* (m) or NULL */
     float *y;              /* (m rows of y_stride) */
     int64_t y_stride;
+    /* rows n_out .. of the launch: the further matrices of a call (cuda_matmul_args.more), the
+     * matrix i + 1 from row seg_end[i] on; n_out is then the row count of them all */
+    int n_seg;
+    int64_t seg_end[CUDA_MATMUL_MAX_MORE];
+    struct {
+        const uint8_t *w;
+        size_t w_stride;
+        uintptr_t w_lo, w_hi;
+        float *y;
+        int64_t y_stride;
+    } seg[CUDA_MATMUL_MAX_MORE];
 };
 
 /* Words of one tile buffer: the granules of a tile that starts at any alignment, plus the
@@ -648,6 +659,23 @@ __global__ void __launch_bounds__(MMV_THREADS) mmv_kernel(const mmv_params p)
     const int kw = KS > 1 ? warp : 0; /* this warp's first tile */
     if (row >= p.n_out)
         return; /* whole warps (KS = 1) or whole blocks (KS > 1) */
+
+    /* the matrix this row belongs to (a call with further matrices) */
+    const uint8_t *w0 = p.w;
+    size_t w_stride = p.w_stride;
+    uintptr_t w_lo = p.w_lo, w_hi = p.w_hi;
+    float *y = p.y;
+    int64_t y_stride = p.y_stride, orow = row;
+    if (p.n_seg && row >= p.seg_end[0]) {
+        const int sg = p.n_seg > 1 && row >= p.seg_end[1] ? 1 : 0;
+        orow = sg ? row - p.seg_end[1] : row - p.seg_end[0];
+        w0 = p.seg[sg].w;
+        w_stride = p.seg[sg].w_stride;
+        w_lo = p.seg[sg].w_lo;
+        w_hi = p.seg[sg].w_hi;
+        y = p.seg[sg].y;
+        y_stride = p.seg[sg].y_stride;
+    }
 
     const int j0 = blockIdx.y * MMV_MAX_M;
     mmv_rows<M> r;
@@ -675,7 +703,7 @@ __global__ void __launch_bounds__(MMV_THREADS) mmv_kernel(const mmv_params p)
     for (int j = 0; j < M; j++)
         acc[j] = 0.0f;
 
-    const uint8_t *wrow = p.w + row * p.w_stride;
+    const uint8_t *wrow = w0 + orow * w_stride;
     const int64_t nblk = (p.n_in + F::QK - 1) / F::QK;
     const int ntile = (int)((nblk + F::TB - 1) / F::TB);
     const int64_t tile_bytes = (int64_t)F::TB * F::BS;
@@ -683,14 +711,14 @@ __global__ void __launch_bounds__(MMV_THREADS) mmv_kernel(const mmv_params p)
     if (kw < ntile) {
         const int64_t b0 = (int64_t)kw * tile_bytes;
         tile_stage(tiles[warp][0], wrow + b0, wrow + min(b0 + tile_bytes, (int64_t)p.row_bytes),
-                   p.w_lo, p.w_hi, lane);
+                   w_lo, w_hi, lane);
     }
     cp_async_commit();
     for (int t = kw, it = 0; t < ntile; t += KS, it++) {
         if (t + KS < ntile) {
             const int64_t b0 = (int64_t)(t + KS) * tile_bytes;
             tile_stage(tiles[warp][(it + 1) & 1], wrow + b0,
-                       wrow + min(b0 + tile_bytes, (int64_t)p.row_bytes), p.w_lo, p.w_hi, lane);
+                       wrow + min(b0 + tile_bytes, (int64_t)p.row_bytes), w_lo, w_hi, lane);
         }
         cp_async_commit(); /* possibly empty: keeps "all but the newest group" = tile t */
         cp_async_wait<1>();
@@ -732,7 +760,7 @@ __global__ void __launch_bounds__(MMV_THREADS) mmv_kernel(const mmv_params p)
 #pragma unroll
         for (int j = 0; j < M; j++)
             if (j < r.mc)
-                p.y[(int64_t)(j0 + j) * p.y_stride + row] = acc[j];
+                y[(int64_t)(j0 + j) * y_stride + orow] = acc[j];
     }
 }
 
@@ -1571,10 +1599,49 @@ static void params_fill(P *p, const struct cuda_matmul_args *a, size_t row_bytes
     p->y_stride = a->y_stride;
 }
 
+/* A call with further matrices: one launch where every matrix takes the same MMV kernel, else
+ * one call per matrix. */
+static int matmul_more(const struct cuda_matmul_args *a)
+{
+    if (a->n_more < 0 || a->n_more > CUDA_MATMUL_MAX_MORE)
+        return -EINVAL;
+    struct cuda_matmul_args one[1 + CUDA_MATMUL_MAX_MORE];
+    bool same = path_choose(a) == CUDA_MATMUL_PATH_MMV && a->wtype != QUANT_F32;
+    for (int i = 0; i <= a->n_more; i++) {
+        one[i] = *a;
+        one[i].n_more = 0;
+        if (i) {
+            one[i].w = a->more[i - 1].w;
+            one[i].w_stride = a->more[i - 1].w_stride;
+            one[i].n_out = a->more[i - 1].n_out;
+            one[i].y = a->more[i - 1].y;
+            one[i].y_stride = a->more[i - 1].y_stride;
+        }
+        int rc = cuda_matmul_check(&one[i]);
+        if (rc)
+            return rc;
+        same = same && (a->m > 1 || one[i].n_out > MMV_SPLIT_MAX_ROWS);
+    }
+    if (!same) {
+        const fmt_info *f = fmt_find(a->wtype);
+        for (int i = 0; i <= a->n_more; i++) {
+            one[i].x_ready =
+                i ? f->quantized && path_choose(a) == CUDA_MATMUL_PATH_MMV : a->x_ready;
+            int rc = cuda_matmul(&one[i]);
+            if (rc)
+                return rc;
+        }
+        return 0;
+    }
+    return -EAGAIN; /* the caller launches them together */
+}
+
 extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
 {
-    int rc = cuda_matmul_check(a);
-    if (rc)
+    int rc = a && a->n_more ? matmul_more(a) : cuda_matmul_check(a);
+    if (rc == -EAGAIN)
+        rc = 0;
+    else if (rc || (a && a->n_more))
         return rc;
     const fmt_info *f = fmt_find(a->wtype);
     const cudaStream_t st = (cudaStream_t)a->stream;
@@ -1603,6 +1670,18 @@ extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
 
     mmv_params p = {};
     params_fill(&p, a, row_bytes);
+    p.n_seg = a->n_more;
+    for (int i = 0; i < a->n_more; i++) { /* one launch over the rows of every matrix */
+        const struct cuda_matmul_more *mo = &a->more[i];
+        p.seg_end[i] = p.n_out;
+        p.seg[i].w = (const uint8_t *)mo->w;
+        p.seg[i].w_stride = mo->w_stride;
+        p.seg[i].w_lo = (uintptr_t)mo->w;
+        p.seg[i].w_hi = p.seg[i].w_lo + (size_t)(mo->n_out - 1) * mo->w_stride + row_bytes;
+        p.seg[i].y = mo->y;
+        p.seg[i].y_stride = mo->y_stride;
+        p.n_out += mo->n_out;
+    }
     if (f->quantized) {
         p.xq = (int8_t *)a->scratch;
         p.xds = (float2 *)((uint8_t *)a->scratch + q8_qs_bytes(a->n_in, a->m));

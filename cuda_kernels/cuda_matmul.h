@@ -50,6 +50,17 @@ enum cuda_matmul_tile {
     CUDA_MATMUL_TILE_32X64,
 };
 
+/* A further matrix of a call: y = x W^T too, W of the call's type and n_in; the fields as
+ * those of struct cuda_matmul_args. */
+struct cuda_matmul_more {
+    const void *w;
+    size_t w_stride;
+    int64_t n_out;
+    float *y;
+    int64_t y_stride;
+};
+#define CUDA_MATMUL_MAX_MORE 2
+
 struct cuda_matmul_args {
     uint32_t wtype;             /* ggml type id of W; cuda_matmul_supported(wtype) */
     const void *w;              /* (n_out rows of w_stride bytes) device or mapped host; any
@@ -78,6 +89,8 @@ struct cuda_matmul_args {
                                  * same x, x_stride, x_rows, m and n_in) and nothing has written
                                  * x since: that quantization is skipped */
     void *stream;               /* cudaStream_t; NULL: the legacy default stream */
+    int n_more;                 /* 0 .. CUDA_MATMUL_MAX_MORE further matrices (below) */
+    struct cuda_matmul_more more[CUDA_MATMUL_MAX_MORE];
 };
 
 /* Whether cuda_matmul has kernels for the type: F32, F16, BF16, Q8_0, Q4_0, MXFP4, Q4_K, Q5_K,
@@ -104,9 +117,12 @@ int cuda_matmul_init(void);
  * pointer, too little scratch, GEMM asked for F32 weights, or an unknown tile. */
 int cuda_matmul_check(const struct cuda_matmul_args *a);
 
-/* Enqueues y = x W^T on a->stream. Returns 0, -EINVAL (see cuda_matmul_check; also a forced
- * GEMM tile that needs more shared memory than the device has), -EIO (a CUDA error, printed
- * with its name) or -ENODEV (no CUDA build). */
+/* Enqueues y = x W^T on a->stream, and y_i = x W_i^T for the n_more further matrices: their
+ * results are those of one call per matrix (the later ones with x_ready), bit for bit, and
+ * where the MMV path takes the same kernel for all of them (m < CUDA_MATMUL_GEMM_MIN_M, and
+ * m > 1 or every n_out above 256) they run in one launch (q, k and v of a decode step). Returns 0,
+ * -EINVAL (see cuda_matmul_check; also a forced GEMM tile that needs more shared memory than the
+ * device has), -EIO (a CUDA error, printed with its name) or -ENODEV (no CUDA build). */
 int cuda_matmul(const struct cuda_matmul_args *a);
 
 #ifdef __cplusplus

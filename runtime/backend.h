@@ -95,6 +95,10 @@ struct backend_ops {
                    int rows, int dim, float eps);
     /* out (m, w->ne[1]) = in (m, w->ne[0]) x W^T. */
     int (*matmul)(struct backend *b, float *out, const struct weight *w, const float *in, int m);
+    /* Optional (NULL: one matmul each): out[i] = in x W_i^T for n (2 or 3) weights with the same
+     * ne[0], with matmul's results (q, k and v of a layer). */
+    int (*matmul_n)(struct backend *b, int n, float *const *out, const struct weight *const *w,
+                    const float *in, int m);
     /* NEOX RoPE in place on x (n_tok, n_heads*head_dim); token t is at position pos0 + t. */
     int (*rope)(struct backend *b, float *x, int n_tok, int n_heads, int head_dim, int pos0,
                 float base);

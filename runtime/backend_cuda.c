@@ -309,6 +309,69 @@ static int backend_cuda_matmul(struct backend *b, float *out, const struct weigh
     return 0;
 }
 
+static bool cuda_w_q8(uint32_t type)
+{
+    return type != QUANT_F32 && type != QUANT_F16 && type != QUANT_BF16;
+}
+
+/* Weights of one type and n_in on the 8-bit MMV path: one launch for all of them
+ * (cuda_matmul's further matrices); else one matmul each. */
+static int cuda_matmul_n_op(struct backend *b, int n, float *const *out,
+                            const struct weight *const *w, const float *in, int m)
+{
+    struct backend_cuda *c = cuda_of(b);
+    bool one = n >= 2 && n <= 1 + CUDA_MATMUL_MAX_MORE && m < CUDA_MATMUL_GEMM_MIN_M &&
+               m <= CUDA_BACKEND_MAX_TOK;
+    for (int i = 0; one && i < n; i++)
+        one = w[i]->type == w[0]->type && w[i]->ne[0] == w[0]->ne[0] && cuda_w_q8(w[i]->type);
+    if (!one) {
+        for (int i = 0; i < n; i++) {
+            int rc = backend_cuda_matmul(b, out[i], w[i], in, m);
+            if (rc)
+                return rc;
+        }
+        return 0;
+    }
+    const int64_t n_in = (int64_t)w[0]->ne[0];
+    struct cuda_matmul_args a = {
+        .wtype = w[0]->type,
+        .w = w[0]->dev,
+        .w_stride = w[0]->row_bytes,
+        .n_in = n_in,
+        .n_out = (int64_t)w[0]->ne[1],
+        .m = m,
+        .x = in,
+        .x_stride = n_in,
+        .y = out[0],
+        .y_stride = (int64_t)w[0]->ne[1],
+        .scratch = c->mm_scratch,
+        .scratch_bytes = c->mm_scratch_bytes,
+        .x_ready = c->xq_src == in && c->xq_m == m && c->xq_n_in == n_in,
+        .stream = c->stream,
+        .n_more = n - 1,
+    };
+    for (int i = 1; i < n; i++)
+        a.more[i - 1] = (struct cuda_matmul_more){
+            .w = w[i]->dev,
+            .w_stride = w[i]->row_bytes,
+            .n_out = (int64_t)w[i]->ne[1],
+            .y = out[i],
+            .y_stride = (int64_t)w[i]->ne[1],
+        };
+    int rc = cuda_matmul(&a);
+    c->xq_src = in;
+    c->xq_m = m;
+    c->xq_n_in = n_in;
+    for (int i = 0; i < n; i++) { /* an output may overwrite the quantized rows' source */
+        const float *o0 = out[i], *o1 = out[i] + (size_t)m * w[i]->ne[1];
+        if (c->xq_src && o0 < c->xq_src + (size_t)m * n_in && c->xq_src < o1)
+            c->xq_src = NULL;
+    }
+    if (rc)
+        return err_set(rc, "cuda matmul over '%s' and %d more (m %d) failed", w[0]->name, n - 1, m);
+    return 0;
+}
+
 static int cuda_rope_op(struct backend *b, float *x, int n_tok, int n_heads, int head_dim,
                         int pos0, float base)
 {
@@ -596,6 +659,9 @@ static int cuda_rows_begin_op(struct backend *b, const void *batch, struct strea
                                       : NULL;
         if (!c->rows_dev || !c->rows_scratch)
             return err_wrap(-ENOMEM, "lockstep rows of %d streams: ", n);
+        int rc = cuda_memset(c->rows_scratch, 0, c->rows_scratch_bytes, c->stream);
+        if (rc)
+            return backend_cuda_fail(rc, "lockstep rows' scratch");
         c->rows_cap = n;
     }
     int32_t *pos = (int32_t *)(c->rows_host + 2 * (size_t)n * hp->n_layer);
@@ -860,6 +926,7 @@ static const struct backend_ops cuda_ops_table = {
     .embed = cuda_embed_op,
     .rmsnorm = cuda_rmsnorm_op,
     .matmul = backend_cuda_matmul,
+    .matmul_n = cuda_matmul_n_op,
     .rope = cuda_rope_op,
     .rope_yarn = cuda_rope_yarn_op,
     .add_bias = cuda_add_bias_op,
@@ -942,6 +1009,8 @@ static int cuda_buffers(struct backend_cuda *c)
     rc = rc ? rc : cuda_malloc((void **)&c->ids_dev, sizeof(int32_t) * t);
     rc = rc ? rc : cuda_malloc(&c->mm_scratch, c->mm_scratch_bytes);
     rc = rc ? rc : cuda_malloc(&c->attn_scratch, c->attn_scratch_bytes);
+    /* its counters start at zero (cuda_attention.h) */
+    rc = rc ? rc : cuda_memset(c->attn_scratch, 0, c->attn_scratch_bytes, c->stream);
     rc = rc ? rc : cuda_malloc((void **)&c->router_logits, sizeof(float) * t * hp->n_expert);
     rc = rc ? rc : cuda_malloc(&c->moe_scratch, c->moe_scratch_bytes);
     rc = rc ? rc : cuda_malloc((void **)&c->argmax_dev, sizeof(int32_t));

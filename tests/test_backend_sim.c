@@ -326,6 +326,21 @@ static size_t g_xq_n;
 
 static int sim_matmul(const struct cuda_matmul_args *a)
 {
+    if (a->n_more) { /* further matrices: one call each, the later ones on the same 8-bit x */
+        struct cuda_matmul_args one = *a;
+        one.n_more = 0;
+        int rc = sim_matmul(&one);
+        for (int i = 0; !rc && i < a->n_more; i++) {
+            one.w = a->more[i].w;
+            one.w_stride = a->more[i].w_stride;
+            one.n_out = a->more[i].n_out;
+            one.y = a->more[i].y;
+            one.y_stride = a->more[i].y_stride;
+            one.x_ready = 1;
+            rc = sim_matmul(&one);
+        }
+        return rc;
+    }
     if (cuda_matmul_check(a))
         return -EINVAL;
     bool q8 = a->wtype != QUANT_F32 && a->wtype != QUANT_F16 && a->wtype != QUANT_BF16 &&

@@ -704,6 +704,94 @@ static void test_graph(struct rng *r, void *stream)
     printf("  graph capture and replay: %zu cases checked bit for bit\n", sizeof cs / sizeof cs[0]);
 }
 
+/* ---- further matrices in one call ---- */
+
+/* A call with more[] against one call per matrix (the later ones with x_ready), bit for bit:
+ * one launch where every matrix takes the same MMV kernel, one call each elsewhere (m = 1 with
+ * a short matrix, the GEMM path, F32). */
+static void test_more(struct rng *r, void *stream)
+{
+    const struct {
+        uint32_t type;
+        int m, n_more;
+        int64_t n_in, n_out[3];
+    } cs[] = {
+        {QUANT_Q8_0, 1, 2, 2048, {4096, 512, 512}}, {QUANT_Q4_K, 1, 2, 2048, {1024, 300, 257}},
+        {QUANT_Q6_K, 3, 2, 768, {200, 64, 64}},     {QUANT_Q8_0, 1, 1, 2880, {4096, 100, 0}},
+        {QUANT_Q4_0, 16, 2, 512, {96, 32, 33}},     {QUANT_Q8_0, 40, 2, 1024, {256, 64, 64}},
+        {QUANT_F32, 1, 2, 300, {400, 300, 300}},    {QUANT_MXFP4, 8, 1, 2880, {512, 512, 0}},
+    };
+    for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+        const uint32_t type = cs[k].type;
+        const int m = cs[k].m, nm = 1 + cs[k].n_more;
+        const int64_t n_in = cs[k].n_in;
+        const size_t rb = type_row_bytes(type, n_in), stride = rb + 16;
+        float *x = (float *)xmalloc(sizeof(float) * (size_t)m * n_in);
+        for (int64_t i = 0; i < (int64_t)m * n_in; i++)
+            x[i] = rng_normal(r);
+        float *d_x = NULL, *d_y[2][3] = {};
+        uint8_t *d_w[3] = {};
+        void *scratch = NULL;
+        const size_t sb = cuda_matmul_scratch_bytes(type, n_in, 1, m);
+        int rc = cuda_malloc((void **)&d_x, sizeof(float) * (size_t)m * n_in);
+        rc = rc ? rc : cuda_h2d(d_x, x, sizeof(float) * (size_t)m * n_in, stream);
+        rc = rc ? rc : cuda_malloc(&scratch, sb ? sb : 16);
+        for (int i = 0; !rc && i < nm; i++) {
+            const int64_t no = cs[k].n_out[i];
+            uint8_t *w = (uint8_t *)xmalloc(stride * (size_t)no);
+            fill_weights(type, w, no, n_in, stride, r);
+            rc = cuda_malloc((void **)&d_w[i], stride * (size_t)no);
+            rc = rc ? rc : cuda_h2d(d_w[i], w, (size_t)(no - 1) * stride + rb, stream);
+            for (int v = 0; !rc && v < 2; v++) {
+                rc = cuda_malloc((void **)&d_y[v][i], sizeof(float) * (size_t)m * no);
+                rc = rc ? rc : cuda_memset(d_y[v][i], 0xFF, sizeof(float) * (size_t)m * no, stream);
+            }
+            free(w);
+        }
+        CHECK(rc == 0, "more case %zu: setup failed (%d)", k, rc);
+        struct cuda_matmul_args a = {};
+        a.wtype = type, a.n_in = n_in, a.m = m, a.x = d_x, a.x_stride = n_in;
+        a.scratch = scratch, a.scratch_bytes = sb, a.stream = stream;
+        int rs = 0;
+        for (int i = 0; !rc && i < nm; i++) { /* one call per matrix */
+            struct cuda_matmul_args one = a;
+            one.w = d_w[i], one.w_stride = stride, one.n_out = cs[k].n_out[i];
+            one.y = d_y[0][i], one.y_stride = cs[k].n_out[i];
+            one.x_ready = i > 0 && is_quantized(type) && m < CUDA_MATMUL_GEMM_MIN_M;
+            rs = rs ? rs : cuda_matmul(&one);
+        }
+        a.w = d_w[0], a.w_stride = stride, a.n_out = cs[k].n_out[0];
+        a.y = d_y[1][0], a.y_stride = cs[k].n_out[0];
+        a.n_more = nm - 1;
+        for (int i = 1; i < nm; i++)
+            a.more[i - 1] = (struct cuda_matmul_more){d_w[i], stride, cs[k].n_out[i], d_y[1][i],
+                                                      cs[k].n_out[i]};
+        int rt = rc ? rc : cuda_matmul(&a);
+        size_t bad = 0;
+        for (int i = 0; !rc && i < nm; i++) {
+            const size_t n = (size_t)m * cs[k].n_out[i];
+            float *y0 = (float *)xmalloc(sizeof(float) * n),
+                  *y1 = (float *)xmalloc(sizeof(float) * n);
+            cuda_d2h(y0, d_y[0][i], sizeof(float) * n, stream);
+            cuda_d2h(y1, d_y[1][i], sizeof(float) * n, stream);
+            cuda_stream_sync(stream);
+            for (size_t j = 0; j < n; j++)
+                bad += memcmp(&y0[j], &y1[j], sizeof(float)) != 0;
+            free(y0), free(y1);
+        }
+        printf(
+            "  %d matrices in one call, type %u, m %d, n_in %lld: rc %d/%d, %zu outputs differ\n",
+            nm, type, m, (long long)n_in, rs, rt, bad);
+        CHECK(rc == 0 && rs == 0 && rt == 0 && bad == 0,
+              "more case %zu: rc %d/%d, %zu outputs differ from one call per matrix", k, rs, rt,
+              bad);
+        for (int i = 0; i < nm; i++)
+            cuda_free(d_w[i]), cuda_free(d_y[0][i]), cuda_free(d_y[1][i]);
+        cuda_free(d_x), cuda_free(scratch);
+        free(x);
+    }
+}
+
 /* ---- arguments ---- */
 
 static void test_args(void)
@@ -977,6 +1065,7 @@ int main(void)
     test_gemm_tiles(&r, stream);
     test_forced_paths(&r, stream);
     test_graph(&r, stream);
+    test_more(&r, stream);
     bench(stream);
 
     cuda_stream_destroy(stream);

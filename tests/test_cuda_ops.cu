@@ -535,6 +535,14 @@ static void test_qk_rope_store(struct rng *r)
 
 /* ---- attention ---------------------------------------------------------------------------- */
 
+/* Attention scratch as cuda_attention.h asks for it: zeroed once (its counters). */
+static void *attn_scratch_alloc(size_t bytes)
+{
+    void *p = test_dev_alloc(bytes);
+    CHECK(cudaMemset(p, 0, bytes) == cudaSuccess, "cudaMemset of %zu bytes failed", bytes);
+    return p;
+}
+
 struct attn_case {
     int hd, G, n_kv, n_tok, pos0, ctx_slack;
     bool dev;     /* positions from device memory */
@@ -608,6 +616,19 @@ static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scra
            c->window ? " window" : "", c->sinks ? " sinks" : "", rc, e, en);
     CHECK(rc == 0 && e <= tol, "attention hd %d G %d n_kv %d n_tok %d pos0 %d (%s): rc %d err %g",
           hd, c->G, c->n_kv, n_tok, c->pos0, tc ? "fp16-tc" : "float", rc, e);
+    if (!c->inplace) { /* the splits merged by a kernel of their own: the same bits */
+        float *apart = (float *)test_xmalloc(qn * sizeof(float));
+        test_dev_poison(d_out, qn * sizeof(float));
+        a.combine_apart = 1;
+        int rc2 = cuda_attention(&a);
+        test_dev_get(apart, d_out, qn * sizeof(float));
+        size_t first = 0, bad = bits_differ(apart, got, qn, &first);
+        CHECK(rc2 == 0 && bad == 0,
+              "attention hd %d G %d n_tok %d: merged apart, rc %d, %zu "
+              "elements differ (first %zu)",
+              hd, c->G, n_tok, rc2, bad, first);
+        free(apart);
+    }
     cuda_free(d_q), cuda_free(d_k), cuda_free(d_v), cuda_free(d_pos);
     if (d_sinks)
         cuda_free(d_sinks);
@@ -678,7 +699,7 @@ static void test_attention(struct rng *r)
 {
     static const int hds[] = {64, 128, 256}, gs[] = {1, 4, 8};
     size_t scratch_bytes = cuda_attention_scratch_bytes(64, 256);
-    void *d_scratch = test_dev_alloc(scratch_bytes);
+    void *d_scratch = attn_scratch_alloc(scratch_bytes);
     CHECK(scratch_bytes > 0, "cuda_attention_scratch_bytes returned 0");
     for (int hi = 0; hi < 3; hi++) {
         for (int gi = 0; gi < 3; gi++) {
@@ -765,7 +786,7 @@ static void test_attention_rows(struct rng *r)
             int32_t *d_pos = (int32_t *)test_dev_dup(pos, sizeof(int32_t) * n);
             size_t sb = cuda_attention_rows_scratch_bytes(n, n_head, hd);
             size_t one_sb = cuda_attention_scratch_bytes(n_head, hd);
-            void *d_scratch = test_dev_alloc(sb > one_sb ? sb : one_sb);
+            void *d_scratch = attn_scratch_alloc(sb > one_sb ? sb : one_sb);
             float *d_out = (float *)test_dev_alloc(sizeof(float) * (size_t)n * qw);
             float *d_ref = (float *)test_dev_alloc(sizeof(float) * (size_t)n * qw);
             test_dev_poison(d_out, sizeof(float) * (size_t)n * qw);
@@ -877,7 +898,7 @@ static void test_attention_exact(struct rng *r)
         float *d_v = (float *)test_dev_dup(vc, sizeof(float) * (size_t)n_ctx * kvw);
         float *d_q = (float *)test_dev_dup(q, sizeof(float) * (size_t)nmax * qw);
         size_t sb = cuda_attention_scratch_bytes(n_head, hd);
-        void *d_scratch = test_dev_alloc(sb);
+        void *d_scratch = attn_scratch_alloc(sb);
         float *d_out = (float *)test_dev_alloc(sizeof(float) * (size_t)nmax * qw);
         float *d_ref = (float *)test_dev_alloc(sizeof(float) * (size_t)nmax * qw);
         int32_t *d_pos = (int32_t *)test_dev_alloc(sizeof(int32_t) * (size_t)nmax);
@@ -1103,7 +1124,7 @@ static void test_graph(struct rng *r)
           *d_v = (float *)test_dev_dup(vc, cn * sizeof(float));
     int32_t *d_pos = (int32_t *)test_dev_alloc(sizeof(int32_t));
     size_t sb = cuda_attention_scratch_bytes(n_head, hd);
-    void *d_scratch = test_dev_alloc(sb);
+    void *d_scratch = attn_scratch_alloc(sb);
     cudaStream_t s;
     cudaGraph_t graph;
     cudaGraphExec_t exec;

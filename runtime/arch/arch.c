@@ -15,6 +15,20 @@ int arch_add_norm(struct backend *b, const struct model_hparams *hp, float *x, c
     return rc ? rc : op->rmsnorm(b, xn, x, w, n, hp->n_embd, hp->rms_eps);
 }
 
+int arch_matmul_qkv(struct backend *b, float *q, float *k, float *v, const struct layer_weights *lw,
+                    const float *xn, int n)
+{
+    const struct backend_ops *op = b->ops;
+    if (op->matmul_n) {
+        float *const out[3] = {q, k, v};
+        const struct weight *const w[3] = {&lw->wq, &lw->wk, &lw->wv};
+        return op->matmul_n(b, 3, out, w, xn, n);
+    }
+    int rc = op->matmul(b, q, &lw->wq, xn, n);
+    rc = rc ? rc : op->matmul(b, k, &lw->wk, xn, n);
+    return rc ? rc : op->matmul(b, v, &lw->wv, xn, n);
+}
+
 static const struct arch *const arch_table[] = {&arch_qwen3moe, &arch_gptoss, &arch_qwen3next,
                                                 &arch_qwen35moe};
 

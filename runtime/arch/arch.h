@@ -33,11 +33,17 @@ struct arch {
 
 struct model_hparams;
 struct weight;
+struct layer_weights;
 
 /* x (n, n_embd) += y; xn = rmsnorm(x) * w: one op where the backend has it, else add then
  * rmsnorm. */
 int arch_add_norm(struct backend *b, const struct model_hparams *hp, float *x, const float *y,
                   float *xn, const struct weight *w, int n);
+
+/* q, k, v (n rows) = xn x Wq^T, Wk^T, Wv^T of layer lw: one op where the backend has it, else
+ * three matmuls. */
+int arch_matmul_qkv(struct backend *b, float *q, float *k, float *v, const struct layer_weights *lw,
+                    const float *xn, int n);
 
 /* The forward of the architecture named NAME, or NULL. */
 const struct arch *arch_find(const char *name);

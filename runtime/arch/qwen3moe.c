@@ -29,9 +29,7 @@ static int qwen3moe_attention(struct backend *b, struct stream *s, const struct 
     float *kc = s->k_cache + l * s->kv_layer_floats, *vc = s->v_cache + l * s->kv_layer_floats;
     int rc = 0;
 
-    rc = rc ? rc : op->matmul(b, s->q, &lw->wq, s->xn, n);
-    rc = rc ? rc : op->matmul(b, s->k, &lw->wk, s->xn, n);
-    rc = rc ? rc : op->matmul(b, s->v, &lw->wv, s->xn, n);
+    rc = arch_matmul_qkv(b, s->q, s->k, s->v, lw, s->xn, n);
     if (op->qk_rope_store) {
         struct qk_rope_args qa = {
             .q = s->q,
@@ -121,9 +119,7 @@ static int qwen3moe_attention_batch(struct backend *b, struct stream_batch *bt,
     const struct model_hparams *hp = &bt->m->hp;
     int kvw = hp->n_head_kv * hp->head_dim, qw = hp->n_head * hp->head_dim, rc = 0;
 
-    rc = rc ? rc : op->matmul(b, bt->q, &lw->wq, bt->xn, n);
-    rc = rc ? rc : op->matmul(b, bt->k, &lw->wk, bt->xn, n);
-    rc = rc ? rc : op->matmul(b, bt->v, &lw->wv, bt->xn, n);
+    rc = rc ? rc : arch_matmul_qkv(b, bt->q, bt->k, bt->v, lw, bt->xn, n);
     rc = rc ? rc : op->rmsnorm(b, bt->q, bt->q, &lw->q_norm, n * hp->n_head, hp->head_dim,
                                hp->rms_eps);
     rc = rc ? rc : op->rmsnorm(b, bt->k, bt->k, &lw->k_norm, n * hp->n_head_kv, hp->head_dim,
