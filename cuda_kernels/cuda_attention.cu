@@ -315,49 +315,61 @@ template <int D> struct attd_tile {
 };
 
 /* The merge of k_attn_combine for the RMAX rows of kv head kvh, by the block that finished
- * last: the same operations in the same order, so the same bits. The other blocks' partial
- * results are read past L1 (__ldcg). */
+ * last: the same operations in the same order, so the same bits. Every split's max and sum are
+ * loaded at once into shared memory; each thread then sums its dimension of every row, splits
+ * in order, the rows' loads side by side. The other blocks' partial results are read past L1
+ * (__ldcg). */
 template <int RMAX>
 static __device__ __forceinline__ void attd_merge(const struct attn_params &p, int kvh, int tid)
 {
-    __shared__ float f[RMAX][ATTD_CHUNKS];
-    __shared__ float mxs[RMAX], ls[RMAX];
+    __shared__ float f[RMAX][ATTD_CHUNKS], sl[RMAX][ATTD_CHUNKS];
+    __shared__ float ls[RMAX];
     const int64_t nth = (int64_t)p.n_tok * p.n_head;
-    const int ns = p.n_split;
-    if (tid < RMAX) {
-        const int64_t row = (int64_t)(tid / p.G) * p.n_head + kvh * p.G + tid % p.G;
-        float mx = -INFINITY;
-        for (int s = 0; s < ns; s++)
-            mx = fmaxf(mx, __ldcg(p.part_m + s * nth + row));
-        mxs[tid] = mx;
-    }
-    __syncthreads();
+    const int ns = p.n_split, hd = p.hd;
+    int64_t rowv[RMAX];
+#pragma unroll
+    for (int r = 0; r < RMAX; r++)
+        rowv[r] = (int64_t)(r / p.G) * p.n_head + kvh * p.G + r % p.G;
     for (int e = tid; e < RMAX * ns; e += ATTD_THREADS) {
         const int r = e / ns, s = e - r * ns;
         const int64_t row = (int64_t)(r / p.G) * p.n_head + kvh * p.G + r % p.G;
-        float m = __ldcg(p.part_m + s * nth + row);
-        f[r][s] = m != -INFINITY ? expf(m - mxs[r]) : -1.0f;
+        f[r][s] = __ldcg(p.part_m + s * nth + row);
+        sl[r][s] = __ldcg(p.part_l + s * nth + row);
     }
     __syncthreads();
     if (tid < RMAX) {
-        const int64_t row = (int64_t)(tid / p.G) * p.n_head + kvh * p.G + tid % p.G;
-        float l = 0.0f;
+        float mx = -INFINITY;
         for (int s = 0; s < ns; s++)
-            if (f[tid][s] >= 0.0f)
-                l += __ldcg(p.part_l + s * nth + row) * f[tid][s];
+            mx = fmaxf(mx, f[tid][s]);
+        float l = 0.0f;
+        for (int s = 0; s < ns; s++) {
+            const float m = f[tid][s];
+            const float fs = m != -INFINITY ? expf(m - mx) : -1.0f;
+            f[tid][s] = fs;
+            if (fs >= 0.0f)
+                l += sl[tid][s] * fs;
+        }
         ls[tid] = l;
     }
     __syncthreads();
-#pragma unroll 1
-    for (int r = 0; r < RMAX; r++) {
-        const int64_t row = (int64_t)(r / p.G) * p.n_head + kvh * p.G + r % p.G;
-        for (int d = tid; d < p.hd; d += ATTD_THREADS) {
-            float o = 0.0f;
-            for (int s = 0; s < ns; s++)
+    for (int d = tid; d < hd; d += ATTD_THREADS) {
+        float o[RMAX];
+#pragma unroll
+        for (int r = 0; r < RMAX; r++)
+            o[r] = 0.0f;
+        for (int s = 0; s < ns; s++) {
+            float a[RMAX];
+#pragma unroll
+            for (int r = 0; r < RMAX; r++)
+                a[r] = __ldcg(p.part_acc + (s * nth + rowv[r]) * hd + d);
+#pragma unroll
+            for (int r = 0; r < RMAX; r++)
                 if (f[r][s] >= 0.0f)
-                    o += __ldcg(p.part_acc + (s * nth + row) * p.hd + d) * f[r][s];
-            p.out[row * p.hd + d] = o / ls[r];
+                    o[r] += a[r] * f[r][s];
         }
+#pragma unroll
+        for (int r = 0; r < RMAX; r++)
+            p.out[rowv[r] * hd + d] = o[r] / ls[r];
     }
 }
 

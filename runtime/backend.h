@@ -65,6 +65,9 @@ struct attn_rows_args {
     int n_head, n_head_kv, head_dim;
     float scale;     /* 1/sqrt(head_dim) */
     float rope_base; /* rope.freq_base */
+    const struct weight *q_norm, *k_norm; /* NULL, or (head_dim) F32: q's and k's heads are
+                                           * RMS-normed with them (rms_eps) before rotating */
+    float rms_eps;
 };
 
 /* The core of a Gated DeltaNet layer (struct backend_ops.gdn) on n_tok consecutive tokens of
@@ -133,8 +136,8 @@ struct backend_ops {
     /* Optional, both or neither (NULL: the forward runs rope, kv_store and attention row by
      * row). rows_begin: the n rows of the lockstep step about to run (row i = a token of
      * stream ss[i] at position pos[i], inside its cache; a stream's rows at consecutive
-     * positions in row order); attention_rows: for one layer of that step, what rope (q and
-     * k), kv_store (k and v) and attention do for each row in its own stream, in row order,
+     * positions in row order); attention_rows: for one layer of that step, what the q/k norms
+     * (when given), rope (q and k), kv_store (k and v) and attention do for each row in its own stream, in row order,
      * with the same result. rows_begin may also run the whole step itself (a graph recorded
      * for `batch`, the lockstep batch's activations (alloc'd, so freeing them drops the graph),
      * and this many rows;

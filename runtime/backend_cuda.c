@@ -721,24 +721,47 @@ static int cuda_attention_rows_op(struct backend *b, const struct attn_rows_args
     void **kz_dev = (void **)c->rows_dev + 2 * (size_t)n * ra->layer;
     const int32_t *pos = (const int32_t *)(c->rows_host + 2 * (size_t)n * hp->n_layer);
     const int32_t *pos_dev = (const int32_t *)((void **)c->rows_dev + 2 * (size_t)n * hp->n_layer);
-    struct cuda_rope_args rq = {
-        .x = ra->q, .n_tok = n, .n_heads = ra->n_head, .head_dim = ra->head_dim,
-        .pos_dev = pos_dev, .base = ra->rope_base, .stream = c->stream,
-    };
-    struct cuda_rope_args rk = rq;
-    rk.x = ra->k;
-    rk.n_heads = ra->n_head_kv;
-    struct cuda_kv_store_args sk = {
-        .src = ra->k, .n_tok = n, .width = kvw, .n_ctx = c->rows_ctx, .pos_dev = pos_dev,
-        .caches_dev = (float *const *)kz_dev, .stream = c->stream,
-    };
-    struct cuda_kv_store_args sv = sk;
-    sv.src = ra->v;
-    sv.caches_dev = (float *const *)kz_dev + n;
-    int rc = cuda_rope_neox(&rq);
-    rc = rc ? rc : cuda_rope_neox(&rk);
-    rc = rc ? rc : cuda_kv_store(&sk);
-    rc = rc ? rc : cuda_kv_store(&sv);
+    int rc = 0;
+    if (ra->head_dim <= CUDA_QKR_MAX_HEAD_DIM) { /* norms, RoPE and the stores in one launch */
+        struct cuda_qk_rope_store_args qa = {
+            .q = ra->q, .k = ra->k, .v = ra->v, .q_norm = ra->q_norm ? ra->q_norm->dev : NULL,
+            .k_norm = ra->k_norm ? ra->k_norm->dev : NULL, .eps = ra->rms_eps, .n_tok = n,
+            .n_head = ra->n_head, .n_head_kv = ra->n_head_kv, .head_dim = ra->head_dim,
+            .pos_dev = pos_dev, .base = ra->rope_base, .caches_dev = (float *const *)kz_dev,
+            .n_ctx = c->rows_ctx, .stream = c->stream,
+        };
+        rc = cuda_qk_rope_store(&qa);
+    } else {
+        struct cuda_rmsnorm_args nq = {
+            .out = ra->q, .in = ra->q, .w = ra->q_norm ? ra->q_norm->dev : NULL,
+            .rows = n * ra->n_head, .dim = ra->head_dim, .eps = ra->rms_eps, .stream = c->stream,
+        };
+        struct cuda_rmsnorm_args nk = nq;
+        nk.out = ra->k;
+        nk.in = ra->k;
+        nk.w = ra->k_norm ? ra->k_norm->dev : NULL;
+        nk.rows = n * ra->n_head_kv;
+        struct cuda_rope_args rq = {
+            .x = ra->q, .n_tok = n, .n_heads = ra->n_head, .head_dim = ra->head_dim,
+            .pos_dev = pos_dev, .base = ra->rope_base, .stream = c->stream,
+        };
+        struct cuda_rope_args rk = rq;
+        rk.x = ra->k;
+        rk.n_heads = ra->n_head_kv;
+        struct cuda_kv_store_args sk = {
+            .src = ra->k, .n_tok = n, .width = kvw, .n_ctx = c->rows_ctx, .pos_dev = pos_dev,
+            .caches_dev = (float *const *)kz_dev, .stream = c->stream,
+        };
+        struct cuda_kv_store_args sv = sk;
+        sv.src = ra->v;
+        sv.caches_dev = (float *const *)kz_dev + n;
+        rc = ra->q_norm ? cuda_rmsnorm(&nq) : 0;
+        rc = rc ? rc : ra->k_norm ? cuda_rmsnorm(&nk) : 0;
+        rc = rc ? rc : cuda_rope_neox(&rq);
+        rc = rc ? rc : cuda_rope_neox(&rk);
+        rc = rc ? rc : cuda_kv_store(&sk);
+        rc = rc ? rc : cuda_kv_store(&sv);
+    }
     if (rc)
         return backend_cuda_fail(rc, "attention_rows");
     struct cuda_attn_args a = {

@@ -120,19 +120,20 @@ static int qwen3moe_attention_batch(struct backend *b, struct stream_batch *bt,
     int kvw = hp->n_head_kv * hp->head_dim, qw = hp->n_head * hp->head_dim, rc = 0;
 
     rc = rc ? rc : arch_matmul_qkv(b, bt->q, bt->k, bt->v, lw, bt->xn, n);
-    rc = rc ? rc : op->rmsnorm(b, bt->q, bt->q, &lw->q_norm, n * hp->n_head, hp->head_dim,
-                               hp->rms_eps);
-    rc = rc ? rc : op->rmsnorm(b, bt->k, bt->k, &lw->k_norm, n * hp->n_head_kv, hp->head_dim,
-                               hp->rms_eps);
-    if (op->attention_rows) {
+    if (op->attention_rows) { /* the norms too */
         struct attn_rows_args ra = {
             .out = bt->att, .q = bt->q, .k = bt->k, .v = bt->v, .layer = (int)l, .n = n,
             .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
             .scale = 1.0f / sqrtf((float)hp->head_dim), .rope_base = hp->rope_base,
+            .q_norm = &lw->q_norm, .k_norm = &lw->k_norm, .rms_eps = hp->rms_eps,
         };
         rc = rc ? rc : op->attention_rows(b, &ra);
         return rc ? rc : op->matmul(b, bt->proj, &lw->wo, bt->att, n);
     }
+    rc = rc ? rc : op->rmsnorm(b, bt->q, bt->q, &lw->q_norm, n * hp->n_head, hp->head_dim,
+                               hp->rms_eps);
+    rc = rc ? rc : op->rmsnorm(b, bt->k, bt->k, &lw->k_norm, n * hp->n_head_kv, hp->head_dim,
+                               hp->rms_eps);
     for (int i = 0; i < n && !rc; i++) {
         struct stream *s = ss[i];
         const int pos = bt->row_pos[i];
