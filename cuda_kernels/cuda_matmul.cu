@@ -1495,6 +1495,11 @@ struct preload_fn {
 
 } /* namespace */
 
+extern "C" size_t cuda_matmul_q8_layout(int64_t n_in, int m)
+{
+    return q8_qs_bytes(n_in, m);
+}
+
 extern "C" bool cuda_matmul_supported(uint32_t wtype)
 {
     return fmt_find(wtype) != nullptr;

@@ -104,6 +104,10 @@ bool cuda_matmul_supported(uint32_t wtype);
  * unsupported type or a bad shape. */
 size_t cuda_matmul_scratch_bytes(uint32_t wtype, int64_t n_in, int64_t n_out, int m);
 
+/* Where a call of m rows of n_in elements on the MMV path keeps the 8-bit copy of x in its
+ * scratch: codes at byte 0, the (d, d * sum) pairs from the returned offset. */
+size_t cuda_matmul_q8_layout(int64_t n_in, int m);
+
 /* Loads every kernel of this module on the current device and sets the shared memory limit of
  * the GEMM kernels that need more than 48 KiB (so that nothing is loaded or configured lazily
  * inside a graph capture), and checks the device can run them (compute capability >= 8.0).

@@ -32,3 +32,9 @@ int cuda_matmul(const struct cuda_matmul_args *a)
     (void)a;
     return -ENODEV;
 }
+
+size_t cuda_matmul_q8_layout(int64_t n_in, int m)
+{
+    (void)n_in, (void)m;
+    return 0;
+}

@@ -7,6 +7,7 @@
 #include "cuda_ops_util.cuh"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -57,7 +58,32 @@ struct rmsnorm_params {
     const float *w;
     int dim;
     float eps;
+    int8_t *qs; /* NULL, or out's 8-bit copy (cuda_rmsnorm_args.q8_codes) */
+    float2 *qd;
 };
+
+/* Element i of row `row` (lane i % 32 of a warp holding elements i - i % 32 ..) into the 8-bit
+ * copy, with cuda_matmul's quantize_q8_kernel's operations: d = max|x| / 127 (NaN when the 32
+ * hold a NaN or an infinity), q = rint(x * 127 / max|x|), (d, d * sum q). */
+static __device__ __forceinline__ void norm_q8(float v, int64_t row, int i, int dim, int8_t *qs,
+                                               float2 *qd)
+{
+    const bool finite = __all_sync(0xffffffffu, fabsf(v) <= FLT_MAX);
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = finite ? amax / 127.0f : __uint_as_float(0x7fc00000u);
+    const float id = amax > 0.0f && finite ? 127.0f / amax : 0.0f;
+    const int q = max(-127, min(127, __float2int_rn(v * id)));
+    int sum = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    qs[row * dim + i] = (int8_t)q;
+    if ((i & 31) == 0)
+        qd[row * (dim / 32) + i / 32] = make_float2(d, d * (float)sum);
+}
 
 #define NORM_MAX_PER 8 /* elements per thread kept in registers: rows up to 2048 */
 
@@ -115,20 +141,27 @@ static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_
     for (int i = 0; i < NORM_THREADS / 32; i++)
         tot += part[i];
     float inv = 1.0f / sqrtf((float)(tot / p.dim) + p.eps);
+    /* with the 8-bit copy, dim is a multiple of 32: i < dim is uniform over a warp */
     if (regs) {
 #pragma unroll
         for (int j = 0; j < NORM_MAX_PER; j++) {
             int i = threadIdx.x + j * NORM_THREADS;
             if (i < p.dim) {
                 float y = __fmul_rn(xv[j], inv);
-                out[i] = p.w ? __fmul_rn(y, wv[j]) : y;
+                y = p.w ? __fmul_rn(y, wv[j]) : y;
+                out[i] = y;
+                if (p.qs)
+                    norm_q8(y, blockIdx.x, i, p.dim, p.qs, p.qd);
             }
         }
         return;
     }
     for (int i = threadIdx.x; i < p.dim; i += NORM_THREADS) {
         float y = __fmul_rn(res ? res[i] : in[i], inv);
-        out[i] = p.w ? __fmul_rn(y, p.w[i]) : y;
+        y = p.w ? __fmul_rn(y, p.w[i]) : y;
+        out[i] = y;
+        if (p.qs)
+            norm_q8(y, blockIdx.x, i, p.dim, p.qs, p.qd);
     }
 }
 
@@ -488,7 +521,10 @@ extern "C" int cuda_rmsnorm(const struct cuda_rmsnorm_args *a)
         return 0;
     if (!a->out || !a->in)
         return -EINVAL;
-    struct rmsnorm_params p = {a->out, a->in, a->resid, a->w, a->dim, a->eps};
+    if (a->q8_codes && (a->dim % 32 || !a->q8_scales || !ops_aligned(a->q8_scales, 8)))
+        return -EINVAL;
+    struct rmsnorm_params p = {a->out, a->in,  a->resid,    a->w,
+                               a->dim, a->eps, a->q8_codes, (float2 *)a->q8_scales};
     k_rmsnorm<<<a->rows, NORM_THREADS, 0, (cudaStream_t)a->stream>>>(p);
     return cuda_last_error("cuda_rmsnorm");
 }

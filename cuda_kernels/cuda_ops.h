@@ -60,6 +60,11 @@ struct cuda_rmsnorm_args {
     int rows, dim;   /* rows >= 0, dim >= 1 */
     float eps;
     void *stream;
+    int8_t *q8_codes; /* NULL, or with dim a multiple of 32: out's 8-bit copy as cuda_matmul's
+                       * MMV path makes it (codes (rows, dim) here, one (d, d * sum) float pair
+                       * per 32 elements at q8_scales), so that a matmul of out can take x_ready
+                       * (cuda_matmul_q8_layout gives the two places in its scratch) */
+    void *q8_scales;
 };
 
 /* out = x / sqrt(mean(x^2) + eps) * w with x = in (or resid after resid += in), as ops_rmsnorm:

@@ -248,27 +248,67 @@ static int cuda_embed_op(struct backend *b, float *out, const struct weight *w,
 
 /* One kernel where the forward would launch add then rmsnorm (cuda_rmsnorm's fused residual:
  * the same additions and the same norm, so the same bits). */
+/* A norm of rows of the model's width that the MMV path's matmuls will read (q, k and v after
+ * attn_norm): the norm also writes their 8-bit copy into mm_scratch, as the first matmul would,
+ * and the matmuls take it (x_ready). */
+static void cuda_norm_q8(struct backend_cuda *c, struct cuda_rmsnorm_args *a)
+{
+    const size_t off = cuda_matmul_q8_layout(a->dim, a->rows);
+    if (a->dim != (int)c->model->hp.n_embd || a->dim % 32 || a->rows < 1 ||
+        a->rows >= CUDA_MATMUL_GEMM_MIN_M || a->rows > CUDA_BACKEND_MAX_TOK || !off ||
+        c->mm_scratch_bytes < off + (size_t)a->rows * (a->dim / 32) * 8)
+        return;
+    a->q8_codes = c->mm_scratch;
+    a->q8_scales = (uint8_t *)c->mm_scratch + off;
+}
+
+static void cuda_norm_q8_done(struct backend_cuda *c, const struct cuda_rmsnorm_args *a, int rc)
+{
+    if (rc || !a->q8_codes)
+        return;
+    c->xq_src = a->out;
+    c->xq_m = a->rows;
+    c->xq_n_in = a->dim;
+}
+
 static int cuda_add_rmsnorm_op(struct backend *b, float *x, const float *y, float *out,
                                const struct weight *w, int rows, int dim, float eps)
 {
-    backend_cuda_forget_xq(cuda_of(b));
+    struct backend_cuda *c = cuda_of(b);
+    backend_cuda_forget_xq(c);
     struct cuda_rmsnorm_args a = {
-        .out = out, .in = y, .resid = x, .w = w->dev, .rows = rows, .dim = dim, .eps = eps,
-        .stream = cuda_of(b)->stream,
+        .out = out,
+        .in = y,
+        .resid = x,
+        .w = w->dev,
+        .rows = rows,
+        .dim = dim,
+        .eps = eps,
+        .stream = c->stream,
     };
+    cuda_norm_q8(c, &a);
     int rc = cuda_rmsnorm(&a);
+    cuda_norm_q8_done(c, &a, rc);
     return rc ? backend_cuda_fail(rc, "add + rmsnorm") : 0;
 }
 
 static int cuda_rmsnorm_op(struct backend *b, float *out, const float *in, const struct weight *w,
                            int rows, int dim, float eps)
 {
-    backend_cuda_forget_xq(cuda_of(b));
+    struct backend_cuda *c = cuda_of(b);
+    backend_cuda_forget_xq(c);
     struct cuda_rmsnorm_args a = {
-        .out = out, .in = in, .w = w->dev, .rows = rows, .dim = dim, .eps = eps,
-        .stream = cuda_of(b)->stream,
+        .out = out,
+        .in = in,
+        .w = w->dev,
+        .rows = rows,
+        .dim = dim,
+        .eps = eps,
+        .stream = c->stream,
     };
+    cuda_norm_q8(c, &a);
     int rc = cuda_rmsnorm(&a);
+    cuda_norm_q8_done(c, &a, rc);
     return rc ? backend_cuda_fail(rc, "rmsnorm") : 0;
 }
 

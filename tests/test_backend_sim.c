@@ -302,10 +302,22 @@ bool cuda_matmul_supported(uint32_t wtype)
     return quant_ref_can_dequantize(wtype);
 }
 
+/* What the real MMV path keeps in its scratch for quantized weights: the activation rows it
+ * last quantized, reused when the backend says x_ready. Here a float copy, so a reuse of stale
+ * rows shows in the logits (model_checks compares them with the CPU backend). */
+static float *g_xq;
+static size_t g_xq_n;
+
+size_t cuda_matmul_q8_layout(int64_t n_in, int m)
+{
+    return ((size_t)m * (size_t)n_in + 15) & ~(size_t)15;
+}
+
+/* the real sizes, so that the backend's norms write their 8-bit copy (sim_rmsnorm) */
 size_t cuda_matmul_scratch_bytes(uint32_t wtype, int64_t n_in, int64_t n_out, int m)
 {
-    (void)wtype, (void)n_in, (void)n_out, (void)m;
-    return 64;
+    (void)wtype, (void)n_out;
+    return cuda_matmul_q8_layout(n_in, m) + (size_t)m * (size_t)(n_in / 32) * 8 + 64;
 }
 
 int cuda_matmul_init(void)
@@ -317,12 +329,6 @@ int cuda_matmul_check(const struct cuda_matmul_args *a)
 {
     return a->m >= 1 && a->n_in >= 1 && a->n_out >= 1 ? 0 : -EINVAL;
 }
-
-/* What the real MMV path keeps in its scratch for quantized weights: the activation rows it
- * last quantized, reused when the backend says x_ready. Here a float copy, so a reuse of stale
- * rows shows in the logits (model_checks compares them with the CPU backend). */
-static float *g_xq;
-static size_t g_xq_n;
 
 static int sim_matmul(const struct cuda_matmul_args *a)
 {
@@ -399,6 +405,15 @@ static int sim_rmsnorm(const struct cuda_rmsnorm_args *a)
     }
     ops_rmsnorm(a->out, x, a->w ? a->w : ones, a->rows, a->dim, a->eps);
     free(ones);
+    if (a->q8_codes) { /* the 8-bit copy a matmul of out would make: here out itself */
+        size_t n = (size_t)a->rows * a->dim;
+        if (n > g_xq_n) {
+            free(g_xq);
+            g_xq = test_xmalloc(sizeof(float) * n);
+            g_xq_n = n;
+        }
+        memcpy(g_xq, a->out, sizeof(float) * n);
+    }
     return 0;
 }
 

@@ -29,6 +29,7 @@
 
 #include "cuda_attention.h"
 #include "cuda_check.h"
+#include "cuda_matmul.h"
 #include "cuda_mem.h"
 #include "cuda_ops.h"
 #include "moe.h"
@@ -283,6 +284,67 @@ static void test_rmsnorm(struct rng *r)
             free(x), free(res), free(w), free(ref), free(got), free(res_ref), free(res_got);
         }
     }
+}
+
+/* The norm's 8-bit copy against the one cuda_matmul makes of the norm's output (a Q8_0 call on
+ * the MMV path), byte for byte; rows and widths past the register path, a NaN block, and the
+ * fused residual. */
+static void test_rmsnorm_q8(struct rng *r)
+{
+    static const int shapes[][2] = {{1, 2048}, {3, 4096}, {31, 64}, {2, 2880}, {1, 7168}};
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        const int rows = shapes[si][0], dim = shapes[si][1];
+        const size_t n = (size_t)rows * dim, off = cuda_matmul_q8_layout(dim, rows);
+        const size_t sb = cuda_matmul_scratch_bytes(QUANT_Q8_0, dim, 32, rows);
+        const size_t qb = off + (size_t)rows * (dim / 32) * 8;
+        float *x = test_rand_normal(r, n, 1.0f), *res = test_rand_normal(r, n, 1.0f);
+        float *w = test_rand_normal(r, dim, 1.0f);
+        if (si == 3)
+            x[5] = NAN; /* its block of 32 gets d = NaN */
+        float *d_x = (float *)test_dev_dup(x, n * sizeof(float));
+        float *d_res = (float *)test_dev_dup(res, n * sizeof(float));
+        float *d_w = (float *)test_dev_dup(w, dim * sizeof(float));
+        float *d_out = (float *)test_dev_alloc(n * sizeof(float));
+        uint8_t *d_q = (uint8_t *)test_dev_alloc(qb), *d_s = (uint8_t *)test_dev_alloc(sb);
+        test_dev_poison(d_q, qb);
+        struct cuda_rmsnorm_args a = {};
+        a.out = d_out, a.in = d_x, a.resid = si % 2 ? d_res : NULL, a.w = d_w;
+        a.rows = rows, a.dim = dim, a.eps = 1e-6f;
+        a.q8_codes = (int8_t *)d_q, a.q8_scales = d_q + off;
+        int rc = cuda_rmsnorm(&a);
+        /* a zero Q8_0 matrix of 32 rows: only the quantization of x matters */
+        const size_t rb = (size_t)(dim / 32) * 34;
+        void *d_wq = test_dev_alloc(rb * 32);
+        cudaMemset(d_wq, 0, rb * 32);
+        float *d_y = (float *)test_dev_alloc(sizeof(float) * 32 * rows);
+        struct cuda_matmul_args m = {};
+        m.wtype = QUANT_Q8_0, m.w = d_wq, m.w_stride = rb, m.n_in = dim, m.n_out = 32;
+        m.m = rows, m.x = d_out, m.x_stride = dim, m.y = d_y, m.y_stride = 32;
+        m.scratch = d_s, m.scratch_bytes = sb, m.path = CUDA_MATMUL_PATH_MMV;
+        int rm = cuda_matmul(&m);
+        uint8_t *got = (uint8_t *)test_xmalloc(qb), *want = (uint8_t *)test_xmalloc(qb);
+        test_dev_get(got, d_q, qb);
+        test_dev_get(want, d_s, qb);
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)rows * dim; i++)
+            bad += got[i] != want[i];
+        for (size_t i = off; i < qb; i++)
+            bad += got[i] != want[i];
+        printf("rmsnorm 8-bit copy rows %2d dim %4d%s%s: rc %d/%d, %zu bytes differ from "
+               "cuda_matmul's\n",
+               rows, dim, si % 2 ? " resid" : "", si == 3 ? " NaN" : "", rc, rm, bad);
+        CHECK(rc == 0 && rm == 0 && bad == 0,
+              "rmsnorm 8-bit copy rows %d dim %d: rc %d/%d, %zu "
+              "bytes differ",
+              rows, dim, rc, rm, bad);
+        cuda_free(d_x), cuda_free(d_res), cuda_free(d_w), cuda_free(d_out), cuda_free(d_q);
+        cuda_free(d_s), cuda_free(d_wq), cuda_free(d_y);
+        free(x), free(res), free(w), free(got), free(want);
+    }
+    struct cuda_rmsnorm_args bad = {};
+    bad.out = bad.resid = (float *)8, bad.in = (const float *)8, bad.rows = 1, bad.dim = 33;
+    bad.q8_codes = (int8_t *)8, bad.q8_scales = (void *)8;
+    CHECK(cuda_rmsnorm(&bad) == -EINVAL, "an 8-bit copy of 33 columns was not refused");
 }
 
 /* ---- rope --------------------------------------------------------------------------------- */
@@ -1202,6 +1264,7 @@ int main(void)
     rng_seed(&r, test_seed(NAME), 0);
     test_embed(&r);
     test_rmsnorm(&r);
+    test_rmsnorm_q8(&r);
     test_rope(&r);
     test_kv_store(&r);
     test_qk_rope_store(&r);
