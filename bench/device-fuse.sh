@@ -2,7 +2,8 @@
 # GPU machine: all-resident decode of the 30b-a3b preset, two builds side by side in one lease:
 # .carry/bin.tar.xz holding base/strata (the reference build) beside bin/ (the build
 # under test, with the CUDA tests named in TESTS). Prints pp512/tg128 eager and with --graph
-# for both, then (NCU=1) ncu's per-kernel decode times for both (bench/ncu-summary.py).
+# for both, (LOCKSTEP=1) lockstep decode of NS streams, then (NCU=1) ncu's per-kernel decode
+# times for both (bench/ncu-summary.py).
 set -u
 . bench/device-env.sh
 # (bin.tar.xz may hold base/ beside bin/)
@@ -20,6 +21,16 @@ for round in 1 2; do
         done
     done
 done
+if [ -n "${LOCKSTEP:-}" ]; then # aggregate lockstep decode, all resident
+    for bin in .carry/base .carry/bin; do
+        for g in "" --graph; do
+            for n in ${NS:-8 16}; do
+                echo "### $bin bench $g --streams $n"
+                "$bin/strata" bench -m $M --device cuda $g -p 64 -n 64 --bw-gib 0.1 --streams $n --tg random 2>&1 | grep -E "^(tg|lockstep)"
+            done
+        done
+    done
+fi
 if [ -n "${NCU:-}" ]; then
     for bin in .carry/base .carry/bin; do
         B=$PWD/$bin ncu_decode "$OUT/ncu-$(basename $bin).txt" --graph | sort -rn | head -40
