@@ -2,7 +2,7 @@
 # GPU machine: all-resident decode of the 30b-a3b preset, two builds side by side in one lease:
 # .carry/bin.tar.xz holding base/strata (the reference build) beside bin/ (the build
 # under test, with the CUDA tests named in TESTS). Prints pp512/tg128 eager and with --graph
-# for both, (LOCKSTEP=1) lockstep decode of NS streams, then (NCU=1) ncu's per-kernel decode
+# for both (BUILDS: other folders of builds in .carry, e.g. a third, mid/), (LOCKSTEP=1) lockstep decode of NS streams, then (NCU=1) ncu's per-kernel decode
 # times for both (bench/ncu-summary.py).
 set -u
 . bench/device-env.sh
@@ -14,7 +14,7 @@ for t in ${TESTS:-}; do
 done
 gen_30b
 for round in 1 2; do
-    for bin in .carry/base .carry/bin; do
+    for bin in ${BUILDS:-.carry/base .carry/bin}; do
         for g in "" --graph; do
             echo "### round $round $bin bench --device cuda $g"
             "$bin/strata" bench -m $M --device cuda $g -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)"
@@ -22,7 +22,7 @@ for round in 1 2; do
     done
 done
 if [ -n "${LOCKSTEP:-}" ]; then # aggregate lockstep decode, all resident
-    for bin in .carry/base .carry/bin; do
+    for bin in ${BUILDS:-.carry/base .carry/bin}; do
         for g in "" --graph; do
             for n in ${NS:-8 16}; do
                 echo "### $bin bench $g --streams $n"
@@ -32,7 +32,7 @@ if [ -n "${LOCKSTEP:-}" ]; then # aggregate lockstep decode, all resident
     done
 fi
 if [ -n "${NCU:-}" ]; then
-    for bin in .carry/base .carry/bin; do
+    for bin in ${BUILDS:-.carry/base .carry/bin}; do
         B=$PWD/$bin ncu_decode "$OUT/ncu-$(basename $bin).txt" --graph | sort -rn | head -40
     done
 fi
