@@ -655,8 +655,12 @@ static int cuda_attention_op(struct backend *b, const struct attn_args *at)
         .scale = at->scale, .scratch = c->attn_scratch, .scratch_bytes = c->attn_scratch_bytes,
         .stream = c->stream, .sinks = at->sinks ? at->sinks->dev : NULL, .window = at->window,
     };
-    if (c->recording) /* keys up to the position in step_dev[1], of a cache this long */
+    if (c->recording) { /* keys up to the position in step_dev[1], of a cache this long */
         a.n_ctx = c->graph_stream->n_ctx;
+        /* inside a graph a launch costs less than the merge adds to the attention's tail
+         * (the same bits either way) */
+        a.combine_apart = 1;
+    }
     int rc = cuda_attention(&a);
     return rc ? backend_cuda_fail(rc, "attention") : 0;
 }
