@@ -2,7 +2,8 @@
 # GPU machine: all-resident decode of the 30b-a3b preset, two builds side by side in one lease:
 # .carry/bin.tar.xz holding base/strata (the reference build) beside bin/ (the build
 # under test, with the CUDA tests named in TESTS). Prints pp512/tg128 eager and with --graph
-# for both (BUILDS: other folders of builds in .carry, e.g. a third, mid/), (LOCKSTEP=1) lockstep decode of NS streams, then (NCU=1) ncu's per-kernel decode
+# for both (BUILDS: other folders of builds in .carry, e.g. a third, mid/; ROUNDS of them),
+# (OFFLOAD=1) 8 and 12 GiB budgets, (LOCKSTEP=1) lockstep decode of NS streams, then (NCU=1) ncu's per-kernel decode
 # times for both (bench/ncu-summary.py).
 set -u
 . bench/device-env.sh
@@ -13,7 +14,7 @@ for t in ${TESTS:-}; do
     grep -E "FAIL|failed" "$OUT/$t.log" | head -5
 done
 gen_30b
-for round in 1 2; do
+for round in $(seq ${ROUNDS:-2}); do
     for bin in ${BUILDS:-.carry/base .carry/bin}; do
         for g in "" --graph; do
             echo "### round $round $bin bench --device cuda $g"
@@ -21,6 +22,14 @@ for round in 1 2; do
         done
     done
 done
+if [ -n "${OFFLOAD:-}" ]; then # under a VRAM budget: host-driven decode (no graph) but zerocopy
+    for w in "--vram-budget 8G" "--vram-budget 8G --placement hybrid" "--vram-budget 12G --residency zerocopy --graph"; do
+        for bin in ${BUILDS:-.carry/base .carry/bin}; do
+            echo "### $bin bench $w"
+            timeout 120 "$bin/strata" bench -m $M $w -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)[0-9]|hit"
+        done
+    done
+fi
 if [ -n "${LOCKSTEP:-}" ]; then # aggregate lockstep decode, all resident
     for bin in ${BUILDS:-.carry/base .carry/bin}; do
         for g in "" --graph; do

@@ -58,9 +58,10 @@ static int gptoss_linear(struct backend *b, float *out, const struct weight *w,
 static int gptoss_qkv(struct backend *b, const struct layer_weights *lw, float *q, float *k,
                       float *v, const float *xn, int n)
 {
-    int rc = gptoss_linear(b, q, &lw->wq, &lw->bq, xn, n);
-    rc = rc ? rc : gptoss_linear(b, k, &lw->wk, &lw->bk, xn, n);
-    return rc ? rc : gptoss_linear(b, v, &lw->wv, &lw->bv, xn, n);
+    int rc = arch_matmul_qkv(b, q, k, v, lw, xn, n);
+    rc = rc ? rc : b->ops->add_bias(b, q, &lw->bq, n);
+    rc = rc ? rc : b->ops->add_bias(b, k, &lw->bk, n);
+    return rc ? rc : b->ops->add_bias(b, v, &lw->bv, n);
 }
 
 /* Rope, KV append and attention of n consecutive tokens of stream s at position pos, layer

@@ -121,10 +121,8 @@ static int q3n_attention(struct backend *b, const struct model *m, const struct 
     const int n = r->n, hd = (int)hp->head_dim;
     const size_t qw = (size_t)hp->n_head * hd;
 
-    int rc = op->matmul(b, r->hy->qg, &lw->wq, r->xn, n);
+    int rc = arch_matmul_qkv(b, r->hy->qg, r->k, r->v, lw, r->xn, n);
     rc = rc ? rc : op->split_halves(b, r->q, r->hy->gate, r->hy->qg, n * (int)hp->n_head, hd);
-    rc = rc ? rc : op->matmul(b, r->k, &lw->wk, r->xn, n);
-    rc = rc ? rc : op->matmul(b, r->v, &lw->wv, r->xn, n);
     rc = rc ? rc : op->rmsnorm(b, r->q, r->q, &lw->q_norm, n * (int)hp->n_head, hd, hp->rms_eps);
     rc = rc ? rc : op->rmsnorm(b, r->k, r->k, &lw->k_norm, n * (int)hp->n_head_kv, hd, hp->rms_eps);
     rc = rc ? rc : q3n_each_run(b, r, l, q3n_attend_run);
