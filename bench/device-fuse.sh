@@ -23,7 +23,7 @@ for round in $(seq ${ROUNDS:-2}); do
     done
 done
 if [ -n "${OFFLOAD:-}" ]; then # under a VRAM budget: host-driven decode (no graph) but zerocopy
-    for w in "--vram-budget 8G" "--vram-budget 8G --placement hybrid" "--vram-budget 12G --residency zerocopy --graph"; do
+    for w in ${OFFLOAD_WHERE:-"--vram-budget 8G" "--vram-budget 8G --placement hybrid"}; do
         for bin in ${BUILDS:-.carry/base .carry/bin}; do
             echo "### $bin bench $w"
             timeout 120 "$bin/strata" bench -m $M $w -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)[0-9]|hit"
