@@ -48,6 +48,8 @@ struct attn_params {
     int R, T, n_split;
     float *part_acc;        /* (n_split, n_tok * n_head, hd) */
     float *part_m, *part_l; /* (n_split, n_tok * n_head) */
+    int8_t *q8s;     /* NULL, or the output's 8-bit copy (cuda_attn_args.q8_codes): written */
+    float2 *q8d;     /* by k_attn_combine and the decode kernel's own merge */
     unsigned *count; /* decode kernel: NULL, or a counter per (grid z, kv head): the last of a
                       * kv head's split blocks to finish merges the splits itself (as
                       * k_attn_combine would) and sets the counter back to zero */
@@ -205,6 +207,10 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn
         p.part_m += z * per;
         p.part_l += z * per;
         p.out += z * nth * p.hd;
+        if (p.q8s) {
+            p.q8s += z * nth * p.hd;
+            p.q8d += z * nth * p.hd / 32;
+        }
     }
     float mx = -INFINITY;
     for (int s = 0; s < p.n_split; s++)
@@ -230,6 +236,8 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn
             if (f[s] >= 0.0f)
                 o += p.part_acc[(s * nth + row) * p.hd + d] * f[s];
         p.out[row * p.hd + d] = o / lsum;
+        if (p.q8s) /* hd is a multiple of 32: whole warps */
+            ops_q8_store(o / lsum, row * p.hd + d, p.q8s, p.q8d);
     }
 }
 
@@ -368,8 +376,11 @@ static __device__ __forceinline__ void attd_merge(const struct attn_params &p, i
                     o[r] += a[r] * f[r][s];
         }
 #pragma unroll
-        for (int r = 0; r < RMAX; r++)
+        for (int r = 0; r < RMAX; r++) {
             p.out[rowv[r] * hd + d] = o[r] / ls[r];
+            if (p.q8s) /* hd is a multiple of 32: whole warps */
+                ops_q8_store(o[r] / ls[r], rowv[r] * hd + d, p.q8s, p.q8d);
+        }
     }
 }
 
@@ -407,6 +418,10 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
         p.part_m += z * per;
         p.part_l += z * per;
         p.out += z * qw;
+        if (p.q8s) {
+            p.q8s += z * qw;
+            p.q8d += z * qw / 32;
+        }
     }
 
     int kmax = 0;
@@ -1143,8 +1158,20 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
     p.scale = a->scale;
     p.sinks = a->sinks;
     p.window = a->window;
-    if (a->k_rows)
-        return a->sinks || a->window > 0 ? -ENOTSUP : attd_rows_launch(a, &p, (cudaStream_t)a->stream);
+    if (a->q8_done)
+        *a->q8_done = 0;
+    if (a->q8_codes && (a->head_dim % 32 || !a->q8_scales || !ops_aligned(a->q8_scales, 8)))
+        return -EINVAL;
+    p.q8s = a->q8_codes;
+    p.q8d = (float2 *)a->q8_scales;
+    if (a->k_rows) {
+        if (a->sinks || a->window > 0)
+            return -ENOTSUP;
+        int rc = attd_rows_launch(a, &p, (cudaStream_t)a->stream);
+        if (!rc && a->q8_done && a->q8_codes)
+            *a->q8_done = 1;
+        return rc;
+    }
     if (!a->out || !a->q || !a->k_cache || !a->v_cache)
         return -EINVAL;
     struct attn_plan pl;
@@ -1163,7 +1190,15 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
     }
     cudaStream_t s = (cudaStream_t)a->stream;
     const bool plain = !a->sinks && a->window <= 0; /* the decode and tensor-core kernels */
-    if (plain && (attd_each_launch(a, &p, s) || attd_launch(a, &p, s) || attp_launch(a, &p, s)))
+    if (plain && (attd_each_launch(a, &p, s) || attd_launch(a, &p, s))) {
+        int rc = cuda_last_error("cuda_attention");
+        if (!rc && a->q8_done && a->q8_codes)
+            *a->q8_done = 1;
+        return rc;
+    }
+    p.q8s = NULL; /* the 8-bit copy comes with the decode kernel only */
+    p.q8d = NULL;
+    if (plain && attp_launch(a, &p, s))
         return cuda_last_error("cuda_attention");
     dim3 grid((unsigned)ops_cdiv(a->n_tok * p.G, pl.R), (unsigned)a->n_head_kv,
               (unsigned)pl.n_split);

@@ -51,7 +51,13 @@ struct cuda_attn_args {
                          * leaves at zero); one call in flight per scratch */
     size_t scratch_bytes;
     int combine_apart; /* 1: the decode kernel's key splits are merged by a kernel of its own
-                        * (the same bits; testing) instead of by each kv head's last block */
+                        * (the same bits) instead of by each kv head's last block */
+    int8_t *q8_codes;  /* NULL, or with head_dim a multiple of 32: where the decode kernel's
+                        * merge also writes out's 8-bit copy as cuda_matmul's MMV path makes it
+                        * (rows n_tok of n_head * head_dim; cuda_matmul_q8_layout) */
+    void *q8_scales;
+    int *q8_done; /* NULL, or host: set to 1 when the call wrote the 8-bit copy (the
+                   * decode kernel ran), else 0 */
     void *stream;
 };
 

@@ -62,29 +62,6 @@ struct rmsnorm_params {
     float2 *qd;
 };
 
-/* Element i of row `row` (lane i % 32 of a warp holding elements i - i % 32 ..) into the 8-bit
- * copy, with cuda_matmul's quantize_q8_kernel's operations: d = max|x| / 127 (NaN when the 32
- * hold a NaN or an infinity), q = rint(x * 127 / max|x|), (d, d * sum q). */
-static __device__ __forceinline__ void norm_q8(float v, int64_t row, int i, int dim, int8_t *qs,
-                                               float2 *qd)
-{
-    const bool finite = __all_sync(0xffffffffu, fabsf(v) <= FLT_MAX);
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = finite ? amax / 127.0f : __uint_as_float(0x7fc00000u);
-    const float id = amax > 0.0f && finite ? 127.0f / amax : 0.0f;
-    const int q = max(-127, min(127, __float2int_rn(v * id)));
-    int sum = q;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    qs[row * dim + i] = (int8_t)q;
-    if ((i & 31) == 0)
-        qd[row * (dim / 32) + i / 32] = make_float2(d, d * (float)sum);
-}
-
 #define NORM_MAX_PER 8 /* elements per thread kept in registers: rows up to 2048 */
 
 static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_params p)
@@ -151,7 +128,7 @@ static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_
                 y = p.w ? __fmul_rn(y, wv[j]) : y;
                 out[i] = y;
                 if (p.qs)
-                    norm_q8(y, blockIdx.x, i, p.dim, p.qs, p.qd);
+                    ops_q8_store(y, (int64_t)blockIdx.x * p.dim + i, p.qs, p.qd);
             }
         }
         return;
@@ -161,7 +138,7 @@ static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_
         y = p.w ? __fmul_rn(y, p.w[i]) : y;
         out[i] = y;
         if (p.qs)
-            norm_q8(y, blockIdx.x, i, p.dim, p.qs, p.qd);
+            ops_q8_store(y, (int64_t)blockIdx.x * p.dim + i, p.qs, p.qd);
     }
 }
 

@@ -1,9 +1,11 @@
 /* cuda_ops_util: small helpers shared by cuda_ops.cu, cuda_attention.cu and cuda_moe.cu:
  * integer min/max/ceil-division (host and device), a pointer alignment test (host) and the
- * warp reductions (device). Internal to cuda_kernels/: included only by .cu files. */
+ * warp reductions and the 8-bit activation copy (device). Internal to cuda_kernels/: included only
+ * by .cu files. */
 #ifndef STRATA_CUDA_OPS_UTIL_CUH
 #define STRATA_CUDA_OPS_UTIL_CUH
 
+#include <float.h>
 #include <stdint.h>
 
 static __host__ __device__ __forceinline__ int ops_imin(int a, int b)
@@ -43,6 +45,30 @@ static __device__ __forceinline__ float ops_warp_max(float s)
     for (int o = 16; o > 0; o >>= 1)
         s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, o));
     return s;
+}
+
+/* Element i of a row-major activation matrix (n_in a multiple of 32; the calling warp holds
+ * elements i - i % 32 .. + 31, one per lane, in lane order) into the 8-bit copy cuda_matmul's
+ * MMV path reads: code qs[i] and, per 32 elements, qd[i / 32] = (d, d * sum of the codes), with
+ * its quantize_q8_kernel's operations: d = max|x| / 127 (NaN when the 32 hold a NaN or an
+ * infinity), q = rint(x * 127 / max|x|) clamped to +-127. */
+static __device__ __forceinline__ void ops_q8_store(float v, int64_t i, int8_t *qs, float2 *qd)
+{
+    const bool finite = __all_sync(0xffffffffu, fabsf(v) <= FLT_MAX);
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = finite ? amax / 127.0f : __uint_as_float(0x7fc00000u);
+    const float id = amax > 0.0f && finite ? 127.0f / amax : 0.0f;
+    const int q = max(-127, min(127, __float2int_rn(v * id)));
+    int sum = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    qs[i] = (int8_t)q;
+    if ((i & 31) == 0)
+        qd[i / 32] = make_float2(d, d * (float)sum);
 }
 
 #endif

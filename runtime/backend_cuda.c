@@ -640,6 +640,28 @@ static int cuda_qk_rope_store_op(struct backend *b, const struct qk_rope_args *q
     return rc ? backend_cuda_fail(rc, "qk_rope_store") : 0;
 }
 
+/* The attention's output feeds the o projection's MMV matmul: the decode kernel's merge also
+ * writes its 8-bit copy into mm_scratch (cuda_attention says whether it ran), and the matmul
+ * takes it (x_ready). */
+static void cuda_att_q8(struct backend_cuda *c, struct cuda_attn_args *a, int rows, int width,
+                        int *done)
+{
+    const size_t off = cuda_matmul_q8_layout(width, rows);
+    if (width % 32 || rows < 1 || rows >= CUDA_MATMUL_GEMM_MIN_M || rows > CUDA_BACKEND_MAX_TOK ||
+        !off || c->mm_scratch_bytes < off + (size_t)rows * (width / 32) * 8)
+        return;
+    a->q8_codes = c->mm_scratch;
+    a->q8_scales = (uint8_t *)c->mm_scratch + off;
+    a->q8_done = done;
+}
+
+static void cuda_att_q8_done(struct backend_cuda *c, const float *out, int rows, int width)
+{
+    c->xq_src = out;
+    c->xq_m = rows;
+    c->xq_n_in = width;
+}
+
 static int cuda_attention_op(struct backend *b, const struct attn_args *at)
 {
     if (at->sinks && (at->sinks->type || !at->sinks->dev))
@@ -661,7 +683,11 @@ static int cuda_attention_op(struct backend *b, const struct attn_args *at)
          * (the same bits either way) */
         a.combine_apart = 1;
     }
+    int done = 0;
+    cuda_att_q8(c, &a, at->n_tok, at->n_head * at->head_dim, &done);
     int rc = cuda_attention(&a);
+    if (!rc && done)
+        cuda_att_q8_done(c, at->out, at->n_tok, at->n_head * at->head_dim);
     return rc ? backend_cuda_fail(rc, "attention") : 0;
 }
 
@@ -815,7 +841,11 @@ static int cuda_attention_rows_op(struct backend *b, const struct attn_rows_args
         .head_dim = ra->head_dim, .scale = ra->scale, .scratch = c->rows_scratch,
         .scratch_bytes = c->rows_scratch_bytes, .stream = c->stream,
     };
+    int done = 0;
+    cuda_att_q8(c, &a, n, ra->n_head * ra->head_dim, &done);
     rc = cuda_attention(&a);
+    if (!rc && done)
+        cuda_att_q8_done(c, ra->out, n, ra->n_head * ra->head_dim);
     /* heads the one-launch kernel does not take: one call per row */
     for (int i = 0; rc == -ENOTSUP && i < n; i++) {
         struct attn_args at = {

@@ -614,6 +614,44 @@ struct attn_case {
     bool sinks;   /* per-head sink logits (gpt-oss) */
 };
 
+/* cuda_matmul's 8-bit copy of d_x (rows, n_in), codes then scales as its scratch holds them
+ * (cuda_matmul_q8_layout), from a Q8_0 call on the MMV path over a zero matrix. */
+static uint8_t *q8_reference(const float *d_x, int rows, int n_in, size_t *bytes)
+{
+    const size_t off = cuda_matmul_q8_layout(n_in, rows);
+    const size_t sb = cuda_matmul_scratch_bytes(QUANT_Q8_0, n_in, 32, rows);
+    *bytes = off + (size_t)rows * (n_in / 32) * 8;
+    const size_t rb = (size_t)(n_in / 32) * 34;
+    void *d_w = test_dev_alloc(rb * 32), *d_s = test_dev_alloc(sb);
+    float *d_y = (float *)test_dev_alloc(sizeof(float) * 32 * rows);
+    cudaMemset(d_w, 0, rb * 32);
+    struct cuda_matmul_args m = {};
+    m.wtype = QUANT_Q8_0, m.w = d_w, m.w_stride = rb, m.n_in = n_in, m.n_out = 32, m.m = rows;
+    m.x = d_x, m.x_stride = n_in, m.y = d_y, m.y_stride = 32, m.scratch = d_s;
+    m.scratch_bytes = sb, m.path = CUDA_MATMUL_PATH_MMV;
+    CHECK(cuda_matmul(&m) == 0, "the reference quantization failed");
+    uint8_t *h = (uint8_t *)test_xmalloc(*bytes);
+    test_dev_get(h, d_s, *bytes);
+    cuda_free(d_w), cuda_free(d_s), cuda_free(d_y);
+    return h;
+}
+
+/* Bytes of the 8-bit copy at d_q (codes, then scales from cuda_matmul_q8_layout) that differ
+ * from cuda_matmul's copy of d_x. */
+static size_t q8_differ(const uint8_t *d_q, const float *d_x, int rows, int n_in)
+{
+    size_t bytes;
+    uint8_t *want = q8_reference(d_x, rows, n_in, &bytes);
+    uint8_t *got = (uint8_t *)test_xmalloc(bytes);
+    test_dev_get(got, d_q, bytes);
+    const size_t off = cuda_matmul_q8_layout(n_in, rows);
+    size_t bad = 0;
+    for (size_t i = 0; i < bytes; i++)
+        bad += (i < (size_t)rows * n_in || i >= off) && got[i] != want[i];
+    free(want), free(got);
+    return bad;
+}
+
 static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scratch,
                           size_t scratch_bytes)
 {
@@ -690,6 +728,30 @@ static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scra
               "elements differ (first %zu)",
               hd, c->G, n_tok, rc2, bad, first);
         free(apart);
+    }
+    if (!c->inplace && hd % 32 == 0 && n_tok < 32) { /* the 8-bit copy, both merges */
+        const int width = n_head * hd;
+        const size_t qb = cuda_matmul_q8_layout(width, n_tok) + (size_t)n_tok * (width / 32) * 8;
+        uint8_t *d_q8 = (uint8_t *)test_dev_alloc(qb);
+        for (int apart = 0; apart < 2; apart++) {
+            int done = -1;
+            test_dev_poison(d_q8, qb);
+            a.combine_apart = apart;
+            a.q8_codes = (int8_t *)d_q8;
+            a.q8_scales = d_q8 + cuda_matmul_q8_layout(width, n_tok);
+            a.q8_done = &done;
+            int rc3 = cuda_attention(&a);
+            const bool dec = n_tok == 1 && !c->window && !c->sinks &&
+                             (hd == 64 || hd == 128 || hd == 256) && c->G <= 16 &&
+                             !(c->G & (c->G - 1)) && c->G * (hd / 32) <= 64;
+            size_t bad = done == 1 ? q8_differ(d_q8, d_out, n_tok, width) : 0;
+            CHECK(rc3 == 0 && (done == 1 || (done == 0 && !dec)) && bad == 0,
+                  "attention hd %d G %d n_tok %d 8-bit copy (merge %s): rc %d, done %d, %zu "
+                  "bytes differ from cuda_matmul's",
+                  hd, c->G, n_tok, apart ? "apart" : "in the kernel", rc3, done, bad);
+        }
+        a.q8_codes = NULL, a.q8_scales = NULL, a.q8_done = NULL, a.combine_apart = 0;
+        cuda_free(d_q8);
     }
     cuda_free(d_q), cuda_free(d_k), cuda_free(d_v), cuda_free(d_pos);
     if (d_sinks)
