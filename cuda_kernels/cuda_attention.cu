@@ -1160,15 +1160,17 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
     p.window = a->window;
     if (a->q8_done)
         *a->q8_done = 0;
-    if (a->q8_codes && (a->head_dim % 32 || !a->q8_scales || !ops_aligned(a->q8_scales, 8)))
+    if (a->q8_codes && (!a->q8_scales || !ops_aligned(a->q8_scales, 8)))
         return -EINVAL;
-    p.q8s = a->q8_codes;
-    p.q8d = (float2 *)a->q8_scales;
+    if (a->head_dim % 32 == 0) { /* else no 8-bit copy (q8_done stays 0) */
+        p.q8s = a->q8_codes;
+        p.q8d = (float2 *)a->q8_scales;
+    }
     if (a->k_rows) {
         if (a->sinks || a->window > 0)
             return -ENOTSUP;
         int rc = attd_rows_launch(a, &p, (cudaStream_t)a->stream);
-        if (!rc && a->q8_done && a->q8_codes)
+        if (!rc && a->q8_done && p.q8s)
             *a->q8_done = 1;
         return rc;
     }
@@ -1192,7 +1194,7 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
     const bool plain = !a->sinks && a->window <= 0; /* the decode and tensor-core kernels */
     if (plain && (attd_each_launch(a, &p, s) || attd_launch(a, &p, s))) {
         int rc = cuda_last_error("cuda_attention");
-        if (!rc && a->q8_done && a->q8_codes)
+        if (!rc && a->q8_done && p.q8s)
             *a->q8_done = 1;
         return rc;
     }

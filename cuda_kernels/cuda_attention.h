@@ -52,7 +52,7 @@ struct cuda_attn_args {
     size_t scratch_bytes;
     int combine_apart; /* 1: the decode kernel's key splits are merged by a kernel of its own
                         * (the same bits) instead of by each kv head's last block */
-    int8_t *q8_codes;  /* NULL, or with head_dim a multiple of 32: where the decode kernel's
+    int8_t *q8_codes;  /* NULL, or (used with head_dim a multiple of 32) where the decode kernel's
                         * merge also writes out's 8-bit copy as cuda_matmul's MMV path makes it
                         * (rows n_tok of n_head * head_dim; cuda_matmul_q8_layout) */
     void *q8_scales;

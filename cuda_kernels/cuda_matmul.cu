@@ -647,7 +647,7 @@ struct mmv_params {
 template <typename F> constexpr int mmv_tile_words = ((F::TB * F::BS + 32) / 4 + 4 + 3) / 4 * 4;
 
 /* KS = 1: one warp per row, the kernel synchronizes nothing wider than a warp. KS = MMV_WARPS
- * (few rows, m = 1: too few warps to keep the loads in flight): the block's warps share one
+ * (at most 256 rows: too few warps to keep the loads in flight): the block's warps share one
  * row, warp w taking tiles w, w + KS, ..., and their sums are added in warp order. */
 template <typename F, int M, int KS>
 __global__ void __launch_bounds__(MMV_THREADS) mmv_kernel(const mmv_params p)
@@ -1242,9 +1242,19 @@ template <typename F> void mmv_launch(const mmv_params &p, cudaStream_t st)
 {
     const dim3 grid((unsigned)((p.n_out + MMV_WARPS - 1) / MMV_WARPS),
                     (unsigned)((p.m + MMV_MAX_M - 1) / MMV_MAX_M));
-    if (p.m == 1 && p.n_out <= MMV_SPLIT_MAX_ROWS)
-        mmv_kernel<F, 1, MMV_WARPS><<<dim3((unsigned)p.n_out, 1), MMV_THREADS, 0, st>>>(p);
-    else if (p.m == 1)
+    if (p.n_out <= MMV_SPLIT_MAX_ROWS) { /* few rows (routers): a block per row */
+        const dim3 g1((unsigned)p.n_out, grid.y);
+        if (p.m == 1)
+            mmv_kernel<F, 1, MMV_WARPS><<<g1, MMV_THREADS, 0, st>>>(p);
+        else if (p.m == 2)
+            mmv_kernel<F, 2, MMV_WARPS><<<g1, MMV_THREADS, 0, st>>>(p);
+        else if (p.m <= 4)
+            mmv_kernel<F, 4, MMV_WARPS><<<g1, MMV_THREADS, 0, st>>>(p);
+        else if (p.m <= 8)
+            mmv_kernel<F, 8, MMV_WARPS><<<g1, MMV_THREADS, 0, st>>>(p);
+        else
+            mmv_kernel<F, MMV_MAX_M, MMV_WARPS><<<g1, MMV_THREADS, 0, st>>>(p);
+    } else if (p.m == 1)
         mmv_kernel<F, 1, 1><<<grid, MMV_THREADS, 0, st>>>(p);
     else if (p.m == 2)
         mmv_kernel<F, 2, 1><<<grid, MMV_THREADS, 0, st>>>(p);
@@ -1474,6 +1484,14 @@ struct preload_fn {
         if (e == cudaSuccess)
             e = kernel_preload(mmv_kernel<F, 1, MMV_WARPS>);
         if (e == cudaSuccess)
+            e = kernel_preload(mmv_kernel<F, 2, MMV_WARPS>);
+        if (e == cudaSuccess)
+            e = kernel_preload(mmv_kernel<F, 4, MMV_WARPS>);
+        if (e == cudaSuccess)
+            e = kernel_preload(mmv_kernel<F, 8, MMV_WARPS>);
+        if (e == cudaSuccess)
+            e = kernel_preload(mmv_kernel<F, MMV_MAX_M, MMV_WARPS>);
+        if (e == cudaSuccess)
             e = kernel_preload(mmv_kernel<F, 1, 1>);
         if (e == cudaSuccess)
             e = kernel_preload(mmv_kernel<F, 2, 1>);
@@ -1625,7 +1643,7 @@ static int matmul_more(const struct cuda_matmul_args *a)
         int rc = cuda_matmul_check(&one[i]);
         if (rc)
             return rc;
-        same = same && (a->m > 1 || one[i].n_out > MMV_SPLIT_MAX_ROWS);
+        same = same && one[i].n_out > MMV_SPLIT_MAX_ROWS;
     }
     if (!same) {
         const fmt_info *f = fmt_find(a->wtype);
