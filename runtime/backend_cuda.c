@@ -271,35 +271,16 @@ static void cuda_norm_q8_done(struct backend_cuda *c, const struct cuda_rmsnorm_
     c->xq_n_in = a->dim;
 }
 
-static int cuda_add_rmsnorm_op(struct backend *b, float *x, const float *y, float *out,
-                               const struct weight *w, int rows, int dim, float eps)
-{
-    struct backend_cuda *c = cuda_of(b);
-    backend_cuda_forget_xq(c);
-    struct cuda_rmsnorm_args a = {
-        .out = out,
-        .in = y,
-        .resid = x,
-        .w = w->dev,
-        .rows = rows,
-        .dim = dim,
-        .eps = eps,
-        .stream = c->stream,
-    };
-    cuda_norm_q8(c, &a);
-    int rc = cuda_rmsnorm(&a);
-    cuda_norm_q8_done(c, &a, rc);
-    return rc ? backend_cuda_fail(rc, "add + rmsnorm") : 0;
-}
-
-static int cuda_rmsnorm_op(struct backend *b, float *out, const float *in, const struct weight *w,
-                           int rows, int dim, float eps)
+/* out = rmsnorm(in, or resid after resid += in), with the 8-bit copy where it serves. */
+static int cuda_norm_run(struct backend *b, float *out, const float *in, float *resid,
+                         const struct weight *w, int rows, int dim, float eps, const char *what)
 {
     struct backend_cuda *c = cuda_of(b);
     backend_cuda_forget_xq(c);
     struct cuda_rmsnorm_args a = {
         .out = out,
         .in = in,
+        .resid = resid,
         .w = w->dev,
         .rows = rows,
         .dim = dim,
@@ -309,7 +290,19 @@ static int cuda_rmsnorm_op(struct backend *b, float *out, const float *in, const
     cuda_norm_q8(c, &a);
     int rc = cuda_rmsnorm(&a);
     cuda_norm_q8_done(c, &a, rc);
-    return rc ? backend_cuda_fail(rc, "rmsnorm") : 0;
+    return rc ? backend_cuda_fail(rc, what) : 0;
+}
+
+static int cuda_add_rmsnorm_op(struct backend *b, float *x, const float *y, float *out,
+                               const struct weight *w, int rows, int dim, float eps)
+{
+    return cuda_norm_run(b, out, y, x, w, rows, dim, eps, "add + rmsnorm");
+}
+
+static int cuda_rmsnorm_op(struct backend *b, float *out, const float *in, const struct weight *w,
+                           int rows, int dim, float eps)
+{
+    return cuda_norm_run(b, out, in, NULL, w, rows, dim, eps, "rmsnorm");
 }
 
 static int backend_cuda_matmul(struct backend *b, float *out, const struct weight *w, const float *in,
