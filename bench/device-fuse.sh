@@ -2,7 +2,8 @@
 # GPU machine: all-resident decode of the 30b-a3b preset, two builds side by side in one lease:
 # .carry/bin.tar.xz holding base/strata (the reference build) beside bin/ (the build
 # under test, with the CUDA tests named in TESTS). Prints pp512/tg128 eager and with --graph
-# for both (BUILDS: other folders of builds in .carry, e.g. a third, mid/; ROUNDS of them),
+# for both (BUILDS: other folders of builds in .carry, e.g. a third, mid/; ROUNDS of them; ENVS:
+# environment settings each build runs under, e.g. "X=1 STRATA_CUDA_PDL=0"),
 # (OFFLOAD=1) 8 and 12 GiB budgets, (LOCKSTEP=1) lockstep decode of NS streams, then (NCU=1) ncu's per-kernel decode
 # times for both (bench/ncu-summary.py).
 set -u
@@ -16,9 +17,11 @@ done
 gen_30b
 for round in $(seq ${ROUNDS:-2}); do
     for bin in ${BUILDS:-.carry/base .carry/bin}; do
-        for g in "" --graph; do
-            echo "### round $round $bin bench --device cuda $g"
-            "$bin/strata" bench -m $M --device cuda $g -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)"
+        for e in ${ENVS:-X=1}; do # ENVS: environment settings to compare, e.g. STRATA_CUDA_PDL=0
+            for g in "" --graph; do
+                echo "### round $round $bin $e bench --device cuda $g"
+                env $e "$bin/strata" bench -m $M --device cuda $g -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)"
+            done
         done
     done
 done

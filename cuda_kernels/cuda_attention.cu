@@ -66,6 +66,7 @@ static __device__ __forceinline__ int attn_pos(const struct attn_params &p, int 
  * one sequence of barriers. */
 static __global__ void __launch_bounds__(ATT_THREADS) k_attn(struct attn_params p)
 {
+    ops_pdl_begin();
     extern __shared__ float att_smem[];
     const int R = p.R, T = p.T, hd = p.hd, ld = hd + 1;
     float *qs = att_smem;        /* (R, ld) query rows */
@@ -195,6 +196,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn(struct attn_params 
  * l_s, splits in order; a split without keys (m = -inf) contributes nothing. */
 static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn_params p)
 {
+    ops_pdl_begin();
     /* each split's factor e^(m_s - M) once (not once per dimension); -1: no keys */
     __shared__ float f[ATT_MAX_SPLIT];
     __shared__ float lsum;
@@ -394,6 +396,7 @@ static __device__ __forceinline__ void attd_merge(const struct attn_params &p, i
 template <int D, int RMAX>
 static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_params p)
 {
+    ops_pdl_begin();
     constexpr int SUB = attd_sub(D), HD = 32 * D;
     __shared__ __align__(16) float ks[SUB * HD], vs[SUB * HD];
     __shared__ float ps[RMAX][SUB];        /* scores, then probabilities, of one tile */
@@ -698,6 +701,7 @@ template <int HD>
 static __global__ void __launch_bounds__(ATTP_THREADS, attp_min_blocks(HD))
     k_attn_pf(struct attn_params p)
 {
+    ops_pdl_begin();
     constexpr int KT = attp_keys(HD), LD = HD + ATTP_PAD, DO = attp_out_dims(HD);
     constexpr int NK = HD / 16, NT = ATTP_SUB / 8, NP = ATTP_SUB / 16, ND = DO / 8;
     __shared__ __align__(16) uint16_t ks[KT * LD], vs[KT * LD]; /* fp16 (key, dim) tiles */

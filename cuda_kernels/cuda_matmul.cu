@@ -47,6 +47,7 @@
 #include "../cpu_kernels/quant_blocks.h"
 #include "cuda_check.h"
 #include "cuda_mem.h"
+#include "cuda_ops_util.cuh"
 
 namespace
 {
@@ -657,8 +658,10 @@ __global__ void __launch_bounds__(MMV_THREADS) mmv_kernel(const mmv_params p)
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int64_t row = KS > 1 ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * MMV_WARPS + warp;
     const int kw = KS > 1 ? warp : 0; /* this warp's first tile */
-    if (row >= p.n_out)
+    if (row >= p.n_out) {
+        ops_pdl_begin();
         return; /* whole warps (KS = 1) or whole blocks (KS > 1) */
+    }
 
     /* the matrix this row belongs to (a call with further matrices) */
     const uint8_t *w0 = p.w;
@@ -676,6 +679,14 @@ __global__ void __launch_bounds__(MMV_THREADS) mmv_kernel(const mmv_params p)
         y = p.seg[sg].y;
         y_stride = p.seg[sg].y_stride;
     }
+
+    /* the row's weights on their way to L2 while the kernel before this one finishes (a
+     * programmatic launch: cuda_ops_util.cuh); only x and y are shared with other kernels */
+    const uint8_t *wrow = w0 + orow * w_stride;
+    if (lane == 0 && kw == 0 && blockIdx.y == 0)
+        ops_l2_prefetch((const void *)max((uintptr_t)wrow, w_lo),
+                        (const void *)min((uintptr_t)wrow + p.row_bytes, w_hi));
+    ops_pdl_begin();
 
     const int j0 = blockIdx.y * MMV_MAX_M;
     mmv_rows<M> r;
@@ -703,7 +714,6 @@ __global__ void __launch_bounds__(MMV_THREADS) mmv_kernel(const mmv_params p)
     for (int j = 0; j < M; j++)
         acc[j] = 0.0f;
 
-    const uint8_t *wrow = w0 + orow * w_stride;
     const int64_t nblk = (p.n_in + F::QK - 1) / F::QK;
     const int ntile = (int)((nblk + F::TB - 1) / F::TB);
     const int64_t tile_bytes = (int64_t)F::TB * F::BS;
@@ -780,6 +790,7 @@ struct q8_params {
  * outputs that use it are NaN. grid (ceil(n_in/32 / Q8_WARPS), m). */
 __global__ void __launch_bounds__(Q8_WARPS *WARP) quantize_q8_kernel(const q8_params p)
 {
+    ops_pdl_begin();
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int64_t nb = p.n_in / 32;
     const int64_t b = (int64_t)blockIdx.x * Q8_WARPS + warp;
@@ -1024,6 +1035,7 @@ __device__ __forceinline__ void gemm_mma(const __nv_bfloat16 *as, const __nv_bfl
 template <typename F, typename T>
 __global__ void __launch_bounds__(GTHREADS, T::MINB) gemm_kernel(const gemm_params p)
 {
+    ops_pdl_begin();
     using S = gemm_stage<F>;
     extern __shared__ __align__(128) uint8_t gemm_smem[];
     uint8_t *raw = gemm_smem; /* NS stages of BN slots of RB bytes */
@@ -1128,6 +1140,7 @@ constexpr int SG_T = 32, SG_K = 32;
 
 __global__ void __launch_bounds__(256) sgemm_f32_kernel(const gemm_params p)
 {
+    ops_pdl_begin();
     __shared__ float xs[SG_K][SG_T + 2]; /* x slice, transposed: xs[k][row] */
     __shared__ float ws[SG_K][SG_T + 2]; /* W slice, transposed: ws[k][out] */
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;

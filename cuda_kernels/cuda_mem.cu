@@ -1,6 +1,7 @@
 /* cuda_mem with CUDA: thin checked wrappers over the runtime API. */
 #include "cuda_check.h"
 #include "cuda_mem.h"
+#include "cuda_ops_util.cuh"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -244,6 +245,7 @@ extern "C" double cuda_h2d_bandwidth(const void *src, size_t bytes, int reps)
 /* One block row per item (blockIdx.y), blocks striding over its bytes. */
 static __global__ void k_gather(struct cuda_gather g)
 {
+    ops_pdl_begin();
     int i = blockIdx.y;
     const uint8_t *src = (const uint8_t *)g.item[i].src;
     uint8_t *dst = (uint8_t *)g.item[i].dst;
@@ -279,12 +281,80 @@ extern "C" int cuda_graph_begin(void *stream)
         cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal)));
 }
 
+/* Whether cuda_graph_end makes kernel-to-kernel edges programmatic (cuda_mem.h). */
+static bool graph_pdl(void)
+{
+    static int on = -1; /* decided once; a race writes the same value */
+    if (on < 0) {
+        const char *env = getenv("STRATA_CUDA_PDL");
+        int dev = 0, major = 0;
+        on =
+            (!env || strcmp(env, "0") != 0) && cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+            major >= 9;
+    }
+    return on == 1;
+}
+
+static bool graph_is_kernel(cudaGraphNode_t n)
+{
+    enum cudaGraphNodeType t;
+    return cudaGraphNodeGetType(n, &t) == cudaSuccess && t == cudaGraphNodeTypeKernel;
+}
+
+/* Each plain edge from a kernel node to a kernel node that depends on nothing else becomes a
+ * programmatic one (the kernels call ops_pdl_begin before touching shared memory). An edge
+ * that cannot be replaced is put back as it was; an error only when even that fails. */
+static cudaError_t graph_programmatic(cudaGraph_t g)
+{
+    size_t n = 0;
+    cudaError_t err = CUDA_CHECK(cudaGraphGetEdges(g, NULL, NULL, NULL, &n));
+    if (err != cudaSuccess || n == 0)
+        return err;
+    cudaGraphNode_t *from = (cudaGraphNode_t *)malloc(n * sizeof(*from));
+    cudaGraphNode_t *to = (cudaGraphNode_t *)malloc(n * sizeof(*to));
+    cudaGraphEdgeData *ed = (cudaGraphEdgeData *)calloc(n, sizeof(*ed));
+    if (!from || !to || !ed) {
+        free(from);
+        free(to);
+        free(ed);
+        return cudaErrorMemoryAllocation;
+    }
+    err = CUDA_CHECK(cudaGraphGetEdges(g, from, to, ed, &n));
+    cudaGraphEdgeData pe;
+    memset(&pe, 0, sizeof(pe));
+    pe.from_port = cudaGraphKernelNodePortProgrammatic;
+    pe.type = cudaGraphDependencyTypeProgrammatic;
+    for (size_t i = 0; err == cudaSuccess && i < n; i++) {
+        if (ed[i].type != cudaGraphDependencyTypeDefault || ed[i].from_port != 0)
+            continue;
+        size_t into = 0;
+        for (size_t j = 0; j < n; j++)
+            into += to[j] == to[i];
+        if (into != 1 || !graph_is_kernel(from[i]) || !graph_is_kernel(to[i]))
+            continue;
+        err = CUDA_CHECK(cudaGraphRemoveDependencies(g, &from[i], &to[i], &ed[i], 1));
+        if (err != cudaSuccess)
+            break;
+        if (cudaGraphAddDependencies(g, &from[i], &to[i], &pe, 1) != cudaSuccess) {
+            (void)cudaGetLastError();
+            err = CUDA_CHECK(cudaGraphAddDependencies(g, &from[i], &to[i], &ed[i], 1));
+        }
+    }
+    free(from);
+    free(to);
+    free(ed);
+    return err;
+}
+
 extern "C" int cuda_graph_end(void *stream, void **exec)
 {
     cudaGraph_t g = NULL;
     cudaGraphExec_t e = NULL;
     *exec = NULL;
     cudaError_t err = CUDA_CHECK(cudaStreamEndCapture((cudaStream_t)stream, &g));
+    if (err == cudaSuccess && graph_pdl())
+        err = graph_programmatic(g);
     if (err == cudaSuccess)
         err = CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
     if (g)

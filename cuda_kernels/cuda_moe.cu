@@ -140,6 +140,7 @@ template <uint32_t WT, int TM>
 static __global__ void __launch_bounds__(MOE_WARPS * 32)
     k_moe_gate_up(struct moe_params p, bool grouped)
 {
+    ops_pdl_begin();
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
     if (r >= p.n_ff)
@@ -196,6 +197,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
 template <uint32_t WT, int KMAX>
 static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_direct(struct moe_params p)
 {
+    ops_pdl_begin();
     const int lane = threadIdx.x & 31, t = blockIdx.x;
     const int64_t r = (int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
     if (r >= p.n_embd)
@@ -314,6 +316,7 @@ static __host__ __device__ __forceinline__ uint64_t moe_stage_bytes(uint64_t row
 template <uint32_t WT>
 static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_gate_up_staged(struct moe_params p)
 {
+    ops_pdl_begin();
     extern __shared__ __align__(16) uint8_t moe_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t r = (int64_t)blockIdx.y * MOE_WARPS + warp;
@@ -352,6 +355,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_gate_up_staged(st
 template <uint32_t WT, int TM>
 static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_grouped(struct moe_params p)
 {
+    ops_pdl_begin();
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
     if (r >= p.n_embd)
@@ -392,6 +396,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_grouped(stru
 /* Grouped path: out[t, r] = sum_j y[t*k + j, r], j in order (the direct path's sum). */
 static __global__ void k_moe_combine(struct moe_params p)
 {
+    ops_pdl_begin();
     const int64_t total = (int64_t)p.n_tok * p.n_embd;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -624,6 +629,7 @@ template <> struct moe_q8_unit<QUANT_Q6_K> {
 template <uint32_t WT>
 static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(struct moe_params p)
 {
+    ops_pdl_begin();
     extern __shared__ __align__(16) uint8_t moe_smem[];
     __shared__ float hs[MOE_Q8_GU_ROWS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pair = blockIdx.x;
@@ -638,13 +644,23 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
         }
         return;
     }
+    const uint8_t *gb = moe_expert(p.gate, p.gate_stride, p.gate_ptrs, e);
+    const uint8_t *ub = moe_expert(p.up, p.up_stride, p.up_ptrs, e);
+    if (threadIdx.x == 0) {
+        /* the block's rows of gate and up on their way to L2 while x is quantized, and its
+         * share of the expert's down rows for the down kernel after this one */
+        const int64_t re = min(rb + MOE_Q8_GU_ROWS, p.n_ff);
+        ops_l2_prefetch(gb + rb * p.gate_row, gb + re * p.gate_row);
+        ops_l2_prefetch(ub + rb * p.up_row, ub + re * p.up_row);
+        const uint8_t *db = moe_expert(p.down, p.down_stride, p.down_ptrs, e);
+        const int64_t dn = p.n_embd * (int64_t)p.down_row, ny = gridDim.y;
+        ops_l2_prefetch(db + dn * blockIdx.y / ny, db + dn * (blockIdx.y + 1) / ny);
+    }
     int8_t *xq = (int8_t *)moe_smem;
     float2 *xd = (float2 *)(moe_smem + p.n_embd);
     const float *src = p.in + (int64_t)(pair / p.k) * p.in_stride;
     moe_q8_quantize(&src, 1, p.n_embd, xq, xd);
     const int64_t nu = p.n_embd / 32;
-    const uint8_t *gb = moe_expert(p.gate, p.gate_stride, p.gate_ptrs, e);
-    const uint8_t *ub = moe_expert(p.up, p.up_stride, p.up_ptrs, e);
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int64_t r = r0 + i;
@@ -689,6 +705,7 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
 template <uint32_t WT>
 static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct moe_params p)
 {
+    ops_pdl_begin();
     __shared__ float part[MOE_WARPS];
     __shared__ int badw[MOE_WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.x;
@@ -759,6 +776,7 @@ static __device__ void moe_sort_body(const struct moe_params &p);
  * row into xq / xd. */
 static __global__ void __launch_bounds__(MOE_SORT_THREADS) k_moe_prep_q8(struct moe_params p)
 {
+    ops_pdl_begin();
     if (blockIdx.x == 0) {
         moe_sort_body(p);
         return;
@@ -777,6 +795,7 @@ template <uint32_t WT, bool SMEM>
 static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32)
     k_moe_gate_up_gq8(struct moe_params p)
 {
+    ops_pdl_begin();
     constexpr int TQ = MOE_TILE_Q8;
     extern __shared__ __align__(16) uint8_t moe_smem[];
     __shared__ float hs[TQ][MOE_Q8_GU_ROWS];
@@ -885,6 +904,7 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32)
 template <uint32_t WT>
 static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_gq8(struct moe_params p)
 {
+    ops_pdl_begin();
     constexpr int TQ = MOE_TILE_Q8;
     const int lane = threadIdx.x & 31, w = blockIdx.x;
     const int64_t r = (int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
@@ -1195,6 +1215,7 @@ static __device__ __forceinline__ int moe_mma_pairs(const struct moe_params &p, 
 template <uint32_t WT>
 static __global__ void __launch_bounds__(256) k_moe_gate_up_mma(struct moe_params p)
 {
+    ops_pdl_begin();
     extern __shared__ __align__(128) uint8_t moe_smem[];
     __shared__ struct mma_tile t;
     __shared__ int pairs[MOE_TILE_MMA];
@@ -1247,6 +1268,7 @@ static __global__ void __launch_bounds__(256) k_moe_gate_up_mma(struct moe_param
 template <uint32_t WT>
 static __global__ void __launch_bounds__(256) k_moe_down_mma(struct moe_params p)
 {
+    ops_pdl_begin();
     extern __shared__ __align__(128) uint8_t moe_smem[];
     __shared__ struct mma_tile t;
     __shared__ int pairs[MOE_TILE_MMA];
@@ -1404,6 +1426,7 @@ static __device__ void moe_sort_body(const struct moe_params &p)
 
 static __global__ void __launch_bounds__(MOE_SORT_THREADS) k_moe_sort(struct moe_params p)
 {
+    ops_pdl_begin();
     moe_sort_body(p);
 }
 

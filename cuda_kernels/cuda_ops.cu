@@ -28,6 +28,7 @@ struct embed_params {
 template <uint32_t TYPE>
 static __global__ void __launch_bounds__(EMBED_WARPS * 32) k_embed(struct embed_params p)
 {
+    ops_pdl_begin();
     int lane = threadIdx.x & 31;
     int64_t g = (int64_t)blockIdx.y * EMBED_WARPS + (threadIdx.x >> 5);
     if (g * CQ_GROUP >= p.n_embd)
@@ -66,6 +67,7 @@ struct rmsnorm_params {
 
 static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_params p)
 {
+    ops_pdl_begin();
     __shared__ double part[NORM_THREADS / 32];
     int64_t base = (int64_t)blockIdx.x * p.dim;
     const float *in = p.in + base;
@@ -161,6 +163,7 @@ struct rope_params {
 
 static __global__ void __launch_bounds__(ROPE_THREADS) k_rope_neox(struct rope_params p)
 {
+    ops_pdl_begin();
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     int t = blockIdx.x, half = p.head_dim / 2;
     double pos = p.pos_dev ? p.pos_dev[t] : p.pos0 + t;
@@ -231,6 +234,7 @@ struct qkr_params {
 
 static __global__ void __launch_bounds__(QKR_THREADS) k_qk_rope_store(struct qkr_params p)
 {
+    ops_pdl_begin();
     __shared__ double part[QKR_THREADS / 32];
     __shared__ float xs[CUDA_QKR_MAX_HEAD_DIM];
     const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x, hd = p.hd, half = hd / 2;
@@ -300,6 +304,7 @@ struct kv_store_params {
 
 static __global__ void k_kv_store(struct kv_store_params p)
 {
+    ops_pdl_begin();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.total;
          i += (int64_t)gridDim.x * blockDim.x) {
         int t = (int)(i / p.width), c = (int)(i - (int64_t)t * p.width);
@@ -312,6 +317,7 @@ static __global__ void k_kv_store(struct kv_store_params p)
 
 static __global__ void k_add(float *x, const float *y, size_t n)
 {
+    ops_pdl_begin();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         x[i] = __fadd_rn(x[i], y[i]);
@@ -342,6 +348,7 @@ static __device__ __forceinline__ void ops_warp_best(float *v, int *i)
 static __global__ void __launch_bounds__(ARGMAX_THREADS)
     k_argmax(const float *x, int n, int32_t *out)
 {
+    ops_pdl_begin();
     __shared__ float sv[ARGMAX_THREADS / 32];
     __shared__ int si[ARGMAX_THREADS / 32];
     const float *row = x + (int64_t)blockIdx.x * n;
@@ -384,6 +391,7 @@ struct topk_params {
 template <int PL>
 static __global__ void __launch_bounds__(TOPK_WARPS * 32) k_softmax_topk(struct topk_params p)
 {
+    ops_pdl_begin();
     int lane = threadIdx.x & 31, t = blockIdx.x * TOPK_WARPS + (threadIdx.x >> 5);
     if (t >= p.n_tok) /* whole warps leave together */
         return;
@@ -586,6 +594,7 @@ extern "C" int cuda_add(float *x, const float *y, size_t n, void *stream)
 
 static __global__ void k_add_bias(float *x, const float *b, int64_t n, int dim)
 {
+    ops_pdl_begin();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         x[i] += b[i % dim];

@@ -1,7 +1,7 @@
-/* cuda_ops_util: small helpers shared by cuda_ops.cu, cuda_attention.cu and cuda_moe.cu:
- * integer min/max/ceil-division (host and device), a pointer alignment test (host) and the
- * warp reductions and the 8-bit activation copy (device). Internal to cuda_kernels/: included only
- * by .cu files. */
+/* cuda_ops_util: small helpers shared by the kernels of cuda_kernels/: integer
+ * min/max/ceil-division (host and device), a pointer alignment test (host), the warp reductions
+ * and the 8-bit activation copy (device), and the programmatic-launch and L2 prefetch
+ * primitives (device). Internal to cuda_kernels/: included only by .cu files. */
 #ifndef STRATA_CUDA_OPS_UTIL_CUH
 #define STRATA_CUDA_OPS_UTIL_CUH
 
@@ -69,6 +69,40 @@ static __device__ __forceinline__ void ops_q8_store(float v, int64_t i, int8_t *
     qs[i] = (int8_t)q;
     if ((i & 31) == 0)
         qd[i / 32] = make_float2(d, d * (float)sum);
+}
+
+/* Programmatic dependent launch (sm_90 and later; nothing on older devices). Every kernel of
+ * cuda_kernels/ calls ops_pdl_begin() before it touches memory another kernel writes or reads:
+ * the wait holds the block until the kernels this one depends on have finished and their
+ * writes are visible, and the trigger after it lets the kernel after this one start its blocks
+ * early. Without a programmatic edge (eager launches, or cuda_graph_end's edges turned off) both
+ * are no-ops. With one (cuda_graph_end) a kernel's blocks may start while the kernel before it
+ * still runs; what a kernel does before the call may only read weights, nothing a kernel of
+ * the step writes (ops_l2_prefetch). */
+static __device__ __forceinline__ void ops_pdl_begin(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Asks the memory system to bring bytes [lo, hi) of global memory into L2 (sm_90 and later;
+ * a hint, nothing on older devices): bulk prefetches of at most 1 GiB each, the bounds rounded
+ * inward to 16 bytes, so nothing outside [lo, hi) is touched. */
+static __device__ __forceinline__ void ops_l2_prefetch(const void *lo, const void *hi)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uintptr_t a = ((uintptr_t)lo + 15) & ~(uintptr_t)15;
+    const uintptr_t b = (uintptr_t)hi & ~(uintptr_t)15;
+    while (a < b) {
+        const uint32_t n = (uint32_t)(b - a < ((uintptr_t)1 << 30) ? b - a : (uintptr_t)1 << 30);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(n) : "memory");
+        a += n;
+    }
+#else
+    (void)lo;
+    (void)hi;
+#endif
 }
 
 #endif

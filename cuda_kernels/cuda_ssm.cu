@@ -36,6 +36,7 @@ struct ssm_conv_params {
 
 static __global__ void __launch_bounds__(CONV_THREADS) k_ssm_conv(struct ssm_conv_params p)
 {
+    ops_pdl_begin();
     const int c = blockIdx.x * CONV_THREADS + threadIdx.x;
     if (c >= p.ch)
         return;
@@ -105,6 +106,7 @@ static __device__ __forceinline__ float gdn_softplus(float x)
  * take part in every reduction and barrier. */
 template <int D> static __global__ void __launch_bounds__(GDN_THREADS) k_gdn(struct gdn_params p)
 {
+    ops_pdl_begin();
     static_assert(D >= 0 && D <= GDN_THREADS, "a register column per thread");
     constexpr int NC = D ? 1 : GDN_COLS;                     /* columns per thread */
     __shared__ float sq[CUDA_SSM_MAX_D], sk[CUDA_SSM_MAX_D]; /* raw q, k of head kh */
@@ -247,6 +249,7 @@ struct rope_partial_params {
 static __global__ void __launch_bounds__(ROPE_P_THREADS)
     k_rope_partial(struct rope_partial_params p)
 {
+    ops_pdl_begin();
     __shared__ float cs[ROPE_P_MAX_HALF], sn[ROPE_P_MAX_HALF];
     const int t = blockIdx.x, half = p.n_rot / 2;
     const double pos = p.pos_dev ? (double)p.pos_dev[t] : (double)p.pos0 + t;
@@ -278,6 +281,7 @@ static __global__ void __launch_bounds__(ROPE_P_THREADS)
 
 static __global__ void k_split_halves(float *q, float *gate, const float *qg, int64_t n, int hd)
 {
+    ops_pdl_begin();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / hd, c = i - r * hd;
@@ -288,6 +292,7 @@ static __global__ void k_split_halves(float *q, float *gate, const float *qg, in
 
 static __global__ void k_mul_sigmoid(float *x, const float *gate, size_t n)
 {
+    ops_pdl_begin();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         x[i] = __fmul_rn(x[i], ssm_sigmoid(gate[i]));
@@ -295,6 +300,7 @@ static __global__ void k_mul_sigmoid(float *x, const float *gate, size_t n)
 
 static __global__ void k_swiglu_inplace(float *u, const float *g, size_t n)
 {
+    ops_pdl_begin();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         u[i] = __fmul_rn(u[i], ssm_silu(g[i]));
@@ -307,6 +313,7 @@ static __global__ void k_swiglu_inplace(float *u, const float *g, size_t n)
 static __global__ void __launch_bounds__(GATED_THREADS)
     k_add_sigmoid_gated(float *out, const float *y, const float *x, const float *w, int dim)
 {
+    ops_pdl_begin();
     __shared__ float part[GATED_THREADS / 32];
     const int64_t base = (int64_t)blockIdx.x * dim;
     float dot = 0.0f;

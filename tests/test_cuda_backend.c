@@ -15,6 +15,9 @@
  *   device, gated attention with partial rope, the shared expert): f32 prefill logits within
  *   1e-3 and greedy identical for 64 tokens, q8_0 within 5e-2; prefill vs one-token steps
  *   within 1e-3 on a 12- and an 80-token prompt.
+ * - one-token steps replayed from a CUDA graph equal the same steps launched one by one, bit
+ *   for bit (tiny qwen3moe f32 and q4_k_m, gpt-oss q8_0, qwen3next and qwen35moe q8_0, and the
+ *   shipped default model).
  * The prompt comes from a fixed seed (STRATA_TEST_SEED replaces it), so a run is repeatable.
  * Exits 77 without a GPU. */
 #include <math.h>
@@ -44,10 +47,11 @@ struct engine {
     struct stream *s;
 };
 
+/* cuda: 0 the CPU backend, 1 CUDA, 2 CUDA with one-token steps replayed from a graph */
 static int engine_open(struct engine *e, const char *path, int cuda)
 {
     struct backend_cpu_config bc = {.n_threads = 2};
-    struct backend_cuda_config cc = {.device = 0};
+    struct backend_cuda_config cc = {.device = 0, .graph = cuda == 2};
     memset(e, 0, sizeof(*e));
     if (model_open(path, &e->m) ||
         (cuda ? backend_cuda_open(e->m, &cc, &e->b) : backend_cpu_open(e->m, &bc, &e->b)) ||
@@ -135,6 +139,37 @@ static void prefill_vs_decode(const char *path, const int32_t *prompt, int n_pro
     engine_close(&b);
 }
 
+/* One-token steps replayed from a CUDA graph (its kernel-to-kernel edges programmatic on
+ * compute capability 9.0 and later: cuda_mem.h) against the same steps launched one by one:
+ * the same kernels on the same data, so every step's logits are equal bit for bit. */
+static void graph_vs_eager(const char *path, const int32_t *prompt, int n_prompt)
+{
+    struct engine a, b;
+    if (engine_open(&a, path, 1) || engine_open(&b, path, 2)) {
+        CHECK(0, "%s: cannot open", path);
+        return;
+    }
+    int nv = (int)a.m->hp.n_vocab, differ = -1;
+    float *la = malloc(sizeof(float) * nv), *lb = malloc(sizeof(float) * nv);
+    CHECK(stream_eval(a.s, prompt, n_prompt, la) == 0, "eager prefill: %s", err_msg());
+    CHECK(stream_eval(b.s, prompt, n_prompt, lb) == 0, "graph prefill: %s", err_msg());
+    for (int i = 0; i < N_GREEDY && differ < 0; i++) {
+        int32_t id = sampler_argmax(la, nv);
+        test_poison_f32(lb, nv);
+        CHECK(stream_eval(a.s, &id, 1, la) == 0, "eager step: %s", err_msg());
+        CHECK(stream_eval(b.s, &id, 1, lb) == 0, "graph step: %s", err_msg());
+        if (memcmp(la, lb, sizeof(float) * nv) != 0)
+            differ = i;
+    }
+    printf("%s: %d graph-replayed steps %s the eager steps' logits\n", path, N_GREEDY,
+           differ < 0 ? "equal" : "differ from");
+    CHECK(differ < 0, "%s: graph logits differ from eager at step %d", path, differ);
+    free(la);
+    free(lb);
+    engine_close(&a);
+    engine_close(&b);
+}
+
 static int gen_tiny(const char *arch, enum quant_mix mix, char *path, size_t size)
 {
     struct gen_config cfg = {0};
@@ -180,8 +215,11 @@ int main(void)
     compare(f32, TOL_LONG_F32, 1, prompt, N_LONG);
     compare(q4, TOL_LONG_Q4, 0, prompt, N_LONG);
     prefill_vs_decode(q4, prompt, N_LONG, TOL_LONG_Q4);
+    graph_vs_eager(f32, prompt, N_PROMPT);
+    graph_vs_eager(q4, prompt, N_PROMPT);
     compare(oss, 1e-3, 1, prompt, N_PROMPT);
     compare(oss8, 5e-2, 0, prompt, N_PROMPT);
+    graph_vs_eager(oss8, prompt, N_PROMPT);
     prefill_vs_decode(oss, prompt, N_PROMPT, 1e-3);
     prefill_vs_decode(oss, prompt, N_LONG, 1e-3);
     for (int a = 0; a < 2; a++) {
@@ -189,9 +227,14 @@ int main(void)
         compare(hy[a][1], 5e-2, 0, prompt, N_PROMPT);
         prefill_vs_decode(hy[a][0], prompt, N_PROMPT, 1e-3);
         prefill_vs_decode(hy[a][0], prompt, N_LONG, 1e-3);
+        graph_vs_eager(hy[a][1], prompt, N_PROMPT);
         unlink(hy[a][0]);
         unlink(hy[a][1]);
     }
+    char def[512];
+    test_data_path(def, sizeof(def), "../../models/strata-default.gguf");
+    if (access(def, R_OK) == 0)
+        graph_vs_eager(def, prompt, N_PROMPT);
     unlink(f32);
     unlink(q4);
     unlink(oss);
