@@ -971,20 +971,20 @@ static bool attd_dispatch(int d, int rows, dim3 grid, const struct attn_params &
         return false;
     switch (rows) {
     case 1:
-        k_attn_dec<D, 1><<<grid, ATTD_THREADS, 0, s>>>(p);
+        ops_launch(k_attn_dec<D, 1>, grid, ATTD_THREADS, 0, s, p);
         return true;
     case 2:
-        k_attn_dec<D, 2><<<grid, ATTD_THREADS, 0, s>>>(p);
+        ops_launch(k_attn_dec<D, 2>, grid, ATTD_THREADS, 0, s, p);
         return true;
     case 4:
-        k_attn_dec<D, 4><<<grid, ATTD_THREADS, 0, s>>>(p);
+        ops_launch(k_attn_dec<D, 4>, grid, ATTD_THREADS, 0, s, p);
         return true;
     case 8:
-        k_attn_dec<D, 8><<<grid, ATTD_THREADS, 0, s>>>(p);
+        ops_launch(k_attn_dec<D, 8>, grid, ATTD_THREADS, 0, s, p);
         return true;
     case 16:
         if constexpr (D <= 4) {
-            k_attn_dec<D, 16><<<grid, ATTD_THREADS, 0, s>>>(p);
+            ops_launch(k_attn_dec<D, 16>, grid, ATTD_THREADS, 0, s, p);
             return true;
         }
         return false;
@@ -1025,7 +1025,7 @@ static bool attd_launch(const struct cuda_attn_args *a, struct attn_params *p, c
         return false;
     }
     if (!p->count)
-        k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(*p);
+        ops_launch(k_attn_combine, (unsigned)nth, ATT_THREADS, 0, s, *p);
     return true;
 }
 
@@ -1056,7 +1056,7 @@ static int attd_rows_launch(const struct cuda_attn_args *a, struct attn_params *
         !attd_dispatch<8>(D, rows, grid, *p, s))
         return -ENOTSUP;
     if (!p->count)
-        k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(*p);
+        ops_launch(k_attn_combine, (unsigned)nth, ATT_THREADS, 0, s, *p);
     return cuda_last_error("cuda_attention (rows)");
 }
 
@@ -1088,7 +1088,7 @@ static bool attd_each_launch(const struct cuda_attn_args *a, struct attn_params 
         !attd_dispatch<8>(D, p->G, grid, q, s))
         return false;
     if (!q.count)
-        k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(q);
+        ops_launch(k_attn_combine, (unsigned)nth, ATT_THREADS, 0, s, q);
     return true;
 }
 
@@ -1122,17 +1122,17 @@ static bool attp_launch(const struct cuda_attn_args *a, struct attn_params *p, c
     dim3 grid((unsigned)ops_cdiv(rows, ATTP_ROWS), (unsigned)a->n_head_kv, (unsigned)ns);
     switch (HD) {
     case 64:
-        k_attn_pf<64><<<grid, ATTP_THREADS, 0, s>>>(q);
+        ops_launch(k_attn_pf<64>, grid, ATTP_THREADS, 0, s, q);
         break;
     case 128:
-        k_attn_pf<128><<<grid, ATTP_THREADS, 0, s>>>(q);
+        ops_launch(k_attn_pf<128>, grid, ATTP_THREADS, 0, s, q);
         break;
     default:
-        k_attn_pf<256><<<grid, ATTP_THREADS, 0, s>>>(q);
+        ops_launch(k_attn_pf<256>, grid, ATTP_THREADS, 0, s, q);
         break;
     }
     if (ns > 1)
-        k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(q);
+        ops_launch(k_attn_combine, (unsigned)nth, ATT_THREADS, 0, s, q);
     return true;
 }
 
@@ -1208,8 +1208,8 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
         return cuda_last_error("cuda_attention");
     dim3 grid((unsigned)ops_cdiv(a->n_tok * p.G, pl.R), (unsigned)a->n_head_kv,
               (unsigned)pl.n_split);
-    k_attn<<<grid, ATT_THREADS, pl.smem, s>>>(p);
+    ops_launch(k_attn, grid, ATT_THREADS, pl.smem, s, p);
     if (pl.n_split > 1)
-        k_attn_combine<<<(unsigned)nth, ATT_THREADS, 0, s>>>(p);
+        ops_launch(k_attn_combine, (unsigned)nth, ATT_THREADS, 0, s, p);
     return cuda_last_error("cuda_attention");
 }

@@ -1258,25 +1258,25 @@ template <typename F> void mmv_launch(const mmv_params &p, cudaStream_t st)
     if (p.n_out <= MMV_SPLIT_MAX_ROWS) { /* few rows (routers): a block per row */
         const dim3 g1((unsigned)p.n_out, grid.y);
         if (p.m == 1)
-            mmv_kernel<F, 1, MMV_WARPS><<<g1, MMV_THREADS, 0, st>>>(p);
+            ops_launch(mmv_kernel<F, 1, MMV_WARPS>, g1, MMV_THREADS, 0, st, p);
         else if (p.m == 2)
-            mmv_kernel<F, 2, MMV_WARPS><<<g1, MMV_THREADS, 0, st>>>(p);
+            ops_launch(mmv_kernel<F, 2, MMV_WARPS>, g1, MMV_THREADS, 0, st, p);
         else if (p.m <= 4)
-            mmv_kernel<F, 4, MMV_WARPS><<<g1, MMV_THREADS, 0, st>>>(p);
+            ops_launch(mmv_kernel<F, 4, MMV_WARPS>, g1, MMV_THREADS, 0, st, p);
         else if (p.m <= 8)
-            mmv_kernel<F, 8, MMV_WARPS><<<g1, MMV_THREADS, 0, st>>>(p);
+            ops_launch(mmv_kernel<F, 8, MMV_WARPS>, g1, MMV_THREADS, 0, st, p);
         else
-            mmv_kernel<F, MMV_MAX_M, MMV_WARPS><<<g1, MMV_THREADS, 0, st>>>(p);
+            ops_launch(mmv_kernel<F, MMV_MAX_M, MMV_WARPS>, g1, MMV_THREADS, 0, st, p);
     } else if (p.m == 1)
-        mmv_kernel<F, 1, 1><<<grid, MMV_THREADS, 0, st>>>(p);
+        ops_launch(mmv_kernel<F, 1, 1>, grid, MMV_THREADS, 0, st, p);
     else if (p.m == 2)
-        mmv_kernel<F, 2, 1><<<grid, MMV_THREADS, 0, st>>>(p);
+        ops_launch(mmv_kernel<F, 2, 1>, grid, MMV_THREADS, 0, st, p);
     else if (p.m <= 4)
-        mmv_kernel<F, 4, 1><<<grid, MMV_THREADS, 0, st>>>(p);
+        ops_launch(mmv_kernel<F, 4, 1>, grid, MMV_THREADS, 0, st, p);
     else if (p.m <= 8)
-        mmv_kernel<F, 8, 1><<<grid, MMV_THREADS, 0, st>>>(p);
+        ops_launch(mmv_kernel<F, 8, 1>, grid, MMV_THREADS, 0, st, p);
     else
-        mmv_kernel<F, MMV_MAX_M, 1><<<grid, MMV_THREADS, 0, st>>>(p);
+        ops_launch(mmv_kernel<F, MMV_MAX_M, 1>, grid, MMV_THREADS, 0, st, p);
 }
 
 /* ---- GEMM tiles ---- */
@@ -1379,7 +1379,7 @@ template <typename F> struct gemm_tile_launch_fn {
     {
         const dim3 grid((unsigned)((p.n_out + T::BN - 1) / T::BN),
                         (unsigned)((p.m + T::BM - 1) / T::BM));
-        gemm_kernel<F, T><<<grid, GTHREADS, gemm_smem_bytes<F, T>, st>>>(p);
+        ops_launch(gemm_kernel<F, T>, grid, GTHREADS, gemm_smem_bytes<F, T>, st, p);
     }
 };
 
@@ -1689,7 +1689,7 @@ extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
         params_fill(&p, a, row_bytes);
         const dim3 grid((unsigned)((a->n_out + SG_T - 1) / SG_T),
                         (unsigned)((a->m + SG_T - 1) / SG_T));
-        sgemm_f32_kernel<<<grid, 256, 0, st>>>(p);
+        ops_launch(sgemm_f32_kernel, grid, 256, 0, st, p);
         return cuda_last_error("cuda_matmul (f32 tiles)");
     }
     if (path_choose(a) == CUDA_MATMUL_PATH_GEMM) {
@@ -1731,7 +1731,7 @@ extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
         q.ds = (float2 *)((uint8_t *)a->scratch + q8_qs_bytes(a->n_in, a->m));
         q.n_in = a->n_in;
         const dim3 grid((unsigned)((a->n_in / 32 + Q8_WARPS - 1) / Q8_WARPS), (unsigned)a->m);
-        quantize_q8_kernel<<<grid, Q8_WARPS * WARP, 0, st>>>(q);
+        ops_launch(quantize_q8_kernel, grid, Q8_WARPS * WARP, 0, st, q);
         p.xq = q.qs;
         p.xds = q.ds;
     }

@@ -271,7 +271,7 @@ extern "C" int cuda_gather_copy(const struct cuda_gather *g, void *stream)
         return 0;
     /* enough blocks in flight per item to cover PCIe latency when src is host memory */
     dim3 grid(32, (unsigned)g->n);
-    k_gather<<<grid, 256, 0, (cudaStream_t)stream>>>(*g);
+    ops_launch(k_gather, grid, 256, 0, (cudaStream_t)stream, *g);
     return cuda_rc(CUDA_CHECK(cudaGetLastError()));
 }
 
@@ -281,8 +281,8 @@ extern "C" int cuda_graph_begin(void *stream)
         cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal)));
 }
 
-/* Whether cuda_graph_end makes kernel-to-kernel edges programmatic (cuda_mem.h). */
-static bool graph_pdl(void)
+/* Whether launches and graph edges are programmatic (cuda_ops_util.cuh, cuda_mem.h). */
+extern "C" int cuda_pdl_enabled(void)
 {
     static int on = -1; /* decided once; a race writes the same value */
     if (on < 0) {
@@ -353,7 +353,7 @@ extern "C" int cuda_graph_end(void *stream, void **exec)
     cudaGraphExec_t e = NULL;
     *exec = NULL;
     cudaError_t err = CUDA_CHECK(cudaStreamEndCapture((cudaStream_t)stream, &g));
-    if (err == cudaSuccess && graph_pdl())
+    if (err == cudaSuccess && cuda_pdl_enabled())
         err = graph_programmatic(g);
     if (err == cudaSuccess)
         err = CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));

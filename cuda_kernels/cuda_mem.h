@@ -65,12 +65,13 @@ int cuda_gather_copy(const struct cuda_gather *g, void *stream);
  * recorded, not run; cuda_graph_end instantiates it into *exec (NULL and -errno when the
  * recording failed: the stream is usable again either way), cuda_graph_launch replays it on a
  * stream. Recorded copies must come from pinned host memory or device memory.
- * On compute capability 9.0 and later, cuda_graph_end makes each edge between two kernels, where
- * the second has no other dependency, programmatic: the second kernel's blocks may start while
- * the first still runs and wait in ops_pdl_begin (cuda_ops_util.cuh) for its results, which
- * hides the launch gap between them and lets them prefetch their weights meanwhile. The results
- * are those of the plain graph bit for bit. STRATA_CUDA_PDL=0 in the environment keeps the
- * plain edges (for comparison). */
+ * On compute capability 9.0 and later the kernels are launched programmatically (ops_launch in
+ * cuda_ops_util.cuh), and cuda_graph_end also makes each remaining edge between two kernels,
+ * where the second has no other dependency, programmatic: the second kernel's blocks may start
+ * while the first still runs and wait in ops_pdl_begin for its results, which hides the launch
+ * gap between them and lets them prefetch their weights meanwhile. The results are those of
+ * plain launches bit for bit. STRATA_CUDA_PDL=0 in the environment keeps every launch and edge
+ * plain (for comparison). */
 int cuda_graph_begin(void *stream);
 int cuda_graph_end(void *stream, void **exec);
 int cuda_graph_launch(void *exec, void *stream);

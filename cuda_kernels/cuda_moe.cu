@@ -1521,19 +1521,20 @@ static void moe_launch_gate_up(const struct moe_params &p, bool grouped, unsigne
     const uint64_t smem = MOE_WARPS * 2 * moe_stage_bytes(p.gate_row);
     if constexpr (moe_q8_type(WT)) {
         if (!grouped && p.hq) {
-            k_moe_gate_up_q8<WT><<<dim3(items, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS)),
-                                   MOE_Q8_GU_WARPS * 32, moe_q8_bytes(1, p.n_embd), s>>>(p);
+            ops_launch(k_moe_gate_up_q8<WT>,
+                       dim3(items, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS)),
+                       MOE_Q8_GU_WARPS * 32, moe_q8_bytes(1, p.n_embd), s, p);
             return;
         }
     }
     if (grouped && p.tile == MOE_TILE_LARGE)
-        k_moe_gate_up<WT, MOE_TILE_LARGE><<<grid, MOE_WARPS * 32, 0, s>>>(p, true);
+        ops_launch(k_moe_gate_up<WT, MOE_TILE_LARGE>, grid, MOE_WARPS * 32, 0, s, p, true);
     else if (grouped)
-        k_moe_gate_up<WT, MOE_TILE_SMALL><<<grid, MOE_WARPS * 32, 0, s>>>(p, true);
+        ops_launch(k_moe_gate_up<WT, MOE_TILE_SMALL>, grid, MOE_WARPS * 32, 0, s, p, true);
     else if (smem <= MOE_STAGE_MAX_SMEM)
-        k_moe_gate_up_staged<WT><<<grid, MOE_WARPS * 32, smem, s>>>(p);
+        ops_launch(k_moe_gate_up_staged<WT>, grid, MOE_WARPS * 32, smem, s, p);
     else
-        k_moe_gate_up<WT, 1><<<grid, MOE_WARPS * 32, 0, s>>>(p, false);
+        ops_launch(k_moe_gate_up<WT, 1>, grid, MOE_WARPS * 32, 0, s, p, false);
 }
 
 /* The tensor-core kernels need more than the default 48 KiB of dynamic shared memory: raised
@@ -1551,8 +1552,8 @@ static void moe_launch_mma(const struct moe_params &p, unsigned tiles, cudaStrea
 {
     static bool done;
     moe_smem_optin(k_moe_gate_up_mma<WT>, &done);
-    k_moe_gate_up_mma<WT><<<dim3(tiles, (unsigned)moe_cdiv(p.n_ff, MMA_ROWS / 2)), 256, MMA_SMEM,
-                            s>>>(p);
+    ops_launch(k_moe_gate_up_mma<WT>, dim3(tiles, (unsigned)moe_cdiv(p.n_ff, MMA_ROWS / 2)), 256,
+               MMA_SMEM, s, p);
 }
 
 template <uint32_t WT>
@@ -1560,8 +1561,8 @@ static void moe_launch_down_mma(const struct moe_params &p, unsigned tiles, cuda
 {
     static bool done;
     moe_smem_optin(k_moe_down_mma<WT>, &done);
-    k_moe_down_mma<WT><<<dim3(tiles, (unsigned)moe_cdiv(p.n_embd, MMA_ROWS)), 256, MMA_SMEM, s>>>(
-        p);
+    ops_launch(k_moe_down_mma<WT>, dim3(tiles, (unsigned)moe_cdiv(p.n_embd, MMA_ROWS)), 256,
+               MMA_SMEM, s, p);
 }
 
 template <uint32_t WT>
@@ -1571,17 +1572,17 @@ static void moe_launch_down(const struct moe_params &p, bool grouped, unsigned i
     dim3 grid(items, (unsigned)moe_cdiv(p.n_embd, MOE_WARPS));
     if constexpr (moe_q8_type(WT)) {
         if (!grouped && p.hq) {
-            k_moe_down_q8<WT><<<dim3(items, (unsigned)moe_cdiv(p.n_embd, MOE_Q8_DN_ROWS)),
-                                MOE_WARPS * 32, 0, s>>>(p);
+            ops_launch(k_moe_down_q8<WT>, dim3(items, (unsigned)moe_cdiv(p.n_embd, MOE_Q8_DN_ROWS)),
+                       MOE_WARPS * 32, 0, s, p);
             return;
         }
     }
     if (grouped && p.tile == MOE_TILE_LARGE)
-        k_moe_down_grouped<WT, MOE_TILE_LARGE><<<grid, MOE_WARPS * 32, 0, s>>>(p);
+        ops_launch(k_moe_down_grouped<WT, MOE_TILE_LARGE>, grid, MOE_WARPS * 32, 0, s, p);
     else if (grouped)
-        k_moe_down_grouped<WT, MOE_TILE_SMALL><<<grid, MOE_WARPS * 32, 0, s>>>(p);
+        ops_launch(k_moe_down_grouped<WT, MOE_TILE_SMALL>, grid, MOE_WARPS * 32, 0, s, p);
     else
-        k_moe_down_direct<WT, MOE_DOWN_KMAX><<<grid, MOE_WARPS * 32, 0, s>>>(p);
+        ops_launch(k_moe_down_direct<WT, MOE_DOWN_KMAX>, grid, MOE_WARPS * 32, 0, s, p);
 }
 
 /* The grouped 8-bit kernels exist for Q4_K and Q6_K only (p.hq is set for no other type). */
@@ -1592,9 +1593,9 @@ static void moe_launch_gate_up_gq8(const struct moe_params &p, unsigned tiles, c
         const dim3 grid(tiles, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS));
         const uint64_t smem = moe_q8_bytes(MOE_TILE_Q8, p.n_embd);
         if (smem + sizeof(float) * MOE_TILE_Q8 * MOE_Q8_GU_ROWS <= MOE_Q8_MAX_SMEM)
-            k_moe_gate_up_gq8<WT, true><<<grid, MOE_Q8_GU_WARPS * 32, smem, s>>>(p);
+            ops_launch(k_moe_gate_up_gq8<WT, true>, grid, MOE_Q8_GU_WARPS * 32, smem, s, p);
         else
-            k_moe_gate_up_gq8<WT, false><<<grid, MOE_Q8_GU_WARPS * 32, 0, s>>>(p);
+            ops_launch(k_moe_gate_up_gq8<WT, false>, grid, MOE_Q8_GU_WARPS * 32, 0, s, p);
     }
 }
 
@@ -1602,8 +1603,8 @@ template <uint32_t WT>
 static void moe_launch_down_gq8(const struct moe_params &p, unsigned tiles, cudaStream_t s)
 {
     if constexpr (moe_q8_type(WT))
-        k_moe_down_gq8<WT><<<dim3(tiles, (unsigned)moe_cdiv(p.n_embd, MOE_WARPS)),
-                             MOE_WARPS * 32, 0, s>>>(p);
+        ops_launch(k_moe_down_gq8<WT>, dim3(tiles, (unsigned)moe_cdiv(p.n_embd, MOE_WARPS)),
+                   MOE_WARPS * 32, 0, s, p);
 }
 
 #define MOE_DISPATCH(type, fn, ...)                                                                \
@@ -1722,30 +1723,30 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     cudaStream_t s = (cudaStream_t)a->stream;
     if (grouped8) {
         p.tile = MOE_TILE_Q8;
-        k_moe_prep_q8<<<1 + a->n_tok, MOE_SORT_THREADS, 0, s>>>(p);
+        ops_launch(k_moe_prep_q8, 1 + a->n_tok, MOE_SORT_THREADS, 0, s, p);
         MOE_DISPATCH(a->gate_type, moe_launch_gate_up_gq8, p, (unsigned)l.max_tiles, s);
         MOE_DISPATCH(a->down_type, moe_launch_down_gq8, p, (unsigned)l.max_tiles, s);
         int64_t total = (int64_t)a->n_tok * a->n_embd;
         unsigned blocks = (unsigned)(moe_cdiv(total, 256) < 4096 ? moe_cdiv(total, 256) : 4096);
-        k_moe_combine<<<blocks, 256, 0, s>>>(p);
+        ops_launch(k_moe_combine, blocks, 256, 0, s, p);
     } else if (mma) {
         p.tile = MOE_TILE_MMA;
         int64_t bins = (int64_t)a->n_expert + 1;
         unsigned tiles = (unsigned)(moe_cdiv(p.n_pairs, MOE_TILE_MMA) +
                                     (p.n_pairs < bins ? p.n_pairs : bins));
-        k_moe_sort<<<1, MOE_SORT_THREADS, 0, s>>>(p);
+        ops_launch(k_moe_sort, 1, MOE_SORT_THREADS, 0, s, p);
         MOE_DISPATCH(a->gate_type, moe_launch_mma, p, tiles, s);
         MOE_DISPATCH(a->down_type, moe_launch_down_mma, p, tiles, s);
         int64_t total = (int64_t)a->n_tok * a->n_embd;
         unsigned blocks = (unsigned)(moe_cdiv(total, 256) < 4096 ? moe_cdiv(total, 256) : 4096);
-        k_moe_combine<<<blocks, 256, 0, s>>>(p);
+        ops_launch(k_moe_combine, blocks, 256, 0, s, p);
     } else if (grouped) {
-        k_moe_sort<<<1, MOE_SORT_THREADS, 0, s>>>(p);
+        ops_launch(k_moe_sort, 1, MOE_SORT_THREADS, 0, s, p);
         MOE_DISPATCH(a->gate_type, moe_launch_gate_up, p, true, (unsigned)l.max_tiles, s);
         MOE_DISPATCH(a->down_type, moe_launch_down, p, true, (unsigned)l.max_tiles, s);
         int64_t total = (int64_t)a->n_tok * a->n_embd;
         unsigned blocks = (unsigned)(moe_cdiv(total, 256) < 4096 ? moe_cdiv(total, 256) : 4096);
-        k_moe_combine<<<blocks, 256, 0, s>>>(p);
+        ops_launch(k_moe_combine, blocks, 256, 0, s, p);
     } else {
         MOE_DISPATCH(a->gate_type, moe_launch_gate_up, p, false, (unsigned)p.n_pairs, s);
         MOE_DISPATCH(a->down_type, moe_launch_down, p, false, (unsigned)a->n_tok, s);

@@ -67,6 +67,8 @@ struct rmsnorm_params {
 
 static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_params p)
 {
+    if (p.w && blockIdx.x == 0 && threadIdx.x == 0) /* the weight, ahead of the wait */
+        ops_l2_prefetch(p.w, p.w + p.dim);
     ops_pdl_begin();
     __shared__ double part[NORM_THREADS / 32];
     int64_t base = (int64_t)blockIdx.x * p.dim;
@@ -446,7 +448,7 @@ extern "C" int cuda_type_supported(uint32_t type)
 template <uint32_t TYPE>
 static void embed_launch(const struct embed_params &p, dim3 grid, cudaStream_t s)
 {
-    k_embed<TYPE><<<grid, EMBED_WARPS * 32, 0, s>>>(p);
+    ops_launch(k_embed<TYPE>, grid, EMBED_WARPS * 32, 0, s, p);
 }
 
 extern "C" int cuda_embed(const struct cuda_embed_args *a)
@@ -510,7 +512,7 @@ extern "C" int cuda_rmsnorm(const struct cuda_rmsnorm_args *a)
         return -EINVAL;
     struct rmsnorm_params p = {a->out, a->in,  a->resid,    a->w,
                                a->dim, a->eps, a->q8_codes, (float2 *)a->q8_scales};
-    k_rmsnorm<<<a->rows, NORM_THREADS, 0, (cudaStream_t)a->stream>>>(p);
+    ops_launch(k_rmsnorm, a->rows, NORM_THREADS, 0, (cudaStream_t)a->stream, p);
     return cuda_last_error("cuda_rmsnorm");
 }
 
@@ -534,7 +536,7 @@ extern "C" int cuda_rope_neox(const struct cuda_rope_args *a)
             p.freq[i] = a->freq[i];
     }
     dim3 grid((unsigned)a->n_tok, (unsigned)ops_cdiv(a->n_heads, ROPE_HEADS));
-    k_rope_neox<<<grid, ROPE_THREADS, 0, (cudaStream_t)a->stream>>>(p);
+    ops_launch(k_rope_neox, grid, ROPE_THREADS, 0, (cudaStream_t)a->stream, p);
     return cuda_last_error("cuda_rope_neox");
 }
 
@@ -557,7 +559,7 @@ extern "C" int cuda_kv_store(const struct cuda_kv_store_args *a)
         return -EINVAL;
     struct kv_store_params p = {a->cache,  a->src,  (int64_t)a->n_tok * a->width, a->width,
                                 a->n_ctx,  a->pos0, a->pos_dev, a->caches_dev};
-    k_kv_store<<<ops_stride_blocks(p.total, 256), 256, 0, (cudaStream_t)a->stream>>>(p);
+    ops_launch(k_kv_store, ops_stride_blocks(p.total, 256), 256, 0, (cudaStream_t)a->stream, p);
     return cuda_last_error("cuda_kv_store");
 }
 
@@ -578,7 +580,7 @@ extern "C" int cuda_qk_rope_store(const struct cuda_qk_rope_store_args *a)
         a->base,  a->k_cache, a->v_cache,   a->caches_dev, a->n_ctx,
     };
     dim3 grid((unsigned)a->n_tok, (unsigned)(a->n_head + 2 * a->n_head_kv));
-    k_qk_rope_store<<<grid, QKR_THREADS, 0, (cudaStream_t)a->stream>>>(p);
+    ops_launch(k_qk_rope_store, grid, QKR_THREADS, 0, (cudaStream_t)a->stream, p);
     return cuda_last_error("cuda_qk_rope_store");
 }
 
@@ -588,7 +590,7 @@ extern "C" int cuda_add(float *x, const float *y, size_t n, void *stream)
         return 0;
     if (!x || !y)
         return -EINVAL;
-    k_add<<<ops_stride_blocks((int64_t)n, 256), 256, 0, (cudaStream_t)stream>>>(x, y, n);
+    ops_launch(k_add, ops_stride_blocks((int64_t)n, 256), 256, 0, (cudaStream_t)stream, x, y, n);
     return cuda_last_error("cuda_add");
 }
 
@@ -609,7 +611,8 @@ extern "C" int cuda_add_bias(float *x, const float *bias, int rows, int dim, voi
     if (!x || !bias)
         return -EINVAL;
     int64_t n = (int64_t)rows * dim;
-    k_add_bias<<<ops_stride_blocks(n, 256), 256, 0, (cudaStream_t)stream>>>(x, bias, n, dim);
+    ops_launch(k_add_bias, ops_stride_blocks(n, 256), 256, 0, (cudaStream_t)stream, x, bias, n,
+               dim);
     return cuda_last_error("cuda_add_bias");
 }
 
@@ -621,7 +624,7 @@ extern "C" int cuda_argmax(const float *x, int rows, int n, int32_t *out, void *
         return 0;
     if (!x || !out)
         return -EINVAL;
-    k_argmax<<<rows, ARGMAX_THREADS, 0, (cudaStream_t)stream>>>(x, n, out);
+    ops_launch(k_argmax, rows, ARGMAX_THREADS, 0, (cudaStream_t)stream, x, n, out);
     return cuda_last_error("cuda_argmax");
 }
 
@@ -638,12 +641,12 @@ extern "C" int cuda_softmax_topk(const struct cuda_topk_args *a)
     const unsigned blocks = (unsigned)ops_cdiv(a->n_tok, TOPK_WARPS);
     cudaStream_t s = (cudaStream_t)a->stream;
     if (a->n_expert <= 32 * 4)
-        k_softmax_topk<4><<<blocks, TOPK_WARPS * 32, 0, s>>>(p);
+        ops_launch(k_softmax_topk<4>, blocks, TOPK_WARPS * 32, 0, s, p);
     else if (a->n_expert <= 32 * 8)
-        k_softmax_topk<8><<<blocks, TOPK_WARPS * 32, 0, s>>>(p);
+        ops_launch(k_softmax_topk<8>, blocks, TOPK_WARPS * 32, 0, s, p);
     else if (a->n_expert <= 32 * 16)
-        k_softmax_topk<16><<<blocks, TOPK_WARPS * 32, 0, s>>>(p);
+        ops_launch(k_softmax_topk<16>, blocks, TOPK_WARPS * 32, 0, s, p);
     else
-        k_softmax_topk<TOPK_PER_LANE><<<blocks, TOPK_WARPS * 32, 0, s>>>(p);
+        ops_launch(k_softmax_topk<TOPK_PER_LANE>, blocks, TOPK_WARPS * 32, 0, s, p);
     return cuda_last_error("cuda_softmax_topk");
 }

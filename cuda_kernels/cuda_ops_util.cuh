@@ -8,6 +8,8 @@
 #include <float.h>
 #include <stdint.h>
 
+#include <utility>
+
 static __host__ __device__ __forceinline__ int ops_imin(int a, int b)
 {
     return a < b ? a : b;
@@ -75,15 +77,38 @@ static __device__ __forceinline__ void ops_q8_store(float v, int64_t i, int8_t *
  * cuda_kernels/ calls ops_pdl_begin() before it touches memory another kernel writes or reads:
  * the wait holds the block until the kernels this one depends on have finished and their
  * writes are visible, and the trigger after it lets the kernel after this one start its blocks
- * early. Without a programmatic edge (eager launches, or cuda_graph_end's edges turned off) both
- * are no-ops. With one (cuda_graph_end) a kernel's blocks may start while the kernel before it
- * still runs; what a kernel does before the call may only read weights, nothing a kernel of
- * the step writes (ops_l2_prefetch). */
+ * early. Without a programmatic launch (ops_launch, cuda_graph_end) both are no-ops. With one
+ * a kernel's blocks may start while the kernel before it still runs; what a kernel does before
+ * the call may only read weights, nothing a kernel of the step writes (ops_l2_prefetch). */
 static __device__ __forceinline__ void ops_pdl_begin(void)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+/* Whether kernel launches may be programmatic (cuda_mem.cu): compute capability 9.0 or later
+ * and STRATA_CUDA_PDL not "0" in the environment (for comparison). */
+extern "C" int cuda_pdl_enabled(void);
+
+/* Launches kernel k like k<<<grid, block, smem, s>>>(args...), as a programmatic launch where
+ * cuda_pdl_enabled(): its blocks may start while the kernel before it on s still runs, and
+ * wait for it in ops_pdl_begin. A recorded graph keeps the edge programmatic. */
+template <typename... P, typename... A>
+static inline cudaError_t ops_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+                                     cudaStream_t s, A &&...args)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = cuda_pdl_enabled();
+    cudaLaunchConfig_t c = {};
+    c.gridDim = grid;
+    c.blockDim = block;
+    c.dynamicSmemBytes = smem;
+    c.stream = s;
+    c.attrs = at;
+    c.numAttrs = 1;
+    return cudaLaunchKernelEx(&c, k, std::forward<A>(args)...);
 }
 
 /* Asks the memory system to bring bytes [lo, hi) of global memory into L2 (sm_90 and later;

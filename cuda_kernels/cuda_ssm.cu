@@ -350,7 +350,8 @@ extern "C" int cuda_ssm_conv(const struct cuda_ssm_conv_args *a)
     if (!a->x || !a->w || (a->d_conv > 1 && !a->state))
         return -EINVAL;
     struct ssm_conv_params p = {a->x, a->state, a->w, a->n_tok, a->ch, a->d_conv};
-    k_ssm_conv<<<ops_cdiv(a->ch, CONV_THREADS), CONV_THREADS, 0, (cudaStream_t)a->stream>>>(p);
+    ops_launch(k_ssm_conv, ops_cdiv(a->ch, CONV_THREADS), CONV_THREADS, 0, (cudaStream_t)a->stream,
+               p);
     return cuda_last_error("cuda_ssm_conv");
 }
 
@@ -371,19 +372,19 @@ extern "C" int cuda_gdn(const struct cuda_gdn_args *a)
     cudaStream_t st = (cudaStream_t)a->stream;
     switch (a->d) { /* the head dims with a register-resident state column */
     case 128:
-        k_gdn<128><<<a->n_v, GDN_THREADS, 0, st>>>(p);
+        ops_launch(k_gdn<128>, a->n_v, GDN_THREADS, 0, st, p);
         break;
     case 64:
-        k_gdn<64><<<a->n_v, GDN_THREADS, 0, st>>>(p);
+        ops_launch(k_gdn<64>, a->n_v, GDN_THREADS, 0, st, p);
         break;
     case 32:
-        k_gdn<32><<<a->n_v, GDN_THREADS, 0, st>>>(p);
+        ops_launch(k_gdn<32>, a->n_v, GDN_THREADS, 0, st, p);
         break;
     case 16:
-        k_gdn<16><<<a->n_v, GDN_THREADS, 0, st>>>(p);
+        ops_launch(k_gdn<16>, a->n_v, GDN_THREADS, 0, st, p);
         break;
     default:
-        k_gdn<0><<<a->n_v, GDN_THREADS, 0, st>>>(p);
+        ops_launch(k_gdn<0>, a->n_v, GDN_THREADS, 0, st, p);
     }
     return cuda_last_error("cuda_gdn");
 }
@@ -400,7 +401,7 @@ extern "C" int cuda_rope_partial(const struct cuda_rope_partial_args *a)
     struct rope_partial_params p = {a->x,    a->n_heads, a->head_dim, a->n_rot,
                                     a->pos0, a->pos_dev, a->base};
     dim3 grid((unsigned)a->n_tok, (unsigned)ops_cdiv(a->n_heads, ROPE_P_HEADS));
-    k_rope_partial<<<grid, ROPE_P_THREADS, 0, (cudaStream_t)a->stream>>>(p);
+    ops_launch(k_rope_partial, grid, ROPE_P_THREADS, 0, (cudaStream_t)a->stream, p);
     return cuda_last_error("cuda_rope_partial");
 }
 
@@ -414,8 +415,8 @@ extern "C" int cuda_split_halves(float *q, float *gate, const float *qg, int row
     if (!q || !gate || !qg)
         return -EINVAL;
     const int64_t n = (int64_t)rows * hd;
-    k_split_halves<<<ssm_stride_blocks(n, EW_THREADS), EW_THREADS, 0, (cudaStream_t)stream>>>(
-        q, gate, qg, n, hd);
+    ops_launch(k_split_halves, ssm_stride_blocks(n, EW_THREADS), EW_THREADS, 0,
+               (cudaStream_t)stream, q, gate, qg, n, hd);
     return cuda_last_error("cuda_split_halves");
 }
 
@@ -425,8 +426,8 @@ extern "C" int cuda_mul_sigmoid(float *x, const float *gate, size_t n, void *str
         return 0;
     if (!x || !gate)
         return -EINVAL;
-    k_mul_sigmoid<<<ssm_stride_blocks((int64_t)n, EW_THREADS), EW_THREADS, 0,
-                    (cudaStream_t)stream>>>(x, gate, n);
+    ops_launch(k_mul_sigmoid, ssm_stride_blocks((int64_t)n, EW_THREADS), EW_THREADS, 0,
+               (cudaStream_t)stream, x, gate, n);
     return cuda_last_error("cuda_mul_sigmoid");
 }
 
@@ -436,8 +437,8 @@ extern "C" int cuda_swiglu_inplace(float *u, const float *g, size_t n, void *str
         return 0;
     if (!u || !g)
         return -EINVAL;
-    k_swiglu_inplace<<<ssm_stride_blocks((int64_t)n, EW_THREADS), EW_THREADS, 0,
-                       (cudaStream_t)stream>>>(u, g, n);
+    ops_launch(k_swiglu_inplace, ssm_stride_blocks((int64_t)n, EW_THREADS), EW_THREADS, 0,
+               (cudaStream_t)stream, u, g, n);
     return cuda_last_error("cuda_swiglu_inplace");
 }
 
@@ -450,6 +451,7 @@ extern "C" int cuda_add_sigmoid_gated(float *out, const float *y, const float *x
         return 0;
     if (!out || !y || !x || !w)
         return -EINVAL;
-    k_add_sigmoid_gated<<<rows, GATED_THREADS, 0, (cudaStream_t)stream>>>(out, y, x, w, dim);
+    ops_launch(k_add_sigmoid_gated, rows, GATED_THREADS, 0, (cudaStream_t)stream, out, y, x, w,
+               dim);
     return cuda_last_error("cuda_add_sigmoid_gated");
 }
