@@ -61,6 +61,8 @@ struct moe_params {
     float *h;         /* (n_pairs, n_ff) silu(gate x) * up x of each pair */
     int8_t *hq;       /* (n_pairs, n_ff) h as 8-bit codes (the 8-bit direct path) */
     float2 *hd;       /* (n_pairs, n_ff / 32) their (d, d * sum) per 32 elements */
+    const int8_t *in_q8;   /* NULL or (n_tok, n_embd): cuda_moe_args.in_q8 */
+    const float2 *in_q8_d; /* (n_tok, n_embd / 32) */
     int8_t *xq;       /* (n_tok, n_embd) the inputs as 8-bit codes (grouped 8-bit path) */
     float2 *xd;       /* (n_tok, n_embd / 32) their (d, d * sum) per 32 elements */
     float *y;         /* (n_pairs, n_embd) w * down h of each pair (grouped path) */
@@ -646,21 +648,24 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
     }
     const uint8_t *gb = moe_expert(p.gate, p.gate_stride, p.gate_ptrs, e);
     const uint8_t *ub = moe_expert(p.up, p.up_stride, p.up_ptrs, e);
-    if (threadIdx.x == 0) {
-        /* the block's rows of gate and up on their way to L2 while x is quantized, and its
-         * share of the expert's down rows for the down kernel after this one */
+    if (threadIdx.x == 0) { /* the block's rows of gate and up, on their way to L2 while x is
+                             * quantized (prefetching the down rows here as well measured
+                             * slower: bench/cuda-resident.md) */
         const int64_t re = min(rb + MOE_Q8_GU_ROWS, p.n_ff);
         ops_l2_prefetch(gb + rb * p.gate_row, gb + re * p.gate_row);
         ops_l2_prefetch(ub + rb * p.up_row, ub + re * p.up_row);
-        const uint8_t *db = moe_expert(p.down, p.down_stride, p.down_ptrs, e);
-        const int64_t dn = p.n_embd * (int64_t)p.down_row, ny = gridDim.y;
-        ops_l2_prefetch(db + dn * blockIdx.y / ny, db + dn * (blockIdx.y + 1) / ny);
     }
-    int8_t *xq = (int8_t *)moe_smem;
-    float2 *xd = (float2 *)(moe_smem + p.n_embd);
-    const float *src = p.in + (int64_t)(pair / p.k) * p.in_stride;
-    moe_q8_quantize(&src, 1, p.n_embd, xq, xd);
-    const int64_t nu = p.n_embd / 32;
+    const int64_t nu = p.n_embd / 32, t = pair / p.k;
+    const int8_t *xq = p.in_q8 + t * p.n_embd;
+    const float2 *xd = p.in_q8_d + t * nu;
+    if (!p.in_q8) { /* quantized here, into shared memory */
+        int8_t *sq = (int8_t *)moe_smem;
+        float2 *sd = (float2 *)(moe_smem + p.n_embd);
+        const float *src = p.in + t * p.in_stride;
+        moe_q8_quantize(&src, 1, p.n_embd, sq, sd);
+        xq = sq;
+        xd = sd;
+    }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int64_t r = r0 + i;
@@ -1523,7 +1528,7 @@ static void moe_launch_gate_up(const struct moe_params &p, bool grouped, unsigne
         if (!grouped && p.hq) {
             ops_launch(k_moe_gate_up_q8<WT>,
                        dim3(items, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS)),
-                       MOE_Q8_GU_WARPS * 32, moe_q8_bytes(1, p.n_embd), s, p);
+                       MOE_Q8_GU_WARPS * 32, p.in_q8 ? 0 : moe_q8_bytes(1, p.n_embd), s, p);
             return;
         }
     }
@@ -1664,6 +1669,11 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     uint8_t *sc = (uint8_t *)a->scratch;
     p.in = a->in;
     p.in_stride = a->in_stride;
+    if (a->in_q8 && a->in_q8_scales && a->n_embd % 32 == 0 && ops_aligned(a->in_q8, 16) &&
+        ops_aligned(a->in_q8_scales, 8)) {
+        p.in_q8 = a->in_q8;
+        p.in_q8_d = (const float2 *)a->in_q8_scales;
+    }
     p.out = a->out;
     p.out_stride = a->out_stride;
     p.n_tok = a->n_tok;

@@ -71,6 +71,12 @@ struct cuda_moe_args {
     const float *in;    /* (n_tok rows of in_stride floats) device, 16-byte aligned: the
                          * ffn-normed hidden states; must not overlap out */
     int64_t in_stride;  /* >= n_embd, a multiple of 4 */
+    /* Optional: in's 8-bit copy as cuda_matmul's MMV path keeps it (codes (n_tok rows of
+     * n_embd), 16-byte aligned, and per 32 elements (d, d * sum of the codes) as float2), e.g.
+     * written by the norm before; the 8-bit direct path reads it instead of quantizing in
+     * again. Its codes equal the ones it would make for finite inputs. NULL: quantize. */
+    const int8_t *in_q8;
+    const void *in_q8_scales;
     int n_tok;          /* >= 0 */
     int k;              /* experts per token, 1..n_expert */
     int n_expert;

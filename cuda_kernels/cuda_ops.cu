@@ -124,6 +124,7 @@ static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_
     float inv = 1.0f / sqrtf((float)(tot / p.dim) + p.eps);
     /* with the 8-bit copy, dim is a multiple of 32: i < dim is uniform over a warp */
     if (regs) {
+        __shared__ __align__(16) float ys[NORM_THREADS * NORM_MAX_PER];
 #pragma unroll
         for (int j = 0; j < NORM_MAX_PER; j++) {
             int i = threadIdx.x + j * NORM_THREADS;
@@ -131,9 +132,17 @@ static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_
                 float y = __fmul_rn(xv[j], inv);
                 y = p.w ? __fmul_rn(y, wv[j]) : y;
                 out[i] = y;
-                if (p.qs)
-                    ops_q8_store(y, (int64_t)blockIdx.x * p.dim + i, p.qs, p.qd);
+                ys[i] = y;
             }
+        }
+        if (p.qs) { /* the 8-bit copy: 8 consecutive elements per thread (ops_q8_store8) */
+            __syncthreads();
+            const int i0 = 8 * threadIdx.x;
+            float v[8];
+            const float4 a = *(const float4 *)(ys + i0), b = *(const float4 *)(ys + i0 + 4);
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+            v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+            ops_q8_store8(v, i0 < p.dim, (int64_t)blockIdx.x * p.dim + i0, p.qs, p.qd);
         }
         return;
     }

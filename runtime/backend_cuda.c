@@ -42,6 +42,13 @@ struct backend_cuda {
     const float *xq_src;
     int xq_m;
     int64_t xq_n_in;
+    uint64_t mm_writes; /* how many times 8-bit rows were written into mm_scratch */
+    /* during an MoE op: its input when mm_scratch held that input's 8-bit rows at the start
+     * (the norm before wrote them), and mm_writes then; the experts read the rows while
+     * mm_writes is unchanged (cuda_moe_args.in_q8) */
+    const float *moe_q8_in;
+    int moe_q8_m;
+    uint64_t moe_q8_mark;
     void *attn_scratch;
     size_t attn_scratch_bytes;
     float *router_logits;     /* (MAX_TOK, n_expert) */
@@ -260,6 +267,7 @@ static void cuda_norm_q8(struct backend_cuda *c, struct cuda_rmsnorm_args *a)
         return;
     a->q8_codes = c->mm_scratch;
     a->q8_scales = (uint8_t *)c->mm_scratch + off;
+    c->mm_writes++;
 }
 
 static void cuda_norm_q8_done(struct backend_cuda *c, const struct cuda_rmsnorm_args *a, int rc)
@@ -326,6 +334,7 @@ static int backend_cuda_matmul(struct backend *b, float *out, const struct weigh
             .stream = c->stream,
         };
         int rc = cuda_matmul(&a);
+        c->mm_writes += q8 && !a.x_ready;
         if (q8) {
             c->xq_src = x;
             c->xq_m = n;
@@ -392,6 +401,7 @@ static int cuda_matmul_n_op(struct backend *b, int n, float *const *out,
             .y_stride = (int64_t)w[i]->ne[1],
         };
     int rc = cuda_matmul(&a);
+    c->mm_writes += !a.x_ready;
     c->xq_src = in;
     c->xq_m = m;
     c->xq_n_in = n_in;
@@ -646,6 +656,7 @@ static void cuda_att_q8(struct backend_cuda *c, struct cuda_attn_args *a, int ro
     a->q8_codes = c->mm_scratch;
     a->q8_scales = (uint8_t *)c->mm_scratch + off;
     a->q8_done = done;
+    c->mm_writes++;
 }
 
 static void cuda_att_q8_done(struct backend_cuda *c, const float *out, int rows, int width)
@@ -866,8 +877,16 @@ static int cuda_add_op(struct backend *b, float *x, const float *y, size_t n)
 
 static int cuda_moe_ffn_op(struct backend *b, const struct moe_args *ma)
 {
-    backend_cuda_forget_xq(cuda_of(b));
-    return moe_layer_run(cuda_of(b)->moe, ma);
+    struct backend_cuda *c = cuda_of(b);
+    const bool q8 = c->xq_src && c->xq_src == ma->in && c->xq_m == ma->n_tok &&
+                    c->xq_n_in == (int64_t)ma->hp->n_embd;
+    c->moe_q8_in = q8 ? ma->in : NULL;
+    c->moe_q8_m = ma->n_tok;
+    c->moe_q8_mark = c->mm_writes;
+    backend_cuda_forget_xq(c);
+    int rc = moe_layer_run(c->moe, ma);
+    c->moe_q8_in = NULL;
+    return rc;
 }
 
 static int cuda_read_op(struct backend *b, float *host, const float *src, size_t n)
@@ -1372,6 +1391,12 @@ static int cuda_moe_experts(void *dev, const struct moe_expert_call *e)
         .act_oai = hp->swiglu_oai,
         .scratch = c->moe_scratch, .scratch_bytes = c->moe_scratch_bytes, .stream = c->stream,
     };
+    if (c->moe_q8_in && e->in == c->moe_q8_in && e->n_tok == c->moe_q8_m &&
+        c->mm_writes == c->moe_q8_mark) { /* the norm's 8-bit rows of in, still there */
+        a.in_q8 = c->mm_scratch;
+        a.in_q8_scales =
+            (const uint8_t *)c->mm_scratch + cuda_matmul_q8_layout((int64_t)hp->n_embd, e->n_tok);
+    }
     int rc = cuda_moe_ffn(&a);
     if (rc)
         return err_set(rc, "layer %d: cuda experts failed (types %u/%u/%u)", e->layer,

@@ -619,8 +619,14 @@ static int sim_moe_ffn(const struct cuda_moe_args *a)
         free(h);
         return -EINVAL;
     }
+    if (a->in_q8 && (!g_xq || g_xq_n < (size_t)a->n_tok * (size_t)E)) {
+        free(h);
+        return -EINVAL; /* 8-bit rows before anything was quantized */
+    }
     for (int t = 0; t < a->n_tok; t++) {
-        const float *x = a->in + t * a->in_stride;
+        /* the 8-bit rows the backend says hold in: what was last quantized (a stale copy
+         * shows in the logits) */
+        const float *x = a->in_q8 ? g_xq + (size_t)t * E : a->in + t * a->in_stride;
         float *out = a->out + t * a->out_stride;
         for (int64_t i = 0; i < E; i++)
             out[i] = 0;
