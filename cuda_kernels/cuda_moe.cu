@@ -762,6 +762,94 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct mo
     }
 }
 
+/* Direct down on codes for Q6_K, a thread per quad: the 4 units s = 0..3 of half h of one
+ * 256-element block of one expert's row, which share their bytes (ql's 64, qh's 32, the 8
+ * scales and d), so a quad loads them once where k_moe_down_q8 loads 64 bytes per unit.
+ * Blocks of MOE_Q6Q_THREADS threads take rows / quads flat: row rl = tid / nq, quad q = tid % nq,
+ * q = (j n_blk + kb) 2 + h for expert slot j of the token, block kb of the row. Each quad sums
+ * w_j times its units in order s; warp rl then sums row rl's quads, lane l taking l, l + 32, ...
+ * in order, by the fixed butterfly. Words come from aligned 4-byte loads joined by funnel
+ * shifts (rows are 2-byte aligned). */
+#define MOE_Q6Q_THREADS 256
+
+/* n 4-byte words of the little-endian bytes at p (2-byte aligned); reads the aligned word
+ * after them too, which the caller keeps inside the block */
+template <int N> static __device__ __forceinline__ void moe_words_a2(const uint8_t *p, uint32_t *w)
+{
+    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    const uint32_t sh = 8u * (uint32_t)((uintptr_t)p & 3);
+    uint32_t r[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; i++)
+        r[i] = a[i];
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        w[i] = __funnelshift_r(r[i], r[i + 1], sh);
+}
+
+static __global__ void __launch_bounds__(MOE_Q6Q_THREADS) k_moe_down_q6q(struct moe_params p)
+{
+    __shared__ float part[MOE_Q6Q_THREADS];
+    __shared__ int bad[MOE_Q6Q_THREADS / 32];
+    ops_pdl_begin();
+    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nblk = (int)(p.n_ff / 256), nq = p.k * nblk * 2;
+    const int rpb = min(MOE_Q6Q_THREADS / nq, MOE_Q6Q_THREADS / 32); /* a warp sums each row */
+    const int rl = tid / nq, q = tid - rl * nq;
+    const int64_t r = (int64_t)blockIdx.y * rpb + rl;
+    if (tid < MOE_Q6Q_THREADS / 32)
+        bad[tid] = 0;
+    __syncthreads();
+    float acc = 0.0f;
+    if (rl < rpb && r < p.n_embd) {
+        const int h = q & 1, kb = (q >> 1) % nblk, j = (q >> 1) / nblk;
+        const int64_t pr = (int64_t)t * p.k + j;
+        const int e = p.ids[pr];
+        if (e < 0 || e >= p.n_expert) {
+            bad[rl] = 1;
+        } else {
+            const uint8_t *b =
+                moe_expert(p.down, p.down_stride, p.down_ptrs, e) + r * p.down_row + kb * 210;
+            uint32_t ql[16], qh[8];
+            moe_words_a2<16>(b + 64 * h, ql);      /* the word after: qh or the other half's ql */
+            moe_words_a2<8>(b + 128 + 32 * h, qh); /* the word after: scales */
+            const int8_t *sc = (const int8_t *)(b + 192) + 8 * h;
+            const float d = cq_f16(cq_ld_u16(b + 208));
+            const int nu = (int)(p.n_ff / 32);
+            const int8_t *xq = p.hq + pr * p.n_ff;
+            const float2 *xd = p.hd + pr * nu;
+            const float wj = p.wts[pr];
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                moe_q8_unit<QUANT_Q6_K>::w wu;
+                const int shl = 4 * (s / 2), shh = 2 * s;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const uint32_t lo = (ql[8 * (s % 2) + i] >> shl) & 0x0F0F0F0Fu;
+                    const uint32_t hi = ((qh[i] >> shh) & 0x03030303u) << 4;
+                    wu.q[i] = __vsub4(lo | hi, 0x20202020u);
+                }
+                wu.sc0 = sc[2 * s];
+                wu.sc1 = sc[2 * s + 1];
+                wu.d = d;
+                const int64_t u = (int64_t)kb * 8 + 4 * h + s;
+                acc = fmaf(wj, moe_q8_unit<QUANT_Q6_K>::apply(wu, u, xq, xd, 0.0f), acc);
+            }
+        }
+    }
+    part[tid] = acc;
+    __syncthreads();
+    if (warp < rpb) {
+        const int64_t rr = (int64_t)blockIdx.y * rpb + warp;
+        float v = 0.0f;
+        for (int i = lane; i < nq; i += 32)
+            v = __fadd_rn(v, part[warp * nq + i]);
+        v = ops_warp_sum(v);
+        if (lane == 0 && rr < p.n_embd)
+            p.out[(int64_t)t * p.out_stride + rr] = bad[warp] ? NAN : v;
+    }
+}
+
 /* ---- grouped 8-bit path (lockstep steps) -------------------------------------------------------
  * The direct path reads an expert's weights once per pair that chose it; a step of several
  * streams picks many experts more than once. Here the pairs are sorted by expert (k_moe_sort,
@@ -1577,6 +1665,13 @@ static void moe_launch_down(const struct moe_params &p, bool grouped, unsigned i
     dim3 grid(items, (unsigned)moe_cdiv(p.n_embd, MOE_WARPS));
     if constexpr (moe_q8_type(WT)) {
         if (!grouped && p.hq) {
+            const int64_t nq = (int64_t)p.k * (p.n_ff / 256) * 2;
+            if (WT == QUANT_Q6_K && p.n_ff % 256 == 0 && nq <= MOE_Q6Q_THREADS && !p.down_b) {
+                const int64_t rpb = ops_imin((int)(MOE_Q6Q_THREADS / nq), MOE_Q6Q_THREADS / 32);
+                ops_launch(k_moe_down_q6q, dim3(items, (unsigned)moe_cdiv(p.n_embd, rpb)),
+                           MOE_Q6Q_THREADS, 0, s, p);
+                return;
+            }
             ops_launch(k_moe_down_q8<WT>, dim3(items, (unsigned)moe_cdiv(p.n_embd, MOE_Q8_DN_ROWS)),
                        MOE_WARPS * 32, 0, s, p);
             return;
