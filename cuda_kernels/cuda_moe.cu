@@ -764,16 +764,19 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct mo
 
 /* Direct down on codes for Q6_K, a thread per quad: the 4 units s = 0..3 of half h of one
  * 256-element block of one expert's row, which share their bytes (ql's 64, qh's 32, the 8
- * scales and d), so a quad loads them once where k_moe_down_q8 loads 64 bytes per unit.
- * Blocks of MOE_Q6Q_THREADS threads take rows / quads flat: row rl = tid / nq, quad q = tid % nq,
- * q = (j n_blk + kb) 2 + h for expert slot j of the token, block kb of the row. Each quad sums
- * w_j times its units in order s; warp rl then sums row rl's quads, lane l taking l, l + 32, ...
- * in order, by the fixed butterfly. Words come from aligned 4-byte loads joined by funnel
- * shifts (rows are 2-byte aligned). */
+ * scales and d), so a quad reads them once where k_moe_down_q8 loads 64 bytes per unit, two at
+ * a time. Blocks of MOE_Q6Q_THREADS threads take rpb rows: the block first copies the rows of
+ * its (row, expert) items into shared memory in 16-byte pieces, coalesced, then thread
+ * rl nq + q decodes quad q = (j n_blk + kb) 2 + h (expert slot j of the token, block kb of the
+ * row) of row rl from there and sums w_j times its units in order s; warp rl then sums row
+ * rl's quads, lane l taking l, l + 32, ... in order, by the fixed butterfly. */
 #define MOE_Q6Q_THREADS 256
+#define MOE_Q6Q_ITEMS 128 /* (row, expert) items of a block: rpb k <= 128 / n_blk */
+#define MOE_Q6Q_STAGE (MOE_Q6Q_THREADS / 2 * 210 + MOE_Q6Q_ITEMS * 32)
+#define MOE_Q6Q_PER 8 /* 16-byte pieces per thread: MOE_Q6Q_STAGE / 16 / MOE_Q6Q_THREADS, up */
 
 /* n 4-byte words of the little-endian bytes at p (2-byte aligned); reads the aligned word
- * after them too, which the caller keeps inside the block */
+ * after them too, which the caller keeps inside the staged row */
 template <int N> static __device__ __forceinline__ void moe_words_a2(const uint8_t *p, uint32_t *w)
 {
     const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
@@ -789,17 +792,53 @@ template <int N> static __device__ __forceinline__ void moe_words_a2(const uint8
 
 static __global__ void __launch_bounds__(MOE_Q6Q_THREADS) k_moe_down_q6q(struct moe_params p)
 {
+    __shared__ __align__(16) uint8_t stage[MOE_Q6Q_STAGE];
     __shared__ float part[MOE_Q6Q_THREADS];
     __shared__ int bad[MOE_Q6Q_THREADS / 32];
     ops_pdl_begin();
     const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nblk = (int)(p.n_ff / 256), nq = p.k * nblk * 2;
     const int rpb = min(MOE_Q6Q_THREADS / nq, MOE_Q6Q_THREADS / 32); /* a warp sums each row */
-    const int rl = tid / nq, q = tid - rl * nq;
-    const int64_t r = (int64_t)blockIdx.y * rpb + rl;
+    const int rowb = nblk * 210, S = (rowb + 31) & ~15, G = S / 16, nit = rpb * p.k;
     if (tid < MOE_Q6Q_THREADS / 32)
         bad[tid] = 0;
+    /* the items' rows, each from the 16-byte boundary at or below it: whole pieces, the last
+     * one up to the row's end in 2-byte loads */
+    uint4 v[MOE_Q6Q_PER];
+#pragma unroll
+    for (int c = 0; c < MOE_Q6Q_PER; c++) {
+        const int g = tid + c * MOE_Q6Q_THREADS, it = g / G, gi = g - it * G;
+        const int irl = it / p.k, ij = it - irl * p.k;
+        const int64_t ir = (int64_t)blockIdx.y * rpb + irl;
+        v[c] = make_uint4(0, 0, 0, 0);
+        if (it >= nit || ir >= p.n_embd)
+            continue;
+        const int e = p.ids[(int64_t)t * p.k + ij];
+        if (e < 0 || e >= p.n_expert)
+            continue;
+        const uint8_t *src = moe_expert(p.down, p.down_stride, p.down_ptrs, e) + ir * p.down_row;
+        const uintptr_t lo = (uintptr_t)src & ~(uintptr_t)15, end = (uintptr_t)src + rowb;
+        const uintptr_t at = lo + 16 * (uintptr_t)gi;
+        if (at + 16 <= end) {
+            v[c] = __ldg((const uint4 *)at);
+        } else if (at < end) {
+            uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int h2 = 0; h2 < 8; h2++)
+                if (at + 2 * h2 < end)
+                    w[h2 / 2] |= (uint32_t) * (const uint16_t *)(at + 2 * h2) << 16 * (h2 % 2);
+            v[c] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < MOE_Q6Q_PER; c++) {
+        const int g = tid + c * MOE_Q6Q_THREADS;
+        if (g < nit * G)
+            *(uint4 *)(stage + 16 * g) = v[c];
+    }
     __syncthreads();
+    const int rl = tid / nq, q = tid - rl * nq;
+    const int64_t r = (int64_t)blockIdx.y * rpb + rl;
     float acc = 0.0f;
     if (rl < rpb && r < p.n_embd) {
         const int h = q & 1, kb = (q >> 1) % nblk, j = (q >> 1) / nblk;
@@ -808,8 +847,8 @@ static __global__ void __launch_bounds__(MOE_Q6Q_THREADS) k_moe_down_q6q(struct 
         if (e < 0 || e >= p.n_expert) {
             bad[rl] = 1;
         } else {
-            const uint8_t *b =
-                moe_expert(p.down, p.down_stride, p.down_ptrs, e) + r * p.down_row + kb * 210;
+            const uint8_t *src = moe_expert(p.down, p.down_stride, p.down_ptrs, e) + r * p.down_row;
+            const uint8_t *b = stage + (rl * p.k + j) * S + ((uintptr_t)src & 15) + kb * 210;
             uint32_t ql[16], qh[8];
             moe_words_a2<16>(b + 64 * h, ql);      /* the word after: qh or the other half's ql */
             moe_words_a2<8>(b + 128 + 32 * h, qh); /* the word after: scales */
@@ -841,12 +880,12 @@ static __global__ void __launch_bounds__(MOE_Q6Q_THREADS) k_moe_down_q6q(struct 
     __syncthreads();
     if (warp < rpb) {
         const int64_t rr = (int64_t)blockIdx.y * rpb + warp;
-        float v = 0.0f;
+        float sum = 0.0f;
         for (int i = lane; i < nq; i += 32)
-            v = __fadd_rn(v, part[warp * nq + i]);
-        v = ops_warp_sum(v);
+            sum = __fadd_rn(sum, part[warp * nq + i]);
+        sum = ops_warp_sum(sum);
         if (lane == 0 && rr < p.n_embd)
-            p.out[(int64_t)t * p.out_stride + rr] = bad[warp] ? NAN : v;
+            p.out[(int64_t)t * p.out_stride + rr] = bad[warp] ? NAN : sum;
     }
 }
 
