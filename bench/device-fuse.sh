@@ -28,17 +28,21 @@ done
 if [ -n "${OFFLOAD:-}" ]; then # under a VRAM budget: host-driven decode (no graph) but zerocopy
     for w in ${OFFLOAD_WHERE:-"--vram-budget 8G" "--vram-budget 8G --placement hybrid"}; do
         for bin in ${BUILDS:-.carry/base .carry/bin}; do
-            echo "### $bin bench $w"
-            timeout 120 "$bin/strata" bench -m $M $w -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)[0-9]|hit"
+            for e in ${ENVS:-X=1}; do
+                echo "### $bin $e bench $w"
+                env $e timeout 120 "$bin/strata" bench -m $M $w -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)[0-9]|hit"
+            done
         done
     done
 fi
 if [ -n "${LOCKSTEP:-}" ]; then # aggregate lockstep decode, all resident
     for bin in ${BUILDS:-.carry/base .carry/bin}; do
-        for g in "" --graph; do
-            for n in ${NS:-8 16}; do
-                echo "### $bin bench $g --streams $n"
-                "$bin/strata" bench -m $M --device cuda $g -p 64 -n 64 --bw-gib 0.1 --streams $n --tg random 2>&1 | grep -E "^(tg|lockstep)"
+        for e in ${ENVS:-X=1}; do
+            for g in "" --graph; do
+                for n in ${NS:-8 16}; do
+                    echo "### $bin $e bench $g --streams $n"
+                    env $e "$bin/strata" bench -m $M --device cuda $g -p 64 -n 64 --bw-gib 0.1 --streams $n --tg random 2>&1 | grep -E "^(tg|lockstep)"
+                done
             done
         done
     done
