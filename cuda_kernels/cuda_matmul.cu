@@ -56,6 +56,7 @@ constexpr int WARP = 32;
 constexpr unsigned FULL_MASK = 0xffffffffu;
 constexpr int MMV_WARPS = 4; /* warps per MMV CTA, one weight row each */
 constexpr int MMV_THREADS = MMV_WARPS * WARP;
+constexpr int MMV_MIN_BLOCKS = 10; /* one-row MMV: blocks per SM the registers must allow */
 /* m = 1 with at most this many rows: a block per row (4 warps split its tiles), so that a
  * router (128 rows) keeps enough loads in flight; the 512-row k/v projections measured slower
  * split, hence the bound (docs/cuda-matmul.md) */
@@ -647,11 +648,22 @@ struct mmv_params {
  * word sm_words reads past the last byte, rounded to 16 bytes. */
 template <typename F> constexpr int mmv_tile_words = ((F::TB * F::BS + 32) / 4 + 4 + 3) / 4 * 4;
 
+/* One-row MMV launches (decode): registers held to what MMV_MIN_BLOCKS blocks per SM allow where
+ * their shared memory does too (the H100/H200's 228 KiB, 1 KiB reserved per block), so that a
+ * matrix of up to 132 x 10 x 4 rows (q, k and v of the 30b-a3b preset: 5120) runs in one wave
+ * instead of 9 blocks per SM and a second wave for the last 92 blocks; elsewhere no bound. */
+template <typename F>
+constexpr int mmv_min_blocks = (MMV_WARPS * 2 * mmv_tile_words<F> * 4 + 1024) * MMV_MIN_BLOCKS <=
+                                       228 * 1024
+                                   ? MMV_MIN_BLOCKS
+                                   : 1;
+
 /* KS = 1: one warp per row, the kernel synchronizes nothing wider than a warp. KS = MMV_WARPS
  * (at most 256 rows: too few warps to keep the loads in flight): the block's warps share one
  * row, warp w taking tiles w, w + KS, ..., and their sums are added in warp order. */
 template <typename F, int M, int KS>
-__global__ void __launch_bounds__(MMV_THREADS) mmv_kernel(const mmv_params p)
+__global__ void __launch_bounds__(MMV_THREADS, M == 1 && KS == 1 ? mmv_min_blocks<F> : 1)
+    mmv_kernel(const mmv_params p)
 {
     __shared__ __align__(16) uint32_t tiles[MMV_WARPS][2][mmv_tile_words<F>];
     __shared__ float red[KS > 1 ? KS : 1][M];
