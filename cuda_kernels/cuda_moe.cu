@@ -423,9 +423,7 @@ static __global__ void k_moe_combine(struct moe_params p)
 
 #define MOE_Q8_GU_WARPS 16 /* gate/up: 16 warps of 2 rows, one 32-row unit of h per block */
 #define MOE_Q8_GU_ROWS 32
-#define MOE_Q8_DN_SPLIT                                                                            \
-    2 /* down: warps per row, each taking every 2nd expert (4 warps per row                        \
-       * made 1024 blocks for 2048 rows, 1.5 waves on an H200) */
+#define MOE_Q8_DN_SPLIT 4 /* down: warps per row, each taking every 4th expert */
 #define MOE_Q8_DN_ROWS (MOE_WARPS / MOE_Q8_DN_SPLIT)
 #define MOE_Q8_MAX_SMEM (48 * 1024)
 
@@ -707,8 +705,8 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
 }
 
 /* direct down on codes: block (token, MOE_Q8_DN_ROWS rows); MOE_Q8_DN_SPLIT warps per row, warp
- * s taking experts s, s + MOE_Q8_DN_SPLIT, ... with its lanes walking their (expert, unit) pairs,
- * each unit's integer dot scaled by w_j; the warps' sums are added in order s (deterministic). */
+ * s taking experts s, s + 4, ... with its lanes walking their (expert, unit) pairs, each unit's
+ * integer dot scaled by w_j; the warps' sums are added in order s (deterministic). */
 template <uint32_t WT>
 static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct moe_params p)
 {
