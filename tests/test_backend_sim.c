@@ -308,6 +308,17 @@ bool cuda_matmul_supported(uint32_t wtype)
 static float *g_xq;
 static size_t g_xq_n;
 
+/* g_xq := n floats of src (what an op that writes the 8-bit copy leaves there) */
+static void sim_xq_keep(const float *src, size_t n)
+{
+    if (n > g_xq_n) {
+        free(g_xq);
+        g_xq = test_xmalloc(sizeof(float) * n);
+        g_xq_n = n;
+    }
+    memcpy(g_xq, src, sizeof(float) * n);
+}
+
 size_t cuda_matmul_q8_layout(int64_t n_in, int m)
 {
     return ((size_t)m * (size_t)n_in + 15) & ~(size_t)15;
@@ -405,15 +416,8 @@ static int sim_rmsnorm(const struct cuda_rmsnorm_args *a)
     }
     ops_rmsnorm(a->out, x, a->w ? a->w : ones, a->rows, a->dim, a->eps);
     free(ones);
-    if (a->q8_codes) { /* the 8-bit copy a matmul of out would make: here out itself */
-        size_t n = (size_t)a->rows * a->dim;
-        if (n > g_xq_n) {
-            free(g_xq);
-            g_xq = test_xmalloc(sizeof(float) * n);
-            g_xq_n = n;
-        }
-        memcpy(g_xq, a->out, sizeof(float) * n);
-    }
+    if (a->q8_codes) /* the 8-bit copy a matmul of out would make: here out itself */
+        sim_xq_keep(a->out, (size_t)a->rows * a->dim);
     return 0;
 }
 
@@ -519,13 +523,7 @@ static int sim_attention(const struct cuda_attn_args *a)
         struct cuda_attn_args b = *a;
         b.q8_codes = NULL;
         sim_attention(&b);
-        size_t n = (size_t)a->n_tok * a->n_head * a->head_dim;
-        if (n > g_xq_n) {
-            free(g_xq);
-            g_xq = test_xmalloc(sizeof(float) * n);
-            g_xq_n = n;
-        }
-        memcpy(g_xq, a->out, sizeof(float) * n);
+        sim_xq_keep(a->out, (size_t)a->n_tok * a->n_head * a->head_dim);
         return 0;
     }
     size_t w = (size_t)a->n_head * a->head_dim;
