@@ -53,6 +53,8 @@ struct bench_opts {
     bool gather;          /* --streaming kernel */
     bool graph;           /* --graph */
     bool hybrid;
+    bool stream;        /* --placement stream */
+    bool residency_set; /* --residency was given */
     const char *stats_json;
     const char *cuda_flag;   /* the first option given that needs --device cuda, or NULL */
     bool device_cpu;         /* --device cpu was given */
@@ -82,8 +84,10 @@ static void bench_usage(void)
            "      --tg random|greedy  decode input: random ids (default: with random weights\n"
            "                        greedy decoding repeats itself and so does its routing),\n"
            "                        or the argmax fed back (trained models, with -f)\n"
-           "  -t, --threads N       CPU threads (default: all; the CPU expert lane's with\n"
-           "                        --device cuda; --cpu-threads is the same)\n"
+           "  -t, --threads N       CPU threads (default: all; on --device cpu with 6 or more\n"
+           "                        processors the fastest of all, 3/4 and 1/2, timed on the\n"
+           "                        first decode steps; the CPU expert lane's with --device\n"
+           "                        cuda; --cpu-threads is the same)\n"
            "      --bw-gib G        size of the bandwidth probe in GiB (default 2)\n"
            "      --op-times        also print the time spent in each op (pp and tg; CPU)\n"
            "      --no-mmap         copy the weights into anonymous memory on huge pages\n"
@@ -102,12 +106,17 @@ static void bench_usage(void)
            "                        the VRAM slot cache from pinned host memory; also reports\n"
            "                        hit rate and streamed GB/s of decode and of the prompt\n"
            "                        against the pinned H2D bandwidth measured in the same run\n"
-           "      --residency copy|zerocopy  how decode serves cache misses (default copy)\n"
-           "      --placement stream|hybrid|static|static:N  experts cached (stream, the\n"
-           "                        default), the cache with misses split between PCIe and\n"
-           "                        the CPU (hybrid), or the first N layers' experts on the\n"
-           "                        CPU and the rest resident (static:N; static = the\n"
-           "                        smallest N fitting the budget)\n"
+           "      --residency copy|zerocopy  how decode serves cache misses (giving it means\n"
+           "                        --placement stream)\n"
+           "      --placement auto|stream|hybrid|static|static:N  experts cached, misses\n"
+           "                        served by whichever of copies, zero-copy reads (graph)\n"
+           "                        and hybrid decodes fastest, each timed on the first\n"
+           "                        decode steps (auto, the default), cached with misses\n"
+           "                        served as --residency says (stream; copy unless given),\n"
+           "                        the cache with misses split between PCIe and the CPU\n"
+           "                        (hybrid), or the first N layers' experts on the CPU and\n"
+           "                        the rest resident (static:N; static = the smallest N\n"
+           "                        fitting the budget)\n"
            "      --graph           record a decode step as a CUDA graph once and replay it\n"
            "                        (all resident, or --residency zerocopy)\n"
            "      --streaming dma|kernel  misses copied by DMA per piece (default) or by one\n"
@@ -243,7 +252,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             rc = args_size("bench", a, v, 1, UINT64_MAX, &o->vram_budget);
             o->cuda = 1;
         } else if (!strcmp(a, "--placement")) {
-            if (run_opts_placement(v, "bench", &o->cpu_moe_layers, &o->hybrid))
+            if (run_opts_placement(v, "bench", &o->cpu_moe_layers, &o->hybrid, &o->stream))
                 return 2;
             o->cuda = 1;
         } else if (!strcmp(a, "--streaming") && (!strcmp(v, "dma") || !strcmp(v, "kernel"))) {
@@ -251,6 +260,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         } else if (!strcmp(a, "--residency")) {
             if (run_opts_residency(v, "bench", &o->residency))
                 return 2;
+            o->residency_set = true;
         } else if (!strcmp(a, "--stats-json"))
             o->stats_json = v;
         else if (!strcmp(a, "--profile"))
@@ -397,6 +407,12 @@ static double bench_token_bytes(const struct model *m, uint32_t n_cpu, double *c
 /* The bench options as the API's config: the CPU, or CUDA (--device cuda, --vram-budget,
  * --placement), a stream of the prompt and the decode steps, the prompt in one batch. The
  * CUDA options are dropped on the CPU (a later --device cpu overrides them). */
+static enum strata_placement bench_placement(const struct bench_opts *o)
+{
+    return run_opts_placement_pick(o->cpu_moe_layers, o->hybrid, o->stream, o->residency_set,
+                                   o->prefetch);
+}
+
 static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
 {
     strata_config_init(cfg);
@@ -404,9 +420,7 @@ static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
     cfg->device = o->cuda ? STRATA_DEVICE_CUDA : STRATA_DEVICE_CPU;
     if (o->cuda) {
         cfg->vram_budget = o->vram_budget;
-        cfg->placement = o->hybrid           ? STRATA_PLACEMENT_HYBRID
-                         : o->cpu_moe_layers ? STRATA_PLACEMENT_STATIC
-                                             : STRATA_PLACEMENT_STREAM;
+        cfg->placement = bench_placement(o);
     }
     if (o->cpu_moe_layers)
         cfg->cpu_moe_layers = o->cpu_moe_layers;
@@ -785,8 +799,17 @@ static void bench_print(const struct bench_opts *o, struct strata *st, const str
         printf("placement    static: experts of %d of %u layers on the CPU (%d threads), the "
                "rest resident\n",
                now.cpu_moe_layers, hp->n_layer, r->threads);
+    else if (o->cuda && now.has_cache)
+        printf("placement    %s at the end of decode%s\n", now.placement,
+               now.placement_timing ? " (auto: still timing the modes)"
+               : bench_placement(o) == STRATA_PLACEMENT_AUTO
+                   ? " (auto: each mode timed on the first decode steps)"
+                   : "");
     else
-        printf("backend      cpu, %d threads\n", r->threads);
+        printf("backend      cpu, %d threads%s\n", now.threads,
+               !o->cuda && now.threads != r->threads ? " at the end of decode (timed on the "
+                                                       "first decode steps)"
+                                                     : "");
     printf("host read    %.1f GB/s with %d threads, %.1f GB/s with %d; %.1f GB/s with %d after "
            "decode (%.1f GiB probe, median of 5); the floor uses the highest\n",
            r->bw_all / 1e9, r->procs, r->bw_run / 1e9, r->threads, r->bw_after / 1e9, r->procs,

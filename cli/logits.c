@@ -59,8 +59,9 @@ static void logits_usage(FILE *out)
             "                         in VRAM slots\n"
             "      --residency copy|zerocopy  how decode serves expert-cache misses: copied\n"
             "                         into slots, or read in place (default copy)\n"
-            "      --placement stream|hybrid|static|static:N  experts cached under\n"
-            "                         --vram-budget (stream, the default), the cache with its\n"
+            "      --placement auto|stream|hybrid|static|static:N  experts cached under\n"
+            "                         --vram-budget (stream, the default here; auto: strata\n"
+            "                         run's, modes switched as timed), the cache with its\n"
             "                         misses split between PCIe and the CPU (hybrid), or the\n"
             "                         first N layers' experts on the CPU and the rest resident\n"
             "                         (static:N; static = the smallest N fitting the budget);\n"
@@ -310,6 +311,7 @@ int cmd_logits(int argc, char **argv)
 
     run_opts_init(po);
     po->device = "cpu";
+    po->stream = true; /* logits compare placements: one way unless --placement auto */
 
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:o:t:h", opts, NULL)) != -1) {
@@ -351,9 +353,10 @@ int cmd_logits(int argc, char **argv)
             if (run_opts_residency(optarg, "logits", &mode))
                 return 2;
             po->residency = optarg;
+            po->residency_set = true;
             break;
         case 'P':
-            if (run_opts_placement(optarg, "logits", &po->cpu_moe_layers, &po->hybrid))
+            if (run_opts_placement(optarg, "logits", &po->cpu_moe_layers, &po->hybrid, &po->stream))
                 return 2;
             if (!po->device_set)
                 po->device = "cuda";

@@ -91,6 +91,7 @@ static int warmup_parse(int argc, char **argv, struct warmup_opts *w, struct run
 
     *w = (struct warmup_opts){.max_tokens = 512, .decode = 16, .dynamic_pct = -1};
     run_opts_init(o);
+    o->stream = true; /* the warmup counts routing: no timing of the cache's modes */
     if (!rest)
         return 2;
     rest[0] = argv[0];

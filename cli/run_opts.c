@@ -66,8 +66,11 @@ static void run_opts_usage(const char *cmd)
                "with a note, and the session goes on.\n\n");
     printf("model and machine:\n"
            "  -m, --model FILE        GGUF model (default: the shipped default model, %s)\n"
-           "  -t, --threads N         CPU threads (default: all cores); with --device cuda\n"
-           "                          they run the CPU expert lane (--cpu-threads is the same)\n"
+           "  -t, --threads N         CPU threads (default: all cores, except on --device cpu\n"
+           "                          with 6 or more: the fastest of all, 3/4 and 1/2 of\n"
+           "                          them, timed on the first decode steps); with --device\n"
+           "                          cuda they run the CPU expert lane (--cpu-threads is the\n"
+           "                          same)\n"
            "  -c, --ctx-size N        context length in tokens (default %d)\n"
            "  -b, --batch-size N      prompt tokens per forward pass (default %d)\n"
            "      --device auto|cpu|cuda  backend (default %s: cuda when a GPU is present,\n"
@@ -94,19 +97,26 @@ static void run_opts_usage(const char *cmd)
            "                          --device cuda)\n"
            "      --residency copy|zerocopy  how expert-cache misses are served in decode:\n"
            "                          copied into slots before the layer runs, or read in\n"
-           "                          place over PCIe and cached between tokens (default %s;\n"
-           "                          copy measured faster, bench/residency.md)\n"
-           "      --placement stream|hybrid|static|static:N  with --device cuda:\n"
-           "                          stream = experts cached in VRAM under --vram-budget\n"
-           "                          (default); hybrid = the same cache, its misses split\n"
-           "                          between PCIe and the CPU by measured bandwidths\n"
-           "                          (bench/hybrid.md); static:N = the experts of the\n"
-           "                          first N layers on the CPU, the rest resident (llama.cpp\n"
-           "                          --n-cpu-moe N); static = the smallest N that fits\n"
-           "                          --vram-budget\n"
+           "                          place over PCIe and cached between tokens; giving it\n"
+           "                          means --placement stream (default: auto's choice)\n"
+           "      --placement auto|stream|hybrid|static|static:N  with --device cuda:\n"
+           "                          auto (default) = experts cached in VRAM under\n"
+           "                          --vram-budget, misses copied, read in place (decode\n"
+           "                          as a CUDA graph) or split with the CPU (hybrid),\n"
+           "                          whichever decodes fastest: each is timed on the first\n"
+           "                          decode steps (10 each), again when the miss rate\n"
+           "                          moves, and the choice is printed (bench/residency.md);\n"
+           "                          stream = the same cache, misses served as --residency\n"
+           "                          says (%s unless given); hybrid = the cache, its\n"
+           "                          misses split between PCIe and the CPU by measured\n"
+           "                          bandwidths (bench/hybrid.md); static:N = the experts\n"
+           "                          of the first N layers on the CPU, the rest resident\n"
+           "                          (llama.cpp --n-cpu-moe N); static = the smallest N\n"
+           "                          that fits --vram-budget\n"
            "      --graph             record a decode step once as a CUDA graph and replay it:\n"
            "                          all resident, or --residency zerocopy (ignored with\n"
-           "                          copy, --prefetch, hybrid or static, which sync per layer)\n"
+           "                          copy, --prefetch, hybrid or static, which sync per layer;\n"
+           "                          --placement auto uses a graph whenever it reads in place)\n"
            "      --streaming dma|kernel  how misses are copied into slots: a DMA copy per\n"
            "                          piece (default), or one gather kernel per batch reading\n"
            "                          host memory itself (no faster than DMA on the GPUs in\n"
@@ -331,7 +341,7 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             }
             o->host_io = v;
         } else if (IS("--placement", NULL)) {
-            if ((rc = run_opts_placement(v, cmd, &o->cpu_moe_layers, &o->hybrid)))
+            if ((rc = run_opts_placement(v, cmd, &o->cpu_moe_layers, &o->hybrid, &o->stream)))
                 return rc;
             if (!o->device_set)
                 o->device = "cuda";
@@ -347,6 +357,7 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             if ((rc = run_opts_residency(v, cmd, &mode)))
                 return rc;
             o->residency = v;
+            o->residency_set = true;
         } else if (IS("--stats-json", NULL)) {
             o->stats_json = v;
         } else if (IS("--profile", NULL)) {
@@ -510,12 +521,16 @@ int run_opts_check(struct run_opts *o, const char *cmd)
     return run_opts_cuda_only(cmd, o->cuda_flag, o->device);
 }
 
-int run_opts_placement(const char *v, const char *cmd, int *out, bool *hybrid)
+int run_opts_placement(const char *v, const char *cmd, int *out, bool *hybrid, bool *stream)
 {
     long long n;
     *hybrid = false;
-    if (!strcmp(v, "stream")) {
+    *stream = false;
+    if (!strcmp(v, "auto")) {
         *out = 0;
+    } else if (!strcmp(v, "stream")) {
+        *out = 0;
+        *stream = true;
     } else if (!strcmp(v, "hybrid")) {
         *out = 0;
         *hybrid = true;
@@ -524,11 +539,22 @@ int run_opts_placement(const char *v, const char *cmd, int *out, bool *hybrid)
     } else if (!strncmp(v, "static:", 7) && args_parse_int(v + 7, 1, 1 << 20, &n)) {
         *out = (int)n;
     } else {
-        fprintf(stderr, "strata %s: --placement must be stream, hybrid, static or static:N "
-                        "(N >= 1), not '%s'\n", cmd, v);
+        fprintf(stderr,
+                "strata %s: --placement must be auto, stream, hybrid, static or "
+                "static:N (N >= 1), not '%s'\n",
+                cmd, v);
         return 2;
     }
     return 0;
+}
+
+enum strata_placement run_opts_placement_pick(int cpu_moe_layers, bool hybrid, bool stream,
+                                              bool residency_set, bool prefetch)
+{
+    return hybrid                                ? STRATA_PLACEMENT_HYBRID
+           : cpu_moe_layers                      ? STRATA_PLACEMENT_STATIC
+           : stream || residency_set || prefetch ? STRATA_PLACEMENT_STREAM
+                                                 : STRATA_PLACEMENT_AUTO;
 }
 
 int run_opts_residency(const char *v, const char *cmd, int *out)
@@ -555,9 +581,8 @@ void run_opts_config(const struct run_opts *o, const char *path, struct strata_c
                                                : STRATA_DEVICE_AUTO;
     cfg->vram_budget = o->vram_budget;
     cfg->host_budget = o->host_budget;
-    cfg->placement = o->hybrid           ? STRATA_PLACEMENT_HYBRID
-                     : o->cpu_moe_layers ? STRATA_PLACEMENT_STATIC
-                                         : STRATA_PLACEMENT_STREAM;
+    cfg->placement = run_opts_placement_pick(o->cpu_moe_layers, o->hybrid, o->stream,
+                                             o->residency_set, o->prefetch);
     if (o->cpu_moe_layers)
         cfg->cpu_moe_layers = o->cpu_moe_layers;
     run_opts_residency(o->residency, "run", &fill);

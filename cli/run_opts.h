@@ -43,6 +43,8 @@ struct run_opts {
     bool graph;            /* --graph */
     int cpu_moe_layers;    /* --placement static[:N]: -1 auto, N, 0 = stream (the cache) */
     bool hybrid;           /* --placement hybrid */
+    bool stream;           /* --placement stream */
+    bool residency_set;    /* --residency was given */
     const char *stats_json; /* --stats-json FILE */
     const char *profile;   /* --profile FILE */
     bool profile_freeze;   /* --profile-freeze */
@@ -150,9 +152,15 @@ void run_opts_config(const struct run_opts *o, const char *path, struct strata_c
 /* --residency's value as enum strata_fill: 0 and *out, or 2 after printing the error. */
 int run_opts_residency(const char *v, const char *cmd, int *out);
 
-/* --placement's value (stream | hybrid | static | static:N) as cpu_moe_layers (0 = stream, -1
- * = static from the budget, N) and hybrid: 0, or 2 after printing the error. */
-int run_opts_placement(const char *v, const char *cmd, int *cpu_moe_layers, bool *hybrid);
+/* --placement's value (auto | stream | hybrid | static | static:N) as cpu_moe_layers (0 = the
+ * cache, -1 = static from the budget, N), hybrid and stream: 0, or 2 after printing the
+ * error. */
+int run_opts_placement(const char *v, const char *cmd, int *cpu_moe_layers, bool *hybrid,
+                       bool *stream);
+/* The placement those flags ask for: static, hybrid, stream (--placement stream, or a
+ * --residency or --prefetch that names the cache's way), else auto. */
+enum strata_placement run_opts_placement_pick(int cpu_moe_layers, bool hybrid, bool stream,
+                                              bool residency_set, bool prefetch);
 
 /* Opens the model (o->model or the default), the backend and a stream; prints what it loaded
  * with -v, and a warning when -c is above the model's trained context. 0, or 1 after printing the error. run_session_close prints/writes the expert

@@ -44,6 +44,12 @@ enum strata_placement {
                                   * the CPU by a cost model measured at open */
     STRATA_PLACEMENT_STATIC = 2, /* the experts of layers [0, cpu_moe_layers) run on the CPU,
                                   * the rest are resident (llama.cpp's --n-cpu-moe) */
+    STRATA_PLACEMENT_AUTO = 3,   /* (default) the expert cache, its misses served by copies,
+                                  * zero-copy reads (decode steps in a CUDA graph) or copies and
+                                  * the CPU lane, whichever decodes fastest: each is timed on a
+                                  * few decode steps, again when the miss rate moves; `fill` is
+                                  * the one timed first. Without the cache (all resident, or no
+                                  * GPU): nothing to place. With STRATA_FLAG_PREFETCH: STREAM */
 };
 
 /* How the expert cache serves a miss in decode-sized calls (prefill always copies). */
@@ -436,6 +442,13 @@ int strata_generate(struct strata_stream *st, const int32_t *prompt, int n_promp
 struct strata_stats {
     uint64_t vram_bytes;       /* device memory held (weights, KV, scratch, slots) */
     bool graph;                /* decode steps replayed from a CUDA graph */
+    const char *placement;     /* how the experts are placed now: "resident", "static",
+                                * "copy", "zero-copy", "zero-copy graph" or "hybrid"; "cpu"
+                                * without a GPU */
+    bool placement_timing;     /* STRATA_PLACEMENT_AUTO is still timing its modes */
+    int threads;               /* OpenMP threads the CPU kernels (or the CPU lane) run with now,
+                                * on the calling thread (with n_threads 0 on the CPU backend:
+                                * the count its timing picked) */
     int cpu_moe_layers;        /* static placement's CPU layers */
     double cpu_lane_seconds;   /* wall seconds the CPU lane spent on experts */
     bool has_cache;            /* the rest is the expert cache's, over all layers so far */

@@ -505,7 +505,12 @@ static int ml_open_cache(struct moe_layer *ml)
                     ec.pool_bytes / 1073741824.0);
     }
     int rc = expert_cache_open(ml->m, &ec, cfg->stream, &ml->cache);
-    return rc || !cfg->hybrid ? rc : ml_open_hybrid(ml);
+    if (!rc && (cfg->hybrid || cfg->modes))
+        rc = ml_open_hybrid(ml);
+    if (!rc && cfg->modes && !cfg->hybrid)
+        rc = moe_layer_set_mode(ml,
+                                cfg->fill == MOE_FILL_ZEROCOPY ? MOE_MODE_ZEROCOPY : MOE_MODE_COPY);
+    return rc;
 }
 
 int moe_layer_open(const struct model *m, const struct moe_layer_config *cfg,
@@ -622,6 +627,29 @@ void moe_layer_replayed(struct moe_layer *ml)
 {
     if (ml->cache)
         expert_cache_replayed(ml->cache, (int)ml->m->hp.n_expert_used);
+}
+
+bool moe_layer_mode_ok(const struct moe_layer *ml, enum moe_mode mode)
+{
+    return ml->cache && ml->cfg.modes && !ml->prefetch && (unsigned)mode < MOE_MODES &&
+           (mode != MOE_MODE_ZEROCOPY || !ml->cfg.tier);
+}
+
+int moe_layer_set_mode(struct moe_layer *ml, enum moe_mode mode)
+{
+    if (!moe_layer_mode_ok(ml, mode))
+        return err_set(-ENOTSUP, "the expert cache cannot switch to mode %d", (int)mode);
+    expert_cache_hybrid_pause(ml->cache, mode != MOE_MODE_HYBRID);
+    ml->hybrid = mode == MOE_MODE_HYBRID;
+    ml->cfg.fill = mode == MOE_MODE_ZEROCOPY ? MOE_FILL_ZEROCOPY : MOE_FILL_COPY;
+    return 0;
+}
+
+enum moe_mode moe_layer_mode(const struct moe_layer *ml)
+{
+    return ml->hybrid                          ? MOE_MODE_HYBRID
+           : ml->cfg.fill == MOE_FILL_ZEROCOPY ? MOE_MODE_ZEROCOPY
+                                               : MOE_MODE_COPY;
 }
 
 bool moe_layer_graph_safe(const struct moe_layer *ml)

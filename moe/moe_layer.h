@@ -113,6 +113,10 @@ struct moe_layer_config {
                            * (decode: only while layer l + 1 misses: MOE_PREFETCH_QUIET) */
     int prefetch_depth;   /* with prefetch: layers l + 1 .. l + depth (1..4; 0 = 1) */
     bool hybrid;          /* each call's misses split between streaming and the CPU lane */
+    bool modes;           /* with cache, without prefetch: the CPU lane opened as for hybrid,
+                           * and moe_layer_set_mode switches between copy, zero-copy and hybrid
+                           * (the automatic placement); the layer starts in `fill`, not
+                           * hybrid */
     bool hybrid_no_admit; /* hybrid: a CPU-lane miss is never also copied into a slot */
     bool gather;          /* misses streamed by one gather kernel per batch */
     uint64_t pin_chunk;   /* host registration piece (expert_cache_config), 0 = default */
@@ -157,6 +161,20 @@ void moe_layer_replayed(struct moe_layer *ml);
 /* Whether a step runs without host syncs (so it may be recorded into a graph): no CPU lane,
  * and no cache or a zero-copy cache without prediction. */
 bool moe_layer_graph_safe(const struct moe_layer *ml);
+
+/* How the expert cache serves decode's misses (struct moe_layer_config.modes). */
+enum moe_mode {
+    MOE_MODE_COPY = 0,     /* copied into slots */
+    MOE_MODE_ZEROCOPY = 1, /* read in place, admitted between steps */
+    MOE_MODE_HYBRID = 2,   /* split between copies and the CPU lane */
+};
+#define MOE_MODES 3
+/* Between steps, the backend's stream synced: serve misses the new way from the next call on.
+ * 0, or -ENOTSUP (no cache, opened without modes, or zero-copy with a host tier). */
+int moe_layer_set_mode(struct moe_layer *ml, enum moe_mode mode);
+enum moe_mode moe_layer_mode(const struct moe_layer *ml);
+/* Whether the mode can be set (opened with modes; zero-copy needs no host tier). */
+bool moe_layer_mode_ok(const struct moe_layer *ml, enum moe_mode mode);
 
 /* Device memory the expert cache holds (slots, tables); 0 without one. */
 uint64_t moe_layer_vram_bytes(const struct moe_layer *ml);

@@ -67,7 +67,7 @@ void expert_cache_print_stats(const struct expert_cache *c, FILE *f)
                 " predictions dropped (the copy stream was behind)\n",
                 tot.prefetched, tot.prefetch_used, tot.prefetch_late, tot.prefetch_wasted / 1e6,
                 tot.prefetch_dropped);
-    if (c->hybrid)
+    if (c->split)
         fprintf(f,
                 "CPU lane: %" PRIu64 " expert computations (misses not streamed), %" PRIu64
                 " of those experts copied into a slot behind the call for the next one\n",

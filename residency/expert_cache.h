@@ -146,6 +146,12 @@ int expert_cache_set_hybrid(struct expert_cache *c, expert_cache_split_fn split,
  * never cached, and the cache stops learning). */
 void expert_cache_set_hybrid_admit(struct expert_cache *c, bool on);
 
+/* Hybrid set: paused (prepare_copy gives nothing to the CPU, as without set_hybrid) or on
+ * again. Pausing points every CPU-lane expert's entries back at its slot or host memory, for
+ * any fill to read: call it between steps, the compute stream synced. Nothing without
+ * set_hybrid. */
+void expert_cache_hybrid_pause(struct expert_cache *c, bool pause);
+
 /* The experts the last prepare_copy gave to the CPU lane (ascending ids), and their count. */
 int expert_cache_cpu_experts(const struct expert_cache *c, const int32_t **ids);
 

@@ -435,6 +435,28 @@ int expert_cache_set_hybrid(struct expert_cache *c, expert_cache_split_fn split,
     return 0;
 }
 
+void expert_cache_hybrid_pause(struct expert_cache *c, bool pause)
+{
+    if (!c->split)
+        return;
+    for (int l = 0; pause && c->hybrid && l < c->n_layer; l++) {
+        for (int i = 0; i < c->n_zeroed[l]; i++) {
+            int e = c->zeroed[(size_t)l * c->n_expert + i];
+            int s = slru_peek(c->slru, l, e);
+            if (s >= 0)
+                ec_point_slot(c, l, e, s);
+            else
+                ec_point_host(c, l, e);
+        }
+        c->n_zeroed[l] = 0;
+    }
+    if (pause) {
+        c->n_cpu = 0;
+        c->bg_id = -1;
+    }
+    c->hybrid = !pause;
+}
+
 int expert_cache_cpu_experts(const struct expert_cache *c, const int32_t **ids)
 {
     *ids = c->cpu_ids;

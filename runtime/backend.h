@@ -173,6 +173,10 @@ struct backend_ops {
      * lowest), computed where they are: only the index comes back. NULL: the caller reads the
      * floats and takes it itself. */
     int (*read_argmax)(struct backend *b, const float *x, int n, int32_t *out);
+    /* Optional: a stream is about to evaluate n tokens (stream_eval). A backend that picks a
+     * setting by timing decode steps (runtime/tune.h) keeps its clock here: between two
+     * one-token calls lies one decode step, sampling included. */
+    void (*eval_begin)(struct backend *b, int n);
     void (*close)(struct backend *b);
 };
 
@@ -183,7 +187,9 @@ struct backend {
 };
 
 struct backend_cpu_config {
-    int n_threads; /* 0 = OpenMP's default */
+    int n_threads; /* 0 = OpenMP's default; with 6 or more processors and OMP_NUM_THREADS
+                    * unset, the fastest of all, 3/4 and 1/2 of them, timed on the first
+                    * decode steps (runtime/tune.h) */
     /* > 0: the routed experts are read from the file into a host tier of this many bytes
      * (residency/disk_tier.h) instead of from the mapping; tier_pread: never io_uring;
      * tier_buffered: never O_DIRECT */
@@ -232,6 +238,10 @@ struct backend_cuda_config {
                            * measured at open) */
     bool hybrid_no_admit; /* hybrid: never also copy a CPU-lane miss into a slot when the
                            * PCIe lane is idle (for comparison; admission is the default) */
+    bool auto_place;      /* with the expert cache (not hybrid, not prefetch): its misses
+                           * served by copies, zero-copy reads (in a graph) or copies and the
+                           * CPU lane, whichever decodes fastest, timed on the first decode
+                           * steps; residency is the mode timed first */
     int cpu_moe_layers;   /* static placement (llama.cpp's --n-cpu-moe N): the experts of
                            * layers [0, N) stay in host memory and run on the CPU, the others
                            * are resident; no expert cache. -1: the smallest N whose resident
@@ -268,6 +278,17 @@ int backend_cuda_cache_totals(const struct backend *b, struct moe_cache_totals *
 
 /* Whether one-token decode steps are replayed from a CUDA graph (--graph, all resident). */
 bool backend_cuda_graph(const struct backend *b);
+
+/* The automatic placement held (hold: in copy mode, nothing timed, until released: the
+ * profile probe's greedy steps run on GPU kernels only) or released (back to the mode it
+ * held, timing on). 0 or -errno; nothing without the automatic placement. */
+int backend_cuda_auto_hold(struct backend *b, bool hold);
+
+/* How the experts are placed now: "resident", "static", "copy", "zero-copy" (with a graph:
+ * "zero-copy graph") or "hybrid". */
+const char *backend_cuda_placement(const struct backend *b);
+/* Whether the automatic placement is still timing its modes. */
+bool backend_cuda_auto_timing(const struct backend *b);
 
 /* The host tier's counters (static placement with host_budget): false when there is none. */
 bool backend_cuda_tier_stats(const struct backend *b, struct disk_tier_stats *out);

@@ -2,10 +2,12 @@
  * It is the numerical reference for the CUDA backend and the engine of CPU-only runs. */
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "clock.h"
 #include "disk_tier.h"
 #include "errors.h"
 #include "matmul.h"
@@ -14,6 +16,7 @@
 #include "ops_cpu.h"
 #include "ops_ssm.h"
 #include "quant_ref.h"
+#include "tune.h"
 
 struct backend_cpu {
     struct backend base;
@@ -23,6 +26,11 @@ struct backend_cpu {
     float *shexp;            /* shared expert scratch: (max_tok, 2 n_ff_shexp + n_embd) */
     int max_tok;
     struct backend_cpu_config cfg;
+    /* the thread count, timed on the first decode steps when the caller left it open */
+    struct tune tune;
+    int tune_threads[TUNE_MAX];
+    double tune_last; /* when the last one-token evaluation began; 0: not the step before */
+    bool tuning;
 };
 
 #define CPU_MAX_TOK 512 /* tokens per moe_ffn call; larger batches are split */
@@ -274,6 +282,47 @@ static int cpu_moe_ffn(struct backend *b, const struct moe_args *a)
     return moe_layer_run(cpu_of(b)->moe, a);
 }
 
+/* Thread counts tried by the tuner: all processors, 3/4 and 1/2 of them (16 vCPUs of a KVM
+ * guest decoded 45% slower with 16 threads than with 8 or 12: bench/cpu-decode.md). Fewer
+ * than 6 processors, or OMP_NUM_THREADS set: none. */
+static void cpu_tune_open(struct backend_cpu *c)
+{
+    const int n = omp_get_max_threads();
+    const char *env = getenv("OMP_NUM_THREADS");
+    if (c->cfg.n_threads > 0 || (env && *env) || n < 6)
+        return;
+    c->tune_threads[0] = n;
+    c->tune_threads[1] = (3 * n + 2) / 4;
+    c->tune_threads[2] = n / 2;
+    tune_init(&c->tune, 3, 1, 1, 3);
+    omp_set_num_threads(c->tune_threads[c->tune.cur]);
+    c->tuning = true;
+}
+
+static void cpu_eval_begin(struct backend *b, int n)
+{
+    struct backend_cpu *c = cpu_of(b);
+    if (!c->tuning)
+        return;
+    const double now = clock_now_s();
+    if (n == 1 && c->tune_last > 0) {
+        const int prev = c->tune.cur, next = tune_observe(&c->tune, now - c->tune_last);
+        if (next != prev)
+            omp_set_num_threads(c->tune_threads[next]);
+        if (tune_decided(&c->tune)) {
+            c->tuning = false;
+            if (c->cfg.log)
+                fprintf(c->cfg.log,
+                        "strata: threads: %d from now on (decode steps measured %.1f ms with "
+                        "%d, %.1f with %d, %.1f with %d; -t sets a count)\n",
+                        c->tune_threads[next], c->tune.cost[0] * 1e3, c->tune_threads[0],
+                        c->tune.cost[1] * 1e3, c->tune_threads[1], c->tune.cost[2] * 1e3,
+                        c->tune_threads[2]);
+        }
+    }
+    c->tune_last = n == 1 ? now : 0;
+}
+
 static int cpu_read(struct backend *b, float *host, const float *src, size_t n)
 {
     (void)b;
@@ -349,6 +398,7 @@ static const struct backend_ops cpu_ops = {
     .add = cpu_add,
     .moe_ffn = cpu_moe_ffn,
     .read = cpu_read,
+    .eval_begin = cpu_eval_begin,
     .close = cpu_close,
 };
 
@@ -378,6 +428,7 @@ int backend_cpu_open(const struct model *m, const struct backend_cpu_config *cfg
         c->cfg = *cfg;
     if (cfg && cfg->n_threads > 0)
         omp_set_num_threads(cfg->n_threads);
+    cpu_tune_open(c);
     c->router_logits = malloc(sizeof(float) * (size_t)c->max_tok * hp->n_expert);
     if (hp->n_ff_shexp) /* gate, up and down outputs */
         c->shexp =

@@ -7,11 +7,13 @@
  * Ownership: the backend owns the device copies of the weights (recorded in each weight's dev
  * field of the model, cleared again at close), the scratch buffers below, and the stream.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "clock.h"
 #include "cuda_attention.h"
 #include "cuda_info.h"
 #include "cuda_matmul.h"
@@ -26,6 +28,7 @@
 #include "quant_blocks.h"
 #include "strata.h"
 #include "stream.h"
+#include "tune.h"
 
 #define CUDA_BACKEND_MAX_TOK 512 /* tokens per launch of the batched ops; larger calls split */
 #define CUDA_ROWS_GRAPHS 64      /* lockstep steps of up to this many rows may be graphed */
@@ -88,6 +91,19 @@ struct backend_cuda {
     void *rows_exec[CUDA_ROWS_GRAPHS + 1];
     const void *rows_key[CUDA_ROWS_GRAPHS + 1];
     int rows_key_ctx[CUDA_ROWS_GRAPHS + 1];
+    /* automatic placement: the expert cache's modes timed on decode steps (runtime/tune.h);
+     * zero-copy runs as a graph */
+    bool auto_place;
+    bool graph_ok;           /* zero-copy steps may run as a graph (no route observer) */
+    bool auto_held;          /* backend_cuda_auto_hold: copy mode, nothing timed */
+    enum moe_mode held_mode; /* the mode to go back to */
+    struct tune tune;
+    enum moe_mode tune_mode[TUNE_MAX];
+    double tune_last;      /* when the last one-token evaluation began; 0: not the step before */
+    int watch_steps;       /* decided: one-token steps since watch_misses was taken */
+    uint64_t watch_misses; /* the cache's misses then */
+    double watch_rate;     /* misses per token in the first watch after the decision; < 0: none */
+    FILE *log;
 };
 
 static inline struct backend_cuda *cuda_of(struct backend *b)
@@ -901,6 +917,143 @@ static int cuda_read_op(struct backend *b, float *host, const float *src, size_t
     return moe_layer_step_end(c->moe);
 }
 
+/* ---- automatic placement -------------------------------------------------------------------
+ * The expert cache's three ways to serve decode's misses (copies, zero-copy reads in a graph,
+ * copies and the CPU lane) win at different budgets, models and machines (bench/residency.md:
+ * on the H200 at 12 GiB zero-copy with a graph decoded 245 tok/s, copies 235, hybrid 170; at
+ * 8 GiB hybrid 154, copies 146, zero-copy 108), and the hit rate that decides it is only known
+ * once the model runs. So each is timed on a few decode steps (tune.h: 2 skipped, 8 timed,
+ * the first mode timed again last) and the fastest stays; a miss rate that later moves by more
+ * than half (and one miss per token) starts the trials again. */
+
+#define AUTO_SKIP 2   /* steps after a switch not timed (a graph is recorded in the first) */
+#define AUTO_WINDOW 8 /* steps timed per trial */
+#define AUTO_WATCH 64 /* steps per look at the miss rate once decided */
+
+static const char *auto_mode_name(enum moe_mode m, bool graph)
+{
+    return m == MOE_MODE_HYBRID     ? "hybrid"
+           : m != MOE_MODE_ZEROCOPY ? "copy"
+           : graph                  ? "zero-copy graph"
+                                    : "zero-copy";
+}
+
+static uint64_t auto_misses(const struct backend_cuda *c)
+{
+    struct moe_cache_totals t;
+    return moe_layer_cache_totals(c->moe, &t) ? 0 : t.misses;
+}
+
+/* Serves the next steps in mode m: the stream drained, the graph of another mode dropped. */
+static int auto_switch(struct backend_cuda *c, enum moe_mode m)
+{
+    int rc = cuda_stream_sync(c->stream);
+    rc = rc ? rc : moe_layer_step_end(c->moe);
+    rc = rc ? rc : moe_layer_set_mode(c->moe, m);
+    cuda_graph_destroy(c->graph_exec);
+    c->graph_exec = NULL;
+    c->graph = !rc && c->graph_ok && moe_layer_graph_safe(c->moe);
+    return rc;
+}
+
+static void cuda_eval_begin(struct backend *b, int n)
+{
+    struct backend_cuda *c = cuda_of(b);
+    if (!c->auto_place || c->auto_held)
+        return;
+    const double now = clock_now_s();
+    if (n == 1 && c->tune_last > 0) {
+        if (!tune_decided(&c->tune)) {
+            const int prev = c->tune.cur, next = tune_observe(&c->tune, now - c->tune_last);
+            if (next != prev && auto_switch(c, c->tune_mode[next])) {
+                c->auto_place = false; /* stays as it is; the next op reports the error */
+                return;
+            }
+            if (tune_decided(&c->tune)) {
+                c->watch_steps = 0;
+                c->watch_misses = auto_misses(c);
+                c->watch_rate = -1;
+                if (c->log) {
+                    fprintf(c->log, "strata: placement auto:");
+                    for (int i = 0; i < c->tune.n; i++)
+                        fprintf(c->log, "%s %s %.2f ms", i ? "," : "",
+                                auto_mode_name(c->tune_mode[i], c->graph_ok),
+                                c->tune.cost[i] * 1e3);
+                    fprintf(c->log, " per token: %s from now on\n",
+                            auto_mode_name(c->tune_mode[next], c->graph_ok));
+                }
+            }
+        } else if (++c->watch_steps == AUTO_WATCH) {
+            const uint64_t m = auto_misses(c);
+            const double rate = (double)(m - c->watch_misses) / AUTO_WATCH;
+            c->watch_steps = 0;
+            c->watch_misses = m;
+            if (c->watch_rate < 0) {
+                c->watch_rate = rate;
+            } else if (fabs(rate - c->watch_rate) > 1.0 &&
+                       fabs(rate - c->watch_rate) > 0.5 * c->watch_rate) {
+                if (c->log)
+                    fprintf(c->log,
+                            "strata: placement auto: %.1f missed experts per token, "
+                            "%.1f when decided: timing the modes again\n",
+                            rate, c->watch_rate);
+                tune_restart(&c->tune);
+            }
+        }
+    }
+    c->tune_last = n == 1 ? now : 0;
+}
+
+/* With cfg->auto_place: the modes the cache can take, copy first. */
+static void auto_open(struct backend_cuda *c)
+{
+    static const enum moe_mode order[] = {MOE_MODE_COPY, MOE_MODE_HYBRID, MOE_MODE_ZEROCOPY};
+    int n = 0, first = 0;
+    for (int i = 0; i < 3; i++)
+        if (moe_layer_mode_ok(c->moe, order[i])) {
+            if (order[i] == moe_layer_mode(c->moe))
+                first = n;
+            c->tune_mode[n++] = order[i];
+        }
+    c->auto_place = n > 1;
+    tune_init(&c->tune, n, first, AUTO_SKIP, AUTO_WINDOW);
+    if (c->auto_place && c->log) {
+        fprintf(c->log, "strata: placement auto: timing");
+        for (int i = 0; i < n; i++)
+            fprintf(c->log, "%s %s", i ? (i + 1 < n ? "," : " and") : "",
+                    auto_mode_name(c->tune_mode[i], c->graph_ok));
+        fprintf(c->log, " on the first decode steps (%d each)\n", AUTO_SKIP + AUTO_WINDOW);
+    }
+}
+
+int backend_cuda_auto_hold(struct backend *b, bool hold)
+{
+    struct backend_cuda *c = b ? cuda_of(b) : NULL;
+    if (!c || !c->moe || !moe_layer_mode_ok(c->moe, MOE_MODE_COPY) || hold == c->auto_held)
+        return 0;
+    c->auto_held = hold;
+    c->tune_last = 0;
+    if (hold) {
+        c->held_mode = moe_layer_mode(c->moe);
+        return c->held_mode == MOE_MODE_COPY ? 0 : auto_switch(c, MOE_MODE_COPY);
+    }
+    return c->held_mode == MOE_MODE_COPY ? 0 : auto_switch(c, c->held_mode);
+}
+
+const char *backend_cuda_placement(const struct backend *b)
+{
+    const struct backend_cuda *c = (const struct backend_cuda *)b;
+    if (!c->moe || !moe_layer_slots(c->moe))
+        return moe_layer_cpu_layers(c->moe) ? "static" : "resident";
+    return auto_mode_name(moe_layer_mode(c->moe), c->graph);
+}
+
+bool backend_cuda_auto_timing(const struct backend *b)
+{
+    const struct backend_cuda *c = (const struct backend_cuda *)b;
+    return c->auto_place && !tune_decided(&c->tune);
+}
+
 /* Graph decode: a one-token step at position pos of stream s is replayed from the recording
  * when there is one for s; else it is recorded (step_end then runs it). Everything position-
  * or token-dependent reads step_dev, filled from step_pin by the graph's first node. */
@@ -1058,6 +1211,7 @@ static const struct backend_ops cuda_ops_table = {
     .read = cuda_read_op,
     .step_begin = cuda_step_begin,
     .step_end = cuda_step_end,
+    .eval_begin = cuda_eval_begin,
     .read_argmax = cuda_read_argmax_op,
     .close = cuda_close_op,
 };
@@ -1183,6 +1337,7 @@ static struct moe_layer_config cuda_moe_config(struct backend_cuda *c,
         .prefetch = cfg->prefetch,
         .prefetch_depth = cfg->prefetch_depth,
         .hybrid = cfg->hybrid,
+        .modes = cfg->auto_place && !cfg->hybrid && !cfg->prefetch,
         .hybrid_no_admit = cfg->hybrid_no_admit,
         .gather = cfg->gather_copies,
         .pin_chunk = cfg->pin_chunk,
@@ -1259,9 +1414,13 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
         rc = moe_layer_open(m, &mc, &cuda_moe_ops, c, &c->moe);
     }
     rc = rc ? rc : cuda_stream_sync(c->stream);
+    c->log = cfg->log;
+    c->graph_ok = !cfg->route_observer;
+    if (!rc && cfg->auto_place && !cfg->hybrid && !cfg->prefetch)
+        auto_open(c);
     /* graph decode needs a step without host syncs */
-    c->graph = cfg->graph && !rc && moe_layer_graph_safe(c->moe);
-    if (!rc && c->graph) {
+    c->graph = (cfg->graph || c->auto_place) && !rc && moe_layer_graph_safe(c->moe);
+    if (!rc && (c->graph || c->auto_place)) {
         rc = cuda_host_alloc((void **)&c->step_pin, 2 * sizeof(int32_t), &c->step_pin_dev);
         rc = rc ? rc : cuda_malloc((void **)&c->step_dev, 2 * sizeof(int32_t));
         if (rc)

@@ -61,7 +61,7 @@ void strata_config_init(struct strata_config *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
     cfg->device = STRATA_DEVICE_CPU;
-    cfg->placement = STRATA_PLACEMENT_STREAM;
+    cfg->placement = STRATA_PLACEMENT_AUTO;
     cfg->cpu_moe_layers = -1;
     cfg->fill = STRATA_FILL_COPY;
     cfg->n_ctx = 4096;
@@ -72,7 +72,8 @@ void strata_config_init(struct strata_config *cfg)
 /* Options that only the CUDA backend has. */
 static bool strata_config_needs_gpu(const struct strata_config *cfg)
 {
-    return cfg->vram_budget || cfg->expert_slots > 0 || cfg->placement != STRATA_PLACEMENT_STREAM;
+    return cfg->vram_budget || cfg->expert_slots > 0 || cfg->placement == STRATA_PLACEMENT_HYBRID ||
+           cfg->placement == STRATA_PLACEMENT_STATIC;
 }
 
 static int strata_config_check(const struct strata_config *cfg)
@@ -90,7 +91,7 @@ static int strata_config_check(const struct strata_config *cfg)
         return err_set(-EINVAL, "strata_config: host_budget reads the experts from the file; "
                                 "STRATA_FLAG_NO_MMAP copies them all to memory");
     if ((unsigned)cfg->device > STRATA_DEVICE_CUDA ||
-        (unsigned)cfg->placement > STRATA_PLACEMENT_STATIC ||
+        (unsigned)cfg->placement > STRATA_PLACEMENT_AUTO ||
         (unsigned)cfg->fill > STRATA_FILL_ZEROCOPY)
         return err_set(-EINVAL, "strata_config: device %d, placement %d or fill %d unknown",
                        (int)cfg->device, (int)cfg->placement, (int)cfg->fill);
@@ -216,6 +217,7 @@ static int strata_start_cuda(struct strata *s, bool auto_cuda)
         .prefetch = cfg->flags & STRATA_FLAG_PREFETCH,
         .prefetch_depth = cfg->prefetch_depth,
         .hybrid = cfg->placement == STRATA_PLACEMENT_HYBRID,
+        .auto_place = cfg->placement == STRATA_PLACEMENT_AUTO,
         .hybrid_no_admit = cfg->flags & STRATA_FLAG_NO_HYBRID_ADMIT,
         .cpu_moe_layers = cfg->placement == STRATA_PLACEMENT_STATIC ? cfg->cpu_moe_layers : 0,
         .host_budget = cfg->host_budget,
@@ -758,8 +760,12 @@ void strata_get_stats(const struct strata *s, struct strata_stats *out)
         out->tier_uring = ts.uring;
         out->tier_direct = ts.direct;
     }
+    out->threads = omp_get_max_threads();
+    out->placement = "cpu";
     if (!s->cuda || !s->core)
         return;
+    out->placement = backend_cuda_placement(s->core);
+    out->placement_timing = backend_cuda_auto_timing(s->core);
     out->vram_bytes = backend_cuda_vram_bytes(s->core);
     out->graph = backend_cuda_graph(s->core);
     out->cpu_moe_layers = backend_cuda_cpu_moe_layers(s->core);

@@ -161,11 +161,18 @@ int strata_probe_run(struct strata *s, const int32_t *prompt, int n_prompt, int3
     int32_t tok = -1;
     int rc = strata_stream_open(s, n_prompt + n_out + 1, &st);
 
+    /* the automatic placement holds still on GPU kernels (copies): the probe's class */
+    if (!rc && s->cuda)
+        rc = backend_cuda_auto_hold(s->core, true);
     rc = rc ? rc : strata_eval_argmax(st, prompt, n_prompt, &tok);
     for (int i = 0; i < n_out && !rc; i++) {
         out[i] = tok;
         if (i + 1 < n_out)
             rc = strata_eval_argmax(st, &tok, 1, &tok);
+    }
+    if (s->cuda) {
+        int hrc = backend_cuda_auto_hold(s->core, false);
+        rc = rc ? rc : hrc;
     }
     strata_stream_close(st);
     return rc;

@@ -246,6 +246,8 @@ int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host)
         return err_set(-ENOSPC, "context full: %d tokens in the cache + %d new > %d", s->pos, n,
                        s->n_ctx);
     const struct backend_ops *op = s->b->ops;
+    if (op->eval_begin)
+        op->eval_begin(s->b, n);
     for (int i = 0; i < n; i += s->max_tok) {
         int chunk = n - i < s->max_tok ? n - i : s->max_tok;
         /* a backend may replay a recorded step instead of the forward (CUDA graphs) */

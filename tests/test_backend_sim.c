@@ -9,6 +9,8 @@
  *   stream), every logit of a prompt and 128 greedy steps is bit-identical to all-resident;
  *   prediction stops for layers that stopped missing (a slot for every expert) and goes on
  *   where they miss;
+ * - the automatic placement, switching between copy, hybrid and zero-copy in a graph while it
+ *   times them, as close to all-resident as the hybrid lane;
  * - static placement and the hybrid lane, whose experts the real CPU lane computes (8-bit
  *   activations), agree with all-resident on >= 95% (f32) or 85% (q8_0) of teacher-forced
  *   argmaxes, the median row's logits within 1e-3 (f32) or 0.06 (q8_0) of its largest
@@ -1127,6 +1129,28 @@ static void close_enough(const char *path, const char *what,
     free(r.logits);
 }
 
+/* The automatic placement: the trials run copy, hybrid and zero-copy in a graph (10 steps each,
+ * then copy again) within the first 41 of N_STEPS steps; whichever stays, every row within the
+ * hybrid lane's tolerance of all resident, and each mode did its work (copies, CPU-lane
+ * experts, reads in place). */
+static void auto_modes(const char *path, const int32_t *prompt, const struct run *ref,
+                       const struct tolerance *tol)
+{
+    struct backend_cuda_config cc = {.device = 0, .expert_slots = 6, .auto_place = true};
+    struct run r = {0};
+    int nv = n_vocab_of(path);
+    CHECK(run(path, &cc, 256, prompt, ref->ids, &r) == 0, "%s: auto failed", path);
+    if (!r.logits)
+        return;
+    check_rows(path, "auto, 6 slots", r.logits, ref, nv, tol);
+    printf("%s: auto, 6 slots: %.2f MB copied, %.2f MB read in place, %llu CPU-lane experts\n",
+           path, r.tot.bytes_copied / 1e6, r.tot.bytes_zerocopy / 1e6,
+           (unsigned long long)r.tot.cpu_computed);
+    CHECK(r.tot.bytes_copied > 0 && r.tot.bytes_zerocopy > 0 && r.tot.cpu_computed > 0,
+          "%s: auto did not run every mode", path);
+    free(r.logits);
+}
+
 /* The simulated CUDA backend against the CPU backend, teacher-forced on ref's greedy ids:
  * catches what both CUDA paths would share (a stale reuse of quantized activations agreed on
  * 22 of 128). Every CPU matmul rounds activations to 8 bits on q8_0: agreement and logits are
@@ -1316,6 +1340,7 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     struct backend_cuda_config hy_na = hy; /* CPU-lane misses never copied into a slot */
     hy_na.hybrid_no_admit = true;
     close_enough(path, "hybrid, no admission, 6 slots", &hy_na, prompt, &ref, tol, 0, true);
+    auto_modes(path, prompt, &ref, tol);
     static const int32_t hl[3] = {0, 1, 1}, he[3] = {4, 2, 7};
     struct restore hf = {.n = 3, .layer = hl, .expert = he, .pin = true};
     g_restore = &hf;

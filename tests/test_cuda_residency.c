@@ -5,8 +5,9 @@
  * with --prefetch (the next layer's predicted experts streamed ahead). Also: a budget the
  * trunk cannot fit in is refused with the shortfall named, and a budget that fits gives a
  * pool. Static placement (the first layers' experts on the CPU) is checked against the
- * all-resident run within a tolerance. Host memory is pinned in 64 KiB pieces here
- * (backend_cuda_config.pin_chunk), so expert copies straddle registrations as they do in 1 GiB
+ * all-resident run within a tolerance, and so is the automatic placement, which tries copy,
+ * hybrid and zero-copy decode in turn before it keeps one. Host memory is pinned in 64 KiB pieces
+ * here (backend_cuda_config.pin_chunk), so expert copies straddle registrations as they do in 1 GiB
  * pieces on real models. Models: the `tiny` preset widened to 4 layers of 16 experts (top-4),
  * f32 and q4_k_m.
  * Exits 77 without a GPU. */
@@ -235,15 +236,41 @@ static void cpu_lane(const char *path, const int32_t *prompt, double tol, int mi
     rc = rc ? rc : stream_open(b, 128, 32, &s);
     CHECK(rc == 0, "%s %s: %s", path, what, err_msg());
     if (!rc) {
-        int nv = (int)m->hp.n_vocab, agree = 0;
+        int nv = (int)m->hp.n_vocab, agree = 0, seen[3] = {0};
         float *l = test_xmalloc(sizeof(float) * (size_t)nv);
-        double err = 0;
+        double err = 0, step_err = 0;
         rc = stream_eval(s, prompt, N_PROMPT, l);
         if (!rc)
             err = test_max_rel_err(l, ref.logits, (size_t)nv);
         for (int i = 0; !rc && i < N_STEPS; i++) {
             agree += sampler_argmax(l, nv) == ref.ids[i];
             rc = stream_eval(s, &ref.ids[i], 1, l);
+            const char *pl = backend_cuda_placement(b); /* the mode that step ran in */
+            seen[0] += !strcmp(pl, "copy");
+            seen[1] += !strcmp(pl, "hybrid");
+            seen[2] += !strcmp(pl, "zero-copy graph");
+            double e = rc ? 0 : test_max_rel_err(l, ref.logits + (size_t)(i + 1) * nv, (size_t)nv);
+            step_err = e > step_err ? e : step_err;
+        }
+        if (cc->auto_place) {
+            /* the trials (10 steps each: copy, hybrid, zero-copy graph, copy again) fit in
+             * N_STEPS, then one of them stays; each step within the hybrid tolerance */
+            const char *end = backend_cuda_placement(b);
+            printf("%s: %s: steps in copy %d, hybrid %d, zero-copy graph %d; then %s; decode "
+                   "logits max rel err %.3g\n",
+                   path, what, seen[0], seen[1], seen[2], end, step_err);
+            CHECK(seen[0] >= 20 && seen[1] >= 10 && seen[2] >= 10,
+                  "%s: a mode was not tried (copy %d, hybrid %d, zero-copy %d steps)", what,
+                  seen[0], seen[1], seen[2]);
+            CHECK(!backend_cuda_auto_timing(b), "%s: undecided after %d steps (%s)", what, N_STEPS,
+                  end);
+            CHECK(step_err <= tol * 10, "%s: decode logits off by %g", what, step_err);
+            /* held for a probe: copies, then back */
+            CHECK(backend_cuda_auto_hold(b, true) == 0 &&
+                      !strcmp(backend_cuda_placement(b), "copy"),
+                  "%s: held in %s", what, backend_cuda_placement(b));
+            CHECK(backend_cuda_auto_hold(b, false) == 0 && !strcmp(backend_cuda_placement(b), end),
+                  "%s: released into %s, was %s", what, backend_cuda_placement(b), end);
         }
         printf("%s: %s: prompt logits max rel err %.3g (tol %.3g), argmax agrees on %d of %d "
                "teacher-forced positions\n",
@@ -348,6 +375,9 @@ int main(void)
     cpu_lane(q4, prompt, 0.2, 85, "static:2", &st);
     cpu_lane(f32, prompt, 1e-3, 95, "hybrid, 6 slots", &hy);
     cpu_lane(q4, prompt, 0.2, 85, "hybrid, 6 slots", &hy);
+    struct backend_cuda_config au = {.device = 0, .expert_slots = 6, .auto_place = true};
+    cpu_lane(f32, prompt, 1e-3, 95, "auto, 6 slots", &au);
+    cpu_lane(q4, prompt, 0.2, 85, "auto, 6 slots", &au);
     unlink(f32);
     unlink(q4);
     rmdir(tmpdir);

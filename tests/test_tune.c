@@ -1,0 +1,83 @@
+/* tune: the order of the trials, the skipped steps, the second measurement of the first
+ * setting, the choice of the cheapest (ties to the lower index), restarts and the one-setting
+ * case, on step times made up per setting (deterministic). */
+#include <string.h>
+
+#include "testutil.h"
+#include "tune.h"
+
+/* Runs steps of made-up costs until decided (at most max_steps): cost[s] per step of setting
+ * s, plus `cold` on every step of the first trial and `switch_s` on the first step after each
+ * change of setting. The settings used, step by step, go to used (max_steps entries). Returns
+ * the steps run. */
+static int drive(struct tune *t, const double *cost, double cold, double switch_s, int *used,
+                 int max_steps)
+{
+    int n = 0, prev = t->cur, trial0 = 1;
+    while (!tune_decided(t) && n < max_steps) {
+        int s = t->cur;
+        double sec = cost[s] + (s != prev ? switch_s : 0.0) + (trial0 ? cold : 0.0);
+        used[n++] = s;
+        prev = s;
+        int next = tune_observe(t, sec);
+        if (next != s)
+            trial0 = 0;
+    }
+    return n;
+}
+
+int main(void)
+{
+    struct tune t;
+    int used[64];
+
+    /* three settings from 1: trials 1, 2, 0, then 1 again; 2 skipped + 3 timed steps each */
+    {
+        const double cost[3] = {5.0, 4.0, 3.0};
+        tune_init(&t, 3, 1, 2, 3);
+        int n = drive(&t, cost, 10.0, 100.0, used, 64);
+        const int want[20] = {1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1};
+        CHECK(n == 20, "%d steps to decide, want 20", n);
+        CHECK(!memcmp(used, want, sizeof(want)), "trial order");
+        CHECK(tune_decided(&t) && t.cur == 2, "decided %d on %d, want 2", tune_decided(&t), t.cur);
+        /* the switch costs fell on skipped steps; the cold first trial was measured again */
+        CHECK(t.cost[0] == 5.0 && t.cost[1] == 4.0 && t.cost[2] == 3.0, "costs %g %g %g", t.cost[0],
+              t.cost[1], t.cost[2]);
+        CHECK(tune_observe(&t, 1e9) == 2 && t.cur == 2, "a decided tuner stays");
+    }
+    /* the cold first trial alone would have lost: its second measurement wins */
+    {
+        const double cost[2] = {2.0, 2.5};
+        tune_init(&t, 2, 0, 0, 2);
+        drive(&t, cost, 1.0, 0.0, used, 64);
+        CHECK(t.cur == 0 && t.cost[0] == 2.0, "picked %d (cost %g), want 0 at 2", t.cur, t.cost[0]);
+    }
+    /* ties go to the lower index */
+    {
+        const double cost[3] = {1.0, 1.0, 1.0};
+        tune_init(&t, 3, 2, 1, 1);
+        drive(&t, cost, 0.0, 0.0, used, 64);
+        CHECK(t.cur == 0, "tie picked %d", t.cur);
+    }
+    /* restart: trials again from the setting in use, then the new cheapest */
+    {
+        const double cost[3] = {3.0, 2.0, 1.0}, later[3] = {1.0, 2.0, 3.0};
+        tune_init(&t, 3, 0, 0, 1);
+        drive(&t, cost, 0.0, 0.0, used, 64);
+        CHECK(t.cur == 2, "first decision %d", t.cur);
+        tune_restart(&t);
+        CHECK(!tune_decided(&t) && t.cur == 2, "restart from the setting in use");
+        int n = drive(&t, later, 0.0, 0.0, used, 64);
+        CHECK(n == 4 && used[0] == 2 && used[1] == 0 && used[2] == 1 && used[3] == 2,
+              "restart order (%d steps)", n);
+        CHECK(t.cur == 0, "after restart picked %d", t.cur);
+    }
+    /* one setting: decided at once; out-of-range arguments are clamped */
+    {
+        tune_init(&t, 1, 5, -1, 0);
+        CHECK(tune_decided(&t) && t.cur == 0 && tune_observe(&t, 1.0) == 0, "one setting");
+        tune_init(&t, 9, 7, 0, 1);
+        CHECK(t.n == TUNE_MAX && t.cur == 0, "clamped to %d settings from %d", t.n, t.cur);
+    }
+    return test_finish("test_tune");
+}
