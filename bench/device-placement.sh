@@ -25,11 +25,11 @@ for b in ${BUDGETS:-12G 8G 4G}; do
         timeout 150 "$B/strata" bench -m $M --vram-budget $b $f -p 512 -n 128 --bw-gib 0.5 --tg random \
             >"$OUT/$b-$mode.txt" 2>&1
         echo "rc=$?"
-        grep -E "^(pp|tg)[0-9]|hit|auto|placement|lanes" "$OUT/$b-$mode.txt" | head -12
+        grep -E "^(pp|tg)[0-9]|hit|auto|placement|lanes" "$OUT/$b-$mode.txt" | head -14
     done
 done
 for t in ${THREADS:-8 12 16 def}; do
     echo "### cpu -t $t"
     timeout 120 "$B/strata" bench -m $M --device cpu $([ $t = def ] || echo -t $t) -p 64 -n 32 --bw-gib 0.5 --tg random >"$OUT/cpu-$t.txt" 2>&1
-    grep -E "^(pp|tg)[0-9]|floor|read" "$OUT/cpu-$t.txt" | head -6
+    grep -E "^(pp|tg)[0-9]|floor|threads" "$OUT/cpu-$t.txt" | head -6
 done

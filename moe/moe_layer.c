@@ -645,6 +645,15 @@ int moe_layer_set_mode(struct moe_layer *ml, enum moe_mode mode)
     return 0;
 }
 
+double moe_layer_miss_seconds(const struct moe_layer *ml)
+{
+    uint64_t trunk, slot;
+    if (!ml->cache || ml->lanes.pcie_bps <= 0)
+        return 0;
+    budget_model_sizes(ml->m, &trunk, &slot);
+    return (double)slot / ml->lanes.pcie_bps;
+}
+
 enum moe_mode moe_layer_mode(const struct moe_layer *ml)
 {
     return ml->hybrid                          ? MOE_MODE_HYBRID

@@ -175,6 +175,9 @@ int moe_layer_set_mode(struct moe_layer *ml, enum moe_mode mode);
 enum moe_mode moe_layer_mode(const struct moe_layer *ml);
 /* Whether the mode can be set (opened with modes; zero-copy needs no host tier). */
 bool moe_layer_mode_ok(const struct moe_layer *ml, enum moe_mode mode);
+/* Seconds one missed expert's copy takes at the H2D bandwidth measured at open (with modes or
+ * hybrid; 0 otherwise). */
+double moe_layer_miss_seconds(const struct moe_layer *ml);
 
 /* Device memory the expert cache holds (slots, tables); 0 without one. */
 uint64_t moe_layer_vram_bytes(const struct moe_layer *ml);

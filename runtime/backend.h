@@ -242,6 +242,8 @@ struct backend_cuda_config {
                            * served by copies, zero-copy reads (in a graph) or copies and the
                            * CPU lane, whichever decodes fastest, timed on the first decode
                            * steps; residency is the mode timed first */
+    bool auto_try_all;    /* auto_place: every mode timed, none ruled out by the first trial's
+                           * miss rate (tests) */
     int cpu_moe_layers;   /* static placement (llama.cpp's --n-cpu-moe N): the experts of
                            * layers [0, N) stay in host memory and run on the CPU, the others
                            * are resident; no expert cache. -1: the smallest N whose resident

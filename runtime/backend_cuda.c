@@ -95,6 +95,7 @@ struct backend_cuda {
      * zero-copy runs as a graph */
     bool auto_place;
     bool graph_ok;           /* zero-copy steps may run as a graph (no route observer) */
+    bool try_all;            /* cfg.auto_try_all */
     bool auto_held;          /* backend_cuda_auto_hold: copy mode, nothing timed */
     enum moe_mode held_mode; /* the mode to go back to */
     struct tune tune;
@@ -103,6 +104,7 @@ struct backend_cuda {
     int watch_steps;       /* decided: one-token steps since watch_misses was taken */
     uint64_t watch_misses; /* the cache's misses then */
     double watch_rate;     /* misses per token in the first watch after the decision; < 0: none */
+    uint64_t trial_misses; /* the cache's misses when the first trial began */
     FILE *log;
 };
 
@@ -924,11 +926,16 @@ static int cuda_read_op(struct backend *b, float *host, const float *src, size_t
  * 8 GiB hybrid 154, copies 146, zero-copy 108), and the hit rate that decides it is only known
  * once the model runs. So each is timed on a few decode steps (tune.h: 2 skipped, 8 timed,
  * the first mode timed again last) and the fastest stays; a miss rate that later moves by more
- * than half (and one miss per token) starts the trials again. */
+ * than half (and one miss per token) starts the trials again. The copy trial, first, measures
+ * the misses per token, which rule out two trials that cannot win: hybrid below one miss per
+ * token (nothing for the CPU lane, only its per-layer round trip), zero-copy when the misses'
+ * copies alone take over AUTO_ZC_SHARE of a copy step (it reads misses at about half the DMA's
+ * rate: 117-139 us per expert against 70 on the H200, bench/residency.md). */
 
 #define AUTO_SKIP 2   /* steps after a switch not timed (a graph is recorded in the first) */
 #define AUTO_WINDOW 8 /* steps timed per trial */
 #define AUTO_WATCH 64 /* steps per look at the miss rate once decided */
+#define AUTO_ZC_SHARE 0.1 /* zero-copy not tried above this share of copy time in transfers */
 
 static const char *auto_mode_name(enum moe_mode m, bool graph)
 {
@@ -956,15 +963,45 @@ static int auto_switch(struct backend_cuda *c, enum moe_mode m)
     return rc;
 }
 
+/* After the first trial (copies): the trials its miss rate rules out. */
+static void auto_prune(struct backend_cuda *c)
+{
+    const struct tune *t = &c->tune;
+    const double m = (double)(auto_misses(c) - c->trial_misses) / (AUTO_SKIP + AUTO_WINDOW);
+    const double xfer = m * moe_layer_miss_seconds(c->moe), step = t->cost[t->first];
+    for (int i = 0; i < t->n; i++) {
+        const char *why = NULL;
+        if (c->tune_mode[i] == MOE_MODE_HYBRID && m < 1.0)
+            why = "fewer than one miss per token";
+        else if (c->tune_mode[i] == MOE_MODE_ZEROCOPY && xfer > AUTO_ZC_SHARE * step)
+            why = "the misses' copies take over a tenth of a copy step";
+        if (!why || i == t->first)
+            continue;
+        tune_drop(&c->tune, i);
+        if (c->log)
+            fprintf(c->log,
+                    "strata: placement auto: %s not timed: %.1f missed experts per "
+                    "token, %.2f ms of copies in %.2f ms: %s\n",
+                    auto_mode_name(c->tune_mode[i], c->graph_ok), m, xfer * 1e3, step * 1e3, why);
+    }
+}
+
 static void cuda_eval_begin(struct backend *b, int n)
 {
     struct backend_cuda *c = cuda_of(b);
     if (!c->auto_place || c->auto_held)
         return;
     const double now = clock_now_s();
+    if (n == 1 && c->tune_last == 0 && c->tune.trial == 0 && c->tune.seen == 0)
+        c->trial_misses = auto_misses(c);
     if (n == 1 && c->tune_last > 0) {
         if (!tune_decided(&c->tune)) {
-            const int prev = c->tune.cur, next = tune_observe(&c->tune, now - c->tune_last);
+            const int prev = c->tune.cur, trial = c->tune.trial;
+            int next = tune_observe(&c->tune, now - c->tune_last);
+            if (trial == 0 && c->tune.trial > 0 && !c->try_all) {
+                auto_prune(c);
+                next = c->tune.cur;
+            }
             if (next != prev && auto_switch(c, c->tune_mode[next])) {
                 c->auto_place = false; /* stays as it is; the next op reports the error */
                 return;
@@ -975,10 +1012,11 @@ static void cuda_eval_begin(struct backend *b, int n)
                 c->watch_rate = -1;
                 if (c->log) {
                     fprintf(c->log, "strata: placement auto:");
-                    for (int i = 0; i < c->tune.n; i++)
-                        fprintf(c->log, "%s %s %.2f ms", i ? "," : "",
-                                auto_mode_name(c->tune_mode[i], c->graph_ok),
-                                c->tune.cost[i] * 1e3);
+                    for (int i = 0, k = 0; i < c->tune.n; i++)
+                        if (c->tune.cost[i] > 0)
+                            fprintf(c->log, "%s %s %.2f ms", k++ ? "," : "",
+                                    auto_mode_name(c->tune_mode[i], c->graph_ok),
+                                    c->tune.cost[i] * 1e3);
                     fprintf(c->log, " per token: %s from now on\n",
                             auto_mode_name(c->tune_mode[next], c->graph_ok));
                 }
@@ -1416,6 +1454,7 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
     rc = rc ? rc : cuda_stream_sync(c->stream);
     c->log = cfg->log;
     c->graph_ok = !cfg->route_observer;
+    c->try_all = cfg->auto_try_all;
     if (!rc && cfg->auto_place && !cfg->hybrid && !cfg->prefetch)
         auto_open(c);
     /* graph decode needs a step without host syncs */

@@ -2,6 +2,20 @@
 
 #include <string.h>
 
+/* The trials from t->first: every setting not dropped in index order, wrapping, then the first
+ * again when anything else is tried. */
+static void tune_plan(struct tune *t)
+{
+    t->n_plan = 0;
+    for (int k = 0; k < t->n; k++) {
+        int i = (t->first + k) % t->n;
+        if (!k || !t->dropped[i])
+            t->plan[t->n_plan++] = i;
+    }
+    if (t->n_plan > 1)
+        t->plan[t->n_plan++] = t->first;
+}
+
 void tune_init(struct tune *t, int n, int first, int skip, int window)
 {
     memset(t, 0, sizeof(*t));
@@ -10,17 +24,50 @@ void tune_init(struct tune *t, int n, int first, int skip, int window)
     t->cur = t->first;
     t->skip = skip < 0 ? 0 : skip;
     t->window = window < 1 ? 1 : window;
-    t->trial = t->n == 1 ? t->n + 1 : 0;
+    tune_plan(t);
+    if (t->n_plan == 1)
+        t->trial = t->n_plan + 1;
 }
 
 bool tune_decided(const struct tune *t)
 {
-    return t->trial > t->n;
+    return t->trial > t->n_plan;
 }
 
 void tune_restart(struct tune *t)
 {
     tune_init(t, t->n, t->cur, t->skip, t->window);
+}
+
+/* The cheapest setting measured and not dropped (ties to the lower index). */
+static int tune_best(const struct tune *t)
+{
+    int best = -1;
+    for (int i = 0; i < t->n; i++)
+        if (!t->dropped[i] && t->cost[i] > 0 && (best < 0 || t->cost[i] < t->cost[best]))
+            best = i;
+    return best < 0 ? t->cur : best;
+}
+
+void tune_drop(struct tune *t, int i)
+{
+    if (i < 0 || i >= t->n || i == t->first || tune_decided(t) || (i == t->cur && t->seen))
+        return;
+    t->dropped[i] = true;
+    int n = t->trial; /* the trials still to come, without i */
+    bool other = false;
+    for (int k = t->trial; k < t->n_plan; k++)
+        if (t->plan[k] != i) {
+            other |= t->plan[k] != t->first;
+            t->plan[n++] = t->plan[k];
+        }
+    t->n_plan = n;
+    if (!other) { /* only the first one's second trial left: nothing to compare it with */
+        t->cur = tune_best(t);
+        t->trial = t->n_plan + 1;
+    } else {
+        t->cur = t->plan[t->trial];
+    }
 }
 
 int tune_observe(struct tune *t, double seconds)
@@ -34,16 +81,11 @@ int tune_observe(struct tune *t, double seconds)
     t->cost[t->cur] = t->sum / t->window;
     t->seen = 0;
     t->sum = 0;
-    if (++t->trial < t->n) { /* the next setting in turn */
-        t->cur = (t->first + t->trial) % t->n;
-    } else if (t->trial == t->n) { /* the first one again */
-        t->cur = t->first;
-    } else { /* decided: the cheapest */
-        int best = 0;
-        for (int i = 1; i < t->n; i++)
-            if (t->cost[i] < t->cost[best])
-                best = i;
-        t->cur = best;
-    }
+    if (++t->trial < t->n_plan)
+        t->cur = t->plan[t->trial];
+    else
+        t->cur = tune_best(t);
+    if (t->trial >= t->n_plan)
+        t->trial = t->n_plan + 1;
     return t->cur;
 }

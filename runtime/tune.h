@@ -5,7 +5,8 @@
  * A trial runs `skip` steps (a setting's first steps pay for its switch: a graph recording,
  * threads starting) and then `window` timed steps, whose mean is the setting's cost. The
  * settings are tried from `first` on in index order, wrapping, and `first` once more at the
- * end: the first trial ran on the coldest caches, so its second measurement replaces it. Then
+ * end: the first trial ran on the coldest caches, so its second measurement replaces it. The
+ * caller may drop settings not yet tried (what the first trial measured rules them out). Then
  * the cheapest stays (ties to the lower index) until tune_restart. */
 #ifndef STRATA_TUNE_H
 #define STRATA_TUNE_H
@@ -15,13 +16,14 @@
 #define TUNE_MAX 4 /* settings at most */
 
 struct tune {
-    int n, skip, window;
-    int cur;               /* the setting in use */
-    int trial;             /* trials done (0 .. n + 1); n + 1 once decided */
-    int seen;              /* steps of the current trial */
-    double sum;            /* seconds of its timed steps */
-    double cost[TUNE_MAX]; /* seconds per step measured for each setting (0: not yet) */
-    int first;
+    int n, skip, window, first;
+    int cur;                /* the setting in use */
+    int plan[TUNE_MAX + 1]; /* the trials, in order */
+    int n_plan, trial;      /* trials planned, done; trial > n_plan once decided */
+    int seen;               /* steps of the current trial */
+    double sum;             /* seconds of its timed steps */
+    double cost[TUNE_MAX];  /* seconds per step measured for each setting (0: not yet) */
+    bool dropped[TUNE_MAX]; /* ruled out by the caller */
 };
 
 /* n settings (1..TUNE_MAX; one: nothing to try, decided at once), trials starting with
@@ -32,10 +34,15 @@ void tune_init(struct tune *t, int n, int first, int skip, int window);
  * step (the same or another). */
 int tune_observe(struct tune *t, double seconds);
 
+/* Rules setting i out of the trials still to come (not the first; the one in use only before
+ * its first step, the caller then applies t->cur); when only the first one's second trial is
+ * left, the cheapest measured stays at once. */
+void tune_drop(struct tune *t, int i);
+
 /* Whether every trial is done (the setting in use is the cheapest measured). */
 bool tune_decided(const struct tune *t);
 
-/* Trials again from the setting in use (the conditions changed). */
+/* Trials of every setting again, from the one in use (the conditions changed). */
 void tune_restart(struct tune *t);
 
 #endif

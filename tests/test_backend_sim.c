@@ -1136,7 +1136,8 @@ static void close_enough(const char *path, const char *what,
 static void auto_modes(const char *path, const int32_t *prompt, const struct run *ref,
                        const struct tolerance *tol)
 {
-    struct backend_cuda_config cc = {.device = 0, .expert_slots = 6, .auto_place = true};
+    struct backend_cuda_config cc = {
+        .device = 0, .expert_slots = 6, .auto_place = true, .auto_try_all = true};
     struct run r = {0};
     int nv = n_vocab_of(path);
     CHECK(run(path, &cc, 256, prompt, ref->ids, &r) == 0, "%s: auto failed", path);

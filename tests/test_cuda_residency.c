@@ -375,7 +375,8 @@ int main(void)
     cpu_lane(q4, prompt, 0.2, 85, "static:2", &st);
     cpu_lane(f32, prompt, 1e-3, 95, "hybrid, 6 slots", &hy);
     cpu_lane(q4, prompt, 0.2, 85, "hybrid, 6 slots", &hy);
-    struct backend_cuda_config au = {.device = 0, .expert_slots = 6, .auto_place = true};
+    struct backend_cuda_config au = {
+        .device = 0, .expert_slots = 6, .auto_place = true, .auto_try_all = true};
     cpu_lane(f32, prompt, 1e-3, 95, "auto, 6 slots", &au);
     cpu_lane(q4, prompt, 0.2, 85, "auto, 6 slots", &au);
     unlink(f32);

@@ -1,6 +1,6 @@
 /* tune: the order of the trials, the skipped steps, the second measurement of the first
- * setting, the choice of the cheapest (ties to the lower index), restarts and the one-setting
- * case, on step times made up per setting (deterministic). */
+ * setting, the choice of the cheapest (ties to the lower index), dropped settings, restarts
+ * and the one-setting case, on step times made up per setting (deterministic). */
 #include <string.h>
 
 #include "testutil.h"
@@ -71,6 +71,34 @@ int main(void)
         CHECK(n == 4 && used[0] == 2 && used[1] == 0 && used[2] == 1 && used[3] == 2,
               "restart order (%d steps)", n);
         CHECK(t.cur == 0, "after restart picked %d", t.cur);
+    }
+    /* settings dropped after the first trial: the next one in turn is skipped; with every
+     * other dropped, the first stays without its second trial; the first cannot be dropped */
+    {
+        tune_init(&t, 3, 0, 0, 1);
+        CHECK(tune_observe(&t, 5.0) == 1 && t.cur == 1, "after the first trial: %d", t.cur);
+        tune_drop(&t, 1);
+        CHECK(t.cur == 2 && !tune_decided(&t), "dropping the next one: %d", t.cur);
+        tune_drop(&t, 0);
+        CHECK(t.cur == 2 && !t.dropped[0], "the first one was dropped");
+        CHECK(tune_observe(&t, 4.0) == 0, "then the first again");
+        CHECK(tune_observe(&t, 6.0) == 2 && tune_decided(&t), "picked %d", t.cur);
+        CHECK(t.cost[1] == 0.0, "a dropped setting was timed");
+
+        tune_init(&t, 3, 1, 1, 2);
+        for (int i = 0; i < 3; i++)
+            tune_observe(&t, 1.0);
+        CHECK(t.cur == 2, "trial order from 1: %d", t.cur);
+        tune_drop(&t, 2);
+        tune_drop(&t, 0);
+        CHECK(tune_decided(&t) && t.cur == 1 && t.cost[1] == 1.0, "all others dropped: %d %d",
+              tune_decided(&t), t.cur);
+        /* a setting whose trial has begun stays */
+        tune_init(&t, 3, 0, 1, 2);
+        for (int i = 0; i < 4; i++) /* 3 steps of 0, then 1's first */
+            tune_observe(&t, 1.0);
+        tune_drop(&t, 1);
+        CHECK(t.cur == 1 && !t.dropped[1], "dropped a setting under trial");
     }
     /* one setting: decided at once; out-of-range arguments are clamped */
     {
