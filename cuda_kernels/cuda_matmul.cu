@@ -47,7 +47,6 @@
 #include "../cpu_kernels/quant_blocks.h"
 #include "cuda_check.h"
 #include "cuda_mem.h"
-#include "cuda_ops.h"
 #include "cuda_ops_util.cuh"
 
 namespace
@@ -636,11 +635,6 @@ struct mmv_params {
      * matrix i + 1 from row seg_end[i] on; n_out is then the row count of them all */
     int n_seg;
     int64_t seg_end[CUDA_MATMUL_MAX_MORE];
-    /* the router's top-k in the last block (cuda_matmul_args.topk_*), k 0: none */
-    int tk_k;
-    int32_t *tk_ids;
-    float *tk_w;
-    unsigned *tk_count; /* one per grid row y */
     struct {
         const uint8_t *w;
         size_t w_stride;
@@ -663,38 +657,6 @@ constexpr int mmv_min_blocks = (MMV_WARPS * 2 * mmv_tile_words<F> * 4 + 1024) * 
                                        228 * 1024
                                    ? MMV_MIN_BLOCKS
                                    : 1;
-
-/* The router's top-k after a block-per-row product (cuda_matmul_args.topk_*), by warp 0 of
- * every block of grid row y: each counts itself done once its logits are written (fenced), and
- * the last one reads every row's logits through L2 and selects, as k_softmax_topk does, then
- * sets the counter back to zero for the next launch. */
-template <int PL>
-static __device__ __forceinline__ void mmv_topk_rows(const mmv_params &p, int j0, int mc)
-{
-    for (int j = 0; j < mc; j++)
-        ops_topk_row<PL, true>(p.y + (int64_t)(j0 + j) * p.y_stride, (int)p.n_out, p.tk_k,
-                               p.tk_ids + (int64_t)(j0 + j) * p.tk_k,
-                               p.tk_w + (int64_t)(j0 + j) * p.tk_k);
-}
-
-static __device__ __noinline__ void mmv_topk_last(const mmv_params &p, int j0, int mc)
-{
-    const int lane = threadIdx.x % WARP;
-    unsigned done = 0;
-    __threadfence();
-    if (lane == 0)
-        done = atomicAdd(p.tk_count + blockIdx.y, 1u);
-    done = __shfl_sync(FULL_MASK, done, 0);
-    if (done != gridDim.x - 1)
-        return;
-    __threadfence();
-    if (p.n_out <= 32 * 4) /* at most MMV_SPLIT_MAX_ROWS rows here */
-        mmv_topk_rows<4>(p, j0, mc);
-    else
-        mmv_topk_rows<8>(p, j0, mc);
-    if (lane == 0)
-        p.tk_count[blockIdx.y] = 0;
-}
 
 /* KS = 1: one warp per row, the kernel synchronizes nothing wider than a warp. KS = MMV_WARPS
  * (at most 256 rows: too few warps to keep the loads in flight): the block's warps share one
@@ -822,9 +784,6 @@ __global__ void __launch_bounds__(MMV_THREADS, M == 1 && KS == 1 ? mmv_min_block
             if (j < r.mc)
                 y[(int64_t)(j0 + j) * y_stride + orow] = acc[j];
     }
-    if constexpr (KS > 1) /* warp 0 of each block: the last one to finish takes the top-k */
-        if (p.tk_k)
-            mmv_topk_last(p, j0, r.mc);
 }
 
 /* ---- activation quantization ------------------------------------------------------------- */
@@ -1647,11 +1606,6 @@ extern "C" int cuda_matmul_check(const struct cuda_matmul_args *a)
         return -EINVAL;
     if (a->x_stride < a->n_in || a->y_stride < a->n_out)
         return -EINVAL;
-    if (a->topk_k < 0 ||
-        (a->topk_k > 0 &&
-         (!a->topk_ids || !a->topk_w || a->n_more || a->n_out > CUDA_TOPK_MAX_EXPERT ||
-          a->topk_k > a->n_out || a->topk_k > CUDA_TOPK_MAX_K || a->y_stride != a->n_out)))
-        return -EINVAL;
     if (a->path != CUDA_MATMUL_PATH_AUTO && a->path != CUDA_MATMUL_PATH_MMV &&
         a->path != CUDA_MATMUL_PATH_GEMM)
         return -EINVAL;
@@ -1672,22 +1626,6 @@ extern "C" int cuda_matmul_check(const struct cuda_matmul_args *a)
             return -EINVAL;
     }
     return 0;
-}
-
-/* Whether an F32 call takes the float tile kernel. */
-static bool sgemm_path(const struct cuda_matmul_args *a)
-{
-    return a->wtype == QUANT_F32 && a->path == CUDA_MATMUL_PATH_AUTO &&
-           a->m >= CUDA_MATMUL_SGEMM_MIN_M && (uintptr_t)a->w % 4 == 0 && a->w_stride % 4 == 0;
-}
-
-/* Whether a call's top-k runs in its MMV kernel's last block: a block per row, the grid rows
- * counted (cuda_matmul_args.topk_*). */
-static bool matmul_topk_fused(const struct cuda_matmul_args *a)
-{
-    return a->topk_k > 0 && a->topk_count && a->n_out <= MMV_SPLIT_MAX_ROWS &&
-           (a->m + MMV_MAX_M - 1) / MMV_MAX_M <= CUDA_MATMUL_TOPK_GROUPS &&
-           path_choose(a) == CUDA_MATMUL_PATH_MMV && !sgemm_path(a);
 }
 
 /* The fields gemm_params and mmv_params share, from the call's arguments. */
@@ -1746,20 +1684,7 @@ static int matmul_more(const struct cuda_matmul_args *a)
     return -EAGAIN; /* the caller launches them together */
 }
 
-static int matmul_product(const struct cuda_matmul_args *a);
-
-/* The product, then a router's top-k when asked for and not fused into the product's kernel. */
 extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
-{
-    int rc = matmul_product(a);
-    if (rc || a->topk_k <= 0 || matmul_topk_fused(a))
-        return rc;
-    struct cuda_topk_args tk = {a->y,        a->m,      (int)a->n_out, a->topk_k,
-                                a->topk_ids, a->topk_w, a->stream};
-    return cuda_softmax_topk(&tk);
-}
-
-static int matmul_product(const struct cuda_matmul_args *a)
 {
     int rc = a && a->n_more ? matmul_more(a) : cuda_matmul_check(a);
     if (rc == -EAGAIN)
@@ -1770,7 +1695,8 @@ static int matmul_product(const struct cuda_matmul_args *a)
     const cudaStream_t st = (cudaStream_t)a->stream;
     const size_t row_bytes = (size_t)(a->n_in / f->block) * f->bytes;
 
-    if (sgemm_path(a)) {
+    if (a->wtype == QUANT_F32 && a->path == CUDA_MATMUL_PATH_AUTO &&
+        a->m >= CUDA_MATMUL_SGEMM_MIN_M && (uintptr_t)a->w % 4 == 0 && a->w_stride % 4 == 0) {
         gemm_params p = {};
         params_fill(&p, a, row_bytes);
         const dim3 grid((unsigned)((a->n_out + SG_T - 1) / SG_T),
@@ -1820,12 +1746,6 @@ static int matmul_product(const struct cuda_matmul_args *a)
         ops_launch(quantize_q8_kernel, grid, Q8_WARPS * WARP, 0, st, q);
         p.xq = q.qs;
         p.xds = q.ds;
-    }
-    if (matmul_topk_fused(a)) {
-        p.tk_k = a->topk_k;
-        p.tk_ids = a->topk_ids;
-        p.tk_w = a->topk_w;
-        p.tk_count = a->topk_count;
     }
     fmt_dispatch(a->wtype, mmv_launch_fn{p, st});
     return cuda_last_error("cuda_matmul (mmv)");

@@ -91,19 +91,7 @@ struct cuda_matmul_args {
     void *stream;               /* cudaStream_t; NULL: the legacy default stream */
     int n_more;                 /* 0 .. CUDA_MATMUL_MAX_MORE further matrices (below) */
     struct cuda_matmul_more more[CUDA_MATMUL_MAX_MORE];
-    /* Optional, a router's top-k (topk_k > 0; n_out <= CUDA_TOPK_MAX_EXPERT, y_stride == n_out,
-     * no further matrices): then topk_ids, topk_w (m rows of topk_k) = cuda_softmax_topk of y,
-     * the same ids and weights. On the MMV path with a block per row (n_out <= 256, m <=
-     * CUDA_MATMUL_TOPK_GROUPS * 16) the kernel's last block computes them, counting its blocks
-     * in topk_count (device, CUDA_MATMUL_TOPK_GROUPS zeroed counters, stream-ordered like
-     * scratch, left zeroed); else the top-k kernel runs after the product. */
-    int topk_k;
-    int32_t *topk_ids;
-    float *topk_w;
-    unsigned *topk_count;
 };
-
-#define CUDA_MATMUL_TOPK_GROUPS 64 /* counters a fused top-k uses at most */
 
 /* Whether cuda_matmul has kernels for the type: F32, F16, BF16, Q8_0, Q4_0, MXFP4, Q4_K, Q5_K,
  * Q6_K. */

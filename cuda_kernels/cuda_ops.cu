@@ -338,6 +338,24 @@ static __global__ void k_add(float *x, const float *y, size_t n)
 
 #define ARGMAX_THREADS 256
 
+/* Whether candidate (v2, i2) beats (v1, i1); i < 0 marks "no candidate". */
+static __device__ __forceinline__ bool ops_better(float v2, int i2, float v1, int i1)
+{
+    return i2 >= 0 && (i1 < 0 || v2 > v1 || (v2 == v1 && i2 < i1));
+}
+
+/* Butterfly reduction of (v, i) over a warp; every lane ends with the best pair. */
+static __device__ __forceinline__ void ops_warp_best(float *v, int *i)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, *v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, *i, o);
+        if (ops_better(ov, oi, *v, *i))
+            *v = ov, *i = oi;
+    }
+}
+
 static __global__ void __launch_bounds__(ARGMAX_THREADS)
     k_argmax(const float *x, int n, int32_t *out)
 {
@@ -379,15 +397,54 @@ struct topk_params {
     float *w;
 };
 
+/* PL: logits per lane, the smallest power of two with 32 PL >= n_expert (every loop below runs
+ * over PL entries, so the largest PL for 128 experts would waste most of the warp's work) */
 template <int PL>
 static __global__ void __launch_bounds__(TOPK_WARPS * 32) k_softmax_topk(struct topk_params p)
 {
     ops_pdl_begin();
-    int t = blockIdx.x * TOPK_WARPS + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31, t = blockIdx.x * TOPK_WARPS + (threadIdx.x >> 5);
     if (t >= p.n_tok) /* whole warps leave together */
         return;
-    ops_topk_row<PL, false>(p.logits + (int64_t)t * p.n_expert, p.n_expert, p.k,
-                            p.ids + (int64_t)t * p.k, p.w + (int64_t)t * p.k);
+    const float *l = p.logits + (int64_t)t * p.n_expert;
+    float v[PL], selv[CUDA_TOPK_MAX_K];
+    float mx = -INFINITY, sum = 0.0f;
+    uint32_t taken = 0; /* bit i: expert lane + 32 i already selected */
+
+#pragma unroll
+    for (int i = 0; i < PL; i++) {
+        int e = lane + 32 * i;
+        v[i] = e < p.n_expert ? l[e] : -INFINITY;
+        mx = fmaxf(mx, v[i]);
+    }
+    mx = ops_warp_max(mx);
+#pragma unroll
+    for (int i = 0; i < PL; i++)
+        if (lane + 32 * i < p.n_expert)
+            sum += expf(v[i] - mx);
+    sum = ops_warp_sum(sum);
+    for (int r = 0; r < p.k; r++) {
+        float bv = -INFINITY;
+        int bi = -1;
+#pragma unroll
+        for (int i = 0; i < PL; i++) {
+            int e = lane + 32 * i;
+            if (e < p.n_expert && !((taken >> i) & 1) && (bi < 0 || v[i] > bv))
+                bv = v[i], bi = e;
+        }
+        ops_warp_best(&bv, &bi);
+        if ((bi & 31) == lane)
+            taken |= 1u << (bi >> 5);
+        if (lane == 0)
+            p.ids[(int64_t)t * p.k + r] = bi;
+        selv[r] = bv;
+    }
+    /* as moe_route_softmax_topk: w_r = exp(l - mx) / sum, then divided by their sum in order */
+    float sel = 0.0f;
+    for (int r = 0; r < p.k; r++)
+        sel += expf(selv[r] - mx) / sum;
+    for (int r = lane; r < p.k; r += 32)
+        p.w[(int64_t)t * p.k + r] = expf(selv[r] - mx) / sum / sel;
 }
 
 /* ==== launchers ============================================================================== */

@@ -1,8 +1,7 @@
 /* cuda_ops_util: small helpers shared by the kernels of cuda_kernels/: integer
- * min/max/ceil-division (host and device), a pointer alignment test (host), the warp reductions,
- * the router's top-k of one token and the 8-bit activation copy (device), and the
- * programmatic-launch and L2 prefetch primitives (device). Internal to cuda_kernels/: included only
- * by .cu files. */
+ * min/max/ceil-division (host and device), a pointer alignment test (host), the warp reductions
+ * and the 8-bit activation copy (device), and the programmatic-launch and L2 prefetch
+ * primitives (device). Internal to cuda_kernels/: included only by .cu files. */
 #ifndef STRATA_CUDA_OPS_UTIL_CUH
 #define STRATA_CUDA_OPS_UTIL_CUH
 
@@ -149,74 +148,6 @@ static inline cudaError_t ops_launch(void (*k)(P...), dim3 grid, dim3 block, siz
     c.attrs = at;
     c.numAttrs = 1;
     return cudaLaunchKernelEx(&c, k, std::forward<A>(args)...);
-}
-
-/* Whether candidate (v2, i2) beats (v1, i1); i < 0 marks "no candidate". */
-static __device__ __forceinline__ bool ops_better(float v2, int i2, float v1, int i1)
-{
-    return i2 >= 0 && (i1 < 0 || v2 > v1 || (v2 == v1 && i2 < i1));
-}
-
-/* Butterfly reduction of (v, i) over a warp; every lane ends with the best pair. */
-static __device__ __forceinline__ void ops_warp_best(float *v, int *i)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, *v, o);
-        int oi = __shfl_xor_sync(0xffffffffu, *i, o);
-        if (ops_better(ov, oi, *v, *i))
-            *v = ov, *i = oi;
-    }
-}
-
-/* The router's softmax top-k of one token, by one whole warp: ids (k) = the k largest of the
- * n_expert logits l (largest first, ties to the lower id), w (k) = their softmax probabilities
- * renormalised to 1, as moe_route_softmax_topk (w_r = exp(l - mx) / sum, then divided by their
- * sum in order). PL: logits per lane, the smallest power of two with 32 PL >= n_expert (every
- * loop runs over PL entries); k <= 32. CG: l read through L2 only (written by other blocks of
- * the running grid). */
-template <int PL, bool CG>
-static __device__ __forceinline__ void ops_topk_row(const float *l, int n_expert, int k,
-                                                    int32_t *ids, float *w)
-{
-    const int lane = threadIdx.x & 31;
-    float v[PL], selv[32];
-    float mx = -INFINITY, sum = 0.0f;
-    uint32_t taken = 0; /* bit i: expert lane + 32 i already selected */
-
-#pragma unroll
-    for (int i = 0; i < PL; i++) {
-        int e = lane + 32 * i;
-        v[i] = e < n_expert ? (CG ? __ldcg(l + e) : l[e]) : -INFINITY;
-        mx = fmaxf(mx, v[i]);
-    }
-    mx = ops_warp_max(mx);
-#pragma unroll
-    for (int i = 0; i < PL; i++)
-        if (lane + 32 * i < n_expert)
-            sum += expf(v[i] - mx);
-    sum = ops_warp_sum(sum);
-    for (int r = 0; r < k; r++) {
-        float bv = -INFINITY;
-        int bi = -1;
-#pragma unroll
-        for (int i = 0; i < PL; i++) {
-            int e = lane + 32 * i;
-            if (e < n_expert && !((taken >> i) & 1) && (bi < 0 || v[i] > bv))
-                bv = v[i], bi = e;
-        }
-        ops_warp_best(&bv, &bi);
-        if ((bi & 31) == lane)
-            taken |= 1u << (bi >> 5);
-        if (lane == 0)
-            ids[r] = bi;
-        selv[r] = bv;
-    }
-    float sel = 0.0f;
-    for (int r = 0; r < k; r++)
-        sel += expf(selv[r] - mx) / sum;
-    for (int r = lane; r < k; r += 32)
-        w[r] = expf(selv[r] - mx) / sum / sel;
 }
 
 /* Asks the memory system to bring bytes [lo, hi) of global memory into L2 (sm_90 and later;

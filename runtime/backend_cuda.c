@@ -55,7 +55,6 @@ struct backend_cuda {
     void *attn_scratch;
     size_t attn_scratch_bytes;
     float *router_logits;     /* (MAX_TOK, n_expert) */
-    unsigned *topk_count;     /* (CUDA_MATMUL_TOPK_GROUPS) zeros: the router's fused top-k */
     void *moe_scratch;
     size_t moe_scratch_bytes;
     float *shexp_scratch;     /* the shared expert's gate, up and down rows: (MAX_TOK,
@@ -332,24 +331,8 @@ static int cuda_rmsnorm_op(struct backend *b, float *out, const float *in, const
     return cuda_norm_run(b, out, in, NULL, w, rows, dim, eps, "rmsnorm");
 }
 
-/* A router's top-k fused into its product (cuda_matmul_args.topk_*): (m, k) ids and weights. */
-struct cuda_topk_out {
-    int32_t *ids;
-    float *w;
-    int k;
-};
-
-static int cuda_matmul_rows(struct backend *b, float *out, const struct weight *w, const float *in,
-                            int m, const struct cuda_topk_out *tk);
-
 static int backend_cuda_matmul(struct backend *b, float *out, const struct weight *w, const float *in,
                           int m)
-{
-    return cuda_matmul_rows(b, out, w, in, m, NULL);
-}
-
-static int cuda_matmul_rows(struct backend *b, float *out, const struct weight *w, const float *in,
-                            int m, const struct cuda_topk_out *tk)
 {
     struct backend_cuda *c = cuda_of(b);
     for (int r = 0; r < m; r += CUDA_BACKEND_MAX_TOK) {
@@ -368,12 +351,6 @@ static int cuda_matmul_rows(struct backend *b, float *out, const struct weight *
             .x_ready = q8 && c->xq_src == x && c->xq_m == n && c->xq_n_in == (int64_t)w->ne[0],
             .stream = c->stream,
         };
-        if (tk) {
-            a.topk_k = tk->k;
-            a.topk_ids = tk->ids + (size_t)r * tk->k;
-            a.topk_w = tk->w + (size_t)r * tk->k;
-            a.topk_count = c->topk_count;
-        }
         int rc = cuda_matmul(&a);
         c->mm_writes += q8 && !a.x_ready;
         if (q8) {
@@ -1227,7 +1204,6 @@ static void cuda_close_op(struct backend *b)
     cuda_free(c->mm_scratch);
     cuda_free(c->attn_scratch);
     cuda_free(c->router_logits);
-    cuda_free(c->topk_count);
     cuda_free(c->moe_scratch);
     cuda_free(c->shexp_scratch);
     cuda_graph_destroy(c->graph_exec);
@@ -1337,9 +1313,6 @@ static int cuda_buffers(struct backend_cuda *c)
     /* its counters start at zero (cuda_attention.h) */
     rc = rc ? rc : cuda_memset(c->attn_scratch, 0, c->attn_scratch_bytes, c->stream);
     rc = rc ? rc : cuda_malloc((void **)&c->router_logits, sizeof(float) * t * hp->n_expert);
-    rc = rc ? rc : cuda_malloc((void **)&c->topk_count, sizeof(unsigned) * CUDA_MATMUL_TOPK_GROUPS);
-    rc = rc ? rc
-            : cuda_memset(c->topk_count, 0, sizeof(unsigned) * CUDA_MATMUL_TOPK_GROUPS, c->stream);
     rc = rc ? rc : cuda_malloc(&c->moe_scratch, c->moe_scratch_bytes);
     rc = rc ? rc : cuda_malloc((void **)&c->argmax_dev, sizeof(int32_t));
     const size_t shexp = hp->n_ff_shexp ? t * (2 * (size_t)hp->n_ff_shexp + hp->n_embd) : 0;
@@ -1584,12 +1557,8 @@ static int cuda_moe_route(void *dev, const struct layer_weights *lw, const float
 {
     struct backend_cuda *c = dev;
     const struct model_hparams *hp = &c->model->hp;
-    if (!lw->router_b.data) { /* the top-k in the router's product (its last block) */
-        const struct cuda_topk_out tk = {ids, w, (int)hp->n_expert_used};
-        return cuda_matmul_rows(&c->base, c->router_logits, &lw->router, in, n_tok, &tk);
-    }
     int rc = backend_cuda_matmul(&c->base, c->router_logits, &lw->router, in, n_tok);
-    if (!rc) /* gpt-oss: logits + bias, then the same top-k softmax */
+    if (!rc && lw->router_b.data) /* gpt-oss: logits + bias, then the same top-k softmax */
         rc = cuda_add_bias_op(&c->base, c->router_logits, &lw->router_b, n_tok);
     if (rc)
         return rc;

@@ -387,11 +387,6 @@ static int sim_matmul(const struct cuda_matmul_args *a)
             a->y[j * a->y_stride + o] = dot(w, x, a->n_in);
         }
     }
-    if (a->topk_k > 0) { /* the router's top-k, fused on the device where it can be */
-        if (!a->topk_count || a->y_stride != a->n_out || !a->topk_ids || !a->topk_w)
-            return -EINVAL;
-        moe_route_softmax_topk(a->y, a->m, (int)a->n_out, a->topk_k, a->topk_ids, a->topk_w);
-    }
     return 0;
 }
 

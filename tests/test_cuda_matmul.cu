@@ -30,7 +30,6 @@
 #include "cuda_check.h"
 #include "cuda_matmul.h"
 #include "cuda_mem.h"
-#include "cuda_ops.h"
 #include "fp16.h"
 #include "quant.h"
 #include "quant_ref.h"
@@ -793,100 +792,6 @@ static void test_more(struct rng *r, void *stream)
     }
 }
 
-/* A router's top-k with the product (cuda_matmul_args.topk_*): the same logits, ids and weights
- * as the product followed by cuda_softmax_topk, whether the MMV kernel's last block selects (a
- * block per row: n_out <= 256, several grid rows for m > 16) or the top-k kernel runs after (n_out
- * 300, the GEMM path at m 64); each case twice on the same counters, which must end zeroed. */
-static void test_topk(struct rng *r, void *stream)
-{
-    const struct {
-        uint32_t type;
-        int m, k;
-        int64_t n_in, n_out;
-    } cs[] = {
-        {QUANT_F32, 1, 8, 2048, 128},  {QUANT_Q8_0, 1, 8, 2048, 128}, {QUANT_F32, 3, 4, 512, 64},
-        {QUANT_Q8_0, 8, 8, 1024, 256}, {QUANT_F32, 40, 6, 256, 96},   {QUANT_Q4_K, 17, 2, 512, 8},
-        {QUANT_F32, 1, 8, 512, 300},   {QUANT_Q8_0, 64, 8, 512, 128}, {QUANT_F32, 5, 32, 256, 200},
-    };
-    unsigned *count = NULL;
-    int rc = cuda_malloc((void **)&count, sizeof(unsigned) * CUDA_MATMUL_TOPK_GROUPS);
-    rc = rc ? rc : cuda_memset(count, 0, sizeof(unsigned) * CUDA_MATMUL_TOPK_GROUPS, stream);
-    CHECK(rc == 0, "topk: counters (%d)", rc);
-    for (size_t c = 0; !rc && c < sizeof cs / sizeof cs[0]; c++) {
-        const uint32_t type = cs[c].type;
-        const int m = cs[c].m, k = cs[c].k;
-        const int64_t n_in = cs[c].n_in, n_out = cs[c].n_out;
-        const size_t rb = type_row_bytes(type, n_in), ny = (size_t)m * n_out, nk = (size_t)m * k;
-        uint8_t *w = (uint8_t *)xmalloc(rb * (size_t)n_out);
-        float *x = (float *)xmalloc(sizeof(float) * (size_t)m * n_in);
-        fill_weights(type, w, n_out, n_in, rb, r);
-        for (int64_t i = 0; i < (int64_t)m * n_in; i++)
-            x[i] = rng_normal(r);
-        uint8_t *d_w = NULL;
-        float *d_x = NULL, *d_y[2] = {}, *d_w8[2] = {};
-        int32_t *d_ids[2] = {};
-        void *scratch = NULL;
-        const size_t sb = cuda_matmul_scratch_bytes(type, n_in, n_out, m);
-        int rs = cuda_malloc((void **)&d_w, rb * (size_t)n_out);
-        rs = rs ? rs : cuda_malloc((void **)&d_x, sizeof(float) * (size_t)m * n_in);
-        rs = rs ? rs : cuda_malloc(&scratch, sb ? sb : 16);
-        for (int v = 0; v < 2; v++) {
-            rs = rs ? rs : cuda_malloc((void **)&d_y[v], sizeof(float) * ny);
-            rs = rs ? rs : cuda_malloc((void **)&d_w8[v], sizeof(float) * nk);
-            rs = rs ? rs : cuda_malloc((void **)&d_ids[v], sizeof(int32_t) * nk);
-            rs = rs ? rs : cuda_memset(d_ids[v], 0xFF, sizeof(int32_t) * nk, stream);
-            rs = rs ? rs : cuda_memset(d_w8[v], 0xFF, sizeof(float) * nk, stream);
-        }
-        rs = rs ? rs : cuda_h2d(d_w, w, rb * (size_t)n_out, stream);
-        rs = rs ? rs : cuda_h2d(d_x, x, sizeof(float) * (size_t)m * n_in, stream);
-        struct cuda_matmul_args a = {};
-        a.wtype = type, a.w = d_w, a.w_stride = rb, a.n_in = n_in, a.n_out = n_out, a.m = m;
-        a.x = d_x, a.x_stride = n_in, a.y_stride = n_out, a.scratch = scratch;
-        a.scratch_bytes = sb, a.stream = stream;
-        /* the product, then the top-k kernel */
-        a.y = d_y[0];
-        rs = rs ? rs : cuda_matmul(&a);
-        struct cuda_topk_args tk = {d_y[0], m, (int)n_out, k, d_ids[0], d_w8[0], stream};
-        rs = rs ? rs : cuda_softmax_topk(&tk);
-        size_t bad = 0;
-        unsigned left[CUDA_MATMUL_TOPK_GROUPS];
-        for (int rep = 0; !rs && rep < 2; rep++) {
-            a.y = d_y[1], a.topk_k = k, a.topk_ids = d_ids[1], a.topk_w = d_w8[1];
-            a.topk_count = count;
-            rs = cuda_matmul(&a);
-            float *y[2], *wt[2];
-            int32_t *ids[2];
-            for (int v = 0; v < 2; v++) {
-                y[v] = (float *)xmalloc(sizeof(float) * ny);
-                wt[v] = (float *)xmalloc(sizeof(float) * nk);
-                ids[v] = (int32_t *)xmalloc(sizeof(int32_t) * nk);
-                cuda_d2h(y[v], d_y[v], sizeof(float) * ny, stream);
-                cuda_d2h(wt[v], d_w8[v], sizeof(float) * nk, stream);
-                cuda_d2h(ids[v], d_ids[v], sizeof(int32_t) * nk, stream);
-            }
-            cuda_d2h(left, count, sizeof left, stream);
-            rs = rs ? rs : cuda_stream_sync(stream);
-            bad += memcmp(y[0], y[1], sizeof(float) * ny) != 0;
-            bad += memcmp(wt[0], wt[1], sizeof(float) * nk) != 0;
-            bad += memcmp(ids[0], ids[1], sizeof(int32_t) * nk) != 0;
-            for (int g = 0; g < CUDA_MATMUL_TOPK_GROUPS; g++)
-                bad += left[g] != 0;
-            for (int v = 0; v < 2; v++)
-                free(y[v]), free(wt[v]), free(ids[v]);
-            rs = rs ? rs : cuda_memset(d_ids[1], 0xFF, sizeof(int32_t) * nk, stream);
-        }
-        printf("  router top-k with the product: type %u, m %d, %lld experts, top-%d: rc %d, %zu "
-               "differences (logits, weights, ids, counters; twice)\n",
-               type, m, (long long)n_out, k, rs, bad);
-        CHECK(rs == 0 && bad == 0, "topk case %zu: rc %d, %zu differences", c, rs, bad);
-        cuda_free(d_w), cuda_free(d_x), cuda_free(scratch);
-        for (int v = 0; v < 2; v++)
-            cuda_free(d_y[v]), cuda_free(d_w8[v]), cuda_free(d_ids[v]);
-        free(w), free(x);
-    }
-    cuda_free(count);
-}
-
 /* ---- arguments ---- */
 
 static void test_args(void)
@@ -933,15 +838,6 @@ static void test_args(void)
     CHECK(cuda_matmul(&a) == -EINVAL, "short x stride accepted");
     a = ok, a.m = 2, a.y_stride = 0;
     CHECK(cuda_matmul(&a) == -EINVAL, "short y stride accepted");
-    int32_t *ids = (int32_t *)(dummy + 960);
-    a = ok, a.topk_k = 2, a.topk_ids = ids, a.topk_w = dummy + 992;
-    CHECK(cuda_matmul(&a) == -EINVAL, "top-2 of 1 logit accepted");
-    a.topk_k = -1;
-    CHECK(cuda_matmul(&a) == -EINVAL, "top-k of k < 0 accepted");
-    a.topk_k = 1, a.y_stride = 2;
-    CHECK(cuda_matmul(&a) == -EINVAL, "top-k with padded logit rows accepted");
-    a.y_stride = 1, a.topk_w = NULL;
-    CHECK(cuda_matmul(&a) == -EINVAL, "top-k without weights accepted");
     a = ok, a.path = (enum cuda_matmul_path)7;
     CHECK(cuda_matmul(&a) == -EINVAL, "unknown path accepted");
     a = ok, a.wtype = QUANT_F32, a.w_stride = 1024, a.path = CUDA_MATMUL_PATH_GEMM;
@@ -1170,7 +1066,6 @@ int main(void)
     test_forced_paths(&r, stream);
     test_graph(&r, stream);
     test_more(&r, stream);
-    test_topk(&r, stream);
     bench(stream);
 
     cuda_stream_destroy(stream);
