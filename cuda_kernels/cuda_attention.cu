@@ -701,7 +701,7 @@ template <int HD>
 static __global__ void __launch_bounds__(ATTP_THREADS, attp_min_blocks(HD))
     k_attn_pf(struct attn_params p)
 {
-    ops_pdl_begin();
+    ops_pdl_wait();
     constexpr int KT = attp_keys(HD), LD = HD + ATTP_PAD, DO = attp_out_dims(HD);
     constexpr int NK = HD / 16, NT = ATTP_SUB / 8, NP = ATTP_SUB / 16, ND = DO / 8;
     __shared__ __align__(16) uint16_t ks[KT * LD], vs[KT * LD]; /* fp16 (key, dim) tiles */

@@ -1047,7 +1047,7 @@ __device__ __forceinline__ void gemm_mma(const __nv_bfloat16 *as, const __nv_bfl
 template <typename F, typename T>
 __global__ void __launch_bounds__(GTHREADS, T::MINB) gemm_kernel(const gemm_params p)
 {
-    ops_pdl_begin();
+    ops_pdl_wait();
     using S = gemm_stage<F>;
     extern __shared__ __align__(128) uint8_t gemm_smem[];
     uint8_t *raw = gemm_smem; /* NS stages of BN slots of RB bytes */
@@ -1152,7 +1152,7 @@ constexpr int SG_T = 32, SG_K = 32;
 
 __global__ void __launch_bounds__(256) sgemm_f32_kernel(const gemm_params p)
 {
-    ops_pdl_begin();
+    ops_pdl_wait();
     __shared__ float xs[SG_K][SG_T + 2]; /* x slice, transposed: xs[k][row] */
     __shared__ float ws[SG_K][SG_T + 2]; /* W slice, transposed: ws[k][out] */
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;

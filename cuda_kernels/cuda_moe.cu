@@ -1220,7 +1220,7 @@ static __device__ __forceinline__ int moe_mma_pairs(const struct moe_params &p, 
 template <uint32_t WT>
 static __global__ void __launch_bounds__(256) k_moe_gate_up_mma(struct moe_params p)
 {
-    ops_pdl_begin();
+    ops_pdl_wait();
     extern __shared__ __align__(128) uint8_t moe_smem[];
     __shared__ struct mma_tile t;
     __shared__ int pairs[MOE_TILE_MMA];
@@ -1273,7 +1273,7 @@ static __global__ void __launch_bounds__(256) k_moe_gate_up_mma(struct moe_param
 template <uint32_t WT>
 static __global__ void __launch_bounds__(256) k_moe_down_mma(struct moe_params p)
 {
-    ops_pdl_begin();
+    ops_pdl_wait();
     extern __shared__ __align__(128) uint8_t moe_smem[];
     __shared__ struct mma_tile t;
     __shared__ int pairs[MOE_TILE_MMA];

@@ -126,6 +126,16 @@ static __device__ __forceinline__ void ops_pdl_begin(void)
 #endif
 }
 
+/* ops_pdl_begin without the early launch of the kernel after: for kernels of several waves
+ * (the prefill GEMMs and attention), whose later waves the next kernel's waiting blocks would
+ * otherwise take SM room from. */
+static __device__ __forceinline__ void ops_pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /* Whether kernel launches may be programmatic (cuda_mem.cu): compute capability 9.0 or later
  * and STRATA_CUDA_PDL not "0" in the environment (for comparison). */
 extern "C" int cuda_pdl_enabled(void);
