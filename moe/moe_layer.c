@@ -16,7 +16,7 @@
 #include "moe.h"
 #include "predict.h"
 
-#define ZEROCOPY_MAX_TOK 16 /* larger calls (prefill) copy misses into slots */
+#define ZEROCOPY_MAX_TOK EXPERT_CACHE_ZC_TOK /* larger calls (prefill) copy misses into slots */
 
 struct moe_layer {
     const struct model *m;
@@ -263,11 +263,17 @@ static bool ml_predict_worth(struct moe_layer *ml, int t, int nt)
     return nt > 1 || ml->pf_quiet[t] < MOE_PREFETCH_QUIET;
 }
 
-static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const float *in,
-                         int nt, struct expert_tables *tab)
+/* Whether a call of nt tokens at this layer serves its misses in place (b). */
+static bool ml_zerocopy(const struct moe_layer *ml, int nt)
+{
+    return ml->cache && !ml->hybrid && ml->cfg.fill == MOE_FILL_ZEROCOPY && nt <= ZEROCOPY_MAX_TOK;
+}
+
+static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const float *in, int nt,
+                         const int32_t *ids, struct expert_tables *tab)
 {
     int pairs = nt * (int)a->hp->n_expert_used, rc = 0;
-    bool zc = !ml->hybrid && ml->cfg.fill == MOE_FILL_ZEROCOPY && nt <= ZEROCOPY_MAX_TOK;
+    bool zc = ml_zerocopy(ml, nt);
     /* the CPU lane's inputs, read back under the cache's own sync */
     if (ml->hybrid)
         rc = ml_stage_inputs(ml, in, nt);
@@ -278,21 +284,26 @@ static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const f
     }
     if (rc)
         return rc;
-    return zc ? expert_cache_prepare_zerocopy(ml->cache, a->layer, ml->route_ids, pairs, tab)
-              : expert_cache_prepare_copy(ml->cache, a->layer, ml->route_ids, pairs, tab);
+    return zc ? expert_cache_prepare_zerocopy(ml->cache, a->layer, ids, pairs, tab)
+              : expert_cache_prepare_copy(ml->cache, a->layer, ids, pairs, tab);
 }
 
 /* The observer gets the routing in host memory: read back (a sync) on a device. */
 static int ml_observe(struct moe_layer *ml, const struct moe_args *a, const float *in, int nt,
-                      int t0)
+                      int t0, const int32_t *ids)
 {
     size_t pairs = (size_t)nt * a->hp->n_expert_used;
     struct moe_route_event ev = {
-        .layer = a->layer, .n_tok = nt, .k = (int)a->hp->n_expert_used, .pos0 = a->pos0 + t0,
-        .ids = ml->route_ids, .weights = ml->route_w, .in = in,
+        .layer = a->layer,
+        .n_tok = nt,
+        .k = (int)a->hp->n_expert_used,
+        .pos0 = a->pos0 + t0,
+        .ids = ids,
+        .weights = ml->route_w,
+        .in = in,
     };
     if (!ml->ops->host) {
-        int rc = ml->ops->to_host(ml->dev, ml->obs_ids, ml->route_ids, sizeof(int32_t) * pairs);
+        int rc = ml->ops->to_host(ml->dev, ml->obs_ids, ids, sizeof(int32_t) * pairs);
         rc = rc ? rc : ml->ops->to_host(ml->dev, ml->obs_w, ml->route_w, sizeof(float) * pairs);
         rc = rc ? rc : ml->ops->sync(ml->dev);
         if (rc)
@@ -317,21 +328,34 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
         int nt = a->n_tok - t0 < ml->cfg.max_tok ? a->n_tok - t0 : ml->cfg.max_tok;
         const float *in = a->in + (size_t)t0 * hp->n_embd;
         float *out = a->out + (size_t)t0 * hp->n_embd;
-        rc = ml->ops->route(ml->dev, a->lw, in, nt, ml->route_ids, ml->route_w);
+        /* (b) in decode: the layer's own slice, read back with the others once per step */
+        int32_t *ids = ml->route_ids, *slice = NULL;
+        if (!mtp && a->layer >= ml->cpu_layers && ml_zerocopy(ml, nt))
+            slice = expert_cache_zc_ids(ml->cache, a->layer, nt * (int)hp->n_expert_used);
+        ids = slice ? slice : ids;
+        rc = ml->ops->route(ml->dev, a->lw, in, nt, ids, ml->route_w);
         if (rc)
             break;
-        if (ml->cfg.observer && !mtp && (rc = ml_observe(ml, a, in, nt, t0)))
+        if (ml->cfg.observer && !mtp && (rc = ml_observe(ml, a, in, nt, t0, ids)))
             break;
         if (mtp ? ml->ops->host : a->layer < ml->cpu_layers) {
             rc = ml_run_cpu_layer(ml, a, in, out, nt);
             continue;
         }
         struct expert_tables tab = {0};
-        if (ml->cache && !mtp && (rc = ml_run_cached(ml, a, in, nt, &tab)))
+        if (ml->cache && !mtp && (rc = ml_run_cached(ml, a, in, nt, ids, &tab)))
             break;
         struct moe_expert_call call = {
-            .out = out, .in = in, .n_tok = nt, .layer = a->layer, .ids = ml->route_ids,
-            .w = ml->route_w, .lw = a->lw, .gate = tab.gate, .up = tab.up, .down = tab.down,
+            .out = out,
+            .in = in,
+            .n_tok = nt,
+            .layer = a->layer,
+            .ids = ids,
+            .w = ml->route_w,
+            .lw = a->lw,
+            .gate = tab.gate,
+            .up = tab.up,
+            .down = tab.down,
         };
         if (ml->hybrid && ml->w_gpu && !mtp) {
             if ((rc = ml_hybrid_gpu_weights(ml, nt)))
@@ -611,6 +635,11 @@ void moe_layer_close(struct moe_layer *ml)
 }
 
 /* ---- between steps, and what the backend asks ---------------------------------------------- */
+
+int moe_layer_step_flush(struct moe_layer *ml)
+{
+    return ml->cache ? expert_cache_step_flush(ml->cache) : 0;
+}
 
 int moe_layer_step_end(struct moe_layer *ml)
 {

@@ -151,6 +151,9 @@ void moe_layer_close(struct moe_layer *ml);
  * combine into a->out. 0 or -errno. */
 int moe_layer_run(struct moe_layer *ml, const struct moe_args *a);
 
+/* At the end of a step's work on the backend's stream (recorded with it): the zero-copy path's
+ * one read-back of the step's routing. */
+int moe_layer_step_flush(struct moe_layer *ml);
 /* Between steps, once the backend's stream has been synced: the cache's accounting and
  * admissions of the zero-copy path. */
 int moe_layer_step_end(struct moe_layer *ml);

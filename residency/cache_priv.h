@@ -126,6 +126,17 @@ struct expert_cache {
     int32_t *ids_host; /* pinned (n_layer * max_pairs) */
     void *ids_host_dev;
     int *n_pending_ids; /* (n_layer), -1 = none */
+    /* (b) in decode: the routing of every layer in a slice of its own (expert_cache_zc_ids),
+     * read back once per step (expert_cache_step_flush) instead of once per layer */
+    int zc_pairs;         /* pairs per slice */
+    int32_t *zc_ids_dev;  /* (n_layer * zc_pairs) */
+    int32_t *zc_ids_host; /* pinned mirror */
+    void *zc_ids_host_dev;
+    uint8_t *zc_slice;       /* (n_layer) the pending ids are in the layer's slice */
+    uint8_t *zc_slice_rec;   /* (n_layer) so they were in the recorded step */
+    bool zc_flushed;         /* the slices' read-back is enqueued for this step */
+    bool zc_flush_rec;       /* and was recorded */
+    bool tab_all;            /* recording: every layer's table uploaded in this step already */
     struct ec_pending *pend; /* admissions whose copies may still run */
     int n_pend, cap_pend;
     struct ec_pending *next; /* admissions of this step end */

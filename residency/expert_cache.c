@@ -66,6 +66,15 @@ int expert_cache_open(const struct model *m, const struct expert_cache_config *c
     rc = rc ? rc : cuda_host_alloc((void **)&c->ids_host,
                                    sizeof(int32_t) * (size_t)c->n_layer * (size_t)c->max_pairs,
                                    &c->ids_host_dev);
+    c->zc_pairs = EXPERT_CACHE_ZC_TOK * (int)m->hp.n_expert_used;
+    c->zc_pairs = c->zc_pairs < c->max_pairs ? c->zc_pairs : c->max_pairs;
+    const size_t zn = sizeof(int32_t) * (size_t)c->n_layer * (size_t)c->zc_pairs;
+    rc = rc ? rc : cuda_malloc((void **)&c->zc_ids_dev, zn);
+    rc = rc ? rc : cuda_host_alloc((void **)&c->zc_ids_host, zn, &c->zc_ids_host_dev);
+    c->zc_slice = calloc((size_t)c->n_layer, 1);
+    c->zc_slice_rec = calloc((size_t)c->n_layer, 1);
+    if (!rc && (!c->zc_slice || !c->zc_slice_rec))
+        rc = -ENOMEM;
     if (rc) {
         rc = err_set(rc, "expert cache: cannot allocate its tables");
         goto fail;
@@ -111,6 +120,10 @@ void expert_cache_close(struct expert_cache *c)
     ec_host_tier_close(c);
     cuda_host_free(c->tab_host);
     cuda_host_free(c->ids_host);
+    cuda_host_free(c->zc_ids_host);
+    cuda_free(c->zc_ids_dev);
+    free(c->zc_slice);
+    free(c->zc_slice_rec);
     cuda_host_free(c->pred_host);
     cuda_free(c->zero_slot);
     free(c->cpu_ids);

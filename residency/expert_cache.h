@@ -161,9 +161,23 @@ int expert_cache_cpu_experts(const struct expert_cache *c, const int32_t **ids);
 const uint8_t *const *expert_cache_tier_ptrs(const struct expert_cache *c);
 
 /* (b): enqueues the read-back of the layer's ids (no wait) and returns the tables as they are;
- * the accounting happens at expert_cache_step_end. */
+ * the accounting happens at expert_cache_step_end. Ids in the layer's slice
+ * (expert_cache_zc_ids) are read back with every other layer's by expert_cache_step_flush
+ * instead. While recording, the first call of a step uploads every layer's table at once. */
 int expert_cache_prepare_zerocopy(struct expert_cache *c, int layer, const int32_t *ids_dev,
                                   int n_pairs, struct expert_tables *t);
+
+#define EXPERT_CACHE_ZC_TOK 16 /* tokens of a call whose routing fits a slice */
+
+/* (b): device memory for `layer`'s routing of n_pairs pairs in a decode step (a slice per
+ * layer, so that one read-back serves them all), or NULL when n_pairs does not fit
+ * (EXPERT_CACHE_ZC_TOK tokens). */
+int32_t *expert_cache_zc_ids(struct expert_cache *c, int layer, int n_pairs);
+
+/* (b): after the step's last layer, on the compute stream: one read-back of every slice (a
+ * recorded step records it). expert_cache_step_end reads them synchronously itself when
+ * nothing did. 0 or -errno. */
+int expert_cache_step_flush(struct expert_cache *c);
 
 /* (b) inside a recorded CUDA graph: while `recording`, prepare_zerocopy uploads each layer's
  * table whether or not it changed (the recording must refresh the tables at every replay, from

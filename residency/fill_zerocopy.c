@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "errors.h"
 #include "slru.h"
@@ -28,20 +29,37 @@ int expert_cache_prepare_zerocopy(struct expert_cache *c, int layer, const int32
         if (rc)
             return rc;
     }
-    rc = ec_upload(c, layer);
+    if (c->recording && !c->tab_all) { /* every layer's table in one upload per replay */
+        size_t nt = (size_t)c->n_layer * P_N * (size_t)c->n_expert;
+        rc = cuda_h2d(c->tab_dev, c->tab_host, nt * sizeof(void *), c->compute);
+        if (rc)
+            return err_set(rc, "expert cache: uploading the slot tables failed");
+        memset(c->dirty, 0, (size_t)c->n_layer);
+        c->tab_all = true;
+    } else if (!c->recording) {
+        rc = ec_upload(c, layer);
+    }
     if (!rc && c->copies_pending) { /* a prediction's copies (copy path) must land first */
         rc = ec_flush(c);
         rc = rc ? rc : cuda_event_record(c->copy_done, c->copy);
         rc = rc ? rc : cuda_stream_wait(c->compute, c->copy_done);
         c->copies_pending = false;
     }
-    rc = rc ? rc
-            : cuda_d2h(c->ids_host + (size_t)layer * c->max_pairs, ids_dev,
-                       sizeof(int32_t) * (size_t)n_pairs, c->compute);
+    const bool slice =
+        ids_dev == c->zc_ids_dev + (size_t)layer * c->zc_pairs && n_pairs <= c->zc_pairs;
+    if (!slice)
+        rc = rc ? rc
+                : cuda_d2h(c->ids_host + (size_t)layer * c->max_pairs, ids_dev,
+                           sizeof(int32_t) * (size_t)n_pairs, c->compute);
     if (rc)
         return err_set(rc, "expert cache: layer %d: enqueueing the routing read-back failed",
                        layer);
     c->n_pending_ids[layer] = n_pairs;
+    c->zc_slice[layer] = slice;
+    if (slice)
+        c->zc_flushed = false;
+    if (c->recording)
+        c->zc_slice_rec[layer] = slice;
     ec_tables(c, layer, t);
     return 0;
 }
@@ -64,15 +82,53 @@ static int ec_push_next(struct expert_cache *c, int l, int e, int s, uint32_t ge
     return 0;
 }
 
+int32_t *expert_cache_zc_ids(struct expert_cache *c, int layer, int n_pairs)
+{
+    return layer >= 0 && layer < c->n_layer && n_pairs <= c->zc_pairs
+               ? c->zc_ids_dev + (size_t)layer * c->zc_pairs
+               : NULL;
+}
+
+/* Whether a layer's pending ids wait in its slice. */
+static bool ec_zc_waiting(const struct expert_cache *c)
+{
+    for (int l = 0; l < c->n_layer; l++)
+        if (c->n_pending_ids[l] >= 0 && c->zc_slice[l])
+            return true;
+    return false;
+}
+
+int expert_cache_step_flush(struct expert_cache *c)
+{
+    if (c->zc_flushed || !ec_zc_waiting(c))
+        return 0;
+    int rc = cuda_d2h(c->zc_ids_host, c->zc_ids_dev,
+                      sizeof(int32_t) * (size_t)c->n_layer * (size_t)c->zc_pairs, c->compute);
+    if (rc)
+        return err_set(rc, "expert cache: enqueueing the routing read-back failed");
+    c->zc_flushed = true;
+    if (c->recording)
+        c->zc_flush_rec = true;
+    return 0;
+}
+
 void expert_cache_set_recording(struct expert_cache *c, bool recording)
 {
     c->recording = recording;
+    c->tab_all = false;
+    if (recording) {
+        memset(c->zc_slice_rec, 0, (size_t)c->n_layer);
+        c->zc_flush_rec = false;
+    }
 }
 
 void expert_cache_replayed(struct expert_cache *c, int n_pairs)
 {
-    for (int l = 0; l < c->n_layer; l++)
+    for (int l = 0; l < c->n_layer; l++) {
         c->n_pending_ids[l] = n_pairs;
+        c->zc_slice[l] = c->zc_slice_rec[l];
+    }
+    c->zc_flushed = c->zc_flush_rec;
 }
 
 int expert_cache_step_end(struct expert_cache *c)
@@ -80,13 +136,22 @@ int expert_cache_step_end(struct expert_cache *c)
     int rc = cuda_stream_sync(c->copy); /* the previous step end's admissions have landed */
     if (rc)
         return err_set(rc, "expert cache: waiting for the copy stream failed");
+    if (!c->zc_flushed && ec_zc_waiting(c)) { /* nobody flushed: read the slices back now */
+        rc = expert_cache_step_flush(c);
+        rc = rc ? rc : cuda_stream_sync(c->compute);
+        if (rc)
+            return err_set(rc, "expert cache: reading the routing back failed");
+    }
+    c->zc_flushed = false;
     c->n_next = 0;
     for (int l = 0; l < c->n_layer && !rc; l++) {
         int n = c->n_pending_ids[l];
         if (n < 0)
             continue;
         c->n_pending_ids[l] = -1;
-        const int32_t *ids = c->ids_host + (size_t)l * c->max_pairs;
+        const int32_t *ids = c->zc_slice[l] ? c->zc_ids_host + (size_t)l * c->zc_pairs
+                                            : c->ids_host + (size_t)l * c->max_pairs;
+        c->zc_slice[l] = 0;
         slru_step(c->slru);
         c->stamp++;
         for (int i = 0; i < n && !rc; i++) {

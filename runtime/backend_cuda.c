@@ -1140,6 +1140,8 @@ static int cuda_step_end(struct backend *b, int rc)
 {
     backend_cuda_forget_xq(cuda_of(b));
     struct backend_cuda *c = cuda_of(b);
+    if (!rc) /* the zero-copy path's routing read-back, inside a recording too */
+        rc = moe_layer_step_flush(c->moe);
     if (c->rows_recording) {
         void *exec = NULL;
         int n = c->rows_rec_n;
