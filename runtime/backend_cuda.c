@@ -925,10 +925,10 @@ static int cuda_read_op(struct backend *b, float *host, const float *src, size_t
  * on the H200 at 12 GiB zero-copy with a graph decoded 245 tok/s, copies 235, hybrid 170; at
  * 8 GiB hybrid 154, copies 146, zero-copy 108), and the hit rate that decides it is only known
  * once the model runs. So each is timed on a few decode steps (tune.h: 2 skipped, 8 timed,
- * the first mode timed again last) and the fastest stays; a miss rate that later moves by more
- * than half (and one miss per token) starts the trials again. The copy trial, first, measures
- * the misses per token, which rule out two trials that cannot win: hybrid below one miss per
- * token (nothing for the CPU lane, only its per-layer round trip), zero-copy when the misses'
+ * the first mode timed again last on a close call) and the fastest stays; a miss rate that later
+ * moves by more than half (and one miss per token) starts the trials again. The copy trial, first,
+ * measures the misses per token, which rule out two trials that cannot win: hybrid below one miss
+ * per token (nothing for the CPU lane, only its per-layer round trip), zero-copy when the misses'
  * copies alone take over AUTO_ZC_SHARE of a copy step (it reads misses at about half the DMA's
  * rate: 117-139 us per expert against 70 on the H200, bench/residency.md). */
 

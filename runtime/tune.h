@@ -5,15 +5,17 @@
  * A trial runs `skip` steps (a setting's first steps pay for its switch: a graph recording,
  * threads starting) and then `window` timed steps, whose mean is the setting's cost. The
  * settings are tried from `first` on in index order, wrapping, and `first` once more at the
- * end: the first trial ran on the coldest caches, so its second measurement replaces it. The
- * caller may drop settings not yet tried (what the first trial measured rules them out). Then
- * the cheapest stays (ties to the lower index) until tune_restart. */
+ * end when another is ahead of it by less than TUNE_CLEAR: the first trial ran on the coldest
+ * caches, so on a close call its second measurement replaces it. The caller may drop settings
+ * not yet tried (what the first trial measured rules them out). Then the cheapest stays (ties
+ * to the lower index) until tune_restart. */
 #ifndef STRATA_TUNE_H
 #define STRATA_TUNE_H
 
 #include <stdbool.h>
 
-#define TUNE_MAX 4 /* settings at most */
+#define TUNE_MAX 4     /* settings at most */
+#define TUNE_CLEAR 0.1 /* a lead that needs no second trial of the first setting */
 
 struct tune {
     int n, skip, window, first;

@@ -1130,8 +1130,8 @@ static void close_enough(const char *path, const char *what,
 }
 
 /* The automatic placement: the trials run copy, hybrid and zero-copy in a graph (10 steps each,
- * then copy again) within the first 41 of N_STEPS steps; whichever stays, every row within the
- * hybrid lane's tolerance of all resident, and each mode did its work (copies, CPU-lane
+ * then copy again on a close call) within the first 41 of N_STEPS steps; whichever stays, every row
+ * within the hybrid lane's tolerance of all resident, and each mode did its work (copies, CPU-lane
  * experts, reads in place). */
 static void auto_modes(const char *path, const int32_t *prompt, const struct run *ref,
                        const struct tolerance *tol)

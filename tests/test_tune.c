@@ -31,25 +31,34 @@ int main(void)
     struct tune t;
     int used[64];
 
-    /* three settings from 1: trials 1, 2, 0, then 1 again; 2 skipped + 3 timed steps each */
+    /* three settings from 1: trials 1, 2, 0, then 1 again on a close call (the best other
+     * less than TUNE_CLEAR ahead of the cold first trial); 2 skipped + 3 timed steps each */
     {
-        const double cost[3] = {5.0, 4.0, 3.0};
+        const double cost[3] = {4.0, 3.75, 3.625}; /* sums of three stay exact */
         tune_init(&t, 3, 1, 2, 3);
-        int n = drive(&t, cost, 10.0, 100.0, used, 64);
+        int n = drive(&t, cost, 0.25, 100.0, used, 64);
         const int want[20] = {1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1};
         CHECK(n == 20, "%d steps to decide, want 20", n);
         CHECK(!memcmp(used, want, sizeof(want)), "trial order");
         CHECK(tune_decided(&t) && t.cur == 2, "decided %d on %d, want 2", tune_decided(&t), t.cur);
         /* the switch costs fell on skipped steps; the cold first trial was measured again */
-        CHECK(t.cost[0] == 5.0 && t.cost[1] == 4.0 && t.cost[2] == 3.0, "costs %g %g %g", t.cost[0],
-              t.cost[1], t.cost[2]);
+        CHECK(t.cost[0] == 4.0 && t.cost[1] == 3.75 && t.cost[2] == 3.625, "costs %g %g %g",
+              t.cost[0], t.cost[1], t.cost[2]);
         CHECK(tune_observe(&t, 1e9) == 2 && t.cur == 2, "a decided tuner stays");
     }
-    /* the cold first trial alone would have lost: its second measurement wins */
+    /* a clear lead: no second trial of the first setting */
     {
-        const double cost[2] = {2.0, 2.5};
+        const double cost[3] = {5.0, 4.0, 3.0};
+        tune_init(&t, 3, 1, 2, 3);
+        int n = drive(&t, cost, 10.0, 100.0, used, 64);
+        CHECK(n == 15 && t.cur == 2 && t.cost[1] == 14.0, "clear lead: %d steps, picked %d", n,
+              t.cur);
+    }
+    /* the cold first trial alone would have lost the close call: its second measurement wins */
+    {
+        const double cost[2] = {2.0, 2.4};
         tune_init(&t, 2, 0, 0, 2);
-        drive(&t, cost, 1.0, 0.0, used, 64);
+        drive(&t, cost, 0.5, 0.0, used, 64);
         CHECK(t.cur == 0 && t.cost[0] == 2.0, "picked %d (cost %g), want 0 at 2", t.cur, t.cost[0]);
     }
     /* ties go to the lower index */
@@ -67,9 +76,9 @@ int main(void)
         CHECK(t.cur == 2, "first decision %d", t.cur);
         tune_restart(&t);
         CHECK(!tune_decided(&t) && t.cur == 2, "restart from the setting in use");
-        int n = drive(&t, later, 0.0, 0.0, used, 64);
-        CHECK(n == 4 && used[0] == 2 && used[1] == 0 && used[2] == 1 && used[3] == 2,
-              "restart order (%d steps)", n);
+        int n = drive(&t, later, 0.0, 0.0, used, 64); /* 0 leads clearly: no second trial */
+        CHECK(n == 3 && used[0] == 2 && used[1] == 0 && used[2] == 1, "restart order (%d steps)",
+              n);
         CHECK(t.cur == 0, "after restart picked %d", t.cur);
     }
     /* settings dropped after the first trial: the next one in turn is skipped; with every
@@ -81,7 +90,7 @@ int main(void)
         CHECK(t.cur == 2 && !tune_decided(&t), "dropping the next one: %d", t.cur);
         tune_drop(&t, 0);
         CHECK(t.cur == 2 && !t.dropped[0], "the first one was dropped");
-        CHECK(tune_observe(&t, 4.0) == 0, "then the first again");
+        CHECK(tune_observe(&t, 4.6) == 0, "then the first again (a close call)");
         CHECK(tune_observe(&t, 6.0) == 2 && tune_decided(&t), "picked %d", t.cur);
         CHECK(t.cost[1] == 0.0, "a dropped setting was timed");
 
