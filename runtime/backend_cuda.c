@@ -922,8 +922,8 @@ static int cuda_read_op(struct backend *b, float *host, const float *src, size_t
 /* ---- automatic placement -------------------------------------------------------------------
  * The expert cache's three ways to serve decode's misses (copies, zero-copy reads in a graph,
  * copies and the CPU lane) win at different budgets, models and machines (bench/residency.md:
- * on the H200 at 12 GiB zero-copy with a graph decoded 245 tok/s, copies 235, hybrid 170; at
- * 8 GiB hybrid 154, copies 146, zero-copy 108), and the hit rate that decides it is only known
+ * on the H200 at 12 GiB zero-copy with a graph decoded 311 tok/s, copies 234, hybrid 159; at
+ * 8 GiB hybrid 151, copies 147, zero-copy 122), and the hit rate that decides it is only known
  * once the model runs. So each is timed on a few decode steps (tune.h: 2 skipped, 8 timed,
  * the first mode timed again last on a close call) and the fastest stays; a miss rate that later
  * moves by more than half (and one miss per token) starts the trials again. The copy trial, first,
