@@ -100,7 +100,9 @@ struct backend_cuda {
     enum moe_mode held_mode; /* the mode to go back to */
     struct tune tune;
     enum moe_mode tune_mode[TUNE_MAX];
-    double tune_last;      /* when the last one-token evaluation began; 0: not the step before */
+    double tune_last;      /* when the last decode step began; 0: not the step before */
+    bool tune_rows;        /* that step: a lockstep step (else a stream's evaluation) */
+    int tune_n;            /* of this many rows or tokens */
     int watch_steps;       /* decided: one-token steps since watch_misses was taken */
     uint64_t watch_misses; /* the cache's misses then */
     double watch_rate;     /* misses per token in the first watch after the decision; < 0: none */
@@ -118,6 +120,9 @@ static inline void backend_cuda_forget_xq(struct backend_cuda *c)
 {
     c->xq_src = NULL;
 }
+
+/* The automatic placement's clock and trials (below): a step of n rows is about to run. */
+static void auto_step(struct backend_cuda *c, bool rows, int n);
 
 static int backend_cuda_fail(int rc, const char *what)
 {
@@ -734,6 +739,7 @@ static int cuda_rows_begin_op(struct backend *b, const void *batch, struct strea
     struct backend_cuda *c = cuda_of(b);
     const struct model_hparams *hp = &c->model->hp;
     backend_cuda_forget_xq(c);
+    auto_step(c, true, n);
     if (n > c->rows_cap) {
         size_t bytes = cuda_rows_table_bytes(hp, n);
         void **host = realloc(c->rows_host, bytes);
@@ -972,7 +978,7 @@ static void auto_prune(struct backend_cuda *c)
     for (int i = 0; i < t->n; i++) {
         const char *why = NULL;
         if (c->tune_mode[i] == MOE_MODE_HYBRID && m < 1.0)
-            why = "fewer than one miss per token";
+            why = "fewer than one miss per step";
         else if (c->tune_mode[i] == MOE_MODE_ZEROCOPY && xfer > AUTO_ZC_SHARE * step)
             why = "the misses' copies take over a tenth of a copy step";
         if (!why || i == t->first)
@@ -981,20 +987,27 @@ static void auto_prune(struct backend_cuda *c)
         if (c->log)
             fprintf(c->log,
                     "strata: placement auto: %s not timed: %.1f missed experts per "
-                    "token, %.2f ms of copies in %.2f ms: %s\n",
+                    "step, %.2f ms of copies in %.2f ms: %s\n",
                     auto_mode_name(c->tune_mode[i], c->graph_ok), m, xfer * 1e3, step * 1e3, why);
     }
 }
 
-static void cuda_eval_begin(struct backend *b, int n)
+/* A step is about to run: a stream's evaluation of n tokens (rows false) or a lockstep step of
+ * n rows (rows true). Decode steps are timed from one to the next of the same kind and size
+ * (a one-token evaluation, or lockstep steps of n rows); anything else stops the clock. */
+static void auto_step(struct backend_cuda *c, bool rows, int n)
 {
-    struct backend_cuda *c = cuda_of(b);
     if (!c->auto_place || c->auto_held)
         return;
     const double now = clock_now_s();
-    if (n == 1 && c->tune_last == 0 && c->tune.trial == 0 && c->tune.seen == 0)
+    const bool timed = rows || n == 1;
+    if (!timed || rows != c->tune_rows || n != c->tune_n)
+        c->tune_last = 0; /* another kind of step: not one decode step from the last */
+    c->tune_rows = rows;
+    c->tune_n = n;
+    if (timed && c->tune_last == 0 && c->tune.trial == 0 && c->tune.seen == 0)
         c->trial_misses = auto_misses(c);
-    if (n == 1 && c->tune_last > 0) {
+    if (timed && c->tune_last > 0) {
         if (!tune_decided(&c->tune)) {
             const int prev = c->tune.cur, trial = c->tune.trial;
             int next = tune_observe(&c->tune, now - c->tune_last);
@@ -1017,7 +1030,7 @@ static void cuda_eval_begin(struct backend *b, int n)
                             fprintf(c->log, "%s %s %.2f ms", k++ ? "," : "",
                                     auto_mode_name(c->tune_mode[i], c->graph_ok),
                                     c->tune.cost[i] * 1e3);
-                    fprintf(c->log, " per token: %s from now on\n",
+                    fprintf(c->log, " per step: %s from now on\n",
                             auto_mode_name(c->tune_mode[next], c->graph_ok));
                 }
             }
@@ -1032,14 +1045,19 @@ static void cuda_eval_begin(struct backend *b, int n)
                        fabs(rate - c->watch_rate) > 0.5 * c->watch_rate) {
                 if (c->log)
                     fprintf(c->log,
-                            "strata: placement auto: %.1f missed experts per token, "
+                            "strata: placement auto: %.1f missed experts per step, "
                             "%.1f when decided: timing the modes again\n",
                             rate, c->watch_rate);
                 tune_restart(&c->tune);
             }
         }
     }
-    c->tune_last = n == 1 ? now : 0;
+    c->tune_last = timed ? now : 0;
+}
+
+static void cuda_eval_begin(struct backend *b, int n)
+{
+    auto_step(cuda_of(b), false, n);
 }
 
 /* With cfg->auto_place: the modes the cache can take, copy first. */

@@ -18,7 +18,8 @@
  * - all-resident agrees with the CPU backend (the same share of teacher-forced argmaxes);
  * - lockstep decode of three streams (stream_batch) gives each row its single-stream logits bit
  *   for bit in every cache mode and replayed from a graph (all resident), and within tolerance
- *   with the hybrid CPU lane;
+ *   with the hybrid CPU lane and with the automatic placement timing its modes on lockstep
+ *   steps;
  * - the same with a residency profile's experts placed into slots before the first token,
  *   frozen or seeding the cache;
  * - graph decode (one-token steps recorded once, replayed with the token and position in device
@@ -1330,6 +1331,10 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     lockstep(path, "hybrid, 6 slots",
              &(struct backend_cuda_config){.device = 0, .expert_slots = 6, .hybrid = true},
              tol->logits < 0.01 ? tol->logits * 10 : 1.0);
+    lockstep(path, "auto, 6 slots",
+             &(struct backend_cuda_config){
+                 .device = 0, .expert_slots = 6, .auto_place = true, .auto_try_all = true},
+             tol->logits < 0.01 ? tol->logits * 10 : 1.0);
     close_enough(path, "static:2", &st, prompt, &ref, tol, 2, false);
     static_tier(path, &st, prompt, &ref);
     close_enough(path, "hybrid + admit when idle, 6 slots", &hy, prompt, &ref, tol, 0, true);
@@ -1420,6 +1425,9 @@ static void lockstep(const char *path, const char *what, const struct backend_cu
     printf("%s: lockstep %-28s 3 streams x %d steps within %.3g of the largest logit\n", path,
            what, LS_STEPS, worst);
     CHECK(worst <= max_err, "%s lockstep: rows off by %.3g (allowed %.3g)", what, worst, max_err);
+    /* the automatic placement times lockstep steps too: by step 24 its trials reached hybrid */
+    CHECK(!cc->auto_place || backend_cuda_cpu_lane_seconds(b) > 0,
+          "%s lockstep: the CPU lane never ran", what);
     for (int i = 0; i < LS_N; i++)
         stream_close(s[i]);
     stream_batch_close(bt);
