@@ -103,6 +103,9 @@ struct backend_cuda {
     double tune_last;      /* when the last decode step began; 0: not the step before */
     bool tune_rows;        /* that step: a lockstep step (else a stream's evaluation) */
     int tune_n;            /* of this many rows or tokens */
+    bool chose_rows;       /* the kind and size of the steps the mode in use was chosen on */
+    int chose_n;
+    int shape_steps;       /* decided: steps in a row of another kind or size */
     int watch_steps;       /* decided: one-token steps since watch_misses was taken */
     uint64_t watch_misses; /* the cache's misses then */
     double watch_rate;     /* misses per token in the first watch after the decision; < 0: none */
@@ -1005,6 +1008,19 @@ static void auto_step(struct backend_cuda *c, bool rows, int n)
         c->tune_last = 0; /* another kind of step: not one decode step from the last */
     c->tune_rows = rows;
     c->tune_n = n;
+    if (timed && tune_decided(&c->tune)) { /* steps of another shape for long: time again */
+        c->shape_steps = rows == c->chose_rows && n == c->chose_n ? 0 : c->shape_steps + 1;
+        if (c->shape_steps == AUTO_SKIP + AUTO_WINDOW) {
+            if (c->log)
+                fprintf(c->log,
+                        "strata: placement auto: %d steps of %d %s: timing the modes "
+                        "again\n",
+                        c->shape_steps, n, rows ? "lockstep rows" : "tokens");
+            tune_restart(&c->tune);
+            c->shape_steps = 0;
+            c->tune_last = 0;
+        }
+    }
     if (timed && c->tune_last == 0 && c->tune.trial == 0 && c->tune.seen == 0)
         c->trial_misses = auto_misses(c);
     if (timed && c->tune_last > 0) {
@@ -1020,6 +1036,9 @@ static void auto_step(struct backend_cuda *c, bool rows, int n)
                 return;
             }
             if (tune_decided(&c->tune)) {
+                c->chose_rows = rows;
+                c->chose_n = n;
+                c->shape_steps = 0;
                 c->watch_steps = 0;
                 c->watch_misses = auto_misses(c);
                 c->watch_rate = -1;
