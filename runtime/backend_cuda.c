@@ -939,7 +939,7 @@ static int cuda_read_op(struct backend *b, float *host, const float *src, size_t
  * measures the misses per token, which rule out two trials that cannot win: hybrid below one miss
  * per token (nothing for the CPU lane, only its per-layer round trip), zero-copy when the misses'
  * copies alone take over AUTO_ZC_SHARE of a copy step (it reads misses at about half the DMA's
- * rate: 117-139 us per expert against 70 on the H200, bench/residency.md). */
+ * rate: 118-141 us per expert against 70-73 on the H200, bench/residency.md). */
 
 #define AUTO_SKIP 2   /* steps after a switch not timed (a graph is recorded in the first) */
 #define AUTO_WINDOW 8 /* steps timed per trial */
