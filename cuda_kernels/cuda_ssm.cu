@@ -2,6 +2,7 @@
  * and check the launch. Contracts in cuda_ssm.h; design and tolerances in docs/cuda-ops.md.
  * The kernels are plain on purpose (one thread per channel or column, loops over tokens in
  * order): each mirrors its CPU op's loops, so a reader can check one against the other. */
+#include "cuda_check.h"
 #include "cuda_mem.h"
 #include "cuda_ops_util.cuh"
 #include "cuda_ssm.h"
@@ -85,6 +86,21 @@ struct gdn_params {
     float eps;
 };
 
+/* Where v head j reads: its q/k head, and its beta and alpha logits in a token's row. */
+struct gdn_head {
+    int kh, bi, ai;
+};
+
+static __device__ __forceinline__ struct gdn_head gdn_head_of(const struct gdn_params &p, int j)
+{
+    const int r = p.n_v / p.n_k;
+    struct gdn_head h;
+    h.kh = p.v_tiled ? j % p.n_k : j / r;
+    h.bi = p.ba_grouped ? (j / r) * 2 * r + j % r : j;
+    h.ai = p.ba_grouped ? (j / r) * 2 * r + r + j % r : j;
+    return h;
+}
+
 /* As ops_ssm.c's softplus, with its shortcut above 20. */
 static __device__ __forceinline__ float gdn_softplus(float x)
 {
@@ -113,10 +129,9 @@ template <int D> static __global__ void __launch_bounds__(GDN_THREADS) k_gdn(str
     __shared__ float red_qk[GDN_WARPS][3];                   /* warp sums of |q|^2, |k|^2, k.q */
     __shared__ float red_o[GDN_WARPS];                       /* warp sums of |o|^2 */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int j = blockIdx.x, d = D ? D : p.d, r = p.n_v / p.n_k;
-    const int kh = p.v_tiled ? j % p.n_k : j / r;
-    const int bi = p.ba_grouped ? (j / r) * 2 * r + j % r : j;
-    const int ai = p.ba_grouped ? (j / r) * 2 * r + r + j % r : j;
+    const int j = blockIdx.x, d = D ? D : p.d;
+    const struct gdn_head hd = gdn_head_of(p, j);
+    const int kh = hd.kh, bi = hd.bi, ai = hd.ai;
     const int64_t kw = (int64_t)p.n_k * d, vw = (int64_t)p.n_v * d, cw = 2 * kw + vw;
     const float qscale = 1.0f / sqrtf((float)d);
     const float a_log_neg = p.a_log_neg[j], dt_bias = p.dt_bias[j];
@@ -231,6 +246,242 @@ template <int D> static __global__ void __launch_bounds__(GDN_THREADS) k_gdn(str
                 S[a * D + tid] = col[a];
         }
     }
+}
+
+/* ---- gated delta rule, chunked: the prefill form ---------------------------------------------
+ * Over a chunk of C tokens starting from state S0 (all per v head), with q, k normalized as
+ * above, gamma_t = prod_{r <= t} decay_r (in the chunk) and u_t the delta row of token t, the
+ * recurrence unrolls to
+ *   S_t = gamma_t S0 + sum_{s <= t} (gamma_t / gamma_s) k_s u_s^T, so
+ *   (I + L) U = diag(beta) V - diag(beta gamma) K S0,  L[t][s] = beta_t (gamma_t/gamma_s) k_t.k_s
+ *   (s < t), i.e. U = Ut - W S0 with Ut = (I + L)^-1 diag(beta) V, W = (I + L)^-1 diag(beta
+ *   gamma) K;
+ *   O = diag(gamma) Q S0 + M U,  M[t][s] = (gamma_t / gamma_s) q_t.k_s (s <= t);
+ *   S_end = gamma_end S0 + K^T diag(gamma_end / gamma) U.
+ * The ratios come from differences of the cumulative log decay, so none overflows. The columns
+ * b of S evolve independently (only the RMSNorm mixes them), so a block takes GDNC_CB columns
+ * of one head, GDNC_TA threads per column each holding GDNC_AP rows of S in registers (rows
+ * a = ai + k * GDNC_TA); every block of the head repeats the chunk's small products (L, M, W),
+ * which need no state. The block writes the raw outputs o; k_gdn_norm then applies the gated
+ * RMSNorm in place. Sums run in another order than the recurrent form (docs/cuda-ops.md). */
+
+#define GDNC_C 32  /* tokens per chunk */
+#define GDNC_CB 32 /* state columns per block */
+#define GDNC_AP 16 /* state rows per thread */
+
+template <int D> struct gdnc_shape {
+    static constexpr int TA = D / GDNC_AP;  /* threads per column */
+    static constexpr int NT = GDNC_CB * TA; /* threads per block */
+    static constexpr int LD = D + 1;        /* row stride of sQ, sK, sW: conflict-free columns */
+    static constexpr int LC = GDNC_C + 1;   /* row stride of sL, sM */
+    static constexpr int LU = GDNC_CB + 1;  /* row stride of sU */
+    /* floats of dynamic shared memory: sQ, sK, sW (C, LD); sU (C, LU); sL, sM (C, LC); and
+     * beta, log decay, its cumulative sum, exp(G_end - G_s), rq, rk (C each) */
+    static constexpr int SMEM = 3 * GDNC_C * LD + GDNC_C * LU + 2 * GDNC_C * LC + 6 * GDNC_C;
+    static_assert(D % GDNC_AP == 0 && 32 % TA == 0, "a column's threads inside one warp");
+    static_assert(NT >= D + GDNC_CB, "a thread per column of W and of Ut in the solve");
+};
+
+/* Block (GDNC_CB columns b0.. of v head blockIdx.x; b0 = blockIdx.y * GDNC_CB) of
+ * gdnc_shape<D>::NT threads; thread tid = cb * TA + ai owns column b0 + cb, rows ai + k*TA. */
+template <int D>
+static __global__ void __launch_bounds__(gdnc_shape<D>::NT, 1) k_gdn_chunked(struct gdn_params p)
+{
+    ops_pdl_wait();
+    using sh = gdnc_shape<D>;
+    constexpr int C = GDNC_C, TA = sh::TA, NT = sh::NT, NW = NT / 32, LD = sh::LD;
+    constexpr int LC = sh::LC, LU = sh::LU;
+    extern __shared__ float smem[];
+    float *sQ = smem, *sK = sQ + C * LD, *sW = sK + C * LD, *sU = sW + C * LD;
+    float *sL = sU + C * LU, *sM = sL + C * LC, *sBeta = sM + C * LC, *sLg = sBeta + C;
+    float *sG = sLg + C, *sE = sG + C, *sRq = sE + C, *sRk = sRq + C;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int cb = tid / TA, ai = tid % TA;
+    const int j = blockIdx.x, b0 = blockIdx.y * GDNC_CB, b = b0 + cb;
+    const struct gdn_head hd = gdn_head_of(p, j);
+    const int kh = hd.kh, bi = hd.bi, ai_ = hd.ai;
+    const int64_t kw = (int64_t)p.n_k * D, vw = (int64_t)p.n_v * D, cw = 2 * kw + vw;
+    const float qscale = 1.0f / sqrtf((float)D);
+    const float a_log_neg = p.a_log_neg[j], dt_bias = p.dt_bias[j];
+    float *S = p.state + (int64_t)j * D * D; /* S[a][b] at S[a*D + b] */
+
+    float col[GDNC_AP]; /* S[ai + k*TA][b] */
+#pragma unroll
+    for (int k = 0; k < GDNC_AP; k++)
+        col[k] = S[(int64_t)(ai + k * TA) * D + b];
+
+    for (int c0 = 0; c0 < p.n_tok; c0 += C) {
+        const int nc = min(C, p.n_tok - c0);
+        /* 1. raw q and k rows of the chunk (rows past nc zero), beta and the log decay (0 and
+         * 0 past nc, so padded rows change nothing) */
+        for (int i = tid; i < C * D; i += NT) {
+            const int t = i / D, a = i % D;
+            const float *row = p.qkv + (int64_t)(c0 + t) * cw;
+            sQ[t * LD + a] = t < nc ? row[(int64_t)kh * D + a] : 0.0f;
+            sK[t * LD + a] = t < nc ? row[kw + (int64_t)kh * D + a] : 0.0f;
+        }
+        if (tid < C) {
+            const int64_t o = (int64_t)(c0 + tid) * p.ba_stride;
+            sBeta[tid] = tid < nc ? ssm_sigmoid(p.b[o + bi]) : 0.0f;
+            sLg[tid] = tid < nc ? a_log_neg * gdn_softplus(p.a[o + ai_] + dt_bias) : 0.0f;
+        }
+        __syncthreads(); /* sQ, sK, sBeta, sLg complete */
+
+        /* 2. row norms (a warp per row), the cumulative log decay */
+        for (int t = warp; t < C; t += NW) {
+            float pq = 0.0f, pk = 0.0f;
+            for (int a = lane; a < D; a += 32) {
+                pq += sQ[t * LD + a] * sQ[t * LD + a];
+                pk += sK[t * LD + a] * sK[t * LD + a];
+            }
+            pq = ops_warp_sum(pq);
+            pk = ops_warp_sum(pk);
+            if (lane == 0) {
+                sRq[t] = qscale / sqrtf(pq + GDN_L2_EPS);
+                sRk[t] = 1.0f / sqrtf(pk + GDN_L2_EPS);
+            }
+        }
+        if (tid == 0) {
+            float g = 0.0f;
+            for (int t = 0; t < C; t++) {
+                g += sLg[t];
+                sG[t] = g;
+            }
+        }
+        __syncthreads(); /* sRq, sRk, sG complete */
+        for (int i = tid; i < C * D; i += NT) {
+            const int t = i / D, a = i % D;
+            sQ[t * LD + a] *= sRq[t];
+            sK[t * LD + a] *= sRk[t];
+        }
+        if (tid < C)
+            sE[tid] = expf(sG[nc - 1] - sG[tid]);
+        __syncthreads(); /* normalized sQ, sK and sE complete */
+
+        /* 3. L (strictly lower) and M (lower, diagonal included) */
+        for (int e = tid; e < C * C; e += NT) {
+            const int t = e / C, s = e % C;
+            float kk = 0.0f, qk = 0.0f;
+            if (s <= t) {
+#pragma unroll 8
+                for (int a = 0; a < D; a++) {
+                    const float ks = sK[s * LD + a];
+                    kk += sK[t * LD + a] * ks;
+                    qk += sQ[t * LD + a] * ks;
+                }
+            }
+            const float ratio = s <= t ? expf(sG[t] - sG[s]) : 0.0f;
+            sL[t * LC + s] = s < t ? sBeta[t] * ratio * kk : 0.0f;
+            sM[t * LC + s] = ratio * qk;
+        }
+        __syncthreads(); /* sL, sM complete */
+
+        /* 4. solve (I + L) X = R by columns, forward: threads 0..D-1 take W's columns
+         * (R = diag(beta gamma) K), threads D..D+CB-1 Ut's (R = diag(beta) V) */
+        if (tid < D + GDNC_CB) {
+            float x[C];
+            const bool wcol = tid < D;
+            const int cc = wcol ? tid : tid - D;
+            const float *v = p.qkv + (int64_t)c0 * cw + 2 * kw + (int64_t)j * D + b0 + cc;
+#pragma unroll
+            for (int t = 0; t < C; t++) {
+                if (wcol)
+                    x[t] = sBeta[t] * expf(sG[t]) * sK[t * LD + cc];
+                else
+                    x[t] = t < nc ? sBeta[t] * v[(int64_t)t * cw] : 0.0f;
+            }
+#pragma unroll
+            for (int s = 0; s < C; s++) {
+#pragma unroll
+                for (int t = s + 1; t < C; t++)
+                    x[t] -= sL[t * LC + s] * x[s];
+            }
+#pragma unroll
+            for (int t = 0; t < C; t++) {
+                if (wcol)
+                    sW[t * LD + cc] = x[t];
+                else
+                    sU[t * LU + cc] = x[t];
+            }
+        }
+        __syncthreads(); /* sW, sU complete */
+
+        /* 5. this thread's part of (W S0) and (Q S0) for column b, summed over the column's
+         * TA threads; then u = Ut - W S0, o = gamma Q S0 + M u, S = gamma_end S0 + K^T (E u) */
+        float u[C], qs[C];
+#pragma unroll
+        for (int t = 0; t < C; t++) {
+            float aw = 0.0f, aq = 0.0f;
+#pragma unroll
+            for (int k = 0; k < GDNC_AP; k++) {
+                aw += sW[t * LD + ai + k * TA] * col[k];
+                aq += sQ[t * LD + ai + k * TA] * col[k];
+            }
+            u[t] = aw;
+            qs[t] = aq;
+        }
+#pragma unroll
+        for (int m = 1; m < TA; m <<= 1) {
+#pragma unroll
+            for (int t = 0; t < C; t++) {
+                u[t] += __shfl_xor_sync(0xffffffffu, u[t], m);
+                qs[t] += __shfl_xor_sync(0xffffffffu, qs[t], m);
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < C; t++)
+            u[t] = sU[t * LU + cb] - u[t];
+            /* the column's threads take every TA-th output row */
+#pragma unroll
+        for (int t = 0; t < C; t++) {
+            if (t % TA != ai || t >= nc)
+                continue;
+            float o = expf(sG[t]) * qs[t];
+#pragma unroll
+            for (int s = 0; s <= t; s++)
+                o += sM[t * LC + s] * u[s];
+            p.out[(int64_t)(c0 + t) * vw + (int64_t)j * D + b] = o;
+        }
+        const float g_end = expf(sG[nc - 1]);
+#pragma unroll
+        for (int t = 0; t < C; t++)
+            u[t] *= sE[t];
+#pragma unroll
+        for (int k = 0; k < GDNC_AP; k++) {
+            float acc = g_end * col[k];
+#pragma unroll
+            for (int s = 0; s < C; s++)
+                acc += sK[s * LD + ai + k * TA] * u[s];
+            col[k] = acc;
+        }
+        __syncthreads(); /* every thread is done with the chunk's shared memory */
+    }
+#pragma unroll
+    for (int k = 0; k < GDNC_AP; k++)
+        S[(int64_t)(ai + k * TA) * D + b] = col[k];
+}
+
+/* The gated RMSNorm over each (token, v head) of d raw outputs, in place: a warp per pair,
+ * lane sums in index order then a butterfly. */
+#define GDN_NORM_WARPS 4
+static __global__ void __launch_bounds__(GDN_NORM_WARPS * 32) k_gdn_norm(struct gdn_params p)
+{
+    ops_pdl_begin();
+    const int lane = threadIdx.x & 31;
+    const int64_t pair = (int64_t)blockIdx.x * GDN_NORM_WARPS + (threadIdx.x >> 5);
+    if (pair >= (int64_t)p.n_tok * p.n_v)
+        return;
+    const int64_t off = pair * p.d; /* token pair / n_v, head pair % n_v: rows n_v * d wide */
+    float *o = p.out + off;
+    const float *z = p.z + off;
+    float ss = 0.0f;
+    for (int i = lane; i < p.d; i += 32)
+        ss += o[i] * o[i];
+    ss = ops_warp_sum(ss);
+    const float rn = 1.0f / sqrtf(ss / p.d + p.eps);
+    for (int i = lane; i < p.d; i += 32)
+        o[i] = o[i] * rn * p.norm_w[i] * ssm_silu(z[i]);
 }
 
 /* ---- partial NEOX rope: one block per (token, ROPE_P_HEADS heads) --------------------------- */
@@ -355,6 +606,21 @@ extern "C" int cuda_ssm_conv(const struct cuda_ssm_conv_args *a)
     return cuda_last_error("cuda_ssm_conv");
 }
 
+/* Launches k_gdn_chunked<D> over (n_v, D / GDNC_CB) blocks, raising its shared memory limit
+ * first where it needs more than the default 48 KiB. */
+template <int D> static cudaError_t gdnc_launch(const struct gdn_params &p, cudaStream_t st)
+{
+    using sh = gdnc_shape<D>;
+    const size_t bytes = sh::SMEM * sizeof(float);
+    if (bytes > 48 * 1024) {
+        static cudaError_t set = CUDA_CHECK(cudaFuncSetAttribute(
+            k_gdn_chunked<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        if (set != cudaSuccess)
+            return set;
+    }
+    return ops_launch(k_gdn_chunked<D>, dim3(p.n_v, D / GDNC_CB), sh::NT, bytes, st, p);
+}
+
 extern "C" int cuda_gdn(const struct cuda_gdn_args *a)
 {
     if (!a || a->n_tok < 0 || a->n_k < 1 || a->n_v < 1 || a->n_v % a->n_k || a->d < 1 ||
@@ -370,6 +636,29 @@ extern "C" int cuda_gdn(const struct cuda_gdn_args *a)
                            a->state,     a->n_tok,      a->n_k,       a->n_v,     a->d,
                            a->v_tiled,   a->eps};
     cudaStream_t st = (cudaStream_t)a->stream;
+    const bool chunk_d = a->d == 32 || a->d == 64 || a->d == 128;
+    if (a->form == CUDA_GDN_CHUNKED && !chunk_d)
+        return -EINVAL;
+    if (a->form == CUDA_GDN_CHUNKED ||
+        (a->form == CUDA_GDN_AUTO && chunk_d && a->n_tok >= CUDA_GDN_CHUNK_MIN)) {
+        cudaError_t e;
+        switch (a->d) {
+        case 128:
+            e = gdnc_launch<128>(p, st);
+            break;
+        case 64:
+            e = gdnc_launch<64>(p, st);
+            break;
+        default:
+            e = gdnc_launch<32>(p, st);
+        }
+        if (e != cudaSuccess)
+            return cuda_last_error("cuda_gdn (chunked)");
+        const int64_t pairs = (int64_t)a->n_tok * a->n_v;
+        ops_launch(k_gdn_norm, (unsigned)((pairs + GDN_NORM_WARPS - 1) / GDN_NORM_WARPS),
+                   GDN_NORM_WARPS * 32, 0, st, p);
+        return cuda_last_error("cuda_gdn (norm)");
+    }
     switch (a->d) { /* the head dims with a register-resident state column */
     case 128:
         ops_launch(k_gdn<128>, a->n_v, GDN_THREADS, 0, st, p);

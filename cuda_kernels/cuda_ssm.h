@@ -42,7 +42,17 @@ int cuda_ssm_conv(const struct cuda_ssm_conv_args *a);
  * k = l2norm(k) (1e-6 under the root); beta = sigmoid(b), decay = exp(a_log_neg_j *
  * softplus(a + dt_bias_j)); S = decay S; S += k (beta (v - S^T k))^T; o = S^T q;
  * out = o / sqrt(mean(o^2) + eps) * norm_w * silu(z). state (n_v, d, d) S[j][k][v], updated.
- * 1 <= d <= CUDA_SSM_MAX_D, n_v a multiple of n_k, ba_stride >= 2 n_v (ba_grouped) or n_v. */
+ * 1 <= d <= CUDA_SSM_MAX_D, n_v a multiple of n_k, ba_stride >= 2 n_v (ba_grouped) or n_v.
+ * The two forms compute the same values with sums in other orders (docs/cuda-ops.md). */
+enum cuda_gdn_form {
+    CUDA_GDN_AUTO,      /* chunked from CUDA_GDN_CHUNK_MIN tokens where d allows, else recurrent */
+    CUDA_GDN_RECURRENT, /* token after token: a call of n tokens equals n calls of one, bit for
+                         * bit (speculative verify passes rely on it) */
+    CUDA_GDN_CHUNKED,   /* chunks of 32 tokens as small matrix products (d 32, 64 or 128, else
+                         * -EINVAL): the prefill form */
+};
+#define CUDA_GDN_CHUNK_MIN 32
+
 struct cuda_gdn_args {
     float *out;         /* (n_tok, n_v*d) */
     const float *qkv;   /* (n_tok, 2*n_k*d + n_v*d) */
@@ -56,6 +66,7 @@ struct cuda_gdn_args {
     int n_tok, n_k, n_v, d;
     bool v_tiled;
     float eps;
+    enum cuda_gdn_form form;
     void *stream;
 };
 int cuda_gdn(const struct cuda_gdn_args *a);

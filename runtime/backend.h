@@ -84,6 +84,11 @@ struct gdn_args {
     float *conv_state; /* (d_conv - 1, C) of this layer and stream */
     float *ssm_state;  /* (n_v, d_state, d_state) */
     int n_tok;
+    /* the rows are one stream's evaluation (stream_eval: a prompt, or the replay after a
+     * rewind), where the backend may sum in another order than token after token (a chunked
+     * form); else they are rows of a lockstep step (a speculative verify pass), and n_tok rows
+     * must give what n_tok calls of one row give, bit for bit */
+    bool chunk_ok;
 };
 
 struct backend_ops {

@@ -602,6 +602,7 @@ static int cuda_gdn_op(struct backend *b, const struct gdn_args *a)
         .d = d,
         .v_tiled = hp->ssm_v_tiled,
         .eps = hp->rms_eps,
+        .form = a->chunk_ok ? CUDA_GDN_AUTO : CUDA_GDN_RECURRENT,
         .stream = c->stream,
     };
     rc = cuda_gdn(&g);

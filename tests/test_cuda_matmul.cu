@@ -890,12 +890,6 @@ __global__ void read_kernel(const uint4 *p, size_t n, uint32_t *out)
         *out = acc;
 }
 
-static int cmp_float(const void *a, const void *b)
-{
-    const float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Median milliseconds of 20 calls of fn(arg) on stream after 3 warm-ups; < 0 on failure. */
 template <typename Fn> static float time_median(Fn fn, cudaStream_t st)
 {
@@ -919,7 +913,7 @@ template <typename Fn> static float time_median(Fn fn, cudaStream_t st)
         cudaEventDestroy(ev[i]);
     if (!ok)
         return -1;
-    qsort(ms_v, REPS, sizeof(float), cmp_float);
+    qsort(ms_v, REPS, sizeof(float), test_cmp_float);
     return 0.5f * (ms_v[REPS / 2 - 1] + ms_v[REPS / 2]);
 }
 

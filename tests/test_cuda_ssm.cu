@@ -3,9 +3,13 @@
  * per case with its shape and error (relative, norm: ||got - ref|| / ||ref||):
  *   conv        vs ops_ssm_conv, 37 tokens in two calls (13 + 24) from a random state: 1e-5;
  *               the state after the calls: exact (it holds copies of inputs);
- *   gdn         vs ops_gdn over 37 tokens (one call on the CPU; on the device two calls of
- *               13 + 24 or 37 calls of one token, the state carried), output and final state:
- *               1e-4 (float, sums in another order, errors carried through the state);
+ *   gdn         vs ops_gdn (one call on the CPU; on the device the tokens in two calls or a
+ *               call per token, the state carried), output and final state: 1e-4 (float,
+ *               sums in another order, errors carried through the state). The recurrent
+ *               form over 37 tokens; the chunked form over 5-300 tokens, chunks whole and
+ *               partial, with fast and slow decays;
+ *   gdn forms   chunked against recurrent on the device, 16-512 tokens at qwen3next-80b's
+ *               head shape: 1e-4; the time of each printed;
  *   rope        vs ops_rope_neox_partial (pos0 + t, and per-token device positions): 1e-5;
  *               the dims past n_rot bit-identical to the input;
  *   split       exact copy; mul_sigmoid, swiglu vs backend_cpu.c's loops: 1e-5;
@@ -142,11 +146,14 @@ struct gdn_case {
     int nk, nv, d;
     bool tiled, grouped;
     int first; /* tokens of the first device call; the rest in one call (1: one per call) */
+    int n;     /* tokens (0: 37) */
+    enum cuda_gdn_form form;
+    bool slow; /* A_log in [-6, -4): decays near 1, so the state carries far; else [0, 2) */
 };
 
 static void test_gdn_case(struct rng *r, const struct gdn_case *c)
 {
-    const int n = 37, d = c->d, nv = c->nv;
+    const int n = c->n ? c->n : 37, d = c->d, nv = c->nv;
     const size_t kw = (size_t)c->nk * d, vw = (size_t)nv * d, cw = 2 * kw + vw;
     const int bs = c->grouped ? 2 * nv : nv + 3; /* split: padded rows, to check the stride */
     const size_t nst = (size_t)nv * d * d, nout = (size_t)n * vw;
@@ -156,9 +163,9 @@ static void test_gdn_case(struct rng *r, const struct gdn_case *c)
     float *st = rand_f(r, nst, 0.0f, 0.3f); /* a state left by earlier tokens */
     float *st_ref = xmalloc_f(nst), *st_got = xmalloc_f(nst);
     float *ref = xmalloc_f(nout), *got = xmalloc_f(nout);
-    for (int j = 0; j < nv; j++)
-        an[j] = -expf(rng_uniform(r, 0.0f, 2.0f)); /* -exp(A_log), A_log in [0, 2) */
-    const float *a_host = c->grouped ? bb : aa;    /* grouped: one array holds both */
+    for (int j = 0; j < nv; j++) /* -exp(A_log) */
+        an[j] = -expf(c->slow ? rng_uniform(r, -6.0f, -4.0f) : rng_uniform(r, 0.0f, 2.0f));
+    const float *a_host = c->grouped ? bb : aa; /* grouped: one array holds both */
     memcpy(st_ref, st, nst * sizeof(float));
 
     struct ops_gdn g = {};
@@ -174,7 +181,7 @@ static void test_gdn_case(struct rng *r, const struct gdn_case *c)
     struct cuda_gdn_args a = {};
     a.b = d_b, a.a = c->grouped ? d_b : d_a, a.ba_stride = bs, a.ba_grouped = c->grouped;
     a.a_log_neg = d_an, a.dt_bias = d_dt, a.norm_w = d_nw, a.state = d_st, a.n_k = c->nk;
-    a.n_v = nv, a.d = d, a.v_tiled = c->tiled, a.eps = 1e-6f, a.stream = NULL;
+    a.n_v = nv, a.d = d, a.v_tiled = c->tiled, a.eps = 1e-6f, a.form = c->form, a.stream = NULL;
     int rc = 0, calls = 0;
     for (int t0 = 0; t0 < n && !rc; calls++) {
         int m = c->first == 1 ? 1 : t0 == 0 ? c->first : n - t0;
@@ -188,13 +195,16 @@ static void test_gdn_case(struct rng *r, const struct gdn_case *c)
     test_dev_get(st_got, d_st, nst * sizeof(float));
     bool guards = guard_ok(d_out, nout) && guard_ok(d_st, nst);
     double e = test_norm_rel_err(got, ref, nout), es = test_norm_rel_err(st_got, st_ref, nst);
-    printf("gdn n_k %2d n_v %2d d %3d %s, %s, %d tokens in %2d calls: rc %d, rel err %.3g, "
-           "state rel err %.3g\n",
-           c->nk, nv, d, c->tiled ? "v head j reads j mod n_k" : "v head j reads j / r    ",
-           c->grouped ? "grouped ba" : "split ba  ", n, calls, rc, e, es);
+    static const char *const forms[] = {"auto     ", "recurrent", "chunked  "};
+    printf("gdn %s n_k %2d n_v %2d d %3d %s, %s, %s decay, %3d tokens in %2d calls: rc %d, rel "
+           "err %.3g, state rel err %.3g\n",
+           forms[c->form], c->nk, nv, d,
+           c->tiled ? "v head j reads j mod n_k" : "v head j reads j / r    ",
+           c->grouped ? "grouped ba" : "split ba  ", c->slow ? "slow" : "fast", n, calls, rc, e,
+           es);
     CHECK(rc == 0 && e <= TOL_GDN && es <= TOL_GDN && guards,
-          "gdn n_k %d n_v %d d %d: rc %d err %g state err %g guards %d", c->nk, nv, d, rc, e, es,
-          guards);
+          "gdn n_k %d n_v %d d %d n %d form %d: rc %d err %g state err %g guards %d", c->nk, nv, d,
+          n, (int)c->form, rc, e, es, guards);
     cuda_free(d_qkv), cuda_free(d_z), cuda_free(d_out), cuda_free(d_b), cuda_free(d_a);
     cuda_free(d_an), cuda_free(d_dt), cuda_free(d_nw), cuda_free(d_st);
     free(qkv), free(z), free(bb), free(aa), free(an), free(dt), free(nw), free(st);
@@ -203,18 +213,109 @@ static void test_gdn_case(struct rng *r, const struct gdn_case *c)
 
 static void test_gdn(struct rng *r)
 {
+    const enum cuda_gdn_form R = CUDA_GDN_RECURRENT, C = CUDA_GDN_CHUNKED;
     static const struct gdn_case cases[] = {
-        {16, 32, 128, false, true, 13}, /* qwen3next-80b's shape */
-        {16, 32, 128, true, false, 1},  /* qwen35moe's head mapping, decode: a call per token */
-        {2, 4, 32, false, true, 13},    /* d < 128: idle threads in every reduction */
-        {2, 4, 32, true, false, 13},    /* the same, the other head mapping and ba layout */
-        {3, 6, 16, true, false, 13},    /* d < 32: a partial first warp */
-        {2, 4, 64, true, true, 1},      /* tiled heads with grouped ba, a call per token */
-        {1, 2, 256, false, false, 13},  /* two columns per thread */
-        {1, 1, 160, false, true, 13},   /* a second column for only some threads */
+        {16, 32, 128, false, true, 13, 0, R, false}, /* qwen3next-80b's shape */
+        {16, 32, 128, true, false, 1, 0, R, false},  /* qwen35moe's head mapping, decode */
+        {2, 4, 32, false, true, 13, 0, R, false},    /* d < 128: idle threads in reductions */
+        {2, 4, 32, true, false, 13, 0, R, false},    /* the other head mapping and ba layout */
+        {3, 6, 16, true, false, 13, 0, R, false},    /* d < 32: a partial first warp */
+        {2, 4, 64, true, true, 1, 0, R, false},      /* tiled heads with grouped ba, per token */
+        {1, 2, 256, false, false, 13, 0, R, false},  /* two columns per thread */
+        {1, 1, 160, false, true, 13, 0, R, false},   /* a second column for only some threads */
+        /* the chunked form: whole chunks, a partial last chunk, calls that end mid-chunk,
+         * one token, and a state carried through 300 tokens of slow decay */
+        {16, 32, 128, false, true, 64, 128, C, false}, /* qwen3next-80b: 2 + 2 chunks */
+        {16, 32, 128, true, false, 100, 300, C, true}, /* qwen35moe: 100 + 200, slow decay */
+        {16, 32, 128, true, false, 1, 5, C, false},    /* a chunk of one token per call */
+        {2, 4, 64, true, true, 37, 83, C, false},      /* d 64: 37 + 46 */
+        {2, 4, 64, false, false, 83, 83, C, true},     /* one call of 2 chunks and 19 tokens */
+        {3, 6, 32, false, true, 20, 70, C, false},     /* d 32: 20 + 50 */
+        {1, 2, 32, true, false, 70, 70, C, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         test_gdn_case(r, &cases[i]);
+}
+
+/* The two forms on the device over one call of n tokens at qwen3next-80b's head shape (n_k 16,
+ * n_v 32, d 128), from one state: the outputs and states within TOL_GDN, and the time of each
+ * (median of 5 runs, printed, not checked). */
+static void test_gdn_forms(struct rng *r)
+{
+    static const int ns[] = {16, 32, 64, 128, 512};
+    const int nk = 16, nv = 32, d = 128, nmax = 512;
+    const size_t cw = (size_t)(2 * nk + nv) * d, vw = (size_t)nv * d, nst = (size_t)nv * d * d;
+    float *d_qkv = dev_buf(NULL, nmax * cw), *d_z = dev_buf(NULL, nmax * vw);
+    float *d_ba = dev_buf(NULL, (size_t)nmax * 2 * nv), *d_an = dev_buf(NULL, nv);
+    float *d_dt = dev_buf(NULL, nv), *d_nw = dev_buf(NULL, d), *d_st0 = dev_buf(NULL, nst);
+    float *d_st[2] = {dev_buf(NULL, nst), dev_buf(NULL, nst)};
+    float *d_out[2] = {dev_buf(NULL, nmax * vw), dev_buf(NULL, nmax * vw)};
+    {
+        float *h = rand_f(r, nmax * cw, 0.0f, 1.0f);
+        test_dev_put(d_qkv, h, nmax * cw * sizeof(float));
+        fill(r, h, nmax * vw, 0.0f, 1.0f);
+        test_dev_put(d_z, h, nmax * vw * sizeof(float));
+        fill(r, h, (size_t)nmax * 2 * nv, 0.0f, 1.0f);
+        test_dev_put(d_ba, h, (size_t)nmax * 2 * nv * sizeof(float));
+        for (int j = 0; j < nv; j++)
+            h[j] = -expf(rng_uniform(r, -6.0f, 2.0f));
+        test_dev_put(d_an, h, nv * sizeof(float));
+        fill(r, h, nv, 1.0f, 0.1f);
+        test_dev_put(d_dt, h, nv * sizeof(float));
+        fill(r, h, d, 1.0f, 0.1f);
+        test_dev_put(d_nw, h, d * sizeof(float));
+        fill(r, h, nst, 0.0f, 0.3f);
+        test_dev_put(d_st0, h, nst * sizeof(float));
+        free(h);
+    }
+    float *h_out[2] = {xmalloc_f(nmax * vw), xmalloc_f(nmax * vw)};
+    float *h_st[2] = {xmalloc_f(nst), xmalloc_f(nst)};
+    cudaEvent_t e0, e1;
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
+        fatal("cudaEventCreate");
+    for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++) {
+        const int n = ns[i];
+        float ms[2];
+        int rc = 0;
+        for (int f = 0; f < 2; f++) {
+            struct cuda_gdn_args a = {};
+            a.out = d_out[f], a.qkv = d_qkv, a.z = d_z, a.b = d_ba, a.a = d_ba;
+            a.ba_stride = 2 * nv, a.ba_grouped = true, a.a_log_neg = d_an, a.dt_bias = d_dt;
+            a.norm_w = d_nw, a.state = d_st[f], a.n_tok = n, a.n_k = nk, a.n_v = nv, a.d = d;
+            a.eps = 1e-6f, a.form = f ? CUDA_GDN_CHUNKED : CUDA_GDN_RECURRENT, a.stream = NULL;
+            float t[5];
+            for (int k = 0; k < 5 && !rc; k++) {
+                /* the state is restored before each run; the first result is kept */
+                if (cudaMemcpy(d_st[f], d_st0, nst * sizeof(float), cudaMemcpyDeviceToDevice) !=
+                    cudaSuccess)
+                    fatal("cudaMemcpy");
+                cudaEventRecord(e0, NULL);
+                rc = cuda_gdn(&a);
+                cudaEventRecord(e1, NULL);
+                if (cudaEventSynchronize(e1) != cudaSuccess)
+                    fatal("cudaEventSynchronize");
+                cudaEventElapsedTime(&t[k], e0, e1);
+                if (k == 0) {
+                    test_dev_get(h_out[f], d_out[f], (size_t)n * vw * sizeof(float));
+                    test_dev_get(h_st[f], d_st[f], nst * sizeof(float));
+                }
+            }
+            qsort(t, 5, sizeof(float), test_cmp_float);
+            ms[f] = t[2];
+        }
+        double e = test_norm_rel_err(h_out[1], h_out[0], (size_t)n * vw);
+        double es = test_norm_rel_err(h_st[1], h_st[0], nst);
+        printf("gdn forms, %3d tokens: chunked against recurrent rel err %.3g, state %.3g; "
+               "recurrent %.1f us, chunked %.1f us (%.2fx)\n",
+               n, e, es, 1e3 * ms[0], 1e3 * ms[1], ms[0] / ms[1]);
+        CHECK(rc == 0 && e <= TOL_GDN && es <= TOL_GDN,
+              "gdn forms at %d tokens: rc %d err %g state err %g", n, rc, e, es);
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cuda_free(d_qkv), cuda_free(d_z), cuda_free(d_ba), cuda_free(d_an), cuda_free(d_dt);
+    cuda_free(d_nw), cuda_free(d_st0);
+    for (int f = 0; f < 2; f++)
+        cuda_free(d_st[f]), cuda_free(d_out[f]), free(h_out[f]), free(h_st[f]);
 }
 
 /* ---- partial rope ------------------------------------------------------------------------- */
@@ -472,6 +573,7 @@ int main(void)
     rng_seed(&r, test_seed(NAME), 0);
     test_conv(&r);
     test_gdn(&r);
+    test_gdn_forms(&r);
     test_rope(&r);
     test_split_halves(&r);
     test_gates(&r);

@@ -66,6 +66,12 @@ double test_norm_rel_err(const float *a, const float *b, size_t n)
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+int test_cmp_float(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
 const char *test_data_path(char *buf, size_t size, const char *name)
 {
     /* STRATA_TEST_DATA relocates the data folder (tests run from a copied build tree) */

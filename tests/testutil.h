@@ -42,6 +42,8 @@ void test_poison_bytes(void *p, size_t n);
 double test_max_rel_err(const float *a, const float *b, size_t n);
 /* ||a - b||_2 / ||b||_2; NaN gives +inf. */
 double test_norm_rel_err(const float *a, const float *b, size_t n);
+/* qsort's comparison of floats, ascending. */
+int test_cmp_float(const void *a, const void *b);
 
 struct gen_preset;
 

@@ -154,6 +154,7 @@ static int q3n_gdn_run(struct backend *b, const struct q3n_rows *r, uint32_t l, 
         .conv_state = s->conv_state + sl * model_conv_state_floats(hp),
         .ssm_state = s->ssm_state + sl * model_ssm_state_floats(hp),
         .n_tok = n,
+        .chunk_ok = r->one != NULL,
     };
     return b->ops->gdn(b, &a);
 }
