@@ -762,9 +762,10 @@ static int bench_lockstep(const struct bench_opts *o, struct strata *st, const i
         double moved = (double)(s1.bytes_streamed - s0.bytes_streamed) +
                        (double)(s1.bytes_zero_copy - s0.bytes_zero_copy);
         printf("lockstep     hit rate %.1f%% (%llu expert uses), %.2f MB of experts moved per "
-               "generated token\n",
+               "generated token; placement %s at the end%s\n",
                acc ? 100.0 * (s1.hits - s0.hits) / acc : 0.0, (unsigned long long)acc,
-               moved / gen / 1e6);
+               moved / gen / 1e6, s1.placement,
+               s1.placement_timing ? " (auto: still timing the modes)" : "");
     }
 out:
     for (int i = 0; ss && i < n; i++)
