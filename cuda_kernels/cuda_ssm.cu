@@ -280,6 +280,7 @@ template <int D> struct gdnc_shape {
     static constexpr int SMEM = 3 * GDNC_C * LD + GDNC_C * LU + 2 * GDNC_C * LC + 6 * GDNC_C;
     static_assert(D % GDNC_AP == 0 && 32 % TA == 0, "a column's threads inside one warp");
     static_assert(NT >= D + GDNC_CB, "a thread per column of W and of Ut in the solve");
+    static_assert(GDNC_C * D % NT == 0, "the chunk's q and k split evenly over the threads");
 };
 
 /* Block (GDNC_CB columns b0.. of v head blockIdx.x; b0 = blockIdx.y * GDNC_CB) of
@@ -314,17 +315,28 @@ static __global__ void __launch_bounds__(gdnc_shape<D>::NT, 1) k_gdn_chunked(str
     for (int c0 = 0; c0 < p.n_tok; c0 += C) {
         const int nc = min(C, p.n_tok - c0);
         /* 1. raw q and k rows of the chunk (rows past nc zero), beta and the log decay (0 and
-         * 0 past nc, so padded rows change nothing) */
-        for (int i = tid; i < C * D; i += NT) {
-            const int t = i / D, a = i % D;
-            const float *row = p.qkv + (int64_t)(c0 + t) * cw;
-            sQ[t * LD + a] = t < nc ? row[(int64_t)kh * D + a] : 0.0f;
-            sK[t * LD + a] = t < nc ? row[kw + (int64_t)kh * D + a] : 0.0f;
+         * 0 past nc, so padded rows change nothing). Every load reads a row of the call (rows
+         * past nc read row nc - 1, then the value is dropped), so all are issued at once. */
+        constexpr int PER = C * D / NT; /* q (and k) elements per thread */
+        float qv[PER], kv[PER];
+#pragma unroll
+        for (int it = 0; it < PER; it++) {
+            const int i = tid + it * NT, t = min(i / D, nc - 1), a = i % D;
+            const float *row = p.qkv + (int64_t)(c0 + t) * cw + (int64_t)kh * D + a;
+            qv[it] = row[0];
+            kv[it] = row[kw];
+        }
+#pragma unroll
+        for (int it = 0; it < PER; it++) {
+            const int i = tid + it * NT, t = i / D, a = i % D;
+            sQ[t * LD + a] = t < nc ? qv[it] : 0.0f;
+            sK[t * LD + a] = t < nc ? kv[it] : 0.0f;
         }
         if (tid < C) {
-            const int64_t o = (int64_t)(c0 + tid) * p.ba_stride;
-            sBeta[tid] = tid < nc ? ssm_sigmoid(p.b[o + bi]) : 0.0f;
-            sLg[tid] = tid < nc ? a_log_neg * gdn_softplus(p.a[o + ai_] + dt_bias) : 0.0f;
+            const int64_t o = (int64_t)(c0 + min(tid, nc - 1)) * p.ba_stride;
+            const float bl = p.b[o + bi], al = p.a[o + ai_];
+            sBeta[tid] = tid < nc ? ssm_sigmoid(bl) : 0.0f;
+            sLg[tid] = tid < nc ? a_log_neg * gdn_softplus(al + dt_bias) : 0.0f;
         }
         __syncthreads(); /* sQ, sK, sBeta, sLg complete */
 
@@ -381,15 +393,22 @@ static __global__ void __launch_bounds__(gdnc_shape<D>::NT, 1) k_gdn_chunked(str
          * (R = diag(beta gamma) K), threads D..D+CB-1 Ut's (R = diag(beta) V) */
         if (tid < D + GDNC_CB) {
             float x[C];
-            const bool wcol = tid < D;
+            const bool wcol = tid < D; /* warp-uniform: D is a multiple of 32 */
             const int cc = wcol ? tid : tid - D;
-            const float *v = p.qkv + (int64_t)c0 * cw + 2 * kw + (int64_t)j * D + b0 + cc;
+            if (wcol) {
 #pragma unroll
-            for (int t = 0; t < C; t++) {
-                if (wcol)
+                for (int t = 0; t < C; t++)
                     x[t] = sBeta[t] * expf(sG[t]) * sK[t * LD + cc];
-                else
-                    x[t] = t < nc ? sBeta[t] * v[(int64_t)t * cw] : 0.0f;
+            } else {
+                /* every load reads a row of the call, so all are issued at once; beta is 0
+                 * past nc */
+                const float *v = p.qkv + (int64_t)c0 * cw + 2 * kw + (int64_t)j * D + b0 + cc;
+#pragma unroll
+                for (int t = 0; t < C; t++)
+                    x[t] = v[(int64_t)min(t, nc - 1) * cw];
+#pragma unroll
+                for (int t = 0; t < C; t++)
+                    x[t] *= sBeta[t];
             }
 #pragma unroll
             for (int s = 0; s < C; s++) {
