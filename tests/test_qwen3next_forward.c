@@ -22,7 +22,9 @@
  * of 3 streams at positions 0, 17, 35; a step of 5 rows of one stream beside 1 of another,
  * every row's logits, then rewinds of that stream into those rows (its checkpoint) and before
  * them (it starts over); greedy continuation of 12 tokens equal to the reference's argmax
- * chain (f32).
+ * chain (f32). Every delta-rule call of a prompt says the backend may take a chunked form
+ * (gdn_args.chunk_ok), and none of a lockstep step's rows does (the CUDA backend keeps them
+ * bit-identical to one row at a time).
  * The MTP block (tiny f32 files with one, both architectures): its logits and 3 chained drafts
  * against the reference's (row t: x = eh_proj [enorm(embedding of the token at t + 1) |
  * hnorm(the output-normed hidden state at t)], the attention layer with the MoE and the shared
@@ -379,6 +381,17 @@ static int32_t argmax(const float *v, int n)
 
 /* ---- strata against it --------------------------------------------------------------------- */
 
+/* The backend's delta-rule calls, counted by gdn_args.chunk_ok, then forwarded. */
+static const struct backend_ops *gdn_inner;
+static struct backend_ops gdn_spy_ops;
+static int gdn_calls[2];
+
+static int gdn_spy(struct backend *b, const struct gdn_args *a)
+{
+    gdn_calls[a->chunk_ok]++;
+    return gdn_inner->gdn(b, a);
+}
+
 static struct strata *open_cpu(const char *path)
 {
     struct strata_config cfg;
@@ -391,7 +404,14 @@ static struct strata *open_cpu(const char *path)
     cfg.n_batch = 16; /* prefill chunks of 16: the recurrent state crosses chunk boundaries */
     int rc = strata_open(&cfg, &s);
     CHECK(rc == 0, "strata_open %s: %s", path, strata_error());
-    return rc ? NULL : s;
+    if (rc)
+        return NULL;
+    struct backend *b = strata_backend_of(s);
+    gdn_inner = b->ops;
+    gdn_spy_ops = *b->ops;
+    gdn_spy_ops.gdn = gdn_spy;
+    b->ops = &gdn_spy_ops;
+    return s;
 }
 
 static double err_at(const float *lg, const float *ref, int t, int V)
@@ -415,7 +435,11 @@ static void check_file(const char *path, const char *label, double tol, bool exa
     double worst = 0, e;
 
     CHECK(strata_stream_open(s, N_CTX, &st) == 0, "stream: %s", strata_error());
+    gdn_calls[0] = gdn_calls[1] = 0;
     CHECK(strata_eval(st, ids, N_TOK, lg) == 0, "eval: %s", strata_error());
+    CHECK(gdn_calls[1] > 0 && gdn_calls[0] == 0,
+          "%s prefill: %d delta-rule calls allow a chunked form, %d do not", label, gdn_calls[1],
+          gdn_calls[0]);
     worst = fmax(worst, e = err_at(lg, ref, N_TOK - 1, V));
     CHECK(e < tol, "%s prefill: rel err %.3g", label, e);
     CHECK(strata_stream_truncate(st, 0) == 0, "truncate: %s", strata_error());
@@ -472,6 +496,7 @@ static void check_file(const char *path, const char *label, double tol, bool exa
     int32_t next[3];
     for (int i = 0; i < 3; i++)
         next[i] = ids[pre[i]];
+    gdn_calls[0] = gdn_calls[1] = 0;
     CHECK(strata_batch_eval(bt, sts, 3, next, rows) == 0, "batch eval: %s", strata_error());
     double be = 0;
     for (int i = 0; i < 3; i++)
@@ -492,6 +517,8 @@ static void check_file(const char *path, const char *label, double tol, bool exa
     step[5] = ids[36];
     float *all = test_xmalloc(sizeof(float) * 6 * V);
     CHECK(strata_batch_eval_rows(bt, two, n_tok, 2, step, all) == 0, "rows: %s", strata_error());
+    CHECK(gdn_calls[0] > 0 && gdn_calls[1] == 0,
+          "%s lockstep rows: %d delta-rule calls allow a chunked form", label, gdn_calls[1]);
     double re = 0;
     for (int i = 0; i < 5; i++)
         re = fmax(re, err_at(all + (size_t)i * V, ref, 18 + i, V));
