@@ -6,6 +6,7 @@
 #include "cuda_ops_util.cuh"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -43,8 +44,8 @@ struct attn_params {
     const int32_t *pos_dev;
     int pos0, n_tok, n_ctx, n_head, n_head_kv, hd, G;
     float scale;
-    const float *sinks; /* NULL or (n_head): k_attn and k_attn_combine only */
-    int window;         /* > 0: k_attn only */
+    const float *sinks; /* NULL or (n_head): a logit per head in each row's softmax sum */
+    int window;         /* > 0: row t sees keys pos(t) - window + 1 .. pos(t) only */
     int R, T, n_split;
     float *part_acc;        /* (n_split, n_tok * n_head, hd) */
     float *part_m, *part_l; /* (n_split, n_tok * n_head) */
@@ -359,6 +360,8 @@ static __device__ __forceinline__ void attd_merge(const struct attn_params &p, i
             if (fs >= 0.0f)
                 l += sl[tid][s] * fs;
         }
+        if (p.sinks) /* the sink's term, at the same reference maximum (as k_attn_combine) */
+            l += expf(p.sinks[kvh * p.G + tid % p.G] - mx);
         ls[tid] = l;
     }
     __syncthreads();
@@ -427,11 +430,16 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
         }
     }
 
-    int kmax = 0;
-    for (int t = 0; t < p.n_tok; t++)
-        kmax = ops_imax(kmax, attn_pos(p, t) + 1);
-    const int chunk = attd_chunk(kmax, SUB);
-    const int kb = split * chunk, ke = ops_imin(kb + chunk, kmax);
+    /* keys klo .. kmax - 1: every row's, from the first key any row's window holds */
+    int kmax = 0, klo = INT_MAX;
+    for (int t = 0; t < p.n_tok; t++) {
+        const int pos = attn_pos(p, t);
+        kmax = ops_imax(kmax, pos + 1);
+        klo = ops_imin(klo, pos - p.window + 1);
+    }
+    klo = p.window > 0 ? ops_imax(klo, 0) : 0;
+    const int chunk = attd_chunk(kmax - klo, SUB);
+    const int kb = klo + split * chunk, ke = ops_imin(kb + chunk, kmax);
 
     attd_tile<D> tile;
     if (kb < ke)
@@ -478,7 +486,9 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
                 for (int i = 0; i < D; i++)
                     dot = fmaf(q[r][i], kr[i], dot);
                 dot = ops_warp_sum(dot);
-                float sc = k0 + j <= rpos[r] ? dot * p.scale : -INFINITY;
+                const int key = k0 + j;
+                const bool in = key <= rpos[r] && (p.window <= 0 || key > rpos[r] - p.window);
+                float sc = in ? dot * p.scale : -INFINITY;
                 if (lane == 0)
                     ps[r][j] = sc;
                 wmax[r] = fmaxf(wmax[r], sc);
@@ -705,7 +715,8 @@ static __global__ void __launch_bounds__(ATTP_THREADS, attp_min_blocks(HD))
     constexpr int KT = attp_keys(HD), LD = HD + ATTP_PAD, DO = attp_out_dims(HD);
     constexpr int NK = HD / 16, NT = ATTP_SUB / 8, NP = ATTP_SUB / 16, ND = DO / 8;
     __shared__ __align__(16) uint16_t ks[KT * LD], vs[KT * LD]; /* fp16 (key, dim) tiles */
-    __shared__ int wkey[ATTP_THREADS / 32];                     /* per-warp last position */
+    __shared__ int wkey[ATTP_THREADS / 32], wlow[ATTP_THREADS / 32]; /* per warp: last key,
+                                                                      * first in a window */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3;  /* fragment row group, column pair */
     const int lm = lane >> 3, lr = lane & 7; /* ldmatrix: matrix, row */
@@ -744,20 +755,32 @@ static __global__ void __launch_bounds__(ATTP_THREADS, attp_min_blocks(HD))
             qa[kk][i] = attp_pack(x[i].x, x[i].y);
     }
 
-    /* the warp's last key, then the block's: the split is cut from the block's */
-    int wpos = ops_imax(pos[0], pos[1]);
+    /* the warp's last key and first key in a window (INT_MAX: none), then the block's: the
+     * split is cut from the block's */
+    int wpos = ops_imax(pos[0], pos[1]), wlo = INT_MAX;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
+    for (int i = 0; i < 2; i++)
+        if (pos[i] >= 0)
+            wlo = ops_imin(wlo, p.window > 0 ? ops_imax(pos[i] - p.window + 1, 0) : 0);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
         wpos = ops_imax(wpos, __shfl_xor_sync(0xffffffffu, wpos, o));
-    if (lane == 0)
+        wlo = ops_imin(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
+    }
+    if (lane == 0) {
         wkey[warp] = wpos;
+        wlow[warp] = wlo;
+    }
     __syncthreads();
-    int kmax = 0;
+    int kmax = 0, klo = INT_MAX;
 #pragma unroll
-    for (int w = 0; w < ATTP_THREADS / 32; w++)
+    for (int w = 0; w < ATTP_THREADS / 32; w++) {
         kmax = ops_imax(kmax, wkey[w] + 1);
-    const int chunk = ops_cdiv(ops_cdiv(kmax, p.n_split), KT) * KT;
-    const int kb = split * chunk, ke = ops_imin(kb + chunk, kmax);
+        klo = ops_imin(klo, wlow[w]);
+    }
+    klo = ops_imin(klo, kmax); /* a block of padding rows only: no keys */
+    const int chunk = ops_cdiv(ops_cdiv(kmax - klo, p.n_split), KT) * KT;
+    const int kb = klo + split * chunk, ke = ops_imin(kb + chunk, kmax);
 
     const float sl2 = p.scale * 1.44269504088896340736f; /* scores in log2 units */
     const float *kbase = p.k + (int64_t)kvh * hd, *vbase = p.v + (int64_t)kvh * hd;
@@ -786,6 +809,8 @@ static __global__ void __launch_bounds__(ATTP_THREADS, attp_min_blocks(HD))
                 const int k1 = k0 + sub;
                 if (k1 >= ke || k1 > wpos) /* no key left for the warp's rows in this tile */
                     break;
+                if (k1 + ATTP_SUB <= wlo) /* before every window of the warp's rows */
+                    continue;
                 /* opaque, so the constant offsets below fold into the ldmatrix instructions
                  * instead of one address register per fragment */
                 uint32_t ka = ks_lane + 2 * sub * LD, va = vs_lane + 2 * (sub * LD + d0);
@@ -815,7 +840,10 @@ static __global__ void __launch_bounds__(ATTP_THREADS, attp_min_blocks(HD))
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         int key = k1 + 8 * nt + 2 * tq + (e & 1);
-                        float x = key < ke && key <= pos[e >> 1] ? s[nt][e] * sl2 : -INFINITY;
+                        const int ps = pos[e >> 1];
+                        const bool in =
+                            key < ke && key <= ps && (p.window <= 0 || key > ps - p.window);
+                        float x = in ? s[nt][e] * sl2 : -INFINITY;
                         s[nt][e] = x;
                         mx[e >> 1] = fmaxf(mx[e >> 1], x);
                     }
@@ -882,7 +910,13 @@ static __global__ void __launch_bounds__(ATTP_THREADS, attp_min_blocks(HD))
             int64_t row = off[i] / hd; /* t * n_head + h */
             float *dst =
                 p.n_split == 1 ? p.out + off[i] : p.part_acc + ((int64_t)split * nth + row) * hd;
-            float inv = p.n_split == 1 ? 1.0f / l[i] : 1.0f;
+            float inv = 1.0f;
+            if (p.n_split == 1) { /* the sink's term at the row's maximum, in log2 units */
+                const float sk =
+                    p.sinks ? exp2f(p.sinks[row % p.n_head] * 1.44269504088896340736f - m[i])
+                            : 0.0f;
+                inv = 1.0f / (l[i] + sk);
+            }
 #pragma unroll
             for (int nd = 0; nd < ND; nd++)
                 if (d0 + 8 * nd < hd)
@@ -963,6 +997,14 @@ extern "C" size_t cuda_attention_rows_scratch_bytes(int n_tok, int n_head, int h
     return attn_scratch_need(ATTD_CHUNKS, (int64_t)n_tok * n_head, head_dim);
 }
 
+/* The keys a decode call's splits are planned for: those of the cache up to the last position,
+ * and with a window at most the window's (plus the other query rows' positions). */
+static int attd_keys(const struct cuda_attn_args *a, int n_tok)
+{
+    int keys = a->pos_dev ? a->n_ctx : a->pos0 + a->n_tok;
+    return a->window > 0 ? ops_imin(keys, a->window + n_tok - 1) : keys;
+}
+
 /* Launches k_attn_dec<D, rows> when D matches and rows is 1, 2, 4, 8 or 16 (rows * D <= 64). */
 template <int D>
 static bool attd_dispatch(int d, int rows, dim3 grid, const struct attn_params &p, cudaStream_t s)
@@ -1010,8 +1052,7 @@ static bool attd_launch(const struct cuda_attn_args *a, struct attn_params *p, c
     if (a->n_tok > ATTD_MAX_TOK || rows > ATTD_MAX_ROWS || a->head_dim % 32 ||
         (D != 2 && D != 4 && D != 8) || rows * D > 64 || (rows & (rows - 1)) || !a->scratch)
         return false;
-    int keys = a->pos_dev ? a->n_ctx : a->pos0 + a->n_tok;
-    int ns = ops_imin(ATTD_CHUNKS, ops_cdiv(keys, attd_sub(D)));
+    int ns = ops_imin(ATTD_CHUNKS, ops_cdiv(attd_keys(a, a->n_tok), attd_sub(D)));
     int64_t nth = (int64_t)a->n_tok * a->n_head;
     if (a->scratch_bytes < attn_scratch_need(ns, nth, a->head_dim) || !ops_aligned(a->scratch, 4))
         return false;
@@ -1071,8 +1112,7 @@ static bool attd_each_launch(const struct cuda_attn_args *a, struct attn_params 
     if (a->n_tok < 2 || a->n_tok > CUDA_ATTN_EXACT_MAX_TOK ||
         !cuda_attention_rows_ok(a->n_head, a->n_head_kv, a->head_dim))
         return false;
-    int keys = a->pos_dev ? a->n_ctx : a->pos0 + a->n_tok;
-    int ns = ops_imin(ATTD_CHUNKS, ops_cdiv(keys, attd_sub(D)));
+    int ns = ops_imin(ATTD_CHUNKS, ops_cdiv(attd_keys(a, 1), attd_sub(D)));
     int64_t nth = (int64_t)a->n_tok * a->n_head;
     if (!a->scratch || a->scratch_bytes < attn_scratch_need(ns, nth, a->head_dim) ||
         !ops_aligned(a->scratch, 4))
@@ -1107,6 +1147,8 @@ static bool attp_launch(const struct cuda_attn_args *a, struct attn_params *p, c
     const int HD = hd <= 64 ? 64 : hd <= 128 ? 128 : 256;
     int blocks = ops_cdiv(rows, ATTP_ROWS) * a->n_head_kv;
     int keys = a->pos_dev ? a->n_ctx : ops_imin(a->pos0 + a->n_tok, a->n_ctx);
+    if (a->window > 0) /* a block's rows span ATTP_ROWS / G + 1 tokens at most */
+        keys = ops_imin(keys, a->window + ATTP_ROWS / p->G + 1);
     int ns = ops_cdiv(ATT_TARGET_BLOCKS, blocks);
     ns = ops_imin(ns, ATT_MAX_SPLIT);
     ns = ops_imin(ns, ATT_SPLIT_ROWS / a->n_tok);
@@ -1195,8 +1237,7 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
         attn_scratch_use(&p, a->scratch, pl.n_split, nth, a->head_dim);
     }
     cudaStream_t s = (cudaStream_t)a->stream;
-    const bool plain = !a->sinks && a->window <= 0; /* the decode and tensor-core kernels */
-    if (plain && (attd_each_launch(a, &p, s) || attd_launch(a, &p, s))) {
+    if (attd_each_launch(a, &p, s) || attd_launch(a, &p, s)) {
         int rc = cuda_last_error("cuda_attention");
         if (!rc && a->q8_done && p.q8s)
             *a->q8_done = 1;
@@ -1204,7 +1245,7 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
     }
     p.q8s = NULL; /* the 8-bit copy comes with the decode kernel only */
     p.q8d = NULL;
-    if (plain && attp_launch(a, &p, s))
+    if (attp_launch(a, &p, s))
         return cuda_last_error("cuda_attention");
     dim3 grid((unsigned)ops_cdiv(a->n_tok * p.G, pl.R), (unsigned)a->n_head_kv,
               (unsigned)pl.n_split);

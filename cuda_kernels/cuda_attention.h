@@ -96,8 +96,10 @@ int cuda_attention_rows_ok(int n_head, int n_head_kv, int head_dim);
  * row, bit for bit); -ENOTSUP (nothing launched) where the decode kernel does not apply (head_dim
  * not 64, 128 or 256, n_head / n_head_kv not a power of two up to 16, or more than 64 / (head_dim /
  * 32) of them). */
-/* With sinks or a window every call runs the float tiled kernel (split over keys where the
- * rows are few) and k_rows is refused (-ENOTSUP). */
+/* Sinks and a window run on the same kernels: a call's keys start at the first key any of its
+ * rows' windows holds (decode splits only those; a prefill block walks only its rows' windows),
+ * and each row's sink joins the sum where the splits merge. k_rows with either is refused
+ * (-ENOTSUP). */
 int cuda_attention(const struct cuda_attn_args *a);
 
 #ifdef __cplusplus

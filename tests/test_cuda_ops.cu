@@ -12,8 +12,10 @@
  *              calls on the fp16 tensor-core prefill path (cuda_ops.h): max rel 5e-3, with
  *              prefills of 64..300 tokens, GQA 1/4/8, head_dim 64/128 (and 16..256), pos0 0 and
  *              > 0, device positions, split keys; both sides of the path's threshold;
- *              with gpt-oss's attention sinks and sliding windows (decode split over keys with
- *              whole chunks outside the window, prefill; the float kernel): max rel 2e-5;
+ *              with gpt-oss's attention sinks and sliding windows on the same kernels (decode
+ *              of 1 and 2 rows before, at and past the window's edge, keys split; prefills on
+ *              the tensor-core path starting past the window, head_dim 16/64/128): the
+ *              tolerances above;
  *   add        exact; add_bias exact; argmax: the index of sampler_argmax (ties to the lowest);
  *   topk       vs moe_route_softmax_topk: ids exact (also with tied logits), weights 2e-6 abs;
  *              2..16 rows of one stream at positions 0..1515 (a verify pass): each row bit for
@@ -659,8 +661,8 @@ static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scra
     int n_ctx = c->pos0 + n_tok + c->ctx_slack;
     size_t qn = (size_t)n_tok * n_head * hd, kvw = (size_t)c->n_kv * hd, cn = (size_t)n_ctx * kvw;
     /* the path cuda_ops.h promises for this call (device buffers are aligned) */
-    bool tc = n_tok >= CUDA_ATTN_TC_MIN_TOK && n_tok * c->G >= CUDA_ATTN_TC_MIN_ROWS &&
-              hd % 16 == 0 && !c->window && !c->sinks;
+    bool tc =
+        n_tok >= CUDA_ATTN_TC_MIN_TOK && n_tok * c->G >= CUDA_ATTN_TC_MIN_ROWS && hd % 16 == 0;
     double tol = tc ? TOL_ATTN_TC : TOL_ATTN;
     float *q = test_rand_normal(r, qn, c->qscale);
     float *kc = test_rand_normal(r, cn, 1.0f), *vc = test_rand_normal(r, cn, 1.0f);
@@ -741,8 +743,7 @@ static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scra
             a.q8_scales = d_q8 + cuda_matmul_q8_layout(width, n_tok);
             a.q8_done = &done;
             int rc3 = cuda_attention(&a);
-            const bool dec = n_tok == 1 && !c->window && !c->sinks &&
-                             (hd == 64 || hd == 128 || hd == 256) && c->G <= 16 &&
+            const bool dec = n_tok == 1 && (hd == 64 || hd == 128 || hd == 256) && c->G <= 16 &&
                              !(c->G & (c->G - 1)) && c->G * (hd / 32) <= 64;
             size_t bad = done == 1 ? q8_differ(d_q8, d_out, n_tok, width) : 0;
             CHECK(rc3 == 0 && (done == 1 || (done == 0 && !dec)) && bad == 0,
@@ -866,6 +867,14 @@ static void test_attention(struct rng *r)
         {64, 8, 2, 300, 0, 0, false, false, 1.5f, 128, true},
         {64, 8, 2, 64, 200, 7, false, true, 1.5f, 16, true},
         {64, 8, 8, 5, 3000, 0, false, false, 3.0f, 128, true},
+        {64, 8, 8, 2, 900, 0, true, false, 1.5f, 128, true},
+        {64, 8, 8, 2, 60, 9, false, false, 1.5f, 128, true},
+        {64, 8, 2, 200, 500, 3, false, false, 1.5f, 128, true},
+        {64, 8, 8, 33, 129, 0, true, false, 2.0f, 128, true},
+        {128, 4, 2, 100, 300, 0, false, false, 2.0f, 64, true},
+        {128, 4, 2, 1, 300, 0, false, false, 2.0f, 64, false},
+        {16, 4, 2, 40, 0, 0, false, false, 1.5f, 8, true},
+        {16, 4, 2, 40, 30, 0, false, false, 1.5f, 8, false},
     };
     for (size_t i = 0; i < sizeof(oss) / sizeof(oss[0]); i++)
         run_attn_case(r, &oss[i], d_scratch, scratch_bytes);
