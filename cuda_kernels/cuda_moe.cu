@@ -8,8 +8,8 @@
  *   a fixed butterfly. A work item is one (token, expert) pair on the direct path and a tile of
  *   up to 4 or 16 pairs of one expert on the grouped path (by the average pairs per expert); the
  *   per-pair arithmetic is the same either way, which is why the two paths agree bit for bit.
- * - 8-bit (the direct path on Q4_K/Q6_K): activation codes and __dp4a, one 32-element unit per
- *   lane and step.
+ * - 8-bit (the direct path on Q4_K/Q6_K/MXFP4): activation codes and __dp4a, one 32-element
+ *   unit per lane and step.
  * - tensor cores (the mma path): bf16 tiles in shared memory, WMMA.
  */
 #include "cuda_check.h"
@@ -411,7 +411,8 @@ static __global__ void k_moe_combine(struct moe_params p)
 }
 
 /* ---- 8-bit direct path (decode) ----------------------------------------------------------------
- * For Q4_K and Q6_K weights the direct path runs on integer dot products, as the CPU backend and
+ * For Q4_K, Q6_K and MXFP4 weights the direct path runs on integer dot products, as the CPU
+ * backend and
  * cuda_matmul's MMV do: each block first quantizes its activation rows into shared memory (8-bit
  * codes with one float scale per 32 elements, q = rint(x / d), d = max|x| / 127, and d times the
  * sum of the codes), then a lane takes one 32-element unit of a weight row at a time, dots its
@@ -419,7 +420,8 @@ static __global__ void k_moe_combine(struct moe_params p)
  * cq_decoder's neighbouring-bytes layout and its many 2-byte loads). Far fewer instructions
  * than decoding every weight to float (the float direct kernels are instruction-bound); the
  * error is the activation rounding's (about 0.4% rms per unit), the same as the CPU backend's.
- * Measurements: docs/cuda-ops.md. */
+ * gpt-oss's biases and clamped SwiGLU apply to the unit sums as on the float paths (moe_h; down:
+ * w_j b_j added per row after the units, j in order). Measurements: docs/cuda-ops.md. */
 
 #define MOE_Q8_GU_WARPS 16 /* gate/up: 16 warps of 2 rows, one 32-row unit of h per block */
 #define MOE_Q8_GU_ROWS 32
@@ -429,7 +431,7 @@ static __global__ void k_moe_combine(struct moe_params p)
 
 static constexpr bool moe_q8_type(uint32_t t)
 {
-    return t == QUANT_Q4_K || t == QUANT_Q6_K;
+    return t == QUANT_Q4_K || t == QUANT_Q6_K || t == QUANT_MXFP4;
 }
 
 /* bytes of the 8-bit copy of n_rows rows of n elements: codes, then (d, d * sum) per unit */
@@ -438,17 +440,20 @@ static __host__ __device__ __forceinline__ uint64_t moe_q8_bytes(int64_t n_rows,
     return (uint64_t)n_rows * n + (uint64_t)n_rows * (n / 32) * 8;
 }
 
-/* Quantizes n_rows rows of n floats (n a multiple of 256; src row i at src[i]) into qs (codes,
+/* Quantizes n_rows rows of n floats (n a multiple of 32; src row i at src[i]) into qs (codes,
  * row after row) and ds ((d, d * sum) per 32-element unit). Every thread of the block takes
- * part; four neighbouring threads share a unit (8 elements each). Ends with a barrier. */
+ * part; four neighbouring threads share a unit (8 elements each). A warp runs the loop while any
+ * of its lanes has elements (the shuffles need the whole warp), lanes past the end on zeros
+ * that they do not store. Ends with a barrier. */
 static __device__ __forceinline__ void moe_q8_quantize(const float *const *src, int n_rows,
                                                        int64_t n, int8_t *qs, float2 *ds)
 {
-    const int64_t total = (int64_t)n_rows * n;
-    for (int64_t i = 8 * (int64_t)threadIdx.x; i < total; i += 8 * (int64_t)blockDim.x) {
-        const int64_t row = i / n, c = i - row * n;
+    const int64_t total = (int64_t)n_rows * n, lane8 = 8 * (int64_t)(threadIdx.x & 31);
+    for (int64_t i = 8 * (int64_t)threadIdx.x; i - lane8 < total; i += 8 * (int64_t)blockDim.x) {
+        const bool in = i < total;
+        const int64_t row = in ? i / n : 0, c = in ? i - row * n : 0;
         const float4 *x = (const float4 *)(src[row] + c);
-        const float4 a = x[0], b = x[1];
+        const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f), a = in ? x[0] : z, b = in ? x[1] : z;
         float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
         float amax = 0.0f;
 #pragma unroll
@@ -467,6 +472,8 @@ static __device__ __forceinline__ void moe_q8_quantize(const float *const *src, 
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (!in)
+            continue;
         *(uint2 *)(qs + i) = make_uint2(w[0], w[1]);
         if ((threadIdx.x & 3) == 0)
             ds[i / 32] = make_float2(d, d * (float)sum);
@@ -475,6 +482,26 @@ static __device__ __forceinline__ void moe_q8_quantize(const float *const *src, 
 }
 
 template <uint32_t WT> struct moe_q8_unit;
+
+/* the 32 activation codes of unit u, 4 per word (two 16-byte loads) */
+static __device__ __forceinline__ void moe_q8_x(const int8_t *xq, int64_t u, int *xs)
+{
+    const int4 x0 = *(const int4 *)(xq + 32 * u), x1 = *(const int4 *)(xq + 32 * u + 16);
+    xs[0] = x0.x, xs[1] = x0.y, xs[2] = x0.z, xs[3] = x0.w;
+    xs[4] = x1.x, xs[5] = x1.y, xs[6] = x1.z, xs[7] = x1.w;
+}
+
+/* the integer dot product of a unit's 32 weight codes q (4 per word) with unit u's codes */
+static __device__ __forceinline__ int moe_q8_dot(const uint32_t *q, const int8_t *xq, int64_t u)
+{
+    int xs[8];
+    moe_q8_x(xq, u, xs);
+    int dot = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        dot = __dp4a((int)q[i], xs[i], dot);
+    return dot;
+}
 
 /* Byte i (0..11) of three little-endian words. */
 static __device__ __forceinline__ uint32_t moe_byte12(uint32_t w0, uint32_t w1, uint32_t w2, int i)
@@ -548,12 +575,7 @@ template <> struct moe_q8_unit<QUANT_Q4_K> {
     static __device__ __forceinline__ float apply(const w &wu, int64_t u, const int8_t *xq,
                                                   const float2 *xd, float acc)
     {
-        const int4 x0 = *(const int4 *)(xq + 32 * u), x1 = *(const int4 *)(xq + 32 * u + 16);
-        const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        int dot = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            dot = __dp4a((int)wu.q[i], xs[i], dot);
+        const int dot = moe_q8_dot(wu.q, xq, u);
         const float2 x = xd[u];
         return acc + wu.dsc * x.x * (float)dot - wu.dm * x.y;
     }
@@ -602,16 +624,11 @@ template <> struct moe_q8_unit<QUANT_Q6_K> {
         return r;
     }
 
-    static __device__ __forceinline__ w load16(const uint8_t *row, int64_t u)
-    {
-        return load(row, u);
-    }
-
     static __device__ __forceinline__ float apply(const w &wu, int64_t u, const int8_t *xq,
                                                   const float2 *xd, float acc)
     {
-        const int4 x0 = *(const int4 *)(xq + 32 * u), x1 = *(const int4 *)(xq + 32 * u + 16);
-        const int xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int xs[8];
+        moe_q8_x(xq, u, xs);
         int dot[2] = {0, 0};
 #pragma unroll
         for (int i = 0; i < 8; i++)
@@ -625,6 +642,78 @@ template <> struct moe_q8_unit<QUANT_Q6_K> {
         return apply(load(row, u), u, xq, xd, acc);
     }
 };
+
+/* MXFP4 unit u = block u (17 bytes: an E8M0 scale, then 16 bytes whose low nibbles are elements
+ * 0..15 and high nibbles 16..31), value 2^(e - 128) c with c the E2M1 code doubled, an integer
+ * in -12..12 (cq_e2m1_doubled). The 16 code bytes sit at any alignment (rows of 17-byte blocks):
+ * they are read as the four or five aligned words that hold them and shifted into place, so a
+ * load may read up to 3 bytes past the block's end, inside the aligned word that holds its last
+ * byte. The codes become signed bytes by two byte permutes (positive and negative magnitudes)
+ * selected by each nibble's sign bit. */
+template <> struct moe_q8_unit<QUANT_MXFP4> {
+    static constexpr bool A16 = false;
+    struct w {
+        uint32_t q[8]; /* elements 0..15 in q[0..3], 16..31 in q[4..7], 4 per word */
+        float d;
+    };
+
+    /* the doubled E2M1 values of four nibbles (one in the low half of each byte) */
+    static __device__ __forceinline__ uint32_t codes4(uint32_t nib)
+    {
+        const uint32_t m = nib & 0x07070707u, s = m | (m >> 4);
+        const uint32_t sel = (s & 0xFFu) | ((s >> 8) & 0xFF00u);
+        const uint32_t pos = __byte_perm(0x03020100u, 0x0C080604u, sel); /* 0 1 2 3 4 6 8 12 */
+        const uint32_t neg = __byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, sel); /* their negatives */
+        const uint32_t sg = ((nib & 0x08080808u) >> 3) * 0xFFu;          /* 0xFF: negative */
+        return (pos & ~sg) | (neg & sg);
+    }
+
+    static __device__ __forceinline__ w load(const uint8_t *row, int64_t u)
+    {
+        const uint8_t *b = row + u * 17;
+        const uintptr_t a = (uintptr_t)(b + 1);
+        const uint32_t *p = (const uint32_t *)(a & ~(uintptr_t)3);
+        const uint32_t sh = 8u * (uint32_t)(a & 3);
+        uint32_t x[5];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            x[i] = p[i];
+        x[4] = sh ? p[4] : 0u;
+        w r;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t q = __funnelshift_r(x[i], x[i + 1], sh);
+            r.q[i] = codes4(q & 0x0F0F0F0Fu);
+            r.q[4 + i] = codes4((q >> 4) & 0x0F0F0F0Fu);
+        }
+        r.d = cq_e8m0_half(*b);
+        return r;
+    }
+
+    static __device__ __forceinline__ float apply(const w &wu, int64_t u, const int8_t *xq,
+                                                  const float2 *xd, float acc)
+    {
+        const int dot = moe_q8_dot(wu.q, xq, u);
+        return acc + wu.d * xd[u].x * (float)dot;
+    }
+
+    static __device__ __forceinline__ float dot(const uint8_t *row, int64_t u, const int8_t *xq,
+                                                const float2 *xd, float acc)
+    {
+        return apply(load(row, u), u, xq, xd, acc);
+    }
+};
+
+/* unit u of a row: by 16-byte loads where the type has them (A16) and the row is aligned */
+template <uint32_t WT>
+static __device__ __forceinline__ typename moe_q8_unit<WT>::w moe_q8_load(const uint8_t *row,
+                                                                          int64_t u, bool a16)
+{
+    if constexpr (moe_q8_unit<WT>::A16)
+        if (a16)
+            return moe_q8_unit<WT>::load16(row, u);
+    return moe_q8_unit<WT>::load(row, u);
+}
 
 /* direct gate/up on codes: block (pair, MOE_Q8_GU_ROWS rows), warp w rows 2w and 2w + 1. The
  * block's 32 values of h are then quantized (one unit of codes for the down kernel). */
@@ -690,7 +779,7 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
         }
         const float gs = ops_warp_sum(ag), us = ops_warp_sum(au);
         if (lane == 0)
-            hs[2 * warp + i] = __fmul_rn(moe_silu(gs), us);
+            hs[2 * warp + i] = moe_h(p, e, r, gs, us);
     }
     __syncthreads();
     if (warp == 0) { /* as moe_q8_quantize, one unit */
@@ -757,6 +846,11 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct mo
             s = __fadd_rn(s, part[threadIdx.x * MOE_Q8_DN_SPLIT + i]);
             anybad |= badw[threadIdx.x * MOE_Q8_DN_SPLIT + i];
         }
+        if (p.down_b && !anybad && rr < p.n_embd) /* sum_j w_j b_j, j in order */
+            for (int j = 0; j < p.k; j++) {
+                const int64_t pr = (int64_t)t * p.k + j;
+                s = fmaf(p.wts[pr], p.down_b[(int64_t)p.ids[pr] * p.n_embd + rr], s);
+            }
         if (rr < p.n_embd)
             p.out[(int64_t)t * p.out_stride + rr] = anybad ? NAN : s;
     }
@@ -866,14 +960,8 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32)
         const bool a16 =
             moe_q8_unit<WT>::A16 && (((uintptr_t)gr | (uintptr_t)ur) & 15) == 0;
         for (int64_t u = lane; u < nu; u += 32) {
-            typename moe_q8_unit<WT>::w wg, wu;
-            if (a16) {
-                wg = moe_q8_unit<WT>::load16(gr, u);
-                wu = moe_q8_unit<WT>::load16(ur, u);
-            } else {
-                wg = moe_q8_unit<WT>::load(gr, u);
-                wu = moe_q8_unit<WT>::load(ur, u);
-            }
+            const typename moe_q8_unit<WT>::w wg = moe_q8_load<WT>(gr, u, a16),
+                                              wu = moe_q8_load<WT>(ur, u, a16);
 #pragma unroll
             for (int i = 0; i < TQ; i++) {
                 if (i < np) {
@@ -887,7 +975,7 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32)
             if (i < np) {
                 const float gs = ops_warp_sum(ag[i]), us = ops_warp_sum(au[i]);
                 if (lane == 0)
-                    hs[i][2 * warp + ri] = __fmul_rn(moe_silu(gs), us);
+                    hs[i][2 * warp + ri] = moe_h(p, e, r0 + ri, gs, us);
             }
         }
     }
@@ -933,8 +1021,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_gq8(struct m
     for (int i = 0; i < TQ; i++)
         acc[i] = 0.0f;
     for (int64_t u = lane; u < nu; u += 32) {
-        const typename moe_q8_unit<WT>::w wd =
-            a16 ? moe_q8_unit<WT>::load16(dr, u) : moe_q8_unit<WT>::load(dr, u);
+        const typename moe_q8_unit<WT>::w wd = moe_q8_load<WT>(dr, u, a16);
 #pragma unroll
         for (int i = 0; i < TQ; i++)
             if (i < np)
@@ -946,7 +1033,8 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_gq8(struct m
         if (i < np) {
             const float s = ops_warp_sum(acc[i]);
             if (lane == 0)
-                p.y[(int64_t)pairs[i] * p.n_embd + r] = __fmul_rn(p.wts[pairs[i]], s);
+                p.y[(int64_t)pairs[i] * p.n_embd + r] =
+                    __fmul_rn(p.wts[pairs[i]], moe_down_b(p, e, r, s));
         }
     }
 }
@@ -1509,12 +1597,12 @@ static bool moe_weight_ok(const void *base, uint64_t stride, const void *const *
     return base && stride >= rb * (uint64_t)n_rows && stride % al == 0 && ops_aligned(base, al);
 }
 
-/* Whether the direct path runs on 8-bit codes: gate/up and down Q4_K or Q6_K (rows of whole
- * 256-element blocks), the activation codes within the default shared memory. p.hq is set
- * exactly then. */
-static bool moe_q8_ok(uint32_t gate_type, uint32_t down_type, int64_t n_embd)
+/* Whether the direct path runs on 8-bit codes: gate/up and down Q4_K, Q6_K or MXFP4, rows of
+ * whole 32-element units (h is written a unit per block), the activation codes within the
+ * default shared memory. p.hq is set exactly then. */
+static bool moe_q8_ok(uint32_t gate_type, uint32_t down_type, int64_t n_embd, int64_t n_ff)
 {
-    return moe_q8_type(gate_type) && moe_q8_type(down_type) &&
+    return moe_q8_type(gate_type) && moe_q8_type(down_type) && n_embd % 32 == 0 && n_ff % 32 == 0 &&
            moe_q8_bytes(1, n_embd) <= MOE_Q8_MAX_SMEM;
 }
 
@@ -1590,7 +1678,8 @@ static void moe_launch_down(const struct moe_params &p, bool grouped, unsigned i
         ops_launch(k_moe_down_direct<WT, MOE_DOWN_KMAX>, grid, MOE_WARPS * 32, 0, s, p);
 }
 
-/* The grouped 8-bit kernels exist for Q4_K and Q6_K only (p.hq is set for no other type). */
+/* The grouped 8-bit kernels exist for Q4_K, Q6_K and MXFP4 only (p.hq is set for no other
+ * type). */
 template <uint32_t WT>
 static void moe_launch_gate_up_gq8(const struct moe_params &p, unsigned tiles, cudaStream_t s)
 {
@@ -1702,9 +1791,7 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     p.up_b = a->up_b;
     p.down_b = a->down_b;
     p.oai = a->act_oai;
-    /* the 8-bit paths compute silu(gate) up without biases: with them, the float paths */
-    const bool plain = !a->gate_b && !a->up_b && !a->down_b && !a->act_oai;
-    if (plain && moe_q8_ok(a->gate_type, a->down_type, a->n_embd)) {
+    if (moe_q8_ok(a->gate_type, a->down_type, a->n_embd, a->n_ff)) {
         p.hq = (int8_t *)(sc + l.hq);
         p.hd = (float2 *)(sc + l.hd);
         p.xq = (int8_t *)(sc + l.xq);

@@ -7,11 +7,11 @@
  * Weights stay quantized and every path is deterministic (same inputs, same bits); the paths
  * differ in how they multiply (errors in docs/cuda-ops.md):
  *   direct  (few tokens: decode): one block per (pair, rows of gate/up) writes h; one per
- *           (token, down rows) sums its k experts. When gate/up and down are both Q4_K or Q6_K
- *           the weights are dotted with 8-bit activation codes (x and h, one scale per 32
+ *           (token, down rows) sums its k experts. When gate/up and down are both Q4_K, Q6_K or
+ *           MXFP4 the weights are dotted with 8-bit activation codes (x and h, one scale per 32
  *           elements, integer dot products, as the CPU backend does); otherwise the direct path
  *           performs the grouped path's float operations.
- *   grouped8 (Q4_K/Q6_K experts, lockstep steps of several tokens): the grouped path's sort,
+ *   grouped8 (Q4_K/Q6_K/MXFP4 experts, lockstep steps of several tokens): the grouped path's sort,
  *           then each selected expert's 8-bit units loaded once for every pair that chose it.
  *           Its h equals the direct path's bit for bit; down results go per pair to scratch
  *           and are summed in order j, so outputs differ from the direct path's by the order
@@ -41,18 +41,18 @@ extern "C" {
 #endif
 
 enum cuda_moe_path {
-    CUDA_MOE_PATH_AUTO = 0,    /* direct up to CUDA_MOE_DIRECT_MAX_TOK tokens, then mma from
-                                * CUDA_MOE_MMA_MIN_TOK (not F32), else grouped; Q4_K/Q6_K:
-                                * direct, grouped8, mma (CUDA_MOE_GROUPED8_MIN/MAX_TOK) */
-    CUDA_MOE_PATH_DIRECT = 1,  /* one pass per (token, expert) pair */
-    CUDA_MOE_PATH_GROUPED = 2, /* pairs grouped by expert on the device */
-    CUDA_MOE_PATH_MMA = 3,     /* grouped, on tensor cores (bf16 products, float sums) */
-    CUDA_MOE_PATH_GROUPED8 = 4, /* grouped on 8-bit codes (Q4_K/Q6_K experts; other types take
+    CUDA_MOE_PATH_AUTO = 0,     /* direct up to CUDA_MOE_DIRECT_MAX_TOK tokens, then mma from
+                                 * CUDA_MOE_MMA_MIN_TOK (not F32), else grouped; Q4_K/Q6_K/
+                                 * MXFP4: direct, grouped8, mma (CUDA_MOE_GROUPED8_MIN/MAX_TOK) */
+    CUDA_MOE_PATH_DIRECT = 1,   /* one pass per (token, expert) pair */
+    CUDA_MOE_PATH_GROUPED = 2,  /* pairs grouped by expert on the device */
+    CUDA_MOE_PATH_MMA = 3,      /* grouped, on tensor cores (bf16 products, float sums) */
+    CUDA_MOE_PATH_GROUPED8 = 4, /* grouped on 8-bit codes (Q4_K/Q6_K/MXFP4 experts; others take
                                  * the grouped path) */
 };
 
 #define CUDA_MOE_DIRECT_MAX_TOK 4
-/* For Q4_K/Q6_K experts the automatic choice is the 8-bit direct path below
+/* For Q4_K/Q6_K/MXFP4 experts the automatic choice is the 8-bit direct path below
  * CUDA_MOE_GROUPED8_MIN_TOK tokens (decode, lockstep steps), the grouped 8-bit path from there up
  * to CUDA_MOE_GROUPED8_MAX_TOK (short prompts, prompt chunks), then the tensor cores. 30b-a3b's
  * layer on an H200 (us per call; test_cuda_moe prints the table):

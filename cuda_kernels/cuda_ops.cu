@@ -63,8 +63,9 @@ struct rmsnorm_params {
     float2 *qd;
 };
 
-#define NORM_MAX_PER 8 /* elements per thread kept in registers: rows up to 2048 */
-
+/* PER elements per thread kept in registers: rows up to NORM_THREADS * PER (8: 2048, 16: 4096;
+ * longer rows take a loop). Both sum each thread's squares in the same order as the loop. */
+template <int PER>
 static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_params p)
 {
     if (p.w && blockIdx.x == 0 && threadIdx.x == 0) /* the weight, ahead of the wait */
@@ -76,15 +77,15 @@ static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_
     float *res = p.resid ? p.resid + base : NULL;
     float *out = p.out + base;
     double ss = 0.0;
-    /* rows up to NORM_THREADS * NORM_MAX_PER: every load is issued before any store (in, out
-     * and resid may alias, so a store between loads would serialize them), and the values
-     * stay in registers for the second pass */
-    const bool regs = p.dim <= NORM_THREADS * NORM_MAX_PER;
-    float xv[NORM_MAX_PER], wv[NORM_MAX_PER]; /* the weight too, before the reduction */
+    /* rows up to NORM_THREADS * PER: every load is issued before any store (in, out and resid
+     * may alias, so a store between loads would serialize them), and the values stay in
+     * registers for the second pass */
+    const bool regs = p.dim <= NORM_THREADS * PER;
+    float xv[PER], wv[PER]; /* the weight too, before the reduction */
 
     if (regs) {
 #pragma unroll
-        for (int j = 0; j < NORM_MAX_PER; j++) {
+        for (int j = 0; j < PER; j++) {
             int i = threadIdx.x + j * NORM_THREADS;
             xv[j] = i < p.dim ? in[i] : 0.0f;
             wv[j] = p.w && i < p.dim ? p.w[i] : 1.0f;
@@ -92,7 +93,7 @@ static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_
                 xv[j] = __fadd_rn(res[i], xv[j]);
         }
 #pragma unroll
-        for (int j = 0; j < NORM_MAX_PER; j++) {
+        for (int j = 0; j < PER; j++) {
             int i = threadIdx.x + j * NORM_THREADS;
             if (i < p.dim) {
                 if (res)
@@ -124,9 +125,9 @@ static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_
     float inv = 1.0f / sqrtf((float)(tot / p.dim) + p.eps);
     /* with the 8-bit copy, dim is a multiple of 32: i < dim is uniform over a warp */
     if (regs) {
-        __shared__ __align__(16) float ys[NORM_THREADS * NORM_MAX_PER];
+        __shared__ __align__(16) float ys[NORM_THREADS * PER];
 #pragma unroll
-        for (int j = 0; j < NORM_MAX_PER; j++) {
+        for (int j = 0; j < PER; j++) {
             int i = threadIdx.x + j * NORM_THREADS;
             if (i < p.dim) {
                 float y = __fmul_rn(xv[j], inv);
@@ -135,14 +136,18 @@ static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_
                 ys[i] = y;
             }
         }
-        if (p.qs) { /* the 8-bit copy: 8 consecutive elements per thread (ops_q8_store8) */
+        if (p.qs) { /* the 8-bit copy: 8 consecutive elements per thread (ops_q8_store8) in
+                     * each pass of 8 NORM_THREADS elements, every lane in every pass */
             __syncthreads();
-            const int i0 = 8 * threadIdx.x;
-            float v[8];
-            const float4 a = *(const float4 *)(ys + i0), b = *(const float4 *)(ys + i0 + 4);
-            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-            v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-            ops_q8_store8(v, i0 < p.dim, (int64_t)blockIdx.x * p.dim + i0, p.qs, p.qd);
+#pragma unroll
+            for (int k = 0; k < PER / 8; k++) {
+                const int i0 = 8 * (threadIdx.x + k * NORM_THREADS);
+                float v[8];
+                const float4 a = *(const float4 *)(ys + i0), b = *(const float4 *)(ys + i0 + 4);
+                v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+                v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+                ops_q8_store8(v, i0 < p.dim, (int64_t)blockIdx.x * p.dim + i0, p.qs, p.qd);
+            }
         }
         return;
     }
@@ -521,7 +526,10 @@ extern "C" int cuda_rmsnorm(const struct cuda_rmsnorm_args *a)
         return -EINVAL;
     struct rmsnorm_params p = {a->out, a->in,  a->resid,    a->w,
                                a->dim, a->eps, a->q8_codes, (float2 *)a->q8_scales};
-    ops_launch(k_rmsnorm, a->rows, NORM_THREADS, 0, (cudaStream_t)a->stream, p);
+    if (a->dim > NORM_THREADS * 8 && a->dim <= NORM_THREADS * 16)
+        ops_launch(k_rmsnorm<16>, a->rows, NORM_THREADS, 0, (cudaStream_t)a->stream, p);
+    else
+        ops_launch(k_rmsnorm<8>, a->rows, NORM_THREADS, 0, (cudaStream_t)a->stream, p);
     return cuda_last_error("cuda_rmsnorm");
 }
 

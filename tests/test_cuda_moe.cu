@@ -6,7 +6,7 @@
  *   routing: ids equal the CPU's exactly (selection compares the same floats), weights 2e-6;
  *   vs the double reference: norm rel err <= 2e-5 and max err <= 1e-4 of max |ref| (float
  *     dot products with FMAs over exactly decoded weights), for the grouped path and for the
- *     direct path except on Q4_K/Q6_K gate/up and down, where it uses 8-bit codes: norm
+ *     direct path except on Q4_K/Q6_K/MXFP4 gate/up and down, where it uses 8-bit codes: norm
  *     <= 3e-2, max <= 1e-1 (the CPU path's codes are 1-2% off);
  *   vs the CPU path: norm rel err <= 5e-2 (the CPU quantizes activations to Q8_0 / Q8_K; its
  *     own error against the double reference is printed next to it);
@@ -18,8 +18,8 @@
  *   a router + experts step captured in a CUDA graph and replayed on new inputs equals the
  *     eager launches bit for bit (direct and grouped paths);
  *   gpt-oss's experts (per-expert biases and the clamped SwiGLU, MXFP4 and F32 weights, every
- *     path: a Q4_K/Q6_K case must leave the 8-bit paths for the float ones) by the same
- *     criteria, the references computing biases and activation as cpu_kernels/expert_ffn.h.
+ *     path, the 8-bit ones included) by the same criteria, the references computing biases and
+ *     activation as cpu_kernels/expert_ffn.h.
  * Replay a failure with STRATA_TEST_SEED. Exits 77 without a GPU. */
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -115,12 +115,16 @@ struct moe_case {
     bool oai; /* gpt-oss: biases and the clamped SwiGLU */
 };
 
-/* Whether the direct path runs on 8-bit activation codes (cuda_moe.h): Q4_K or Q6_K gate/up and
- * down weights, without gpt-oss's biases and activation. */
+/* Whether the direct path runs on 8-bit activation codes (cuda_moe.h): Q4_K, Q6_K or MXFP4
+ * gate/up and down weights (the test's shapes are whole 32-element units). */
+static bool q8_type(uint32_t t)
+{
+    return t == QUANT_Q4_K || t == QUANT_Q6_K || t == QUANT_MXFP4;
+}
+
 static bool direct_q8(const struct moe_case *c)
 {
-    return !c->oai && (c->gt == QUANT_Q4_K || c->gt == QUANT_Q6_K) &&
-           (c->dt == QUANT_Q4_K || c->dt == QUANT_Q6_K);
+    return q8_type(c->gt) && q8_type(c->dt);
 }
 
 /* The path CUDA_MOE_PATH_AUTO takes (0 direct, 1 grouped, 2 mma, 4 grouped 8-bit), as
@@ -619,7 +623,7 @@ int main(void)
         {QUANT_Q4_K, QUANT_Q6_K, 512, 256, 64, 8, 300},
         {QUANT_Q5_K, QUANT_Q8_0, 256, 512, 32, 4, 33},
         {QUANT_Q6_K, QUANT_Q5_K, 256, 512, 128, 8, 2},
-        {QUANT_Q6_K, QUANT_Q4_K, 256, 512, 32, 4, 3}, /* 8-bit paths, the other types */
+        {QUANT_Q6_K, QUANT_Q4_K, 256, 512, 32, 4, 3},  /* 8-bit paths, the other types */
         {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 16, 8, 20}, /* grouped 8-bit: experts past one tile */
         {QUANT_Q6_K, QUANT_Q6_K, 512, 256, 128, 8, 32},
         {QUANT_Q4_K, QUANT_Q6_K, 512, 256, 128, 8, 48}, /* grouped 8-bit: a short prompt */
@@ -636,7 +640,9 @@ int main(void)
         {QUANT_MXFP4, QUANT_MXFP4, 352, 160, 32, 4, 4, true},
         {QUANT_MXFP4, QUANT_MXFP4, 352, 160, 8, 4, 40, true},
         {QUANT_F32, QUANT_F32, 200, 72, 8, 2, 16, true},
-        {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 16, 4, 33, true}, /* not the 8-bit paths */
+        {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 16, 4, 33, true},   /* the grouped 8-bit path */
+        {QUANT_MXFP4, QUANT_MXFP4, 2880, 2880, 8, 4, 1, true}, /* gpt-oss's rows (1530 B) */
+        {QUANT_MXFP4, QUANT_Q6_K, 352, 256, 16, 4, 2, true},   /* mixed 8-bit types */
     };
     int n = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int i = 0; i < n; i++)
