@@ -631,6 +631,7 @@ struct mmv_params {
     const int32_t *x_rows; /* (m) or NULL */
     float *y;              /* (m rows of y_stride) */
     int64_t y_stride;
+    const float *bias; /* (n_out) or NULL: added to each sum where y is written */
     /* rows n_out .. of the launch: the further matrices of a call (cuda_matmul_args.more), the
      * matrix i + 1 from row seg_end[i] on; n_out is then the row count of them all */
     int n_seg;
@@ -641,6 +642,7 @@ struct mmv_params {
         uintptr_t w_lo, w_hi;
         float *y;
         int64_t y_stride;
+        const float *bias;
     } seg[CUDA_MATMUL_MAX_MORE];
 };
 
@@ -680,6 +682,7 @@ __global__ void __launch_bounds__(MMV_THREADS, M == 1 && KS == 1 ? mmv_min_block
     size_t w_stride = p.w_stride;
     uintptr_t w_lo = p.w_lo, w_hi = p.w_hi;
     float *y = p.y;
+    const float *bias = p.bias;
     int64_t y_stride = p.y_stride, orow = row;
     if (p.n_seg && row >= p.seg_end[0]) {
         const int sg = p.n_seg > 1 && row >= p.seg_end[1] ? 1 : 0;
@@ -690,6 +693,7 @@ __global__ void __launch_bounds__(MMV_THREADS, M == 1 && KS == 1 ? mmv_min_block
         w_hi = p.seg[sg].w_hi;
         y = p.seg[sg].y;
         y_stride = p.seg[sg].y_stride;
+        bias = p.seg[sg].bias;
     }
 
     /* the row's weights on their way to L2 while the kernel before this one finishes (a
@@ -779,11 +783,36 @@ __global__ void __launch_bounds__(MMV_THREADS, M == 1 && KS == 1 ? mmv_min_block
         }
     }
     if (lane == 0) {
+        const float b = bias ? bias[orow] : 0.0f;
 #pragma unroll
         for (int j = 0; j < M; j++)
             if (j < r.mc)
-                y[(int64_t)(j0 + j) * y_stride + orow] = acc[j];
+                y[(int64_t)(j0 + j) * y_stride + orow] = bias ? __fadd_rn(acc[j], b) : acc[j];
     }
+}
+
+/* y[j, o] += bias[o] (m rows of y_stride, n_out each): the bias of the paths that do not add it
+ * as they write y */
+static __global__ void k_matmul_bias(float *y, int64_t y_stride, const float *bias, int m,
+                                     int64_t n_out)
+{
+    ops_pdl_begin();
+    const int64_t total = (int64_t)m * n_out;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t j = i / n_out, o = i - j * n_out;
+        y[j * y_stride + o] = __fadd_rn(y[j * y_stride + o], bias[o]);
+    }
+}
+
+static int matmul_bias_launch(const struct cuda_matmul_args *a, cudaStream_t st)
+{
+    if (!a->bias)
+        return 0;
+    const int64_t total = (int64_t)a->m * a->n_out;
+    const unsigned blocks = (unsigned)(total / 256 + 1 < 4096 ? total / 256 + 1 : 4096);
+    ops_launch(k_matmul_bias, blocks, 256, 0, st, a->y, a->y_stride, a->bias, a->m, a->n_out);
+    return cuda_last_error("cuda_matmul (bias)");
 }
 
 /* ---- activation quantization ------------------------------------------------------------- */
@@ -1664,6 +1693,7 @@ static int matmul_more(const struct cuda_matmul_args *a)
             one[i].n_out = a->more[i - 1].n_out;
             one[i].y = a->more[i - 1].y;
             one[i].y_stride = a->more[i - 1].y_stride;
+            one[i].bias = a->more[i - 1].bias;
         }
         int rc = cuda_matmul_check(&one[i]);
         if (rc)
@@ -1702,7 +1732,8 @@ extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
         const dim3 grid((unsigned)((a->n_out + SG_T - 1) / SG_T),
                         (unsigned)((a->m + SG_T - 1) / SG_T));
         ops_launch(sgemm_f32_kernel, grid, 256, 0, st, p);
-        return cuda_last_error("cuda_matmul (f32 tiles)");
+        rc = cuda_last_error("cuda_matmul (f32 tiles)");
+        return rc ? rc : matmul_bias_launch(a, st);
     }
     if (path_choose(a) == CUDA_MATMUL_PATH_GEMM) {
         gemm_params p = {};
@@ -1713,11 +1744,13 @@ extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
             return rc;
         gemm_launch_fn fn{p, a->tile, gd, st};
         fmt_dispatch(a->wtype, fn);
-        return fn.rc ? fn.rc : cuda_last_error("cuda_matmul (gemm)");
+        rc = fn.rc ? fn.rc : cuda_last_error("cuda_matmul (gemm)");
+        return rc ? rc : matmul_bias_launch(a, st);
     }
 
     mmv_params p = {};
     params_fill(&p, a, row_bytes);
+    p.bias = a->bias;
     p.n_seg = a->n_more;
     for (int i = 0; i < a->n_more; i++) { /* one launch over the rows of every matrix */
         const struct cuda_matmul_more *mo = &a->more[i];
@@ -1728,6 +1761,7 @@ extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
         p.seg[i].w_hi = p.seg[i].w_lo + (size_t)(mo->n_out - 1) * mo->w_stride + row_bytes;
         p.seg[i].y = mo->y;
         p.seg[i].y_stride = mo->y_stride;
+        p.seg[i].bias = mo->bias;
         p.n_out += mo->n_out;
     }
     if (f->quantized) {

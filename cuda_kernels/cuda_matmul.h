@@ -58,6 +58,7 @@ struct cuda_matmul_more {
     int64_t n_out;
     float *y;
     int64_t y_stride;
+    const float *bias;
 };
 #define CUDA_MATMUL_MAX_MORE 2
 
@@ -78,6 +79,9 @@ struct cuda_matmul_args {
                                  * gather, for MoE token lists; repeats allowed); NULL: row j */
     float *y;                   /* (m rows of y_stride floats) device; n_out written per row */
     int64_t y_stride;           /* floats between output rows, >= n_out */
+    const float *bias;          /* NULL, or (n_out) device: y[j, o] = (x W^T)[j, o] + bias[o],
+                                 * one float addition after the sum, as a separate add would
+                                 * do it (the MMV path adds it where it writes y) */
     void *scratch;              /* device, 16-byte aligned, cuda_matmul_scratch_bytes() bytes,
                                  * caller-owned and stream-ordered (one in flight per buffer);
                                  * may be NULL when that is 0 or the GEMM path runs */

@@ -107,6 +107,11 @@ struct backend_ops {
      * ne[0], with matmul's results (q, k and v of a layer). */
     int (*matmul_n)(struct backend *b, int n, float *const *out, const struct weight *const *w,
                     const float *in, int m);
+    /* Optional (NULL: matmul or matmul_n, then add_bias): out[i] = in x W_i^T + bias[i] for n
+     * (1 to 3) weights with the same ne[0], each bias (F32, W_i's ne[1]) added as add_bias
+     * adds it, so with the same results. */
+    int (*matmul_bias_n)(struct backend *b, int n, float *const *out, const struct weight *const *w,
+                         const struct weight *const *bias, const float *in, int m);
     /* NEOX RoPE in place on x (n_tok, n_heads*head_dim); token t is at position pos0 + t. */
     int (*rope)(struct backend *b, float *x, int n_tok, int n_heads, int head_dim, int pos0,
                 float base);

@@ -339,9 +339,24 @@ static int cuda_rmsnorm_op(struct backend *b, float *out, const float *in, const
     return cuda_norm_run(b, out, in, NULL, w, rows, dim, eps, "rmsnorm");
 }
 
-static int backend_cuda_matmul(struct backend *b, float *out, const struct weight *w, const float *in,
-                          int m)
+static bool cuda_bias_ok(const struct weight *bias, const struct weight *w)
 {
+    return !bias->type && bias->dev && bias->ne[0] == w->ne[1];
+}
+
+static int cuda_bias_fail(const struct weight *bias, const struct weight *w)
+{
+    return err_set(-EINVAL, "cuda matmul bias '%s': not an F32 tensor of %llu on the device",
+                   bias->name, (unsigned long long)w->ne[1]);
+}
+
+/* out = in x W^T (+ bias: NULL, or an F32 tensor on the device, added where the MMV path writes
+ * out, else by cuda_matmul's own bias kernel) */
+static int cuda_matmul_run(struct backend *b, float *out, const struct weight *w,
+                           const struct weight *bias, const float *in, int m)
+{
+    if (bias && !cuda_bias_ok(bias, w))
+        return cuda_bias_fail(bias, w);
     struct backend_cuda *c = cuda_of(b);
     for (int r = 0; r < m; r += CUDA_BACKEND_MAX_TOK) {
         int n = m - r < CUDA_BACKEND_MAX_TOK ? m - r : CUDA_BACKEND_MAX_TOK;
@@ -351,11 +366,19 @@ static int backend_cuda_matmul(struct backend *b, float *out, const struct weigh
         bool q8 = w->type != QUANT_F32 && w->type != QUANT_F16 && w->type != QUANT_BF16 &&
                   n < CUDA_MATMUL_GEMM_MIN_M;
         struct cuda_matmul_args a = {
-            .wtype = w->type, .w = w->dev, .w_stride = w->row_bytes,
-            .n_in = (int64_t)w->ne[0], .n_out = (int64_t)w->ne[1], .m = n,
-            .x = x, .x_stride = (int64_t)w->ne[0],
-            .y = out + (size_t)r * w->ne[1], .y_stride = (int64_t)w->ne[1],
-            .scratch = c->mm_scratch, .scratch_bytes = c->mm_scratch_bytes,
+            .wtype = w->type,
+            .w = w->dev,
+            .w_stride = w->row_bytes,
+            .n_in = (int64_t)w->ne[0],
+            .n_out = (int64_t)w->ne[1],
+            .m = n,
+            .x = x,
+            .x_stride = (int64_t)w->ne[0],
+            .y = out + (size_t)r * w->ne[1],
+            .y_stride = (int64_t)w->ne[1],
+            .bias = bias ? bias->dev : NULL,
+            .scratch = c->mm_scratch,
+            .scratch_bytes = c->mm_scratch_bytes,
             .x_ready = q8 && c->xq_src == x && c->xq_m == n && c->xq_n_in == (int64_t)w->ne[0],
             .stream = c->stream,
         };
@@ -377,6 +400,12 @@ static int backend_cuda_matmul(struct backend *b, float *out, const struct weigh
     return 0;
 }
 
+static int backend_cuda_matmul(struct backend *b, float *out, const struct weight *w,
+                               const float *in, int m)
+{
+    return cuda_matmul_run(b, out, w, NULL, in, m);
+}
+
 static bool cuda_w_q8(uint32_t type)
 {
     return type != QUANT_F32 && type != QUANT_F16 && type != QUANT_BF16;
@@ -384,17 +413,21 @@ static bool cuda_w_q8(uint32_t type)
 
 /* Weights of one type and n_in on the 8-bit MMV path: one launch for all of them
  * (cuda_matmul's further matrices); else one matmul each. */
-static int cuda_matmul_n_op(struct backend *b, int n, float *const *out,
-                            const struct weight *const *w, const float *in, int m)
+static int cuda_matmul_bias_n_op(struct backend *b, int n, float *const *out,
+                                 const struct weight *const *w, const struct weight *const *bias,
+                                 const float *in, int m)
 {
     struct backend_cuda *c = cuda_of(b);
+    for (int i = 0; bias && i < n; i++)
+        if (bias[i] && !cuda_bias_ok(bias[i], w[i]))
+            return cuda_bias_fail(bias[i], w[i]);
     bool one = n >= 2 && n <= 1 + CUDA_MATMUL_MAX_MORE && m < CUDA_MATMUL_GEMM_MIN_M &&
                m <= CUDA_BACKEND_MAX_TOK;
     for (int i = 0; one && i < n; i++)
         one = w[i]->type == w[0]->type && w[i]->ne[0] == w[0]->ne[0] && cuda_w_q8(w[i]->type);
     if (!one) {
         for (int i = 0; i < n; i++) {
-            int rc = backend_cuda_matmul(b, out[i], w[i], in, m);
+            int rc = cuda_matmul_run(b, out[i], w[i], bias ? bias[i] : NULL, in, m);
             if (rc)
                 return rc;
         }
@@ -412,6 +445,7 @@ static int cuda_matmul_n_op(struct backend *b, int n, float *const *out,
         .x_stride = n_in,
         .y = out[0],
         .y_stride = (int64_t)w[0]->ne[1],
+        .bias = bias && bias[0] ? bias[0]->dev : NULL,
         .scratch = c->mm_scratch,
         .scratch_bytes = c->mm_scratch_bytes,
         .x_ready = c->xq_src == in && c->xq_m == m && c->xq_n_in == n_in,
@@ -425,6 +459,7 @@ static int cuda_matmul_n_op(struct backend *b, int n, float *const *out,
             .n_out = (int64_t)w[i]->ne[1],
             .y = out[i],
             .y_stride = (int64_t)w[i]->ne[1],
+            .bias = bias && bias[i] ? bias[i]->dev : NULL,
         };
     int rc = cuda_matmul(&a);
     c->mm_writes += !a.x_ready;
@@ -439,6 +474,12 @@ static int cuda_matmul_n_op(struct backend *b, int n, float *const *out,
     if (rc)
         return err_set(rc, "cuda matmul over '%s' and %d more (m %d) failed", w[0]->name, n - 1, m);
     return 0;
+}
+
+static int cuda_matmul_n_op(struct backend *b, int n, float *const *out,
+                            const struct weight *const *w, const float *in, int m)
+{
+    return cuda_matmul_bias_n_op(b, n, out, w, NULL, in, m);
 }
 
 static int cuda_rope_op(struct backend *b, float *x, int n_tok, int n_heads, int head_dim,
@@ -1267,6 +1308,7 @@ static const struct backend_ops cuda_ops_table = {
     .rmsnorm = cuda_rmsnorm_op,
     .matmul = backend_cuda_matmul,
     .matmul_n = cuda_matmul_n_op,
+    .matmul_bias_n = cuda_matmul_bias_n_op,
     .rope = cuda_rope_op,
     .rope_yarn = cuda_rope_yarn_op,
     .add_bias = cuda_add_bias_op,
@@ -1597,9 +1639,9 @@ static int cuda_moe_route(void *dev, const struct layer_weights *lw, const float
 {
     struct backend_cuda *c = dev;
     const struct model_hparams *hp = &c->model->hp;
-    int rc = backend_cuda_matmul(&c->base, c->router_logits, &lw->router, in, n_tok);
-    if (!rc && lw->router_b.data) /* gpt-oss: logits + bias, then the same top-k softmax */
-        rc = cuda_add_bias_op(&c->base, c->router_logits, &lw->router_b, n_tok);
+    /* gpt-oss: logits + bias, then the same top-k softmax */
+    int rc = cuda_matmul_run(&c->base, c->router_logits, &lw->router,
+                             lw->router_b.data ? &lw->router_b : NULL, in, n_tok);
     if (rc)
         return rc;
     struct cuda_topk_args tk = {

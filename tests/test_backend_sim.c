@@ -356,6 +356,7 @@ static int sim_matmul(const struct cuda_matmul_args *a)
             one.n_out = a->more[i].n_out;
             one.y = a->more[i].y;
             one.y_stride = a->more[i].y_stride;
+            one.bias = a->more[i].bias;
             one.x_ready = 1;
             rc = sim_matmul(&one);
         }
@@ -385,7 +386,8 @@ static int sim_matmul(const struct cuda_matmul_args *a)
         for (int j = 0; j < a->m; j++) {
             const float *x = q8 ? g_xq + (size_t)j * a->n_in
                                 : a->x + (a->x_rows ? a->x_rows[j] : j) * a->x_stride;
-            a->y[j * a->y_stride + o] = dot(w, x, a->n_in);
+            const float s = dot(w, x, a->n_in);
+            a->y[j * a->y_stride + o] = a->bias ? s + a->bias[o] : s;
         }
     }
     return 0;

@@ -30,6 +30,7 @@
 #include "cuda_check.h"
 #include "cuda_matmul.h"
 #include "cuda_mem.h"
+#include "cuda_ops.h"
 #include "fp16.h"
 #include "quant.h"
 #include "quant_ref.h"
@@ -708,7 +709,8 @@ static void test_graph(struct rng *r, void *stream)
 
 /* A call with more[] against one call per matrix (the later ones with x_ready), bit for bit:
  * one launch where every matrix takes the same MMV kernel, one call each elsewhere (m = 1 with
- * a short matrix, the GEMM path, F32). */
+ * a short matrix, the GEMM path, F32). Every other case gives each matrix a bias, which the
+ * reference adds by cuda_add_bias after its plain call: the same bits again. */
 static void test_more(struct rng *r, void *stream)
 {
     const struct {
@@ -729,7 +731,8 @@ static void test_more(struct rng *r, void *stream)
         float *x = (float *)xmalloc(sizeof(float) * (size_t)m * n_in);
         for (int64_t i = 0; i < (int64_t)m * n_in; i++)
             x[i] = rng_normal(r);
-        float *d_x = NULL, *d_y[2][3] = {};
+        float *d_x = NULL, *d_y[2][3] = {}, *d_b[3] = {};
+        const bool biased = k % 2 == 1;
         uint8_t *d_w[3] = {};
         void *scratch = NULL;
         const size_t sb = cuda_matmul_scratch_bytes(type, n_in, 1, m);
@@ -746,6 +749,14 @@ static void test_more(struct rng *r, void *stream)
                 rc = cuda_malloc((void **)&d_y[v][i], sizeof(float) * (size_t)m * no);
                 rc = rc ? rc : cuda_memset(d_y[v][i], 0xFF, sizeof(float) * (size_t)m * no, stream);
             }
+            if (biased) {
+                float *b = (float *)xmalloc(sizeof(float) * (size_t)no);
+                for (int64_t j = 0; j < no; j++)
+                    b[j] = 3.0f * rng_normal(r);
+                rc = rc ? rc : cuda_malloc((void **)&d_b[i], sizeof(float) * (size_t)no);
+                rc = rc ? rc : cuda_h2d(d_b[i], b, sizeof(float) * (size_t)no, stream);
+                free(b);
+            }
             free(w);
         }
         CHECK(rc == 0, "more case %zu: setup failed (%d)", k, rc);
@@ -759,13 +770,15 @@ static void test_more(struct rng *r, void *stream)
             one.y = d_y[0][i], one.y_stride = cs[k].n_out[i];
             one.x_ready = i > 0 && is_quantized(type) && m < CUDA_MATMUL_GEMM_MIN_M;
             rs = rs ? rs : cuda_matmul(&one);
+            if (biased)
+                rs = rs ? rs : cuda_add_bias(d_y[0][i], d_b[i], m, (int)cs[k].n_out[i], stream);
         }
         a.w = d_w[0], a.w_stride = stride, a.n_out = cs[k].n_out[0];
-        a.y = d_y[1][0], a.y_stride = cs[k].n_out[0];
+        a.y = d_y[1][0], a.y_stride = cs[k].n_out[0], a.bias = d_b[0];
         a.n_more = nm - 1;
         for (int i = 1; i < nm; i++)
-            a.more[i - 1] = (struct cuda_matmul_more){d_w[i], stride, cs[k].n_out[i], d_y[1][i],
-                                                      cs[k].n_out[i]};
+            a.more[i - 1] = (struct cuda_matmul_more){d_w[i],    stride,         cs[k].n_out[i],
+                                                      d_y[1][i], cs[k].n_out[i], d_b[i]};
         int rt = rc ? rc : cuda_matmul(&a);
         size_t bad = 0;
         for (int i = 0; !rc && i < nm; i++) {
@@ -779,14 +792,14 @@ static void test_more(struct rng *r, void *stream)
                 bad += memcmp(&y0[j], &y1[j], sizeof(float)) != 0;
             free(y0), free(y1);
         }
-        printf(
-            "  %d matrices in one call, type %u, m %d, n_in %lld: rc %d/%d, %zu outputs differ\n",
-            nm, type, m, (long long)n_in, rs, rt, bad);
+        printf("  %d matrices in one call%s, type %u, m %d, n_in %lld: rc %d/%d, %zu outputs "
+               "differ\n",
+               nm, biased ? " with biases" : "", type, m, (long long)n_in, rs, rt, bad);
         CHECK(rc == 0 && rs == 0 && rt == 0 && bad == 0,
               "more case %zu: rc %d/%d, %zu outputs differ from one call per matrix", k, rs, rt,
               bad);
         for (int i = 0; i < nm; i++)
-            cuda_free(d_w[i]), cuda_free(d_y[0][i]), cuda_free(d_y[1][i]);
+            cuda_free(d_w[i]), cuda_free(d_y[0][i]), cuda_free(d_y[1][i]), cuda_free(d_b[i]);
         cuda_free(d_x), cuda_free(scratch);
         free(x);
     }

@@ -50,6 +50,8 @@ static int gptoss_rope(struct backend *b, const struct model_hparams *hp, float 
 static int gptoss_linear(struct backend *b, float *out, const struct weight *w,
                          const struct weight *bias, const float *in, int n)
 {
+    if (b->ops->matmul_bias_n)
+        return b->ops->matmul_bias_n(b, 1, &out, &w, &bias, in, n);
     int rc = b->ops->matmul(b, out, w, in, n);
     return rc ? rc : b->ops->add_bias(b, out, bias, n);
 }
@@ -58,6 +60,12 @@ static int gptoss_linear(struct backend *b, float *out, const struct weight *w,
 static int gptoss_qkv(struct backend *b, const struct layer_weights *lw, float *q, float *k,
                       float *v, const float *xn, int n)
 {
+    if (b->ops->matmul_bias_n) {
+        float *const out[3] = {q, k, v};
+        const struct weight *const w[3] = {&lw->wq, &lw->wk, &lw->wv};
+        const struct weight *const bias[3] = {&lw->bq, &lw->bk, &lw->bv};
+        return b->ops->matmul_bias_n(b, 3, out, w, bias, xn, n);
+    }
     int rc = arch_matmul_qkv(b, q, k, v, lw, xn, n);
     rc = rc ? rc : b->ops->add_bias(b, q, &lw->bq, n);
     rc = rc ? rc : b->ops->add_bias(b, k, &lw->bk, n);
