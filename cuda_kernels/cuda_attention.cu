@@ -444,19 +444,35 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
     attd_tile<D> tile;
     if (kb < ke)
         tile.load(p, kv_off, kb, ops_imin(SUB, ke - kb), tid);
-    float q[RMAX][D];
+    /* head_dim 64 (D = 2): a warp scores 4 keys at a time, lane 8 kq + ds holding dims 4 ds..
+     * and 32 + 4 ds.. of every row (8 of them) for key kq of the 4: three shuffles per score
+     * instead of five, and a quarter of them (up to 8 rows). Otherwise lane l holds D dims of
+     * every row. */
+    constexpr bool K4 = D == 2 && RMAX <= 8; /* 16 rows would spill */
+    float q[RMAX][K4 ? 8 : D];
 #pragma unroll
     for (int r = 0; r < RMAX; r++) {
         int t = r / p.G, h = kvh * p.G + r % p.G;
-        attd_load<D>(p.q + t * qw + (int64_t)h * HD, lane, q[r]);
+        const float *src = p.q + t * qw + (int64_t)h * HD;
+        if constexpr (K4) {
+            const int ds = lane & 7;
+            const float4 a = *(const float4 *)(src + 4 * ds),
+                         b = *(const float4 *)(src + 32 + 4 * ds);
+            q[r][0] = a.x, q[r][1] = a.y, q[r][2] = a.z, q[r][3] = a.w;
+            q[r][4] = b.x, q[r][5] = b.y, q[r][6] = b.z, q[r][7] = b.w;
+        } else {
+            attd_load<D>(src, lane, q[r]);
+        }
     }
     if (tid < RMAX) {
         rpos[tid] = tid < rows ? attn_pos(p, tid / p.G) : -1;
         rm[tid] = -INFINITY;
         rl[tid] = 0.0f;
     }
-    /* thread tid accumulates dimensions tid, tid + 128, ... of every row */
+    /* thread tid accumulates dimensions tid, tid + 128, ... of every row; below 128 dims, KH
+     * threads share a dimension, each taking every KH-th key */
     constexpr int DT = (HD + ATTD_THREADS - 1) / ATTD_THREADS;
+    constexpr int KH = HD < ATTD_THREADS ? ATTD_THREADS / HD : 1;
     float acc[RMAX][DT];
 #pragma unroll
     for (int r = 0; r < RMAX; r++)
@@ -470,13 +486,44 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
         __syncthreads();
         if (k0 + SUB < ke) /* the next tile's loads fly while this one is used */
             tile.load(p, kv_off, k0 + SUB, ops_imin(SUB, ke - k0 - SUB), tid);
-        /* scores: warp w takes keys w, w + 4, ... of the tile */
         float wmax[RMAX];
 #pragma unroll
         for (int r = 0; r < RMAX; r++)
             wmax[r] = -INFINITY;
+        if constexpr (K4) { /* scores: warp w takes keys 4 w .. 4 w + 3, 4 w + 16 .., ... */
+            const int kq = lane >> 3, ds = lane & 7;
 #pragma unroll 1
-        for (int j = warp; j < n; j += ATTD_WARPS) {
+            for (int jb = 4 * warp; jb < n; jb += 4 * ATTD_WARPS) {
+                const int j = jb + kq, key = k0 + j; /* j < SUB: rows past n hold zeros */
+                const float4 a = *(const float4 *)(ks + j * HD + 4 * ds),
+                             b = *(const float4 *)(ks + j * HD + 32 + 4 * ds);
+                const float kr[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int r = 0; r < RMAX; r++) {
+                    float dot = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+                        dot = fmaf(q[r][i], kr[i], dot);
+                    dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+                    dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+                    dot += __shfl_xor_sync(0xffffffffu, dot, 4);
+                    const bool in =
+                        j < n && key <= rpos[r] && (p.window <= 0 || key > rpos[r] - p.window);
+                    const float sc = in ? dot * p.scale : -INFINITY;
+                    if (ds == 0 && j < n)
+                        ps[r][j] = sc;
+                    wmax[r] = fmaxf(wmax[r], sc);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < RMAX; r++) {
+                wmax[r] = fmaxf(wmax[r], __shfl_xor_sync(0xffffffffu, wmax[r], 8));
+                wmax[r] = fmaxf(wmax[r], __shfl_xor_sync(0xffffffffu, wmax[r], 16));
+            }
+        }
+        /* scores: warp w takes keys w, w + 4, ... of the tile */
+#pragma unroll 1
+        for (int j = warp; j < (K4 ? 0 : n); j += ATTD_WARPS) {
             float kr[D];
             attd_load<D>(ks + j * HD, lane, kr);
 #pragma unroll
@@ -526,13 +573,15 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
         }
 #pragma unroll
         for (int i = 0; i < DT; i++) {
-            int d = tid + i * ATTD_THREADS;
+            /* HD < ATTD_THREADS (head_dim 64): thread tid takes dimension tid % HD of the keys
+             * j = tid / HD (mod KH), its partial sums added at the end */
+            int d = HD < ATTD_THREADS ? tid % HD : tid + i * ATTD_THREADS;
             if (d < HD) {
 #pragma unroll
                 for (int r = 0; r < RMAX; r++)
                     acc[r][i] *= ral[r];
 #pragma unroll 4
-                for (int j = 0; j < n; j++) {
+                for (int j = HD < ATTD_THREADS ? tid / HD : 0; j < n; j += KH) {
                     float v = vs[j * HD + d];
 #pragma unroll
                     for (int r = 0; r < RMAX; r++)
@@ -541,6 +590,21 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
             }
         }
         __syncthreads(); /* before the next tile overwrites ks, vs, ps, rm and ral */
+    }
+    if constexpr (KH > 1) { /* the key classes' partial sums, in class order */
+        __shared__ float ah[KH > 1 ? KH - 1 : 1][RMAX][HD];
+        const int h = tid / HD, d = tid % HD;
+        if (h > 0)
+#pragma unroll
+            for (int r = 0; r < RMAX; r++)
+                ah[h - 1][r][d] = acc[r][0];
+        __syncthreads();
+        if (h == 0)
+#pragma unroll
+            for (int c = 0; c < KH - 1; c++)
+#pragma unroll
+                for (int r = 0; r < RMAX; r++)
+                    acc[r][0] += ah[c][r][d];
     }
 
     const int64_t nth = (int64_t)p.n_tok * p.n_head;
@@ -999,6 +1063,11 @@ extern "C" size_t cuda_attention_rows_scratch_bytes(int n_tok, int n_head, int h
 
 /* The keys a decode call's splits are planned for: those of the cache up to the last position,
  * and with a window at most the window's (plus the other query rows' positions). */
+static bool attd_q_ok(const struct cuda_attn_args *a)
+{
+    return a->head_dim != 64 || ops_aligned(a->q, 16); /* head_dim 64 loads q as float4 */
+}
+
 static int attd_keys(const struct cuda_attn_args *a, int n_tok)
 {
     int keys = a->pos_dev ? a->n_ctx : a->pos0 + a->n_tok;
@@ -1050,7 +1119,8 @@ static bool attd_launch(const struct cuda_attn_args *a, struct attn_params *p, c
 {
     const int rows = a->n_tok * p->G, D = a->head_dim / 32;
     if (a->n_tok > ATTD_MAX_TOK || rows > ATTD_MAX_ROWS || a->head_dim % 32 ||
-        (D != 2 && D != 4 && D != 8) || rows * D > 64 || (rows & (rows - 1)) || !a->scratch)
+        (D != 2 && D != 4 && D != 8) || rows * D > 64 || (rows & (rows - 1)) || !a->scratch ||
+        !attd_q_ok(a))
         return false;
     int ns = ops_imin(ATTD_CHUNKS, ops_cdiv(attd_keys(a, a->n_tok), attd_sub(D)));
     int64_t nth = (int64_t)a->n_tok * a->n_head;
@@ -1078,7 +1148,7 @@ static int attd_rows_launch(const struct cuda_attn_args *a, struct attn_params *
     const int rows = p->G, D = a->head_dim / 32;
     if (!a->pos_dev || !a->v_rows || !a->out || !a->q || a->n_tok > 65535)
         return -EINVAL;
-    if (!cuda_attention_rows_ok(a->n_head, a->n_head_kv, a->head_dim))
+    if (!cuda_attention_rows_ok(a->n_head, a->n_head_kv, a->head_dim) || !attd_q_ok(a))
         return -ENOTSUP;
     int ns = ops_imin(ATTD_CHUNKS, ops_cdiv(a->n_ctx, attd_sub(D)));
     int64_t nth = (int64_t)a->n_tok * a->n_head;
@@ -1110,7 +1180,7 @@ static bool attd_each_launch(const struct cuda_attn_args *a, struct attn_params 
 {
     const int D = a->head_dim / 32;
     if (a->n_tok < 2 || a->n_tok > CUDA_ATTN_EXACT_MAX_TOK ||
-        !cuda_attention_rows_ok(a->n_head, a->n_head_kv, a->head_dim))
+        !cuda_attention_rows_ok(a->n_head, a->n_head_kv, a->head_dim) || !attd_q_ok(a))
         return false;
     int ns = ops_imin(ATTD_CHUNKS, ops_cdiv(attd_keys(a, 1), attd_sub(D)));
     int64_t nth = (int64_t)a->n_tok * a->n_head;
