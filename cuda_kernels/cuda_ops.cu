@@ -339,9 +339,12 @@ static __global__ void k_add(float *x, const float *y, size_t n)
         x[i] = __fadd_rn(x[i], y[i]);
 }
 
-/* ---- argmax: one block per row; (value, index) pairs reduced with ties to the lower index --- */
+/* ---- argmax: one block per row; (value, index) pairs reduced with ties to the lower index ---
+ * A thread walks its elements in ascending order (16-byte loads, four in flight, where the row
+ * is aligned), keeping the first of equal values; 1024 threads so that one SM has enough loads
+ * in flight for a 200k-entry row of logits. */
 
-#define ARGMAX_THREADS 256
+#define ARGMAX_THREADS 1024
 
 /* Whether candidate (v2, i2) beats (v1, i1); i < 0 marks "no candidate". */
 static __device__ __forceinline__ bool ops_better(float v2, int i2, float v1, int i1)
@@ -370,8 +373,30 @@ static __global__ void __launch_bounds__(ARGMAX_THREADS)
     const float *row = x + (int64_t)blockIdx.x * n;
     float bv = -INFINITY;
     int bi = -1;
-
-    for (int i = threadIdx.x; i < n; i += ARGMAX_THREADS) {
+    int i0 = 0; /* elements before i0 were taken by the vector loop */
+    if (((uintptr_t)row & 15) == 0) {
+        const float4 *r4 = (const float4 *)row;
+        const int n4 = n / 4;
+        for (int b = 0; b < n4; b += 4 * ARGMAX_THREADS) {
+            float4 v[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int j = b + k * ARGMAX_THREADS + threadIdx.x;
+                v[k] = j < n4 ? r4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int j = b + k * ARGMAX_THREADS + threadIdx.x;
+                const float e[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    if (j < n4 && (bi < 0 || e[c] > bv)) /* ascending: the first equal stays */
+                        bv = e[c], bi = 4 * j + c;
+            }
+        }
+        i0 = 4 * n4;
+    }
+    for (int i = i0 + threadIdx.x; i < n; i += ARGMAX_THREADS) {
         float v = row[i];
         if (bi < 0 || v > bv) /* ascending i: the first of equal values stays */
             bv = v, bi = i;

@@ -1158,8 +1158,8 @@ static void test_add_bias(struct rng *r)
 
 static void test_argmax(struct rng *r)
 {
-    static const int ns[] = {1, 7, 1000, 151936};
-    for (int i = 0; i < 4; i++) {
+    static const int ns[] = {1, 7, 1000, 1001, 151936, 201088};
+    for (int i = 0; i < 6; i++) {
         int n = ns[i], rows = 1 + rng_below(r, 4);
         float *x = test_rand_normal(r, (size_t)rows * n, 3.0f);
         int32_t *got = (int32_t *)test_xmalloc(sizeof(int32_t) * rows);
