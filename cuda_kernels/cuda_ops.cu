@@ -246,6 +246,9 @@ struct qkr_params {
     float *kc, *vc;
     float *const *caches;
     int n_ctx;
+    int n_freq; /* 0, or hd / 2: freq and mscale as k_rope_neox's */
+    float mscale;
+    double freq[CUDA_ROPE_MAX_FREQ];
 };
 
 static __global__ void __launch_bounds__(QKR_THREADS) k_qk_rope_store(struct qkr_params p)
@@ -292,9 +295,11 @@ static __global__ void __launch_bounds__(QKR_THREADS) k_qk_rope_store(struct qkr
     __syncthreads();
     if (i >= half)
         return;
-    double f = pow((double)p.base, -2.0 * i / hd), c, sv;
+    double f = p.n_freq ? p.freq[i] : pow((double)p.base, -2.0 * i / hd), c, sv;
     sincos((double)pos * f, &sv, &c);
-    const float cf = (float)c, sf = (float)sv, a = xs[i], b = xs[i + half];
+    const float cf = p.n_freq ? (float)c * p.mscale : (float)c;
+    const float sf = p.n_freq ? (float)sv * p.mscale : (float)sv;
+    const float a = xs[i], b = xs[i + half];
     const float o0 = __fsub_rn(__fmul_rn(a, cf), __fmul_rn(b, sf));
     const float o1 = __fadd_rn(__fmul_rn(a, sf), __fmul_rn(b, cf));
     x[i] = o0;
@@ -616,11 +621,19 @@ extern "C" int cuda_qk_rope_store(const struct cuda_qk_rope_store_args *a)
         return 0;
     if (!a->q || !a->k || !a->v || (a->caches_dev ? !a->pos_dev : !a->k_cache || !a->v_cache))
         return -EINVAL;
+    if (a->freq && a->head_dim / 2 > CUDA_ROPE_MAX_FREQ)
+        return -EINVAL;
     struct qkr_params p = {
-        a->q,     a->k,       a->v,         a->q_norm,     a->k_norm, a->eps,
-        a->n_tok, a->n_head,  a->n_head_kv, a->head_dim,   a->pos0,   a->pos_dev,
-        a->base,  a->k_cache, a->v_cache,   a->caches_dev, a->n_ctx,
+        a->q,       a->k,          a->v,        a->q_norm, a->k_norm,  a->eps,  a->n_tok,
+        a->n_head,  a->n_head_kv,  a->head_dim, a->pos0,   a->pos_dev, a->base, a->k_cache,
+        a->v_cache, a->caches_dev, a->n_ctx,    0,         1.0f,       {},
     };
+    if (a->freq) {
+        p.n_freq = a->head_dim / 2;
+        p.mscale = a->mscale;
+        for (int i = 0; i < p.n_freq; i++)
+            p.freq[i] = a->freq[i];
+    }
     dim3 grid((unsigned)a->n_tok, (unsigned)(a->n_head + 2 * a->n_head_kv));
     ops_launch(k_qk_rope_store, grid, QKR_THREADS, 0, (cudaStream_t)a->stream, p);
     return cuda_last_error("cuda_qk_rope_store");

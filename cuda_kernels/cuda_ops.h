@@ -130,11 +130,15 @@ struct cuda_qk_rope_store_args {
                                * v cache at [n_tok + t] (lockstep rows; pos_dev needed) */
     int n_ctx;                /* rows of the caches; a row outside [0, n_ctx) is skipped */
     void *stream;
+    const double *freq; /* NULL, or (head_dim/2) host: YaRN's angles per position and pair, as
+                         * cuda_rope_args.freq (copied into the launch) */
+    float mscale;       /* with freq: cos and sin scaled by it */
 };
 
 /* Bit for bit what cuda_rmsnorm over the heads of q and of k (rows of head_dim, the scales
- * q_norm and k_norm), cuda_rope_neox of both and cuda_kv_store of k and v give, in one launch
- * of a block per (token, head). With pos_dev NULL, pos0 + n_tok <= n_ctx is checked. */
+ * q_norm and k_norm), cuda_rope_neox of both (with freq and mscale where given) and
+ * cuda_kv_store of k and v give, in one launch of a block per (token, head). With pos_dev NULL,
+ * pos0 + n_tok <= n_ctx is checked. */
 int cuda_qk_rope_store(const struct cuda_qk_rope_store_args *a);
 
 /* ---- elementwise, argmax, router ----------------------------------------------------------- */

@@ -41,10 +41,11 @@ struct attn_args {
 struct qk_rope_args {
     float *q, *k;   /* (n_tok, n_head*head_dim), (n_tok, n_head_kv*head_dim) */
     const float *v; /* (n_tok, n_head_kv*head_dim) */
-    const struct weight *q_norm, *k_norm; /* (head_dim) F32 */
+    const struct weight *q_norm, *k_norm; /* (head_dim) F32, or NULL: no norm of those heads */
     float eps, rope_base;
     int pos0, n_tok, n_head, n_head_kv, head_dim;
     float *k_cache, *v_cache; /* (n_ctx, n_head_kv*head_dim) of this layer */
+    const struct rope_yarn *yarn; /* NULL: plain rope at rope_base; else YaRN (rope_yarn) */
 };
 
 /* YaRN-scaled NEOX RoPE (struct backend_ops.rope_yarn): ops_rope_yarn_freq's parameters. */

@@ -667,30 +667,46 @@ static int cuda_kv_store_op(struct backend *b, float *cache, const float *src, i
     return rc ? backend_cuda_fail(rc, "kv_store") : 0;
 }
 
+/* rope (plain, or YaRN with q->yarn) of n_heads heads of x */
+static int cuda_qkr_rope(struct backend *b, const struct qk_rope_args *q, float *x, int n_heads)
+{
+    return q->yarn ? cuda_rope_yarn_op(b, x, q->n_tok, n_heads, q->head_dim, q->pos0, q->yarn)
+                   : cuda_rope_op(b, x, q->n_tok, n_heads, q->head_dim, q->pos0, q->rope_base);
+}
+
 static int cuda_qk_rope_store_op(struct backend *b, const struct qk_rope_args *q)
 {
     struct backend_cuda *c = cuda_of(b);
     const int kvw = q->n_head_kv * q->head_dim;
-    if (q->head_dim > CUDA_QKR_MAX_HEAD_DIM) { /* the ops one by one */
-        int rc =
-            cuda_rmsnorm_op(b, q->q, q->q, q->q_norm, q->n_tok * q->n_head, q->head_dim, q->eps);
-        rc = rc ? rc
-                : cuda_rmsnorm_op(b, q->k, q->k, q->k_norm, q->n_tok * q->n_head_kv, q->head_dim,
-                                  q->eps);
-        rc = rc ? rc
-                : cuda_rope_op(b, q->q, q->n_tok, q->n_head, q->head_dim, q->pos0, q->rope_base);
-        rc = rc ? rc
-                : cuda_rope_op(b, q->k, q->n_tok, q->n_head_kv, q->head_dim, q->pos0, q->rope_base);
+    if (q->head_dim > CUDA_QKR_MAX_HEAD_DIM || (q->yarn && q->head_dim / 2 > CUDA_ROPE_MAX_FREQ)) {
+        /* the ops one by one */
+        int rc = q->q_norm ? cuda_rmsnorm_op(b, q->q, q->q, q->q_norm, q->n_tok * q->n_head,
+                                             q->head_dim, q->eps)
+                           : 0;
+        rc = rc          ? rc
+             : q->k_norm ? cuda_rmsnorm_op(b, q->k, q->k, q->k_norm, q->n_tok * q->n_head_kv,
+                                           q->head_dim, q->eps)
+                         : 0;
+        rc = rc ? rc : cuda_qkr_rope(b, q, q->q, q->n_head);
+        rc = rc ? rc : cuda_qkr_rope(b, q, q->k, q->n_head_kv);
         rc = rc ? rc : cuda_kv_store_op(b, q->k_cache, q->k, q->pos0, q->n_tok, kvw);
         return rc ? rc : cuda_kv_store_op(b, q->v_cache, q->v, q->pos0, q->n_tok, kvw);
     }
     backend_cuda_forget_xq(c);
+    double freq[CUDA_ROPE_MAX_FREQ];
+    float mscale = 1.0f;
+    if (q->yarn)
+        ops_rope_yarn_freq(q->head_dim, q->yarn->base, q->yarn->factor, q->yarn->n_ctx_orig,
+                           q->yarn->beta_fast, q->yarn->beta_slow, q->yarn->truncate, freq,
+                           &mscale);
     struct cuda_qk_rope_store_args a = {
         .q = q->q,
         .k = q->k,
         .v = q->v,
-        .q_norm = q->q_norm->dev,
-        .k_norm = q->k_norm->dev,
+        .q_norm = q->q_norm ? q->q_norm->dev : NULL,
+        .k_norm = q->k_norm ? q->k_norm->dev : NULL,
+        .freq = q->yarn ? freq : NULL,
+        .mscale = mscale,
         .eps = q->eps,
         .n_tok = q->n_tok,
         .n_head = q->n_head,

@@ -478,6 +478,8 @@ static int sim_qk_rope_store(const struct cuda_qk_rope_store_args *a)
         .pos0 = a->pos0,
         .pos_dev = a->pos_dev,
         .base = a->base,
+        .freq = a->freq,
+        .mscale = a->mscale,
     };
     struct cuda_rope_args rk = rq;
     rk.x = a->k, rk.n_heads = a->n_head_kv;
@@ -692,6 +694,8 @@ int cuda_kv_store(const struct cuda_kv_store_args *a)
 
 int cuda_qk_rope_store(const struct cuda_qk_rope_store_args *a)
 {
+    if (a->freq && g_rec) /* the angles live in the caller's frame only */
+        return -ENOTSUP;
     return SIM_RUN(sim_qk_rope_store, a);
 }
 

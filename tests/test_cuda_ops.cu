@@ -6,6 +6,7 @@
  *   rope       vs ops_rope_neox (pos0 and per-token device positions): max rel 2e-6; with
  *              YaRN angles (gpt-oss's settings) vs ops_rope_neox_freq: the same bound;
  *   kv_store   exact copy, rows outside the cache skipped;
+ *   qk_rope_store  bit for bit the norms, ropes (plain or YaRN) and stores it fuses;
  *   attention  vs ops_attention: head_dim 64/128/256, GQA 1/4/8, contexts 1..1000, decode
  *              (split-K) and prefill (tiled), host and device positions, in place: max rel 2e-5
  *              (cache rows past the last position are NaN, so reading them fails the case);
@@ -482,11 +483,14 @@ static void test_qk_rope_store(struct rng *r)
     struct {
         int n_tok, n_head, n_kv, hd;
         bool norm, dev, rows; /* norms; device positions; a cache per token */
+        bool yarn;            /* YaRN's angles and scale (gpt-oss) */
     } cases[] = {
-        {1, 32, 4, 128, true, false, false},   {1, 32, 4, 128, true, true, false},
-        {5, 64, 4, 128, true, false, false},   {3, 16, 2, 256, true, true, true},
-        {9, 8, 8, 64, false, true, false},     {17, 12, 3, 96, true, false, false},
-        {300, 32, 4, 128, true, false, false}, {4, 4, 1, 256, true, true, true},
+        {1, 32, 4, 128, true, false, false},      {1, 32, 4, 128, true, true, false},
+        {5, 64, 4, 128, true, false, false},      {3, 16, 2, 256, true, true, true},
+        {9, 8, 8, 64, false, true, false},        {17, 12, 3, 96, true, false, false},
+        {300, 32, 4, 128, true, false, false},    {4, 4, 1, 256, true, true, true},
+        {1, 64, 8, 64, false, true, false, true}, {7, 64, 8, 64, false, false, false, true},
+        {3, 8, 2, 64, false, true, true, true},   {2, 4, 2, 16, false, false, false, true},
     };
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
         const int n_tok = cases[ci].n_tok, nh = cases[ci].n_head, nkv = cases[ci].n_kv;
@@ -539,7 +543,14 @@ static void test_qk_rope_store(struct rng *r)
             rc = rc ? rc : cuda_rmsnorm(&nk);
         }
         struct cuda_rope_args rq = {d_q[0], n_tok, nh, hd, pos0, pd, base, NULL};
-        struct cuda_rope_args rk = {d_k[0], n_tok, nkv, hd, pos0, pd, base, NULL};
+        double freq[CUDA_ROPE_MAX_FREQ];
+        float mscale = 1.0f;
+        if (cases[ci].yarn) { /* gpt-oss's scaling */
+            ops_rope_yarn_freq(hd, base, 32.0f, 4096, 32.0f, 1.0f, false, freq, &mscale);
+            rq.freq = freq, rq.mscale = mscale;
+        }
+        struct cuda_rope_args rk = rq;
+        rk.x = d_k[0], rk.n_heads = nkv;
         rc = rc ? rc : cuda_rope_neox(&rq);
         rc = rc ? rc : cuda_rope_neox(&rk);
         struct cuda_kv_store_args sk = {d_kc[0][0], d_k[0], n_tok, nkv * hd,
@@ -555,6 +566,8 @@ static void test_qk_rope_store(struct rng *r)
         fa.pos0 = pos0, fa.pos_dev = pd, fa.base = base;
         fa.k_cache = d_kc[1][0], fa.v_cache = d_vc[1][0], fa.caches_dev = rows ? d_tab[1] : NULL;
         fa.n_ctx = n_ctx;
+        if (cases[ci].yarn)
+            fa.freq = freq, fa.mscale = mscale;
         int rf = cuda_qk_rope_store(&fa);
         size_t bad = 0, first = 0;
         size_t mx = qn > cn ? qn : cn;
@@ -574,10 +587,10 @@ static void test_qk_rope_store(struct rng *r)
             test_dev_get(b, d_vc[1][c], cn * sizeof(float));
             bad += bits_differ(a, b, cn, &first);
         }
-        printf("qk_rope_store n_tok %3d heads %2d/%d head_dim %3d%s%s%s: rc %d/%d, %zu elements "
-               "differ\n",
+        printf("qk_rope_store n_tok %3d heads %2d/%d head_dim %3d%s%s%s%s: rc %d/%d, %zu "
+               "elements differ\n",
                n_tok, nh, nkv, hd, cases[ci].norm ? " norms" : "", dev ? " device positions" : "",
-               rows ? " rows" : "", rc, rf, bad);
+               rows ? " rows" : "", cases[ci].yarn ? " yarn" : "", rc, rf, bad);
         CHECK(rc == 0 && rf == 0 && bad == 0, "qk_rope_store case %zu: rc %d/%d, %zu differ", ci,
               rc, rf, bad);
         for (int w = 0; w < 2; w++) {

@@ -5,6 +5,25 @@
 #include "backend.h"
 #include "model.h"
 
+struct qk_rope_args arch_qk_rope_args(const struct model_hparams *hp, float *q, float *k,
+                                      const float *v, int pos, int n, float *kc, float *vc)
+{
+    return (struct qk_rope_args){
+        .q = q,
+        .k = k,
+        .v = v,
+        .eps = hp->rms_eps,
+        .rope_base = hp->rope_base,
+        .pos0 = pos,
+        .n_tok = n,
+        .n_head = (int)hp->n_head,
+        .n_head_kv = (int)hp->n_head_kv,
+        .head_dim = (int)hp->head_dim,
+        .k_cache = kc,
+        .v_cache = vc,
+    };
+}
+
 int arch_add_norm(struct backend *b, const struct model_hparams *hp, float *x, const float *y,
                   float *xn, const struct weight *w, int n)
 {

@@ -45,6 +45,12 @@ int arch_add_norm(struct backend *b, const struct model_hparams *hp, float *x, c
 int arch_matmul_qkv(struct backend *b, float *q, float *k, float *v, const struct layer_weights *lw,
                     const float *xn, int n);
 
+/* The attention prologue's arguments (struct backend_ops.qk_rope_store) for n rows of q, k, v
+ * at position pos into the caches kc, vc: plain rope at hp's base, no norms (the caller sets
+ * q_norm, k_norm, eps or yarn where the architecture has them). */
+struct qk_rope_args arch_qk_rope_args(const struct model_hparams *hp, float *q, float *k,
+                                      const float *v, int pos, int n, float *kc, float *vc);
+
 /* The forward of the architecture named NAME, or NULL. */
 const struct arch *arch_find(const char *name);
 

@@ -30,12 +30,10 @@ static int gptoss_supported(const struct backend *b)
     return 0;
 }
 
-static int gptoss_rope(struct backend *b, const struct model_hparams *hp, float *x, int n,
-                       int n_heads, int pos)
+/* The model's YaRN scaling (used where hp->rope_yarn_factor is set). */
+static struct rope_yarn gptoss_yarn(const struct model_hparams *hp)
 {
-    if (!hp->rope_yarn_factor)
-        return b->ops->rope(b, x, n, n_heads, hp->head_dim, pos, hp->rope_base);
-    struct rope_yarn y = {
+    return (struct rope_yarn){
         .base = hp->rope_base,
         .factor = hp->rope_yarn_factor,
         .n_ctx_orig = hp->rope_yarn_n_ctx_orig,
@@ -43,6 +41,14 @@ static int gptoss_rope(struct backend *b, const struct model_hparams *hp, float 
         .beta_slow = GPTOSS_BETA_SLOW,
         .truncate = false,
     };
+}
+
+static int gptoss_rope(struct backend *b, const struct model_hparams *hp, float *x, int n,
+                       int n_heads, int pos)
+{
+    if (!hp->rope_yarn_factor)
+        return b->ops->rope(b, x, n, n_heads, hp->head_dim, pos, hp->rope_base);
+    struct rope_yarn y = gptoss_yarn(hp);
     return b->ops->rope_yarn(b, x, n, n_heads, hp->head_dim, pos, &y);
 }
 
@@ -82,10 +88,18 @@ static int gptoss_attend(struct backend *b, struct stream *s, uint32_t l, float 
     const struct layer_weights *lw = &s->m->layers[l];
     int kvw = hp->n_head_kv * hp->head_dim;
     float *kc = s->k_cache + l * s->kv_layer_floats, *vc = s->v_cache + l * s->kv_layer_floats;
-    int rc = gptoss_rope(b, hp, q, n, hp->n_head, pos);
-    rc = rc ? rc : gptoss_rope(b, hp, k, n, hp->n_head_kv, pos);
-    rc = rc ? rc : op->kv_store(b, kc, k, pos, n, kvw);
-    rc = rc ? rc : op->kv_store(b, vc, v, pos, n, kvw);
+    int rc = 0;
+    if (op->qk_rope_store) { /* rope of q and k and the cache stores in one op */
+        const struct rope_yarn y = gptoss_yarn(hp);
+        struct qk_rope_args qa = arch_qk_rope_args(hp, q, k, v, pos, n, kc, vc);
+        qa.yarn = hp->rope_yarn_factor ? &y : NULL;
+        rc = op->qk_rope_store(b, &qa);
+    } else {
+        rc = gptoss_rope(b, hp, q, n, hp->n_head, pos);
+        rc = rc ? rc : gptoss_rope(b, hp, k, n, hp->n_head_kv, pos);
+        rc = rc ? rc : op->kv_store(b, kc, k, pos, n, kvw);
+        rc = rc ? rc : op->kv_store(b, vc, v, pos, n, kvw);
+    }
     if (rc)
         return rc;
     struct attn_args a = {

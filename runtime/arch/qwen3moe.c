@@ -31,22 +31,9 @@ static int qwen3moe_attention(struct backend *b, struct stream *s, const struct 
 
     rc = arch_matmul_qkv(b, s->q, s->k, s->v, lw, s->xn, n);
     if (op->qk_rope_store) {
-        struct qk_rope_args qa = {
-            .q = s->q,
-            .k = s->k,
-            .v = s->v,
-            .q_norm = &lw->q_norm,
-            .k_norm = &lw->k_norm,
-            .eps = hp->rms_eps,
-            .rope_base = hp->rope_base,
-            .pos0 = s->pos,
-            .n_tok = n,
-            .n_head = hp->n_head,
-            .n_head_kv = hp->n_head_kv,
-            .head_dim = hp->head_dim,
-            .k_cache = kc,
-            .v_cache = vc,
-        };
+        struct qk_rope_args qa = arch_qk_rope_args(hp, s->q, s->k, s->v, s->pos, n, kc, vc);
+        qa.q_norm = &lw->q_norm;
+        qa.k_norm = &lw->k_norm;
         rc = rc ? rc : op->qk_rope_store(b, &qa);
     } else {
         rc =
