@@ -8,8 +8,9 @@
 #   S20B=1   the 20b preset (MXFP4 experts, the rest Q8_0) in tmpfs: pp512 / tg128 all resident,
 #            eager and --graph, base and new; with NCU=1 ncu's per-kernel times over graph
 #            decode steps of the new build;
-#   S120B=1  the 120b preset: all resident (base, new), then under each of BUDGETS (default
-#            "16G 8G") hybrid (base, new), static and stream (new);
+#   S120B=1  the 120b preset: all resident (base, new; not with SKIP_RES=1), then under each
+#            of BUDGETS (default "16G 8G") each of PLACES (default "hybrid static stream"; also
+#            auto, and zc: zero-copy misses in a graph), new (and base for hybrid);
 #   LLAMA=1  llama-bench -fa on -p 512 -n 128 -r 2 -t 16 on the 20b and 120b files: all layers
 #            on the GPU, and the 120b with --n-cpu-moe at each of NCMOE (default
 #            "27 28 29 32 33"), the peak device memory of each run read by nvidia-smi every
@@ -68,13 +69,19 @@ if [ -n "${S20B:-}" ]; then
 fi
 if [ -n "${S120B:-}" ]; then
     gen $G120 --arch gpt-oss --preset 120b --quant q8_0
-    sb base "$BASE" $G120 --device cuda
-    sb new "$B" $G120 --device cuda
+    if [ -z "${SKIP_RES:-}" ]; then
+        sb base "$BASE" $G120 --device cuda
+        sb new "$B" $G120 --device cuda
+    fi
     for b in ${BUDGETS:-16G 8G}; do
-        sb base "$BASE" $G120 --vram-budget $b --placement hybrid
-        sb new "$B" $G120 --vram-budget $b --placement hybrid
-        sb new "$B" $G120 --vram-budget $b --placement static
-        sb new "$B" $G120 --vram-budget $b --placement stream
+        for p in ${PLACES:-hybrid static stream}; do
+            case $p in
+            zc) fl=(--residency zerocopy --graph) ;;
+            *) fl=(--placement $p) ;;
+            esac
+            [ $p = hybrid ] && sb base "$BASE" $G120 --vram-budget $b "${fl[@]}"
+            sb new "$B" $G120 --vram-budget $b "${fl[@]}"
+        done
     done
 fi
 lb() { # $1: file, the rest: llama-bench flags
