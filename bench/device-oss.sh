@@ -15,6 +15,9 @@
 #            on the GPU, and the 120b with --n-cpu-moe at each of NCMOE (default
 #            "27 28 29 32 33"), the peak device memory of each run read by nvidia-smi every
 #            0.2 s;
+#   CPU=1    the 30b-a3b q4_k_m preset on the CPU alone, -p 64 -n 64: strata with its default
+#            threads and with 12, and with LCPU=1 llama-bench -ngl 0 at 12 and 16 threads
+#            with the GPU hidden;
 #   P30B=1   the 30b-a3b q4_k_m preset all resident: strata (--graph) and llama-bench.
 # The files stay in tmpfs with KEEP=1 (a later call on the same machine skips their
 # generation). Results: $OUT/oss.txt; logs packed in $OUT/logs.tar.
@@ -97,7 +100,7 @@ lb() { # $1: file, the rest: llama-bench flags
     grep -iE "error|fail|cannot|undefined" "$L/llama.log" | head -5 | tee -a "$R"
     echo "peak device memory $(sort -n "$L/mem.txt" | tail -1) MiB" | tee -a "$R"
 }
-if [ -n "${LLAMA:-}" ]; then
+if [ -n "${LLAMA:-}${LCPU:-}" ]; then
     [ -f .carry/llama.tar.xz ] && tar -xJf .carry/llama.tar.xz -C .carry
     LB=$PWD/.carry/llama/llama-bench
     # cuBLAS and the CUDA runtime of the machine's toolkit or of its PyTorch
@@ -107,7 +110,9 @@ if [ -n "${LLAMA:-}" ]; then
         head -1 | xargs -r dirname)
     export LD_LIBRARY_PATH=$PWD/.carry/llama:$libs:$rt:${LD_LIBRARY_PATH:-}
     echo "llama-bench libraries: cublas from $libs, cudart from $rt" | tee -a "$R"
-    fl=(-fa on -p 512 -n 128 -r 2 -t 16)
+fi
+fl=(-fa on -p 512 -n 128 -r 2 -t 16)
+if [ -n "${LLAMA:-}" ]; then
     gen $G20 --arch gpt-oss --preset 20b --quant q8_0
     lb $G20 -ngl 99 "${fl[@]}"
     gen $G120 --arch gpt-oss --preset 120b --quant q8_0
@@ -115,6 +120,20 @@ if [ -n "${LLAMA:-}" ]; then
     for n in ${NCMOE:-27 28 29 32 33}; do
         lb $G120 -ngl 99 -ncmoe $n "${fl[@]}"
     done
+fi
+if [ -n "${CPU:-}" ]; then # the 30b-a3b preset on the CPU alone: strata and llama.cpp (GPU hidden)
+    gen_30b
+    for t in "" 12; do
+        echo "### [new] strata bench -m 30b.gguf ${t:+-t $t} -p 64 -n 64" | tee -a "$R"
+        timeout 200 "$B/strata" bench -m $M ${t:+-t $t} -p 64 -n 64 >"$L/cpu.log" 2>&1
+        grep -E "^(pp|tg)[0-9]|^floor|^backend|threads" "$L/cpu.log" | tee -a "$R"
+    done
+    if [ -n "${LCPU:-}" ]; then
+        echo "### CUDA_VISIBLE_DEVICES= llama-bench -m 30b.gguf -ngl 0 -p 64 -n 64 -r 2 -t 12,16" | tee -a "$R"
+        CUDA_VISIBLE_DEVICES= timeout 300 "$LB" -m $M -ngl 0 -p 64 -n 64 -r 2 -t 12,16 >"$L/llama-cpu.log" 2>&1
+        echo "rc=$?" | tee -a "$R"
+        grep -E "^\|" "$L/llama-cpu.log" | tee -a "$R"
+    fi
 fi
 if [ -n "${P30B:-}" ]; then
     gen_30b
