@@ -80,9 +80,9 @@ if [ -n "${S120B:-}" ]; then
         for p in ${PLACES:-hybrid static stream}; do
             case $p in
             zc) fl=(--residency zerocopy --graph) ;;
-            *) fl=(--placement $p) ;;
+            *) fl=(--placement "$p") ;;
             esac
-            [ $p = hybrid ] && sb base "$BASE" $G120 --vram-budget $b "${fl[@]}"
+            [ "$p" = hybrid ] && sb base "$BASE" $G120 --vram-budget "$b" "${fl[@]}"
             sb new "$B" $G120 --vram-budget $b "${fl[@]}"
         done
     done
