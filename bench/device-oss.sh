@@ -130,7 +130,7 @@ if [ -n "${CPU:-}" ]; then # the 30b-a3b preset on the CPU alone: strata and lla
     done
     if [ -n "${LCPU:-}" ]; then
         echo "### CUDA_VISIBLE_DEVICES= llama-bench -m 30b.gguf -ngl 0 -p 64 -n 64 -r 2 -t 12,16" | tee -a "$R"
-        CUDA_VISIBLE_DEVICES= timeout 300 "$LB" -m $M -ngl 0 -p 64 -n 64 -r 2 -t 12,16 >"$L/llama-cpu.log" 2>&1
+        CUDA_VISIBLE_DEVICES='' timeout 300 "$LB" -m $M -ngl 0 -p 64 -n 64 -r 2 -t 12,16 >"$L/llama-cpu.log" 2>&1
         echo "rc=$?" | tee -a "$R"
         grep -E "^\|" "$L/llama-cpu.log" | tee -a "$R"
     fi
