@@ -440,17 +440,6 @@ static __host__ __device__ __forceinline__ uint64_t moe_q8_bytes(int64_t n_rows,
     return (uint64_t)n_rows * n + (uint64_t)n_rows * (n / 32) * 8;
 }
 
-/* gate/up kernels that stage their rows (moe_q8_unit<WT>::STAGE): bytes per warp and row, 32
- * units of up to 17 bytes at any alignment (moe_stage_bytes) */
-#define MOE_Q8_STAGE 576
-
-/* where the staged rows start in a gate/up block's dynamic shared memory: after the input's
- * codes when the block quantizes them itself */
-static __host__ __device__ __forceinline__ uint64_t moe_q8_stage_at(const struct moe_params *p)
-{
-    return p->in_q8 ? 0 : (moe_q8_bytes(1, p->n_embd) + 15) & ~(uint64_t)15;
-}
-
 /* Quantizes n_rows rows of n floats (n a multiple of 32; src row i at src[i]) into qs (codes,
  * row after row) and ds ((d, d * sum) per 32-element unit). Every thread of the block takes
  * part; four neighbouring threads share a unit (8 elements each). A warp runs the loop while any
@@ -541,7 +530,6 @@ static __device__ __forceinline__ void moe_q4k_scale_min(uint4 hd, int j, int *s
  * one or more activation rows: dot = load + apply, the arithmetic every 8-bit kernel shares. */
 template <> struct moe_q8_unit<QUANT_Q4_K> {
     static constexpr bool A16 = true; /* 144-byte blocks: 16-byte aligned rows stay aligned */
-    static constexpr bool STAGE = false;
     struct w {
         uint32_t q[8]; /* the unit's 32 codes, 4 per word */
         float dsc, dm; /* d sc and dmin m */
@@ -610,7 +598,6 @@ template <> struct moe_q8_unit<QUANT_Q4_K> {
  * + 1 for its two halves of 16; value d sc (q - 32). */
 template <> struct moe_q8_unit<QUANT_Q6_K> {
     static constexpr bool A16 = false; /* 210-byte blocks */
-    static constexpr bool STAGE = false;
     struct w {
         uint32_t q[8]; /* the unit's 32 codes minus 32, 4 per word */
         int sc0, sc1;  /* the scales of its two halves */
@@ -665,11 +652,6 @@ template <> struct moe_q8_unit<QUANT_Q6_K> {
  * selected by each nibble's sign bit. */
 template <> struct moe_q8_unit<QUANT_MXFP4> {
     static constexpr bool A16 = false;
-    /* A warp's 32 units of a row are 544 contiguous bytes, which its lanes' word loads at a
-     * 17-byte stride touch sector by sector: the gate/up kernel stages them through shared
-     * memory with 16-byte loads first (the same units and sums, so the same bits). */
-    static constexpr bool STAGE = true;
-    static constexpr int BYTES = 17;
     struct w {
         uint32_t q[8]; /* elements 0..15 in q[0..3], 16..31 in q[4..7], 4 per word */
         float d;
@@ -688,12 +670,7 @@ template <> struct moe_q8_unit<QUANT_MXFP4> {
 
     static __device__ __forceinline__ w load(const uint8_t *row, int64_t u)
     {
-        return load_at(row + u * BYTES);
-    }
-
-    /* the unit whose block starts at b (global or shared memory) */
-    static __device__ __forceinline__ w load_at(const uint8_t *b)
-    {
+        const uint8_t *b = row + u * 17;
         const uintptr_t a = (uintptr_t)(b + 1);
         const uint32_t *p = (const uint32_t *)(a & ~(uintptr_t)3);
         const uint32_t sh = 8u * (uint32_t)(a & 3);
@@ -793,25 +770,6 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
                 }
                 done = true;
             }
-        }
-        if constexpr (moe_q8_unit<WT>::STAGE) { /* 32 units of both rows at a time */
-            constexpr int BS = moe_q8_unit<WT>::BYTES;
-            uint8_t *ws = moe_smem + moe_q8_stage_at(&p) + (uint64_t)warp * 2 * MOE_Q8_STAGE;
-            for (int64_t c0 = 0; c0 < nu; c0 += 32) {
-                const int64_t cnt = min((int64_t)32, nu - c0);
-                const uint8_t *src[2] = {gr + c0 * BS, ur + c0 * BS}, *rows[2];
-                const bool use[2] = {true, true};
-                __syncwarp(); /* every lane is done with the previous chunk */
-                moe_stage<2, 2>(src, use, (uint64_t)cnt * BS, ws, MOE_Q8_STAGE, lane, rows);
-                if (lane < cnt) {
-                    const int64_t u = c0 + lane;
-                    ag = moe_q8_unit<WT>::apply(moe_q8_unit<WT>::load_at(rows[0] + lane * BS), u,
-                                                xq, xd, ag);
-                    au = moe_q8_unit<WT>::apply(moe_q8_unit<WT>::load_at(rows[1] + lane * BS), u,
-                                                xq, xd, au);
-                }
-            }
-            done = true;
         }
         if (!done) {
             for (int64_t u = lane; u < nu; u += 32) {
@@ -1644,10 +1602,8 @@ static bool moe_weight_ok(const void *base, uint64_t stride, const void *const *
  * default shared memory. p.hq is set exactly then. */
 static bool moe_q8_ok(uint32_t gate_type, uint32_t down_type, int64_t n_embd, int64_t n_ff)
 {
-    /* the direct gate/up kernel's shared memory: x's codes, and the staged rows (MXFP4) */
-    const uint64_t stage = gate_type == QUANT_MXFP4 ? 16 + MOE_Q8_GU_WARPS * 2 * MOE_Q8_STAGE : 0;
     return moe_q8_type(gate_type) && moe_q8_type(down_type) && n_embd % 32 == 0 && n_ff % 32 == 0 &&
-           moe_q8_bytes(1, n_embd) + stage <= MOE_Q8_MAX_SMEM;
+           moe_q8_bytes(1, n_embd) <= MOE_Q8_MAX_SMEM;
 }
 
 template <uint32_t WT>
@@ -1658,11 +1614,9 @@ static void moe_launch_gate_up(const struct moe_params &p, bool grouped, unsigne
     const uint64_t smem = MOE_WARPS * 2 * moe_stage_bytes(p.gate_row);
     if constexpr (moe_q8_type(WT)) {
         if (!grouped && p.hq) {
-            const uint64_t smem = moe_q8_stage_at(&p) +
-                                  (moe_q8_unit<WT>::STAGE ? MOE_Q8_GU_WARPS * 2 * MOE_Q8_STAGE : 0);
             ops_launch(k_moe_gate_up_q8<WT>,
                        dim3(items, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS)),
-                       MOE_Q8_GU_WARPS * 32, smem, s, p);
+                       MOE_Q8_GU_WARPS * 32, p.in_q8 ? 0 : moe_q8_bytes(1, p.n_embd), s, p);
             return;
         }
     }
