@@ -99,8 +99,7 @@ struct cuda_moe_args {
     /* gpt-oss (NULL / 0 otherwise): per-expert biases, gate/up (n_expert, n_ff) and down
      * (n_expert, n_embd) F32 device, and the clamped SwiGLU: h = min(g, 7) sigmoid(1.702
      * min(g, 7)) (clamp(u, -7, 7) + 1) with g, u including their biases, out_t = sum_j w_j
-     * (down_e h_j + b_e). Calls with any of them take the float paths (direct, grouped, mma),
-     * never the 8-bit ones. */
+     * (down_e h_j + b_e), on every path (the 8-bit ones apply them to the unit sums). */
     const float *gate_b, *up_b, *down_b;
     int act_oai;
     enum cuda_moe_path path;
