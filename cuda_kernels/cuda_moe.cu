@@ -530,7 +530,6 @@ static __device__ __forceinline__ void moe_q4k_scale_min(uint4 hd, int j, int *s
  * one or more activation rows: dot = load + apply, the arithmetic every 8-bit kernel shares. */
 template <> struct moe_q8_unit<QUANT_Q4_K> {
     static constexpr bool A16 = true; /* 144-byte blocks: 16-byte aligned rows stay aligned */
-    static constexpr int GU_BLOCKS = 0; /* gate/up blocks per SM the registers are held to */
     struct w {
         uint32_t q[8]; /* the unit's 32 codes, 4 per word */
         float dsc, dm; /* d sc and dmin m */
@@ -599,7 +598,6 @@ template <> struct moe_q8_unit<QUANT_Q4_K> {
  * + 1 for its two halves of 16; value d sc (q - 32). */
 template <> struct moe_q8_unit<QUANT_Q6_K> {
     static constexpr bool A16 = false; /* 210-byte blocks */
-    static constexpr int GU_BLOCKS = 0;
     struct w {
         uint32_t q[8]; /* the unit's 32 codes minus 32, 4 per word */
         int sc0, sc1;  /* the scales of its two halves */
@@ -654,10 +652,6 @@ template <> struct moe_q8_unit<QUANT_Q6_K> {
  * selected by each nibble's sign bit. */
 template <> struct moe_q8_unit<QUANT_MXFP4> {
     static constexpr bool A16 = false;
-    /* three gate/up blocks per SM (40 registers): gpt-oss's 2880-row experts give 90 blocks per
-     * pair, 360 for a token's four, which at two blocks per SM took a second wave on a
-     * 132-SM H200 */
-    static constexpr int GU_BLOCKS = 3;
     struct w {
         uint32_t q[8]; /* elements 0..15 in q[0..3], 16..31 in q[4..7], 4 per word */
         float d;
@@ -724,8 +718,7 @@ static __device__ __forceinline__ typename moe_q8_unit<WT>::w moe_q8_load(const 
 /* direct gate/up on codes: block (pair, MOE_Q8_GU_ROWS rows), warp w rows 2w and 2w + 1. The
  * block's 32 values of h are then quantized (one unit of codes for the down kernel). */
 template <uint32_t WT>
-static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32, moe_q8_unit<WT>::GU_BLOCKS)
-    k_moe_gate_up_q8(struct moe_params p)
+static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(struct moe_params p)
 {
     ops_pdl_begin();
     extern __shared__ __align__(16) uint8_t moe_smem[];
