@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # GPU machine: gpt-oss decode and prefill, a base build (.carry/base) against the build under
 # test (.carry/bin), both unpacked from .carry/bin.tar.xz (scripts/device-pack.sh), and
-# llama.cpp's llama-bench (.carry/llama.tar.xz: llama-bench built for sm_90 with flash
-# attention, and a stand-in libnccl.so.2 for its multi-GPU reductions, which one GPU never
-# calls) on the same files. Sections, each on when its variable is set:
+# llama.cpp's llama-bench (.carry/llama.tar.xz, made by bench/llama-build.sh: llama-bench
+# built for sm_90 with flash attention, and a stand-in libnccl.so.2 for its multi-GPU
+# reductions, which one GPU never calls) on the same files. Sections, each on when its variable is set:
 #   TESTS="test_cuda_ops ..."  those tests from .carry/bin (they stop nothing);
 #   S20B=1   the 20b preset (MXFP4 experts, the rest Q8_0) in tmpfs: pp512 / tg128 all resident,
 #            eager and --graph, base and new; with NCU=1 ncu's per-kernel times over graph
