@@ -248,7 +248,7 @@ static void batch_usage(void)
         "  -c, --ctx-size N        context of each stream in tokens (default %d)\n"
         "  -t, --threads N, --cpu-threads N, -b, --batch-size N, --device auto|cpu|cuda,\n"
         "  --vram-budget SIZE (counts the KV caches of all the streams), --placement\n"
-        "  stream|hybrid|static|static:N, --residency copy|zerocopy, --streaming dma|kernel,\n"
+        "  stream|hybrid|static|static:N, --residency copy|zerocopy|gpu, --streaming dma|kernel,\n"
         "  --prefetch, --prefetch-depth N, --profile FILE [--profile-freeze]\n"
         "  [--profile-optional], --stats, --stats-json FILE, --bind, --no-mmap, -v, --graph\n"
         "  (every expert resident: each step's shape recorded once as a CUDA graph and\n"

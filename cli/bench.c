@@ -106,8 +106,9 @@ static void bench_usage(void)
            "                        the VRAM slot cache from pinned host memory; also reports\n"
            "                        hit rate and streamed GB/s of decode and of the prompt\n"
            "                        against the pinned H2D bandwidth measured in the same run\n"
-           "      --residency copy|zerocopy  how decode serves cache misses (giving it means\n"
-           "                        --placement stream)\n"
+           "      --residency copy|zerocopy|gpu  how decode serves cache misses: copies,\n"
+           "                        reads in place, or lookups and copies by the GPU itself\n"
+           "                        (giving it means --placement stream)\n"
            "      --placement auto|stream|hybrid|static|static:N  experts cached, misses\n"
            "                        served by whichever of copies, zero-copy reads (graph)\n"
            "                        and hybrid decodes fastest, each timed on the first\n"
@@ -118,7 +119,7 @@ static void bench_usage(void)
            "                        the rest resident (static:N; static = the smallest N\n"
            "                        fitting the budget)\n"
            "      --graph           record a decode step as a CUDA graph once and replay it\n"
-           "                        (all resident, or --residency zerocopy)\n"
+           "                        (all resident, or --residency zerocopy|gpu)\n"
            "      --streaming dma|kernel  misses copied by DMA per piece (default) or by one\n"
            "                        gather kernel per batch\n"
            "      --prefetch        stream the experts the next layer's router predicts\n"
@@ -324,9 +325,9 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         return 2;
     }
     if (o->host_budget && o->vram_budget && !o->cpu_moe_layers &&
-        o->residency == STRATA_FILL_ZEROCOPY) {
+        o->residency != STRATA_FILL_COPY) {
         fprintf(stderr, "strata bench: --host-budget under the expert cache copies its misses "
-                        "from the tier: not with --residency zerocopy\n");
+                        "from the tier: not with --residency zerocopy or gpu\n");
         return 2;
     }
     if (o->host_budget && o->no_mmap) {

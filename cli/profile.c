@@ -67,7 +67,7 @@ static void warmup_usage(void)
            "model and machine (as for strata run):\n"
            "  -m, --model FILE        GGUF model (default: the shipped default model)\n"
            "  -t, --threads N, -c, --ctx-size N, -b, --batch-size N, --device auto|cpu|cuda,\n"
-           "  --vram-budget SIZE, --placement stream|hybrid, --residency copy|zerocopy,\n"
+           "  --vram-budget SIZE, --placement stream|hybrid, --residency copy|zerocopy|gpu,\n"
            "  --streaming dma|kernel, --prefetch, --bind, --no-mmap, -v\n\n"
            "Without an expert cache (CPU, or every weight resident) only the counts are\n"
            "recorded; the run that restores the profile plans for its own cache.\n");

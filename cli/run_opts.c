@@ -95,10 +95,12 @@ static void run_opts_usage(const char *cmd)
            "                          trunk and KV cache stay resident, experts live in pinned\n"
            "                          host memory and are cached in VRAM slots (implies\n"
            "                          --device cuda)\n"
-           "      --residency copy|zerocopy  how expert-cache misses are served in decode:\n"
-           "                          copied into slots before the layer runs, or read in\n"
-           "                          place over PCIe and cached between tokens; giving it\n"
-           "                          means --placement stream (default: auto's choice)\n"
+           "      --residency copy|zerocopy|gpu  how expert-cache misses are served in\n"
+           "                          decode: copied into slots before the layer runs, read\n"
+           "                          in place over PCIe and cached between tokens, or\n"
+           "                          looked up and copied by the GPU itself (no host sync,\n"
+           "                          every call; each layer recycles its own slots); giving\n"
+           "                          it means --placement stream (default: auto's choice)\n"
            "      --placement auto|stream|hybrid|static|static:N  with --device cuda:\n"
            "                          auto (default) = experts cached in VRAM under\n"
            "                          --vram-budget, misses copied, read in place (decode\n"
@@ -114,7 +116,7 @@ static void run_opts_usage(const char *cmd)
            "                          (llama.cpp --n-cpu-moe N); static = the smallest N\n"
            "                          that fits --vram-budget\n"
            "      --graph             record a decode step once as a CUDA graph and replay it:\n"
-           "                          all resident, or --residency zerocopy (ignored with\n"
+           "                          all resident, or --residency zerocopy|gpu (ignored with\n"
            "                          copy, --prefetch, hybrid or static, which sync per layer;\n"
            "                          --placement auto uses a graph whenever it reads in place)\n"
            "      --streaming dma|kernel  how misses are copied into slots: a DMA copy per\n"
@@ -480,12 +482,12 @@ int run_opts_check(struct run_opts *o, const char *cmd)
         return 2;
     }
     if (o->host_budget && o->vram_budget && !o->cpu_moe_layers && o->residency &&
-        !strcmp(o->residency, "zerocopy")) {
+        strcmp(o->residency, "copy")) {
         fprintf(stderr,
                 "strata %s: --host-budget under the expert cache copies its misses from the "
-                "tier into VRAM: not with --residency zerocopy, whose kernels read experts from "
+                "tier into VRAM: not with --residency %s, whose kernels read experts from "
                 "host memory at any time\n",
-                cmd);
+                cmd, o->residency);
         return 2;
     }
     if (o->host_budget && o->no_mmap) {
@@ -563,8 +565,10 @@ int run_opts_residency(const char *v, const char *cmd, int *out)
         *out = STRATA_FILL_COPY;
     else if (!strcmp(v, "zerocopy"))
         *out = STRATA_FILL_ZEROCOPY;
+    else if (!strcmp(v, "gpu"))
+        *out = STRATA_FILL_GPU;
     else {
-        fprintf(stderr, "strata %s: --residency must be copy or zerocopy, not '%s'\n", cmd, v);
+        fprintf(stderr, "strata %s: --residency must be copy, zerocopy or gpu, not '%s'\n", cmd, v);
         return 2;
     }
     return 0;

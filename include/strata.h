@@ -56,6 +56,10 @@ enum strata_placement {
 enum strata_fill {
     STRATA_FILL_COPY = 0,     /* copied into a slot before the layer runs */
     STRATA_FILL_ZEROCOPY = 1, /* read in place by the expert kernel, admitted between tokens */
+    STRATA_FILL_GPU = 2,      /* looked up and copied into a slot by the GPU itself, every call
+                               * size, no host sync (decode steps can be one CUDA graph); each
+                               * layer recycles its own least recently used slots. Not with
+                               * hybrid, prefetch or a host tier; with AUTO placement: STREAM */
 };
 
 enum strata_flags {
@@ -104,7 +108,7 @@ struct strata_config {
                               * experts are read into from the file (io_uring or pread,
                               * O_DIRECT where the file system allows), at least one layer's
                               * experts; 0 = every expert read from the mapping. CUDA with
-                              * STRATA_FILL_ZEROCOPY or every expert resident: -ENOTSUP */
+                              * STRATA_FILL_ZEROCOPY / _GPU or every expert resident: -ENOTSUP */
     enum strata_placement placement;
     int cpu_moe_layers;      /* STRATA_PLACEMENT_STATIC: layers whose experts run on the CPU;
                               * -1 (default) = the fewest that let the rest fit vram_budget */

@@ -274,6 +274,8 @@ static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const f
 {
     int pairs = nt * (int)a->hp->n_expert_used, rc = 0;
     bool zc = ml_zerocopy(ml, nt);
+    if (ml->cfg.fill == MOE_FILL_DEVICE)
+        return expert_cache_prepare_device(ml->cache, a->layer, ids, pairs, tab);
     /* the CPU lane's inputs, read back under the cache's own sync */
     if (ml->hybrid)
         rc = ml_stage_inputs(ml, in, nt);
@@ -508,6 +510,9 @@ static int ml_open_cache(struct moe_layer *ml)
     if (cfg->tier && cfg->fill == MOE_FILL_ZEROCOPY)
         return err_set(-ENOTSUP, "a host tier under the expert cache serves its copy path and "
                                  "the hybrid lane (not zero-copy misses)");
+    if (cfg->fill == MOE_FILL_DEVICE && (cfg->tier || cfg->hybrid || cfg->modes || cfg->prefetch))
+        return err_set(-ENOTSUP, "the GPU's own expert cache (--residency gpu) runs alone: not "
+                                 "with a host tier, hybrid, automatic placement or prefetch");
     if (cfg->vram_budget) {
         uint64_t trunk, slot;
         struct budget_plan plan;
@@ -693,7 +698,8 @@ enum moe_mode moe_layer_mode(const struct moe_layer *ml)
 bool moe_layer_graph_safe(const struct moe_layer *ml)
 {
     return !ml->cpu_layers && !ml->cfg.observer &&
-           (!ml->cache || (ml->cfg.fill == MOE_FILL_ZEROCOPY && !ml->hybrid && !ml->prefetch));
+           (!ml->cache || ((ml->cfg.fill == MOE_FILL_ZEROCOPY || ml->cfg.fill == MOE_FILL_DEVICE) &&
+                           !ml->hybrid && !ml->prefetch));
 }
 
 uint64_t moe_layer_vram_bytes(const struct moe_layer *ml)

@@ -4,6 +4,7 @@
  *   slot hit     it is in a VRAM slot of the expert cache (residency/expert_cache.h)
  *   copied miss  streamed into a slot before the layer's experts run (copy path)
  *   zero-copy    read in place from pinned host memory by the expert kernel (zerocopy path)
+ *   GPU-copied   looked up and copied into a slot by kernels, no host in the loop (device path)
  *   CPU lane     computed on the host from host memory and added: the misses the lane model
  *                (lane.h) gives the CPU (hybrid), every expert of layers [0, N) (static
  *                placement), every expert on a host device (the CPU backend)
@@ -71,6 +72,7 @@ struct moe_device_ops {
 enum moe_fill {
     MOE_FILL_COPY = 0,     /* misses copied into slots before the layer runs (one sync/layer) */
     MOE_FILL_ZEROCOPY = 1, /* misses read in place; admitted between steps */
+    MOE_FILL_DEVICE = 2,   /* the GPU looks up and copies misses itself (every call size) */
 };
 
 /* What the router chose for a batch of tokens at one layer (for statistics tools). */

@@ -5,6 +5,7 @@
  *   fill_copy.c      path (a): misses copied into slots before the layer; prediction; hybrid
  *   fill_zerocopy.c  path (b): misses read in place, admitted at step ends; graph replays
  *   cache_stats.c    per-layer statistics, text and JSON
+ *   fill_device.c    path (c): the GPU's own cache (cuda_devcache.h), no host in the loop
  *   preload.c        a residency profile's experts placed (and pinned) before the first step
  * Threads: one (the MoE layer's caller). CUDA streams: the backend's compute stream (table
  * uploads, the kernels that read the tables, read-backs of routing ids), the cache's copy
@@ -20,6 +21,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cuda_devcache.h"
 #include "cuda_mem.h"
 #include "expert_cache.h"
 #include "model.h"
@@ -142,6 +144,21 @@ struct expert_cache {
     struct ec_pending *next; /* admissions of this step end */
     int n_next;
 
+    /* (c): the device state (cuda_devcache.h), once the first call of the path took over */
+    bool dev;
+    int32_t *d_slot_of;               /* (n_layer * n_expert) device */
+    int32_t *d_owner;                 /* (n_slots) */
+    uint32_t *d_stamp;                /* (n_slots) */
+    int32_t *d_list;                  /* (n_slots) the layers' slot lists, one after the other */
+    uint32_t *d_clock;                /* (n_layer) */
+    uint8_t **d_slot_ptr;             /* (n_slots) */
+    unsigned long long *d_stats;      /* (n_layer * DEVCACHE_NSTAT) */
+    struct cuda_devcache_job *d_jobs; /* (3 n_expert) */
+    uint32_t *d_n_jobs;               /* (2) */
+    int *dev_list_at, *dev_list_n;    /* (n_layer) where each layer's list starts, its length */
+    struct expert_cache_layer_stats *dev_base; /* (n_layer) counted before the device took over */
+    unsigned long long *dev_stats_h;           /* (n_layer * DEVCACHE_NSTAT) host scratch */
+
     uint32_t *seen; /* (n_expert) stamp of the last call that saw the expert */
     uint32_t stamp;
     struct expert_cache_layer_stats *stats;
@@ -202,5 +219,13 @@ int ec_flush(struct expert_cache *c);
 int ec_admit(struct expert_cache *c, int l, int e, int *rc);
 /* The same, never evicting an expert of layer guard + 1 (ec_admit: guard = l). */
 int ec_admit_guard(struct expert_cache *c, int l, int e, int guard, int *rc);
+
+/* fill_device.c: (c)'s statistics of a layer (the base plus the device's counters; syncs the
+ * compute stream), their reset, the state's check, and its memory freed. */
+int ec_dev_stats(const struct expert_cache *c, int layer, struct expert_cache_layer_stats *s);
+int ec_dev_reset_stats(struct expert_cache *c);
+int ec_dev_check(const struct expert_cache *c);
+int ec_dev_slot_of(const struct expert_cache *c, int layer, int expert); /* syncs; -1: none */
+void ec_dev_close(struct expert_cache *c);
 
 #endif

@@ -14,6 +14,11 @@
 const struct expert_cache_layer_stats *expert_cache_stats(const struct expert_cache *c, int layer)
 {
     struct expert_cache_layer_stats *s = &c->stats[layer];
+    if (c->dev) {
+        if (ec_dev_stats(c, layer, s))
+            fprintf(stderr, "strata: reading the GPU cache's counters failed\n");
+        return s;
+    }
     const struct slru_layer_stats *q = slru_stats(c->slru, layer);
     s->hits = q->hits;
     s->misses = q->misses;

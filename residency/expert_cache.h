@@ -19,6 +19,13 @@
  *                 table entries switched to the slot once the copy is known complete (at a
  *                 later step end). A victim's entry goes back to host memory before its slot is
  *                 overwritten, while nothing runs.
+ *   device    (c) the GPU's own cache (cuda_devcache.h): each layer owns a list of slots; a
+ *                 kernel after the layer's routing looks its experts up, takes the layer's
+ *                 least recently used slots for the misses, rewrites the table entries and
+ *                 lists the copies, which a second kernel makes from mapped host memory. No
+ *                 host sync, so a decode step is one CUDA graph. The first call of the path
+ *                 takes the SLRU's slots over (a profile's preloaded and pinned experts
+ *                 included); from then on every call must take it.
  * With a host tier (cfg.tier, --host-budget: disk_tier.h) only the tier's slots are pinned and
  * registered, not the file: a call's misses are made resident there first (one disk_tier_get
  * of the layer's misses), then copied into VRAM slots from the tier's buffers, or read in place
@@ -40,6 +47,7 @@ struct model;
 enum expert_cache_mode {
     EXPERT_CACHE_COPY = 0,     /* (a) */
     EXPERT_CACHE_ZEROCOPY = 1, /* (b) */
+    EXPERT_CACHE_DEVICE = 2,   /* (c) */
 };
 
 struct expert_cache_config {
@@ -167,6 +175,14 @@ const uint8_t *const *expert_cache_tier_ptrs(const struct expert_cache *c);
 int expert_cache_prepare_zerocopy(struct expert_cache *c, int layer, const int32_t *ids_dev,
                                   int n_pairs, struct expert_tables *t);
 
+/* (c): enqueues the lookup and copy kernels of the layer's call on the compute stream; *t is
+ * then valid for the layer's expert kernels. The first call hands the slots to the device
+ * (syncs); later ones never sync. Not with a host tier. */
+int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
+                                int n_pairs, struct expert_tables *t);
+/* Whether (c) has taken the slots over. */
+bool expert_cache_on_device(const struct expert_cache *c);
+
 #define EXPERT_CACHE_ZC_TOK 16 /* tokens of a call whose routing fits a slice */
 
 /* (b): device memory for `layer`'s routing of n_pairs pairs in a decode step (a slice per
@@ -204,8 +220,8 @@ int expert_cache_preload(struct expert_cache *c, const int32_t *layer, const int
 
 /* The slot holding (layer, expert), or -1 (no effect on recency or statistics). */
 int expert_cache_slot_of(const struct expert_cache *c, int layer, int expert);
-/* Checks the slot policy's invariants (no slot lost or held twice, counts, caps): 0 or
- * -EFAULT. For tests. */
+/* Checks the slot policy's invariants (no slot lost or held twice, counts, caps; under (c)
+ * the device's lists, maps and tables, downloaded): 0 or -EFAULT. For tests. */
 int expert_cache_check(const struct expert_cache *c);
 
 /* Zeroes every statistic (after a restore or a check that should not count). */

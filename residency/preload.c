@@ -38,6 +38,11 @@ int expert_cache_preload(struct expert_cache *c, const int32_t *layer, const int
 
     if (!slot_of)
         return err_set(-ENOMEM, "out of memory");
+    if (c->dev) {
+        free(slot_of);
+        return err_set(-EBUSY, "expert cache: the GPU runs the cache already: a profile is "
+                               "restored before the first token");
+    }
     /* nothing may be reading the tables or copying while they change */
     rc = ec_flush(c);
     rc = rc ? rc : cuda_stream_sync(c->compute);
@@ -87,16 +92,20 @@ int expert_cache_preload(struct expert_cache *c, const int32_t *layer, const int
 
 int expert_cache_slot_of(const struct expert_cache *c, int layer, int expert)
 {
+    if (c->dev)
+        return ec_dev_slot_of(c, layer, expert);
     return slru_peek(c->slru, layer, expert);
 }
 
 int expert_cache_check(const struct expert_cache *c)
 {
-    return slru_check(c->slru);
+    return c->dev ? ec_dev_check(c) : slru_check(c->slru);
 }
 
 void expert_cache_reset_stats(struct expert_cache *c)
 {
     memset(c->stats, 0, sizeof(*c->stats) * (size_t)c->n_layer);
     slru_reset_stats(c->slru);
+    if (c->dev)
+        ec_dev_reset_stats(c);
 }

@@ -150,6 +150,9 @@ int expert_cache_shrink(struct expert_cache *c, uint64_t bytes)
 {
     int freed = 0;
     uint64_t got = 0;
+    if (c->dev)
+        return err_set(-ENOTSUP, "expert cache: the GPU runs the cache: its slots cannot be "
+                                 "given back");
     /* nothing may be copying into or reading from the memory about to go */
     int rc = ec_flush(c);
     rc = rc ? rc : cuda_stream_sync(c->compute);

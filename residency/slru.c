@@ -370,6 +370,16 @@ int slru_live_slots(const struct slru *c)
     return c->cfg.n_slots - c->n_retired;
 }
 
+bool slru_slot_pinned(const struct slru *c, int slot)
+{
+    return slot >= 0 && slot < c->cfg.n_slots && c->slots[slot].pinned;
+}
+
+bool slru_slot_retired(const struct slru *c, int slot)
+{
+    return slot >= 0 && slot < c->cfg.n_slots && c->slots[slot].retired;
+}
+
 int slru_slot_key(const struct slru *c, int slot, int *layer, int *expert)
 {
     if (slot < 0 || slot >= c->cfg.n_slots || c->slots[slot].layer < 0)

@@ -84,6 +84,10 @@ int slru_live_slots(const struct slru *c);
 /* Key of a slot: 0 and the key, or -ENOENT for a free slot. */
 int slru_slot_key(const struct slru *c, int slot, int *layer, int *expert);
 
+/* Whether a slot holds a pinned expert / was taken out of the pool (slru_retire). */
+bool slru_slot_pinned(const struct slru *c, int slot);
+bool slru_slot_retired(const struct slru *c, int slot);
+
 /* Zeroes every layer's statistics. */
 void slru_reset_stats(struct slru *c);
 

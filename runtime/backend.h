@@ -223,6 +223,7 @@ bool backend_cpu_tier_stats(const struct backend *b, struct disk_tier_stats *out
 enum backend_residency {
     BACKEND_RESIDENCY_COPY = 0,     /* (a) copied into slots before the layer runs */
     BACKEND_RESIDENCY_ZEROCOPY = 1, /* (b) read in place; admitted between tokens */
+    BACKEND_RESIDENCY_GPU = 2,      /* (c) looked up and copied by the GPU, every call size */
 };
 
 struct backend_cuda_config {
@@ -237,7 +238,8 @@ struct backend_cuda_config {
                            * memory; overrides the budget's count */
     enum backend_residency residency; /* for decode-sized calls; prefill always copies */
     bool graph;           /* record one-token decode steps in a CUDA graph and replay them:
-                           * all resident, or under the cache with residency zerocopy (b);
+                           * all resident, or under the cache with residency zerocopy (b) or
+                           * gpu (c);
                            * ignored with the copy path, prefetch or a CPU lane (they sync) */
     bool gather_copies;   /* stream misses with one gather kernel per batch (reading mapped
                            * host memory) instead of a cudaMemcpyAsync per piece */

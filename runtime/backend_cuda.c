@@ -1469,11 +1469,14 @@ static struct moe_layer_config cuda_moe_config(struct backend_cuda *c,
         .n_streams = n_streams,
         .n_ctx = (int)n_ctx,
         .stream_one = one + (n_streams > 1 ? cuda_batch_bytes(hp, 1) : 0),
-        .fill = cfg->residency == BACKEND_RESIDENCY_ZEROCOPY ? MOE_FILL_ZEROCOPY : MOE_FILL_COPY,
+        .fill = cfg->residency == BACKEND_RESIDENCY_ZEROCOPY ? MOE_FILL_ZEROCOPY
+                : cfg->residency == BACKEND_RESIDENCY_GPU    ? MOE_FILL_DEVICE
+                                                             : MOE_FILL_COPY,
         .prefetch = cfg->prefetch,
         .prefetch_depth = cfg->prefetch_depth,
         .hybrid = cfg->hybrid,
-        .modes = cfg->auto_place && !cfg->hybrid && !cfg->prefetch,
+        .modes = cfg->auto_place && !cfg->hybrid && !cfg->prefetch &&
+                 cfg->residency != BACKEND_RESIDENCY_GPU,
         .hybrid_no_admit = cfg->hybrid_no_admit,
         .gather = cfg->gather_copies,
         .pin_chunk = cfg->pin_chunk,
@@ -1533,7 +1536,7 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
                  ? err_set(-ENOTSUP, "cuda backend: the host tier serves static placement's CPU "
                                      "layers or the expert cache (all resident, no expert is "
                                      "read from host memory)")
-             : cache && cfg->residency == BACKEND_RESIDENCY_ZEROCOPY
+             : cache && cfg->residency != BACKEND_RESIDENCY_COPY
                  ? err_set(-ENOTSUP, "cuda backend: a host tier under the expert cache serves "
                                      "its copy path and the hybrid lane (not zero-copy misses)")
                  : disk_tier_open(m, &tc, &c->tier);
@@ -1553,7 +1556,8 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
     c->log = cfg->log;
     c->graph_ok = !cfg->route_observer;
     c->try_all = cfg->auto_try_all;
-    if (!rc && cfg->auto_place && !cfg->hybrid && !cfg->prefetch)
+    if (!rc && cfg->auto_place && !cfg->hybrid && !cfg->prefetch &&
+        cfg->residency != BACKEND_RESIDENCY_GPU)
         auto_open(c);
     /* graph decode needs a step without host syncs */
     c->graph = (cfg->graph || c->auto_place) && !rc && moe_layer_graph_safe(c->moe);

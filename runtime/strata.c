@@ -81,7 +81,7 @@ static int strata_config_check(const struct strata_config *cfg)
     if (!cfg->model_path)
         return err_set(-EINVAL, "strata_config: model_path is required");
     if (cfg->host_budget && cfg->device != STRATA_DEVICE_CPU &&
-        cfg->placement != STRATA_PLACEMENT_STATIC && cfg->fill == STRATA_FILL_ZEROCOPY)
+        cfg->placement != STRATA_PLACEMENT_STATIC && cfg->fill != STRATA_FILL_COPY)
         return err_set(-ENOTSUP,
                        "strata_config: host_budget %llu: with a GPU the host tier serves static "
                        "placement's CPU layers and the expert cache's copy path and hybrid lane; "
@@ -91,8 +91,7 @@ static int strata_config_check(const struct strata_config *cfg)
         return err_set(-EINVAL, "strata_config: host_budget reads the experts from the file; "
                                 "STRATA_FLAG_NO_MMAP copies them all to memory");
     if ((unsigned)cfg->device > STRATA_DEVICE_CUDA ||
-        (unsigned)cfg->placement > STRATA_PLACEMENT_AUTO ||
-        (unsigned)cfg->fill > STRATA_FILL_ZEROCOPY)
+        (unsigned)cfg->placement > STRATA_PLACEMENT_AUTO || (unsigned)cfg->fill > STRATA_FILL_GPU)
         return err_set(-EINVAL, "strata_config: device %d, placement %d or fill %d unknown",
                        (int)cfg->device, (int)cfg->placement, (int)cfg->fill);
     if (cfg->placement == STRATA_PLACEMENT_STATIC && cfg->cpu_moe_layers == 0)
@@ -210,8 +209,9 @@ static int strata_start_cuda(struct strata *s, bool auto_cuda)
         .n_streams = cfg->n_streams,
         .max_tok = cfg->n_batch,
         .expert_slots = cfg->expert_slots,
-        .residency =
-            cfg->fill == STRATA_FILL_ZEROCOPY ? BACKEND_RESIDENCY_ZEROCOPY : BACKEND_RESIDENCY_COPY,
+        .residency = cfg->fill == STRATA_FILL_ZEROCOPY ? BACKEND_RESIDENCY_ZEROCOPY
+                     : cfg->fill == STRATA_FILL_GPU    ? BACKEND_RESIDENCY_GPU
+                                                       : BACKEND_RESIDENCY_COPY,
         .graph = cfg->flags & STRATA_FLAG_GRAPH,
         .gather_copies = cfg->flags & STRATA_FLAG_GATHER,
         .prefetch = cfg->flags & STRATA_FLAG_PREFETCH,

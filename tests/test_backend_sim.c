@@ -54,6 +54,7 @@
 #include "backend.h"
 #include "budget.h"
 #include "cuda_attention.h"
+#include "cuda_devcache_ref.h"
 #include "cuda_info.h"
 #include "cuda_matmul.h"
 #include "cuda_mem.h"
@@ -205,6 +206,37 @@ int cuda_d2d(void *dst, const void *src, size_t bytes, void *stream)
 }
 
 static int g_streams;
+
+/* The GPU's own expert cache: its scalar reference, run (or recorded) like a kernel */
+static int sim_devcache_lookup(const struct cuda_devcache_call *a)
+{
+    devcache_ref_lookup(a);
+    return 0;
+}
+
+struct sim_devcache_copy_args {
+    const struct cuda_devcache_job *jobs;
+    const uint32_t *n_jobs;
+};
+
+static int sim_devcache_copy(const struct sim_devcache_copy_args *a)
+{
+    devcache_ref_copy(a->jobs, a->n_jobs);
+    return 0;
+}
+
+int cuda_devcache_lookup(const struct cuda_devcache_call *a, void *stream)
+{
+    (void)stream;
+    return SIM_RUN(sim_devcache_lookup, a);
+}
+
+int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs, void *stream)
+{
+    (void)stream;
+    struct sim_devcache_copy_args a = {jobs, n_jobs};
+    return SIM_RUN(sim_devcache_copy, &a);
+}
 
 int cuda_gather_copy(const struct cuda_gather *g, void *stream)
 {
@@ -1281,9 +1313,19 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     exact(path, "zerocopy in a graph, 24 slots", &zg, 256, prompt, &ref);
     CHECK(g_graph_launches - launches == N_STEPS, "zerocopy graph: %d launches for %d steps",
           g_graph_launches - launches, N_STEPS);
+    /* (c), the GPU's own cache, in a graph: the lookups and copies are kernels of the step */
+    struct backend_cuda_config gg = {
+        .device = 0, .expert_slots = 6, .graph = true, .residency = BACKEND_RESIDENCY_GPU};
+    launches = g_graph_launches;
+    exact(path, "gpu cache in a graph, 6 slots", &gg, 256, prompt, &ref);
+    CHECK(g_graph_launches - launches == N_STEPS, "gpu cache graph: %d launches for %d steps",
+          g_graph_launches - launches, N_STEPS);
     struct backend_cuda_config copy = {.device = 0, .expert_slots = 5};
     struct backend_cuda_config zc = {.device = 0, .expert_slots = 5,
                                      .residency = BACKEND_RESIDENCY_ZEROCOPY};
+    struct backend_cuda_config gp = {
+        .device = 0, .expert_slots = 5, .residency = BACKEND_RESIDENCY_GPU};
+    exact(path, "gpu cache, 5 slots", &gp, 256, prompt, &ref);
     struct backend_cuda_config pf = {.device = 0, .expert_slots = 9, .prefetch = true};
     exact(path, "copy, 5 slots", &copy, 256, prompt, &ref);
     exact(path, "zerocopy, 5 slots", &zc, 256, prompt, &ref);
@@ -1309,6 +1351,7 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     exact(path, "copy, 5 slots, 4 frozen", &copy, 256, prompt, &ref);
     CHECK(frozen4.placed == 4, "copy, 4 frozen: %d placed", frozen4.placed);
     exact(path, "zerocopy, 5 slots, 4 frozen", &zc, 256, prompt, &ref);
+    exact(path, "gpu cache, 5 slots, 4 frozen", &gp, 256, prompt, &ref);
     exact(path, "copy + prefetch, 9 slots, 4 frozen", &pf, 256, prompt, &ref);
     g_restore = &seed6;
     exact(path, "copy, 5 slots, 6 seeded", &copy, 256, prompt, &ref);
@@ -1577,6 +1620,8 @@ static void gptoss_checks(const int32_t *prompt)
         exact(path, "gpt-oss, 6 slots (copy)", &slots, 256, prompt, &ref);
         slots.residency = BACKEND_RESIDENCY_ZEROCOPY;
         exact(path, "gpt-oss, 6 slots (zerocopy)", &slots, 256, prompt, &ref);
+        slots.residency = BACKEND_RESIDENCY_GPU;
+        exact(path, "gpt-oss, 6 slots (gpu cache)", &slots, 256, prompt, &ref);
         struct backend_cuda_config st = {.cpu_moe_layers = 2};
         close_enough(path, "gpt-oss, static 2 layers", &st, prompt, &ref, &tol, 2, false);
         struct backend_cuda_config hy = {.expert_slots = 6, .hybrid = true};
@@ -1706,6 +1751,10 @@ static void mtp_checks(const char *arch, const int32_t *prompt)
         {"6 slots (copy)", {.expert_slots = 6}, false, true},
         {"6 slots (zerocopy)",
          {.expert_slots = 6, .residency = BACKEND_RESIDENCY_ZEROCOPY},
+         false,
+         true},
+        {"6 slots (gpu cache)",
+         {.expert_slots = 6, .residency = BACKEND_RESIDENCY_GPU},
          false,
          true},
         {"graph decode", {.device = 0, .graph = true}, false, true},

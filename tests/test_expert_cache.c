@@ -18,11 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_devcache_ref.h"
 #include "cuda_mem.h"
-#include "mock_cuda_host.h"
 #include "errors.h"
 #include "expert_cache.h"
 #include "lane.h"
+#include "mock_cuda_host.h"
 #include "model.h"
 #include "moe.h"
 #include "testutil.h"
@@ -225,6 +226,42 @@ int cuda_stream_wait(void *stream, void *ev)
 #define K 4
 #define MAX_TOK 24
 
+/* The GPU's own expert cache: its scalar reference, queued on the stream like its kernels (it
+ * reads and writes "device" state when it runs, not when it is enqueued) */
+static void devcache_lookup_op(void *arg)
+{
+    devcache_ref_lookup(arg);
+    free(arg);
+}
+
+struct devcache_copy_op {
+    const struct cuda_devcache_job *jobs;
+    const uint32_t *n_jobs;
+};
+
+static void devcache_copy_op(void *arg)
+{
+    struct devcache_copy_op *o = arg;
+    devcache_ref_copy(o->jobs, o->n_jobs);
+    free(o);
+}
+
+int cuda_devcache_lookup(const struct cuda_devcache_call *a, void *stream)
+{
+    struct cuda_devcache_call *k = test_xmalloc(sizeof(*k));
+    *k = *a;
+    push(stream, (struct op){.kind = OP_CHECK, .check = devcache_lookup_op, .arg = k});
+    return 0;
+}
+
+int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs, void *stream)
+{
+    struct devcache_copy_op *k = test_xmalloc(sizeof(*k));
+    *k = (struct devcache_copy_op){jobs, n_jobs};
+    push(stream, (struct op){.kind = OP_CHECK, .check = devcache_copy_op, .arg = k});
+    return 0;
+}
+
 static const uint64_t strides[3] = {4096 + 96, 4096 + 96, 6144 + 32}; /* not page multiples */
 
 struct kernel_check {
@@ -310,6 +347,7 @@ static void route(struct rng *r, int n_tok, int32_t *ids)
 struct scenario_cfg {
     enum copy_mode mode; /* how the mock copy stream progresses */
     bool zerocopy;       /* decode-sized calls take (b) */
+    bool gpu;            /* every call takes (c), the GPU's own cache (its scalar reference) */
     bool prefetch;       /* a partly wrong prediction of the next layer */
     int depth;           /* with prefetch: of the next depth layers (0 = 1) */
     int n_frozen;        /* experts restored and pinned before the first step (a profile) */
@@ -334,6 +372,60 @@ static void lane_split(void *ctx, int layer, const int32_t *miss_ids, int n_miss
     lane_assign(ctx, items, n_miss, lane);
     for (int i = 0; i < n_miss; i++)
         to_cpu[i] = lane[i] == MOE_LANE_CPU;
+}
+
+/* (c)'s policy on a fixed sequence: 8 slots over 4 layers, one expert of layer 0 restored
+ * and pinned first, so layer 0's list is that slot and 2 more (7 left: 2, 2, 2, 1). Layer 0
+ * then routes {1}, {2}, {1}, {3}: 1 and 2 take the free slots, 1 hits, 3 evicts 2 (the least
+ * recently used), and the pinned expert stays. */
+static void gpu_policy(const struct model *m, uint64_t seed)
+{
+    void *compute = NULL;
+    struct expert_cache *c = NULL;
+    int32_t *ids_dev = NULL;
+    int bad = 0;
+    g_mode = COPY_RANDOM;
+    rng_seed(&g_rng, seed, 1);
+    CHECK(cuda_stream_create(&compute) == 0, "stream");
+    struct expert_cache_config cfg = {.n_slots = 8, .max_pairs = MAX_TOK * K, .pin_chunk = 4096};
+    if (expert_cache_open((struct model *)m, &cfg, compute, &c)) {
+        CHECK(0, "open: %s", err_msg());
+        return;
+    }
+    CHECK(cuda_malloc((void **)&ids_dev, sizeof(int32_t)) == 0, "ids");
+    int32_t pl = 0, pe = 5;
+    CHECK(expert_cache_preload(c, &pl, &pe, 1, true, NULL, NULL) == 1, "preload: %s", err_msg());
+    static const int32_t seq[] = {1, 2, 1, 3};
+    for (int i = 0; i < 4; i++) {
+        struct kernel_check *k = test_xmalloc(sizeof(*k));
+        *k = (struct kernel_check){.m = m, .layer = 0, .n_pairs = 1, .bad = &bad};
+        k->ids[0] = seq[i];
+        cuda_h2d(ids_dev, &seq[i], sizeof(int32_t), compute);
+        CHECK(expert_cache_prepare_device(c, 0, ids_dev, 1, &k->t) == 0, "prepare: %s", err_msg());
+        push(compute, (struct op){.kind = OP_CHECK, .check = kernel_read, .arg = k});
+    }
+    cuda_stream_sync(compute);
+    CHECK(expert_cache_on_device(c), "the GPU did not take the cache over");
+    CHECK(expert_cache_check(c) == 0, "the device state is inconsistent");
+    CHECK(bad == 0, "%d expert reads saw wrong bytes", bad);
+    CHECK(expert_cache_slot_of(c, 0, 5) >= 0, "the pinned expert was evicted");
+    CHECK(expert_cache_slot_of(c, 0, 1) >= 0 && expert_cache_slot_of(c, 0, 3) >= 0,
+          "experts 1 and 3 are not resident");
+    CHECK(expert_cache_slot_of(c, 0, 2) < 0, "expert 2 (least recently used) was not evicted");
+    const struct expert_cache_layer_stats *s = expert_cache_stats(c, 0);
+    /* admissions and bytes copied: the restore's one (the SLRU's count, carried over) and
+     * the three misses' */
+    CHECK(s->hits == 1 && s->misses == 3 && s->evictions == 1 && s->admissions == 4 &&
+              s->bytes_copied == 4 * (strides[0] + strides[1] + strides[2]),
+          "layer 0: %llu hits, %llu misses, %llu evictions, %llu admissions (want 1, 3, 1, 4)",
+          (unsigned long long)s->hits, (unsigned long long)s->misses,
+          (unsigned long long)s->evictions, (unsigned long long)s->admissions);
+    CHECK(expert_cache_preload(c, &pl, &pe, 1, true, NULL, NULL) < 0,
+          "a preload after the GPU took over was accepted");
+    CHECK(expert_cache_shrink(c, 1) < 0, "a shrink after the GPU took over was accepted");
+    expert_cache_close(c);
+    cuda_free(ids_dev);
+    cuda_stream_destroy(compute);
 }
 
 static void scenario(const struct model *m, const struct scenario_cfg *sc)
@@ -397,7 +489,7 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
             k->bad = &bad;
             memcpy(k->ids, routed[l], sizeof(int32_t) * (size_t)n_tok * K);
             cuda_h2d(ids_dev, k->ids, sizeof(int32_t) * (size_t)n_tok * K, compute);
-            bool copy_path = !zerocopy || n_tok > 16;
+            bool copy_path = !sc->gpu && (!zerocopy || n_tok > 16);
             if (prefetch && copy_path && l + 1 < N_LAYER) {
                 /* a prediction of the next layers: mostly right, some wrong */
                 int nd = 0, n = n_tok * K;
@@ -412,9 +504,9 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
                     expert_cache_predict_ahead(c, pred_dev, n, nd);
             }
             /* the backend's rule: decode-sized calls take the chosen path, prefill copies */
-            rc = !copy_path
-                     ? expert_cache_prepare_zerocopy(c, l, ids_dev, n_tok * K, &k->t)
-                     : expert_cache_prepare_copy(c, l, ids_dev, n_tok * K, &k->t);
+            rc = sc->gpu      ? expert_cache_prepare_device(c, l, ids_dev, n_tok * K, &k->t)
+                 : !copy_path ? expert_cache_prepare_zerocopy(c, l, ids_dev, n_tok * K, &k->t)
+                              : expert_cache_prepare_copy(c, l, ids_dev, n_tok * K, &k->t);
             CHECK(rc == 0, "prepare: %s", err_msg());
             const int32_t *cpu;
             k->n_cpu = hybrid ? expert_cache_cpu_experts(c, &cpu) : 0;
@@ -458,9 +550,11 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
     }
     printf("%-8s%s%s %-6s %2d slots: %d wrong expert reads; %llu hits, %llu misses, %llu "
            "evictions, %llu bytes read in place, %llu prefetched (%llu used)\n",
-           zerocopy ? "zerocopy" : "copy", prefetch ? "+pf" : "   ", sc->gather ? "+g" : "  ",
-           mode_name[mode], n_slots,
-           bad, (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)ev,
+           sc->gpu    ? "gpu"
+           : zerocopy ? "zerocopy"
+                      : "copy",
+           prefetch ? "+pf" : "   ", sc->gather ? "+g" : "  ", mode_name[mode], n_slots, bad,
+           (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)ev,
            (unsigned long long)zc, (unsigned long long)pf, (unsigned long long)pfu);
     if (prefetch && !zerocopy)
         CHECK(pf > 0, "nothing was prefetched");
@@ -540,6 +634,17 @@ int main(void)
     scenario(&m, &(struct scenario_cfg){.mode = COPY_RANDOM, .hybrid = true, .prefetch = true,
                                         .depth = 3, .n_frozen = K, .n_slots = 3 * K,
                                         .n_steps = 40, .seed = seed + 60});
+    /* (c), the GPU's own cache, from every pool size, with a profile's pinned set handed over
+     * from the SLRU, and with the pool holding every expert */
+    for (int mode = 0; mode < 3; mode++)
+        for (size_t s = 0; s < sizeof(slots) / sizeof(slots[0]); s++)
+            scenario(&m, &(struct scenario_cfg){.mode = (enum copy_mode)mode,
+                                                .gpu = true,
+                                                .n_frozen = s == 2 ? K : 0,
+                                                .n_slots = slots[s],
+                                                .n_steps = 40,
+                                                .seed = seed + 70 + s});
+    gpu_policy(&m, seed + 80);
     for (int l = 0; l < N_LAYER; l++) {
         free((void *)layers[l].gate_exps.data);
         free((void *)layers[l].up_exps.data);

@@ -1,0 +1,80 @@
+/* cuda_devcache: the expert cache run by the GPU itself (--residency gpu). Each layer owns a
+ * fixed list of VRAM slots; one small kernel per layer call looks the call's experts up in the
+ * layer's slot map, picks the least recently used slots of the layer for the misses, points
+ * the layer's device pointer table at the new slots (and the evicted experts back at their
+ * mapped host bytes) and lists the copies; a second kernel streams those copies from mapped
+ * pinned host memory into the slots with the SMs. Nothing waits on the host, so a decode step
+ * with misses is one recorded graph like an all-resident one.
+ *
+ * The policy, exactly (cuda_devcache_ref.h is the scalar reference both must match):
+ *   1. the layer's clock c = ++*clock;
+ *   2. the distinct valid ids of the call (0 <= id < n_expert), ascending; an id whose
+ *      slot_of is >= 0 is a hit: stamp[slot] = c (unless the slot is pinned);
+ *   3. each miss e in ascending order takes the slot list[i] of least (stamp, i) with
+ *      stamp < c (a pinned slot has stamp CUDA_DEVCACHE_PINNED, a free one owner -1 and stamp
+ *      0); the slot's owner o, if any, is evicted (slot_of[o] = -1, its entries back at host
+ *      memory); owner = e, slot_of[e] = slot, stamp = c, e's entries at the slot, and a copy
+ *      of each part queued. With no such slot left, e is read in place from host memory;
+ *   4. stats: hits, misses, evictions, admissions, bytes copied, bytes read in place.
+ * Ownership: the caller's stream orders everything; the state arrays are device memory the
+ * caller owns (host memory in the CPU simulations of tests/). */
+#ifndef STRATA_CUDA_DEVCACHE_H
+#define STRATA_CUDA_DEVCACHE_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CUDA_DEVCACHE_PINNED 0xFFFFFFFFu
+#define CUDA_DEVCACHE_CHUNK 32768 /* bytes of a copy one block moves at a time */
+#define CUDA_DEVCACHE_MAX_EXPERT 1024
+
+enum {
+    DEVCACHE_HITS = 0,
+    DEVCACHE_MISSES,
+    DEVCACHE_EVICTIONS,
+    DEVCACHE_ADMISSIONS,
+    DEVCACHE_BYTES_COPIED,
+    DEVCACHE_BYTES_INPLACE,
+    DEVCACHE_NSTAT
+};
+
+struct cuda_devcache_job {
+    const uint8_t *src; /* mapped host memory */
+    uint8_t *dst;       /* a slot */
+    uint64_t bytes;
+    uint32_t first; /* the job's first chunk among all of the call's */
+    uint32_t pad;
+};
+
+/* One layer call. Every pointer is device memory. */
+struct cuda_devcache_call {
+    const int32_t *ids; /* (n_pairs) the call's routing */
+    int n_pairs, n_expert;
+    int32_t *slot_of;    /* (n_expert) the layer's: slot of each expert, or -1 */
+    const int32_t *list; /* (n_list) the layer's slots */
+    int n_list;
+    int32_t *owner;            /* (all slots) expert in the slot (of the layer owning it), or -1 */
+    uint32_t *stamp;           /* (all slots) */
+    uint32_t *clock;           /* the layer's */
+    void **tab;                /* the layer's pointer table: [part * n_expert + expert] */
+    uint8_t *const *slot_ptr;  /* (all slots) */
+    const uint8_t *mapped[3];  /* expert 0 of each part in mapped host memory */
+    uint64_t stride[3];        /* bytes of each part per expert */
+    uint64_t off[3];           /* offset of each part in a slot */
+    unsigned long long *stats; /* (DEVCACHE_NSTAT) the layer's, added to */
+    struct cuda_devcache_job *jobs; /* (3 n_expert) */
+    uint32_t *n_jobs;               /* [0] jobs, [1] chunks of all of them */
+};
+
+/* Step 1-4 above on `stream` (one block). 0 or -errno. */
+int cuda_devcache_lookup(const struct cuda_devcache_call *a, void *stream);
+/* The copies the last lookup on `stream` queued in jobs / n_jobs. 0 or -errno. */
+int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

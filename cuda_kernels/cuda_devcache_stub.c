@@ -1,0 +1,16 @@
+/* cuda_devcache without CUDA: every call reports that no GPU backend was built. */
+#include "cuda_devcache.h"
+
+#include <errno.h>
+
+int cuda_devcache_lookup(const struct cuda_devcache_call *a, void *stream)
+{
+    (void)a, (void)stream;
+    return -ENODEV;
+}
+
+int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs, void *stream)
+{
+    (void)jobs, (void)n_jobs, (void)stream;
+    return -ENODEV;
+}

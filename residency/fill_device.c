@@ -1,0 +1,314 @@
+/* fill_device: serving misses by path (c), the GPU's own cache (cuda_devcache.h). At a layer
+ * call the host only enqueues two kernels: the lookup (hits, least recently used victims
+ * among the layer's slots, table entries, the copy list) and the copies. Nothing is read back
+ * and nothing waits, so decode steps record into one CUDA graph.
+ *
+ * The first call takes the SLRU's state over (ec_dev_init): every slot goes to one layer's
+ * list (its pinned experts, then an even share of the rest, never more than n_expert), the
+ * experts the SLRU held keep their slots where their layer's share allows, and from then on
+ * the device state rules: the SLRU is not consulted again, preloading and shrinking are
+ * refused, and statistics come from the device's counters. */
+#include "cache_priv.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_devcache.h"
+#include "errors.h"
+#include "slru.h"
+
+/* How many slots each layer's list gets: its pinned ones plus an even share of the others,
+ * at most n_expert in all (the rest of the share goes round to layers with room). */
+static void ec_dev_shares(const struct expert_cache *c, const int *pinned, int live, int *want)
+{
+    int n_pin = 0, left = 0;
+    for (int l = 0; l < c->n_layer; l++)
+        n_pin += pinned[l];
+    int dyn = live - n_pin;
+    for (int l = 0; l < c->n_layer; l++) {
+        int share = dyn / c->n_layer + (l < dyn % c->n_layer);
+        int room = c->n_expert - pinned[l];
+        want[l] = share < room ? share : room;
+        left += share - want[l];
+    }
+    for (bool more = true; left > 0 && more;) {
+        more = false;
+        for (int l = 0; l < c->n_layer && left > 0; l++)
+            if (pinned[l] + want[l] < c->n_expert) {
+                want[l]++;
+                left--;
+                more = true;
+            }
+    }
+}
+
+/* The host side of the state, built from the SLRU's: the lists, slot_of, owner, stamp. */
+static int ec_dev_build(struct expert_cache *c, int32_t *slot_of, int32_t *owner, uint32_t *stamp,
+                        int32_t *list)
+{
+    const int ns = c->n_slots, nl = c->n_layer, ne = c->n_expert;
+    int *pinned = calloc((size_t)nl, sizeof(int)), *want = calloc((size_t)nl, sizeof(int));
+    int *kept = calloc((size_t)nl, sizeof(int));
+    int32_t *free_s = malloc(sizeof(int32_t) * (size_t)ns),
+            *lay = malloc(sizeof(int32_t) * (size_t)ns);
+    if (!pinned || !want || !kept || !free_s || !lay) {
+        free(pinned), free(want), free(kept), free(free_s), free(lay);
+        return err_set(-ENOMEM, "out of memory");
+    }
+    int live = 0, n_free = 0;
+    for (int i = 0; i < nl * ne; i++)
+        slot_of[i] = -1;
+    for (int s = 0; s < ns; s++) {
+        int l, e;
+        owner[s] = -1;
+        stamp[s] = 0;
+        lay[s] = -1;
+        if (slru_slot_retired(c->slru, s))
+            continue;
+        live++;
+        if (slru_slot_key(c->slru, s, &l, &e) == 0 && slru_slot_pinned(c->slru, s))
+            pinned[l]++;
+    }
+    ec_dev_shares(c, pinned, live, want);
+    for (int s = 0; s < ns; s++) {
+        int l, e;
+        if (slru_slot_retired(c->slru, s))
+            continue;
+        if (slru_slot_key(c->slru, s, &l, &e) != 0) {
+            free_s[n_free++] = s;
+            continue;
+        }
+        bool pin = slru_slot_pinned(c->slru, s);
+        if (!pin && kept[l] == want[l]) { /* beyond the layer's share: back to host memory */
+            ec_point_host(c, l, e);
+            free_s[n_free++] = s;
+            continue;
+        }
+        kept[l] += !pin;
+        lay[s] = l;
+        owner[s] = e;
+        stamp[s] = pin ? CUDA_DEVCACHE_PINNED : 1;
+        slot_of[(size_t)l * ne + e] = s;
+    }
+    int f = 0;
+    for (int l = 0; l < nl; l++)
+        for (; kept[l] < want[l] && f < n_free; kept[l]++)
+            lay[free_s[f++]] = l;
+    int at = 0;
+    for (int l = 0; l < nl; l++) {
+        c->dev_list_at[l] = at;
+        for (int s = 0; s < ns; s++)
+            if (lay[s] == l)
+                list[at++] = s;
+        c->dev_list_n[l] = at - c->dev_list_at[l];
+    }
+    free(pinned), free(want), free(kept), free(free_s), free(lay);
+    return 0;
+}
+
+static int ec_dev_init(struct expert_cache *c)
+{
+    const size_t ns = (size_t)c->n_slots, nl = (size_t)c->n_layer, ne = (size_t)c->n_expert;
+    if (c->tier)
+        return err_set(-ENOTSUP, "expert cache: the GPU's own cache with a host tier");
+    if (ne > CUDA_DEVCACHE_MAX_EXPERT)
+        return err_set(-ENOTSUP,
+                       "expert cache: the GPU's own cache takes at most %d experts "
+                       "a layer (the model has %zu)",
+                       CUDA_DEVCACHE_MAX_EXPERT, ne);
+    c->dev_list_at = calloc(nl, sizeof(int));
+    c->dev_list_n = calloc(nl, sizeof(int));
+    c->dev_base = calloc(nl, sizeof(*c->dev_base));
+    c->dev_stats_h = calloc(nl * DEVCACHE_NSTAT, sizeof(*c->dev_stats_h));
+    int32_t *slot_of = malloc(sizeof(int32_t) * nl * ne), *owner = malloc(sizeof(int32_t) * ns);
+    int32_t *list = malloc(sizeof(int32_t) * ns);
+    uint32_t *stamp = malloc(sizeof(uint32_t) * ns), *clock = malloc(sizeof(uint32_t) * nl);
+    int rc = !c->dev_list_at || !c->dev_list_n || !c->dev_base || !c->dev_stats_h || !slot_of ||
+                     !owner || !list || !stamp || !clock
+                 ? err_set(-ENOMEM, "out of memory")
+                 : 0;
+    /* nothing may be copying or reading the tables while the state changes hands */
+    rc = rc ? rc : ec_flush(c);
+    rc = rc ? rc : cuda_stream_sync(c->compute);
+    rc = rc ? rc : cuda_stream_sync(c->copy);
+    rc = rc ? rc : cuda_stream_sync(c->pf_stream);
+    rc = rc ? rc : ec_dev_build(c, slot_of, owner, stamp, list);
+    for (size_t l = 0; l < nl && clock; l++)
+        clock[l] = 1; /* slots the SLRU held have stamp 1, free ones 0: free ones go first */
+    rc = rc ? rc : cuda_malloc((void **)&c->d_slot_of, sizeof(int32_t) * nl * ne);
+    rc = rc ? rc : cuda_malloc((void **)&c->d_owner, sizeof(int32_t) * ns);
+    rc = rc ? rc : cuda_malloc((void **)&c->d_stamp, sizeof(uint32_t) * ns);
+    rc = rc ? rc : cuda_malloc((void **)&c->d_list, sizeof(int32_t) * ns);
+    rc = rc ? rc : cuda_malloc((void **)&c->d_clock, sizeof(uint32_t) * nl);
+    rc = rc ? rc : cuda_malloc((void **)&c->d_slot_ptr, sizeof(uint8_t *) * ns);
+    rc = rc ? rc
+            : cuda_malloc((void **)&c->d_stats, sizeof(unsigned long long) * nl * DEVCACHE_NSTAT);
+    rc = rc ? rc : cuda_malloc((void **)&c->d_jobs, sizeof(struct cuda_devcache_job) * 3 * ne);
+    rc = rc ? rc : cuda_malloc((void **)&c->d_n_jobs, sizeof(uint32_t) * 2);
+    rc = rc ? rc : cuda_h2d(c->d_slot_of, slot_of, sizeof(int32_t) * nl * ne, c->compute);
+    rc = rc ? rc : cuda_h2d(c->d_owner, owner, sizeof(int32_t) * ns, c->compute);
+    rc = rc ? rc : cuda_h2d(c->d_stamp, stamp, sizeof(uint32_t) * ns, c->compute);
+    rc = rc ? rc : cuda_h2d(c->d_list, list, sizeof(int32_t) * ns, c->compute);
+    rc = rc ? rc : cuda_h2d(c->d_clock, clock, sizeof(uint32_t) * nl, c->compute);
+    rc = rc ? rc : cuda_h2d(c->d_slot_ptr, c->slot, sizeof(uint8_t *) * ns, c->compute);
+    rc = rc ? rc
+            : cuda_memset(c->d_stats, 0, sizeof(unsigned long long) * nl * DEVCACHE_NSTAT,
+                          c->compute);
+    rc = rc ? rc : cuda_h2d(c->tab_dev, c->tab_host, sizeof(void *) * nl * P_N * ne, c->compute);
+    rc = rc ? rc : cuda_stream_sync(c->compute); /* the host arrays are freed below */
+    free(slot_of), free(owner), free(list), free(stamp), free(clock);
+    if (rc)
+        return err_set(rc, "expert cache: handing the slots to the GPU failed");
+    memset(c->dirty, 0, nl);
+    for (size_t l = 0; l < nl; l++) /* what the SLRU counted until now */
+        c->dev_base[l] = *expert_cache_stats(c, (int)l);
+    c->dev = true;
+    if (c->log) {
+        int lo = c->n_expert, hi = 0;
+        for (size_t l = 0; l < nl; l++) {
+            lo = c->dev_list_n[l] < lo ? c->dev_list_n[l] : lo;
+            hi = c->dev_list_n[l] > hi ? c->dev_list_n[l] : hi;
+        }
+        fprintf(c->log, "strata: the GPU runs the expert cache: %d to %d slots a layer\n", lo, hi);
+    }
+    return 0;
+}
+
+int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
+                                int n_pairs, struct expert_tables *t)
+{
+    if (n_pairs > c->max_pairs)
+        return err_set(-EINVAL, "expert cache: %d pairs (at most %d)", n_pairs, c->max_pairs);
+    int rc = c->dev ? 0 : ec_dev_init(c);
+    if (rc)
+        return rc;
+    const size_t ne = (size_t)c->n_expert;
+    struct cuda_devcache_call a = {
+        .ids = ids_dev,
+        .n_pairs = n_pairs,
+        .n_expert = c->n_expert,
+        .slot_of = c->d_slot_of + (size_t)layer * ne,
+        .list = c->d_list + c->dev_list_at[layer],
+        .n_list = c->dev_list_n[layer],
+        .owner = c->d_owner,
+        .stamp = c->d_stamp,
+        .clock = c->d_clock + layer,
+        .tab = c->tab_dev + (size_t)layer * P_N * ne,
+        .slot_ptr = c->d_slot_ptr,
+        .stats = c->d_stats + (size_t)layer * DEVCACHE_NSTAT,
+        .jobs = c->d_jobs,
+        .n_jobs = c->d_n_jobs,
+    };
+    for (int p = 0; p < P_N; p++) {
+        a.mapped[p] = c->lay[layer].mapped[p];
+        a.stride[p] = c->lay[layer].stride[p];
+        a.off[p] = c->off[p];
+    }
+    rc = cuda_devcache_lookup(&a, c->compute);
+    rc = rc ? rc : cuda_devcache_copy(c->d_jobs, c->d_n_jobs, c->compute);
+    if (rc)
+        return err_set(rc, "expert cache: layer %d: the GPU's lookup failed", layer);
+    ec_tables(c, layer, t);
+    return 0;
+}
+
+bool expert_cache_on_device(const struct expert_cache *c)
+{
+    return c->dev;
+}
+
+int ec_dev_stats(const struct expert_cache *c, int layer, struct expert_cache_layer_stats *s)
+{
+    unsigned long long *d = c->dev_stats_h + (size_t)layer * DEVCACHE_NSTAT;
+    int rc = cuda_d2h(d, c->d_stats + (size_t)layer * DEVCACHE_NSTAT, sizeof(*d) * DEVCACHE_NSTAT,
+                      c->compute);
+    rc = rc ? rc : cuda_stream_sync(c->compute);
+    if (rc)
+        return rc;
+    const struct expert_cache_layer_stats *b = &c->dev_base[layer];
+    *s = *b;
+    s->hits += d[DEVCACHE_HITS];
+    s->misses += d[DEVCACHE_MISSES];
+    s->evictions += d[DEVCACHE_EVICTIONS];
+    s->admissions += d[DEVCACHE_ADMISSIONS];
+    s->bytes_copied += d[DEVCACHE_BYTES_COPIED];
+    s->bytes_zerocopy += d[DEVCACHE_BYTES_INPLACE];
+    return 0;
+}
+
+int ec_dev_reset_stats(struct expert_cache *c)
+{
+    memset(c->dev_base, 0, sizeof(*c->dev_base) * (size_t)c->n_layer);
+    return cuda_memset(c->d_stats, 0,
+                       sizeof(unsigned long long) * (size_t)c->n_layer * DEVCACHE_NSTAT,
+                       c->compute);
+}
+
+int ec_dev_slot_of(const struct expert_cache *c, int layer, int expert)
+{
+    int32_t s = -1;
+    if (layer < 0 || layer >= c->n_layer || expert < 0 || expert >= c->n_expert)
+        return -1;
+    int rc =
+        cuda_d2h(&s, c->d_slot_of + (size_t)layer * c->n_expert + expert, sizeof(s), c->compute);
+    rc = rc ? rc : cuda_stream_sync(c->compute);
+    return rc ? -1 : s;
+}
+
+/* The device state downloaded and checked: every live slot in exactly one layer's list, owner
+ * and slot_of inverse of each other within the layer, table entries at the slot or at the
+ * host bytes accordingly. 0 or -EFAULT (-errno when the download fails). */
+int ec_dev_check(const struct expert_cache *c)
+{
+    const size_t ns = (size_t)c->n_slots, nl = (size_t)c->n_layer, ne = (size_t)c->n_expert;
+    int32_t *slot_of = malloc(sizeof(int32_t) * nl * ne), *owner = malloc(sizeof(int32_t) * ns);
+    int32_t *list = malloc(sizeof(int32_t) * ns);
+    void **tab = malloc(sizeof(void *) * nl * P_N * ne);
+    int *in = calloc(ns, sizeof(int));
+    int rc = !slot_of || !owner || !list || !tab || !in ? -ENOMEM : 0;
+    rc = rc ? rc : cuda_d2h(slot_of, c->d_slot_of, sizeof(int32_t) * nl * ne, c->compute);
+    rc = rc ? rc : cuda_d2h(owner, c->d_owner, sizeof(int32_t) * ns, c->compute);
+    rc = rc ? rc : cuda_d2h(list, c->d_list, sizeof(int32_t) * ns, c->compute);
+    rc = rc ? rc : cuda_d2h(tab, c->tab_dev, sizeof(void *) * nl * P_N * ne, c->compute);
+    rc = rc ? rc : cuda_stream_sync(c->compute);
+    for (size_t l = 0; l < nl && !rc; l++) {
+        for (int i = 0; i < c->dev_list_n[l] && !rc; i++) {
+            int s = list[c->dev_list_at[l] + i];
+            if (s < 0 || (size_t)s >= ns || in[s]++)
+                rc = -EFAULT; /* a slot lost to the range or held twice */
+            else if (owner[s] >= 0 && slot_of[l * ne + (size_t)owner[s]] != s)
+                rc = -EFAULT;
+        }
+        for (size_t e = 0; e < ne && !rc; e++) {
+            int s = slot_of[l * ne + e];
+            for (int p = 0; p < P_N && !rc; p++) {
+                const void *want =
+                    s >= 0 ? (const void *)(c->slot[s] + c->off[p])
+                           : (const void *)(c->lay[l].mapped[p] + e * c->lay[l].stride[p]);
+                if (tab[(l * P_N + (size_t)p) * ne + e] != want ||
+                    (s >= 0 && ((size_t)s >= ns || owner[s] != (int)e)))
+                    rc = -EFAULT;
+            }
+        }
+    }
+    free(slot_of), free(owner), free(list), free(tab), free(in);
+    return rc;
+}
+
+void ec_dev_close(struct expert_cache *c)
+{
+    cuda_free(c->d_slot_of);
+    cuda_free(c->d_owner);
+    cuda_free(c->d_stamp);
+    cuda_free(c->d_list);
+    cuda_free(c->d_clock);
+    cuda_free(c->d_slot_ptr);
+    cuda_free(c->d_stats);
+    cuda_free(c->d_jobs);
+    cuda_free(c->d_n_jobs);
+    free(c->dev_list_at);
+    free(c->dev_list_n);
+    free(c->dev_base);
+    free(c->dev_stats_h);
+}

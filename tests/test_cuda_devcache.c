@@ -1,0 +1,203 @@
+/* cuda_devcache's kernels against their scalar reference (cuda_devcache_ref.h) on random
+ * state and random calls: 3 layers of 64 experts whose parts have odd strides, 40 slots spread
+ * over the layers' lists (some pinned), calls of 1 to 64 pairs with repeats and bad ids. After
+ * every call the device's slot map, owners, stamps, clock, table, copy list and counters
+ * equal the reference's, and the slots hold the bytes the copies brought. Exits 77 without a
+ * GPU. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_devcache.h"
+#include "cuda_devcache_ref.h"
+#include "cuda_mem.h"
+#include "testutil.h"
+
+#define NL 3
+#define NE 64
+#define NS 40
+#define CALLS 300
+
+static const uint64_t stride[3] = {16 * 1500 + 16, 33000 + 5, 16 * 2100}; /* odd and even */
+
+struct state {
+    int32_t slot_of[NL * NE], owner[NS], list[NS];
+    uint32_t stamp[NS], clock[NL];
+    void *tab[NL * 3 * NE];
+    unsigned long long stats[NL * DEVCACHE_NSTAT];
+    struct cuda_devcache_job jobs[3 * NE];
+    uint32_t n_jobs[2];
+};
+
+static uint64_t expert_bytes(void)
+{
+    return stride[0] + stride[1] + stride[2];
+}
+
+int main(void)
+{
+    struct rng r;
+    if (!test_gpu_available("test_cuda_devcache"))
+        return TEST_SKIP;
+    rng_seed(&r, test_seed("test_cuda_devcache"), 5);
+    uint64_t off[3] = {0, 0, 0};
+    off[1] = (stride[0] + 255) / 256 * 256;
+    off[2] = off[1] + (stride[1] + 255) / 256 * 256;
+    uint64_t slot_bytes = off[2] + (stride[2] + 255) / 256 * 256;
+    size_t host_bytes = (size_t)NL * NE * expert_bytes();
+    void *host = NULL, *mapped = NULL;
+    uint8_t *slots = NULL;
+    struct state *h = calloc(1, sizeof(*h)), *d = NULL, *back = calloc(1, sizeof(*back));
+    int32_t *ids_d = NULL, ids[64];
+    if (!h || !back || cuda_host_alloc(&host, host_bytes, &mapped) ||
+        cuda_malloc((void **)&slots, (size_t)NS * slot_bytes) ||
+        cuda_malloc((void **)&d, sizeof(*d)) || cuda_malloc((void **)&ids_d, sizeof(ids))) {
+        fprintf(stderr, "setup failed\n");
+        return 1;
+    }
+    uint8_t *hb = host;
+    for (size_t i = 0; i < host_bytes; i++)
+        hb[i] = (uint8_t)rng_below(&r, 256);
+    /* each layer's parts: gate of every expert, then up, then down */
+    const uint8_t *lay_mapped[NL][3];
+    for (int l = 0; l < NL; l++) {
+        const uint8_t *base = (const uint8_t *)mapped + (size_t)l * NE * expert_bytes();
+        lay_mapped[l][0] = base;
+        lay_mapped[l][1] = base + NE * stride[0];
+        lay_mapped[l][2] = base + NE * (stride[0] + stride[1]);
+    }
+    uint8_t *slot_ptr_h[NS], **slot_ptr_d = NULL;
+    for (int s = 0; s < NS; s++)
+        slot_ptr_h[s] = slots + (size_t)s * slot_bytes;
+    CHECK(cuda_malloc((void **)&slot_ptr_d, sizeof(slot_ptr_h)) == 0, "slot pointers");
+    cuda_h2d(slot_ptr_d, slot_ptr_h, sizeof(slot_ptr_h), NULL);
+    /* lists: 13, 13, 14 slots in a shuffled order; a few experts resident, two pinned */
+    int perm[NS], at[NL] = {0, 13, 26}, n_list[NL] = {13, 13, 14};
+    for (int s = 0; s < NS; s++)
+        perm[s] = s;
+    for (int s = NS - 1; s > 0; s--) {
+        int j = (int)rng_below(&r, (uint64_t)s + 1), t = perm[s];
+        perm[s] = perm[j], perm[j] = t;
+    }
+    for (int i = 0; i < NL * NE; i++)
+        h->slot_of[i] = -1;
+    for (int l = 0; l < NL; l++) {
+        h->clock[l] = 1;
+        for (int e = 0; e < NE; e++)
+            for (int p = 0; p < 3; p++)
+                h->tab[(l * 3 + p) * NE + e] = (void *)(lay_mapped[l][p] + (uint64_t)e * stride[p]);
+        for (int i = 0; i < n_list[l]; i++) {
+            int s = perm[at[l] + i];
+            h->list[at[l] + i] = s;
+            h->owner[s] = -1;
+            if (i < 5) { /* resident, with its bytes in place */
+                int e = 7 * i + l;
+                h->owner[s] = e;
+                h->slot_of[l * NE + e] = s;
+                h->stamp[s] = i < 2 ? CUDA_DEVCACHE_PINNED : 1;
+                for (int p = 0; p < 3; p++) {
+                    h->tab[(l * 3 + p) * NE + e] = slot_ptr_h[s] + off[p];
+                    cuda_h2d(slot_ptr_h[s] + off[p],
+                             (const uint8_t *)host + (lay_mapped[l][p] - (const uint8_t *)mapped) +
+                                 (uint64_t)e * stride[p],
+                             stride[p], NULL);
+                }
+            }
+        }
+    }
+    cuda_h2d(d, h, sizeof(*h), NULL);
+    cuda_stream_sync(NULL);
+    int bad_state = 0, bad_bytes = 0;
+    unsigned long long copies = 0, inplace = 0;
+    for (int call = 0; call < CALLS && !bad_state; call++) {
+        int l = (int)rng_below(&r, NL);
+        int n = 1 + (int)rng_below(&r, call % 10 == 0 ? 64 : 8);
+        for (int i = 0; i < n; i++) /* skewed: low ids more often; now and then a bad one */
+            ids[i] = rng_below(&r, 50) == 0 ? (rng_below(&r, 2) ? -1 : NE + 3)
+                                            : (int32_t)(rng_below(&r, NE) * rng_below(&r, NE) / NE);
+        cuda_h2d(ids_d, ids, sizeof(int32_t) * (size_t)n, NULL);
+        struct cuda_devcache_call a = {
+            .n_pairs = n,
+            .n_expert = NE,
+            .n_list = n_list[l],
+            .slot_ptr = slot_ptr_d,
+        };
+        for (int p = 0; p < 3; p++) {
+            a.mapped[p] = lay_mapped[l][p];
+            a.stride[p] = stride[p];
+            a.off[p] = off[p];
+        }
+        /* the reference on the host copy, the kernels on the device one */
+        struct cuda_devcache_call ah = a, ad = a;
+        uint8_t *ref_slot_ptr[NS];
+        memcpy(ref_slot_ptr, slot_ptr_h, sizeof(ref_slot_ptr));
+        ah.ids = ids, ah.slot_of = h->slot_of + l * NE, ah.list = h->list + at[l];
+        ah.owner = h->owner, ah.stamp = h->stamp, ah.clock = h->clock + l;
+        ah.tab = h->tab + l * 3 * NE, ah.slot_ptr = ref_slot_ptr;
+        ah.stats = h->stats + l * DEVCACHE_NSTAT, ah.jobs = h->jobs, ah.n_jobs = h->n_jobs;
+        devcache_ref_lookup(&ah);
+        ad.ids = ids_d, ad.slot_of = d->slot_of + l * NE, ad.list = d->list + at[l];
+        ad.owner = d->owner, ad.stamp = d->stamp, ad.clock = d->clock + l;
+        ad.tab = d->tab + l * 3 * NE;
+        ad.stats = d->stats + l * DEVCACHE_NSTAT, ad.jobs = d->jobs, ad.n_jobs = d->n_jobs;
+        int rc = cuda_devcache_lookup(&ad, NULL);
+        rc = rc ? rc : cuda_devcache_copy(d->jobs, d->n_jobs, NULL);
+        rc = rc ? rc : cuda_d2h(back, d, sizeof(*back), NULL);
+        rc = rc ? rc : cuda_stream_sync(NULL);
+        CHECK(rc == 0, "call %d: launch failed", call);
+        if (rc)
+            break;
+        /* job lists compare entry by entry up to the count (the rest is stale scratch) */
+        bool same = !memcmp(back->slot_of, h->slot_of, sizeof(h->slot_of)) &&
+                    !memcmp(back->owner, h->owner, sizeof(h->owner)) &&
+                    !memcmp(back->stamp, h->stamp, sizeof(h->stamp)) &&
+                    !memcmp(back->clock, h->clock, sizeof(h->clock)) &&
+                    !memcmp(back->tab, h->tab, sizeof(h->tab)) &&
+                    !memcmp(back->stats, h->stats, sizeof(h->stats)) &&
+                    !memcmp(back->n_jobs, h->n_jobs, sizeof(h->n_jobs)) &&
+                    !memcmp(back->jobs, h->jobs, sizeof(h->jobs[0]) * h->n_jobs[0]);
+        if (!same) {
+            bad_state++;
+            CHECK(0,
+                  "call %d (layer %d, %d pairs): the kernel's state differs from the "
+                  "reference's",
+                  call, l, n);
+        }
+        copies += h->n_jobs[0] / 3;
+    }
+    /* every resident expert's slot holds its bytes */
+    uint8_t *buf = malloc(slot_bytes);
+    for (int l = 0; l < NL && buf; l++)
+        for (int e = 0; e < NE; e++) {
+            int s = h->slot_of[l * NE + e];
+            if (s < 0)
+                continue;
+            cuda_d2h(buf, slot_ptr_h[s], slot_bytes, NULL);
+            cuda_stream_sync(NULL);
+            for (int p = 0; p < 3; p++) {
+                const uint8_t *want = (const uint8_t *)host +
+                                      (lay_mapped[l][p] - (const uint8_t *)mapped) +
+                                      (uint64_t)e * stride[p];
+                bad_bytes += memcmp(buf + off[p], want, stride[p]) != 0;
+            }
+        }
+    for (int l = 0; l < NL; l++)
+        inplace += h->stats[l * DEVCACHE_NSTAT + DEVCACHE_BYTES_INPLACE] / expert_bytes();
+    printf("test_cuda_devcache: %d calls: state equal to the reference's after each; %llu "
+           "experts copied, %llu read in place; %d slot parts with wrong bytes\n",
+           CALLS, copies, inplace, bad_bytes);
+    CHECK(bad_bytes == 0, "%d slot parts hold wrong bytes", bad_bytes);
+    CHECK(copies > 100 && inplace > 0, "the calls did not exercise eviction and in-place reads");
+    for (int l = 0; l < NL; l++) /* pinned experts never left */
+        for (int i = 0; i < 2; i++)
+            CHECK(h->slot_of[l * NE + 7 * i + l] >= 0, "pinned expert %d of layer %d evicted",
+                  7 * i + l, l);
+    free(buf);
+    free(h);
+    free(back);
+    cuda_free(d);
+    cuda_free(slots);
+    cuda_free(ids_d);
+    cuda_free(slot_ptr_d);
+    cuda_host_free(host);
+    return test_finish("test_cuda_devcache");
+}
