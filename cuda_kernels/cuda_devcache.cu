@@ -29,7 +29,8 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache_lookup(struct cu
         used[e] = 0;
     if (tid == 0) {
         s_clock = *a.clock + 1;
-        *a.clock = s_clock;
+        if (!a.prefetch)
+            *a.clock = s_clock;
     }
     __syncthreads();
     for (int i = tid; i < a.n_pairs; i += DC_THREADS) {
@@ -41,13 +42,17 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache_lookup(struct cu
     const uint32_t c = s_clock;
     if (tid < 32) { /* hits stamped, misses listed in ascending order */
         int n_miss = 0;
-        unsigned long long hits = 0;
+        unsigned long long hits = 0, pf_used = 0;
         for (int base = 0; base < a.n_expert; base += 32) {
             int e = base + lane;
             bool u = e < a.n_expert && used[e];
             int s = u ? a.slot_of[e] : -1;
             if (u && s >= 0 && a.stamp[s] != CUDA_DEVCACHE_PINNED)
                 a.stamp[s] = c;
+            bool pf_hit = u && s >= 0 && !a.prefetch && a.pf[s];
+            if (pf_hit)
+                a.pf[s] = 0;
+            pf_used += __popc(__ballot_sync(0xffffffffu, pf_hit));
             unsigned hit = __ballot_sync(0xffffffffu, u && s >= 0);
             unsigned miss = __ballot_sync(0xffffffffu, u && s < 0);
             if (u && s < 0)
@@ -57,7 +62,10 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache_lookup(struct cu
         }
         if (lane == 0) {
             s_n_miss = n_miss;
-            a.stats[DEVCACHE_HITS] += hits;
+            if (!a.prefetch) {
+                a.stats[DEVCACHE_HITS] += hits;
+                a.stats[DEVCACHE_PF_USED] += pf_used;
+            }
         }
     }
     __syncthreads(); /* the hits' stamps are visible to the block */
@@ -68,7 +76,7 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache_lookup(struct cu
         return;
     const uint64_t bytes = a.stride[0] + a.stride[1] + a.stride[2];
     uint32_t nj = 0, chunks = 0;
-    unsigned long long n_ev = 0, n_ad = 0, inplace = 0;
+    unsigned long long n_ev = 0, n_ad = 0, inplace = 0, wasted = 0;
     for (int m = 0; m < s_n_miss; m++) {
         int e = s_miss[m];
         unsigned long long best = ~0ull; /* (stamp << 32 | index), least wins */
@@ -94,7 +102,9 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache_lookup(struct cu
                     a.tab[(size_t)p * a.n_expert + o] =
                         (void *)(a.mapped[p] + (uint64_t)o * a.stride[p]);
                 n_ev++;
+                wasted += a.pf[s] ? bytes : 0;
             }
+            a.pf[s] = (uint8_t)a.prefetch;
             a.owner[s] = e;
             a.slot_of[e] = s;
             a.stamp[s] = c;
@@ -114,11 +124,14 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache_lookup(struct cu
         __syncwarp();
     }
     if (lane == 0) {
-        a.stats[DEVCACHE_MISSES] += (unsigned long long)s_n_miss;
+        if (!a.prefetch) {
+            a.stats[DEVCACHE_MISSES] += (unsigned long long)s_n_miss;
+            a.stats[DEVCACHE_BYTES_INPLACE] += inplace;
+        }
         a.stats[DEVCACHE_EVICTIONS] += n_ev;
-        a.stats[DEVCACHE_ADMISSIONS] += n_ad;
+        a.stats[a.prefetch ? DEVCACHE_PF_ADMITTED : DEVCACHE_ADMISSIONS] += n_ad;
         a.stats[DEVCACHE_BYTES_COPIED] += n_ad * bytes;
-        a.stats[DEVCACHE_BYTES_INPLACE] += inplace;
+        a.stats[DEVCACHE_PF_WASTED_BYTES] += wasted;
         a.n_jobs[0] = nj;
         a.n_jobs[1] = chunks;
     }
@@ -181,9 +194,11 @@ extern "C" int cuda_devcache_lookup(const struct cuda_devcache_call *a, void *st
 }
 
 extern "C" int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs,
-                                  void *stream)
+                                  int blocks, void *stream)
 {
-    cudaError_t e = ops_launch(k_devcache_copy, dim3(DC_COPY_BLOCKS), dim3(DC_THREADS), 0,
-                               (cudaStream_t)stream, jobs, n_jobs);
+    if (blocks < 0)
+        return -EINVAL;
+    cudaError_t e = ops_launch(k_devcache_copy, dim3(blocks ? blocks : DC_COPY_BLOCKS),
+                               dim3(DC_THREADS), 0, (cudaStream_t)stream, jobs, n_jobs);
     return dc_rc(CUDA_CHECK(e));
 }

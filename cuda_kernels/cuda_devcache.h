@@ -16,6 +16,12 @@
  *      memory); owner = e, slot_of[e] = slot, stamp = c, e's entries at the slot, and a copy
  *      of each part queued. With no such slot left, e is read in place from host memory;
  *   4. stats: hits, misses, evictions, admissions, bytes copied, bytes read in place.
+ * A prefetch call (prefetch = 1: the experts predicted for the layer's next call) runs the same
+ * steps with c = *clock + 1, the clock left as it is: its experts are stamped as in use by the
+ * coming call, whose own misses then cannot evict them while their copies may still run. A
+ * slot it fills is flagged (pf); nothing is read in place, nothing counts as a hit or miss.
+ * A real call's hit on a flagged slot counts as a used prefetch and clears the flag; evicting a
+ * flagged slot counts its bytes as wasted.
  * Ownership: the caller's stream orders everything; the state arrays are device memory the
  * caller owns (host memory in the CPU simulations of tests/). */
 #ifndef STRATA_CUDA_DEVCACHE_H
@@ -38,6 +44,9 @@ enum {
     DEVCACHE_ADMISSIONS,
     DEVCACHE_BYTES_COPIED,
     DEVCACHE_BYTES_INPLACE,
+    DEVCACHE_PF_ADMITTED,
+    DEVCACHE_PF_USED,
+    DEVCACHE_PF_WASTED_BYTES,
     DEVCACHE_NSTAT
 };
 
@@ -56,6 +65,8 @@ struct cuda_devcache_call {
     int32_t *slot_of;    /* (n_expert) the layer's: slot of each expert, or -1 */
     const int32_t *list; /* (n_list) the layer's slots */
     int n_list;
+    int prefetch;              /* 1: a prediction for the layer's next call (above) */
+    uint8_t *pf;               /* (all slots) filled by a prefetch and not used since */
     int32_t *owner;            /* (all slots) expert in the slot (of the layer owning it), or -1 */
     uint32_t *stamp;           /* (all slots) */
     uint32_t *clock;           /* the layer's */
@@ -71,8 +82,10 @@ struct cuda_devcache_call {
 
 /* Step 1-4 above on `stream` (one block). 0 or -errno. */
 int cuda_devcache_lookup(const struct cuda_devcache_call *a, void *stream);
-/* The copies the last lookup on `stream` queued in jobs / n_jobs. 0 or -errno. */
-int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs, void *stream);
+/* The copies a lookup queued in jobs / n_jobs, by `blocks` blocks (0: enough to keep PCIe
+ * busy; fewer leave the SMs to kernels running beside it). 0 or -errno. */
+int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs, int blocks,
+                       void *stream);
 
 #ifdef __cplusplus
 }

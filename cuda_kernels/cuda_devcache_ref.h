@@ -12,24 +12,33 @@
 static inline void devcache_ref_lookup(const struct cuda_devcache_call *a)
 {
     static uint8_t used[CUDA_DEVCACHE_MAX_EXPERT];
-    const uint32_t c = ++*a->clock;
+    const uint32_t c = a->prefetch ? *a->clock + 1 : ++*a->clock;
+    const uint64_t bytes = a->stride[0] + a->stride[1] + a->stride[2];
     unsigned long long *st = a->stats;
     uint32_t nj = 0, chunks = 0;
     memset(used, 0, (size_t)a->n_expert);
     for (int i = 0; i < a->n_pairs; i++)
         if (a->ids[i] >= 0 && a->ids[i] < a->n_expert)
             used[a->ids[i]] = 1;
-    for (int e = 0; e < a->n_expert; e++)
-        if (used[e] && a->slot_of[e] >= 0) {
-            if (a->stamp[a->slot_of[e]] != CUDA_DEVCACHE_PINNED)
-                a->stamp[a->slot_of[e]] = c;
-            st[DEVCACHE_HITS]++;
+    for (int e = 0; e < a->n_expert; e++) {
+        int s = a->slot_of[e];
+        if (!used[e] || s < 0)
+            continue;
+        if (a->stamp[s] != CUDA_DEVCACHE_PINNED)
+            a->stamp[s] = c;
+        if (a->prefetch)
+            continue;
+        st[DEVCACHE_HITS]++;
+        if (a->pf[s]) {
+            st[DEVCACHE_PF_USED]++;
+            a->pf[s] = 0;
         }
+    }
     for (int e = 0; e < a->n_expert; e++) {
         if (!used[e] || a->slot_of[e] >= 0)
             continue;
-        uint64_t bytes = a->stride[0] + a->stride[1] + a->stride[2];
-        st[DEVCACHE_MISSES]++;
+        if (!a->prefetch)
+            st[DEVCACHE_MISSES]++;
         int best = -1;
         for (int i = 0; i < a->n_list; i++) {
             uint32_t t = a->stamp[a->list[i]];
@@ -37,7 +46,8 @@ static inline void devcache_ref_lookup(const struct cuda_devcache_call *a)
                 best = i;
         }
         if (best < 0) {
-            st[DEVCACHE_BYTES_INPLACE] += bytes;
+            if (!a->prefetch)
+                st[DEVCACHE_BYTES_INPLACE] += bytes;
             continue;
         }
         int s = a->list[best], o = a->owner[s];
@@ -47,7 +57,10 @@ static inline void devcache_ref_lookup(const struct cuda_devcache_call *a)
                 a->tab[(size_t)p * a->n_expert + o] =
                     (void *)(a->mapped[p] + (uint64_t)o * a->stride[p]);
             st[DEVCACHE_EVICTIONS]++;
+            if (a->pf[s])
+                st[DEVCACHE_PF_WASTED_BYTES] += bytes;
         }
+        a->pf[s] = (uint8_t)a->prefetch;
         a->owner[s] = e;
         a->slot_of[e] = s;
         a->stamp[s] = c;
@@ -60,7 +73,7 @@ static inline void devcache_ref_lookup(const struct cuda_devcache_call *a)
             j->first = chunks;
             chunks += (uint32_t)((a->stride[p] + CUDA_DEVCACHE_CHUNK - 1) / CUDA_DEVCACHE_CHUNK);
         }
-        st[DEVCACHE_ADMISSIONS]++;
+        st[a->prefetch ? DEVCACHE_PF_ADMITTED : DEVCACHE_ADMISSIONS]++;
         st[DEVCACHE_BYTES_COPIED] += bytes;
     }
     a->n_jobs[0] = nj;

@@ -274,8 +274,14 @@ static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const f
 {
     int pairs = nt * (int)a->hp->n_expert_used, rc = 0;
     bool zc = ml_zerocopy(ml, nt);
-    if (ml->cfg.fill == MOE_FILL_DEVICE)
-        return expert_cache_prepare_device(ml->cache, a->layer, ids, pairs, tab);
+    if (ml->cfg.fill == MOE_FILL_DEVICE) { /* then the next layers' predicted experts */
+        rc = expert_cache_prepare_device(ml->cache, a->layer, ids, pairs, tab);
+        if (!rc && ml->prefetch && a->layer + 1 < (int)a->hp->n_layer) {
+            rc = predict_device(&ml->pred, a->layer, in, nt);
+            ml->n_predictions++;
+        }
+        return rc;
+    }
     /* the CPU lane's inputs, read back under the cache's own sync */
     if (ml->hybrid)
         rc = ml_stage_inputs(ml, in, nt);
@@ -510,9 +516,9 @@ static int ml_open_cache(struct moe_layer *ml)
     if (cfg->tier && cfg->fill == MOE_FILL_ZEROCOPY)
         return err_set(-ENOTSUP, "a host tier under the expert cache serves its copy path and "
                                  "the hybrid lane (not zero-copy misses)");
-    if (cfg->fill == MOE_FILL_DEVICE && (cfg->tier || cfg->hybrid || cfg->modes || cfg->prefetch))
-        return err_set(-ENOTSUP, "the GPU's own expert cache (--residency gpu) runs alone: not "
-                                 "with a host tier, hybrid, automatic placement or prefetch");
+    if (cfg->fill == MOE_FILL_DEVICE && (cfg->tier || cfg->hybrid || cfg->modes))
+        return err_set(-ENOTSUP, "the GPU's own expert cache (--residency gpu) runs without a "
+                                 "host tier, hybrid or automatic placement");
     if (cfg->vram_budget) {
         uint64_t trunk, slot;
         struct budget_plan plan;
@@ -651,6 +657,11 @@ int moe_layer_step_end(struct moe_layer *ml)
     return ml->cache ? expert_cache_step_end(ml->cache) : 0;
 }
 
+int moe_layer_graph_ready(struct moe_layer *ml)
+{
+    return ml->cache && ml->cfg.fill == MOE_FILL_DEVICE ? expert_cache_device_start(ml->cache) : 0;
+}
+
 void moe_layer_set_recording(struct moe_layer *ml, bool on)
 {
     if (ml->cache)
@@ -698,8 +709,8 @@ enum moe_mode moe_layer_mode(const struct moe_layer *ml)
 bool moe_layer_graph_safe(const struct moe_layer *ml)
 {
     return !ml->cpu_layers && !ml->cfg.observer &&
-           (!ml->cache || ((ml->cfg.fill == MOE_FILL_ZEROCOPY || ml->cfg.fill == MOE_FILL_DEVICE) &&
-                           !ml->hybrid && !ml->prefetch));
+           (!ml->cache || (ml->cfg.fill == MOE_FILL_DEVICE && !ml->hybrid) ||
+            (ml->cfg.fill == MOE_FILL_ZEROCOPY && !ml->hybrid && !ml->prefetch));
 }
 
 uint64_t moe_layer_vram_bytes(const struct moe_layer *ml)

@@ -112,7 +112,9 @@ struct moe_layer_config {
     uint64_t stream_one;   /* the bytes of one of them (its share of stream_bytes) */
     enum moe_fill fill;   /* for decode-sized calls; prefill copies */
     bool prefetch;        /* copy path: layer l + 1's experts predicted and streamed ahead
-                           * (decode: only while layer l + 1 misses: MOE_PREFETCH_QUIET) */
+                           * (decode: only while layer l + 1 misses: MOE_PREFETCH_QUIET);
+                           * the GPU's own cache: predicted, admitted and copied on the device
+                           * at every call */
     int prefetch_depth;   /* with prefetch: layers l + 1 .. l + depth (1..4; 0 = 1) */
     bool hybrid;          /* each call's misses split between streaming and the CPU lane */
     bool modes;           /* with cache, without prefetch: the CPU lane opened as for hybrid,
@@ -159,6 +161,9 @@ int moe_layer_step_flush(struct moe_layer *ml);
 /* Between steps, once the backend's stream has been synced: the cache's accounting and
  * admissions of the zero-copy path. */
 int moe_layer_step_end(struct moe_layer *ml);
+/* Before a step is recorded into a CUDA graph: what must not happen during the recording (the
+ * GPU's own cache takes the slots over, a sync). 0 or -errno. */
+int moe_layer_graph_ready(struct moe_layer *ml);
 /* A decode step is being recorded into a CUDA graph (on) or no longer (off). */
 void moe_layer_set_recording(struct moe_layer *ml, bool on);
 /* A recorded step was replayed: every layer's routing was read back as recorded. */

@@ -19,3 +19,17 @@ int predict_ahead(struct predict *p, int layer, const float *in, int n_tok)
     expert_cache_predict_ahead(p->cache, p->ids, (int)n, j);
     return 0;
 }
+
+int predict_device(struct predict *p, int layer, const float *in, int n_tok)
+{
+    const struct model_hparams *hp = &p->m->hp;
+    size_t n = (size_t)n_tok * hp->n_expert_used;
+    for (int j = 0; j < p->depth && layer + 1 + j < (int)hp->n_layer; j++) {
+        int t = layer + 1 + j;
+        int rc = p->route(p->route_ctx, &p->m->layers[t], in, n_tok, p->ids + j * n, p->w + j * n);
+        rc = rc ? rc : expert_cache_prefetch_device(p->cache, t, p->ids + j * n, (int)n);
+        if (rc)
+            return err_set(rc, "predicting the experts of layer %d failed", t);
+    }
+    return 0;
+}

@@ -5,7 +5,8 @@
  *
  * Threads: one, the MoE layer's caller; the routers run on the backend's stream through the
  * route callback, and the predicted ids stay in device memory until the cache reads them back
- * with the layer's own ids (one sync for all). */
+ * with the layer's own ids (one sync for all), or, with the GPU's own cache, until its
+ * prefetch kernel reads them. */
 #ifndef STRATA_PREDICT_H
 #define STRATA_PREDICT_H
 
@@ -34,5 +35,10 @@ struct predict {
  * rows of layer's MoE input, device memory) and hands them to the cache for its next
  * prepare_copy. layer + 1 < n_layer. 0 or -errno. */
 int predict_ahead(struct predict *p, int layer, const float *in, int n_tok);
+
+/* The same for the GPU's own cache (expert_cache_prefetch_device): each predicted layer's
+ * experts are admitted and their copies started on the device at once, nothing read back, so
+ * it records into a graph. 0 or -errno. */
+int predict_device(struct predict *p, int layer, const float *in, int n_tok);
 
 #endif

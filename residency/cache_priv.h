@@ -155,6 +155,11 @@ struct expert_cache {
     unsigned long long *d_stats;      /* (n_layer * DEVCACHE_NSTAT) */
     struct cuda_devcache_job *d_jobs; /* (3 n_expert) */
     uint32_t *d_n_jobs;               /* (2) */
+    uint8_t *d_pf;                    /* (n_slots) filled by a prefetch, not used since */
+    struct cuda_devcache_job *d_pf_jobs; /* (n_layer * 3 n_expert) each layer's prefetch copies */
+    uint32_t *d_pf_n_jobs;               /* (n_layer * 2) */
+    void **pf_done;      /* (n_layer) events: the layer's prefetch copies, on pf_stream */
+    uint8_t *pf_pending; /* (n_layer) the layer's next call waits for pf_done */
     int *dev_list_at, *dev_list_n;    /* (n_layer) where each layer's list starts, its length */
     struct expert_cache_layer_stats *dev_base; /* (n_layer) counted before the device took over */
     unsigned long long *dev_stats_h;           /* (n_layer * DEVCACHE_NSTAT) host scratch */

@@ -180,6 +180,14 @@ int expert_cache_prepare_zerocopy(struct expert_cache *c, int layer, const int32
  * (syncs); later ones never sync. Not with a host tier. */
 int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
                                 int n_pairs, struct expert_tables *t);
+/* (c): hands the slots to the device now (syncs), e.g. before recording a graph whose first
+ * call would otherwise do it. 0 or -errno. */
+int expert_cache_device_start(struct expert_cache *c);
+/* (c), prediction: ids_dev (n_pairs, written on the compute stream) are the experts predicted
+ * for `layer`'s next call. Enqueues their admission on the compute stream and their copies on
+ * the prefetch stream, which that call's experts wait for. After the device took over. */
+int expert_cache_prefetch_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
+                                 int n_pairs);
 /* Whether (c) has taken the slots over. */
 bool expert_cache_on_device(const struct expert_cache *c);
 

@@ -7,7 +7,15 @@
  * list (its pinned experts, then an even share of the rest, never more than n_expert), the
  * experts the SLRU held keep their slots where their layer's share allows, and from then on
  * the device state rules: the SLRU is not consulted again, preloading and shrinking are
- * refused, and statistics come from the device's counters. */
+ * refused, and statistics come from the device's counters.
+ *
+ * Prediction (expert_cache_prefetch_device): the experts predicted for a layer's next call
+ * are admitted by a prefetch lookup on the compute stream (stamped as in use by that call, so
+ * its own misses cannot evict them), and copied by a kernel of few blocks on the prefetch
+ * stream, beside the compute stream's work; the layer's call makes the compute stream wait for
+ * those copies after its own lookup and copies, before its experts run. Each layer has its
+ * own copy list and event, so a prefetch for the next layer never rewrites a list a copy may
+ * still read. In a recorded graph the fork and the join are edges of the graph. */
 #include "cache_priv.h"
 
 #include <errno.h>
@@ -121,11 +129,13 @@ static int ec_dev_init(struct expert_cache *c)
     c->dev_list_n = calloc(nl, sizeof(int));
     c->dev_base = calloc(nl, sizeof(*c->dev_base));
     c->dev_stats_h = calloc(nl * DEVCACHE_NSTAT, sizeof(*c->dev_stats_h));
+    c->pf_done = calloc(nl, sizeof(*c->pf_done));
+    c->pf_pending = calloc(nl, 1);
     int32_t *slot_of = malloc(sizeof(int32_t) * nl * ne), *owner = malloc(sizeof(int32_t) * ns);
     int32_t *list = malloc(sizeof(int32_t) * ns);
     uint32_t *stamp = malloc(sizeof(uint32_t) * ns), *clock = malloc(sizeof(uint32_t) * nl);
     int rc = !c->dev_list_at || !c->dev_list_n || !c->dev_base || !c->dev_stats_h || !slot_of ||
-                     !owner || !list || !stamp || !clock
+                     !owner || !list || !stamp || !clock || !c->pf_done || !c->pf_pending
                  ? err_set(-ENOMEM, "out of memory")
                  : 0;
     /* nothing may be copying or reading the tables while the state changes hands */
@@ -146,6 +156,13 @@ static int ec_dev_init(struct expert_cache *c)
             : cuda_malloc((void **)&c->d_stats, sizeof(unsigned long long) * nl * DEVCACHE_NSTAT);
     rc = rc ? rc : cuda_malloc((void **)&c->d_jobs, sizeof(struct cuda_devcache_job) * 3 * ne);
     rc = rc ? rc : cuda_malloc((void **)&c->d_n_jobs, sizeof(uint32_t) * 2);
+    rc = rc ? rc : cuda_malloc((void **)&c->d_pf, ns);
+    rc = rc ? rc
+            : cuda_malloc((void **)&c->d_pf_jobs, sizeof(struct cuda_devcache_job) * 3 * ne * nl);
+    rc = rc ? rc : cuda_malloc((void **)&c->d_pf_n_jobs, sizeof(uint32_t) * 2 * nl);
+    for (size_t l = 0; l < nl && !rc; l++)
+        rc = cuda_event_create(&c->pf_done[l]);
+    rc = rc ? rc : cuda_memset(c->d_pf, 0, ns, c->compute);
     rc = rc ? rc : cuda_h2d(c->d_slot_of, slot_of, sizeof(int32_t) * nl * ne, c->compute);
     rc = rc ? rc : cuda_h2d(c->d_owner, owner, sizeof(int32_t) * ns, c->compute);
     rc = rc ? rc : cuda_h2d(c->d_stamp, stamp, sizeof(uint32_t) * ns, c->compute);
@@ -175,14 +192,10 @@ static int ec_dev_init(struct expert_cache *c)
     return 0;
 }
 
-int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
-                                int n_pairs, struct expert_tables *t)
+/* The arguments of a layer's lookup: its slices of the state, its table, its counters. */
+static struct cuda_devcache_call ec_dev_call(struct expert_cache *c, int layer,
+                                             const int32_t *ids_dev, int n_pairs)
 {
-    if (n_pairs > c->max_pairs)
-        return err_set(-EINVAL, "expert cache: %d pairs (at most %d)", n_pairs, c->max_pairs);
-    int rc = c->dev ? 0 : ec_dev_init(c);
-    if (rc)
-        return rc;
     const size_t ne = (size_t)c->n_expert;
     struct cuda_devcache_call a = {
         .ids = ids_dev,
@@ -191,6 +204,7 @@ int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t
         .slot_of = c->d_slot_of + (size_t)layer * ne,
         .list = c->d_list + c->dev_list_at[layer],
         .n_list = c->dev_list_n[layer],
+        .pf = c->d_pf,
         .owner = c->d_owner,
         .stamp = c->d_stamp,
         .clock = c->d_clock + layer,
@@ -205,12 +219,61 @@ int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t
         a.stride[p] = c->lay[layer].stride[p];
         a.off[p] = c->off[p];
     }
+    return a;
+}
+
+int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
+                                int n_pairs, struct expert_tables *t)
+{
+    if (n_pairs > c->max_pairs)
+        return err_set(-EINVAL, "expert cache: %d pairs (at most %d)", n_pairs, c->max_pairs);
+    int rc = c->dev ? 0 : ec_dev_init(c);
+    if (rc)
+        return rc;
+    struct cuda_devcache_call a = ec_dev_call(c, layer, ids_dev, n_pairs);
     rc = cuda_devcache_lookup(&a, c->compute);
-    rc = rc ? rc : cuda_devcache_copy(c->d_jobs, c->d_n_jobs, c->compute);
+    rc = rc ? rc : cuda_devcache_copy(c->d_jobs, c->d_n_jobs, 0, c->compute);
+    if (!rc && c->pf_pending[layer])
+        rc = cuda_stream_wait(c->compute, c->pf_done[layer]);
+    c->pf_pending[layer] = 0;
     if (rc)
         return err_set(rc, "expert cache: layer %d: the GPU's lookup failed", layer);
     ec_tables(c, layer, t);
     return 0;
+}
+
+/* Blocks of a prefetch's copy kernel: a sixth of an H100/H200's SMs, which still keeps more
+ * than 2 MB of reads in flight over PCIe */
+#define EC_PF_BLOCKS 22
+
+int expert_cache_prefetch_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
+                                 int n_pairs)
+{
+    if (!c->dev)
+        return err_set(-EINVAL, "expert cache: a GPU prefetch before the GPU took the cache over");
+    if (layer < 0 || layer >= c->n_layer || n_pairs > c->max_pairs)
+        return err_set(-EINVAL, "expert cache: prefetch of %d pairs for layer %d", n_pairs, layer);
+    const size_t ne = (size_t)c->n_expert;
+    struct cuda_devcache_job *jobs = c->d_pf_jobs + (size_t)layer * 3 * ne;
+    uint32_t *n_jobs = c->d_pf_n_jobs + 2 * (size_t)layer;
+    struct cuda_devcache_call a = ec_dev_call(c, layer, ids_dev, n_pairs);
+    a.prefetch = 1;
+    a.jobs = jobs;
+    a.n_jobs = n_jobs;
+    int rc = cuda_devcache_lookup(&a, c->compute);
+    rc = rc ? rc : cuda_event_record(c->copy_mark, c->compute);
+    rc = rc ? rc : cuda_stream_wait(c->pf_stream, c->copy_mark);
+    rc = rc ? rc : cuda_devcache_copy(jobs, n_jobs, EC_PF_BLOCKS, c->pf_stream);
+    rc = rc ? rc : cuda_event_record(c->pf_done[layer], c->pf_stream);
+    if (rc)
+        return err_set(rc, "expert cache: layer %d: the GPU's prefetch failed", layer);
+    c->pf_pending[layer] = 1;
+    return 0;
+}
+
+int expert_cache_device_start(struct expert_cache *c)
+{
+    return c->dev ? 0 : ec_dev_init(c);
 }
 
 bool expert_cache_on_device(const struct expert_cache *c)
@@ -234,6 +297,10 @@ int ec_dev_stats(const struct expert_cache *c, int layer, struct expert_cache_la
     s->admissions += d[DEVCACHE_ADMISSIONS];
     s->bytes_copied += d[DEVCACHE_BYTES_COPIED];
     s->bytes_zerocopy += d[DEVCACHE_BYTES_INPLACE];
+    s->admissions += d[DEVCACHE_PF_ADMITTED];
+    s->prefetched += d[DEVCACHE_PF_ADMITTED];
+    s->prefetch_used += d[DEVCACHE_PF_USED];
+    s->prefetch_wasted += d[DEVCACHE_PF_WASTED_BYTES];
     return 0;
 }
 
@@ -307,6 +374,13 @@ void ec_dev_close(struct expert_cache *c)
     cuda_free(c->d_stats);
     cuda_free(c->d_jobs);
     cuda_free(c->d_n_jobs);
+    cuda_free(c->d_pf);
+    cuda_free(c->d_pf_jobs);
+    cuda_free(c->d_pf_n_jobs);
+    for (int l = 0; c->pf_done && l < c->n_layer; l++)
+        cuda_event_destroy(c->pf_done[l]);
+    free(c->pf_done);
+    free(c->pf_pending);
     free(c->dev_list_at);
     free(c->dev_list_n);
     free(c->dev_base);

@@ -1216,7 +1216,8 @@ static int cuda_step_begin(struct backend *b, const struct stream *s, const int3
         moe_layer_replayed(c->moe); /* every layer's routing was read back, as recorded */
         return 1;
     }
-    int rc = cuda_graph_begin(c->stream);
+    int rc = moe_layer_graph_ready(c->moe);
+    rc = rc ? rc : cuda_graph_begin(c->stream);
     rc = rc ? rc : cuda_h2d(c->step_dev, c->step_pin, 2 * sizeof(int32_t), c->stream);
     if (rc)
         return backend_cuda_fail(rc, "starting the decode graph");

@@ -231,9 +231,10 @@ int cuda_devcache_lookup(const struct cuda_devcache_call *a, void *stream)
     return SIM_RUN(sim_devcache_lookup, a);
 }
 
-int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs, void *stream)
+int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs, int blocks,
+                       void *stream)
 {
-    (void)stream;
+    (void)stream, (void)blocks;
     struct sim_devcache_copy_args a = {jobs, n_jobs};
     return SIM_RUN(sim_devcache_copy, &a);
 }
@@ -1326,6 +1327,18 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     struct backend_cuda_config gp = {
         .device = 0, .expert_slots = 5, .residency = BACKEND_RESIDENCY_GPU};
     exact(path, "gpu cache, 5 slots", &gp, 256, prompt, &ref);
+    struct backend_cuda_config gpf = gp;
+    gpf.prefetch = true;
+    exact(path, "gpu cache + prefetch, 5 slots", &gpf, 256, prompt, &ref);
+    gpf.graph = true;
+    gpf.prefetch_depth = 2;
+    gpf.expert_slots = 9;
+    launches = g_graph_launches;
+    exact(path, "gpu cache + prefetch depth 2 in a graph, 9 slots", &gpf, 256, prompt, &ref);
+    CHECK(g_graph_launches - launches == N_STEPS,
+          "gpu cache + prefetch graph: %d launches for "
+          "%d steps",
+          g_graph_launches - launches, N_STEPS);
     struct backend_cuda_config pf = {.device = 0, .expert_slots = 9, .prefetch = true};
     exact(path, "copy, 5 slots", &copy, 256, prompt, &ref);
     exact(path, "zerocopy, 5 slots", &zc, 256, prompt, &ref);

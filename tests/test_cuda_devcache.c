@@ -1,6 +1,7 @@
 /* cuda_devcache's kernels against their scalar reference (cuda_devcache_ref.h) on random
  * state and random calls: 3 layers of 64 experts whose parts have odd strides, 40 slots spread
- * over the layers' lists (some pinned), calls of 1 to 64 pairs with repeats and bad ids. After
+ * over the layers' lists (some pinned), calls of 1 to 64 pairs with repeats and bad ids, a third
+ * of them predictions (prefetch = 1, their copies by 7 blocks). After
  * every call the device's slot map, owners, stamps, clock, table, copy list and counters
  * equal the reference's, and the slots hold the bytes the copies brought. Exits 77 without a
  * GPU. */
@@ -21,6 +22,7 @@ static const uint64_t stride[3] = {16 * 1500 + 16, 33000 + 5, 16 * 2100}; /* odd
 
 struct state {
     int32_t slot_of[NL * NE], owner[NS], list[NS];
+    uint8_t pf[NS];
     uint32_t stamp[NS], clock[NL];
     void *tab[NL * 3 * NE];
     unsigned long long stats[NL * DEVCACHE_NSTAT];
@@ -110,6 +112,7 @@ int main(void)
     unsigned long long copies = 0, inplace = 0;
     for (int call = 0; call < CALLS && !bad_state; call++) {
         int l = (int)rng_below(&r, NL);
+        int prefetch = rng_below(&r, 3) == 0; /* a prediction for the layer's next call */
         int n = 1 + (int)rng_below(&r, call % 10 == 0 ? 64 : 8);
         for (int i = 0; i < n; i++) /* skewed: low ids more often; now and then a bad one */
             ids[i] = rng_below(&r, 50) == 0 ? (rng_below(&r, 2) ? -1 : NE + 3)
@@ -119,6 +122,7 @@ int main(void)
             .n_pairs = n,
             .n_expert = NE,
             .n_list = n_list[l],
+            .prefetch = prefetch,
             .slot_ptr = slot_ptr_d,
         };
         for (int p = 0; p < 3; p++) {
@@ -134,13 +138,15 @@ int main(void)
         ah.owner = h->owner, ah.stamp = h->stamp, ah.clock = h->clock + l;
         ah.tab = h->tab + l * 3 * NE, ah.slot_ptr = ref_slot_ptr;
         ah.stats = h->stats + l * DEVCACHE_NSTAT, ah.jobs = h->jobs, ah.n_jobs = h->n_jobs;
+        ah.pf = h->pf;
         devcache_ref_lookup(&ah);
         ad.ids = ids_d, ad.slot_of = d->slot_of + l * NE, ad.list = d->list + at[l];
         ad.owner = d->owner, ad.stamp = d->stamp, ad.clock = d->clock + l;
         ad.tab = d->tab + l * 3 * NE;
         ad.stats = d->stats + l * DEVCACHE_NSTAT, ad.jobs = d->jobs, ad.n_jobs = d->n_jobs;
+        ad.pf = d->pf;
         int rc = cuda_devcache_lookup(&ad, NULL);
-        rc = rc ? rc : cuda_devcache_copy(d->jobs, d->n_jobs, NULL);
+        rc = rc ? rc : cuda_devcache_copy(d->jobs, d->n_jobs, prefetch ? 7 : 0, NULL);
         rc = rc ? rc : cuda_d2h(back, d, sizeof(*back), NULL);
         rc = rc ? rc : cuda_stream_sync(NULL);
         CHECK(rc == 0, "call %d: launch failed", call);
@@ -149,6 +155,7 @@ int main(void)
         /* job lists compare entry by entry up to the count (the rest is stale scratch) */
         bool same = !memcmp(back->slot_of, h->slot_of, sizeof(h->slot_of)) &&
                     !memcmp(back->owner, h->owner, sizeof(h->owner)) &&
+                    !memcmp(back->pf, h->pf, sizeof(h->pf)) &&
                     !memcmp(back->stamp, h->stamp, sizeof(h->stamp)) &&
                     !memcmp(back->clock, h->clock, sizeof(h->clock)) &&
                     !memcmp(back->tab, h->tab, sizeof(h->tab)) &&
@@ -186,7 +193,16 @@ int main(void)
            "experts copied, %llu read in place; %d slot parts with wrong bytes\n",
            CALLS, copies, inplace, bad_bytes);
     CHECK(bad_bytes == 0, "%d slot parts hold wrong bytes", bad_bytes);
+    unsigned long long pf = 0, pf_used = 0, wasted = 0;
+    for (int l = 0; l < NL; l++) {
+        pf += h->stats[l * DEVCACHE_NSTAT + DEVCACHE_PF_ADMITTED];
+        pf_used += h->stats[l * DEVCACHE_NSTAT + DEVCACHE_PF_USED];
+        wasted += h->stats[l * DEVCACHE_NSTAT + DEVCACHE_PF_WASTED_BYTES];
+    }
+    printf("test_cuda_devcache: %llu prefetched, %llu of them used, %llu wasted\n", pf, pf_used,
+           wasted / expert_bytes());
     CHECK(copies > 100 && inplace > 0, "the calls did not exercise eviction and in-place reads");
+    CHECK(pf > 0 && pf_used > 0 && wasted > 0, "the predictions did not exercise every counter");
     for (int l = 0; l < NL; l++) /* pinned experts never left */
         for (int i = 0; i < 2; i++)
             CHECK(h->slot_of[l * NE + 7 * i + l] >= 0, "pinned expert %d of layer %d evicted",

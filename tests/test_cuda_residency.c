@@ -95,10 +95,10 @@ static void exact(const char *path, const int32_t *prompt)
     int nv = (int)m->hp.n_vocab, n_keys = (int)(m->hp.n_layer * m->hp.n_expert);
     int k = (int)m->hp.n_expert_used;
     model_close(m);
-    static const char *mode_name[] = {"copy", "zerocopy", "copy+prefetch", "gather+prefetch",
-                                      "gpu"};
+    static const char *mode_name[] = {"copy", "zerocopy",    "copy+prefetch", "gather+prefetch",
+                                      "gpu",  "gpu+prefetch"};
     const int slots[] = {k + 1, 2 * k, n_keys / 3};
-    for (int mode = 0; mode < 5; mode++) {
+    for (int mode = 0; mode < 6; mode++) {
         for (size_t si = 0; si < sizeof(slots) / sizeof(slots[0]); si++) {
             for (int no_mmap = 0; no_mmap < 2; no_mmap++) {
                 if (no_mmap && si)
@@ -107,9 +107,9 @@ static void exact(const char *path, const int32_t *prompt)
                     .device = 0,
                     .expert_slots = slots[si],
                     .residency = mode == 1   ? BACKEND_RESIDENCY_ZEROCOPY
-                                 : mode == 4 ? BACKEND_RESIDENCY_GPU
+                                 : mode >= 4 ? BACKEND_RESIDENCY_GPU
                                              : BACKEND_RESIDENCY_COPY,
-                    .prefetch = mode == 2 || mode == 3,
+                    .prefetch = mode == 2 || mode == 3 || mode == 5,
                     .gather_copies = mode == 3,
                 };
                 struct run r = {0};
@@ -339,14 +339,18 @@ static void graph_decode(const char *path, const int32_t *prompt)
                "%d of %d steps\n", path, err, same, N_STEPS);
         CHECK(err <= 1e-4, "graph decode logits off by %g", err);
         CHECK(same == N_STEPS, "graph decode greedy diverges at step %d", same);
-        /* the GPU's own cache in the same graph: its lookups and copies are kernels of the
-         * step, and the experts' bytes are the same, so the logits are the resident graph's */
+        /* the GPU's own cache in the same graph, with the next layer's experts predicted and
+         * copied on a branch of the graph: its lookups and copies are kernels of the step, and
+         * the experts' bytes are the same, so the logits are the resident graph's */
         struct model *m = NULL;
         model_open(path, &m);
         int k = m ? (int)m->hp.n_expert_used : 1;
         model_close(m);
-        struct backend_cuda_config gg = {
-            .device = 0, .graph = true, .expert_slots = k + 1, .residency = BACKEND_RESIDENCY_GPU};
+        struct backend_cuda_config gg = {.device = 0,
+                                         .graph = true,
+                                         .expert_slots = k + 1,
+                                         .residency = BACKEND_RESIDENCY_GPU,
+                                         .prefetch = true};
         struct run d = {0};
         rc = run_model(path, &gg, 0, prompt, &d);
         CHECK(rc == 0, "%s: gpu cache graph decode failed", path);
@@ -356,13 +360,16 @@ static void graph_decode(const char *path, const int32_t *prompt)
                 if (memcmp(&d.logits[i], &g.logits[i], sizeof(float)))
                     first = i;
             uint64_t acc = d.tot.hits + d.tot.misses;
-            printf("%s: gpu cache in a graph, %d slots: %s; hit rate %.1f%%, %llu evictions\n",
+            printf("%s: gpu cache + prefetch in a graph, %d slots: %s; hit rate %.1f%%, %llu "
+                   "evictions, %llu prefetched (%llu used)\n",
                    path, d.tot.slots,
                    first == n ? "logits bit-identical to the resident graph" : "LOGITS DIFFER",
-                   acc ? 100.0 * d.tot.hits / acc : 0.0, (unsigned long long)d.tot.evictions);
+                   acc ? 100.0 * d.tot.hits / acc : 0.0, (unsigned long long)d.tot.evictions,
+                   (unsigned long long)d.tot.prefetched, (unsigned long long)d.tot.prefetch_used);
             CHECK(first == n, "gpu cache graph: logit %zu differs: %g vs %g", first,
                   first < n ? d.logits[first] : 0.0f, first < n ? g.logits[first] : 0.0f);
-            CHECK(d.tot.evictions > 0, "gpu cache graph: nothing evicted");
+            CHECK(d.tot.evictions > 0 && d.tot.prefetched > 0,
+                  "gpu cache graph: nothing evicted or prefetched");
         }
         free(d.logits);
     }

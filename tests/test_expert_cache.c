@@ -254,8 +254,10 @@ int cuda_devcache_lookup(const struct cuda_devcache_call *a, void *stream)
     return 0;
 }
 
-int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs, void *stream)
+int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs, int blocks,
+                       void *stream)
 {
+    (void)blocks;
     struct devcache_copy_op *k = test_xmalloc(sizeof(*k));
     *k = (struct devcache_copy_op){jobs, n_jobs};
     push(stream, (struct op){.kind = OP_CHECK, .check = devcache_copy_op, .arg = k});
@@ -508,6 +510,16 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
                  : !copy_path ? expert_cache_prepare_zerocopy(c, l, ids_dev, n_tok * K, &k->t)
                               : expert_cache_prepare_copy(c, l, ids_dev, n_tok * K, &k->t);
             CHECK(rc == 0, "prepare: %s", err_msg());
+            if (!rc && sc->gpu && prefetch && l + 1 < N_LAYER) {
+                /* (c)'s prediction of the next layer, made after this layer's lookup */
+                int n = n_tok * K;
+                for (int i = 0; i < n; i++)
+                    pred[i] =
+                        rng_below(&r, 4) ? routed[l + 1][i] : (int32_t)rng_below(&r, N_EXPERT);
+                cuda_h2d(pred_dev, pred, sizeof(int32_t) * (size_t)n, compute);
+                rc = expert_cache_prefetch_device(c, l + 1, pred_dev, n);
+                CHECK(rc == 0, "prefetch: %s", err_msg());
+            }
             const int32_t *cpu;
             k->n_cpu = hybrid ? expert_cache_cpu_experts(c, &cpu) : 0;
             if (k->n_cpu)
@@ -640,6 +652,7 @@ int main(void)
         for (size_t s = 0; s < sizeof(slots) / sizeof(slots[0]); s++)
             scenario(&m, &(struct scenario_cfg){.mode = (enum copy_mode)mode,
                                                 .gpu = true,
+                                                .prefetch = s % 2,
                                                 .n_frozen = s == 2 ? K : 0,
                                                 .n_slots = slots[s],
                                                 .n_steps = 40,

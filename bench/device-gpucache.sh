@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# GPU machine: the GPU's own expert cache (--residency gpu) against the host-driven paths.
+# First TESTS (default test_cuda_devcache test_cuda_residency) from .carry/bin, unless
+# SKIP_TESTS=1. Then W1-real (the shipped model inflated to the 30b-a3b shapes, bench/heldout.py's
+# odd texts; steady decode, 256 greedy tokens after 512) all resident in a graph, and at each of
+# BUDGETS (default 1G 2G): copy (--placement stream), gpu, gpu in a graph (alone, with
+# --prefetch, with --prefetch-depth 2), and gpu in a graph after a residency profile (warmed up
+# on the even texts), alone and with --prefetch. With P30B=1 also the 30b-a3b preset (random
+# weights and decode ids, -p 512 -n 128) at 4 and 8 GiB: copy, hybrid, gpu in a graph with and
+# without --prefetch. Results in $OUT/gpucache.txt.
+set -u
+. bench/device-env.sh
+R=$OUT/gpucache.txt
+export STRATA_TEST_DATA=$PWD/tests/data
+if [ -z "${SKIP_TESTS:-}" ]; then
+    for t in ${TESTS:-test_cuda_devcache test_cuda_residency}; do
+        s=$(date +%s)
+        (cd tests && timeout 250 "$B/$t" >"$OUT/$t.log" 2>&1)
+        echo "$t rc=$? ($(($(date +%s) - s)) s)" | tee -a "$R"
+        grep -E "FAIL|failed|gpu cache|test_cuda_devcache:" "$OUT/$t.log" | head -8 | tee -a "$R"
+    done
+fi
+W1=/dev/shm/w1.gguf
+[ -f $W1 ] || "$B/strata" gen --inflate models/strata-default.gguf --preset 30b-a3b -o $W1 2>&1 | tail -1
+[ -f /tmp/eval.txt ] || python3 bench/heldout.py /tmp/warm.txt /tmp/eval.txt --max-texts 160 >/dev/null
+keep="^(pp|tg)[0-9]|^cache |^prefetch |^placement|^backend|error|GPU runs"
+run() {
+    echo "### strata bench $*" | tee -a "$R"
+    timeout 90 "$B/strata" bench "$@" 2>&1 | grep -E "$keep" | tee -a "$R"
+}
+F=(-m $W1 -f /tmp/eval.txt --tg greedy --bw-gib 0.25 -p 512 -n 256)
+run "${F[@]}" --device cuda --graph
+for b in ${BUDGETS:-1G 2G}; do
+    run "${F[@]}" --vram-budget $b --placement stream
+    run "${F[@]}" --vram-budget $b --residency gpu
+    run "${F[@]}" --vram-budget $b --residency gpu --graph
+    run "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch
+    run "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch-depth 2
+    P=/tmp/w1-$b.profile
+    "$B/strata" profile warmup -m $W1 --vram-budget $b --prompts /tmp/warm.txt --separator '<|sep|>' \
+        --max-tokens 256 --decode 32 -o $P 2>&1 | grep -E "replaying|texts" | tail -2 | tee -a "$R"
+    run "${F[@]}" --vram-budget $b --residency gpu --graph --profile $P
+    run "${F[@]}" --vram-budget $b --residency gpu --graph --profile $P --prefetch
+done
+if [ -n "${P30B:-}" ]; then
+    gen_30b
+    for b in 4G 8G; do
+        G=(-m $M -p 512 -n 128 --tg random --bw-gib 0.5 --vram-budget $b)
+        run "${G[@]}" --placement stream
+        run "${G[@]}" --placement hybrid
+        run "${G[@]}" --residency gpu --graph
+        run "${G[@]}" --residency gpu --graph --prefetch
+    done
+fi
