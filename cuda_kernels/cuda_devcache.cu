@@ -1,5 +1,9 @@
-/* cuda_devcache with CUDA: the lookup kernel (one block; warp 0 makes every decision in the
- * reference's order) and the copy kernel (blocks take 32 KiB chunks of the queued copies). */
+/* cuda_devcache with CUDA: one launch per layer call. Every block makes the whole call's
+ * decisions itself, from the state as the call found it (warp 0, in the reference's order,
+ * in shared memory), then copies its share of the chunks of the misses' parts. Block 0 alone
+ * writes the new state, once every other block has finished reading the old one (a counter
+ * the others raise; they never wait for anything, so every block finishes). One launch instead
+ * of a lookup kernel and a copy kernel saves a kernel boundary per layer. */
 #include "cuda_check.h"
 #include "cuda_devcache.h"
 #include "cuda_ops_util.cuh"
@@ -7,31 +11,70 @@
 #include <errno.h>
 
 #define DC_THREADS 256
-#define DC_COPY_BLOCKS 264 /* two per SM of an H100/H200: enough reads in flight over PCIe */
+#define DC_BLOCKS 264 /* two per SM of an H100/H200: enough reads in flight over PCIe */
 
 static int dc_rc(cudaError_t e)
 {
     return e == cudaSuccess ? 0 : -EIO;
 }
 
-/* dynamic shared memory: used flags (n_expert bytes, padded to 4), then the list's stamps */
-static __global__ void __launch_bounds__(DC_THREADS) k_devcache_lookup(struct cuda_devcache_call a)
+/* A chunk of the parts of the copied misses: q counts chunks of expert 0's gate, up, down,
+ * then expert 1's, ...; each part's chunks of CUDA_DEVCACHE_CHUNK bytes, its last one short. */
+static __device__ void dc_copy_chunk(const struct cuda_devcache_call &a, const int *miss,
+                                     const int *vic_slot, const uint32_t *part_chunks, uint32_t q)
+{
+    const uint32_t per = part_chunks[0] + part_chunks[1] + part_chunks[2];
+    const int m = (int)(q / per);
+    uint32_t r = q % per;
+    int p = 0;
+    while (r >= part_chunks[p])
+        r -= part_chunks[p++];
+    const uint64_t at = (uint64_t)r * CUDA_DEVCACHE_CHUNK;
+    const uint64_t n =
+        a.stride[p] - at < CUDA_DEVCACHE_CHUNK ? a.stride[p] - at : CUDA_DEVCACHE_CHUNK;
+    const uint8_t *src = a.mapped[p] + (uint64_t)miss[m] * a.stride[p] + at;
+    uint8_t *dst = a.slot_ptr[vic_slot[m]] + a.off[p] + at;
+    if ((((uintptr_t)src | (uintptr_t)dst) & 15) == 0 && n == CUDA_DEVCACHE_CHUNK) {
+        const uint4 *s4 = (const uint4 *)src; /* eight 16-byte loads in flight per thread */
+        uint4 *d4 = (uint4 *)dst;
+        uint4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[k] = s4[threadIdx.x + k * DC_THREADS];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            d4[threadIdx.x + k * DC_THREADS] = v[k];
+    } else if ((((uintptr_t)src | (uintptr_t)dst | n) & 15) == 0) {
+        for (uint64_t w = threadIdx.x; w < n / 16; w += DC_THREADS)
+            ((uint4 *)dst)[w] = ((const uint4 *)src)[w];
+    } else {
+        for (uint64_t b = threadIdx.x; b < n; b += DC_THREADS)
+            dst[b] = src[b];
+    }
+}
+
+/* dynamic shared memory: the list's stamps (n_list), the misses (n_expert), used flags
+ * (n_expert bytes) */
+static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devcache_call a)
 {
     extern __shared__ uint32_t sm[];
-    uint8_t *used = (uint8_t *)sm;
-    uint32_t *st = sm + (a.n_expert + 3) / 4;
-    __shared__ uint32_t s_clock;
-    __shared__ int s_miss[CUDA_DEVCACHE_MAX_EXPERT];
-    __shared__ int s_n_miss;
+    uint32_t *st = sm;
+    int *miss = (int *)(st + a.n_list);
+    uint8_t *used = (uint8_t *)(miss + a.n_expert);
+    __shared__ int vic_slot[CUDA_DEVCACHE_MAX_EXPERT];
+    __shared__ int s_n_miss, s_n_copy;
+    __shared__ unsigned long long s_hits, s_pf_used;
+    __shared__ uint32_t part_chunks[3];
     const int tid = threadIdx.x, lane = tid & 31;
     ops_pdl_begin();
+    const uint32_t c = *a.clock + 1;
     for (int e = tid; e < a.n_expert; e += DC_THREADS)
         used[e] = 0;
-    if (tid == 0) {
-        s_clock = *a.clock + 1;
-        if (!a.prefetch)
-            *a.clock = s_clock;
-    }
+    if (tid < 3)
+        part_chunks[tid] =
+            (uint32_t)((a.stride[tid] + CUDA_DEVCACHE_CHUNK - 1) / CUDA_DEVCACHE_CHUNK);
+    if (tid == 0)
+        s_hits = s_pf_used = 0;
     __syncthreads();
     for (int i = tid; i < a.n_pairs; i += DC_THREADS) {
         int e = a.ids[i];
@@ -39,166 +82,142 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache_lookup(struct cu
             used[e] = 1; /* racing writers all store 1 */
     }
     __syncthreads();
-    const uint32_t c = s_clock;
-    if (tid < 32) { /* hits stamped, misses listed in ascending order */
+    /* the list's stamps, hits stamped as in use (pinned ones stay pinned) */
+    unsigned long long hits = 0, pf_used = 0;
+    for (int i = tid; i < a.n_list; i += DC_THREADS) {
+        int s = a.list[i], o = a.owner[s];
+        uint32_t t = a.stamp[s];
+        if (o >= 0 && used[o]) {
+            hits++;
+            pf_used += a.pf[s];
+            t = t == CUDA_DEVCACHE_PINNED ? t : c;
+        }
+        st[i] = t;
+    }
+    if (hits)
+        atomicAdd(&s_hits, hits);
+    if (pf_used)
+        atomicAdd(&s_pf_used, pf_used);
+    if (tid < 32) { /* misses in ascending order */
         int n_miss = 0;
-        unsigned long long hits = 0, pf_used = 0;
         for (int base = 0; base < a.n_expert; base += 32) {
             int e = base + lane;
-            bool u = e < a.n_expert && used[e];
-            int s = u ? a.slot_of[e] : -1;
-            if (u && s >= 0 && a.stamp[s] != CUDA_DEVCACHE_PINNED)
-                a.stamp[s] = c;
-            bool pf_hit = u && s >= 0 && !a.prefetch && a.pf[s];
-            if (pf_hit)
-                a.pf[s] = 0;
-            pf_used += __popc(__ballot_sync(0xffffffffu, pf_hit));
-            unsigned hit = __ballot_sync(0xffffffffu, u && s >= 0);
-            unsigned miss = __ballot_sync(0xffffffffu, u && s < 0);
-            if (u && s < 0)
-                s_miss[n_miss + __popc(miss & ((1u << lane) - 1))] = e;
-            n_miss += __popc(miss);
-            hits += __popc(hit);
+            bool ms = e < a.n_expert && used[e] && a.slot_of[e] < 0;
+            unsigned b = __ballot_sync(0xffffffffu, ms);
+            if (ms)
+                miss[n_miss + __popc(b & ((1u << lane) - 1))] = e;
+            n_miss += __popc(b);
         }
-        if (lane == 0) {
+        if (lane == 0)
             s_n_miss = n_miss;
-            if (!a.prefetch) {
-                a.stats[DEVCACHE_HITS] += hits;
-                a.stats[DEVCACHE_PF_USED] += pf_used;
-            }
-        }
     }
-    __syncthreads(); /* the hits' stamps are visible to the block */
-    for (int i = tid; i < a.n_list; i += DC_THREADS)
-        st[i] = a.stamp[a.list[i]];
     __syncthreads();
-    if (tid >= 32)
-        return;
-    const uint64_t bytes = a.stride[0] + a.stride[1] + a.stride[2];
-    uint32_t nj = 0, chunks = 0;
-    unsigned long long n_ev = 0, n_ad = 0, inplace = 0, wasted = 0;
-    for (int m = 0; m < s_n_miss; m++) {
-        int e = s_miss[m];
-        unsigned long long best = ~0ull; /* (stamp << 32 | index), least wins */
-        for (int i = lane; i < a.n_list; i += 32)
-            if (st[i] < c) {
-                unsigned long long k = (unsigned long long)st[i] << 32 | (unsigned)i;
-                best = k < best ? k : best;
+    if (tid < 32) { /* each miss's victim: least (stamp, index) below c, or none */
+        int n_copy = 0;
+        for (int m = 0; m < s_n_miss; m++) {
+            unsigned long long best = ~0ull;
+            for (int i = lane; i < a.n_list; i += 32)
+                if (st[i] < c) {
+                    unsigned long long k = (unsigned long long)st[i] << 32 | (unsigned)i;
+                    best = k < best ? k : best;
+                }
+            for (int o = 16; o > 0; o >>= 1) {
+                unsigned long long x = __shfl_xor_sync(0xffffffffu, best, o);
+                best = x < best ? x : best;
             }
-        for (int o = 16; o > 0; o >>= 1) {
-            unsigned long long x = __shfl_xor_sync(0xffffffffu, best, o);
-            best = x < best ? x : best;
-        }
-        if (best == ~0ull) {
-            inplace += bytes;
-            continue;
-        }
-        int i = (int)(best & 0xffffffffu), s = a.list[i];
-        if (lane == 0) {
-            int o = a.owner[s];
-            if (o >= 0) {
-                a.slot_of[o] = -1;
-                for (int p = 0; p < 3; p++)
-                    a.tab[(size_t)p * a.n_expert + o] =
-                        (void *)(a.mapped[p] + (uint64_t)o * a.stride[p]);
-                n_ev++;
-                wasted += a.pf[s] ? bytes : 0;
+            int i = best == ~0ull ? -1 : (int)(best & 0xffffffffu);
+            if (lane == 0 && i >= 0) {
+                st[i] = c;
+                miss[n_copy] = miss[m]; /* the copied ones first, in order */
+                vic_slot[n_copy] = a.list[i];
+                n_copy++;
             }
-            a.pf[s] = (uint8_t)a.prefetch;
-            a.owner[s] = e;
-            a.slot_of[e] = s;
-            a.stamp[s] = c;
-            st[i] = c;
-            for (int p = 0; p < 3; p++) {
-                a.tab[(size_t)p * a.n_expert + e] = a.slot_ptr[s] + a.off[p];
-                struct cuda_devcache_job *j = &a.jobs[nj + p];
-                j->src = a.mapped[p] + (uint64_t)e * a.stride[p];
-                j->dst = a.slot_ptr[s] + a.off[p];
-                j->bytes = a.stride[p];
-                j->first = chunks;
-                chunks += (uint32_t)((a.stride[p] + CUDA_DEVCACHE_CHUNK - 1) / CUDA_DEVCACHE_CHUNK);
-            }
+            n_copy = __shfl_sync(0xffffffffu, n_copy, 0);
+            __syncwarp();
         }
-        nj += 3;
-        n_ad++;
-        __syncwarp();
+        if (lane == 0)
+            s_n_copy = n_copy;
     }
-    if (lane == 0) {
-        if (!a.prefetch) {
-            a.stats[DEVCACHE_MISSES] += (unsigned long long)s_n_miss;
-            a.stats[DEVCACHE_BYTES_INPLACE] += inplace;
+    __syncthreads();
+    const int n_copy = s_n_copy, n_miss = s_n_miss;
+    if (blockIdx.x != 0) { /* done reading the state: tell block 0 */
+        if (tid == 0) {
+            __threadfence();
+            atomicAdd(a.sync, 1u);
         }
-        a.stats[DEVCACHE_EVICTIONS] += n_ev;
-        a.stats[a.prefetch ? DEVCACHE_PF_ADMITTED : DEVCACHE_ADMISSIONS] += n_ad;
-        a.stats[DEVCACHE_BYTES_COPIED] += n_ad * bytes;
-        a.stats[DEVCACHE_PF_WASTED_BYTES] += wasted;
-        a.n_jobs[0] = nj;
-        a.n_jobs[1] = chunks;
+    } else {
+        if (tid == 0) {
+            while (atomicAdd(a.sync, 0u) < gridDim.x - 1)
+                ;
+            *a.sync = 0; /* for the next launch: every other block has counted */
+            __threadfence();
+        }
+        __syncthreads();
+        for (int i = tid; i < a.n_list; i += DC_THREADS) /* stamps, then the misses' slots */
+            a.stamp[a.list[i]] = st[i];
+        for (int i = tid; i < a.n_list && !a.prefetch; i += DC_THREADS) {
+            int s = a.list[i], o = a.owner[s];
+            if (o >= 0 && used[o])
+                a.pf[s] = 0;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            const uint64_t bytes = a.stride[0] + a.stride[1] + a.stride[2];
+            unsigned long long n_ev = 0, wasted = 0;
+            uint32_t chunks = 0, nj = 0;
+            for (int m = 0; m < n_copy; m++) {
+                int e = miss[m], s = vic_slot[m], o = a.owner[s];
+                if (o >= 0) {
+                    a.slot_of[o] = -1;
+                    for (int p = 0; p < 3; p++)
+                        a.tab[(size_t)p * a.n_expert + o] =
+                            (void *)(a.mapped[p] + (uint64_t)o * a.stride[p]);
+                    n_ev++;
+                    wasted += a.pf[s] ? bytes : 0;
+                }
+                a.pf[s] = (uint8_t)a.prefetch;
+                a.owner[s] = e;
+                a.slot_of[e] = s;
+                for (int p = 0; p < 3; p++) {
+                    a.tab[(size_t)p * a.n_expert + e] = a.slot_ptr[s] + a.off[p];
+                    struct cuda_devcache_job *j = &a.jobs[nj++];
+                    j->src = a.mapped[p] + (uint64_t)e * a.stride[p];
+                    j->dst = a.slot_ptr[s] + a.off[p];
+                    j->bytes = a.stride[p];
+                    j->first = chunks;
+                    chunks += part_chunks[p];
+                }
+            }
+            unsigned long long *stt = a.stats;
+            if (!a.prefetch) {
+                *a.clock = c;
+                stt[DEVCACHE_HITS] += s_hits;
+                stt[DEVCACHE_PF_USED] += s_pf_used;
+                stt[DEVCACHE_MISSES] += (unsigned long long)n_miss;
+                stt[DEVCACHE_BYTES_INPLACE] += (unsigned long long)(n_miss - n_copy) * bytes;
+            }
+            stt[DEVCACHE_EVICTIONS] += n_ev;
+            stt[a.prefetch ? DEVCACHE_PF_ADMITTED : DEVCACHE_ADMISSIONS] +=
+                (unsigned long long)n_copy;
+            stt[DEVCACHE_BYTES_COPIED] += (unsigned long long)n_copy * bytes;
+            stt[DEVCACHE_PF_WASTED_BYTES] += wasted;
+            a.n_jobs[0] = nj;
+            a.n_jobs[1] = chunks;
+        }
     }
+    const uint32_t total = (uint32_t)n_copy * (part_chunks[0] + part_chunks[1] + part_chunks[2]);
+    for (uint32_t q = blockIdx.x; q < total; q += gridDim.x)
+        dc_copy_chunk(a, miss, vic_slot, part_chunks, q);
 }
 
-/* 16-byte words when source, destination and the chunk allow, else bytes; eight loads in
- * flight per thread before their stores */
-static __global__ void __launch_bounds__(DC_THREADS)
-    k_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs)
-{
-    ops_pdl_begin();
-    const uint32_t nj = n_jobs[0], total = n_jobs[1];
-    for (uint32_t q = blockIdx.x; q < total; q += gridDim.x) {
-        uint32_t lo = 0, hi = nj; /* the job holding chunk q: the last with first <= q */
-        while (hi - lo > 1) {
-            uint32_t mid = (lo + hi) / 2;
-            if (jobs[mid].first <= q)
-                lo = mid;
-            else
-                hi = mid;
-        }
-        const struct cuda_devcache_job j = jobs[lo];
-        uint64_t at = (uint64_t)(q - j.first) * CUDA_DEVCACHE_CHUNK;
-        uint64_t n = j.bytes - at < CUDA_DEVCACHE_CHUNK ? j.bytes - at : CUDA_DEVCACHE_CHUNK;
-        const uint8_t *src = j.src + at;
-        uint8_t *dst = j.dst + at;
-        if ((((uintptr_t)src | (uintptr_t)dst) & 15) == 0 && n == CUDA_DEVCACHE_CHUNK) {
-            const uint4 *s4 = (const uint4 *)src;
-            uint4 *d4 = (uint4 *)dst;
-            uint4 v[8];
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                v[k] = s4[threadIdx.x + k * DC_THREADS];
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                d4[threadIdx.x + k * DC_THREADS] = v[k];
-        } else if ((((uintptr_t)src | (uintptr_t)dst | n) & 15) == 0) {
-            const uint4 *s4 = (const uint4 *)src;
-            uint4 *d4 = (uint4 *)dst;
-            for (uint64_t w = threadIdx.x; w < n / 16; w += DC_THREADS)
-                d4[w] = s4[w];
-        } else {
-            for (uint64_t b = threadIdx.x; b < n; b += DC_THREADS)
-                dst[b] = src[b];
-        }
-    }
-}
-
-extern "C" int cuda_devcache_lookup(const struct cuda_devcache_call *a, void *stream)
+extern "C" int cuda_devcache_run(const struct cuda_devcache_call *a, int blocks, void *stream)
 {
     if (!a || a->n_expert < 1 || a->n_expert > CUDA_DEVCACHE_MAX_EXPERT || a->n_pairs < 0 ||
-        a->n_list < 0)
+        a->n_list < 0 || a->n_list > a->n_expert || blocks < 0)
         return -EINVAL;
-    size_t smem = (size_t)(a->n_expert + 3) / 4 * 4 + sizeof(uint32_t) * (size_t)a->n_list;
-    if (smem > 48 * 1024)
-        return -EINVAL;
-    cudaError_t e =
-        ops_launch(k_devcache_lookup, dim3(1), dim3(DC_THREADS), smem, (cudaStream_t)stream, *a);
-    return dc_rc(CUDA_CHECK(e));
-}
-
-extern "C" int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs,
-                                  int blocks, void *stream)
-{
-    if (blocks < 0)
-        return -EINVAL;
-    cudaError_t e = ops_launch(k_devcache_copy, dim3(blocks ? blocks : DC_COPY_BLOCKS),
-                               dim3(DC_THREADS), 0, (cudaStream_t)stream, jobs, n_jobs);
+    size_t smem = sizeof(uint32_t) * (size_t)a->n_list + sizeof(int) * (size_t)a->n_expert +
+                  (size_t)a->n_expert;
+    cudaError_t e = ops_launch(k_devcache, dim3(blocks ? blocks : DC_BLOCKS), dim3(DC_THREADS),
+                               smem, (cudaStream_t)stream, *a);
     return dc_rc(CUDA_CHECK(e));
 }

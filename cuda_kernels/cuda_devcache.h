@@ -1,10 +1,10 @@
 /* cuda_devcache: the expert cache run by the GPU itself (--residency gpu). Each layer owns a
- * fixed list of VRAM slots; one small kernel per layer call looks the call's experts up in the
- * layer's slot map, picks the least recently used slots of the layer for the misses, points
- * the layer's device pointer table at the new slots (and the evicted experts back at their
- * mapped host bytes) and lists the copies; a second kernel streams those copies from mapped
- * pinned host memory into the slots with the SMs. Nothing waits on the host, so a decode step
- * with misses is one recorded graph like an all-resident one.
+ * fixed list of VRAM slots; one kernel launch per layer call looks the call's experts up in
+ * the layer's slot map, picks the least recently used slots of the layer for the misses,
+ * points the layer's device pointer table at the new slots (and the evicted experts back at
+ * their mapped host bytes) and streams the misses from mapped pinned host memory into the
+ * slots with the SMs. Nothing waits on the host, so a decode step with misses is one recorded
+ * graph like an all-resident one.
  *
  * The policy, exactly (cuda_devcache_ref.h is the scalar reference both must match):
  *   1. the layer's clock c = ++*clock;
@@ -78,14 +78,13 @@ struct cuda_devcache_call {
     unsigned long long *stats; /* (DEVCACHE_NSTAT) the layer's, added to */
     struct cuda_devcache_job *jobs; /* (3 n_expert) */
     uint32_t *n_jobs;               /* [0] jobs, [1] chunks of all of them */
+    uint32_t *sync; /* 0 between launches; launches that may overlap need one each */
 };
 
-/* Step 1-4 above on `stream` (one block). 0 or -errno. */
-int cuda_devcache_lookup(const struct cuda_devcache_call *a, void *stream);
-/* The copies a lookup queued in jobs / n_jobs, by `blocks` blocks (0: enough to keep PCIe
- * busy; fewer leave the SMs to kernels running beside it). 0 or -errno. */
-int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs, int blocks,
-                       void *stream);
+/* Steps 1-4 above and the copies, on `stream`, by `blocks` blocks (0: enough to keep PCIe
+ * busy; fewer leave the SMs to kernels running beside it). jobs / n_jobs get the copies
+ * made. 0 or -errno. */
+int cuda_devcache_run(const struct cuda_devcache_call *a, int blocks, void *stream);
 
 #ifdef __cplusplus
 }

@@ -86,4 +86,11 @@ static inline void devcache_ref_copy(const struct cuda_devcache_job *jobs, const
         memcpy(jobs[i].dst, jobs[i].src, jobs[i].bytes);
 }
 
+/* The kernel's whole launch: the lookup, then the copies it listed. */
+static inline void devcache_ref_run(const struct cuda_devcache_call *a)
+{
+    devcache_ref_lookup(a);
+    devcache_ref_copy(a->jobs, a->n_jobs);
+}
+
 #endif

@@ -3,15 +3,8 @@
 
 #include <errno.h>
 
-int cuda_devcache_lookup(const struct cuda_devcache_call *a, void *stream)
+int cuda_devcache_run(const struct cuda_devcache_call *a, int blocks, void *stream)
 {
-    (void)a, (void)stream;
-    return -ENODEV;
-}
-
-int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs, int blocks,
-                       void *stream)
-{
-    (void)jobs, (void)n_jobs, (void)blocks, (void)stream;
+    (void)a, (void)blocks, (void)stream;
     return -ENODEV;
 }

@@ -156,6 +156,7 @@ struct expert_cache {
     struct cuda_devcache_job *d_jobs; /* (3 n_expert) */
     uint32_t *d_n_jobs;               /* (2) */
     uint8_t *d_pf;                    /* (n_slots) filled by a prefetch, not used since */
+    uint32_t *d_sync; /* (2) the launches' block counters: compute, prefetch stream */
     struct cuda_devcache_job *d_pf_jobs; /* (n_layer * 3 n_expert) each layer's prefetch copies */
     uint32_t *d_pf_n_jobs;               /* (n_layer * 2) */
     void **pf_done;      /* (n_layer) events: the layer's prefetch copies, on pf_stream */

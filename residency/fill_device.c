@@ -1,7 +1,7 @@
 /* fill_device: serving misses by path (c), the GPU's own cache (cuda_devcache.h). At a layer
- * call the host only enqueues two kernels: the lookup (hits, least recently used victims
- * among the layer's slots, table entries, the copy list) and the copies. Nothing is read back
- * and nothing waits, so decode steps record into one CUDA graph.
+ * call the host only enqueues one kernel launch: the lookup (hits, least recently used victims
+ * among the layer's slots, table entries) and the copies. Nothing is read back and nothing
+ * waits, so decode steps record into one CUDA graph.
  *
  * The first call takes the SLRU's state over (ec_dev_init): every slot goes to one layer's
  * list (its pinned experts, then an even share of the rest, never more than n_expert), the
@@ -10,12 +10,11 @@
  * refused, and statistics come from the device's counters.
  *
  * Prediction (expert_cache_prefetch_device): the experts predicted for a layer's next call
- * are admitted by a prefetch lookup on the compute stream (stamped as in use by that call, so
- * its own misses cannot evict them), and copied by a kernel of few blocks on the prefetch
- * stream, beside the compute stream's work; the layer's call makes the compute stream wait for
- * those copies after its own lookup and copies, before its experts run. Each layer has its
- * own copy list and event, so a prefetch for the next layer never rewrites a list a copy may
- * still read. In a recorded graph the fork and the join are edges of the graph. */
+ * are admitted and copied by a launch of few blocks on the prefetch stream, beside the compute
+ * stream's work (stamped as in use by that call, so its own misses cannot evict them); the
+ * layer's call makes the compute stream wait for that launch before its own. Only that layer's
+ * slots and state change meanwhile, and each layer has its own copy list and event. In a
+ * recorded graph the fork and the join are edges of the graph. */
 #include "cache_priv.h"
 
 #include <errno.h>
@@ -163,6 +162,8 @@ static int ec_dev_init(struct expert_cache *c)
     for (size_t l = 0; l < nl && !rc; l++)
         rc = cuda_event_create(&c->pf_done[l]);
     rc = rc ? rc : cuda_memset(c->d_pf, 0, ns, c->compute);
+    rc = rc ? rc : cuda_malloc((void **)&c->d_sync, 2 * sizeof(uint32_t));
+    rc = rc ? rc : cuda_memset(c->d_sync, 0, 2 * sizeof(uint32_t), c->compute);
     rc = rc ? rc : cuda_h2d(c->d_slot_of, slot_of, sizeof(int32_t) * nl * ne, c->compute);
     rc = rc ? rc : cuda_h2d(c->d_owner, owner, sizeof(int32_t) * ns, c->compute);
     rc = rc ? rc : cuda_h2d(c->d_stamp, stamp, sizeof(uint32_t) * ns, c->compute);
@@ -213,6 +214,7 @@ static struct cuda_devcache_call ec_dev_call(struct expert_cache *c, int layer,
         .stats = c->d_stats + (size_t)layer * DEVCACHE_NSTAT,
         .jobs = c->d_jobs,
         .n_jobs = c->d_n_jobs,
+        .sync = c->d_sync,
     };
     for (int p = 0; p < P_N; p++) {
         a.mapped[p] = c->lay[layer].mapped[p];
@@ -231,11 +233,11 @@ int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t
     if (rc)
         return rc;
     struct cuda_devcache_call a = ec_dev_call(c, layer, ids_dev, n_pairs);
-    rc = cuda_devcache_lookup(&a, c->compute);
-    rc = rc ? rc : cuda_devcache_copy(c->d_jobs, c->d_n_jobs, 0, c->compute);
-    if (!rc && c->pf_pending[layer])
+    /* the layer's prefetch (its slots, its state) lands first */
+    if (c->pf_pending[layer])
         rc = cuda_stream_wait(c->compute, c->pf_done[layer]);
     c->pf_pending[layer] = 0;
+    rc = rc ? rc : cuda_devcache_run(&a, 0, c->compute);
     if (rc)
         return err_set(rc, "expert cache: layer %d: the GPU's lookup failed", layer);
     ec_tables(c, layer, t);
@@ -260,10 +262,10 @@ int expert_cache_prefetch_device(struct expert_cache *c, int layer, const int32_
     a.prefetch = 1;
     a.jobs = jobs;
     a.n_jobs = n_jobs;
-    int rc = cuda_devcache_lookup(&a, c->compute);
-    rc = rc ? rc : cuda_event_record(c->copy_mark, c->compute);
+    a.sync = c->d_sync + 1;
+    int rc = cuda_event_record(c->copy_mark, c->compute);
     rc = rc ? rc : cuda_stream_wait(c->pf_stream, c->copy_mark);
-    rc = rc ? rc : cuda_devcache_copy(jobs, n_jobs, EC_PF_BLOCKS, c->pf_stream);
+    rc = rc ? rc : cuda_devcache_run(&a, EC_PF_BLOCKS, c->pf_stream);
     rc = rc ? rc : cuda_event_record(c->pf_done[layer], c->pf_stream);
     if (rc)
         return err_set(rc, "expert cache: layer %d: the GPU's prefetch failed", layer);
@@ -375,6 +377,7 @@ void ec_dev_close(struct expert_cache *c)
     cuda_free(c->d_jobs);
     cuda_free(c->d_n_jobs);
     cuda_free(c->d_pf);
+    cuda_free(c->d_sync);
     cuda_free(c->d_pf_jobs);
     cuda_free(c->d_pf_n_jobs);
     for (int l = 0; c->pf_done && l < c->n_layer; l++)

@@ -208,35 +208,16 @@ int cuda_d2d(void *dst, const void *src, size_t bytes, void *stream)
 static int g_streams;
 
 /* The GPU's own expert cache: its scalar reference, run (or recorded) like a kernel */
-static int sim_devcache_lookup(const struct cuda_devcache_call *a)
+static int sim_devcache_run(const struct cuda_devcache_call *a)
 {
-    devcache_ref_lookup(a);
+    devcache_ref_run(a);
     return 0;
 }
 
-struct sim_devcache_copy_args {
-    const struct cuda_devcache_job *jobs;
-    const uint32_t *n_jobs;
-};
-
-static int sim_devcache_copy(const struct sim_devcache_copy_args *a)
-{
-    devcache_ref_copy(a->jobs, a->n_jobs);
-    return 0;
-}
-
-int cuda_devcache_lookup(const struct cuda_devcache_call *a, void *stream)
-{
-    (void)stream;
-    return SIM_RUN(sim_devcache_lookup, a);
-}
-
-int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs, int blocks,
-                       void *stream)
+int cuda_devcache_run(const struct cuda_devcache_call *a, int blocks, void *stream)
 {
     (void)stream, (void)blocks;
-    struct sim_devcache_copy_args a = {jobs, n_jobs};
-    return SIM_RUN(sim_devcache_copy, &a);
+    return SIM_RUN(sim_devcache_run, a);
 }
 
 int cuda_gather_copy(const struct cuda_gather *g, void *stream)

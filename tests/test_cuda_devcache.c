@@ -1,7 +1,7 @@
-/* cuda_devcache's kernels against their scalar reference (cuda_devcache_ref.h) on random
+/* cuda_devcache's kernel against its scalar reference (cuda_devcache_ref.h) on random
  * state and random calls: 3 layers of 64 experts whose parts have odd strides, 40 slots spread
  * over the layers' lists (some pinned), calls of 1 to 64 pairs with repeats and bad ids, a third
- * of them predictions (prefetch = 1, their copies by 7 blocks). After
+ * of them predictions (prefetch = 1, by 7 blocks; the others by the default grid). After
  * every call the device's slot map, owners, stamps, clock, table, copy list and counters
  * equal the reference's, and the slots hold the bytes the copies brought. Exits 77 without a
  * GPU. */
@@ -28,6 +28,7 @@ struct state {
     unsigned long long stats[NL * DEVCACHE_NSTAT];
     struct cuda_devcache_job jobs[3 * NE];
     uint32_t n_jobs[2];
+    uint32_t sync;
 };
 
 static uint64_t expert_bytes(void)
@@ -139,14 +140,13 @@ int main(void)
         ah.tab = h->tab + l * 3 * NE, ah.slot_ptr = ref_slot_ptr;
         ah.stats = h->stats + l * DEVCACHE_NSTAT, ah.jobs = h->jobs, ah.n_jobs = h->n_jobs;
         ah.pf = h->pf;
-        devcache_ref_lookup(&ah);
+        devcache_ref_lookup(&ah); /* its copies: the bytes are checked in the slots below */
         ad.ids = ids_d, ad.slot_of = d->slot_of + l * NE, ad.list = d->list + at[l];
         ad.owner = d->owner, ad.stamp = d->stamp, ad.clock = d->clock + l;
         ad.tab = d->tab + l * 3 * NE;
         ad.stats = d->stats + l * DEVCACHE_NSTAT, ad.jobs = d->jobs, ad.n_jobs = d->n_jobs;
-        ad.pf = d->pf;
-        int rc = cuda_devcache_lookup(&ad, NULL);
-        rc = rc ? rc : cuda_devcache_copy(d->jobs, d->n_jobs, prefetch ? 7 : 0, NULL);
+        ad.pf = d->pf, ad.sync = &d->sync;
+        int rc = cuda_devcache_run(&ad, prefetch ? 7 : 0, NULL);
         rc = rc ? rc : cuda_d2h(back, d, sizeof(*back), NULL);
         rc = rc ? rc : cuda_stream_sync(NULL);
         CHECK(rc == 0, "call %d: launch failed", call);

@@ -226,41 +226,20 @@ int cuda_stream_wait(void *stream, void *ev)
 #define K 4
 #define MAX_TOK 24
 
-/* The GPU's own expert cache: its scalar reference, queued on the stream like its kernels (it
+/* The GPU's own expert cache: its scalar reference, queued on the stream like its kernel (it
  * reads and writes "device" state when it runs, not when it is enqueued) */
-static void devcache_lookup_op(void *arg)
+static void devcache_run_op(void *arg)
 {
-    devcache_ref_lookup(arg);
+    devcache_ref_run(arg);
     free(arg);
 }
 
-struct devcache_copy_op {
-    const struct cuda_devcache_job *jobs;
-    const uint32_t *n_jobs;
-};
-
-static void devcache_copy_op(void *arg)
-{
-    struct devcache_copy_op *o = arg;
-    devcache_ref_copy(o->jobs, o->n_jobs);
-    free(o);
-}
-
-int cuda_devcache_lookup(const struct cuda_devcache_call *a, void *stream)
+int cuda_devcache_run(const struct cuda_devcache_call *a, int blocks, void *stream)
 {
     struct cuda_devcache_call *k = test_xmalloc(sizeof(*k));
-    *k = *a;
-    push(stream, (struct op){.kind = OP_CHECK, .check = devcache_lookup_op, .arg = k});
-    return 0;
-}
-
-int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs, int blocks,
-                       void *stream)
-{
     (void)blocks;
-    struct devcache_copy_op *k = test_xmalloc(sizeof(*k));
-    *k = (struct devcache_copy_op){jobs, n_jobs};
-    push(stream, (struct op){.kind = OP_CHECK, .check = devcache_copy_op, .arg = k});
+    *k = *a;
+    push(stream, (struct op){.kind = OP_CHECK, .check = devcache_run_op, .arg = k});
     return 0;
 }
 
