@@ -3,9 +3,10 @@
 # First TESTS (default test_cuda_devcache test_cuda_residency) from .carry/bin, unless
 # SKIP_TESTS=1. Then W1-real (the shipped model inflated to the 30b-a3b shapes, bench/heldout.py's
 # odd texts; steady decode, 256 greedy tokens after 512) all resident in a graph, and at each of
-# BUDGETS (default 1G 2G): copy (--placement stream), gpu, gpu in a graph (alone, with
-# --prefetch, with --prefetch-depth 2), and gpu in a graph after a residency profile (warmed up
-# on the even texts), alone and with --prefetch. With P30B=1 also the 30b-a3b preset (random
+# BUDGETS (default 1G 2G): copy (--placement stream), gpu, gpu in a graph (alone and with
+# --prefetch), and gpu in a graph after a residency profile (warmed up on the even texts),
+# alone and with --prefetch; then REPS (default 0) more pairs of copy and gpu in a graph at
+# 2 GiB. With P30B=1 also the 30b-a3b preset (random
 # weights and decode ids, -p 512 -n 128) at 4 and 8 GiB: copy, hybrid, gpu in a graph with and
 # without --prefetch. Results in $OUT/gpucache.txt.
 set -u
@@ -35,12 +36,16 @@ for b in ${BUDGETS:-1G 2G}; do
     run "${F[@]}" --vram-budget $b --residency gpu
     run "${F[@]}" --vram-budget $b --residency gpu --graph
     run "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch
-    run "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch-depth 2
     P=/tmp/w1-$b.profile
     "$B/strata" profile warmup -m $W1 --vram-budget $b --prompts /tmp/warm.txt --separator '<|sep|>' \
         --max-tokens 256 --decode 32 -o $P 2>&1 | grep -E "replaying|texts" | tail -2 | tee -a "$R"
     run "${F[@]}" --vram-budget $b --residency gpu --graph --profile $P
     run "${F[@]}" --vram-budget $b --residency gpu --graph --profile $P --prefetch
+done
+# the ratio at 2 GiB, copy and gpu in a graph alternated (copy varies most from run to run)
+for i in $(seq "${REPS:-0}"); do
+    run "${F[@]}" --vram-budget 2G --placement stream
+    run "${F[@]}" --vram-budget 2G --residency gpu --graph
 done
 if [ -n "${P30B:-}" ]; then
     gen_30b
