@@ -669,11 +669,15 @@ static void bench_print_cache(const struct bench_opts *o, struct strata *st,
         double late = (double)(c1->prefetch_late - c0->prefetch_late);
         double wasted = (double)(c1->prefetch_wasted - c0->prefetch_wasted);
         double slot = (double)model_expert_bytes(m, 0);
-        printf("prefetch     %.1f experts per token copied ahead, %.1f%% of them used (%.1f%% of "
-               "those still copying when their layer ran); %.1f MB per token evicted unused "
-               "(%.1f%% of what prefetch copied)\n",
-               pf / o->n_gen, 100 * used / pf, used > 0 ? 100 * late / used : 0.0,
-               wasted / o->n_gen / 1e6, 100 * wasted / (pf * slot));
+        char late_s[96] = "";
+        if (o->residency != STRATA_FILL_GPU) /* the GPU's cache: a layer waits for them all */
+            snprintf(late_s, sizeof(late_s),
+                     " (%.1f%% of those still copying when their layer ran)",
+                     used > 0 ? 100 * late / used : 0.0);
+        printf("prefetch     %.1f experts per token copied ahead, %.1f%% of them used%s; %.1f MB "
+               "per token evicted unused (%.1f%% of what prefetch copied)\n",
+               pf / o->n_gen, 100 * used / pf, late_s, wasted / o->n_gen / 1e6,
+               100 * wasted / (pf * slot));
     }
     if (c1->cpu_computed > c0->cpu_computed)
         printf("cpu lane     %.1f of %.1f missed experts per token computed on the CPU "

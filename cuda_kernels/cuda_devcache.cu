@@ -9,9 +9,23 @@
 #include "cuda_ops_util.cuh"
 
 #include <errno.h>
+#include <stdlib.h>
 
 #define DC_THREADS 256
 #define DC_BLOCKS 264 /* two per SM of an H100/H200: enough reads in flight over PCIe */
+
+/* The default grid: DC_BLOCKS, or STRATA_DEVCACHE_BLOCKS from the environment (1..1024; for
+ * measuring). */
+static int dc_blocks(void)
+{
+    static int n = 0; /* decided once; a race writes the same value */
+    if (!n) {
+        const char *v = getenv("STRATA_DEVCACHE_BLOCKS");
+        int x = v ? atoi(v) : 0;
+        n = x >= 1 && x <= 1024 ? x : DC_BLOCKS;
+    }
+    return n;
+}
 
 static int dc_rc(cudaError_t e)
 {
@@ -217,7 +231,7 @@ extern "C" int cuda_devcache_run(const struct cuda_devcache_call *a, int blocks,
         return -EINVAL;
     size_t smem = sizeof(uint32_t) * (size_t)a->n_list + sizeof(int) * (size_t)a->n_expert +
                   (size_t)a->n_expert;
-    cudaError_t e = ops_launch(k_devcache, dim3(blocks ? blocks : DC_BLOCKS), dim3(DC_THREADS),
+    cudaError_t e = ops_launch(k_devcache, dim3(blocks ? blocks : dc_blocks()), dim3(DC_THREADS),
                                smem, (cudaStream_t)stream, *a);
     return dc_rc(CUDA_CHECK(e));
 }
