@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # --vram-budget and friends on the command line: bad values are refused with the reason and
-# exit code 2, before anything is loaded; --residency takes copy or zerocopy; without a GPU a
-# budget fails cleanly (exit 1, the CUDA reason named) and --device auto runs on the CPU. The budget's effect is tested on the
-# GPU machine (test_cuda_residency).
+# exit code 2, before anything is loaded; --residency takes copy, zerocopy or gpu; without a
+# GPU a budget fails cleanly (exit 1, the CUDA reason named) and --device auto runs on the
+# CPU. The budget's effect is tested on the GPU machine (test_cuda_residency).
 set -uo pipefail
 strata=$1
 fail() { echo "FAIL: $*"; exit 1; }
@@ -16,7 +16,7 @@ expect() { # expect CODE PATTERN -- args...
 expect 2 "unknown unit 'X'" -- run --vram-budget 4X -p hi
 expect 2 "wants a size such as 8G, 7.5GiB or 8000MB, of 1\.\." -- run --vram-budget 0 -p hi
 expect 2 "need --device cuda" -- run --device cpu --vram-budget 4G -p hi
-expect 2 "copy or zerocopy" -- run --residency fast -p hi
+expect 2 "copy, zerocopy or gpu" -- run --residency fast -p hi
 expect 2 "unknown unit" -- bench -m x --vram-budget 12Q
 # (whole help texts: grep -q quitting early would end strata by SIGPIPE under pipefail)
 grep -q -- "--vram-budget SIZE" <<<"$("$strata" run --help)" || fail "run --help lacks --vram-budget"
