@@ -45,6 +45,13 @@ int expert_cache_prepare_zerocopy(struct expert_cache *c, int layer, const int32
         rc = rc ? rc : cuda_stream_wait(c->compute, c->copy_done);
         c->copies_pending = false;
     }
+    /* and so must the prefetch stream's: a copy-path call (a prompt) may have pointed entries
+     * at predicted experts whose copies its layers never waited for, since they did not use
+     * them; this call reads whatever its entries point at */
+    if (!rc && c->pf_last_set) {
+        rc = cuda_stream_wait(c->compute, c->pf_last);
+        c->pf_last_set = false;
+    }
     const bool slice =
         ids_dev == c->zc_ids_dev + (size_t)layer * c->zc_pairs && n_pairs <= c->zc_pairs;
     if (!slice)
