@@ -85,6 +85,15 @@ static int reference(const char *path, const int32_t *prompt, struct run *ref)
     return 0;
 }
 
+/* The first of n floats whose bits differ, or n. */
+static size_t first_difference(const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float)))
+            return i;
+    return n;
+}
+
 static void exact(const char *path, const int32_t *prompt)
 {
     struct run ref;
@@ -118,10 +127,7 @@ static void exact(const char *path, const int32_t *prompt)
                 if (rc)
                     continue;
                 size_t n = (size_t)nv * (N_STEPS + 1);
-                size_t first = n;
-                for (size_t i = 0; i < n && first == n; i++)
-                    if (memcmp(&r.logits[i], &ref.logits[i], sizeof(float)))
-                        first = i;
+                size_t first = first_difference(r.logits, ref.logits, n);
                 uint64_t acc = r.tot.hits + r.tot.misses;
                 printf("%s: %-13s %3d slots%s: %s; hit rate %.1f%%, %llu evictions, %.2f MB "
                        "copied, %.2f MB read in place\n",
@@ -355,10 +361,7 @@ static void graph_decode(const char *path, const int32_t *prompt)
         rc = run_model(path, &gg, 0, prompt, &d);
         CHECK(rc == 0, "%s: gpu cache graph decode failed", path);
         if (!rc) {
-            size_t n = (size_t)nv * (N_STEPS + 1), first = n;
-            for (size_t i = 0; i < n && first == n; i++)
-                if (memcmp(&d.logits[i], &g.logits[i], sizeof(float)))
-                    first = i;
+            size_t n = (size_t)nv * (N_STEPS + 1), first = first_difference(d.logits, g.logits, n);
             uint64_t acc = d.tot.hits + d.tot.misses;
             printf("%s: gpu cache + prefetch in a graph, %d slots: %s; hit rate %.1f%%, %llu "
                    "evictions, %llu prefetched (%llu used)\n",
