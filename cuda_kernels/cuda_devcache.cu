@@ -3,7 +3,9 @@
  * in shared memory), then copies its share of the chunks of the misses' parts. Block 0 alone
  * writes the new state, once every other block has finished reading the old one (a counter
  * the others raise; they never wait for anything, so every block finishes). One launch instead
- * of a lookup kernel and a copy kernel saves a kernel boundary per layer. */
+ * of a lookup kernel and a copy kernel saves a kernel boundary per layer. A call whose experts
+ * all hit takes a shortcut: every block sees it from the ids and the slot map alone, block 0
+ * stamps the hits and the others leave at once, with no barrier. */
 #include "cuda_check.h"
 #include "cuda_devcache.h"
 #include "cuda_ops_util.cuh"
@@ -67,6 +69,46 @@ static __device__ void dc_copy_chunk(const struct cuda_devcache_call &a, const i
     }
 }
 
+/* A call whose experts all hit (the common case, and the one every decode step pays for):
+ * block 0 alone stamps their slots and counts, reading only the hits' slots; slot_of, the
+ * owners and the table stay as they are, so the other blocks, which read nothing else, need
+ * not be waited for. The same state as the general path below. */
+static __device__ void dc_all_hit(const struct cuda_devcache_call &a, const uint8_t *used,
+                                  uint32_t c)
+{
+    __shared__ unsigned long long s_hits, s_pf_used;
+    const int tid = threadIdx.x;
+    if (tid == 0)
+        s_hits = s_pf_used = 0;
+    __syncthreads();
+    unsigned long long hits = 0, pf_used = 0;
+    for (int e = tid; e < a.n_expert; e += DC_THREADS) {
+        if (!used[e])
+            continue;
+        int s = a.slot_of[e];
+        uint32_t t = a.stamp[s];
+        hits++;
+        pf_used += a.pf[s];
+        if (t != CUDA_DEVCACHE_PINNED)
+            a.stamp[s] = c;
+        if (!a.prefetch)
+            a.pf[s] = 0;
+    }
+    if (hits)
+        atomicAdd(&s_hits, hits);
+    if (pf_used)
+        atomicAdd(&s_pf_used, pf_used);
+    __syncthreads();
+    if (tid == 0) {
+        if (!a.prefetch) {
+            *a.clock = c;
+            a.stats[DEVCACHE_HITS] += s_hits;
+            a.stats[DEVCACHE_PF_USED] += s_pf_used;
+        }
+        a.n_jobs[0] = a.n_jobs[1] = 0;
+    }
+}
+
 /* dynamic shared memory: the list's stamps (n_list), the misses (n_expert), used flags
  * (n_expert bytes) */
 static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devcache_call a)
@@ -90,12 +132,19 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devc
     if (tid == 0)
         s_hits = s_pf_used = 0;
     __syncthreads();
+    int missed = 0;
     for (int i = tid; i < a.n_pairs; i += DC_THREADS) {
         int e = a.ids[i];
-        if (e >= 0 && e < a.n_expert)
+        if (e >= 0 && e < a.n_expert) {
             used[e] = 1; /* racing writers all store 1 */
+            missed |= a.slot_of[e] < 0;
+        }
     }
-    __syncthreads();
+    if (!__syncthreads_or(missed)) { /* every expert hit: nothing to copy or evict */
+        if (blockIdx.x == 0)
+            dc_all_hit(a, used, c);
+        return;
+    }
     /* the list's stamps, hits stamped as in use (pinned ones stay pinned) */
     unsigned long long hits = 0, pf_used = 0;
     for (int i = tid; i < a.n_list; i += DC_THREADS) {
