@@ -9,9 +9,10 @@
 #      the 30b-a3b shapes; 30b: the 30b-a3b preset) under WHERE (default --vram-budget 4G, then
 #      2G, 8G and resident): plain against --spec ngram and against --spec draft with the
 #      shipped model as the draft (on the GPU), greedy generation after the first 256 tokens
-#      of SPEC_TEXT (default cli/serve.c); q3n: the qwen3next 80b-a3b preset cut to 8 layers with
-#      an MTP block, plain against --spec ngram and --spec mtp, and greedy `strata run` text
-#      with --spec mtp compared with plain (--graph, and --vram-budget 4G);
+#      of SPEC_TEXT (default cli/serve.c; KINDS: the draft kinds, default "ngram draft");
+#      q3n: the qwen3next 80b-a3b preset cut to 8 layers with an MTP block, plain against
+#      --spec ngram and --spec mtp, and greedy `strata run` text with --spec mtp compared
+#      with plain (--graph, and --vram-budget 4G);
 #   4. unless SKIP_SERVE=1, bench/device-serve.sh (strata serve under load: the 30b-a3b preset
 #      at 8 GiB, W1-real at 2 GiB);
 #   5. when tests/data/npm was carried, tools/tokref/hf_check.py (the tokenizer corpora against
@@ -48,7 +49,7 @@ W1=/dev/shm/w1.gguf
 R="$OUT/bench-spec.txt"
 IFS=, read -ra where <<<"${WHERE:---vram-budget 4G,--vram-budget 2G,--vram-budget 8G,--device cuda}"
 for model in ${SPEC_MODELS:-w1}; do
-    kinds="ngram draft"
+    kinds=${KINDS:-ngram draft}
     if [ "$model" = 30b ]; then
         gen_30b
         f=$M

@@ -34,22 +34,9 @@ static int dc_rc(cudaError_t e)
     return e == cudaSuccess ? 0 : -EIO;
 }
 
-/* A chunk of the parts of the copied misses: q counts chunks of expert 0's gate, up, down,
- * then expert 1's, ...; each part's chunks of CUDA_DEVCACHE_CHUNK bytes, its last one short. */
-static __device__ void dc_copy_chunk(const struct cuda_devcache_call &a, const int *miss,
-                                     const int *vic_slot, const uint32_t *part_chunks, uint32_t q)
+/* n <= CUDA_DEVCACHE_CHUNK bytes from src to dst by the block's threads. */
+static __device__ void dc_copy_bytes(const uint8_t *src, uint8_t *dst, uint64_t n)
 {
-    const uint32_t per = part_chunks[0] + part_chunks[1] + part_chunks[2];
-    const int m = (int)(q / per);
-    uint32_t r = q % per;
-    int p = 0;
-    while (r >= part_chunks[p])
-        r -= part_chunks[p++];
-    const uint64_t at = (uint64_t)r * CUDA_DEVCACHE_CHUNK;
-    const uint64_t n =
-        a.stride[p] - at < CUDA_DEVCACHE_CHUNK ? a.stride[p] - at : CUDA_DEVCACHE_CHUNK;
-    const uint8_t *src = a.mapped[p] + (uint64_t)miss[m] * a.stride[p] + at;
-    uint8_t *dst = a.slot_ptr[vic_slot[m]] + a.off[p] + at;
     if ((((uintptr_t)src | (uintptr_t)dst) & 15) == 0 && n == CUDA_DEVCACHE_CHUNK) {
         const uint4 *s4 = (const uint4 *)src; /* eight 16-byte loads in flight per thread */
         uint4 *d4 = (uint4 *)dst;
@@ -67,6 +54,88 @@ static __device__ void dc_copy_chunk(const struct cuda_devcache_call &a, const i
         for (uint64_t b = threadIdx.x; b < n; b += DC_THREADS)
             dst[b] = src[b];
     }
+}
+
+/* A chunk of the parts of the copied misses: q counts chunks of expert 0's gate, up, down,
+ * then expert 1's, ...; each part's chunks of CUDA_DEVCACHE_CHUNK bytes, its last one short. */
+static __device__ void dc_copy_chunk(const struct cuda_devcache_call &a, const int *miss,
+                                     const int *vic_slot, const uint32_t *part_chunks, uint32_t q)
+{
+    const uint32_t per = part_chunks[0] + part_chunks[1] + part_chunks[2];
+    const int m = (int)(q / per);
+    uint32_t r = q % per;
+    int p = 0;
+    while (r >= part_chunks[p])
+        r -= part_chunks[p++];
+    const uint64_t at = (uint64_t)r * CUDA_DEVCACHE_CHUNK;
+    const uint64_t n =
+        a.stride[p] - at < CUDA_DEVCACHE_CHUNK ? a.stride[p] - at : CUDA_DEVCACHE_CHUNK;
+    dc_copy_bytes(a.mapped[p] + (uint64_t)miss[m] * a.stride[p] + at,
+                  a.slot_ptr[vic_slot[m]] + a.off[p] + at, n);
+}
+
+static __device__ __forceinline__ uint32_t dc_chunks(uint64_t bytes)
+{
+    return (uint32_t)((bytes + CUDA_DEVCACHE_CHUNK - 1) / CUDA_DEVCACHE_CHUNK);
+}
+
+/* Claims chunks of a batch's job one at a time (whoever claims a chunk copies it, so no block
+ * ever waits for a launch that may not run) and copies them, until none is left. */
+static __device__ void dc_claim_job(const struct cuda_devcache_job *jb, uint32_t *claim,
+                                    uint32_t *done)
+{
+    __shared__ uint32_t s_q;
+    const uint32_t n = dc_chunks(jb->bytes);
+    for (;;) {
+        if (threadIdx.x == 0)
+            s_q = atomicAdd(claim, 1u);
+        __syncthreads();
+        const uint32_t q = s_q;
+        __syncthreads();
+        if (q >= n)
+            return;
+        const uint64_t at = (uint64_t)q * CUDA_DEVCACHE_CHUNK;
+        dc_copy_bytes(jb->src + at, jb->dst + at,
+                      jb->bytes - at < CUDA_DEVCACHE_CHUNK ? jb->bytes - at : CUDA_DEVCACHE_CHUNK);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence(); /* the chunk's bytes before its count */
+            atomicAdd(done, 1u);
+        }
+    }
+}
+
+/* Waits until every chunk of the job is copied (by blocks that are running: they claimed). */
+static __device__ void dc_wait_job(const struct cuda_devcache_job *jb, const uint32_t *done)
+{
+    if (threadIdx.x == 0) {
+        const uint32_t n = dc_chunks(jb->bytes);
+        while (*(const volatile uint32_t *)done < n)
+            __nanosleep(128);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+/* The batch's jobs of the np pending slots listed in pj (each slot's first job): their
+ * remaining chunks copied by this block with any others, then waited for. */
+static __device__ void dc_help(const struct cuda_devcache_call &a, const int *pj, int np)
+{
+    for (int i = 0; i < np; i++)
+        for (int p = 0; p < 3; p++)
+            dc_claim_job(&a.pf_jobs[pj[i] + p], &a.pf_claim[pj[i] + p], &a.pf_done[pj[i] + p]);
+    for (int i = 0; i < np; i++)
+        for (int p = 0; p < 3; p++)
+            dc_wait_job(&a.pf_jobs[pj[i] + p], &a.pf_done[pj[i] + p]);
+}
+
+/* A list_only call's first write: the layer's previous batch is complete, its slots pending
+ * no more. Thread 0. */
+static __device__ void dc_retire_batch(const struct cuda_devcache_call &a)
+{
+    const uint32_t n = a.n_jobs[0];
+    for (uint32_t j = 0; j < n; j++)
+        a.pend[a.jobs[j].slot] = 0;
 }
 
 /* A call whose experts all hit (the common case, and the one every decode step pays for):
@@ -105,20 +174,23 @@ static __device__ void dc_all_hit(const struct cuda_devcache_call &a, const uint
             a.stats[DEVCACHE_HITS] += s_hits;
             a.stats[DEVCACHE_PF_USED] += s_pf_used;
         }
+        if (a.list_only)
+            dc_retire_batch(a);
         a.n_jobs[0] = a.n_jobs[1] = 0;
     }
 }
 
-/* dynamic shared memory: the list's stamps (n_list), the misses (n_expert), used flags
- * (n_expert bytes) */
+/* dynamic shared memory: the list's stamps (n_list), the misses (n_expert), the pending
+ * hits' first jobs (n_expert), used flags (n_expert bytes) */
 static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devcache_call a)
 {
     extern __shared__ uint32_t sm[];
     uint32_t *st = sm;
     int *miss = (int *)(st + a.n_list);
-    uint8_t *used = (uint8_t *)(miss + a.n_expert);
+    int *pj = miss + a.n_expert;
+    uint8_t *used = (uint8_t *)(pj + a.n_expert);
     __shared__ int vic_slot[CUDA_DEVCACHE_MAX_EXPERT];
-    __shared__ int s_n_miss, s_n_copy;
+    __shared__ int s_n_miss, s_n_copy, s_np;
     __shared__ unsigned long long s_hits, s_pf_used;
     __shared__ uint32_t part_chunks[3];
     const int tid = threadIdx.x, lane = tid & 31;
@@ -140,9 +212,25 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devc
             missed |= a.slot_of[e] < 0;
         }
     }
-    if (!__syncthreads_or(missed)) { /* every expert hit: nothing to copy or evict */
+    missed = __syncthreads_or(missed);
+    if (tid < 32) { /* hits whose prefetch may still be copying (slots as the call found them) */
+        int np = 0;
+        for (int base = 0; a.pend && !a.prefetch && base < a.n_expert; base += 32) {
+            int e = base + lane, s = e < a.n_expert && used[e] ? a.slot_of[e] : -1;
+            int p = s >= 0 ? a.pend[s] : 0;
+            unsigned b = __ballot_sync(0xffffffffu, p != 0);
+            if (p)
+                pj[np + __popc(b & ((1u << lane) - 1))] = p - 1;
+            np += __popc(b);
+        }
+        if (lane == 0)
+            s_np = np;
+    }
+    __syncthreads();
+    if (!missed) { /* every expert hit: nothing to copy or evict */
         if (blockIdx.x == 0)
             dc_all_hit(a, used, c);
+        dc_help(a, pj, s_np);
         return;
     }
     /* the list's stamps, hits stamped as in use (pinned ones stay pinned) */
@@ -228,6 +316,8 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devc
             const uint64_t bytes = a.stride[0] + a.stride[1] + a.stride[2];
             unsigned long long n_ev = 0, wasted = 0;
             uint32_t chunks = 0, nj = 0;
+            if (a.list_only)
+                dc_retire_batch(a);
             for (int m = 0; m < n_copy; m++) {
                 int e = miss[m], s = vic_slot[m], o = a.owner[s];
                 if (o >= 0) {
@@ -241,13 +331,18 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devc
                 a.pf[s] = (uint8_t)a.prefetch;
                 a.owner[s] = e;
                 a.slot_of[e] = s;
+                if (a.list_only)
+                    a.pend[s] = (int32_t)nj + 1;
                 for (int p = 0; p < 3; p++) {
                     a.tab[(size_t)p * a.n_expert + e] = a.slot_ptr[s] + a.off[p];
+                    if (a.list_only)
+                        a.pf_claim[nj] = a.pf_done[nj] = 0;
                     struct cuda_devcache_job *j = &a.jobs[nj++];
                     j->src = a.mapped[p] + (uint64_t)e * a.stride[p];
                     j->dst = a.slot_ptr[s] + a.off[p];
                     j->bytes = a.stride[p];
                     j->first = chunks;
+                    j->slot = s;
                     chunks += part_chunks[p];
                 }
             }
@@ -268,9 +363,22 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devc
             a.n_jobs[1] = chunks;
         }
     }
-    const uint32_t total = (uint32_t)n_copy * (part_chunks[0] + part_chunks[1] + part_chunks[2]);
+    const uint32_t total =
+        a.list_only ? 0 : (uint32_t)n_copy * (part_chunks[0] + part_chunks[1] + part_chunks[2]);
     for (uint32_t q = blockIdx.x; q < total; q += gridDim.x)
         dc_copy_chunk(a, miss, vic_slot, part_chunks, q);
+    dc_help(a, pj, s_np);
+}
+
+/* The batch's chunks nobody claimed yet, claimed and copied job by job. */
+static __global__ void __launch_bounds__(DC_THREADS)
+    k_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs, uint32_t *claim,
+                    uint32_t *done)
+{
+    ops_pdl_begin();
+    const uint32_t n = n_jobs[0];
+    for (uint32_t j = 0; j < n; j++)
+        dc_claim_job(&jobs[j], &claim[j], &done[j]);
 }
 
 extern "C" int cuda_devcache_run(const struct cuda_devcache_call *a, int blocks, void *stream)
@@ -278,9 +386,21 @@ extern "C" int cuda_devcache_run(const struct cuda_devcache_call *a, int blocks,
     if (!a || a->n_expert < 1 || a->n_expert > CUDA_DEVCACHE_MAX_EXPERT || a->n_pairs < 0 ||
         a->n_list < 0 || a->n_list > a->n_expert || blocks < 0)
         return -EINVAL;
-    size_t smem = sizeof(uint32_t) * (size_t)a->n_list + sizeof(int) * (size_t)a->n_expert +
+    if (a->list_only && (!a->prefetch || !a->pend))
+        return -EINVAL;
+    size_t smem = sizeof(uint32_t) * (size_t)a->n_list + 2 * sizeof(int) * (size_t)a->n_expert +
                   (size_t)a->n_expert;
     cudaError_t e = ops_launch(k_devcache, dim3(blocks ? blocks : dc_blocks()), dim3(DC_THREADS),
                                smem, (cudaStream_t)stream, *a);
+    return dc_rc(CUDA_CHECK(e));
+}
+
+extern "C" int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs,
+                                  uint32_t *claim, uint32_t *done, int blocks, void *stream)
+{
+    if (!jobs || !n_jobs || !claim || !done || blocks < 1)
+        return -EINVAL;
+    cudaError_t e = ops_launch(k_devcache_copy, dim3(blocks), dim3(DC_THREADS), 0,
+                               (cudaStream_t)stream, jobs, n_jobs, claim, done);
     return dc_rc(CUDA_CHECK(e));
 }

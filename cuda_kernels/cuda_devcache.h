@@ -22,6 +22,16 @@
  * slot it fills is flagged (pf); nothing is read in place, nothing counts as a hit or miss.
  * A real call's hit on a flagged slot counts as a used prefetch and clears the flag; evicting a
  * flagged slot counts its bytes as wasted.
+ * A prefetch call may only list its copies (list_only): they form the layer's prefetch batch
+ * (jobs, with per-job chunk counters pf_claim / pf_done, and pend[slot] = 1 + the slot's first
+ * job), which cuda_devcache_copy makes beside later work. A listing call first clears pend for
+ * the layer's previous batch, which must be complete by then (the caller orders the listing
+ * after the previous batch's copy launch). A real call whose hits include slots of the batch
+ * still copying claims their remaining chunks itself, copies them and waits for the chunks
+ * other launches claimed, so the layer waits only for the prefetched experts it uses: never
+ * for a wasted one. The caller keeps a batch's slots out of reach of evictions until its
+ * copies are done (the next call of the layer follows the next listing, or waits for the copy
+ * launch).
  * Ownership: the caller's stream orders everything; the state arrays are device memory the
  * caller owns (host memory in the CPU simulations of tests/). */
 #ifndef STRATA_CUDA_DEVCACHE_H
@@ -55,7 +65,7 @@ struct cuda_devcache_job {
     uint8_t *dst;       /* a slot */
     uint64_t bytes;
     uint32_t first; /* the job's first chunk among all of the call's */
-    uint32_t pad;
+    int32_t slot;   /* the slot it fills */
 };
 
 /* One layer call. Every pointer is device memory. */
@@ -79,12 +89,23 @@ struct cuda_devcache_call {
     struct cuda_devcache_job *jobs; /* (3 n_expert) */
     uint32_t *n_jobs;               /* [0] jobs, [1] chunks of all of them */
     uint32_t *sync; /* 0 between launches; launches that may overlap need one each */
+    /* the layer's prefetch batch (above); pend NULL: none */
+    int list_only;                           /* a prefetch call that lists its copies only: its
+                                              * jobs / n_jobs are the batch */
+    int32_t *pend;                           /* (all slots) */
+    const struct cuda_devcache_job *pf_jobs; /* (3 n_expert) the batch's copies */
+    uint32_t *pf_claim, *pf_done;            /* (3 n_expert) each job's chunks claimed, copied */
 };
 
 /* Steps 1-4 above and the copies, on `stream`, by `blocks` blocks (0: enough to keep PCIe
  * busy; fewer leave the SMs to kernels running beside it). jobs / n_jobs get the copies
  * made. 0 or -errno. */
 int cuda_devcache_run(const struct cuda_devcache_call *a, int blocks, void *stream);
+
+/* The copies of a layer's prefetch batch (jobs, n_jobs[0] of them, listed by a list_only
+ * call) not yet claimed by anyone, on `stream`, by `blocks` blocks. 0 or -errno. */
+int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs,
+                       uint32_t *claim, uint32_t *done, int blocks, void *stream);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,28 @@
 
 #include "cuda_devcache.h"
 
+/* How the reference moves an expert's bytes: memcpy, unless the includer's pointers are device
+ * memory (the GPU test checks the slots' bytes itself) and it defines this as nothing. */
+#ifndef DEVCACHE_REF_COPY_BYTES
+#define DEVCACHE_REF_COPY_BYTES(dst, src, n) memcpy((dst), (src), (n))
+#endif
+
+static inline uint32_t devcache_ref_chunks(uint64_t bytes)
+{
+    return (uint32_t)((bytes + CUDA_DEVCACHE_CHUNK - 1) / CUDA_DEVCACHE_CHUNK);
+}
+
+/* Job j of a prefetch batch made now, if nobody has (its chunks are all or none here). */
+static inline void devcache_ref_finish(const struct cuda_devcache_job *jobs, uint32_t *claim,
+                                       uint32_t *done, uint32_t j)
+{
+    uint32_t n = devcache_ref_chunks(jobs[j].bytes);
+    if (done[j] < n) {
+        DEVCACHE_REF_COPY_BYTES(jobs[j].dst, jobs[j].src, jobs[j].bytes);
+        claim[j] = done[j] = n;
+    }
+}
+
 static inline void devcache_ref_lookup(const struct cuda_devcache_call *a)
 {
     static uint8_t used[CUDA_DEVCACHE_MAX_EXPERT];
@@ -20,6 +42,17 @@ static inline void devcache_ref_lookup(const struct cuda_devcache_call *a)
     for (int i = 0; i < a->n_pairs; i++)
         if (a->ids[i] >= 0 && a->ids[i] < a->n_expert)
             used[a->ids[i]] = 1;
+    if (a->pend && !a->prefetch) /* the batch's copies this call's hits need */
+        for (int e = 0; e < a->n_expert; e++) {
+            int s = a->slot_of[e];
+            if (used[e] && s >= 0 && a->pend[s])
+                for (int p = 0; p < 3; p++)
+                    devcache_ref_finish(a->pf_jobs, a->pf_claim, a->pf_done,
+                                        (uint32_t)(a->pend[s] - 1 + p));
+        }
+    if (a->list_only) /* the previous batch is complete: its slots are pending no more */
+        for (uint32_t j = 0; j < a->n_jobs[0]; j++)
+            a->pend[a->jobs[j].slot] = 0;
     for (int e = 0; e < a->n_expert; e++) {
         int s = a->slot_of[e];
         if (!used[e] || s < 0)
@@ -64,14 +97,19 @@ static inline void devcache_ref_lookup(const struct cuda_devcache_call *a)
         a->owner[s] = e;
         a->slot_of[e] = s;
         a->stamp[s] = c;
+        if (a->list_only)
+            a->pend[s] = (int32_t)nj + 1;
         for (int p = 0; p < 3; p++) {
             a->tab[(size_t)p * a->n_expert + e] = a->slot_ptr[s] + a->off[p];
+            if (a->list_only)
+                a->pf_claim[nj] = a->pf_done[nj] = 0;
             struct cuda_devcache_job *j = &a->jobs[nj++];
             j->src = a->mapped[p] + (uint64_t)e * a->stride[p];
             j->dst = a->slot_ptr[s] + a->off[p];
             j->bytes = a->stride[p];
             j->first = chunks;
-            chunks += (uint32_t)((a->stride[p] + CUDA_DEVCACHE_CHUNK - 1) / CUDA_DEVCACHE_CHUNK);
+            j->slot = s;
+            chunks += devcache_ref_chunks(a->stride[p]);
         }
         st[a->prefetch ? DEVCACHE_PF_ADMITTED : DEVCACHE_ADMISSIONS]++;
         st[DEVCACHE_BYTES_COPIED] += bytes;
@@ -83,14 +121,24 @@ static inline void devcache_ref_lookup(const struct cuda_devcache_call *a)
 static inline void devcache_ref_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs)
 {
     for (uint32_t i = 0; i < n_jobs[0]; i++)
-        memcpy(jobs[i].dst, jobs[i].src, jobs[i].bytes);
+        DEVCACHE_REF_COPY_BYTES(jobs[i].dst, jobs[i].src, jobs[i].bytes);
 }
 
-/* The kernel's whole launch: the lookup, then the copies it listed. */
+/* The kernel's whole launch: the lookup, then the copies it listed (a list_only call's are
+ * the batch devcache_ref_copy_batch makes). */
 static inline void devcache_ref_run(const struct cuda_devcache_call *a)
 {
     devcache_ref_lookup(a);
-    devcache_ref_copy(a->jobs, a->n_jobs);
+    if (!a->list_only)
+        devcache_ref_copy(a->jobs, a->n_jobs);
+}
+
+/* cuda_devcache_copy: the batch's jobs nobody made yet. */
+static inline void devcache_ref_copy_batch(const struct cuda_devcache_job *jobs,
+                                           const uint32_t *n_jobs, uint32_t *claim, uint32_t *done)
+{
+    for (uint32_t j = 0; j < n_jobs[0]; j++)
+        devcache_ref_finish(jobs, claim, done, j);
 }
 
 #endif

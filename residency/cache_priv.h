@@ -159,8 +159,12 @@ struct expert_cache {
     uint32_t *d_sync; /* (2) the launches' block counters: compute, prefetch stream */
     struct cuda_devcache_job *d_pf_jobs; /* (n_layer * 3 n_expert) each layer's prefetch copies */
     uint32_t *d_pf_n_jobs;               /* (n_layer * 2) */
-    void **pf_done;      /* (n_layer) events: the layer's prefetch copies, on pf_stream */
+    void **pf_done;      /* (n_layer) events: the layer's prefetch batch listed, on pf_stream
+                          * (its copies follow there: cuda_devcache_copy, then pf_last) */
     uint8_t *pf_pending; /* (n_layer) the layer's next call waits for pf_done */
+    uint8_t *pf_live;    /* (n_layer) a batch of the layer may still be copying */
+    int32_t *d_pend;     /* (slots) 1 + a pending slot's first job in its layer's batch */
+    uint32_t *d_pf_claim, *d_pf_done; /* (n_layer * 3 n_expert) chunks claimed, copied */
     int *dev_list_at, *dev_list_n;    /* (n_layer) where each layer's list starts, its length */
     struct expert_cache_layer_stats *dev_base; /* (n_layer) counted before the device took over */
     unsigned long long *dev_stats_h;           /* (n_layer * DEVCACHE_NSTAT) host scratch */
@@ -233,5 +237,7 @@ int ec_dev_reset_stats(struct expert_cache *c);
 int ec_dev_check(const struct expert_cache *c);
 int ec_dev_slot_of(const struct expert_cache *c, int layer, int expert); /* syncs; -1: none */
 void ec_dev_close(struct expert_cache *c);
+/* (c): the compute stream waits for every prefetch copy enqueued so far. 0 or -errno. */
+int ec_dev_join(struct expert_cache *c);
 
 #endif

@@ -184,8 +184,9 @@ int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t
  * call would otherwise do it. 0 or -errno. */
 int expert_cache_device_start(struct expert_cache *c);
 /* (c), prediction: ids_dev (n_pairs, written on the compute stream) are the experts predicted
- * for `layer`'s next call. Enqueues their admission on the compute stream and their copies on
- * the prefetch stream, which that call's experts wait for. After the device took over. */
+ * for `layer`'s next call. Enqueues their admission and then their copies on the prefetch
+ * stream; that call waits for the admission, and its lookup for the copies of the predicted
+ * experts it uses only (fill_device.c). After the device took over. */
 int expert_cache_prefetch_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
                                  int n_pairs);
 /* Whether (c) has taken the slots over. */
@@ -200,7 +201,7 @@ int32_t *expert_cache_zc_ids(struct expert_cache *c, int layer, int n_pairs);
 
 /* (b): after the step's last layer, on the compute stream: one read-back of every slice (a
  * recorded step records it). expert_cache_step_end reads them synchronously itself when
- * nothing did. 0 or -errno. */
+ * nothing did. (c): the compute stream waits for the step's prefetch copies. 0 or -errno. */
 int expert_cache_step_flush(struct expert_cache *c);
 
 /* (b) inside a recorded CUDA graph: while `recording`, prepare_zerocopy uploads each layer's

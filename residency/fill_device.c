@@ -10,11 +10,16 @@
  * refused, and statistics come from the device's counters.
  *
  * Prediction (expert_cache_prefetch_device): the experts predicted for a layer's next call
- * are admitted and copied by a launch of few blocks on the prefetch stream, beside the compute
- * stream's work (stamped as in use by that call, so its own misses cannot evict them); the
- * layer's call makes the compute stream wait for that launch before its own. Only that layer's
- * slots and state change meanwhile, and each layer has its own copy list and event. In a
- * recorded graph the fork and the join are edges of the graph. */
+ * are admitted by a one-block launch on the prefetch stream (stamped as in use by that call,
+ * so its own misses cannot evict them), which lists their copies as the layer's batch; a copy
+ * launch of few blocks follows it there, beside the compute stream's work. The layer's call
+ * makes the compute stream wait for the listing only: its lookup copies what its hits still
+ * need of the batch itself and waits for nothing else, so a wasted prediction costs the layer
+ * nothing but PCIe time. Only that layer's slots and state change meanwhile, and each layer has
+ * its own batch and event. A layer's next listing follows its previous batch's copies on the
+ * prefetch stream; a call with no listing since its layer's last batch waits for every copy
+ * (pf_last), and so does the compute stream at the end of each step
+ * (expert_cache_step_flush), which in a recorded graph joins the fork. */
 #include "cache_priv.h"
 
 #include <errno.h>
@@ -130,11 +135,13 @@ static int ec_dev_init(struct expert_cache *c)
     c->dev_stats_h = calloc(nl * DEVCACHE_NSTAT, sizeof(*c->dev_stats_h));
     c->pf_done = calloc(nl, sizeof(*c->pf_done));
     c->pf_pending = calloc(nl, 1);
+    c->pf_live = calloc(nl, 1);
     int32_t *slot_of = malloc(sizeof(int32_t) * nl * ne), *owner = malloc(sizeof(int32_t) * ns);
     int32_t *list = malloc(sizeof(int32_t) * ns);
     uint32_t *stamp = malloc(sizeof(uint32_t) * ns), *clock = malloc(sizeof(uint32_t) * nl);
     int rc = !c->dev_list_at || !c->dev_list_n || !c->dev_base || !c->dev_stats_h || !slot_of ||
-                     !owner || !list || !stamp || !clock || !c->pf_done || !c->pf_pending
+                     !owner || !list || !stamp || !clock || !c->pf_done || !c->pf_pending ||
+                     !c->pf_live
                  ? err_set(-ENOMEM, "out of memory")
                  : 0;
     /* nothing may be copying or reading the tables while the state changes hands */
@@ -159,6 +166,11 @@ static int ec_dev_init(struct expert_cache *c)
     rc = rc ? rc
             : cuda_malloc((void **)&c->d_pf_jobs, sizeof(struct cuda_devcache_job) * 3 * ne * nl);
     rc = rc ? rc : cuda_malloc((void **)&c->d_pf_n_jobs, sizeof(uint32_t) * 2 * nl);
+    rc = rc ? rc : cuda_malloc((void **)&c->d_pend, sizeof(int32_t) * ns);
+    rc = rc ? rc : cuda_malloc((void **)&c->d_pf_claim, sizeof(uint32_t) * 3 * ne * nl);
+    rc = rc ? rc : cuda_malloc((void **)&c->d_pf_done, sizeof(uint32_t) * 3 * ne * nl);
+    rc = rc ? rc : cuda_memset(c->d_pf_n_jobs, 0, sizeof(uint32_t) * 2 * nl, c->compute);
+    rc = rc ? rc : cuda_memset(c->d_pend, 0, sizeof(int32_t) * ns, c->compute);
     for (size_t l = 0; l < nl && !rc; l++)
         rc = cuda_event_create(&c->pf_done[l]);
     rc = rc ? rc : cuda_memset(c->d_pf, 0, ns, c->compute);
@@ -215,6 +227,10 @@ static struct cuda_devcache_call ec_dev_call(struct expert_cache *c, int layer,
         .jobs = c->d_jobs,
         .n_jobs = c->d_n_jobs,
         .sync = c->d_sync,
+        .pend = c->d_pend,
+        .pf_jobs = c->d_pf_jobs + (size_t)layer * 3 * ne,
+        .pf_claim = c->d_pf_claim + (size_t)layer * 3 * ne,
+        .pf_done = c->d_pf_done + (size_t)layer * 3 * ne,
     };
     for (int p = 0; p < P_N; p++) {
         a.mapped[p] = c->lay[layer].mapped[p];
@@ -222,6 +238,14 @@ static struct cuda_devcache_call ec_dev_call(struct expert_cache *c, int layer,
         a.off[p] = c->off[p];
     }
     return a;
+}
+
+int ec_dev_join(struct expert_cache *c)
+{
+    int rc = c->pf_last_set ? cuda_stream_wait(c->compute, c->pf_last) : 0;
+    c->pf_last_set = false;
+    memset(c->pf_live, 0, (size_t)c->n_layer);
+    return rc;
 }
 
 int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
@@ -233,9 +257,14 @@ int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t
     if (rc)
         return rc;
     struct cuda_devcache_call a = ec_dev_call(c, layer, ids_dev, n_pairs);
-    /* the layer's prefetch (its slots, its state) lands first */
+    /* the layer's prefetch decisions (its slots, its state) first; the lookup then copies
+     * what it uses of their batch (none: no batch to look at) */
+    if (!c->pf_pending[layer])
+        a.pend = NULL;
     if (c->pf_pending[layer])
         rc = cuda_stream_wait(c->compute, c->pf_done[layer]);
+    else if (c->pf_live[layer])
+        rc = ec_dev_join(c);
     c->pf_pending[layer] = 0;
     rc = rc ? rc : cuda_devcache_run(&a, 0, c->compute);
     if (rc)
@@ -260,16 +289,22 @@ int expert_cache_prefetch_device(struct expert_cache *c, int layer, const int32_
     uint32_t *n_jobs = c->d_pf_n_jobs + 2 * (size_t)layer;
     struct cuda_devcache_call a = ec_dev_call(c, layer, ids_dev, n_pairs);
     a.prefetch = 1;
+    a.list_only = 1;
     a.jobs = jobs;
     a.n_jobs = n_jobs;
     a.sync = c->d_sync + 1;
     int rc = cuda_event_record(c->copy_mark, c->compute);
     rc = rc ? rc : cuda_stream_wait(c->pf_stream, c->copy_mark);
-    rc = rc ? rc : cuda_devcache_run(&a, EC_PF_BLOCKS, c->pf_stream);
+    rc = rc ? rc : cuda_devcache_run(&a, 1, c->pf_stream);
     rc = rc ? rc : cuda_event_record(c->pf_done[layer], c->pf_stream);
+    rc = rc ? rc
+            : cuda_devcache_copy(jobs, n_jobs, a.pf_claim, a.pf_done, EC_PF_BLOCKS, c->pf_stream);
+    rc = rc ? rc : cuda_event_record(c->pf_last, c->pf_stream);
     if (rc)
         return err_set(rc, "expert cache: layer %d: the GPU's prefetch failed", layer);
+    c->pf_last_set = true;
     c->pf_pending[layer] = 1;
+    c->pf_live[layer] = 1;
     return 0;
 }
 
@@ -380,6 +415,10 @@ void ec_dev_close(struct expert_cache *c)
     cuda_free(c->d_sync);
     cuda_free(c->d_pf_jobs);
     cuda_free(c->d_pf_n_jobs);
+    cuda_free(c->d_pend);
+    cuda_free(c->d_pf_claim);
+    cuda_free(c->d_pf_done);
+    free(c->pf_live);
     for (int l = 0; c->pf_done && l < c->n_layer; l++)
         cuda_event_destroy(c->pf_done[l]);
     free(c->pf_done);

@@ -107,6 +107,10 @@ static bool ec_zc_waiting(const struct expert_cache *c)
 
 int expert_cache_step_flush(struct expert_cache *c)
 {
+    if (c->dev) { /* (c): the step's prefetch copies join it */
+        int rc = ec_dev_join(c);
+        return rc ? err_set(rc, "expert cache: joining the prefetch stream failed") : 0;
+    }
     if (c->zc_flushed || !ec_zc_waiting(c))
         return 0;
     int rc = cuda_d2h(c->zc_ids_host, c->zc_ids_dev,

@@ -220,6 +220,26 @@ int cuda_devcache_run(const struct cuda_devcache_call *a, int blocks, void *stre
     return SIM_RUN(sim_devcache_run, a);
 }
 
+struct sim_devcache_copy {
+    const struct cuda_devcache_job *jobs;
+    const uint32_t *n_jobs;
+    uint32_t *claim, *done;
+};
+
+static int sim_devcache_copy_run(const struct sim_devcache_copy *a)
+{
+    devcache_ref_copy_batch(a->jobs, a->n_jobs, a->claim, a->done);
+    return 0;
+}
+
+int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs,
+                       uint32_t *claim, uint32_t *done, int blocks, void *stream)
+{
+    (void)stream, (void)blocks;
+    struct sim_devcache_copy a = {jobs, n_jobs, claim, done};
+    return SIM_RUN(sim_devcache_copy_run, &a);
+}
+
 int cuda_gather_copy(const struct cuda_gather *g, void *stream)
 {
     (void)stream;

@@ -1,14 +1,20 @@
 /* cuda_devcache's kernel against its scalar reference (cuda_devcache_ref.h) on random
  * state and random calls: 3 layers of 64 experts whose parts have odd strides, 40 slots spread
  * over the layers' lists (some pinned), calls of 1 to 64 pairs with repeats and bad ids, a third
- * of them predictions (prefetch = 1, by 7 blocks; the others by the default grid). After
- * every call the device's slot map, owners, stamps, clock, table, copy list and counters
- * equal the reference's, and the slots hold the bytes the copies brought. Exits 77 without a
- * GPU. */
+ * of them predictions (prefetch = 1, by 7 blocks; the others by the default grid). Half the
+ * predictions only list their copies as the layer's batch (by one block, as the cache runs
+ * them); cuda_devcache_copy makes the batch at once or later, so that calls of the layer in
+ * between find their prefetched experts still to copy and copy them themselves. After
+ * every call the device's slot map, owners, stamps, clock, table, copy list, batches, pending
+ * slots and counters equal the reference's, and the slots hold the bytes the copies brought.
+ * Exits 77 without a GPU. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_devcache.h"
+/* the reference runs on host copies of the state whose slot pointers are device memory: it
+ * moves no bytes, the slots are checked against the host data instead */
+#define DEVCACHE_REF_COPY_BYTES(dst, src, n) ((void)(dst), (void)(src), (void)(n))
 #include "cuda_devcache_ref.h"
 #include "cuda_mem.h"
 #include "testutil.h"
@@ -29,6 +35,9 @@ struct state {
     struct cuda_devcache_job jobs[3 * NE];
     uint32_t n_jobs[2];
     uint32_t sync;
+    int32_t pend[NS];
+    struct cuda_devcache_job bjobs[NL][3 * NE]; /* each layer's prefetch batch */
+    uint32_t bn_jobs[NL][2], claim[NL][3 * NE], done[NL][3 * NE];
 };
 
 static uint64_t expert_bytes(void)
@@ -109,6 +118,16 @@ int main(void)
     }
     cuda_h2d(d, h, sizeof(*h), NULL);
     cuda_stream_sync(NULL);
+    /* a layer's batch not yet copied, and whether a call of the layer ran since its listing */
+    int batch_pending[NL] = {0}, consumed[NL] = {0}, n_listed = 0, n_late = 0;
+#define RUN_BATCH(l)                                                                               \
+    do {                                                                                           \
+        devcache_ref_copy_batch(h->bjobs[l], h->bn_jobs[l], h->claim[l], h->done[l]);              \
+        CHECK(cuda_devcache_copy(d->bjobs[l], d->bn_jobs[l], d->claim[l], d->done[l], 3, NULL) ==  \
+                  0,                                                                               \
+              "batch copy launch failed");                                                         \
+        batch_pending[l] = consumed[l] = 0;                                                        \
+    } while (0)
     int bad_state = 0, bad_bytes = 0;
     unsigned long long copies = 0, inplace = 0;
     int last_n[NL] = {0}, all_hit = 0;
@@ -116,6 +135,11 @@ int main(void)
     for (int call = 0; call < CALLS && !bad_state; call++) {
         int l = (int)rng_below(&r, NL);
         int prefetch = rng_below(&r, 3) == 0; /* a prediction for the layer's next call */
+        int list_only = prefetch && rng_below(&r, 2);
+        /* the cache's order: a listing follows the previous batch's copies, and a second call
+         * of the layer after one listing waits for them */
+        if (batch_pending[l] && (list_only || consumed[l]))
+            RUN_BATCH(l);
         int n = 1 + (int)rng_below(&r, call % 10 == 0 ? 64 : 8);
         if (last_n[l] && rng_below(&r, 4) == 0) { /* the layer's last ids again: all hit */
             n = last_n[l];
@@ -140,6 +164,7 @@ int main(void)
             .n_expert = NE,
             .n_list = n_list[l],
             .prefetch = prefetch,
+            .list_only = list_only,
             .slot_ptr = slot_ptr_d,
         };
         for (int p = 0; p < 3; p++) {
@@ -156,13 +181,33 @@ int main(void)
         ah.tab = h->tab + l * 3 * NE, ah.slot_ptr = ref_slot_ptr;
         ah.stats = h->stats + l * DEVCACHE_NSTAT, ah.jobs = h->jobs, ah.n_jobs = h->n_jobs;
         ah.pf = h->pf;
+        ah.pend = h->pend, ah.pf_jobs = h->bjobs[l], ah.pf_claim = h->claim[l];
+        ah.pf_done = h->done[l];
+        if (list_only)
+            ah.jobs = h->bjobs[l], ah.n_jobs = h->bn_jobs[l];
+        if (batch_pending[l] && !prefetch)
+            for (int i = 0; i < n; i++) /* a hit on a slot of the batch not copied yet */
+                n_late += ids[i] >= 0 && ids[i] < NE && h->slot_of[l * NE + ids[i]] >= 0 &&
+                          h->pend[h->slot_of[l * NE + ids[i]]];
         devcache_ref_lookup(&ah); /* its copies: the bytes are checked in the slots below */
         ad.ids = ids_d, ad.slot_of = d->slot_of + l * NE, ad.list = d->list + at[l];
         ad.owner = d->owner, ad.stamp = d->stamp, ad.clock = d->clock + l;
         ad.tab = d->tab + l * 3 * NE;
         ad.stats = d->stats + l * DEVCACHE_NSTAT, ad.jobs = d->jobs, ad.n_jobs = d->n_jobs;
         ad.pf = d->pf, ad.sync = &d->sync;
-        int rc = cuda_devcache_run(&ad, prefetch ? 7 : 0, NULL);
+        ad.pend = d->pend, ad.pf_jobs = d->bjobs[l], ad.pf_claim = d->claim[l];
+        ad.pf_done = d->done[l];
+        if (list_only)
+            ad.jobs = d->bjobs[l], ad.n_jobs = d->bn_jobs[l];
+        int rc = cuda_devcache_run(&ad, list_only ? 1 : prefetch ? 7 : 0, NULL);
+        if (list_only) {
+            n_listed++;
+            batch_pending[l] = 1, consumed[l] = 0;
+            if (rng_below(&r, 2)) /* copied at once, or left for later calls to find */
+                RUN_BATCH(l);
+        } else if (batch_pending[l]) {
+            consumed[l] = 1;
+        }
         rc = rc ? rc : cuda_d2h(back, d, sizeof(*back), NULL);
         rc = rc ? rc : cuda_stream_sync(NULL);
         CHECK(rc == 0, "call %d: launch failed", call);
@@ -177,7 +222,13 @@ int main(void)
                     !memcmp(back->tab, h->tab, sizeof(h->tab)) &&
                     !memcmp(back->stats, h->stats, sizeof(h->stats)) &&
                     !memcmp(back->n_jobs, h->n_jobs, sizeof(h->n_jobs)) &&
-                    !memcmp(back->jobs, h->jobs, sizeof(h->jobs[0]) * h->n_jobs[0]);
+                    !memcmp(back->jobs, h->jobs, sizeof(h->jobs[0]) * h->n_jobs[0]) &&
+                    !memcmp(back->pend, h->pend, sizeof(h->pend)) &&
+                    !memcmp(back->bn_jobs, h->bn_jobs, sizeof(h->bn_jobs));
+        for (int k = 0; k < NL && same; k++)
+            same =
+                !memcmp(back->bjobs[k], h->bjobs[k], sizeof(h->bjobs[k][0]) * h->bn_jobs[k][0]) &&
+                !memcmp(back->done[k], h->done[k], sizeof(h->done[k][0]) * h->bn_jobs[k][0]);
         if (!same) {
             bad_state++;
             CHECK(0,
@@ -185,8 +236,12 @@ int main(void)
                   "reference's",
                   call, l, n);
         }
-        copies += h->n_jobs[0] / 3;
+        copies += (list_only ? h->bn_jobs[l][0] : h->n_jobs[0]) / 3;
     }
+    for (int l = 0; l < NL; l++)
+        if (batch_pending[l])
+            RUN_BATCH(l);
+    cuda_stream_sync(NULL);
     /* every resident expert's slot holds its bytes */
     uint8_t *buf = malloc(slot_bytes);
     for (int l = 0; l < NL && buf; l++)
@@ -217,7 +272,10 @@ int main(void)
     }
     printf("test_cuda_devcache: %llu prefetched, %llu of them used, %llu wasted\n", pf, pf_used,
            wasted / expert_bytes());
-    printf("test_cuda_devcache: %d calls hit every expert\n", all_hit);
+    printf("test_cuda_devcache: %d calls hit every expert; %d batches listed, %d hits on a "
+           "batch's slot before its copy launch\n",
+           all_hit, n_listed, n_late);
+    CHECK(n_listed >= 10 && n_late >= 5, "the batches were not exercised");
     CHECK(copies > 100 && inplace > 0, "the calls did not exercise eviction and in-place reads");
     CHECK(all_hit >= CALLS / 20, "only %d calls hit every expert", all_hit);
     CHECK(pf > 0 && pf_used > 0 && wasted > 0, "the predictions did not exercise every counter");

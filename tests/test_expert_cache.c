@@ -228,8 +228,21 @@ int cuda_stream_wait(void *stream, void *ev)
 
 /* The GPU's own expert cache: its scalar reference, queued on the stream like its kernel (it
  * reads and writes "device" state when it runs, not when it is enqueued) */
+static uint64_t g_helped; /* prefetched parts a lookup copied itself: its batch still pending */
+
 static void devcache_run_op(void *arg)
 {
+    const struct cuda_devcache_call *a = arg;
+    for (int i = 0; a->pend && !a->prefetch && i < a->n_pairs; i++) {
+        int e = a->ids[i], s = e >= 0 && e < a->n_expert ? a->slot_of[e] : -1;
+        bool first = true; /* each expert once */
+        for (int j = 0; j < i; j++)
+            first &= a->ids[j] != e;
+        for (int p = 0; first && s >= 0 && a->pend[s] && p < 3; p++) {
+            uint32_t j = (uint32_t)(a->pend[s] - 1 + p);
+            g_helped += a->pf_done[j] < devcache_ref_chunks(a->pf_jobs[j].bytes);
+        }
+    }
     devcache_ref_run(arg);
     free(arg);
 }
@@ -240,6 +253,30 @@ int cuda_devcache_run(const struct cuda_devcache_call *a, int blocks, void *stre
     (void)blocks;
     *k = *a;
     push(stream, (struct op){.kind = OP_CHECK, .check = devcache_run_op, .arg = k});
+    return 0;
+}
+
+/* cuda_devcache_copy: the batch's remaining copies, when the stream gets to them */
+struct devcache_copy_op {
+    const struct cuda_devcache_job *jobs;
+    const uint32_t *n_jobs;
+    uint32_t *claim, *done;
+};
+
+static void devcache_copy_op(void *arg)
+{
+    struct devcache_copy_op *k = arg;
+    devcache_ref_copy_batch(k->jobs, k->n_jobs, k->claim, k->done);
+    free(k);
+}
+
+int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_jobs,
+                       uint32_t *claim, uint32_t *done, int blocks, void *stream)
+{
+    struct devcache_copy_op *k = test_xmalloc(sizeof(*k));
+    (void)blocks;
+    *k = (struct devcache_copy_op){jobs, n_jobs, claim, done};
+    push(stream, (struct op){.kind = OP_CHECK, .check = devcache_copy_op, .arg = k});
     return 0;
 }
 
@@ -636,6 +673,10 @@ int main(void)
                                                 .n_slots = slots[s],
                                                 .n_steps = 40,
                                                 .seed = seed + 70 + s});
+    printf("gpu: %llu prefetched parts copied by the lookup that used them (their batch's "
+           "copy launch had not run)\n",
+           (unsigned long long)g_helped);
+    CHECK(g_helped > 0, "no lookup found its prefetch still copying");
     gpu_policy(&m, seed + 80);
     for (int l = 0; l < N_LAYER; l++) {
         free((void *)layers[l].gate_exps.data);
