@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# GPU machine: what the GPU's own expert cache (--residency gpu) costs when nothing misses.
-# W1-real (the shipped model inflated to the 30b-a3b shapes, bench/heldout.py's odd texts,
-# 256 greedy tokens after 512) all resident in a graph, then in a graph under --residency gpu
-# at BUDGETS (default 4G, where every expert fits, so the difference is the per-layer lookup
-# alone; then 2G), and the copy path at 2G, for each binary of BINS (default strata; names in
-# .carry/bin, e.g. an older build packed beside it). REPS (default 1) rounds, alternated. With
-# NCU=1 also ncu's per-kernel time of gpu --graph decode at 2 GiB. Results in
-# $OUT/gpulookup.txt.
+# GPU machine: the GPU's own expert cache (--residency gpu) in a graph, against all resident
+# and the copy path. W1-real (the shipped model inflated to the 30b-a3b shapes, bench/heldout.py's
+# odd texts, 256 greedy tokens after 512): all resident in a graph, then --residency gpu --graph
+# at each of BUDGETS (default 4G 2G 1G; at 4 GiB every expert fits, so its difference from all
+# resident is the per-layer lookup alone), with PF=1 also with --prefetch, for each binary of
+# BINS (default strata; names in .carry/bin, e.g. an older build packed beside it); then the
+# copy path (--placement stream) at COPY_BUDGETS (default 2G 1G) with the last binary. REPS
+# (default 1) rounds. With NCU=1 also ncu's per-kernel time of gpu --graph decode at 2 GiB.
+# Results in $OUT/gpulookup.txt.
 set -u
 . bench/device-env.sh
 R=$OUT/gpulookup.txt
 W1=/dev/shm/w1.gguf
 [ -f $W1 ] || "$B/strata" gen --inflate models/strata-default.gguf --preset 30b-a3b -o $W1 2>&1 | tail -1
 [ -f /tmp/eval.txt ] || python3 bench/heldout.py /tmp/warm.txt /tmp/eval.txt --max-texts 160 >/dev/null
-keep="^(pp|tg)[0-9]|^cache |^prefetch |^placement|^backend|error"
+keep="^(pp|tg)[0-9]|^cache |^prefetch |^placement|error"
 run() {
     echo "### $bin bench $*" | tee -a "$R"
     timeout 90 "$B/$bin" bench "$@" 2>&1 | grep -E "$keep" | tee -a "$R"
@@ -22,10 +23,13 @@ F=(-m $W1 -f /tmp/eval.txt --tg greedy --bw-gib 0.25 -p 512 -n 256)
 for i in $(seq "${REPS:-1}"); do
     for bin in ${BINS:-strata}; do
         run "${F[@]}" --device cuda --graph
-        for b in ${BUDGETS:-4G 2G}; do
+        for b in ${BUDGETS:-4G 2G 1G}; do
             run "${F[@]}" --vram-budget $b --residency gpu --graph
+            [ -z "${PF:-}" ] || run "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch
         done
-        [ -n "${NO_COPY:-}" ] || run "${F[@]}" --vram-budget 2G --placement stream
+    done
+    for b in ${COPY_BUDGETS:-2G 1G}; do
+        run "${F[@]}" --vram-budget $b --placement stream
     done
 done
 if [ -n "${NCU:-}" ]; then

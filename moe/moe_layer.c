@@ -7,6 +7,7 @@
 
 #include "budget.h"
 #include "clock.h"
+#include "cuda_devcache.h"
 #include "disk_tier.h"
 #include "errors.h"
 #include "expert_cache.h"
@@ -677,16 +678,24 @@ void moe_layer_replayed(struct moe_layer *ml)
 bool moe_layer_mode_ok(const struct moe_layer *ml, enum moe_mode mode)
 {
     return ml->cache && ml->cfg.modes && !ml->prefetch && (unsigned)mode < MOE_MODES &&
-           (mode != MOE_MODE_ZEROCOPY || !ml->cfg.tier);
+           ((mode != MOE_MODE_ZEROCOPY && mode != MOE_MODE_DEVICE) || !ml->cfg.tier) &&
+           (mode != MOE_MODE_DEVICE || ml->m->hp.n_expert <= CUDA_DEVCACHE_MAX_EXPERT);
 }
 
 int moe_layer_set_mode(struct moe_layer *ml, enum moe_mode mode)
 {
     if (!moe_layer_mode_ok(ml, mode))
         return err_set(-ENOTSUP, "the expert cache cannot switch to mode %d", (int)mode);
+    if (mode != MOE_MODE_DEVICE) {
+        int rc = expert_cache_device_stop(ml->cache);
+        if (rc)
+            return rc;
+    }
     expert_cache_hybrid_pause(ml->cache, mode != MOE_MODE_HYBRID);
     ml->hybrid = mode == MOE_MODE_HYBRID;
-    ml->cfg.fill = mode == MOE_MODE_ZEROCOPY ? MOE_FILL_ZEROCOPY : MOE_FILL_COPY;
+    ml->cfg.fill = mode == MOE_MODE_ZEROCOPY ? MOE_FILL_ZEROCOPY
+                   : mode == MOE_MODE_DEVICE ? MOE_FILL_DEVICE
+                                             : MOE_FILL_COPY;
     return 0;
 }
 
@@ -703,6 +712,7 @@ enum moe_mode moe_layer_mode(const struct moe_layer *ml)
 {
     return ml->hybrid                          ? MOE_MODE_HYBRID
            : ml->cfg.fill == MOE_FILL_ZEROCOPY ? MOE_MODE_ZEROCOPY
+           : ml->cfg.fill == MOE_FILL_DEVICE   ? MOE_MODE_DEVICE
                                                : MOE_MODE_COPY;
 }
 

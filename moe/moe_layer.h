@@ -177,13 +177,16 @@ enum moe_mode {
     MOE_MODE_COPY = 0,     /* copied into slots */
     MOE_MODE_ZEROCOPY = 1, /* read in place, admitted between steps */
     MOE_MODE_HYBRID = 2,   /* split between copies and the CPU lane */
+    MOE_MODE_DEVICE = 3,   /* the GPU's own cache: looked up and copied by the device */
 };
-#define MOE_MODES 3
-/* Between steps, the backend's stream synced: serve misses the new way from the next call on.
- * 0, or -ENOTSUP (no cache, opened without modes, or zero-copy with a host tier). */
+#define MOE_MODES 4
+/* Between steps, the backend's stream synced: serve misses the new way from the next call on
+ * (leaving MOE_MODE_DEVICE, the device gives the slots back first). 0, or -ENOTSUP (no cache,
+ * opened without modes, or zero-copy or the GPU's cache with a host tier). */
 int moe_layer_set_mode(struct moe_layer *ml, enum moe_mode mode);
 enum moe_mode moe_layer_mode(const struct moe_layer *ml);
-/* Whether the mode can be set (opened with modes; zero-copy needs no host tier). */
+/* Whether the mode can be set (opened with modes; zero-copy and the GPU's cache need no host
+ * tier). */
 bool moe_layer_mode_ok(const struct moe_layer *ml, enum moe_mode mode);
 /* Seconds one missed expert's copy takes at the H2D bandwidth measured at open (with modes or
  * hybrid; 0 otherwise). */

@@ -167,6 +167,9 @@ struct expert_cache {
     uint32_t *d_pf_claim, *d_pf_done; /* (n_layer * 3 n_expert) chunks claimed, copied */
     int *dev_list_at, *dev_list_n;    /* (n_layer) where each layer's list starts, its length */
     struct expert_cache_layer_stats *dev_base; /* (n_layer) counted before the device took over */
+    struct expert_cache_layer_stats *slru_off; /* (n_layer) or NULL: what the device counted,
+                                                * added to the SLRU's counters once it gave the
+                                                * slots back */
     unsigned long long *dev_stats_h;           /* (n_layer * DEVCACHE_NSTAT) host scratch */
 
     uint32_t *seen; /* (n_expert) stamp of the last call that saw the expert */

@@ -20,11 +20,12 @@ const struct expert_cache_layer_stats *expert_cache_stats(const struct expert_ca
         return s;
     }
     const struct slru_layer_stats *q = slru_stats(c->slru, layer);
-    s->hits = q->hits;
-    s->misses = q->misses;
-    s->promotions = q->promotions;
-    s->evictions = q->evictions;
-    s->admissions = q->admissions;
+    const struct expert_cache_layer_stats *o = c->slru_off ? &c->slru_off[layer] : NULL;
+    s->hits = q->hits + (o ? o->hits : 0);
+    s->misses = q->misses + (o ? o->misses : 0);
+    s->promotions = q->promotions + (o ? o->promotions : 0);
+    s->evictions = q->evictions + (o ? o->evictions : 0);
+    s->admissions = q->admissions + (o ? o->admissions : 0);
     return s;
 }
 

@@ -134,6 +134,7 @@ void expert_cache_close(struct expert_cache *c)
     free(c->n_zeroed);
     cuda_free(c->tab_dev);
     ec_dev_close(c);
+    free(c->slru_off);
     cuda_event_destroy(c->copy_done);
     if (c->pf_last)
         cuda_event_destroy(c->pf_last);

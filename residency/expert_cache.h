@@ -25,7 +25,8 @@
  *                 lists the copies, which a second kernel makes from mapped host memory. No
  *                 host sync, so a decode step is one CUDA graph. The first call of the path
  *                 takes the SLRU's slots over (a profile's preloaded and pinned experts
- *                 included); from then on every call must take it.
+ *                 included); from then on every call must take it, until
+ *                 expert_cache_device_stop gives them back.
  * With a host tier (cfg.tier, --host-budget: disk_tier.h) only the tier's slots are pinned and
  * registered, not the file: a call's misses are made resident there first (one disk_tier_get
  * of the layer's misses), then copied into VRAM slots from the tier's buffers, or read in place
@@ -183,6 +184,12 @@ int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t
 /* (c): hands the slots to the device now (syncs), e.g. before recording a graph whose first
  * call would otherwise do it. 0 or -errno. */
 int expert_cache_device_start(struct expert_cache *c);
+/* (c): the device gives the slots back (syncs every stream): the SLRU takes over what they
+ * hold, least recently used first and pinned experts pinned, the statistics go on from the
+ * device's counts, and the copy and zero-copy paths serve the next calls (a later
+ * prepare_device hands the slots over again). Between steps, not while a graph of (c) may
+ * still be replayed. 0 (also when the device does not hold them) or -errno. */
+int expert_cache_device_stop(struct expert_cache *c);
 /* (c), prediction: ids_dev (n_pairs, written on the compute stream) are the experts predicted
  * for `layer`'s next call. Enqueues their admission and then their copies on the prefetch
  * stream; that call waits for the admission, and its lookup for the copies of the predicted

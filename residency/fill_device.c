@@ -100,6 +100,7 @@ static int ec_dev_build(struct expert_cache *c, int32_t *slot_of, int32_t *owner
         kept[l] += !pin;
         lay[s] = l;
         owner[s] = e;
+        ec_point_slot(c, l, e, s); /* an admission of (b) still waiting for its switch */
         stamp[s] = pin ? CUDA_DEVCACHE_PINNED : 1;
         slot_of[(size_t)l * ne + e] = s;
     }
@@ -150,6 +151,11 @@ static int ec_dev_init(struct expert_cache *c)
     rc = rc ? rc : cuda_stream_sync(c->copy);
     rc = rc ? rc : cuda_stream_sync(c->pf_stream);
     rc = rc ? rc : ec_dev_build(c, slot_of, owner, stamp, list);
+    /* the host paths' bookkeeping of copies in flight is void: every copy has landed, and the
+     * device admits without it */
+    c->n_pend = c->n_next = 0;
+    memset(c->slot_pf, 0, (size_t)ns);
+    memset(c->prefetched, 0, nl * ne);
     for (size_t l = 0; l < nl && clock; l++)
         clock[l] = 1; /* slots the SLRU held have stamp 1, free ones 0: free ones go first */
     rc = rc ? rc : cuda_malloc((void **)&c->d_slot_of, sizeof(int32_t) * nl * ne);
@@ -402,29 +408,111 @@ int ec_dev_check(const struct expert_cache *c)
 
 void ec_dev_close(struct expert_cache *c)
 {
-    cuda_free(c->d_slot_of);
-    cuda_free(c->d_owner);
-    cuda_free(c->d_stamp);
-    cuda_free(c->d_list);
-    cuda_free(c->d_clock);
-    cuda_free(c->d_slot_ptr);
-    cuda_free(c->d_stats);
-    cuda_free(c->d_jobs);
-    cuda_free(c->d_n_jobs);
-    cuda_free(c->d_pf);
-    cuda_free(c->d_sync);
-    cuda_free(c->d_pf_jobs);
-    cuda_free(c->d_pf_n_jobs);
-    cuda_free(c->d_pend);
-    cuda_free(c->d_pf_claim);
-    cuda_free(c->d_pf_done);
-    free(c->pf_live);
+    void *dev_mem[] = {c->d_slot_of,   c->d_owner,    c->d_stamp,    c->d_list,
+                       c->d_clock,     c->d_slot_ptr, c->d_stats,    c->d_jobs,
+                       c->d_n_jobs,    c->d_pf,       c->d_sync,     c->d_pf_jobs,
+                       c->d_pf_n_jobs, c->d_pend,     c->d_pf_claim, c->d_pf_done};
+    for (size_t i = 0; i < sizeof(dev_mem) / sizeof(dev_mem[0]); i++)
+        cuda_free(dev_mem[i]);
     for (int l = 0; c->pf_done && l < c->n_layer; l++)
         cuda_event_destroy(c->pf_done[l]);
     free(c->pf_done);
     free(c->pf_pending);
+    free(c->pf_live);
     free(c->dev_list_at);
     free(c->dev_list_n);
     free(c->dev_base);
     free(c->dev_stats_h);
+    c->d_slot_of = c->d_owner = c->d_list = c->d_pend = NULL;
+    c->d_stamp = c->d_clock = c->d_n_jobs = c->d_sync = c->d_pf_n_jobs = NULL;
+    c->d_pf_claim = c->d_pf_done = NULL;
+    c->d_slot_ptr = NULL;
+    c->d_stats = NULL;
+    c->d_jobs = c->d_pf_jobs = NULL;
+    c->d_pf = c->pf_pending = c->pf_live = NULL;
+    c->pf_done = NULL;
+    c->dev_list_at = c->dev_list_n = NULL;
+    c->dev_base = NULL;
+    c->dev_stats_h = NULL;
+    c->dev = false;
+}
+
+/* (layer, slot) by stamp: the order the SLRU takes the slots back in, least recent first */
+struct ec_dev_back {
+    uint32_t stamp;
+    int32_t slot;
+};
+
+static int ec_dev_back_cmp(const void *x, const void *y)
+{
+    const struct ec_dev_back *a = x, *b = y;
+    return a->stamp != b->stamp ? (a->stamp < b->stamp ? -1 : 1)
+                                : (a->slot > b->slot) - (a->slot < b->slot);
+}
+
+int expert_cache_device_stop(struct expert_cache *c)
+{
+    if (!c->dev)
+        return 0;
+    const size_t ns = (size_t)c->n_slots, nl = (size_t)c->n_layer, ne = (size_t)c->n_expert;
+    int32_t *owner = malloc(sizeof(int32_t) * ns), *list = malloc(sizeof(int32_t) * ns);
+    int32_t *lay = malloc(sizeof(int32_t) * ns);
+    uint32_t *stamp = malloc(sizeof(uint32_t) * ns);
+    struct ec_dev_back *order = malloc(sizeof(*order) * ns);
+    struct expert_cache_layer_stats *tot = calloc(nl, sizeof(*tot));
+    if (!c->slru_off)
+        c->slru_off = calloc(nl, sizeof(*c->slru_off));
+    int rc = !owner || !list || !lay || !stamp || !order || !tot || !c->slru_off
+                 ? err_set(-ENOMEM, "out of memory")
+                 : 0;
+    for (size_t l = 0; l < nl && !rc; l++) /* what was counted until now (syncs compute) */
+        rc = ec_dev_stats(c, (int)l, &tot[l]);
+    rc = rc ? rc : cuda_stream_sync(c->pf_stream);
+    rc = rc ? rc : cuda_stream_sync(c->copy);
+    rc = rc ? rc : cuda_d2h(owner, c->d_owner, sizeof(int32_t) * ns, c->compute);
+    rc = rc ? rc : cuda_d2h(stamp, c->d_stamp, sizeof(uint32_t) * ns, c->compute);
+    rc = rc ? rc : cuda_d2h(list, c->d_list, sizeof(int32_t) * ns, c->compute);
+    rc = rc ? rc : cuda_d2h(c->tab_host, c->tab_dev, sizeof(void *) * nl * P_N * ne, c->compute);
+    rc = rc ? rc : cuda_stream_sync(c->compute);
+    if (rc) {
+        free(owner), free(list), free(lay), free(stamp), free(order), free(tot);
+        return err_set(rc, "expert cache: taking the slots back from the GPU failed");
+    }
+    /* the SLRU holds what the slots hold, least recent first, pinned ones pinned */
+    for (size_t s = 0; s < ns; s++)
+        lay[s] = -1;
+    for (size_t l = 0; l < nl; l++)
+        for (int i = 0; i < c->dev_list_n[l]; i++)
+            lay[list[c->dev_list_at[l] + i]] = (int32_t)l;
+    int n = 0;
+    for (size_t s = 0; s < ns; s++)
+        if (lay[s] >= 0 && owner[s] >= 0)
+            order[n++] = (struct ec_dev_back){stamp[s], (int32_t)s};
+    qsort(order, (size_t)n, sizeof(*order), ec_dev_back_cmp);
+    slru_clear(c->slru);
+    for (int i = 0; i < n && !rc; i++) {
+        int s = order[i].slot;
+        rc = slru_place(c->slru, s, lay[s], owner[s]);
+        if (!rc && order[i].stamp == CUDA_DEVCACHE_PINNED)
+            rc = slru_pin(c->slru, lay[s], owner[s]);
+    }
+    /* the statistics go on from the device's totals */
+    for (size_t l = 0; l < nl && !rc; l++) {
+        const struct slru_layer_stats *q = slru_stats(c->slru, (int)l);
+        struct expert_cache_layer_stats *o = &c->slru_off[l];
+        o->hits = tot[l].hits - q->hits;
+        o->misses = tot[l].misses - q->misses;
+        o->promotions = tot[l].promotions - q->promotions;
+        o->evictions = tot[l].evictions - q->evictions;
+        o->admissions = tot[l].admissions - q->admissions;
+        c->stats[l] = tot[l];
+    }
+    free(owner), free(list), free(lay), free(stamp), free(order), free(tot);
+    if (rc)
+        return err_set(rc, "expert cache: the slots the GPU gave back do not fit the policy");
+    memset(c->dirty, 0, nl); /* the device's tables are the host's again */
+    ec_dev_close(c);
+    if (c->log)
+        fprintf(c->log, "strata: the GPU gave the expert cache back to the host\n");
+    return 0;
 }

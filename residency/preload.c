@@ -105,6 +105,8 @@ int expert_cache_check(const struct expert_cache *c)
 void expert_cache_reset_stats(struct expert_cache *c)
 {
     memset(c->stats, 0, sizeof(*c->stats) * (size_t)c->n_layer);
+    if (c->slru_off)
+        memset(c->slru_off, 0, sizeof(*c->slru_off) * (size_t)c->n_layer);
     slru_reset_stats(c->slru);
     if (c->dev)
         ec_dev_reset_stats(c);

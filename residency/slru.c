@@ -365,6 +365,49 @@ int slru_retire(struct slru *c, int slot, int *ev_layer, int *ev_expert)
     return 0;
 }
 
+void slru_clear(struct slru *c)
+{
+    const size_t keys = (size_t)c->cfg.n_layer * (size_t)c->cfg.n_expert;
+    for (size_t k = 0; k < keys; k++)
+        c->map[k] = -1;
+    memset(c->held, 0, sizeof(*c->held) * (size_t)c->cfg.n_layer);
+    memset(c->pinned, 0, sizeof(*c->pinned) * (size_t)c->cfg.n_layer);
+    c->prob = c->prot = c->pin = (struct slru_list){.head = -1, .tail = -1, .n = 0};
+    c->n_free = 0;
+    for (int s = c->cfg.n_slots - 1; s >= 0; s--) { /* slot 0 is handed out first */
+        struct slru_slot *x = &c->slots[s];
+        bool retired = x->retired;
+        *x = (struct slru_slot){
+            .layer = -1, .expert = -1, .prev = -1, .next = -1, .retired = retired};
+        if (!retired)
+            c->free_stack[c->n_free++] = s;
+    }
+    slru_size_caps(c, c->cfg.n_slots - c->n_retired);
+}
+
+int slru_place(struct slru *c, int slot, int layer, int expert)
+{
+    if (!slru_key_ok(c, layer, expert) || slot < 0 || slot >= c->cfg.n_slots)
+        return -EINVAL;
+    if (slru_peek(c, layer, expert) >= 0)
+        return -EEXIST;
+    int i = 0;
+    while (i < c->n_free && c->free_stack[i] != slot)
+        i++;
+    if (i == c->n_free)
+        return -EBUSY; /* held, or retired */
+    c->free_stack[i] = c->free_stack[--c->n_free];
+    struct slru_slot *x = &c->slots[slot];
+    x->layer = layer;
+    x->expert = expert;
+    x->pinned = false;
+    x->used = 0; /* not in use in the current step */
+    c->map[(size_t)layer * c->cfg.n_expert + expert] = slot;
+    c->held[layer]++;
+    slru_push_head(c, slot, SEG_PROB);
+    return 0;
+}
+
 int slru_live_slots(const struct slru *c)
 {
     return c->cfg.n_slots - c->n_retired;

@@ -78,6 +78,15 @@ int slru_pin(struct slru *c, int layer, int expert);
  * protected cap shrink with the pool. 0, -EINVAL for a bad slot, -EALREADY if retired. */
 int slru_retire(struct slru *c, int slot, int *ev_layer, int *ev_expert);
 
+/* Empties every slot, pinned ones too (retired ones stay out of the pool); statistics and use
+ * counts stay. With slru_place, for taking over a slot state kept elsewhere. */
+void slru_clear(struct slru *c);
+
+/* Puts (layer, expert) into the free slot `slot`, as the most recent probation slot, not in use
+ * in the current step; no statistic counts it. 0, -EINVAL (bad key or slot), -EEXIST (the key
+ * is resident), -EBUSY (the slot is held or retired). */
+int slru_place(struct slru *c, int slot, int layer, int expert);
+
 /* Slots still in the pool (n_slots minus the retired ones). */
 int slru_live_slots(const struct slru *c);
 

@@ -987,11 +987,13 @@ static int cuda_read_op(struct backend *b, float *host, const float *src, size_t
 }
 
 /* ---- automatic placement -------------------------------------------------------------------
- * The expert cache's three ways to serve decode's misses (copies, zero-copy reads in a graph,
- * copies and the CPU lane) win at different budgets, models and machines (bench/residency.md:
- * on the H200 at 12 GiB zero-copy with a graph decoded 311 tok/s, copies 234, hybrid 159; at
- * 8 GiB hybrid 151, copies 147, zero-copy 122), and the hit rate that decides it is only known
- * once the model runs. So each is timed on a few decode steps (tune.h: 2 skipped, 8 timed,
+ * The expert cache's four ways to serve decode's misses (copies, zero-copy reads in a graph,
+ * copies and the CPU lane, the GPU's own cache in a graph) win at different budgets, models and
+ * machines (bench/residency.md: on the H200 at 12 GiB zero-copy with a graph decoded 311 tok/s,
+ * copies 234, hybrid 159; at 8 GiB hybrid 151, copies 147, zero-copy 122; bench/gpucache.md:
+ * W1-real at 2 GiB the GPU's cache 1865, copies 1483), and the hit rate that decides it is only
+ * known once the model runs. Leaving the GPU's cache, the device gives the slots back
+ * (expert_cache_device_stop). So each is timed on a few decode steps (tune.h: 2 skipped, 8 timed,
  * the first mode timed again last on a close call) and the fastest stays; a miss rate that later
  * moves by more than half (and one miss per token) starts the trials again. The copy trial, first,
  * measures the misses per token, which rule out two trials that cannot win: hybrid below one miss
@@ -1006,10 +1008,11 @@ static int cuda_read_op(struct backend *b, float *host, const float *src, size_t
 
 static const char *auto_mode_name(enum moe_mode m, bool graph)
 {
-    return m == MOE_MODE_HYBRID     ? "hybrid"
-           : m != MOE_MODE_ZEROCOPY ? "copy"
-           : graph                  ? "zero-copy graph"
-                                    : "zero-copy";
+    return m == MOE_MODE_HYBRID   ? "hybrid"
+           : m == MOE_MODE_DEVICE ? (graph ? "gpu cache graph" : "gpu cache")
+           : m == MOE_MODE_COPY   ? "copy"
+           : graph                ? "zero-copy graph"
+                                  : "zero-copy";
 }
 
 static uint64_t auto_misses(const struct backend_cuda *c)
@@ -1140,9 +1143,10 @@ static void cuda_eval_begin(struct backend *b, int n)
 /* With cfg->auto_place: the modes the cache can take, copy first. */
 static void auto_open(struct backend_cuda *c)
 {
-    static const enum moe_mode order[] = {MOE_MODE_COPY, MOE_MODE_HYBRID, MOE_MODE_ZEROCOPY};
+    static const enum moe_mode order[] = {MOE_MODE_COPY, MOE_MODE_HYBRID, MOE_MODE_ZEROCOPY,
+                                          MOE_MODE_DEVICE};
     int n = 0, first = 0;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < (int)(sizeof(order) / sizeof(order[0])); i++)
         if (moe_layer_mode_ok(c->moe, order[i])) {
             if (order[i] == moe_layer_mode(c->moe))
                 first = n;

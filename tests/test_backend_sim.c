@@ -1170,10 +1170,11 @@ static void close_enough(const char *path, const char *what,
     free(r.logits);
 }
 
-/* The automatic placement: the trials run copy, hybrid and zero-copy in a graph (10 steps each,
- * then copy again on a close call) within the first 41 of N_STEPS steps; whichever stays, every row
- * within the hybrid lane's tolerance of all resident, and each mode did its work (copies, CPU-lane
- * experts, reads in place). */
+/* The automatic placement: the trials run copy, hybrid, zero-copy in a graph and the GPU's own
+ * cache in a graph (10 steps each, then copy again on a close call) within the first 51 of
+ * N_STEPS steps; whichever stays, every row within the hybrid lane's tolerance of all resident,
+ * and each mode did its work (copies, CPU-lane experts, reads in place, the device's lookups:
+ * its hand-over and the slots given back when it was not the last trial kept). */
 static void auto_modes(const char *path, const int32_t *prompt, const struct run *ref,
                        const struct tolerance *tol)
 {
@@ -1181,15 +1182,39 @@ static void auto_modes(const char *path, const int32_t *prompt, const struct run
         .device = 0, .expert_slots = 6, .auto_place = true, .auto_try_all = true};
     struct run r = {0};
     int nv = n_vocab_of(path);
+    char *log = NULL;
+    size_t log_n = 0;
+    cc.log = open_memstream(&log, &log_n);
+    CHECK(cc.log != NULL, "open_memstream");
     CHECK(run(path, &cc, 256, prompt, ref->ids, &r) == 0, "%s: auto failed", path);
+    if (cc.log)
+        fclose(cc.log);
+    /* the decision: "placement auto: copy 2.11 ms, ..., gpu cache graph 2.13 ms per step: X
+     * from now on" */
+    char *end = log ? strstr(log, " per step: ") : NULL, *line = end;
+    while (line && line > log && line[-1] != '\n')
+        line--;
+    if (end)
+        *end = 0;
+    bool gpu_timed = line && strstr(line, "gpu cache graph ") != NULL;
+    bool kept_gpu = end && !strncmp(end + 11, "gpu cache graph from now on", 27);
+    if (end)
+        *end = ' ';
+    bool handed = log && strstr(log, "the GPU runs the expert cache") != NULL;
+    bool back = log && strstr(log, "the GPU gave the expert cache back") != NULL;
+    free(log);
     if (!r.logits)
         return;
     check_rows(path, "auto, 6 slots", r.logits, ref, nv, tol);
-    printf("%s: auto, 6 slots: %.2f MB copied, %.2f MB read in place, %llu CPU-lane experts\n",
+    printf("%s: auto, 6 slots: %.2f MB copied, %.2f MB read in place, %llu CPU-lane experts; "
+           "the GPU's cache timed %s, kept %s, slots given back %s\n",
            path, r.tot.bytes_copied / 1e6, r.tot.bytes_zerocopy / 1e6,
-           (unsigned long long)r.tot.cpu_computed);
+           (unsigned long long)r.tot.cpu_computed, gpu_timed ? "yes" : "no",
+           kept_gpu ? "yes" : "no", back ? "yes" : "no");
     CHECK(r.tot.bytes_copied > 0 && r.tot.bytes_zerocopy > 0 && r.tot.cpu_computed > 0,
           "%s: auto did not run every mode", path);
+    CHECK(gpu_timed && handed && (kept_gpu || back),
+          "%s: auto did not time the GPU's cache, or kept the slots on the device", path);
     free(r.logits);
 }
 

@@ -374,6 +374,9 @@ struct scenario_cfg {
     bool cpu_fast;       /* hybrid with a CPU lane 4x PCIe: lone misses go to the CPU and are
                           * also admitted behind the call */
     bool gather;         /* copies through cuda_gather_copy */
+    int switch_every;    /* with gpu: every this many steps the device gives the slots back and
+                          * the host path (copy, or zero-copy with zerocopy) serves as many,
+                          * then the device takes them again (the automatic placement's trials) */
     int n_slots, n_steps;
     uint64_t seed;
 };
@@ -494,8 +497,27 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
         CHECK(placed == sc->n_frozen, "preload: %d of %d placed (%s)", placed, sc->n_frozen,
               err_msg());
     }
+    int n_back = 0;
+    uint64_t acc_before = 0;
     for (int step = 0; step < n_steps && !rc; step++) {
         int n_tok = step == 0 ? MAX_TOK : 1 + (int)rng_below(&r, 2);
+        const bool gpu = sc->gpu && (!sc->switch_every || (step / sc->switch_every) % 2 == 0);
+        if (sc->gpu && !gpu && expert_cache_on_device(c)) { /* between steps, stream synced */
+            uint64_t acc = 0;
+            for (int l = 0; l < N_LAYER; l++)
+                acc += expert_cache_stats(c, l)->hits + expert_cache_stats(c, l)->misses;
+            rc = expert_cache_device_stop(c);
+            CHECK(rc == 0 && !expert_cache_on_device(c), "device stop: %s", err_msg());
+            CHECK(expert_cache_check(c) == 0, "step %d: the SLRU's state after the hand-back",
+                  step);
+            uint64_t after = 0;
+            for (int l = 0; l < N_LAYER; l++)
+                after += expert_cache_stats(c, l)->hits + expert_cache_stats(c, l)->misses;
+            CHECK(after == acc && acc > acc_before, "step %d: lookups counted %llu, then %llu",
+                  step, (unsigned long long)acc, (unsigned long long)after);
+            acc_before = acc;
+            n_back++;
+        }
         for (int l = 0; l < N_LAYER; l++)
             route(&r, n_tok, routed[l]);
         for (int l = 0; l < N_LAYER && !rc; l++) {
@@ -507,7 +529,7 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
             k->bad = &bad;
             memcpy(k->ids, routed[l], sizeof(int32_t) * (size_t)n_tok * K);
             cuda_h2d(ids_dev, k->ids, sizeof(int32_t) * (size_t)n_tok * K, compute);
-            bool copy_path = !sc->gpu && (!zerocopy || n_tok > 16);
+            bool copy_path = !gpu && (!zerocopy || n_tok > 16);
             if (prefetch && copy_path && l + 1 < N_LAYER) {
                 /* a prediction of the next layers: mostly right, some wrong */
                 int nd = 0, n = n_tok * K;
@@ -522,11 +544,11 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
                     expert_cache_predict_ahead(c, pred_dev, n, nd);
             }
             /* the backend's rule: decode-sized calls take the chosen path, prefill copies */
-            rc = sc->gpu      ? expert_cache_prepare_device(c, l, ids_dev, n_tok * K, &k->t)
+            rc = gpu          ? expert_cache_prepare_device(c, l, ids_dev, n_tok * K, &k->t)
                  : !copy_path ? expert_cache_prepare_zerocopy(c, l, ids_dev, n_tok * K, &k->t)
                               : expert_cache_prepare_copy(c, l, ids_dev, n_tok * K, &k->t);
             CHECK(rc == 0, "prepare: %s", err_msg());
-            if (!rc && sc->gpu && prefetch && l + 1 < N_LAYER) {
+            if (!rc && gpu && prefetch && l + 1 < N_LAYER) {
                 /* (c)'s prediction of the next layer, made after this layer's lookup */
                 int n = n_tok * K;
                 for (int i = 0; i < n; i++)
@@ -561,6 +583,10 @@ static void scenario(const struct model *m, const struct scenario_cfg *sc)
         }
     }
     cuda_stream_sync(compute);
+    if (sc->switch_every) {
+        printf("gpu: the device gave the slots back %d times\n", n_back);
+        CHECK(n_back >= 2, "the device gave the slots back %d times", n_back);
+    }
     uint64_t hits = 0, misses = 0, ev = 0, zc = 0, pf = 0, pfu = 0;
     for (int l = 0; l < N_LAYER; l++) {
         const struct expert_cache_layer_stats *s = expert_cache_stats(c, l);
@@ -677,6 +703,20 @@ int main(void)
            "copy launch had not run)\n",
            (unsigned long long)g_helped);
     CHECK(g_helped > 0, "no lookup found its prefetch still copying");
+    /* (c) taking the slots and giving them back every 5 steps, the host path copying or
+     * reading in place between; with a profile's pinned set, and with predictions on the
+     * device */
+    for (int mode = 0; mode < 3; mode++)
+        for (int zc = 0; zc < 2; zc++)
+            scenario(&m, &(struct scenario_cfg){.mode = (enum copy_mode)mode,
+                                                .gpu = true,
+                                                .zerocopy = zc,
+                                                .prefetch = mode == 1,
+                                                .switch_every = 5,
+                                                .n_frozen = zc ? K : 0,
+                                                .n_slots = 3 * K,
+                                                .n_steps = 40,
+                                                .seed = seed + 90 + mode});
     gpu_policy(&m, seed + 80);
     for (int l = 0; l < N_LAYER; l++) {
         free((void *)layers[l].gate_exps.data);

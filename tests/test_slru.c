@@ -150,6 +150,44 @@ static void check_pins_and_stats(void)
     slru_close(c);
 }
 
+/* Taking over a state kept elsewhere: slru_clear empties every slot but keeps the counts and
+ * retired slots out; slru_place puts keys into chosen slots, refusing held, retired and bad
+ * ones and keys already resident; the last placed is the most recent. */
+static void check_clear_place(void)
+{
+    struct slru *c = open_cache(2, 8, 6, 25);
+    int evl, eve;
+    for (int e = 0; e < 6; e++)
+        touch(c, e % 2, e, -1, &evl, &eve);
+    CHECK(slru_pin(c, 0, 0) == 0, "pin");
+    CHECK(slru_retire(c, 5, &evl, &eve) == 0, "retire");
+    uint64_t misses = slru_stats(c, 0)->misses;
+    slru_clear(c);
+    CHECK(slru_check(c) == 0 && slru_layer_held(c, 0) == 0 && slru_layer_held(c, 1) == 0,
+          "clear left slots held");
+    CHECK(slru_stats(c, 0)->misses == misses, "clear dropped the counts");
+    CHECK(slru_place(c, 3, 1, 7) == 0 && slru_place(c, 0, 0, 2) == 0 && slru_place(c, 4, 0, 5) == 0,
+          "place");
+    CHECK(slru_place(c, 3, 1, 6) == -EBUSY, "a held slot taken");
+    CHECK(slru_place(c, 5, 1, 6) == -EBUSY, "a retired slot taken");
+    CHECK(slru_place(c, 1, 0, 2) == -EEXIST, "a resident key placed twice");
+    CHECK(slru_place(c, 9, 1, 6) == -EINVAL && slru_place(c, 1, 2, 0) == -EINVAL, "bad args");
+    CHECK(slru_pin(c, 0, 2) == 0, "pin a placed key");
+    CHECK(slru_peek(c, 1, 7) == 3 && slru_peek(c, 0, 2) == 0 && slru_peek(c, 0, 5) == 4,
+          "placed keys not where they were put");
+    CHECK(slru_check(c) == 0, "invariants after placing");
+    /* slots 1 and 2 are free: two admissions take them, then the least recent placed goes */
+    slru_step(c);
+    CHECK(slru_admit(c, 1, 0, -1, &evl, &eve) >= 0 && slru_admit(c, 1, 1, -1, &evl, &eve) >= 0,
+          "admit into the free slots");
+    slru_step(c);
+    int s = slru_admit(c, 1, 2, -1, &evl, &eve);
+    CHECK(s == 3 && evl == 1 && eve == 7, "victim %d (%d, %d), expected slot 3 (1, 7)", s, evl,
+          eve);
+    CHECK(slru_check(c) == 0, "invariants after admitting");
+    slru_close(c);
+}
+
 /* One layer call of a lockstep step: slru_step, then each expert of ids (distinct) looked up and
  * a miss admitted guarding the next layer (of a model of more than one layer), as the copy path
  * does. Returns the hits. */
@@ -316,6 +354,7 @@ int main(void)
     check_guard();
     check_fairness();
     check_pins_and_stats();
+    check_clear_place();
     check_wide_steps();
     check_frequency_admission();
     check_random(&r);
