@@ -30,6 +30,7 @@ struct moe_layer {
     int cpu_layers;     /* experts of layers [0, cpu_layers) on the CPU lane */
     struct expert_cache *cache;
     bool hybrid, prefetch;
+    int device_max_tok;  /* the GPU's own cache: larger calls take the host path */
     struct predict pred; /* pred.ids, pred.w: (max_tok, k) device, owned here */
     uint64_t *pf_seen;   /* (n_layer + 1) the layer's misses and used prefetches when last seen */
     int *pf_quiet;       /* (n_layer + 1) calls of the layer before it without either */
@@ -270,12 +271,28 @@ static bool ml_zerocopy(const struct moe_layer *ml, int nt)
     return ml->cache && !ml->hybrid && ml->cfg.fill == MOE_FILL_ZEROCOPY && nt <= ZEROCOPY_MAX_TOK;
 }
 
+/* Tokens of a call above which the GPU's own cache hands a call to the host path:
+ * ML_DEVICE_MAX_TOK, or STRATA_DEVCACHE_HOST_TOK from the environment when the layer opens
+ * (1..4096; for tests). Lockstep steps of many streams and drafts stay below it. */
+#define ML_DEVICE_MAX_TOK 128
+static int ml_device_max_tok_env(void)
+{
+    const char *v = getenv("STRATA_DEVCACHE_HOST_TOK");
+    int x = v ? atoi(v) : 0;
+    return x >= 1 && x <= 4096 ? x : ML_DEVICE_MAX_TOK;
+}
+
 static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const float *in, int nt,
                          const int32_t *ids, struct expert_tables *tab)
 {
     int pairs = nt * (int)a->hp->n_expert_used, rc = 0;
     bool zc = ml_zerocopy(ml, nt);
-    if (ml->cfg.fill == MOE_FILL_DEVICE) { /* then the next layers' predicted experts */
+    /* the GPU's own cache serves decode-sized calls; a prompt (nearly every expert of the
+     * layer: copies are all it does) takes the host path, the device giving the slots back
+     * until the next decode call takes them again */
+    if (ml->cfg.fill == MOE_FILL_DEVICE && nt > ml->device_max_tok)
+        rc = expert_cache_device_stop(ml->cache);
+    else if (ml->cfg.fill == MOE_FILL_DEVICE) { /* then the next layers' predicted experts */
         rc = expert_cache_prepare_device(ml->cache, a->layer, ids, pairs, tab);
         if (!rc && ml->prefetch && a->layer + 1 < (int)a->hp->n_layer) {
             rc = predict_device(&ml->pred, a->layer, in, nt);
@@ -562,6 +579,7 @@ int moe_layer_open(const struct model *m, const struct moe_layer_config *cfg,
     ml->ops = ops;
     ml->dev = dev;
     ml->cfg = *cfg;
+    ml->device_max_tok = ml_device_max_tok_env();
     if (ml->cfg.max_tok <= 0)
         ml->cfg.max_tok = 512;
     size_t pairs = (size_t)ml->cfg.max_tok * hp->n_expert_used;
@@ -661,6 +679,11 @@ int moe_layer_step_end(struct moe_layer *ml)
 int moe_layer_graph_ready(struct moe_layer *ml)
 {
     return ml->cache && ml->cfg.fill == MOE_FILL_DEVICE ? expert_cache_device_start(ml->cache) : 0;
+}
+
+uint32_t moe_layer_graph_epoch(const struct moe_layer *ml)
+{
+    return ml->cache ? expert_cache_device_epoch(ml->cache) : 0;
 }
 
 void moe_layer_set_recording(struct moe_layer *ml, bool on)

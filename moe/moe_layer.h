@@ -164,6 +164,9 @@ int moe_layer_step_end(struct moe_layer *ml);
 /* Before a step is recorded into a CUDA graph: what must not happen during the recording (the
  * GPU's own cache takes the slots over, a sync). 0 or -errno. */
 int moe_layer_graph_ready(struct moe_layer *ml);
+/* Changes whenever a recording of the GPU's own cache's calls has gone stale (the device took
+ * the slots over again: a prompt served by the host path in between); 0 without a cache. */
+uint32_t moe_layer_graph_epoch(const struct moe_layer *ml);
 /* A decode step is being recorded into a CUDA graph (on) or no longer (off). */
 void moe_layer_set_recording(struct moe_layer *ml, bool on);
 /* A recorded step was replayed: every layer's routing was read back as recorded. */

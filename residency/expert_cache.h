@@ -198,6 +198,10 @@ int expert_cache_prefetch_device(struct expert_cache *c, int layer, const int32_
                                  int n_pairs);
 /* Whether (c) has taken the slots over. */
 bool expert_cache_on_device(const struct expert_cache *c);
+/* How many times (c) has taken the slots over: a recording of (c)'s calls holds the device
+ * state of one hand-over (its arrays are allocated anew at each) and must be made again after
+ * another. */
+uint32_t expert_cache_device_epoch(const struct expert_cache *c);
 
 #define EXPERT_CACHE_ZC_TOK 16 /* tokens of a call whose routing fits a slice */
 

@@ -200,6 +200,7 @@ static int ec_dev_init(struct expert_cache *c)
     for (size_t l = 0; l < nl; l++) /* what the SLRU counted until now */
         c->dev_base[l] = *expert_cache_stats(c, (int)l);
     c->dev = true;
+    c->dev_epoch++;
     if (c->log) {
         int lo = c->n_expert, hi = 0;
         for (size_t l = 0; l < nl; l++) {
@@ -322,6 +323,11 @@ int expert_cache_device_start(struct expert_cache *c)
 bool expert_cache_on_device(const struct expert_cache *c)
 {
     return c->dev;
+}
+
+uint32_t expert_cache_device_epoch(const struct expert_cache *c)
+{
+    return c->dev_epoch;
 }
 
 int ec_dev_stats(const struct expert_cache *c, int layer, struct expert_cache_layer_stats *s)

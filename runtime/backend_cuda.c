@@ -72,6 +72,7 @@ struct backend_cuda {
     bool recording;           /* between step_begin and step_end of the recording */
     void *graph_exec;         /* the recorded step, or NULL */
     const struct stream *graph_stream; /* the stream whose buffers it writes */
+    uint32_t graph_epoch;              /* and the GPU cache's hand-over it reads the state of */
     const float *graph_bufs[4];        /* and those buffers (a new stream may reuse the address) */
     int32_t *step_pin;        /* pinned host [0] token id, [1] position: read by the graph */
     void *step_pin_dev;
@@ -1201,9 +1202,15 @@ static int cuda_step_begin(struct backend *b, const struct stream *s, const int3
     struct backend_cuda *c = cuda_of(b);
     if (!c->graph || n != 1)
         return 0;
+    /* the GPU's own cache takes the slots (back) first: a recording of an earlier hand-over
+     * reads device state that is gone */
+    int rc = moe_layer_graph_ready(c->moe);
+    if (rc)
+        return backend_cuda_fail(rc, "starting the decode graph");
     bool same = c->graph_stream == s && c->graph_bufs[0] == s->arena &&
                 c->graph_bufs[1] == s->k_cache && c->graph_bufs[2] == s->v_cache &&
-                c->graph_bufs[3] == s->conv_state;
+                c->graph_bufs[3] == s->conv_state &&
+                c->graph_epoch == moe_layer_graph_epoch(c->moe);
     if (c->graph_exec && !same) { /* another stream's buffers: record anew */
         cuda_graph_destroy(c->graph_exec);
         c->graph_exec = NULL;
@@ -1214,19 +1221,19 @@ static int cuda_step_begin(struct backend *b, const struct stream *s, const int3
     c->step_pin[0] = ids[0]; /* the previous replay is done: read synced the stream */
     c->step_pin[1] = pos;
     if (c->graph_exec) {
-        int rc = cuda_graph_launch(c->graph_exec, c->stream);
+        rc = cuda_graph_launch(c->graph_exec, c->stream);
         if (rc)
             return backend_cuda_fail(rc, "replaying the decode graph");
         moe_layer_replayed(c->moe); /* every layer's routing was read back, as recorded */
         return 1;
     }
-    int rc = moe_layer_graph_ready(c->moe);
-    rc = rc ? rc : cuda_graph_begin(c->stream);
+    rc = cuda_graph_begin(c->stream);
     rc = rc ? rc : cuda_h2d(c->step_dev, c->step_pin, 2 * sizeof(int32_t), c->stream);
     if (rc)
         return backend_cuda_fail(rc, "starting the decode graph");
     c->recording = true;
     c->graph_stream = s;
+    c->graph_epoch = moe_layer_graph_epoch(c->moe);
     c->graph_bufs[0] = s->arena;
     c->graph_bufs[1] = s->k_cache;
     c->graph_bufs[2] = s->v_cache;

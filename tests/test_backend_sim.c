@@ -944,6 +944,68 @@ static int n_vocab_of(const char *path)
     return nv;
 }
 
+/* The GPU's own cache in a graph, with calls of more than 4 tokens (STRATA_DEVCACHE_HOST_TOK)
+ * on the host path: the 12-token prompt, 10 decode steps, a 6-token chunk of ref's ids, 10 more
+ * steps. Each chunk makes the device give the slots back and the next step take them again, so
+ * the decode graph must be recorded anew (the device state it read is gone): logits bit-identical
+ * to the same calls all resident in a graph, and every one-token step replayed or recorded. */
+static void gpu_prompt_between(const char *path, const int32_t *prompt, const struct run *ref)
+{
+    enum { STEPS = 10, CHUNK = 6 };
+    struct backend_cuda_config cfgs[2] = {
+        {.device = 0, .graph = true},
+        {.device = 0, .expert_slots = 6, .graph = true, .residency = BACKEND_RESIDENCY_GPU}};
+    float *lg[2] = {NULL, NULL};
+    int nv = n_vocab_of(path), launches = 0, handed = 0;
+    setenv("STRATA_DEVCACHE_HOST_TOK", "4", 1);
+    for (int k = 0; k < 2; k++) {
+        struct model *m = NULL;
+        struct backend *b = NULL;
+        struct stream *s = NULL;
+        char *log = NULL;
+        size_t log_n = 0;
+        cfgs[k].log = open_memstream(&log, &log_n);
+        lg[k] = test_xmalloc(sizeof(float) * (size_t)nv * (2 * STEPS + 2));
+        int rc = model_open(path, &m);
+        rc = rc ? rc : backend_cuda_open(m, &cfgs[k], &b);
+        rc = rc ? rc : stream_open(b, 256, 32, &s);
+        int row = 0, at = 0, before = g_graph_launches;
+        rc = rc ? rc : stream_eval(s, prompt, N_PROMPT, lg[k] + (size_t)row++ * nv);
+        for (int half = 0; half < 2 && !rc; half++) {
+            for (int i = 0; i < STEPS && !rc; i++, at++)
+                rc = stream_eval(s, &ref->ids[at], 1, lg[k] + (size_t)row++ * nv);
+            if (!half && !rc) {
+                rc = stream_eval(s, &ref->ids[at], CHUNK, lg[k] + (size_t)row++ * nv);
+                at += CHUNK;
+            }
+        }
+        CHECK(rc == 0, "%s: gpu cache, prompts between graph steps: %s", path, err_msg());
+        if (k == 1)
+            launches = g_graph_launches - before;
+        stream_close(s);
+        backend_close(b);
+        model_close(m);
+        if (cfgs[k].log)
+            fclose(cfgs[k].log);
+        for (const char *p = log; p && (p = strstr(p, "the GPU runs the expert cache")); p++)
+            handed += k == 1;
+        free(log);
+    }
+    unsetenv("STRATA_DEVCACHE_HOST_TOK");
+    int rows = 2 * STEPS + 2;
+    bool same = !memcmp(lg[0], lg[1], sizeof(float) * (size_t)nv * (size_t)rows);
+    printf("%s: gpu cache in a graph, chunks of %d on the host path between: %s; %d hand-overs, "
+           "%d graph launches for %d steps\n",
+           path, CHUNK, same ? "bit-identical to all resident" : "DIFFERS", handed, launches,
+           2 * STEPS);
+    CHECK(same, "%s: the GPU's cache with host-path chunks differs from all resident", path);
+    CHECK(handed == 2 && launches == 2 * STEPS,
+          "%s: %d hand-overs (2 expected), %d launches for %d steps", path, handed, launches,
+          2 * STEPS);
+    free(lg[0]);
+    free(lg[1]);
+}
+
 static void exact(const char *path, const char *what, const struct backend_cuda_config *cc,
                   int n_ctx, const int32_t *prompt, const struct run *ref)
 {
@@ -1347,6 +1409,7 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     exact(path, "gpu cache in a graph, 6 slots", &gg, 256, prompt, &ref);
     CHECK(g_graph_launches - launches == N_STEPS, "gpu cache graph: %d launches for %d steps",
           g_graph_launches - launches, N_STEPS);
+    gpu_prompt_between(path, prompt, &ref);
     struct backend_cuda_config copy = {.device = 0, .expert_slots = 5};
     struct backend_cuda_config zc = {.device = 0, .expert_slots = 5,
                                      .residency = BACKEND_RESIDENCY_ZEROCOPY};
