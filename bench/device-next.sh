@@ -81,7 +81,7 @@ for model in ${SPEC_MODELS:-w1}; do
             echo "### strata bench -m $model $w -f ${SPEC_TEXT:-cli/serve.c} -p 256 -n 128 --tg greedy --spec $kind ${extra[*]}" | tee -a "$R"
             timeout 120 "$B/strata" bench -m $f $w -f "${SPEC_TEXT:-cli/serve.c}" -p 256 -n 128 \
                 --bw-gib 0.5 --tg greedy --spec $kind "${extra[@]}" 2>&1 |
-                grep -E "^(tg|spec|cache |backend)" | tee -a "$R"
+                grep -E "^(tg|spec|cache |backend)|draft model|error" | tee -a "$R"
         done
     done
 done
