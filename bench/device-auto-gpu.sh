@@ -8,27 +8,22 @@
 set -u
 . bench/device-env.sh
 R=$OUT/auto-gpu.txt
-W1=/dev/shm/w1.gguf
-[ -f $W1 ] || "$B/strata" gen --inflate models/strata-default.gguf --preset 30b-a3b -o $W1 2>&1 | tail -1
-[ -f /tmp/eval.txt ] || python3 bench/heldout.py /tmp/warm.txt /tmp/eval.txt --max-texts 160 >/dev/null
+w1_setup
 keep="^(pp|tg)[0-9]|^cache |^prefetch |^placement|error|placement auto: [a-z].* per step"
-run() {
-    echo "### strata bench $*" | tee -a "$R"
-    timeout 120 "$B/strata" bench "$@" 2>&1 | grep -E "$keep" | tee -a "$R"
-}
+BENCH_TIMEOUT=120
 F=(-m $W1 -f /tmp/eval.txt --tg greedy --bw-gib 0.25 -p 512 -n 256)
 for b in ${W1_BUDGETS:-2G 1G}; do
-    run "${F[@]}" --vram-budget $b
-    run "${F[@]}" --vram-budget $b --residency gpu --graph
-    run "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch
-    run "${F[@]}" --vram-budget $b --placement stream
+    bench_keep "${F[@]}" --vram-budget $b
+    bench_keep "${F[@]}" --vram-budget $b --residency gpu --graph
+    bench_keep "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch
+    bench_keep "${F[@]}" --vram-budget $b --placement stream
 done
 if [ -z "${SKIP_30B:-}" ]; then
     gen_30b
     for b in ${P30B_BUDGETS:-8G 4G}; do
         G=(-m $M -p 512 -n 128 --tg random --bw-gib 0.5 --vram-budget $b)
-        run "${G[@]}"
-        run "${G[@]}" --residency gpu --graph
-        run "${G[@]}" --placement hybrid
+        bench_keep "${G[@]}"
+        bench_keep "${G[@]}" --residency gpu --graph
+        bench_keep "${G[@]}" --placement hybrid
     done
 fi

@@ -26,3 +26,20 @@ ncu_decode() {
     echo "ncu $* rc=$?"
     python3 bench/ncu-summary.py "$f"
 }
+
+# W1-real (the shipped model inflated to the 30b-a3b shapes) in tmpfs, and bench/heldout.py's
+# held-out texts (/tmp/warm.txt: the even ones, /tmp/eval.txt: the odd ones), unless an earlier
+# run left them there.
+W1=/dev/shm/w1.gguf
+w1_setup() {
+    [ -f $W1 ] || "$B/strata" gen --inflate models/strata-default.gguf --preset 30b-a3b -o $W1 2>&1 | tail -1
+    [ -f /tmp/eval.txt ] || python3 bench/heldout.py /tmp/warm.txt /tmp/eval.txt --max-texts 160 >/dev/null
+}
+
+# `strata bench "$@"` by the binary $bin of .carry/bin (default strata) under BENCH_TIMEOUT
+# seconds (default 90): the command, then the output lines matching $keep, appended to $R.
+bench_keep() {
+    echo "### ${bin:-strata} bench $*" | tee -a "$R"
+    timeout "${BENCH_TIMEOUT:-90}" "$B/${bin:-strata}" bench "$@" 2>&1 | grep -E "$keep" | tee -a "$R"
+}
+

@@ -6,9 +6,7 @@
 set -u
 . bench/device-env.sh
 R=$OUT/gpublocks.txt
-W1=/dev/shm/w1.gguf
-[ -f $W1 ] || "$B/strata" gen --inflate models/strata-default.gguf --preset 30b-a3b -o $W1 2>&1 | tail -1
-[ -f /tmp/eval.txt ] || python3 bench/heldout.py /tmp/warm.txt /tmp/eval.txt --max-texts 160 >/dev/null
+w1_setup
 gen_30b
 for g in ${GRIDS:-264 132 66 33}; do
     for b in 1G 2G; do

@@ -21,39 +21,33 @@ if [ -z "${SKIP_TESTS:-}" ]; then
         grep -E "FAIL|failed|gpu cache|test_cuda_devcache:" "$OUT/$t.log" | head -8 | tee -a "$R"
     done
 fi
-W1=/dev/shm/w1.gguf
-[ -f $W1 ] || "$B/strata" gen --inflate models/strata-default.gguf --preset 30b-a3b -o $W1 2>&1 | tail -1
-[ -f /tmp/eval.txt ] || python3 bench/heldout.py /tmp/warm.txt /tmp/eval.txt --max-texts 160 >/dev/null
+w1_setup
 keep="^(pp|tg)[0-9]|^cache |^prefetch |^placement|^backend|error|GPU runs"
-run() {
-    echo "### strata bench $*" | tee -a "$R"
-    timeout 90 "$B/strata" bench "$@" 2>&1 | grep -E "$keep" | tee -a "$R"
-}
 F=(-m $W1 -f /tmp/eval.txt --tg greedy --bw-gib 0.25 -p 512 -n 256)
-run "${F[@]}" --device cuda --graph
+bench_keep "${F[@]}" --device cuda --graph
 for b in ${BUDGETS:-1G 2G}; do
-    run "${F[@]}" --vram-budget $b --placement stream
-    run "${F[@]}" --vram-budget $b --residency gpu
-    run "${F[@]}" --vram-budget $b --residency gpu --graph
-    run "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch
+    bench_keep "${F[@]}" --vram-budget $b --placement stream
+    bench_keep "${F[@]}" --vram-budget $b --residency gpu
+    bench_keep "${F[@]}" --vram-budget $b --residency gpu --graph
+    bench_keep "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch
     P=/tmp/w1-$b.profile
     "$B/strata" profile warmup -m $W1 --vram-budget $b --prompts /tmp/warm.txt --separator '<|sep|>' \
         --max-tokens 256 --decode 32 -o $P 2>&1 | grep -E "replaying|texts" | tail -2 | tee -a "$R"
-    run "${F[@]}" --vram-budget $b --residency gpu --graph --profile $P
-    run "${F[@]}" --vram-budget $b --residency gpu --graph --profile $P --prefetch
+    bench_keep "${F[@]}" --vram-budget $b --residency gpu --graph --profile $P
+    bench_keep "${F[@]}" --vram-budget $b --residency gpu --graph --profile $P --prefetch
 done
 # the ratio at 2 GiB, copy and gpu in a graph alternated (copy varies most from run to run)
 for i in $(seq "${REPS:-0}"); do
-    run "${F[@]}" --vram-budget 2G --placement stream
-    run "${F[@]}" --vram-budget 2G --residency gpu --graph
+    bench_keep "${F[@]}" --vram-budget 2G --placement stream
+    bench_keep "${F[@]}" --vram-budget 2G --residency gpu --graph
 done
 if [ -n "${P30B:-}" ]; then
     gen_30b
     for b in 4G 8G; do
         G=(-m $M -p 512 -n 128 --tg random --bw-gib 0.5 --vram-budget $b)
-        run "${G[@]}" --placement stream
-        run "${G[@]}" --placement hybrid
-        run "${G[@]}" --residency gpu --graph
-        run "${G[@]}" --residency gpu --graph --prefetch
+        bench_keep "${G[@]}" --placement stream
+        bench_keep "${G[@]}" --placement hybrid
+        bench_keep "${G[@]}" --residency gpu --graph
+        bench_keep "${G[@]}" --residency gpu --graph --prefetch
     done
 fi

@@ -5,31 +5,26 @@
 # at each of BUDGETS (default 4G 2G 1G; at 4 GiB every expert fits, so its difference from all
 # resident is the per-layer lookup alone), with PF=1 also with --prefetch, for each binary of
 # BINS (default strata; names in .carry/bin, e.g. an older build packed beside it); then the
-# copy path (--placement stream) at COPY_BUDGETS (default 2G 1G) with the last binary. REPS
+# copy path (--placement stream) at COPY_BUDGETS (default 2G 1G) with strata. REPS
 # (default 1) rounds. With NCU=1 also ncu's per-kernel time of gpu --graph decode at 2 GiB.
 # Results in $OUT/gpulookup.txt.
 set -u
 . bench/device-env.sh
 R=$OUT/gpulookup.txt
-W1=/dev/shm/w1.gguf
-[ -f $W1 ] || "$B/strata" gen --inflate models/strata-default.gguf --preset 30b-a3b -o $W1 2>&1 | tail -1
-[ -f /tmp/eval.txt ] || python3 bench/heldout.py /tmp/warm.txt /tmp/eval.txt --max-texts 160 >/dev/null
+w1_setup
 keep="^(pp|tg)[0-9]|^cache |^prefetch |^placement|error"
-run() {
-    echo "### $bin bench $*" | tee -a "$R"
-    timeout 90 "$B/$bin" bench "$@" 2>&1 | grep -E "$keep" | tee -a "$R"
-}
 F=(-m $W1 -f /tmp/eval.txt --tg greedy --bw-gib 0.25 -p 512 -n 256)
 for i in $(seq "${REPS:-1}"); do
     for bin in ${BINS:-strata}; do
-        run "${F[@]}" --device cuda --graph
+        bench_keep "${F[@]}" --device cuda --graph
         for b in ${BUDGETS:-4G 2G 1G}; do
-            run "${F[@]}" --vram-budget $b --residency gpu --graph
-            [ -z "${PF:-}" ] || run "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch
+            bench_keep "${F[@]}" --vram-budget $b --residency gpu --graph
+            [ -z "${PF:-}" ] || bench_keep "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch
         done
     done
+    bin=strata
     for b in ${COPY_BUDGETS:-2G 1G}; do
-        run "${F[@]}" --vram-budget $b --placement stream
+        bench_keep "${F[@]}" --vram-budget $b --placement stream
     done
 done
 if [ -n "${NCU:-}" ]; then

@@ -7,9 +7,7 @@
 set -u
 . bench/device-env.sh
 R=$OUT/w1modes.txt
-W1=/dev/shm/w1.gguf
-[ -f $W1 ] || "$B/strata" gen --inflate models/strata-default.gguf --preset 30b-a3b -o $W1 2>&1 | tail -1
-[ -f /tmp/eval.txt ] || python3 bench/heldout.py /tmp/warm.txt /tmp/eval.txt --max-texts 160 >/dev/null
+w1_setup
 keep="^(pp|tg)[0-9]|^cache |^prefetch |^cpu lane|^placement|^auto|error"
 run() {
     echo "### strata bench -m w1.gguf -f eval.txt --tg greedy -p 512 -n 256 $*" | tee -a "$R"
