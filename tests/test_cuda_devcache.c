@@ -4,7 +4,8 @@
  * of them predictions (prefetch = 1, by 7 blocks; the others by the default grid). Half the
  * predictions only list their copies as the layer's batch (by one block, as the cache runs
  * them); cuda_devcache_copy makes the batch at once or later, so that calls of the layer in
- * between find their prefetched experts still to copy and copy them themselves. After
+ * between find their prefetched experts still to copy and copy them themselves (a closing
+ * round per layer makes sure of 12 such hits). After
  * every call the device's slot map, owners, stamps, clock, table, copy list, batches, pending
  * slots and counters equal the reference's, and the slots hold the bytes the copies brought.
  * Exits 77 without a GPU. */
@@ -132,18 +133,36 @@ int main(void)
     unsigned long long copies = 0, inplace = 0;
     int last_n[NL] = {0}, all_hit = 0, pred_n[NL] = {0};
     int32_t last_ids[NL][64], pred_ids[NL][64]; /* the last real call's; the last listing's */
-    for (int call = 0; call < CALLS && !bad_state; call++) {
+    /* CALLS random calls, then for each layer: a call of no valid id (every slot's stamp below
+     * the next call's), a listing of four experts no slot holds (four victims: 11 slots or more
+     * of each list are not pinned) and the layer's call of them before the batch's copy launch:
+     * 12 hits on pending slots whatever the seed */
+    for (int call = 0; call < CALLS + 3 * NL && !bad_state; call++) {
+        const int closing = call >= CALLS ? call - CALLS : -1, step = closing % 3;
         int l = (int)rng_below(&r, NL);
         int prefetch = rng_below(&r, 3) == 0; /* a prediction for the layer's next call */
         int list_only = prefetch && rng_below(&r, 2);
+        if (closing >= 0) {
+            l = closing / 3;
+            prefetch = list_only = step == 1;
+        }
         /* the cache's order: a listing follows the previous batch's copies, and a second call
          * of the layer after one listing waits for them */
         if (batch_pending[l] && (list_only || consumed[l]))
             RUN_BATCH(l);
         int n = 1 + (int)rng_below(&r, call % 10 == 0 ? 64 : 8);
-        if (!prefetch && batch_pending[l] && !consumed[l] && rng_below(&r, 2)) {
+        if (closing >= 0 && step == 0) {
+            n = 1;
+            ids[0] = -1;
+        } else if (!prefetch && batch_pending[l] && !consumed[l] &&
+                   (closing >= 0 || rng_below(&r, 2))) {
             n = pred_n[l]; /* the prediction was right: its experts may still be copying */
             memcpy(ids, pred_ids[l], sizeof(int32_t) * (size_t)n);
+        } else if (closing >= 0) { /* the listing: four experts in no slot */
+            n = 0;
+            for (int e = 0; e < NE && n < 4; e++)
+                if (h->slot_of[l * NE + e] < 0)
+                    ids[n++] = e;
         } else if (last_n[l] && rng_below(&r, 4) == 0) { /* the layer's last ids again: all hit */
             n = last_n[l];
             memcpy(ids, last_ids[l], sizeof(int32_t) * (size_t)n);
@@ -210,7 +229,7 @@ int main(void)
         if (list_only) {
             n_listed++;
             batch_pending[l] = 1, consumed[l] = 0;
-            if (rng_below(&r, 2)) /* copied at once, or left for later calls to find */
+            if (closing < 0 && rng_below(&r, 2)) /* copied at once, or left for later calls */
                 RUN_BATCH(l);
         } else if (batch_pending[l]) {
             consumed[l] = 1;
