@@ -95,13 +95,14 @@ static void bench_usage(void)
            "      --bind            bind the CPU threads one per physical core (hwloc)\n"
            "      --device cpu|cuda backend (default cpu; cuda: every weight on the GPU, and the\n"
            "                        floor is bytes per token / device copy bandwidth)\n"
-           "      --host-budget SIZE  CPU, CUDA with --placement static (its CPU layers) or the\n"
-           "                        expert cache (copy path, hybrid): the\n"
+           "      --host-budget SIZE|auto  CPU, CUDA with --placement static (its CPU\n"
+           "                        layers) or the expert cache (copy path, hybrid): the\n"
            "                        routed experts read from the file into a host tier of\n"
            "                        SIZE (at least a layer's experts); reports its hit rate\n"
-           "                        and read GB/s (--host-io auto|uring|pread, --host-buffered\n"
-           "                        as for strata run; --host-read-ahead: read the next\n"
-           "                        layer's predicted experts while a layer computes)\n"
+           "                        and read GB/s, the disk's bandwidth probed and learned\n"
+           "                        (--host-io auto|uring|pread, --host-buffered as for\n"
+           "                        strata run; --host-read-ahead: read the next layer's\n"
+           "                        predicted experts while a layer computes, paced)\n"
            "      --vram-budget SIZE  cap GPU memory (implies --device cuda): experts served by\n"
            "                        the VRAM slot cache from pinned host memory; also reports\n"
            "                        hit rate and streamed GB/s of decode and of the prompt\n"
@@ -243,7 +244,8 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         else if (!strcmp(a, "--bw-gib"))
             rc = bench_parse_bw(a, v, &o->bw_gib);
         else if (!strcmp(a, "--host-budget"))
-            rc = args_size("bench", a, v, 1, UINT64_MAX, &o->host_budget);
+            rc = !strcmp(v, "auto") ? (o->host_budget = STRATA_HOST_BUDGET_AUTO, 0)
+                                    : args_size("bench", a, v, 1, UINT64_MAX - 1, &o->host_budget);
         else if (!strcmp(a, "--host-io")) {
             if (strcmp(v, "auto") && strcmp(v, "uring") && strcmp(v, "pread")) {
                 fprintf(stderr, "strata bench: --host-io auto, uring or pread, not '%s'\n", v);
@@ -890,6 +892,15 @@ static void bench_print(const struct bench_opts *o, struct strata *st, const str
         if (r->disk_bps > 0 && now.tier_read_seconds > 0 && !now.tier_ahead)
             printf("host tier    reads at %.0f%% of the probed disk bandwidth\n",
                    100.0 * now.tier_bytes_read / now.tier_read_seconds / r->disk_bps);
+        if (now.tier_disk_bps > 0)
+            printf("host tier    learned from its reads: %.2f GB/s + %.2f ms a batch%s",
+                   now.tier_disk_bps / 1e9, now.tier_disk_lat_s * 1e3, r->disk_bps > 0 ? "" : "\n");
+        if (now.tier_disk_bps > 0 && r->disk_bps > 0)
+            printf(" (%.0f%% of the probe)\n", 100.0 * now.tier_disk_bps / r->disk_bps);
+        if (now.tier_ahead_paced)
+            printf("host tier    %llu predicted experts not read ahead: the disk would not "
+                   "land them in the %.2f ms before their layer\n",
+                   (unsigned long long)now.tier_ahead_paced, now.tier_window_s * 1e3);
     }
 }
 

@@ -76,21 +76,23 @@ static void run_opts_usage(const char *cmd)
            "      --device auto|cpu|cuda  backend (default %s: cuda when a GPU is present,\n"
            "                          with every weight on it if it fits, else under a\n"
            "                          budget of 90%% of its free memory; cpu otherwise)\n"
-           "      --host-budget SIZE  read the routed experts from the file into a host tier of\n"
-           "                          SIZE (at least one layer's experts), least recently used\n"
-           "                          out, instead of the mapping (for a model larger than\n"
-           "                          RAM): on --device cpu, for --placement static's CPU\n"
-           "                          layers, and under --vram-budget for the expert cache,\n"
-           "                          whose misses are copied on from the tier or computed\n"
-           "                          there by the hybrid lane (copy residency); -v says how\n"
-           "                          it reads\n"
+           "      --host-budget SIZE|auto  read the routed experts from the file into a host\n"
+           "                          tier of SIZE (at least one layer's experts; auto: the\n"
+           "                          memory available at start, the cgroup's limit counted,\n"
+           "                          less a tenth and, on the CPU, the trunk), least\n"
+           "                          recently used out, instead of the mapping (for a model\n"
+           "                          larger than RAM): on --device cpu, for --placement\n"
+           "                          static's CPU layers, and under --vram-budget for the\n"
+           "                          expert cache, whose misses are copied on from the tier\n"
+           "                          or computed there by the hybrid lane (copy residency);\n"
+           "                          -v says how it reads\n"
            "      --host-io auto|uring|pread  how the tier reads (default auto: io_uring\n"
            "                          where it works)\n"
            "      --host-buffered     never O_DIRECT (default: O_DIRECT where the file system\n"
            "                          takes it)\n"
            "      --host-read-ahead   read the next layer's predicted experts while a layer\n"
-           "                          computes (io_uring; not faster on the 2-core machine of\n"
-           "                          bench/host-tier.md)\n"
+           "                          computes (io_uring), as many as the disk, learned from\n"
+           "                          the tier's reads, lands before that layer\n"
            "      --vram-budget SIZE  cap strata's GPU memory (e.g. 8G, 7.5GiB, 8000MB): the\n"
            "                          trunk and KV cache stay resident, experts live in pinned\n"
            "                          host memory and are cached in VRAM slots (implies\n"
@@ -145,7 +147,8 @@ static void run_opts_usage(const char *cmd)
            "                          seeds the cache\n"
            "      --profile-optional  a profile that does not fit this model or run is\n"
            "                          reported and the cache starts cold\n"
-           "      --stats             print the expert cache's per-layer table at exit\n"
+           "      --stats             print the expert cache's per-layer table and the host\n"
+           "                          tier's counts at exit (CUDA, or --host-budget)\n"
            "      --stats-json FILE   write that table as JSON\n"
            "      --bind              bind the CPU threads one per physical core (hwloc), on\n"
            "                          the GPU's NUMA node with --device cuda\n"
@@ -340,7 +343,8 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
         } else if (IS("--vram-budget", NULL)) {
             rc = args_size(cmd, arg, v, 1, UINT64_MAX, &o->vram_budget);
         } else if (IS("--host-budget", NULL)) {
-            rc = args_size(cmd, arg, v, 1, UINT64_MAX, &o->host_budget);
+            rc = !strcmp(v, "auto") ? (o->host_budget = STRATA_HOST_BUDGET_AUTO, 0)
+                                    : args_size(cmd, arg, v, 1, UINT64_MAX - 1, &o->host_budget);
         } else if (IS("--host-io", NULL)) {
             if (strcmp(v, "auto") && strcmp(v, "uring") && strcmp(v, "pread")) {
                 fprintf(stderr, "strata %s: --host-io auto, uring or pread, not '%s'\n", cmd, v);
@@ -434,10 +438,13 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
         }
         if (rc)
             return rc;
-        if (!o->cuda_flag && run_opts_is_cuda_only(arg))
+        if (!o->cuda_flag && run_opts_is_cuda_only(arg) && strcmp(arg, "--stats"))
             o->cuda_flag = arg;
         i += used;
     }
+    /* --stats prints the host tier's counts on the CPU too */
+    if (!o->cuda_flag && o->stats && !o->host_budget)
+        o->cuda_flag = "--stats";
     return run_opts_check(o, cmd);
 }
 

@@ -2,6 +2,9 @@
 
 #include <hwloc.h>
 #include <liburing.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -74,23 +77,90 @@ int sysinfo_host_get(struct sysinfo_host *out)
     return 0;
 }
 
+/* The first unsigned number in file path; false if there is none ("max"). */
+static bool sysinfo_read_u64(const char *path, uint64_t *out)
+{
+    unsigned long long v;
+    FILE *f = fopen(path, "r");
+    bool ok = f && fscanf(f, "%llu", &v) == 1;
+    if (f)
+        fclose(f);
+    if (ok)
+        *out = v;
+    return ok;
+}
+
+/* The least headroom (memory.max - memory.current) of this process's cgroup v2 and its
+ * ancestors; UINT64_MAX where none is limited (or no cgroup v2). */
+static uint64_t sysinfo_cgroup_room(void)
+{
+    char line[512], dir[768];
+    uint64_t room = UINT64_MAX;
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f)
+        return room;
+    bool found = false;
+    while (!found && fgets(line, sizeof(line), f))
+        found = !strncmp(line, "0::", 3);
+    fclose(f);
+    if (!found)
+        return room;
+    line[strcspn(line, "\n")] = 0;
+    int n = snprintf(dir, sizeof(dir), "/sys/fs/cgroup%s", line + 3);
+    if (n < 0 || (size_t)n >= sizeof(dir))
+        return room;
+    for (;;) {
+        char p[800];
+        uint64_t max, cur;
+        snprintf(p, sizeof(p), "%s/memory.max", dir);
+        if (sysinfo_read_u64(p, &max)) {
+            snprintf(p, sizeof(p), "%s/memory.current", dir);
+            if (sysinfo_read_u64(p, &cur)) {
+                /* the page cache charged to it can be reclaimed: not counted as taken */
+                char stat[128];
+                unsigned long long file = 0;
+                snprintf(p, sizeof(p), "%s/memory.stat", dir);
+                FILE *fs = fopen(p, "r");
+                while (fs && fgets(stat, sizeof(stat), fs))
+                    if (sscanf(stat, "file %llu", &file) == 1)
+                        break;
+                if (fs)
+                    fclose(fs);
+                cur = cur > file ? cur - file : 0;
+                uint64_t r = max > cur ? max - cur : 0;
+                room = r < room ? r : room;
+            }
+        }
+        char *slash = strrchr(dir, '/');
+        if (!slash || slash - dir <= (ptrdiff_t)strlen("/sys/fs/cgroup"))
+            break;
+        *slash = 0;
+    }
+    return room;
+}
+
 uint64_t sysinfo_mem_available(void)
 {
     char line[256];
     unsigned long long kb;
     long pages, page;
+    uint64_t avail = 0;
     FILE *f = fopen("/proc/meminfo", "r");
 
     if (f) {
         while (fgets(line, sizeof(line), f)) {
             if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-                fclose(f);
-                return (uint64_t)kb * 1024;
+                avail = (uint64_t)kb * 1024;
+                break;
             }
         }
         fclose(f);
     }
-    pages = sysconf(_SC_PHYS_PAGES);
-    page = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+    if (!avail) {
+        pages = sysconf(_SC_PHYS_PAGES);
+        page = sysconf(_SC_PAGESIZE);
+        avail = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+    }
+    uint64_t room = sysinfo_cgroup_room();
+    return room < avail ? room : avail;
 }

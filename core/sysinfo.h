@@ -25,7 +25,9 @@ int sysinfo_host_get(struct sysinfo_host *out);
 
 /* The bytes of host memory a new allocation can have without swapping: MemAvailable of
  * /proc/meminfo, or, where that line is missing, the physical memory (sysconf's
- * _SC_PHYS_PAGES * page size). 0 when neither can be read. */
+ * _SC_PHYS_PAGES * page size), and no more than the room left under the memory.max of this
+ * process's cgroup (v2) and its ancestors, page cache counted as free. 0 when neither can be
+ * read. */
 uint64_t sysinfo_mem_available(void);
 
 #endif

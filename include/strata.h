@@ -97,6 +97,8 @@ struct strata_route_event {
 };
 typedef void (*strata_route_fn)(void *ctx, const struct strata_route_event *ev);
 
+#define STRATA_HOST_BUDGET_AUTO UINT64_MAX /* strata_config.host_budget: what fits */
+
 struct strata_config {
     const char *model_path;  /* GGUF file (required) */
     enum strata_device device; /* default STRATA_DEVICE_CPU */
@@ -107,8 +109,11 @@ struct strata_config {
                               * fill and the hybrid lane): bytes of a host tier the routed
                               * experts are read into from the file (io_uring or pread,
                               * O_DIRECT where the file system allows), at least one layer's
-                              * experts; 0 = every expert read from the mapping. CUDA with
-                              * STRATA_FILL_ZEROCOPY / _GPU or every expert resident: -ENOTSUP */
+                              * experts; 0 = every expert read from the mapping;
+                              * STRATA_HOST_BUDGET_AUTO = the memory available at start (the
+                              * system's or its cgroup's) less a margin, said in the log. CUDA
+                              * with STRATA_FILL_ZEROCOPY / _GPU or every expert resident:
+                              * -ENOTSUP */
     enum strata_placement placement;
     int cpu_moe_layers;      /* STRATA_PLACEMENT_STATIC: layers whose experts run on the CPU;
                               * -1 (default) = the fewest that let the rest fit vram_budget */
@@ -472,9 +477,16 @@ struct strata_stats {
     uint64_t tier_ahead, tier_ahead_used; /* experts read ahead of their layer; of those, used */
     double tier_read_seconds;  /* wall time waiting for reads */
     bool tier_uring, tier_direct;
+    uint64_t tier_ahead_paced; /* predicted experts not read ahead: the disk, as learned, would
+                                * not have landed them before their layer */
+    double tier_disk_bps;      /* learned from the tier's reads: bandwidth (0: none yet), */
+    double tier_disk_lat_s;    /* seconds per batch of reads beyond its bytes, */
+    double tier_window_s;      /* and seconds from a read-ahead to the next layer's reads */
+    int tier_numa_node;        /* the tier's NUMA node, -1 where not bound */
 };
 void strata_get_stats(const struct strata *s, struct strata_stats *out);
-/* The expert cache's per-layer table (text), or JSON to path (nothing without a cache). */
+/* The expert cache's per-layer table and the host tier's counts (text; nothing without
+ * either), or the cache's table as JSON to path (nothing without a cache). */
 int strata_print_cache_stats(const struct strata *s, FILE *f);
 int strata_write_cache_stats_json(const struct strata *s, const char *path);
 

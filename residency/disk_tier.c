@@ -6,13 +6,16 @@
 #include <liburing.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "clock.h"
+#include "costfit.h"
 #include "errors.h"
 #include "gguf.h"
 #include "model.h"
+#include "topo.h"
 
 #define DT_ALIGN 4096u /* O_DIRECT's offset, length and buffer alignment */
 
@@ -44,7 +47,8 @@ struct disk_tier {
     uint64_t (*len)[3];       /* (n_layer) bytes of one expert's part */
     const char *(*name)[3];   /* (n_layer) tensor names */
     const char *path;
-    uint8_t *pool;            /* n_slots * slot_bytes, DT_ALIGN aligned */
+    uint8_t *pool; /* n_slots * slot_bytes, an anonymous mapping */
+    size_t pool_bytes;
     uint64_t slot_bytes;
     int n_slots;
     struct dt_slot *slots;
@@ -59,6 +63,12 @@ struct disk_tier {
     } *reads;
     struct dt_read *ahead;  /* (3 n_slots) the read-ahead's reads */
     int n_ahead, ahead_inflight;
+    /* the disk's cost, learned (disk_tier.h, COST) */
+    double (*clock)(void);
+    struct costfit cost; /* a call's reads: bytes against seconds waited */
+    double ahead_at;     /* when the last read-ahead was asked for; 0: none since the call */
+    double window_s;     /* decayed mean of the time from a read-ahead to the next call */
+    bool pace;
 };
 
 static uint64_t dt_down(uint64_t x)
@@ -164,6 +174,26 @@ static int dt_open_uring(struct disk_tier *t, const struct disk_tier_config *cfg
     return 0;
 }
 
+/* The slots: one anonymous mapping (page aligned, as O_DIRECT wants), on huge pages where the
+ * kernel gives them, its pages bound to NUMA node `node` when >= 0 (best effort: a machine
+ * without NUMA places them by first touch). */
+static int dt_map_pool(struct disk_tier *t, size_t bytes, int node)
+{
+    void *p = mmap(NULL, bytes ? bytes : DT_ALIGN, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return err_set(-ENOMEM, "host tier: cannot map %.1f MiB of slots", bytes / 1048576.0);
+    t->pool = p;
+    t->pool_bytes = bytes ? bytes : DT_ALIGN;
+    madvise(p, t->pool_bytes, MADV_HUGEPAGE);
+    t->st.numa_node = -1;
+    struct topo *tp = NULL;
+    if (node >= 0 && topo_open(&tp) == 0 && topo_membind_area(tp, p, t->pool_bytes, node) == 0)
+        t->st.numa_node = node;
+    topo_close(tp);
+    return 0;
+}
+
 int disk_tier_open(const struct model *m, const struct disk_tier_config *cfg,
                    struct disk_tier **out)
 {
@@ -172,6 +202,10 @@ int disk_tier_open(const struct model *m, const struct disk_tier_config *cfg,
     if (!t)
         return err_set(-ENOMEM, "out of memory");
     t->fd = -1;
+    t->clock = cfg->clock ? cfg->clock : clock_now_s;
+    costfit_init(&t->cost, 0.95);
+    const char *pace = getenv("STRATA_TIER_PACE");
+    t->pace = !pace || strcmp(pace, "0");
     t->path = m->file->path;
     t->map_size = m->file->size;
     t->map_mtime = m->file->mtime_ns;
@@ -194,12 +228,13 @@ int disk_tier_open(const struct model *m, const struct disk_tier_config *cfg,
                              ? t->n_layer * t->n_expert : (int)slots;
     }
     size_t pool = (size_t)t->n_slots * t->slot_bytes;
-    if (!rc && (posix_memalign((void **)&t->pool, DT_ALIGN, pool ? pool : DT_ALIGN) ||
-                !(t->slots = malloc(sizeof(*t->slots) * (size_t)t->n_slots)) ||
+    if (!rc)
+        rc = dt_map_pool(t, pool, cfg->numa_bind ? cfg->numa_node : -1);
+    if (!rc && (!(t->slots = malloc(sizeof(*t->slots) * (size_t)t->n_slots)) ||
                 !(t->where = malloc(sizeof(int32_t) * (size_t)t->n_layer * t->n_expert)) ||
                 !(t->reads = malloc(sizeof(*t->reads) * 3 * (size_t)t->n_slots)) ||
                 !(t->ahead = malloc(sizeof(*t->ahead) * 3 * (size_t)t->n_slots))))
-        rc = err_set(-ENOMEM, "host tier: %.1f MiB of slots", pool / 1048576.0);
+        rc = err_set(-ENOMEM, "out of memory");
     rc = rc ? rc : dt_open_file(t, cfg);
     if (rc) {
         disk_tier_close(t);
@@ -218,14 +253,17 @@ int disk_tier_open(const struct model *m, const struct disk_tier_config *cfg,
         }
         why = rc ? strerror(-rc) : NULL;
     }
+    char node[32] = "placed by first touch";
+    if (t->st.numa_node >= 0)
+        snprintf(node, sizeof(node), "on NUMA node %d", t->st.numa_node);
     if (cfg->log)
         fprintf(cfg->log,
                 "strata: host tier: %d expert slots of %.2f MiB (%.2f GiB), read from %s with "
-                "%s%s%s%s, %s\n",
+                "%s%s%s%s, %s; slots %s\n",
                 t->n_slots, t->slot_bytes / 1048576.0, pool / 1073741824.0, t->path,
                 t->uring ? "io_uring" : "pread", why ? " (io_uring: " : "", why ? why : "",
                 why ? ")" : "",
-                t->direct ? "O_DIRECT" : "buffered (the file system refused O_DIRECT)");
+                t->direct ? "O_DIRECT" : "buffered (the file system refused O_DIRECT)", node);
     t->st.n_slots = t->n_slots;
     t->st.slot_bytes = t->slot_bytes;
     t->st.uring = t->uring;
@@ -261,7 +299,8 @@ void disk_tier_close(struct disk_tier *t)
     free(t->stride);
     free(t->len);
     free(t->name);
-    free(t->pool);
+    if (t->pool)
+        munmap(t->pool, t->pool_bytes);
     free(t->slots);
     free(t->where);
     free(t->reads);
@@ -370,10 +409,15 @@ int disk_tier_get(struct disk_tier *t, int layer, const int32_t *experts, int n,
     if (layer < 0 || layer >= t->n_layer || n < 0 || n > t->n_slots)
         return err_set(-EINVAL, "host tier: %d experts of layer %d (%d slots)", n, layer,
                        t->n_slots);
+    double now = t->clock();
+    if (t->ahead_at > 0) { /* the window the last read-ahead had */
+        double w = now - t->ahead_at;
+        t->window_s = t->window_s > 0 ? 0.8 * t->window_s + 0.2 * w : w;
+        t->ahead_at = 0;
+    }
     if (t->ahead_inflight || t->n_ahead) {
-        double t0 = clock_now_s();
         dt_reap_ahead(t);
-        t->st.read_seconds += clock_now_s() - t0;
+        t->st.read_seconds += t->clock() - now;
     }
     t->stamp++;
     int n_reads = 0;
@@ -430,11 +474,16 @@ int disk_tier_get(struct disk_tier *t, int layer, const int32_t *experts, int n,
     }
     if (!n_reads)
         return 0;
-    double t0 = clock_now_s();
+    double t0 = t->clock();
     int rc = t->uring ? dt_read_uring(t, n_reads, layer) : dt_read_pread(t, n_reads, layer);
-    t->st.read_seconds += clock_now_s() - t0;
+    double waited = t->clock() - t0;
+    t->st.read_seconds += waited;
+    uint64_t bytes = 0;
     for (int i = 0; i < n_reads; i++)
-        t->st.bytes_read += t->reads[i].len;
+        bytes += t->reads[i].len;
+    t->st.bytes_read += bytes;
+    if (!rc)
+        costfit_add(&t->cost, (double)bytes, waited);
     if (rc) /* the slots of this call hold nothing usable */
         for (int i = 0; i < n_reads; i++) {
             struct dt_slot *sl = &t->slots[t->reads[i].slot];
@@ -471,15 +520,49 @@ static void dt_reap_ahead(struct disk_tier *t)
     t->n_ahead = 0;
 }
 
+/* Bytes of the file a read-ahead may ask for now: what the learned disk reads in the learned
+ * window before the next call, less its per-batch latency; unbounded until both are known. */
+static double dt_ahead_room(const struct disk_tier *t)
+{
+    double rate, fixed;
+    if (!t->pace || !(t->window_s > 0) || !costfit_get(&t->cost, &rate, &fixed))
+        return 1e300;
+    double room = (t->window_s - fixed) * rate;
+    return room > 0 ? room : 0;
+}
+
+/* The file bytes of expert e of layer (its three aligned spans). */
+static uint64_t dt_expert_span(const struct disk_tier *t, int layer, int e)
+{
+    uint64_t sum = 0;
+    for (int p = 0; p < 3; p++) {
+        uint64_t off, len, at, skip;
+        dt_span(t, layer, e, p, &off, &len, &at, &skip);
+        sum += len;
+    }
+    return sum;
+}
+
 int disk_tier_read_ahead(struct disk_tier *t, int layer, const int32_t *experts, int n)
 {
     int started = 0;
     if (!t->uring || layer < 0 || layer >= t->n_layer)
         return 0;
+    double now = t->clock();
+    if (t->ahead_at > 0) /* no call since the last read-ahead: its window ended here */
+        t->window_s =
+            t->window_s > 0 ? 0.8 * t->window_s + 0.2 * (now - t->ahead_at) : now - t->ahead_at;
+    t->ahead_at = now;
+    double room = dt_ahead_room(t), asked = 0;
     for (int i = 0; i < n; i++) {
         int e = experts[i];
         if (e < 0 || e >= t->n_expert || t->where[(size_t)layer * t->n_expert + e] >= 0)
             continue;
+        asked += (double)dt_expert_span(t, layer, e);
+        if (asked > room) {
+            t->st.ahead_paced++;
+            continue;
+        }
         if (t->ahead_inflight + 3 > t->depth || io_uring_sq_space_left(&t->ring) < 3 ||
             t->n_ahead + 3 > 3 * t->n_slots)
             break;
@@ -541,11 +624,17 @@ int disk_tier_read_ahead(struct disk_tier *t, int layer, const int32_t *experts,
 void disk_tier_get_stats(const struct disk_tier *t, struct disk_tier_stats *out)
 {
     *out = t->st;
+    double rate, fixed;
+    if (costfit_get(&t->cost, &rate, &fixed)) {
+        out->disk_bps = rate;
+        out->disk_lat_s = fixed;
+    }
+    out->window_s = t->window_s;
 }
 
 void disk_tier_reset_stats(struct disk_tier *t)
 {
-    t->st.hits = t->st.misses = t->st.bytes_read = 0;
+    t->st.hits = t->st.misses = t->st.bytes_read = t->st.ahead_paced = 0;
     t->st.read_seconds = 0;
 }
 

@@ -35,6 +35,10 @@ struct disk_tier_config {
     enum disk_tier_io io;
     bool buffered;         /* never O_DIRECT */
     int queue_depth;       /* reads in flight with io_uring; 0 = 64 */
+    bool numa_bind;        /* the slots' pages on numa_node (hwloc logical index), else where
+                            * first touched */
+    int numa_node;
+    double (*clock)(void); /* seconds for the cost's samples; NULL = the monotonic clock */
     FILE *log;             /* what was chosen (O_DIRECT or not, io_uring or pread), NULL = quiet */
 };
 
@@ -45,6 +49,12 @@ struct disk_tier_stats {
     uint64_t bytes_read;    /* file bytes read (aligned spans) */
     double read_seconds;    /* wall time waiting for reads (a read-ahead's overlap with the
                              * caller's compute is not in it) */
+    uint64_t ahead_paced;   /* predicted experts not read ahead: the learned disk would not
+                             * have landed them before the next call */
+    double disk_bps;        /* learned: read bandwidth, bytes/s (0: nothing learned yet) */
+    double disk_lat_s;      /* learned: seconds a batch of reads costs beyond its bytes */
+    double window_s;        /* learned: seconds from a read-ahead to the next call */
+    int numa_node;          /* where the slots are (-1: not bound) */
     int n_slots;
     uint64_t slot_bytes;
     bool uring, direct, registered; /* the paths in use */

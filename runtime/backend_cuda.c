@@ -28,6 +28,7 @@
 #include "quant_blocks.h"
 #include "strata.h"
 #include "stream.h"
+#include "topo.h"
 #include "tune.h"
 
 #define CUDA_BACKEND_MAX_TOK 512 /* tokens per launch of the batched ops; larger calls split */
@@ -1543,6 +1544,14 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
             .buffered = cfg->tier_buffered,
             .log = cfg->log,
         };
+        /* the tier's slots on the GPU's NUMA node: its copies read them */
+        struct cuda_device_info di;
+        struct topo *tp = NULL;
+        if (cuda_device_info_get(cfg->device, &di) == 0 && topo_open(&tp) == 0) {
+            tc.numa_node = topo_pci_numa_node(tp, di.pci_bus_id);
+            tc.numa_bind = tc.numa_node >= 0;
+        }
+        topo_close(tp);
         bool cache = !cfg->cpu_moe_layers && (cfg->vram_budget || cfg->expert_slots > 0);
         rc = !cfg->cpu_moe_layers && !cache
                  ? err_set(-ENOTSUP, "cuda backend: the host tier serves static placement's CPU "

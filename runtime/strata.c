@@ -17,6 +17,7 @@
 #include "arch.h"
 #include "backend.h"
 #include "backend_profile.h"
+#include "budget.h"
 #include "clock.h"
 #include "cuda_info.h"
 #include "cuda_mem.h"
@@ -249,6 +250,37 @@ static int strata_start_cuda(struct strata *s, bool auto_cuda)
     return rc;
 }
 
+/* STRATA_HOST_BUDGET_AUTO: the host tier gets the memory available now (the tighter of the
+ * system's and the cgroup's), less a margin (a tenth, at least 2 GiB) and, on the CPU device,
+ * the trunk's bytes, which stay in the page cache; at most every expert. Said in the log. */
+static int strata_host_budget_auto(struct strata *s)
+{
+    const double gib = 1073741824.0;
+    uint64_t avail = sysinfo_mem_available(), trunk = 0, slot = 0, experts = 0;
+    budget_model_sizes(s->model, &trunk, &slot);
+    for (uint32_t l = 0; l < s->model->hp.n_layer; l++) {
+        const struct layer_weights *lw = &s->model->layers[l];
+        experts += lw->gate_exps.bytes + lw->up_exps.bytes + lw->down_exps.bytes;
+    }
+    uint64_t margin = avail / 10 > (2ull << 30) ? avail / 10 : 2ull << 30;
+    uint64_t keep = margin + (s->cuda ? 0 : trunk);
+    if (avail <= keep)
+        return err_set(-ENOMEM,
+                       "--host-budget auto: %.1f GiB of memory available, no more than the %.1f "
+                       "GiB kept free%s: give --host-budget a size",
+                       avail / gib, keep / gib, s->cuda ? "" : " and for the trunk");
+    uint64_t b = avail - keep;
+    /* a slot holds an expert's aligned spans: a little more than its bytes */
+    uint64_t all = experts + experts / 16 + ((uint64_t)s->model->hp.n_layer << 24);
+    s->cfg.host_budget = b < all ? b : all;
+    if (s->cfg.log)
+        fprintf(s->cfg.log,
+                "strata: --host-budget auto: %.2f GiB for the host tier (%.1f GiB available, "
+                "%.1f GiB kept free, %.1f GiB for the trunk)\n",
+                s->cfg.host_budget / gib, avail / gib, margin / gib, s->cuda ? 0.0 : trunk / gib);
+    return 0;
+}
+
 int strata_start(struct strata *s)
 {
     const struct strata_config *cfg = &s->cfg;
@@ -274,6 +306,8 @@ int strata_start(struct strata *s)
                                        why ? why : "none found"));
     }
     s->cuda = auto_cuda || cfg->device == STRATA_DEVICE_CUDA;
+    if (cfg->host_budget == STRATA_HOST_BUDGET_AUTO && (rc = strata_host_budget_auto(s)))
+        return strata_fail(STRATA_STEP_ENGINE, rc);
     if (s->cuda) {
         rc = strata_start_cuda(s, auto_cuda);
     } else {
@@ -759,6 +793,11 @@ void strata_get_stats(const struct strata *s, struct strata_stats *out)
         out->tier_ahead_used = ts.ahead_used;
         out->tier_uring = ts.uring;
         out->tier_direct = ts.direct;
+        out->tier_ahead_paced = ts.ahead_paced;
+        out->tier_disk_bps = ts.disk_bps;
+        out->tier_disk_lat_s = ts.disk_lat_s;
+        out->tier_window_s = ts.window_s;
+        out->tier_numa_node = ts.numa_node;
     }
     out->threads = omp_get_max_threads();
     out->placement = "cpu";
@@ -787,9 +826,39 @@ void strata_get_stats(const struct strata *s, struct strata_stats *out)
     }
 }
 
+/* The host tier's counts (T1 against T2), and what it learned of the disk. */
+static void strata_print_tier_stats(const struct strata *s, FILE *f)
+{
+    struct strata_stats st;
+    strata_get_stats(s, &st);
+    if (!st.has_host_tier)
+        return;
+    uint64_t uses = st.tier_hits + st.tier_misses;
+    fprintf(f,
+            "host tier: %d slots (%s, %s), %llu hits and %llu misses of %llu expert uses "
+            "(%.1f%%), %.2f GB read from the file, %.2f s waited for reads\n",
+            st.tier_slots, st.tier_uring ? "io_uring" : "pread",
+            st.tier_direct ? "O_DIRECT" : "buffered", (unsigned long long)st.tier_hits,
+            (unsigned long long)st.tier_misses, (unsigned long long)uses,
+            uses ? 100.0 * st.tier_hits / uses : 0.0, st.tier_bytes_read / 1e9,
+            st.tier_read_seconds);
+    if (st.tier_disk_bps > 0)
+        fprintf(f, "host tier: the disk as learned from its reads: %.2f GB/s + %.2f ms a batch\n",
+                st.tier_disk_bps / 1e9, st.tier_disk_lat_s * 1e3);
+    if (st.tier_ahead || st.tier_ahead_paced)
+        fprintf(f,
+                "host tier: read ahead %llu experts, %llu of them used; %llu predicted experts "
+                "not read ahead (the disk would not land them within the %.2f ms before their "
+                "layer)\n",
+                (unsigned long long)st.tier_ahead, (unsigned long long)st.tier_ahead_used,
+                (unsigned long long)st.tier_ahead_paced, st.tier_window_s * 1e3);
+}
+
 int strata_print_cache_stats(const struct strata *s, FILE *f)
 {
-    return s->cuda && s->core ? backend_cuda_print_stats(s->core, f) : 0;
+    int rc = s->cuda && s->core ? backend_cuda_print_stats(s->core, f) : 0;
+    strata_print_tier_stats(s, f);
+    return rc;
 }
 
 int strata_write_cache_stats_json(const struct strata *s, const char *path)

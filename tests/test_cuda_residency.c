@@ -8,8 +8,10 @@
  * all-resident run within a tolerance, and so is the automatic placement, which tries copy,
  * hybrid and zero-copy decode in turn before it keeps one. Host memory is pinned in 64 KiB pieces
  * here (backend_cuda_config.pin_chunk), so expert copies straddle registrations as they do in 1 GiB
- * pieces on real models. Models: the `tiny` preset widened to 4 layers of 16 experts (top-4),
- * f32 and q4_k_m.
+ * pieces on real models. The host tier (host_budget of one layer's experts): the copy path and
+ * static placement reading through it are bit-identical to reading the mapping, hybrid within
+ * its tolerance. Models: the `tiny` preset widened to 4 layers of 16 experts (top-4), f32 and
+ * q4_k_m.
  * Exits 77 without a GPU. */
 #include <errno.h>
 #include <stdlib.h>
@@ -17,6 +19,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "disk_tier.h"
 #include "errors.h"
 #include "gen.h"
 #include "model.h"
@@ -33,6 +36,7 @@ struct run {
     float *logits;  /* (1 + N_STEPS, n_vocab): the prompt's, then one per greedy step */
     int32_t ids[N_STEPS];
     struct moe_cache_totals tot;
+    struct disk_tier_stats tier; /* with host_budget */
 };
 
 /* Prompt, then greedy steps, recording every logit vector. */
@@ -63,6 +67,7 @@ static int run_model(const char *path, const struct backend_cuda_config *cc, int
     if (rc)
         fprintf(stderr, "%s: %s\n", path, err_msg());
     backend_cuda_cache_totals(b, &out->tot);
+    backend_cuda_tier_stats(b, &out->tier);
     if (!rc && getenv("STRATA_TEST_VERBOSE"))
         backend_cuda_print_stats(b, stdout);
 out:
@@ -381,6 +386,68 @@ static void graph_decode(const char *path, const int32_t *prompt)
 }
 
 /* The tiny preset widened to 4 layers of 16 experts, top-4. */
+/* The host tier (host_budget of about one layer's experts, so every layer is read from the
+ * file again at every step): the copy path, with and without predictions read ahead, gives
+ * the all-resident logits bit for bit; static placement's CPU layers give the logits of the
+ * same placement reading the mapping bit for bit; the hybrid lane (whose split follows
+ * bandwidths measured at open) stays within its tolerance of all resident. Every run reads
+ * from the file at least once a step. */
+static void tier(const char *path, const int32_t *prompt, double tol)
+{
+    struct run ref, map = {0};
+    if (reference(path, prompt, &ref))
+        return;
+    struct model *m = NULL;
+    if (model_open(path, &m))
+        return;
+    int nv = (int)m->hp.n_vocab, ne = (int)m->hp.n_expert;
+    uint64_t eb = 0;
+    for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+        const struct layer_weights *lw = &m->layers[l];
+        uint64_t b = (lw->gate_exps.bytes + lw->up_exps.bytes + lw->down_exps.bytes) / ne;
+        eb = b > eb ? b : eb;
+    }
+    model_close(m);
+    /* a slot holds an expert's three 4 KiB-aligned spans: at most 3 x 8 KiB more */
+    const uint64_t one_layer = (uint64_t)ne * (eb + 3 * 8192 + 4096);
+    struct backend_cuda_config st = {.device = 0, .cpu_moe_layers = 2};
+    CHECK(run_model(path, &st, 0, prompt, &map) == 0, "%s static:2 from the mapping", path);
+    static const char *what[] = {"copy, 6 slots", "copy, 6 slots, predictions", "static:2",
+                                 "hybrid, 6 slots"};
+    size_t n = (size_t)nv * (N_STEPS + 1);
+    for (int c = 0; c < 4; c++) {
+        struct backend_cuda_config cc = {.device = 0, .host_budget = one_layer};
+        if (c < 2 || c == 3)
+            cc.expert_slots = 6;
+        cc.prefetch = c == 1;
+        cc.tier_ahead = c == 1;
+        cc.cpu_moe_layers = c == 2 ? 2 : 0;
+        cc.hybrid = c == 3;
+        struct run r = {0};
+        int rc = run_model(path, &cc, 0, prompt, &r);
+        CHECK(rc == 0, "%s %s with a host tier: failed", path, what[c]);
+        if (rc)
+            continue;
+        const float *want = c == 2 ? map.logits : ref.logits;
+        size_t first = want ? first_difference(r.logits, want, n) : 0;
+        double err = test_max_rel_err(r.logits, ref.logits, n);
+        printf("%s: %s, host tier of %d slots: %llu reads from the file, %.2f MB; %s (max rel "
+               "err %.3g against all resident)\n",
+               path, what[c], r.tier.n_slots, (unsigned long long)r.tier.misses,
+               r.tier.bytes_read / 1e6, first == n ? "bit-identical" : "logits differ", err);
+        CHECK(r.tier.misses >= (uint64_t)N_STEPS, "%s %s: the tier read %llu times", path, what[c],
+              (unsigned long long)r.tier.misses);
+        if (c == 3)
+            CHECK(err <= tol, "%s %s: logits off by %g", path, what[c], err);
+        else
+            CHECK(first == n, "%s %s: logit %zu differs (%g vs %g)", path, what[c], first,
+                  r.logits[first], want ? want[first] : 0.0f);
+        free(r.logits);
+    }
+    free(map.logits);
+    free(ref.logits);
+}
+
 static int gen_model(enum quant_mix mix, char *path, size_t size)
 {
     struct gen_preset p = *gen_preset_find("tiny");
@@ -413,6 +480,8 @@ int main(void)
     graph_decode(q4, prompt);
     struct backend_cuda_config st = {.device = 0, .cpu_moe_layers = 2};
     struct backend_cuda_config hy = {.device = 0, .expert_slots = 6, .hybrid = true};
+    tier(f32, prompt, 1e-3);
+    tier(q4, prompt, 0.2);
     cpu_lane(f32, prompt, 1e-3, 95, "static:2", &st);
     cpu_lane(q4, prompt, 0.2, 85, "static:2", &st);
     cpu_lane(f32, prompt, 1e-3, 95, "hybrid, 6 slots", &hy);

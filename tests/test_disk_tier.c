@@ -13,13 +13,17 @@
  *   steps, with io_uring and with pread, O_DIRECT and buffered, with and without reading the
  *   next layer's predicted experts ahead (io_uring);
  * - read ahead directly: the experts land with the file's bytes and count as used when asked
- *   for.
- * The model is fixed (gen seed); no timing is checked. */
+ *   for;
+ * - the disk learned from the calls' reads on a fake clock (bandwidth and latency exact), and a
+ *   read-ahead paced to the experts that disk lands in the window before the next call.
+ * The model is fixed (gen seed); no timing is checked (the engine runs set STRATA_TIER_PACE=0,
+ * so that what they read ahead does not depend on the machine's speed). */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
-#include <sys/stat.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "disk_tier.h"
@@ -235,6 +239,94 @@ static void check_short_read(const char *src)
 }
 
 /* Logits of a prompt and N_STEPS greedy steps on the CPU device. */
+/* A clock that moves by fake_step at every reading: a call's reads then take fake_step. */
+static double fake_now, fake_step;
+static double fake_clock(void)
+{
+    return fake_now += fake_step;
+}
+
+/* The tier learns the disk (bandwidth and per-batch latency) from its calls' reads and paces a
+ * read-ahead to what that disk lands before the next call: calls whose reads take exactly
+ * LAT + bytes / RATE on the fake clock, then a window W between a read-ahead and the next call
+ * worth 3.5 experts of the layer read ahead. Exact arithmetic, no real timing. */
+static void check_pacing(const char *path)
+{
+    const double RATE = 1e9, LAT = 2e-4;
+    struct model *m = NULL;
+    CHECK(model_open(path, &m) == 0, "%s", strata_error());
+    if (!m)
+        return;
+    const int ne = (int)m->hp.n_expert;
+    uint64_t all = UINT64_MAX / 2;
+    struct disk_tier_config cfg = {
+        .host_budget = all, .io = DISK_TIER_IO_URING, .clock = fake_clock};
+    uint64_t span[2][64]; /* the file bytes of each expert of layers 0 and 2 */
+    struct disk_tier *t = NULL;
+    const uint8_t *ptrs[3 * 64];
+    struct disk_tier_stats st;
+    fake_step = 0; /* a still clock: the reads teach nothing */
+    if (disk_tier_open(m, &cfg, &t)) {
+        printf("pacing: skipped (io_uring: %s)\n", strata_error());
+        model_close(m);
+        return;
+    }
+    for (int k = 0; k < 2; k++)
+        for (int32_t e = 0; e < ne; e++) {
+            disk_tier_get_stats(t, &st);
+            uint64_t before = st.bytes_read;
+            CHECK(disk_tier_get(t, 2 * k, &e, 1, ptrs) == 0, "%s", strata_error());
+            disk_tier_get_stats(t, &st);
+            span[k][e] = st.bytes_read - before;
+        }
+    CHECK(st.disk_bps == 0, "a still clock taught a bandwidth");
+    disk_tier_close(t);
+
+    CHECK(disk_tier_open(m, &cfg, &t) == 0, "%s", strata_error());
+    static const int32_t batch[4][4] = {{0}, {1, 2}, {3, 4, 5}, {6, 7, 8, 9}};
+    for (int b = 0; b < 4; b++) {
+        double bytes = 0;
+        for (int i = 0; i <= b; i++)
+            bytes += (double)span[0][batch[b][i]];
+        fake_step = LAT + bytes / RATE;
+        CHECK(disk_tier_get(t, 0, batch[b], b + 1, ptrs) == 0, "%s", strata_error());
+    }
+    disk_tier_get_stats(t, &st);
+    printf("pacing: learned %.4g GB/s + %.4g ms a batch (the calls took %.4g GB/s + %.4g ms)\n",
+           st.disk_bps / 1e9, st.disk_lat_s * 1e3, RATE / 1e9, LAT * 1e3);
+    CHECK(fabs(st.disk_bps / RATE - 1) < 1e-6 && fabs(st.disk_lat_s - LAT) < 1e-9,
+          "learned %g B/s + %g s", st.disk_bps, st.disk_lat_s);
+
+    int32_t ids[64];
+    for (int e = 0; e < ne; e++)
+        ids[e] = e;
+    /* no window known yet: every expert of layer 1 is started */
+    double room = (double)span[1][0] + span[1][1] + span[1][2] + span[1][3] / 2.0;
+    fake_step = LAT + room / RATE; /* the window W */
+    int started = disk_tier_read_ahead(t, 1, ids, ne);
+    CHECK(started == ne, "read ahead with no window known: %d of %d", started, ne);
+    CHECK(disk_tier_get(t, 1, ids, ne, ptrs) == 0, "%s", strata_error()); /* window W */
+    /* now W holds 3.5 of layer 2's experts at the learned rate, after its latency */
+    started = disk_tier_read_ahead(t, 2, ids, ne);
+    disk_tier_get_stats(t, &st);
+    printf("pacing: window %.4g ms; read ahead %d of layer 2's %d experts, %llu paced\n",
+           st.window_s * 1e3, started, ne, (unsigned long long)st.ahead_paced);
+    CHECK(started == 3 && st.ahead_paced == (uint64_t)(ne - 3),
+          "paced read-ahead: %d started, %llu paced", started, (unsigned long long)st.ahead_paced);
+    CHECK(disk_tier_get(t, 2, ids, 3, ptrs) == 0, "%s", strata_error());
+    size_t bad = 0;
+    for (int e = 0; e < 3; e++)
+        for (int p = 0; p < 3; p++)
+            bad += memcmp(ptrs[3 * e + p], expert_part(m, 2, e, p), part_bytes(m, 2, p)) != 0;
+    disk_tier_get_stats(t, &st);
+    CHECK(bad == 0 && st.ahead_used == (uint64_t)ne + 3,
+          "paced experts: %zu parts differ, %llu "
+          "used",
+          bad, (unsigned long long)st.ahead_used);
+    disk_tier_close(t);
+    model_close(m);
+}
+
 static int run(const char *path, uint64_t host_budget, unsigned flags, float *logits, int nv,
                struct strata_stats *st)
 {
@@ -268,6 +360,7 @@ static int run(const char *path, uint64_t host_budget, unsigned flags, float *lo
 
 static void check_engine(const char *path, uint64_t layer_bytes, int nv)
 {
+    setenv("STRATA_TIER_PACE", "0", 1);
     size_t n = (size_t)(N_STEPS + 1) * nv;
     float *ref = test_xmalloc(sizeof(float) * n), *got = test_xmalloc(sizeof(float) * n);
     struct strata_stats st;
@@ -324,6 +417,7 @@ int main(void)
     uint64_t layer_bytes = 0;
     check_tier(path, &layer_bytes);
     check_short_read(path);
+    check_pacing(path);
     if (layer_bytes)
         check_engine(path, layer_bytes, (int)p.n_vocab);
     unlink(path);
