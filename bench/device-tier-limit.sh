@@ -8,7 +8,9 @@
 #   - the expert cache (--placement stream: copies) through the tier, and at the first budget also with
 #     --host-read-ahead, paced (default) and unpaced (STRATA_TIER_PACE=0);
 #   - at the first budget, the expert cache reading the mapping (it registers the whole file
-#     as pinned memory, which the limit does not hold).
+#     as pinned memory, which the limit does not hold), and with no --host-budget at all: the
+#     experts do not fit in what the cgroup leaves, so strata takes a tier of that size itself.
+# The mapping rows pass --host-budget 0 (never a tier).
 # The 235b runs only static placement from the mapping and through the tier at the first
 # budget, and the expert cache through the tier at both.
 # Models: the 30b-a3b preset (48 layers, 17.6 GiB of experts) and the 235b-a22b preset cut to
@@ -20,7 +22,7 @@ set -u
 R=$OUT/tier-limit.txt
 F=$PWD/tier-model.gguf
 MARGIN=${MARGIN:-4}
-keep="^(pp|tg)[0-9]|^host tier|^disk read|^cache |^placement|^backend +cuda|^strata: static|rror|refused|failed"
+keep="^(pp|tg)[0-9]|^host tier|^disk read|^cache |^placement|^backend +cuda|^strata: (static|--host-budget|host tier)|rror|refused|failed"
 CGROOT=${CGROOT:-/sys/fs/cgroup}
 echo +memory >"$CGROOT/cgroup.subtree_control"
 n=0
@@ -53,14 +55,15 @@ model() { # NAME BUDGET1 BUDGET2 GEN-ARGS... ($FULL: every run above, else the s
     sync
     echo "gen + sync: $((SECONDS - t0)) s" | tee -a "$R"
     local l1=$((${b1%G} + MARGIN)) l2=$((${b2%G} + MARGIN))
-    limited $l1 --placement static
+    limited $l1 --placement static --host-budget 0
     limited $l1 --placement static --host-budget "$b1"
     limited $l1 --placement stream --host-budget "$b1"
     if [ -n "${FULL:-}" ]; then
         limited $l1 --placement stream --host-budget "$b1" --host-read-ahead
         PRE=STRATA_TIER_PACE=0 limited $l1 --placement stream --host-budget "$b1" --host-read-ahead
-        TMO=60 limited $l1 --placement stream
-        limited $l2 --placement static
+        TMO=60 limited $l1 --placement stream --host-budget 0
+        limited $l1 --placement stream
+        limited $l2 --placement static --host-budget 0
         limited $l2 --placement static --host-budget "$b2"
     fi
     limited $l2 --placement stream --host-budget "$b2"

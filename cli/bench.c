@@ -44,6 +44,7 @@ struct bench_opts {
     uint64_t host_budget; /* --host-budget */
     bool host_pread, host_buffered; /* --host-io pread, --host-buffered */
     bool host_ahead;                /* --host-read-ahead */
+    bool no_host_tier;              /* --host-budget 0 */
     int residency;        /* --residency */
     int stats;            /* --stats */
     int prefetch;         /* --prefetch */
@@ -245,6 +246,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             rc = bench_parse_bw(a, v, &o->bw_gib);
         else if (!strcmp(a, "--host-budget"))
             rc = !strcmp(v, "auto") ? (o->host_budget = STRATA_HOST_BUDGET_AUTO, 0)
+                 : !strcmp(v, "0")  ? (o->host_budget = 0, o->no_host_tier = true, 0)
                                     : args_size("bench", a, v, 1, UINT64_MAX - 1, &o->host_budget);
         else if (!strcmp(a, "--host-io")) {
             if (strcmp(v, "auto") && strcmp(v, "uring") && strcmp(v, "pread")) {
@@ -440,7 +442,8 @@ static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
     cfg->host_budget = o->host_budget; /* the CPU device, static's CPU layers, the cache */
     cfg->flags |= (o->host_pread ? STRATA_FLAG_NO_URING : 0) |
                   (o->host_buffered ? STRATA_FLAG_NO_DIRECT : 0) |
-                  (o->host_ahead ? STRATA_FLAG_READ_AHEAD : 0);
+                  (o->host_ahead ? STRATA_FLAG_READ_AHEAD : 0) |
+                  (o->no_host_tier ? STRATA_FLAG_NO_HOST_TIER : 0);
     /* the first stream and, with --streams N, N more: their KV caches count against the budget */
     cfg->n_ctx = o->n_prompt + o->n_gen + 1;
     cfg->n_streams = 1 + (o->streams > 1 ? o->streams : 0);
@@ -469,7 +472,7 @@ struct bench_run {
 
 /* The host read bandwidth with every processor and with the run's threads, and over the
  * model's own mapping (page cache, usually 4 KiB pages). */
-static void bench_bandwidths(const struct bench_opts *o, const struct model *m,
+static void bench_bandwidths(const struct bench_opts *o, const struct model *m, bool tier,
                              struct bench_run *r)
 {
     r->threads = omp_get_max_threads();
@@ -486,7 +489,7 @@ static void bench_bandwidths(const struct bench_opts *o, const struct model *m,
     r->mlen = gf->size - m0 < (uint64_t)(o->bw_gib * (1u << 30)) ? gf->size - m0
                                                                   : (uint64_t)(o->bw_gib * (1u << 30));
     r->bw_map = membw_read(gf->base + m0, r->mlen / 64 * 64, r->threads, 5);
-    if (o->host_budget && gf->path) { /* where the host tier reads: layer 0's experts on */
+    if (tier && gf->path) { /* where the host tier reads: layer 0's experts on */
         uint64_t at = (uint64_t)((const uint8_t *)m->layers[0].gate_exps.data - gf->base);
         uint64_t want = (uint64_t)(BENCH_DISK_GIB * (1u << 30));
         r->disk_bytes = gf->size - at < want ? (gf->size - at) / 4096 * 4096 : want;
@@ -943,7 +946,9 @@ int cmd_bench(int argc, char **argv)
         rc = cli_fail("starting the engine");
         goto out;
     }
-    bench_bandwidths(&o, m, &r);
+    struct strata_stats st0;
+    strata_get_stats(st, &st0); /* a tier: asked for, or taken for experts that do not fit */
+    bench_bandwidths(&o, m, st0.has_host_tier, &r);
     ids = malloc(sizeof(int32_t) * (size_t)o.n_prompt);
     if (!ids) {
         rc = cli_fail("out of memory");

@@ -76,16 +76,17 @@ static void run_opts_usage(const char *cmd)
            "      --device auto|cpu|cuda  backend (default %s: cuda when a GPU is present,\n"
            "                          with every weight on it if it fits, else under a\n"
            "                          budget of 90%% of its free memory; cpu otherwise)\n"
-           "      --host-budget SIZE|auto  read the routed experts from the file into a host\n"
-           "                          tier of SIZE (at least one layer's experts; auto: the\n"
-           "                          memory available at start, the cgroup's limit counted,\n"
-           "                          less a tenth and, on the CPU, the trunk), least\n"
-           "                          recently used out, instead of the mapping (for a model\n"
-           "                          larger than RAM): on --device cpu, for --placement\n"
-           "                          static's CPU layers, and under --vram-budget for the\n"
-           "                          expert cache, whose misses are copied on from the tier\n"
-           "                          or computed there by the hybrid lane (copy residency);\n"
-           "                          -v says how it reads\n"
+           "      --host-budget SIZE|auto|0  read the routed experts from the file into a\n"
+           "                          host tier of SIZE (at least one layer's experts; auto:\n"
+           "                          the memory available at start, the cgroup's limit\n"
+           "                          counted, less a tenth and, on the CPU, the trunk; the\n"
+           "                          default when the experts do not fit in that memory; 0:\n"
+           "                          never), least recently used out, instead of the\n"
+           "                          mapping (for a model larger than RAM): on --device\n"
+           "                          cpu, for --placement static's CPU layers, and under\n"
+           "                          --vram-budget for the expert cache, whose misses are\n"
+           "                          copied on from the tier or computed there by the\n"
+           "                          hybrid lane (copy residency); -v says how it reads\n"
            "      --host-io auto|uring|pread  how the tier reads (default auto: io_uring\n"
            "                          where it works)\n"
            "      --host-buffered     never O_DIRECT (default: O_DIRECT where the file system\n"
@@ -344,6 +345,7 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             rc = args_size(cmd, arg, v, 1, UINT64_MAX, &o->vram_budget);
         } else if (IS("--host-budget", NULL)) {
             rc = !strcmp(v, "auto") ? (o->host_budget = STRATA_HOST_BUDGET_AUTO, 0)
+                 : !strcmp(v, "0")  ? (o->host_budget = 0, o->no_host_tier = true, 0)
                                     : args_size(cmd, arg, v, 1, UINT64_MAX - 1, &o->host_budget);
         } else if (IS("--host-io", NULL)) {
             if (strcmp(v, "auto") && strcmp(v, "uring") && strcmp(v, "pread")) {
@@ -610,7 +612,8 @@ void run_opts_config(const struct run_opts *o, const char *path, struct strata_c
                  (o->profile_optional ? STRATA_FLAG_PROFILE_OPTIONAL : 0) |
                  (o->host_io && !strcmp(o->host_io, "pread") ? STRATA_FLAG_NO_URING : 0) |
                  (o->host_buffered ? STRATA_FLAG_NO_DIRECT : 0) |
-                 (o->host_ahead ? STRATA_FLAG_READ_AHEAD : 0);
+                 (o->host_ahead ? STRATA_FLAG_READ_AHEAD : 0) |
+                 (o->no_host_tier ? STRATA_FLAG_NO_HOST_TIER : 0);
     cfg->profile = o->profile;
     cfg->prefetch_depth = o->prefetch_depth;
     cfg->n_threads = o->n_threads;

@@ -35,6 +35,7 @@ struct run_opts {
     const char *host_io;   /* --host-io auto|uring|pread */
     bool host_buffered;    /* --host-buffered */
     bool host_ahead;       /* --host-read-ahead */
+    bool no_host_tier;     /* --host-budget 0 */
     const char *residency; /* --residency copy|zerocopy */
     bool stats;            /* --stats */
     bool prefetch;         /* --prefetch */

@@ -90,51 +90,67 @@ static bool sysinfo_read_u64(const char *path, uint64_t *out)
     return ok;
 }
 
-/* The least headroom (memory.max - memory.current) of this process's cgroup v2 and its
- * ancestors; UINT64_MAX where none is limited (or no cgroup v2). */
+/* The least headroom (limit - usage, the page cache charged to it counted as free: it can be
+ * reclaimed) of this process's memory cgroup and its ancestors, under cgroup v2 (memory.max,
+ * memory.current, memory.stat's file) or v1 (memory.limit_in_bytes, memory.usage_in_bytes,
+ * memory.stat's cache); UINT64_MAX where none is limited or none can be read. */
 static uint64_t sysinfo_cgroup_room(void)
 {
+    static const struct {
+        const char *root, *max, *cur, *cache;
+    } ver[2] = {
+        {"/sys/fs/cgroup", "memory.max", "memory.current", "file %llu"},
+        {"/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "cache %llu"},
+    };
     char line[512], dir[768];
     uint64_t room = UINT64_MAX;
-    FILE *f = fopen("/proc/self/cgroup", "r");
-    if (!f)
-        return room;
-    bool found = false;
-    while (!found && fgets(line, sizeof(line), f))
-        found = !strncmp(line, "0::", 3);
-    fclose(f);
-    if (!found)
-        return room;
-    line[strcspn(line, "\n")] = 0;
-    int n = snprintf(dir, sizeof(dir), "/sys/fs/cgroup%s", line + 3);
-    if (n < 0 || (size_t)n >= sizeof(dir))
-        return room;
-    for (;;) {
-        char p[800];
-        uint64_t max, cur;
-        snprintf(p, sizeof(p), "%s/memory.max", dir);
-        if (sysinfo_read_u64(p, &max)) {
-            snprintf(p, sizeof(p), "%s/memory.current", dir);
-            if (sysinfo_read_u64(p, &cur)) {
-                /* the page cache charged to it can be reclaimed: not counted as taken */
-                char stat[128];
-                unsigned long long file = 0;
-                snprintf(p, sizeof(p), "%s/memory.stat", dir);
-                FILE *fs = fopen(p, "r");
-                while (fs && fgets(stat, sizeof(stat), fs))
-                    if (sscanf(stat, "file %llu", &file) == 1)
-                        break;
-                if (fs)
-                    fclose(fs);
-                cur = cur > file ? cur - file : 0;
-                uint64_t r = max > cur ? max - cur : 0;
-                room = r < room ? r : room;
+    for (int v = 0; v < 2; v++) {
+        FILE *f = fopen("/proc/self/cgroup", "r");
+        if (!f)
+            return room;
+        const char *path = NULL;
+        while (!path && fgets(line, sizeof(line), f)) {
+            if (v == 0) {
+                path = strncmp(line, "0::", 3) ? NULL : line + 3;
+            } else {
+                char *c = strstr(line, ":memory:");
+                path = c ? c + 8 : NULL;
             }
         }
-        char *slash = strrchr(dir, '/');
-        if (!slash || slash - dir <= (ptrdiff_t)strlen("/sys/fs/cgroup"))
-            break;
-        *slash = 0;
+        fclose(f);
+        if (!path)
+            continue;
+        line[strcspn(line, "\n")] = 0;
+        int n = snprintf(dir, sizeof(dir), "%s%s", ver[v].root, path);
+        if (n < 0 || (size_t)n >= sizeof(dir))
+            continue;
+        size_t root_len = strlen(ver[v].root);
+        for (;;) {
+            char p[800];
+            uint64_t max, cur;
+            snprintf(p, sizeof(p), "%s/%s", dir, ver[v].max);
+            if (sysinfo_read_u64(p, &max)) {
+                snprintf(p, sizeof(p), "%s/%s", dir, ver[v].cur);
+                if (sysinfo_read_u64(p, &cur)) {
+                    char stat[128];
+                    unsigned long long cache = 0;
+                    snprintf(p, sizeof(p), "%s/memory.stat", dir);
+                    FILE *fs = fopen(p, "r");
+                    while (fs && fgets(stat, sizeof(stat), fs))
+                        if (sscanf(stat, ver[v].cache, &cache) == 1)
+                            break;
+                    if (fs)
+                        fclose(fs);
+                    cur = cur > cache ? cur - cache : 0;
+                    uint64_t r = max > cur ? max - cur : 0;
+                    room = r < room ? r : room;
+                }
+            }
+            char *slash = strrchr(dir, '/');
+            if (!slash || (size_t)(slash - dir) < root_len)
+                break;
+            *slash = 0;
+        }
     }
     return room;
 }

@@ -71,20 +71,22 @@ enum strata_flags {
     STRATA_FLAG_NO_MMAP = 1 << 3,  /* copy the weights to anonymous memory instead of mapping */
     STRATA_FLAG_BIND = 1 << 4,     /* one OpenMP thread per physical core, bound (near the GPU's
                                     * NUMA node on CUDA) */
-    STRATA_FLAG_NO_HYBRID_ADMIT = 1 << 5, /* hybrid: a CPU-lane miss is never also copied into
-                                           * a slot while PCIe is idle (for comparisons) */
+    STRATA_FLAG_NO_HYBRID_ADMIT = 1 << 5,  /* hybrid: a CPU-lane miss is never also copied into
+                                            * a slot while PCIe is idle (for comparisons) */
     STRATA_FLAG_PROFILE_FREEZE = 1 << 6,   /* the profile's experts are never evicted (else
                                             * they only seed the cache) */
     STRATA_FLAG_PROFILE_OPTIONAL = 1 << 7, /* a profile that cannot be used (another model,
                                             * unreadable, no expert cache) is reported and the
                                             * run goes on with a cold cache */
-    STRATA_FLAG_NO_URING = 1 << 8,  /* host tier: read with pread, never io_uring */
-    STRATA_FLAG_NO_DIRECT = 1 << 9, /* host tier: buffered reads, never O_DIRECT */
-    STRATA_FLAG_READ_AHEAD = 1 << 10, /* host tier: read the next layer's predicted experts
-                                       * while a layer computes (io_uring; bench/host-tier.md:
-                                       * not faster on a 2-core machine) */
-    STRATA_FLAG_NO_MTP = 1 << 11,     /* leave the model's multi-token-prediction block
-                                       * unloaded (qwen3next, qwen35moe) */
+    STRATA_FLAG_NO_URING = 1 << 8,         /* host tier: read with pread, never io_uring */
+    STRATA_FLAG_NO_DIRECT = 1 << 9,        /* host tier: buffered reads, never O_DIRECT */
+    STRATA_FLAG_READ_AHEAD = 1 << 10,      /* host tier: read the next layer's predicted experts
+                                            * while a layer computes (io_uring), as many as the
+                                            * disk lands before that layer */
+    STRATA_FLAG_NO_MTP = 1 << 11,          /* leave the model's multi-token-prediction block
+                                            * unloaded (qwen3next, qwen35moe) */
+    STRATA_FLAG_NO_HOST_TIER = 1 << 12,    /* host_budget 0 means the mapping even when the
+                                            * experts do not fit in memory (below) */
 };
 
 /* What the router chose at one layer for a batch of tokens (statistics tools). */
@@ -109,9 +111,12 @@ struct strata_config {
                               * fill and the hybrid lane): bytes of a host tier the routed
                               * experts are read into from the file (io_uring or pread,
                               * O_DIRECT where the file system allows), at least one layer's
-                              * experts; 0 = every expert read from the mapping;
-                              * STRATA_HOST_BUDGET_AUTO = the memory available at start (the
-                              * system's or its cgroup's) less a margin, said in the log. CUDA
+                              * experts; 0 = every expert read from the mapping, unless
+                              * they do not fit in the memory available at start (the
+                              * system's or its cgroup's, less a margin) and the placement can
+                              * take a tier: then STRATA_HOST_BUDGET_AUTO, said in the log
+                              * (STRATA_FLAG_NO_HOST_TIER keeps the mapping);
+                              * STRATA_HOST_BUDGET_AUTO = that memory, less the margin. CUDA
                               * with STRATA_FILL_ZEROCOPY / _GPU or every expert resident:
                               * -ENOTSUP */
     enum strata_placement placement;

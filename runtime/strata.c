@@ -200,6 +200,75 @@ static void strata_route_trampoline(void *ctx, const struct moe_route_event *ev)
 
 /* The CUDA backend; auto_cuda: a model that does not fit is retried under a budget of 90% of
  * the free device memory. */
+/* The routed experts' bytes, the trunk's (on the CPU device, where it stays in the page
+ * cache; else 0), the memory available now (the tighter of the system's and the cgroup's)
+ * and the margin kept free of it (a tenth, at least 512 MiB). */
+static void strata_host_sizes(const struct strata *s, uint64_t *experts, uint64_t *trunk,
+                              uint64_t *avail, uint64_t *margin)
+{
+    uint64_t slot = 0;
+    budget_model_sizes(s->model, trunk, &slot);
+    *trunk = s->cuda ? 0 : *trunk;
+    *experts = 0;
+    for (uint32_t l = 0; l < s->model->hp.n_layer; l++) {
+        const struct layer_weights *lw = &s->model->layers[l];
+        *experts += lw->gate_exps.bytes + lw->up_exps.bytes + lw->down_exps.bytes;
+    }
+    *avail = sysinfo_mem_available();
+    *margin = *avail / 10 > (512ull << 20) ? *avail / 10 : 512ull << 20;
+}
+
+/* host_budget 0 on a placement that reads experts from host memory (the CPU device, static
+ * placement, the expert cache's copy path; `cache`: the CUDA backend caches experts): whether
+ * the experts do not fit in the memory available, so that a tier of what does fit
+ * (STRATA_HOST_BUDGET_AUTO) reads them instead of the page cache thrashing. */
+static bool strata_host_tier_needed(const struct strata *s, bool cache)
+{
+    const struct strata_config *cfg = &s->cfg;
+    if (cfg->host_budget || (cfg->flags & (STRATA_FLAG_NO_HOST_TIER | STRATA_FLAG_NO_MMAP)) ||
+        s->model->copy || s->model->hp.n_expert == 0)
+        return false;
+    if (s->cuda && cfg->placement != STRATA_PLACEMENT_STATIC &&
+        (!cache || cfg->fill != STRATA_FILL_COPY))
+        return false;
+    uint64_t experts, trunk, avail, margin;
+    strata_host_sizes(s, &experts, &trunk, &avail, &margin);
+    if (!avail || experts + trunk + margin <= avail)
+        return false;
+    if (cfg->log)
+        fprintf(cfg->log,
+                "strata: the experts (%.1f GiB) do not fit in the %.1f GiB of memory available: "
+                "they are read through a host tier (--host-budget auto; --host-budget 0 keeps "
+                "the mapping)\n",
+                experts / 1073741824.0, avail / 1073741824.0);
+    return true;
+}
+
+/* STRATA_HOST_BUDGET_AUTO: the host tier gets the memory available now, less the margin and
+ * the trunk (strata_host_sizes); at most every expert. Said in the log. */
+static int strata_host_budget_auto(struct strata *s)
+{
+    const double gib = 1073741824.0;
+    uint64_t experts, trunk, avail, margin;
+    strata_host_sizes(s, &experts, &trunk, &avail, &margin);
+    uint64_t keep = margin + trunk;
+    if (avail <= keep)
+        return err_set(-ENOMEM,
+                       "--host-budget auto: %.1f GiB of memory available, no more than the %.1f "
+                       "GiB kept free%s: give --host-budget a size",
+                       avail / gib, keep / gib, s->cuda ? "" : " and for the trunk");
+    uint64_t b = avail - keep;
+    /* a slot holds an expert's aligned spans: a little more than its bytes */
+    uint64_t all = experts + experts / 16 + ((uint64_t)s->model->hp.n_layer << 24);
+    s->cfg.host_budget = b < all ? b : all;
+    if (s->cfg.log)
+        fprintf(s->cfg.log,
+                "strata: --host-budget auto: %.2f GiB for the host tier (%.1f GiB available, "
+                "%.1f GiB kept free, %.1f GiB for the trunk)\n",
+                s->cfg.host_budget / gib, avail / gib, margin / gib, s->cuda ? 0.0 : trunk / gib);
+    return 0;
+}
+
 static int strata_start_cuda(struct strata *s, bool auto_cuda)
 {
     const struct strata_config *cfg = &s->cfg;
@@ -245,40 +314,16 @@ static int strata_start_cuda(struct strata *s, bool auto_cuda)
                     "strata: the model does not fit in the GPU's %.2f GiB free; running with "
                     "--vram-budget %.2f GiB (experts cached from host memory)\n",
                     free_b / 1073741824.0, cc.vram_budget / 1073741824.0);
+        if (strata_host_tier_needed(s, true)) {
+            s->cfg.host_budget = STRATA_HOST_BUDGET_AUTO;
+            int rt = strata_host_budget_auto(s);
+            if (rt)
+                return rt;
+            cc.host_budget = s->cfg.host_budget;
+        }
         rc = backend_cuda_open(s->model, &cc, &s->core);
     }
     return rc;
-}
-
-/* STRATA_HOST_BUDGET_AUTO: the host tier gets the memory available now (the tighter of the
- * system's and the cgroup's), less a margin (a tenth, at least 2 GiB) and, on the CPU device,
- * the trunk's bytes, which stay in the page cache; at most every expert. Said in the log. */
-static int strata_host_budget_auto(struct strata *s)
-{
-    const double gib = 1073741824.0;
-    uint64_t avail = sysinfo_mem_available(), trunk = 0, slot = 0, experts = 0;
-    budget_model_sizes(s->model, &trunk, &slot);
-    for (uint32_t l = 0; l < s->model->hp.n_layer; l++) {
-        const struct layer_weights *lw = &s->model->layers[l];
-        experts += lw->gate_exps.bytes + lw->up_exps.bytes + lw->down_exps.bytes;
-    }
-    uint64_t margin = avail / 10 > (2ull << 30) ? avail / 10 : 2ull << 30;
-    uint64_t keep = margin + (s->cuda ? 0 : trunk);
-    if (avail <= keep)
-        return err_set(-ENOMEM,
-                       "--host-budget auto: %.1f GiB of memory available, no more than the %.1f "
-                       "GiB kept free%s: give --host-budget a size",
-                       avail / gib, keep / gib, s->cuda ? "" : " and for the trunk");
-    uint64_t b = avail - keep;
-    /* a slot holds an expert's aligned spans: a little more than its bytes */
-    uint64_t all = experts + experts / 16 + ((uint64_t)s->model->hp.n_layer << 24);
-    s->cfg.host_budget = b < all ? b : all;
-    if (s->cfg.log)
-        fprintf(s->cfg.log,
-                "strata: --host-budget auto: %.2f GiB for the host tier (%.1f GiB available, "
-                "%.1f GiB kept free, %.1f GiB for the trunk)\n",
-                s->cfg.host_budget / gib, avail / gib, margin / gib, s->cuda ? 0.0 : trunk / gib);
-    return 0;
 }
 
 int strata_start(struct strata *s)
@@ -306,6 +351,8 @@ int strata_start(struct strata *s)
                                        why ? why : "none found"));
     }
     s->cuda = auto_cuda || cfg->device == STRATA_DEVICE_CUDA;
+    if (strata_host_tier_needed(s, cfg->vram_budget || cfg->expert_slots > 0))
+        s->cfg.host_budget = STRATA_HOST_BUDGET_AUTO;
     if (cfg->host_budget == STRATA_HOST_BUDGET_AUTO && (rc = strata_host_budget_auto(s)))
         return strata_fail(STRATA_STEP_ENGINE, rc);
     if (s->cuda) {

@@ -89,6 +89,7 @@ t 1 "one layer has 128: at least" "${run[@]}" -p x --host-budget 1M
 t 0 "generation: 1 tokens" "${run[@]}" -p x --host-budget 64M --host-io pread --host-buffered
 t 0 "generation: 1 tokens" "${run[@]}" -p x --host-budget 64M --host-read-ahead
 t 0 "strata: --host-budget auto: " "${run[@]}" -p x --host-budget auto -v
+t 0 "generation: 1 tokens" "${run[@]}" -p x --host-budget 0
 t 0 "host tier: the disk as learned from its reads: " "${run[@]}" -p x --host-budget 64M --stats
 t 2 "-s wants an integer" chat -s abc
 # strata run: prompt files
