@@ -14,7 +14,7 @@
 # The 235b runs only static placement from the mapping and through the tier at the first
 # budget, and the expert cache through the tier at both.
 # Models: the 30b-a3b preset (48 layers, 17.6 GiB of experts) and the 235b-a22b preset cut to
-# L235 layers (default 24: 128 experts of 11.7 MiB each, 35 GiB; the file about 37 GB), one
+# L235 layers (default 30: 128 experts of 11.7 MiB each, 44 GiB; the file about 48 GB), one
 # after the other (the disk has 64 GB free). Each run prints the cgroup's peak memory and OOM
 # kills. Results in $OUT/tier-limit.txt.
 set -u
@@ -71,4 +71,4 @@ model() { # NAME BUDGET1 BUDGET2 GEN-ARGS... ($FULL: every run above, else the s
 }
 [ -n "${SKIP_30B:-}" ] || FULL=1 BENCH_N="-p 32 -n 16" model 30b-a3b 5G 9G --preset 30b-a3b --quant q4_k_m
 [ -n "${SKIP_235B:-}" ] || BENCH_N="-p 16 -n 8" TMO=${TMO235:-120} \
-    model "235b-a22b cut to ${L235:-24} layers" 9G 18G --preset 235b-a22b --layers "${L235:-24}" --quant q4_k_m
+    model "235b-a22b cut to ${L235:-30} layers" 11G 22G --preset 235b-a22b --layers "${L235:-30}" --quant q4_k_m
