@@ -118,7 +118,13 @@ int ec_tier_fetch(struct expert_cache *c, int layer, const int32_t *ids, int n)
     c->tier_layer = layer;
     if (n == 0)
         return 0;
-    int rc = disk_tier_get(c->tier, layer, ids, n, c->tier_got);
+    /* a copy out of the tier may still be running behind the previous call (hybrid admits a
+     * CPU-lane expert there, from its tier slot): it must end before this request can read
+     * another expert into that slot */
+    int rc = c->copies_pending ? cuda_stream_sync(c->copy) : 0;
+    if (rc)
+        return err_set(rc, "expert cache: layer %d: waiting for copies out of the tier", layer);
+    rc = disk_tier_get(c->tier, layer, ids, n, c->tier_got);
     if (rc)
         return err_wrap(rc, "expert cache: layer %d: ", layer);
     for (int i = 0; i < n; i++)
