@@ -701,7 +701,7 @@ void moe_layer_replayed(struct moe_layer *ml)
 bool moe_layer_mode_ok(const struct moe_layer *ml, enum moe_mode mode)
 {
     return ml->cache && ml->cfg.modes && !ml->prefetch && (unsigned)mode < MOE_MODES &&
-           ((mode != MOE_MODE_ZEROCOPY && mode != MOE_MODE_DEVICE) || !ml->cfg.tier) &&
+           (mode == MOE_MODE_COPY || !ml->cfg.tier) &&
            (mode != MOE_MODE_DEVICE || ml->m->hp.n_expert <= CUDA_DEVCACHE_MAX_EXPERT);
 }
 

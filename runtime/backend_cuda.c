@@ -1559,7 +1559,10 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
                                      "read from host memory)")
              : cache && cfg->residency != BACKEND_RESIDENCY_COPY
                  ? err_set(-ENOTSUP, "cuda backend: a host tier under the expert cache serves "
-                                     "its copy path and the hybrid lane (not zero-copy misses)")
+                                     "its copy path (not zero-copy misses)")
+             : cache && cfg->hybrid
+                 ? err_set(-ENOTSUP, "cuda backend: the hybrid placement does not take a host "
+                                     "tier: the copy path or static placement read through one")
                  : disk_tier_open(m, &tc, &c->tier);
         if (rc) {
             cuda_close_op(&c->base);
