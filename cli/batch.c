@@ -254,7 +254,7 @@ static void batch_usage(void)
         "  (every expert resident: each step's shape recorded once as a CUDA graph and\n"
         "  replayed), --host-budget SIZE [--host-io auto|uring|pread] [--host-buffered]\n"
         "  [--host-read-ahead] (--device cpu, --placement static, or the expert cache's\n"
-        "  copy path under --vram-budget, not hybrid)\n\n"
+        "  copy path and hybrid lane under --vram-budget)\n\n"
         "Not taken: -p and -f (the prompts come from --input).\n\n"
         "Progress (lines done out of this run's, tokens generated per second since the\n"
         "start) goes to stderr, at most every second on a terminal and every 10 s otherwise.\n"

@@ -97,7 +97,7 @@ static void bench_usage(void)
            "      --device cpu|cuda backend (default cpu; cuda: every weight on the GPU, and the\n"
            "                        floor is bytes per token / device copy bandwidth)\n"
            "      --host-budget SIZE|auto  CPU, CUDA with --placement static (its CPU\n"
-           "                        layers) or the expert cache (copy path, not hybrid): the\n"
+           "                        layers) or the expert cache (copy path, hybrid): the\n"
            "                        routed experts read from the file into a host tier of\n"
            "                        SIZE (at least a layer's experts); reports its hit rate\n"
            "                        and read GB/s, the disk's bandwidth probed and learned\n"
@@ -333,12 +333,6 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         o->residency != STRATA_FILL_COPY) {
         fprintf(stderr, "strata bench: --host-budget under the expert cache copies its misses "
                         "from the tier: not with --residency zerocopy or gpu\n");
-        return 2;
-    }
-    if (o->host_budget && o->hybrid) {
-        fprintf(stderr, "strata bench: --host-budget is not taken by --placement hybrid: the "
-                        "copy path (--placement stream) and static placement read through a "
-                        "tier\n");
         return 2;
     }
     if (o->host_budget && o->no_mmap) {

@@ -85,8 +85,8 @@ static void run_opts_usage(const char *cmd)
            "                          mapping (for a model larger than RAM): on --device\n"
            "                          cpu, for --placement static's CPU layers, and under\n"
            "                          --vram-budget for the expert cache, whose misses are\n"
-           "                          copied on from the tier (copy residency; not hybrid);\n"
-           "                          -v says how it reads\n"
+           "                          copied on from the tier or computed there by the\n"
+           "                          hybrid lane (copy residency); -v says how it reads\n"
            "      --host-io auto|uring|pread  how the tier reads (default auto: io_uring\n"
            "                          where it works)\n"
            "      --host-buffered     never O_DIRECT (default: O_DIRECT where the file system\n"
@@ -502,13 +502,6 @@ int run_opts_check(struct run_opts *o, const char *cmd)
                 "tier into VRAM: not with --residency %s, whose kernels read experts from "
                 "host memory at any time\n",
                 cmd, o->residency);
-        return 2;
-    }
-    if (o->host_budget && o->hybrid) {
-        fprintf(stderr,
-                "strata %s: --host-budget is not taken by --placement hybrid: the copy "
-                "path (--placement stream) and static placement read through a tier\n",
-                cmd);
         return 2;
     }
     if (o->host_budget && o->no_mmap) {

@@ -439,12 +439,15 @@ static int ml_open_static(struct moe_layer *ml)
 static int ml_open_hybrid(struct moe_layer *ml)
 {
     const struct model_hparams *hp = &ml->m->hp;
-    ml->lanes = (struct lane_model){
-        .pcie_bps = ml->ops->h2d_bandwidth(ml->dev),
-        .cpu_bps = membw_measure((size_t)256 << 20, omp_get_max_threads(), 3),
-    };
+    const bool given = ml->cfg.lane_pcie_bps > 0 && ml->cfg.lane_cpu_bps > 0;
+    ml->lanes = given ? (struct lane_model){.pcie_bps = ml->cfg.lane_pcie_bps,
+                                            .cpu_bps = ml->cfg.lane_cpu_bps}
+                      : (struct lane_model){
+                            .pcie_bps = ml->ops->h2d_bandwidth(ml->dev),
+                            .cpu_bps = membw_measure((size_t)256 << 20, omp_get_max_threads(), 3),
+                        };
     int rc = ml_open_cpu_lane(ml);
-    if (!rc) {
+    if (!rc && !given) {
         struct moe_experts ex;
         moe_experts_of(&ml->m->layers[0], hp, &ex);
         double pair = moe_cpu_pair_seconds(ml->cpu, &ex, (int)hp->n_expert,
@@ -454,9 +457,9 @@ static int ml_open_hybrid(struct moe_layer *ml)
     if (ml->cfg.log)
         fprintf(ml->cfg.log,
                 "strata: hybrid lanes: PCIe %.1f GB/s, CPU %.1f GB/s and %.1f us per (token, "
-                "expert) pair with %d threads (measured)\n",
+                "expert) pair with %d threads (%s)\n",
                 ml->lanes.pcie_bps / 1e9, ml->lanes.cpu_bps / 1e9, ml->lanes.cpu_pair_s * 1e6,
-                omp_get_max_threads());
+                omp_get_max_threads(), given ? "given" : "measured");
     ml->items = malloc(sizeof(*ml->items) * hp->n_expert);
     ml->item_lane = malloc(hp->n_expert);
     if (!rc && (!ml->items || !ml->item_lane))
@@ -701,7 +704,7 @@ void moe_layer_replayed(struct moe_layer *ml)
 bool moe_layer_mode_ok(const struct moe_layer *ml, enum moe_mode mode)
 {
     return ml->cache && ml->cfg.modes && !ml->prefetch && (unsigned)mode < MOE_MODES &&
-           (mode == MOE_MODE_COPY || !ml->cfg.tier) &&
+           ((mode != MOE_MODE_ZEROCOPY && mode != MOE_MODE_DEVICE) || !ml->cfg.tier) &&
            (mode != MOE_MODE_DEVICE || ml->m->hp.n_expert <= CUDA_DEVCACHE_MAX_EXPERT);
 }
 

@@ -122,6 +122,9 @@ struct moe_layer_config {
                            * (the automatic placement); the layer starts in `fill`, not
                            * hybrid */
     bool hybrid_no_admit; /* hybrid: a CPU-lane miss is never also copied into a slot */
+    double lane_pcie_bps, lane_cpu_bps; /* hybrid: both > 0 set the lane model (no CPU cost
+                                         * per pair) instead of measuring it at open, for a
+                                         * split that does not depend on the machine */
     bool gather;          /* misses streamed by one gather kernel per batch */
     uint64_t pin_chunk;   /* host registration piece (expert_cache_config), 0 = default */
     void *stream;         /* the backend's stream (cudaStream_t) for the expert cache */

@@ -208,7 +208,8 @@ static bool ec_assign_misses(struct expert_cache *c, int layer, const int32_t *i
         if (s >= 0) {
             ec_point_slot(c, layer, e, s);
             copied = true;
-        } else {
+        } else { /* every slot guarded: read in place, from this call's tier slot with a tier */
+            ec_point_host(c, layer, e);
             c->stats[layer].bytes_zerocopy += ec_expert_bytes(c, layer);
         }
     }

@@ -251,6 +251,8 @@ struct backend_cuda_config {
                            * measured at open) */
     bool hybrid_no_admit; /* hybrid: never also copy a CPU-lane miss into a slot when the
                            * PCIe lane is idle (for comparison; admission is the default) */
+    double lane_pcie_bps, lane_cpu_bps; /* hybrid: both > 0 set its lanes' bandwidths instead
+                                         * of measuring them (tests: a fixed split) */
     bool auto_place;      /* with the expert cache (not hybrid, not prefetch): its misses
                            * served by copies, zero-copy reads (in a graph) or copies and the
                            * CPU lane, whichever decodes fastest, timed on the first decode

@@ -1491,6 +1491,8 @@ static struct moe_layer_config cuda_moe_config(struct backend_cuda *c,
         .modes = cfg->auto_place && !cfg->hybrid && !cfg->prefetch &&
                  cfg->residency != BACKEND_RESIDENCY_GPU,
         .hybrid_no_admit = cfg->hybrid_no_admit,
+        .lane_pcie_bps = cfg->lane_pcie_bps,
+        .lane_cpu_bps = cfg->lane_cpu_bps,
         .gather = cfg->gather_copies,
         .pin_chunk = cfg->pin_chunk,
         .stream = c->stream,
@@ -1559,10 +1561,7 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
                                      "read from host memory)")
              : cache && cfg->residency != BACKEND_RESIDENCY_COPY
                  ? err_set(-ENOTSUP, "cuda backend: a host tier under the expert cache serves "
-                                     "its copy path (not zero-copy misses)")
-             : cache && cfg->hybrid
-                 ? err_set(-ENOTSUP, "cuda backend: the hybrid placement does not take a host "
-                                     "tier: the copy path or static placement read through one")
+                                     "its copy path and the hybrid lane (not zero-copy misses)")
                  : disk_tier_open(m, &tc, &c->tier);
         if (rc) {
             cuda_close_op(&c->base);

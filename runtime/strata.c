@@ -229,7 +229,7 @@ static bool strata_host_tier_needed(const struct strata *s, bool cache)
         s->model->copy || s->model->hp.n_expert == 0)
         return false;
     if (s->cuda && cfg->placement != STRATA_PLACEMENT_STATIC &&
-        (!cache || cfg->fill != STRATA_FILL_COPY || cfg->placement == STRATA_PLACEMENT_HYBRID))
+        (!cache || cfg->fill != STRATA_FILL_COPY))
         return false;
     uint64_t experts, trunk, avail, margin;
     strata_host_sizes(s, &experts, &trunk, &avail, &margin);

@@ -82,7 +82,6 @@ t 2 "--host-budget wants a size such as 8G" run -p x --device cpu --host-budget 
 t 2 "--host-budget runs on the CPU device, or on CUDA under --vram-budget (the expert cache) or with --placement static" run -p x --host-budget 1G
 t 2 "add one of --device cpu, --vram-budget or --placement static" run -p x --host-budget 1G --placement hybrid
 t 2 "not with --residency zerocopy" run -p x --host-budget 1G --vram-budget 4G --residency zerocopy
-t 2 "--host-budget is not taken by --placement hybrid" run -p x --host-budget 1G --vram-budget 4G --placement hybrid
 t 2 "--host-io auto, uring or pread, not 'aio'" "${run[@]}" -p x --host-budget 1G --host-io aio
 t 2 "--host-io, --host-buffered and --host-read-ahead need --host-budget" "${run[@]}" -p x --host-buffered
 t 2 "--no-mmap copies them all to memory" "${run[@]}" -p x --host-budget 1G --no-mmap

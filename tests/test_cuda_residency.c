@@ -9,10 +9,9 @@
  * hybrid and zero-copy decode in turn before it keeps one. Host memory is pinned in 64 KiB pieces
  * here (backend_cuda_config.pin_chunk), so expert copies straddle registrations as they do in 1 GiB
  * pieces on real models. The host tier (host_budget of one layer's experts): the copy path and
- * static placement reading through it are bit-identical to reading the mapping; hybrid refuses
- * it. Models: the `tiny` preset widened to 4 layers of 16 experts (top-4), f32 and
- * q4_k_m.
- * Exits 77 without a GPU. */
+ * static placement reading through it are bit-identical to reading the mapping, and so is
+ * hybrid with its split fixed. Models: the `tiny` preset widened to 4 layers of 16 experts (top-4),
+ * f32 and q4_k_m. Exits 77 without a GPU. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -389,8 +388,10 @@ static void graph_decode(const char *path, const int32_t *prompt)
 /* The host tier (host_budget of about one layer's experts, so every layer is read from the
  * file again at every step): the copy path, with and without predictions read ahead, gives
  * the all-resident logits bit for bit; static placement's CPU layers give the logits of the
- * same placement reading the mapping bit for bit; every run reads from the file at least once a
- * step. Hybrid with a tier is refused (-ENOTSUP): through one it gave wrong logits here. */
+ * same placement reading the mapping bit for bit; the hybrid lane gives the prompt's logits
+ * within its tolerance of all resident (its greedy steps may part from them), and with its
+ * lanes' bandwidths given (the same split in every run) the logits of the same run reading the
+ * mapping bit for bit. Every run reads from the file at least once a step. */
 static void tier(const char *path, const int32_t *prompt, double tol)
 {
     struct run ref, map = {0};
@@ -412,45 +413,56 @@ static void tier(const char *path, const int32_t *prompt, double tol)
     const uint64_t one_layer = (uint64_t)ne * (eb + 3 * 12288);
     struct backend_cuda_config st = {.device = 0, .cpu_moe_layers = 2};
     CHECK(run_model(path, &st, 0, prompt, &map) == 0, "%s static:2 from the mapping", path);
+    /* hybrid with its lanes' bandwidths given (both lanes at work, the same split in every
+     * run), from the mapping */
+    struct backend_cuda_config hg = {
+        .device = 0, .expert_slots = 6, .hybrid = true, .lane_pcie_bps = 8e9, .lane_cpu_bps = 8e9};
+    struct run hmap = {0};
+    CHECK(run_model(path, &hg, 0, prompt, &hmap) == 0, "%s hybrid from the mapping", path);
     static const char *what[] = {"copy, 6 slots", "copy, 6 slots, predictions", "static:2",
-                                 "hybrid, 6 slots"};
+                                 "hybrid, 6 slots", "hybrid, lanes given, 6 slots"};
     size_t n = (size_t)nv * (N_STEPS + 1);
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < 5; c++) {
         struct backend_cuda_config cc = {.device = 0, .host_budget = one_layer};
+        if (c == 4)
+            cc = hg, cc.host_budget = one_layer;
         if (c < 2 || c == 3)
             cc.expert_slots = 6;
         cc.prefetch = c == 1;
         cc.tier_ahead = c == 1;
         cc.cpu_moe_layers = c == 2 ? 2 : 0;
-        cc.hybrid = c == 3;
+        cc.hybrid = c >= 3;
         struct run r = {0};
         int rc = run_model(path, &cc, 0, prompt, &r);
-        if (c == 3) { /* hybrid does not take a tier */
-            CHECK(rc == -ENOTSUP, "%s hybrid with a host tier: %d, not refused", path, rc);
-            free(r.logits);
-            continue;
-        }
         CHECK(rc == 0, "%s %s with a host tier: failed", path, what[c]);
         if (rc)
             continue;
-        const float *want = c == 2 ? map.logits : ref.logits;
+        const float *want = c == 2 ? map.logits : c == 4 ? hmap.logits : ref.logits;
         size_t first = want ? first_difference(r.logits, want, n) : 0;
         /* hybrid: its greedy ids may part from all resident's, so the prompt's logits only */
-        double err = test_max_rel_err(r.logits, ref.logits, c == 3 ? (size_t)nv : n);
+        double err = test_max_rel_err(r.logits, ref.logits, c >= 3 ? (size_t)nv : n);
         printf("%s: %s, host tier of %d slots: %llu reads from the file, %.2f MB; %s (max rel "
-               "err %.3g against all resident%s)\n",
+               "err %.3g against all resident%s); %llu CPU-lane experts, %.2f MB read in "
+               "place\n",
                path, what[c], r.tier.n_slots, (unsigned long long)r.tier.misses,
-               r.tier.bytes_read / 1e6, first == n ? "bit-identical" : "logits differ", err,
-               c == 3 ? ", the prompt's" : "");
+               r.tier.bytes_read / 1e6,
+               first == n ? (c == 4 ? "bit-identical to the mapping" : "bit-identical")
+                          : "logits differ",
+               err, c >= 3 ? ", the prompt's" : "", (unsigned long long)r.tot.cpu_computed,
+               r.tot.bytes_zerocopy / 1e6);
         CHECK(r.tier.misses >= (uint64_t)N_STEPS, "%s %s: the tier read %llu times", path, what[c],
               (unsigned long long)r.tier.misses);
-        if (c == 3)
+        if (c >= 3)
             CHECK(err <= tol, "%s %s: logits off by %g", path, what[c], err);
-        else
+        if (c == 4)
+            CHECK(r.tot.cpu_computed > 0 && r.tot.bytes_copied > 0, "%s %s: one lane idle", path,
+                  what[c]);
+        if (c != 3)
             CHECK(first == n, "%s %s: logit %zu differs (%g vs %g)", path, what[c], first,
                   r.logits[first], want ? want[first] : 0.0f);
         free(r.logits);
     }
+    free(hmap.logits);
     free(map.logits);
     free(ref.logits);
 }
