@@ -10,7 +10,11 @@
 #   - at the first budget, the expert cache reading the mapping (it registers the whole file
 #     as pinned memory, which the limit does not hold), and with no --host-budget at all: the
 #     experts do not fit in what the cgroup leaves, so strata takes a tier of that size itself.
-# The mapping rows pass --host-budget 0 (never a tier).
+# The mapping rows pass --host-budget 0 (never a tier). SKIP_MAP=1 leaves out the first
+# budget's static row from the mapping; HYBRID=1 adds the hybrid placement through the tier at
+# the first budget; CHUNKS="0 1024" runs each tier row of static placement and the expert cache
+# (outside FULL's extra rows) with whole parts and with demand reads in pieces of 1 MiB
+# (STRATA_TIER_CHUNK_KIB); BENCH235 sets the 235b runs' -p/-n.
 # The 235b runs only static placement from the mapping and through the tier at the first
 # budget, and the expert cache through the tier at both.
 # Models: the 30b-a3b preset (48 layers, 17.6 GiB of experts) and the 235b-a22b preset cut to
@@ -22,7 +26,7 @@ set -u
 R=$OUT/tier-limit.txt
 F=$PWD/tier-model.gguf
 MARGIN=${MARGIN:-4}
-keep="^(pp|tg)[0-9]|^host tier|^disk read|^cache |^placement|^backend +cuda|^strata: (static|--host-budget|host tier)|rror|refused|failed"
+keep="^(pp|tg)[0-9]|^host tier|^disk read|^cache |^placement|^lanes|^backend +cuda|^strata: (static|--host-budget|host tier)|rror|refused|failed"
 CGROOT=${CGROOT:-/sys/fs/cgroup}
 echo +memory >"$CGROOT/cgroup.subtree_control"
 n=0
@@ -55,9 +59,10 @@ model() { # NAME BUDGET1 BUDGET2 GEN-ARGS... ($FULL: every run above, else the s
     sync
     echo "gen + sync: $((SECONDS - t0)) s" | tee -a "$R"
     local l1=$((${b1%G} + MARGIN)) l2=$((${b2%G} + MARGIN))
-    limited $l1 --placement static --host-budget 0
-    limited $l1 --placement static --host-budget "$b1"
-    limited $l1 --placement stream --host-budget "$b1"
+    [ -n "${SKIP_MAP:-}" ] || limited $l1 --placement static --host-budget 0
+    tiered $l1 --placement static --host-budget "$b1"
+    tiered $l1 --placement stream --host-budget "$b1"
+    [ -z "${HYBRID:-}" ] || limited $l1 --placement hybrid --host-budget "$b1"
     if [ -n "${FULL:-}" ]; then
         limited $l1 --placement stream --host-budget "$b1" --host-read-ahead
         PRE=STRATA_TIER_PACE=0 limited $l1 --placement stream --host-budget "$b1" --host-read-ahead
@@ -66,9 +71,17 @@ model() { # NAME BUDGET1 BUDGET2 GEN-ARGS... ($FULL: every run above, else the s
         limited $l2 --placement static --host-budget 0
         limited $l2 --placement static --host-budget "$b2"
     fi
-    limited $l2 --placement stream --host-budget "$b2"
+    tiered $l2 --placement stream --host-budget "$b2"
     rm -f "$F"
 }
+# tiered GIB ARGS...: limited, once for each demand-read piece size in CHUNKS (KiB; 0, the
+# default: whole parts)
+tiered() {
+    local c
+    for c in ${CHUNKS:-0}; do
+        if [ "$c" = 0 ]; then limited "$@"; else PRE=STRATA_TIER_CHUNK_KIB=$c limited "$@"; fi
+    done
+}
 [ -n "${SKIP_30B:-}" ] || FULL=1 BENCH_N="-p 32 -n 16" model 30b-a3b 5G 9G --preset 30b-a3b --quant q4_k_m
-[ -n "${SKIP_235B:-}" ] || BENCH_N="-p 16 -n 8" TMO=${TMO235:-120} \
+[ -n "${SKIP_235B:-}" ] || BENCH_N=${BENCH235:-"-p 16 -n 8"} TMO=${TMO235:-120} \
     model "235b-a22b cut to ${L235:-30} layers" 11G 22G --preset 235b-a22b --layers "${L235:-30}" --quant q4_k_m

@@ -40,6 +40,7 @@ struct disk_tier {
     int64_t map_mtime;  /* and modification time */
     struct io_uring ring;
     int depth;
+    uint64_t chunk; /* a demand read's pieces (a multiple of DT_ALIGN), 0: whole parts */
     int n_layer, n_expert;
     uint64_t file_size;
     uint64_t (*base)[3];      /* (n_layer) file offset of expert 0's gate, up, down */
@@ -206,6 +207,8 @@ int disk_tier_open(const struct model *m, const struct disk_tier_config *cfg,
     costfit_init(&t->cost, 0.95);
     const char *pace = getenv("STRATA_TIER_PACE");
     t->pace = !pace || strcmp(pace, "0");
+    const char *chunk = getenv("STRATA_TIER_CHUNK_KIB");
+    t->chunk = chunk ? strtoull(chunk, NULL, 10) * 1024 / DT_ALIGN * DT_ALIGN : 0;
     t->path = m->file->path;
     t->map_size = m->file->size;
     t->map_mtime = m->file->mtime_ns;
@@ -341,23 +344,40 @@ static int dt_read_pread(struct disk_tier *t, int n, int layer)
     return 0;
 }
 
-/* Reads t->reads[0..n) through io_uring, up to depth in flight. */
+/* Piece `at` of read r (t->chunk bytes from there, or the rest): *len bytes asked, *need of
+ * them required. */
+static void dt_piece(const struct disk_tier *t, const struct dt_read *r, uint64_t at, uint64_t *len,
+                     uint64_t *need)
+{
+    *len = t->chunk && r->len - at > t->chunk ? t->chunk : r->len - at;
+    *need = r->need <= at ? 0 : r->need - at < *len ? r->need - at : *len;
+}
+
+/* Reads t->reads[0..n) through io_uring, up to depth in flight, each in pieces of t->chunk
+ * bytes (0: whole). */
 static int dt_read_uring(struct disk_tier *t, int n, int layer)
 {
     int next = 0, inflight = 0, rc = 0;
+    uint64_t next_at = 0; /* where the next piece of reads[next] starts */
     while ((next < n || inflight) && !rc) {
         while (next < n && inflight < t->depth) {
             struct io_uring_sqe *sqe = io_uring_get_sqe(&t->ring);
             if (!sqe)
                 break;
             struct dt_read *r = &t->reads[next];
+            uint64_t len, need;
+            dt_piece(t, r, next_at, &len, &need);
             if (t->registered)
-                io_uring_prep_read_fixed(sqe, 0, r->dst, (unsigned)r->len, r->off, r->slot);
+                io_uring_prep_read_fixed(sqe, 0, r->dst + next_at, (unsigned)len, r->off + next_at,
+                                         r->slot);
             else
-                io_uring_prep_read(sqe, 0, r->dst, (unsigned)r->len, r->off);
+                io_uring_prep_read(sqe, 0, r->dst + next_at, (unsigned)len, r->off + next_at);
             sqe->flags |= IOSQE_FIXED_FILE;
-            io_uring_sqe_set_data64(sqe, (uint64_t)next);
-            next++;
+            /* the read in the high half, the piece's start in 4 KiB units in the low */
+            io_uring_sqe_set_data64(sqe, (uint64_t)next << 32 | next_at / DT_ALIGN);
+            next_at += len;
+            if (next_at >= r->len)
+                next++, next_at = 0;
             inflight++;
         }
         int s = io_uring_submit(&t->ring);
@@ -368,15 +388,22 @@ static int dt_read_uring(struct disk_tier *t, int n, int layer)
         if (w < 0)
             return err_set(w, "host tier: io_uring_wait_cqe: %s", strerror(-w));
         do {
-            struct dt_read *r = &t->reads[io_uring_cqe_get_data64(cqe)];
+            uint64_t data = io_uring_cqe_get_data64(cqe);
+            struct dt_read *r = &t->reads[data >> 32];
+            uint64_t at = (data & 0xffffffffu) * DT_ALIGN, len, need;
+            dt_piece(t, r, at, &len, &need);
             int res = cqe->res;
             io_uring_cqe_seen(&t->ring, cqe);
             inflight--;
-            if (!rc && (res < 0 || (uint64_t)res < r->need)) {
+            if (!rc && (res < 0 || (uint64_t)res < need)) {
                 /* a short read that is not an error: the rest with pread, as the kernel may
                  * split a read; an error ends the call */
+                struct dt_read rest = *r;
+                rest.dst += at;
+                rest.off += at;
+                rest.len = len;
+                rest.need = need;
                 if (res > 0) {
-                    struct dt_read rest = *r;
                     rest.dst += res;
                     rest.off += (uint64_t)res;
                     rest.len -= (uint64_t)res;
@@ -386,7 +413,7 @@ static int dt_read_uring(struct disk_tier *t, int n, int layer)
                     rc = dt_read_pread(t, 1, layer);
                     t->reads[0] = keep;
                 } else {
-                    rc = dt_fail(t, r, layer, t->slots[r->slot].expert, res);
+                    rc = dt_fail(t, &rest, layer, t->slots[r->slot].expert, res);
                 }
             }
         } while (!rc && inflight && io_uring_peek_cqe(&t->ring, &cqe) == 0);

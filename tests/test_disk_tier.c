@@ -11,7 +11,8 @@
  * - the CPU device with host_budget of one layer's experts (every layer read from the file at
  *   every token) gives the logits of the mapped run bit for bit over a prompt and 16 greedy
  *   steps, with io_uring and with pread, O_DIRECT and buffered, with and without reading the
- *   next layer's predicted experts ahead (io_uring);
+ *   next layer's predicted experts ahead (io_uring), and with io_uring's reads in 4 KiB pieces
+ *   (STRATA_TIER_CHUNK_KIB);
  * - read ahead directly: the experts land with the file's bytes and count as used when asked
  *   for;
  * - the disk learned from the calls' reads on a fake clock (bandwidth and latency exact), and a
@@ -365,26 +366,32 @@ static void check_engine(const char *path, uint64_t layer_bytes, int nv)
     float *ref = test_xmalloc(sizeof(float) * n), *got = test_xmalloc(sizeof(float) * n);
     struct strata_stats st;
     CHECK(run(path, 0, 0, ref, nv, &st) == 0, "mapped: %s", strata_error());
-    static const unsigned flags[] = {0, STRATA_FLAG_NO_URING, STRATA_FLAG_NO_DIRECT,
+    static const unsigned flags[] = {0,
+                                     STRATA_FLAG_NO_URING,
+                                     STRATA_FLAG_NO_DIRECT,
                                      STRATA_FLAG_NO_URING | STRATA_FLAG_NO_DIRECT,
                                      STRATA_FLAG_READ_AHEAD,
-                                     STRATA_FLAG_READ_AHEAD | STRATA_FLAG_NO_DIRECT};
-    for (int i = 0; i < 6; i++) {
+                                     STRATA_FLAG_READ_AHEAD | STRATA_FLAG_NO_DIRECT,
+                                     0};
+    for (int i = 0; i < 7; i++) {
         test_poison_f32(got, n);
+        if (i == 6) /* io_uring reads in pieces of 4 KiB */
+            setenv("STRATA_TIER_CHUNK_KIB", "4", 1);
         int rc = run(path, layer_bytes, flags[i], got, nv, &st);
+        unsetenv("STRATA_TIER_CHUNK_KIB");
         CHECK(rc == 0, "host tier: %s", strata_error());
         size_t diff = 0;
         for (size_t j = 0; j < n; j++)
             diff += memcmp(&got[j], &ref[j], sizeof(float)) != 0;
-        printf("CPU device, host tier of one layer (%d slots, %s, %s%s): prompt + %d steps, %llu "
-               "misses, %llu hits (%llu of %llu experts read ahead used), %.1f MB read; %zu of "
-               "%zu logits differ from the mapped run\n",
+        printf("CPU device, host tier of one layer (%d slots, %s, %s%s%s): prompt + %d steps, "
+               "%llu misses, %llu hits (%llu of %llu experts read ahead used), %.1f MB read; %zu "
+               "of %zu logits differ from the mapped run\n",
                st.tier_slots, st.tier_uring ? "io_uring" : "pread",
                st.tier_direct ? "O_DIRECT" : "buffered",
-               flags[i] & STRATA_FLAG_READ_AHEAD ? ", read-ahead" : "", N_STEPS,
-               (unsigned long long)st.tier_misses, (unsigned long long)st.tier_hits,
-               (unsigned long long)st.tier_ahead_used, (unsigned long long)st.tier_ahead,
-               st.tier_bytes_read / 1e6, diff, n);
+               flags[i] & STRATA_FLAG_READ_AHEAD ? ", read-ahead" : "",
+               i == 6 ? ", reads in 4 KiB pieces" : "", N_STEPS, (unsigned long long)st.tier_misses,
+               (unsigned long long)st.tier_hits, (unsigned long long)st.tier_ahead_used,
+               (unsigned long long)st.tier_ahead, st.tier_bytes_read / 1e6, diff, n);
         /* read-ahead: the next layer's predicted experts read while a layer computes */
         bool ahead = st.tier_uring && (flags[i] & STRATA_FLAG_READ_AHEAD);
         CHECK(ahead ? st.tier_ahead_used > 0 : st.tier_ahead == 0, "read-ahead %llu/%llu",
