@@ -1,14 +1,15 @@
 /* strata stats-routing: runs texts through a model on the CPU and reports how its routers
  * behave (profiles/routing_stats.h): popularity concentration, reuse distances, and the recall
  * of predicting layer l+d's experts (d = 1..ROUTING_DEPTHS) by applying its router to layer l's
- * MoE input. */
+ * MoE input, and layer l's from the token's embedding alone. */
 #include <errno.h>
+#include <math.h>
 #include <stdbool.h>
-#include <sys/stat.h>
-#include <sys/types.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include "args.h"
@@ -17,6 +18,7 @@
 #include "errors.h"
 #include "model.h"
 #include "moe.h"
+#include "quant_ref.h"
 #include "routing_stats.h"
 #include "run_opts.h"
 #include "strata.h"
@@ -39,6 +41,8 @@ struct sr_ctx {
     int trace_tok;   /* tokens recorded in it */
     int max_tokens;
     struct cachesim *sim;
+    const int32_t *tok; /* the current text's token ids */
+    float *emb, *x;     /* (n_embd) scratch */
 };
 
 static void sr_usage(void)
@@ -50,7 +54,10 @@ static void sr_usage(void)
            "selected expert was also selected at the previous token (reuse@1) or within 8\n"
            "tokens, and the recall of predicting the layer's top-k by applying its router to\n"
            "the MoE input of the layer 1, 2, 3 or 4 layers earlier (depths 1..4: columns\n"
-           "recall, recall@2, recall@3, recall@4). Then the hit rate strata's expert cache\n"
+           "recall, recall@2, recall@3, recall@4), and by applying it to the token's own\n"
+           "embedding, normed as the layer's MoE input is (column emb: what is known of a\n"
+           "token before the model runs on it, such as a drafted token before its verify\n"
+           "pass). Then the hit rate strata's expert cache\n"
            "(SLRU) would reach holding 10%%, 25%% and 40%% of the experts, replaying the texts\n"
            "in decode order.\n\n"
            "  -m, --model FILE      GGUF model (default: the shipped default model,\n"
@@ -136,8 +143,41 @@ static void sr_predict(struct sr_ctx *c, const struct strata_route_event *ev, in
     }
 }
 
+/* Scores layer ev->layer's router applied to each token's embedding, RMS-normed with the
+ * layer's ffn_norm as its MoE input is, against the layer's choice. */
+static void sr_embedding(struct sr_ctx *c, const struct strata_route_event *ev)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const struct layer_weights *lw = &c->m->layers[ev->layer];
+    const struct weight *E = &c->m->tok_embd;
+    const float *w = lw->router.data, *g = lw->ffn_norm.data;
+    if (!c->tok || !quant_ref_can_dequantize(E->type))
+        return;
+    for (int t = 0; t < ev->n_tok; t++) {
+        int id = c->tok[ev->pos0 + t];
+        if (quant_ref_dequantize(E->type, (const uint8_t *)E->data + (size_t)id * E->row_bytes,
+                                 c->emb, (int64_t)hp->n_embd))
+            return;
+        double ss = 0;
+        for (uint32_t i = 0; i < hp->n_embd; i++)
+            ss += (double)c->emb[i] * c->emb[i];
+        float r = (float)(1.0 / sqrt(ss / hp->n_embd + hp->rms_eps));
+        for (uint32_t i = 0; i < hp->n_embd; i++)
+            c->x[i] = c->emb[i] * r * (g ? g[i] : 1.0f);
+        for (uint32_t e = 0; e < hp->n_expert; e++) {
+            const float *row = w + (size_t)e * hp->n_embd;
+            double s = 0;
+            for (uint32_t i = 0; i < hp->n_embd; i++)
+                s += (double)row[i] * c->x[i];
+            c->logits[e] = (float)s;
+        }
+        moe_route_softmax_topk(c->logits, 1, (int)hp->n_expert, ev->k, c->pred, c->pw);
+        routing_stats_embedding(c->rs, ev->layer, c->pred, ev->ids + (size_t)t * ev->k);
+    }
+}
+
 /* Records layer l's choice and predicts layers l+1..l+ROUTING_DEPTHS' from the same input,
- * each with its own router. */
+ * each with its own router, and layer l's from the tokens' embeddings. */
 static void sr_observe(void *arg, const struct strata_route_event *ev)
 {
     struct sr_ctx *c = arg;
@@ -154,6 +194,7 @@ static void sr_observe(void *arg, const struct strata_route_event *ev)
     }
     for (int d = 1; d <= ROUTING_DEPTHS && ev->layer + d < (int)hp->n_layer; d++)
         sr_predict(c, ev, d);
+    sr_embedding(c, ev);
 }
 
 /* Evaluates every text of the prompts file on a fresh stream. */
@@ -180,6 +221,7 @@ static int sr_run(const struct sr_opts *o, struct strata *st, struct sr_ctx *ctx
         n = n < o->max_tokens ? n : o->max_tokens;
         strata_stream_truncate(s, 0);
         routing_stats_new_text(ctx->rs);
+        ctx->tok = ids;
         ctx->trace_tok = 0;
         rc = strata_eval(s, ids, n, NULL);
         /* the text replayed in decode order through the simulated caches (kept warm) */
@@ -203,7 +245,8 @@ static int sr_plot(const struct sr_opts *o, const char *dat)
              "plot '%s' u 1:2 w lp t 'top 10%% share', '' u 1:3 w lp t 'top 20%% share', "
              "'' u 1:4 w lp t 'reuse at next token', '' u 1:5 w lp t 'reuse within 8', "
              "'' u 1:6 w lp t 'recall l-1 -> l', '' u 1:7 w lp t 'recall l-2 -> l', "
-             "'' u 1:8 w lp t 'recall l-3 -> l', '' u 1:9 w lp t 'recall l-4 -> l'\"",
+             "'' u 1:8 w lp t 'recall l-3 -> l', '' u 1:9 w lp t 'recall l-4 -> l', "
+             "'' u 1:10 w lp t 'recall from the embedding'\"",
              o->plot, dat);
     if (system(cmd) != 0) {
         fprintf(stderr, "strata stats-routing: gnuplot failed (is it installed?)\n");
@@ -273,6 +316,8 @@ int cmd_stats_routing(int argc, char **argv)
     }
     ctx.m = m;
     ctx.logits = malloc(sizeof(float) * m->hp.n_expert);
+    ctx.emb = malloc(sizeof(float) * m->hp.n_embd);
+    ctx.x = malloc(sizeof(float) * m->hp.n_embd);
     ctx.pw = malloc(sizeof(float) * m->hp.n_expert_used);
     ctx.pred = malloc(sizeof(int32_t) * m->hp.n_expert_used);
     ctx.max_tokens = o.max_tokens;
@@ -284,7 +329,8 @@ int cmd_stats_routing(int argc, char **argv)
         ctx.sim = NULL;
     rc = routing_stats_open((int)m->hp.n_layer, (int)m->hp.n_expert, (int)m->hp.n_expert_used,
                             &ctx.rs);
-    if (!rc && (!ctx.logits || !ctx.pw || !ctx.pred || !ctx.trace || !ctx.sim))
+    if (!rc &&
+        (!ctx.logits || !ctx.emb || !ctx.x || !ctx.pw || !ctx.pred || !ctx.trace || !ctx.sim))
         rc = err_set(-ENOMEM, "out of memory");
     rc = rc ? rc : sr_run(&o, st, &ctx, &tx, &n_texts, &n_tokens);
     if (rc) {
@@ -319,6 +365,8 @@ out:
     texts_close(&tx);
     routing_stats_close(ctx.rs);
     free(ctx.logits);
+    free(ctx.emb);
+    free(ctx.x);
     free(ctx.pw);
     free(ctx.pred);
     free(ctx.trace);

@@ -2,7 +2,10 @@
  * prefetcher live on: per layer, how concentrated expert popularity is (share of activations
  * taken by the top 10% / 20% of experts), how soon a selected expert is selected again at the
  * same layer (reuse distance in tokens), and how well applying layer l+d's router to layer l's
- * MoE input predicts layer l+d's top-k (recall at depth d = 1..ROUTING_DEPTHS). */
+ * MoE input predicts layer l+d's top-k (recall at depth d = 1..ROUTING_DEPTHS), and how well
+ * applying layer l's router to the token's own embedding (ffn-normed) predicts it: what a
+ * predictor knows of a token before the model has run on it, such as a drafted token before its
+ * verify pass. */
 #ifndef STRATA_ROUTING_STATS_H
 #define STRATA_ROUTING_STATS_H
 
@@ -21,6 +24,8 @@ struct routing_layer_report {
     /* [d-1], for layer l >= d: (token, expert) pairs predicted from layer l-d, and of them
      * those the layer selected; recall at depth d is predicted_hit[d-1] / predicted[d-1] */
     uint64_t predicted[ROUTING_DEPTHS], predicted_hit[ROUTING_DEPTHS];
+    /* pairs predicted from the token's embedding, and of them those the layer selected */
+    uint64_t emb_predicted, emb_hit;
 };
 
 struct routing_stats;
@@ -42,15 +47,22 @@ void routing_stats_add(struct routing_stats *rs, int layer, int tok, const int32
 void routing_stats_predict(struct routing_stats *rs, int layer, int depth, int tok,
                            const int32_t *pred);
 
+/* Scores a prediction of layer's k experts for one token made from its embedding against the k
+ * the layer selected. Ignored unless 0 <= layer < n_layer. */
+void routing_stats_embedding(struct routing_stats *rs, int layer, const int32_t *pred,
+                             const int32_t *actual);
+
 /* Fills the report of one layer. */
 void routing_stats_layer(const struct routing_stats *rs, int layer, struct routing_layer_report *r);
 
 /* Prints the per-layer table (recall at depth 1 as "recall", then "recall@2".."recall@4";
- * "-" where a layer has no prediction at that depth) and the totals over all layers. */
+ * "-" where a layer has no prediction at that depth; then "emb", the recall from the token's
+ * embedding) and the totals over all layers. */
 void routing_stats_print(const struct routing_stats *rs, FILE *f);
 
 /* Writes the per-layer figures as whitespace-separated columns (for gnuplot): layer, top10,
- * top20, reuse1, reuse8, then recall at depths 1..ROUTING_DEPTHS (NaN: no prediction). */
+ * top20, reuse1, reuse8, then recall at depths 1..ROUTING_DEPTHS and from the embedding (NaN:
+ * no prediction). */
 int routing_stats_write_dat(const struct routing_stats *rs, const char *path);
 
 #endif

@@ -29,12 +29,13 @@ static int split_ws(char *line, char **tok, int max)
     return n;
 }
 
-/* The printed table: the header, then per layer (and "all") the four recall columns. */
+/* The printed table: the header, then per layer (and "all") the four recall columns and the
+ * embedding's ("-": none predicted in these sequences). */
 static void check_table(const struct routing_stats *rs, int n_layer, const char *const want[][4])
 {
-    static const char *const head[12] = {"layer",   "selections", "top10%",   "top20%",
-                                         "reuse@1", "reuse<=8",   "<=64",     "first",
-                                         "recall",  "recall@2",   "recall@3", "recall@4"};
+    static const char *const head[13] = {"layer",    "selections", "top10%", "top20%", "reuse@1",
+                                         "reuse<=8", "<=64",       "first",  "recall", "recall@2",
+                                         "recall@3", "recall@4",   "emb"};
     FILE *f = tmpfile();
     char line[512], *tok[16];
     int n;
@@ -46,15 +47,16 @@ static void check_table(const struct routing_stats *rs, int n_layer, const char 
     rewind(f);
     CHECK(fgets(line, sizeof(line), f) != NULL, "no header");
     n = split_ws(line, tok, 16);
-    CHECK(n == 12, "header has %d columns, want 12", n);
-    for (int i = 0; i < n && i < 12; i++)
+    CHECK(n == 13, "header has %d columns, want 13", n);
+    for (int i = 0; i < n && i < 13; i++)
         CHECK(!strcmp(tok[i], head[i]), "header column %d: '%s', want '%s'", i, tok[i], head[i]);
     for (int l = 0; l <= n_layer; l++) { /* the last row is the totals */
         CHECK(fgets(line, sizeof(line), f) != NULL, "no row %d", l);
         n = split_ws(line, tok, 16);
-        CHECK(n == 12, "row %d has %d columns, want 12", l, n);
-        if (n != 12)
+        CHECK(n == 13, "row %d has %d columns, want 13", l, n);
+        if (n != 13)
             continue;
+        CHECK(!strcmp(tok[12], "-"), "row %d: embedding recall '%s', want '-'", l, tok[12]);
         CHECK(l < n_layer || !strcmp(tok[0], "all"), "totals row starts with '%s'", tok[0]);
         for (int d = 0; d < ROUTING_DEPTHS; d++)
             CHECK(!strcmp(tok[8 + d], want[l][d]), "row %d depth %d: '%s', want '%s'", l, d + 1,
@@ -160,6 +162,18 @@ int main(void)
           (unsigned long long)r.predicted_hit[0], (unsigned long long)r.predicted[0]);
     routing_stats_layer(rs, 0, &r);
     CHECK(r.predicted[0] == 0, "layer 0 has no predictions");
+
+    /* from the embedding: {3,4} vs {4,3}: 2 of 2; {5,6} vs {6,7}: 1 of 2; out of range ignored */
+    const int32_t e0[2] = {3, 4}, ea0[2] = {4, 3}, e1[2] = {5, 6}, ea1[2] = {6, 7};
+    routing_stats_embedding(rs, 0, e0, ea0);
+    routing_stats_embedding(rs, 0, e1, ea1);
+    routing_stats_embedding(rs, 2, e1, ea1);
+    routing_stats_embedding(rs, -1, e1, ea1);
+    routing_stats_layer(rs, 0, &r);
+    CHECK(r.emb_predicted == 4 && r.emb_hit == 3, "embedding recall %llu/%llu",
+          (unsigned long long)r.emb_hit, (unsigned long long)r.emb_predicted);
+    routing_stats_layer(rs, 1, &r);
+    CHECK(r.emb_predicted == 0, "layer 1 has no embedding predictions");
 
     /* a new text: expert 0 again at t0 is a first selection, then distance 12 is 9..64 */
     routing_stats_new_text(rs);
