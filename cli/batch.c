@@ -156,6 +156,8 @@ struct batch {
     int n_total, n_done, n_failed, n_written;
     long long n_tokens;
     long long n_verify, n_drafted, n_accepted; /* --spec */
+    long long drafted_at[16], accepted_at[16]; /* --spec: by position in their pass (the 16th
+                                                * and later ones in the last entry) */
     double t0, t_shown;
     bool tty, shown;
     struct chat_style style; /* how chat jobs are rendered: the model's format, read from its
@@ -1431,6 +1433,8 @@ static int batch_verify(struct batch *b, struct batch_slot *sl, float *rows)
         return batch_sample(b, sl, rows);
     b->n_verify++;
     b->n_drafted += k;
+    for (int i = 0; i < k; i++)
+        b->drafted_at[i < 16 ? i : 15]++;
     for (int i = 0; i < k; i++) {
         bool ok;
         int32_t t = strata_sampler_sample_draft(sl->sm, rows + (size_t)i * nv, sl->drafts[i], &ok);
@@ -1440,6 +1444,7 @@ static int batch_verify(struct batch *b, struct batch_slot *sl, float *rows)
             goto out;
         }
         acc++;
+        b->accepted_at[i < 16 ? i : 15]++;
         if ((rc = batch_take(b, sl, t, base + 1 + i)) || !sl->job)
             goto out;
     }
@@ -1719,12 +1724,18 @@ int cmd_batch(int argc, char **argv)
                 "strata batch: %d lines done in %.1f s, %lld tokens generated (%.1f "
                 "tok/s); results in %s\n",
                 b.n_done, dt, b.n_tokens, dt > 0 ? b.n_tokens / dt : 0.0, b.bo.out);
-        if (b.n_verify)
+        if (b.n_verify) {
             fprintf(stderr,
                     "strata batch: speculative: %lld verify passes, %lld drafted, %lld accepted "
-                    "(%.1f%%)\n",
+                    "(%.1f%%), %.2f tokens per pass\n",
                     b.n_verify, b.n_drafted, b.n_accepted,
-                    b.n_drafted ? 100.0 * b.n_accepted / b.n_drafted : 0.0);
+                    b.n_drafted ? 100.0 * b.n_accepted / b.n_drafted : 0.0,
+                    (double)(b.n_accepted + b.n_verify) / (double)b.n_verify);
+            fprintf(stderr, "strata batch: speculative: accepted by draft position:");
+            for (int i = 0; i < 16 && b.drafted_at[i]; i++)
+                fprintf(stderr, " %d:%.0f%%", i + 1, 100.0 * b.accepted_at[i] / b.drafted_at[i]);
+            fprintf(stderr, "\n");
+        }
         if (b.n_failed) {
             fprintf(stderr,
                     "strata batch: %d of %d lines failed: their error objects are in "

@@ -8,7 +8,7 @@
 #     repeated pair of tokens drafts nothing; its numbers are the same on a second run;
 #  3. strata batch --spec ngram writes the greedy lines strata batch writes without it, and a
 #     sampled line the same text at --streams 1 and 3; --spec draft (the model as its own draft)
-#     the same greedy lines, every draft kept;
+#     the same greedy lines, every draft kept (100% at each draft position);
 #  4. bad options: --spec other, --draft-max without --spec, --draft-max 0, a missing -f,
 #     --spec draft without -md, -md without --spec draft: exit 2; a draft model whose
 #     vocabulary differs, and --spec mtp on a model without an MTP block: exit 1 naming it
@@ -91,6 +91,10 @@ head -3 "$tmp/in.jsonl" >"$tmp/in3.jsonl" # the greedy lines
     fail "batch --spec draft changed greedy lines"
 grep -q "speculative: [0-9]* verify passes, \([0-9]*\) drafted, \1 accepted" "$tmp/err" ||
     fail "batch --spec draft with the model itself: $(cat "$tmp/err")"
+# every position of every pass kept, so each listed position reads 100%
+pos=$(grep "accepted by draft position:" "$tmp/err" | sed 's/.*position://')
+[ -n "$pos" ] && [ -z "$(tr ' ' '\n' <<<"$pos" | grep -v '^$' | grep -v ':100%$')" ] ||
+    fail "batch --spec draft by position: $(cat "$tmp/err")"
 
 "$strata" run -m "$model" --device cpu -t 2 -n 4 -p x --spec mtp >/dev/null 2>"$tmp/err"
 [ $? = 1 ] && grep -q "this model has no MTP block" "$tmp/err" || fail "--spec mtp without a block: $(cat "$tmp/err")"
