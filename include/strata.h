@@ -465,6 +465,10 @@ struct strata_stats {
                                 * the count its timing picked) */
     int cpu_moe_layers;        /* static placement's CPU layers */
     double cpu_lane_seconds;   /* wall seconds the CPU lane spent on experts */
+    double lane_pcie_bps;      /* hybrid: the PCIe lane's bytes/s, measured at open */
+    double lane_cpu_bps_open;  /* hybrid: the CPU lane's, measured at open (the host's read
+                                * bandwidth with its threads) */
+    double lane_cpu_bps;       /* hybrid: the CPU lane's, learned from its calls (0: none) */
     bool has_cache;            /* the rest is the expert cache's, over all layers so far */
     int slots;
     uint64_t hits, misses, evictions;

@@ -48,7 +48,10 @@ struct moe_layer {
     float *w_gpu;        /* (max_tok, k) device, or NULL */
     float *w_gpu_h;      /* (max_tok, k) host */
     uint8_t *on_cpu;     /* (n_expert) host */
-    struct lane_model lanes; /* hybrid's cost model, measured at open */
+    struct lane_model lanes;     /* hybrid's cost model, measured at open; cpu_bps then learned */
+    double cpu_bps_open;         /* lanes.cpu_bps as measured at open */
+    double cpu_w_bytes, cpu_w_s; /* the CPU lane's calls: decayed sums of bytes and seconds */
+    bool lanes_given;            /* cfg.lane_*_bps set the model: nothing is learned */
     struct lane_item *items; /* (n_expert) scratch of the split */
     uint8_t *item_lane;
     double cpu_s;        /* wall seconds in the CPU lane */
@@ -189,6 +192,33 @@ static int ml_run_cpu_layer(struct moe_layer *ml, const struct moe_args *a, cons
     return rc;
 }
 
+/* Hybrid: the CPU lane's rate learned from its calls. The rate measured at open is the host's
+ * read bandwidth, which the expert kernels reach only in part (on the H200 machine's 16 vCPUs
+ * they stop scaling past 8-12 threads, bench/cpu-decode.md), so a split on it gives the CPU
+ * more than it finishes in time. Each call's seconds, less its pairs' arithmetic
+ * (cpu_pair_s), over its experts' bytes is a sample; the rate is the ratio of their sums, each
+ * older call weighing 0.9 less (through the origin: a call's fixed cost counts as bytes), and
+ * never above the measured bandwidth. Not with the lanes given (tests want a fixed split). */
+static void ml_learn_cpu(struct moe_layer *ml, const struct moe_args *a, double seconds)
+{
+    const struct moe_plan *p = &ml->plan;
+    int n = 0, pairs = 0;
+    for (int i = 0; i < p->n_active; i++)
+        if (p->lane[i] == MOE_LANE_CPU)
+            n++, pairs += p->offset[i + 1] - p->offset[i];
+    if (ml->lanes_given || n == 0 || !(seconds > 0))
+        return;
+    const struct layer_weights *lw = a->lw;
+    double bytes = (double)(lw->gate_exps.bytes + lw->up_exps.bytes + lw->down_exps.bytes) /
+                   a->hp->n_expert * n;
+    double s = seconds - pairs * ml->lanes.cpu_pair_s;
+    s = s > 0.1 * seconds ? s : 0.1 * seconds;
+    ml->cpu_w_bytes = 0.9 * ml->cpu_w_bytes + bytes;
+    ml->cpu_w_s = 0.9 * ml->cpu_w_s + s;
+    double rate = ml->cpu_w_bytes / ml->cpu_w_s;
+    ml->lanes.cpu_bps = rate < ml->cpu_bps_open ? rate : ml->cpu_bps_open;
+}
+
 /* Hybrid: the experts the cache gave to the CPU, computed here while the GPU kernel (which
  * reads zeros for them) runs, and added to its output. */
 static int ml_hybrid_add(struct moe_layer *ml, const struct moe_args *a, float *out, int nt)
@@ -204,7 +234,10 @@ static int ml_hybrid_add(struct moe_layer *ml, const struct moe_args *a, float *
             j++;
         ml->plan.lane[i] = j < n_cpu && cpu[j] == ml->plan.expert[i] ? MOE_LANE_CPU : MOE_LANE_GPU;
     }
+    double s0 = ml->cpu_s;
     int rc = ml_cpu_run(ml, a, ml->in_h, ml->out_h);
+    if (!rc)
+        ml_learn_cpu(ml, a, ml->cpu_s - s0);
     rc = rc ? rc : ml->ops->to_device(ml->dev, ml->cpu_partial, ml->out_h, sizeof(float) * nt * e);
     rc = rc ? rc : ml->ops->add(ml->dev, out, ml->cpu_partial, (size_t)nt * e);
     return rc ? err_set(rc, "layer %d: adding the CPU lane's experts failed", a->layer) : 0;
@@ -446,6 +479,8 @@ static int ml_open_hybrid(struct moe_layer *ml)
                             .pcie_bps = ml->ops->h2d_bandwidth(ml->dev),
                             .cpu_bps = membw_measure((size_t)256 << 20, omp_get_max_threads(), 3),
                         };
+    ml->lanes_given = given;
+    ml->cpu_bps_open = ml->lanes.cpu_bps;
     int rc = ml_open_cpu_lane(ml);
     if (!rc && !given) {
         struct moe_experts ex;
@@ -817,6 +852,14 @@ int moe_layer_cache_totals(const struct moe_layer *ml, struct moe_cache_totals *
 double moe_layer_cpu_seconds(const struct moe_layer *ml)
 {
     return ml->cpu_s;
+}
+
+void moe_layer_lane_rates(const struct moe_layer *ml, double *pcie_bps, double *cpu_bps_open,
+                          double *cpu_bps)
+{
+    *pcie_bps = ml->lanes.pcie_bps;
+    *cpu_bps_open = ml->cpu_bps_open;
+    *cpu_bps = ml->cpu_w_s > 0 ? ml->lanes.cpu_bps : 0;
 }
 
 int moe_layer_cpu_layers(const struct moe_layer *ml)

@@ -313,6 +313,9 @@ bool backend_cuda_tier_stats(const struct backend *b, struct disk_tier_stats *ou
 /* Wall seconds the CPU lane has spent computing experts (static placement and hybrid), since
  * the backend opened: its busy time. */
 double backend_cuda_cpu_lane_seconds(const struct backend *b);
+/* moe_layer_lane_rates of the backend's MoE layer. */
+void backend_cuda_lane_rates(const struct backend *b, double *pcie_bps, double *cpu_bps_open,
+                             double *cpu_bps);
 
 /* Layers whose experts run on the CPU (static placement), 0 when none. */
 int backend_cuda_cpu_moe_layers(const struct backend *b);

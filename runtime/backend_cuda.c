@@ -1632,6 +1632,12 @@ double backend_cuda_cpu_lane_seconds(const struct backend *b)
     return moe_layer_cpu_seconds(((const struct backend_cuda *)b)->moe);
 }
 
+void backend_cuda_lane_rates(const struct backend *b, double *pcie_bps, double *cpu_bps_open,
+                             double *cpu_bps)
+{
+    moe_layer_lane_rates(((const struct backend_cuda *)b)->moe, pcie_bps, cpu_bps_open, cpu_bps);
+}
+
 int backend_cuda_cpu_moe_layers(const struct backend *b)
 {
     return moe_layer_cpu_layers(((const struct backend_cuda *)b)->moe);

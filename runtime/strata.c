@@ -856,6 +856,8 @@ void strata_get_stats(const struct strata *s, struct strata_stats *out)
     out->graph = backend_cuda_graph(s->core);
     out->cpu_moe_layers = backend_cuda_cpu_moe_layers(s->core);
     out->cpu_lane_seconds = backend_cuda_cpu_lane_seconds(s->core);
+    backend_cuda_lane_rates(s->core, &out->lane_pcie_bps, &out->lane_cpu_bps_open,
+                            &out->lane_cpu_bps);
     if (backend_cuda_cache_totals(s->core, &t) == 0) {
         out->has_cache = true;
         out->slots = t.slots;
@@ -905,6 +907,14 @@ int strata_print_cache_stats(const struct strata *s, FILE *f)
 {
     int rc = s->cuda && s->core ? backend_cuda_print_stats(s->core, f) : 0;
     strata_print_tier_stats(s, f);
+    struct strata_stats st;
+    strata_get_stats(s, &st);
+    if (st.lane_cpu_bps > 0)
+        fprintf(f,
+                "hybrid lanes: PCIe %.1f GB/s; CPU %.1f GB/s as learned from its calls (%.1f "
+                "GB/s measured at open), %.2f s computing experts\n",
+                st.lane_pcie_bps / 1e9, st.lane_cpu_bps / 1e9, st.lane_cpu_bps_open / 1e9,
+                st.cpu_lane_seconds);
     return rc;
 }
 

@@ -888,6 +888,7 @@ struct run {
     int cpu_layers;
     double cpu_lane_s;    /* the backend's CPU-lane busy time */
     uint64_t tier_misses; /* the host tier's reads from the file (static with host_budget) */
+    double lane_cpu_open, lane_cpu; /* hybrid: the CPU lane's rate at open and as learned */
 };
 
 /* A residency profile's frozen set restored into the cache after open (run), or none. */
@@ -925,6 +926,8 @@ static int run(const char *path, const struct backend_cuda_config *cc, int n_ctx
         backend_cuda_cache_totals(b, &out->tot);
         out->cpu_layers = backend_cuda_cpu_moe_layers(b);
         out->cpu_lane_s = backend_cuda_cpu_lane_seconds(b);
+        double pcie;
+        backend_cuda_lane_rates(b, &pcie, &out->lane_cpu_open, &out->lane_cpu);
         struct disk_tier_stats ts;
         out->tier_misses = backend_cuda_tier_stats(b, &ts) ? ts.misses : 0;
     }
@@ -1124,6 +1127,8 @@ static void hybrid_tier(const char *path, const int32_t *prompt)
               (unsigned long long)r.tot.bytes_zerocopy);
         CHECK(r.tier_misses >= (uint64_t)N_STEPS, "%s: the host tier read %llu times", path,
               (unsigned long long)r.tier_misses);
+        CHECK(r.lane_cpu == 0 && ref.lane_cpu == 0, "%s: lanes given, yet a rate was learned",
+              path);
     }
     free(ref.logits);
     free(r.logits);
@@ -1264,6 +1269,11 @@ static void close_enough(const char *path, const char *what,
           "%s: CPU lane busy for %g s", what, r.cpu_lane_s);
     CHECK(!cc->host_budget || r.tier_misses >= (uint64_t)N_STEPS,
           "%s: the host tier read %llu times", what, (unsigned long long)r.tier_misses);
+    /* the hybrid lane learns the CPU's rate from its calls, never above the one measured */
+    if (cc->hybrid)
+        CHECK(r.lane_cpu > 0 && r.lane_cpu <= r.lane_cpu_open,
+              "%s: the CPU lane's rate: learned %g B/s, measured at open %g", what, r.lane_cpu,
+              r.lane_cpu_open);
     free(r.logits);
 }
 
