@@ -14,7 +14,8 @@
 # budget's static row from the mapping; HYBRID=1 adds the hybrid placement through the tier at
 # the first budget; CHUNKS="0 1024" runs each tier row of static placement and the expert cache
 # (outside FULL's extra rows) with whole parts and with demand reads in pieces of 1 MiB
-# (STRATA_TIER_CHUNK_KIB); BENCH235 sets the 235b runs' -p/-n.
+# (STRATA_TIER_CHUNK_KIB); BENCH235 sets the 235b runs' -p/-n. ONLY_HYBRID=1 runs the hybrid
+# row alone, once for each build folder in HYBRID_BINS (default .carry/bin).
 # The 235b runs only static placement from the mapping and through the tier at the first
 # budget, and the expert cache through the tier at both.
 # Models: the 30b-a3b preset (48 layers, 17.6 GiB of experts) and the 235b-a22b preset cut to
@@ -39,11 +40,11 @@ limited() {
     echo $((lim << 30)) >"$cg/memory.max"
     sync
     echo 3 >/proc/sys/vm/drop_caches
-    echo "### [memory.max ${lim}G] ${PRE:+$PRE }strata bench -m $(basename "$F") --vram-budget 8G $*" | tee -a "$R"
+    echo "### [memory.max ${lim}G] ${PRE:+$PRE }${SB:+$SB/}strata bench -m $(basename "$F") --vram-budget 8G $*" | tee -a "$R"
     local t0=$SECONDS
     # shellcheck disable=SC2086
     env ${PRE:-} timeout "${TMO:-90}" bash -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cg" \
-        "$B/strata" bench -m "$F" --vram-budget 8G --bw-gib 0.5 --tg random $BENCH_N "$@" 2>&1 |
+        "${SB:-$B}/strata" bench -m "$F" --vram-budget 8G --bw-gib 0.5 --tg random $BENCH_N "$@" 2>&1 |
         grep -E "$keep" | tee -a "$R"
     local rc=${PIPESTATUS[0]} peak
     peak=$(cat "$cg/memory.peak" 2>/dev/null || echo 0)
@@ -58,7 +59,12 @@ model() { # NAME BUDGET1 BUDGET2 GEN-ARGS... ($FULL: every run above, else the s
     "$B/strata" gen "$@" -q -o "$F" 2>&1 | tail -1 | tee -a "$R"
     sync
     echo "gen + sync: $((SECONDS - t0)) s" | tee -a "$R"
-    local l1=$((${b1%G} + MARGIN)) l2=$((${b2%G} + MARGIN))
+    local l1=$((${b1%G} + MARGIN)) l2=$((${b2%G} + MARGIN)) hb
+    if [ -n "${ONLY_HYBRID:-}" ]; then
+        for hb in ${HYBRID_BINS:-$B}; do SB=$hb limited $l1 --placement hybrid --host-budget "$b1"; done
+        rm -f "$F"
+        return
+    fi
     [ -n "${SKIP_MAP:-}" ] || limited $l1 --placement static --host-budget 0
     tiered $l1 --placement static --host-budget "$b1"
     tiered $l1 --placement stream --host-budget "$b1"
