@@ -68,6 +68,19 @@ struct moe_layer {
 
 /* ---- the CPU lane ------------------------------------------------------------------------- */
 
+static void *ml_host_alloc(struct moe_layer *ml, size_t bytes)
+{
+    return ml->ops->host_alloc ? ml->ops->host_alloc(ml->dev, bytes) : malloc(bytes);
+}
+
+static void ml_host_free(struct moe_layer *ml, void *p)
+{
+    if (ml->ops->host_free)
+        ml->ops->host_free(ml->dev, p);
+    else
+        free(p);
+}
+
 static int ml_open_cpu_lane(struct moe_layer *ml)
 {
     const struct model_hparams *hp = &ml->m->hp;
@@ -75,10 +88,14 @@ static int ml_open_cpu_lane(struct moe_layer *ml)
     if (ml->cpu)
         return 0;
     if (!ml->ops->host) { /* a host device's buffers are host memory already */
-        ml->in_h = malloc(sizeof(float) * t * hp->n_embd);
+        /* what comes back from the device is page-locked, so that reading it back costs no
+         * wait of its own (the expert cache's sync of the layer covers it); out_h stays
+         * pageable: to_device may return as soon as it is staged, and the next layer's lane
+         * writes it again */
+        ml->in_h = ml_host_alloc(ml, sizeof(float) * t * hp->n_embd);
         ml->out_h = malloc(sizeof(float) * t * hp->n_embd);
-        ml->ids_h = malloc(sizeof(int32_t) * t * k);
-        ml->w_h = malloc(sizeof(float) * t * k);
+        ml->ids_h = ml_host_alloc(ml, sizeof(int32_t) * t * k);
+        ml->w_h = ml_host_alloc(ml, sizeof(float) * t * k);
         if (!ml->in_h || !ml->out_h || !ml->ids_h || !ml->w_h)
             return err_set(-ENOMEM, "the CPU expert lane: out of memory");
     }
@@ -685,10 +702,13 @@ void moe_layer_close(struct moe_layer *ml)
     free(ml->on_cpu);
     moe_cpu_close(ml->cpu);
     moe_plan_free(&ml->plan);
-    free(ml->in_h);
+    if (ml->in_h)
+        ml_host_free(ml, ml->in_h);
     free(ml->out_h);
-    free(ml->ids_h);
-    free(ml->w_h);
+    if (ml->ids_h)
+        ml_host_free(ml, ml->ids_h);
+    if (ml->w_h)
+        ml_host_free(ml, ml->w_h);
     free(ml->items);
     free(ml->item_lane);
     free(ml->obs_ids);

@@ -55,7 +55,12 @@ struct moe_device_ops {
     int (*route)(void *dev, const struct layer_weights *lw, const float *in, int n_tok,
                  int32_t *ids, float *w);
     int (*experts)(void *dev, const struct moe_expert_call *call);
+    /* enqueued on the device's stream: done when the caller (or the expert cache) syncs it */
     int (*to_host)(void *dev, void *host, const void *src, size_t bytes);
+    /* Page-locked host memory to_host lands in without waiting for the stream at the call
+     * (pageable memory makes each such copy wait for it); NULL: malloc / free. */
+    void *(*host_alloc)(void *dev, size_t bytes);
+    void (*host_free)(void *dev, void *p);
     /* the source may be reused once the call returns */
     int (*to_device)(void *dev, void *dst, const void *host, size_t bytes);
     int (*add)(void *dev, float *x, const float *y, size_t n); /* x (n) += y (n) */

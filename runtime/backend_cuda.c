@@ -1739,6 +1739,19 @@ static int cuda_moe_to_host(void *dev, void *host, const void *src, size_t bytes
     return rc ? backend_cuda_fail(rc, "a copy to the host") : 0;
 }
 
+static void *cuda_moe_host_alloc(void *dev, size_t bytes)
+{
+    void *p = NULL, *mapped = NULL;
+    (void)dev;
+    return cuda_host_alloc(&p, bytes, &mapped) ? NULL : p;
+}
+
+static void cuda_moe_host_free(void *dev, void *p)
+{
+    (void)dev;
+    cuda_host_free(p);
+}
+
 static int cuda_moe_to_device(void *dev, void *dst, const void *host, size_t bytes)
 {
     /* pageable source: the call returns once it is staged, so the caller may reuse it */
@@ -1782,6 +1795,8 @@ static const struct moe_device_ops cuda_moe_ops = {
     .route = cuda_moe_route,
     .experts = cuda_moe_experts,
     .to_host = cuda_moe_to_host,
+    .host_alloc = cuda_moe_host_alloc,
+    .host_free = cuda_moe_host_free,
     .to_device = cuda_moe_to_device,
     .add = cuda_moe_add,
     .sync = cuda_moe_sync,
