@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU machine: the hybrid placement with the CPU lane's rate learned from its calls (the build
 # in .carry/bin) against the same split on the rate measured at open (a build before that, in
-# .carry/base; BUILDS: other folders of builds in .carry, e.g. a third, mid/), side by side in
-# one lease: the 30b-a3b preset at --vram-budget 8G and 4G
+# .carry/base; BUILDS: other folders of builds in .carry, e.g. a third, mid/; ENVS: settings
+# each build's hybrid runs under, e.g. "X=1 STRATA_LANE_LEARN=0"), side by side in one lease: the 30b-a3b preset at --vram-budget 8G and 4G
 # (ROUNDS rounds, the builds interleaved; `strata bench -p 64 -n 64 --tg random`), the copy
 # path at both once for reference, then unless SKIP_TIER=1 the 235b-a22b preset cut to 30 layers
 # through an 11 GiB host tier under a 15 GiB memory limit (bench/device-tier-limit.sh's hybrid
@@ -15,9 +15,11 @@ gen_30b
 for round in $(seq "${ROUNDS:-2}"); do
     for budget in 8G 4G; do
         for bin in ${BUILDS:-.carry/base .carry/bin}; do
-            echo "### round $round: $bin/strata bench -m 30b.gguf --vram-budget $budget --placement hybrid -p 64 -n 64 --tg random" | tee -a "$R"
-            timeout 120 "$bin/strata" bench -m $M --vram-budget $budget --placement hybrid -p 64 -n 64 \
-                --tg random --bw-gib 0.5 2>&1 | grep -E "$keep" | tee -a "$R"
+            for e in ${ENVS:-X=1}; do
+                echo "### round $round: $e $bin/strata bench -m 30b.gguf --vram-budget $budget --placement hybrid -p 64 -n 64 --tg random" | tee -a "$R"
+                env "$e" timeout 120 "$bin/strata" bench -m $M --vram-budget $budget --placement hybrid \
+                    -p 64 -n 64 --tg random --bw-gib 0.5 2>&1 | grep -E "$keep" | tee -a "$R"
+            done
         done
     done
 done

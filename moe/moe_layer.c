@@ -51,7 +51,8 @@ struct moe_layer {
     struct lane_model lanes;     /* hybrid's cost model, measured at open; cpu_bps then learned */
     double cpu_bps_open;         /* lanes.cpu_bps as measured at open */
     double cpu_w_bytes, cpu_w_s; /* the CPU lane's calls: decayed sums of bytes and seconds */
-    bool lanes_given;            /* cfg.lane_*_bps set the model: nothing is learned */
+    bool lanes_fixed;            /* nothing is learned: cfg.lane_*_bps set the model, or
+                                  * STRATA_LANE_LEARN=0 (for comparison) */
     struct lane_item *items; /* (n_expert) scratch of the split */
     uint8_t *item_lane;
     double cpu_s;        /* wall seconds in the CPU lane */
@@ -215,7 +216,8 @@ static int ml_run_cpu_layer(struct moe_layer *ml, const struct moe_args *a, cons
  * more than it finishes in time. Each call's seconds, less its pairs' arithmetic
  * (cpu_pair_s), over its experts' bytes is a sample; the rate is the ratio of their sums, each
  * older call weighing 0.9 less (through the origin: a call's fixed cost counts as bytes), and
- * never above the measured bandwidth. Not with the lanes given (tests want a fixed split). */
+ * never above the measured bandwidth. Not with the lanes given (tests want a fixed split), nor
+ * with STRATA_LANE_LEARN=0. */
 static void ml_learn_cpu(struct moe_layer *ml, const struct moe_args *a, double seconds)
 {
     const struct moe_plan *p = &ml->plan;
@@ -223,7 +225,7 @@ static void ml_learn_cpu(struct moe_layer *ml, const struct moe_args *a, double 
     for (int i = 0; i < p->n_active; i++)
         if (p->lane[i] == MOE_LANE_CPU)
             n++, pairs += p->offset[i + 1] - p->offset[i];
-    if (ml->lanes_given || n == 0 || !(seconds > 0))
+    if (ml->lanes_fixed || n == 0 || !(seconds > 0))
         return;
     const struct layer_weights *lw = a->lw;
     double bytes = (double)(lw->gate_exps.bytes + lw->up_exps.bytes + lw->down_exps.bytes) /
@@ -496,7 +498,8 @@ static int ml_open_hybrid(struct moe_layer *ml)
                             .pcie_bps = ml->ops->h2d_bandwidth(ml->dev),
                             .cpu_bps = membw_measure((size_t)256 << 20, omp_get_max_threads(), 3),
                         };
-    ml->lanes_given = given;
+    const char *learn = getenv("STRATA_LANE_LEARN");
+    ml->lanes_fixed = given || (learn && !strcmp(learn, "0"));
     ml->cpu_bps_open = ml->lanes.cpu_bps;
     int rc = ml_open_cpu_lane(ml);
     if (!rc && !given) {
