@@ -881,9 +881,9 @@ static void bench_print(const struct bench_opts *o, struct strata *st, const str
         printf("lanes        CPU lane busy %.0f%% of decode (%.2f ms of experts per token)\n",
                100.0 * lane_s / r->t_tg, 1e3 * lane_s / o->n_gen);
     if (o->cuda && now.lane_cpu_bps > 0)
-        printf("lanes        the split's rates: PCIe %.1f GB/s, CPU %.1f GB/s learned from its "
-               "calls (%.1f GB/s measured at open)\n",
-               now.lane_pcie_bps / 1e9, now.lane_cpu_bps / 1e9, now.lane_cpu_bps_open / 1e9);
+        printf("lanes        measured at open: PCIe %.1f GB/s, CPU %.1f GB/s; the CPU lane ran "
+               "at %.1f GB/s\n",
+               now.lane_pcie_bps / 1e9, now.lane_cpu_bps_open / 1e9, now.lane_cpu_bps / 1e9);
     if (!o->cuda) {
         printf("floor        %.2f tok/s at %.1f GB/s -> decode at %.0f%% of the floor\n",
                1.0 / floor_s, r->bw / 1e9, 100.0 * tg * floor_s);

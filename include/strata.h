@@ -468,7 +468,9 @@ struct strata_stats {
     double lane_pcie_bps;      /* hybrid: the PCIe lane's bytes/s, measured at open */
     double lane_cpu_bps_open;  /* hybrid: the CPU lane's, measured at open (the host's read
                                 * bandwidth with its threads) */
-    double lane_cpu_bps;       /* hybrid: the CPU lane's, learned from its calls (0: none) */
+    double lane_cpu_bps;       /* hybrid: the CPU lane's as its calls ran (bytes over seconds,
+                                * decayed; 0: none yet); the split takes it with
+                                * STRATA_LANE_LEARN=1 */
     bool has_cache;            /* the rest is the expert cache's, over all layers so far */
     int slots;
     uint64_t hits, misses, evictions;

@@ -233,7 +233,7 @@ int moe_layer_cache_totals(const struct moe_layer *ml, struct moe_cache_totals *
 /* Wall seconds the CPU lane has spent computing experts since open. */
 double moe_layer_cpu_seconds(const struct moe_layer *ml);
 /* The hybrid lanes' rates, bytes/s: PCIe and the CPU as measured at open, and the CPU's as
- * learned from its calls (0 before any; 0 for all three without a hybrid lane). */
+ * its calls ran (0 before any; 0 for all three without a hybrid lane). */
 void moe_layer_lane_rates(const struct moe_layer *ml, double *pcie_bps, double *cpu_bps_open,
                           double *cpu_bps);
 /* Layers whose experts run on the CPU lane (static placement), 0 when none. */
