@@ -48,7 +48,8 @@ struct moe_layer {
     float *w_gpu;        /* (max_tok, k) device, or NULL */
     float *w_gpu_h;      /* (max_tok, k) host */
     uint8_t *on_cpu;     /* (n_expert) host */
-    struct lane_model lanes;     /* hybrid's cost model, measured at open; cpu_bps then learned */
+    struct lane_model lanes;     /* hybrid's cost model, measured at open (cpu_bps
+                                  * learned with STRATA_LANE_LEARN=1) */
     double cpu_bps_open;         /* lanes.cpu_bps as measured at open */
     double cpu_w_bytes, cpu_w_s; /* the CPU lane's calls: decayed sums of bytes and seconds */
     double cpu_bps_learned;      /* the CPU lane's rate as its calls ran (0: none yet) */
