@@ -65,8 +65,9 @@ struct bench_opts {
                               * decoding */
     const char *draft_model; /* --spec draft: -md FILE */
     const char *draft_device; /* --draft-device (default auto) */
-    bool spec_draft;
+    bool spec_ngram, spec_draft;
     bool spec_mtp;           /* --spec mtp: the model's MTP block drafts */
+    bool no_lookahead;       /* --spec-lookahead off */
     const int32_t *prompt;   /* the prompt's ids (bench_spec) */
 };
 
@@ -135,7 +136,10 @@ static void bench_usage(void)
            "                        MTP block (mtp; the plain run goes without it); tok/s of\n"
            "                        both, acceptance, tokens per verify pass, expert bytes\n"
            "                        moved per token, the draft model's (block's) share of the\n"
-           "                        time\n"
+           "                        time; with ngram a third run with the lookahead (the\n"
+           "                        drafted run's earlier routing copied ahead, see\n"
+           "                        --spec-lookahead in strata run --help)\n"
+           "      --spec-lookahead on|off  off: no third run\n"
            "      --streams N       then also N streams (each the prompt rotated by its index)\n"
            "                        decoding -n tokens in lockstep, one forward per step:\n"
            "                        aggregate and per-stream tok/s, hit rate and expert bytes\n"
@@ -284,6 +288,7 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         else if (!strcmp(a, "--spec") &&
                  (!strcmp(v, "ngram") || !strcmp(v, "draft") || !strcmp(v, "mtp"))) {
             o->draft_max = o->draft_max ? o->draft_max : 8;
+            o->spec_ngram = !strcmp(v, "ngram");
             o->spec_draft = !strcmp(v, "draft");
             o->spec_mtp = !strcmp(v, "mtp");
         } else if (!strcmp(a, "-md") || !strcmp(a, "--draft-model"))
@@ -293,6 +298,8 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             o->draft_device = v;
         else if (!strcmp(a, "--draft-max"))
             rc = args_i32("bench", a, v, 1, 64, &o->draft_max);
+        else if (!strcmp(a, "--spec-lookahead") && (!strcmp(v, "on") || !strcmp(v, "off")))
+            o->no_lookahead = !strcmp(v, "off");
         else {
             fprintf(stderr, "strata bench: unknown option '%s' (see --help)\n", a);
             return 2;
@@ -565,8 +572,12 @@ static int bench_timed(const struct bench_opts *o, struct strata *st, struct str
  * the same process: tok/s of each, the drafts' statistics and the experts moved per token. */
 static int bench_spec(const struct bench_opts *o, struct strata *st, struct strata_stream *ss)
 {
-    struct strata_generate_stats gs[2];
-    double moved[2] = {0, 0};
+    /* plain, drafts, and for prompt lookup drafts with their lookahead (after the run without
+     * it, so that a cache warmed by the runs before favours the run without) */
+    struct strata_generate_stats gs[3];
+    struct strata_stats pf[3];
+    double moved[3] = {0, 0, 0};
+    const int runs = o->spec_ngram && !o->no_lookahead ? 3 : 2;
     int32_t last;
     int rc = 0;
     struct strata *dm = NULL;
@@ -583,7 +594,7 @@ static int bench_spec(const struct bench_opts *o, struct strata *st, struct stra
         strata_close(dm);
         return 1;
     }
-    for (int k = 0; k < 2 && !rc; k++) {
+    for (int k = 0; k < runs && !rc; k++) {
         struct strata_generate_params p;
         struct strata_stats a, b;
         strata_generate_params_init(&p);
@@ -591,6 +602,7 @@ static int bench_spec(const struct bench_opts *o, struct strata *st, struct stra
         p.sampling.temperature = 0;
         p.ignore_eos = true;
         p.draft_max = k ? o->draft_max : 0;
+        p.no_lookahead = k < 2;
         if (dr) {
             p.draft_fn = strata_drafter_draft;
             p.draft_ctx = dr;
@@ -610,6 +622,14 @@ static int bench_spec(const struct bench_opts *o, struct strata *st, struct stra
         strata_get_stats(st, &b);
         moved[k] = (double)(b.bytes_streamed - a.bytes_streamed) +
                    (double)(b.bytes_zero_copy - a.bytes_zero_copy);
+        pf[k] = (struct strata_stats){
+            .prefetched = b.prefetched - a.prefetched,
+            .prefetch_used = b.prefetch_used - a.prefetch_used,
+            .prefetch_late = b.prefetch_late - a.prefetch_late,
+            .prefetch_wasted = b.prefetch_wasted - a.prefetch_wasted,
+            .hits = b.hits - a.hits,
+            .misses = b.misses - a.misses,
+        };
     }
     if (dr)
         strata_drafter_stats(dr, &d_eval, &d_secs);
@@ -649,6 +669,19 @@ static int bench_spec(const struct bench_opts *o, struct strata *st, struct stra
         printf("; experts moved %.1f MB per token plain, %.1f with drafts", moved[0] / gs[0].n_gen / 1e6,
                moved[1] / gs[1].n_gen / 1e6);
     printf("\n");
+    if (runs == 3) {
+        double t2 = gs[2].n_gen > 1 ? (gs[2].n_gen - 1) / gs[2].t_gen_s : 0;
+        uint64_t acc1 = pf[1].hits + pf[1].misses, acc2 = pf[2].hits + pf[2].misses;
+        printf("spec         with the lookahead: %.2f tok/s = %.2fx plain, %.2fx drafts "
+               "without it; %d of %d passes looked ahead, %lld experts copied ahead (%llu "
+               "used, %llu late, %.1f MB wasted); hit rate %.1f%% (without: %.1f%%); experts "
+               "moved %.1f MB per token\n",
+               t2, t0 > 0 ? t2 / t0 : 0.0, t1 > 0 ? t2 / t1 : 0.0, gs[2].n_lookahead,
+               gs[2].n_verify, gs[2].lookahead_experts, (unsigned long long)pf[2].prefetch_used,
+               (unsigned long long)pf[2].prefetch_late, pf[2].prefetch_wasted / 1e6,
+               acc2 ? 100.0 * pf[2].hits / acc2 : 0.0, acc1 ? 100.0 * pf[1].hits / acc1 : 0.0,
+               gs[2].n_gen ? moved[2] / gs[2].n_gen / 1e6 : 0.0);
+    }
     return 0;
 }
 

@@ -104,6 +104,10 @@ void run_print_stats(const struct strata_generate_stats *st, const struct strata
                 "speculative: %d steps without drafts (drafting paused after passes "
                 "that kept none)\n",
                 st->n_paused);
+    if (st->n_lookahead)
+        fprintf(stderr,
+                "speculative: %d passes looked ahead, %lld experts copied before their pass\n",
+                st->n_lookahead, st->lookahead_experts);
     if (st->n_verify) {
         fprintf(stderr, "speculative: accepted by draft position:");
         for (int i = 0; i < 16 && st->drafted_at[i]; i++)

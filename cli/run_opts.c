@@ -207,6 +207,11 @@ static void run_opts_usage(const char *cmd)
            "      --draft-max K       drafted tokens per pass at most, adapting below it to\n"
            "                          the acceptance rate (default 8 with --spec)\n"
            "      --draft-ngram N     longest suffix looked up, 2..8 (default 3)\n"
+           "      --spec-lookahead on|off\n"
+           "                          with --spec ngram under --vram-budget (copy and hybrid\n"
+           "                          placements): before each verify pass, copy into VRAM\n"
+           "                          the experts each layer chose where the drafted run\n"
+           "                          appeared before (default on)\n"
            "  -md, --draft-model F    the draft model of --spec draft: a small GGUF with the\n"
            "                          same vocabulary (checked token by token)\n"
            "      --draft-device D    where the draft model runs: auto, cpu or cuda (default\n"
@@ -425,6 +430,11 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->draft_max_set = true;
         } else if (IS("--draft-ngram", NULL)) {
             rc = args_i32(cmd, arg, v, 2, 8, &o->gen.draft_ngram);
+        } else if (IS("--spec-lookahead", NULL)) {
+            if (strcmp(v, "on") && strcmp(v, "off"))
+                rc = args_fail(cmd, arg, v, "on or off");
+            o->gen.no_lookahead = !strcmp(v, "off");
+            o->lookahead_set = true;
         } else if (IS("-s", "--seed")) {
             rc = args_u64(cmd, arg, v, 0, UINT64_MAX, &sc->seed);
             o->seed_set = true;
@@ -464,6 +474,10 @@ int run_opts_check(struct run_opts *o, const char *cmd)
         fprintf(stderr, "strata %s: %s\n", cmd,
                 o->spec_draft ? "--spec draft needs --draft-model FILE (-md)"
                               : "--draft-model is the draft model of --spec draft: add it");
+        return 2;
+    }
+    if (o->lookahead_set && !o->spec_ngram) {
+        fprintf(stderr, "strata %s: --spec-lookahead applies to --spec ngram\n", cmd);
         return 2;
     }
     if (o->draft_device && !o->spec_draft) {

@@ -382,6 +382,11 @@ struct strata_generate_params {
      * so far) into out, their number (0: none this time). strata_drafter_draft is one. */
     int (*draft_fn)(void *ctx, const int32_t *hist, int n_hist, int k, int32_t *out);
     void *draft_ctx;
+    /* Prompt-lookup drafts copy a run of earlier tokens, whose routing the model has seen:
+     * before each verify pass, the experts every layer chose at those earlier positions are
+     * copied into VRAM slots (the copy and hybrid placements; docs/speculative.md). true turns
+     * that off; it never changes the output. */
+    bool no_lookahead;
 };
 void strata_generate_params_init(struct strata_generate_params *p);
 
@@ -440,6 +445,8 @@ struct strata_generate_stats {
                                           * later ones in the last entry); of those, accepted */
     int n_paused; /* steps decoded without drafts while drafting was paused (none kept lately:
                    * struct strata_draft_pace) */
+    int n_lookahead;             /* verify passes preceded by a lookahead */
+    long long lookahead_experts; /* experts the lookaheads copied into slots */
 };
 
 /* Receives generated text as it completes (whole UTF-8 characters); nonzero stops. */

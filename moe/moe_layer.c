@@ -35,6 +35,12 @@ struct moe_layer {
     uint64_t *pf_seen;   /* (n_layer + 1) the layer's misses and used prefetches when last seen */
     int *pf_quiet;       /* (n_layer + 1) calls of the layer before it without either */
     uint64_t n_predictions;
+    /* the routing log of the forward under way (moe_layer_set_log): row r's choices at layer l
+     * go to log[r][l * k ..], rows with a NULL entry or beyond n_log are not logged */
+    int32_t *const *log;
+    int n_log;
+    uint64_t n_lookahead; /* lookahead calls, and experts they admitted */
+    uint64_t lookahead_admitted;
     /* the CPU lane */
     struct moe_cpu *cpu;
     struct moe_plan plan;
@@ -373,6 +379,51 @@ static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const f
               : expert_cache_prepare_copy(ml->cache, a->layer, ids, pairs, tab);
 }
 
+/* Whether a call of nt tokens at this layer leaves its routing in host memory: the host's own
+ * routing, or the copy path's read-back. */
+static const int32_t *ml_host_ids(const struct moe_layer *ml, int layer, int nt, const int32_t *ids)
+{
+    if (ml->ops->host)
+        return ids;
+    if (ml->cache && layer >= ml->cpu_layers && !ml_zerocopy(ml, nt) &&
+        !expert_cache_on_device(ml->cache))
+        return expert_cache_host_ids(ml->cache, layer);
+    return NULL;
+}
+
+/* Rows t0 .. t0 + nt of the forward: their choices at this layer into the routing log. */
+static void ml_log(struct moe_layer *ml, const struct moe_args *a, int t0, int nt,
+                   const int32_t *ids)
+{
+    const int k = (int)a->hp->n_expert_used;
+    const int32_t *h = ml_host_ids(ml, a->layer, nt, ids);
+    if (!h)
+        return;
+    for (int r = 0; r < nt && t0 + r < ml->n_log; r++)
+        if (ml->log[t0 + r])
+            memcpy(ml->log[t0 + r] + (size_t)a->layer * k, h + (size_t)r * k,
+                   sizeof(int32_t) * (size_t)k);
+}
+
+void moe_layer_set_log(struct moe_layer *ml, int32_t *const *rows, int n)
+{
+    ml->log = n > 0 ? rows : NULL;
+    ml->n_log = n > 0 ? n : 0;
+}
+
+int moe_layer_lookahead(struct moe_layer *ml, const int32_t *ids, int n)
+{
+    if (!ml->cache || ml->cpu_layers || ml->cfg.fill == MOE_FILL_ZEROCOPY ||
+        ml->cfg.fill == MOE_FILL_DEVICE)
+        return 0;
+    int rc = expert_cache_lookahead(ml->cache, ids, n);
+    if (rc < 0)
+        return rc;
+    ml->n_lookahead++;
+    ml->lookahead_admitted += (uint64_t)rc;
+    return rc;
+}
+
 /* The observer gets the routing in host memory: read back (a sync) on a device. */
 static int ml_observe(struct moe_layer *ml, const struct moe_args *a, const float *in, int nt,
                       int t0, const int32_t *ids)
@@ -423,6 +474,8 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
             break;
         if (ml->cfg.observer && !mtp && (rc = ml_observe(ml, a, in, nt, t0, ids)))
             break;
+        if (ml->log && !mtp && ml->ops->host) /* on a device: after the cache read it back */
+            ml_log(ml, a, t0, nt, ids);
         if (mtp ? ml->ops->host : a->layer < ml->cpu_layers) {
             rc = ml_run_cpu_layer(ml, a, in, out, nt);
             continue;
@@ -430,6 +483,8 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
         struct expert_tables tab = {0};
         if (ml->cache && !mtp && (rc = ml_run_cached(ml, a, in, nt, ids, &tab)))
             break;
+        if (ml->log && !mtp && !ml->ops->host)
+            ml_log(ml, a, t0, nt, ids);
         struct moe_expert_call call = {
             .out = out,
             .in = in,
@@ -877,6 +932,8 @@ int moe_layer_cache_totals(const struct moe_layer *ml, struct moe_cache_totals *
     }
     t->slots = expert_cache_slots(ml->cache);
     t->predictions = ml->n_predictions;
+    t->lookaheads = ml->n_lookahead;
+    t->lookahead_admitted = ml->lookahead_admitted;
     return 0;
 }
 

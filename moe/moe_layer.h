@@ -226,6 +226,7 @@ struct moe_cache_totals {
     uint64_t cpu_admitted; /* of those, also copied into a slot behind their call */
     uint64_t prefetched, prefetch_used, prefetch_late, prefetch_wasted; /* expert_cache.h's */
     uint64_t predictions; /* layer calls that predicted the next layer's experts */
+    uint64_t lookaheads, lookahead_admitted; /* moe_layer_lookahead calls, experts admitted */
     int slots;
 };
 /* The cache's totals over all layers so far; -ENOENT without a cache. */
@@ -238,5 +239,17 @@ void moe_layer_lane_rates(const struct moe_layer *ml, double *pcie_bps, double *
                           double *cpu_bps);
 /* Layers whose experts run on the CPU lane (static placement), 0 when none. */
 int moe_layer_cpu_layers(const struct moe_layer *ml);
+
+/* The routing log of the next forward's calls (rows: one entry per row of the forward, in
+ * order; n = 0 ends it): where the routing reaches host memory (the host backend, the copy and
+ * hybrid paths), row r's k choices at layer l are written to rows[r][l k ..]; rows with a NULL
+ * entry are skipped. Elsewhere (all resident, zero-copy, the GPU's own cache) nothing is
+ * written: the caller fills its log with -1 first. */
+void moe_layer_set_log(struct moe_layer *ml, int32_t *const *rows, int n);
+
+/* Lookahead for the next step (expert_cache_lookahead): ids, n_layer blocks of n (-1: none),
+ * the experts each layer is expected to use. The copy and hybrid placements admit and copy the
+ * ones not resident at once; other placements ignore it. The number admitted, or -errno. */
+int moe_layer_lookahead(struct moe_layer *ml, const int32_t *ids, int n);
 
 #endif

@@ -134,6 +134,18 @@ void expert_cache_predict_next(struct expert_cache *c, const int32_t *pred_dev, 
 void expert_cache_predict_ahead(struct expert_cache *c, const int32_t *pred_dev, int n,
                                 int n_depth);
 
+/* Lookahead (copy path): ids (n_layer blocks of n, -1 for none) are experts each layer is
+ * expected to use in the next step, known before it starts (the routing a speculative draft's
+ * source positions had). Admits those no slot holds, layer by layer, and copies them on the
+ * prefetch stream at once, marked as predictions: the layer that uses one waits only for its
+ * copy, the statistics count them as prefetches (used, late, wasted). A slot in use in the
+ * current call is never taken; otherwise the SLRU's own rules choose victims. No-op with a
+ * host tier or once the device runs the cache. The number admitted, or -errno. */
+int expert_cache_lookahead(struct expert_cache *c, const int32_t *ids, int n);
+
+/* The ids of layer's last prepare_copy call (host memory), valid until its next call. */
+const int32_t *expert_cache_host_ids(const struct expert_cache *c, int layer);
+
 /* The caller's lane choice for the n_miss misses of one call at `layer` (miss_ids ascending;
  * pair_count[e]: the (token, expert) pairs routed to expert e in the call; each expert's gate +
  * up + down are expert_bytes): to_cpu[i] = 1 when miss i is computed on the CPU, else 0 (it is

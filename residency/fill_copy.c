@@ -216,6 +216,27 @@ static bool ec_assign_misses(struct expert_cache *c, int layer, const int32_t *i
     return copied;
 }
 
+/* Admits predicted expert (t, e) on the prefetch stream (c->xfer) with an event behind its
+ * copy, marked prefetched for the statistics and for the wait of the layer that uses it.
+ * Whether it took a slot. */
+static bool ec_pf_admit(struct expert_cache *c, int t, int e, int guard, int *rc)
+{
+    int s = ec_admit_guard(c, t, e, guard, rc);
+    if (s < 0)
+        return false;
+    /* an event behind this expert's copy (gather mode: its pieces launched first) */
+    if (!*rc && c->gather)
+        *rc = ec_flush(c);
+    if (!*rc && !c->slot_ev[s])
+        *rc = cuda_event_create(&c->slot_ev[s]);
+    *rc = *rc ? *rc : cuda_event_record(c->slot_ev[s], c->pf_stream);
+    c->slot_pf_seq[s] = ++c->pf_seq;
+    ec_point_slot(c, t, e, s);
+    c->prefetched[(size_t)t * c->n_expert + e] = 1;
+    c->stats[t].prefetched++;
+    return true;
+}
+
 /* The predictions read back at layer's call, n_pred ids for each of n_depth layers ahead:
  * admitted behind the call's own copies, the next layer's first (never evicting the layer
  * after it, as a miss would not), deeper ones never evicting layer or layer + 1. Deeper blocks
@@ -248,20 +269,7 @@ static int ec_prefetch(struct expert_cache *c, int layer, int n_pred, int n_dept
             int e = c->pred_host[(size_t)j * n_pred + i];
             if (e < 0 || e >= c->n_expert || slru_peek(c->slru, t, e) >= 0)
                 continue;
-            int s = ec_admit_guard(c, t, e, j == 0 ? t : layer, &rc);
-            if (s < 0)
-                continue;
-            /* an event behind this expert's copy (gather mode: its pieces launched first) */
-            if (!rc && c->gather)
-                rc = ec_flush(c);
-            if (!rc && !c->slot_ev[s])
-                rc = cuda_event_create(&c->slot_ev[s]);
-            rc = rc ? rc : cuda_event_record(c->slot_ev[s], c->pf_stream);
-            c->slot_pf_seq[s] = ++c->pf_seq;
-            ec_point_slot(c, t, e, s);
-            c->prefetched[(size_t)t * c->n_expert + e] = 1;
-            c->stats[t].prefetched++;
-            into = true;
+            into |= ec_pf_admit(c, t, e, j == 0 ? t : layer, &rc);
         }
         any |= into;
     }
@@ -482,4 +490,42 @@ void expert_cache_predict_ahead(struct expert_cache *c, const int32_t *pred_dev,
     c->n_pred = n < c->max_pairs ? n : c->max_pairs;
     c->n_depth = n_depth < 1 ? 1 : n_depth > EXPERT_CACHE_MAX_DEPTH ? EXPERT_CACHE_MAX_DEPTH
                                                                      : n_depth;
+}
+
+int expert_cache_lookahead(struct expert_cache *c, const int32_t *ids, int n)
+{
+    int rc = 0, admitted = 0;
+    if (c->dev || c->tier || n <= 0)
+        return 0;
+    /* behind everything the copy stream holds (a victim slot may still be receiving a copy) */
+    rc = ec_flush(c);
+    rc = rc ? rc : cuda_event_record(c->copy_mark, c->copy);
+    rc = rc ? rc : cuda_stream_wait(c->pf_stream, c->copy_mark);
+    c->xfer = c->pf_stream;
+    for (int l = 0; l < c->n_layer && !rc; l++) {
+        c->stamp++;
+        for (int i = 0; i < n && !rc; i++) {
+            int e = ids[(size_t)l * n + i];
+            if (e < 0 || e >= c->n_expert || c->seen[e] == c->stamp)
+                continue;
+            c->seen[e] = c->stamp;
+            if (slru_peek(c->slru, l, e) >= 0)
+                continue;
+            /* no guard: the SLRU's fairness and frequency rules pick the victim, never a
+             * slot in use in the current call */
+            admitted += ec_pf_admit(c, l, e, -1, &rc);
+        }
+    }
+    rc = rc ? rc : ec_flush(c);
+    c->xfer = c->copy;
+    if (admitted && !rc) {
+        rc = cuda_event_record(c->pf_last, c->pf_stream);
+        c->pf_last_set = true;
+    }
+    return rc ? err_set(rc, "expert cache: the lookahead's copies failed") : admitted;
+}
+
+const int32_t *expert_cache_host_ids(const struct expert_cache *c, int layer)
+{
+    return c->ids_host + (size_t)layer * c->max_pairs;
 }

@@ -188,6 +188,9 @@ struct backend_ops {
      * setting by timing decode steps (runtime/tune.h) keeps its clock here: between two
      * one-token calls lies one decode step, sampling included. */
     void (*eval_begin)(struct backend *b, int n);
+    /* Optional: experts each layer is expected to use in the next step (moe_layer_lookahead:
+     * n_layer blocks of n ids, -1 for none). The number admitted, or -errno. */
+    int (*lookahead)(struct backend *b, const int32_t *ids, int n);
     void (*close)(struct backend *b);
 };
 
@@ -195,6 +198,11 @@ struct backend {
     const struct backend_ops *ops;
     const struct model *model;
     void *impl; /* the backend's own state */
+    /* the routing log of the forward under way, set around it by the stream (stream.h): one
+     * entry per row of the forward (NULL: that row is not logged), handed to the MoE layer
+     * (moe_layer_set_log) by calls of all n_route_rows rows */
+    int32_t *const *route_rows;
+    int n_route_rows;
 };
 
 struct backend_cpu_config {

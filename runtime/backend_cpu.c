@@ -279,7 +279,16 @@ static int cpu_add(struct backend *b, float *x, const float *y, size_t n)
 
 static int cpu_moe_ffn(struct backend *b, const struct moe_args *a)
 {
-    return moe_layer_run(cpu_of(b)->moe, a);
+    struct moe_layer *ml = cpu_of(b)->moe;
+    moe_layer_set_log(ml, a->n_tok == b->n_route_rows ? b->route_rows : NULL, b->n_route_rows);
+    int rc = moe_layer_run(ml, a);
+    moe_layer_set_log(ml, NULL, 0);
+    return rc;
+}
+
+static int cpu_lookahead(struct backend *b, const int32_t *ids, int n)
+{
+    return moe_layer_lookahead(cpu_of(b)->moe, ids, n);
 }
 
 /* Thread counts tried by the tuner: all processors, 3/4 and 1/2 of them (16 vCPUs of a KVM
@@ -399,6 +408,7 @@ static const struct backend_ops cpu_ops = {
     .moe_ffn = cpu_moe_ffn,
     .read = cpu_read,
     .eval_begin = cpu_eval_begin,
+    .lookahead = cpu_lookahead,
     .close = cpu_close,
 };
 

@@ -971,9 +971,17 @@ static int cuda_moe_ffn_op(struct backend *b, const struct moe_args *ma)
     c->moe_q8_m = ma->n_tok;
     c->moe_q8_mark = c->mm_writes;
     backend_cuda_forget_xq(c);
+    moe_layer_set_log(c->moe, ma->n_tok == b->n_route_rows ? b->route_rows : NULL, b->n_route_rows);
     int rc = moe_layer_run(c->moe, ma);
+    moe_layer_set_log(c->moe, NULL, 0);
     c->moe_q8_in = NULL;
     return rc;
+}
+
+static int cuda_lookahead_op(struct backend *b, const int32_t *ids, int n)
+{
+    int rc = moe_layer_lookahead(cuda_of(b)->moe, ids, n);
+    return rc < 0 ? err_wrap(rc, "cuda backend: lookahead: ") : rc;
 }
 
 static int cuda_read_op(struct backend *b, float *host, const float *src, size_t n)
@@ -1362,6 +1370,7 @@ static const struct backend_ops cuda_ops_table = {
     .step_end = cuda_step_end,
     .eval_begin = cuda_eval_begin,
     .read_argmax = cuda_read_argmax_op,
+    .lookahead = cuda_lookahead_op,
     .close = cuda_close_op,
 };
 

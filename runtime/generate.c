@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend.h"
 #include "errors.h"
 #include "model.h"
 #include "strata.h"
@@ -129,22 +130,25 @@ void generate_pace_update(struct strata_draft_pace *p, int k, int acc)
     p->pause = p->pause_len;
 }
 
-int generate_ngram_draft(const int32_t *hist, int n_hist, int ngram, int k, int32_t *out)
+int generate_ngram_source(const int32_t *hist, int n_hist, int ngram)
 {
     for (int m = ngram; m >= 2; m--) {
         if (n_hist < m + 1)
             continue;
         const int32_t *pat = hist + n_hist - m;
-        for (int j = n_hist - m - 1; j >= 0; j--) { /* the latest occurrence first */
-            if (memcmp(hist + j, pat, sizeof(int32_t) * (size_t)m))
-                continue;
-            int n = 0;
-            for (int i = j + m; i < n_hist && n < k; i++)
-                out[n++] = hist[i];
-            return n;
-        }
+        for (int j = n_hist - m - 1; j >= 0; j--) /* the latest occurrence first */
+            if (!memcmp(hist + j, pat, sizeof(int32_t) * (size_t)m))
+                return j + m;
     }
-    return 0;
+    return -1;
+}
+
+int generate_ngram_draft(const int32_t *hist, int n_hist, int ngram, int k, int32_t *out)
+{
+    int src = generate_ngram_source(hist, n_hist, ngram), n = 0;
+    for (int i = src; src >= 0 && i < n_hist && n < k; i++)
+        out[n++] = hist[i];
+    return n;
 }
 
 /* The generation loop's state. */
@@ -162,6 +166,9 @@ struct gen {
     int user_stop;
     int32_t *hist; /* prompt and generated ids (speculative drafts look them up) */
     int n_hist;
+    int hist_pos0; /* the stream position of hist[0] */
+    int32_t *log;  /* lookahead: the stream's routing log, hist's positions (-1: unknown) */
+    int32_t *look; /* (n_layer, (kmax + 1) k) a lookahead's experts */
     int pos; /* tokens before the one being handled (-1: the stream's position) */
 };
 
@@ -219,6 +226,35 @@ static int gen_drafts(struct gen *g, int k_adapt, int32_t *d)
     return generate_ngram_draft(g->hist, g->n_hist, cfg->draft_ngram, k, d);
 }
 
+/* Before the verify pass of id (hist's last token) and k prompt-lookup drafts hist[src ..]:
+ * the experts each layer chose at the rows' sources src - 1 .. src + k - 1 (those evaluated
+ * already), to the backend's lookahead. */
+static int gen_lookahead(struct gen *g, int src, int k)
+{
+    const struct model_hparams *hp = &g->s->m->hp;
+    struct backend *b = g->s->b;
+    const int nl = (int)hp->n_layer, kk = (int)hp->n_expert_used, n = (k + 1) * kk;
+    bool any = false;
+    for (int r = 0; r <= k; r++) {
+        int h = src - 1 + r;
+        const int32_t *row = h < g->n_hist - 1 ? stream_route_log_at(g->s, g->hist_pos0 + h) : NULL;
+        for (int l = 0; l < nl; l++)
+            for (int i = 0; i < kk; i++) {
+                int32_t e = row ? row[(size_t)l * kk + i] : -1;
+                g->look[(size_t)l * n + (size_t)r * kk + i] = e;
+                any |= e >= 0;
+            }
+    }
+    if (!any)
+        return 0;
+    int rc = b->ops->lookahead(b, g->look, n);
+    if (rc < 0)
+        return rc;
+    g->st->n_lookahead++;
+    g->st->lookahead_experts += rc;
+    return 0;
+}
+
 int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *prompt,
                  int n_prompt, const struct generate_config *cfg, generate_emit_fn emit,
                  void *ctx, int32_t *out_ids, struct generate_stats *st)
@@ -267,6 +303,21 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
     if (g.hist) {
         memcpy(g.hist, prompt, sizeof(int32_t) * (size_t)n_prompt);
         g.n_hist = n_prompt;
+        g.hist_pos0 = s->pos;
+    }
+    /* the lookahead's routing log: one entry of n_layer * k ids per position of hist */
+    if (g.hist && !cfg->draft_fn && !cfg->no_lookahead && s->b->ops->lookahead) {
+        const size_t row = (size_t)s->m->hp.n_layer * s->m->hp.n_expert_used;
+        const size_t cap = (size_t)n_prompt + (size_t)cfg->n_predict + 1;
+        g.log = malloc(sizeof(int32_t) * row * cap);
+        g.look = malloc(sizeof(int32_t) * row * (size_t)(kmax + 1));
+        if (g.log && g.look)
+            memset(g.log, 0xff, sizeof(int32_t) * row * cap);
+        if (!g.log || !g.look || stream_set_route_log(s, g.log, s->pos, (int)cap)) {
+            free(g.log); /* no memory for it: drafts without their lookahead */
+            free(g.look);
+            g.log = g.look = NULL;
+        }
     }
 
     /* greedy without penalties needs only the argmax, which the backend takes where the
@@ -299,6 +350,11 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
         int k_adapt = spec ? generate_pace_len(&pace, kmax) : 0;
         st->n_paused = pace.n_paused;
         int k = k_adapt > 0 ? gen_drafts(&g, k_adapt, drafts + 1) : 0;
+        if (k > 0 && g.log) {
+            rc = gen_lookahead(&g, generate_ngram_source(g.hist, g.n_hist, cfg->draft_ngram), k);
+            if (rc)
+                break;
+        }
         if (k == 0) {
             rc = argmax_only ? stream_eval_argmax(s, &id, 1, &next)
                              : stream_eval(s, &id, 1, logits);
@@ -356,6 +412,10 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
             st->stopped_string = true;
     }
     stream_batch_close(bt);
+    if (g.log)
+        stream_set_route_log(s, NULL, 0, 0);
+    free(g.log);
+    free(g.look);
     free(g.hist);
     free(g.text.buf);
     free(logits);

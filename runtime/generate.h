@@ -31,6 +31,8 @@ struct generate_config {
      * number */
     int (*draft_fn)(void *ctx, const int32_t *hist, int n_hist, int k, int32_t *out);
     void *draft_ctx;
+    /* prompt lookup: no lookahead (below) */
+    bool no_lookahead;
 };
 
 struct generate_stats {
@@ -42,6 +44,8 @@ struct generate_stats {
     bool spec_unavailable;     /* drafts were asked for, but the verify rows did not fit */
     int drafted_at[GENERATE_SPEC_POS], accepted_at[GENERATE_SPEC_POS]; /* per draft position */
     int n_paused; /* steps without drafts while drafting was paused */
+    int n_lookahead;             /* verify passes preceded by a lookahead */
+    long long lookahead_experts; /* experts those lookaheads admitted */
 };
 
 /* The drafts a verify pass tries, adapted to the running share of drafts kept (accept_ema, an
@@ -68,6 +72,17 @@ void generate_pace_update(struct strata_draft_pace *p, int k, int acc);
  * m tokens, for m = ngram down to 2 (the first m that occurs). Writes them to out; returns
  * their number (0: no occurrence). */
 int generate_ngram_draft(const int32_t *hist, int n_hist, int ngram, int k, int32_t *out);
+/* The index in hist of prompt lookup's first draft token (the one after the latest earlier
+ * occurrence of the last m tokens), or -1: generate_ngram_draft's drafts are hist[src ..]. */
+int generate_ngram_source(const int32_t *hist, int n_hist, int ngram);
+
+/* Lookahead: a verify pass of prompt-lookup drafts evaluates id (hist's last token) and the
+ * drafts hist[src ..], a run that already followed an earlier occurrence of id at src - 1, so
+ * each row's routing is expected to be close to what its source position chose (measured on
+ * the shipped model: 78-93% of a layer's choices, against 70% from the previous layer's input;
+ * docs/speculative.md). With lookahead on (generate_config.no_lookahead false, prompt lookup),
+ * the stream logs its routing per position (stream_set_route_log) and each verify pass is
+ * preceded by the backend's lookahead (backend_ops.lookahead) with the sources' choices. */
 
 /* Receives generated text as it completes; return nonzero to stop. */
 typedef int (*generate_emit_fn)(void *ctx, const char *text, size_t len);

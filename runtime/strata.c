@@ -781,6 +781,7 @@ int strata_generate(struct strata_stream *st, const int32_t *prompt, int n_promp
         .draft_ngram = p->draft_ngram,
         .draft_fn = p->draft_fn,
         .draft_ctx = p->draft_ctx,
+        .no_lookahead = p->no_lookahead,
     };
     struct generate_stats gs;
     int rc;
@@ -811,6 +812,8 @@ int strata_generate(struct strata_stream *st, const int32_t *prompt, int n_promp
             .n_accepted = gs.n_accepted,
             .spec_unavailable = gs.spec_unavailable,
             .n_paused = gs.n_paused,
+            .n_lookahead = gs.n_lookahead,
+            .lookahead_experts = gs.lookahead_experts,
         };
     if (stats)
         for (int i = 0; i < 16 && i < GENERATE_SPEC_POS; i++) {

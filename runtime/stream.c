@@ -233,7 +233,49 @@ void stream_close(struct stream *s)
     stream_hybrid_free(s->b, s->hy);
     free(s->hist);
     free(s->logits_host);
+    free(s->route_rows);
     free(s);
+}
+
+int stream_set_route_log(struct stream *s, int32_t *log, int pos0, int cap)
+{
+    if (log && !s->route_rows &&
+        !(s->route_rows = malloc(sizeof(*s->route_rows) * (size_t)s->max_tok)))
+        return err_set(-ENOMEM, "out of memory");
+    s->route_log = cap > 0 ? log : NULL;
+    s->route_log_pos0 = pos0;
+    s->route_log_cap = cap > 0 ? cap : 0;
+    return 0;
+}
+
+static int32_t *stream_log_row(const struct stream *s, int pos)
+{
+    if (!s->route_log || pos < s->route_log_pos0 || pos - s->route_log_pos0 >= s->route_log_cap)
+        return NULL;
+    return s->route_log +
+           (size_t)(pos - s->route_log_pos0) * s->m->hp.n_layer * s->m->hp.n_expert_used;
+}
+
+const int32_t *stream_route_log_at(const struct stream *s, int pos)
+{
+    return stream_log_row(s, pos);
+}
+
+/* The backend's routing log for a forward of n rows (rows[r]: NULL or a log entry), or none
+ * when no row is logged. */
+static void stream_log_rows(struct backend *b, int32_t **rows, int n)
+{
+    bool any = false;
+    for (int r = 0; r < n && !any; r++)
+        any = rows[r] != NULL;
+    b->route_rows = any ? rows : NULL;
+    b->n_route_rows = any ? n : 0;
+}
+
+static void stream_log_end(struct backend *b)
+{
+    b->route_rows = NULL;
+    b->n_route_rows = 0;
 }
 
 int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host)
@@ -255,7 +297,13 @@ int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host)
         if (replayed < 0)
             return replayed;
         if (!replayed) {
+            if (s->route_log) {
+                for (int r = 0; r < chunk; r++)
+                    s->route_rows[r] = stream_log_row(s, s->pos + r);
+                stream_log_rows(s->b, s->route_rows, chunk);
+            }
             rc = s->arch->forward(s->b, s, ids + i, chunk);
+            stream_log_end(s->b);
             if (op->step_end)
                 rc = op->step_end(s->b, rc);
         }
@@ -297,9 +345,11 @@ int stream_batch_open(struct backend *b, int max_streams, int max_n, struct stre
     bt->max_streams = max_streams;
     bt->row_st = malloc(sizeof(*bt->row_st) * t);
     bt->row_pos = malloc(sizeof(*bt->row_pos) * t);
-    if (!bt->row_st || !bt->row_pos) {
+    bt->route_rows = malloc(sizeof(*bt->route_rows) * t);
+    if (!bt->row_st || !bt->row_pos || !bt->route_rows) {
         free(bt->row_st);
         free(bt->row_pos);
+        free(bt->route_rows);
         free(bt);
         return err_set(-ENOMEM, "out of memory");
     }
@@ -307,6 +357,7 @@ int stream_batch_open(struct backend *b, int max_streams, int max_n, struct stre
     if (!bt->arena) {
         free(bt->row_st);
         free(bt->row_pos);
+        free(bt->route_rows);
         free(bt);
         return err_wrap(-ENOMEM, "batch of %d streams: ", max_n);
     }
@@ -336,6 +387,7 @@ void stream_batch_close(struct stream_batch *bt)
     stream_hybrid_free(bt->b, bt->hy);
     free(bt->row_st);
     free(bt->row_pos);
+    free(bt->route_rows);
     free(bt);
 }
 
@@ -371,7 +423,11 @@ static int batch_eval(struct stream_batch *bt, struct stream *const *ss, const i
             rc = stream_checkpoint(ss[i]);
     if (rc)
         return rc;
+    for (int r = 0; r < rows; r++)
+        bt->route_rows[r] = stream_log_row(bt->row_st[r], bt->row_pos[r]);
+    stream_log_rows(bt->b, bt->route_rows, rows);
     rc = ss[0]->arch->forward_batch(bt->b, bt, bt->row_st, ids, rows);
+    stream_log_end(bt->b);
     if (op->step_end) /* a step the caller ran: the backend's bookkeeping after it */
         rc = op->step_end(bt->b, rc);
     if (rc)
@@ -430,8 +486,12 @@ int stream_batch_eval_all(struct stream_batch *bt, struct stream *s, const int32
         bt->row_st[j] = s;
         bt->row_pos[j] = s->pos + j;
     }
+    for (int j = 0; j < n; j++)
+        bt->route_rows[j] = stream_log_row(s, s->pos + j);
+    stream_log_rows(bt->b, bt->route_rows, n);
     int rc = s->hist && n > 1 ? stream_checkpoint(s) : 0;
     rc = rc ? rc : s->arch->forward_batch(bt->b, bt, bt->row_st, ids, n);
+    stream_log_end(bt->b);
     if (op->step_end)
         rc = op->step_end(bt->b, rc);
     if (!rc && s->mtp)

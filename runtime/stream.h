@@ -65,6 +65,10 @@ struct stream {
                          * read_argmax; allocated on first use, owned */
     struct stream_mtp *mtp; /* owned: the MTP block's state, which every forward feeds
                              * (runtime/mtp.h); NULL: none */
+    /* the routing log (stream_set_route_log): a view the caller owns, NULL: none */
+    int32_t *route_log;
+    int route_log_pos0, route_log_cap;
+    int32_t **route_rows; /* (max_tok) owned scratch: a forward's rows in the log */
 };
 
 /* The backend memory a stream needs, in bytes. */
@@ -106,6 +110,15 @@ int stream_eval(struct stream *s, const int32_t *ids, int n, float *logits_host)
  * id crosses). For greedy decoding without penalties. */
 int stream_eval_argmax(struct stream *s, const int32_t *ids, int n, int32_t *next);
 
+/* The routing log of stream s: from now on every forward that runs the stream's positions
+ * p in [pos0, pos0 + cap) writes each layer's k choices for p to log + (p - pos0) * n_layer * k
+ * (layer l at l * k), where the backend has them in host memory (moe_layer_set_log; elsewhere
+ * the entries keep what the caller put there). log NULL ends it. The caller owns log and keeps
+ * it alive until then. 0 or -ENOMEM. */
+int stream_set_route_log(struct stream *s, int32_t *log, int pos0, int cap);
+/* Stream s's routing log entry for position pos (n_layer * k ids), NULL outside the log. */
+const int32_t *stream_route_log_at(const struct stream *s, int pos);
+
 /* Forgets tokens from position pos on (pos <= s->pos). A model with recurrent state cannot
  * take it back: the stream restores its checkpoint when pos is at or after it (a lockstep step
  * of several rows of the stream takes one first) and re-evaluates the ids from there to pos,
@@ -128,6 +141,7 @@ struct stream_batch {
     float *k, *v;          /* (max_n, n_head_kv*head_dim) */
     float *logits;         /* (max_n, n_vocab) */
     struct stream_hybrid *hy; /* Gated DeltaNet models' extra scratch, else NULL */
+    int32_t **route_rows;     /* (max_n) the rows' entries in their streams' routing logs */
 };
 
 /* A batch of up to max_streams streams and max_rows rows (tokens) per step. */

@@ -1832,6 +1832,162 @@ struct mtp_result {
     int n_plain, n_spec, drafted;
 };
 
+/* ---- prompt-lookup drafts and their lookahead (generate.h) ---------------------------------- */
+
+#define LA_PROMPT 24
+#define LA_GEN 48
+
+/* Greedy generation of LA_GEN tokens after p on backend config cc (NULL: the CPU backend),
+ * with prompt-lookup drafts when draft_max > 0, the lookahead off when no_look. */
+static int la_generate(const char *path, const struct backend_cuda_config *cc, const int32_t *p,
+                       int draft_max, bool no_look, int32_t *ids, struct generate_stats *gs,
+                       struct moe_cache_totals *tot)
+{
+    struct model *m = NULL;
+    struct backend *b = NULL;
+    struct stream *s = NULL;
+    struct backend_cpu_config cpu = {.n_threads = 1};
+    struct generate_config gc = {.n_predict = LA_GEN,
+                                 .ignore_eos = true,
+                                 .draft_max = draft_max,
+                                 .draft_ngram = 3,
+                                 .no_lookahead = no_look};
+    int rc = model_open(path, &m);
+    rc = rc ? rc : cc ? backend_cuda_open(m, cc, &b) : backend_cpu_open(m, &cpu, &b);
+    rc = rc ? rc : stream_open(b, 256, 32, &s);
+    rc = rc ? rc : generate_run(s, NULL, p, LA_PROMPT, &gc, NULL, NULL, ids, gs);
+    if (!rc && cc)
+        backend_cuda_cache_totals(b, tot);
+    if (rc)
+        fprintf(stderr, "%s: lookahead: %s\n", path, err_msg());
+    stream_close(s);
+    backend_close(b);
+    model_close(m);
+    return rc;
+}
+
+/* The routing log of the prompt (one evaluation), 3 decode steps and a pass of 3 rows, on
+ * backend config cc (NULL: the CPU backend): rows LA_PROMPT + 6 of n_layer * k ids. */
+static int la_log(const char *path, const struct backend_cuda_config *cc, const int32_t *p,
+                  int32_t **log_out, int *row_out)
+{
+    struct model *m = NULL;
+    struct backend *b = NULL;
+    struct stream *s = NULL;
+    struct stream_batch *bt = NULL;
+    struct backend_cpu_config cpu = {.n_threads = 1};
+    int rc = model_open(path, &m);
+    rc = rc ? rc : cc ? backend_cuda_open(m, cc, &b) : backend_cpu_open(m, &cpu, &b);
+    rc = rc ? rc : stream_open(b, 256, 32, &s);
+    rc = rc ? rc : stream_batch_open(b, 1, 4, &bt);
+    if (!rc) {
+        int row = (int)(m->hp.n_layer * m->hp.n_expert_used), n = LA_PROMPT + 6;
+        int32_t *log = test_xmalloc(sizeof(int32_t) * (size_t)row * n);
+        memset(log, 0xff, sizeof(int32_t) * (size_t)row * n);
+        *log_out = log;
+        *row_out = row;
+        rc = stream_set_route_log(s, log, 0, n);
+        rc = rc ? rc : stream_eval(s, p, LA_PROMPT, NULL);
+        for (int i = 0; i < 3 && !rc; i++)
+            rc = stream_eval(s, &p[i], 1, NULL);
+        float *lg = test_xmalloc(sizeof(float) * 3 * m->hp.n_vocab);
+        rc = rc ? rc : stream_batch_eval_all(bt, s, &p[3], 3, lg);
+        free(lg);
+        stream_set_route_log(s, NULL, 0, 0);
+    }
+    if (rc)
+        fprintf(stderr, "%s: routing log: %s\n", path, err_msg());
+    stream_batch_close(bt);
+    stream_close(s);
+    backend_close(b);
+    model_close(m);
+    return rc;
+}
+
+/* with_log: also the routing log under the copy cache against the CPU backend's (f32: the
+ * same routing; quantized activations may break near-ties another way) */
+static void lookahead_checks(const char *path, const int32_t *prompt, bool with_log)
+{
+    /* a prompt that repeats itself, so that prompt lookup finds runs to draft */
+    int32_t p[LA_PROMPT];
+    for (int i = 0; i < LA_PROMPT; i++)
+        p[i] = prompt[i % 8];
+    /* the log under the copy cache equals the CPU backend's, row by row */
+    int32_t *ref_log = NULL, *log = NULL;
+    int row = 0;
+    const struct backend_cuda_config copy = {.device = 0, .expert_slots = 9};
+    int rc = with_log ? la_log(path, NULL, p, &ref_log, &row) : 0;
+    rc = rc || !with_log ? rc : la_log(path, &copy, p, &log, &row);
+    CHECK(rc == 0, "%s: routing logs", path);
+    if (!rc && with_log) {
+        int n = LA_PROMPT + 6, differ = 0, unset = 0;
+        for (int i = 0; i < n * row; i++) {
+            differ += log[i] != ref_log[i];
+            unset += log[i] < 0;
+        }
+        printf("%s: routing log of %d rows under the copy cache: %d of %d ids as the CPU "
+               "backend's, %d unset\n",
+               path, n, n * row - differ, n * row, unset);
+        CHECK(differ == 0 && unset == 0, "%s: routing log: %d ids differ, %d unset", path, differ,
+              unset);
+    }
+    free(ref_log);
+    free(log);
+
+    struct {
+        const char *what;
+        struct backend_cuda_config cc;
+    } cases[] = {
+        {"copy, 9 slots", {.device = 0, .expert_slots = 9}},
+        {"copy + prefetch, 7 slots", {.device = 0, .expert_slots = 7, .prefetch = true}},
+        {"gather kernel, 9 slots", {.device = 0, .expert_slots = 9, .gather_copies = true}},
+        {"hybrid, 9 slots",
+         {.device = 0,
+          .expert_slots = 9,
+          .hybrid = true,
+          .lane_pcie_bps = 1e9,
+          .lane_cpu_bps = 1e9}},
+    };
+    int32_t plain[LA_GEN];
+    struct generate_stats gs;
+    struct moe_cache_totals tot;
+    const struct backend_cuda_config all = {.device = 0};
+    CHECK(la_generate(path, &all, p, 0, true, plain, &gs, &tot) == 0, "%s: plain", path);
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        int32_t ids[2][LA_GEN];
+        struct generate_stats g[2];
+        struct moe_cache_totals t[2];
+        bool ok = true;
+        for (int look = 0; look < 2 && ok; look++)
+            ok = la_generate(path, &cases[c].cc, p, 6, !look, ids[look], &g[look], &t[look]) == 0;
+        CHECK(ok, "%s lookahead %s: generation failed", path, cases[c].what);
+        if (!ok)
+            continue;
+        bool same = !memcmp(ids[0], plain, sizeof(plain)) && !memcmp(ids[1], plain, sizeof(plain));
+        printf("%s: ngram drafts, %-26s greedy %s plain all resident; %d passes, %d drafted; "
+               "lookahead before %d of them, %lld experts copied ahead, %llu used (without "
+               "it: %llu hits, %llu misses; with: %llu, %llu)\n",
+               path, cases[c].what, same ? "as" : "DIFFERS from", g[1].n_verify, g[1].n_drafted,
+               g[1].n_lookahead, g[1].lookahead_experts, (unsigned long long)t[1].prefetch_used,
+               (unsigned long long)t[0].hits, (unsigned long long)t[0].misses,
+               (unsigned long long)t[1].hits, (unsigned long long)t[1].misses);
+        CHECK(same, "%s lookahead %s: greedy ids differ", path, cases[c].what);
+        CHECK(g[1].n_drafted > 0 && g[1].n_lookahead > 0 && g[1].lookahead_experts > 0 &&
+                  g[0].n_lookahead == 0,
+              "%s lookahead %s: %d drafted, %d / %d passes looked ahead, %lld experts", path,
+              cases[c].what, g[1].n_drafted, g[1].n_lookahead, g[0].n_lookahead,
+              g[1].lookahead_experts);
+        CHECK(t[1].lookaheads == (uint64_t)g[1].n_lookahead &&
+                  t[1].lookahead_admitted == (uint64_t)g[1].lookahead_experts,
+              "%s lookahead %s: the cache counted %llu lookaheads, %llu experts", path,
+              cases[c].what, (unsigned long long)t[1].lookaheads,
+              (unsigned long long)t[1].lookahead_admitted);
+        CHECK(t[1].prefetched >= t[1].lookahead_admitted,
+              "%s lookahead %s: %llu prefetched < %llu looked ahead", path, cases[c].what,
+              (unsigned long long)t[1].prefetched, (unsigned long long)t[1].lookahead_admitted);
+    }
+}
+
 static int mtp_sim_draft(void *ctx, const int32_t *hist, int n_hist, int k, int32_t *out)
 {
     int n = mtp_draft(ctx, hist[n_hist - 1], k, out);
@@ -1966,6 +2122,8 @@ int main(void)
     budget_checks(q8);
     gptoss_checks(prompt);
     hybrid_checks(prompt);
+    lookahead_checks(f32, prompt, true);
+    lookahead_checks(q8, prompt, false);
     mtp_checks("qwen3next", prompt);
     mtp_checks("qwen35moe", prompt);
     unlink(f32);

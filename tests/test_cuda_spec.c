@@ -5,8 +5,9 @@
  * qwen3next f32 checkpoint, whose rejected drafts restore its recurrent state from the
  * checkpoint taken on the GPU. Besides prompt lookup, an oracle drafter proposes plain
  * decoding's own next tokens with the third of each pass wrong, so every pass both keeps and
- * rejects drafts. A verify pass's rows take the kernels a lockstep step's rows
- * take, which test_cuda_batch holds bit-identical to single-row decoding in these placements.
+ * rejects drafts. Prompt lookup runs with its lookahead (the drafted runs' earlier routing
+ * copied ahead; the copy placement's passes report it). A verify pass's rows take the kernels a
+ * lockstep step's rows take, which test_cuda_batch holds bit-identical to single-row decoding in these placements.
  * The hybrid placement chooses each miss's lane by measured cost, so its two runs may compute
  * a row on different lanes; it is reported, not held to identity.
  * The MTP block (--spec mtp) on tiny qwen3next and qwen35moe f32 checkpoints with one, in each
@@ -125,9 +126,10 @@ static void check_place(const char *model, const char *path, const struct place 
             while (same < sa.n_gen && same < sb.n_gen && a[same] == b[same])
                 same++;
             printf("%s, %s, prompt %d: %d greedy tokens, with %s drafts %d of them the same; "
-                   "%d verify passes, %d drafted, %d accepted\n",
+                   "%d verify passes, %d drafted, %d accepted; %d looked ahead, %lld experts "
+                   "copied ahead\n",
                    model, pl->name, t, sa.n_gen, k ? "oracle" : "ngram", same, sb.n_verify,
-                   sb.n_drafted, sb.n_accepted);
+                   sb.n_drafted, sb.n_accepted, sb.n_lookahead, sb.lookahead_experts);
             CHECK(!ra && !rb, "%s, %s: generate: %d %d (%s)", model, pl->name, ra, rb,
                   strata_error());
             if (k)
