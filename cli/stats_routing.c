@@ -57,7 +57,9 @@ static void sr_usage(void)
            "recall, recall@2, recall@3, recall@4), and by applying it to the token's own\n"
            "embedding, normed as the layer's MoE input is (column emb: what is known of a\n"
            "token before the model runs on it, such as a drafted token before its verify\n"
-           "pass). Then the hit rate strata's expert cache\n"
+           "pass), and by the layer's choice at the position a prompt-lookup draft of the\n"
+           "token was copied from, where the draft equals the token (column src: what the\n"
+           "lookahead of --spec ngram copies ahead). Then the hit rate strata's expert cache\n"
            "(SLRU) would reach holding 10%%, 25%% and 40%% of the experts, replaying the texts\n"
            "in decode order.\n\n"
            "  -m, --model FILE      GGUF model (default: the shipped default model,\n"
@@ -176,6 +178,24 @@ static void sr_embedding(struct sr_ctx *c, const struct strata_route_event *ev)
     }
 }
 
+/* Each position t of the text whose prompt-lookup draft (--draft-ngram 3, as generation looks
+ * it up after tokens 0..t-1) is the token itself: every layer's choice at the draft's source
+ * position scored as the prediction of its choice at t. */
+static void sr_sources(struct sr_ctx *c, const int32_t *ids, int n)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const size_t per_tok = (size_t)hp->n_layer * hp->n_expert_used;
+    for (int t = 1; t < n; t++) {
+        int src = strata_ngram_source(ids, t, 3);
+        if (src < 0 || ids[src] != ids[t])
+            continue;
+        for (uint32_t l = 0; l < hp->n_layer; l++)
+            routing_stats_source(c->rs, (int)l,
+                                 c->trace + (size_t)src * per_tok + l * hp->n_expert_used,
+                                 c->trace + (size_t)t * per_tok + l * hp->n_expert_used);
+    }
+}
+
 /* Records layer l's choice and predicts layers l+1..l+ROUTING_DEPTHS' from the same input,
  * each with its own router, and layer l's from the tokens' embeddings. */
 static void sr_observe(void *arg, const struct strata_route_event *ev)
@@ -228,6 +248,7 @@ static int sr_run(const struct sr_opts *o, struct strata *st, struct sr_ctx *ctx
         size_t per_tok = (size_t)m->hp.n_layer * m->hp.n_expert_used;
         for (int t = 0; !rc && t < ctx->trace_tok; t++)
             cachesim_token(ctx->sim, ctx->trace + (size_t)t * per_tok);
+        sr_sources(ctx, ids, ctx->trace_tok);
         (*n_texts)++;
         *n_tokens += n;
     }
@@ -246,7 +267,8 @@ static int sr_plot(const struct sr_opts *o, const char *dat)
              "'' u 1:4 w lp t 'reuse at next token', '' u 1:5 w lp t 'reuse within 8', "
              "'' u 1:6 w lp t 'recall l-1 -> l', '' u 1:7 w lp t 'recall l-2 -> l', "
              "'' u 1:8 w lp t 'recall l-3 -> l', '' u 1:9 w lp t 'recall l-4 -> l', "
-             "'' u 1:10 w lp t 'recall from the embedding'\"",
+             "'' u 1:10 w lp t 'recall from the embedding', "
+             "'' u 1:11 w lp t 'recall from the draft source'\"",
              o->plot, dat);
     if (system(cmd) != 0) {
         fprintf(stderr, "strata stats-routing: gnuplot failed (is it installed?)\n");

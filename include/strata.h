@@ -359,6 +359,9 @@ void strata_draft_pace_update(struct strata_draft_pace *p, int k, int accepted);
 /* Prompt-lookup drafts: the up to k tokens that followed the latest earlier occurrence of
  * hist's last ngram .. 2 tokens, into out; their number. */
 int strata_ngram_draft(const int32_t *hist, int n_hist, int ngram, int k, int32_t *out);
+/* The index in hist of strata_ngram_draft's first draft (its drafts are hist[src ..]), or -1
+ * when it finds none. */
+int strata_ngram_source(const int32_t *hist, int n_hist, int ngram);
 /* Records a token (of the prompt, or one just sampled) for the repetition penalty. */
 void strata_sampler_accept(struct strata_sampler *sm, int32_t id);
 

@@ -19,6 +19,7 @@ struct routing_stats {
                         * prediction is for, -1 none: a text never scores another's */
     uint64_t *pred_n, *pred_hit; /* (ROUTING_DEPTHS, n_layer) */
     uint64_t *emb_n, *emb_hit;   /* (n_layer) */
+    uint64_t *src_n, *src_hit;   /* (n_layer) */
     int64_t text_base;           /* added to token indices so texts never look adjacent */
     int64_t text_end;            /* one past the largest index seen in the current text */
 };
@@ -51,8 +52,10 @@ int routing_stats_open(int n_layer, int n_expert, int k, struct routing_stats **
     rs->pred_hit = calloc(dl, sizeof(*rs->pred_hit));
     rs->emb_n = calloc((size_t)n_layer, sizeof(*rs->emb_n));
     rs->emb_hit = calloc((size_t)n_layer, sizeof(*rs->emb_hit));
+    rs->src_n = calloc((size_t)n_layer, sizeof(*rs->src_n));
+    rs->src_hit = calloc((size_t)n_layer, sizeof(*rs->src_hit));
     if (!rs->count || !rs->last || !rs->reuse || !rs->pred || !rs->pred_tok || !rs->pred_n ||
-        !rs->pred_hit || !rs->emb_n || !rs->emb_hit) {
+        !rs->pred_hit || !rs->emb_n || !rs->emb_hit || !rs->src_n || !rs->src_hit) {
         routing_stats_close(rs);
         return err_set(-ENOMEM, "out of memory");
     }
@@ -77,6 +80,8 @@ void routing_stats_close(struct routing_stats *rs)
     free(rs->pred_hit);
     free(rs->emb_n);
     free(rs->emb_hit);
+    free(rs->src_n);
+    free(rs->src_hit);
     free(rs);
 }
 
@@ -170,17 +175,32 @@ void routing_stats_layer(const struct routing_stats *rs, int layer, struct routi
     }
     r->emb_predicted = rs->emb_n[layer];
     r->emb_hit = rs->emb_hit[layer];
+    r->src_predicted = rs->src_n[layer];
+    r->src_hit = rs->src_hit[layer];
 }
 
-void routing_stats_embedding(struct routing_stats *rs, int layer, const int32_t *pred,
-                             const int32_t *actual)
+/* k predicted ids against k chosen ones: the count of n and hit at layer */
+static void routing_score(const struct routing_stats *rs, uint64_t *n, uint64_t *hit, int layer,
+                          const int32_t *pred, const int32_t *actual)
 {
     if (layer < 0 || layer >= rs->n_layer)
         return;
     for (int i = 0; i < rs->k; i++)
         for (int j = 0; j < rs->k; j++)
-            rs->emb_hit[layer] += pred[i] == actual[j];
-    rs->emb_n[layer] += (uint64_t)rs->k;
+            hit[layer] += pred[i] == actual[j];
+    n[layer] += (uint64_t)rs->k;
+}
+
+void routing_stats_embedding(struct routing_stats *rs, int layer, const int32_t *pred,
+                             const int32_t *actual)
+{
+    routing_score(rs, rs->emb_n, rs->emb_hit, layer, pred, actual);
+}
+
+void routing_stats_source(struct routing_stats *rs, int layer, const int32_t *pred,
+                          const int32_t *actual)
+{
+    routing_score(rs, rs->src_n, rs->src_hit, layer, pred, actual);
 }
 
 static double routing_pct(uint64_t a, uint64_t b)
@@ -202,9 +222,9 @@ void routing_stats_print(const struct routing_stats *rs, FILE *f)
     struct routing_layer_report t = {0};
     double s10 = 0, s20 = 0;
 
-    fprintf(f, "%5s %10s %7s %7s %8s %8s %8s %8s %9s %9s %9s %9s %9s\n", "layer", "selections",
+    fprintf(f, "%5s %10s %7s %7s %8s %8s %8s %8s %9s %9s %9s %9s %9s %9s\n", "layer", "selections",
             "top10%", "top20%", "reuse@1", "reuse<=8", "<=64", "first", "recall", "recall@2",
-            "recall@3", "recall@4", "emb");
+            "recall@3", "recall@4", "emb", "src");
     for (int l = 0; l < rs->n_layer; l++) {
         struct routing_layer_report r;
         routing_stats_layer(rs, l, &r);
@@ -223,6 +243,9 @@ void routing_stats_print(const struct routing_stats *rs, FILE *f)
         routing_print_recall(f, r.emb_hit, r.emb_predicted);
         t.emb_hit += r.emb_hit;
         t.emb_predicted += r.emb_predicted;
+        routing_print_recall(f, r.src_hit, r.src_predicted);
+        t.src_hit += r.src_hit;
+        t.src_predicted += r.src_predicted;
         fprintf(f, "\n");
         t.selections += r.selections;
         for (int b = 0; b < REUSE_BUCKETS; b++)
@@ -239,6 +262,7 @@ void routing_stats_print(const struct routing_stats *rs, FILE *f)
     for (int d = 0; d < ROUTING_DEPTHS; d++)
         routing_print_recall(f, t.predicted_hit[d], t.predicted[d]);
     routing_print_recall(f, t.emb_hit, t.emb_predicted);
+    routing_print_recall(f, t.src_hit, t.src_predicted);
     fprintf(f, "\n");
 }
 
@@ -250,7 +274,7 @@ int routing_stats_write_dat(const struct routing_stats *rs, const char *path)
 
     if (rc)
         return rc;
-    fprintf(f, "# layer top10 top20 reuse1 reuse8 recall recall2 recall3 recall4 emb "
+    fprintf(f, "# layer top10 top20 reuse1 reuse8 recall recall2 recall3 recall4 emb src "
                "(percent; NaN: no prediction)\n");
     for (int l = 0; l < rs->n_layer; l++) {
         struct routing_layer_report r;
@@ -267,6 +291,10 @@ int routing_stats_write_dat(const struct routing_stats *rs, const char *path)
         }
         if (r.emb_predicted)
             fprintf(f, " %.3f", routing_pct(r.emb_hit, r.emb_predicted));
+        else
+            fprintf(f, " NaN");
+        if (r.src_predicted)
+            fprintf(f, " %.3f", routing_pct(r.src_hit, r.src_predicted));
         else
             fprintf(f, " NaN");
         fprintf(f, "\n");

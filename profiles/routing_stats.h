@@ -5,7 +5,8 @@
  * MoE input predicts layer l+d's top-k (recall at depth d = 1..ROUTING_DEPTHS), and how well
  * applying layer l's router to the token's own embedding (ffn-normed) predicts it: what a
  * predictor knows of a token before the model has run on it, such as a drafted token before its
- * verify pass. */
+ * verify pass; and how well the choice at an earlier position predicts it, where prompt lookup
+ * drafted the token from that position (what the lookahead of docs/speculative.md copies). */
 #ifndef STRATA_ROUTING_STATS_H
 #define STRATA_ROUTING_STATS_H
 
@@ -26,6 +27,9 @@ struct routing_layer_report {
     uint64_t predicted[ROUTING_DEPTHS], predicted_hit[ROUTING_DEPTHS];
     /* pairs predicted from the token's embedding, and of them those the layer selected */
     uint64_t emb_predicted, emb_hit;
+    /* pairs predicted from the choice at a prompt-lookup draft's source position, and of them
+     * those the layer selected */
+    uint64_t src_predicted, src_hit;
 };
 
 struct routing_stats;
@@ -52,17 +56,24 @@ void routing_stats_predict(struct routing_stats *rs, int layer, int depth, int t
 void routing_stats_embedding(struct routing_stats *rs, int layer, const int32_t *pred,
                              const int32_t *actual);
 
+/* Scores layer's k choices at an earlier position (the source of a prompt-lookup draft that
+ * equals the token) as the prediction of its k choices for the token. Ignored unless
+ * 0 <= layer < n_layer. */
+void routing_stats_source(struct routing_stats *rs, int layer, const int32_t *pred,
+                          const int32_t *actual);
+
 /* Fills the report of one layer. */
 void routing_stats_layer(const struct routing_stats *rs, int layer, struct routing_layer_report *r);
 
 /* Prints the per-layer table (recall at depth 1 as "recall", then "recall@2".."recall@4";
  * "-" where a layer has no prediction at that depth; then "emb", the recall from the token's
- * embedding) and the totals over all layers. */
+ * embedding, and "src", from the draft source's choice, "-" where none was scored) and the
+ * totals over all layers. */
 void routing_stats_print(const struct routing_stats *rs, FILE *f);
 
 /* Writes the per-layer figures as whitespace-separated columns (for gnuplot): layer, top10,
- * top20, reuse1, reuse8, then recall at depths 1..ROUTING_DEPTHS and from the embedding (NaN:
- * no prediction). */
+ * top20, reuse1, reuse8, then recall at depths 1..ROUTING_DEPTHS, from the embedding and from
+ * the draft source (NaN: no prediction). */
 int routing_stats_write_dat(const struct routing_stats *rs, const char *path);
 
 #endif

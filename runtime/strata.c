@@ -750,6 +750,11 @@ void strata_draft_pace_update(struct strata_draft_pace *p, int k, int accepted)
     generate_pace_update(p, k, accepted);
 }
 
+int strata_ngram_source(const int32_t *hist, int n_hist, int ngram)
+{
+    return generate_ngram_source(hist, n_hist, ngram);
+}
+
 int strata_ngram_draft(const int32_t *hist, int n_hist, int ngram, int k, int32_t *out)
 {
     return generate_ngram_draft(hist, n_hist, ngram, k, out);

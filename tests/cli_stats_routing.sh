@@ -19,8 +19,8 @@ check "echo \"\$out\" | grep -q '^ *all '" "no totals row"
 check "[ \$(echo \"\$out\" | grep -cE '^ +[0-9]+ ') -eq 2 ]" "expected 2 layer rows"
 check "echo \"\$out\" | grep -q '3 texts'" "expected 3 texts (blank line skipped)"
 check "[ \$(grep -vc '^#' \"$dir/r.dat\") -eq 2 ]" "dat file lines"
-check "echo \"\$out\" | grep -qE '^layer .* recall +recall@2 +recall@3 +recall@4 +emb\$'" "table header"
-check "[ \$(awk '!/^#/ && NF != 10' \"$dir/r.dat\" | wc -l) -eq 0 ]" "dat lines of 10 columns"
+check "echo \"\$out\" | grep -qE '^layer .* recall +recall@2 +recall@3 +recall@4 +emb +src\$'" "table header"
+check "[ \$(awk '!/^#/ && NF != 11' \"$dir/r.dat\" | wc -l) -eq 0 ]" "dat lines of 11 columns"
 check "[ \$(awk '!/^#/ && \$10 == \"NaN\"' \"$dir/r.dat\" | wc -l) -eq 0 ]" "dat embedding recall on every layer"
 check "echo \"\$out\" | awk '/^ +[0-9]+ |^ *all / && \$13 !~ /%\$/ { bad = 1 } END { exit bad }'" "table embedding recall on every row"
 check "grep -q '^# layer .* recall recall2 recall3 recall4 ' \"$dir/r.dat\"" "dat header"
@@ -31,11 +31,11 @@ out6=$("$strata" stats-routing -m "$dir/tiny6.gguf" --prompts "$dir/prompts.txt"
   --dat "$dir/r6.dat")
 check "[ \$? -eq 0 ]" "stats-routing (6 layers) exit code"
 depths='{ for (d = 1; d <= 4; d++) { v = $(c + d); if ((d <= $1) != (v != none)) bad = 1 } }'
-check "echo \"\$out6\" | awk -v c=8 -v none=- '/^ +[0-9]+ / { n++; if (NF != 13) bad = 1 } \
+check "echo \"\$out6\" | awk -v c=8 -v none=- '/^ +[0-9]+ / { n++; if (NF != 14) bad = 1 } \
   /^ +[0-9]+ / $depths END { exit bad || n != 6 }'" "table recall columns by depth"
-check "echo \"\$out6\" | awk '\$1 == \"all\" { found = NF == 13; \
+check "echo \"\$out6\" | awk '\$1 == \"all\" { found = NF == 14; \
   for (i = 9; i <= 13; i++) if (\$i == \"-\") found = 0 } END { exit !found }'" "totals at every depth"
-check "awk -v c=5 -v none=NaN '!/^#/ { n++; if (NF != 10) bad = 1 } !/^#/ $depths \
+check "awk -v c=5 -v none=NaN '!/^#/ { n++; if (NF != 11) bad = 1 } !/^#/ $depths \
   END { exit bad || n != 6 }' \"$dir/r6.dat\"" "dat recall columns by depth"
 "$strata" stats-routing -m "$dir/tiny.gguf" >/dev/null 2>&1
 check "[ \$? -eq 2 ]" "missing --prompts must exit 2"

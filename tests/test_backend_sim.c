@@ -42,7 +42,11 @@
  * - their MTP block (runtime/mtp.h; --spec mtp) in every placement: its drafts and logits after
  *   a prompt agree with the CPU backend's, are bit-identical to all resident under the expert
  *   cache (copy and zerocopy) and graph decode, close under the hybrid lane and static
- *   placement; greedy generation with its drafts gives each placement's plain greedy ids.
+ *   placement; greedy generation with its drafts gives each placement's plain greedy ids;
+ * - prompt-lookup drafts with their lookahead (generate.h): the routing log under the copy
+ *   cache equals the CPU backend's row by row (f32); greedy ids with the lookahead equal those
+ *   without it and plain all-resident decoding's under copy, prefetch, gather and hybrid, and
+ *   the lookahead ran and admitted experts, counted by the cache as prefetches.
  * Streams here run in program order, so ordering between streams is test_expert_cache's job. */
 #include <errno.h>
 #include <math.h>

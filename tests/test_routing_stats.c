@@ -29,13 +29,13 @@ static int split_ws(char *line, char **tok, int max)
     return n;
 }
 
-/* The printed table: the header, then per layer (and "all") the four recall columns and the
- * embedding's ("-": none predicted in these sequences). */
+/* The printed table: the header, then per layer (and "all") the four recall columns, the
+ * embedding's and the draft source's ("-": none predicted in these sequences). */
 static void check_table(const struct routing_stats *rs, int n_layer, const char *const want[][4])
 {
-    static const char *const head[13] = {"layer",    "selections", "top10%", "top20%", "reuse@1",
+    static const char *const head[14] = {"layer",    "selections", "top10%", "top20%", "reuse@1",
                                          "reuse<=8", "<=64",       "first",  "recall", "recall@2",
-                                         "recall@3", "recall@4",   "emb"};
+                                         "recall@3", "recall@4",   "emb",    "src"};
     FILE *f = tmpfile();
     char line[512], *tok[16];
     int n;
@@ -47,16 +47,17 @@ static void check_table(const struct routing_stats *rs, int n_layer, const char 
     rewind(f);
     CHECK(fgets(line, sizeof(line), f) != NULL, "no header");
     n = split_ws(line, tok, 16);
-    CHECK(n == 13, "header has %d columns, want 13", n);
-    for (int i = 0; i < n && i < 13; i++)
+    CHECK(n == 14, "header has %d columns, want 14", n);
+    for (int i = 0; i < n && i < 14; i++)
         CHECK(!strcmp(tok[i], head[i]), "header column %d: '%s', want '%s'", i, tok[i], head[i]);
     for (int l = 0; l <= n_layer; l++) { /* the last row is the totals */
         CHECK(fgets(line, sizeof(line), f) != NULL, "no row %d", l);
         n = split_ws(line, tok, 16);
-        CHECK(n == 13, "row %d has %d columns, want 13", l, n);
-        if (n != 13)
+        CHECK(n == 14, "row %d has %d columns, want 14", l, n);
+        if (n != 14)
             continue;
         CHECK(!strcmp(tok[12], "-"), "row %d: embedding recall '%s', want '-'", l, tok[12]);
+        CHECK(!strcmp(tok[13], "-"), "row %d: source recall '%s', want '-'", l, tok[13]);
         CHECK(l < n_layer || !strcmp(tok[0], "all"), "totals row starts with '%s'", tok[0]);
         for (int d = 0; d < ROUTING_DEPTHS; d++)
             CHECK(!strcmp(tok[8 + d], want[l][d]), "row %d depth %d: '%s', want '%s'", l, d + 1,
@@ -174,6 +175,17 @@ int main(void)
           (unsigned long long)r.emb_hit, (unsigned long long)r.emb_predicted);
     routing_stats_layer(rs, 1, &r);
     CHECK(r.emb_predicted == 0, "layer 1 has no embedding predictions");
+
+    /* from a draft's source position, counted apart from the embedding's: {5,6} vs {6,7} at
+     * layer 1: 1 of 2; out of range ignored */
+    routing_stats_source(rs, 1, e1, ea1);
+    routing_stats_source(rs, 5, e1, ea1);
+    routing_stats_layer(rs, 1, &r);
+    CHECK(r.src_predicted == 2 && r.src_hit == 1 && r.emb_predicted == 0, "source recall %llu/%llu",
+          (unsigned long long)r.src_hit, (unsigned long long)r.src_predicted);
+    routing_stats_layer(rs, 0, &r);
+    CHECK(r.src_predicted == 0 && r.emb_predicted == 4, "layer 0: source %llu, embedding %llu",
+          (unsigned long long)r.src_predicted, (unsigned long long)r.emb_predicted);
 
     /* a new text: expert 0 again at t0 is a first selection, then distance 12 is 9..64 */
     routing_stats_new_text(rs);
