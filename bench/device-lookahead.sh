@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# GPU machine: prompt-lookup drafts with and without their lookahead (docs/speculative.md).
-# For each text of TEXTS (default cli/serve.c and tools/train/train_moe.py) and each placement
-# of WHERE, one `strata bench --spec ngram` process: plain greedy generation, drafts without
-# the lookahead, then drafts with it (the last run meets the cache the earlier runs warmed on
-# the same text, which favours the run without). MODELS: w1 (W1-real: the shipped model
-# inflated to the 30b-a3b shapes, its routing kept) and, with P30B=1, the 30b-a3b preset at
-# WHERE30 (random weights). Results in $OUT/lookahead.txt.
+# GPU machine: the lookahead (docs/speculative.md) with and without drafts. For each text of
+# TEXTS (default cli/serve.c and tools/train/train_moe.py) and each placement of WHERE, one
+# `strata bench --spec ngram` process, which generates the same greedy tokens six times: plain
+# without, with (--lookahead always) and again without the lookahead, then with prompt-lookup
+# drafts the same way (--lookahead drafts). Models: W1-real (the shipped model inflated to the
+# 30b-a3b shapes, its routing kept) and, with P30B=1, the 30b-a3b preset at WHERE30 (random
+# weights). Results in $OUT/lookahead.txt.
 set -u
 . bench/device-env.sh
 R=$OUT/lookahead.txt

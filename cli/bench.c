@@ -67,7 +67,7 @@ struct bench_opts {
     const char *draft_device; /* --draft-device (default auto) */
     bool spec_ngram, spec_draft;
     bool spec_mtp;           /* --spec mtp: the model's MTP block drafts */
-    bool no_lookahead;       /* --spec-lookahead off */
+    int lookahead;           /* --lookahead off: STRATA_LOOKAHEAD_OFF */
     const int32_t *prompt;   /* the prompt's ids (bench_spec) */
 };
 
@@ -136,10 +136,11 @@ static void bench_usage(void)
            "                        MTP block (mtp; the plain run goes without it); tok/s of\n"
            "                        both, acceptance, tokens per verify pass, expert bytes\n"
            "                        moved per token, the draft model's (block's) share of the\n"
-           "                        time; with ngram a third run with the lookahead (the\n"
-           "                        drafted run's earlier routing copied ahead, see\n"
-           "                        --spec-lookahead in strata run --help)\n"
-           "      --spec-lookahead on|off  off: no third run\n"
+           "                        time; with ngram each of plain and drafts runs three\n"
+           "                        times: without, with and again without the lookahead\n"
+           "                        (--lookahead in strata run --help: plain with always,\n"
+           "                        drafts with drafts), the two without on either side\n"
+           "      --lookahead on|off  off: plain and drafts once each\n"
            "      --streams N       then also N streams (each the prompt rotated by its index)\n"
            "                        decoding -n tokens in lockstep, one forward per step:\n"
            "                        aggregate and per-stream tok/s, hit rate and expert bytes\n"
@@ -298,8 +299,8 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             o->draft_device = v;
         else if (!strcmp(a, "--draft-max"))
             rc = args_i32("bench", a, v, 1, 64, &o->draft_max);
-        else if (!strcmp(a, "--spec-lookahead") && (!strcmp(v, "on") || !strcmp(v, "off")))
-            o->no_lookahead = !strcmp(v, "off");
+        else if (!strcmp(a, "--lookahead") && (!strcmp(v, "on") || !strcmp(v, "off")))
+            o->lookahead = !strcmp(v, "off") ? STRATA_LOOKAHEAD_OFF : STRATA_LOOKAHEAD_DRAFTS;
         else {
             fprintf(stderr, "strata bench: unknown option '%s' (see --help)\n", a);
             return 2;
@@ -568,16 +569,51 @@ static int bench_timed(const struct bench_opts *o, struct strata *st, struct str
     return rc;
 }
 
+/* One bench_spec run: what it generated and what the cache did meanwhile. */
+struct spec_run {
+    struct strata_generate_stats gs;
+    struct strata_stats d; /* the cache's counters over the run */
+    double tps;            /* tok/s of its decode loop */
+};
+
+static double spec_moved(const struct spec_run *r)
+{
+    return r->gs.n_gen
+               ? ((double)r->d.bytes_streamed + (double)r->d.bytes_zero_copy) / r->gs.n_gen / 1e6
+               : 0.0;
+}
+
+static double spec_hits(const struct spec_run *r)
+{
+    uint64_t acc = r->d.hits + r->d.misses;
+    return acc ? 100.0 * (double)r->d.hits / (double)acc : 0.0;
+}
+
+/* A lookahead run l against the runs without it just before (a) and after (b): the same
+ * tokens, so the cache each meets differs only by what the run before left in it. */
+static void spec_print_lookahead(const char *what, const struct spec_run *a,
+                                 const struct spec_run *l, const struct spec_run *b)
+{
+    double base = (a->tps + b->tps) / 2;
+    printf("spec         %s with the lookahead: %.2f tok/s against %.2f and %.2f without "
+           "(before and after) = %.2fx; %d forwards looked ahead, %lld experts copied ahead "
+           "(%llu used, %llu late, %.1f MB wasted); hit rate %.1f%% (without: %.1f%%, "
+           "%.1f%%); experts moved %.1f MB per token (without: %.1f, %.1f)\n",
+           what, l->tps, a->tps, b->tps, base > 0 ? l->tps / base : 0.0, l->gs.n_lookahead,
+           l->gs.lookahead_experts, (unsigned long long)l->d.prefetch_used,
+           (unsigned long long)l->d.prefetch_late, l->d.prefetch_wasted / 1e6, spec_hits(l),
+           spec_hits(a), spec_hits(b), spec_moved(l), spec_moved(a), spec_moved(b));
+}
+
 /* --spec: greedy generation after the prompt with strata_generate, plain and with drafts, in
- * the same process: tok/s of each, the drafts' statistics and the experts moved per token. */
+ * the same process: tok/s of each, the drafts' statistics and the experts moved per token.
+ * With ngram drafts and the lookahead not off, six runs: plain without, with (ALWAYS) and
+ * again without the lookahead, then drafts the same way. */
 static int bench_spec(const struct bench_opts *o, struct strata *st, struct strata_stream *ss)
 {
-    /* plain, drafts, and for prompt lookup drafts with their lookahead (after the run without
-     * it, so that a cache warmed by the runs before favours the run without) */
-    struct strata_generate_stats gs[3];
-    struct strata_stats pf[3];
-    double moved[3] = {0, 0, 0};
-    const int runs = o->spec_ngram && !o->no_lookahead ? 3 : 2;
+    struct spec_run r[6];
+    const bool look = o->spec_ngram && o->lookahead != STRATA_LOOKAHEAD_OFF;
+    const int runs = look ? 6 : 2, P = 0, D = look ? 3 : 1;
     int32_t last;
     int rc = 0;
     struct strata *dm = NULL;
@@ -597,20 +633,23 @@ static int bench_spec(const struct bench_opts *o, struct strata *st, struct stra
     for (int k = 0; k < runs && !rc; k++) {
         struct strata_generate_params p;
         struct strata_stats a, b;
+        const bool drafts = k >= D;
         strata_generate_params_init(&p);
         p.n_predict = o->n_gen;
         p.sampling.temperature = 0;
         p.ignore_eos = true;
-        p.draft_max = k ? o->draft_max : 0;
-        p.no_lookahead = k < 2;
+        p.draft_max = drafts ? o->draft_max : 0;
+        p.lookahead = !look || (k - (drafts ? D : P)) != 1 ? STRATA_LOOKAHEAD_OFF
+                      : drafts                             ? STRATA_LOOKAHEAD_DRAFTS
+                                                           : STRATA_LOOKAHEAD_ALWAYS;
         if (dr) {
             p.draft_fn = strata_drafter_draft;
             p.draft_ctx = dr;
         }
         /* the prompt's last token again, after the rest of it */
         strata_stream_truncate(ss, o->n_prompt - 1);
-        if (k && o->spec_mtp) { /* the block follows the stream from here (the rest of the
-                                 * prompt is evaluated again for it) */
+        if (drafts && o->spec_mtp) { /* the block follows the stream from here (the rest of the
+                                      * prompt is evaluated again for it) */
             if ((rc = strata_mtp_open(ss, &mtp)))
                 break;
             p.draft_fn = strata_mtp_draft;
@@ -618,11 +657,11 @@ static int bench_spec(const struct bench_opts *o, struct strata *st, struct stra
         }
         last = o->prompt[o->n_prompt - 1];
         strata_get_stats(st, &a);
-        rc = strata_generate(ss, &last, 1, &p, NULL, NULL, NULL, &gs[k]);
+        rc = strata_generate(ss, &last, 1, &p, NULL, NULL, NULL, &r[k].gs);
         strata_get_stats(st, &b);
-        moved[k] = (double)(b.bytes_streamed - a.bytes_streamed) +
-                   (double)(b.bytes_zero_copy - a.bytes_zero_copy);
-        pf[k] = (struct strata_stats){
+        r[k].d = (struct strata_stats){
+            .bytes_streamed = b.bytes_streamed - a.bytes_streamed,
+            .bytes_zero_copy = b.bytes_zero_copy - a.bytes_zero_copy,
             .prefetched = b.prefetched - a.prefetched,
             .prefetch_used = b.prefetch_used - a.prefetch_used,
             .prefetch_late = b.prefetch_late - a.prefetch_late,
@@ -630,6 +669,7 @@ static int bench_spec(const struct bench_opts *o, struct strata *st, struct stra
             .hits = b.hits - a.hits,
             .misses = b.misses - a.misses,
         };
+        r[k].tps = r[k].gs.n_gen > 1 ? (r[k].gs.n_gen - 1) / r[k].gs.t_gen_s : 0;
     }
     if (dr)
         strata_drafter_stats(dr, &d_eval, &d_secs);
@@ -640,11 +680,11 @@ static int bench_spec(const struct bench_opts *o, struct strata *st, struct stra
     strata_close(dm);
     if (rc)
         return cli_fail(o->spec_mtp && !mtp ? "--spec mtp" : "--spec: generation");
-    double t0 = gs[0].n_gen > 1 ? (gs[0].n_gen - 1) / gs[0].t_gen_s : 0;
-    double t1 = gs[1].n_gen > 1 ? (gs[1].n_gen - 1) / gs[1].t_gen_s : 0;
+    const struct strata_generate_stats *g = &r[D].gs;
+    double t0 = r[P].tps, t1 = r[D].tps;
     printf("spec         greedy generation of %d tokens: %.2f tok/s plain, %.2f tok/s with "
            "%s drafts (--draft-max %d) = %.2fx\n",
-           gs[1].n_gen, t0, t1,
+           g->n_gen, t0, t1,
            o->spec_draft ? "draft-model"
            : o->spec_mtp ? "MTP"
                          : "ngram",
@@ -652,35 +692,25 @@ static int bench_spec(const struct bench_opts *o, struct strata *st, struct stra
     if (o->spec_draft)
         printf("spec         draft model %s: %lld tokens evaluated in %.2f s (%.0f%% of the "
                "generation with drafts)\n",
-               o->draft_model, d_eval, d_secs,
-               gs[1].t_gen_s > 0 ? 100.0 * d_secs / gs[1].t_gen_s : 0.0);
+               o->draft_model, d_eval, d_secs, g->t_gen_s > 0 ? 100.0 * d_secs / g->t_gen_s : 0.0);
     if (o->spec_mtp)
         printf("spec         MTP block: %lld rows (following the stream and drafting); "
                "drafting took %.2f s (%.0f%% of the generation with drafts)\n",
-               d_eval, d_secs, gs[1].t_gen_s > 0 ? 100.0 * d_secs / gs[1].t_gen_s : 0.0);
+               d_eval, d_secs, g->t_gen_s > 0 ? 100.0 * d_secs / g->t_gen_s : 0.0);
     printf("spec         %d verify passes, %d drafted, %d accepted (%.1f%%), %.2f tokens per "
            "pass",
-           gs[1].n_verify, gs[1].n_drafted, gs[1].n_accepted,
-           gs[1].n_drafted ? 100.0 * gs[1].n_accepted / gs[1].n_drafted : 0.0,
-           gs[1].n_verify ? (double)(gs[1].n_verify + gs[1].n_accepted) / gs[1].n_verify : 0.0);
-    if (gs[1].n_paused)
-        printf(", %d steps paused", gs[1].n_paused);
-    if (moved[0] > 0 || moved[1] > 0)
-        printf("; experts moved %.1f MB per token plain, %.1f with drafts", moved[0] / gs[0].n_gen / 1e6,
-               moved[1] / gs[1].n_gen / 1e6);
+           g->n_verify, g->n_drafted, g->n_accepted,
+           g->n_drafted ? 100.0 * g->n_accepted / g->n_drafted : 0.0,
+           g->n_verify ? (double)(g->n_verify + g->n_accepted) / g->n_verify : 0.0);
+    if (g->n_paused)
+        printf(", %d steps paused", g->n_paused);
+    if (spec_moved(&r[P]) > 0 || spec_moved(&r[D]) > 0)
+        printf("; experts moved %.1f MB per token plain, %.1f with drafts", spec_moved(&r[P]),
+               spec_moved(&r[D]));
     printf("\n");
-    if (runs == 3) {
-        double t2 = gs[2].n_gen > 1 ? (gs[2].n_gen - 1) / gs[2].t_gen_s : 0;
-        uint64_t acc1 = pf[1].hits + pf[1].misses, acc2 = pf[2].hits + pf[2].misses;
-        printf("spec         with the lookahead: %.2f tok/s = %.2fx plain, %.2fx drafts "
-               "without it; %d of %d passes looked ahead, %lld experts copied ahead (%llu "
-               "used, %llu late, %.1f MB wasted); hit rate %.1f%% (without: %.1f%%); experts "
-               "moved %.1f MB per token\n",
-               t2, t0 > 0 ? t2 / t0 : 0.0, t1 > 0 ? t2 / t1 : 0.0, gs[2].n_lookahead,
-               gs[2].n_verify, gs[2].lookahead_experts, (unsigned long long)pf[2].prefetch_used,
-               (unsigned long long)pf[2].prefetch_late, pf[2].prefetch_wasted / 1e6,
-               acc2 ? 100.0 * pf[2].hits / acc2 : 0.0, acc1 ? 100.0 * pf[1].hits / acc1 : 0.0,
-               gs[2].n_gen ? moved[2] / gs[2].n_gen / 1e6 : 0.0);
+    if (look) {
+        spec_print_lookahead("plain", &r[0], &r[1], &r[2]);
+        spec_print_lookahead("drafts", &r[3], &r[4], &r[5]);
     }
     return 0;
 }

@@ -207,11 +207,13 @@ static void run_opts_usage(const char *cmd)
            "      --draft-max K       drafted tokens per pass at most, adapting below it to\n"
            "                          the acceptance rate (default 8 with --spec)\n"
            "      --draft-ngram N     longest suffix looked up, 2..8 (default 3)\n"
-           "      --spec-lookahead on|off\n"
-           "                          with --spec ngram under --vram-budget (copy and hybrid\n"
-           "                          placements): before each verify pass, copy into VRAM\n"
-           "                          the experts each layer chose where the drafted run\n"
-           "                          appeared before (default on)\n"
+           "      --lookahead drafts|always|off\n"
+           "                          under --vram-budget (copy and hybrid placements): where\n"
+           "                          the text's last tokens appeared before, copy into VRAM\n"
+           "                          ahead of the forward the experts each layer chose\n"
+           "                          there: before the verify passes of --spec ngram\n"
+           "                          (drafts, the default), before every decode step too\n"
+           "                          (always), or never (off)\n"
            "  -md, --draft-model F    the draft model of --spec draft: a small GGUF with the\n"
            "                          same vocabulary (checked token by token)\n"
            "      --draft-device D    where the draft model runs: auto, cpu or cuda (default\n"
@@ -430,11 +432,15 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->draft_max_set = true;
         } else if (IS("--draft-ngram", NULL)) {
             rc = args_i32(cmd, arg, v, 2, 8, &o->gen.draft_ngram);
-        } else if (IS("--spec-lookahead", NULL)) {
-            if (strcmp(v, "on") && strcmp(v, "off"))
-                rc = args_fail(cmd, arg, v, "on or off");
-            o->gen.no_lookahead = !strcmp(v, "off");
-            o->lookahead_set = true;
+        } else if (IS("--lookahead", NULL)) {
+            if (!strcmp(v, "drafts"))
+                o->gen.lookahead = STRATA_LOOKAHEAD_DRAFTS;
+            else if (!strcmp(v, "always"))
+                o->gen.lookahead = STRATA_LOOKAHEAD_ALWAYS;
+            else if (!strcmp(v, "off"))
+                o->gen.lookahead = STRATA_LOOKAHEAD_OFF;
+            else
+                rc = args_fail(cmd, arg, v, "drafts, always or off");
         } else if (IS("-s", "--seed")) {
             rc = args_u64(cmd, arg, v, 0, UINT64_MAX, &sc->seed);
             o->seed_set = true;
@@ -474,10 +480,6 @@ int run_opts_check(struct run_opts *o, const char *cmd)
         fprintf(stderr, "strata %s: %s\n", cmd,
                 o->spec_draft ? "--spec draft needs --draft-model FILE (-md)"
                               : "--draft-model is the draft model of --spec draft: add it");
-        return 2;
-    }
-    if (o->lookahead_set && !o->spec_ngram) {
-        fprintf(stderr, "strata %s: --spec-lookahead applies to --spec ngram\n", cmd);
         return 2;
     }
     if (o->draft_device && !o->spec_draft) {

@@ -58,7 +58,6 @@ struct run_opts {
     bool spec_draft;    /* --spec draft */
     bool spec_mtp;      /* --spec mtp */
     bool draft_max_set; /* --draft-max given (it needs --spec) */
-    bool lookahead_set; /* --spec-lookahead given (it needs --spec ngram) */
     const char *draft_model;  /* --draft-model FILE (-md), with --spec draft */
     const char *draft_device; /* --draft-device auto|cpu|cuda (default auto) */
 };

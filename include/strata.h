@@ -385,12 +385,15 @@ struct strata_generate_params {
      * so far) into out, their number (0: none this time). strata_drafter_draft is one. */
     int (*draft_fn)(void *ctx, const int32_t *hist, int n_hist, int k, int32_t *out);
     void *draft_ctx;
-    /* Prompt-lookup drafts copy a run of earlier tokens, whose routing the model has seen:
-     * before each verify pass, the experts every layer chose at those earlier positions are
-     * copied into VRAM slots (the copy and hybrid placements; docs/speculative.md). true turns
-     * that off; it never changes the output. */
-    bool no_lookahead;
+    /* Lookahead (docs/speculative.md): where the text's last tokens appeared before, the
+     * model has seen the routing of what follows; before a forward the experts every layer
+     * chose at those earlier positions are copied into VRAM slots (the copy and hybrid
+     * placements). STRATA_LOOKAHEAD_DRAFTS (the default): before the verify passes of
+     * prompt-lookup drafts; ALWAYS: before every decode step too; OFF: never. It never changes
+     * the output. */
+    int lookahead;
 };
+enum { STRATA_LOOKAHEAD_DRAFTS = 0, STRATA_LOOKAHEAD_ALWAYS = 1, STRATA_LOOKAHEAD_OFF = 2 };
 void strata_generate_params_init(struct strata_generate_params *p);
 
 /* A draft model for speculative decoding: another opened model with the same vocabulary as

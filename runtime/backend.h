@@ -189,7 +189,8 @@ struct backend_ops {
      * one-token calls lies one decode step, sampling included. */
     void (*eval_begin)(struct backend *b, int n);
     /* Optional: experts each layer is expected to use in the next step (moe_layer_lookahead:
-     * n_layer blocks of n ids, -1 for none). The number admitted, or -errno. */
+     * n_layer blocks of n ids, -1 for none). The number admitted, or -errno. NULL (the CPU
+     * backend, every expert in host memory): generation keeps no routing log for it. */
     int (*lookahead)(struct backend *b, const int32_t *ids, int n);
     void (*close)(struct backend *b);
 };

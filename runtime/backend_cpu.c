@@ -286,11 +286,6 @@ static int cpu_moe_ffn(struct backend *b, const struct moe_args *a)
     return rc;
 }
 
-static int cpu_lookahead(struct backend *b, const int32_t *ids, int n)
-{
-    return moe_layer_lookahead(cpu_of(b)->moe, ids, n);
-}
-
 /* Thread counts tried by the tuner: all processors, 3/4 and 1/2 of them (16 vCPUs of a KVM
  * guest decoded 45% slower with 16 threads than with 8 or 12: bench/cpu-decode.md). Fewer
  * than 6 processors, or OMP_NUM_THREADS set: none. */
@@ -408,7 +403,6 @@ static const struct backend_ops cpu_ops = {
     .moe_ffn = cpu_moe_ffn,
     .read = cpu_read,
     .eval_begin = cpu_eval_begin,
-    .lookahead = cpu_lookahead,
     .close = cpu_close,
 };
 

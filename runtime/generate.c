@@ -290,6 +290,11 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
             g.hist = NULL;
         }
     }
+    /* the lookahead before every step needs the history without drafts too (no memory for
+     * it: no lookahead) */
+    const bool look_all = cfg->lookahead == GENERATE_LOOKAHEAD_ALWAYS && s->b->ops->lookahead;
+    if (!rc && !g.hist && look_all)
+        g.hist = malloc(sizeof(int32_t) * ((size_t)n_prompt + (size_t)cfg->n_predict + 1));
     if (rc) {
         free(logits);
         free(drafts);
@@ -306,7 +311,10 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
         g.hist_pos0 = s->pos;
     }
     /* the lookahead's routing log: one entry of n_layer * k ids per position of hist */
-    if (g.hist && !cfg->draft_fn && !cfg->no_lookahead && s->b->ops->lookahead) {
+    const bool look_drafts =
+        spec && !cfg->draft_fn && s->b->ops->lookahead && cfg->lookahead != GENERATE_LOOKAHEAD_OFF;
+    const int ngram = cfg->draft_ngram >= 2 ? cfg->draft_ngram : 3;
+    if (g.hist && (look_all || look_drafts)) {
         const size_t row = (size_t)s->m->hp.n_layer * s->m->hp.n_expert_used;
         const size_t cap = (size_t)n_prompt + (size_t)cfg->n_predict + 1;
         g.log = malloc(sizeof(int32_t) * row * cap);
@@ -350,8 +358,11 @@ int generate_run(struct stream *s, const struct tokenizer *tok, const int32_t *p
         int k_adapt = spec ? generate_pace_len(&pace, kmax) : 0;
         st->n_paused = pace.n_paused;
         int k = k_adapt > 0 ? gen_drafts(&g, k_adapt, drafts + 1) : 0;
-        if (k > 0 && g.log) {
-            rc = gen_lookahead(&g, generate_ngram_source(g.hist, g.n_hist, cfg->draft_ngram), k);
+        /* the rows' sources: id's earlier occurrence and, for prompt-lookup drafts, the run
+         * after it */
+        if (g.log && ((k > 0 && look_drafts) || look_all)) {
+            int src = generate_ngram_source(g.hist, g.n_hist, ngram);
+            rc = src >= 0 ? gen_lookahead(&g, src, look_drafts ? k : 0) : 0;
             if (rc)
                 break;
         }

@@ -31,9 +31,13 @@ struct generate_config {
      * number */
     int (*draft_fn)(void *ctx, const int32_t *hist, int n_hist, int k, int32_t *out);
     void *draft_ctx;
-    /* prompt lookup: no lookahead (below) */
-    bool no_lookahead;
+    /* the lookahead (below): GENERATE_LOOKAHEAD_* */
+    int lookahead;
 };
+
+/* generate_config.lookahead: before prompt-lookup drafts' verify passes (the default), before
+ * every forward of the decode loop, never (the values of strata.h's STRATA_LOOKAHEAD_*) */
+enum { GENERATE_LOOKAHEAD_DRAFTS = 0, GENERATE_LOOKAHEAD_ALWAYS = 1, GENERATE_LOOKAHEAD_OFF = 2 };
 
 struct generate_stats {
     int n_prompt, n_gen;
@@ -44,7 +48,7 @@ struct generate_stats {
     bool spec_unavailable;     /* drafts were asked for, but the verify rows did not fit */
     int drafted_at[GENERATE_SPEC_POS], accepted_at[GENERATE_SPEC_POS]; /* per draft position */
     int n_paused; /* steps without drafts while drafting was paused */
-    int n_lookahead;             /* verify passes preceded by a lookahead */
+    int n_lookahead;             /* forwards preceded by a lookahead */
     long long lookahead_experts; /* experts those lookaheads admitted */
 };
 
@@ -76,13 +80,15 @@ int generate_ngram_draft(const int32_t *hist, int n_hist, int ngram, int k, int3
  * occurrence of the last m tokens), or -1: generate_ngram_draft's drafts are hist[src ..]. */
 int generate_ngram_source(const int32_t *hist, int n_hist, int ngram);
 
-/* Lookahead: a verify pass of prompt-lookup drafts evaluates id (hist's last token) and the
- * drafts hist[src ..], a run that already followed an earlier occurrence of id at src - 1, so
- * each row's routing is expected to be close to what its source position chose (measured on
- * the shipped model: 78-93% of a layer's choices, against 70% from the previous layer's input;
- * docs/speculative.md). With lookahead on (generate_config.no_lookahead false, prompt lookup),
- * the stream logs its routing per position (stream_set_route_log) and each verify pass is
- * preceded by the backend's lookahead (backend_ops.lookahead) with the sources' choices. */
+/* Lookahead: where the text's last tokens occurred before (generate_ngram_source: src), the
+ * token about to be evaluated, id (hist's last), repeats position src - 1 in the same local
+ * context, and a verify pass of prompt-lookup drafts hist[src ..] repeats the positions after
+ * it; each row's routing is expected to be close to what its source position chose (measured
+ * on the shipped model: 84% of a layer's choices, against 69% from the previous layer's input;
+ * docs/speculative.md). With the lookahead on (GENERATE_LOOKAHEAD_DRAFTS with prompt lookup,
+ * ALWAYS), the stream logs its routing per position (stream_set_route_log) and a forward is
+ * preceded by the backend's lookahead (backend_ops.lookahead) with the sources' choices:
+ * verify passes, and with ALWAYS single decode steps too. */
 
 /* Receives generated text as it completes; return nonzero to stop. */
 typedef int (*generate_emit_fn)(void *ctx, const char *text, size_t len);

@@ -786,7 +786,7 @@ int strata_generate(struct strata_stream *st, const int32_t *prompt, int n_promp
         .draft_ngram = p->draft_ngram,
         .draft_fn = p->draft_fn,
         .draft_ctx = p->draft_ctx,
-        .no_lookahead = p->no_lookahead,
+        .lookahead = p->lookahead,
     };
     struct generate_stats gs;
     int rc;
@@ -794,6 +794,8 @@ int strata_generate(struct strata_stream *st, const int32_t *prompt, int n_promp
     if (p->draft_max < 0 || p->draft_max > 64 || (p->draft_max && p->draft_ngram < 2))
         return err_set(-EINVAL, "strata_generate: draft_max %d (0..64), draft_ngram %d (>= 2)",
                        p->draft_max, p->draft_ngram);
+    if (p->lookahead < STRATA_LOOKAHEAD_DRAFTS || p->lookahead > STRATA_LOOKAHEAD_OFF)
+        return err_set(-EINVAL, "strata_generate: lookahead %d (STRATA_LOOKAHEAD_*)", p->lookahead);
     if (p->n_stop < 0 || p->n_stop > STRATA_MAX_STOP || p->n_predict < 0)
         return err_set(-EINVAL, "strata_generate: %d stop strings (at most %d), n_predict %d",
                        p->n_stop, STRATA_MAX_STOP, p->n_predict);

@@ -1842,9 +1842,9 @@ struct mtp_result {
 #define LA_GEN 48
 
 /* Greedy generation of LA_GEN tokens after p on backend config cc (NULL: the CPU backend),
- * with prompt-lookup drafts when draft_max > 0, the lookahead off when no_look. */
+ * with prompt-lookup drafts when draft_max > 0, the lookahead as look (GENERATE_LOOKAHEAD_*). */
 static int la_generate(const char *path, const struct backend_cuda_config *cc, const int32_t *p,
-                       int draft_max, bool no_look, int32_t *ids, struct generate_stats *gs,
+                       int draft_max, int look, int32_t *ids, struct generate_stats *gs,
                        struct moe_cache_totals *tot)
 {
     struct model *m = NULL;
@@ -1855,7 +1855,7 @@ static int la_generate(const char *path, const struct backend_cuda_config *cc, c
                                  .ignore_eos = true,
                                  .draft_max = draft_max,
                                  .draft_ngram = 3,
-                                 .no_lookahead = no_look};
+                                 .lookahead = look};
     int rc = model_open(path, &m);
     rc = rc ? rc : cc ? backend_cuda_open(m, cc, &b) : backend_cpu_open(m, &cpu, &b);
     rc = rc ? rc : stream_open(b, 256, 32, &s);
@@ -1956,18 +1956,32 @@ static void lookahead_checks(const char *path, const int32_t *prompt, bool with_
     struct generate_stats gs;
     struct moe_cache_totals tot;
     const struct backend_cuda_config all = {.device = 0};
-    CHECK(la_generate(path, &all, p, 0, true, plain, &gs, &tot) == 0, "%s: plain", path);
+    CHECK(la_generate(path, &all, p, 0, GENERATE_LOOKAHEAD_OFF, plain, &gs, &tot) == 0, "%s: plain",
+          path);
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-        int32_t ids[2][LA_GEN];
-        struct generate_stats g[2];
-        struct moe_cache_totals t[2];
+        int32_t ids[3][LA_GEN];
+        struct generate_stats g[3];
+        struct moe_cache_totals t[3];
         bool ok = true;
         for (int look = 0; look < 2 && ok; look++)
-            ok = la_generate(path, &cases[c].cc, p, 6, !look, ids[look], &g[look], &t[look]) == 0;
+            ok = la_generate(path, &cases[c].cc, p, 6,
+                             look ? GENERATE_LOOKAHEAD_DRAFTS : GENERATE_LOOKAHEAD_OFF, ids[look],
+                             &g[look], &t[look]) == 0;
+        /* plain decoding with the lookahead before every step */
+        ok = ok && la_generate(path, &cases[c].cc, p, 0, GENERATE_LOOKAHEAD_ALWAYS, ids[2], &g[2],
+                               &t[2]) == 0;
         CHECK(ok, "%s lookahead %s: generation failed", path, cases[c].what);
         if (!ok)
             continue;
         bool same = !memcmp(ids[0], plain, sizeof(plain)) && !memcmp(ids[1], plain, sizeof(plain));
+        bool same_plain = !memcmp(ids[2], plain, sizeof(plain));
+        printf("%s: plain decoding, %-22s greedy %s plain all resident; the lookahead before %d "
+               "of %d steps, %lld experts copied ahead, %llu used\n",
+               path, cases[c].what, same_plain ? "as" : "DIFFERS from", g[2].n_lookahead,
+               g[2].n_gen, g[2].lookahead_experts, (unsigned long long)t[2].prefetch_used);
+        CHECK(same_plain && g[2].n_lookahead > 0 && g[2].n_verify == 0,
+              "%s plain lookahead %s: ids %s, %d steps looked ahead, %d passes", path,
+              cases[c].what, same_plain ? "same" : "differ", g[2].n_lookahead, g[2].n_verify);
         printf("%s: ngram drafts, %-26s greedy %s plain all resident; %d passes, %d drafted; "
                "lookahead before %d of them, %lld experts copied ahead, %llu used (without "
                "it: %llu hits, %llu misses; with: %llu, %llu)\n",
