@@ -413,7 +413,10 @@ void moe_layer_set_log(struct moe_layer *ml, int32_t *const *rows, int n)
 
 int moe_layer_lookahead(struct moe_layer *ml, const int32_t *ids, int n)
 {
-    if (!ml->cache || ml->cpu_layers || ml->cfg.fill == MOE_FILL_ZEROCOPY ||
+    /* not under hybrid: its CPU lane serves misses without PCIe, and the lookahead's copies
+     * took slots from experts the lane's own admissions kept (the H200, W1-real at 1 GiB:
+     * plain decode's hit rate 73% with it against 78-80% without; bench/speculative.md) */
+    if (!ml->cache || ml->hybrid || ml->cpu_layers || ml->cfg.fill == MOE_FILL_ZEROCOPY ||
         ml->cfg.fill == MOE_FILL_DEVICE)
         return 0;
     int rc = expert_cache_lookahead(ml->cache, ids, n);

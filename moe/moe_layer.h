@@ -248,8 +248,8 @@ int moe_layer_cpu_layers(const struct moe_layer *ml);
 void moe_layer_set_log(struct moe_layer *ml, int32_t *const *rows, int n);
 
 /* Lookahead for the next step (expert_cache_lookahead): ids, n_layer blocks of n (-1: none),
- * the experts each layer is expected to use. The copy and hybrid placements admit and copy the
- * ones not resident at once; other placements ignore it. The number admitted, or -errno. */
+ * the experts each layer is expected to use. The copy placement admits and copies the ones not
+ * resident at once; others (hybrid included) ignore it. The number admitted, or -errno. */
 int moe_layer_lookahead(struct moe_layer *ml, const int32_t *ids, int n);
 
 #endif
