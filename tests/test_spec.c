@@ -1,5 +1,6 @@
 /* spec: speculative decoding with prompt-lookup drafts (strata_generate's draft_max).
- *  1. generate_ngram_draft finds the latest earlier occurrence of the longest suffix (3..2);
+ *  1. generate_ngram_draft finds the latest earlier occurrence of the longest suffix (3..2),
+ *     and generate_ngram_source (strata_ngram_source) the index its drafts start at;
  *  2. sampler_pick_draft's rule leaves the distribution unchanged: over a 2000 x 2000 grid of
  *     its two uniforms each token's share equals its probability within 1 / 2000 (a
  *     deterministic quadrature, not a statistical test);
@@ -79,6 +80,15 @@ static void test_ngram(void)
     const int32_t h4[] = {8, 9, 8, 9};
     n = generate_ngram_draft(h4, 4, 3, 8, out);
     CHECK(n == 2 && out[0] == 8 && out[1] == 9, "short history: %d drafts", n);
+    /* the source index: where the drafts start (the lookahead's rows repeat src - 1 ..) */
+    CHECK(generate_ngram_source(h, 14, 3) == 9 && h[9 - 1] == 7, "3-gram source %d, want 9",
+          generate_ngram_source(h, 14, 3));
+    CHECK(generate_ngram_source(h2, 7, 3) == 2, "2-gram source %d, want 2",
+          generate_ngram_source(h2, 7, 3));
+    CHECK(generate_ngram_source(h3, 4, 3) == -1, "1-gram source %d, want -1",
+          generate_ngram_source(h3, 4, 3));
+    CHECK(strata_ngram_source(h4, 4, 3) == 2, "short history source %d, want 2",
+          strata_ngram_source(h4, 4, 3));
 }
 
 static void test_rule(void)
