@@ -24,6 +24,8 @@
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define MOE_WARPS 8          /* output rows per block, one per warp */
 #define MOE_TILE_SMALL 4     /* pairs per tile on the grouped path: few pairs per expert */
@@ -854,6 +856,347 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct mo
         if (rr < p.n_embd)
             p.out[(int64_t)t * p.out_stride + rr] = anybad ? NAN : s;
     }
+}
+
+/* ---- bulk 8-bit path (decode, lockstep steps) --------------------------------------------------
+ * The direct path's arithmetic with each block's weight rows brought into shared memory by bulk
+ * copies (cp.async.bulk, the copy engine of compute capability 9.0) before any dot: one
+ * instruction moves a block's rows, so every row of the call is in flight at once instead of a
+ * warp's next units waiting on its last ones. Gate/up: block (pair, MOE_Q8_GU_ROWS rows), and
+ * only the first pair of each expert does work, for every pair that chose that expert (their h
+ * as the direct kernel computes it, bit for bit). Down: block (token, MOE_B8_DN_ROWS rows) with
+ * the direct kernel's warps and sums; its copies are issued before it waits on gate/up (the ids
+ * come from the router's kernel before gate/up, finished once gate/up runs), so the down rows
+ * stream in while gate/up computes. Rows that are not 16-byte aligned are copied by the
+ * block's threads instead (and on devices without bulk copies). */
+
+#define MOE_B8_GU_STAGES 4 /* gate/up: barriers, each for 8 gate and 8 up rows (4 warps' rows) */
+#define MOE_B8_DN_ROWS 8   /* down: output rows per block, MOE_Q8_DN_SPLIT warps each */
+#define MOE_B8_DN_THREADS (MOE_B8_DN_ROWS * MOE_Q8_DN_SPLIT * 32)
+#define MOE_B8_PAD 16 /* shared bytes past the last row: an MXFP4 unit's aligned words */
+#define MOE_B8_AUTO_SMEM (110 * 1024) /* the automatic choice: two gate/up blocks per SM */
+
+static __device__ __forceinline__ uint32_t moe_smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* Whether this device code has bulk copies; the host also asks the device (moe_bulk_ok). */
+static __device__ __forceinline__ bool moe_bulk_dev(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return true;
+#else
+    return false;
+#endif
+}
+
+/* mbarrier bar (one arrival expected) made visible to the bulk copies. One thread. */
+static __device__ __forceinline__ void moe_bar_init(uint64_t *bar)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(moe_smem_u32(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+    (void)bar;
+#endif
+}
+
+/* The one arrival on bar, announcing bytes to come by bulk copies. */
+static __device__ __forceinline__ void moe_bar_expect(uint64_t *bar, uint32_t bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(moe_smem_u32(bar)),
+                 "r"(bytes)
+                 : "memory");
+#else
+    (void)bar;
+    (void)bytes;
+#endif
+}
+
+/* bytes (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst,
+ * counted on bar. */
+static __device__ __forceinline__ void moe_bulk_copy(void *dst, const void *src, uint32_t bytes,
+                                                     uint64_t *bar)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];" ::"r"(moe_smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(moe_smem_u32(bar))
+                 : "memory");
+#else
+    (void)dst;
+    (void)src;
+    (void)bytes;
+    (void)bar;
+#endif
+}
+
+/* Waits until bar's first phase completes (its copies have landed). */
+static __device__ __forceinline__ void moe_bar_wait(uint64_t *bar)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t done = 0;
+    while (!done)
+        asm volatile(
+            "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
+            "selp.u32 %0, 1, 0, p;\n\t}"
+            : "=r"(done)
+            : "r"(moe_smem_u32(bar))
+            : "memory");
+#else
+    (void)bar;
+#endif
+}
+
+/* A copy the bulk engine can take: 16-byte aligned source and size. */
+static __device__ __forceinline__ bool moe_bulk_fits(const void *src, uint64_t bytes)
+{
+    return moe_bulk_dev() && (((uintptr_t)src | bytes) & 15) == 0;
+}
+
+/* The block's threads copy bytes from src to shared dst (byte loads: any alignment). */
+static __device__ __forceinline__ void moe_block_copy(uint8_t *dst, const uint8_t *src,
+                                                      uint64_t bytes)
+{
+    for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x)
+        dst[i] = src[i];
+}
+
+/* gate/up: block (pair, MOE_Q8_GU_ROWS rows), 16 warps of 2 rows. Shared memory: the 32 gate
+ * rows, then the 32 up rows, then MOE_B8_PAD bytes. Pairs are taken 32 at a time from this
+ * block's pair on: those of expert e are computed (h per pair into hs), then warp i quantizes
+ * pair i's 32 values as k_moe_gate_up_q8 does. */
+template <uint32_t WT>
+static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_b8(struct moe_params p)
+{
+    ops_pdl_begin();
+    extern __shared__ __align__(128) uint8_t moe_smem[];
+    __shared__ __align__(8) uint64_t bar[MOE_B8_GU_STAGES];
+    __shared__ float hs[32][MOE_Q8_GU_ROWS];
+    __shared__ int list[32];
+    __shared__ int n_list, bulk;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pair = blockIdx.x;
+    const int e = p.ids[pair];
+    const int64_t rb = (int64_t)blockIdx.y * MOE_Q8_GU_ROWS;
+    if (e < 0 || e >= p.n_expert) { /* uniform over the block: as k_moe_gate_up_q8 */
+        if (warp == 0) {
+            const int64_t hu = ((int64_t)pair * p.n_ff + rb) / 32;
+            p.hq[hu * 32 + lane] = 0;
+            if (lane == 0)
+                p.hd[hu] = make_float2(NAN, NAN);
+        }
+        return;
+    }
+    /* the first pair of expert e does the work of all of e's pairs */
+    int dup = 0;
+    for (int q = threadIdx.x; q < pair; q += blockDim.x)
+        dup |= p.ids[q] == e;
+    const uint8_t *gb = moe_expert(p.gate, p.gate_stride, p.gate_ptrs, e) + rb * p.gate_row;
+    const uint8_t *ub = moe_expert(p.up, p.up_stride, p.up_ptrs, e) + rb * p.up_row;
+    constexpr int SR = MOE_Q8_GU_ROWS / MOE_B8_GU_STAGES; /* rows per stage */
+    uint8_t *sg = moe_smem, *su = moe_smem + MOE_Q8_GU_ROWS * p.gate_row;
+    if (threadIdx.x == 0) {
+        const uint64_t gs = SR * p.gate_row, us = SR * p.up_row;
+        bulk = moe_bulk_fits(gb, gs) && moe_bulk_fits(ub, us);
+        if (bulk)
+            for (int s = 0; s < MOE_B8_GU_STAGES; s++)
+                moe_bar_init(&bar[s]);
+    }
+    if (__syncthreads_or(dup))
+        return;
+    if (bulk) {
+        if (threadIdx.x == 0) {
+            const uint64_t gs = SR * p.gate_row, us = SR * p.up_row;
+            for (int s = 0; s < MOE_B8_GU_STAGES; s++) {
+                moe_bar_expect(&bar[s], (uint32_t)(gs + us));
+                moe_bulk_copy(sg + s * gs, gb + s * gs, (uint32_t)gs, &bar[s]);
+                moe_bulk_copy(su + s * us, ub + s * us, (uint32_t)us, &bar[s]);
+            }
+        }
+    } else {
+        moe_block_copy(sg, gb, MOE_Q8_GU_ROWS * p.gate_row);
+        moe_block_copy(su, ub, MOE_Q8_GU_ROWS * p.up_row);
+    }
+    const int64_t nu = p.n_embd / 32;
+    bool waited = !bulk;
+    for (int q0 = pair; q0 < p.n_pairs; q0 += 32) {
+        if (warp == 0) {
+            const int q = q0 + lane;
+            const bool m = q < p.n_pairs && p.ids[q] == e;
+            const unsigned b = __ballot_sync(0xffffffffu, m);
+            if (m)
+                list[__popc(b & ((1u << lane) - 1u))] = q;
+            if (lane == 0)
+                n_list = __popc(b);
+        }
+        __syncthreads(); /* also: the block copy above has landed */
+        const int nl = n_list;
+        if (nl > 0 && !waited) {
+            moe_bar_wait(&bar[warp / (MOE_Q8_GU_WARPS / MOE_B8_GU_STAGES)]);
+            waited = true;
+        }
+        for (int pi = 0; pi < nl; pi++) { /* no pairs: straight to the barriers below */
+            const int pr = list[pi];
+            const int64_t t = pr / p.k;
+            const int8_t *xq = p.in_q8 + t * p.n_embd;
+            const float2 *xd = p.in_q8_d + t * nu;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int64_t rl = 2 * warp + i;
+                const uint8_t *gr = sg + rl * p.gate_row, *ur = su + rl * p.up_row;
+                float ag = 0.0f, au = 0.0f;
+                bool done = false;
+                if constexpr (moe_q8_unit<WT>::A16) {
+                    if ((((uintptr_t)gr | (uintptr_t)ur) & 15) == 0) {
+                        for (int64_t u = lane; u < nu; u += 32) {
+                            ag = moe_q8_unit<WT>::dot16(gr, u, xq, xd, ag);
+                            au = moe_q8_unit<WT>::dot16(ur, u, xq, xd, au);
+                        }
+                        done = true;
+                    }
+                }
+                if (!done) {
+                    for (int64_t u = lane; u < nu; u += 32) {
+                        ag = moe_q8_unit<WT>::dot(gr, u, xq, xd, ag);
+                        au = moe_q8_unit<WT>::dot(ur, u, xq, xd, au);
+                    }
+                }
+                const float gs = ops_warp_sum(ag), us = ops_warp_sum(au);
+                if (lane == 0)
+                    hs[pi][rl] = moe_h(p, e, rb + rl, gs, us);
+            }
+        }
+        __syncthreads();
+        for (int pi = warp; pi < nl; pi += MOE_Q8_GU_WARPS) { /* as k_moe_gate_up_q8 */
+            const int64_t hu = ((int64_t)list[pi] * p.n_ff + rb) / 32;
+            const float v = hs[pi][lane], amax = ops_warp_max(fabsf(v));
+            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            const int q = __float2int_rn(v * id);
+            p.hq[hu * 32 + lane] = (int8_t)q;
+            const int sum = __reduce_add_sync(0xffffffffu, q);
+            if (lane == 0)
+                p.hd[hu] = make_float2(amax / 127.0f, amax / 127.0f * (float)sum);
+        }
+        __syncthreads(); /* list, n_list and hs are reused */
+    }
+}
+
+/* down: block (token, MOE_B8_DN_ROWS rows); shared memory holds the rows of the token's k
+ * experts (expert j's MOE_B8_DN_ROWS rows at j * MOE_B8_DN_ROWS * down_row). The warps, their
+ * (expert, unit) walk and the sums are k_moe_down_q8's, so the outputs are its bits. */
+template <uint32_t WT>
+static __global__ void __launch_bounds__(MOE_B8_DN_THREADS, 2) k_moe_down_b8(struct moe_params p)
+{
+    extern __shared__ __align__(128) uint8_t moe_smem[];
+    __shared__ __align__(8) uint64_t bar;
+    __shared__ float part[MOE_B8_DN_ROWS * MOE_Q8_DN_SPLIT];
+    __shared__ int badw[MOE_B8_DN_ROWS * MOE_Q8_DN_SPLIT];
+    __shared__ int bulk;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.x;
+    const int sub = warp % MOE_Q8_DN_SPLIT, rl = warp / MOE_Q8_DN_SPLIT;
+    const int64_t r0 = (int64_t)blockIdx.y * MOE_B8_DN_ROWS, r = r0 + rl;
+    const uint64_t rows = MOE_B8_DN_ROWS * p.down_row; /* bytes per expert */
+    /* before the wait: ids are the router's (done before gate/up began), weights are weights */
+    if (threadIdx.x == 0) {
+        bool ok = true;
+        uint32_t bytes = 0;
+        for (int j = 0; j < p.k; j++) {
+            const int e = p.ids[(int64_t)t * p.k + j];
+            if (e >= 0 && e < p.n_expert) {
+                ok = ok &&
+                     moe_bulk_fits(
+                         moe_expert(p.down, p.down_stride, p.down_ptrs, e) + r0 * p.down_row, rows);
+                bytes += (uint32_t)rows;
+            }
+        }
+        bulk = ok;
+        if (ok) {
+            moe_bar_init(&bar);
+            moe_bar_expect(&bar, bytes);
+            for (int j = 0; j < p.k; j++) {
+                const int e = p.ids[(int64_t)t * p.k + j];
+                if (e >= 0 && e < p.n_expert)
+                    moe_bulk_copy(moe_smem + j * rows,
+                                  moe_expert(p.down, p.down_stride, p.down_ptrs, e) +
+                                      r0 * p.down_row,
+                                  (uint32_t)rows, &bar);
+            }
+        }
+    }
+    ops_pdl_begin();
+    __syncthreads();
+    if (bulk) {
+        moe_bar_wait(&bar);
+    } else {
+        for (int j = 0; j < p.k; j++) {
+            const int e = p.ids[(int64_t)t * p.k + j];
+            if (e >= 0 && e < p.n_expert)
+                moe_block_copy(moe_smem + j * rows,
+                               moe_expert(p.down, p.down_stride, p.down_ptrs, e) + r0 * p.down_row,
+                               rows);
+        }
+        __syncthreads();
+    }
+    const int nu = (int)(p.n_ff / 32);
+    float acc = 0.0f;
+    bool bad = false;
+    if (r < p.n_embd) {
+        int j = sub, u = lane;
+        while (u >= nu && j < p.k)
+            u -= nu, j += MOE_Q8_DN_SPLIT;
+#pragma unroll 1
+        for (; j < p.k;) {
+            const int64_t pr = (int64_t)t * p.k + j;
+            const int e = p.ids[pr];
+            if (e < 0 || e >= p.n_expert) {
+                bad = true;
+            } else {
+                const uint8_t *dr = moe_smem + (j * MOE_B8_DN_ROWS + rl) * p.down_row;
+                const float s =
+                    moe_q8_unit<WT>::dot(dr, u, p.hq + pr * p.n_ff, p.hd + pr * nu, 0.0f);
+                acc = fmaf(p.wts[pr], s, acc);
+            }
+            u += 32;
+            while (u >= nu && j < p.k)
+                u -= nu, j += MOE_Q8_DN_SPLIT;
+        }
+    }
+    acc = ops_warp_sum(acc);
+    bad = __any_sync(0xffffffffu, bad);
+    if (lane == 0) {
+        part[warp] = acc;
+        badw[warp] = bad;
+    }
+    __syncthreads();
+    if (threadIdx.x < MOE_B8_DN_ROWS) {
+        const int64_t rr = r0 + threadIdx.x;
+        float s = 0.0f;
+        int anybad = 0;
+        for (int i = 0; i < MOE_Q8_DN_SPLIT; i++) {
+            s = __fadd_rn(s, part[threadIdx.x * MOE_Q8_DN_SPLIT + i]);
+            anybad |= badw[threadIdx.x * MOE_Q8_DN_SPLIT + i];
+        }
+        if (p.down_b && !anybad && rr < p.n_embd)
+            for (int j = 0; j < p.k; j++) {
+                const int64_t pr = (int64_t)t * p.k + j;
+                s = fmaf(p.wts[pr], p.down_b[(int64_t)p.ids[pr] * p.n_embd + rr], s);
+            }
+        if (rr < p.n_embd)
+            p.out[(int64_t)t * p.out_stride + rr] = anybad ? NAN : s;
+    }
+}
+
+/* x of every token as 8-bit codes into scratch (xq, xd), for the bulk path when the caller has
+ * no copy: block t, row t. */
+static __global__ void __launch_bounds__(MOE_SORT_THREADS) k_moe_quant_x(struct moe_params p)
+{
+    ops_pdl_begin();
+    const int t = blockIdx.x;
+    const float *src = p.in + (int64_t)t * p.in_stride;
+    moe_q8_quantize(&src, 1, p.n_embd, p.xq + (int64_t)t * p.n_embd,
+                    p.xd + (int64_t)t * (p.n_embd / 32));
 }
 
 /* ---- grouped 8-bit path (lockstep steps) -------------------------------------------------------
@@ -1701,6 +2044,106 @@ static void moe_launch_down_gq8(const struct moe_params &p, unsigned tiles, cuda
                    MOE_WARPS * 32, 0, s, p);
 }
 
+/* ---- bulk 8-bit launchers ---- */
+
+/* Whether the device has bulk copies (compute capability 9.0 and later) and STRATA_MOE_BULK is
+ * not "0" in the environment (for comparison); decided once. */
+static bool moe_bulk_enabled(void)
+{
+    static int on = -1; /* a race writes the same value */
+    if (on < 0) {
+        const char *env = getenv("STRATA_MOE_BULK");
+        int dev = 0, major = 0;
+        on =
+            (!env || strcmp(env, "0") != 0) && cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+            major >= 9;
+    }
+    return on == 1;
+}
+
+/* Lets kernel take bytes of dynamic shared memory (*allowed: what it was last raised to, per
+ * kernel); false when the device cannot give them. A plain attribute call: legal inside a
+ * stream capture. */
+template <typename K> static bool moe_smem_allow(K *kernel, uint64_t bytes, uint64_t *allowed)
+{
+    if (bytes <= 48 * 1024 || bytes <= *allowed)
+        return true;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    *allowed = bytes;
+    return true;
+}
+
+static uint64_t moe_b8_gu_smem(const struct moe_params &p)
+{
+    return MOE_Q8_GU_ROWS * (p.gate_row + p.up_row) + MOE_B8_PAD;
+}
+
+static uint64_t moe_b8_dn_smem(const struct moe_params &p)
+{
+    return (uint64_t)p.k * MOE_B8_DN_ROWS * p.down_row + MOE_B8_PAD;
+}
+
+/* Raises both kernels' shared memory as needed; false (nothing launched) when either cannot
+ * have it. */
+template <uint32_t GT, uint32_t DT> static bool moe_b8_ready(const struct moe_params &p)
+{
+    if constexpr (moe_q8_type(GT) && moe_q8_type(DT)) {
+        static uint64_t gu, dn;
+        return moe_smem_allow(k_moe_gate_up_b8<GT>, moe_b8_gu_smem(p), &gu) &&
+               moe_smem_allow(k_moe_down_b8<DT>, moe_b8_dn_smem(p), &dn);
+    }
+    return false;
+}
+
+template <uint32_t GT> static bool moe_b8_ready_g(uint32_t dt, const struct moe_params &p)
+{
+    switch (dt) {
+    case QUANT_Q4_K:
+        return moe_b8_ready<GT, QUANT_Q4_K>(p);
+    case QUANT_Q6_K:
+        return moe_b8_ready<GT, QUANT_Q6_K>(p);
+    case QUANT_MXFP4:
+        return moe_b8_ready<GT, QUANT_MXFP4>(p);
+    default:
+        return false;
+    }
+}
+
+static bool moe_b8_ready_any(uint32_t gt, uint32_t dt, const struct moe_params &p)
+{
+    switch (gt) {
+    case QUANT_Q4_K:
+        return moe_b8_ready_g<QUANT_Q4_K>(dt, p);
+    case QUANT_Q6_K:
+        return moe_b8_ready_g<QUANT_Q6_K>(dt, p);
+    case QUANT_MXFP4:
+        return moe_b8_ready_g<QUANT_MXFP4>(dt, p);
+    default:
+        return false;
+    }
+}
+
+template <uint32_t WT>
+static void moe_launch_gate_up_b8(const struct moe_params &p, unsigned items, cudaStream_t s)
+{
+    if constexpr (moe_q8_type(WT))
+        ops_launch(k_moe_gate_up_b8<WT>, dim3(items, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS)),
+                   MOE_Q8_GU_WARPS * 32, moe_b8_gu_smem(p), s, p);
+}
+
+template <uint32_t WT>
+static void moe_launch_down_b8(const struct moe_params &p, unsigned items, cudaStream_t s)
+{
+    if constexpr (moe_q8_type(WT))
+        ops_launch(k_moe_down_b8<WT>, dim3(items, (unsigned)moe_cdiv(p.n_embd, MOE_B8_DN_ROWS)),
+                   MOE_B8_DN_THREADS, moe_b8_dn_smem(p), s, p);
+}
+
 #define MOE_DISPATCH(type, fn, ...)                                                                \
     switch (type) {                                                                                \
     case QUANT_F32:                                                                                \
@@ -1806,10 +2249,16 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     p.tile_n = (int32_t *)(sc + l.tile_n);
     p.n_tiles = (int32_t *)(sc + l.n_tiles);
 
+    const bool bulk8 = p.hq && a->n_embd % MOE_B8_DN_ROWS == 0 && moe_bulk_enabled() &&
+                       (a->path == CUDA_MOE_PATH_BULK8 ||
+                        (a->path == CUDA_MOE_PATH_AUTO && a->n_tok < CUDA_MOE_GROUPED8_MIN_TOK &&
+                         moe_b8_gu_smem(p) <= MOE_B8_AUTO_SMEM)) &&
+                       moe_b8_ready_any(a->gate_type, a->down_type, p);
     const bool grouped8 =
-        p.hq && (a->path == CUDA_MOE_PATH_GROUPED8 ||
-                 (a->path == CUDA_MOE_PATH_AUTO && a->n_tok >= CUDA_MOE_GROUPED8_MIN_TOK &&
-                  a->n_tok <= CUDA_MOE_GROUPED8_MAX_TOK));
+        !bulk8 && p.hq &&
+        (a->path == CUDA_MOE_PATH_GROUPED8 ||
+         (a->path == CUDA_MOE_PATH_AUTO && a->n_tok >= CUDA_MOE_GROUPED8_MIN_TOK &&
+          a->n_tok <= CUDA_MOE_GROUPED8_MAX_TOK));
     const int direct_max = p.hq ? CUDA_MOE_GROUPED8_MIN_TOK - 1 : CUDA_MOE_DIRECT_MAX_TOK;
     const bool autop = a->path == CUDA_MOE_PATH_AUTO && a->n_tok > direct_max && !grouped8;
     bool mma = a->path == CUDA_MOE_PATH_MMA ||
@@ -1818,7 +2267,15 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     bool grouped = a->path == CUDA_MOE_PATH_GROUPED || (autop && !mma) ||
                    (a->path == CUDA_MOE_PATH_GROUPED8 && !p.hq);
     cudaStream_t s = (cudaStream_t)a->stream;
-    if (grouped8) {
+    if (bulk8) {
+        if (!p.in_q8) {
+            ops_launch(k_moe_quant_x, a->n_tok, MOE_SORT_THREADS, 0, s, p);
+            p.in_q8 = p.xq;
+            p.in_q8_d = p.xd;
+        }
+        MOE_DISPATCH(a->gate_type, moe_launch_gate_up_b8, p, (unsigned)p.n_pairs, s);
+        MOE_DISPATCH(a->down_type, moe_launch_down_b8, p, (unsigned)a->n_tok, s);
+    } else if (grouped8) {
         p.tile = MOE_TILE_Q8;
         ops_launch(k_moe_prep_q8, 1 + a->n_tok, MOE_SORT_THREADS, 0, s, p);
         MOE_DISPATCH(a->gate_type, moe_launch_gate_up_gq8, p, (unsigned)l.max_tiles, s);

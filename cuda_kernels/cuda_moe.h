@@ -49,6 +49,8 @@ enum cuda_moe_path {
     CUDA_MOE_PATH_MMA = 3,      /* grouped, on tensor cores (bf16 products, float sums) */
     CUDA_MOE_PATH_GROUPED8 = 4, /* grouped on 8-bit codes (Q4_K/Q6_K/MXFP4 experts; others take
                                  * the grouped path) */
+    CUDA_MOE_PATH_BULK8 = 5,    /* the direct 8-bit arithmetic on weights brought into shared
+                                 * memory by bulk copies (compute capability 9.0; else direct) */
 };
 
 #define CUDA_MOE_DIRECT_MAX_TOK 4

@@ -335,8 +335,8 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
           *w_got = (float *)test_xmalloc(sizeof(float) * nk);
     float *ref = (float *)test_xmalloc(sizeof(float) * nx),
           *cpu = (float *)test_xmalloc(sizeof(float) * nx);
-    float *got[5];
-    for (int i = 0; i < 5; i++)
+    float *got[6];
+    for (int i = 0; i < 6; i++)
         got[i] = (float *)test_xmalloc(sizeof(float) * nx);
 
     moe_route_softmax_topk(logits, c->n_tok, c->n_expert, c->k, ids_ref, w_ref);
@@ -373,11 +373,11 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
           rc, id_bad, werr);
 
     /* 0: direct, 1: grouped, 2: tensor cores, 3: slot tables on the automatic path, 4: grouped
-     * 8-bit (the grouped path for other types) */
-    static const enum cuda_moe_path paths[5] = {CUDA_MOE_PATH_DIRECT, CUDA_MOE_PATH_GROUPED,
-                                                CUDA_MOE_PATH_MMA, CUDA_MOE_PATH_AUTO,
-                                                CUDA_MOE_PATH_GROUPED8};
-    for (int i = 0; i < 5; i++) {
+     * 8-bit (the grouped path for other types), 5: bulk 8-bit (the direct path elsewhere) */
+    static const enum cuda_moe_path paths[6] = {CUDA_MOE_PATH_DIRECT,   CUDA_MOE_PATH_GROUPED,
+                                                CUDA_MOE_PATH_MMA,      CUDA_MOE_PATH_AUTO,
+                                                CUDA_MOE_PATH_GROUPED8, CUDA_MOE_PATH_BULK8};
+    for (int i = 0; i < 6; i++) {
         test_dev_poison(d_out, sizeof(float) * nx);
         struct cuda_moe_args a =
             layer_args(&L, d_out, d_x, d_ids, d_w, d_scratch, sb, paths[i], i == 3);
@@ -396,16 +396,17 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
     errs(got[2], ref, nx, &mm, &mn);
     errs(got[4], got[0], nx, &g8m, &g8n);
     size_t dg = bits_differ(got[0], got[1], nx), dg8 = bits_differ(got[4], got[1], nx);
+    size_t db8 = bits_differ(got[5], got[0], nx);
     size_t ds = bits_differ(got[auto_path], got[3], nx);
-    static const char *const path_name[5] = {"direct", "grouped", "mma", "", "grouped8"};
+    static const char *const path_name[6] = {"direct", "grouped", "mma", "", "grouped8", "bulk8"};
     printf("moe %-5s/%-5s%s n_embd %4d n_ff %4d experts %3d k %d n_tok %3d: routing %zu ids "
            "differ, w err %.2g | vs double: direct%s norm %.3g max %.3g, grouped norm %.3g max "
            "%.3g, mma norm %.3g max %.3g, cpu norm %.3g | direct vs cpu: norm %.3g | grouped8 vs "
            "direct: norm %.3g max %.3g | grouped vs direct, slots vs auto (%s): %zu/%zu bits "
-           "differ\n",
-           quant_type_name(c->gt), quant_type_name(c->dt), c->oai ? " oai" : "", c->n_embd,
-           c->n_ff, c->n_expert, c->k, c->n_tok, id_bad, werr, q8 ? " (8-bit)" : "", en, em, fn, fm, mn, mm, cn, gn, g8n,
-           g8m, path_name[auto_path], dg, ds);
+           "differ, bulk8 vs direct %zu\n",
+           quant_type_name(c->gt), quant_type_name(c->dt), c->oai ? " oai" : "", c->n_embd, c->n_ff,
+           c->n_expert, c->k, c->n_tok, id_bad, werr, q8 ? " (8-bit)" : "", en, em, fn, fm, mn, mm,
+           cn, gn, g8n, g8m, path_name[auto_path], dg, ds, db8);
     CHECK(q8 ? en <= TOL_Q8_NORM && em <= TOL_Q8_MAX : en <= TOL_REF_NORM && em <= TOL_REF_MAX,
           "direct path vs double reference: norm %g max %g", en, em);
     CHECK(fn <= TOL_REF_NORM && fm <= TOL_REF_MAX,
@@ -413,8 +414,8 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
     CHECK(gn <= TOL_CPU_NORM, "gpu vs cpu path: norm %g", gn);
     CHECK(mn <= TOL_MMA_NORM && mm <= TOL_MMA_MAX, "mma vs double reference: norm %g max %g", mn,
           mm);
-    CHECK((q8 || dg == 0) && ds == 0, "paths disagree: grouped %zu, slots %zu elements differ", dg,
-          ds);
+    CHECK((q8 || dg == 0) && ds == 0 && db8 == 0,
+          "paths disagree: grouped %zu, slots %zu, bulk8 %zu elements differ", dg, ds, db8);
     if (q8)
         CHECK(g8n <= TOL_G8_NORM && g8m <= TOL_G8_MAX,
               "grouped 8-bit vs direct 8-bit: norm %g max %g", g8n, g8m);
@@ -426,8 +427,8 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
         int t = (int)rng_below(r, (uint32_t)c->n_tok), j = (int)rng_below(r, (uint32_t)c->k);
         int32_t bad = rng_below(r, 2) ? c->n_expert : -1;
         test_dev_put(d_ids + t * c->k + j, &bad, sizeof(bad));
-        static const int bad_paths[4] = {0, 1, 2, 4};
-        for (int bi = 0; bi < 4; bi++) {
+        static const int bad_paths[5] = {0, 1, 2, 4, 5};
+        for (int bi = 0; bi < 5; bi++) {
             const int i = bad_paths[bi];
             test_dev_poison(d_out, sizeof(float) * nx);
             struct cuda_moe_args a =
@@ -461,7 +462,7 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
     cuda_free(d_x), cuda_free(d_logits), cuda_free(d_ids), cuda_free(d_w), cuda_free(d_out);
     cuda_free(d_scratch);
     free(x), free(logits), free(ids_ref), free(ids_got), free(w_ref), free(w_got), free(ref);
-    free(cpu), free(got[0]), free(got[1]), free(got[2]), free(got[3]), free(got[4]);
+    free(cpu), free(got[0]), free(got[1]), free(got[2]), free(got[3]), free(got[4]), free(got[5]);
     layer_free(&L);
 }
 
@@ -570,14 +571,14 @@ static void bench_paths(struct rng *r)
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     printf("  bench: moe 2048x768 Q4_K/Q6_K 128 experts top-8: us per call (median of 25)\n"
-           "  bench: moe n_tok distinct    auto   direct  grouped      mma grouped8\n");
+           "  bench: moe n_tok distinct    auto   direct  grouped      mma grouped8    bulk8\n");
     for (int ti = 0; ti < 10; ti++) {
         int n = toks[ti], distinct = 0;
         bool seen[128] = {false};
         for (int i = 0; i < n * 8; i++)
             distinct += !seen[ids[i]], seen[ids[i]] = true;
-        double us[5];
-        for (int pi = 0; pi < 5; pi++) {
+        double us[6];
+        for (int pi = 0; pi < 6; pi++) {
             c.n_tok = n;
             struct cuda_moe_args a = layer_args(&L, d_out, d_x, d_ids, d_w, d_scratch, sb,
                                                 (enum cuda_moe_path)pi, false);
@@ -598,9 +599,75 @@ static void bench_paths(struct rng *r)
                 }
             us[pi] = rc ? -1 : 1e3 * t[12];
         }
-        printf("  bench: moe %5d %8d %7.1f  %7.1f  %7.1f  %7.1f  %7.1f\n", n, distinct, us[0],
-               us[1], us[2], us[3], us[4]);
+        printf("  bench: moe %5d %8d %7.1f  %7.1f  %7.1f  %7.1f  %7.1f  %7.1f\n", n, distinct,
+               us[0], us[1], us[2], us[3], us[4], us[5]);
     }
+    /* as decode runs it: the norm's 8-bit copy of x given (made here on the host, the same
+     * format), 16 calls captured in a graph, us per call over the replay (median of 5) */
+    int8_t *xq = (int8_t *)test_xmalloc((size_t)64 * c.n_embd);
+    float *xd = (float *)test_xmalloc(sizeof(float) * 2 * 64 * (c.n_embd / 32));
+    for (int u = 0; u < 64 * c.n_embd / 32; u++) {
+        float amax = 0.0f;
+        int sum = 0;
+        for (int i = 0; i < 32; i++)
+            amax = fmaxf(amax, fabsf(x[32 * u + i]));
+        for (int i = 0; i < 32; i++) {
+            int q = amax > 0.0f ? (int)rintf(x[32 * u + i] * (127.0f / amax)) : 0;
+            xq[32 * u + i] = (int8_t)q;
+            sum += q;
+        }
+        xd[2 * u] = amax / 127.0f;
+        xd[2 * u + 1] = amax / 127.0f * (float)sum;
+    }
+    int8_t *d_xq = (int8_t *)test_dev_dup(xq, (size_t)64 * c.n_embd);
+    float *d_xd = (float *)test_dev_dup(xd, sizeof(float) * 2 * 64 * (c.n_embd / 32));
+    cudaStream_t st;
+    cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    printf("  bench: moe graph of 16 calls, x's 8-bit copy given: us per call (median of 5)\n"
+           "  bench: moe n_tok   direct    bulk8\n");
+    static const int gtoks[] = {1, 2, 4, 8, 16, 24};
+    for (int ti = 0; ti < 6; ti++) {
+        double us[2];
+        for (int pi = 0; pi < 2; pi++) {
+            c.n_tok = gtoks[ti];
+            struct cuda_moe_args a =
+                layer_args(&L, d_out, d_x, d_ids, d_w, d_scratch, sb,
+                           pi ? CUDA_MOE_PATH_BULK8 : CUDA_MOE_PATH_DIRECT, false);
+            a.in_q8 = d_xq, a.in_q8_scales = d_xd, a.stream = st;
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            int rc = 0;
+            if (cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) != cudaSuccess)
+                fatal("bench capture");
+            for (int i = 0; i < 16; i++)
+                rc |= cuda_moe_ffn(&a);
+            if (cudaStreamEndCapture(st, &g) != cudaSuccess ||
+                cudaGraphInstantiate(&ge, g, 0) != cudaSuccess)
+                fatal("bench graph");
+            float t[5];
+            cudaGraphLaunch(ge, st);
+            for (int i = 0; i < 5; i++) {
+                cudaEventRecord(e0, st);
+                cudaGraphLaunch(ge, st);
+                cudaEventRecord(e1, st);
+                cudaEventSynchronize(e1);
+                cudaEventElapsedTime(&t[i], e0, e1);
+            }
+            for (int i = 1; i < 5; i++)
+                for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+                    float tmp = t[j];
+                    t[j] = t[j - 1];
+                    t[j - 1] = tmp;
+                }
+            us[pi] = rc ? -1 : 1e3 * t[2] / 16;
+            cudaGraphExecDestroy(ge);
+            cudaGraphDestroy(g);
+        }
+        printf("  bench: moe %5d  %7.1f  %7.1f\n", gtoks[ti], us[0], us[1]);
+    }
+    cudaStreamDestroy(st);
+    cuda_free(d_xq), cuda_free(d_xd);
+    free(xq), free(xd);
     c.n_tok = 64;
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# GPU machine: the bulk 8-bit MoE path against the direct one in one build and one lease
+# (ENVS: environment settings each run takes; STRATA_MOE_BULK=0 selects the direct path):
+# the CUDA tests named in TESTS, then the 30b-a3b q4_k_m preset all resident (pp512/tg128
+# eager and with --graph), lockstep decode of NS streams, and the budgets of WHERE.
+set -u
+. bench/device-env.sh
+nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader
+for t in ${TESTS:-}; do
+    "$B/$t" >"$OUT/$t.log" 2>&1
+    echo "$t rc=$?"
+    grep -E "FAIL|failed|bench:" "$OUT/$t.log" | head -40
+done
+gen_30b
+ENVS=${ENVS:-"X=1 STRATA_MOE_BULK=0"}
+for round in $(seq ${ROUNDS:-1}); do
+    for e in $ENVS; do
+        for g in "" --graph; do
+            echo "### round $round $e bench --device cuda $g"
+            env $e "$B/strata" bench -m $M --device cuda $g -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)"
+        done
+    done
+done
+for n in ${NS:-}; do
+    for e in $ENVS; do
+        echo "### $e bench --device cuda --streams $n"
+        env $e "$B/strata" bench -m $M --device cuda -p 64 -n 64 --bw-gib 0.1 --streams $n --tg random 2>&1 | grep -E "^(tg|lockstep)"
+    done
+done
+IFS=, read -ra wheres <<<"${WHERE:-}"
+for w in "${wheres[@]}"; do
+    for e in $ENVS; do
+        echo "### $e bench $w"
+        env $e timeout 120 "$B/strata" bench -m $M $w -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)[0-9]|hit"
+    done
+done
