@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU machine: the bulk 8-bit MoE path against the direct one in one build and one lease
-# (ENVS: environment settings each run takes; STRATA_MOE_BULK=0 selects the direct path):
+# (ENVS: environment settings each run takes; STRATA_MOE_BULK=0 keeps decode on the direct
+# path, STRATA_MOE_BULK=N takes the bulk path up to N tokens):
 # the CUDA tests named in TESTS, then the 30b-a3b q4_k_m preset all resident (pp512/tg128
-# eager and with --graph), lockstep decode of NS streams, and the budgets of WHERE.
+# eager and with --graph), lockstep decode of NS streams, the budgets of WHERE and (NCU=1)
+# ncu's per-kernel decode times.
 set -u
 . bench/device-env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader
@@ -34,3 +36,9 @@ for w in "${wheres[@]}"; do
         env $e timeout 120 "$B/strata" bench -m $M $w -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)[0-9]|hit"
     done
 done
+if [ -n "${NCU:-}" ]; then # ncu's per-kernel decode times (graph), each setting of ENVS
+    for e in $ENVS; do
+        echo "### ncu $e"
+        env $e bash -c ". bench/device-env.sh; ncu_decode $OUT/ncu-${e%%=*}-${e##*=}.txt --graph" | sort -rn | head -24
+    done
+fi

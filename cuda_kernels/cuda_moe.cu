@@ -2046,20 +2046,31 @@ static void moe_launch_down_gq8(const struct moe_params &p, unsigned tiles, cuda
 
 /* ---- bulk 8-bit launchers ---- */
 
-/* Whether the device has bulk copies (compute capability 9.0 and later) and STRATA_MOE_BULK is
- * not "0" in the environment (for comparison); decided once. */
-static bool moe_bulk_enabled(void)
+/* Whether the device has bulk copies (compute capability 9.0 and later); decided once. */
+static bool moe_bulk_dev_ok(void)
 {
     static int on = -1; /* a race writes the same value */
     if (on < 0) {
-        const char *env = getenv("STRATA_MOE_BULK");
         int dev = 0, major = 0;
         on =
-            (!env || strcmp(env, "0") != 0) && cudaGetDevice(&dev) == cudaSuccess &&
+            cudaGetDevice(&dev) == cudaSuccess &&
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
             major >= 9;
     }
     return on == 1;
+}
+
+/* Up to how many tokens the automatic choice takes the bulk path: CUDA_MOE_BULK8_MAX_TOK, or
+ * the number STRATA_MOE_BULK gives in the environment (0: never; for comparisons). */
+static int moe_bulk_max_tok(void)
+{
+    static int n = -1;
+    if (n < 0) {
+        const char *env = getenv("STRATA_MOE_BULK");
+        const int v = env && *env ? atoi(env) : CUDA_MOE_BULK8_MAX_TOK;
+        n = v < 0 ? 0 : v;
+    }
+    return n;
 }
 
 /* Lets kernel take bytes of dynamic shared memory (*allowed: what it was last raised to, per
@@ -2067,7 +2078,7 @@ static bool moe_bulk_enabled(void)
  * stream capture. */
 template <typename K> static bool moe_smem_allow(K *kernel, uint64_t bytes, uint64_t *allowed)
 {
-    if (bytes <= 48 * 1024 || bytes <= *allowed)
+    if (bytes <= MOE_Q8_MAX_SMEM - 8 * 1024 || bytes <= *allowed) /* room for static arrays */
         return true;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) !=
         cudaSuccess) {
@@ -2249,11 +2260,12 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     p.tile_n = (int32_t *)(sc + l.tile_n);
     p.n_tiles = (int32_t *)(sc + l.n_tiles);
 
-    const bool bulk8 = p.hq && a->n_embd % MOE_B8_DN_ROWS == 0 && moe_bulk_enabled() &&
-                       (a->path == CUDA_MOE_PATH_BULK8 ||
-                        (a->path == CUDA_MOE_PATH_AUTO && a->n_tok < CUDA_MOE_GROUPED8_MIN_TOK &&
-                         moe_b8_gu_smem(p) <= MOE_B8_AUTO_SMEM)) &&
-                       moe_b8_ready_any(a->gate_type, a->down_type, p);
+    const bool bulk8 =
+        p.hq && a->n_embd % MOE_B8_DN_ROWS == 0 &&
+        (a->path == CUDA_MOE_PATH_BULK8 ||
+         (a->path == CUDA_MOE_PATH_AUTO && a->n_tok <= moe_bulk_max_tok() &&
+          a->n_tok < CUDA_MOE_GROUPED8_MIN_TOK && moe_b8_gu_smem(p) <= MOE_B8_AUTO_SMEM)) &&
+        moe_bulk_dev_ok() && moe_b8_ready_any(a->gate_type, a->down_type, p);
     const bool grouped8 =
         !bulk8 && p.hq &&
         (a->path == CUDA_MOE_PATH_GROUPED8 ||

@@ -63,6 +63,9 @@ enum cuda_moe_path {
  *   grouped8    42  179  348  396  497   569
  *   mma        107  455  808  824  980  1002 */
 #define CUDA_MOE_GROUPED8_MIN_TOK 32
+/* ... and the bulk 8-bit path (compute capability 9.0) up to this many tokens (the
+ * environment's STRATA_MOE_BULK, a number, replaces it) */
+#define CUDA_MOE_BULK8_MAX_TOK 1
 #define CUDA_MOE_GROUPED8_MAX_TOK 64
 #define CUDA_MOE_MMA_MIN_TOK 32 /* the automatic choice takes the tensor cores from this many
                                  * tokens, for every weight type but F32 (kept exact) */
