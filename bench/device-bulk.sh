@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU machine: the bulk 8-bit MoE path against the direct one in one build and one lease
-# (ENVS: environment settings each run takes; STRATA_MOE_BULK=0 keeps decode on the direct
-# path, STRATA_MOE_BULK=N takes the bulk path up to N tokens):
+# (ENVS: the environment settings each run takes, commas between the variables of one:
+# STRATA_MOE_BULK=0 keeps decode on the direct path, STRATA_MOE_BULK=N takes the bulk path up
+# to N tokens, STRATA_MOE_DOWN_PF=1 has the direct down kernel ask for its rows in L2 before it
+# waits on gate/up):
 # the CUDA tests named in TESTS, then the 30b-a3b q4_k_m preset all resident (pp512/tg128
 # eager and with --graph), lockstep decode of NS streams, the budgets of WHERE and (NCU=1)
 # ncu's per-kernel decode times.
@@ -19,26 +21,26 @@ for round in $(seq ${ROUNDS:-1}); do
     for e in $ENVS; do
         for g in "" --graph; do
             echo "### round $round $e bench --device cuda $g"
-            env $e "$B/strata" bench -m $M --device cuda $g -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)"
+            env ${e//,/ } "$B/strata" bench -m $M --device cuda $g -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)"
         done
     done
 done
 for n in ${NS:-}; do
     for e in $ENVS; do
         echo "### $e bench --device cuda --streams $n"
-        env $e "$B/strata" bench -m $M --device cuda -p 64 -n 64 --bw-gib 0.1 --streams $n --tg random 2>&1 | grep -E "^(tg|lockstep)"
+        env ${e//,/ } "$B/strata" bench -m $M --device cuda -p 64 -n 64 --bw-gib 0.1 --streams $n --tg random 2>&1 | grep -E "^(tg|lockstep)"
     done
 done
 IFS=, read -ra wheres <<<"${WHERE:-}"
 for w in "${wheres[@]}"; do
     for e in $ENVS; do
         echo "### $e bench $w"
-        env $e timeout 120 "$B/strata" bench -m $M $w -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)[0-9]|hit"
+        env ${e//,/ } timeout 120 "$B/strata" bench -m $M $w -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)[0-9]|hit"
     done
 done
 if [ -n "${NCU:-}" ]; then # ncu's per-kernel decode times (graph), each setting of ENVS
     for e in $ENVS; do
         echo "### ncu $e"
-        env $e bash -c ". bench/device-env.sh; ncu_decode $OUT/ncu-${e%%=*}-${e##*=}.txt --graph" | sort -rn | head -24
+        env ${e//,/ } bash -c ". bench/device-env.sh; ncu_decode $OUT/ncu-${e//[=,]/-}.txt --graph" | sort -rn | head -24
     done
 fi
