@@ -59,7 +59,6 @@ struct moe_params {
     const float *gate_b, *up_b; /* NULL or (n_expert, n_ff): gpt-oss's biases */
     const float *down_b;        /* NULL or (n_expert, n_embd) */
     int oai;                    /* h = gpt-oss's clamped SwiGLU instead of silu(gate) up */
-    int down_pf; /* k_moe_down_q8 asks for its rows in L2 before it waits on gate/up */
     /* scratch views */
     float *h;         /* (n_pairs, n_ff) silu(gate x) * up x of each pair */
     int8_t *hq;       /* (n_pairs, n_ff) h as 8-bit codes (the 8-bit direct path) */
@@ -802,16 +801,6 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
 template <uint32_t WT>
 static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct moe_params p)
 {
-    if (p.down_pf && threadIdx.x < p.k) { /* before the wait: the ids are the router's, done
-                                           * before gate/up began (as k_moe_down_b8) */
-        const int e = p.ids[(int64_t)blockIdx.x * p.k + threadIdx.x];
-        const int64_t r0 = (int64_t)blockIdx.y * MOE_Q8_DN_ROWS;
-        if (e >= 0 && e < p.n_expert) {
-            const uint8_t *d = moe_expert(p.down, p.down_stride, p.down_ptrs, e);
-            ops_l2_prefetch(d + r0 * p.down_row,
-                            d + min(r0 + MOE_Q8_DN_ROWS, p.n_embd) * p.down_row);
-        }
-    }
     ops_pdl_begin();
     __shared__ float part[MOE_WARPS];
     __shared__ int badw[MOE_WARPS];
@@ -2071,18 +2060,6 @@ static bool moe_bulk_dev_ok(void)
     return on == 1;
 }
 
-/* Whether the direct 8-bit down kernel asks for its rows in L2 before it waits on gate/up:
- * STRATA_MOE_DOWN_PF=1 in the environment (a comparison); decided once. */
-static int moe_down_pf(void)
-{
-    static int on = -1;
-    if (on < 0) {
-        const char *env = getenv("STRATA_MOE_DOWN_PF");
-        on = env && strcmp(env, "1") == 0;
-    }
-    return on;
-}
-
 /* Up to how many tokens the automatic choice takes the bulk path: CUDA_MOE_BULK8_MAX_TOK, or
  * the number STRATA_MOE_BULK gives in the environment (0: never; for comparisons). */
 static int moe_bulk_max_tok(void)
@@ -2268,7 +2245,6 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     p.up_b = a->up_b;
     p.down_b = a->down_b;
     p.oai = a->act_oai;
-    p.down_pf = moe_down_pf();
     if (moe_q8_ok(a->gate_type, a->down_type, a->n_embd, a->n_ff)) {
         p.hq = (int8_t *)(sc + l.hq);
         p.hd = (float2 *)(sc + l.hd);
