@@ -38,7 +38,7 @@ for w in "${wheres[@]}"; do
     done
 done
 if [ -n "${NCU:-}" ]; then # ncu's per-kernel decode times (graph), each setting of ENVS
-    for e in $ENVS; do
+    for e in ${NCU_ENVS:-$ENVS}; do
         echo "### ncu $e"
         env ${e//,/ } bash -c ". bench/device-env.sh; ncu_decode $OUT/ncu-${e//[=,]/-}.txt --graph" | sort -rn | head -24
     done
