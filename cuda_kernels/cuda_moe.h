@@ -11,6 +11,9 @@
  *           MXFP4 the weights are dotted with 8-bit activation codes (x and h, one scale per 32
  *           elements, integer dot products, as the CPU backend does); otherwise the direct path
  *           performs the grouped path's float operations.
+ *   bulk8   (one-token calls, compute capability 9.0): the 8-bit direct arithmetic on rows
+ *           brought into shared memory by bulk copies, the down rows' copies issued before
+ *           gate/up ends; outputs equal the 8-bit direct path's bit for bit.
  *   grouped8 (Q4_K/Q6_K/MXFP4 experts, lockstep steps of several tokens): the grouped path's sort,
  *           then each selected expert's 8-bit units loaded once for every pair that chose it.
  *           Its h equals the direct path's bit for bit; down results go per pair to scratch
@@ -43,7 +46,8 @@ extern "C" {
 enum cuda_moe_path {
     CUDA_MOE_PATH_AUTO = 0,     /* direct up to CUDA_MOE_DIRECT_MAX_TOK tokens, then mma from
                                  * CUDA_MOE_MMA_MIN_TOK (not F32), else grouped; Q4_K/Q6_K/
-                                 * MXFP4: direct, grouped8, mma (CUDA_MOE_GROUPED8_MIN/MAX_TOK) */
+                                 * MXFP4: bulk8 (CUDA_MOE_BULK8_MAX_TOK), direct, grouped8, mma
+                                 * (CUDA_MOE_GROUPED8_MIN/MAX_TOK) */
     CUDA_MOE_PATH_DIRECT = 1,   /* one pass per (token, expert) pair */
     CUDA_MOE_PATH_GROUPED = 2,  /* pairs grouped by expert on the device */
     CUDA_MOE_PATH_MMA = 3,      /* grouped, on tensor cores (bf16 products, float sums) */
