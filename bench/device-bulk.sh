@@ -2,7 +2,7 @@
 # GPU machine: the bulk 8-bit MoE path against the direct one in one build and one lease
 # (ENVS: the environment settings each run takes, commas between the variables of one:
 # STRATA_MOE_BULK=0 keeps decode on the direct path, STRATA_MOE_BULK=N takes the bulk path up
-# to N tokens, STRATA_MOE_BULK_XS=0 keeps the bulk gate/up kernel's token codes in global memory):
+# to N tokens):
 # the CUDA tests named in TESTS, then the 30b-a3b q4_k_m preset all resident (pp512/tg128
 # eager and with --graph), lockstep decode of NS streams, the budgets of WHERE and (NCU=1)
 # ncu's per-kernel decode times.

@@ -964,19 +964,12 @@ static __device__ __forceinline__ void moe_block_copy(uint8_t *dst, const uint8_
         dst[i] = src[i];
 }
 
-/* Where the gate/up kernel's copy of a token's codes starts in its shared memory. */
-static __host__ __device__ __forceinline__ uint64_t moe_b8_xs_at(const struct moe_params &p)
-{
-    return (MOE_Q8_GU_ROWS * (p.gate_row + p.up_row) + MOE_B8_PAD + 15) & ~(uint64_t)15;
-}
-
 /* gate/up: block (pair, MOE_Q8_GU_ROWS rows), 16 warps of 2 rows. Shared memory: the 32 gate
  * rows, then the 32 up rows, then MOE_B8_PAD bytes. Pairs are taken 32 at a time from this
  * block's pair on: those of expert e are computed (h per pair into hs), then warp i quantizes
  * pair i's 32 values as k_moe_gate_up_q8 does. */
-template <uint32_t WT, bool XS>
-static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32, XS ? 2 : 1)
-    k_moe_gate_up_b8(struct moe_params p)
+template <uint32_t WT>
+static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_b8(struct moe_params p)
 {
     ops_pdl_begin();
     extern __shared__ __align__(128) uint8_t moe_smem[];
@@ -1028,10 +1021,6 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32, XS ? 2 : 1)
     }
     const int64_t nu = p.n_embd / 32;
     bool waited = !bulk;
-    /* XS: after the rows, the codes of the token being computed (moe_b8_gu_smem) */
-    int8_t *xs = (int8_t *)moe_smem + moe_b8_xs_at(p);
-    float2 *xsd = (float2 *)(xs + p.n_embd);
-    int64_t t_in = -1;
     for (int q0 = pair; q0 < p.n_pairs; q0 += 32) {
         if (warp == 0) {
             const int q = q0 + lane;
@@ -1044,28 +1033,15 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32, XS ? 2 : 1)
         }
         __syncthreads(); /* also: the block copy above has landed */
         const int nl = n_list;
+        if (nl > 0 && !waited) {
+            moe_bar_wait(&bar[warp / (MOE_Q8_GU_WARPS / MOE_B8_GU_STAGES)]);
+            waited = true;
+        }
         for (int pi = 0; pi < nl; pi++) { /* no pairs: straight to the barriers below */
             const int pr = list[pi];
             const int64_t t = pr / p.k;
             const int8_t *xq = p.in_q8 + t * p.n_embd;
             const float2 *xd = p.in_q8_d + t * nu;
-            if constexpr (XS) { /* token t's codes into shared memory (uniform: list is) */
-                if (t != t_in) {
-                    __syncthreads(); /* the last token's readers are done */
-                    for (int64_t i = threadIdx.x; i < p.n_embd / 16; i += blockDim.x)
-                        ((int4 *)xs)[i] = ((const int4 *)xq)[i];
-                    for (int64_t i = threadIdx.x; i < nu; i += blockDim.x)
-                        xsd[i] = xd[i];
-                    __syncthreads();
-                    t_in = t;
-                }
-                xq = xs;
-                xd = xsd;
-            }
-            if (!waited) {
-                moe_bar_wait(&bar[warp / (MOE_Q8_GU_WARPS / MOE_B8_GU_STAGES)]);
-                waited = true;
-            }
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 const int64_t rl = 2 * warp + i;
@@ -1074,7 +1050,6 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32, XS ? 2 : 1)
                 bool done = false;
                 if constexpr (moe_q8_unit<WT>::A16) {
                     if ((((uintptr_t)gr | (uintptr_t)ur) & 15) == 0) {
-#pragma unroll(XS ? 2 : 1)
                         for (int64_t u = lane; u < nu; u += 32) {
                             ag = moe_q8_unit<WT>::dot16(gr, u, xq, xd, ag);
                             au = moe_q8_unit<WT>::dot16(ur, u, xq, xd, au);
@@ -2114,22 +2089,9 @@ template <typename K> static bool moe_smem_allow(K *kernel, uint64_t bytes, uint
     return true;
 }
 
-/* Whether the bulk gate/up kernel copies each token's codes into shared memory and unrolls its
- * unit loop by 2: unless STRATA_MOE_BULK_XS=0 in the environment (a comparison). */
-static bool moe_b8_xs(void)
+static uint64_t moe_b8_gu_smem(const struct moe_params &p)
 {
-    static int on = -1;
-    if (on < 0) {
-        const char *env = getenv("STRATA_MOE_BULK_XS");
-        on = !env || strcmp(env, "0") != 0;
-    }
-    return on == 1;
-}
-
-static uint64_t moe_b8_gu_smem(const struct moe_params &p, bool xs)
-{
-    return xs ? moe_b8_xs_at(p) + p.n_embd + (p.n_embd / 32) * 8
-              : MOE_Q8_GU_ROWS * (p.gate_row + p.up_row) + MOE_B8_PAD;
+    return MOE_Q8_GU_ROWS * (p.gate_row + p.up_row) + MOE_B8_PAD;
 }
 
 static uint64_t moe_b8_dn_smem(const struct moe_params &p)
@@ -2142,10 +2104,8 @@ static uint64_t moe_b8_dn_smem(const struct moe_params &p)
 template <uint32_t GT, uint32_t DT> static bool moe_b8_ready(const struct moe_params &p)
 {
     if constexpr (moe_q8_type(GT) && moe_q8_type(DT)) {
-        static uint64_t gu, gux, dn;
-        return (moe_b8_xs()
-                    ? moe_smem_allow(k_moe_gate_up_b8<GT, true>, moe_b8_gu_smem(p, true), &gux)
-                    : moe_smem_allow(k_moe_gate_up_b8<GT, false>, moe_b8_gu_smem(p, false), &gu)) &&
+        static uint64_t gu, dn;
+        return moe_smem_allow(k_moe_gate_up_b8<GT>, moe_b8_gu_smem(p), &gu) &&
                moe_smem_allow(k_moe_down_b8<DT>, moe_b8_dn_smem(p), &dn);
     }
     return false;
@@ -2182,15 +2142,9 @@ static bool moe_b8_ready_any(uint32_t gt, uint32_t dt, const struct moe_params &
 template <uint32_t WT>
 static void moe_launch_gate_up_b8(const struct moe_params &p, unsigned items, cudaStream_t s)
 {
-    if constexpr (moe_q8_type(WT)) {
-        const dim3 grid(items, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS));
-        if (moe_b8_xs())
-            ops_launch(k_moe_gate_up_b8<WT, true>, grid, MOE_Q8_GU_WARPS * 32,
-                       moe_b8_gu_smem(p, true), s, p);
-        else
-            ops_launch(k_moe_gate_up_b8<WT, false>, grid, MOE_Q8_GU_WARPS * 32,
-                       moe_b8_gu_smem(p, false), s, p);
-    }
+    if constexpr (moe_q8_type(WT))
+        ops_launch(k_moe_gate_up_b8<WT>, dim3(items, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS)),
+                   MOE_Q8_GU_WARPS * 32, moe_b8_gu_smem(p), s, p);
 }
 
 template <uint32_t WT>
@@ -2306,12 +2260,12 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     p.tile_n = (int32_t *)(sc + l.tile_n);
     p.n_tiles = (int32_t *)(sc + l.n_tiles);
 
-    const bool bulk8 = p.hq && a->n_embd % MOE_B8_DN_ROWS == 0 &&
-                       (a->path == CUDA_MOE_PATH_BULK8 ||
-                        (a->path == CUDA_MOE_PATH_AUTO && a->n_tok <= moe_bulk_max_tok() &&
-                         a->n_tok < CUDA_MOE_GROUPED8_MIN_TOK &&
-                         moe_b8_gu_smem(p, moe_b8_xs()) <= MOE_B8_AUTO_SMEM)) &&
-                       moe_bulk_dev_ok() && moe_b8_ready_any(a->gate_type, a->down_type, p);
+    const bool bulk8 =
+        p.hq && a->n_embd % MOE_B8_DN_ROWS == 0 &&
+        (a->path == CUDA_MOE_PATH_BULK8 ||
+         (a->path == CUDA_MOE_PATH_AUTO && a->n_tok <= moe_bulk_max_tok() &&
+          a->n_tok < CUDA_MOE_GROUPED8_MIN_TOK && moe_b8_gu_smem(p) <= MOE_B8_AUTO_SMEM)) &&
+        moe_bulk_dev_ok() && moe_b8_ready_any(a->gate_type, a->down_type, p);
     const bool grouped8 =
         !bulk8 && p.hq &&
         (a->path == CUDA_MOE_PATH_GROUPED8 ||
