@@ -9,8 +9,6 @@
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 /* ==== kernels ================================================================================ */
 
@@ -48,7 +46,6 @@ struct attn_params {
     float scale;
     const float *sinks; /* NULL or (n_head): a logit per head in each row's softmax sum */
     int window;         /* > 0: row t sees keys pos(t) - window + 1 .. pos(t) only */
-    int l2_kv; /* k_attn_dec asks for its keys and values in L2 before it waits (attn_l2_kv) */
     int R, T, n_split;
     float *part_acc;        /* (n_split, n_tok * n_head, hd) */
     float *part_m, *part_l; /* (n_split, n_tok * n_head) */
@@ -399,11 +396,10 @@ static __device__ __forceinline__ void attd_merge(const struct attn_params &p, i
  * One kernel over ~120 lines: the query rows (q[RMAX][D]), the next tile's loads and the P V
  * accumulators live in registers across the tile loop, and the scores, max and sums in shared
  * memory between its phases. */
-#define ATTD_L2_KEYS 512 /* keys per block asked for in L2 before the wait */
-
 template <int D, int RMAX>
 static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_params p)
 {
+    ops_pdl_begin();
     constexpr int SUB = attd_sub(D), HD = 32 * D;
     __shared__ __align__(16) float ks[SUB * HD], vs[SUB * HD];
     __shared__ float ps[RMAX][SUB];        /* scores, then probabilities, of one tile */
@@ -444,20 +440,6 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
     klo = p.window > 0 ? ops_imax(klo, 0) : 0;
     const int chunk = attd_chunk(kmax - klo, SUB);
     const int kb = klo + split * chunk, ke = ops_imin(kb + chunk, kmax);
-    /* Up to here only parameters, the rows' cache pointers and positions (uploaded before the
-     * step) are read, so the block's keys and values can be asked for in L2 before the wait:
-     * the kernel before (the q/k rope and cache store) writes the newest key and value, which a
-     * prefetch into L2 may fetch before or after that write (L2 sees the write either way).
-     * At most the first ATTD_L2_KEYS keys: a long context's would only evict each other. */
-    if (p.l2_kv) {
-        const int64_t kvw = (int64_t)p.n_head_kv * HD;
-        for (int j = kb + tid; j < ops_imin(ke, kb + ATTD_L2_KEYS); j += ATTD_THREADS) {
-            const int64_t at = (int64_t)j * kvw + kv_off;
-            ops_l2_prefetch(p.k + at, p.k + at + HD);
-            ops_l2_prefetch(p.v + at, p.v + at + HD);
-        }
-    }
-    ops_pdl_begin();
 
     attd_tile<D> tile;
     if (kb < ke)
@@ -1266,18 +1248,6 @@ static bool attp_launch(const struct cuda_attn_args *a, struct attn_params *p, c
     return true;
 }
 
-/* Whether the decode kernel asks for its keys and values in L2 before it waits on the kernel
- * before it: unless STRATA_ATTN_L2=0 in the environment (a comparison); decided once. */
-static int attn_l2_kv(void)
-{
-    static int on = -1; /* a race writes the same value */
-    if (on < 0) {
-        const char *env = getenv("STRATA_ATTN_L2");
-        on = !env || strcmp(env, "0") != 0;
-    }
-    return on;
-}
-
 extern "C" int cuda_attention(const struct cuda_attn_args *a)
 {
     if (!a || a->n_tok < 0 || a->n_ctx < 1 || a->n_head < 1 || a->n_head_kv < 1 ||
@@ -1289,7 +1259,6 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
     if (a->n_tok == 0)
         return 0;
     struct attn_params p = {};
-    p.l2_kv = attn_l2_kv();
     p.out = a->out;
     p.q = a->q;
     p.k = a->k_cache;
