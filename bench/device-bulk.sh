@@ -5,7 +5,7 @@
 # to N tokens):
 # the CUDA tests named in TESTS, then the 30b-a3b q4_k_m preset all resident (pp512/tg128
 # eager and with --graph), lockstep decode of NS streams, the budgets of WHERE and (NCU=1)
-# ncu's per-kernel decode times.
+# ncu's per-kernel decode times, (W1REAL=1) W1-real at 2 GiB, copies and the GPU's cache.
 set -u
 . bench/device-env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader
@@ -41,5 +41,15 @@ if [ -n "${NCU:-}" ]; then # ncu's per-kernel decode times (graph), each setting
     for e in ${NCU_ENVS:-$ENVS}; do
         echo "### ncu $e"
         env ${e//,/ } bash -c ". bench/device-env.sh; ncu_decode $OUT/ncu-${e//[=,]/-}.txt --graph" | sort -rn | head -24
+    done
+fi
+if [ -n "${W1REAL:-}" ]; then # W1-real at 2 GiB: the copy cache and the GPU's cache in a graph
+    w1_setup
+    F=(-m $W1 -f /tmp/eval.txt --tg greedy --bw-gib 0.25 -p 512 -n 256 --vram-budget 2G)
+    for e in $ENVS; do
+        for w in "--placement stream" "--residency gpu --graph"; do
+            echo "### $e bench W1-real 2G $w"
+            env ${e//,/ } timeout 120 "$B/strata" bench "${F[@]}" $w 2>&1 | grep -E "^(pp|tg)[0-9]|^cache"
+        done
     done
 fi
