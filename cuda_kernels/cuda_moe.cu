@@ -430,6 +430,11 @@ static __global__ void k_moe_combine(struct moe_params p)
 #define MOE_Q8_DN_SPLIT 4 /* down: warps per row, each taking every 4th expert */
 #define MOE_Q8_DN_ROWS (MOE_WARPS / MOE_Q8_DN_SPLIT)
 #define MOE_Q8_MAX_SMEM (48 * 1024)
+#define MOE_B8_GU_STAGES 4 /* gate/up: barriers, each for 8 gate and 8 up rows (4 warps' rows) */
+#define MOE_B8_DN_ROWS 8   /* down: output rows per block, MOE_Q8_DN_SPLIT warps each */
+#define MOE_B8_DN_THREADS (MOE_B8_DN_ROWS * MOE_Q8_DN_SPLIT * 32)
+#define MOE_B8_PAD 16 /* shared bytes past the last row: an MXFP4 unit's aligned words */
+#define MOE_B8_AUTO_SMEM (110 * 1024) /* the automatic choice: two gate/up blocks per SM */
 
 static constexpr bool moe_q8_type(uint32_t t)
 {
@@ -717,6 +722,73 @@ static __device__ __forceinline__ typename moe_q8_unit<WT>::w moe_q8_load(const 
     return moe_q8_unit<WT>::load(row, u);
 }
 
+/* One gate row and one up row dotted with x's codes by a warp, lane l taking units l, l + 32,
+ * ... (16-byte loads where the type has them and both rows are aligned; not unrolled:
+ * unrolling measured slower, docs/cuda-ops.md): the warp's two sums, on every lane. */
+template <uint32_t WT>
+static __device__ __forceinline__ float2 moe_q8_gu_row(const uint8_t *gr, const uint8_t *ur,
+                                                       int64_t nu, int lane, const int8_t *xq,
+                                                       const float2 *xd)
+{
+    float ag = 0.0f, au = 0.0f;
+    bool done = false;
+    if constexpr (moe_q8_unit<WT>::A16) {
+        if ((((uintptr_t)gr | (uintptr_t)ur) & 15) == 0) {
+            for (int64_t u = lane; u < nu; u += 32) {
+                ag = moe_q8_unit<WT>::dot16(gr, u, xq, xd, ag);
+                au = moe_q8_unit<WT>::dot16(ur, u, xq, xd, au);
+            }
+            done = true;
+        }
+    }
+    if (!done) {
+        for (int64_t u = lane; u < nu; u += 32) {
+            ag = moe_q8_unit<WT>::dot(gr, u, xq, xd, ag);
+            au = moe_q8_unit<WT>::dot(ur, u, xq, xd, au);
+        }
+    }
+    return make_float2(ops_warp_sum(ag), ops_warp_sum(au));
+}
+
+/* A warp writes 32 values of h (lane i holding value i) as unit hu of codes, as
+ * moe_q8_quantize does. */
+static __device__ __forceinline__ void moe_q8_h_unit(const struct moe_params &p, int64_t hu,
+                                                     float v, int lane)
+{
+    const float amax = ops_warp_max(fabsf(v));
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const int q = __float2int_rn(v * id);
+    p.hq[hu * 32 + lane] = (int8_t)q;
+    const int sum = __reduce_add_sync(0xffffffffu, q);
+    if (lane == 0)
+        p.hd[hu] = make_float2(amax / 127.0f, amax / 127.0f * (float)sum);
+}
+
+/* The block's down rows r0 .. r0 + rows - 1 of token t from the warps' sums (part, badw: warp
+ * MOE_Q8_DN_SPLIT r + s for row r), added in order s, then w_j b_j in order j, by threads
+ * 0 .. rows - 1. */
+static __device__ __forceinline__ void moe_q8_down_store(const struct moe_params &p, int t,
+                                                         int64_t r0, int rows, const float *part,
+                                                         const int *badw)
+{
+    if (threadIdx.x >= rows)
+        return;
+    const int64_t rr = r0 + threadIdx.x;
+    float s = 0.0f;
+    int anybad = 0;
+    for (int i = 0; i < MOE_Q8_DN_SPLIT; i++) {
+        s = __fadd_rn(s, part[threadIdx.x * MOE_Q8_DN_SPLIT + i]);
+        anybad |= badw[threadIdx.x * MOE_Q8_DN_SPLIT + i];
+    }
+    if (p.down_b && !anybad && rr < p.n_embd) /* sum_j w_j b_j, j in order */
+        for (int j = 0; j < p.k; j++) {
+            const int64_t pr = (int64_t)t * p.k + j;
+            s = fmaf(p.wts[pr], p.down_b[(int64_t)p.ids[pr] * p.n_embd + rr], s);
+        }
+    if (rr < p.n_embd)
+        p.out[(int64_t)t * p.out_stride + rr] = anybad ? NAN : s;
+}
+
 /* direct gate/up on codes: block (pair, MOE_Q8_GU_ROWS rows), warp w rows 2w and 2w + 1. The
  * block's 32 values of h are then quantized (one unit of codes for the down kernel). */
 template <uint32_t WT>
@@ -760,39 +832,14 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int64_t r = r0 + i;
-        const uint8_t *gr = gb + r * p.gate_row, *ur = ub + r * p.up_row;
-        float ag = 0.0f, au = 0.0f;
-        bool done = false;
-        if constexpr (moe_q8_unit<WT>::A16) {
-            if ((((uintptr_t)gr | (uintptr_t)ur) & 15) == 0) {
-                /* not unrolled: unrolling measured slower (docs/cuda-ops.md) */
-                for (int64_t u = lane; u < nu; u += 32) {
-                    ag = moe_q8_unit<WT>::dot16(gr, u, xq, xd, ag);
-                    au = moe_q8_unit<WT>::dot16(ur, u, xq, xd, au);
-                }
-                done = true;
-            }
-        }
-        if (!done) {
-            for (int64_t u = lane; u < nu; u += 32) {
-                ag = moe_q8_unit<WT>::dot(gr, u, xq, xd, ag);
-                au = moe_q8_unit<WT>::dot(ur, u, xq, xd, au);
-            }
-        }
-        const float gs = ops_warp_sum(ag), us = ops_warp_sum(au);
+        const float2 gu =
+            moe_q8_gu_row<WT>(gb + r * p.gate_row, ub + r * p.up_row, nu, lane, xq, xd);
         if (lane == 0)
-            hs[2 * warp + i] = moe_h(p, e, r, gs, us);
+            hs[2 * warp + i] = moe_h(p, e, r, gu.x, gu.y);
     }
     __syncthreads();
-    if (warp == 0) { /* as moe_q8_quantize, one unit */
-        const float v = hs[lane], amax = ops_warp_max(fabsf(v));
-        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        const int q = __float2int_rn(v * id);
-        p.hq[hu * 32 + lane] = (int8_t)q;
-        const int sum = __reduce_add_sync(0xffffffffu, q);
-        if (lane == 0)
-            p.hd[hu] = make_float2(amax / 127.0f, amax / 127.0f * (float)sum);
-    }
+    if (warp == 0)
+        moe_q8_h_unit(p, hu, hs[lane], lane);
 }
 
 /* direct down on codes: block (token, MOE_Q8_DN_ROWS rows); MOE_Q8_DN_SPLIT warps per row, warp
@@ -806,7 +853,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct mo
     __shared__ int badw[MOE_WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.x;
     const int sub = warp % MOE_Q8_DN_SPLIT, rl = warp / MOE_Q8_DN_SPLIT;
-    const int64_t r = (int64_t)blockIdx.y * MOE_Q8_DN_ROWS + rl;
+    const int64_t r0 = (int64_t)blockIdx.y * MOE_Q8_DN_ROWS, r = r0 + rl;
     const int nu = (int)(p.n_ff / 32);
     float acc = 0.0f;
     bool bad = false;
@@ -840,22 +887,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct mo
         badw[warp] = bad;
     }
     __syncthreads();
-    if (threadIdx.x < MOE_Q8_DN_ROWS) {
-        const int64_t rr = (int64_t)blockIdx.y * MOE_Q8_DN_ROWS + threadIdx.x;
-        float s = 0.0f;
-        int anybad = 0;
-        for (int i = 0; i < MOE_Q8_DN_SPLIT; i++) {
-            s = __fadd_rn(s, part[threadIdx.x * MOE_Q8_DN_SPLIT + i]);
-            anybad |= badw[threadIdx.x * MOE_Q8_DN_SPLIT + i];
-        }
-        if (p.down_b && !anybad && rr < p.n_embd) /* sum_j w_j b_j, j in order */
-            for (int j = 0; j < p.k; j++) {
-                const int64_t pr = (int64_t)t * p.k + j;
-                s = fmaf(p.wts[pr], p.down_b[(int64_t)p.ids[pr] * p.n_embd + rr], s);
-            }
-        if (rr < p.n_embd)
-            p.out[(int64_t)t * p.out_stride + rr] = anybad ? NAN : s;
-    }
+    moe_q8_down_store(p, t, r0, MOE_Q8_DN_ROWS, part, badw);
 }
 
 /* ---- bulk 8-bit path (decode, lockstep steps) --------------------------------------------------
@@ -869,12 +901,6 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct mo
  * come from the router's kernel before gate/up, finished once gate/up runs), so the down rows
  * stream in while gate/up computes. Rows that are not 16-byte aligned are copied by the
  * block's threads instead (and on devices without bulk copies). */
-
-#define MOE_B8_GU_STAGES 4 /* gate/up: barriers, each for 8 gate and 8 up rows (4 warps' rows) */
-#define MOE_B8_DN_ROWS 8   /* down: output rows per block, MOE_Q8_DN_SPLIT warps each */
-#define MOE_B8_DN_THREADS (MOE_B8_DN_ROWS * MOE_Q8_DN_SPLIT * 32)
-#define MOE_B8_PAD 16 /* shared bytes past the last row: an MXFP4 unit's aligned words */
-#define MOE_B8_AUTO_SMEM (110 * 1024) /* the automatic choice: two gate/up blocks per SM */
 
 static __device__ __forceinline__ uint32_t moe_smem_u32(const void *p)
 {
@@ -1045,40 +1071,15 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_b8(
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 const int64_t rl = 2 * warp + i;
-                const uint8_t *gr = sg + rl * p.gate_row, *ur = su + rl * p.up_row;
-                float ag = 0.0f, au = 0.0f;
-                bool done = false;
-                if constexpr (moe_q8_unit<WT>::A16) {
-                    if ((((uintptr_t)gr | (uintptr_t)ur) & 15) == 0) {
-                        for (int64_t u = lane; u < nu; u += 32) {
-                            ag = moe_q8_unit<WT>::dot16(gr, u, xq, xd, ag);
-                            au = moe_q8_unit<WT>::dot16(ur, u, xq, xd, au);
-                        }
-                        done = true;
-                    }
-                }
-                if (!done) {
-                    for (int64_t u = lane; u < nu; u += 32) {
-                        ag = moe_q8_unit<WT>::dot(gr, u, xq, xd, ag);
-                        au = moe_q8_unit<WT>::dot(ur, u, xq, xd, au);
-                    }
-                }
-                const float gs = ops_warp_sum(ag), us = ops_warp_sum(au);
+                const float2 gu =
+                    moe_q8_gu_row<WT>(sg + rl * p.gate_row, su + rl * p.up_row, nu, lane, xq, xd);
                 if (lane == 0)
-                    hs[pi][rl] = moe_h(p, e, rb + rl, gs, us);
+                    hs[pi][rl] = moe_h(p, e, rb + rl, gu.x, gu.y);
             }
         }
         __syncthreads();
-        for (int pi = warp; pi < nl; pi += MOE_Q8_GU_WARPS) { /* as k_moe_gate_up_q8 */
-            const int64_t hu = ((int64_t)list[pi] * p.n_ff + rb) / 32;
-            const float v = hs[pi][lane], amax = ops_warp_max(fabsf(v));
-            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            const int q = __float2int_rn(v * id);
-            p.hq[hu * 32 + lane] = (int8_t)q;
-            const int sum = __reduce_add_sync(0xffffffffu, q);
-            if (lane == 0)
-                p.hd[hu] = make_float2(amax / 127.0f, amax / 127.0f * (float)sum);
-        }
+        for (int pi = warp; pi < nl; pi += MOE_Q8_GU_WARPS)
+            moe_q8_h_unit(p, ((int64_t)list[pi] * p.n_ff + rb) / 32, hs[pi][lane], lane);
         __syncthreads(); /* list, n_list and hs are reused */
     }
 }
@@ -1142,7 +1143,8 @@ static __global__ void __launch_bounds__(MOE_B8_DN_THREADS, 2) k_moe_down_b8(str
     const int nu = (int)(p.n_ff / 32);
     float acc = 0.0f;
     bool bad = false;
-    if (r < p.n_embd) {
+    if (r < p.n_embd) { /* k_moe_down_q8's walk on the shared rows, not unrolled (32 registers:
+                         * two blocks of 1024 threads per SM) */
         int j = sub, u = lane;
         while (u >= nu && j < p.k)
             u -= nu, j += MOE_Q8_DN_SPLIT;
@@ -1170,22 +1172,7 @@ static __global__ void __launch_bounds__(MOE_B8_DN_THREADS, 2) k_moe_down_b8(str
         badw[warp] = bad;
     }
     __syncthreads();
-    if (threadIdx.x < MOE_B8_DN_ROWS) {
-        const int64_t rr = r0 + threadIdx.x;
-        float s = 0.0f;
-        int anybad = 0;
-        for (int i = 0; i < MOE_Q8_DN_SPLIT; i++) {
-            s = __fadd_rn(s, part[threadIdx.x * MOE_Q8_DN_SPLIT + i]);
-            anybad |= badw[threadIdx.x * MOE_Q8_DN_SPLIT + i];
-        }
-        if (p.down_b && !anybad && rr < p.n_embd)
-            for (int j = 0; j < p.k; j++) {
-                const int64_t pr = (int64_t)t * p.k + j;
-                s = fmaf(p.wts[pr], p.down_b[(int64_t)p.ids[pr] * p.n_embd + rr], s);
-            }
-        if (rr < p.n_embd)
-            p.out[(int64_t)t * p.out_stride + rr] = anybad ? NAN : s;
-    }
+    moe_q8_down_store(p, t, r0, MOE_B8_DN_ROWS, part, badw);
 }
 
 /* x of every token as 8-bit codes into scratch (xq, xd), for the bulk path when the caller has
