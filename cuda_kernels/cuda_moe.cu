@@ -75,35 +75,9 @@ struct moe_params {
     int32_t *tile_b;  /* (max_tiles) first position in sorted */
     int32_t *tile_n;  /* (max_tiles) pairs in the tile, 1..tile */
     int32_t *n_tiles; /* (1) tiles written by the sort */
-    /* cuda_moe_args.ahead: ranges asked into L2 by the down kernel, laid end to end */
-    const uint8_t *ahead[CUDA_MOE_MAX_AHEAD];
-    uint32_t ahead_bytes[CUDA_MOE_MAX_AHEAD];
-    uint32_t ahead_total; /* < 2^31 */
-    int n_ahead;
 };
 
 /* ==== kernels ================================================================================ */
-
-/* This block's share of the ranges the call asks into L2 (cuda_moe_args.ahead): the ranges laid
- * end to end and cut into one slice of whole 16-byte units per block of the grid, thread 0
- * issuing it. Weights only (no kernel of a step writes them), so it may run before the wait. */
-static __device__ __forceinline__ void moe_l2_ahead(const struct moe_params &p)
-{
-    if (!p.n_ahead || threadIdx.x != 0)
-        return;
-    /* 32-bit: the launcher keeps the total under 2^31 (a 64-bit division costs registers) */
-    const uint32_t nb = gridDim.x * gridDim.y * gridDim.z;
-    const uint32_t b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    const uint32_t slice = ((p.ahead_total + nb - 1) / nb + 15) & ~15u;
-    const uint32_t lo = b * slice, hi = lo + slice < p.ahead_total ? lo + slice : p.ahead_total;
-    uint32_t off = 0;
-    for (int i = 0; i < p.n_ahead && off < hi; off += p.ahead_bytes[i], i++) {
-        const uint32_t a = lo > off ? lo : off;
-        const uint32_t e = hi < off + p.ahead_bytes[i] ? hi : off + p.ahead_bytes[i];
-        if (a < e)
-            ops_l2_prefetch(p.ahead[i] + (a - off), p.ahead[i] + (e - off));
-    }
-}
 
 static __device__ __forceinline__ const uint8_t *moe_expert(const uint8_t *base, uint64_t stride,
                                                             const void *const *ptrs, int e)
@@ -820,7 +794,6 @@ static __device__ __forceinline__ void moe_q8_down_store(const struct moe_params
 template <uint32_t WT>
 static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(struct moe_params p)
 {
-    moe_l2_ahead(p); /* here rather than in k_moe_down_q8, where it costs the walk registers */
     ops_pdl_begin();
     extern __shared__ __align__(16) uint8_t moe_smem[];
     __shared__ float hs[MOE_Q8_GU_ROWS];
@@ -1153,7 +1126,6 @@ static __global__ void __launch_bounds__(MOE_B8_DN_THREADS, 2) k_moe_down_b8(str
             }
         }
     }
-    moe_l2_ahead(p);
     ops_pdl_begin();
     __syncthreads();
     if (bulk) {
@@ -2088,18 +2060,6 @@ static int moe_bulk_max_tok(void)
     return n;
 }
 
-/* Whether cuda_moe_args.ahead is acted on: yes unless STRATA_L2_AHEAD is 0 in the environment
- * (for comparisons). */
-static bool moe_ahead_on(void)
-{
-    static int on = -1;
-    if (on < 0) {
-        const char *env = getenv("STRATA_L2_AHEAD");
-        on = !(env && *env && atoi(env) == 0);
-    }
-    return on == 1;
-}
-
 /* Lets kernel take bytes of dynamic shared memory (*allowed: what it was last raised to, per
  * kernel); false when the device cannot give them. A plain attribute call: legal inside a
  * stream capture. */
@@ -2286,14 +2246,6 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     p.tile_b = (int32_t *)(sc + l.tile_b);
     p.tile_n = (int32_t *)(sc + l.tile_n);
     p.n_tiles = (int32_t *)(sc + l.n_tiles);
-    for (int i = 0; moe_ahead_on() && i < a->n_ahead && i < CUDA_MOE_MAX_AHEAD; i++)
-        if (a->ahead[i] && a->ahead_bytes[i] &&
-            p.ahead_total + a->ahead_bytes[i] < ((uint64_t)1 << 31)) {
-            p.ahead[p.n_ahead] = (const uint8_t *)a->ahead[i];
-            p.ahead_bytes[p.n_ahead] = (uint32_t)a->ahead_bytes[i];
-            p.ahead_total += (uint32_t)a->ahead_bytes[i];
-            p.n_ahead++;
-        }
 
     const bool bulk8 =
         p.hq && a->n_embd % MOE_B8_DN_ROWS == 0 &&

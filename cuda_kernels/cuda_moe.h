@@ -71,7 +71,6 @@ enum cuda_moe_path {
  * environment's STRATA_MOE_BULK, a number, replaces it) */
 #define CUDA_MOE_BULK8_MAX_TOK 1
 #define CUDA_MOE_GROUPED8_MAX_TOK 64
-#define CUDA_MOE_MAX_AHEAD 8    /* ranges of cuda_moe_args.ahead */
 #define CUDA_MOE_MMA_MIN_TOK 32 /* the automatic choice takes the tensor cores from this many
                                  * tokens, for every weight type but F32 (kept exact) */
 
@@ -112,15 +111,6 @@ struct cuda_moe_args {
      * (down_e h_j + b_e), on every path (the 8-bit ones apply them to the unit sums). */
     const float *gate_b, *up_b, *down_b;
     int act_oai;
-    /* Optional: device ranges the kernels after the call will read (the next layer's weights),
-     * asked into L2 on the 8-bit paths (by the bulk path's down kernel once its own rows are
-     * requested, by the direct path's gate/up kernel before its wait), so those kernels find
-     * them there instead of waiting on DRAM. A hint: no result depends on it. Ranges beyond
-     * n_ahead (<= CUDA_MOE_MAX_AHEAD) are ignored, and so is the whole list when
-     * STRATA_L2_AHEAD is 0 in the environment (for comparisons). */
-    const void *ahead[CUDA_MOE_MAX_AHEAD];
-    uint64_t ahead_bytes[CUDA_MOE_MAX_AHEAD];
-    int n_ahead;
     enum cuda_moe_path path;
     void *scratch; /* cuda_moe_scratch_bytes() bytes of device memory, 16-byte aligned */
     size_t scratch_bytes;

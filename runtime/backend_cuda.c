@@ -1710,35 +1710,6 @@ static int cuda_moe_route(void *dev, const struct layer_weights *lw, const float
     return rc ? backend_cuda_fail(rc, "router top-k") : 0;
 }
 
-/* Most bytes of the next layer's weights an expert call asks into L2 (the H100/H200's L2 holds
- * 50 MB; the call's own expert rows pass through it too). */
-#define CUDA_AHEAD_MAX_BYTES ((uint64_t)32 << 20)
-
-/* The weights the kernels after layer l's experts read first: layer l + 1's attention (or
- * Gated DeltaNet) projections, its router and its shared expert, those on the device, in the
- * order the layer reads them, up to CUDA_MOE_MAX_AHEAD ranges and CUDA_AHEAD_MAX_BYTES. */
-static void cuda_ahead_fill(const struct backend_cuda *c, int l, struct cuda_moe_args *a)
-{
-    const struct model_hparams *hp = &c->model->hp;
-    if (l < 0 || l + 1 >= (int)hp->n_layer)
-        return;
-    const struct layer_weights *nx = &c->model->layers[l + 1];
-    const struct weight *ws[] = {
-        &nx->ssm_qkv, &nx->ssm_z,      &nx->ssm_ba,   &nx->ssm_beta,   &nx->ssm_alpha,
-        &nx->ssm_out, &nx->wq,         &nx->wk,       &nx->wv,         &nx->wo,
-        &nx->router,  &nx->gate_shexp, &nx->up_shexp, &nx->down_shexp,
-    };
-    uint64_t total = 0;
-    for (size_t i = 0; i < sizeof ws / sizeof ws[0] && a->n_ahead < CUDA_MOE_MAX_AHEAD; i++) {
-        const struct weight *w = ws[i];
-        if (!w->dev || !w->bytes || total + w->bytes > CUDA_AHEAD_MAX_BYTES)
-            continue;
-        a->ahead[a->n_ahead] = w->dev;
-        a->ahead_bytes[a->n_ahead++] = w->bytes;
-        total += w->bytes;
-    }
-}
-
 static int cuda_moe_experts(void *dev, const struct moe_expert_call *e)
 {
     struct backend_cuda *c = dev;
@@ -1758,7 +1729,6 @@ static int cuda_moe_experts(void *dev, const struct moe_expert_call *e)
         .act_oai = hp->swiglu_oai,
         .scratch = c->moe_scratch, .scratch_bytes = c->moe_scratch_bytes, .stream = c->stream,
     };
-    cuda_ahead_fill(c, e->layer, &a);
     if (c->moe_q8_in && e->in == c->moe_q8_in && e->n_tok == c->moe_q8_m &&
         c->mm_writes == c->moe_q8_mark) { /* the norm's 8-bit rows of in, still there */
         a.in_q8 = c->mm_scratch;
