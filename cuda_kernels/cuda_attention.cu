@@ -194,12 +194,14 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn(struct attn_params 
 }
 
 /* Merges the splits of one (token, head) row: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M)
- * l_s, splits in order; a split without keys (m = -inf) contributes nothing. */
+ * l_s, splits in order; a split without keys (m = -inf) contributes nothing. Every split's max
+ * and sum and each thread's accumulator values (its first dimension) are requested at once,
+ * before any of them is used: one round trip to L2 instead of one per phase. */
 static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn_params p)
 {
     ops_pdl_begin();
     /* each split's factor e^(m_s - M) once (not once per dimension); -1: no keys */
-    __shared__ float f[ATT_MAX_SPLIT];
+    __shared__ float f[ATT_MAX_SPLIT], sm[ATT_MAX_SPLIT], sl[ATT_MAX_SPLIT];
     __shared__ float lsum;
     const int64_t nth = (int64_t)p.n_tok * p.n_head;
     int64_t row = blockIdx.x;
@@ -215,29 +217,46 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn
             p.q8d += z * nth * p.hd / 32;
         }
     }
+    const int tid = threadIdx.x, ns = p.n_split;
+    for (int s = tid; s < ns; s += ATT_THREADS) {
+        sm[s] = p.part_m[s * nth + row];
+        sl[s] = p.part_l[s * nth + row];
+    }
+    float a[ATT_MAX_SPLIT]; /* dimension tid of every split */
+#pragma unroll
+    for (int s = 0; s < ATT_MAX_SPLIT; s++)
+        a[s] = s < ns && tid < p.hd ? p.part_acc[(s * nth + row) * p.hd + tid] : 0.0f;
+    __syncthreads();
     float mx = -INFINITY;
-    for (int s = 0; s < p.n_split; s++)
-        mx = fmaxf(mx, p.part_m[s * nth + row]);
-    for (int s = threadIdx.x; s < p.n_split; s += ATT_THREADS) {
-        float m = p.part_m[s * nth + row];
+    for (int s = 0; s < ns; s++)
+        mx = fmaxf(mx, sm[s]);
+    for (int s = tid; s < ns; s += ATT_THREADS) {
+        float m = sm[s];
         f[s] = m != -INFINITY ? expf(m - mx) : -1.0f;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (tid == 0) {
         float l = 0.0f;
-        for (int s = 0; s < p.n_split; s++)
+        for (int s = 0; s < ns; s++)
             if (f[s] >= 0.0f)
-                l += p.part_l[s * nth + row] * f[s];
+                l += sl[s] * f[s];
         if (p.sinks) /* the sink's term, at the same reference maximum */
             l += expf(p.sinks[row % p.n_head] - mx);
         lsum = l;
     }
     __syncthreads();
-    for (int d = threadIdx.x; d < p.hd; d += ATT_THREADS) {
+    for (int d = tid; d < p.hd; d += ATT_THREADS) {
         float o = 0.0f;
-        for (int s = 0; s < p.n_split; s++)
-            if (f[s] >= 0.0f)
-                o += p.part_acc[(s * nth + row) * p.hd + d] * f[s];
+        if (d == tid) {
+#pragma unroll
+            for (int s = 0; s < ATT_MAX_SPLIT; s++)
+                if (s < ns && f[s] >= 0.0f)
+                    o += a[s] * f[s];
+        } else {
+            for (int s = 0; s < ns; s++)
+                if (f[s] >= 0.0f)
+                    o += p.part_acc[(s * nth + row) * p.hd + d] * f[s];
+        }
         p.out[row * p.hd + d] = o / lsum;
         if (p.q8s) /* hd is a multiple of 32: whole warps */
             ops_q8_store(o / lsum, row * p.hd + d, p.q8s, p.q8d);
@@ -301,14 +320,22 @@ template <int D> struct attd_tile {
     __device__ __forceinline__ void load(const struct attn_params &p, int64_t kv_off, int k0, int n,
                                          int tid)
     {
+        load_part(p, kv_off, k0, n, tid, 0, n);
+    }
+    /* keys k0 + j for j in [jlo, jhi) of the n in the tile; keys n.. zero, the others kept */
+    __device__ __forceinline__ void load_part(const struct attn_params &p, int64_t kv_off, int k0,
+                                              int n, int tid, int jlo, int jhi)
+    {
         const int64_t kvw = (int64_t)p.n_head_kv * HD;
 #pragma unroll
         for (int i = 0; i < PER; i++) {
             int e = tid + i * ATTD_THREADS, j = e / (HD / 4), c = e - j * (HD / 4);
             if (j < n) {
-                int64_t at = (int64_t)(k0 + j) * kvw + kv_off + 4 * c;
-                k[i] = *(const float4 *)(p.k + at);
-                v[i] = *(const float4 *)(p.v + at);
+                if (j >= jlo && j < jhi) {
+                    int64_t at = (int64_t)(k0 + j) * kvw + kv_off + 4 * c;
+                    k[i] = *(const float4 *)(p.k + at);
+                    v[i] = *(const float4 *)(p.v + at);
+                }
             } else {
                 k[i] = v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
@@ -399,7 +426,6 @@ static __device__ __forceinline__ void attd_merge(const struct attn_params &p, i
 template <int D, int RMAX>
 static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_params p)
 {
-    ops_pdl_begin();
     constexpr int SUB = attd_sub(D), HD = 32 * D;
     __shared__ __align__(16) float ks[SUB * HD], vs[SUB * HD];
     __shared__ float ps[RMAX][SUB];        /* scores, then probabilities, of one tile */
@@ -430,20 +456,28 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
         }
     }
 
-    /* keys klo .. kmax - 1: every row's, from the first key any row's window holds */
-    int kmax = 0, klo = INT_MAX;
+    /* keys klo .. kmax - 1: every row's, from the first key any row's window holds. The
+     * positions and cache pointers are the step's (written before its first kernel), so they
+     * are read before the wait, and so are the first tile's keys below every row's position:
+     * the kernels this one waits on write only the rows' own keys (their K and V). */
+    int kmax = 0, klo = INT_MAX, pmin = INT_MAX;
     for (int t = 0; t < p.n_tok; t++) {
         const int pos = attn_pos(p, t);
         kmax = ops_imax(kmax, pos + 1);
         klo = ops_imin(klo, pos - p.window + 1);
+        pmin = ops_imin(pmin, pos);
     }
     klo = p.window > 0 ? ops_imax(klo, 0) : 0;
     const int chunk = attd_chunk(kmax - klo, SUB);
     const int kb = klo + split * chunk, ke = ops_imin(kb + chunk, kmax);
 
     attd_tile<D> tile;
+    const int n0 = ops_imin(SUB, ke - kb);
     if (kb < ke)
-        tile.load(p, kv_off, kb, ops_imin(SUB, ke - kb), tid);
+        tile.load_part(p, kv_off, kb, n0, tid, 0, pmin - kb);
+    ops_pdl_begin();
+    if (kb < ke && pmin - kb < n0)
+        tile.load_part(p, kv_off, kb, n0, tid, pmin - kb, n0);
     /* head_dim 64 (D = 2): a warp scores 4 keys at a time, lane 8 kq + ds holding dims 4 ds..
      * and 32 + 4 ds.. of every row (8 of them) for key kq of the 4: three shuffles per score
      * instead of five, and a quarter of them (up to 8 rows). Otherwise lane l holds D dims of
