@@ -702,6 +702,17 @@ __global__ void __launch_bounds__(MMV_THREADS, M == 1 && KS == 1 ? mmv_min_block
     if (lane == 0 && kw == 0 && blockIdx.y == 0)
         ops_l2_prefetch((const void *)max((uintptr_t)wrow, w_lo),
                         (const void *)min((uintptr_t)wrow + p.row_bytes, w_hi));
+    /* ... and the warp's first tile on its way into shared memory (a whole row of the
+     * 8-bit types at 2048 inputs), so that after the wait only x is still to come */
+    const int64_t nblk = (p.n_in + F::QK - 1) / F::QK;
+    const int ntile = (int)((nblk + F::TB - 1) / F::TB);
+    const int64_t tile_bytes = (int64_t)F::TB * F::BS;
+    if (kw < ntile) {
+        const int64_t b0 = (int64_t)kw * tile_bytes;
+        tile_stage(tiles[warp][0], wrow + b0, wrow + min(b0 + tile_bytes, (int64_t)p.row_bytes),
+                   w_lo, w_hi, lane);
+    }
+    cp_async_commit();
     ops_pdl_begin();
 
     const int j0 = blockIdx.y * MMV_MAX_M;
@@ -730,16 +741,6 @@ __global__ void __launch_bounds__(MMV_THREADS, M == 1 && KS == 1 ? mmv_min_block
     for (int j = 0; j < M; j++)
         acc[j] = 0.0f;
 
-    const int64_t nblk = (p.n_in + F::QK - 1) / F::QK;
-    const int ntile = (int)((nblk + F::TB - 1) / F::TB);
-    const int64_t tile_bytes = (int64_t)F::TB * F::BS;
-
-    if (kw < ntile) {
-        const int64_t b0 = (int64_t)kw * tile_bytes;
-        tile_stage(tiles[warp][0], wrow + b0, wrow + min(b0 + tile_bytes, (int64_t)p.row_bytes),
-                   w_lo, w_hi, lane);
-    }
-    cp_async_commit();
     for (int t = kw, it = 0; t < ntile; t += KS, it++) {
         if (t + KS < ntile) {
             const int64_t b0 = (int64_t)(t + KS) * tile_bytes;

@@ -253,27 +253,36 @@ struct qkr_params {
 
 static __global__ void __launch_bounds__(QKR_THREADS) k_qk_rope_store(struct qkr_params p)
 {
-    ops_pdl_begin();
     __shared__ double part[QKR_THREADS / 32];
     __shared__ float xs[CUDA_QKR_MAX_HEAD_DIM];
     const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x, hd = p.hd, half = hd / 2;
     const int64_t kvw = (int64_t)p.n_kv * hd;
+    /* before the wait: the position (the step's, written before its first kernel), the norm's
+     * weight and the rotation's angle, which depend on nothing the kernels before write */
     const int pos = p.pos_dev ? p.pos_dev[t] : p.pos0 + t;
     const bool store = pos >= 0 && pos < p.n_ctx;
-    if (h >= p.n_head + p.n_kv) { /* a v head: into the cache */
+    const bool isq = h < p.n_head, isv = h >= p.n_head + p.n_kv;
+    const float *w = isq ? p.qw : p.kw;
+    const float wv = !isv && w && i < hd ? w[i] : 1.0f;
+    float cf = 0.0f, sf = 0.0f;
+    if (!isv && i < half) {
+        double f = p.n_freq ? p.freq[i] : pow((double)p.base, -2.0 * i / hd), c, sv;
+        sincos((double)pos * f, &sv, &c);
+        cf = p.n_freq ? (float)c * p.mscale : (float)c;
+        sf = p.n_freq ? (float)sv * p.mscale : (float)sv;
+    }
+    ops_pdl_begin();
+    if (isv) { /* a v head: into the cache */
         const int64_t off = (int64_t)(h - p.n_head - p.n_kv) * hd + i;
         float *vc = p.caches ? p.caches[p.n_tok + t] : p.vc;
         if (store && i < hd)
             vc[(int64_t)pos * kvw + off] = p.v[(int64_t)t * kvw + off];
         return;
     }
-    const bool isq = h < p.n_head;
     float *x = isq ? p.q + ((int64_t)t * p.n_head + h) * hd
                    : p.k + (int64_t)t * kvw + (int64_t)(h - p.n_head) * hd;
-    const float *w = isq ? p.qw : p.kw;
     float xv = i < hd ? x[i] : 0.0f;
     if (w) {
-        const float wv = i < hd ? w[i] : 1.0f;
         double ss = 0.0;
         if (i < hd)
             ss += (double)xv * xv;
@@ -295,10 +304,6 @@ static __global__ void __launch_bounds__(QKR_THREADS) k_qk_rope_store(struct qkr
     __syncthreads();
     if (i >= half)
         return;
-    double f = p.n_freq ? p.freq[i] : pow((double)p.base, -2.0 * i / hd), c, sv;
-    sincos((double)pos * f, &sv, &c);
-    const float cf = p.n_freq ? (float)c * p.mscale : (float)c;
-    const float sf = p.n_freq ? (float)sv * p.mscale : (float)sv;
     const float a = xs[i], b = xs[i + half];
     const float o0 = __fsub_rn(__fmul_rn(a, cf), __fmul_rn(b, sf));
     const float o1 = __fadd_rn(__fmul_rn(a, sf), __fmul_rn(b, cf));
