@@ -770,8 +770,10 @@ static int cuda_attention_op(struct backend *b, const struct attn_args *at)
     if (c->recording) { /* keys up to the position in step_dev[1], of a cache this long */
         a.n_ctx = c->graph_stream->n_ctx;
         /* inside a graph a launch costs less than the merge adds to the attention's tail
-         * (the same bits either way) */
-        a.combine_apart = 1;
+         * (the same bits either way; STRATA_ATTN_MERGE=1 in the environment merges in the
+         * attention kernel there too, for comparisons) */
+        const char *merge = getenv("STRATA_ATTN_MERGE");
+        a.combine_apart = !(merge && atoi(merge) == 1);
     }
     int done = 0;
     cuda_att_q8(c, &a, at->n_tok, at->n_head * at->head_dim, &done);
