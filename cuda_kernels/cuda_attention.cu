@@ -436,6 +436,13 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kvh = blockIdx.y, split = blockIdx.x, rows = p.n_tok * p.G;
     const int64_t qw = (int64_t)p.n_head * HD, kv_off = (int64_t)kvh * HD;
+    /* the lowest position the call's rows write their K and V at: the keys below it are not
+     * written by the kernels this one waits on. The rows of the grid's z may share a cache
+     * (the tokens of one stream's prompt), so with them it is the lowest over all of them
+     * (past 64 rows none are loaded early). */
+    int pmin = p.zrows && gridDim.z > 64 ? 0 : INT_MAX;
+    for (int z = 0; p.zrows && z < (int)gridDim.z && pmin > 0; z++)
+        pmin = ops_imin(pmin, attn_pos(p, z));
     if (p.zrows) { /* token z (one per block row of the grid) as a call of its own */
         const int64_t z = blockIdx.z, per = (int64_t)p.n_split * p.n_head;
         if (p.kz) { /* lockstep rows: its own caches */
@@ -459,9 +466,8 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
 
     /* keys klo .. kmax - 1: every row's, from the first key any row's window holds. The
      * positions and cache pointers are the step's (written before its first kernel), so they
-     * are read before the wait, and so are the first tile's keys below every row's position:
-     * the kernels this one waits on write only the rows' own keys (their K and V). */
-    int kmax = 0, klo = INT_MAX, pmin = INT_MAX;
+     * are read before the wait, and so are the first tile's keys below pmin. */
+    int kmax = 0, klo = INT_MAX;
     for (int t = 0; t < p.n_tok; t++) {
         const int pos = attn_pos(p, t);
         kmax = ops_imax(kmax, pos + 1);
