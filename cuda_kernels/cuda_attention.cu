@@ -397,7 +397,6 @@ static __device__ __forceinline__ void attd_merge(const struct attn_params &p, i
 #pragma unroll
         for (int r = 0; r < RMAX; r++)
             o[r] = 0.0f;
-#pragma unroll 4 /* the loads of 4 splits in flight together */
         for (int s = 0; s < ns; s++) {
             float a[RMAX];
 #pragma unroll
