@@ -51,6 +51,7 @@ struct attn_params {
     float *part_m, *part_l; /* (n_split, n_tok * n_head) */
     int8_t *q8s;     /* NULL, or the output's 8-bit copy (cuda_attn_args.q8_codes): written */
     float2 *q8d;     /* by k_attn_combine and the decode kernel's own merge */
+    int early;       /* decode kernel: keys below every row's position loaded before the wait */
     unsigned *count; /* decode kernel: NULL, or a counter per (grid z, kv head): the last of a
                       * kv head's split blocks to finish merges the splits itself (as
                       * k_attn_combine would) and sets the counter back to zero */
@@ -479,11 +480,12 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
 
     attd_tile<D> tile;
     const int n0 = ops_imin(SUB, ke - kb);
+    const int jearly = p.early ? pmin - kb : 0; /* keys loaded before the wait: j < jearly */
     if (kb < ke)
-        tile.load_part(p, kv_off, kb, n0, tid, 0, pmin - kb);
+        tile.load_part(p, kv_off, kb, n0, tid, 0, jearly);
     ops_pdl_begin();
-    if (kb < ke && pmin - kb < n0)
-        tile.load_part(p, kv_off, kb, n0, tid, pmin - kb, n0);
+    if (kb < ke && jearly < n0)
+        tile.load_part(p, kv_off, kb, n0, tid, jearly, n0);
     /* head_dim 64 (D = 2): a warp scores 4 keys at a time, lane 8 kq + ds holding dims 4 ds..
      * and 32 + 4 ds.. of every row (8 of them) for key kq of the 4: three shuffles per score
      * instead of five, and a quarter of them (up to 8 rows). Otherwise lane l holds D dims of
@@ -1169,6 +1171,7 @@ static bool attd_launch(const struct cuda_attn_args *a, struct attn_params *p, c
     p->n_split = ns;
     attn_scratch_use(p, a->scratch, ns, nth, a->head_dim);
     attd_count_plan(a, p, 1);
+    p->early = (ops_early() & OPS_EARLY_ATTN) != 0;
     dim3 grid((unsigned)ns, (unsigned)a->n_head_kv);
     if (!attd_dispatch<2>(D, rows, grid, *p, s) && !attd_dispatch<4>(D, rows, grid, *p, s) &&
         !attd_dispatch<8>(D, rows, grid, *p, s)) {
@@ -1202,6 +1205,7 @@ static int attd_rows_launch(const struct cuda_attn_args *a, struct attn_params *
     p->n_split = ns;
     attn_scratch_use(p, a->scratch, ns, nth, a->head_dim);
     attd_count_plan(a, p, a->n_tok);
+    p->early = (ops_early() & OPS_EARLY_ATTN) != 0;
     dim3 grid((unsigned)ns, (unsigned)a->n_head_kv, (unsigned)a->n_tok);
     if (!attd_dispatch<2>(D, rows, grid, *p, s) && !attd_dispatch<4>(D, rows, grid, *p, s) &&
         !attd_dispatch<8>(D, rows, grid, *p, s))
@@ -1233,6 +1237,7 @@ static bool attd_each_launch(const struct cuda_attn_args *a, struct attn_params 
     q.n_split = ns;
     attn_scratch_use(&q, a->scratch, ns, nth, a->head_dim);
     attd_count_plan(a, &q, a->n_tok);
+    q.early = (ops_early() & OPS_EARLY_ATTN) != 0;
     dim3 grid((unsigned)ns, (unsigned)a->n_head_kv, (unsigned)a->n_tok);
     if (!attd_dispatch<2>(D, p->G, grid, q, s) && !attd_dispatch<4>(D, p->G, grid, q, s) &&
         !attd_dispatch<8>(D, p->G, grid, q, s))

@@ -632,6 +632,7 @@ struct mmv_params {
     float *y;              /* (m rows of y_stride) */
     int64_t y_stride;
     const float *bias; /* (n_out) or NULL: added to each sum where y is written */
+    int early;         /* the first weight tile staged before the wait (ops_early) */
     /* rows n_out .. of the launch: the further matrices of a call (cuda_matmul_args.more), the
      * matrix i + 1 from row seg_end[i] on; n_out is then the row count of them all */
     int n_seg;
@@ -707,13 +708,18 @@ __global__ void __launch_bounds__(MMV_THREADS, M == 1 && KS == 1 ? mmv_min_block
     const int64_t nblk = (p.n_in + F::QK - 1) / F::QK;
     const int ntile = (int)((nblk + F::TB - 1) / F::TB);
     const int64_t tile_bytes = (int64_t)F::TB * F::BS;
-    if (kw < ntile) {
-        const int64_t b0 = (int64_t)kw * tile_bytes;
-        tile_stage(tiles[warp][0], wrow + b0, wrow + min(b0 + tile_bytes, (int64_t)p.row_bytes),
-                   w_lo, w_hi, lane);
+    for (int pass = p.early ? 0 : 1; pass < 2; pass++) { /* pass 1: after the wait */
+        if (pass == 1)
+            ops_pdl_begin();
+        if (pass == (p.early ? 0 : 1)) {
+            if (kw < ntile) {
+                const int64_t b0 = (int64_t)kw * tile_bytes;
+                tile_stage(tiles[warp][0], wrow + b0,
+                           wrow + min(b0 + tile_bytes, (int64_t)p.row_bytes), w_lo, w_hi, lane);
+            }
+            cp_async_commit();
+        }
     }
-    cp_async_commit();
-    ops_pdl_begin();
 
     const int j0 = blockIdx.y * MMV_MAX_M;
     mmv_rows<M> r;
@@ -1752,6 +1758,7 @@ extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
     mmv_params p = {};
     params_fill(&p, a, row_bytes);
     p.bias = a->bias;
+    p.early = (ops_early() & OPS_EARLY_MMV) != 0;
     p.n_seg = a->n_more;
     for (int i = 0; i < a->n_more; i++) { /* one launch over the rows of every matrix */
         const struct cuda_matmul_more *mo = &a->more[i];

@@ -248,6 +248,7 @@ struct qkr_params {
     int n_ctx;
     int n_freq; /* 0, or hd / 2: freq and mscale as k_rope_neox's */
     float mscale;
+    int early; /* the norm weights and angles before the wait (ops_early) */
     double freq[CUDA_ROPE_MAX_FREQ];
 };
 
@@ -263,15 +264,20 @@ static __global__ void __launch_bounds__(QKR_THREADS) k_qk_rope_store(struct qkr
     const bool store = pos >= 0 && pos < p.n_ctx;
     const bool isq = h < p.n_head, isv = h >= p.n_head + p.n_kv;
     const float *w = isq ? p.qw : p.kw;
-    const float wv = !isv && w && i < hd ? w[i] : 1.0f;
-    float cf = 0.0f, sf = 0.0f;
-    if (!isv && i < half) {
-        double f = p.n_freq ? p.freq[i] : pow((double)p.base, -2.0 * i / hd), c, sv;
-        sincos((double)pos * f, &sv, &c);
-        cf = p.n_freq ? (float)c * p.mscale : (float)c;
-        sf = p.n_freq ? (float)sv * p.mscale : (float)sv;
+    float wv = 1.0f, cf = 0.0f, sf = 0.0f;
+    for (int pass = p.early ? 0 : 1; pass < 2; pass++) { /* pass 1: after the wait */
+        if (pass == 1)
+            ops_pdl_begin();
+        if (pass == (p.early ? 0 : 1)) {
+            wv = !isv && w && i < hd ? w[i] : 1.0f;
+            if (!isv && i < half) {
+                double f = p.n_freq ? p.freq[i] : pow((double)p.base, -2.0 * i / hd), c, sv;
+                sincos((double)pos * f, &sv, &c);
+                cf = p.n_freq ? (float)c * p.mscale : (float)c;
+                sf = p.n_freq ? (float)sv * p.mscale : (float)sv;
+            }
+        }
     }
-    ops_pdl_begin();
     if (isv) { /* a v head: into the cache */
         const int64_t off = (int64_t)(h - p.n_head - p.n_kv) * hd + i;
         float *vc = p.caches ? p.caches[p.n_tok + t] : p.vc;
@@ -631,8 +637,9 @@ extern "C" int cuda_qk_rope_store(const struct cuda_qk_rope_store_args *a)
     struct qkr_params p = {
         a->q,       a->k,          a->v,        a->q_norm, a->k_norm,  a->eps,  a->n_tok,
         a->n_head,  a->n_head_kv,  a->head_dim, a->pos0,   a->pos_dev, a->base, a->k_cache,
-        a->v_cache, a->caches_dev, a->n_ctx,    0,         1.0f,       {},
+        a->v_cache, a->caches_dev, a->n_ctx,    0,         1.0f,       0,       {},
     };
+    p.early = (ops_early() & OPS_EARLY_ROPE) != 0;
     if (a->freq) {
         p.n_freq = a->head_dim / 2;
         p.mscale = a->mscale;

@@ -7,6 +7,7 @@
 
 #include <float.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <utility>
 
@@ -23,6 +24,22 @@ static __host__ __device__ __forceinline__ int ops_imax(int a, int b)
 static __host__ __device__ __forceinline__ int ops_cdiv(int a, int b)
 {
     return (a + b - 1) / b;
+}
+
+/* Which kernels do their wait-independent loads before griddepcontrol.wait (docs/cuda-ops.md,
+ * "Programmatic launches"): a mask of OPS_EARLY_*, all of them unless STRATA_EARLY in the
+ * environment gives another (for comparisons). Read once per translation unit. */
+#define OPS_EARLY_MMV 1  /* the MMV kernel's first weight tile */
+#define OPS_EARLY_ATTN 2 /* the decode attention's first keys below every row's position */
+#define OPS_EARLY_ROPE 4 /* the q/k prologue's norm weights and rotation angles */
+static inline int ops_early(void)
+{
+    static int mask = -1; /* decided once; a race writes the same value */
+    if (mask < 0) {
+        const char *env = getenv("STRATA_EARLY");
+        mask = env && *env ? atoi(env) & 7 : 7;
+    }
+    return mask;
 }
 
 /* Whether p is a multiple of a (a power of two). */
