@@ -27,17 +27,19 @@ static __host__ __device__ __forceinline__ int ops_cdiv(int a, int b)
 }
 
 /* Which kernels do their wait-independent loads before griddepcontrol.wait (docs/cuda-ops.md,
- * "Programmatic launches"): a mask of OPS_EARLY_*, all of them unless STRATA_EARLY in the
+ * "Programmatic launches"): a mask of OPS_EARLY_*, OPS_EARLY_DEFAULT unless STRATA_EARLY in the
  * environment gives another (for comparisons). Read once per translation unit. */
 #define OPS_EARLY_MMV 1  /* the MMV kernel's first weight tile */
 #define OPS_EARLY_ATTN 2 /* the decode attention's first keys below every row's position */
-#define OPS_EARLY_ROPE 4 /* the q/k prologue's norm weights and rotation angles */
+#define OPS_EARLY_ROPE 4 /* the q/k prologue's norm weights and rotation angles: measured slower
+                          * (its double pow and sincos then run beside the q/k/v matmul) */
+#define OPS_EARLY_DEFAULT (OPS_EARLY_MMV | OPS_EARLY_ATTN)
 static inline int ops_early(void)
 {
     static int mask = -1; /* decided once; a race writes the same value */
     if (mask < 0) {
         const char *env = getenv("STRATA_EARLY");
-        mask = env && *env ? atoi(env) & 7 : 7;
+        mask = env && *env ? atoi(env) & 7 : OPS_EARLY_DEFAULT;
     }
     return mask;
 }
