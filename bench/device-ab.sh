@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# GPU machine: one build (.carry/bin) of a comparison run as consecutive calls on one warm
-# machine (two builds do not fit one carry beside the checkout): with CHECK=1 its test binaries
-# first (as bench/device-check.sh, without the qwen3next bench and the server); then the md5 of
-# its greedy logits on the 30b-a3b preset (eager and --graph; the builds compared should print
-# the same sums), and bench/device-fuse.sh on it alone (ROUNDS, LOCKSTEP, NS, NCU as there).
+# GPU machine: one build (.carry/bin) of a comparison, the builds run back to back on one
+# machine (two builds packed together no longer fit beside the checkout): with CHECK=1 its
+# test binaries first (as bench/device-check.sh, without the qwen3next bench and the server);
+# then the md5 of its greedy logits on the 30b-a3b preset (eager and --graph; the builds
+# compared should print the same sums), and bench/device-fuse.sh on it alone (ROUNDS,
+# LOCKSTEP, NS, NCU as there).
 set -u
 [ -n "${CHECK:-}" ] && SKIP_Q3N=1 SKIP_SERVE=1 bash bench/device-check.sh
 . bench/device-env.sh
