@@ -1312,13 +1312,7 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32)
     __syncthreads();
     if (warp < np) { /* as k_moe_gate_up_q8, one unit per pair */
         const int64_t hu = ((int64_t)pairs[warp] * p.n_ff + rb) / 32;
-        const float v = hs[warp][lane], amax = ops_warp_max(fabsf(v));
-        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        const int q = __float2int_rn(v * id);
-        p.hq[hu * 32 + lane] = (int8_t)q;
-        const int sum = __reduce_add_sync(0xffffffffu, q);
-        if (lane == 0)
-            p.hd[hu] = make_float2(amax / 127.0f, amax / 127.0f * (float)sum);
+        moe_q8_h_unit(p, hu, hs[warp][lane], lane);
     }
 }
 
