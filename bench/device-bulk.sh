@@ -6,6 +6,8 @@
 # the CUDA tests named in TESTS, then the 30b-a3b q4_k_m preset all resident (pp512/tg128
 # eager and with --graph), lockstep decode of NS streams, the budgets of WHERE and (NCU=1)
 # ncu's per-kernel decode times, (W1REAL=1) W1-real at 2 GiB, copies and the GPU's cache.
+# PS: the prompt lengths of the resident runs (default 512); GRAPH_ONLY=1 for prompts past
+# 512 runs those with --graph only; PS=0 none.
 set -u
 . bench/device-env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader
@@ -17,10 +19,16 @@ done
 gen_30b
 ENVS=${ENVS:-"X=1 STRATA_MOE_BULK=0"}
 for round in $(seq ${ROUNDS:-1}); do
-    for e in $ENVS; do
-        for g in "" --graph; do
-            echo "### round $round $e bench --device cuda $g"
-            env ${e//,/ } "$B/strata" bench -m $M --device cuda $g -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)"
+    for p in ${PS:-512}; do
+        [ "$p" = 0 ] && continue # PS=0: no resident runs
+        gs='"" --graph'
+        [ "$p" -gt 512 ] && [ -n "${GRAPH_ONLY:-}" ] && gs=--graph
+        for e in $ENVS; do
+            for g in $gs; do
+                g=${g//\"/}
+                echo "### round $round $e bench --device cuda $g -p $p"
+                env ${e//,/ } "$B/strata" bench -m $M --device cuda $g -p $p -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)"
+            done
         done
     done
 done
