@@ -52,9 +52,6 @@ struct attn_params {
     int8_t *q8s;     /* NULL, or the output's 8-bit copy (cuda_attn_args.q8_codes): written */
     float2 *q8d;     /* by k_attn_combine and the decode kernel's own merge */
     int early;       /* decode kernel: keys below every row's position loaded before the wait */
-    int cl;          /* decode kernel launched in clusters of ATTD_CLUSTER: up to this many key
-                      * tiles per block the first cluster's blocks take the keys and merge
-                      * through each other's shared memory (0: never; attd_cluster_tiles) */
     unsigned *count; /* decode kernel: NULL, or a counter per (grid z, kv head): the last of a
                       * kv head's split blocks to finish merges the splits itself (as
                       * k_attn_combine would) and sets the counter back to zero */
@@ -283,8 +280,6 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn
 #define ATTD_MAX_TOK 2
 #define ATTD_MAX_ROWS 16
 #define ATTD_CHUNKS 32 /* at most this many key chunks (<= ATT_SPLIT_ROWS / ATTD_MAX_TOK) */
-#define ATTD_CLUSTER 16      /* blocks of a cluster that merges its chunks (a non-portable size) */
-#define ATTD_CLUSTER_TILES 2 /* tiles per block up to which a cluster merges, by default */
 
 /* keys per tile: 4096 floats of K (and of V) */
 static __host__ __device__ constexpr int attd_sub(int D)
@@ -358,29 +353,6 @@ template <int D> struct attd_tile {
     }
 };
 
-/* One row's merge factors as k_attn_combine computes them: f[0..ns) holds its splits' maxima
- * m_s and becomes e^(m_s - M) (M their max; -1 for a split without keys), sl their sums;
- * returns the divisor, sum_s e^(m_s - M) l_s plus the sink's term e^(sink - M) where sink is
- * given. */
-static __device__ __forceinline__ float attd_factors(float *f, const float *sl, int ns,
-                                                     const float *sink)
-{
-    float mx = -INFINITY;
-    for (int s = 0; s < ns; s++)
-        mx = fmaxf(mx, f[s]);
-    float l = 0.0f;
-    for (int s = 0; s < ns; s++) {
-        const float m = f[s];
-        const float fs = m != -INFINITY ? expf(m - mx) : -1.0f;
-        f[s] = fs;
-        if (fs >= 0.0f)
-            l += sl[s] * fs;
-    }
-    if (sink)
-        l += expf(*sink - mx);
-    return l;
-}
-
 /* The merge of k_attn_combine for the RMAX rows of kv head kvh, by the block that finished
  * last: the same operations in the same order, so the same bits. Every split's max and sum are
  * loaded at once into shared memory; each thread then sums its dimension of every row, splits
@@ -404,9 +376,22 @@ static __device__ __forceinline__ void attd_merge(const struct attn_params &p, i
         sl[r][s] = __ldcg(p.part_l + s * nth + row);
     }
     __syncthreads();
-    if (tid < RMAX)
-        ls[tid] =
-            attd_factors(f[tid], sl[tid], ns, p.sinks ? p.sinks + kvh * p.G + tid % p.G : NULL);
+    if (tid < RMAX) {
+        float mx = -INFINITY;
+        for (int s = 0; s < ns; s++)
+            mx = fmaxf(mx, f[tid][s]);
+        float l = 0.0f;
+        for (int s = 0; s < ns; s++) {
+            const float m = f[tid][s];
+            const float fs = m != -INFINITY ? expf(m - mx) : -1.0f;
+            f[tid][s] = fs;
+            if (fs >= 0.0f)
+                l += sl[tid][s] * fs;
+        }
+        if (p.sinks) /* the sink's term, at the same reference maximum (as k_attn_combine) */
+            l += expf(p.sinks[kvh * p.G + tid % p.G] - mx);
+        ls[tid] = l;
+    }
     __syncthreads();
     for (int d = tid; d < hd; d += ATTD_THREADS) {
         float o[RMAX];
@@ -430,73 +415,6 @@ static __device__ __forceinline__ void attd_merge(const struct attn_params &p, i
                 ops_q8_store(o[r] / ls[r], rowv[r] * hd + d, p.q8s, p.q8d);
         }
     }
-}
-
-/* A barrier over the blocks of the cluster: shared memory written before it is seen by every
- * block of the cluster after it (sm_90 and later; the launcher uses clusters nowhere else). */
-static __device__ __forceinline__ void attd_cluster_sync(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    __cluster_barrier_arrive();
-    __cluster_barrier_wait();
-#endif
-}
-
-/* p, a shared array of this block, in the cluster's block `rank` */
-static __device__ __forceinline__ const float *attd_rank(const float *p, int rank)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    return (const float *)__cluster_map_shared_rank(p, (unsigned)rank);
-#else
-    (void)rank;
-    return p;
-#endif
-}
-
-/* The merge of k_attn_combine for the RMAX rows of kv head kvh over the ATTD_CLUSTER blocks of
- * the first cluster, whose partial results stay in their shared memory: max m (rm), sum l (rl)
- * and accumulators acc (r * HD + d). Every block gathers all maxima and sums, then writes its
- * share of the RMAX * HD outputs, each from the ATTD_CLUSTER accumulators asked for at once;
- * the same operations in the same order as k_attn_combine. The second barrier keeps every
- * block's shared memory until the others have read it. */
-template <int RMAX, int HD>
-static __device__ __forceinline__ void attd_cluster_merge(const struct attn_params &p, int kvh,
-                                                          int tid, const float *acc,
-                                                          const float *rm, const float *rl)
-{
-    constexpr int NS = ATTD_CLUSTER;
-    __shared__ float f[RMAX][NS], sl[RMAX][NS];
-    __shared__ float ls[RMAX];
-    attd_cluster_sync();
-    for (int e = tid; e < RMAX * NS; e += ATTD_THREADS) {
-        const int r = e / NS, s = e - r * NS;
-        f[r][s] = attd_rank(rm, s)[r];
-        sl[r][s] = attd_rank(rl, s)[r];
-    }
-    __syncthreads();
-    if (tid < RMAX)
-        ls[tid] =
-            attd_factors(f[tid], sl[tid], NS, p.sinks ? p.sinks + kvh * p.G + tid % p.G : NULL);
-    __syncthreads();
-    /* outputs e = r * HD + d: block b takes b * ATTD_THREADS + tid, then every NS * ATTD_THREADS
-     * on; HD is a multiple of 64, so a warp's 32 outputs are of one row (the 8-bit copy) */
-    for (int e = (int)blockIdx.x * ATTD_THREADS + tid; e < RMAX * HD; e += NS * ATTD_THREADS) {
-        const int r = e / HD, d = e - r * HD;
-        float a[NS];
-#pragma unroll
-        for (int s = 0; s < NS; s++)
-            a[s] = attd_rank(acc, s)[e];
-        float o = 0.0f;
-#pragma unroll
-        for (int s = 0; s < NS; s++)
-            if (f[r][s] >= 0.0f)
-                o += a[s] * f[r][s];
-        const int64_t row = (int64_t)(r / p.G) * p.n_head + kvh * p.G + r % p.G;
-        p.out[row * HD + d] = o / ls[r];
-        if (p.q8s)
-            ops_q8_store(o / ls[r], row * HD + d, p.q8s, p.q8d);
-    }
-    attd_cluster_sync();
 }
 
 /* RMAX is the exact row count (n_tok * G): loops without guards keep the code small, which
@@ -557,13 +475,7 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
         pmin = ops_imin(pmin, pos);
     }
     klo = p.window > 0 ? ops_imax(klo, 0) : 0;
-    /* up to ATTD_CLUSTER * p.cl tiles of keys the first cluster's blocks take them all and
-     * merge among themselves; past it the ATTD_CHUNKS blocks split them as without clusters */
-    const int tiles = ops_cdiv(kmax - klo, SUB);
-    const bool clm = p.cl > 0 && tiles <= ATTD_CLUSTER * p.cl;
-    if (clm && split >= ATTD_CLUSTER)
-        return;
-    const int chunk = clm ? ops_cdiv(tiles, ATTD_CLUSTER) * SUB : attd_chunk(kmax - klo, SUB);
+    const int chunk = attd_chunk(kmax - klo, SUB);
     const int kb = klo + split * chunk, ke = ops_imin(kb + chunk, kmax);
 
     attd_tile<D> tile;
@@ -737,18 +649,6 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
                     acc[r][0] += ah[c][r][d];
     }
 
-    if (clm) { /* the accumulators into ks (free since the loop's last barrier) */
-#pragma unroll
-        for (int r = 0; r < RMAX; r++)
-#pragma unroll
-            for (int i = 0; i < DT; i++) {
-                const int d = tid + i * ATTD_THREADS;
-                if (d < HD)
-                    ks[r * HD + d] = acc[r][i];
-            }
-        attd_cluster_merge<RMAX, HD>(p, kvh, tid, ks, rm, rl);
-        return;
-    }
     const int64_t nth = (int64_t)p.n_tok * p.n_head;
 #pragma unroll
     for (int r = 0; r < RMAX; r++) {
@@ -1216,22 +1116,6 @@ static int attd_keys(const struct cuda_attn_args *a, int n_tok)
     return a->window > 0 ? ops_imin(keys, a->window + n_tok - 1) : keys;
 }
 
-/* Launches k_attn_dec<D, R>: in clusters of ATTD_CLUSTER where p.cl asks for them and they fit
- * on the device (asked once), else plainly with p.cl = 0 (the splits then merge as planned
- * without clusters: p.count is set whenever p.cl is). */
-template <int D, int R> static void attd_go(dim3 grid, struct attn_params p, cudaStream_t s)
-{
-    static int fits = -1; /* decided once; a race writes the same value */
-    if (p.cl > 0 && fits < 0)
-        fits = ops_cluster_fits(k_attn_dec<D, R>, ATTD_CLUSTER, dim3(ATTD_THREADS));
-    if (p.cl > 0 && fits == 1) {
-        ops_launch_cluster(k_attn_dec<D, R>, grid, ATTD_THREADS, 0, s, ATTD_CLUSTER, p);
-        return;
-    }
-    p.cl = 0;
-    ops_launch(k_attn_dec<D, R>, grid, ATTD_THREADS, 0, s, p);
-}
-
 /* Launches k_attn_dec<D, rows> when D matches and rows is 1, 2, 4, 8 or 16 (rows * D <= 64). */
 template <int D>
 static bool attd_dispatch(int d, int rows, dim3 grid, const struct attn_params &p, cudaStream_t s)
@@ -1240,20 +1124,20 @@ static bool attd_dispatch(int d, int rows, dim3 grid, const struct attn_params &
         return false;
     switch (rows) {
     case 1:
-        attd_go<D, 1>(grid, p, s);
+        ops_launch(k_attn_dec<D, 1>, grid, ATTD_THREADS, 0, s, p);
         return true;
     case 2:
-        attd_go<D, 2>(grid, p, s);
+        ops_launch(k_attn_dec<D, 2>, grid, ATTD_THREADS, 0, s, p);
         return true;
     case 4:
-        attd_go<D, 4>(grid, p, s);
+        ops_launch(k_attn_dec<D, 4>, grid, ATTD_THREADS, 0, s, p);
         return true;
     case 8:
-        attd_go<D, 8>(grid, p, s);
+        ops_launch(k_attn_dec<D, 8>, grid, ATTD_THREADS, 0, s, p);
         return true;
     case 16:
         if constexpr (D <= 4) {
-            attd_go<D, 16>(grid, p, s);
+            ops_launch(k_attn_dec<D, 16>, grid, ATTD_THREADS, 0, s, p);
             return true;
         }
         return false;
@@ -1262,31 +1146,13 @@ static bool attd_dispatch(int d, int rows, dim3 grid, const struct attn_params &
     }
 }
 
-/* Key tiles per block up to which a decode call's blocks merge in a cluster (attn_params.cl):
- * a->cluster when positive, none when negative, else STRATA_ATTN_CLUSTER from the environment
- * (for comparisons) or ATTD_CLUSTER_TILES; none below compute capability 9.0. */
-static int attd_cluster_tiles(const struct cuda_attn_args *a)
-{
-    static int dflt = -1; /* decided once; a race writes the same value */
-    if (dflt < 0) {
-        const char *env = getenv("STRATA_ATTN_CLUSTER");
-        dflt = env && *env ? ops_imax(atoi(env), 0) : ATTD_CLUSTER_TILES;
-    }
-    if (!ops_sm90() || a->cluster < 0)
-        return 0;
-    return a->cluster > 0 ? a->cluster : dflt;
-}
-
 /* After the decode kernel's launch: its last blocks merged the splits (count set), or the
  * combine runs now. Sets p->count before the launch when the merge is to be fused. */
 static void attd_count_plan(const struct cuda_attn_args *a, struct attn_params *p, int nz)
 {
-    p->count =
-        (!a->combine_apart || p->cl) && (int64_t)nz * a->n_head_kv <= CUDA_ATTN_COUNT_BYTES / 4
-            ? (unsigned *)a->scratch
-            : NULL;
-    if (!p->count) /* past the cluster's keys its blocks merge by the counters */
-        p->cl = 0;
+    p->count = !a->combine_apart && (int64_t)nz * a->n_head_kv <= CUDA_ATTN_COUNT_BYTES / 4
+                   ? (unsigned *)a->scratch
+                   : NULL;
 }
 
 /* The decode kernel where it applies (few rows, head_dim 64/128/256, scratch given): launches
@@ -1298,9 +1164,7 @@ static bool attd_launch(const struct cuda_attn_args *a, struct attn_params *p, c
         (D != 2 && D != 4 && D != 8) || rows * D > 64 || (rows & (rows - 1)) || !a->scratch ||
         !attd_q_ok(a))
         return false;
-    p->cl = attd_cluster_tiles(a);
-    int ns =
-        p->cl ? ATTD_CHUNKS : ops_imin(ATTD_CHUNKS, ops_cdiv(attd_keys(a, a->n_tok), attd_sub(D)));
+    int ns = ops_imin(ATTD_CHUNKS, ops_cdiv(attd_keys(a, a->n_tok), attd_sub(D)));
     int64_t nth = (int64_t)a->n_tok * a->n_head;
     if (a->scratch_bytes < attn_scratch_need(ns, nth, a->head_dim) || !ops_aligned(a->scratch, 4))
         return false;
@@ -1329,8 +1193,7 @@ static int attd_rows_launch(const struct cuda_attn_args *a, struct attn_params *
         return -EINVAL;
     if (!cuda_attention_rows_ok(a->n_head, a->n_head_kv, a->head_dim) || !attd_q_ok(a))
         return -ENOTSUP;
-    const int cl = attd_cluster_tiles(a);
-    int ns = cl ? ATTD_CHUNKS : ops_imin(ATTD_CHUNKS, ops_cdiv(a->n_ctx, attd_sub(D)));
+    int ns = ops_imin(ATTD_CHUNKS, ops_cdiv(a->n_ctx, attd_sub(D)));
     int64_t nth = (int64_t)a->n_tok * a->n_head;
     if (!a->scratch || a->scratch_bytes < attn_scratch_need(ns, nth, a->head_dim) ||
         !ops_aligned(a->scratch, 4))
@@ -1341,7 +1204,6 @@ static int attd_rows_launch(const struct cuda_attn_args *a, struct attn_params *
     p->vz = a->v_rows;
     p->n_split = ns;
     attn_scratch_use(p, a->scratch, ns, nth, a->head_dim);
-    p->cl = cl;
     attd_count_plan(a, p, a->n_tok);
     p->early = (ops_early() & OPS_EARLY_ATTN) != 0;
     dim3 grid((unsigned)ns, (unsigned)a->n_head_kv, (unsigned)a->n_tok);
@@ -1364,8 +1226,7 @@ static bool attd_each_launch(const struct cuda_attn_args *a, struct attn_params 
     if (a->n_tok < 2 || a->n_tok > CUDA_ATTN_EXACT_MAX_TOK ||
         !cuda_attention_rows_ok(a->n_head, a->n_head_kv, a->head_dim) || !attd_q_ok(a))
         return false;
-    const int cl = attd_cluster_tiles(a);
-    int ns = cl ? ATTD_CHUNKS : ops_imin(ATTD_CHUNKS, ops_cdiv(attd_keys(a, 1), attd_sub(D)));
+    int ns = ops_imin(ATTD_CHUNKS, ops_cdiv(attd_keys(a, 1), attd_sub(D)));
     int64_t nth = (int64_t)a->n_tok * a->n_head;
     if (!a->scratch || a->scratch_bytes < attn_scratch_need(ns, nth, a->head_dim) ||
         !ops_aligned(a->scratch, 4))
@@ -1375,7 +1236,6 @@ static bool attd_each_launch(const struct cuda_attn_args *a, struct attn_params 
     q.zrows = 1;
     q.n_split = ns;
     attn_scratch_use(&q, a->scratch, ns, nth, a->head_dim);
-    q.cl = cl;
     attd_count_plan(a, &q, a->n_tok);
     q.early = (ops_early() & OPS_EARLY_ATTN) != 0;
     dim3 grid((unsigned)ns, (unsigned)a->n_head_kv, (unsigned)a->n_tok);

@@ -52,12 +52,6 @@ struct cuda_attn_args {
     size_t scratch_bytes;
     int combine_apart; /* 1: the decode kernel's key splits are merged by a kernel of its own
                         * (the same bits) instead of by each kv head's last block */
-    int cluster;       /* decode kernel, compute capability 9.0 and later: up to this many key tiles
-                        * per block (32 keys at head_dim 128) the keys go to one cluster of 16 blocks
-                        * per kv head, which merge through each other's shared memory (no merge
-                        * kernel or last block; other bits than the splits without clusters, the
-                        * same for eager and graph calls); 0: the default (2, or STRATA_ATTN_CLUSTER
-                        * in the environment), < 0: never */
     int8_t *q8_codes;  /* NULL, or (used with head_dim a multiple of 32) where the decode kernel's
                         * merge also writes out's 8-bit copy as cuda_matmul's MMV path makes it
                         * (rows n_tok of n_head * head_dim; cuda_matmul_q8_layout) */

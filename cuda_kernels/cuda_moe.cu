@@ -2030,7 +2030,15 @@ static void moe_launch_down_gq8(const struct moe_params &p, unsigned tiles, cuda
 /* Whether the device has bulk copies (compute capability 9.0 and later); decided once. */
 static bool moe_bulk_dev_ok(void)
 {
-    return ops_sm90();
+    static int on = -1; /* a race writes the same value */
+    if (on < 0) {
+        int dev = 0, major = 0;
+        on =
+            cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+            major >= 9;
+    }
+    return on == 1;
 }
 
 /* Up to how many tokens the automatic choice takes the bulk path: CUDA_MOE_BULK8_MAX_TOK, or

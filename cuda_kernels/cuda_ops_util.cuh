@@ -44,21 +44,6 @@ static inline int ops_early(void)
     return mask;
 }
 
-/* Whether the current device has compute capability 9.0 or later (clusters, bulk copies);
- * decided once per translation unit. */
-static inline bool ops_sm90(void)
-{
-    static int on = -1; /* a race writes the same value */
-    if (on < 0) {
-        int dev = 0, major = 0;
-        on =
-            cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-            major >= 9;
-    }
-    return on == 1;
-}
-
 /* Whether p is a multiple of a (a power of two). */
 static inline bool ops_aligned(const void *p, uint64_t a)
 {
@@ -176,64 +161,22 @@ extern "C" int cuda_pdl_enabled(void);
 
 /* Launches kernel k like k<<<grid, block, smem, s>>>(args...), as a programmatic launch where
  * cuda_pdl_enabled(): its blocks may start while the kernel before it on s still runs, and
- * wait for it in ops_pdl_begin. A recorded graph keeps the edge programmatic. With clx > 0 the
- * grid's blocks go in clusters of clx along x (grid.x a multiple of clx), which the device
- * schedules together and whose blocks read each other's shared memory (sm_90). */
+ * wait for it in ops_pdl_begin. A recorded graph keeps the edge programmatic. */
 template <typename... P, typename... A>
-static inline cudaError_t ops_launch_cluster(void (*k)(P...), dim3 grid, dim3 block, size_t smem,
-                                             cudaStream_t s, unsigned clx, A &&...args)
+static inline cudaError_t ops_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+                                     cudaStream_t s, A &&...args)
 {
-    cudaLaunchAttribute at[2];
+    cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = cuda_pdl_enabled();
-    at[1].id = cudaLaunchAttributeClusterDimension;
-    at[1].val.clusterDim.x = clx;
-    at[1].val.clusterDim.y = 1;
-    at[1].val.clusterDim.z = 1;
     cudaLaunchConfig_t c = {};
     c.gridDim = grid;
     c.blockDim = block;
     c.dynamicSmemBytes = smem;
     c.stream = s;
     c.attrs = at;
-    c.numAttrs = clx > 0 ? 2 : 1;
-    return cudaLaunchKernelEx(&c, k, std::forward<A>(args)...);
-}
-
-template <typename... P, typename... A>
-static inline cudaError_t ops_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem,
-                                     cudaStream_t s, A &&...args)
-{
-    return ops_launch_cluster(k, grid, block, smem, s, 0u, std::forward<A>(args)...);
-}
-
-/* Whether kernel k can run in clusters of clx blocks of `block` threads (sizes above 8 are
- * allowed for it first): at least one such cluster fits on the device. */
-template <typename... P>
-static inline bool ops_cluster_fits(void (*k)(P...), unsigned clx, dim3 block)
-{
-    if (clx > 8 &&
-        cudaFuncSetAttribute((const void *)k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-            cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = clx;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t c = {};
-    c.gridDim = dim3(clx);
-    c.blockDim = block;
-    c.attrs = at;
     c.numAttrs = 1;
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, (const void *)k, &c) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    return n > 0;
+    return cudaLaunchKernelEx(&c, k, std::forward<A>(args)...);
 }
 
 /* Asks the memory system to bring bytes [lo, hi) of global memory into L2 (sm_90 and later;

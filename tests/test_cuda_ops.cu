@@ -731,35 +731,18 @@ static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scra
            c->window ? " window" : "", c->sinks ? " sinks" : "", rc, e, en);
     CHECK(rc == 0 && e <= tol, "attention hd %d G %d n_kv %d n_tok %d pos0 %d (%s): rc %d err %g",
           hd, c->G, c->n_kv, n_tok, c->pos0, tc ? "fp16-tc" : "float", rc, e);
-    if (!c->inplace) {
-        /* the decode kernel's blocks in clusters wherever it runs, and never: within the
-         * tolerance either way */
-        float *other = (float *)test_xmalloc(qn * sizeof(float));
-        static const int cls[] = {1 << 20, -1};
-        for (int ci = 0; ci < 2; ci++) {
-            test_dev_poison(d_out, qn * sizeof(float));
-            a.cluster = cls[ci];
-            int rc2 = cuda_attention(&a);
-            test_dev_get(other, d_out, qn * sizeof(float));
-            double e2 = test_max_rel_err(other, ref, qn);
-            CHECK(rc2 == 0 && e2 <= tol,
-                  "attention hd %d G %d n_tok %d pos0 %d, clusters %s: rc %d err %g", hd, c->G,
-                  n_tok, c->pos0, ci ? "never" : "always", rc2, e2);
-        }
-        /* without clusters, the splits merged by a kernel of their own: the same bits as by
-         * the last block */
+    if (!c->inplace) { /* the splits merged by a kernel of their own: the same bits */
         float *apart = (float *)test_xmalloc(qn * sizeof(float));
         test_dev_poison(d_out, qn * sizeof(float));
         a.combine_apart = 1;
         int rc2 = cuda_attention(&a);
         test_dev_get(apart, d_out, qn * sizeof(float));
-        size_t first = 0, bad = bits_differ(apart, other, qn, &first);
+        size_t first = 0, bad = bits_differ(apart, got, qn, &first);
         CHECK(rc2 == 0 && bad == 0,
               "attention hd %d G %d n_tok %d: merged apart, rc %d, %zu "
               "elements differ (first %zu)",
               hd, c->G, n_tok, rc2, bad, first);
         a.combine_apart = 0;
-        a.cluster = 0;
         /* one token at device positions (a graph's call) against the same call at pos0: the
          * keys split by the position, not the cache's length, so the same bits */
         if (c->dev && n_tok == 1) {
@@ -776,17 +759,15 @@ static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scra
             a.pos0 = -12345;
         }
         free(apart);
-        free(other);
     }
     if (!c->inplace && hd % 32 == 0 && n_tok < 32) { /* the 8-bit copy, both merges */
         const int width = n_head * hd;
         const size_t qb = cuda_matmul_q8_layout(width, n_tok) + (size_t)n_tok * (width / 32) * 8;
         uint8_t *d_q8 = (uint8_t *)test_dev_alloc(qb);
-        for (int apart = 0; apart < 3; apart++) { /* in the kernel, apart, in clusters */
+        for (int apart = 0; apart < 2; apart++) {
             int done = -1;
             test_dev_poison(d_q8, qb);
-            a.combine_apart = apart == 1;
-            a.cluster = apart == 2 ? 1 << 20 : -1;
+            a.combine_apart = apart;
             a.q8_codes = (int8_t *)d_q8;
             a.q8_scales = d_q8 + cuda_matmul_q8_layout(width, n_tok);
             a.q8_done = &done;
@@ -797,14 +778,9 @@ static void run_attn_case(struct rng *r, const struct attn_case *c, void *d_scra
             CHECK(rc3 == 0 && (done == 1 || (done == 0 && !dec)) && bad == 0,
                   "attention hd %d G %d n_tok %d 8-bit copy (merge %s): rc %d, done %d, %zu "
                   "bytes differ from cuda_matmul's",
-                  hd, c->G, n_tok,
-                  apart == 2 ? "in clusters"
-                  : apart    ? "apart"
-                             : "in the kernel",
-                  rc3, done, bad);
+                  hd, c->G, n_tok, apart ? "apart" : "in the kernel", rc3, done, bad);
         }
         a.q8_codes = NULL, a.q8_scales = NULL, a.q8_done = NULL, a.combine_apart = 0;
-        a.cluster = 0;
         cuda_free(d_q8);
     }
     cuda_free(d_q), cuda_free(d_k), cuda_free(d_v), cuda_free(d_pos);
