@@ -47,6 +47,7 @@ struct moe_params {
     int64_t out_stride;
     int n_tok, k, n_expert, n_pairs;
     int tile; /* pairs per tile on the grouped path: MOE_TILE_SMALL or MOE_TILE_LARGE */
+    int first; /* down kernels: the next kernel launched before the wait (ops_pdl_start) */
     int64_t n_embd, n_ff;
     const int32_t *ids; /* (n_pairs) */
     const float *wts;   /* (n_pairs) */
@@ -848,7 +849,7 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
 template <uint32_t WT>
 static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct moe_params p)
 {
-    ops_pdl_begin();
+    ops_pdl_start(p.first);
     __shared__ float part[MOE_WARPS];
     __shared__ int badw[MOE_WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.x;
@@ -1126,7 +1127,7 @@ static __global__ void __launch_bounds__(MOE_B8_DN_THREADS, 2) k_moe_down_b8(str
             }
         }
     }
-    ops_pdl_begin();
+    ops_pdl_start(p.first);
     __syncthreads();
     if (bulk) {
         moe_bar_wait(&bar);
@@ -1989,8 +1990,10 @@ static void moe_launch_down(const struct moe_params &p, bool grouped, unsigned i
     dim3 grid(items, (unsigned)moe_cdiv(p.n_embd, MOE_WARPS));
     if constexpr (moe_q8_type(WT)) {
         if (!grouped && p.hq) {
+            struct moe_params q = p;
+            q.first = (ops_early() & OPS_EARLY_TRIGGER) != 0;
             ops_launch(k_moe_down_q8<WT>, dim3(items, (unsigned)moe_cdiv(p.n_embd, MOE_Q8_DN_ROWS)),
-                       MOE_WARPS * 32, 0, s, p);
+                       MOE_WARPS * 32, 0, s, q);
             return;
         }
     }
@@ -2131,9 +2134,12 @@ static void moe_launch_gate_up_b8(const struct moe_params &p, unsigned items, cu
 template <uint32_t WT>
 static void moe_launch_down_b8(const struct moe_params &p, unsigned items, cudaStream_t s)
 {
-    if constexpr (moe_q8_type(WT))
+    if constexpr (moe_q8_type(WT)) {
+        struct moe_params q = p;
+        q.first = (ops_early() & OPS_EARLY_TRIGGER) != 0;
         ops_launch(k_moe_down_b8<WT>, dim3(items, (unsigned)moe_cdiv(p.n_embd, MOE_B8_DN_ROWS)),
-                   MOE_B8_DN_THREADS, moe_b8_dn_smem(p), s, p);
+                   MOE_B8_DN_THREADS, moe_b8_dn_smem(p), s, q);
+    }
 }
 
 #define MOE_DISPATCH(type, fn, ...)                                                                \
