@@ -52,8 +52,6 @@ struct attn_params {
     int8_t *q8s;     /* NULL, or the output's 8-bit copy (cuda_attn_args.q8_codes): written */
     float2 *q8d;     /* by k_attn_combine and the decode kernel's own merge */
     int early;       /* decode kernel: keys below every row's position loaded before the wait */
-    int first;       /* decode kernel and its merge: the next kernel launched before the wait
-                      * (ops_pdl_start) */
     unsigned *count; /* decode kernel: NULL, or a counter per (grid z, kv head): the last of a
                       * kv head's split blocks to finish merges the splits itself (as
                       * k_attn_combine would) and sets the counter back to zero */
@@ -202,7 +200,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn(struct attn_params 
  * before any of them is used: one round trip to L2 instead of one per phase. */
 static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn_params p)
 {
-    ops_pdl_start(p.first);
+    ops_pdl_begin();
     /* each split's factor e^(m_s - M) once (not once per dimension); -1: no keys */
     __shared__ float f[ATT_MAX_SPLIT], sm[ATT_MAX_SPLIT], sl[ATT_MAX_SPLIT];
     __shared__ float lsum;
@@ -485,7 +483,7 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
     const int jearly = p.early ? pmin - kb : 0; /* keys loaded before the wait: j < jearly */
     if (kb < ke)
         tile.load_part(p, kv_off, kb, n0, tid, 0, jearly);
-    ops_pdl_start(p.first);
+    ops_pdl_begin();
     if (kb < ke && jearly < n0)
         tile.load_part(p, kv_off, kb, n0, tid, jearly, n0);
     /* head_dim 64 (D = 2): a warp scores 4 keys at a time, lane 8 kq + ds holding dims 4 ds..
@@ -1174,7 +1172,6 @@ static bool attd_launch(const struct cuda_attn_args *a, struct attn_params *p, c
     attn_scratch_use(p, a->scratch, ns, nth, a->head_dim);
     attd_count_plan(a, p, 1);
     p->early = (ops_early() & OPS_EARLY_ATTN) != 0;
-    p->first = (ops_early() & OPS_EARLY_TRIGGER) != 0;
     dim3 grid((unsigned)ns, (unsigned)a->n_head_kv);
     if (!attd_dispatch<2>(D, rows, grid, *p, s) && !attd_dispatch<4>(D, rows, grid, *p, s) &&
         !attd_dispatch<8>(D, rows, grid, *p, s)) {
@@ -1209,7 +1206,6 @@ static int attd_rows_launch(const struct cuda_attn_args *a, struct attn_params *
     attn_scratch_use(p, a->scratch, ns, nth, a->head_dim);
     attd_count_plan(a, p, a->n_tok);
     p->early = (ops_early() & OPS_EARLY_ATTN) != 0;
-    p->first = (ops_early() & OPS_EARLY_TRIGGER) != 0;
     dim3 grid((unsigned)ns, (unsigned)a->n_head_kv, (unsigned)a->n_tok);
     if (!attd_dispatch<2>(D, rows, grid, *p, s) && !attd_dispatch<4>(D, rows, grid, *p, s) &&
         !attd_dispatch<8>(D, rows, grid, *p, s))
@@ -1242,7 +1238,6 @@ static bool attd_each_launch(const struct cuda_attn_args *a, struct attn_params 
     attn_scratch_use(&q, a->scratch, ns, nth, a->head_dim);
     attd_count_plan(a, &q, a->n_tok);
     q.early = (ops_early() & OPS_EARLY_ATTN) != 0;
-    q.first = (ops_early() & OPS_EARLY_TRIGGER) != 0;
     dim3 grid((unsigned)ns, (unsigned)a->n_head_kv, (unsigned)a->n_tok);
     if (!attd_dispatch<2>(D, p->G, grid, q, s) && !attd_dispatch<4>(D, p->G, grid, q, s) &&
         !attd_dispatch<8>(D, p->G, grid, q, s))

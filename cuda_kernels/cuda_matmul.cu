@@ -633,7 +633,6 @@ struct mmv_params {
     int64_t y_stride;
     const float *bias; /* (n_out) or NULL: added to each sum where y is written */
     int early;         /* the first weight tile staged before the wait (ops_early) */
-    int first;         /* the next kernel launched before the wait (ops_pdl_start) */
     /* rows n_out .. of the launch: the further matrices of a call (cuda_matmul_args.more), the
      * matrix i + 1 from row seg_end[i] on; n_out is then the row count of them all */
     int n_seg;
@@ -675,7 +674,7 @@ __global__ void __launch_bounds__(MMV_THREADS, M == 1 && KS == 1 ? mmv_min_block
     const int64_t row = KS > 1 ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * MMV_WARPS + warp;
     const int kw = KS > 1 ? warp : 0; /* this warp's first tile */
     if (row >= p.n_out) {
-        ops_pdl_start(p.first);
+        ops_pdl_begin();
         return; /* whole warps (KS = 1) or whole blocks (KS > 1) */
     }
 
@@ -711,7 +710,7 @@ __global__ void __launch_bounds__(MMV_THREADS, M == 1 && KS == 1 ? mmv_min_block
     const int64_t tile_bytes = (int64_t)F::TB * F::BS;
     for (int pass = p.early ? 0 : 1; pass < 2; pass++) { /* pass 1: after the wait */
         if (pass == 1)
-            ops_pdl_start(p.first);
+            ops_pdl_begin();
         if (pass == (p.early ? 0 : 1)) {
             if (kw < ntile) {
                 const int64_t b0 = (int64_t)kw * tile_bytes;
@@ -1760,7 +1759,6 @@ extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
     params_fill(&p, a, row_bytes);
     p.bias = a->bias;
     p.early = (ops_early() & OPS_EARLY_MMV) != 0;
-    p.first = (ops_early() & OPS_EARLY_TRIGGER) != 0;
     p.n_seg = a->n_more;
     for (int i = 0; i < a->n_more; i++) { /* one launch over the rows of every matrix */
         const struct cuda_matmul_more *mo = &a->more[i];

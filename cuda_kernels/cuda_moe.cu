@@ -47,7 +47,6 @@ struct moe_params {
     int64_t out_stride;
     int n_tok, k, n_expert, n_pairs;
     int tile; /* pairs per tile on the grouped path: MOE_TILE_SMALL or MOE_TILE_LARGE */
-    int first; /* down kernels: the next kernel launched before the wait (ops_pdl_start) */
     int64_t n_embd, n_ff;
     const int32_t *ids; /* (n_pairs) */
     const float *wts;   /* (n_pairs) */
@@ -849,7 +848,7 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
 template <uint32_t WT>
 static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct moe_params p)
 {
-    ops_pdl_start(p.first);
+    ops_pdl_begin();
     __shared__ float part[MOE_WARPS];
     __shared__ int badw[MOE_WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.x;
@@ -1127,7 +1126,7 @@ static __global__ void __launch_bounds__(MOE_B8_DN_THREADS, 2) k_moe_down_b8(str
             }
         }
     }
-    ops_pdl_start(p.first);
+    ops_pdl_begin();
     __syncthreads();
     if (bulk) {
         moe_bar_wait(&bar);
@@ -1990,10 +1989,8 @@ static void moe_launch_down(const struct moe_params &p, bool grouped, unsigned i
     dim3 grid(items, (unsigned)moe_cdiv(p.n_embd, MOE_WARPS));
     if constexpr (moe_q8_type(WT)) {
         if (!grouped && p.hq) {
-            struct moe_params q = p;
-            q.first = (ops_early() & OPS_EARLY_TRIGGER) != 0;
             ops_launch(k_moe_down_q8<WT>, dim3(items, (unsigned)moe_cdiv(p.n_embd, MOE_Q8_DN_ROWS)),
-                       MOE_WARPS * 32, 0, s, q);
+                       MOE_WARPS * 32, 0, s, p);
             return;
         }
     }
@@ -2134,12 +2131,9 @@ static void moe_launch_gate_up_b8(const struct moe_params &p, unsigned items, cu
 template <uint32_t WT>
 static void moe_launch_down_b8(const struct moe_params &p, unsigned items, cudaStream_t s)
 {
-    if constexpr (moe_q8_type(WT)) {
-        struct moe_params q = p;
-        q.first = (ops_early() & OPS_EARLY_TRIGGER) != 0;
+    if constexpr (moe_q8_type(WT))
         ops_launch(k_moe_down_b8<WT>, dim3(items, (unsigned)moe_cdiv(p.n_embd, MOE_B8_DN_ROWS)),
-                   MOE_B8_DN_THREADS, moe_b8_dn_smem(p), s, q);
-    }
+                   MOE_B8_DN_THREADS, moe_b8_dn_smem(p), s, p);
 }
 
 #define MOE_DISPATCH(type, fn, ...)                                                                \

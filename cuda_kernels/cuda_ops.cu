@@ -61,7 +61,6 @@ struct rmsnorm_params {
     float eps;
     int8_t *qs; /* NULL, or out's 8-bit copy (cuda_rmsnorm_args.q8_codes) */
     float2 *qd;
-    int first; /* the next kernel launched before the wait (ops_pdl_start) */
 };
 
 /* PER elements per thread kept in registers: rows up to NORM_THREADS * PER (8: 2048, 16: 4096;
@@ -71,7 +70,7 @@ static __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(struct rmsnorm_
 {
     if (p.w && blockIdx.x == 0 && threadIdx.x == 0) /* the weight, ahead of the wait */
         ops_l2_prefetch(p.w, p.w + p.dim);
-    ops_pdl_start(p.first);
+    ops_pdl_begin();
     __shared__ double part[NORM_THREADS / 32];
     int64_t base = (int64_t)blockIdx.x * p.dim;
     const float *in = p.in + base;
@@ -250,7 +249,6 @@ struct qkr_params {
     int n_freq; /* 0, or hd / 2: freq and mscale as k_rope_neox's */
     float mscale;
     int early; /* the norm weights and angles before the wait (ops_early) */
-    int first; /* the next kernel launched before the wait (ops_pdl_start) */
     double freq[CUDA_ROPE_MAX_FREQ];
 };
 
@@ -269,7 +267,7 @@ static __global__ void __launch_bounds__(QKR_THREADS) k_qk_rope_store(struct qkr
     float wv = 1.0f, cf = 0.0f, sf = 0.0f;
     for (int pass = p.early ? 0 : 1; pass < 2; pass++) { /* pass 1: after the wait */
         if (pass == 1)
-            ops_pdl_start(p.first);
+            ops_pdl_begin();
         if (pass == (p.early ? 0 : 1)) {
             wv = !isv && w && i < hd ? w[i] : 1.0f;
             if (!isv && i < half) {
@@ -443,7 +441,6 @@ struct topk_params {
     int n_tok, n_expert, k;
     int32_t *ids;
     float *w;
-    int first; /* the next kernel launched before the wait (ops_pdl_start) */
 };
 
 /* PL: logits per lane, the smallest power of two with 32 PL >= n_expert (every loop below runs
@@ -451,7 +448,7 @@ struct topk_params {
 template <int PL>
 static __global__ void __launch_bounds__(TOPK_WARPS * 32) k_softmax_topk(struct topk_params p)
 {
-    ops_pdl_start(p.first);
+    ops_pdl_begin();
     int lane = threadIdx.x & 31, t = blockIdx.x * TOPK_WARPS + (threadIdx.x >> 5);
     if (t >= p.n_tok) /* whole warps leave together */
         return;
@@ -568,9 +565,8 @@ extern "C" int cuda_rmsnorm(const struct cuda_rmsnorm_args *a)
         return -EINVAL;
     if (a->q8_codes && (a->dim % 32 || !a->q8_scales || !ops_aligned(a->q8_scales, 8)))
         return -EINVAL;
-    struct rmsnorm_params p = {
-        a->out, a->in, a->resid, a->w, a->dim, a->eps, a->q8_codes, (float2 *)a->q8_scales, 0};
-    p.first = (ops_early() & OPS_EARLY_TRIGGER) != 0;
+    struct rmsnorm_params p = {a->out, a->in,  a->resid,    a->w,
+                               a->dim, a->eps, a->q8_codes, (float2 *)a->q8_scales};
     if (a->dim > NORM_THREADS * 8 && a->dim <= NORM_THREADS * 16)
         ops_launch(k_rmsnorm<16>, a->rows, NORM_THREADS, 0, (cudaStream_t)a->stream, p);
     else
@@ -641,11 +637,9 @@ extern "C" int cuda_qk_rope_store(const struct cuda_qk_rope_store_args *a)
     struct qkr_params p = {
         a->q,       a->k,          a->v,        a->q_norm, a->k_norm,  a->eps,  a->n_tok,
         a->n_head,  a->n_head_kv,  a->head_dim, a->pos0,   a->pos_dev, a->base, a->k_cache,
-        a->v_cache, a->caches_dev, a->n_ctx,    0,         1.0f,       0,       0,
-        {},
+        a->v_cache, a->caches_dev, a->n_ctx,    0,         1.0f,       0,       {},
     };
     p.early = (ops_early() & OPS_EARLY_ROPE) != 0;
-    p.first = (ops_early() & OPS_EARLY_TRIGGER) != 0;
     if (a->freq) {
         p.n_freq = a->head_dim / 2;
         p.mscale = a->mscale;
@@ -710,8 +704,7 @@ extern "C" int cuda_softmax_topk(const struct cuda_topk_args *a)
         return 0;
     if (!a->logits || !a->ids || !a->w)
         return -EINVAL;
-    struct topk_params p = {a->logits, a->n_tok, a->n_expert, a->k, a->ids, a->w, 0};
-    p.first = (ops_early() & OPS_EARLY_TRIGGER) != 0;
+    struct topk_params p = {a->logits, a->n_tok, a->n_expert, a->k, a->ids, a->w};
     const unsigned blocks = (unsigned)ops_cdiv(a->n_tok, TOPK_WARPS);
     cudaStream_t s = (cudaStream_t)a->stream;
     if (a->n_expert <= 32 * 4)

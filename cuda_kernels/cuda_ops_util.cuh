@@ -33,16 +33,13 @@ static __host__ __device__ __forceinline__ int ops_cdiv(int a, int b)
 #define OPS_EARLY_ATTN 2 /* the decode attention's first keys below every row's position */
 #define OPS_EARLY_ROPE 4 /* the q/k prologue's norm weights and rotation angles: measured slower
                           * (its double pow and sincos then run beside the q/k/v matmul) */
-#define OPS_EARLY_TRIGGER                                                                          \
-    8 /* the decode kernels that launch the next one before their wait                             \
-       * (ops_pdl_start) */
 #define OPS_EARLY_DEFAULT (OPS_EARLY_MMV | OPS_EARLY_ATTN)
 static inline int ops_early(void)
 {
     static int mask = -1; /* decided once; a race writes the same value */
     if (mask < 0) {
         const char *env = getenv("STRATA_EARLY");
-        mask = env && *env ? atoi(env) & 15 : OPS_EARLY_DEFAULT;
+        mask = env && *env ? atoi(env) & 7 : OPS_EARLY_DEFAULT;
     }
     return mask;
 }
@@ -145,24 +142,6 @@ static __device__ __forceinline__ void ops_pdl_begin(void)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-/* ops_pdl_begin, or with `first` the launch of the next kernel before the wait: its blocks then
- * take their places and do what they do before their own wait (weights into L2 or shared
- * memory, the attention's older keys) while this kernel still waits on the one before it.
- * Only for kernels whose next kernel reads nothing before its wait that a kernel before this
- * one writes: the MoE down kernels read the router's expert ids before their wait, so the
- * gate/up kernels before them always wait first (ops_early, OPS_EARLY_TRIGGER). */
-static __device__ __forceinline__ void ops_pdl_start(int first)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (first)
-        asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory");
-    else
-        asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
-#else
-    (void)first;
 #endif
 }
 
