@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # GPU machine: settings of one build compared in one lease. ENVS: the settings, spaces between
 # them, commas between the variables of one (e.g. "STRATA_EARLY=3 STRATA_EARLY=11"). Under each
-# setting: the CUDA tests named in TESTS, then the md5 of greedy logits on the 30b-a3b preset,
+# setting (or of TEST_ENVS where given): the CUDA tests named in TESTS, then the md5 of greedy logits on the 30b-a3b preset,
 # eager and --graph (settings that change only scheduling must print the same sums); then
 # bench/device-bulk.sh over ENVS (ROUNDS, NS, WHERE, PS as there).
 set -u
 . bench/device-env.sh
 export STRATA_TEST_DATA=$PWD/tests/data
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader
-for e in $ENVS; do
+for e in ${TEST_ENVS:-$ENVS}; do
     for t in ${TESTS:-}; do
         (cd tests && env ${e//,/ } timeout 200 "$B/$t" >"$OUT/$t-${e//[=,]/-}.log" 2>&1)
         echo "$e $t rc=$?"
