@@ -767,14 +767,18 @@ static __device__ __forceinline__ void moe_q8_h_unit(const struct moe_params &p,
 /* The block's down rows r0 .. r0 + rows - 1 of token t from the warps' sums (part, badw: warp
  * MOE_Q8_DN_SPLIT r + s for row r), added in order s, then w_j b_j in order j, by threads
  * 0 .. rows - 1. */
-static __device__ __forceinline__ void
-moe_q8_down_row(const struct moe_params &p, int t, int64_t rr, const float *part, const int *badw)
+static __device__ __forceinline__ void moe_q8_down_store(const struct moe_params &p, int t,
+                                                         int64_t r0, int rows, const float *part,
+                                                         const int *badw)
 {
+    if (threadIdx.x >= rows)
+        return;
+    const int64_t rr = r0 + threadIdx.x;
     float s = 0.0f;
     int anybad = 0;
     for (int i = 0; i < MOE_Q8_DN_SPLIT; i++) {
-        s = __fadd_rn(s, part[i]);
-        anybad |= badw[i];
+        s = __fadd_rn(s, part[threadIdx.x * MOE_Q8_DN_SPLIT + i]);
+        anybad |= badw[threadIdx.x * MOE_Q8_DN_SPLIT + i];
     }
     if (p.down_b && !anybad && rr < p.n_embd) /* sum_j w_j b_j, j in order */
         for (int j = 0; j < p.k; j++) {
@@ -785,36 +789,23 @@ moe_q8_down_row(const struct moe_params &p, int t, int64_t rr, const float *part
         p.out[(int64_t)t * p.out_stride + rr] = anybad ? NAN : s;
 }
 
-static __device__ __forceinline__ void moe_q8_down_store(const struct moe_params &p, int t,
-                                                         int64_t r0, int rows, const float *part,
-                                                         const int *badw)
-{
-    if (threadIdx.x < rows)
-        moe_q8_down_row(p, t, r0 + threadIdx.x, part + threadIdx.x * MOE_Q8_DN_SPLIT,
-                        badw + threadIdx.x * MOE_Q8_DN_SPLIT);
-}
-
-/* direct gate/up on codes: block (pair, RW / 2 * MOE_Q8_GU_ROWS rows), warp w rows RW w ..
- * RW w + RW - 1 (RW 2, or 4 for calls of many pairs: half the blocks, each warp's loads of
- * twice the rows in flight). The block's values of h are then quantized, a unit of 32 codes
- * for the down kernel per warp of the first RW / 2; each row's value and each unit's codes are
- * the same for either RW. */
-template <uint32_t WT, int RW>
+/* direct gate/up on codes: block (pair, MOE_Q8_GU_ROWS rows), warp w rows 2w and 2w + 1. The
+ * block's 32 values of h are then quantized (one unit of codes for the down kernel). */
+template <uint32_t WT>
 static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(struct moe_params p)
 {
     ops_pdl_begin();
-    constexpr int BR = MOE_Q8_GU_WARPS * RW; /* rows per block */
     extern __shared__ __align__(16) uint8_t moe_smem[];
-    __shared__ float hs[BR];
+    __shared__ float hs[MOE_Q8_GU_ROWS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pair = blockIdx.x;
     const int e = p.ids[pair];
-    const int64_t rb = (int64_t)blockIdx.y * BR, r0 = rb + RW * warp;
-    const int64_t hu = ((int64_t)pair * p.n_ff + rb) / 32; /* the block's first unit of h */
+    const int64_t rb = (int64_t)blockIdx.y * MOE_Q8_GU_ROWS, r0 = rb + 2 * warp;
+    const int64_t hu = ((int64_t)pair * p.n_ff + rb) / 32; /* the block's unit of h */
     if (e < 0 || e >= p.n_expert) { /* uniform over the block: no barrier below is reached */
-        if (warp < RW / 2) {
-            p.hq[(hu + warp) * 32 + lane] = 0;
+        if (warp == 0) {
+            p.hq[hu * 32 + lane] = 0;
             if (lane == 0)
-                p.hd[hu + warp] = make_float2(NAN, NAN);
+                p.hd[hu] = make_float2(NAN, NAN);
         }
         return;
     }
@@ -823,7 +814,7 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
     if (threadIdx.x == 0) { /* the block's rows of gate and up, on their way to L2 while x is
                              * quantized (prefetching the down rows here as well measured
                              * slower: bench/cuda-resident.md) */
-        const int64_t re = min(rb + BR, p.n_ff);
+        const int64_t re = min(rb + MOE_Q8_GU_ROWS, p.n_ff);
         ops_l2_prefetch(gb + rb * p.gate_row, gb + re * p.gate_row);
         ops_l2_prefetch(ub + rb * p.up_row, ub + re * p.up_row);
     }
@@ -839,16 +830,16 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
         xd = sd;
     }
 #pragma unroll
-    for (int i = 0; i < RW; i++) {
+    for (int i = 0; i < 2; i++) {
         const int64_t r = r0 + i;
         const float2 gu =
             moe_q8_gu_row<WT>(gb + r * p.gate_row, ub + r * p.up_row, nu, lane, xq, xd);
         if (lane == 0)
-            hs[RW * warp + i] = moe_h(p, e, r, gu.x, gu.y);
+            hs[2 * warp + i] = moe_h(p, e, r, gu.x, gu.y);
     }
     __syncthreads();
-    if (warp < RW / 2)
-        moe_q8_h_unit(p, hu + warp, hs[32 * warp + lane], lane);
+    if (warp == 0)
+        moe_q8_h_unit(p, hu, hs[lane], lane);
 }
 
 /* direct down on codes: block (token, MOE_Q8_DN_ROWS rows); MOE_Q8_DN_SPLIT warps per row, warp
@@ -897,63 +888,6 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct mo
     }
     __syncthreads();
     moe_q8_down_store(p, t, r0, MOE_Q8_DN_ROWS, part, badw);
-}
-
-/* direct down with a warp per row: block (token, MOE_WARPS rows), warp w row r0 + w. The warp
- * walks the MOE_Q8_DN_SPLIT walks of k_moe_down_q8's warps side by side (walk s: experts s,
- * s + MOE_Q8_DN_SPLIT, ..., lane l from unit l), each into a sum of its own, so that the walks'
- * loads are in flight together and a call has a quarter of the blocks; the walks' sums are
- * reduced and added as k_moe_down_q8 adds its warps' (in order s): the same bits. */
-template <uint32_t WT>
-static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8w(struct moe_params p)
-{
-    ops_pdl_begin();
-    constexpr int NS = MOE_Q8_DN_SPLIT;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.x;
-    const int64_t r = (int64_t)blockIdx.y * MOE_WARPS + warp;
-    if (r >= p.n_embd) /* whole warps; no block barrier follows */
-        return;
-    const int nu = (int)(p.n_ff / 32);
-    float acc[NS], part[NS];
-    int badw[NS], j[NS], u[NS];
-#pragma unroll
-    for (int s = 0; s < NS; s++) {
-        acc[s] = 0.0f;
-        badw[s] = 0;
-        j[s] = s;
-        u[s] = lane;
-        while (u[s] >= nu && j[s] < p.k)
-            u[s] -= nu, j[s] += NS;
-    }
-#pragma unroll 1
-    while (j[0] < p.k) { /* walk 0 has the most units: the others end no later */
-#pragma unroll
-        for (int s = 0; s < NS; s++) {
-            if (j[s] >= p.k)
-                continue;
-            const int64_t pr = (int64_t)t * p.k + j[s];
-            const int e = p.ids[pr];
-            if (e < 0 || e >= p.n_expert) {
-                badw[s] = 1;
-            } else {
-                const uint8_t *dr =
-                    moe_expert(p.down, p.down_stride, p.down_ptrs, e) + r * p.down_row;
-                const float d =
-                    moe_q8_unit<WT>::dot(dr, u[s], p.hq + pr * p.n_ff, p.hd + pr * nu, 0.0f);
-                acc[s] = fmaf(p.wts[pr], d, acc[s]);
-            }
-            u[s] += 32;
-            while (u[s] >= nu && j[s] < p.k)
-                u[s] -= nu, j[s] += NS;
-        }
-    }
-#pragma unroll
-    for (int s = 0; s < NS; s++) {
-        part[s] = ops_warp_sum(acc[s]);
-        badw[s] = __any_sync(0xffffffffu, badw[s]);
-    }
-    if (lane == 0)
-        moe_q8_down_row(p, t, r, part, badw);
 }
 
 /* ---- bulk 8-bit path (decode, lockstep steps) --------------------------------------------------
@@ -1996,21 +1930,6 @@ static bool moe_q8_ok(uint32_t gate_type, uint32_t down_type, int64_t n_embd, in
            moe_q8_bytes(1, n_embd) <= MOE_Q8_MAX_SMEM;
 }
 
-/* From how many pairs the direct 8-bit gate/up kernel gives each warp 4 rows instead of 2 (the
- * same bits): STRATA_MOE_GU_WIDE in the environment (0: never; for comparisons), else
- * MOE_GU_WIDE_PAIRS. */
-#define MOE_GU_WIDE_PAIRS 0
-static int moe_gu_wide_pairs(void)
-{
-    static int n = -1; /* decided once; a race writes the same value */
-    if (n < 0) {
-        const char *env = getenv("STRATA_MOE_GU_WIDE");
-        n = env && *env ? atoi(env) : MOE_GU_WIDE_PAIRS;
-        n = n > 0 ? n : INT_MAX;
-    }
-    return n;
-}
-
 template <uint32_t WT>
 static void moe_launch_gate_up(const struct moe_params &p, bool grouped, unsigned items,
                                cudaStream_t s)
@@ -2019,15 +1938,9 @@ static void moe_launch_gate_up(const struct moe_params &p, bool grouped, unsigne
     const uint64_t smem = MOE_WARPS * 2 * moe_stage_bytes(p.gate_row);
     if constexpr (moe_q8_type(WT)) {
         if (!grouped && p.hq) {
-            const size_t smem = p.in_q8 ? 0 : moe_q8_bytes(1, p.n_embd);
-            if (p.n_pairs >= moe_gu_wide_pairs() && p.n_ff % (2 * MOE_Q8_GU_ROWS) == 0)
-                ops_launch(k_moe_gate_up_q8<WT, 4>,
-                           dim3(items, (unsigned)(p.n_ff / (2 * MOE_Q8_GU_ROWS))),
-                           MOE_Q8_GU_WARPS * 32, smem, s, p);
-            else
-                ops_launch(k_moe_gate_up_q8<WT, 2>,
-                           dim3(items, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS)),
-                           MOE_Q8_GU_WARPS * 32, smem, s, p);
+            ops_launch(k_moe_gate_up_q8<WT>,
+                       dim3(items, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS)),
+                       MOE_Q8_GU_WARPS * 32, p.in_q8 ? 0 : moe_q8_bytes(1, p.n_embd), s, p);
             return;
         }
     }
@@ -2069,31 +1982,12 @@ static void moe_launch_down_mma(const struct moe_params &p, unsigned tiles, cuda
                MMA_SMEM, s, p);
 }
 
-/* Whether the direct 8-bit down kernel takes a warp per row (k_moe_down_q8w, the same bits as
- * k_moe_down_q8): STRATA_MOE_DOWN_WARP in the environment (0 or 1, for comparisons), else
- * MOE_DOWN_WARP_ROW. */
-#define MOE_DOWN_WARP_ROW 0
-static bool moe_down_warp_row(void)
-{
-    static int on = -1; /* decided once; a race writes the same value */
-    if (on < 0) {
-        const char *env = getenv("STRATA_MOE_DOWN_WARP");
-        on = env && *env ? atoi(env) != 0 : MOE_DOWN_WARP_ROW;
-    }
-    return on == 1;
-}
-
 template <uint32_t WT>
 static void moe_launch_down(const struct moe_params &p, bool grouped, unsigned items,
                             cudaStream_t s)
 {
     dim3 grid(items, (unsigned)moe_cdiv(p.n_embd, MOE_WARPS));
     if constexpr (moe_q8_type(WT)) {
-        if (!grouped && p.hq && moe_down_warp_row()) {
-            ops_launch(k_moe_down_q8w<WT>, dim3(items, (unsigned)moe_cdiv(p.n_embd, MOE_WARPS)),
-                       MOE_WARPS * 32, 0, s, p);
-            return;
-        }
         if (!grouped && p.hq) {
             ops_launch(k_moe_down_q8<WT>, dim3(items, (unsigned)moe_cdiv(p.n_embd, MOE_Q8_DN_ROWS)),
                        MOE_WARPS * 32, 0, s, p);
