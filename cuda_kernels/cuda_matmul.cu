@@ -61,6 +61,8 @@ constexpr int MMV_MIN_BLOCKS = 10; /* one-row MMV: blocks per SM the registers m
  * router (128 rows) keeps enough loads in flight; the 512-row k/v projections measured slower
  * split, hence the bound (docs/cuda-matmul.md) */
 constexpr int64_t MMV_SPLIT_MAX_ROWS = 256;
+constexpr int MMV_PACK = 4;                  /* rows per warp of mmv_pack_kernel */
+constexpr int64_t MMV_PACK_MIN_ROWS = 16384; /* matrices it takes: output heads */
 constexpr int MMV_MAX_M = CUDA_MATMUL_MMV_MAX_M;
 constexpr int Q8_WARPS = 8; /* 32-element activation blocks per quantize CTA */
 
@@ -798,6 +800,69 @@ __global__ void __launch_bounds__(MMV_THREADS, M == 1 && KS == 1 ? mmv_min_block
     }
 }
 
+/* One-row MMV of a large matrix whose rows take at most half a tile each, stored back to back
+ * (the K-quant output heads at 2048 inputs): warp w of block b takes the MMV_PACK rows from
+ * MMV_PACK (MMV_WARPS b + w), staged two to a tile buffer, all at once, so that four rows are
+ * in flight per warp where mmv_kernel has one and a call has a quarter of its blocks. Each
+ * row's sum is mmv_kernel's (lane q takes part q, the same warp reduction): the same bits. */
+template <typename F>
+__global__ void __launch_bounds__(MMV_THREADS, mmv_min_blocks<F>)
+    mmv_pack_kernel(const mmv_params p)
+{
+    static_assert(MMV_PACK == 4, "two rows in each of the two tile buffers");
+    __shared__ __align__(16) uint32_t tiles[MMV_WARPS][2][mmv_tile_words<F>];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int64_t r0 = ((int64_t)blockIdx.x * MMV_WARPS + warp) * MMV_PACK;
+    if (r0 >= p.n_out) {
+        ops_pdl_begin();
+        return; /* whole warps */
+    }
+    for (int pass = p.early ? 0 : 1; pass < 2; pass++) { /* pass 1: after the wait */
+        if (pass == 1)
+            ops_pdl_begin();
+        if (pass == (p.early ? 0 : 1)) {
+            for (int b = 0; b < 2; b++) {
+                const int64_t ra = r0 + 2 * b;
+                if (ra < p.n_out) {
+                    const uint8_t *src = p.w + ra * (int64_t)p.row_bytes;
+                    const int64_t nr = min((int64_t)2, p.n_out - ra);
+                    tile_stage(tiles[warp][b], src, src + nr * (int64_t)p.row_bytes, p.w_lo, p.w_hi,
+                               lane);
+                }
+            }
+            cp_async_commit();
+        }
+    }
+    mmv_rows<1> r;
+    r.n_in = p.n_in;
+    r.mc = 1;
+    r.qs = p.xq;
+    r.ds = p.xds;
+    r.x[0] = nullptr;
+    cp_async_wait<0>();
+    __syncwarp();
+    const int nparts = (int)((p.n_in + F::QK - 1) / F::QK) * F::PARTS;
+#pragma unroll
+    for (int i = 0; i < MMV_PACK; i++) {
+        const int64_t row = r0 + i;
+        if (row >= p.n_out) /* the same for the whole warp */
+            break;
+        const uint32_t *s = tiles[warp][i / 2];
+        const uintptr_t src = (uintptr_t)(p.w + (r0 + 2 * (i / 2)) * (int64_t)p.row_bytes);
+        const uint32_t off = (uint32_t)(src & 15) + (uint32_t)((i & 1) * p.row_bytes);
+        float acc[1] = {0.0f};
+        for (int q = lane; q < nparts; q += WARP) {
+            const int blk = q / F::PARTS, part = q % F::PARTS;
+            F::template dot<1>(s, off + (uint32_t)(blk * F::BS), part, blk, r, acc);
+        }
+#pragma unroll
+        for (int o = WARP / 2; o > 0; o >>= 1)
+            acc[0] += __shfl_xor_sync(FULL_MASK, acc[0], o);
+        if (lane == 0)
+            p.y[row] = p.bias ? __fadd_rn(acc[0], p.bias[row]) : acc[0];
+    }
+}
+
 /* y[j, o] += bias[o] (m rows of y_stride, n_out each): the bias of the paths that do not add it
  * as they write y */
 static __global__ void k_matmul_bias(float *y, int64_t y_stride, const float *bias, int m,
@@ -1299,8 +1364,30 @@ int rc_of(cudaError_t e)
     return e == cudaSuccess ? 0 : (e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO);
 }
 
+/* Whether a one-row MMV call takes mmv_pack_kernel: a quantized matrix of at least
+ * MMV_PACK_MIN_ROWS rows of at most half a tile, stored back to back, and no further matrices;
+ * STRATA_MMV_PACK=0 in the environment turns it off (for comparisons). */
+template <typename F> bool mmv_pack_ok(const mmv_params &p)
+{
+    static int on = -1; /* decided once; a race writes the same value */
+    if (on < 0) {
+        const char *env = getenv("STRATA_MMV_PACK");
+        on = !(env && *env && atoi(env) == 0);
+    }
+    return on == 1 && p.m == 1 && p.n_seg == 0 && p.n_out >= MMV_PACK_MIN_ROWS &&
+           p.w_stride == p.row_bytes && 2 * (int64_t)p.row_bytes <= (int64_t)F::TB * F::BS;
+}
+
 template <typename F> void mmv_launch(const mmv_params &p, cudaStream_t st)
 {
+    if constexpr (!F::FLOAT_X) {
+        if (mmv_pack_ok<F>(p)) {
+            const int64_t warps = (p.n_out + MMV_PACK - 1) / MMV_PACK;
+            ops_launch(mmv_pack_kernel<F>, dim3((unsigned)((warps + MMV_WARPS - 1) / MMV_WARPS)),
+                       MMV_THREADS, 0, st, p);
+            return;
+        }
+    }
     const dim3 grid((unsigned)((p.n_out + MMV_WARPS - 1) / MMV_WARPS),
                     (unsigned)((p.m + MMV_MAX_M - 1) / MMV_MAX_M));
     if (p.n_out <= MMV_SPLIT_MAX_ROWS) { /* few rows (routers): a block per row */

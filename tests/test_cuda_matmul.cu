@@ -509,6 +509,52 @@ static void test_types(struct rng *r, void *stream)
     }
 }
 
+/* One-row calls on matrices of many short rows (the output heads: rows of 2048 inputs, at
+ * least MMV_PACK_MIN_ROWS of them) take four rows per warp: checked against the reference, and
+ * bit for bit against the one-row-per-warp kernel, which a call of fewer rows takes, on the
+ * same weights (a row count that is not a multiple of four leaves a partial last warp; the
+ * odd weight offset an unaligned stage). */
+static void test_pack(struct rng *r, void *stream)
+{
+    static const uint32_t pt[] = {QUANT_Q6_K, QUANT_Q4_K, QUANT_Q5_K, QUANT_Q4_0, QUANT_MXFP4};
+    for (size_t t = 0; t < sizeof pt / sizeof pt[0]; t++) {
+        struct mm_case c = {};
+        c.type = pt[t];
+        c.n_in = 2048;
+        c.n_out = 16387;
+        c.m = 1;
+        c.path = CUDA_MATMUL_PATH_AUTO;
+        c.w_off = t % 2 ? 6 : 0;
+        char desc[160];
+        case_describe(&c, desc, sizeof desc);
+        struct mm_data d;
+        int rc = data_setup(&d, &c, r, stream);
+        CHECK(rc == 0, "%s: setup failed (%d)", desc, rc);
+        if (rc == 0)
+            rc = data_run(&d);
+        CHECK(rc == 0, "%s: cuda_matmul failed (%d)", desc, rc);
+        if (rc == 0) {
+            const struct case_result cr = case_check(&d);
+            const int64_t few = 4099; /* one row per warp */
+            float *packed = (float *)xmalloc((size_t)few * sizeof(float));
+            memcpy(packed, d.yh, (size_t)few * sizeof(float));
+            d.a.n_out = few;
+            rc = data_run(&d);
+            size_t diff = 0;
+            for (int64_t o = 0; rc == 0 && o < few; o++)
+                diff += memcmp(&packed[o], &d.yh[o], sizeof(float)) != 0;
+            printf("  packed rows %-5s n_out %lld: worst/bound %.3g, %zu of %lld outputs differ "
+                   "from one row per warp\n",
+                   quant_type_name(c.type), (long long)c.n_out, cr.bound_frac, diff,
+                   (long long)few);
+            CHECK(rc == 0 && diff == 0, "%s: %zu outputs differ from one row per warp (rc %d)",
+                  desc, diff, rc);
+            free(packed);
+        }
+        data_free(&d);
+    }
+}
+
 /* Every GEMM tile on every type, on shapes that leave each edge ragged: m not a multiple of any
  * BM (33, 517) or of 64 (100), n_out not a multiple of BN (200, 130, 136), n_in ending inside a
  * raw stage and inside a 64-wide step (32-element blocks: 800, 288, 1056; K-quants: 768, 256 =
@@ -1069,6 +1115,7 @@ int main(void)
 
     test_args();
     test_types(&r, stream);
+    test_pack(&r, stream);
     test_gemm_tiles(&r, stream);
     test_forced_paths(&r, stream);
     test_graph(&r, stream);
