@@ -1730,6 +1730,418 @@ static __global__ void __launch_bounds__(256) k_moe_down_mma(struct moe_params p
     }
 }
 
+/* ---- tensor cores on 8-bit codes (prefill) -------------------------------------------------
+ * For Q4_K and Q6_K experts the tensor-core path can run on the 8-bit direct path's codes: the
+ * inputs quantized once per token (k_moe_prep_q8, which also sorts), h quantized per 32 rows by
+ * the gate/up kernel, and every product an integer MMA (m16n8k32 on s8, Q6_K's halves of 16 on
+ * m16n8k16) whose per-unit sums are scaled in float exactly as moe_q8_unit's apply() scales
+ * them. A block owns a tile of up to M8_BM pairs of one expert against M8_BN weight rows (64
+ * gate + 64 up, or 128 down) and walks K a quant block (256 elements) per stage: the weight
+ * rows' raw blocks arrive by 16-byte cp.async granules (any alignment: each slot keeps its
+ * block at the source's offset within its first granule), are unpacked once into signed 8-bit
+ * codes and per-unit scales in shared memory, and the next stage's raw blocks are copied while
+ * the MMAs run. Warp w owns pairs 32 (w / 4).. and weight rows 32 (w % 4)..; each output's units
+ * are added in order, so results are deterministic; against the direct 8-bit path only the
+ * order of the unit sums differs (docs/cuda-ops.md). */
+
+#define M8_BM 64           /* pairs per tile: MOE_TILE_MMA */
+#define M8_BN 128          /* weight rows per block */
+#define M8_KS 256          /* elements per stage: one Q4_K / Q6_K block */
+#define M8_LD (M8_KS + 16) /* shared row of codes, bytes (rows fall in distinct banks) */
+#define M8_CLD (M8_BN + 4) /* padded row of the float result tile (gate/up) */
+
+template <uint32_t WT> struct m8_fmt;
+template <> struct m8_fmt<QUANT_Q4_K> {
+    static constexpr int BB = 144;                              /* bytes per block */
+    static constexpr int SLOT = ((15 + BB + 4) + 15) / 16 * 16; /* + offset, + a word's reach */
+};
+template <> struct m8_fmt<QUANT_Q6_K> {
+    static constexpr int BB = 210;
+    static constexpr int SLOT = ((15 + BB + 4) + 15) / 16 * 16;
+};
+
+template <uint32_t WT> static constexpr uint64_t m8_smem_bytes()
+{
+    return (uint64_t)M8_BM * M8_LD + 8ull * M8_BM * 8 + (uint64_t)M8_BN * M8_LD + 8ull * M8_BN * 8 +
+           (uint64_t)M8_BN * m8_fmt<WT>::SLOT;
+}
+
+/* Whether both weight types have the kernels and the shapes fit their stages and tiles. */
+static bool moe_m8_ok(uint32_t gate_type, uint32_t down_type, int64_t n_embd, int64_t n_ff)
+{
+    const bool gt = gate_type == QUANT_Q4_K || gate_type == QUANT_Q6_K;
+    const bool dt = down_type == QUANT_Q4_K || down_type == QUANT_Q6_K;
+    return gt && dt && n_embd % M8_KS == 0 && n_ff % M8_KS == 0;
+}
+
+/* The 32-bit word at any byte address of shared memory (two aligned loads and a funnel shift;
+ * may read up to 3 bytes past the word's last byte). */
+static __device__ __forceinline__ uint32_t m8_word(const uint8_t *p)
+{
+    const uintptr_t a = (uintptr_t)p;
+    const uint32_t *w = (const uint32_t *)(a & ~(uintptr_t)3);
+    return __funnelshift_r(w[0], w[1], 8u * (uint32_t)(a & 3));
+}
+
+static __device__ __forceinline__ void m8_cp16(void *smem, const void *gmem)
+{
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+
+static __device__ __forceinline__ void m8_cp_wait_all(void)
+{
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+}
+
+/* c = A B for one 16 x 8 tile over 32 k (s8 x s8 -> s32). */
+static __device__ __forceinline__ void m8_mma32(int (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                uint32_t b1)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+#else
+    (void)a, (void)b0, (void)b1;
+    c[0] = c[1] = c[2] = c[3] = 0;
+    __trap();
+#endif
+}
+
+/* c = A B for one 16 x 8 tile over 16 k. */
+static __device__ __forceinline__ void m8_mma16(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%7,%7,%7};\n"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b), "r"(0));
+#else
+    (void)a0, (void)a1, (void)b;
+    c[0] = c[1] = c[2] = c[3] = 0;
+    __trap();
+#endif
+}
+
+/* The raw blocks of stage s of the tile's weight rows (row n at rows[n]) into their slots: the
+ * 16-byte granules covering each block, by cp.async where the granule lies inside [lo[n],
+ * hi[n]) (the row's matrix), else byte by byte inside it; off[n] = the block's offset in its
+ * slot. The caller commits and waits. */
+template <uint32_t WT>
+static __device__ __forceinline__ void m8_load_raw(uint8_t *raw, const uint8_t *const *rows,
+                                                   const uintptr_t *lo, const uintptr_t *hi,
+                                                   int *off, int64_t s)
+{
+    constexpr int BB = m8_fmt<WT>::BB, SLOT = m8_fmt<WT>::SLOT, NG = SLOT / 16;
+    for (int i = threadIdx.x; i < M8_BN * NG; i += blockDim.x) {
+        const int n = i / NG, c = i - n * NG;
+        const uintptr_t src = (uintptr_t)(rows[n] + s * BB), a0 = src & ~(uintptr_t)15;
+        const int o = (int)(src - a0);
+        if (c == 0)
+            off[n] = o;
+        if (16 * c >= o + BB)
+            continue;
+        const uintptr_t g = a0 + 16 * (uintptr_t)c;
+        uint8_t *dst = raw + n * SLOT + 16 * c;
+        if (g >= lo[n] && g + 16 <= hi[n]) {
+            m8_cp16(dst, (const void *)g);
+        } else {
+            for (int b = 0; b < 16; b++)
+                if (g + b >= lo[n] && g + b < hi[n])
+                    dst[b] = *(const uint8_t *)(g + b);
+        }
+    }
+}
+
+/* The raw blocks into codes (bq: row n's 256 codes at n * M8_LD) and per-unit scales (bd[j *
+ * M8_BN + n]): Q4_K (d sc, dmin m) with codes 0..15; Q6_K (d, sc0 | sc1 << 16 as bits) with codes
+ * q - 32. */
+template <uint32_t WT>
+static __device__ __forceinline__ void m8_unpack(const uint8_t *raw, const int *off, int8_t *bq,
+                                                 float2 *bd)
+{
+    constexpr int SLOT = m8_fmt<WT>::SLOT;
+    for (int i = threadIdx.x; i < M8_BN * 8; i += blockDim.x) {
+        const int n = i >> 3, j = i & 7;
+        const uint8_t *b = raw + n * SLOT + off[n];
+        uint32_t q[8];
+        if constexpr (WT == QUANT_Q4_K) {
+            const uint4 hd =
+                make_uint4(m8_word(b), m8_word(b + 4), m8_word(b + 8), m8_word(b + 12));
+            int sc, m;
+            moe_q4k_scale_min(hd, j, &sc, &m);
+            const uint8_t *qs = b + 16 + 32 * (j / 2);
+            const int sh = 4 * (j & 1);
+#pragma unroll
+            for (int w = 0; w < 8; w++)
+                q[w] = (m8_word(qs + 4 * w) >> sh) & 0x0F0F0F0Fu;
+            bd[j * M8_BN + n] =
+                make_float2(cq_f16(hd.x & 0xFFFF) * (float)sc, cq_f16(hd.x >> 16) * (float)m);
+        } else {
+            const int h = j / 4, s = j % 4;
+            const uint8_t *ql = b + 64 * h + 32 * (s % 2), *qh = b + 128 + 32 * h;
+            const int shl = 4 * (s / 2), shh = 2 * s;
+#pragma unroll
+            for (int w = 0; w < 8; w++) {
+                const uint32_t lo = (m8_word(ql + 4 * w) >> shl) & 0x0F0F0F0Fu;
+                const uint32_t hi = ((m8_word(qh + 4 * w) >> shh) & 0x03030303u) << 4;
+                q[w] = __vsub4(lo | hi, 0x20202020u);
+            }
+            const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * s;
+            const uint32_t s01 =
+                (uint32_t)(uint16_t)(int16_t)sc[0] | (uint32_t)(uint16_t)(int16_t)sc[1] << 16;
+            bd[j * M8_BN + n] =
+                make_float2(cq_f16(m8_word(b + 208) & 0xFFFF), __uint_as_float(s01));
+        }
+        uint4 *dst = (uint4 *)(bq + n * M8_LD + 32 * j);
+        dst[0] = make_uint4(q[0], q[1], q[2], q[3]);
+        dst[1] = make_uint4(q[4], q[5], q[6], q[7]);
+    }
+}
+
+/* The stage's MMAs: unit j of every (pair, row) of the warp's 32 x 32 block, added to acc in
+ * moe_q8_unit's arithmetic (acc[mi][ni][c]: pair row 16 mi + g (+ 8 for c >= 2), weight row
+ * 8 ni + 2 t + (c & 1) of the warp's block). */
+template <uint32_t WT>
+static __device__ __forceinline__ void m8_stage_mma(const int8_t *aq, const float2 *ad,
+                                                    const int8_t *bq, const float2 *bd,
+                                                    float (&acc)[2][4][4])
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3, pm = 32 * (warp / 4), pn = 32 * (warp % 4);
+#pragma unroll 2
+    for (int j = 0; j < 8; j++) {
+        uint32_t a[2][4];
+        float2 xa[2][2];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++) {
+            const int r = pm + 16 * mi + g;
+            const int8_t *p0 = aq + r * M8_LD + 32 * j + 4 * t, *p1 = p0 + 8 * M8_LD;
+            a[mi][0] = *(const uint32_t *)p0;
+            a[mi][1] = *(const uint32_t *)p1;
+            a[mi][2] = *(const uint32_t *)(p0 + 16);
+            a[mi][3] = *(const uint32_t *)(p1 + 16);
+            xa[mi][0] = ad[j * M8_BM + r];
+            xa[mi][1] = ad[j * M8_BM + r + 8];
+        }
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) {
+            const int8_t *pb = bq + (pn + 8 * ni + g) * M8_LD + 32 * j + 4 * t;
+            const uint32_t b0 = *(const uint32_t *)pb, b1 = *(const uint32_t *)(pb + 16);
+            const int nc = pn + 8 * ni + 2 * t;
+            const float2 w[2] = {bd[j * M8_BN + nc], bd[j * M8_BN + nc + 1]};
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) {
+                if constexpr (WT == QUANT_Q4_K) {
+                    int c[4];
+                    m8_mma32(c, a[mi], b0, b1);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float2 wu = w[e & 1], x = xa[mi][e >> 1];
+                        acc[mi][ni][e] = acc[mi][ni][e] + wu.x * x.x * (float)c[e] - wu.y * x.y;
+                    }
+                } else {
+                    int c0[4], c1[4];
+                    m8_mma16(c0, a[mi][0], a[mi][1], b0);
+                    m8_mma16(c1, a[mi][2], a[mi][3], b1);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float2 wu = w[e & 1], x = xa[mi][e >> 1];
+                        const uint32_t s01 = __float_as_uint(wu.y);
+                        const int sc0 = (int)(int16_t)(s01 & 0xFFFF), sc1 = (int)s01 >> 16;
+                        acc[mi][ni][e] =
+                            acc[mi][ni][e] + wu.x * x.x * (float)(sc0 * c0[e] + sc1 * c1[e]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* The codes (M8_BM rows of M8_KS at row i's src[i] + s * M8_KS, by cp.async; the caller commits
+ * and waits) and scales (ad[j * M8_BM + i] = sd[i][s * 8 + j], plain loads) of stage s. */
+static __device__ __forceinline__ void m8_load_act(int8_t *aq, float2 *ad, const int8_t *const *src,
+                                                   const float2 *const *sd, int64_t s)
+{
+    for (int i = threadIdx.x; i < M8_BM * (M8_KS / 16); i += blockDim.x) {
+        const int r = i / (M8_KS / 16), c = i % (M8_KS / 16);
+        m8_cp16(aq + r * M8_LD + 16 * c, src[r] + s * M8_KS + 16 * c);
+    }
+    for (int i = threadIdx.x; i < M8_BM * 8; i += blockDim.x) {
+        const int r = i >> 3, j = i & 7;
+        ad[j * M8_BM + r] = sd[r][s * 8 + j];
+    }
+}
+
+/* The tile's K loop: stage s's activations are copied, its raw weight blocks (copied during the
+ * previous stage's MMAs) unpacked, the next stage's raw blocks started, then the MMAs. Ends with
+ * a barrier: shared memory is free for the epilogue. */
+template <uint32_t WT>
+static __device__ __forceinline__ void
+m8_run(uint8_t *smem, const int8_t *const *src, const float2 *const *sd, const uint8_t *const *rows,
+       const uintptr_t *lo, const uintptr_t *hi, int *off, int64_t n_in, float (&acc)[2][4][4])
+{
+    int8_t *aq = (int8_t *)smem;
+    float2 *ad = (float2 *)(smem + M8_BM * M8_LD);
+    int8_t *bq = (int8_t *)(ad + 8 * M8_BM);
+    float2 *bd = (float2 *)(bq + M8_BN * M8_LD);
+    uint8_t *raw = (uint8_t *)(bd + 8 * M8_BN);
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[mi][ni][e] = 0.0f;
+    const int64_t ns = n_in / M8_KS;
+    m8_load_raw<WT>(raw, rows, lo, hi, off, 0);
+    for (int64_t s = 0; s < ns; s++) {
+        m8_load_act(aq, ad, src, sd, s);
+        m8_cp_wait_all();
+        __syncthreads();
+        m8_unpack<WT>(raw, off, bq, bd);
+        __syncthreads();
+        if (s + 1 < ns)
+            m8_load_raw<WT>(raw, rows, lo, hi, off, s + 1);
+        m8_stage_mma<WT>(aq, ad, bq, bd, acc);
+        __syncthreads();
+    }
+    m8_cp_wait_all();
+    __syncthreads();
+}
+
+/* gate/up of one tile on codes: block (tile, 64 rows of h); h of each pair quantized per 32 rows
+ * into hq / hd as k_moe_gate_up_q8 does. */
+template <uint32_t WT>
+static __global__ void __launch_bounds__(256, 2) k_moe_gate_up_m8(struct moe_params p)
+{
+    ops_pdl_wait();
+    extern __shared__ __align__(128) uint8_t moe_smem[];
+    __shared__ const int8_t *src[M8_BM];
+    __shared__ const float2 *sd[M8_BM];
+    __shared__ const uint8_t *rows[M8_BN];
+    __shared__ uintptr_t lo[M8_BN], hi[M8_BN];
+    __shared__ int off[M8_BN];
+    __shared__ int pairs[M8_BM];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int e;
+    const int np = moe_mma_pairs(p, pairs, &e);
+    const int64_t r0 = (int64_t)blockIdx.y * (M8_BN / 2);
+    if (np == 0)
+        return;
+    if (e < 0 || e >= p.n_expert) { /* as k_moe_gate_up_gq8 */
+        for (int i = warp; i < 2 * np; i += 8) {
+            const int64_t hu = ((int64_t)pairs[i >> 1] * p.n_ff + r0) / 32 + (i & 1);
+            p.hq[hu * 32 + lane] = 0;
+            if (lane == 0)
+                p.hd[hu] = make_float2(NAN, NAN);
+        }
+        return;
+    }
+    const uint8_t *gb = moe_expert(p.gate, p.gate_stride, p.gate_ptrs, e);
+    const uint8_t *ub = moe_expert(p.up, p.up_stride, p.up_ptrs, e);
+    const int64_t nu = p.n_embd / 32;
+    for (int i = threadIdx.x; i < M8_BM + M8_BN; i += blockDim.x) {
+        if (i < M8_BM) {
+            const int64_t tk = pairs[i < np ? i : 0] / p.k;
+            src[i] = p.xq + tk * p.n_embd;
+            sd[i] = p.xd + tk * nu;
+        } else {
+            const int n = i - M8_BM, half = M8_BN / 2;
+            const uint8_t *base = n < half ? gb : ub;
+            const uint64_t rb = n < half ? p.gate_row : p.up_row;
+            rows[n] = base + (r0 + n % half) * rb;
+            lo[n] = (uintptr_t)base;
+            hi[n] = (uintptr_t)(base + p.n_ff * rb);
+        }
+    }
+    __syncthreads();
+    float acc[2][4][4];
+    m8_run<WT>(moe_smem, src, sd, rows, lo, hi, off, p.n_embd, acc);
+    float *cs = (float *)moe_smem;
+    {
+        const int g = lane >> 2, t = lane & 3, pm = 32 * (warp / 4), pn = 32 * (warp % 4);
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    cs[(pm + 16 * mi + g + 8 * (c >> 1)) * M8_CLD + pn + 8 * ni + 2 * t + (c & 1)] =
+                        acc[mi][ni][c];
+    }
+    __syncthreads();
+    for (int i = warp; i < 2 * np; i += 8) { /* (pair, unit of 32 rows) per warp */
+        const int pi = i >> 1, u = i & 1, rr = 32 * u + lane;
+        const float v = moe_h(p, e, r0 + rr, cs[pi * M8_CLD + rr], cs[pi * M8_CLD + 64 + rr]);
+        moe_q8_h_unit(p, ((int64_t)pairs[pi] * p.n_ff + r0) / 32 + u, v, lane);
+    }
+}
+
+/* down of one tile on codes: block (tile, 128 rows); y[pair, r] = w_pair (down_e[r] . h_pair)
+ * (+ its bias), as k_moe_down_gq8. */
+template <uint32_t WT>
+static __global__ void __launch_bounds__(256, 2) k_moe_down_m8(struct moe_params p)
+{
+    ops_pdl_wait();
+    extern __shared__ __align__(128) uint8_t moe_smem[];
+    __shared__ const int8_t *src[M8_BM];
+    __shared__ const float2 *sd[M8_BM];
+    __shared__ const uint8_t *rows[M8_BN];
+    __shared__ uintptr_t lo[M8_BN], hi[M8_BN];
+    __shared__ int off[M8_BN];
+    __shared__ int pairs[M8_BM];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int e;
+    const int np = moe_mma_pairs(p, pairs, &e);
+    const int64_t r0 = (int64_t)blockIdx.y * M8_BN;
+    if (np == 0)
+        return;
+    if (e < 0 || e >= p.n_expert) {
+        for (int i = threadIdx.x; i < np * M8_BN; i += blockDim.x)
+            p.y[(int64_t)pairs[i / M8_BN] * p.n_embd + r0 + i % M8_BN] = NAN;
+        return;
+    }
+    const uint8_t *db = moe_expert(p.down, p.down_stride, p.down_ptrs, e);
+    const int64_t nu = p.n_ff / 32;
+    for (int i = threadIdx.x; i < M8_BM + M8_BN; i += blockDim.x) {
+        if (i < M8_BM) {
+            const int64_t pr = pairs[i < np ? i : 0];
+            src[i] = p.hq + pr * p.n_ff;
+            sd[i] = p.hd + pr * nu;
+        } else {
+            const int n = i - M8_BM;
+            rows[n] = db + (r0 + n) * p.down_row;
+            lo[n] = (uintptr_t)db;
+            hi[n] = (uintptr_t)(db + p.n_embd * p.down_row);
+        }
+    }
+    __syncthreads();
+    float acc[2][4][4];
+    m8_run<WT>(moe_smem, src, sd, rows, lo, hi, off, p.n_ff, acc);
+    const int g = lane >> 2, t = lane & 3, pm = 32 * (warp / 4), pn = 32 * (warp % 4);
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int c = 0; c < 4; c += 2) {
+            const int pi = pm + 16 * mi + g + 8 * (c >> 1);
+            if (pi >= np)
+                continue;
+            const int pr = pairs[pi];
+            const float wt = p.wts[pr];
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int cc = 0; cc < 2; cc++) {
+                    const int64_t r = r0 + pn + 8 * ni + 2 * t + cc;
+                    p.y[(int64_t)pr * p.n_embd + r] =
+                        __fmul_rn(wt, moe_down_b(p, e, r, acc[mi][ni][c + cc]));
+                }
+        }
+}
+
 /* Bin of an expert id: the id, or n_expert for an invalid one. */
 static __device__ __forceinline__ int moe_bin(const struct moe_params &p, int e)
 {
@@ -1781,6 +2193,93 @@ static __device__ void moe_sort_small(const struct moe_params &p)
     }
 }
 
+#define MOE_SORT_WARPS (MOE_SORT_THREADS / 32)
+#define MOE_SORT_MAX_BINS 640 /* experts + 1 that moe_sort_warps takes (its shared counts) */
+
+/* The same stable sort and tile list in shared memory, for more than MOE_SORT_SMALL pairs and
+ * up to MOE_SORT_MAX_BINS bins. Warp w owns the contiguous segment w of the pairs and walks it
+ * 32 pairs at a time, in order; the lanes holding one bin find each other with a match, so
+ * each pair's rank among its warp's pairs of that bin is a count of lower lanes plus what the
+ * warp's earlier rounds counted:
+ *   1. hist[w][b] = pairs of segment w in bin b;
+ *   2. per bin (threads over bins): exclusive scan over the warps, cnt[b] = the bin's size;
+ *      warp 0: exclusive scans of the sizes (-> start[b]) and of the bins' tile counts (->
+ *      tile0[b]);
+ *   3. each warp places its pairs at start[b] + hist[w][b] + rank; each bin writes its tiles. */
+static __device__ void moe_sort_warps(const struct moe_params &p)
+{
+    __shared__ int hist[MOE_SORT_WARPS][MOE_SORT_MAX_BINS];
+    __shared__ int cnt[MOE_SORT_MAX_BINS], start[MOE_SORT_MAX_BINS], tile0[MOE_SORT_MAX_BINS];
+    const int nb = p.n_expert + 1, n = p.n_pairs;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int seg = (int)moe_cdiv(n, MOE_SORT_WARPS);
+    const int q0 = min(warp * seg, n), q1 = min(q0 + seg, n);
+    const unsigned below = (1u << lane) - 1u;
+    for (int i = threadIdx.x; i < MOE_SORT_WARPS * nb; i += blockDim.x)
+        hist[i / nb][i % nb] = 0;
+    __syncthreads();
+    for (int q = q0 + lane; q - lane < q1; q += 32) { /* the same trip count on every lane */
+        const bool in = q < q1;
+        const int b = in ? moe_bin(p, p.ids[q]) : -1 - lane; /* lanes past the end: alone */
+        const unsigned m = __match_any_sync(0xffffffffu, b);
+        if (in && (m & below) == 0) /* the group's lowest lane */
+            hist[warp][b] += __popc(m);
+        __syncwarp();
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) {
+        int run = 0;
+        for (int w = 0; w < MOE_SORT_WARPS; w++) {
+            const int v = hist[w][b];
+            hist[w][b] = run;
+            run += v;
+        }
+        cnt[b] = run;
+    }
+    __syncthreads();
+    if (warp == 0) { /* lane l scans bins [l * per, (l + 1) * per), then across the lanes */
+        const int per = (nb + 31) / 32, b0 = lane * per, b1 = min(b0 + per, nb);
+        int sp = 0, st = 0;
+        for (int b = b0; b < b1; b++)
+            sp += cnt[b], st += (cnt[b] + p.tile - 1) / p.tile;
+        int ip = sp, it = st; /* inclusive scans across the lanes */
+        for (int d = 1; d < 32; d <<= 1) {
+            const int vp = __shfl_up_sync(0xffffffffu, ip, d),
+                      vt = __shfl_up_sync(0xffffffffu, it, d);
+            if (lane >= d)
+                ip += vp, it += vt;
+        }
+        int pp = ip - sp, pt = it - st;
+        for (int b = b0; b < b1; b++) {
+            start[b] = pp, tile0[b] = pt;
+            pp += cnt[b], pt += (cnt[b] + p.tile - 1) / p.tile;
+        }
+        if (lane == 31)
+            *p.n_tiles = it;
+    }
+    __syncthreads();
+    for (int q = q0 + lane; q - lane < q1; q += 32) {
+        const bool in = q < q1;
+        const int b = in ? moe_bin(p, p.ids[q]) : -1 - lane;
+        const unsigned m = __match_any_sync(0xffffffffu, b);
+        if (in)
+            p.sorted[start[b] + hist[warp][b] + __popc(m & below)] = q;
+        __syncwarp();
+        if (in && (m & below) == 0)
+            hist[warp][b] += __popc(m);
+        __syncwarp();
+    }
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) {
+        const int c = cnt[b];
+        int t = tile0[b];
+        for (int s = 0; s < c; s += p.tile, t++) {
+            p.tile_e[t] = b;
+            p.tile_b[t] = start[b] + s;
+            p.tile_n[t] = c - s < p.tile ? c - s : p.tile;
+        }
+    }
+}
+
 /* Stable counting sort of the pairs by expert, in one block (deterministic, no atomics); up to
  * MOE_SORT_SMALL pairs moe_sort_small instead.
  * Thread c owns the contiguous chunk c of the pairs and row c of cnt:
@@ -1795,6 +2294,10 @@ static __device__ void moe_sort_body(const struct moe_params &p)
 {
     if (p.n_pairs <= MOE_SORT_SMALL) {
         moe_sort_small(p);
+        return;
+    }
+    if (p.n_expert + 1 <= MOE_SORT_MAX_BINS) {
+        moe_sort_warps(p);
         return;
     }
     const int nb = p.n_expert + 1, c = threadIdx.x;
@@ -2000,6 +2503,45 @@ static void moe_launch_down(const struct moe_params &p, bool grouped, unsigned i
         ops_launch(k_moe_down_grouped<WT, MOE_TILE_SMALL>, grid, MOE_WARPS * 32, 0, s, p);
     else
         ops_launch(k_moe_down_direct<WT, MOE_DOWN_KMAX>, grid, MOE_WARPS * 32, 0, s, p);
+}
+
+/* The 8-bit tensor-core kernels (Q4_K and Q6_K only: moe_m8_ok). */
+template <uint32_t WT>
+static void moe_launch_gate_up_m8(const struct moe_params &p, unsigned tiles, cudaStream_t s)
+{
+    static bool done;
+    if (!done) {
+        cudaFuncSetAttribute(k_moe_gate_up_m8<WT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)m8_smem_bytes<WT>());
+        done = true;
+    }
+    ops_launch(k_moe_gate_up_m8<WT>, dim3(tiles, (unsigned)(p.n_ff / (M8_BN / 2))), 256,
+               m8_smem_bytes<WT>(), s, p);
+}
+
+template <uint32_t WT>
+static void moe_launch_down_m8(const struct moe_params &p, unsigned tiles, cudaStream_t s)
+{
+    static bool done;
+    if (!done) {
+        cudaFuncSetAttribute(k_moe_down_m8<WT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)m8_smem_bytes<WT>());
+        done = true;
+    }
+    ops_launch(k_moe_down_m8<WT>, dim3(tiles, (unsigned)(p.n_embd / M8_BN)), 256,
+               m8_smem_bytes<WT>(), s, p);
+}
+
+/* Whether the automatic choice may take the 8-bit tensor-core path: not when the environment's
+ * STRATA_MOE_M8 is 0 (for comparisons). */
+static bool moe_m8_auto(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *env = getenv("STRATA_MOE_M8");
+        on = !(env && *env && atoi(env) == 0);
+    }
+    return on == 1;
 }
 
 /* The grouped 8-bit kernels exist for Q4_K, Q6_K and MXFP4 only (p.hq is set for no other
@@ -2257,6 +2799,9 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     bool mma = a->path == CUDA_MOE_PATH_MMA ||
                (autop && a->n_tok >= CUDA_MOE_MMA_MIN_TOK && a->gate_type != QUANT_F32 &&
                 a->down_type != QUANT_F32);
+    const bool m8 = p.hq && moe_m8_ok(a->gate_type, a->down_type, a->n_embd, a->n_ff) &&
+                    (a->path == CUDA_MOE_PATH_MMA8 || (mma && autop && moe_m8_auto()));
+    mma = mma || (a->path == CUDA_MOE_PATH_MMA8 && !m8);
     bool grouped = a->path == CUDA_MOE_PATH_GROUPED || (autop && !mma) ||
                    (a->path == CUDA_MOE_PATH_GROUPED8 && !p.hq);
     cudaStream_t s = (cudaStream_t)a->stream;
@@ -2273,6 +2818,23 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
         ops_launch(k_moe_prep_q8, 1 + a->n_tok, MOE_SORT_THREADS, 0, s, p);
         MOE_DISPATCH(a->gate_type, moe_launch_gate_up_gq8, p, (unsigned)l.max_tiles, s);
         MOE_DISPATCH(a->down_type, moe_launch_down_gq8, p, (unsigned)l.max_tiles, s);
+        int64_t total = (int64_t)a->n_tok * a->n_embd;
+        unsigned blocks = (unsigned)(moe_cdiv(total, 256) < 4096 ? moe_cdiv(total, 256) : 4096);
+        ops_launch(k_moe_combine, blocks, 256, 0, s, p);
+    } else if (m8) {
+        p.tile = MOE_TILE_MMA;
+        int64_t bins = (int64_t)a->n_expert + 1;
+        unsigned tiles =
+            (unsigned)(moe_cdiv(p.n_pairs, MOE_TILE_MMA) + (p.n_pairs < bins ? p.n_pairs : bins));
+        ops_launch(k_moe_prep_q8, 1 + a->n_tok, MOE_SORT_THREADS, 0, s, p);
+        if (a->gate_type == QUANT_Q4_K)
+            moe_launch_gate_up_m8<QUANT_Q4_K>(p, tiles, s);
+        else
+            moe_launch_gate_up_m8<QUANT_Q6_K>(p, tiles, s);
+        if (a->down_type == QUANT_Q4_K)
+            moe_launch_down_m8<QUANT_Q4_K>(p, tiles, s);
+        else
+            moe_launch_down_m8<QUANT_Q6_K>(p, tiles, s);
         int64_t total = (int64_t)a->n_tok * a->n_embd;
         unsigned blocks = (unsigned)(moe_cdiv(total, 256) < 4096 ? moe_cdiv(total, 256) : 4096);
         ops_launch(k_moe_combine, blocks, 256, 0, s, p);

@@ -29,6 +29,12 @@
  *           path's sort, then tiles of up to 64 pairs of one expert against 64 gate + 64 up
  *           (or 128 down) rows on tensor cores: activations and decoded weights rounded to
  *           bf16, products summed in float.
+ *   mma8    (prefill on Q4_K/Q6_K experts, n_embd and n_ff multiples of 256: what the automatic
+ *           choice takes where it would take mma): the same tiles on the 8-bit direct path's
+ *           codes (x quantized once per token, h per 32 rows), integer MMAs per 32-element
+ *           unit scaled in float as the direct path scales them; outputs differ from the
+ *           direct path's by the order of the unit sums (and h codes that round the other way
+ *           from it). STRATA_MOE_M8=0 in the environment keeps the automatic choice on mma.
  * Launch rules as cuda_ops.h: enqueue only (no allocation, no sync, no host reads), capturable
  * in a CUDA graph; 0, -EINVAL (nothing launched) or -EIO. Without CUDA: -ENODEV.
  * Design and tolerances: docs/cuda-ops.md.
@@ -55,6 +61,8 @@ enum cuda_moe_path {
                                  * the grouped path) */
     CUDA_MOE_PATH_BULK8 = 5,    /* the direct 8-bit arithmetic on weights brought into shared
                                  * memory by bulk copies (compute capability 9.0; else direct) */
+    CUDA_MOE_PATH_MMA8 = 6,     /* tensor cores on 8-bit codes (Q4_K/Q6_K experts with n_embd
+                                 * and n_ff multiples of 256; others take the mma path) */
 };
 
 #define CUDA_MOE_DIRECT_MAX_TOK 4

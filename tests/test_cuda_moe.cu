@@ -14,6 +14,9 @@
  *     the slot-table pointers equal the stacked tensors bit for bit on the automatic path;
  *   the tensor-core path (bf16 products) vs the double reference: norm rel err <= 2e-2, max err
  *     <= 8e-2 of max |ref|;
+ *   the tensor-core path on 8-bit codes (Q4_K/Q6_K, rows of multiples of 256) vs the double
+ *     reference as the direct 8-bit path, and vs that path norm <= 2e-3, max <= 2e-2; on other
+ *     types and shapes its request equals the tensor-core path bit for bit;
  *   an expert id outside the table turns that token's row (only) into NaN;
  *   a router + experts step captured in a CUDA graph and replayed on new inputs equals the
  *     eager launches bit for bit (direct and grouped paths);
@@ -59,6 +62,11 @@ extern "C" { /* C headers without their own guard */
 #define TOL_G8_MAX 1e-4
 #define TOL_MMA_NORM 2e-2
 #define TOL_MMA_MAX 8e-2
+/* tensor cores on 8-bit codes against the direct 8-bit path: the same integer unit sums and
+ * scales, added in another order; h's codes may round the other way where a value lies within
+ * a float rounding of a code boundary (about 3e-5 of them, each off by one code) */
+#define TOL_M8_NORM 2e-3
+#define TOL_M8_MAX 2e-2
 
 static const char *NAME = "test_cuda_moe";
 
@@ -127,8 +135,16 @@ static bool direct_q8(const struct moe_case *c)
     return q8_type(c->gt) && q8_type(c->dt);
 }
 
-/* The path CUDA_MOE_PATH_AUTO takes (0 direct, 1 grouped, 2 mma, 4 grouped 8-bit), as
- * cuda_moe.h states it. */
+/* Whether the 8-bit tensor-core path takes the case (cuda_moe.h). */
+static bool m8_case(const struct moe_case *c)
+{
+    bool gt = c->gt == QUANT_Q4_K || c->gt == QUANT_Q6_K;
+    bool dt = c->dt == QUANT_Q4_K || c->dt == QUANT_Q6_K;
+    return gt && dt && c->n_embd % 256 == 0 && c->n_ff % 256 == 0;
+}
+
+/* The path CUDA_MOE_PATH_AUTO takes (0 direct, 1 grouped, 2 mma, 4 grouped 8-bit, 6 mma on
+ * 8-bit codes), as cuda_moe.h states it. */
 static int auto_path_of(const struct moe_case *c)
 {
     bool q8 = direct_q8(c);
@@ -136,10 +152,10 @@ static int auto_path_of(const struct moe_case *c)
         return 4;
     if (c->n_tok <= (q8 ? CUDA_MOE_GROUPED8_MIN_TOK - 1 : CUDA_MOE_DIRECT_MAX_TOK))
         return 0;
-    return c->n_tok >= CUDA_MOE_MMA_MIN_TOK && c->gt != QUANT_F32 && c->dt != QUANT_F32 ? 2 : 1;
+    if (c->n_tok >= CUDA_MOE_MMA_MIN_TOK && c->gt != QUANT_F32 && c->dt != QUANT_F32)
+        return m8_case(c) ? 6 : 2;
+    return 1;
 }
-
-static const char *const path_names_auto[5] = {"direct", "grouped", "mma", "", "grouped8"};
 
 /* Host and device copies of one layer's experts and inputs. */
 struct layer {
@@ -335,8 +351,8 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
           *w_got = (float *)test_xmalloc(sizeof(float) * nk);
     float *ref = (float *)test_xmalloc(sizeof(float) * nx),
           *cpu = (float *)test_xmalloc(sizeof(float) * nx);
-    float *got[6];
-    for (int i = 0; i < 6; i++)
+    float *got[7];
+    for (int i = 0; i < 7; i++)
         got[i] = (float *)test_xmalloc(sizeof(float) * nx);
 
     moe_route_softmax_topk(logits, c->n_tok, c->n_expert, c->k, ids_ref, w_ref);
@@ -373,11 +389,12 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
           rc, id_bad, werr);
 
     /* 0: direct, 1: grouped, 2: tensor cores, 3: slot tables on the automatic path, 4: grouped
-     * 8-bit (the grouped path for other types), 5: bulk 8-bit (the direct path elsewhere) */
-    static const enum cuda_moe_path paths[6] = {CUDA_MOE_PATH_DIRECT,   CUDA_MOE_PATH_GROUPED,
-                                                CUDA_MOE_PATH_MMA,      CUDA_MOE_PATH_AUTO,
-                                                CUDA_MOE_PATH_GROUPED8, CUDA_MOE_PATH_BULK8};
-    for (int i = 0; i < 6; i++) {
+     * 8-bit (the grouped path for other types), 5: bulk 8-bit (the direct path elsewhere), 6:
+     * tensor cores on 8-bit codes (the tensor-core path elsewhere) */
+    static const enum cuda_moe_path paths[7] = {
+        CUDA_MOE_PATH_DIRECT,   CUDA_MOE_PATH_GROUPED, CUDA_MOE_PATH_MMA, CUDA_MOE_PATH_AUTO,
+        CUDA_MOE_PATH_GROUPED8, CUDA_MOE_PATH_BULK8,   CUDA_MOE_PATH_MMA8};
+    for (int i = 0; i < 7; i++) {
         test_dev_poison(d_out, sizeof(float) * nx);
         struct cuda_moe_args a =
             layer_args(&L, d_out, d_x, d_ids, d_w, d_scratch, sb, paths[i], i == 3);
@@ -388,7 +405,11 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
     /* the path the automatic choice takes, which the slot-table run must match bit for bit */
     bool q8 = direct_q8(c);
     int auto_path = auto_path_of(c);
-    double em, en, fm, fn, cm, cn, gm, gn, mm, mn, g8m, g8n;
+    bool m8 = m8_case(c);
+    double em, en, fm, fn, cm, cn, gm, gn, mm, mn, g8m, g8n, m8m, m8n, m8rm, m8rn;
+    errs(got[6], got[0], nx, &m8m, &m8n);
+    errs(got[6], ref, nx, &m8rm, &m8rn);
+    size_t dm8 = bits_differ(got[6], got[2], nx);
     errs(got[0], ref, nx, &em, &en);
     errs(got[1], ref, nx, &fm, &fn);
     errs(cpu, ref, nx, &cm, &cn);
@@ -398,7 +419,8 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
     size_t dg = bits_differ(got[0], got[1], nx), dg8 = bits_differ(got[4], got[1], nx);
     size_t db8 = bits_differ(got[5], got[0], nx);
     size_t ds = bits_differ(got[auto_path], got[3], nx);
-    static const char *const path_name[6] = {"direct", "grouped", "mma", "", "grouped8", "bulk8"};
+    static const char *const path_name[7] = {"direct",   "grouped", "mma", "",
+                                             "grouped8", "bulk8",   "mma8"};
     printf("moe %-5s/%-5s%s n_embd %4d n_ff %4d experts %3d k %d n_tok %3d: routing %zu ids "
            "differ, w err %.2g | vs double: direct%s norm %.3g max %.3g, grouped norm %.3g max "
            "%.3g, mma norm %.3g max %.3g, cpu norm %.3g | direct vs cpu: norm %.3g | grouped8 vs "
@@ -407,6 +429,11 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
            quant_type_name(c->gt), quant_type_name(c->dt), c->oai ? " oai" : "", c->n_embd, c->n_ff,
            c->n_expert, c->k, c->n_tok, id_bad, werr, q8 ? " (8-bit)" : "", en, em, fn, fm, mn, mm,
            cn, gn, g8n, g8m, path_name[auto_path], dg, ds, db8);
+    if (m8)
+        printf("moe   mma8: vs double norm %.3g max %.3g | vs direct (8-bit) norm %.3g max %.3g\n",
+               m8rn, m8rm, m8n, m8m);
+    else
+        printf("moe   mma8 request on these types/shapes: %zu elements differ from mma\n", dm8);
     CHECK(q8 ? en <= TOL_Q8_NORM && em <= TOL_Q8_MAX : en <= TOL_REF_NORM && em <= TOL_REF_MAX,
           "direct path vs double reference: norm %g max %g", en, em);
     CHECK(fn <= TOL_REF_NORM && fm <= TOL_REF_MAX,
@@ -416,6 +443,15 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
           mm);
     CHECK((q8 || dg == 0) && ds == 0 && db8 == 0,
           "paths disagree: grouped %zu, slots %zu, bulk8 %zu elements differ", dg, ds, db8);
+    if (m8) {
+        CHECK(m8rn <= TOL_Q8_NORM && m8rm <= TOL_Q8_MAX, "mma8 vs double reference: norm %g max %g",
+              m8rn, m8rm);
+        CHECK(m8n <= TOL_M8_NORM && m8m <= TOL_M8_MAX, "mma8 vs direct 8-bit: norm %g max %g", m8n,
+              m8m);
+    } else {
+        CHECK(dm8 == 0, "mma8 request on %s/%s: %zu elements differ from mma",
+              quant_type_name(c->gt), quant_type_name(c->dt), dm8);
+    }
     if (q8)
         CHECK(g8n <= TOL_G8_NORM && g8m <= TOL_G8_MAX,
               "grouped 8-bit vs direct 8-bit: norm %g max %g", g8n, g8m);
@@ -427,8 +463,8 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
         int t = (int)rng_below(r, (uint32_t)c->n_tok), j = (int)rng_below(r, (uint32_t)c->k);
         int32_t bad = rng_below(r, 2) ? c->n_expert : -1;
         test_dev_put(d_ids + t * c->k + j, &bad, sizeof(bad));
-        static const int bad_paths[5] = {0, 1, 2, 4, 5};
-        for (int bi = 0; bi < 5; bi++) {
+        static const int bad_paths[6] = {0, 1, 2, 4, 5, 6};
+        for (int bi = 0; bi < 6; bi++) {
             const int i = bad_paths[bi];
             test_dev_poison(d_out, sizeof(float) * nx);
             struct cuda_moe_args a =
@@ -462,12 +498,17 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
     cuda_free(d_x), cuda_free(d_logits), cuda_free(d_ids), cuda_free(d_w), cuda_free(d_out);
     cuda_free(d_scratch);
     free(x), free(logits), free(ids_ref), free(ids_got), free(w_ref), free(w_got), free(ref);
-    free(cpu), free(got[0]), free(got[1]), free(got[2]), free(got[3]), free(got[4]), free(got[5]);
+    free(cpu);
+    for (int i = 0; i < 7; i++)
+        free(got[i]);
     layer_free(&L);
 }
 
 /* Router + experts captured once in a CUDA graph, replayed on new inputs; each replay must
  * equal the eager launches on the same inputs bit for bit. */
+static const char *const path_names_auto[7] = {"direct",   "grouped", "mma", "",
+                                               "grouped8", "",        "mma8"};
+
 static void run_graph_case(struct rng *r, const struct moe_case *c)
 {
     struct layer L;
@@ -540,14 +581,15 @@ static void run_graph_case(struct rng *r, const struct moe_case *c)
  * each path forced: microseconds per call, median of 25, distinct experts per call. */
 static void bench_paths(struct rng *r)
 {
-    static const int toks[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64};
-    struct moe_case c = {QUANT_Q4_K, QUANT_Q6_K, 2048, 768, 128, 8, 64};
+    static const int toks[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512};
+    enum { NT = 512 };
+    struct moe_case c = {QUANT_Q4_K, QUANT_Q6_K, 2048, 768, 128, 8, NT};
     struct layer L;
     layer_make(r, &c, &L);
-    float *x = test_rand_normal(r, (size_t)64 * c.n_embd, 1.0f);
-    int32_t ids[64 * 8];
-    float w[64 * 8];
-    for (int t = 0; t < 64; t++) /* k distinct experts per token, uniform */
+    float *x = test_rand_normal(r, (size_t)NT * c.n_embd, 1.0f);
+    static int32_t ids[NT * 8];
+    static float w[NT * 8];
+    for (int t = 0; t < NT; t++) /* k distinct experts per token, uniform */
         for (int j = 0; j < 8; j++) {
             int e, dup;
             do {
@@ -559,10 +601,10 @@ static void bench_paths(struct rng *r)
             ids[t * 8 + j] = e;
             w[t * 8 + j] = 0.125f;
         }
-    float *d_x = (float *)test_dev_dup(x, sizeof(float) * 64 * c.n_embd);
+    float *d_x = (float *)test_dev_dup(x, sizeof(float) * NT * c.n_embd);
     int32_t *d_ids = (int32_t *)test_dev_dup(ids, sizeof(ids));
     float *d_w = (float *)test_dev_dup(w, sizeof(w));
-    float *d_out = (float *)test_dev_alloc(sizeof(float) * 64 * c.n_embd);
+    float *d_out = (float *)test_dev_alloc(sizeof(float) * NT * c.n_embd);
     struct cuda_moe_args probe = layer_args(&L, d_out, d_x, d_ids, d_w, NULL, 0,
                                             CUDA_MOE_PATH_AUTO, false);
     size_t sb = cuda_moe_scratch_bytes(&probe);
@@ -571,14 +613,15 @@ static void bench_paths(struct rng *r)
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     printf("  bench: moe 2048x768 Q4_K/Q6_K 128 experts top-8: us per call (median of 25)\n"
-           "  bench: moe n_tok distinct    auto   direct  grouped      mma grouped8    bulk8\n");
-    for (int ti = 0; ti < 10; ti++) {
+           "  bench: moe n_tok distinct    auto   direct  grouped      mma grouped8    bulk8     "
+           "mma8\n");
+    for (int ti = 0; ti < (int)(sizeof(toks) / sizeof(toks[0])); ti++) {
         int n = toks[ti], distinct = 0;
         bool seen[128] = {false};
         for (int i = 0; i < n * 8; i++)
             distinct += !seen[ids[i]], seen[ids[i]] = true;
-        double us[6];
-        for (int pi = 0; pi < 6; pi++) {
+        double us[7];
+        for (int pi = 0; pi < 7; pi++) {
             c.n_tok = n;
             struct cuda_moe_args a = layer_args(&L, d_out, d_x, d_ids, d_w, d_scratch, sb,
                                                 (enum cuda_moe_path)pi, false);
@@ -599,8 +642,8 @@ static void bench_paths(struct rng *r)
                 }
             us[pi] = rc ? -1 : 1e3 * t[12];
         }
-        printf("  bench: moe %5d %8d %7.1f  %7.1f  %7.1f  %7.1f  %7.1f  %7.1f\n", n, distinct,
-               us[0], us[1], us[2], us[3], us[4], us[5]);
+        printf("  bench: moe %5d %8d %7.1f  %7.1f  %7.1f  %7.1f  %7.1f  %7.1f  %7.1f\n", n,
+               distinct, us[0], us[1], us[2], us[3], us[4], us[5], us[6]);
     }
     /* as decode runs it: the norm's 8-bit copy of x given (made here on the host, the same
      * format), 16 calls captured in a graph, us per call over the replay (median of 5) */
@@ -668,7 +711,7 @@ static void bench_paths(struct rng *r)
     cudaStreamDestroy(st);
     cuda_free(d_xq), cuda_free(d_xd);
     free(xq), free(xd);
-    c.n_tok = 64;
+    c.n_tok = NT;
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     cuda_free(d_x), cuda_free(d_ids), cuda_free(d_w), cuda_free(d_out), cuda_free(d_scratch);
@@ -710,6 +753,10 @@ int main(void)
         {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 16, 4, 33, true},   /* the grouped 8-bit path */
         {QUANT_MXFP4, QUANT_MXFP4, 2880, 2880, 8, 4, 1, true}, /* gpt-oss's rows (1530 B) */
         {QUANT_MXFP4, QUANT_Q6_K, 352, 256, 16, 4, 2, true},   /* mixed 8-bit types */
+        /* tensor cores on 8-bit codes: experts of several tiles, Q6_K gate/up, Q4_K down */
+        {QUANT_Q4_K, QUANT_Q6_K, 256, 512, 8, 4, 200},
+        {QUANT_Q6_K, QUANT_Q4_K, 512, 256, 32, 8, 90},
+        {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 16, 4, 70, true},
     };
     int n = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int i = 0; i < n; i++)
@@ -721,6 +768,8 @@ int main(void)
         {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 64, 8, 40}, /* grouped 8-bit */
         /* the tensor-core path, its types' first use (shared memory opt-in inside a capture) */
         {QUANT_Q6_K, QUANT_Q5_K, 256, 256, 64, 8, 40},
+        /* the tensor cores on 8-bit codes */
+        {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 64, 8, 80},
     };
     for (int i = 0; i < (int)(sizeof(graph_cases) / sizeof(graph_cases[0])); i++)
         run_graph_case(&r, &graph_cases[i]);
