@@ -1247,7 +1247,9 @@ __global__ void __launch_bounds__(GTHREADS, T::MINB) gemm_kernel(const gemm_para
  * kernel re-reads 16 activation rows per weight row from L2. Here a block computes a 32 x 32
  * tile of y from 32-wide K slices of x and W in shared memory, each thread 2 x 2 outputs (small
  * tiles, so that the router's 128 outputs still give enough blocks; docs/cuda-matmul.md); every
- * output is one float FMA chain in k order (deterministic, and no rounding beyond float32's). */
+ * output is one float FMA chain in k order (deterministic, and no rounding beyond float32's).
+ * Each thread loads its part of the next slice into registers while the current one is summed,
+ * so the loads' latency is not paid once per slice. */
 
 constexpr int SG_T = 32, SG_K = 32;
 
@@ -1267,14 +1269,26 @@ __global__ void __launch_bounds__(256) sgemm_f32_kernel(const gemm_params p)
                  : nullptr;
     const float *wrow = n0 + lr < p.n_out ? (const float *)(p.w + (n0 + lr) * p.w_stride) : nullptr;
     float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    float xn[4], wn[4]; /* the next slice's elements, loaded while the current one is summed */
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const int64_t kk = lk + c;
+        xn[c] = xrow && kk < p.n_in ? __ldg(xrow + kk) : 0.0f;
+        wn[c] = wrow && kk < p.n_in ? __ldg(wrow + kk) : 0.0f;
+    }
     for (int64_t k0 = 0; k0 < p.n_in; k0 += SG_K) {
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-            const int64_t kk = k0 + lk + c;
-            xs[lk + c][lr] = xrow && kk < p.n_in ? __ldg(xrow + kk) : 0.0f;
-            ws[lk + c][lr] = wrow && kk < p.n_in ? __ldg(wrow + kk) : 0.0f;
+            xs[lk + c][lr] = xn[c];
+            ws[lk + c][lr] = wn[c];
         }
         __syncthreads();
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int64_t kk = k0 + SG_K + lk + c;
+            xn[c] = xrow && kk < p.n_in ? __ldg(xrow + kk) : 0.0f;
+            wn[c] = wrow && kk < p.n_in ? __ldg(wrow + kk) : 0.0f;
+        }
 #pragma unroll
         for (int k = 0; k < SG_K; k++) {
             const float2 a = *(const float2 *)&xs[k][2 * ty], b = *(const float2 *)&ws[k][2 * tx];

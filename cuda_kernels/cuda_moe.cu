@@ -1751,18 +1751,21 @@ static __global__ void __launch_bounds__(256) k_moe_down_mma(struct moe_params p
 #define M8_CLD (M8_BN + 4) /* padded row of the float result tile (gate/up) */
 
 template <uint32_t WT> struct m8_fmt;
+/* BB: bytes per block; SLOT: a block's shared slot (its offset in the first granule and a
+ * word's reach past its end); AB: activation stages in shared memory (2: the next stage's codes
+ * are copied during this stage's MMAs, where two blocks per SM still fit) */
 template <> struct m8_fmt<QUANT_Q4_K> {
-    static constexpr int BB = 144;                              /* bytes per block */
-    static constexpr int SLOT = ((15 + BB + 4) + 15) / 16 * 16; /* + offset, + a word's reach */
+    static constexpr int BB = 144, SLOT = ((15 + BB + 4) + 15) / 16 * 16, AB = 2;
 };
 template <> struct m8_fmt<QUANT_Q6_K> {
-    static constexpr int BB = 210;
-    static constexpr int SLOT = ((15 + BB + 4) + 15) / 16 * 16;
+    static constexpr int BB = 210, SLOT = ((15 + BB + 4) + 15) / 16 * 16, AB = 1;
 };
+
+#define M8_ABYTES ((uint64_t)M8_BM * M8_LD + 8ull * M8_BM * 8) /* one stage of codes + scales */
 
 template <uint32_t WT> static constexpr uint64_t m8_smem_bytes()
 {
-    return (uint64_t)M8_BM * M8_LD + 8ull * M8_BM * 8 + (uint64_t)M8_BN * M8_LD + 8ull * M8_BN * 8 +
+    return m8_fmt<WT>::AB * M8_ABYTES + (uint64_t)M8_BN * M8_LD + 8ull * M8_BN * 8 +
            (uint64_t)M8_BN * m8_fmt<WT>::SLOT;
 }
 
@@ -1787,6 +1790,17 @@ static __device__ __forceinline__ void m8_cp16(void *smem, const void *gmem)
 {
     const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+
+static __device__ __forceinline__ void m8_cp8(void *smem, const void *gmem)
+{
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+
+static __device__ __forceinline__ void m8_cp_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
 static __device__ __forceinline__ void m8_cp_wait_all(void)
@@ -1874,9 +1888,17 @@ static __device__ __forceinline__ void m8_unpack(const uint8_t *raw, const int *
             moe_q4k_scale_min(hd, j, &sc, &m);
             const uint8_t *qs = b + 16 + 32 * (j / 2);
             const int sh = 4 * (j & 1);
+            if ((off[n] & 15) == 0) { /* 16-byte aligned rows: two 16-byte loads */
+                const uint4 q0 = *(const uint4 *)qs, q1 = *(const uint4 *)(qs + 16);
+                const uint32_t qa[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
 #pragma unroll
-            for (int w = 0; w < 8; w++)
-                q[w] = (m8_word(qs + 4 * w) >> sh) & 0x0F0F0F0Fu;
+                for (int w = 0; w < 8; w++)
+                    q[w] = (qa[w] >> sh) & 0x0F0F0F0Fu;
+            } else {
+#pragma unroll
+                for (int w = 0; w < 8; w++)
+                    q[w] = (m8_word(qs + 4 * w) >> sh) & 0x0F0F0F0Fu;
+            }
             bd[j * M8_BN + n] =
                 make_float2(cq_f16(hd.x & 0xFFFF) * (float)sc, cq_f16(hd.x >> 16) * (float)m);
         } else {
@@ -1960,32 +1982,35 @@ static __device__ __forceinline__ void m8_stage_mma(const int8_t *aq, const floa
     }
 }
 
-/* The codes (M8_BM rows of M8_KS at row i's src[i] + s * M8_KS, by cp.async; the caller commits
- * and waits) and scales (ad[j * M8_BM + i] = sd[i][s * 8 + j], plain loads) of stage s. */
-static __device__ __forceinline__ void m8_load_act(int8_t *aq, float2 *ad, const int8_t *const *src,
+/* The codes (M8_BM rows of M8_KS at row i's src[i] + s * M8_KS) and scales (ad[j * M8_BM + i] =
+ * sd[i][s * 8 + j]) of stage s into a = codes, then scales, by cp.async (the caller commits and
+ * waits). */
+static __device__ __forceinline__ void m8_load_act(uint8_t *a, const int8_t *const *src,
                                                    const float2 *const *sd, int64_t s)
 {
+    int8_t *aq = (int8_t *)a;
+    float2 *ad = (float2 *)(a + M8_BM * M8_LD);
     for (int i = threadIdx.x; i < M8_BM * (M8_KS / 16); i += blockDim.x) {
         const int r = i / (M8_KS / 16), c = i % (M8_KS / 16);
         m8_cp16(aq + r * M8_LD + 16 * c, src[r] + s * M8_KS + 16 * c);
     }
     for (int i = threadIdx.x; i < M8_BM * 8; i += blockDim.x) {
         const int r = i >> 3, j = i & 7;
-        ad[j * M8_BM + r] = sd[r][s * 8 + j];
+        m8_cp8(ad + j * M8_BM + r, sd[r] + s * 8 + j);
     }
 }
 
-/* The tile's K loop: stage s's activations are copied, its raw weight blocks (copied during the
- * previous stage's MMAs) unpacked, the next stage's raw blocks started, then the MMAs. Ends with
- * a barrier: shared memory is free for the epilogue. */
+/* The tile's K loop: stage s's raw weight blocks (copied during the previous stage's MMAs) are
+ * unpacked, the next stage's raw blocks (and, with two activation buffers, its activations)
+ * started, then the MMAs; with one activation buffer a stage's activations are copied at its
+ * start. Ends with a barrier: shared memory is free for the epilogue. */
 template <uint32_t WT>
 static __device__ __forceinline__ void
 m8_run(uint8_t *smem, const int8_t *const *src, const float2 *const *sd, const uint8_t *const *rows,
        const uintptr_t *lo, const uintptr_t *hi, int *off, int64_t n_in, float (&acc)[2][4][4])
 {
-    int8_t *aq = (int8_t *)smem;
-    float2 *ad = (float2 *)(smem + M8_BM * M8_LD);
-    int8_t *bq = (int8_t *)(ad + 8 * M8_BM);
+    constexpr int AB = m8_fmt<WT>::AB;
+    int8_t *bq = (int8_t *)(smem + AB * M8_ABYTES);
     float2 *bd = (float2 *)(bq + M8_BN * M8_LD);
     uint8_t *raw = (uint8_t *)(bd + 8 * M8_BN);
 #pragma unroll
@@ -1997,15 +2022,23 @@ m8_run(uint8_t *smem, const int8_t *const *src, const float2 *const *sd, const u
                 acc[mi][ni][e] = 0.0f;
     const int64_t ns = n_in / M8_KS;
     m8_load_raw<WT>(raw, rows, lo, hi, off, 0);
+    if (AB == 2)
+        m8_load_act(smem, src, sd, 0);
     for (int64_t s = 0; s < ns; s++) {
-        m8_load_act(aq, ad, src, sd, s);
+        uint8_t *a = smem + (AB == 2 ? (s & 1) * M8_ABYTES : 0);
+        if (AB == 1)
+            m8_load_act(a, src, sd, s);
         m8_cp_wait_all();
         __syncthreads();
         m8_unpack<WT>(raw, off, bq, bd);
         __syncthreads();
-        if (s + 1 < ns)
+        if (s + 1 < ns) {
             m8_load_raw<WT>(raw, rows, lo, hi, off, s + 1);
-        m8_stage_mma<WT>(aq, ad, bq, bd, acc);
+            if (AB == 2)
+                m8_load_act(smem + ((s + 1) & 1) * M8_ABYTES, src, sd, s + 1);
+            m8_cp_commit();
+        }
+        m8_stage_mma<WT>((const int8_t *)a, (const float2 *)(a + M8_BM * M8_LD), bq, bd, acc);
         __syncthreads();
     }
     m8_cp_wait_all();
