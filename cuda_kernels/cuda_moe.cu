@@ -1878,7 +1878,7 @@ static __device__ __forceinline__ void m8_unpack(const uint8_t *raw, const int *
 {
     constexpr int SLOT = m8_fmt<WT>::SLOT;
     for (int i = threadIdx.x; i < M8_BN * 8; i += blockDim.x) {
-        const int n = i >> 3, j = i & 7;
+        const int n = i % M8_BN, j = i / M8_BN; /* a warp's lanes on consecutive rows */
         const uint8_t *b = raw + n * SLOT + off[n];
         uint32_t q[8];
         if constexpr (WT == QUANT_Q4_K) {
@@ -1923,22 +1923,41 @@ static __device__ __forceinline__ void m8_unpack(const uint8_t *raw, const int *
     }
 }
 
-/* The stage's MMAs: unit j of every (pair, row) of the warp's 32 x 32 block, added to acc in
- * moe_q8_unit's arithmetic (acc[mi][ni][c]: pair row 16 mi + g (+ 8 for c >= 2), weight row
- * 8 ni + 2 t + (c & 1) of the warp's block). */
-template <uint32_t WT>
+/* How the 8 warps split a tile: a grid of WM x (8 / WM) warps, each owning MI 16-pair tiles
+ * by NI 8-row tiles (pairs from pm(w), weight rows from pn(w)). The tile's pair count picks the
+ * smallest layout that covers it (m8_lay64, 32, 16), so that pairs past the tile's end cost no
+ * MMAs while every warp keeps a share of the work. */
+template <int MI_, int NI_, int WM_> struct m8_lay {
+    static constexpr int MI = MI_, NI = NI_, WM = WM_, WN = 8 / WM_, ROWS = 16 * MI_ * WM_;
+    static __device__ __forceinline__ int pm(int warp)
+    {
+        return (warp / WN) * 16 * MI;
+    }
+    static __device__ __forceinline__ int pn(int warp)
+    {
+        return (warp % WN) * 8 * NI;
+    }
+};
+using m8_lay64 = m8_lay<2, 4, 2>;
+using m8_lay32 = m8_lay<2, 2, 1>;
+using m8_lay16 = m8_lay<1, 2, 1>;
+
+/* The stage's MMAs: unit j of every (pair, row) of the warp's block, added to acc in
+ * moe_q8_unit's arithmetic (acc[mi][ni][c]: pair row L::pm + 16 mi + g (+ 8 for c >= 2),
+ * weight row L::pn + 8 ni + 2 t + (c & 1)). */
+template <uint32_t WT, class L>
 static __device__ __forceinline__ void m8_stage_mma(const int8_t *aq, const float2 *ad,
                                                     const int8_t *bq, const float2 *bd,
-                                                    float (&acc)[2][4][4])
+                                                    float (&acc)[L::MI][L::NI][4])
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3, pm = 32 * (warp / 4), pn = 32 * (warp % 4);
+    const int g = lane >> 2, t = lane & 3, pm = L::pm(warp), pn = L::pn(warp);
 #pragma unroll 2
     for (int j = 0; j < 8; j++) {
-        uint32_t a[2][4];
-        float2 xa[2][2];
+        uint32_t a[L::MI][4];
+        float2 xa[L::MI][2];
 #pragma unroll
-        for (int mi = 0; mi < 2; mi++) {
+        for (int mi = 0; mi < L::MI; mi++) {
             const int r = pm + 16 * mi + g;
             const int8_t *p0 = aq + r * M8_LD + 32 * j + 4 * t, *p1 = p0 + 8 * M8_LD;
             a[mi][0] = *(const uint32_t *)p0;
@@ -1949,13 +1968,13 @@ static __device__ __forceinline__ void m8_stage_mma(const int8_t *aq, const floa
             xa[mi][1] = ad[j * M8_BM + r + 8];
         }
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++) {
+        for (int ni = 0; ni < L::NI; ni++) {
             const int8_t *pb = bq + (pn + 8 * ni + g) * M8_LD + 32 * j + 4 * t;
             const uint32_t b0 = *(const uint32_t *)pb, b1 = *(const uint32_t *)(pb + 16);
             const int nc = pn + 8 * ni + 2 * t;
             const float2 w[2] = {bd[j * M8_BN + nc], bd[j * M8_BN + nc + 1]};
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++) {
+            for (int mi = 0; mi < L::MI; mi++) {
                 if constexpr (WT == QUANT_Q4_K) {
                     int c[4];
                     m8_mma32(c, a[mi], b0, b1);
@@ -1984,17 +2003,18 @@ static __device__ __forceinline__ void m8_stage_mma(const int8_t *aq, const floa
 
 /* The codes (M8_BM rows of M8_KS at row i's src[i] + s * M8_KS) and scales (ad[j * M8_BM + i] =
  * sd[i][s * 8 + j]) of stage s into a = codes, then scales, by cp.async (the caller commits and
- * waits). */
+ * waits); the first ROWS rows, those the tile's layout multiplies. */
+template <int ROWS>
 static __device__ __forceinline__ void m8_load_act(uint8_t *a, const int8_t *const *src,
                                                    const float2 *const *sd, int64_t s)
 {
     int8_t *aq = (int8_t *)a;
     float2 *ad = (float2 *)(a + M8_BM * M8_LD);
-    for (int i = threadIdx.x; i < M8_BM * (M8_KS / 16); i += blockDim.x) {
+    for (int i = threadIdx.x; i < ROWS * (M8_KS / 16); i += blockDim.x) {
         const int r = i / (M8_KS / 16), c = i % (M8_KS / 16);
         m8_cp16(aq + r * M8_LD + 16 * c, src[r] + s * M8_KS + 16 * c);
     }
-    for (int i = threadIdx.x; i < M8_BM * 8; i += blockDim.x) {
+    for (int i = threadIdx.x; i < ROWS * 8; i += blockDim.x) {
         const int r = i >> 3, j = i & 7;
         m8_cp8(ad + j * M8_BM + r, sd[r] + s * 8 + j);
     }
@@ -2004,30 +2024,31 @@ static __device__ __forceinline__ void m8_load_act(uint8_t *a, const int8_t *con
  * unpacked, the next stage's raw blocks (and, with two activation buffers, its activations)
  * started, then the MMAs; with one activation buffer a stage's activations are copied at its
  * start. Ends with a barrier: shared memory is free for the epilogue. */
-template <uint32_t WT>
-static __device__ __forceinline__ void
-m8_run(uint8_t *smem, const int8_t *const *src, const float2 *const *sd, const uint8_t *const *rows,
-       const uintptr_t *lo, const uintptr_t *hi, int *off, int64_t n_in, float (&acc)[2][4][4])
+template <uint32_t WT, class L>
+static __device__ __forceinline__ void m8_run(uint8_t *smem, const int8_t *const *src,
+                                              const float2 *const *sd, const uint8_t *const *rows,
+                                              const uintptr_t *lo, const uintptr_t *hi, int *off,
+                                              int64_t n_in, float (&acc)[L::MI][L::NI][4])
 {
     constexpr int AB = m8_fmt<WT>::AB;
     int8_t *bq = (int8_t *)(smem + AB * M8_ABYTES);
     float2 *bd = (float2 *)(bq + M8_BN * M8_LD);
     uint8_t *raw = (uint8_t *)(bd + 8 * M8_BN);
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++)
+    for (int mi = 0; mi < L::MI; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++)
+        for (int ni = 0; ni < L::NI; ni++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 acc[mi][ni][e] = 0.0f;
     const int64_t ns = n_in / M8_KS;
     m8_load_raw<WT>(raw, rows, lo, hi, off, 0);
     if (AB == 2)
-        m8_load_act(smem, src, sd, 0);
+        m8_load_act<L::ROWS>(smem, src, sd, 0);
     for (int64_t s = 0; s < ns; s++) {
         uint8_t *a = smem + (AB == 2 ? (s & 1) * M8_ABYTES : 0);
         if (AB == 1)
-            m8_load_act(a, src, sd, s);
+            m8_load_act<L::ROWS>(a, src, sd, s);
         m8_cp_wait_all();
         __syncthreads();
         m8_unpack<WT>(raw, off, bq, bd);
@@ -2035,14 +2056,69 @@ m8_run(uint8_t *smem, const int8_t *const *src, const float2 *const *sd, const u
         if (s + 1 < ns) {
             m8_load_raw<WT>(raw, rows, lo, hi, off, s + 1);
             if (AB == 2)
-                m8_load_act(smem + ((s + 1) & 1) * M8_ABYTES, src, sd, s + 1);
+                m8_load_act<L::ROWS>(smem + ((s + 1) & 1) * M8_ABYTES, src, sd, s + 1);
             m8_cp_commit();
         }
-        m8_stage_mma<WT>((const int8_t *)a, (const float2 *)(a + M8_BM * M8_LD), bq, bd, acc);
+        m8_stage_mma<WT, L>((const int8_t *)a, (const float2 *)(a + M8_BM * M8_LD), bq, bd, acc);
         __syncthreads();
     }
     m8_cp_wait_all();
     __syncthreads();
+}
+
+/* The tile's gate and up sums (layout L) into the float tile at smem (pair row i, weight row n
+ * at i * M8_CLD + n), complete after the closing barrier. */
+template <uint32_t WT, class L>
+static __device__ __forceinline__ void
+m8_gate_up_sums(uint8_t *smem, const int8_t *const *src, const float2 *const *sd,
+                const uint8_t *const *rows, const uintptr_t *lo, const uintptr_t *hi, int *off,
+                int64_t n_in)
+{
+    float acc[L::MI][L::NI][4];
+    m8_run<WT, L>(smem, src, sd, rows, lo, hi, off, n_in, acc);
+    float *cs = (float *)smem;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3, pm = L::pm(warp), pn = L::pn(warp);
+#pragma unroll
+    for (int mi = 0; mi < L::MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < L::NI; ni++)
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                cs[(pm + 16 * mi + g + 8 * (c >> 1)) * M8_CLD + pn + 8 * ni + 2 * t + (c & 1)] =
+                    acc[mi][ni][c];
+    __syncthreads();
+}
+
+/* The tile's down sums (layout L) times each pair's weight (+ its bias) into y (rows r0 ..). */
+template <uint32_t WT, class L>
+static __device__ __forceinline__ void
+m8_down_sums(const struct moe_params &p, uint8_t *smem, const int8_t *const *src,
+             const float2 *const *sd, const uint8_t *const *rows, const uintptr_t *lo,
+             const uintptr_t *hi, int *off, const int *pairs, int np, int e, int64_t r0)
+{
+    float acc[L::MI][L::NI][4];
+    m8_run<WT, L>(smem, src, sd, rows, lo, hi, off, p.n_ff, acc);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3, pm = L::pm(warp), pn = L::pn(warp);
+#pragma unroll
+    for (int mi = 0; mi < L::MI; mi++)
+#pragma unroll
+        for (int c = 0; c < 4; c += 2) {
+            const int pi = pm + 16 * mi + g + 8 * (c >> 1);
+            if (pi >= np)
+                continue;
+            const int pr = pairs[pi];
+            const float wt = p.wts[pr];
+#pragma unroll
+            for (int ni = 0; ni < L::NI; ni++)
+#pragma unroll
+                for (int cc = 0; cc < 2; cc++) {
+                    const int64_t r = r0 + pn + 8 * ni + 2 * t + cc;
+                    p.y[(int64_t)pr * p.n_embd + r] =
+                        __fmul_rn(wt, moe_down_b(p, e, r, acc[mi][ni][c + cc]));
+                }
+        }
 }
 
 /* gate/up of one tile on codes: block (tile, 64 rows of h); h of each pair quantized per 32 rows
@@ -2091,21 +2167,13 @@ static __global__ void __launch_bounds__(256, 2) k_moe_gate_up_m8(struct moe_par
         }
     }
     __syncthreads();
-    float acc[2][4][4];
-    m8_run<WT>(moe_smem, src, sd, rows, lo, hi, off, p.n_embd, acc);
-    float *cs = (float *)moe_smem;
-    {
-        const int g = lane >> 2, t = lane & 3, pm = 32 * (warp / 4), pn = 32 * (warp % 4);
-#pragma unroll
-        for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-                for (int c = 0; c < 4; c++)
-                    cs[(pm + 16 * mi + g + 8 * (c >> 1)) * M8_CLD + pn + 8 * ni + 2 * t + (c & 1)] =
-                        acc[mi][ni][c];
-    }
-    __syncthreads();
+    if (np > 32)
+        m8_gate_up_sums<WT, m8_lay64>(moe_smem, src, sd, rows, lo, hi, off, p.n_embd);
+    else if (np > 16)
+        m8_gate_up_sums<WT, m8_lay32>(moe_smem, src, sd, rows, lo, hi, off, p.n_embd);
+    else
+        m8_gate_up_sums<WT, m8_lay16>(moe_smem, src, sd, rows, lo, hi, off, p.n_embd);
+    const float *cs = (const float *)moe_smem;
     for (int i = warp; i < 2 * np; i += 8) { /* (pair, unit of 32 rows) per warp */
         const int pi = i >> 1, u = i & 1, rr = 32 * u + lane;
         const float v = moe_h(p, e, r0 + rr, cs[pi * M8_CLD + rr], cs[pi * M8_CLD + 64 + rr]);
@@ -2126,7 +2194,6 @@ static __global__ void __launch_bounds__(256, 2) k_moe_down_m8(struct moe_params
     __shared__ uintptr_t lo[M8_BN], hi[M8_BN];
     __shared__ int off[M8_BN];
     __shared__ int pairs[M8_BM];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int e;
     const int np = moe_mma_pairs(p, pairs, &e);
     const int64_t r0 = (int64_t)blockIdx.y * M8_BN;
@@ -2152,27 +2219,12 @@ static __global__ void __launch_bounds__(256, 2) k_moe_down_m8(struct moe_params
         }
     }
     __syncthreads();
-    float acc[2][4][4];
-    m8_run<WT>(moe_smem, src, sd, rows, lo, hi, off, p.n_ff, acc);
-    const int g = lane >> 2, t = lane & 3, pm = 32 * (warp / 4), pn = 32 * (warp % 4);
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int c = 0; c < 4; c += 2) {
-            const int pi = pm + 16 * mi + g + 8 * (c >> 1);
-            if (pi >= np)
-                continue;
-            const int pr = pairs[pi];
-            const float wt = p.wts[pr];
-#pragma unroll
-            for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-                for (int cc = 0; cc < 2; cc++) {
-                    const int64_t r = r0 + pn + 8 * ni + 2 * t + cc;
-                    p.y[(int64_t)pr * p.n_embd + r] =
-                        __fmul_rn(wt, moe_down_b(p, e, r, acc[mi][ni][c + cc]));
-                }
-        }
+    if (np > 32)
+        m8_down_sums<WT, m8_lay64>(p, moe_smem, src, sd, rows, lo, hi, off, pairs, np, e, r0);
+    else if (np > 16)
+        m8_down_sums<WT, m8_lay32>(p, moe_smem, src, sd, rows, lo, hi, off, pairs, np, e, r0);
+    else
+        m8_down_sums<WT, m8_lay16>(p, moe_smem, src, sd, rows, lo, hi, off, pairs, np, e, r0);
 }
 
 /* Bin of an expert id: the id, or n_expert for an invalid one. */
