@@ -1925,7 +1925,7 @@ static __device__ __forceinline__ void m8_unpack(const uint8_t *raw, const int *
 
 /* How the 8 warps split a tile: a grid of WM x (8 / WM) warps, each owning MI 16-pair tiles
  * by NI 8-row tiles (pairs from pm(w), weight rows from pn(w)). The tile's pair count picks the
- * smallest layout that covers it (m8_lay64, 32, 16), so that pairs past the tile's end cost no
+ * smallest layout that covers it (m8_lay64, 48, 32, 16), so that pairs past the tile's end cost no
  * MMAs while every warp keeps a share of the work. */
 template <int MI_, int NI_, int WM_> struct m8_lay {
     static constexpr int MI = MI_, NI = NI_, WM = WM_, WN = 8 / WM_, ROWS = 16 * MI_ * WM_;
@@ -1939,6 +1939,7 @@ template <int MI_, int NI_, int WM_> struct m8_lay {
     }
 };
 using m8_lay64 = m8_lay<2, 4, 2>;
+using m8_lay48 = m8_lay<3, 2, 1>;
 using m8_lay32 = m8_lay<2, 2, 1>;
 using m8_lay16 = m8_lay<1, 2, 1>;
 
@@ -2167,8 +2168,10 @@ static __global__ void __launch_bounds__(256, 2) k_moe_gate_up_m8(struct moe_par
         }
     }
     __syncthreads();
-    if (np > 32)
+    if (np > 48)
         m8_gate_up_sums<WT, m8_lay64>(moe_smem, src, sd, rows, lo, hi, off, p.n_embd);
+    else if (np > 32)
+        m8_gate_up_sums<WT, m8_lay48>(moe_smem, src, sd, rows, lo, hi, off, p.n_embd);
     else if (np > 16)
         m8_gate_up_sums<WT, m8_lay32>(moe_smem, src, sd, rows, lo, hi, off, p.n_embd);
     else
@@ -2219,8 +2222,10 @@ static __global__ void __launch_bounds__(256, 2) k_moe_down_m8(struct moe_params
         }
     }
     __syncthreads();
-    if (np > 32)
+    if (np > 48)
         m8_down_sums<WT, m8_lay64>(p, moe_smem, src, sd, rows, lo, hi, off, pairs, np, e, r0);
+    else if (np > 32)
+        m8_down_sums<WT, m8_lay48>(p, moe_smem, src, sd, rows, lo, hi, off, pairs, np, e, r0);
     else if (np > 16)
         m8_down_sums<WT, m8_lay32>(p, moe_smem, src, sd, rows, lo, hi, off, pairs, np, e, r0);
     else
