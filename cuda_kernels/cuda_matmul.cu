@@ -41,14 +41,12 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 #include <type_traits>
 
 #include "../cpu_kernels/quant_blocks.h"
 #include "cuda_check.h"
 #include "cuda_mem.h"
-#include "cuda_mma8.cuh"
 #include "cuda_ops_util.cuh"
 
 namespace
@@ -1313,92 +1311,6 @@ __global__ void __launch_bounds__(256) sgemm_f32_kernel(const gemm_params p)
     }
 }
 
-/* ---- GEMM8: integer tensor cores on the activations' 8-bit codes --------------------------
- * For Q8_0, Q4_K and Q6_K weights with n_in a multiple of 256 the automatic choice runs the
- * GEMM on the MMV path's 8-bit activation codes (quantize_q8_kernel into the scratch): a block
- * computes up to 64 activation rows by 128 weight rows with cuda_mma8.cuh's stages, the eight
- * warps splitting the rows the tile has (64, 48, 32 or 16). Each output is its units' integer
- * sums scaled in float and added in k order: the MMV path's arithmetic per 32 elements, in
- * another order of the unit sums. */
-
-struct gemm8_params {
-    const uint8_t *w;
-    size_t w_stride;
-    uintptr_t w_lo, w_hi; /* the matrix bytes (gemm_params) */
-    int64_t n_in, n_out;
-    int m;
-    const int8_t *xq;  /* (m rows of n_in) codes */
-    const float2 *xds; /* (m rows of n_in / 32) (d, d * sum) */
-    float *y;
-    int64_t y_stride;
-};
-
-template <uint32_t WT, class L>
-__device__ __forceinline__ void
-gemm8_tile(const gemm8_params &p, uint8_t *smem, const int8_t *const *src, const float2 *const *sd,
-           const uint8_t *const *rows, const uintptr_t *lo, const uintptr_t *hi, int *off, int m0,
-           int nm, int64_t n0)
-{
-    float acc[L::MI][L::NI][4];
-    m8_run<WT, L>(smem, src, sd, rows, lo, hi, off, p.n_in, acc);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3, pm = L::pm(warp), pn = L::pn(warp);
-#pragma unroll
-    for (int mi = 0; mi < L::MI; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r = pm + 16 * mi + g + 8 * h;
-            if (r >= nm)
-                continue;
-            float *yr = p.y + (int64_t)(m0 + r) * p.y_stride;
-#pragma unroll
-            for (int ni = 0; ni < L::NI; ni++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const int64_t o = n0 + pn + 8 * ni + 2 * t + c;
-                    if (o < p.n_out)
-                        yr[o] = acc[mi][ni][2 * h + c];
-                }
-        }
-}
-
-template <uint32_t WT> __global__ void __launch_bounds__(256, 2) gemm8_kernel(const gemm8_params p)
-{
-    ops_pdl_wait();
-    extern __shared__ __align__(128) uint8_t g8_smem[];
-    __shared__ const int8_t *src[M8_BM];
-    __shared__ const float2 *sd[M8_BM];
-    __shared__ const uint8_t *rows[M8_BN];
-    __shared__ uintptr_t lo[M8_BN], hi[M8_BN];
-    __shared__ int off[M8_BN];
-    const int m0 = blockIdx.x * M8_BM;
-    const int64_t n0 = (int64_t)blockIdx.y * M8_BN;
-    const int nm = p.m - m0 < M8_BM ? p.m - m0 : M8_BM;
-    const int64_t nu = p.n_in / 32;
-    for (int i = threadIdx.x; i < M8_BM + M8_BN; i += blockDim.x) {
-        if (i < M8_BM) { /* rows past the end repeat the tile's first (not written) */
-            const int64_t r = m0 + (i < nm ? i : 0);
-            src[i] = p.xq + r * p.n_in;
-            sd[i] = p.xds + r * nu;
-        } else { /* weight rows past the end repeat the last (not written) */
-            const int n = i - M8_BM;
-            const int64_t o = n0 + n < p.n_out ? n0 + n : p.n_out - 1;
-            rows[n] = p.w + o * p.w_stride;
-            lo[n] = p.w_lo;
-            hi[n] = p.w_hi;
-        }
-    }
-    __syncthreads();
-    if (nm > 48)
-        gemm8_tile<WT, m8_lay64>(p, g8_smem, src, sd, rows, lo, hi, off, m0, nm, n0);
-    else if (nm > 32)
-        gemm8_tile<WT, m8_lay48>(p, g8_smem, src, sd, rows, lo, hi, off, m0, nm, n0);
-    else if (nm > 16)
-        gemm8_tile<WT, m8_lay32>(p, g8_smem, src, sd, rows, lo, hi, off, m0, nm, n0);
-    else
-        gemm8_tile<WT, m8_lay16>(p, g8_smem, src, sd, rows, lo, hi, off, m0, nm, n0);
-}
-
 /* ---- host side --------------------------------------------------------------------------- */
 
 namespace
@@ -1452,40 +1364,13 @@ size_t q8_qs_bytes(int64_t n_in, int m)
     return align16((size_t)m * (size_t)n_in);
 }
 
-/* Whether cuda_matmul_init made the GEMM8 kernels ready (their shared memory fits). */
-bool gemm8_ready;
-
-/* Whether the automatic choice may take GEMM8: not when the environment's STRATA_GEMM8 is 0
- * (for comparisons). */
-bool gemm8_auto(void)
-{
-    static int on = -1; /* a race writes the same value */
-    if (on < 0) {
-        const char *env = getenv("STRATA_GEMM8");
-        on = !(env && *env && atoi(env) == 0);
-    }
-    return on == 1;
-}
-
-/* Whether GEMM8 can run the call: its types, n_in in whole stages, the scratch for x's codes. */
-bool gemm8_fits(const struct cuda_matmul_args *a)
-{
-    if (!gemm8_ready || !m8_type(a->wtype) || a->n_in % M8_KS || !a->scratch ||
-        (uintptr_t)a->scratch % 16 || a->m > MAX_GRID_Y ||
-        (a->n_out + M8_BN - 1) / M8_BN > MAX_GRID_Y)
-        return false;
-    return a->scratch_bytes >= q8_qs_bytes(a->n_in, a->m) + (size_t)a->m * (a->n_in / 32) * 8;
-}
-
 enum cuda_matmul_path path_choose(const struct cuda_matmul_args *a)
 {
-    if (a->path == CUDA_MATMUL_PATH_GEMM8)
-        return gemm8_fits(a) ? CUDA_MATMUL_PATH_GEMM8 : CUDA_MATMUL_PATH_GEMM;
     if (a->path != CUDA_MATMUL_PATH_AUTO)
         return a->path;
     if (a->wtype == QUANT_F32 || a->m < CUDA_MATMUL_GEMM_MIN_M)
         return CUDA_MATMUL_PATH_MMV;
-    return gemm8_auto() && gemm8_fits(a) ? CUDA_MATMUL_PATH_GEMM8 : CUDA_MATMUL_PATH_GEMM;
+    return CUDA_MATMUL_PATH_GEMM;
 }
 
 int rc_of(cudaError_t e)
@@ -1731,17 +1616,6 @@ template <typename K> cudaError_t kernel_preload(K *kernel)
     return CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
 }
 
-/* Loads gemm8_kernel<WT> and raises its dynamic shared memory limit. */
-template <uint32_t WT> cudaError_t gemm8_preload()
-{
-    cudaError_t e = kernel_preload(gemm8_kernel<WT>);
-    if (e == cudaSuccess)
-        e = CUDA_CHECK(cudaFuncSetAttribute(gemm8_kernel<WT>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)m8_smem_bytes<WT>()));
-    return e;
-}
-
 /* Loads gemm_kernel<F, T> and sets its dynamic shared memory limit, if the device has that
  * much, and the largest shared memory carveout (so that the tiles meant to run two CTAs per SM
  * get the room). */
@@ -1846,15 +1720,6 @@ extern "C" int cuda_matmul_init(void)
         fmt_dispatch(f.type, pre);
     if (pre.e == cudaSuccess)
         pre.e = kernel_preload(quantize_q8_kernel);
-    if (pre.e == cudaSuccess && m8_smem_bytes<QUANT_Q8_0>() <= gd.smem_max &&
-        m8_smem_bytes<QUANT_Q4_K>() <= gd.smem_max && m8_smem_bytes<QUANT_Q6_K>() <= gd.smem_max) {
-        pre.e = gemm8_preload<QUANT_Q8_0>();
-        if (pre.e == cudaSuccess)
-            pre.e = gemm8_preload<QUANT_Q4_K>();
-        if (pre.e == cudaSuccess)
-            pre.e = gemm8_preload<QUANT_Q6_K>();
-        gemm8_ready = pre.e == cudaSuccess;
-    }
     return rc_of(pre.e);
 }
 
@@ -1879,13 +1744,9 @@ extern "C" int cuda_matmul_check(const struct cuda_matmul_args *a)
     if (a->x_stride < a->n_in || a->y_stride < a->n_out)
         return -EINVAL;
     if (a->path != CUDA_MATMUL_PATH_AUTO && a->path != CUDA_MATMUL_PATH_MMV &&
-        a->path != CUDA_MATMUL_PATH_GEMM && a->path != CUDA_MATMUL_PATH_GEMM8)
-        return -EINVAL;
-    if (a->path == CUDA_MATMUL_PATH_GEMM8 && a->wtype == QUANT_F32)
+        a->path != CUDA_MATMUL_PATH_GEMM)
         return -EINVAL;
     const enum cuda_matmul_path path = path_choose(a);
-    if (path == CUDA_MATMUL_PATH_GEMM8)
-        return 0; /* gemm8_fits checked the shape and the scratch */
     if (path == CUDA_MATMUL_PATH_GEMM) {
         if ((int)a->tile < 0 || (int)a->tile > GEMM_N_TILES)
             return -EINVAL;
@@ -1950,10 +1811,8 @@ static int matmul_more(const struct cuda_matmul_args *a)
     if (!same) {
         const fmt_info *f = fmt_find(a->wtype);
         for (int i = 0; i <= a->n_more; i++) {
-            const enum cuda_matmul_path pc = path_choose(a);
             one[i].x_ready =
-                i ? f->quantized && (pc == CUDA_MATMUL_PATH_MMV || pc == CUDA_MATMUL_PATH_GEMM8)
-                  : a->x_ready;
+                i ? f->quantized && path_choose(a) == CUDA_MATMUL_PATH_MMV : a->x_ready;
             int rc = cuda_matmul(&one[i]);
             if (rc)
                 return rc;
@@ -1982,46 +1841,6 @@ extern "C" int cuda_matmul(const struct cuda_matmul_args *a)
                         (unsigned)((a->m + SG_T - 1) / SG_T));
         ops_launch(sgemm_f32_kernel, grid, 256, 0, st, p);
         rc = cuda_last_error("cuda_matmul (f32 tiles)");
-        return rc ? rc : matmul_bias_launch(a, st);
-    }
-    if (path_choose(a) == CUDA_MATMUL_PATH_GEMM8) {
-        gemm8_params p = {};
-        p.w = (const uint8_t *)a->w;
-        p.w_stride = a->w_stride;
-        p.w_lo = (uintptr_t)a->w;
-        p.w_hi = p.w_lo + (size_t)(a->n_out - 1) * a->w_stride + row_bytes;
-        p.n_in = a->n_in;
-        p.n_out = a->n_out;
-        p.m = a->m;
-        p.xq = (const int8_t *)a->scratch;
-        p.xds = (const float2 *)((const uint8_t *)a->scratch + q8_qs_bytes(a->n_in, a->m));
-        p.y = a->y;
-        p.y_stride = a->y_stride;
-        if (!a->x_ready) {
-            q8_params q = {};
-            q.x = a->x;
-            q.x_stride = a->x_stride;
-            q.x_rows = a->x_rows;
-            q.qs = (int8_t *)a->scratch;
-            q.ds = (float2 *)((uint8_t *)a->scratch + q8_qs_bytes(a->n_in, a->m));
-            q.n_in = a->n_in;
-            const dim3 qg((unsigned)((a->n_in / 32 + Q8_WARPS - 1) / Q8_WARPS), (unsigned)a->m);
-            ops_launch(quantize_q8_kernel, qg, Q8_WARPS * WARP, 0, st, q);
-        }
-        const dim3 grid((unsigned)((a->m + M8_BM - 1) / M8_BM),
-                        (unsigned)((a->n_out + M8_BN - 1) / M8_BN));
-        switch (a->wtype) {
-        case QUANT_Q8_0:
-            ops_launch(gemm8_kernel<QUANT_Q8_0>, grid, 256, m8_smem_bytes<QUANT_Q8_0>(), st, p);
-            break;
-        case QUANT_Q4_K:
-            ops_launch(gemm8_kernel<QUANT_Q4_K>, grid, 256, m8_smem_bytes<QUANT_Q4_K>(), st, p);
-            break;
-        default:
-            ops_launch(gemm8_kernel<QUANT_Q6_K>, grid, 256, m8_smem_bytes<QUANT_Q6_K>(), st, p);
-            break;
-        }
-        rc = cuda_last_error("cuda_matmul (gemm8)");
         return rc ? rc : matmul_bias_launch(a, st);
     }
     if (path_choose(a) == CUDA_MATMUL_PATH_GEMM) {

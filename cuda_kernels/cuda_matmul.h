@@ -8,14 +8,10 @@
  *   quantized types the activations are first converted to 8-bit integers with one float scale
  *   per 32 elements (kept in the caller's scratch) and the dot products use dp4a; F32, F16 and
  *   BF16 weights are multiplied with the float activations directly.
- * - GEMM8 (m >= CUDA_MATMUL_GEMM_MIN_M, Q8_0/Q4_K/Q6_K weights with n_in a multiple of 256 and
- *   the scratch given): the activations quantized as for MMV, then integer MMAs per 32-element
- *   unit scaled in float as MMV scales them (cuda_mma8.cuh). STRATA_GEMM8=0 in the environment
- *   keeps the automatic choice on GEMM.
- * - GEMM (m >= CUDA_MATMUL_GEMM_MIN_M, the other types): a tiled tensor-core kernel that
- *   streams the raw weight bytes into shared memory with cp.async, dequantizes them to BF16
- *   there, converts the activations to BF16, and accumulates in float32 (mma.sync). The output
- *   tile (128 x 128 down to 32 x 64) is chosen per call from the shape and the device's SM count. F32 weights never
+ * - GEMM (m >= CUDA_MATMUL_GEMM_MIN_M): a tiled tensor-core kernel that streams the raw weight
+ *   bytes into shared memory with cp.async, dequantizes them to BF16 there, converts the
+ *   activations to BF16, and accumulates in float32 (mma.sync). The output tile (128 x 128 down
+ *   to 32 x 64) is chosen per call from the shape and the device's SM count. F32 weights never
  *   take it: they stay in float32, on MMV, or with CUDA_MATMUL_SGEMM_MIN_M rows and more on a
  *   tiled float32 kernel (32 x 32 outputs per block, one FMA chain per output in k order).
  *
@@ -34,8 +30,8 @@
 extern "C" {
 #endif
 
-#define CUDA_MATMUL_MMV_MAX_M 16   /* activation rows one pass of the MMV kernel serves */
-#define CUDA_MATMUL_GEMM_MIN_M 32  /* the automatic choice takes GEMM from this many rows */
+#define CUDA_MATMUL_MMV_MAX_M 16  /* activation rows one pass of the MMV kernel serves */
+#define CUDA_MATMUL_GEMM_MIN_M 32 /* the automatic choice takes GEMM from this many rows */
 #define CUDA_MATMUL_SGEMM_MIN_M 64 /* ... and, for F32 weights, float32 tiles from this many */
 
 enum cuda_matmul_path {
@@ -43,9 +39,6 @@ enum cuda_matmul_path {
                                 * tiles from CUDA_MATMUL_SGEMM_MIN_M rows (4-byte aligned W) */
     CUDA_MATMUL_PATH_MMV,      /* any m: ceil(m / 16) passes over W in one launch */
     CUDA_MATMUL_PATH_GEMM,     /* any m; not for F32 weights */
-    CUDA_MATMUL_PATH_GEMM8,    /* integer tensor cores on x's 8-bit codes (Q8_0, Q4_K, Q6_K with
-                                * n_in a multiple of 256, the scratch given; else GEMM): what
-                                * the automatic choice takes in GEMM's place where it applies */
 };
 
 /* GEMM output tile, rows of x by rows of W. The same sums in the same order whichever runs. */

@@ -365,8 +365,8 @@ static int cuda_matmul_run(struct backend *b, float *out, const struct weight *w
         const float *x = in + (size_t)r * w->ne[0];
         /* a quantized weight on the MMV path quantizes x into mm_scratch: consecutive
          * matmuls of the same x (q, k, v) share it */
-        bool quant = w->type != QUANT_F32 && w->type != QUANT_F16 && w->type != QUANT_BF16;
-        bool q8 = quant && n < CUDA_MATMUL_GEMM_MIN_M;
+        bool q8 = w->type != QUANT_F32 && w->type != QUANT_F16 && w->type != QUANT_BF16 &&
+                  n < CUDA_MATMUL_GEMM_MIN_M;
         struct cuda_matmul_args a = {
             .wtype = w->type,
             .w = w->dev,
@@ -390,9 +390,6 @@ static int cuda_matmul_run(struct backend *b, float *out, const struct weight *w
             c->xq_src = x;
             c->xq_m = n;
             c->xq_n_in = (int64_t)w->ne[0];
-        } else if (quant) { /* GEMM8 may have quantized x into mm_scratch */
-            c->mm_writes++;
-            c->xq_src = NULL;
         }
         /* the output may overwrite the quantized rows' source */
         const float *o0 = a.y, *o1 = a.y + (size_t)n * w->ne[1];

@@ -11,10 +11,7 @@
  * - MMV, F32/F16/BF16: decoded weights times the float activations, TOL_ACC * sum |w_i x_i|;
  * - GEMM: weights and activations rounded to BF16 as the kernel does, TOL_GEMM *
  *   sum |w16_i x16_i| (tensor-core products, float32 accumulation); every GEMM tile shape is
- *   forced on ragged shapes (test_gemm_tiles) and the tiles must give the same bits;
- * - GEMM8 (what the automatic choice takes for Q8_0/Q4_K/Q6_K from 32 rows when n_in is a
- *   multiple of 256): as MMV on quantized types (the same 8-bit activations and bound), also
- *   forced at small m (a tile of 1 to 16 rows).
+ *   forced on ragged shapes (test_gemm_tiles) and the tiles must give the same bits.
  * The error against the plain float reference (decoded weights, float activations), relative
  * to sum |w_i x_i|, is printed for information. Outputs are poisoned with NaN first, and the
  * padding between output rows must stay NaN. Also: CUDA graph capture and replay give the same
@@ -80,24 +77,17 @@ static bool is_quantized(uint32_t type)
     return type != QUANT_F32 && type != QUANT_F16 && type != QUANT_BF16;
 }
 
-/* The path a call takes (cuda_matmul.h); the tests always give the scratch. */
-static enum cuda_matmul_path path_expected(uint32_t type, int64_t n_in, int m,
-                                           enum cuda_matmul_path forced)
+static enum cuda_matmul_path path_expected(uint32_t type, int m, enum cuda_matmul_path forced)
 {
-    const bool g8 =
-        (type == QUANT_Q8_0 || type == QUANT_Q4_K || type == QUANT_Q6_K) && n_in % 256 == 0;
-    if (forced == CUDA_MATMUL_PATH_GEMM8)
-        return g8 ? CUDA_MATMUL_PATH_GEMM8 : CUDA_MATMUL_PATH_GEMM;
     if (forced != CUDA_MATMUL_PATH_AUTO)
         return forced;
-    if (type == QUANT_F32 || m < CUDA_MATMUL_GEMM_MIN_M)
-        return CUDA_MATMUL_PATH_MMV;
-    return g8 ? CUDA_MATMUL_PATH_GEMM8 : CUDA_MATMUL_PATH_GEMM;
+    return type == QUANT_F32 || m < CUDA_MATMUL_GEMM_MIN_M ? CUDA_MATMUL_PATH_MMV
+                                                           : CUDA_MATMUL_PATH_GEMM;
 }
 
 static const char *path_name(enum cuda_matmul_path p)
 {
-    return p == CUDA_MATMUL_PATH_GEMM ? "gemm" : p == CUDA_MATMUL_PATH_GEMM8 ? "gemm8" : "mmv";
+    return p == CUDA_MATMUL_PATH_GEMM ? "gemm" : "mmv";
 }
 
 /* Offsets of the f16 scale fields of a block (-1: none). */
@@ -331,7 +321,7 @@ static const char *tile_name(enum cuda_matmul_tile t)
 static void case_describe(const struct mm_case *c, char *buf, size_t size)
 {
     snprintf(buf, size, "%s %s%s m %d n_in %lld n_out %lld w_pad %zu w_off %zu x_pad %d%s",
-             quant_type_name(c->type), path_name(path_expected(c->type, c->n_in, c->m, c->path)),
+             quant_type_name(c->type), path_name(path_expected(c->type, c->m, c->path)),
              tile_name(c->tile), c->m, (long long)c->n_in, (long long)c->n_out, c->w_pad, c->w_off,
              c->x_pad, c->gather ? " gather" : "");
 }
@@ -347,9 +337,8 @@ static struct ref_out *case_reference(const struct mm_data *d)
 {
     const struct mm_case *c = &d->c;
     const int64_t n = c->n_in;
-    const enum cuda_matmul_path path = path_expected(c->type, c->n_in, c->m, c->path);
-    const bool q8 =
-        (path == CUDA_MATMUL_PATH_MMV || path == CUDA_MATMUL_PATH_GEMM8) && is_quantized(c->type);
+    const enum cuda_matmul_path path = path_expected(c->type, c->m, c->path);
+    const bool q8 = path == CUDA_MATMUL_PATH_MMV && is_quantized(c->type);
     const double tol = path == CUDA_MATMUL_PATH_GEMM ? TOL_GEMM : TOL_ACC;
 
     /* weights as decoded (wf) and as multiplied by the kernel (wk) */
@@ -513,8 +502,8 @@ static void test_types(struct rng *r, void *stream)
                 n++;
             }
             printf("  %-5s %-4s %4d  %5d  %11.3g  %12.3g  %s\n", quant_type_name(type),
-                   path_name(path_expected(type, 768, m, CUDA_MATMUL_PATH_AUTO)), m, n,
-                   agg.bound_frac, agg.err_float, agg.pass ? "ok" : "FAIL");
+                   path_name(path_expected(type, m, CUDA_MATMUL_PATH_AUTO)), m, n, agg.bound_frac,
+                   agg.err_float, agg.pass ? "ok" : "FAIL");
         }
         fflush(stdout);
     }
@@ -667,13 +656,13 @@ static void test_forced_paths(struct rng *r, void *stream)
             enum cuda_matmul_path path;
             int m;
             int64_t n_out;
-        } cs[] = {{CUDA_MATMUL_PATH_GEMM, 1, 130},   {CUDA_MATMUL_PATH_GEMM, 5, 7},
-                  {CUDA_MATMUL_PATH_GEMM8, 1, 130},  {CUDA_MATMUL_PATH_GEMM8, 5, 7},
-                  {CUDA_MATMUL_PATH_GEMM8, 20, 300}, {CUDA_MATMUL_PATH_GEMM8, 70, 129},
-                  {CUDA_MATMUL_PATH_MMV, 40, 130},   {CUDA_MATMUL_PATH_MMV, 64, 33}};
+        } cs[] = {{CUDA_MATMUL_PATH_GEMM, 1, 130},
+                  {CUDA_MATMUL_PATH_GEMM, 5, 7},
+                  {CUDA_MATMUL_PATH_MMV, 40, 130},
+                  {CUDA_MATMUL_PATH_MMV, 64, 33}};
         struct case_result agg = {0, 0, true};
         for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
-            if (type == QUANT_F32 && cs[k].path != CUDA_MATMUL_PATH_MMV)
+            if (type == QUANT_F32 && cs[k].path == CUDA_MATMUL_PATH_GEMM)
                 continue;
             struct mm_case c = {};
             c.type = type;
@@ -690,8 +679,7 @@ static void test_forced_paths(struct rng *r, void *stream)
             agg.bound_frac = fmax(agg.bound_frac, cr.bound_frac);
             agg.pass = agg.pass && cr.pass;
         }
-        printf("  forced paths %-5s (gemm m 1, 5; gemm8 m 1, 5, 20, 70; mmv m 40, 64): worst %.3g "
-               "of bound  %s\n",
+        printf("  forced paths %-5s (gemm m 1, 5; mmv m 40, 64): worst %.3g of bound  %s\n",
                quant_type_name(type), agg.bound_frac, agg.pass ? "ok" : "FAIL");
     }
 }
@@ -913,10 +901,6 @@ static void test_args(void)
     CHECK(cuda_matmul(&a) == -EINVAL, "unknown path accepted");
     a = ok, a.wtype = QUANT_F32, a.w_stride = 1024, a.path = CUDA_MATMUL_PATH_GEMM;
     CHECK(cuda_matmul(&a) == -EINVAL, "GEMM for F32 accepted");
-    a = ok, a.wtype = QUANT_F32, a.w_stride = 1024, a.path = CUDA_MATMUL_PATH_GEMM8;
-    CHECK(cuda_matmul(&a) == -EINVAL, "GEMM8 for F32 accepted");
-    a = ok, a.path = CUDA_MATMUL_PATH_GEMM8, a.scratch = NULL, a.scratch_bytes = 0;
-    CHECK(cuda_matmul_check(&a) == 0, "GEMM8 without scratch (GEMM takes it) refused");
     a = ok, a.path = CUDA_MATMUL_PATH_GEMM, a.scratch = NULL, a.scratch_bytes = 0;
     CHECK(cuda_matmul_check(&a) == 0, "GEMM without scratch refused");
     a.tile = CUDA_MATMUL_TILE_32X64;
@@ -995,14 +979,13 @@ template <typename Fn> static float time_median(Fn fn, cudaStream_t st)
 /* GEMM m = 512 on prefill shapes of a 2048-wide model, per tile (auto first), Q8_0 and Q4_K:
  * microseconds and TFLOP/s (median of 20). w, x, y: the bench buffers (256 MB, 512 x 4096,
  * 512 x 14336 floats). */
-static void bench_gemm_tiles(const uint8_t *w, const float *x, float *y, void *scratch,
-                             size_t sbytes, cudaStream_t st)
+static void bench_gemm_tiles(const uint8_t *w, const float *x, float *y, cudaStream_t st)
 {
     static const uint32_t btypes[] = {QUANT_Q8_0, QUANT_Q4_K};
     static const int64_t shapes[][2] = {{4096, 2048}, {2048, 4096}, {512, 2048}}; /* n_out, n_in */
     const int m = 512;
     printf("  bench: gemm m=512  type  n_out x n_in   auto      128x128   64x128    64x64     "
-           "32x64   (us, TFLOP/s of auto)  gemm8 (us)\n");
+           "32x64   (us, TFLOP/s of auto)\n");
     for (size_t t = 0; t < sizeof btypes / sizeof btypes[0]; t++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             struct cuda_matmul_args a;
@@ -1019,22 +1002,17 @@ static void bench_gemm_tiles(const uint8_t *w, const float *x, float *y, void *s
             a.y_stride = a.n_out;
             a.path = CUDA_MATMUL_PATH_GEMM;
             a.stream = st;
-            float us[6];
+            float us[5];
             for (int k = 0; k < 5; k++) {
                 a.tile = (enum cuda_matmul_tile)k;
                 us[k] = 1e3f * time_median([&]() { return cuda_matmul(&a); }, st);
             }
-            a.tile = CUDA_MATMUL_TILE_AUTO;
-            a.path = CUDA_MATMUL_PATH_GEMM8;
-            a.scratch = scratch;
-            a.scratch_bytes = sbytes;
-            us[5] = 1e3f * time_median([&]() { return cuda_matmul(&a); }, st);
             const double flop = 2.0 * m * (double)a.n_in * (double)a.n_out;
             printf("  bench: gemm m=512  %-5s %5lld x %-5lld %8.1f  %8.1f  %8.1f  %8.1f  %8.1f  "
-                   "%6.1f  %8.1f\n",
+                   "%6.1f\n",
                    quant_type_name(a.wtype), (long long)a.n_out, (long long)a.n_in, us[0], us[1],
-                   us[2], us[3], us[4], flop / (us[0] * 1e-6) / 1e12, us[5]);
-            CHECK(us[0] > 0 && us[1] > 0 && us[2] > 0 && us[3] > 0 && us[4] > 0 && us[5] > 0,
+                   us[2], us[3], us[4], flop / (us[0] * 1e-6) / 1e12);
+            CHECK(us[0] > 0 && us[1] > 0 && us[2] > 0 && us[3] > 0 && us[4] > 0,
                   "bench gemm %s: a timed call failed", quant_type_name(a.wtype));
             fflush(stdout);
         }
@@ -1116,7 +1094,7 @@ static void bench(void *stream)
               quant_type_name(type));
         fflush(stdout);
     }
-    bench_gemm_tiles(w, x, y, scratch, sbytes, st);
+    bench_gemm_tiles(w, x, y, st);
     cuda_free(w), cuda_free(x), cuda_free(y), cuda_free(scratch), cuda_free(sink);
 }
 
