@@ -2285,9 +2285,12 @@ static __device__ void moe_sort_small(const struct moe_params &p)
 
 #define MOE_SORT_WARPS (MOE_SORT_THREADS / 32)
 #define MOE_SORT_MAX_BINS 640 /* experts + 1 that moe_sort_warps takes (its shared counts) */
+#define MOE_SORT_WARPS_MIN                                                                         \
+    256 /* pairs from which it sorts (below: moe_sort_small, whose                                 \
+         * threads each compare their pairs with all n) */
 
-/* The same stable sort and tile list in shared memory, for more than MOE_SORT_SMALL pairs and
- * up to MOE_SORT_MAX_BINS bins. Warp w owns the contiguous segment w of the pairs and walks it
+/* The same stable sort and tile list in shared memory, for more than MOE_SORT_WARPS_MIN pairs
+ * and up to MOE_SORT_MAX_BINS bins. Warp w owns the contiguous segment w of the pairs and walks it
  * 32 pairs at a time, in order; the lanes holding one bin find each other with a match, so
  * each pair's rank among its warp's pairs of that bin is a count of lower lanes plus what the
  * warp's earlier rounds counted:
@@ -2370,8 +2373,9 @@ static __device__ void moe_sort_warps(const struct moe_params &p)
     }
 }
 
-/* Stable counting sort of the pairs by expert, in one block (deterministic, no atomics); up to
- * MOE_SORT_SMALL pairs moe_sort_small instead.
+/* Stable counting sort of the pairs by expert, in one block (deterministic, no atomics), for
+ * more bins than moe_sort_warps takes; moe_sort_warps from MOE_SORT_WARPS_MIN pairs, and
+ * moe_sort_small below that (and up to MOE_SORT_SMALL pairs) instead.
  * Thread c owns the contiguous chunk c of the pairs and row c of cnt:
  *   1. cnt[c][b] = pairs of chunk c in bin b;
  *   2. per bin b (threads over bins): exclusive scan over the chunks -> cnt[c][b] is where
@@ -2382,12 +2386,12 @@ static __device__ void moe_sort_warps(const struct moe_params &p)
  * Global memory written before a __syncthreads is visible to the block after it. */
 static __device__ void moe_sort_body(const struct moe_params &p)
 {
-    if (p.n_pairs <= MOE_SORT_SMALL) {
-        moe_sort_small(p);
+    if (p.n_pairs > MOE_SORT_WARPS_MIN && p.n_expert + 1 <= MOE_SORT_MAX_BINS) {
+        moe_sort_warps(p);
         return;
     }
-    if (p.n_expert + 1 <= MOE_SORT_MAX_BINS) {
-        moe_sort_warps(p);
+    if (p.n_pairs <= MOE_SORT_SMALL) {
+        moe_sort_small(p);
         return;
     }
     const int nb = p.n_expert + 1, c = threadIdx.x;
