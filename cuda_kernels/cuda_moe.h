@@ -70,10 +70,11 @@ enum cuda_moe_path {
  * CUDA_MOE_GROUPED8_MIN_TOK tokens (decode, lockstep steps), the grouped 8-bit path from there up
  * to CUDA_MOE_GROUPED8_MAX_TOK (short prompts, prompt chunks), then the tensor cores. 30b-a3b's
  * layer on an H200 (us per call; test_cuda_moe prints the table):
- *   tokens       1    8   24   32   48    64
- *   direct      26  122  324  423  618   814
- *   grouped8    42  179  348  396  497   569
- *   mma        107  455  808  824  980  1002 */
+ *   tokens       1    8   24   32   48   64  128  512
+ *   direct      24  117  316  415  611  806 1590 6273
+ *   grouped8    34  146  298  338  378  434  712 2493
+ *   mma        104  448  815  873  914  947  974 1127
+ *   mma8        73  235  432  474  471  502  513  687 */
 #define CUDA_MOE_GROUPED8_MIN_TOK 32
 /* ... and the bulk 8-bit path (compute capability 9.0) up to this many tokens (the
  * environment's STRATA_MOE_BULK, a number, replaces it) */
