@@ -32,8 +32,9 @@
 #define MOE_TILE_LARGE 16    /* ... and from MOE_TILE_LARGE / 2 pairs per expert on average */
 #define MOE_TILE_MMA 64      /* pairs per tile on the tensor-core path */
 #define MOE_SORT_THREADS 256 /* chunks of the counting sort, one per thread */
-#define MOE_DOWN_KMAX 1      /* experts a float direct down warp walks side by side (more, or
-                              * staging the rows, measured slower: bench/cuda-resident.md) */
+#define MOE_DOWN_KMAX                                                                              \
+    1 /* experts a float direct down warp walks side by side (more, or                             \
+       * staging the rows, measured slower: bench/cuda-resident.md) */
 
 static __host__ __device__ __forceinline__ int64_t moe_cdiv(int64_t a, int64_t b)
 {
@@ -56,25 +57,25 @@ struct moe_params {
     const void *const *up_ptrs;
     const void *const *down_ptrs;
     uint64_t gate_row, up_row, down_row; /* bytes per row */
-    const float *gate_b, *up_b; /* NULL or (n_expert, n_ff): gpt-oss's biases */
-    const float *down_b;        /* NULL or (n_expert, n_embd) */
-    int oai;                    /* h = gpt-oss's clamped SwiGLU instead of silu(gate) up */
+    const float *gate_b, *up_b;          /* NULL or (n_expert, n_ff): gpt-oss's biases */
+    const float *down_b;                 /* NULL or (n_expert, n_embd) */
+    int oai;                             /* h = gpt-oss's clamped SwiGLU instead of silu(gate) up */
     /* scratch views */
-    float *h;         /* (n_pairs, n_ff) silu(gate x) * up x of each pair */
-    int8_t *hq;       /* (n_pairs, n_ff) h as 8-bit codes (the 8-bit direct path) */
-    float2 *hd;       /* (n_pairs, n_ff / 32) their (d, d * sum) per 32 elements */
+    float *h;              /* (n_pairs, n_ff) silu(gate x) * up x of each pair */
+    int8_t *hq;            /* (n_pairs, n_ff) h as 8-bit codes (the 8-bit direct path) */
+    float2 *hd;            /* (n_pairs, n_ff / 32) their (d, d * sum) per 32 elements */
     const int8_t *in_q8;   /* NULL or (n_tok, n_embd): cuda_moe_args.in_q8 */
     const float2 *in_q8_d; /* (n_tok, n_embd / 32) */
-    int8_t *xq;       /* (n_tok, n_embd) the inputs as 8-bit codes (grouped 8-bit path) */
-    float2 *xd;       /* (n_tok, n_embd / 32) their (d, d * sum) per 32 elements */
-    float *y;         /* (n_pairs, n_embd) w * down h of each pair (grouped path) */
-    int32_t *cnt;     /* (MOE_SORT_THREADS, n_expert + 1) per-chunk counts, then cursors */
-    int32_t *off;     /* (n_expert + 2) start of each bin in sorted */
-    int32_t *sorted;  /* (n_pairs) pair indices grouped by expert, ascending within one */
-    int32_t *tile_e;  /* (max_tiles) bin (expert; n_expert = invalid id) of each tile */
-    int32_t *tile_b;  /* (max_tiles) first position in sorted */
-    int32_t *tile_n;  /* (max_tiles) pairs in the tile, 1..tile */
-    int32_t *n_tiles; /* (1) tiles written by the sort */
+    int8_t *xq;            /* (n_tok, n_embd) the inputs as 8-bit codes (grouped 8-bit path) */
+    float2 *xd;            /* (n_tok, n_embd / 32) their (d, d * sum) per 32 elements */
+    float *y;              /* (n_pairs, n_embd) w * down h of each pair (grouped path) */
+    int32_t *cnt;          /* (MOE_SORT_THREADS, n_expert + 1) per-chunk counts, then cursors */
+    int32_t *off;          /* (n_expert + 2) start of each bin in sorted */
+    int32_t *sorted;       /* (n_pairs) pair indices grouped by expert, ascending within one */
+    int32_t *tile_e;       /* (max_tiles) bin (expert; n_expert = invalid id) of each tile */
+    int32_t *tile_b;       /* (max_tiles) first position in sorted */
+    int32_t *tile_n;       /* (max_tiles) pairs in the tile, 1..tile */
+    int32_t *n_tiles;      /* (1) tiles written by the sort */
 };
 
 /* ==== kernels ================================================================================ */
@@ -93,8 +94,8 @@ static __device__ __forceinline__ float moe_silu(float v)
 /* h of row r of expert e from its gate and up sums: silu(g) u, or with gpt-oss's biases and
  * activation min(g', 7) sigmoid(1.702 min(g', 7)) (clamp(u', -7, 7) + 1), g' = g + b_gate,
  * u' = u + b_up (cpu_kernels/expert_ffn.h) */
-static __device__ __forceinline__ float moe_h(const struct moe_params &p, int e, int64_t r,
-                                              float g, float u)
+static __device__ __forceinline__ float moe_h(const struct moe_params &p, int e, int64_t r, float g,
+                                              float u)
 {
     if (p.gate_b) {
         g = __fadd_rn(g, p.gate_b[(int64_t)e * p.n_ff + r]);
@@ -219,8 +220,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_direct(struc
             int j = j0 + i, pr = t * p.k + (j < p.k ? j : 0), e = p.ids[pr];
             ok[i] = j < p.k && e >= 0 && e < p.n_expert;
             ex[i] = ok[i] ? e : 0;
-            dr[i] = moe_expert(p.down, p.down_stride, p.down_ptrs, ok[i] ? e : 0) +
-                    r * p.down_row;
+            dr[i] = moe_expert(p.down, p.down_stride, p.down_ptrs, ok[i] ? e : 0) + r * p.down_row;
             hx[i] = p.h + (int64_t)pr * p.n_ff;
             s[i] = 0.0f;
         }
@@ -262,7 +262,7 @@ static __device__ __forceinline__ uint4 moe_chunk(uintptr_t c, uintptr_t a0, uin
 #pragma unroll
     for (int j = 0; j < 16; j++)
         if (c + j >= a0 && c + j < a1)
-            w[j / 4] |= (uint32_t)*(const uint8_t *)(c + j) << 8 * (j % 4);
+            w[j / 4] |= (uint32_t) * (const uint8_t *)(c + j) << 8 * (j % 4);
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
@@ -1287,8 +1287,7 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32)
 #pragma unroll
         for (int i = 0; i < TQ; i++)
             ag[i] = au[i] = 0.0f;
-        const bool a16 =
-            moe_q8_unit<WT>::A16 && (((uintptr_t)gr | (uintptr_t)ur) & 15) == 0;
+        const bool a16 = moe_q8_unit<WT>::A16 && (((uintptr_t)gr | (uintptr_t)ur) & 15) == 0;
         for (int64_t u = lane; u < nu; u += 32) {
             const typename moe_q8_unit<WT>::w wg = moe_q8_load<WT>(gr, u, a16),
                                               wu = moe_q8_load<WT>(ur, u, a16);
@@ -1371,9 +1370,9 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_gq8(struct m
  * 32 (w / 4).. and weight rows 32 (w % 4)..; every output is one fixed sequence of MMAs, so the
  * result is deterministic (but not the float path's bits: docs/cuda-ops.md gives the error). */
 
-#define MMA_ROWS 128              /* weight rows of a tile: 64 gate + 64 up, or 128 down */
-#define MMA_LD (CQ_GROUP + 8)     /* padded shared row (bf16 elements) */
-#define MMA_CLD (MMA_ROWS + 4)    /* padded row of the float result tile */
+#define MMA_ROWS 128           /* weight rows of a tile: 64 gate + 64 up, or 128 down */
+#define MMA_LD (CQ_GROUP + 8)  /* padded shared row (bf16 elements) */
+#define MMA_CLD (MMA_ROWS + 4) /* padded row of the float result tile */
 #define MMA_SMEM ((MOE_TILE_MMA + MMA_ROWS) * MMA_LD * 2)
 
 /* Fast bf16 decoding of a whole group for the types that dominate (Q4_K gate/up, Q6_K down):
@@ -1384,9 +1383,7 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_gq8(struct m
  * group's shared row (bf16, 16-byte aligned). */
 template <uint32_t WT> struct moe_bf16_group {
     static constexpr bool FAST = false;
-    static __device__ __forceinline__ void decode(const uint8_t *, int64_t, int, __nv_bfloat16 *)
-    {
-    }
+    static __device__ __forceinline__ void decode(const uint8_t *, int64_t, int, __nv_bfloat16 *) {}
 };
 
 static __device__ __forceinline__ __nv_bfloat162 moe_bf2(uint32_t bits)
@@ -1658,8 +1655,7 @@ static __global__ void __launch_bounds__(256) k_moe_gate_up_mma(struct moe_param
         } else {
             const int j = i - MOE_TILE_MMA, half = MMA_ROWS / 2;
             const int64_t r = r0 + j % half;
-            t.w[j] = r >= p.n_ff ? nullptr
-                                 : (j < half ? gb + r * p.gate_row : ub + r * p.up_row);
+            t.w[j] = r >= p.n_ff ? nullptr : (j < half ? gb + r * p.gate_row : ub + r * p.up_row);
             mis |= (uintptr_t)t.w[j] & 15;
         }
     }
@@ -1839,15 +1835,26 @@ static __device__ __forceinline__ void m8_mma16(int (&c)[4], uint32_t a0, uint32
 #endif
 }
 
-/* The raw blocks of stage s of the tile's weight rows (row n at rows[n]) into their slots: the
- * 16-byte granules covering each block, by cp.async where the granule lies inside [lo[n],
- * hi[n]) (the row's matrix), else byte by byte inside it; off[n] = the block's offset in its
- * slot. The caller commits and waits. */
+/* A tile's rows, in shared memory: activation row i's codes at src[i] and (d, d * sum) per unit
+ * at sd[i]; weight row n at rows[n], inside the matrix [lo[n], hi[n]); off[n]: where the current
+ * stage's block of row n starts in its slot. */
+struct m8_rows {
+    const int8_t *src[M8_BM];
+    const float2 *sd[M8_BM];
+    const uint8_t *rows[M8_BN];
+    uintptr_t lo[M8_BN], hi[M8_BN];
+    int off[M8_BN];
+};
+
+/* The raw blocks of stage s of the tile's weight rows into their slots: the 16-byte granules
+ * covering each block, by cp.async where the granule lies inside its row's matrix, else byte by
+ * byte inside it; t.off[n] = the block's offset in its slot. The caller commits and waits. */
 template <uint32_t WT>
-static __device__ __forceinline__ void m8_load_raw(uint8_t *raw, const uint8_t *const *rows,
-                                                   const uintptr_t *lo, const uintptr_t *hi,
-                                                   int *off, int64_t s)
+static __device__ __forceinline__ void m8_load_raw(uint8_t *raw, struct m8_rows &t, int64_t s)
 {
+    const uint8_t *const *rows = t.rows;
+    const uintptr_t *lo = t.lo, *hi = t.hi;
+    int *off = t.off;
     constexpr int BB = m8_fmt<WT>::BB, SLOT = m8_fmt<WT>::SLOT, NG = SLOT / 16;
     for (int i = threadIdx.x; i < M8_BN * NG; i += blockDim.x) {
         const int n = i / NG, c = i - n * NG;
@@ -1943,6 +1950,19 @@ using m8_lay48 = m8_lay<3, 2, 1>;
 using m8_lay32 = m8_lay<2, 2, 1>;
 using m8_lay16 = m8_lay<1, 2, 1>;
 
+/* f(layout) with the smallest layout that covers np pairs (a value of its type). */
+template <class F> static __device__ __forceinline__ void m8_by_layout(int np, F f)
+{
+    if (np > 48)
+        f(m8_lay64{});
+    else if (np > 32)
+        f(m8_lay48{});
+    else if (np > 16)
+        f(m8_lay32{});
+    else
+        f(m8_lay16{});
+}
+
 /* The stage's MMAs: unit j of every (pair, row) of the warp's block, added to acc in
  * moe_q8_unit's arithmetic (acc[mi][ni][c]: pair row L::pm + 16 mi + g (+ 8 for c >= 2),
  * weight row L::pn + 8 ni + 2 t + (c & 1)). */
@@ -2006,9 +2026,10 @@ static __device__ __forceinline__ void m8_stage_mma(const int8_t *aq, const floa
  * sd[i][s * 8 + j]) of stage s into a = codes, then scales, by cp.async (the caller commits and
  * waits); the first ROWS rows, those the tile's layout multiplies. */
 template <int ROWS>
-static __device__ __forceinline__ void m8_load_act(uint8_t *a, const int8_t *const *src,
-                                                   const float2 *const *sd, int64_t s)
+static __device__ __forceinline__ void m8_load_act(uint8_t *a, const struct m8_rows &t, int64_t s)
 {
+    const int8_t *const *src = t.src;
+    const float2 *const *sd = t.sd;
     int8_t *aq = (int8_t *)a;
     float2 *ad = (float2 *)(a + M8_BM * M8_LD);
     for (int i = threadIdx.x; i < ROWS * (M8_KS / 16); i += blockDim.x) {
@@ -2026,10 +2047,8 @@ static __device__ __forceinline__ void m8_load_act(uint8_t *a, const int8_t *con
  * started, then the MMAs; with one activation buffer a stage's activations are copied at its
  * start. Ends with a barrier: shared memory is free for the epilogue. */
 template <uint32_t WT, class L>
-static __device__ __forceinline__ void m8_run(uint8_t *smem, const int8_t *const *src,
-                                              const float2 *const *sd, const uint8_t *const *rows,
-                                              const uintptr_t *lo, const uintptr_t *hi, int *off,
-                                              int64_t n_in, float (&acc)[L::MI][L::NI][4])
+static __device__ __forceinline__ void m8_run(uint8_t *smem, struct m8_rows &t, int64_t n_in,
+                                              float (&acc)[L::MI][L::NI][4])
 {
     constexpr int AB = m8_fmt<WT>::AB;
     int8_t *bq = (int8_t *)(smem + AB * M8_ABYTES);
@@ -2043,21 +2062,21 @@ static __device__ __forceinline__ void m8_run(uint8_t *smem, const int8_t *const
             for (int e = 0; e < 4; e++)
                 acc[mi][ni][e] = 0.0f;
     const int64_t ns = n_in / M8_KS;
-    m8_load_raw<WT>(raw, rows, lo, hi, off, 0);
+    m8_load_raw<WT>(raw, t, 0);
     if (AB == 2)
-        m8_load_act<L::ROWS>(smem, src, sd, 0);
+        m8_load_act<L::ROWS>(smem, t, 0);
     for (int64_t s = 0; s < ns; s++) {
         uint8_t *a = smem + (AB == 2 ? (s & 1) * M8_ABYTES : 0);
         if (AB == 1)
-            m8_load_act<L::ROWS>(a, src, sd, s);
+            m8_load_act<L::ROWS>(a, t, s);
         m8_cp_wait_all();
         __syncthreads();
-        m8_unpack<WT>(raw, off, bq, bd);
+        m8_unpack<WT>(raw, t.off, bq, bd);
         __syncthreads();
         if (s + 1 < ns) {
-            m8_load_raw<WT>(raw, rows, lo, hi, off, s + 1);
+            m8_load_raw<WT>(raw, t, s + 1);
             if (AB == 2)
-                m8_load_act<L::ROWS>(smem + ((s + 1) & 1) * M8_ABYTES, src, sd, s + 1);
+                m8_load_act<L::ROWS>(smem + ((s + 1) & 1) * M8_ABYTES, t, s + 1);
             m8_cp_commit();
         }
         m8_stage_mma<WT, L>((const int8_t *)a, (const float2 *)(a + M8_BM * M8_LD), bq, bd, acc);
@@ -2070,13 +2089,11 @@ static __device__ __forceinline__ void m8_run(uint8_t *smem, const int8_t *const
 /* The tile's gate and up sums (layout L) into the float tile at smem (pair row i, weight row n
  * at i * M8_CLD + n), complete after the closing barrier. */
 template <uint32_t WT, class L>
-static __device__ __forceinline__ void
-m8_gate_up_sums(uint8_t *smem, const int8_t *const *src, const float2 *const *sd,
-                const uint8_t *const *rows, const uintptr_t *lo, const uintptr_t *hi, int *off,
-                int64_t n_in)
+static __device__ __forceinline__ void m8_gate_up_sums(uint8_t *smem, struct m8_rows &rw,
+                                                       int64_t n_in)
 {
     float acc[L::MI][L::NI][4];
-    m8_run<WT, L>(smem, src, sd, rows, lo, hi, off, n_in, acc);
+    m8_run<WT, L>(smem, rw, n_in, acc);
     float *cs = (float *)smem;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3, pm = L::pm(warp), pn = L::pn(warp);
@@ -2093,13 +2110,12 @@ m8_gate_up_sums(uint8_t *smem, const int8_t *const *src, const float2 *const *sd
 
 /* The tile's down sums (layout L) times each pair's weight (+ its bias) into y (rows r0 ..). */
 template <uint32_t WT, class L>
-static __device__ __forceinline__ void
-m8_down_sums(const struct moe_params &p, uint8_t *smem, const int8_t *const *src,
-             const float2 *const *sd, const uint8_t *const *rows, const uintptr_t *lo,
-             const uintptr_t *hi, int *off, const int *pairs, int np, int e, int64_t r0)
+static __device__ __forceinline__ void m8_down_sums(const struct moe_params &p, uint8_t *smem,
+                                                    struct m8_rows &rw, const int *pairs, int np,
+                                                    int e, int64_t r0)
 {
     float acc[L::MI][L::NI][4];
-    m8_run<WT, L>(smem, src, sd, rows, lo, hi, off, p.n_ff, acc);
+    m8_run<WT, L>(smem, rw, p.n_ff, acc);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3, pm = L::pm(warp), pn = L::pn(warp);
 #pragma unroll
@@ -2129,11 +2145,7 @@ static __global__ void __launch_bounds__(256, 2) k_moe_gate_up_m8(struct moe_par
 {
     ops_pdl_wait();
     extern __shared__ __align__(128) uint8_t moe_smem[];
-    __shared__ const int8_t *src[M8_BM];
-    __shared__ const float2 *sd[M8_BM];
-    __shared__ const uint8_t *rows[M8_BN];
-    __shared__ uintptr_t lo[M8_BN], hi[M8_BN];
-    __shared__ int off[M8_BN];
+    __shared__ struct m8_rows t;
     __shared__ int pairs[M8_BM];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int e;
@@ -2156,26 +2168,19 @@ static __global__ void __launch_bounds__(256, 2) k_moe_gate_up_m8(struct moe_par
     for (int i = threadIdx.x; i < M8_BM + M8_BN; i += blockDim.x) {
         if (i < M8_BM) {
             const int64_t tk = pairs[i < np ? i : 0] / p.k;
-            src[i] = p.xq + tk * p.n_embd;
-            sd[i] = p.xd + tk * nu;
+            t.src[i] = p.xq + tk * p.n_embd;
+            t.sd[i] = p.xd + tk * nu;
         } else {
             const int n = i - M8_BM, half = M8_BN / 2;
             const uint8_t *base = n < half ? gb : ub;
             const uint64_t rb = n < half ? p.gate_row : p.up_row;
-            rows[n] = base + (r0 + n % half) * rb;
-            lo[n] = (uintptr_t)base;
-            hi[n] = (uintptr_t)(base + p.n_ff * rb);
+            t.rows[n] = base + (r0 + n % half) * rb;
+            t.lo[n] = (uintptr_t)base;
+            t.hi[n] = (uintptr_t)(base + p.n_ff * rb);
         }
     }
     __syncthreads();
-    if (np > 48)
-        m8_gate_up_sums<WT, m8_lay64>(moe_smem, src, sd, rows, lo, hi, off, p.n_embd);
-    else if (np > 32)
-        m8_gate_up_sums<WT, m8_lay48>(moe_smem, src, sd, rows, lo, hi, off, p.n_embd);
-    else if (np > 16)
-        m8_gate_up_sums<WT, m8_lay32>(moe_smem, src, sd, rows, lo, hi, off, p.n_embd);
-    else
-        m8_gate_up_sums<WT, m8_lay16>(moe_smem, src, sd, rows, lo, hi, off, p.n_embd);
+    m8_by_layout(np, [&](auto lay) { m8_gate_up_sums<WT, decltype(lay)>(moe_smem, t, p.n_embd); });
     const float *cs = (const float *)moe_smem;
     for (int i = warp; i < 2 * np; i += 8) { /* (pair, unit of 32 rows) per warp */
         const int pi = i >> 1, u = i & 1, rr = 32 * u + lane;
@@ -2191,11 +2196,7 @@ static __global__ void __launch_bounds__(256, 2) k_moe_down_m8(struct moe_params
 {
     ops_pdl_wait();
     extern __shared__ __align__(128) uint8_t moe_smem[];
-    __shared__ const int8_t *src[M8_BM];
-    __shared__ const float2 *sd[M8_BM];
-    __shared__ const uint8_t *rows[M8_BN];
-    __shared__ uintptr_t lo[M8_BN], hi[M8_BN];
-    __shared__ int off[M8_BN];
+    __shared__ struct m8_rows t;
     __shared__ int pairs[M8_BM];
     int e;
     const int np = moe_mma_pairs(p, pairs, &e);
@@ -2212,24 +2213,18 @@ static __global__ void __launch_bounds__(256, 2) k_moe_down_m8(struct moe_params
     for (int i = threadIdx.x; i < M8_BM + M8_BN; i += blockDim.x) {
         if (i < M8_BM) {
             const int64_t pr = pairs[i < np ? i : 0];
-            src[i] = p.hq + pr * p.n_ff;
-            sd[i] = p.hd + pr * nu;
+            t.src[i] = p.hq + pr * p.n_ff;
+            t.sd[i] = p.hd + pr * nu;
         } else {
             const int n = i - M8_BM;
-            rows[n] = db + (r0 + n) * p.down_row;
-            lo[n] = (uintptr_t)db;
-            hi[n] = (uintptr_t)(db + p.n_embd * p.down_row);
+            t.rows[n] = db + (r0 + n) * p.down_row;
+            t.lo[n] = (uintptr_t)db;
+            t.hi[n] = (uintptr_t)(db + p.n_embd * p.down_row);
         }
     }
     __syncthreads();
-    if (np > 48)
-        m8_down_sums<WT, m8_lay64>(p, moe_smem, src, sd, rows, lo, hi, off, pairs, np, e, r0);
-    else if (np > 32)
-        m8_down_sums<WT, m8_lay48>(p, moe_smem, src, sd, rows, lo, hi, off, pairs, np, e, r0);
-    else if (np > 16)
-        m8_down_sums<WT, m8_lay32>(p, moe_smem, src, sd, rows, lo, hi, off, pairs, np, e, r0);
-    else
-        m8_down_sums<WT, m8_lay16>(p, moe_smem, src, sd, rows, lo, hi, off, pairs, np, e, r0);
+    m8_by_layout(
+        np, [&](auto lay) { m8_down_sums<WT, decltype(lay)>(p, moe_smem, t, pairs, np, e, r0); });
 }
 
 /* Bin of an expert id: the id, or n_expert for an invalid one. */
@@ -2890,9 +2885,9 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
           a->n_tok <= CUDA_MOE_GROUPED8_MAX_TOK));
     const int direct_max = p.hq ? CUDA_MOE_GROUPED8_MIN_TOK - 1 : CUDA_MOE_DIRECT_MAX_TOK;
     const bool autop = a->path == CUDA_MOE_PATH_AUTO && a->n_tok > direct_max && !grouped8;
-    bool mma = a->path == CUDA_MOE_PATH_MMA ||
-               (autop && a->n_tok >= CUDA_MOE_MMA_MIN_TOK && a->gate_type != QUANT_F32 &&
-                a->down_type != QUANT_F32);
+    bool mma =
+        a->path == CUDA_MOE_PATH_MMA || (autop && a->n_tok >= CUDA_MOE_MMA_MIN_TOK &&
+                                         a->gate_type != QUANT_F32 && a->down_type != QUANT_F32);
     const bool m8 = p.hq && moe_m8_ok(a->gate_type, a->down_type, a->n_embd, a->n_ff) &&
                     (a->path == CUDA_MOE_PATH_MMA8 || (mma && autop && moe_m8_auto()));
     mma = mma || (a->path == CUDA_MOE_PATH_MMA8 && !m8);
@@ -2935,8 +2930,8 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     } else if (mma) {
         p.tile = MOE_TILE_MMA;
         int64_t bins = (int64_t)a->n_expert + 1;
-        unsigned tiles = (unsigned)(moe_cdiv(p.n_pairs, MOE_TILE_MMA) +
-                                    (p.n_pairs < bins ? p.n_pairs : bins));
+        unsigned tiles =
+            (unsigned)(moe_cdiv(p.n_pairs, MOE_TILE_MMA) + (p.n_pairs < bins ? p.n_pairs : bins));
         ops_launch(k_moe_sort, 1, MOE_SORT_THREADS, 0, s, p);
         MOE_DISPATCH(a->gate_type, moe_launch_mma, p, tiles, s);
         MOE_DISPATCH(a->down_type, moe_launch_down_mma, p, tiles, s);
