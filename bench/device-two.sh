@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# GPU machine: two builds (or settings) of strata compared in one lease. RUNS: the runs, spaces
+# between them, each a binary of .carry/bin with optional environment settings after colons
+# (e.g. "strata-base strata strata:STRATA_MOE_Q6W=0"). For each run: TESTS (binaries of
+# .carry/bin, the run's settings; a name with the run's suffix, test_cuda_moe-base for
+# strata-base, where one exists), then ROUNDS rounds of the 30b-a3b q4_k_m preset all resident:
+# tg128 after a PS-token prompt eager and with --graph, lockstep decode of NS streams; then
+# (NCU8=1) ncu on the direct 8-bit expert kernels at 8 and 1 tokens (time, DRAM and L1
+# throughput, load instructions and wavefronts, stall reasons). Results on stdout.
+set -u
+. bench/device-env.sh
+export STRATA_TEST_DATA=$PWD/tests/data
+nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader
+run_env() { local r=$1; echo "${r#*:}" | grep -q = && echo "${r#*:}" | tr : ' '; }
+run_bin() { echo "${1%%:*}"; }
+for r in $RUNS; do
+    b=$(run_bin "$r")
+    sfx=${b#strata}
+    for t in ${TESTS:-}; do
+        tb=$t$sfx
+        [ -x "$B/$tb" ] || tb=$t
+        s=$(date +%s)
+        (cd tests && env $(run_env "$r") timeout 200 "$B/$tb" >"$OUT/$tb-${r//[=:]/-}.log" 2>&1)
+        echo "### $r $tb rc=$? ($(($(date +%s) - s)) s)"
+        grep -E "FAIL|failed|bench:" "$OUT/$tb-${r//[=:]/-}.log" | head -${TEST_LINES:-30}
+    done
+done
+gen_30b
+for round in $(seq ${ROUNDS:-1}); do
+    for r in $RUNS; do
+        b=$(run_bin "$r")
+        for g in "" --graph; do
+            echo "### round $round $r --device cuda $g -p ${PS:-512}"
+            env $(run_env "$r") "$B/$b" bench -m $M --device cuda $g -p ${PS:-512} -n 128 --bw-gib 0.5 \
+                --tg random 2>&1 | grep -E "^(pp|tg)"
+        done
+        for n in ${NS:-}; do
+            echo "### round $round $r --streams $n"
+            env $(run_env "$r") "$B/$b" bench -m $M --device cuda -p 64 -n 64 --bw-gib 0.1 --streams $n \
+                --tg random 2>&1 | grep -E "^(tg|lockstep)"
+        done
+    done
+done
+if [ -n "${NCU8:-}" ]; then
+    m=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
+    m=$m,l1tex__throughput.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_lg.sum
+    m=$m,sm__sass_inst_executed_op_global_ld.sum,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active
+    m=$m,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio
+    m=$m,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+    m=$m,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio
+    m=$m,sm__inst_issued.avg.pct_of_peak_sustained_active
+    for r in $RUNS; do
+        b=$(run_bin "$r")
+        for p in 8 1; do
+            echo "### ncu $r -p $p"
+            env $(run_env "$r") timeout 120 ncu --metrics $m -k regex:"moe_(down|gate_up)_(q8|b8)" -c 4 \
+                "$B/$b" bench -m $M --device cuda -p $p -n 1 --bw-gib 0.1 --tg random >"$OUT/ncu-$p-${r//[=:]/-}.txt" 2>&1
+            grep -E "k_moe|gpu__time|dram__|l1tex|sm__|stalled" "$OUT/ncu-$p-${r//[=:]/-}.txt" | awk '{ if ($1 ~ /void|k_moe/) print $0; else print $1, $NF }' | head -60
+        done
+    done
+fi
+exit 0
