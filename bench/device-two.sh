@@ -5,10 +5,14 @@
 # .carry/bin, the run's settings; a name with the run's suffix, test_cuda_moe-base for
 # strata-base, where one exists), then ROUNDS rounds of the 30b-a3b q4_k_m preset all resident:
 # tg128 after a PS-token prompt eager and with --graph, lockstep decode of NS streams; then
-# (NCU8=1) ncu on the direct 8-bit expert kernels at 8 and 1 tokens (time, DRAM and L1
-# throughput, load instructions and wavefronts, stall reasons). Results on stdout.
+# (NCU1=1) ncu on the first four 8-bit expert kernels a run launches (one-token calls: the
+# bulk path; time, DRAM and L1 throughput, load instructions, stall reasons). Results on stdout and in
+# $OUT/two.txt (raw logs stay in /tmp/two: a call returns at most 8 files).
 set -u
 . bench/device-env.sh
+L=/tmp/two
+mkdir -p $L
+exec > >(tee -a "$OUT/two.txt") 2>&1
 export STRATA_TEST_DATA=$PWD/tests/data
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader
 run_env() { local r=$1; echo "${r#*:}" | grep -q = && echo "${r#*:}" | tr : ' '; }
@@ -20,9 +24,9 @@ for r in $RUNS; do
         tb=$t$sfx
         [ -x "$B/$tb" ] || tb=$t
         s=$(date +%s)
-        (cd tests && env $(run_env "$r") timeout 200 "$B/$tb" >"$OUT/$tb-${r//[=:]/-}.log" 2>&1)
+        (cd tests && env $(run_env "$r") timeout 200 "$B/$tb" >"$L/$tb-${r//[=:]/-}.log" 2>&1)
         echo "### $r $tb rc=$? ($(($(date +%s) - s)) s)"
-        grep -E "FAIL|failed|bench:" "$OUT/$tb-${r//[=:]/-}.log" | head -${TEST_LINES:-30}
+        grep -E "FAIL|failed|bench:" "$L/$tb-${r//[=:]/-}.log" | head -${TEST_LINES:-30}
     done
 done
 gen_30b
@@ -41,7 +45,7 @@ for round in $(seq ${ROUNDS:-1}); do
         done
     done
 done
-if [ -n "${NCU8:-}" ]; then
+if [ -n "${NCU1:-}" ]; then
     m=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
     m=$m,l1tex__throughput.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_lg.sum
     m=$m,sm__sass_inst_executed_op_global_ld.sum,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active
@@ -51,11 +55,11 @@ if [ -n "${NCU8:-}" ]; then
     m=$m,sm__inst_issued.avg.pct_of_peak_sustained_active
     for r in $RUNS; do
         b=$(run_bin "$r")
-        for p in 8 1; do
+        for p in 1; do
             echo "### ncu $r -p $p"
             env $(run_env "$r") timeout 120 ncu --metrics $m -k regex:"moe_(down|gate_up)_(q8|b8)" -c 4 \
-                "$B/$b" bench -m $M --device cuda -p $p -n 1 --bw-gib 0.1 --tg random >"$OUT/ncu-$p-${r//[=:]/-}.txt" 2>&1
-            grep -E "k_moe|gpu__time|dram__|l1tex|sm__|stalled" "$OUT/ncu-$p-${r//[=:]/-}.txt" | awk '{ if ($1 ~ /void|k_moe/) print $0; else print $1, $NF }' | head -60
+                "$B/$b" bench -m $M --device cuda -p $p -n 1 --bw-gib 0.1 --tg random >"$L/ncu-$p-${r//[=:]/-}.txt" 2>&1
+            grep -E "k_moe|gpu__time|dram__|l1tex|sm__|stalled" "$L/ncu-$p-${r//[=:]/-}.txt" | awk '{ if ($1 ~ /void|k_moe/) print $0; else print $1, $NF }' | head -60
         done
     done
 fi

@@ -600,9 +600,6 @@ template <> struct moe_q8_unit<QUANT_Q4_K> {
     }
 };
 
-/* 1: Q6_K units by 2-byte loads (STRATA_MOE_Q6W=0, for comparisons) */
-__device__ int moe_q6_narrow;
-
 /* Q6_K unit u = elements 32 s .. of half h (s8 = u % 8 = 4 h + s) of block u / 8: low bits in
  * ql[64 h + 32 (s % 2) ..] (nibble s / 2), high bits 2 s of qh[32 h ..], scales 8 h + 2 s and
  * + 1 for its two halves of 16; value d sc (q - 32). */
@@ -614,29 +611,6 @@ template <> struct moe_q8_unit<QUANT_Q6_K> {
         float d;
     };
 
-    /* The 32 bytes at p (2-byte aligned) as 8 little-endian words, from the three aligned
-     * 16-byte granules that hold them: the word offset in the granule by two stages of
-     * selects, the half-word by a funnel shift. Reads up to 15 bytes before p and 16 past its
-     * span, inside those granules: within the block for ql and qh. */
-    static __device__ __forceinline__ void span8(const uint8_t *p, uint32_t out[8])
-    {
-        const uintptr_t a = (uintptr_t)p;
-        const uint4 *g = (const uint4 *)(a & ~(uintptr_t)15);
-        const uint4 x0 = g[0], x1 = g[1], x2 = g[2];
-        uint32_t v[12] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w, x2.x, x2.y, x2.z, x2.w};
-        const bool two = a & 8, one = a & 4;
-        const uint32_t sh = (uint32_t)(a & 2) * 8;
-#pragma unroll
-        for (int i = 0; i < 10; i++)
-            v[i] = two ? v[i + 2] : v[i];
-#pragma unroll
-        for (int i = 0; i < 9; i++)
-            v[i] = one ? v[i + 1] : v[i];
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            out[i] = __funnelshift_r(v[i], v[i + 1], sh);
-    }
-
     static __device__ __forceinline__ w load(const uint8_t *row, int64_t u)
     {
         const uint8_t *b = row + (u / 8) * 210;
@@ -644,22 +618,6 @@ template <> struct moe_q8_unit<QUANT_Q6_K> {
         const uint8_t *ql = b + 64 * h + 32 * (s % 2), *qh = b + 128 + 32 * h;
         const int shl = 4 * (s / 2), shh = 2 * s;
         w r;
-        if (!moe_q6_narrow) {
-            uint32_t lw[8], hw[8];
-            span8(ql, lw);
-            span8(qh, hw);
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const uint32_t lo = (lw[i] >> shl) & 0x0F0F0F0Fu;
-                const uint32_t hi = ((hw[i] >> shh) & 0x03030303u) << 4;
-                r.q[i] = __vsub4(lo | hi, 0x20202020u);
-            }
-            const uint32_t sc = cq_ld_u16(b + 192 + 8 * h + 2 * s);
-            r.sc0 = (int8_t)(sc & 0xFF);
-            r.sc1 = (int8_t)(sc >> 8);
-            r.d = cq_f16(cq_ld_u16(b + 208));
-            return r;
-        }
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const uint32_t lo = (cq_ld_u32_a2(ql + 4 * i) >> shl) & 0x0F0F0F0Fu;
@@ -2536,14 +2494,6 @@ static bool moe_shapes_ok(const struct cuda_moe_args *a)
 
 extern "C" size_t cuda_moe_scratch_bytes(const struct cuda_moe_args *a)
 {
-    static int q6_set = 0;
-    if (!q6_set) {
-        const char *env = getenv("STRATA_MOE_Q6W");
-        int narrow = env && *env && atoi(env) == 0;
-        q6_set = 1;
-        if (narrow)
-            (void)cudaMemcpyToSymbol(moe_q6_narrow, &narrow, sizeof(narrow));
-    }
     struct moe_layout l;
     if (!moe_shapes_ok(a))
         return 0;
