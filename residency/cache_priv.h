@@ -93,6 +93,9 @@ struct expert_cache {
     void *pf_last;           /* event: every prefetch copy enqueued so far */
     bool pf_last_set;        /* pf_last was recorded */
     void *pf_stream;         /* where prefetch copies go */
+    void *pf_list;           /* (c): where the GPU's prefetch listings go, apart from the
+                              * copies, so a layer waiting for its listing never waits behind
+                              * the copies of the layers before it */
     void *xfer;              /* the stream copies are enqueued on now: copy or pf_stream */
     void *copy_mark;         /* event on the copy stream that a prefetch batch starts after */
     uint8_t *slot_pf;        /* (n_slots) last written by the prefetch stream (maybe still) */
@@ -156,11 +159,12 @@ struct expert_cache {
     struct cuda_devcache_job *d_jobs; /* (3 n_expert) */
     uint32_t *d_n_jobs;               /* (2) */
     uint8_t *d_pf;                    /* (n_slots) filled by a prefetch, not used since */
-    uint32_t *d_sync; /* (2) the launches' block counters: compute, prefetch stream */
+    uint32_t *d_sync; /* (2) the launches' block counters: compute, prefetch listings */
     struct cuda_devcache_job *d_pf_jobs; /* (n_layer * 3 n_expert) each layer's prefetch copies */
     uint32_t *d_pf_n_jobs;               /* (n_layer * 2) */
-    void **pf_done;      /* (n_layer) events: the layer's prefetch batch listed, on pf_stream
-                          * (its copies follow there: cuda_devcache_copy, then pf_last) */
+    void **pf_done;      /* (n_layer) events: the layer's prefetch batch listed, on pf_list
+                          * (its copies follow on pf_stream: cuda_devcache_copy, then
+                          * pf_last) */
     uint8_t *pf_pending; /* (n_layer) the layer's next call waits for pf_done */
     uint8_t *pf_live;    /* (n_layer) a batch of the layer may still be copying */
     int32_t *d_pend;     /* (slots) 1 + a pending slot's first job in its layer's batch */

@@ -46,6 +46,7 @@ int expert_cache_open(const struct model *m, const struct expert_cache_config *c
         c->n_pending_ids[l] = -1;
     rc = cuda_stream_create(&c->copy);
     rc = rc ? rc : cuda_stream_create(&c->pf_stream);
+    rc = rc ? rc : cuda_stream_create(&c->pf_list);
     rc = rc ? rc : cuda_event_create(&c->copy_mark);
     c->xfer = c->copy;
     rc = rc ? rc : cuda_event_create(&c->copy_done);
@@ -113,6 +114,8 @@ void expert_cache_close(struct expert_cache *c)
         cuda_stream_sync(c->copy);
     if (c->pf_stream)
         cuda_stream_sync(c->pf_stream);
+    if (c->pf_list)
+        cuda_stream_sync(c->pf_list);
     if (c->compute)
         cuda_stream_sync(c->compute);
     for (int i = 0; i < c->n_chunks; i++)
@@ -141,6 +144,8 @@ void expert_cache_close(struct expert_cache *c)
     cuda_stream_destroy(c->copy);
     if (c->pf_stream)
         cuda_stream_destroy(c->pf_stream);
+    if (c->pf_list)
+        cuda_stream_destroy(c->pf_list);
     if (c->copy_mark)
         cuda_event_destroy(c->copy_mark);
     free(c->slot_pf);

@@ -10,16 +10,19 @@
  * refused, and statistics come from the device's counters.
  *
  * Prediction (expert_cache_prefetch_device): the experts predicted for a layer's next call
- * are admitted by a one-block launch on the prefetch stream (stamped as in use by that call,
- * so its own misses cannot evict them), which lists their copies as the layer's batch; a copy
- * launch of few blocks follows it there, beside the compute stream's work. The layer's call
- * makes the compute stream wait for the listing only: its lookup copies what its hits still
- * need of the batch itself and waits for nothing else, so a wasted prediction costs the layer
- * nothing but PCIe time. Only that layer's slots and state change meanwhile, and each layer has
- * its own batch and event. A layer's next listing follows its previous batch's copies on the
- * prefetch stream; a call with no listing since its layer's last batch waits for every copy
- * (pf_last), and so does the compute stream at the end of each step
- * (expert_cache_step_flush), which in a recorded graph joins the fork. */
+ * are admitted by a one-block launch on a listing stream of its own (stamped as in use by that
+ * call, so its own misses cannot evict them), which lists their copies as the layer's batch; a
+ * copy launch of few blocks follows it on the prefetch stream, beside the compute stream's
+ * work. The layer's call makes the compute stream wait for the listing only, which waits for
+ * nothing but the compute stream's work before it: not for the copies of the layers predicted
+ * before (on the prefetch stream, a listing behind them made every layer wait for the previous
+ * layer's whole batch). Its lookup copies what its hits still need of the batch itself, so a
+ * wasted prediction costs the layer nothing but PCIe time. Only that layer's slots and state
+ * change meanwhile, and each layer has its own batch and event. A layer's next listing follows
+ * its previous batch's copies: the compute stream waits for every copy (pf_last) at the end of
+ * each step (expert_cache_step_flush, which in a recorded graph joins the fork) and at a call
+ * with no listing since its layer's last batch, and a second listing of a layer within one
+ * step (--prefetch-depth) waits for pf_last itself. */
 #include "cache_priv.h"
 
 #include <errno.h>
@@ -149,6 +152,7 @@ static int ec_dev_init(struct expert_cache *c)
     rc = rc ? rc : ec_flush(c);
     rc = rc ? rc : cuda_stream_sync(c->compute);
     rc = rc ? rc : cuda_stream_sync(c->copy);
+    rc = rc ? rc : cuda_stream_sync(c->pf_list);
     rc = rc ? rc : cuda_stream_sync(c->pf_stream);
     rc = rc ? rc : ec_dev_build(c, slot_of, owner, stamp, list);
     /* the host paths' bookkeeping of copies in flight is void: every copy has landed, and the
@@ -300,10 +304,16 @@ int expert_cache_prefetch_device(struct expert_cache *c, int layer, const int32_
     a.jobs = jobs;
     a.n_jobs = n_jobs;
     a.sync = c->d_sync + 1;
+    /* the listing after the compute stream's work so far (and, when the layer has a batch
+     * from earlier in this step, after that batch's copies: the listing retires it), on a
+     * stream of its own; its copies after it on the prefetch stream */
     int rc = cuda_event_record(c->copy_mark, c->compute);
-    rc = rc ? rc : cuda_stream_wait(c->pf_stream, c->copy_mark);
-    rc = rc ? rc : cuda_devcache_run(&a, 1, c->pf_stream);
-    rc = rc ? rc : cuda_event_record(c->pf_done[layer], c->pf_stream);
+    rc = rc ? rc : cuda_stream_wait(c->pf_list, c->copy_mark);
+    if (!rc && c->pf_live[layer] && c->pf_last_set)
+        rc = cuda_stream_wait(c->pf_list, c->pf_last);
+    rc = rc ? rc : cuda_devcache_run(&a, 1, c->pf_list);
+    rc = rc ? rc : cuda_event_record(c->pf_done[layer], c->pf_list);
+    rc = rc ? rc : cuda_stream_wait(c->pf_stream, c->pf_done[layer]);
     rc = rc ? rc
             : cuda_devcache_copy(jobs, n_jobs, a.pf_claim, a.pf_done, EC_PF_BLOCKS, c->pf_stream);
     rc = rc ? rc : cuda_event_record(c->pf_last, c->pf_stream);
@@ -473,6 +483,7 @@ int expert_cache_device_stop(struct expert_cache *c)
                  : 0;
     for (size_t l = 0; l < nl && !rc; l++) /* what was counted until now (syncs compute) */
         rc = ec_dev_stats(c, (int)l, &tot[l]);
+    rc = rc ? rc : cuda_stream_sync(c->pf_list);
     rc = rc ? rc : cuda_stream_sync(c->pf_stream);
     rc = rc ? rc : cuda_stream_sync(c->copy);
     rc = rc ? rc : cuda_d2h(owner, c->d_owner, sizeof(int32_t) * ns, c->compute);
