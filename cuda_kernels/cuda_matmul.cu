@@ -1784,14 +1784,18 @@ static void params_fill(P *p, const struct cuda_matmul_args *a, size_t row_bytes
     p->y_stride = a->y_stride;
 }
 
-/* A call with further matrices: one launch where every matrix takes the same MMV kernel, else
- * one call per matrix. */
+/* A call with further matrices: one launch where every matrix takes the same MMV kernel (every
+ * one above MMV_SPLIT_MAX_ROWS rows: a warp per row; all of them together at most that many: a
+ * block per row, the routers of two layers), else one call per matrix. */
 static int matmul_more(const struct cuda_matmul_args *a)
 {
     if (a->n_more < 0 || a->n_more > CUDA_MATMUL_MAX_MORE)
         return -EINVAL;
     struct cuda_matmul_args one[1 + CUDA_MATMUL_MAX_MORE];
-    bool same = path_choose(a) == CUDA_MATMUL_PATH_MMV && a->wtype != QUANT_F32;
+    const bool mmv = path_choose(a) == CUDA_MATMUL_PATH_MMV &&
+                     (a->wtype != QUANT_F32 || a->m < CUDA_MATMUL_SGEMM_MIN_M);
+    bool big = true;
+    int64_t rows = 0;
     for (int i = 0; i <= a->n_more; i++) {
         one[i] = *a;
         one[i].n_more = 0;
@@ -1806,9 +1810,10 @@ static int matmul_more(const struct cuda_matmul_args *a)
         int rc = cuda_matmul_check(&one[i]);
         if (rc)
             return rc;
-        same = same && one[i].n_out > MMV_SPLIT_MAX_ROWS;
+        big = big && one[i].n_out > MMV_SPLIT_MAX_ROWS;
+        rows += one[i].n_out;
     }
-    if (!same) {
+    if (!mmv || !(big || rows <= MMV_SPLIT_MAX_ROWS)) {
         const fmt_info *f = fmt_find(a->wtype);
         for (int i = 0; i <= a->n_more; i++) {
             one[i].x_ready =

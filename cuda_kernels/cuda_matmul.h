@@ -127,8 +127,9 @@ int cuda_matmul_check(const struct cuda_matmul_args *a);
 
 /* Enqueues y = x W^T on a->stream, and y_i = x W_i^T for the n_more further matrices: their
  * results are those of one call per matrix (the later ones with x_ready), bit for bit, and
- * where the MMV path takes the same kernel for all of them (m < CUDA_MATMUL_GEMM_MIN_M and
- * every n_out above 256) they run in one launch (q, k and v of a decode step). Returns 0,
+ * where the MMV path takes the same kernel for all of them (m < CUDA_MATMUL_GEMM_MIN_M, for F32
+ * m < CUDA_MATMUL_SGEMM_MIN_M, and every n_out above 256, or all of them together at most 256)
+ * they run in one launch (q, k and v of a decode step; the routers of two layers). Returns 0,
  * -EINVAL (see cuda_matmul_check; also a forced GEMM tile that needs more shared memory than the
  * device has), -EIO (a CUDA error, printed with its name) or -ENODEV (no CUDA build). */
 int cuda_matmul(const struct cuda_matmul_args *a);

@@ -26,12 +26,18 @@ struct moe_layer {
     struct moe_layer_config cfg;
     int32_t *route_ids; /* (max_tok, k) device: the layer's routing */
     float *route_w;     /* (max_tok, k) device */
+    /* with route2: two buffers of (2 max_tok, k), the one of the layer's parity in route_ids /
+     * route_w during its call, so that a prediction's listing still to run on another stream
+     * reads ids the next layer's routing does not overwrite */
+    int32_t *route_ids2;
+    float *route_w2;
     /* placement */
     int cpu_layers;     /* experts of layers [0, cpu_layers) on the CPU lane */
     struct expert_cache *cache;
     bool hybrid, prefetch;
     int device_max_tok;  /* the GPU's own cache: larger calls take the host path */
     struct predict pred; /* pred.ids, pred.w: (max_tok, k) device, owned here */
+    bool route2;         /* predictions routed with the layer's own (ops->route2) */
     uint64_t *pf_seen;   /* (n_layer + 1) the layer's misses and used prefetches when last seen */
     int *pf_quiet;       /* (n_layer + 1) calls of the layer before it without either */
     uint64_t n_predictions;
@@ -347,8 +353,19 @@ static int ml_device_max_tok_env(void)
     return x >= 1 && x <= 4096 ? x : ML_DEVICE_MAX_TOK;
 }
 
+/* Whether this call of a cached layer may predict the next layer's experts: the GPU's own cache
+ * on decode-sized calls does, the host paths but (b) do where ml_predict_worth then says so. */
+static bool ml_may_predict(const struct moe_layer *ml, const struct moe_args *a, int nt)
+{
+    return ml->cache && ml->prefetch && a->layer + 1 < (int)a->hp->n_layer &&
+           a->layer >= ml->cpu_layers && !ml_zerocopy(ml, nt);
+}
+
+/* pred: ml_may_predict; ahead: NULL, or the next layer's routing of this call's tokens, made
+ * with this layer's (route2) */
 static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const float *in, int nt,
-                         const int32_t *ids, struct expert_tables *tab)
+                         const int32_t *ids, bool pred, const int32_t *ahead,
+                         struct expert_tables *tab)
 {
     int pairs = nt * (int)a->hp->n_expert_used, rc = 0;
     bool zc = ml_zerocopy(ml, nt);
@@ -359,8 +376,8 @@ static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const f
         rc = expert_cache_device_stop(ml->cache);
     else if (ml->cfg.fill == MOE_FILL_DEVICE) { /* then the next layers' predicted experts */
         rc = expert_cache_prepare_device(ml->cache, a->layer, ids, pairs, tab);
-        if (!rc && ml->prefetch && a->layer + 1 < (int)a->hp->n_layer) {
-            rc = predict_device(&ml->pred, a->layer, in, nt);
+        if (!rc && pred) {
+            rc = predict_device(&ml->pred, a->layer, in, nt, ahead);
             ml->n_predictions++;
         }
         return rc;
@@ -368,9 +385,8 @@ static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const f
     /* the CPU lane's inputs, read back under the cache's own sync */
     if (ml->hybrid)
         rc = ml_stage_inputs(ml, in, nt);
-    if (!rc && !zc && ml->prefetch && a->layer + 1 < (int)a->hp->n_layer &&
-        ml_predict_worth(ml, a->layer + 1, nt)) {
-        rc = predict_ahead(&ml->pred, a->layer, in, nt);
+    if (!rc && pred && ml_predict_worth(ml, a->layer + 1, nt)) {
+        rc = predict_ahead(&ml->pred, a->layer, in, nt, ahead);
         ml->n_predictions++;
     }
     if (rc)
@@ -471,8 +487,24 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
         int32_t *ids = ml->route_ids, *slice = NULL;
         if (!mtp && a->layer >= ml->cpu_layers && ml_zerocopy(ml, nt))
             slice = expert_cache_zc_ids(ml->cache, a->layer, nt * (int)hp->n_expert_used);
+        if (ml->route_ids2) {
+            const size_t off = (size_t)(a->layer & 1) * 2 * ml->cfg.max_tok * hp->n_expert_used;
+            ids = ml->route_ids = ml->route_ids2 + off;
+            ml->route_w = ml->route_w2 + off;
+        }
         ids = slice ? slice : ids;
-        rc = ml->ops->route(ml->dev, a->lw, in, nt, ids, ml->route_w);
+        /* with a prediction to make, the next layer's router from the same launch where the
+         * backend has one (route2): its routing lands after this layer's */
+        const bool pred = !mtp && ml_may_predict(ml, a, nt);
+        const int32_t *ahead = NULL;
+        if (pred && ml->route2 && !slice &&
+            (ml->cfg.fill == MOE_FILL_DEVICE || ml->pred.depth == 1)) {
+            rc = ml->ops->route2(ml->dev, a->lw, &ml->m->layers[a->layer + 1], in, nt, ids,
+                                 ml->route_w);
+            ahead = ids + (size_t)nt * hp->n_expert_used;
+        } else {
+            rc = ml->ops->route(ml->dev, a->lw, in, nt, ids, ml->route_w);
+        }
         if (rc)
             break;
         if (ml->cfg.observer && !mtp && (rc = ml_observe(ml, a, in, nt, t0, ids)))
@@ -484,7 +516,7 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
             continue;
         }
         struct expert_tables tab = {0};
-        if (ml->cache && !mtp && (rc = ml_run_cached(ml, a, in, nt, ids, &tab)))
+        if (ml->cache && !mtp && (rc = ml_run_cached(ml, a, in, nt, ids, pred, ahead, &tab)))
             break;
         if (ml->log && !mtp && !ml->ops->host)
             ml_log(ml, a, t0, nt, ids);
@@ -715,8 +747,16 @@ int moe_layer_open(const struct model *m, const struct moe_layer_config *cfg,
             goto fail;
         }
     }
-    ml->route_ids = ml_alloc(ml, sizeof(int32_t) * pairs);
-    ml->route_w = ml_alloc(ml, sizeof(float) * pairs);
+    /* STRATA_ROUTE2=0 in the environment routes predictions on their own (for comparisons) */
+    const char *r2 = getenv("STRATA_ROUTE2");
+    ml->route2 = ops->route2 && !(r2 && *r2 && atoi(r2) == 0);
+    if (ml->route2 && (cfg->prefetch || (cfg->tier && cfg->tier_ahead))) {
+        ml->route_ids = ml->route_ids2 = ml_alloc(ml, sizeof(int32_t) * 4 * pairs);
+        ml->route_w = ml->route_w2 = ml_alloc(ml, sizeof(float) * 4 * pairs);
+    } else {
+        ml->route_ids = ml_alloc(ml, sizeof(int32_t) * pairs);
+        ml->route_w = ml_alloc(ml, sizeof(float) * pairs);
+    }
     /* with a host tier under the cache, predictions read ahead into the tier */
     ml->prefetch = (cfg->prefetch || (cfg->tier && cfg->tier_ahead)) && cfg->cache && !ops->host;
     if (ml->prefetch) {
@@ -759,8 +799,8 @@ void moe_layer_close(struct moe_layer *ml)
     if (!ml)
         return;
     expert_cache_close(ml->cache);
-    ml->ops->free(ml->dev, ml->route_ids);
-    ml->ops->free(ml->dev, ml->route_w);
+    ml->ops->free(ml->dev, ml->route_ids2 ? ml->route_ids2 : ml->route_ids);
+    ml->ops->free(ml->dev, ml->route_w2 ? (void *)ml->route_w2 : (void *)ml->route_w);
     free(ml->pf_seen);
     free(ml->pf_quiet);
     ml->ops->free(ml->dev, ml->pred.ids);

@@ -54,6 +54,11 @@ struct moe_device_ops {
      * gpt-oss's softmax over the k selected logits */
     int (*route)(void *dev, const struct layer_weights *lw, const float *in, int n_tok,
                  int32_t *ids, float *w);
+    /* Optional (NULL: route twice): route for lw and lw2 on the same input, ids, w (2 n_tok,
+     * k), lw's rows first; each as route would make it, bit for bit, in fewer launches (the
+     * next layer's experts predicted with this layer's routing). */
+    int (*route2)(void *dev, const struct layer_weights *lw, const struct layer_weights *lw2,
+                  const float *in, int n_tok, int32_t *ids, float *w);
     int (*experts)(void *dev, const struct moe_expert_call *call);
     /* enqueued on the device's stream: done when the caller (or the expert cache) syncs it */
     int (*to_host)(void *dev, void *host, const void *src, size_t bytes);

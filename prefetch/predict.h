@@ -33,12 +33,14 @@ struct predict {
 
 /* Predicts the experts of layers layer + 1 .. layer + depth (those that exist) from in (n_tok
  * rows of layer's MoE input, device memory) and hands them to the cache for its next
- * prepare_copy. layer + 1 < n_layer. 0 or -errno. */
-int predict_ahead(struct predict *p, int layer, const float *in, int n_tok);
+ * prepare_copy. first: NULL, or layer + 1's routing of in (n_tok, k), device, already made
+ * (with layer's own, in one launch): taken as it is at depth 1, routed again deeper (the
+ * cache reads the depths back from one array). layer + 1 < n_layer. 0 or -errno. */
+int predict_ahead(struct predict *p, int layer, const float *in, int n_tok, const int32_t *first);
 
 /* The same for the GPU's own cache (expert_cache_prefetch_device): each predicted layer's
  * experts are admitted and their copies started on the device at once, nothing read back, so
- * it records into a graph. 0 or -errno. */
-int predict_device(struct predict *p, int layer, const float *in, int n_tok);
+ * it records into a graph. first as above, taken at any depth. 0 or -errno. */
+int predict_device(struct predict *p, int layer, const float *in, int n_tok, const int32_t *first);
 
 #endif

@@ -95,7 +95,8 @@ struct expert_cache {
     void *pf_stream;         /* where prefetch copies go */
     void *pf_list;           /* (c): where the GPU's prefetch listings go, apart from the
                               * copies, so a layer waiting for its listing never waits behind
-                              * the copies of the layers before it */
+                              * the copies of the layers before it; pf_stream when the
+                              * environment's STRATA_PF_LIST is 0 (for comparisons) */
     void *xfer;              /* the stream copies are enqueued on now: copy or pf_stream */
     void *copy_mark;         /* event on the copy stream that a prefetch batch starts after */
     uint8_t *slot_pf;        /* (n_slots) last written by the prefetch stream (maybe still) */

@@ -46,7 +46,11 @@ int expert_cache_open(const struct model *m, const struct expert_cache_config *c
         c->n_pending_ids[l] = -1;
     rc = cuda_stream_create(&c->copy);
     rc = rc ? rc : cuda_stream_create(&c->pf_stream);
-    rc = rc ? rc : cuda_stream_create(&c->pf_list);
+    const char *pl = getenv("STRATA_PF_LIST");
+    if (pl && *pl && atoi(pl) == 0)
+        c->pf_list = c->pf_stream;
+    else
+        rc = rc ? rc : cuda_stream_create(&c->pf_list);
     rc = rc ? rc : cuda_event_create(&c->copy_mark);
     c->xfer = c->copy;
     rc = rc ? rc : cuda_event_create(&c->copy_done);
@@ -144,7 +148,7 @@ void expert_cache_close(struct expert_cache *c)
     cuda_stream_destroy(c->copy);
     if (c->pf_stream)
         cuda_stream_destroy(c->pf_stream);
-    if (c->pf_list)
+    if (c->pf_list && c->pf_list != c->pf_stream)
         cuda_stream_destroy(c->pf_list);
     if (c->copy_mark)
         cuda_event_destroy(c->copy_mark);

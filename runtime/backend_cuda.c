@@ -55,7 +55,7 @@ struct backend_cuda {
     uint64_t moe_q8_mark;
     void *attn_scratch;
     size_t attn_scratch_bytes;
-    float *router_logits;     /* (MAX_TOK, n_expert) */
+    float *router_logits; /* (2 MAX_TOK, n_expert): two layers' (cuda_moe_route2) */
     void *moe_scratch;
     size_t moe_scratch_bytes;
     float *shexp_scratch;     /* the shared expert's gate, up and down rows: (MAX_TOK,
@@ -1434,7 +1434,7 @@ static int cuda_buffers(struct backend_cuda *c)
     rc = rc ? rc : cuda_malloc(&c->attn_scratch, c->attn_scratch_bytes);
     /* its counters start at zero (cuda_attention.h) */
     rc = rc ? rc : cuda_memset(c->attn_scratch, 0, c->attn_scratch_bytes, c->stream);
-    rc = rc ? rc : cuda_malloc((void **)&c->router_logits, sizeof(float) * t * hp->n_expert);
+    rc = rc ? rc : cuda_malloc((void **)&c->router_logits, sizeof(float) * 2 * t * hp->n_expert);
     rc = rc ? rc : cuda_malloc(&c->moe_scratch, c->moe_scratch_bytes);
     rc = rc ? rc : cuda_malloc((void **)&c->argmax_dev, sizeof(int32_t));
     const size_t shexp = hp->n_ff_shexp ? t * (2 * (size_t)hp->n_ff_shexp + hp->n_embd) : 0;
@@ -1712,6 +1712,70 @@ static int cuda_moe_route(void *dev, const struct layer_weights *lw, const float
     return rc ? backend_cuda_fail(rc, "router top-k") : 0;
 }
 
+/* Both layers' F32 routers in one matmul launch (cuda_matmul's further matrices: the same bits
+ * as a call each), other types one call each; then one top-k over the 2 n_tok rows of logits. */
+static int cuda_moe_route2(void *dev, const struct layer_weights *lw,
+                           const struct layer_weights *lw2, const float *in, int n_tok,
+                           int32_t *ids, float *w)
+{
+    struct backend_cuda *c = dev;
+    const struct model_hparams *hp = &c->model->hp;
+    const struct weight *r[2] = {&lw->router, &lw2->router};
+    const struct weight *bias[2] = {lw->router_b.data ? &lw->router_b : NULL,
+                                    lw2->router_b.data ? &lw2->router_b : NULL};
+    float *logits[2] = {c->router_logits, c->router_logits + (size_t)n_tok * hp->n_expert};
+    for (int i = 0; i < 2; i++)
+        if (bias[i] && !cuda_bias_ok(bias[i], r[i]))
+            return cuda_bias_fail(bias[i], r[i]);
+    int rc = 0;
+    if (r[0]->type == QUANT_F32 && r[1]->type == QUANT_F32 && r[0]->ne[0] == r[1]->ne[0] &&
+        n_tok <= CUDA_BACKEND_MAX_TOK) {
+        struct cuda_matmul_args a = {
+            .wtype = QUANT_F32,
+            .w = r[0]->dev,
+            .w_stride = r[0]->row_bytes,
+            .n_in = (int64_t)r[0]->ne[0],
+            .n_out = (int64_t)r[0]->ne[1],
+            .m = n_tok,
+            .x = in,
+            .x_stride = (int64_t)r[0]->ne[0],
+            .y = logits[0],
+            .y_stride = (int64_t)r[0]->ne[1],
+            .bias = bias[0] ? bias[0]->dev : NULL,
+            .stream = c->stream,
+            .n_more = 1,
+        };
+        a.more[0] = (struct cuda_matmul_more){
+            .w = r[1]->dev,
+            .w_stride = r[1]->row_bytes,
+            .n_out = (int64_t)r[1]->ne[1],
+            .y = logits[1],
+            .y_stride = (int64_t)r[1]->ne[1],
+            .bias = bias[1] ? bias[1]->dev : NULL,
+        };
+        rc = cuda_matmul(&a);
+        if (rc)
+            return err_set(rc, "cuda matmul over '%s' and '%s' (m %d) failed", r[0]->name,
+                           r[1]->name, n_tok);
+    } else {
+        for (int i = 0; i < 2 && !rc; i++)
+            rc = cuda_matmul_run(&c->base, logits[i], r[i], bias[i], in, n_tok);
+        if (rc)
+            return rc;
+    }
+    struct cuda_topk_args tk = {
+        .logits = c->router_logits,
+        .n_tok = 2 * n_tok,
+        .n_expert = (int)hp->n_expert,
+        .k = (int)hp->n_expert_used,
+        .ids = ids,
+        .w = w,
+        .stream = c->stream,
+    };
+    rc = cuda_softmax_topk(&tk);
+    return rc ? backend_cuda_fail(rc, "router top-k") : 0;
+}
+
 static int cuda_moe_experts(void *dev, const struct moe_expert_call *e)
 {
     struct backend_cuda *c = dev;
@@ -1804,6 +1868,7 @@ static const struct moe_device_ops cuda_moe_ops = {
     .alloc = cuda_moe_alloc,
     .free = cuda_moe_free,
     .route = cuda_moe_route,
+    .route2 = cuda_moe_route2,
     .experts = cuda_moe_experts,
     .to_host = cuda_moe_to_host,
     .host_alloc = cuda_moe_host_alloc,

@@ -754,8 +754,9 @@ static void test_graph(struct rng *r, void *stream)
 /* ---- further matrices in one call ---- */
 
 /* A call with more[] against one call per matrix (the later ones with x_ready), bit for bit:
- * one launch where every matrix takes the same MMV kernel, one call each elsewhere (m = 1 with
- * a short matrix, the GEMM path, F32). Every other case gives each matrix a bias, which the
+ * one launch where every matrix takes the same MMV kernel (a warp per row, or a block per row
+ * for two routers), one call each elsewhere (m = 1 with a short matrix and a long one, the
+ * GEMM path, F32 float32 tiles). Every other case gives each matrix a bias, which the
  * reference adds by cuda_add_bias after its plain call: the same bits again. */
 static void test_more(struct rng *r, void *stream)
 {
@@ -768,6 +769,8 @@ static void test_more(struct rng *r, void *stream)
         {QUANT_Q6_K, 3, 2, 768, {200, 64, 64}},     {QUANT_Q8_0, 1, 1, 2880, {4096, 100, 0}},
         {QUANT_Q4_0, 16, 2, 512, {96, 32, 33}},     {QUANT_Q8_0, 40, 2, 1024, {256, 64, 64}},
         {QUANT_F32, 1, 2, 300, {400, 300, 300}},    {QUANT_MXFP4, 8, 1, 2880, {512, 512, 0}},
+        {QUANT_F32, 1, 1, 2048, {128, 128, 0}},     {QUANT_F32, 8, 1, 2048, {128, 128, 0}},
+        {QUANT_F32, 2, 2, 256, {100, 100, 56}},     {QUANT_F32, 64, 1, 256, {128, 128, 0}},
     };
     for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
         const uint32_t type = cs[k].type;
