@@ -757,9 +757,13 @@ static void bench_print_cache(const struct bench_opts *o, struct strata *st,
                      " (%.1f%% of those still copying when their layer ran)",
                      used > 0 ? 100 * late / used : 0.0);
         printf("prefetch     %.1f experts per token copied ahead, %.1f%% of them used%s; %.1f MB "
-               "per token evicted unused (%.1f%% of what prefetch copied)\n",
+               "per token evicted unused (%.1f%% of what prefetch copied)",
                pf / o->n_gen, 100 * used / pf, late_s, wasted / o->n_gen / 1e6,
                100 * wasted / (pf * slot));
+        if (c1->prefetch_jobs > c0->prefetch_jobs)
+            printf("; %.1f layer calls' predictions per token made by the worker thread",
+                   (double)(c1->prefetch_jobs - c0->prefetch_jobs) / o->n_gen);
+        printf("\n");
     }
     if (c1->cpu_computed > c0->cpu_computed)
         printf("cpu lane     %.1f of %.1f missed experts per token computed on the CPU "

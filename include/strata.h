@@ -495,6 +495,8 @@ struct strata_stats {
     uint64_t prefetch_late;    /* of those used, still copying when the layer's routing was
                                 * known */
     uint64_t prefetch_wasted;  /* bytes prefetched and evicted unused */
+    uint64_t prefetch_jobs;    /* layer calls whose predictions the prefetch worker's thread
+                                * admitted and copied (the copy and hybrid placements) */
     bool has_host_tier;        /* the host tier's (host_budget), over the run so far: */
     int tier_slots;
     uint64_t tier_hits, tier_misses, tier_bytes_read;

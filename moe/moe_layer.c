@@ -15,6 +15,7 @@
 #include "membw.h"
 #include "model.h"
 #include "moe.h"
+#include "pf_worker.h"
 #include "predict.h"
 
 #define ZEROCOPY_MAX_TOK EXPERT_CACHE_ZC_TOK /* larger calls (prefill) copy misses into slots */
@@ -38,6 +39,7 @@ struct moe_layer {
     int device_max_tok;  /* the GPU's own cache: larger calls take the host path */
     struct predict pred; /* pred.ids, pred.w: (max_tok, k) device, owned here */
     bool route2;         /* predictions routed with the layer's own (ops->route2) */
+    struct pf_worker *pfw; /* makes the copy path's predictions after the layer's launch */
     uint64_t *pf_seen;   /* (n_layer + 1) the layer's misses and used prefetches when last seen */
     int *pf_quiet;       /* (n_layer + 1) calls of the layer before it without either */
     uint64_t n_predictions;
@@ -538,6 +540,8 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
             call.w = ml->w_gpu;
         }
         rc = ml->ops->experts(ml->dev, &call);
+        if (!rc && ml->pfw) /* the next layers' predicted experts, beside this layer's work */
+            rc = pf_worker_kick(ml->pfw);
         if (!rc && ml->hybrid && !mtp) /* while the GPU computes its part */
             rc = ml_hybrid_add(ml, a, out, nt);
     }
@@ -781,6 +785,14 @@ int moe_layer_open(const struct model *m, const struct moe_layer_config *cfg,
     } else if (cfg->cache) {
         rc = ml_open_cache(ml);
         ml->pred.cache = ml->cache;
+        /* the copy path's predictions made by the prefetch worker (not with a host tier,
+         * whose read-ahead the CPU lane reads beside it): STRATA_PF_WORKER=0 in the
+         * environment makes them inside the cache's lookup as before, 1 after the layer's
+         * launch on this thread (for comparisons) */
+        const char *pw = getenv("STRATA_PF_WORKER");
+        const int mode = pw && *pw ? atoi(pw) : 2;
+        if (!rc && ml->prefetch && !cfg->tier && mode > 0)
+            rc = pf_worker_open(&ml->pfw, ml->cache, cfg->device, mode > 1);
     } else {
         ml->cpu_layers = cfg->cpu_layers;
         rc = ml_open_static(ml);
@@ -798,6 +810,7 @@ void moe_layer_close(struct moe_layer *ml)
 {
     if (!ml)
         return;
+    pf_worker_close(ml->pfw);
     expert_cache_close(ml->cache);
     ml->ops->free(ml->dev, ml->route_ids2 ? ml->route_ids2 : ml->route_ids);
     ml->ops->free(ml->dev, ml->route_w2 ? (void *)ml->route_w2 : (void *)ml->route_w);
@@ -975,6 +988,9 @@ int moe_layer_cache_totals(const struct moe_layer *ml, struct moe_cache_totals *
     }
     t->slots = expert_cache_slots(ml->cache);
     t->predictions = ml->n_predictions;
+    unsigned long long kicked, made;
+    pf_worker_counts(ml->pfw, &kicked, &made);
+    t->worker_jobs = ml->pfw && pf_worker_threaded(ml->pfw) ? made : 0;
     t->lookaheads = ml->n_lookahead;
     t->lookahead_admitted = ml->lookahead_admitted;
     return 0;

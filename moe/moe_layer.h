@@ -104,6 +104,7 @@ struct disk_tier;
 
 struct moe_layer_config {
     int max_tok;          /* tokens per call of the primitives; larger calls are split */
+    int device;           /* the CUDA device of the primitives (the prefetch worker's thread) */
     /* A host device: NULL, or the host tier the CPU lane reads its experts from (owned by the
      * caller; the layer asks it for each call's experts). */
     struct disk_tier *tier;
@@ -231,6 +232,7 @@ struct moe_cache_totals {
     uint64_t cpu_admitted; /* of those, also copied into a slot behind their call */
     uint64_t prefetched, prefetch_used, prefetch_late, prefetch_wasted; /* expert_cache.h's */
     uint64_t predictions; /* layer calls that predicted the next layer's experts */
+    uint64_t worker_jobs; /* of their admissions and copies, those the worker's thread made */
     uint64_t lookaheads, lookahead_admitted; /* moe_layer_lookahead calls, experts admitted */
     int slots;
 };

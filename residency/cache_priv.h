@@ -110,6 +110,7 @@ struct expert_cache {
     bool copies_pending;     /* copies enqueued that no compute work has waited for yet */
     bool recording;          /* a graph is being recorded: upload every table */
     uint8_t *prefetched;     /* (n_layer * n_expert) admitted by prediction, not yet used */
+    struct ec_defer *defer;  /* deferred prediction (expert_cache_defer_prefetch), or NULL */
 
     /* hybrid */
     bool hybrid;
@@ -248,5 +249,20 @@ int ec_dev_slot_of(const struct expert_cache *c, int layer, int expert); /* sync
 void ec_dev_close(struct expert_cache *c);
 /* (c): the compute stream waits for every prefetch copy enqueued so far. 0 or -errno. */
 int ec_dev_join(struct expert_cache *c);
+
+/* Deferred prediction: the owner's settle callback and the job prepare_copy left pending. A
+ * struct of its own so that the const entry points can settle through it. */
+struct ec_defer {
+    expert_cache_settle_fn settle;
+    void *ctx;
+    struct expert_cache *owner;
+    bool pending;
+    int layer, n_pred, n_depth;
+};
+
+/* Every entry point but the slot counts and the CPU lane's getters, first: the owner's settle,
+ * then a job still pending run here. 0 or -errno (a failed job's error). */
+int ec_settle(const struct expert_cache *c);
+int ec_run_pending(struct expert_cache *c);
 
 #endif

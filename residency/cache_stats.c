@@ -13,6 +13,7 @@
 
 const struct expert_cache_layer_stats *expert_cache_stats(const struct expert_cache *c, int layer)
 {
+    (void)ec_settle(c);
     struct expert_cache_layer_stats *s = &c->stats[layer];
     if (c->dev) {
         if (ec_dev_stats(c, layer, s))
@@ -31,6 +32,7 @@ const struct expert_cache_layer_stats *expert_cache_stats(const struct expert_ca
 
 void expert_cache_print_stats(const struct expert_cache *c, FILE *f)
 {
+    (void)ec_settle(c);
     struct expert_cache_layer_stats tot = {0};
     fprintf(f, "expert cache: %d slots of %.2f MiB\n", expert_cache_slots(c),
             c->slot_bytes / 1048576.0);
@@ -82,6 +84,9 @@ void expert_cache_print_stats(const struct expert_cache *c, FILE *f)
 
 int expert_cache_write_stats_json(const struct expert_cache *c, const char *path)
 {
+    int settled = ec_settle(c);
+    if (settled)
+        return settled;
     struct outfile of;
     int rc = outfile_open(path, &of);
     FILE *f = of.f;

@@ -114,6 +114,8 @@ void expert_cache_close(struct expert_cache *c)
 {
     if (!c)
         return;
+    (void)ec_settle(c);
+    free(c->defer);
     if (c->copy)
         cuda_stream_sync(c->copy);
     if (c->pf_stream)

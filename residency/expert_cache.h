@@ -143,6 +143,25 @@ void expert_cache_predict_ahead(struct expert_cache *c, const int32_t *pred_dev,
  * host tier or once the device runs the cache. The number admitted, or -errno. */
 int expert_cache_lookahead(struct expert_cache *c, const int32_t *ids, int n);
 
+/* Deferred prediction (the prefetch worker, prefetch/pf_worker.h). From this call on,
+ * expert_cache_prepare_copy leaves the admissions and copies of the predictions it read back
+ * pending instead of making them before it returns, for expert_cache_run_pending; every other
+ * entry point (but the slot counts, host_ids, cpu_experts and tier_ptrs, which the CPU lane
+ * calls) first calls settle(ctx), which returns once a pending job handed to another thread
+ * has run (0 or its error), and then runs a job still pending itself. The decisions, copies and
+ * statistics are those of the predictions made inside prepare_copy, in the same order; only
+ * the host's time moves (after the layer's experts are launched, or to another thread).
+ * settle NULL: back to making them inside prepare_copy. */
+typedef int (*expert_cache_settle_fn)(void *ctx);
+int expert_cache_defer_prefetch(struct expert_cache *c, expert_cache_settle_fn settle, void *ctx);
+
+/* Makes the pending predictions' admissions and copies, if any. The calling thread holds the
+ * cache until it returns (the owner's thread stays out: it settles first). 0 or -errno. */
+int expert_cache_run_pending(struct expert_cache *c);
+
+/* Whether a prepare_copy left predictions pending. */
+bool expert_cache_has_pending(const struct expert_cache *c);
+
 /* The ids of layer's last prepare_copy call (host memory), valid until its next call. */
 const int32_t *expert_cache_host_ids(const struct expert_cache *c, int layer);
 

@@ -288,13 +288,58 @@ static int ec_cmp_i32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+int ec_run_pending(struct expert_cache *c)
+{
+    struct ec_defer *d = c->defer;
+    if (!d || !d->pending)
+        return 0;
+    d->pending = false;
+    return ec_prefetch(c, d->layer, d->n_pred, d->n_depth);
+}
+
+int ec_settle(const struct expert_cache *c)
+{
+    struct ec_defer *d = c->defer;
+    if (!d)
+        return 0;
+    int rc = d->settle(d->ctx);
+    int rp = ec_run_pending(d->owner);
+    return rc ? rc : rp;
+}
+
+int expert_cache_defer_prefetch(struct expert_cache *c, expert_cache_settle_fn settle, void *ctx)
+{
+    int rc = ec_settle(c);
+    if (!settle) {
+        free(c->defer);
+        c->defer = NULL;
+        return rc;
+    }
+    if (!c->defer && !(c->defer = calloc(1, sizeof(*c->defer))))
+        return err_set(-ENOMEM, "out of memory");
+    *c->defer = (struct ec_defer){.settle = settle, .ctx = ctx, .owner = c};
+    return rc;
+}
+
+int expert_cache_run_pending(struct expert_cache *c)
+{
+    return ec_run_pending(c);
+}
+
+bool expert_cache_has_pending(const struct expert_cache *c)
+{
+    return c->defer && c->defer->pending;
+}
+
 int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *ids_dev,
                               int n_pairs, struct expert_tables *t)
 {
     int32_t *ids = c->ids_host + (size_t)layer * c->max_pairs;
     bool copied = false;
-    int rc = 0;
+    int rc = ec_settle(c);
 
+    if (rc)
+        return rc;
     if (n_pairs > c->max_pairs)
         return err_set(-EINVAL, "expert cache: %d pairs (at most %d)", n_pairs, c->max_pairs);
     if (c->n_pending_ids[layer] >= 0) { /* (b) ids of this layer not yet accounted */
@@ -407,8 +452,19 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
         c->stats[layer].cpu_admitted++;
         c->copies_pending = true;
     }
-    /* then the predicted experts of the next layers start copying behind them */
-    rc = rc ? rc : ec_prefetch(c, layer, n_pred, n_depth);
+    /* then the predicted experts of the next layers start copying behind them: here, or
+     * deferred (expert_cache_defer_prefetch) to after the layer's launch; the table of this
+     * layer is final either way (predictions admit into the next layers only) */
+    if (!rc && c->defer && n_pred)
+        *c->defer = (struct ec_defer){.settle = c->defer->settle,
+                                      .ctx = c->defer->ctx,
+                                      .owner = c,
+                                      .pending = true,
+                                      .layer = layer,
+                                      .n_pred = n_pred,
+                                      .n_depth = n_depth};
+    else
+        rc = rc ? rc : ec_prefetch(c, layer, n_pred, n_depth);
     rc = rc ? rc : ec_flush(c);
     ec_tables(c, layer, t);
     return rc;
@@ -416,6 +472,7 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
 
 void expert_cache_set_hybrid_admit(struct expert_cache *c, bool on)
 {
+    (void)ec_settle(c);
     c->admit_idle = on;
 }
 
@@ -427,6 +484,9 @@ const uint8_t *const *expert_cache_tier_ptrs(const struct expert_cache *c)
 int expert_cache_set_hybrid(struct expert_cache *c, expert_cache_split_fn split, void *ctx,
                             int max_cpu_tok)
 {
+    int settled = ec_settle(c);
+    if (settled)
+        return settled;
     size_t ne = (size_t)c->n_expert;
     c->cpu_ids = malloc(sizeof(*c->cpu_ids) * ne);
     c->miss_ids = malloc(sizeof(*c->miss_ids) * ne);
@@ -452,6 +512,7 @@ int expert_cache_set_hybrid(struct expert_cache *c, expert_cache_split_fn split,
 
 void expert_cache_hybrid_pause(struct expert_cache *c, bool pause)
 {
+    (void)ec_settle(c);
     if (!c->split)
         return;
     for (int l = 0; pause && c->hybrid && l < c->n_layer; l++) {
@@ -486,6 +547,7 @@ void expert_cache_predict_next(struct expert_cache *c, const int32_t *pred_dev, 
 void expert_cache_predict_ahead(struct expert_cache *c, const int32_t *pred_dev, int n,
                                 int n_depth)
 {
+    (void)ec_settle(c);
     c->pred_dev = pred_dev;
     c->n_pred = n < c->max_pairs ? n : c->max_pairs;
     c->n_depth = n_depth < 1 ? 1 : n_depth > EXPERT_CACHE_MAX_DEPTH ? EXPERT_CACHE_MAX_DEPTH
@@ -494,6 +556,9 @@ void expert_cache_predict_ahead(struct expert_cache *c, const int32_t *pred_dev,
 
 int expert_cache_lookahead(struct expert_cache *c, const int32_t *ids, int n)
 {
+    int settled = ec_settle(c);
+    if (settled)
+        return settled;
     int rc = 0, admitted = 0;
     if (c->dev || c->tier || n <= 0)
         return 0;

@@ -262,6 +262,9 @@ int ec_dev_join(struct expert_cache *c)
 int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
                                 int n_pairs, struct expert_tables *t)
 {
+    int settled = ec_settle(c);
+    if (settled)
+        return settled;
     if (n_pairs > c->max_pairs)
         return err_set(-EINVAL, "expert cache: %d pairs (at most %d)", n_pairs, c->max_pairs);
     int rc = c->dev ? 0 : ec_dev_init(c);
@@ -291,6 +294,9 @@ int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t
 int expert_cache_prefetch_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
                                  int n_pairs)
 {
+    int settled = ec_settle(c);
+    if (settled)
+        return settled;
     if (!c->dev)
         return err_set(-EINVAL, "expert cache: a GPU prefetch before the GPU took the cache over");
     if (layer < 0 || layer >= c->n_layer || n_pairs > c->max_pairs)
@@ -327,6 +333,9 @@ int expert_cache_prefetch_device(struct expert_cache *c, int layer, const int32_
 
 int expert_cache_device_start(struct expert_cache *c)
 {
+    int settled = ec_settle(c);
+    if (settled)
+        return settled;
     return c->dev ? 0 : ec_dev_init(c);
 }
 
@@ -468,6 +477,9 @@ static int ec_dev_back_cmp(const void *x, const void *y)
 
 int expert_cache_device_stop(struct expert_cache *c)
 {
+    int settled = ec_settle(c);
+    if (settled)
+        return settled;
     if (!c->dev)
         return 0;
     const size_t ns = (size_t)c->n_slots, nl = (size_t)c->n_layer, ne = (size_t)c->n_expert;

@@ -18,6 +18,9 @@
 int expert_cache_prepare_zerocopy(struct expert_cache *c, int layer, const int32_t *ids_dev,
                                   int n_pairs, struct expert_tables *t)
 {
+    int settled = ec_settle(c);
+    if (settled)
+        return settled;
     int rc = 0;
     if (n_pairs > c->max_pairs)
         return err_set(-EINVAL, "expert cache: %d pairs (at most %d)", n_pairs, c->max_pairs);
@@ -91,6 +94,7 @@ static int ec_push_next(struct expert_cache *c, int l, int e, int s, uint32_t ge
 
 int32_t *expert_cache_zc_ids(struct expert_cache *c, int layer, int n_pairs)
 {
+    (void)ec_settle(c);
     return layer >= 0 && layer < c->n_layer && n_pairs <= c->zc_pairs
                ? c->zc_ids_dev + (size_t)layer * c->zc_pairs
                : NULL;
@@ -107,6 +111,9 @@ static bool ec_zc_waiting(const struct expert_cache *c)
 
 int expert_cache_step_flush(struct expert_cache *c)
 {
+    int settled = ec_settle(c);
+    if (settled)
+        return settled;
     if (c->dev) { /* (c): the step's prefetch copies join it */
         int rc = ec_dev_join(c);
         return rc ? err_set(rc, "expert cache: joining the prefetch stream failed") : 0;
@@ -125,6 +132,7 @@ int expert_cache_step_flush(struct expert_cache *c)
 
 void expert_cache_set_recording(struct expert_cache *c, bool recording)
 {
+    (void)ec_settle(c);
     c->recording = recording;
     c->tab_all = false;
     if (recording) {
@@ -135,6 +143,7 @@ void expert_cache_set_recording(struct expert_cache *c, bool recording)
 
 void expert_cache_replayed(struct expert_cache *c, int n_pairs)
 {
+    (void)ec_settle(c);
     if (c->dev) /* (c) read nothing back */
         return;
     for (int l = 0; l < c->n_layer; l++) {
@@ -146,6 +155,9 @@ void expert_cache_replayed(struct expert_cache *c, int n_pairs)
 
 int expert_cache_step_end(struct expert_cache *c)
 {
+    int settled = ec_settle(c);
+    if (settled)
+        return settled;
     int rc = cuda_stream_sync(c->copy); /* the previous step end's admissions have landed */
     if (rc)
         return err_set(rc, "expert cache: waiting for the copy stream failed");

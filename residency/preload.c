@@ -34,6 +34,9 @@ static int ec_preload_fetch(struct expert_cache *c, const int32_t *layer, const 
 int expert_cache_preload(struct expert_cache *c, const int32_t *layer, const int32_t *expert,
                          int n, bool pin, expert_cache_progress_fn progress, void *ctx)
 {
+    int settled = ec_settle(c);
+    if (settled)
+        return settled;
     int placed = 0, rc = 0, *slot_of = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
 
     if (!slot_of)
@@ -92,6 +95,7 @@ int expert_cache_preload(struct expert_cache *c, const int32_t *layer, const int
 
 int expert_cache_slot_of(const struct expert_cache *c, int layer, int expert)
 {
+    (void)ec_settle(c);
     if (c->dev)
         return ec_dev_slot_of(c, layer, expert);
     return slru_peek(c->slru, layer, expert);
@@ -99,11 +103,15 @@ int expert_cache_slot_of(const struct expert_cache *c, int layer, int expert)
 
 int expert_cache_check(const struct expert_cache *c)
 {
+    int settled = ec_settle(c);
+    if (settled)
+        return settled;
     return c->dev ? ec_dev_check(c) : slru_check(c->slru);
 }
 
 void expert_cache_reset_stats(struct expert_cache *c)
 {
+    (void)ec_settle(c);
     memset(c->stats, 0, sizeof(*c->stats) * (size_t)c->n_layer);
     if (c->slru_off)
         memset(c->slru_off, 0, sizeof(*c->slru_off) * (size_t)c->n_layer);

@@ -148,6 +148,9 @@ int ec_upload(struct expert_cache *c, int l)
 
 int expert_cache_shrink(struct expert_cache *c, uint64_t bytes)
 {
+    int settled = ec_settle(c);
+    if (settled)
+        return settled;
     int freed = 0;
     uint64_t got = 0;
     if (c->dev)

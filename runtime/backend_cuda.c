@@ -1483,6 +1483,7 @@ static struct moe_layer_config cuda_moe_config(struct backend_cuda *c,
     const uint64_t one = cuda_stream_bytes(hp, n_ctx, cfg->max_tok > 0 ? (uint64_t)cfg->max_tok : 512);
     struct moe_layer_config mc = {
         .max_tok = CUDA_BACKEND_MAX_TOK,
+        .device = cfg->device,
         .cpu_layers = cfg->cpu_moe_layers,
         .cache = (cfg->vram_budget || cfg->expert_slots > 0) && !cfg->cpu_moe_layers,
         .vram_budget = cfg->vram_budget,

@@ -882,6 +882,7 @@ void strata_get_stats(const struct strata *s, struct strata_stats *out)
         out->prefetch_used = t.prefetch_used;
         out->prefetch_late = t.prefetch_late;
         out->prefetch_wasted = t.prefetch_wasted;
+        out->prefetch_jobs = t.worker_jobs;
     }
 }
 

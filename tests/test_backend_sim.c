@@ -1089,6 +1089,75 @@ static void prediction_gate(const char *path, const int32_t *prompt, const struc
           (unsigned long long)got[0], (unsigned long long)got[1], (unsigned long long)calls);
 }
 
+/* The prefetch worker (prefetch/pf_worker.h): the copy path's predictions made inside the
+ * lookup (STRATA_PF_WORKER=0), after the layer's launch on the caller's thread (1) and on the
+ * worker's thread (the default), at depths 1 and 2 and under the hybrid lane: logits and every
+ * cache statistic (hits, misses, evictions, bytes copied, prefetched, used, late, wasted) the
+ * same each way, and the copy path's logits those of all-resident. */
+static void worker_same(const char *path, const int32_t *prompt, const struct run *ref)
+{
+    static const char *const modes[3] = {"0", "1", "2"};
+    int nv = n_vocab_of(path);
+    for (int cfg = 0; cfg < 3; cfg++) {
+        struct backend_cuda_config cc = {.device = 0,
+                                         .expert_slots = 9,
+                                         .prefetch = true,
+                                         .prefetch_depth = cfg == 1 ? 2 : 1,
+                                         .hybrid = cfg == 2};
+        struct run r[3] = {{0}};
+        for (int k = 0; k < 3; k++) {
+            setenv("STRATA_PF_WORKER", modes[k], 1);
+            CHECK(run(path, &cc, 256, prompt, NULL, &r[k]) == 0, "%s: worker run %d/%d", path, cfg,
+                  k);
+        }
+        unsetenv("STRATA_PF_WORKER");
+        if (!r[0].logits || !r[1].logits || !r[2].logits) {
+            for (int k = 0; k < 3; k++)
+                free(r[k].logits);
+            continue;
+        }
+        const size_t bytes = sizeof(float) * (size_t)nv * (N_STEPS + 1);
+        bool same = true;
+        for (int k = 1; k < 3; k++) {
+            const struct moe_cache_totals *a = &r[0].tot, *b = &r[k].tot;
+            same = same && !memcmp(r[0].logits, r[k].logits, bytes) && a->hits == b->hits &&
+                   a->misses == b->misses && a->evictions == b->evictions &&
+                   a->bytes_copied == b->bytes_copied && a->prefetched == b->prefetched &&
+                   a->prefetch_used == b->prefetch_used && a->prefetch_late == b->prefetch_late &&
+                   a->prefetch_wasted == b->prefetch_wasted && a->predictions == b->predictions;
+        }
+        printf("%s: prefetch worker, %s: %s; %llu prefetched, %llu used, %llu hits, %llu misses, "
+               "%llu of %llu predictions made on its thread\n",
+               path,
+               cfg == 0   ? "copy"
+               : cfg == 1 ? "copy, depth 2"
+                          : "hybrid",
+               same ? "logits and statistics the same inline, after the launch and on its thread"
+                    : "DIFFERS",
+               (unsigned long long)r[2].tot.prefetched, (unsigned long long)r[2].tot.prefetch_used,
+               (unsigned long long)r[2].tot.hits, (unsigned long long)r[2].tot.misses,
+               (unsigned long long)r[2].tot.worker_jobs, (unsigned long long)r[2].tot.predictions);
+        CHECK(same, "%s: the prefetch worker changed logits or statistics (%s)", path,
+              cfg == 0   ? "copy"
+              : cfg == 1 ? "depth 2"
+                         : "hybrid");
+        CHECK(r[2].tot.prefetched > 0, "%s: nothing prefetched (%d)", path, cfg);
+        CHECK(r[0].tot.worker_jobs == 0 && r[1].tot.worker_jobs == 0 && r[2].tot.worker_jobs > 0 &&
+                  r[2].tot.worker_jobs <= r[2].tot.predictions,
+              "%s: worker jobs %llu / %llu / %llu of %llu predictions (%d)", path,
+              (unsigned long long)r[0].tot.worker_jobs, (unsigned long long)r[1].tot.worker_jobs,
+              (unsigned long long)r[2].tot.worker_jobs, (unsigned long long)r[2].tot.predictions,
+              cfg);
+        if (cfg < 2)
+            CHECK(!memcmp(r[2].logits, ref->logits, bytes),
+                  "%s: worker run %d differs from "
+                  "all-resident",
+                  path, cfg);
+        for (int k = 0; k < 3; k++)
+            free(r[k].logits);
+    }
+}
+
 /* A host budget of one layer's experts with the slots' alignment (each of 3 parts at most 3
  * pages more): more than one layer, less than two. */
 static uint64_t one_layer_tier(const char *path)
@@ -1484,6 +1553,7 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     exact(path, "zerocopy, 5 slots", &zc, 256, prompt, &ref);
     exact(path, "copy + prefetch, 9 slots", &pf, 256, prompt, &ref);
     prediction_gate(path, prompt, &ref);
+    worker_same(path, prompt, &ref);
     struct backend_cuda_config ga = {.device = 0, .expert_slots = 7, .gather_copies = true,
                                      .prefetch = true};
     exact(path, "gather kernel + prefetch, 7 slots", &ga, 256, prompt, &ref);
