@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# GPU machine: the prefetch worker (prefetch/pf_worker.h) against prediction made inside the
+# cache's lookup (STRATA_PF_WORKER=0) and after the layer's launch on the caller's thread (1),
+# with the copy cache (--placement stream --prefetch) and the plain copy cache, on W1-real
+# (bench/heldout.py's odd texts, 256 greedy tokens after 512) at BUDGETS (default 1G 2G), ROUNDS
+# rounds (default 2); then the 30b-a3b preset at 8 GiB under hybrid with and without the worker
+# (P30B=1). First TESTS unless SKIP_TESTS=1. Results in $OUT/worker.txt.
+set -u
+. bench/device-env.sh
+R=$OUT/worker.txt
+export STRATA_TEST_DATA=$PWD/tests/data
+nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader | tee -a "$R"
+if [ -z "${SKIP_TESTS:-}" ]; then
+    for t in ${TESTS:-test_cuda_residency test_cuda_backend test_cuda_batch}; do
+        s=$(date +%s)
+        (cd tests && timeout 250 "$B/$t" >"/tmp/$t.log" 2>&1)
+        echo "$t rc=$? ($(($(date +%s) - s)) s)" | tee -a "$R"
+        grep -E "FAIL|failed" "/tmp/$t.log" | head -20 | tee -a "$R"
+    done
+fi
+w1_setup
+keep="^(pp|tg)[0-9]|^cache |^prefetch |^cpu lane|error"
+bk() {
+    local e=$1
+    shift
+    echo "### $e bench $*" | tee -a "$R"
+    env ${e//,/ } timeout 90 "$B/strata" bench "$@" 2>&1 | grep -E "$keep" | tee -a "$R"
+}
+F=(-m $W1 -f /tmp/eval.txt --tg greedy --bw-gib 0.25 -p 512 -n 256)
+for b in ${BUDGETS:-1G 2G}; do
+    for round in $(seq ${ROUNDS:-2}); do
+        bk X=1 "${F[@]}" --vram-budget $b --placement stream
+        bk STRATA_PF_WORKER=0 "${F[@]}" --vram-budget $b --placement stream --prefetch
+        bk STRATA_PF_WORKER=1 "${F[@]}" --vram-budget $b --placement stream --prefetch
+        bk X=1 "${F[@]}" --vram-budget $b --placement stream --prefetch
+    done
+done
+if [ -n "${P30B:-}" ]; then
+    gen_30b
+    G=(-m $M -p 512 -n 128 --tg random --bw-gib 0.5 --vram-budget 8G --placement hybrid)
+    bk X=1 "${G[@]}"
+    bk STRATA_PF_WORKER=0 "${G[@]}" --prefetch
+    bk X=1 "${G[@]}" --prefetch
+fi
