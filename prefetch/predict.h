@@ -4,9 +4,10 @@
  * behind layer l's own copies (residency/expert_cache.h, expert_cache_predict_ahead).
  *
  * Threads: one, the MoE layer's caller; the routers run on the backend's stream through the
- * route callback, and the predicted ids stay in device memory until the cache reads them back
- * with the layer's own ids (one sync for all), or, with the GPU's own cache, until its
- * prefetch kernel reads them. */
+ * route callback (or with the layer's own, route2), and the predicted ids stay in device
+ * memory until the cache reads them back with the layer's own ids (one sync for all), or, with
+ * the GPU's own cache, until its prefetch kernel reads them. The admissions and copies of the
+ * copy path's predictions are the prefetch worker's (pf_worker.h). */
 #ifndef STRATA_PREDICT_H
 #define STRATA_PREDICT_H
 

@@ -34,7 +34,9 @@
  * call's read-back syncs the compute stream (after this call's kernels and the copies they
  * waited for) before it asks the tier again. Predictions (--prefetch) become read-aheads into
  * the tier instead of copies into VRAM.
- * Ownership: single-threaded, owned by the CUDA backend; all CUDA calls go through cuda_mem.
+ * Ownership: owned by the CUDA backend's thread; with deferred prediction
+ * (expert_cache_defer_prefetch) the prefetch worker's thread holds it from a hand-over until
+ * the owner's next entry point has settled it. All CUDA calls go through cuda_mem.
  */
 #ifndef STRATA_EXPERT_CACHE_H
 #define STRATA_EXPERT_CACHE_H
