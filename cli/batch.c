@@ -251,7 +251,7 @@ static void batch_usage(void)
         "  -t, --threads N, --cpu-threads N, -b, --batch-size N, --device auto|cpu|cuda,\n"
         "  --vram-budget SIZE (counts the KV caches of all the streams), --placement\n"
         "  stream|hybrid|static|static:N, --residency copy|zerocopy|gpu, --streaming dma|kernel,\n"
-        "  --prefetch, --prefetch-depth N, --profile FILE [--profile-freeze]\n"
+        "  --prefetch, --prefetch-depth N, --prefetch-top M, --profile FILE [--profile-freeze]\n"
         "  [--profile-optional], --stats, --stats-json FILE, --bind, --no-mmap, -v, --graph\n"
         "  (every expert resident: each step's shape recorded once as a CUDA graph and\n"
         "  replayed), --host-budget SIZE [--host-io auto|uring|pread] [--host-buffered]\n"
@@ -275,7 +275,8 @@ static bool batch_run_flag(const char *a, bool *takes_value)
 {
     static const char with_value[] =
         "-m --model -t --threads --cpu-threads -c --ctx-size -b --batch-size --device "
-        "--vram-budget --placement --residency --streaming --prefetch-depth --profile "
+        "--vram-budget --placement --residency --streaming --prefetch-depth --prefetch-top "
+        "--profile "
         "--stats-json --system -n --n-predict --temp --top-k --top-p --min-p --repeat-penalty "
         "--repeat-last-n -s --seed --stop --host-budget --host-io --spec --draft-max "
         "--draft-ngram -md --draft-model --draft-device";

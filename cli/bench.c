@@ -49,6 +49,7 @@ struct bench_opts {
     int stats;            /* --stats */
     int prefetch;         /* --prefetch */
     int prefetch_depth;   /* --prefetch-depth N */
+    int prefetch_top;     /* --prefetch-top M */
     int streams;          /* --streams N: also N streams decoding in lockstep */
     int cpu_moe_layers;   /* --placement */
     bool gather;          /* --streaming kernel */
@@ -128,6 +129,7 @@ static void bench_usage(void)
            "                        gather kernel per batch\n"
            "      --prefetch        stream the experts the next layer's router predicts\n"
            "      --prefetch-depth N  the same for the next N layers (1-4)\n"
+           "      --prefetch-top M    copy each token's M most likely predicted experts only\n"
            "      --spec ngram|draft|mtp  with --tg greedy: then generate the tg tokens again\n"
            "                        with strata_generate, without and with drafts (--draft-max\n"
            "                        K, default 8): prompt lookup, the greedy tokens of -md FILE\n"
@@ -278,11 +280,13 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
             o->profile = v;
         else if (!strcmp(a, "--streams"))
             rc = args_i32("bench", a, v, 1, 256, &o->streams);
-        else if (!strcmp(a, "--prefetch-depth")) {
+        else if (!strcmp(a, "--prefetch-top")) {
+            rc = args_i32("bench", a, v, 1, 32, &o->prefetch_top);
+            o->prefetch = true;
+        } else if (!strcmp(a, "--prefetch-depth")) {
             rc = args_i32("bench", a, v, 1, 4, &o->prefetch_depth);
             o->prefetch = 1;
-        }
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file"))
+        } else if (!strcmp(a, "-f") || !strcmp(a, "--file"))
             o->prompt_file = v;
         else if (!strcmp(a, "--tg") && (!strcmp(v, "random") || !strcmp(v, "greedy")))
             o->tg_greedy = !strcmp(v, "greedy");
@@ -446,6 +450,7 @@ static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
                  (o->profile_optional ? STRATA_FLAG_PROFILE_OPTIONAL : 0);
     cfg->profile = o->profile;
     cfg->prefetch_depth = o->prefetch_depth;
+    cfg->prefetch_top = o->prefetch_top;
     cfg->n_threads = o->n_threads;
     cfg->host_budget = o->host_budget; /* the CPU device, static's CPU layers, the cache */
     cfg->flags |= (o->host_pread ? STRATA_FLAG_NO_URING : 0) |

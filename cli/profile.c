@@ -78,7 +78,7 @@ static bool warmup_engine_flag(const char *a, bool *takes_value)
 {
     static const char with_value[] = "-m --model -t --threads --cpu-threads -c --ctx-size -b "
                                      "--batch-size --device --vram-budget --placement "
-                                     "--residency --streaming --prefetch-depth";
+                                     "--residency --streaming --prefetch-depth --prefetch-top";
     static const char bare[] = "--prefetch --bind --no-mmap --no-mtp -v --verbose";
     return run_opts_flag_in(with_value, bare, a, takes_value);
 }

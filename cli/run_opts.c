@@ -139,6 +139,9 @@ static void run_opts_usage(const char *cmd)
            "      --prefetch-depth N  --prefetch for the next N layers (1-4): routers l+1..l+N\n"
            "                          applied to layer l's input; deeper predictions are\n"
            "                          dropped while the copies are behind\n"
+           "      --prefetch-top M    --prefetch copying each token's M most likely predicted\n"
+           "                          experts only (1-32; default all k): the lesser ones are\n"
+           "                          used least (with --residency gpu: one-token steps)\n"
            "      --profile FILE      restore a residency profile (strata profile warmup): the\n"
            "                          expert slots are filled with its experts, the most used\n"
            "                          first, before the first token, then its probe checks\n"
@@ -256,9 +259,9 @@ bool run_opts_flag_in(const char *with_value, const char *bare, const char *a,
 
 bool run_opts_is_cuda_only(const char *arg)
 {
-    static const char *const cuda_only[] = {"--graph",      "--prefetch",  "--stats",
-                                            "--stats-json", "--residency", "--streaming",
-                                            "--placement",  "--prefetch-depth"};
+    static const char *const cuda_only[] = {"--graph",      "--prefetch",       "--stats",
+                                            "--stats-json", "--residency",      "--streaming",
+                                            "--placement",  "--prefetch-depth", "--prefetch-top"};
     for (size_t i = 0; i < sizeof(cuda_only) / sizeof(cuda_only[0]); i++)
         if (!strcmp(arg, cuda_only[i]))
             return true;
@@ -384,6 +387,9 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->profile = v;
         } else if (IS("--prefetch-depth", NULL)) {
             rc = args_i32(cmd, arg, v, 1, 4, &o->prefetch_depth);
+            o->prefetch = true;
+        } else if (IS("--prefetch-top", NULL)) {
+            rc = args_i32(cmd, arg, v, 1, 32, &o->prefetch_top);
             o->prefetch = true;
         } else if (IS("-t", "--threads") || IS("--cpu-threads", NULL)) {
             rc = args_threads(cmd, arg, v, 1, ARGS_MAX_THREADS, &o->n_threads);
@@ -632,6 +638,7 @@ void run_opts_config(const struct run_opts *o, const char *path, struct strata_c
                  (o->no_host_tier ? STRATA_FLAG_NO_HOST_TIER : 0);
     cfg->profile = o->profile;
     cfg->prefetch_depth = o->prefetch_depth;
+    cfg->prefetch_top = o->prefetch_top;
     cfg->n_threads = o->n_threads;
     cfg->n_ctx = o->n_ctx;
     cfg->n_batch = o->n_batch;

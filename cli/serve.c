@@ -201,7 +201,8 @@ static bool serve_run_flag(const char *a, bool *takes_value)
 {
     static const char with_value[] =
         "-m --model -t --threads --cpu-threads -c --ctx-size -b --batch-size --device "
-        "--vram-budget --placement --residency --streaming --prefetch-depth --profile "
+        "--vram-budget --placement --residency --streaming --prefetch-depth --prefetch-top "
+        "--profile "
         "--stats-json --system --temp --top-k --top-p --min-p --repeat-penalty "
         "--repeat-last-n -s --seed --host-budget --host-io --spec --draft-max --draft-ngram";
     static const char bare[] = "--think --no-think --bind --no-mmap --no-mtp -v --verbose --stats "

@@ -690,6 +690,7 @@ static int ml_open_cache(struct moe_layer *ml)
         .pin_chunk = cfg->pin_chunk,
         .log = cfg->log,
         .tier = cfg->tier,
+        .prefetch_top = cfg->prefetch_top,
     };
     if (cfg->tier && cfg->fill == MOE_FILL_ZEROCOPY)
         return err_set(-ENOTSUP, "a host tier under the expert cache serves its copy path and "
@@ -767,7 +768,11 @@ int moe_layer_open(const struct model *m, const struct moe_layer_config *cfg,
         int depth = cfg->prefetch_depth < 1 ? 1 : cfg->prefetch_depth;
         depth = depth > EXPERT_CACHE_MAX_DEPTH ? EXPERT_CACHE_MAX_DEPTH : depth;
         ml->pred = (struct predict){
-            .m = m, .route = ops->route, .route_ctx = dev, .depth = depth,
+            .m = m,
+            .route = ops->route,
+            .route_ctx = dev,
+            .depth = depth,
+            .top = cfg->prefetch_top,
             .ids = ml_alloc(ml, sizeof(int32_t) * pairs * depth),
             .w = ml_alloc(ml, sizeof(float) * pairs * depth),
         };

@@ -127,6 +127,8 @@ struct moe_layer_config {
                            * the GPU's own cache: predicted, admitted and copied on the device
                            * at every call */
     int prefetch_depth;   /* with prefetch: layers l + 1 .. l + depth (1..4; 0 = 1) */
+    int prefetch_top;     /* with prefetch: each token's first M predicted experts only (largest
+                           * router weight first); 0 = all k */
     bool hybrid;          /* each call's misses split between streaming and the CPU lane */
     bool modes;           /* with cache, without prefetch: the CPU lane opened as for hybrid,
                            * and moe_layer_set_mode switches between copy, zero-copy and hybrid

@@ -33,7 +33,8 @@ int predict_device(struct predict *p, int layer, const float *in, int n_tok, con
         const int32_t *ids = j == 0 && first ? first : p->ids + j * n;
         if (ids != first)
             rc = p->route(p->route_ctx, &p->m->layers[t], in, n_tok, p->ids + j * n, p->w + j * n);
-        rc = rc ? rc : expert_cache_prefetch_device(p->cache, t, ids, (int)n);
+        int np = n_tok == 1 && p->top > 0 && p->top < (int)n ? p->top : (int)n;
+        rc = rc ? rc : expert_cache_prefetch_device(p->cache, t, ids, np);
         if (rc)
             return err_set(rc, "predicting the experts of layer %d failed", t);
     }

@@ -28,6 +28,8 @@ struct predict {
     predict_route_fn route;
     void *route_ctx;
     int depth;    /* layers ahead, 1 .. EXPERT_CACHE_MAX_DEPTH */
+    int top;      /* the GPU's cache, one-token calls: each token's first `top` predicted
+                   * experts only (largest router weight first); 0 = all k */
     int32_t *ids; /* (depth, max_tok, k) device, owned by the caller: the predicted experts */
     float *w;     /* (depth, max_tok, k) device, owned by the caller: their weights (unused) */
 };

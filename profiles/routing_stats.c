@@ -18,6 +18,9 @@ struct routing_stats {
     int64_t *pred_tok; /* (ROUTING_DEPTHS, n_layer, PRED_SLOTS) text_base + token a pending
                         * prediction is for, -1 none: a text never scores another's */
     uint64_t *pred_n, *pred_hit; /* (ROUTING_DEPTHS, n_layer) */
+    uint64_t *rank_hit;          /* (k) depth 1, all layers: hits of the i-th predicted expert
+                                  * (the router's order, largest weight first) */
+    uint64_t rank_n;             /* depth-1 predictions scored (tokens x layers) */
     uint64_t *emb_n, *emb_hit;   /* (n_layer) */
     uint64_t *src_n, *src_hit;   /* (n_layer) */
     int64_t text_base;           /* added to token indices so texts never look adjacent */
@@ -50,12 +53,14 @@ int routing_stats_open(int n_layer, int n_expert, int k, struct routing_stats **
     rs->pred_tok = malloc(slots * sizeof(*rs->pred_tok));
     rs->pred_n = calloc(dl, sizeof(*rs->pred_n));
     rs->pred_hit = calloc(dl, sizeof(*rs->pred_hit));
+    rs->rank_hit = calloc((size_t)k, sizeof(*rs->rank_hit));
     rs->emb_n = calloc((size_t)n_layer, sizeof(*rs->emb_n));
     rs->emb_hit = calloc((size_t)n_layer, sizeof(*rs->emb_hit));
     rs->src_n = calloc((size_t)n_layer, sizeof(*rs->src_n));
     rs->src_hit = calloc((size_t)n_layer, sizeof(*rs->src_hit));
     if (!rs->count || !rs->last || !rs->reuse || !rs->pred || !rs->pred_tok || !rs->pred_n ||
-        !rs->pred_hit || !rs->emb_n || !rs->emb_hit || !rs->src_n || !rs->src_hit) {
+        !rs->pred_hit || !rs->rank_hit || !rs->emb_n || !rs->emb_hit || !rs->src_n ||
+        !rs->src_hit) {
         routing_stats_close(rs);
         return err_set(-ENOMEM, "out of memory");
     }
@@ -78,6 +83,7 @@ void routing_stats_close(struct routing_stats *rs)
     free(rs->pred_tok);
     free(rs->pred_n);
     free(rs->pred_hit);
+    free(rs->rank_hit);
     free(rs->emb_n);
     free(rs->emb_hit);
     free(rs->src_n);
@@ -135,8 +141,12 @@ void routing_stats_add(struct routing_stats *rs, int layer, int tok, const int32
             continue;
         const int32_t *p = rs->pred + slot * rs->k;
         for (int j = 0; j < rs->k; j++)
-            for (int i = 0; i < rs->k; i++)
+            for (int i = 0; i < rs->k; i++) {
                 rs->pred_hit[row] += p[i] == ids[j];
+                if (d == 1)
+                    rs->rank_hit[i] += p[i] == ids[j];
+            }
+        rs->rank_n += d == 1;
         rs->pred_n[row] += (uint64_t)rs->k;
         rs->pred_tok[slot] = -1;
     }
@@ -263,6 +273,13 @@ void routing_stats_print(const struct routing_stats *rs, FILE *f)
         routing_print_recall(f, t.predicted_hit[d], t.predicted[d]);
     routing_print_recall(f, t.emb_hit, t.emb_predicted);
     routing_print_recall(f, t.src_hit, t.src_predicted);
+    fprintf(f, "\n");
+    if (!rs->rank_n)
+        return;
+    fprintf(f, "depth 1 by rank (the predicted experts in the router's order, largest weight "
+               "first): share selected");
+    for (int i = 0; i < rs->k; i++)
+        fprintf(f, " %.1f%%", routing_pct(rs->rank_hit[i], rs->rank_n));
     fprintf(f, "\n");
 }
 

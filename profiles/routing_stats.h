@@ -67,8 +67,9 @@ void routing_stats_layer(const struct routing_stats *rs, int layer, struct routi
 
 /* Prints the per-layer table (recall at depth 1 as "recall", then "recall@2".."recall@4";
  * "-" where a layer has no prediction at that depth; then "emb", the recall from the token's
- * embedding, and "src", from the draft source's choice, "-" where none was scored) and the
- * totals over all layers. */
+ * embedding, and "src", from the draft source's choice, "-" where none was scored), the
+ * totals over all layers, and the depth-1 recall split by the rank of the predicted expert
+ * (the share of predictions at rank i that the layer selected). */
 void routing_stats_print(const struct routing_stats *rs, FILE *f);
 
 /* Writes the per-layer figures as whitespace-separated columns (for gnuplot): layer, top10,

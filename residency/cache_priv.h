@@ -89,6 +89,7 @@ struct expert_cache {
     /* prefetch */
     const int32_t *pred_dev; /* set by expert_cache_predict_ahead for the next prepare_copy */
     int n_pred, n_depth;     /* ids per depth block, blocks */
+    int pf_top;              /* cfg.prefetch_top: each token's first predicted experts only */
     int32_t *pred_host;      /* pinned (EXPERT_CACHE_MAX_DEPTH * max_pairs) */
     void *pf_last;           /* event: every prefetch copy enqueued so far */
     bool pf_last_set;        /* pf_last was recorded */

@@ -25,6 +25,7 @@ int expert_cache_open(const struct model *m, const struct expert_cache_config *c
     c->compute = compute_stream;
     c->log = cfg->log;
     c->gather = cfg->gather;
+    c->pf_top = cfg->prefetch_top;
     c->tier = cfg->tier;
     c->tier_layer = -1;
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);

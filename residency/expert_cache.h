@@ -67,6 +67,8 @@ struct expert_cache_config {
     struct disk_tier *tier; /* experts come from this host tier (read from the file on
                              * demand) instead of the whole mapping pinned: copy path and the
                              * hybrid lane (no zero-copy); the caller keeps it open */
+    int prefetch_top;       /* copies of predictions: each token's first prefetch_top predicted
+                             * experts only (the router's order, largest weight first); 0 = all */
 };
 
 struct expert_cache_layer_stats {

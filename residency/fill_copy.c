@@ -265,7 +265,10 @@ static int ec_prefetch(struct expert_cache *c, int layer, int n_pred, int n_dept
             c->stats[t].prefetch_dropped += (uint64_t)n_pred;
             continue;
         }
+        const int k = (int)c->m->hp.n_expert_used;
         for (int i = 0; i < n_pred && !rc; i++) {
+            if (c->pf_top > 0 && i % k >= c->pf_top) /* a token's lesser predictions */
+                continue;
             int e = c->pred_host[(size_t)j * n_pred + i];
             if (e < 0 || e >= c->n_expert || slru_peek(c->slru, t, e) >= 0)
                 continue;

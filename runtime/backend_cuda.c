@@ -1499,6 +1499,7 @@ static struct moe_layer_config cuda_moe_config(struct backend_cuda *c,
                                                              : MOE_FILL_COPY,
         .prefetch = cfg->prefetch,
         .prefetch_depth = cfg->prefetch_depth,
+        .prefetch_top = cfg->prefetch_top,
         .hybrid = cfg->hybrid,
         .modes = cfg->auto_place && !cfg->hybrid && !cfg->prefetch &&
                  cfg->residency != BACKEND_RESIDENCY_GPU,

@@ -108,6 +108,8 @@ static int strata_config_check(const struct strata_config *cfg)
                        cfg->cuda_device);
     if (cfg->prefetch_depth < 0 || cfg->prefetch_depth > 4)
         return err_set(-EINVAL, "strata_config: prefetch_depth %d (0..4)", cfg->prefetch_depth);
+    if (cfg->prefetch_top < 0 || cfg->prefetch_top > 32)
+        return err_set(-EINVAL, "strata_config: prefetch_top %d (0..32)", cfg->prefetch_top);
     if (cfg->device == STRATA_DEVICE_CPU && strata_config_needs_gpu(cfg))
         return err_set(-EINVAL, "strata_config: vram_budget, expert_slots and hybrid or static "
                                 "placement need a CUDA device (device is STRATA_DEVICE_CPU)");
@@ -286,6 +288,7 @@ static int strata_start_cuda(struct strata *s, bool auto_cuda)
         .gather_copies = cfg->flags & STRATA_FLAG_GATHER,
         .prefetch = cfg->flags & STRATA_FLAG_PREFETCH,
         .prefetch_depth = cfg->prefetch_depth,
+        .prefetch_top = cfg->prefetch_top,
         .hybrid = cfg->placement == STRATA_PLACEMENT_HYBRID,
         .auto_place = cfg->placement == STRATA_PLACEMENT_AUTO,
         .hybrid_no_admit = cfg->flags & STRATA_FLAG_NO_HYBRID_ADMIT,

@@ -1158,6 +1158,43 @@ static void worker_same(const char *path, const int32_t *prompt, const struct ru
     }
 }
 
+/* --prefetch-top: each token's first M predicted experts only, on the copy path and the GPU's
+ * own cache: logits bit-identical to all-resident; on the copy path fewer experts prefetched
+ * than with all k. */
+static void prefetch_top(const char *path, const int32_t *prompt, const struct run *ref)
+{
+    int nv = n_vocab_of(path);
+    for (int gpu = 0; gpu < 2; gpu++) {
+        uint64_t pf[2] = {0, 0};
+        for (int k = 0; k < 2; k++) {
+            struct backend_cuda_config cc = {.device = 0,
+                                             .expert_slots = gpu ? 5 : 9,
+                                             .prefetch = true,
+                                             .prefetch_top = k ? 1 : 0};
+            if (gpu)
+                cc.residency = BACKEND_RESIDENCY_GPU;
+            struct run r = {0};
+            CHECK(run(path, &cc, 256, prompt, NULL, &r) == 0, "%s: prefetch top run", path);
+            if (!r.logits)
+                continue;
+            CHECK(!memcmp(r.logits, ref->logits, sizeof(float) * (size_t)nv * (N_STEPS + 1)),
+                  "%s: prefetch top %d (%s): logits differ from all-resident", path, k,
+                  gpu ? "gpu cache" : "copy");
+            pf[k] = r.tot.prefetched;
+            free(r.logits);
+        }
+        printf("%s: %s + prefetch: %llu experts prefetched with all k, %llu with --prefetch-top "
+               "1\n",
+               path, gpu ? "gpu cache" : "copy", (unsigned long long)pf[0],
+               (unsigned long long)pf[1]);
+        /* on the copy path fewer; the GPU's cache with 5 slots admits more single predictions
+         * than sets of k, most of which find every slot in use by the coming call */
+        CHECK(pf[1] > 0 && (gpu || pf[1] < pf[0]),
+              "%s: prefetch top 1 (%s): %llu prefetched, all k %llu", path,
+              gpu ? "gpu cache" : "copy", (unsigned long long)pf[1], (unsigned long long)pf[0]);
+    }
+}
+
 /* A host budget of one layer's experts with the slots' alignment (each of 3 parts at most 3
  * pages more): more than one layer, less than two. */
 static uint64_t one_layer_tier(const char *path)
@@ -1554,6 +1591,7 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     exact(path, "copy + prefetch, 9 slots", &pf, 256, prompt, &ref);
     prediction_gate(path, prompt, &ref);
     worker_same(path, prompt, &ref);
+    prefetch_top(path, prompt, &ref);
     struct backend_cuda_config ga = {.device = 0, .expert_slots = 7, .gather_copies = true,
                                      .prefetch = true};
     exact(path, "gather kernel + prefetch, 7 slots", &ga, 256, prompt, &ref);
