@@ -3,8 +3,10 @@
 # cache's lookup (STRATA_PF_WORKER=0) and after the layer's launch on the caller's thread (1),
 # with the copy cache (--placement stream --prefetch) and the plain copy cache, on W1-real
 # (bench/heldout.py's odd texts, 256 greedy tokens after 512) at BUDGETS (default 1G 2G), ROUNDS
-# rounds (default 2); then the 30b-a3b preset at 8 GiB under hybrid with and without the worker
-# (P30B=1). First TESTS unless SKIP_TESTS=1. Results in $OUT/worker.txt.
+# rounds (default 2), and --prefetch-top M for each M of TOPS (default "4 2") with the copy cache
+# and with the GPU's cache in a graph (beside it without prediction and with all k); then the
+# 30b-a3b preset at 8 GiB under hybrid with and without the worker (P30B=1). First TESTS unless
+# SKIP_TESTS=1. Results in $OUT/worker.txt.
 set -u
 . bench/device-env.sh
 R=$OUT/worker.txt
@@ -33,6 +35,14 @@ for b in ${BUDGETS:-1G 2G}; do
         bk STRATA_PF_WORKER=0 "${F[@]}" --vram-budget $b --placement stream --prefetch
         bk STRATA_PF_WORKER=1 "${F[@]}" --vram-budget $b --placement stream --prefetch
         bk X=1 "${F[@]}" --vram-budget $b --placement stream --prefetch
+        for m in ${TOPS:-4 2}; do
+            bk X=1 "${F[@]}" --vram-budget $b --placement stream --prefetch-top $m
+        done
+        bk X=1 "${F[@]}" --vram-budget $b --residency gpu --graph
+        bk X=1 "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch
+        for m in ${TOPS:-4 2}; do
+            bk X=1 "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch-top $m
+        done
     done
 done
 if [ -n "${P30B:-}" ]; then
