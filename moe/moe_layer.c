@@ -790,12 +790,13 @@ int moe_layer_open(const struct model *m, const struct moe_layer_config *cfg,
     } else if (cfg->cache) {
         rc = ml_open_cache(ml);
         ml->pred.cache = ml->cache;
-        /* the copy path's predictions made by the prefetch worker (not with a host tier,
-         * whose read-ahead the CPU lane reads beside it): STRATA_PF_WORKER=0 in the
-         * environment makes them inside the cache's lookup as before, 1 after the layer's
-         * launch on this thread (for comparisons) */
+        /* the copy path's predicted admissions and copies made after the layer's launch (not
+         * with a host tier, whose read-ahead the CPU lane reads beside it), on this thread:
+         * on the worker's own thread (STRATA_PF_WORKER=2 in the environment) they started
+         * later and decoded 3% slower on the H200 machine (bench/profiles.md); 0 makes them
+         * inside the cache's lookup as before */
         const char *pw = getenv("STRATA_PF_WORKER");
-        const int mode = pw && *pw ? atoi(pw) : 2;
+        const int mode = pw && *pw ? atoi(pw) : 1;
         if (!rc && ml->prefetch && !cfg->tier && mode > 0)
             rc = pf_worker_open(&ml->pfw, ml->cache, cfg->device, mode > 1);
     } else {

@@ -1,9 +1,12 @@
 /* pf_worker: the prefetch worker of the host-driven expert cache (--prefetch with the copy and
  * hybrid placements). The cache leaves each layer's predicted admissions and copies pending
- * (expert_cache_defer_prefetch); once the layer's experts are launched, pf_worker_kick hands
- * them to the worker's thread, which makes them (SLRU admissions, copies on the cache's
- * prefetch stream, their events) while the caller's thread goes on launching (and the hybrid
- * CPU lane computes); the cache's next entry point waits for it.
+ * (expert_cache_defer_prefetch); once the layer's experts are launched, pf_worker_kick makes
+ * them (SLRU admissions, copies on the cache's prefetch stream, their events), on the caller's
+ * thread or handed to the worker's own thread, which makes them while the caller's thread goes
+ * on launching (and the hybrid CPU lane computes); the cache's next entry point waits for it.
+ * moe_layer takes the caller's thread unless STRATA_PF_WORKER=2: on the H200 machine the
+ * thread's wake-up made the copies start later (more of them still copying when their layer
+ * ran) and decode 3% slower (bench/profiles.md).
  *
  * DESIGN. Ownership: the cache belongs to the caller's thread, except from a kick until the
  * settle that follows it (the cache calls it at its next entry point), when it belongs to the
