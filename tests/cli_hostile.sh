@@ -74,6 +74,7 @@ t 2 "-c wants an integer in 16..1048576, not '99999999999999999999'" run -p x -c
 t 2 "--temp wants a number in 0..100, not 'nan'" run -p x --temp nan
 t 2 "--temp wants a number in 0..100, not 'inf'" run -p x --temp inf
 t 2 "--top-p wants a number in 0..1, not '0.5x'" run -p x --top-p 0.5x
+t 2 "--prefetch-top wants an integer in 1..32, not '0'" run -p x --prefetch-top 0
 t 2 "--vram-budget wants a size such as 8G" run -p x --vram-budget 4X
 t 2 "--vram-budget wants a size such as 8G" run -p x --vram-budget -1G
 t 2 "static:N (N >= 1), not 'static:1x'" run -p x --placement static:1x

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # strata stats-routing on a generated tiny model: the table is printed with one row per layer
 # and a total, with recall at depths 1..4 ("-" where a layer has no layer that far before it)
-# and from the token's embedding (every layer: a percentage), --dat writes one line of 10
-# columns per layer, bad arguments exit 2.
+# and from the token's embedding (every layer: a percentage), then the depth-1 recall by the
+# predicted expert's rank, --dat writes one line of 10 columns per layer, bad arguments exit 2.
 set -u
 strata=$1
 dir=$(mktemp -d)
@@ -24,6 +24,11 @@ check "[ \$(awk '!/^#/ && NF != 11' \"$dir/r.dat\" | wc -l) -eq 0 ]" "dat lines 
 check "[ \$(awk '!/^#/ && \$10 == \"NaN\"' \"$dir/r.dat\" | wc -l) -eq 0 ]" "dat embedding recall on every layer"
 check "echo \"\$out\" | awk '/^ +[0-9]+ |^ *all / && \$13 !~ /%\$/ { bad = 1 } END { exit bad }'" "table embedding recall on every row"
 check "grep -q '^# layer .* recall recall2 recall3 recall4 ' \"$dir/r.dat\"" "dat header"
+# the depth-1 recall by rank: k shares whose mean is the total recall at depth 1 (each rank has
+# as many predictions), within their rounding to 0.1%
+check "echo \"\$out\" | awk '\$1 == \"all\" { all = \$9 + 0 } /^depth 1 by rank/ { \
+  for (i = 1; i <= NF; i++) if (\$i ~ /%\$/) { s += \$i + 0; n++ } } \
+  END { d = s / n - all; exit !(n == 2 && d <= 0.1 && d >= -0.1) }'" "recall by rank (k = 2)"
 
 # six layers: layer l has a recall at depth d exactly when d <= l, in the table and in --dat
 "$strata" gen --preset tiny --layers 6 -q -o "$dir/tiny6.gguf" >/dev/null || exit 1
