@@ -130,6 +130,7 @@ static void bench_usage(void)
            "      --prefetch        stream the experts the next layer's router predicts\n"
            "      --prefetch-depth N  the same for the next N layers (1-4)\n"
            "      --prefetch-top M    copy each token's M most likely predicted experts only\n"
+           "                          (default half of the k chosen; 32: all)\n"
            "      --spec ngram|draft|mtp  with --tg greedy: then generate the tg tokens again\n"
            "                        with strata_generate, without and with drafts (--draft-max\n"
            "                        K, default 8): prompt lookup, the greedy tokens of -md FILE\n"

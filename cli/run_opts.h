@@ -40,7 +40,7 @@ struct run_opts {
     bool stats;            /* --stats */
     bool prefetch;         /* --prefetch */
     int prefetch_depth;    /* --prefetch-depth N (implies --prefetch), 0 = 1 */
-    int prefetch_top;      /* --prefetch-top M (implies --prefetch), 0 = all */
+    int prefetch_top;      /* --prefetch-top M (implies --prefetch), 0 = half of k */
     bool gather;           /* --streaming kernel */
     bool graph;            /* --graph */
     int cpu_moe_layers;    /* --placement static[:N]: -1 auto, N, 0 = stream (the cache) */

@@ -139,8 +139,8 @@ struct strata_config {
     int prefetch_depth;      /* STRATA_FLAG_PREFETCH: predict the experts of the next 1..4
                               * layers (0 = 1) */
     int prefetch_top;        /* STRATA_FLAG_PREFETCH: copy each token's first 1..32 predicted
-                              * experts only, largest router weight first (0 = all k; the
-                              * lesser ones are used least: bench/profiles.md) */
+                              * experts only, largest router weight first (0 = the first half
+                              * of k; the lesser ones are used least: bench/profiles.md) */
     const char *profile;     /* residency profile (strata profile warmup) restored into the
                               * expert cache at start: its frozen experts are copied into slots
                               * before the first token; NULL = a cold cache */

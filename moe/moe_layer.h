@@ -128,7 +128,7 @@ struct moe_layer_config {
                            * at every call */
     int prefetch_depth;   /* with prefetch: layers l + 1 .. l + depth (1..4; 0 = 1) */
     int prefetch_top;     /* with prefetch: each token's first M predicted experts only (largest
-                           * router weight first); 0 = all k */
+                           * router weight first); 0 = the first half of k */
     bool hybrid;          /* each call's misses split between streaming and the CPU lane */
     bool modes;           /* with cache, without prefetch: the CPU lane opened as for hybrid,
                            * and moe_layer_set_mode switches between copy, zero-copy and hybrid

@@ -256,7 +256,7 @@ struct backend_cuda_config {
                            * layer l's input and stream them while layer l computes */
     int prefetch_depth;   /* with prefetch: also layers l+2 .. l+depth (1..4; 0 = 1) */
     int prefetch_top;     /* with prefetch: each token's first M predicted experts only (largest
-                           * router weight first); 0 = all */
+                           * router weight first); 0 = the first half of k */
     bool hybrid;          /* with vram_budget: each layer's cache misses split between
                            * streaming and the CPU lane by moe/lane.h's cost model (bandwidths
                            * measured at open) */

@@ -1158,9 +1158,9 @@ static void worker_same(const char *path, const int32_t *prompt, const struct ru
     }
 }
 
-/* --prefetch-top: each token's first M predicted experts only, on the copy path and the GPU's
- * own cache: logits bit-identical to all-resident; on the copy path fewer experts prefetched
- * than with all k. */
+/* --prefetch-top: each token's first M predicted experts only (32: all k), on the copy path and
+ * the GPU's own cache: logits bit-identical to all-resident; on the copy path fewer experts
+ * prefetched than with all k. */
 static void prefetch_top(const char *path, const int32_t *prompt, const struct run *ref)
 {
     int nv = n_vocab_of(path);
@@ -1170,7 +1170,7 @@ static void prefetch_top(const char *path, const int32_t *prompt, const struct r
             struct backend_cuda_config cc = {.device = 0,
                                              .expert_slots = gpu ? 5 : 9,
                                              .prefetch = true,
-                                             .prefetch_top = k ? 1 : 0};
+                                             .prefetch_top = k ? 1 : 32};
             if (gpu)
                 cc.residency = BACKEND_RESIDENCY_GPU;
             struct run r = {0};
