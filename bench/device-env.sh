@@ -43,3 +43,25 @@ bench_keep() {
     timeout "${BENCH_TIMEOUT:-90}" "$B/${bin:-strata}" bench "$@" 2>&1 | grep -E "$keep" | tee -a "$R"
 }
 
+
+# `strata bench "$@"` under the environment settings $1 (commas between them; X=1: none), as
+# bench_keep does.
+bench_env() {
+    local e=$1
+    shift
+    echo "### $e bench $*" | tee -a "$R"
+    env ${e//,/ } timeout "${BENCH_TIMEOUT:-90}" "$B/${bin:-strata}" bench "$@" 2>&1 | grep -E "$keep" | tee -a "$R"
+}
+
+# The test binaries named in $1 from .carry/bin, each with its rc and time, then the lines of
+# its log matching $2 (FAIL lines and failures always), appended to $R; nothing when SKIP_TESTS=1.
+run_tests() {
+    [ -n "${SKIP_TESTS:-}" ] && return 0
+    local t s
+    for t in $1; do
+        s=$(date +%s)
+        (cd tests && timeout 250 "$B/$t" >"/tmp/$t.log" 2>&1)
+        echo "$t rc=$? ($(($(date +%s) - s)) s)" | tee -a "$R"
+        grep -E "FAIL|failed${2:+|$2}" "/tmp/$t.log" | head -20 | tee -a "$R"
+    done
+}

@@ -12,43 +12,30 @@ set -u
 R=$OUT/worker.txt
 export STRATA_TEST_DATA=$PWD/tests/data
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader | tee -a "$R"
-if [ -z "${SKIP_TESTS:-}" ]; then
-    for t in ${TESTS:-test_cuda_residency test_cuda_backend test_cuda_batch}; do
-        s=$(date +%s)
-        (cd tests && timeout 250 "$B/$t" >"/tmp/$t.log" 2>&1)
-        echo "$t rc=$? ($(($(date +%s) - s)) s)" | tee -a "$R"
-        grep -E "FAIL|failed" "/tmp/$t.log" | head -20 | tee -a "$R"
-    done
-fi
+run_tests "${TESTS:-test_cuda_residency test_cuda_backend test_cuda_batch}" ""
 w1_setup
 keep="^(pp|tg)[0-9]|^cache |^prefetch |^cpu lane|error"
-bk() {
-    local e=$1
-    shift
-    echo "### $e bench $*" | tee -a "$R"
-    env ${e//,/ } timeout 90 "$B/strata" bench "$@" 2>&1 | grep -E "$keep" | tee -a "$R"
-}
 F=(-m $W1 -f /tmp/eval.txt --tg greedy --bw-gib 0.25 -p 512 -n 256)
 for b in ${BUDGETS:-1G 2G}; do
     for round in $(seq ${ROUNDS:-2}); do
-        bk X=1 "${F[@]}" --vram-budget $b --placement stream
-        bk STRATA_PF_WORKER=0 "${F[@]}" --vram-budget $b --placement stream --prefetch
-        bk STRATA_PF_WORKER=1 "${F[@]}" --vram-budget $b --placement stream --prefetch
-        bk X=1 "${F[@]}" --vram-budget $b --placement stream --prefetch
+        bench_env X=1 "${F[@]}" --vram-budget $b --placement stream
+        bench_env STRATA_PF_WORKER=0 "${F[@]}" --vram-budget $b --placement stream --prefetch
+        bench_env STRATA_PF_WORKER=1 "${F[@]}" --vram-budget $b --placement stream --prefetch
+        bench_env X=1 "${F[@]}" --vram-budget $b --placement stream --prefetch
         for m in ${TOPS:-4 2}; do
-            bk X=1 "${F[@]}" --vram-budget $b --placement stream --prefetch-top $m
+            bench_env X=1 "${F[@]}" --vram-budget $b --placement stream --prefetch-top $m
         done
-        bk X=1 "${F[@]}" --vram-budget $b --residency gpu --graph
-        bk X=1 "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch
+        bench_env X=1 "${F[@]}" --vram-budget $b --residency gpu --graph
+        bench_env X=1 "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch
         for m in ${TOPS:-4 2}; do
-            bk X=1 "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch-top $m
+            bench_env X=1 "${F[@]}" --vram-budget $b --residency gpu --graph --prefetch-top $m
         done
     done
 done
 if [ -n "${P30B:-}" ]; then
     gen_30b
     G=(-m $M -p 512 -n 128 --tg random --bw-gib 0.5 --vram-budget 8G --placement hybrid)
-    bk X=1 "${G[@]}"
-    bk STRATA_PF_WORKER=0 "${G[@]}" --prefetch
-    bk X=1 "${G[@]}" --prefetch
+    bench_env X=1 "${G[@]}"
+    bench_env STRATA_PF_WORKER=0 "${G[@]}" --prefetch
+    bench_env X=1 "${G[@]}" --prefetch
 fi
