@@ -6,7 +6,8 @@
 # strata-base, where one exists), then ROUNDS rounds of the 30b-a3b q4_k_m preset all resident:
 # tg128 after a PS-token prompt eager and with --graph, lockstep decode of NS streams; then
 # (NCU1=1) ncu on the first four 8-bit expert kernels a run launches (one-token calls: the
-# bulk path; time, DRAM and L1 throughput, load instructions, stall reasons). Results on stdout and in
+# bulk path; time, DRAM and L1 throughput, load instructions, stall reasons) and (NCU8=1) on four
+# of the eight-row lockstep steps' 8-bit direct expert kernels. Results on stdout and in
 # $OUT/two.txt (raw logs stay in /tmp/two: a call returns at most 8 files).
 set -u
 . bench/device-env.sh
@@ -61,6 +62,17 @@ if [ -n "${NCU1:-}" ]; then
                 "$B/$b" bench -m $M --device cuda -p $p -n 1 --bw-gib 0.1 --tg random >"$L/ncu-$p-${r//[=:]/-}.txt" 2>&1
             grep -E "k_moe|gpu__time|dram__|l1tex|sm__|stalled" "$L/ncu-$p-${r//[=:]/-}.txt" | awk '{ if ($1 ~ /void|k_moe/) print $0; else print $1, $NF }' | head -60
         done
+    done
+fi
+if [ -n "${NCU8:-}" ]; then
+    # the 8-bit direct expert kernels of eight-row lockstep steps: past the single stream's
+    # 16-token prompt and the eight streams' prompts (about 870 launches of the two kernels)
+    for r in $RUNS; do
+        b=$(run_bin "$r")
+        echo "### ncu lockstep 8 $r"
+        env $(run_env "$r") timeout 120 ncu --metrics $m -k regex:"moe_(down|gate_up)_q8" --launch-skip ${NCU8_SKIP:-900} -c 4 \
+            "$B/$b" bench -m $M --device cuda -p 16 -n 4 --bw-gib 0.1 --streams 8 --tg random >"$L/ncu8-${r//[=:]/-}.txt" 2>&1
+        grep -E "k_moe|gpu__time|dram__|l1tex|sm__|stalled" "$L/ncu8-${r//[=:]/-}.txt" | awk '{ if ($1 ~ /void|k_moe/) print $0; else print $1, $NF }' | head -60
     done
 fi
 exit 0

@@ -97,16 +97,43 @@ __device__ __forceinline__ uint32_t mxfp4_lookup4(uint32_t q16)
     return __byte_perm(pos, neg, sel);
 }
 
+/* __funnelshift_r and __dp4a; for R > 1 (mmv_kernel's rows per warp) as plain, not volatile,
+ * asm: the same instructions, but the intrinsics' volatile asm keeps the compiler from sharing
+ * the activation loads around them between the R rows' dots. R = 1 keeps the intrinsics (and
+ * the one-row kernels' schedules and registers). */
+template <int R = 1>
+__device__ __forceinline__ uint32_t mm_shf_r(uint32_t lo, uint32_t hi, uint32_t sh)
+{
+    if constexpr (R > 1) {
+        uint32_t r;
+        asm("shf.r.wrap.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(lo), "r"(hi), "r"(sh));
+        return r;
+    } else {
+        return __funnelshift_r(lo, hi, sh);
+    }
+}
+
+template <int R = 1> __device__ __forceinline__ int mm_dp4a(int a, int b, int c)
+{
+    if constexpr (R > 1) {
+        int r;
+        asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+        return r;
+    } else {
+        return __dp4a(a, b, c);
+    }
+}
+
 /* The little-endian 32-bit word at byte offset off of a shared buffer, any alignment. Reads
  * the aligned words s[off/4] and s[off/4 + 1]. */
-__device__ __forceinline__ uint32_t sm_word(const uint32_t *s, uint32_t off)
+template <int R = 1> __device__ __forceinline__ uint32_t sm_word(const uint32_t *s, uint32_t off)
 {
     const uint32_t i = off >> 2, sh = (off & 3) * 8;
-    return __funnelshift_r(s[i], s[i + 1], sh);
+    return mm_shf_r<R>(s[i], s[i + 1], sh);
 }
 
 /* N consecutive 32-bit words from byte offset off of a shared buffer, any alignment. */
-template <int N>
+template <int N, int R = 1>
 __device__ __forceinline__ void sm_words(const uint32_t *s, uint32_t off, uint32_t *out)
 {
     const uint32_t i = off >> 2, sh = (off & 3) * 8;
@@ -114,7 +141,7 @@ __device__ __forceinline__ void sm_words(const uint32_t *s, uint32_t off, uint32
 #pragma unroll
     for (int k = 0; k < N; k++) {
         const uint32_t next = s[i + k + 1];
-        out[k] = __funnelshift_r(prev, next, sh);
+        out[k] = mm_shf_r<R>(prev, next, sh);
         prev = next;
     }
 }
@@ -144,12 +171,12 @@ __device__ __forceinline__ void k4_scale_min(const uint32_t *sw, int j, int *sc,
 }
 
 /* sum_k dot4(v[k], x[k]) over four words (16 int8 pairs), added to c. */
-__device__ __forceinline__ int dp4a_16(const uint32_t *v, int4 x, int c)
+template <int R = 1> __device__ __forceinline__ int dp4a_16(const uint32_t *v, int4 x, int c)
 {
-    c = __dp4a((int)v[0], x.x, c);
-    c = __dp4a((int)v[1], x.y, c);
-    c = __dp4a((int)v[2], x.z, c);
-    c = __dp4a((int)v[3], x.w, c);
+    c = mm_dp4a<R>((int)v[0], x.x, c);
+    c = mm_dp4a<R>((int)v[1], x.y, c);
+    c = mm_dp4a<R>((int)v[2], x.z, c);
+    c = mm_dp4a<R>((int)v[3], x.w, c);
     return c;
 }
 
@@ -213,35 +240,56 @@ __device__ void tile_stage(uint32_t *buf, const uint8_t *g0, const uint8_t *g1, 
  * types need it: they zero the elements past it; quantized callers never pass a k >= n_left).
  * The values are quant_ref's, computed with the same operations in the same order. */
 
-/* The activation rows of one MMV chunk. */
-template <int M> struct mmv_rows {
+/* An activation load of a dot: __ldg for one weight row per warp; a plain load for R > 1, which
+ * the compiler can share between the R rows' dots (it must repeat __ldg, a volatile asm). The
+ * activations are written by an earlier kernel and only read here. */
+template <int R, typename T> __device__ __forceinline__ T mmv_x(const T *p)
+{
+    if constexpr (R > 1)
+        return *p;
+    else
+        return __ldg(p);
+}
+
+/* The activation rows of one MMV chunk (R: weight rows per warp, mmv_kernel). */
+template <int M, int R = 1> struct mmv_rows {
     const int8_t *qs;  /* quantized types: (mc rows of n_in) 8-bit activations, scratch */
     const float2 *ds;  /* quantized types: (mc rows of n_in/32) scale d and d * sum(q) */
     const float *x[M]; /* float types: activation row j, device */
     int64_t n_in;
-    int mc; /* rows in this chunk, 1..M */
+    int mq; /* rows in this chunk, 1..M; with R > 1, rows past it read row mq - 1 */
+    __device__ __forceinline__ int64_t row(int j) const
+    {
+        return R == 1 ? j : min(j, mq - 1);
+    }
+    /* Whether a dot stops before row j: at mq, or (R > 1) never, so that all M rows' loads
+     * are unconditional and the compiler can share them between the R weight rows. */
+    __device__ __forceinline__ bool stop(int j) const
+    {
+        return R == 1 && j >= mq;
+    }
 };
 
 struct fmt_q8_0 {
     static constexpr int QK = 32, BS = 34, PARTS = 1, TB = 64;
     static constexpr bool FLOAT_X = false;
 
-    template <int M>
+    template <int M, int R>
     static __device__ __forceinline__ void dot(const uint32_t *s, uint32_t off, int part,
-                                               int64_t blk, const mmv_rows<M> &r, float *acc)
+                                               int64_t blk, const mmv_rows<M, R> &r, float *acc)
     {
         (void)part;
-        const float d = f16_bits_f32(sm_word(s, off));
+        const float d = f16_bits_f32(sm_word<R>(s, off));
         uint32_t q[8];
-        sm_words<8>(s, off + 2, q);
+        sm_words<8, R>(s, off + 2, q);
 #pragma unroll
         for (int j = 0; j < M; j++) {
-            if (j >= r.mc)
+            if (r.stop(j))
                 break;
-            const int4 *xp = (const int4 *)(r.qs + j * r.n_in + blk * QK);
-            int sum = dp4a_16(q, __ldg(xp), 0);
-            sum = dp4a_16(q + 4, __ldg(xp + 1), sum);
-            const float2 dx = __ldg(r.ds + j * (r.n_in / 32) + blk);
+            const int4 *xp = (const int4 *)(r.qs + r.row(j) * r.n_in + blk * QK);
+            int sum = dp4a_16<R>(q, mmv_x<R>(xp), 0);
+            sum = dp4a_16<R>(q + 4, mmv_x<R>(xp + 1), sum);
+            const float2 dx = mmv_x<R>(r.ds + r.row(j) * (r.n_in / 32) + blk);
             acc[j] += d * dx.x * (float)sum;
         }
     }
@@ -266,14 +314,14 @@ struct fmt_q4_0 {
     static constexpr int QK = 32, BS = 18, PARTS = 1, TB = 128;
     static constexpr bool FLOAT_X = false;
 
-    template <int M>
+    template <int M, int R>
     static __device__ __forceinline__ void dot(const uint32_t *s, uint32_t off, int part,
-                                               int64_t blk, const mmv_rows<M> &r, float *acc)
+                                               int64_t blk, const mmv_rows<M, R> &r, float *acc)
     {
         (void)part;
-        const float d = f16_bits_f32(sm_word(s, off));
+        const float d = f16_bits_f32(sm_word<R>(s, off));
         uint32_t q[4], lo[4], hi[4];
-        sm_words<4>(s, off + 2, q);
+        sm_words<4, R>(s, off + 2, q);
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             lo[k] = q[k] & 0x0F0F0F0Fu;        /* elements 4k..4k+3 */
@@ -281,11 +329,11 @@ struct fmt_q4_0 {
         }
 #pragma unroll
         for (int j = 0; j < M; j++) {
-            if (j >= r.mc)
+            if (r.stop(j))
                 break;
-            const int4 *xp = (const int4 *)(r.qs + j * r.n_in + blk * QK);
-            const int sum = dp4a_16(hi, __ldg(xp + 1), dp4a_16(lo, __ldg(xp), 0));
-            const float2 dx = __ldg(r.ds + j * (r.n_in / 32) + blk);
+            const int4 *xp = (const int4 *)(r.qs + r.row(j) * r.n_in + blk * QK);
+            const int sum = dp4a_16<R>(hi, mmv_x<R>(xp + 1), dp4a_16<R>(lo, mmv_x<R>(xp), 0));
+            const float2 dx = mmv_x<R>(r.ds + r.row(j) * (r.n_in / 32) + blk);
             acc[j] += d * (dx.x * (float)sum - 8.0f * dx.y);
         }
     }
@@ -311,14 +359,14 @@ struct fmt_mxfp4 {
     static constexpr int QK = 32, BS = 17, PARTS = 1, TB = 128;
     static constexpr bool FLOAT_X = false;
 
-    template <int M>
+    template <int M, int R>
     static __device__ __forceinline__ void dot(const uint32_t *s, uint32_t off, int part,
-                                               int64_t blk, const mmv_rows<M> &r, float *acc)
+                                               int64_t blk, const mmv_rows<M, R> &r, float *acc)
     {
         (void)part;
-        const float d = mxfp4_half_scale(sm_word(s, off) & 0xFF);
+        const float d = mxfp4_half_scale(sm_word<R>(s, off) & 0xFF);
         uint32_t q[4], va[4], vb[4];
-        sm_words<4>(s, off + 1, q);
+        sm_words<4, R>(s, off + 1, q);
         /* byte k of q[i] holds element 4i+k (low nibble) and 16+4i+k (high nibble), so the low
          * half of q[i] codes elements 4i, 16+4i, 4i+1, 17+4i and the high half 4i+2, 18+4i,
          * 4i+3, 19+4i; the activations are permuted to the same order below */
@@ -329,19 +377,19 @@ struct fmt_mxfp4 {
         }
 #pragma unroll
         for (int j = 0; j < M; j++) {
-            if (j >= r.mc)
+            if (r.stop(j))
                 break;
-            const int4 *xp = (const int4 *)(r.qs + j * r.n_in + blk * QK);
-            const int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+            const int4 *xp = (const int4 *)(r.qs + r.row(j) * r.n_in + blk * QK);
+            const int4 x0 = mmv_x<R>(xp), x1 = mmv_x<R>(xp + 1);
             const uint32_t xl[4] = {(uint32_t)x0.x, (uint32_t)x0.y, (uint32_t)x0.z, (uint32_t)x0.w};
             const uint32_t xh[4] = {(uint32_t)x1.x, (uint32_t)x1.y, (uint32_t)x1.z, (uint32_t)x1.w};
             int sum = 0;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                sum = __dp4a((int)va[i], (int)__byte_perm(xl[i], xh[i], 0x5140), sum);
-                sum = __dp4a((int)vb[i], (int)__byte_perm(xl[i], xh[i], 0x7362), sum);
+                sum = mm_dp4a<R>((int)va[i], (int)__byte_perm(xl[i], xh[i], 0x5140), sum);
+                sum = mm_dp4a<R>((int)vb[i], (int)__byte_perm(xl[i], xh[i], 0x7362), sum);
             }
-            const float2 dx = __ldg(r.ds + j * (r.n_in / 32) + blk);
+            const float2 dx = mmv_x<R>(r.ds + r.row(j) * (r.n_in / 32) + blk);
             acc[j] += d * dx.x * (float)sum;
         }
     }
@@ -380,18 +428,18 @@ template <bool Q5> struct fmt_qk45 {
     static constexpr int QS = Q5 ? 48 : 16; /* offset of qs[128] */
     static constexpr bool FLOAT_X = false;
 
-    template <int M>
+    template <int M, int R>
     static __device__ __forceinline__ void dot(const uint32_t *s, uint32_t off, int part,
-                                               int64_t blk, const mmv_rows<M> &r, float *acc)
+                                               int64_t blk, const mmv_rows<M, R> &r, float *acc)
     {
-        const uint32_t dm = sm_word(s, off);
+        const uint32_t dm = sm_word<R>(s, off);
         const float d = f16_bits_f32(dm), dmin = f16_bits_f32(dm >> 16);
         uint32_t sw[3], q[8], va[8], vb[8];
-        sm_words<3>(s, off + 4, sw);
+        sm_words<3, R>(s, off + 4, sw);
         int sc0, m0, sc1, m1;
         k4_scale_min(sw, 2 * part, &sc0, &m0);
         k4_scale_min(sw, 2 * part + 1, &sc1, &m1);
-        sm_words<8>(s, off + QS + 32 * part, q);
+        sm_words<8, R>(s, off + QS + 32 * part, q);
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             va[k] = q[k] & 0x0F0F0F0Fu;
@@ -400,7 +448,7 @@ template <bool Q5> struct fmt_qk45 {
         if constexpr (Q5) {
             uint32_t h[8];
             /* qh[l]: bit j is the 5th bit of element l of sub-block j */
-            sm_words<8>(s, off + 16, h);
+            sm_words<8, R>(s, off + 16, h);
 #pragma unroll
             for (int k = 0; k < 8; k++) {
                 va[k] |= ((h[k] >> (2 * part)) & 0x01010101u) << 4;
@@ -410,15 +458,15 @@ template <bool Q5> struct fmt_qk45 {
         const int64_t e = blk * QK + 64 * part; /* first element of the part */
 #pragma unroll
         for (int j = 0; j < M; j++) {
-            if (j >= r.mc)
+            if (r.stop(j))
                 break;
-            const int4 *xp = (const int4 *)(r.qs + j * r.n_in + e);
-            int sa = dp4a_16(va, __ldg(xp), 0);
-            sa = dp4a_16(va + 4, __ldg(xp + 1), sa);
-            int sb = dp4a_16(vb, __ldg(xp + 2), 0);
-            sb = dp4a_16(vb + 4, __ldg(xp + 3), sb);
-            const float2 *dp = r.ds + j * (r.n_in / 32) + e / 32;
-            const float2 da = __ldg(dp), db = __ldg(dp + 1);
+            const int4 *xp = (const int4 *)(r.qs + r.row(j) * r.n_in + e);
+            int sa = dp4a_16<R>(va, mmv_x<R>(xp), 0);
+            sa = dp4a_16<R>(va + 4, mmv_x<R>(xp + 1), sa);
+            int sb = dp4a_16<R>(vb, mmv_x<R>(xp + 2), 0);
+            sb = dp4a_16<R>(vb + 4, mmv_x<R>(xp + 3), sb);
+            const float2 *dp = r.ds + r.row(j) * (r.n_in / 32) + e / 32;
+            const float2 da = mmv_x<R>(dp), db = mmv_x<R>(dp + 1);
             acc[j] += d * (da.x * (float)(sc0 * sa) + db.x * (float)(sc1 * sb)) -
                       dmin * ((float)m0 * da.y + (float)m1 * db.y);
         }
@@ -467,17 +515,17 @@ struct fmt_q6_k {
         return x | (x & 0x20202020u) * 6u;
     }
 
-    template <int M>
+    template <int M, int R>
     static __device__ __forceinline__ void dot(const uint32_t *s, uint32_t off, int part,
-                                               int64_t blk, const mmv_rows<M> &r, float *acc)
+                                               int64_t blk, const mmv_rows<M, R> &r, float *acc)
     {
         const int h = part >> 1, lh = part & 1;
         uint32_t a[4], b[4], hb[4], sw[2];
-        sm_words<4>(s, off + 64 * h + 16 * lh, a);      /* ql, groups s = 0 and 2 */
-        sm_words<4>(s, off + 64 * h + 32 + 16 * lh, b); /* ql, groups s = 1 and 3 */
-        sm_words<4>(s, off + 128 + 32 * h + 16 * lh, hb);
-        sm_words<2>(s, off + 192 + 8 * h, sw); /* scales[8h .. 8h+7] */
-        const float d = f16_bits_f32(sm_word(s, off + 208));
+        sm_words<4, R>(s, off + 64 * h + 16 * lh, a);      /* ql, groups s = 0 and 2 */
+        sm_words<4, R>(s, off + 64 * h + 32 + 16 * lh, b); /* ql, groups s = 1 and 3 */
+        sm_words<4, R>(s, off + 128 + 32 * h + 16 * lh, hb);
+        sm_words<2, R>(s, off + 192 + 8 * h, sw); /* scales[8h .. 8h+7] */
+        const float d = f16_bits_f32(sm_word<R>(s, off + 208));
         uint32_t v[4][4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -495,15 +543,15 @@ struct fmt_q6_k {
         const int64_t e = blk * QK + 128 * h + 16 * lh;
 #pragma unroll
         for (int j = 0; j < M; j++) {
-            if (j >= r.mc)
+            if (r.stop(j))
                 break;
-            const int8_t *xr = r.qs + j * r.n_in + e;
-            const float2 *dp = r.ds + j * (r.n_in / 32) + (blk * QK + 128 * h) / 32;
+            const int8_t *xr = r.qs + r.row(j) * r.n_in + e;
+            const float2 *dp = r.ds + r.row(j) * (r.n_in / 32) + (blk * QK + 128 * h) / 32;
             float sum = 0.0f;
 #pragma unroll
             for (int g = 0; g < 4; g++) {
-                const int si = dp4a_16(v[g], __ldg((const int4 *)(xr + 32 * g)), 0);
-                sum += sc[g] * __ldg(dp + g).x * (float)si;
+                const int si = dp4a_16<R>(v[g], mmv_x<R>((const int4 *)(xr + 32 * g)), 0);
+                sum += sc[g] * mmv_x<R>(dp + g).x * (float)si;
             }
             acc[j] += d * sum;
         }
@@ -532,25 +580,31 @@ struct fmt_q6_k {
 };
 
 /* Dot of 8 float weights with elements e..e+7 of each activation row (fewer at the row end). */
-template <int M>
-__device__ __forceinline__ void mmv_float_dot(const float *wf, int64_t e, const mmv_rows<M> &r,
+template <int M, int R>
+__device__ __forceinline__ void mmv_float_dot(const float *wf, int64_t e, const mmv_rows<M, R> &r,
                                               float *acc)
 {
     const int64_t left = r.n_in - e;
 #pragma unroll
     for (int j = 0; j < M; j++) {
-        if (j >= r.mc)
+        if (r.stop(j))
             break;
         const float *xp = r.x[j] + e;
-        if (left >= 8) {
+        if (left >= 8 && ((uintptr_t)xp & 15) == 0) { /* two 16-byte loads, the same sums */
+            const float4 a = mmv_x<R>((const float4 *)xp), b = mmv_x<R>((const float4 *)xp + 1);
+            const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
             for (int i = 0; i < 8; i++)
-                acc[j] = fmaf(wf[i], __ldg(xp + i), acc[j]);
+                acc[j] = fmaf(wf[i], xv[i], acc[j]);
+        } else if (left >= 8) {
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                acc[j] = fmaf(wf[i], mmv_x<R>(xp + i), acc[j]);
         } else {
 #pragma unroll
             for (int i = 0; i < 8; i++)
                 if (i < left)
-                    acc[j] = fmaf(wf[i], __ldg(xp + i), acc[j]);
+                    acc[j] = fmaf(wf[i], mmv_x<R>(xp + i), acc[j]);
         }
     }
 }
@@ -580,20 +634,20 @@ template <uint32_t T> struct fmt_float {
             return from_bits(w[i / 2] >> (16 * (i % 2)));
     }
 
-    template <int M>
+    template <int M, int R>
     static __device__ __forceinline__ void dot(const uint32_t *s, uint32_t off, int part,
-                                               int64_t blk, const mmv_rows<M> &r, float *acc)
+                                               int64_t blk, const mmv_rows<M, R> &r, float *acc)
     {
         const int64_t e = blk * QK + 8 * part;
         if (e >= r.n_in)
             return;
         uint32_t w[2 * ES];
-        sm_words<2 * ES>(s, off + 8 * ES * part, w);
+        sm_words<2 * ES, R>(s, off + 8 * ES * part, w);
         float wf[8];
 #pragma unroll
         for (int i = 0; i < 8; i++)
             wf[i] = elem(w, i);
-        mmv_float_dot<M>(wf, e, r, acc);
+        mmv_float_dot(wf, e, r, acc);
     }
 
     static __device__ __forceinline__ void dequant8(const uint32_t *s, uint32_t base, int k,
@@ -663,48 +717,77 @@ constexpr int mmv_min_blocks = (MMV_WARPS * 2 * mmv_tile_words<F> * 4 + 1024) * 
                                    ? MMV_MIN_BLOCKS
                                    : 1;
 
-/* KS = 1: one warp per row, the kernel synchronizes nothing wider than a warp. KS = MMV_WARPS
- * (at most 256 rows: too few warps to keep the loads in flight): the block's warps share one
- * row, warp w taking tiles w, w + KS, ..., and their sums are added in warp order. */
-template <typename F, int M, int KS>
-__global__ void __launch_bounds__(MMV_THREADS, M == 1 && KS == 1 ? mmv_min_blocks<F> : 1)
-    mmv_kernel(const mmv_params p)
+/* Where row `row` of an MMV launch lives: its matrix (the call's first or one of its further
+ * matrices), the row inside that matrix, and its output. */
+struct mmv_dst {
+    const uint8_t *w0;
+    size_t w_stride;
+    uintptr_t w_lo, w_hi;
+    float *y;
+    int64_t y_stride;
+    const float *bias;
+    int64_t orow;
+};
+
+__device__ __forceinline__ mmv_dst mmv_dst_of(const mmv_params &p, int64_t row)
 {
-    __shared__ __align__(16) uint32_t tiles[MMV_WARPS][2][mmv_tile_words<F>];
+    mmv_dst d = {p.w, p.w_stride, p.w_lo, p.w_hi, p.y, p.y_stride, p.bias, row};
+    if (p.n_seg && row >= p.seg_end[0]) {
+        const int sg = p.n_seg > 1 && row >= p.seg_end[1] ? 1 : 0;
+        d.orow = sg ? row - p.seg_end[1] : row - p.seg_end[0];
+        d.w0 = p.seg[sg].w;
+        d.w_stride = p.seg[sg].w_stride;
+        d.w_lo = p.seg[sg].w_lo;
+        d.w_hi = p.seg[sg].w_hi;
+        d.y = p.seg[sg].y;
+        d.y_stride = p.seg[sg].y_stride;
+        d.bias = p.seg[sg].bias;
+    }
+    return d;
+}
+
+/* KS = 1: one warp per R rows (neighbours), the kernel synchronizes nothing wider than a warp.
+ * KS = MMV_WARPS (at most 256 rows: too few warps to keep the loads in flight; R = 1): the
+ * block's warps share one row, warp w taking tiles w, w + KS, ..., and their sums are added in
+ * warp order. With R > 1 a lane applies each activation unit it loads to the R rows' blocks
+ * (the loads are the same for every row, so the compiler keeps one copy): R times fewer
+ * activation loads per weight byte, which is what an M-row launch spends its time on. Each
+ * row's sum is the R = 1 kernel's (lane q takes the same parts in the same order, the same warp
+ * reduction): the same bits. */
+template <typename F, int M, int KS, int R = 1>
+__global__ void __launch_bounds__(MMV_THREADS, M == 1 && KS == 1 && R == 1 ? mmv_min_blocks<F>
+                                               : R > 1                     ? 4
+                                                       : 1) mmv_kernel(const mmv_params p)
+{
+    static_assert(KS == 1 || R == 1, "rows per warp only with one warp per row");
+    __shared__ __align__(16) uint32_t tiles[MMV_WARPS][R][2][mmv_tile_words<F>];
     __shared__ float red[KS > 1 ? KS : 1][M];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int64_t row = KS > 1 ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * MMV_WARPS + warp;
+    const int64_t row0 =
+        KS > 1 ? (int64_t)blockIdx.x : ((int64_t)blockIdx.x * MMV_WARPS + warp) * R;
     const int kw = KS > 1 ? warp : 0; /* this warp's first tile */
-    if (row >= p.n_out) {
+    if (row0 >= p.n_out) {
         ops_pdl_begin();
         return; /* whole warps (KS = 1) or whole blocks (KS > 1) */
     }
 
-    /* the matrix this row belongs to (a call with further matrices) */
-    const uint8_t *w0 = p.w;
-    size_t w_stride = p.w_stride;
-    uintptr_t w_lo = p.w_lo, w_hi = p.w_hi;
-    float *y = p.y;
-    const float *bias = p.bias;
-    int64_t y_stride = p.y_stride, orow = row;
-    if (p.n_seg && row >= p.seg_end[0]) {
-        const int sg = p.n_seg > 1 && row >= p.seg_end[1] ? 1 : 0;
-        orow = sg ? row - p.seg_end[1] : row - p.seg_end[0];
-        w0 = p.seg[sg].w;
-        w_stride = p.seg[sg].w_stride;
-        w_lo = p.seg[sg].w_lo;
-        w_hi = p.seg[sg].w_hi;
-        y = p.seg[sg].y;
-        y_stride = p.seg[sg].y_stride;
-        bias = p.seg[sg].bias;
+    /* the matrix each row belongs to (a call with further matrices); rows past the end repeat
+     * the last one and store nothing */
+    mmv_dst d[R];
+    const uint8_t *wrow[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        d[i] = mmv_dst_of(p, min(row0 + i, p.n_out - 1));
+        wrow[i] = d[i].w0 + d[i].orow * d[i].w_stride;
     }
 
-    /* the row's weights on their way to L2 while the kernel before this one finishes (a
+    /* the rows' weights on their way to L2 while the kernel before this one finishes (a
      * programmatic launch: cuda_ops_util.cuh); only x and y are shared with other kernels */
-    const uint8_t *wrow = w0 + orow * w_stride;
     if (lane == 0 && kw == 0 && blockIdx.y == 0)
-        ops_l2_prefetch((const void *)max((uintptr_t)wrow, w_lo),
-                        (const void *)min((uintptr_t)wrow + p.row_bytes, w_hi));
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            ops_l2_prefetch((const void *)max((uintptr_t)wrow[i], d[i].w_lo),
+                            (const void *)min((uintptr_t)wrow[i] + p.row_bytes, d[i].w_hi));
     /* ... and the warp's first tile on its way into shared memory (a whole row of the
      * 8-bit types at 2048 inputs), so that after the wait only x is still to come */
     const int64_t nblk = (p.n_in + F::QK - 1) / F::QK;
@@ -716,23 +799,26 @@ __global__ void __launch_bounds__(MMV_THREADS, M == 1 && KS == 1 ? mmv_min_block
         if (pass == (p.early ? 0 : 1)) {
             if (kw < ntile) {
                 const int64_t b0 = (int64_t)kw * tile_bytes;
-                tile_stage(tiles[warp][0], wrow + b0,
-                           wrow + min(b0 + tile_bytes, (int64_t)p.row_bytes), w_lo, w_hi, lane);
+#pragma unroll
+                for (int i = 0; i < R; i++)
+                    tile_stage(tiles[warp][i][0], wrow[i] + b0,
+                               wrow[i] + min(b0 + tile_bytes, (int64_t)p.row_bytes), d[i].w_lo,
+                               d[i].w_hi, lane);
             }
             cp_async_commit();
         }
     }
 
     const int j0 = blockIdx.y * MMV_MAX_M;
-    mmv_rows<M> r;
+    mmv_rows<M, R> r;
     r.n_in = p.n_in;
-    r.mc = min(M, p.m - j0);
+    r.mq = min(M, p.m - j0);
     if constexpr (F::FLOAT_X) {
         r.qs = nullptr;
         r.ds = nullptr;
 #pragma unroll
         for (int j = 0; j < M; j++) {
-            const int jj = j0 + min(j, r.mc - 1);
+            const int jj = j0 + min(j, r.mq - 1);
             const int64_t xr = p.x_rows ? (int64_t)__ldg(p.x_rows + jj) : (int64_t)jj;
             r.x[j] = p.x + xr * p.x_stride;
         }
@@ -744,59 +830,77 @@ __global__ void __launch_bounds__(MMV_THREADS, M == 1 && KS == 1 ? mmv_min_block
             r.x[j] = nullptr;
     }
 
-    float acc[M];
+    float acc[R][M];
 #pragma unroll
-    for (int j = 0; j < M; j++)
-        acc[j] = 0.0f;
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int j = 0; j < M; j++)
+            acc[i][j] = 0.0f;
 
     for (int t = kw, it = 0; t < ntile; t += KS, it++) {
         if (t + KS < ntile) {
             const int64_t b0 = (int64_t)(t + KS) * tile_bytes;
-            tile_stage(tiles[warp][(it + 1) & 1], wrow + b0,
-                       wrow + min(b0 + tile_bytes, (int64_t)p.row_bytes), w_lo, w_hi, lane);
+#pragma unroll
+            for (int i = 0; i < R; i++)
+                tile_stage(tiles[warp][i][(it + 1) & 1], wrow[i] + b0,
+                           wrow[i] + min(b0 + tile_bytes, (int64_t)p.row_bytes), d[i].w_lo,
+                           d[i].w_hi, lane);
         }
         cp_async_commit(); /* possibly empty: keeps "all but the newest group" = tile t */
         cp_async_wait<1>();
         __syncwarp();
 
-        const uint32_t *s = tiles[warp][it & 1];
         const int64_t tb0 = (int64_t)t * F::TB;
-        const uint32_t shift = (uint32_t)((uintptr_t)(wrow + tb0 * F::BS) & 15);
+        uint32_t shift[R];
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            shift[i] = (uint32_t)((uintptr_t)(wrow[i] + tb0 * F::BS) & 15);
         const int nparts = (int)min((int64_t)F::TB, nblk - tb0) * F::PARTS;
         for (int q = lane; q < nparts; q += WARP) {
             const int blk = q / F::PARTS, part = q % F::PARTS;
-            F::template dot<M>(s, shift + (uint32_t)(blk * F::BS), part, tb0 + blk, r, acc);
+#pragma unroll
+            for (int i = 0; i < R; i++)
+                F::template dot<M>(tiles[warp][i][it & 1], shift[i] + (uint32_t)(blk * F::BS), part,
+                                   tb0 + blk, r, acc[i]);
         }
         __syncwarp(); /* the buffer is refilled by the next iteration's tile_stage */
     }
 
 #pragma unroll
-    for (int j = 0; j < M; j++)
+    for (int i = 0; i < R; i++)
 #pragma unroll
-        for (int o = WARP / 2; o > 0; o >>= 1)
-            acc[j] += __shfl_xor_sync(FULL_MASK, acc[j], o);
+        for (int j = 0; j < M; j++)
+#pragma unroll
+            for (int o = WARP / 2; o > 0; o >>= 1)
+                acc[i][j] += __shfl_xor_sync(FULL_MASK, acc[i][j], o);
     if constexpr (KS > 1) {
         if (lane == 0)
 #pragma unroll
             for (int j = 0; j < M; j++)
-                red[warp][j] = acc[j];
+                red[warp][j] = acc[0][j];
         __syncthreads();
         if (warp != 0)
             return;
 #pragma unroll
         for (int j = 0; j < M; j++) {
-            acc[j] = red[0][j];
+            acc[0][j] = red[0][j];
 #pragma unroll
             for (int w = 1; w < KS; w++)
-                acc[j] += red[w][j];
+                acc[0][j] += red[w][j];
         }
     }
     if (lane == 0) {
-        const float b = bias ? bias[orow] : 0.0f;
 #pragma unroll
-        for (int j = 0; j < M; j++)
-            if (j < r.mc)
-                y[(int64_t)(j0 + j) * y_stride + orow] = bias ? __fadd_rn(acc[j], b) : acc[j];
+        for (int i = 0; i < R; i++) {
+            if (row0 + i >= p.n_out)
+                break;
+            const float b = d[i].bias ? d[i].bias[d[i].orow] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < M; j++)
+                if (j < r.mq)
+                    d[i].y[(int64_t)(j0 + j) * d[i].y_stride + d[i].orow] =
+                        d[i].bias ? __fadd_rn(acc[i][j], b) : acc[i][j];
+        }
     }
 }
 
@@ -835,7 +939,7 @@ __global__ void __launch_bounds__(MMV_THREADS, mmv_min_blocks<F>)
     }
     mmv_rows<1> r;
     r.n_in = p.n_in;
-    r.mc = 1;
+    r.mq = 1;
     r.qs = p.xq;
     r.ds = p.xds;
     r.x[0] = nullptr;
@@ -1392,6 +1496,29 @@ template <typename F> bool mmv_pack_ok(const mmv_params &p)
            p.w_stride == p.row_bytes && 2 * (int64_t)p.row_bytes <= (int64_t)F::TB * F::BS;
 }
 
+/* Weight rows per warp of the MMV launches of 2 to 8 activation rows (lockstep decode steps):
+ * 2 for the 32-element block types (Q8_0, Q4_0, MXFP4: two rows' dots fit 128 registers at 8
+ * activation rows, four blocks of 128 threads per SM, without spilling; the K-quants spill and
+ * the float types' dots branch per row, so their loads would not be shared: mmv_r2), or 1
+ * under STRATA_MMV_ROWS=1 in the environment (for comparisons; the same bits either way).
+ * Decided once. */
+template <typename F>
+constexpr int mmv_r2 =
+    !F::FLOAT_X && F::QK == 32 &&
+            MMV_WARPS * 2 * 2 * mmv_tile_words<F> * 4 + MMV_MAX_M * 4 <= 48 * 1024
+        ? 2
+        : 1;
+
+static int mmv_rows_per_warp(void)
+{
+    static int n = 0; /* a race writes the same value */
+    if (n == 0) {
+        const char *env = getenv("STRATA_MMV_ROWS");
+        n = env && *env && atoi(env) == 1 ? 1 : 2;
+    }
+    return n;
+}
+
 template <typename F> void mmv_launch(const mmv_params &p, cudaStream_t st)
 {
     if constexpr (!F::FLOAT_X) {
@@ -1416,16 +1543,26 @@ template <typename F> void mmv_launch(const mmv_params &p, cudaStream_t st)
             ops_launch(mmv_kernel<F, 8, MMV_WARPS>, g1, MMV_THREADS, 0, st, p);
         else
             ops_launch(mmv_kernel<F, MMV_MAX_M, MMV_WARPS>, g1, MMV_THREADS, 0, st, p);
-    } else if (p.m == 1)
+    } else if (p.m == 1) {
         ops_launch(mmv_kernel<F, 1, 1>, grid, MMV_THREADS, 0, st, p);
-    else if (p.m == 2)
+    } else if (mmv_r2<F> == 2 && p.m <= 8 && mmv_rows_per_warp() == 2) {
+        constexpr int R = mmv_r2<F>;
+        const dim3 g2((unsigned)((p.n_out + R * MMV_WARPS - 1) / (R * MMV_WARPS)), grid.y);
+        if (p.m == 2)
+            ops_launch(mmv_kernel<F, 2, 1, R>, g2, MMV_THREADS, 0, st, p);
+        else if (p.m <= 4)
+            ops_launch(mmv_kernel<F, 4, 1, R>, g2, MMV_THREADS, 0, st, p);
+        else
+            ops_launch(mmv_kernel<F, 8, 1, R>, g2, MMV_THREADS, 0, st, p);
+    } else if (p.m == 2) {
         ops_launch(mmv_kernel<F, 2, 1>, grid, MMV_THREADS, 0, st, p);
-    else if (p.m <= 4)
+    } else if (p.m <= 4) {
         ops_launch(mmv_kernel<F, 4, 1>, grid, MMV_THREADS, 0, st, p);
-    else if (p.m <= 8)
+    } else if (p.m <= 8) {
         ops_launch(mmv_kernel<F, 8, 1>, grid, MMV_THREADS, 0, st, p);
-    else
+    } else {
         ops_launch(mmv_kernel<F, MMV_MAX_M, 1>, grid, MMV_THREADS, 0, st, p);
+    }
 }
 
 /* ---- GEMM tiles ---- */
@@ -1663,6 +1800,12 @@ struct preload_fn {
             e = kernel_preload(mmv_kernel<F, 8, 1>);
         if (e == cudaSuccess)
             e = kernel_preload(mmv_kernel<F, MMV_MAX_M, 1>);
+        if (e == cudaSuccess)
+            e = kernel_preload(mmv_kernel<F, 2, 1, mmv_r2<F>>);
+        if (e == cudaSuccess)
+            e = kernel_preload(mmv_kernel<F, 4, 1, mmv_r2<F>>);
+        if (e == cudaSuccess)
+            e = kernel_preload(mmv_kernel<F, 8, 1, mmv_r2<F>>);
         if constexpr (!std::is_same_v<F, fmt_float<QUANT_F32>>) {
             for (int t = 1; t <= GEMM_N_TILES && e == cudaSuccess; t++) {
                 gemm_preload_fn<F> g{smem_max};

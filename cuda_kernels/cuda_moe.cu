@@ -427,7 +427,14 @@ static __global__ void k_moe_combine(struct moe_params p)
 
 #define MOE_Q8_GU_WARPS 16 /* gate/up: 16 warps of 2 rows, one 32-row unit of h per block */
 #define MOE_Q8_GU_ROWS 32
-#define MOE_Q8_DN_SPLIT 4 /* down: warps per row, each taking every 4th expert */
+#ifndef MOE_Q6_WORDS
+#define MOE_Q6_WORDS 0
+#endif
+#ifndef MOE_Q8_DN_SPLIT
+#define MOE_Q8_DN_SPLIT                                                                            \
+    2 /* down: warps per row, each taking every 2nd expert (k = 8 experts of                       \
+       * 24 units at 768 inputs: 96 unit steps per warp, every lane busy) */
+#endif
 #define MOE_Q8_DN_ROWS (MOE_WARPS / MOE_Q8_DN_SPLIT)
 #define MOE_Q8_MAX_SMEM (48 * 1024)
 #define MOE_B8_GU_STAGES 4 /* gate/up: barriers, each for 8 gate and 8 up rows (4 warps' rows) */
@@ -611,6 +618,26 @@ template <> struct moe_q8_unit<QUANT_Q6_K> {
         float d;
     };
 
+    /* The 8 little-endian words at the 2-byte aligned p (32 bytes of ql or qh) from the 9
+     * aligned words around them: 9 four-byte loads and 8 funnel shifts instead of 16 two-byte
+     * loads. load() takes them only with MOE_Q6_WORDS (a build setting, for comparisons: the
+     * same words, fewer loads, but slower where the rows sit in shared memory, the one-token
+     * bulk path; bench/lockstep.md). The words read past the 32 bytes stay inside the 210-byte
+     * block (ql and qh are followed by qh, the scales and d) or, before it, in the block
+     * before, which exists where p is not 4-byte aligned (a tensor starts aligned). */
+    static __device__ __forceinline__ void words8(const uint8_t *p, uint32_t *out)
+    {
+        const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+        const uint32_t sh = (uint32_t)((uintptr_t)p & 2) * 8;
+        uint32_t v[9];
+#pragma unroll
+        for (int i = 0; i < 9; i++)
+            v[i] = a[i];
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            out[i] = __funnelshift_r(v[i], v[i + 1], sh);
+    }
+
     static __device__ __forceinline__ w load(const uint8_t *row, int64_t u)
     {
         const uint8_t *b = row + (u / 8) * 210;
@@ -618,10 +645,21 @@ template <> struct moe_q8_unit<QUANT_Q6_K> {
         const uint8_t *ql = b + 64 * h + 32 * (s % 2), *qh = b + 128 + 32 * h;
         const int shl = 4 * (s / 2), shh = 2 * s;
         w r;
+        uint32_t lw[8], hw[8];
+        if (MOE_Q6_WORDS) {
+            words8(ql, lw);
+            words8(qh, hw);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                lw[i] = cq_ld_u32_a2(ql + 4 * i);
+                hw[i] = cq_ld_u32_a2(qh + 4 * i);
+            }
+        }
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const uint32_t lo = (cq_ld_u32_a2(ql + 4 * i) >> shl) & 0x0F0F0F0Fu;
-            const uint32_t hi = ((cq_ld_u32_a2(qh + 4 * i) >> shh) & 0x03030303u) << 4;
+            const uint32_t lo = (lw[i] >> shl) & 0x0F0F0F0Fu;
+            const uint32_t hi = ((hw[i] >> shh) & 0x03030303u) << 4;
             r.q[i] = __vsub4(lo | hi, 0x20202020u);
         }
         const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * s;
@@ -843,8 +881,9 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
 }
 
 /* direct down on codes: block (token, MOE_Q8_DN_ROWS rows); MOE_Q8_DN_SPLIT warps per row, warp
- * s taking experts s, s + 4, ... with its lanes walking their (expert, unit) pairs, each unit's
- * integer dot scaled by w_j; the warps' sums are added in order s (deterministic). */
+ * s taking experts s, s + MOE_Q8_DN_SPLIT, ... with its lanes walking their (expert, unit)
+ * pairs, each unit's integer dot scaled by w_j; the warps' sums are added in order s
+ * (deterministic). */
 template <uint32_t WT>
 static __global__ void __launch_bounds__(MOE_WARPS * 32) k_moe_down_q8(struct moe_params p)
 {

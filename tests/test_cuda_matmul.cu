@@ -751,6 +751,82 @@ static void test_graph(struct rng *r, void *stream)
     printf("  graph capture and replay: %zu cases checked bit for bit\n", sizeof cs / sizeof cs[0]);
 }
 
+/* ---- an m-row call against m one-row calls ---- */
+
+/* Each row of an m-row MMV call (2 to 8 rows: lockstep decode steps; the 32-element block types
+ * take two weight rows per warp there) equals a one-row call on that row alone, bit for bit:
+ * the dots take the same parts in the same order and reduce the same way. Odd row counts leave
+ * a warp whose second row is past the end; misaligned rows (w_off) stage across granules. */
+static void test_rows_bitwise(struct rng *r, void *stream)
+{
+    static const uint32_t ts[] = {QUANT_Q8_0, QUANT_Q4_0, QUANT_MXFP4, QUANT_Q4_K, QUANT_Q6_K};
+    static const int mv[] = {2, 3, 5, 8};
+    static const int64_t n_outs[] = {257, 2048, 9};
+    size_t cases = 0, bad_total = 0;
+    for (size_t t = 0; t < sizeof ts / sizeof ts[0]; t++)
+        for (size_t k = 0; k < sizeof mv / sizeof mv[0]; k++) {
+            const uint32_t type = ts[t];
+            const int m = mv[k];
+            const int64_t n_in = type_block(type) == QK_K ? 2048 : 2880;
+            const int64_t n_out = n_outs[(t + k) % 3];
+            const size_t rb = type_row_bytes(type, n_in), stride = rb + (k % 2 ? 3 : 0);
+            const size_t w_off = (t + k) % 2 ? 6 : 0;
+            const size_t wb = w_off + stride * (size_t)n_out;
+            uint8_t *w = (uint8_t *)xmalloc(wb);
+            memset(w, 0, wb);
+            fill_weights(type, w + w_off, n_out, n_in, stride, r);
+            float *x = (float *)xmalloc(sizeof(float) * (size_t)m * n_in);
+            for (int64_t i = 0; i < (int64_t)m * n_in; i++)
+                x[i] = rng_normal(r);
+            uint8_t *d_w = NULL;
+            float *d_x = NULL, *d_y[2] = {};
+            void *scratch = NULL;
+            const size_t sb = cuda_matmul_scratch_bytes(type, n_in, n_out, m);
+            const size_t yb = sizeof(float) * (size_t)m * n_out;
+            int rc = cuda_malloc((void **)&d_w, wb);
+            rc = rc ? rc : cuda_h2d(d_w, w, wb, stream);
+            rc = rc ? rc : cuda_malloc((void **)&d_x, sizeof(float) * (size_t)m * n_in);
+            rc = rc ? rc : cuda_h2d(d_x, x, sizeof(float) * (size_t)m * n_in, stream);
+            rc = rc ? rc : cuda_malloc(&scratch, sb ? sb : 16);
+            for (int v = 0; v < 2; v++) {
+                rc = rc ? rc : cuda_malloc((void **)&d_y[v], yb);
+                rc = rc ? rc : cuda_memset(d_y[v], 0xFF, yb, stream);
+            }
+            struct cuda_matmul_args a = {};
+            a.wtype = type, a.w = d_w + w_off, a.w_stride = stride, a.n_in = n_in;
+            a.n_out = n_out, a.x_stride = n_in, a.y_stride = n_out;
+            a.scratch = scratch, a.scratch_bytes = sb, a.stream = stream;
+            for (int j = 0; !rc && j < m; j++) { /* one row at a time */
+                struct cuda_matmul_args one = a;
+                one.m = 1, one.x = d_x + (size_t)j * n_in, one.y = d_y[0] + (size_t)j * n_out;
+                rc = cuda_matmul(&one);
+            }
+            a.m = m, a.x = d_x, a.y = d_y[1];
+            rc = rc ? rc : cuda_matmul(&a);
+            size_t bad = 0;
+            if (!rc) {
+                float *y0 = (float *)xmalloc(yb), *y1 = (float *)xmalloc(yb);
+                rc = cuda_d2h(y0, d_y[0], yb, stream);
+                rc = rc ? rc : cuda_d2h(y1, d_y[1], yb, stream);
+                rc = rc ? rc : cuda_stream_sync(stream);
+                for (size_t i = 0; !rc && i < (size_t)m * n_out; i++)
+                    bad += memcmp(&y0[i], &y1[i], sizeof(float)) != 0;
+                free(y0), free(y1);
+            }
+            CHECK(rc == 0 && bad == 0,
+                  "rows bitwise %s m %d n_out %lld: rc %d, %zu of %lld outputs differ from "
+                  "one-row calls",
+                  quant_type_name(type), m, (long long)n_out, rc, bad, (long long)m * n_out);
+            cases++;
+            bad_total += bad;
+            cuda_free(d_w), cuda_free(d_x), cuda_free(d_y[0]), cuda_free(d_y[1]);
+            cuda_free(scratch);
+            free(w), free(x);
+        }
+    printf("  m-row calls against one-row calls: %zu cases, %zu outputs differ\n", cases,
+           bad_total);
+}
+
 /* ---- further matrices in one call ---- */
 
 /* A call with more[] against one call per matrix (the later ones with x_ready), bit for bit:
@@ -771,6 +847,7 @@ static void test_more(struct rng *r, void *stream)
         {QUANT_F32, 1, 2, 300, {400, 300, 300}},    {QUANT_MXFP4, 8, 1, 2880, {512, 512, 0}},
         {QUANT_F32, 1, 1, 2048, {128, 128, 0}},     {QUANT_F32, 8, 1, 2048, {128, 128, 0}},
         {QUANT_F32, 2, 2, 256, {100, 100, 56}},     {QUANT_F32, 64, 1, 256, {128, 128, 0}},
+        {QUANT_Q8_0, 8, 2, 1024, {263, 260, 301}},
     };
     for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
         const uint32_t type = cs[k].type;
@@ -1122,6 +1199,7 @@ int main(void)
     test_gemm_tiles(&r, stream);
     test_forced_paths(&r, stream);
     test_graph(&r, stream);
+    test_rows_bitwise(&r, stream);
     test_more(&r, stream);
     bench(stream);
 
