@@ -428,7 +428,7 @@ static __global__ void k_moe_combine(struct moe_params p)
 #define MOE_Q8_GU_WARPS 16 /* gate/up: 16 warps of 2 rows, one 32-row unit of h per block */
 #define MOE_Q8_GU_ROWS 32
 #ifndef MOE_Q6_WORDS
-#define MOE_Q6_WORDS 0
+#define MOE_Q6_WORDS 1 /* Q6_K bits by aligned four-byte words (moe_q8_unit<QUANT_Q6_K>) */
 #endif
 #ifndef MOE_Q8_DN_SPLIT
 #define MOE_Q8_DN_SPLIT                                                                            \
@@ -620,11 +620,12 @@ template <> struct moe_q8_unit<QUANT_Q6_K> {
 
     /* The 8 little-endian words at the 2-byte aligned p (32 bytes of ql or qh) from the 9
      * aligned words around them: 9 four-byte loads and 8 funnel shifts instead of 16 two-byte
-     * loads. load() takes them only with MOE_Q6_WORDS (a build setting, for comparisons: the
-     * same words, fewer loads, but slower where the rows sit in shared memory, the one-token
-     * bulk path; bench/lockstep.md). The words read past the 32 bytes stay inside the 210-byte
-     * block (ql and qh are followed by qh, the scales and d) or, before it, in the block
-     * before, which exists where p is not 4-byte aligned (a tensor starts aligned). */
+     * loads (the same words). MOE_Q6_WORDS=0, a build setting for comparisons, takes the
+     * two-byte loads: slower on the 30b-a3b preset in one lease (tg128 328.8 / 329.5 against
+     * 331.6 / 332.1, lockstep 8 streams 748.9 / 757.2 against 780.8 / 777.2, pp64 -3.7%;
+     * bench/lockstep.md). The words read past the 32 bytes stay inside the 210-byte block (ql
+     * and qh are followed by qh, the scales and d) or, before it, in the block before, which
+     * exists where p is not 4-byte aligned (a tensor starts aligned). */
     static __device__ __forceinline__ void words8(const uint8_t *p, uint32_t *out)
     {
         const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
