@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU machine: the M-row MMV kernels of lockstep steps compared under settings of one build
-# (SETS, spaces between them, commas inside one; X=1: none; default "X=1 STRATA_MMV_ROWS=1
-# STRATA_GEMM_WIDE_ROWS=100000"). test_cuda_matmul under each (its checks, then its bench
+# (SETS, spaces between them, commas inside one; X=1: none; default "X=1 STRATA_MMV_ROWS=1").
+# test_cuda_matmul under each (its checks, then its bench
 # lines: GB/s of m = 1 and 8 over 256 MB); test_cuda_batch; ROUNDS rounds (default 2) of the
 # 30b-a3b q4_k_m preset all resident, lockstep decode of NS streams (default 8), eager and
 # with --graph, each setting in turn; then (NCU=1) ncu's per-kernel time over two eight-stream
@@ -12,7 +12,7 @@ set -u
 R=$OUT/mmv8.txt
 exec > >(tee -a "$R") 2>&1
 export STRATA_TEST_DATA=$PWD/tests/data
-SETS=${SETS:-"X=1 STRATA_MMV_ROWS=1 STRATA_GEMM_WIDE_ROWS=100000"}
+SETS=${SETS:-"X=1 STRATA_MMV_ROWS=1"}
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader
 for e in $SETS; do
     s=$(date +%s)
