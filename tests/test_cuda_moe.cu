@@ -757,6 +757,8 @@ int main(void)
         {QUANT_Q4_K, QUANT_Q6_K, 256, 512, 8, 4, 200},
         {QUANT_Q6_K, QUANT_Q4_K, 512, 256, 32, 8, 90},
         {QUANT_Q4_K, QUANT_Q6_K, 256, 256, 16, 4, 70, true},
+        {QUANT_Q4_K, QUANT_Q6_K, 2048, 768, 128, 8, 1}, /* 30b-a3b's layer, one token */
+        {QUANT_Q4_K, QUANT_Q4_K, 2048, 768, 128, 8, 1}, /* ... with Q4_K down rows */
     };
     int n = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int i = 0; i < n; i++)
