@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* ==== kernels ================================================================================ */
 
@@ -52,6 +53,8 @@ struct attn_params {
     int8_t *q8s;     /* NULL, or the output's 8-bit copy (cuda_attn_args.q8_codes): written */
     float2 *q8d;     /* by k_attn_combine and the decode kernel's own merge */
     int early;       /* decode kernel: keys below every row's position loaded before the wait */
+    int trace;       /* STRATA_ATTN_TRACE: the decode and merge kernels stamp their stages */
+    int lk;          /* head_dim 128 decode: lane-per-key scores (STRATA_ATTN_LK=0: off) */
     unsigned *count; /* decode kernel: NULL, or a counter per (grid z, kv head): the last of a
                       * kv head's split blocks to finish merges the splits itself (as
                       * k_attn_combine would) and sets the counter back to zero */
@@ -194,13 +197,30 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn(struct attn_params 
     }
 }
 
+/* STRATA_ATTN_TRACE: %globaltimer stamps of each block's thread 0 (attn_trace_print) */
+static __device__ unsigned long long attn_trace_d[256 * 8], attn_trace_c[256 * 4];
+static __device__ __forceinline__ void attn_stamp(const struct attn_params &p,
+                                                  unsigned long long *buf, int per, int i)
+{
+    if (p.trace && threadIdx.x == 0) {
+        const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        if (b < 256) {
+            unsigned long long t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            buf[b * per + i] = t;
+        }
+    }
+}
+
 /* Merges the splits of one (token, head) row: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M)
  * l_s, splits in order; a split without keys (m = -inf) contributes nothing. Every split's max
  * and sum and each thread's accumulator values (its first dimension) are requested at once,
  * before any of them is used: one round trip to L2 instead of one per phase. */
 static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn_params p)
 {
+    attn_stamp(p, attn_trace_c, 4, 0);
     ops_pdl_begin();
+    attn_stamp(p, attn_trace_c, 4, 1);
     /* each split's factor e^(m_s - M) once (not once per dimension); -1: no keys */
     __shared__ float f[ATT_MAX_SPLIT], sm[ATT_MAX_SPLIT], sl[ATT_MAX_SPLIT];
     __shared__ float lsum;
@@ -228,6 +248,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn
     for (int s = 0; s < ATT_MAX_SPLIT; s++)
         a[s] = s < ns && tid < p.hd ? p.part_acc[(s * nth + row) * p.hd + tid] : 0.0f;
     __syncthreads();
+    attn_stamp(p, attn_trace_c, 4, 2);
     float mx = -INFINITY;
     for (int s = 0; s < ns; s++)
         mx = fmaxf(mx, sm[s]);
@@ -262,6 +283,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn
         if (p.q8s) /* hd is a multiple of 32: whole warps */
             ops_q8_store(o / lsum, row * p.hd + d, p.q8s, p.q8d);
     }
+    attn_stamp(p, attn_trace_c, 4, 3);
 }
 
 /* ---- decode attention: few rows, keys spread over many blocks ----------------------------------
@@ -271,7 +293,11 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn
  * thread issues its share of a tile's loads at once, the next tile's while the current one is
  * used. Lane l holds D = head_dim / 32 dimensions of every row's query; the block's warps take
  * the tile's keys in turn, a score is a warp sum; then each thread accumulates P V for its own
- * dimensions. The key chunk depends only on the largest position (never on how many blocks were
+ * dimensions. At head_dim 128 (the tile's 32 keys) lane j takes key j instead (lk): each warp
+ * dots a quarter of the dimensions of key j with every row's query, its partials are added in
+ * warp order, and a warp per row finds the tile's maximum and probability sum by butterflies,
+ * where the lanes' scores took 5 dependent shuffles per (row, key) (bench/cuda-resident.md).
+ * The key chunk depends only on the largest position (never on how many blocks were
  * launched), so a graph launched for the whole cache and an eager launch for the current
  * position split the keys the same way, and k_attn_combine skips empty chunks: same bits. */
 
@@ -342,12 +368,14 @@ template <int D> struct attd_tile {
             }
         }
     }
-    __device__ __forceinline__ void store(float *ks, float *vs, int tid) const
+    /* swz: key j's float4 c of K at c ^ (j mod HD / 4) of its row (k_attn_dec's LK scores) */
+    __device__ __forceinline__ void store(float *ks, float *vs, int tid, bool swz) const
     {
+        constexpr int C4 = HD / 4;
 #pragma unroll
         for (int i = 0; i < PER; i++) {
-            int e = tid + i * ATTD_THREADS;
-            ((float4 *)ks)[e] = k[i];
+            int e = tid + i * ATTD_THREADS, j = e / C4, c = e - j * C4;
+            ((float4 *)ks)[swz ? j * C4 + (c ^ (j & (C4 - 1))) : e] = k[i];
             ((float4 *)vs)[e] = v[i];
         }
     }
@@ -427,10 +455,14 @@ static __device__ __forceinline__ void attd_merge(const struct attn_params &p, i
 template <int D, int RMAX>
 static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_params p)
 {
+    attn_stamp(p, attn_trace_d, 8, 0);
     constexpr int SUB = attd_sub(D), HD = 32 * D;
+    /* head_dim 128 (D = 4): lane j scores key j of the tile (LK, below) */
+    constexpr bool LK = D == 4;
     __shared__ __align__(16) float ks[SUB * HD], vs[SUB * HD];
     __shared__ float ps[RMAX][SUB];        /* scores, then probabilities, of one tile */
     __shared__ float wm[ATTD_WARPS][RMAX]; /* per-warp partial max */
+    __shared__ float pd[LK ? ATTD_WARPS : 1][LK ? RMAX : 1][LK ? SUB : 1]; /* warps' partial dots */
     __shared__ float rm[RMAX], rl[RMAX], ral[RMAX];
     __shared__ int rpos[RMAX];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -483,7 +515,9 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
     const int jearly = p.early ? pmin - kb : 0; /* keys loaded before the wait: j < jearly */
     if (kb < ke)
         tile.load_part(p, kv_off, kb, n0, tid, 0, jearly);
+    attn_stamp(p, attn_trace_d, 8, 1);
     ops_pdl_begin();
+    attn_stamp(p, attn_trace_d, 8, 2);
     if (kb < ke && jearly < n0)
         tile.load_part(p, kv_off, kb, n0, tid, jearly, n0);
     /* head_dim 64 (D = 2): a warp scores 4 keys at a time, lane 8 kq + ds holding dims 4 ds..
@@ -491,9 +525,10 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
      * instead of five, and a quarter of them (up to 8 rows). Otherwise lane l holds D dims of
      * every row. */
     constexpr bool K4 = D == 2 && RMAX <= 8; /* 16 rows would spill */
+    const bool lk = LK && p.lk;
     float q[RMAX][K4 ? 8 : D];
 #pragma unroll
-    for (int r = 0; r < RMAX; r++) {
+    for (int r = 0; r < (lk ? 0 : RMAX); r++) {
         int t = r / p.G, h = kvh * p.G + r % p.G;
         const float *src = p.q + t * qw + (int64_t)h * HD;
         if constexpr (K4) {
@@ -524,11 +559,65 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
 
     for (int k0 = kb; k0 < ke; k0 += SUB) {
         const int n = ops_imin(SUB, ke - k0);
-        tile.store(ks, vs, tid);
+        tile.store(ks, vs, tid, lk);
         __syncthreads();
+        if (k0 == kb)
+            attn_stamp(p, attn_trace_d, 8, 3);
         if (k0 + SUB < ke) /* the next tile's loads fly while this one is used */
             tile.load(p, kv_off, k0 + SUB, ops_imin(SUB, ke - k0 - SUB), tid);
-        float wmax[RMAX];
+        if (lk) {
+            /* lane j, key j: warp w's quarter of the dimensions (CW float4s of the swizzled row,
+             * conflict-free) dotted with every row's query (broadcast loads), one partial per
+             * (warp, row, key); then warp w takes rows w, w + 4, ..: the four partials in warp
+             * order, the tile's max and sum by warp butterflies, and the probabilities */
+            constexpr int C4 = HD / 4, CW = C4 / ATTD_WARPS;
+            const int j = lane, key = k0 + j;
+            float4 kc[CW];
+#pragma unroll
+            for (int c = 0; c < CW; c++)
+                kc[c] = ((const float4 *)ks)[j * C4 + ((warp * CW + c) ^ (j & (C4 - 1)))];
+#pragma unroll
+            for (int r = 0; r < RMAX; r++) {
+                const int t = r / p.G, h = kvh * p.G + r % p.G;
+                const float4 *qr = (const float4 *)(p.q + t * qw + (int64_t)h * HD) + warp * CW;
+                float d = 0.0f;
+#pragma unroll
+                for (int c = 0; c < CW; c++) {
+                    const float4 qv = qr[c];
+                    d = fmaf(qv.x, kc[c].x, d);
+                    d = fmaf(qv.y, kc[c].y, d);
+                    d = fmaf(qv.z, kc[c].z, d);
+                    d = fmaf(qv.w, kc[c].w, d);
+                }
+                pd[warp][r][j] = d;
+            }
+            __syncthreads();
+            if (k0 == kb)
+                attn_stamp(p, attn_trace_d, 8, 4);
+            for (int r = warp; r < RMAX; r += ATTD_WARPS) {
+                float dot = pd[0][r][j];
+#pragma unroll
+                for (int w = 1; w < ATTD_WARPS; w++)
+                    dot += pd[w][r][j];
+                const bool in =
+                    j < n && key <= rpos[r] && (p.window <= 0 || key > rpos[r] - p.window);
+                const float sc = in ? dot * p.scale : -INFINITY;
+                const float m_old = rm[r], m_new = fmaxf(m_old, ops_warp_max(sc));
+                const float pr = j < n && m_new != -INFINITY ? expf(sc - m_new) : 0.0f;
+                ps[r][j] = pr;
+                const float sum = ops_warp_sum(pr);
+                if (lane == 0) {
+                    const float a = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
+                    ral[r] = a;
+                    rm[r] = m_new;
+                    rl[r] = rl[r] * a + sum;
+                }
+            }
+            __syncthreads();
+            if (k0 == kb)
+                attn_stamp(p, attn_trace_d, 8, 5);
+        } else {
+            float wmax[RMAX];
 #pragma unroll
         for (int r = 0; r < RMAX; r++)
             wmax[r] = -INFINITY;
@@ -588,6 +677,8 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
             for (int r = 0; r < RMAX; r++)
                 wm[warp][r] = wmax[r];
         __syncthreads();
+        if (k0 == kb)
+            attn_stamp(p, attn_trace_d, 8, 4);
         /* one thread per row: the new running max and the rescale factor */
         if (tid < rows) {
             float m_old = rm[tid], m_new = m_old;
@@ -606,12 +697,15 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
             }
         }
         __syncthreads();
+        if (k0 == kb)
+            attn_stamp(p, attn_trace_d, 8, 5);
         /* each row's sum in key order by one thread; P V by every thread for its dimensions */
         if (tid < rows) {
             float sum = 0.0f;
             for (int j = 0; j < n; j++)
                 sum += ps[tid][j];
             rl[tid] = rl[tid] * ral[tid] + sum;
+        }
         }
 #pragma unroll
         for (int i = 0; i < DT; i++) {
@@ -649,6 +743,7 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
                     acc[r][0] += ah[c][r][d];
     }
 
+    attn_stamp(p, attn_trace_d, 8, 6);
     const int64_t nth = (int64_t)p.n_tok * p.n_head;
 #pragma unroll
     for (int r = 0; r < RMAX; r++) {
@@ -664,6 +759,7 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
             p.part_l[split * nth + row] = rl[r];
         }
     }
+    attn_stamp(p, attn_trace_d, 8, 7);
     if (!p.count)
         return;
     /* the last block of this kv head (and grid row z) merges the splits */
@@ -1155,6 +1251,58 @@ static void attd_count_plan(const struct cuda_attn_args *a, struct attn_params *
                    : NULL;
 }
 
+/* STRATA_ATTN_TRACE (a diagnostic): at exit, when the blocks of the last decode call and of its
+ * merge reached each stage (%globaltimer of thread 0, ns after the first decode block began; the
+ * earliest, the median and the latest block). Decode stamps: 0 start, 1 loads before the wait
+ * issued, 2 past the wait, 3 first tile in shared memory, 4 its scores (lane-per-key: the
+ * partial dots), 5 its probabilities, 6 every tile done, 7 partial results written; merge: 0
+ * start, 1 past the wait, 2 partial results loaded, 3 done. */
+static void attn_trace_print(void)
+{
+    static unsigned long long d[256 * 8], c[256 * 4];
+    if (cudaDeviceSynchronize() != cudaSuccess ||
+        cudaMemcpyFromSymbol(d, attn_trace_d, sizeof(d)) != cudaSuccess ||
+        cudaMemcpyFromSymbol(c, attn_trace_c, sizeof(c)) != cudaSuccess)
+        return;
+    /* blocks of the last call only: begun within 100 us of the latest start (an earlier call
+     * with more blocks leaves older stamps in the rest) */
+    unsigned long long t0 = ~0ull, last = 0;
+    for (int b = 0; b < 256; b++)
+        last = d[b * 8] > last ? d[b * 8] : last;
+    for (int b = 0; b < 256; b++)
+        if (d[b * 8] && d[b * 8] + 100000 > last)
+            t0 = d[b * 8] < t0 ? d[b * 8] : t0;
+    static long long v[256];
+    for (int i = 0; i < 8 + 4; i++) {
+        int n = 0;
+        for (int b = 0; b < 256; b++) {
+            const unsigned long long t = i < 8 ? d[b * 8 + i] : c[b * 4 + i - 8];
+            if (t && t >= t0) /* blocks without keys skip the tile stamps */
+                v[n++] = (long long)(t - t0);
+        }
+        for (int x = 1; x < n; x++)
+            for (int y = x; y > 0 && v[y] < v[y - 1]; y--) {
+                const long long z = v[y];
+                v[y] = v[y - 1];
+                v[y - 1] = z;
+            }
+        if (n)
+            fprintf(stderr, "attention trace: %s stamp %d, %3d blocks: %lld %lld %lld ns\n",
+                    i < 8 ? "decode" : "merge", i < 8 ? i : i - 8, n, v[0], v[n / 2], v[n - 1]);
+    }
+}
+
+static int attn_trace_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        on = getenv("STRATA_ATTN_TRACE") != NULL;
+        if (on)
+            atexit(attn_trace_print);
+    }
+    return on;
+}
+
 /* The decode kernel where it applies (few rows, head_dim 64/128/256, scratch given): launches
  * it and the combine, true; else false and nothing launched. */
 static bool attd_launch(const struct cuda_attn_args *a, struct attn_params *p, cudaStream_t s)
@@ -1304,6 +1452,8 @@ extern "C" int cuda_attention(const struct cuda_attn_args *a)
     if (a->n_tok == 0)
         return 0;
     struct attn_params p = {};
+    p.lk = !(getenv("STRATA_ATTN_LK") && getenv("STRATA_ATTN_LK")[0] == '0');
+    p.trace = attn_trace_on();
     p.out = a->out;
     p.q = a->q;
     p.k = a->k_cache;
