@@ -212,6 +212,25 @@ static __device__ __forceinline__ void attn_stamp(const struct attn_params &p,
     }
 }
 
+/* The merge factors of one row's ns <= 32 key splits by one warp (every lane): lane s writes
+ * f[s] = e^(m_s - M) (M the largest m_s; -1 for a split without keys) and every lane returns
+ * sum_s l_s f[s] by a butterfly, plus e^(sink - M) when sink is given. m may be f (each lane
+ * reads its own split before writing it). k_attn_combine and the decode kernel's own merge both
+ * use it, so they agree bit for bit. */
+static __device__ __forceinline__ float attn_merge_factors(const float *m, const float *l, int ns,
+                                                           const float *sink, float *f, int lane)
+{
+    const float ms = lane < ns ? m[lane] : -INFINITY;
+    const float mx = ops_warp_max(ms);
+    const float fs = ms != -INFINITY ? expf(ms - mx) : -1.0f;
+    if (lane < ns)
+        f[lane] = fs;
+    float t = ops_warp_sum(fs >= 0.0f ? l[lane] * fs : 0.0f);
+    if (sink)
+        t += expf(*sink - mx);
+    return t;
+}
+
 /* Merges the splits of one (token, head) row: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M)
  * l_s, splits in order; a split without keys (m = -inf) contributes nothing. Every split's max
  * and sum and each thread's accumulator values (its first dimension) are requested at once,
@@ -249,22 +268,11 @@ static __global__ void __launch_bounds__(ATT_THREADS) k_attn_combine(struct attn
         a[s] = s < ns && tid < p.hd ? p.part_acc[(s * nth + row) * p.hd + tid] : 0.0f;
     __syncthreads();
     attn_stamp(p, attn_trace_c, 4, 2);
-    float mx = -INFINITY;
-    for (int s = 0; s < ns; s++)
-        mx = fmaxf(mx, sm[s]);
-    for (int s = tid; s < ns; s += ATT_THREADS) {
-        float m = sm[s];
-        f[s] = m != -INFINITY ? expf(m - mx) : -1.0f;
-    }
-    __syncthreads();
-    if (tid == 0) {
-        float l = 0.0f;
-        for (int s = 0; s < ns; s++)
-            if (f[s] >= 0.0f)
-                l += sl[s] * f[s];
-        if (p.sinks) /* the sink's term, at the same reference maximum */
-            l += expf(p.sinks[row % p.n_head] - mx);
-        lsum = l;
+    if (tid < 32) { /* the sink's term at the same reference maximum */
+        const float l =
+            attn_merge_factors(sm, sl, ns, p.sinks ? p.sinks + row % p.n_head : NULL, f, tid);
+        if (tid == 0)
+            lsum = l;
     }
     __syncthreads();
     for (int d = tid; d < p.hd; d += ATT_THREADS) {
@@ -404,21 +412,11 @@ static __device__ __forceinline__ void attd_merge(const struct attn_params &p, i
         sl[r][s] = __ldcg(p.part_l + s * nth + row);
     }
     __syncthreads();
-    if (tid < RMAX) {
-        float mx = -INFINITY;
-        for (int s = 0; s < ns; s++)
-            mx = fmaxf(mx, f[tid][s]);
-        float l = 0.0f;
-        for (int s = 0; s < ns; s++) {
-            const float m = f[tid][s];
-            const float fs = m != -INFINITY ? expf(m - mx) : -1.0f;
-            f[tid][s] = fs;
-            if (fs >= 0.0f)
-                l += sl[tid][s] * fs;
-        }
-        if (p.sinks) /* the sink's term, at the same reference maximum (as k_attn_combine) */
-            l += expf(p.sinks[kvh * p.G + tid % p.G] - mx);
-        ls[tid] = l;
+    for (int r = tid >> 5; r < RMAX; r += ATTD_WARPS) { /* a warp per row, as k_attn_combine */
+        const float l = attn_merge_factors(
+            f[r], sl[r], ns, p.sinks ? p.sinks + kvh * p.G + r % p.G : NULL, f[r], tid & 31);
+        if ((tid & 31) == 0)
+            ls[r] = l;
     }
     __syncthreads();
     for (int d = tid; d < hd; d += ATTD_THREADS) {
@@ -460,9 +458,11 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
     /* head_dim 128 (D = 4): lane j scores key j of the tile (LK, below) */
     constexpr bool LK = D == 4;
     __shared__ __align__(16) float ks[SUB * HD], vs[SUB * HD];
-    __shared__ float ps[RMAX][SUB];        /* scores, then probabilities, of one tile */
+    __shared__ __align__(16) float ps[RMAX][SUB]; /* scores, then probabilities, of one tile */
     __shared__ float wm[ATTD_WARPS][RMAX]; /* per-warp partial max */
     __shared__ float pd[LK ? ATTD_WARPS : 1][LK ? RMAX : 1][LK ? SUB : 1]; /* warps' partial dots */
+    constexpr bool QS = LK && RMAX <= 8; /* the rows' queries in shared memory (16 rows: L1) */
+    __shared__ __align__(16) float qs[QS ? RMAX : 1][QS ? HD : 4];
     __shared__ float rm[RMAX], rl[RMAX], ral[RMAX];
     __shared__ int rpos[RMAX];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -526,6 +526,12 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
      * every row. */
     constexpr bool K4 = D == 2 && RMAX <= 8; /* 16 rows would spill */
     const bool lk = LK && p.lk;
+    if (QS && lk) /* read in the tile loop, after its first barrier */
+        for (int e = tid; e < RMAX * HD / 4; e += ATTD_THREADS) {
+            const int r = e / (HD / 4), c = e - r * (HD / 4);
+            const int64_t h = kvh * p.G + r % p.G;
+            ((float4 *)qs[r])[c] = ((const float4 *)(p.q + (r / p.G) * qw + h * HD))[c];
+        }
     float q[RMAX][K4 ? 8 : D];
 #pragma unroll
     for (int r = 0; r < (lk ? 0 : RMAX); r++) {
@@ -579,7 +585,9 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
 #pragma unroll
             for (int r = 0; r < RMAX; r++) {
                 const int t = r / p.G, h = kvh * p.G + r % p.G;
-                const float4 *qr = (const float4 *)(p.q + t * qw + (int64_t)h * HD) + warp * CW;
+                const float4 *qr = (QS ? (const float4 *)qs[r]
+                                       : (const float4 *)(p.q + t * qw + (int64_t)h * HD)) +
+                                   warp * CW;
                 float d = 0.0f;
 #pragma unroll
                 for (int c = 0; c < CW; c++) {
@@ -716,8 +724,23 @@ static __global__ void __launch_bounds__(ATTD_THREADS) k_attn_dec(struct attn_pa
 #pragma unroll
                 for (int r = 0; r < RMAX; r++)
                     acc[r][i] *= ral[r];
+                int j = HD < ATTD_THREADS ? tid / HD : 0;
+                if constexpr (KH == 1) { /* four keys' probabilities per load, the same order */
+                    for (; j + 4 <= n; j += 4) {
+                        const float v0 = vs[j * HD + d], v1 = vs[(j + 1) * HD + d],
+                                    v2 = vs[(j + 2) * HD + d], v3 = vs[(j + 3) * HD + d];
+#pragma unroll
+                        for (int r = 0; r < RMAX; r++) {
+                            const float4 pp = *(const float4 *)&ps[r][j];
+                            acc[r][i] = fmaf(pp.x, v0, acc[r][i]);
+                            acc[r][i] = fmaf(pp.y, v1, acc[r][i]);
+                            acc[r][i] = fmaf(pp.z, v2, acc[r][i]);
+                            acc[r][i] = fmaf(pp.w, v3, acc[r][i]);
+                        }
+                    }
+                }
 #pragma unroll 4
-                for (int j = HD < ATTD_THREADS ? tid / HD : 0; j < n; j += KH) {
+                for (; j < n; j += KH) {
                     float v = vs[j * HD + d];
 #pragma unroll
                     for (int r = 0; r < RMAX; r++)
