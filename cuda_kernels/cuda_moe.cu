@@ -60,6 +60,8 @@ struct moe_params {
     const float *gate_b, *up_b;          /* NULL or (n_expert, n_ff): gpt-oss's biases */
     const float *down_b;                 /* NULL or (n_expert, n_embd) */
     int oai;                             /* h = gpt-oss's clamped SwiGLU instead of silu(gate) up */
+    int gu2; /* 8-bit gate/up: a warp's two rows in one walk (moe_q8_gu_rows2; STRATA_MOE_GU2=0:
+              * a walk per row, for comparisons) */
     /* scratch views */
     float *h;              /* (n_pairs, n_ff) silu(gate x) * up x of each pair */
     int8_t *hq;            /* (n_pairs, n_ff) h as 8-bit codes (the 8-bit direct path) */
@@ -789,6 +791,47 @@ static __device__ __forceinline__ float2 moe_q8_gu_row(const uint8_t *gr, const 
     return make_float2(ops_warp_sum(ag), ops_warp_sum(au));
 }
 
+/* The types whose gate/up kernels walk two rows at once (Q6_K's units need too many registers
+ * for four in flight: 78 in the direct kernel instead of 57). */
+static __host__ __device__ constexpr bool moe_gu2_type(uint32_t t)
+{
+    return t == QUANT_Q4_K || t == QUANT_MXFP4;
+}
+
+/* moe_q8_gu_row for two rows (gate and up rows g0, u0, then g1, u1) in one walk over the units:
+ * each unit's activation codes are loaded once for the four dots (the compiler shares the
+ * loads within an iteration, not across two walks), every sum in moe_q8_gu_row's order, so the
+ * same bits. (g0 sum, u0 sum, g1 sum, u1 sum), on every lane. */
+template <uint32_t WT>
+static __device__ __forceinline__ float4 moe_q8_gu_rows2(const uint8_t *g0, const uint8_t *u0,
+                                                         const uint8_t *g1, const uint8_t *u1,
+                                                         int64_t nu, int lane, const int8_t *xq,
+                                                         const float2 *xd)
+{
+    float a0 = 0.0f, b0 = 0.0f, a1 = 0.0f, b1 = 0.0f;
+    bool done = false;
+    if constexpr (moe_q8_unit<WT>::A16) {
+        if ((((uintptr_t)g0 | (uintptr_t)u0 | (uintptr_t)g1 | (uintptr_t)u1) & 15) == 0) {
+            for (int64_t u = lane; u < nu; u += 32) {
+                a0 = moe_q8_unit<WT>::dot16(g0, u, xq, xd, a0);
+                b0 = moe_q8_unit<WT>::dot16(u0, u, xq, xd, b0);
+                a1 = moe_q8_unit<WT>::dot16(g1, u, xq, xd, a1);
+                b1 = moe_q8_unit<WT>::dot16(u1, u, xq, xd, b1);
+            }
+            done = true;
+        }
+    }
+    if (!done) {
+        for (int64_t u = lane; u < nu; u += 32) {
+            a0 = moe_q8_unit<WT>::dot(g0, u, xq, xd, a0);
+            b0 = moe_q8_unit<WT>::dot(u0, u, xq, xd, b0);
+            a1 = moe_q8_unit<WT>::dot(g1, u, xq, xd, a1);
+            b1 = moe_q8_unit<WT>::dot(u1, u, xq, xd, b1);
+        }
+    }
+    return make_float4(ops_warp_sum(a0), ops_warp_sum(b0), ops_warp_sum(a1), ops_warp_sum(b1));
+}
+
 /* A warp writes 32 values of h (lane i holding value i) as unit hu of codes, as
  * moe_q8_quantize does. */
 static __device__ __forceinline__ void moe_q8_h_unit(const struct moe_params &p, int64_t hu,
@@ -868,13 +911,23 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_q8(
         xq = sq;
         xd = sd;
     }
+    if (moe_gu2_type(WT) && p.gu2) {
+        const float4 gu = moe_q8_gu_rows2<WT>(gb + r0 * p.gate_row, ub + r0 * p.up_row,
+                                              gb + (r0 + 1) * p.gate_row, ub + (r0 + 1) * p.up_row,
+                                              nu, lane, xq, xd);
+        if (lane == 0) {
+            hs[2 * warp] = moe_h(p, e, r0, gu.x, gu.y);
+            hs[2 * warp + 1] = moe_h(p, e, r0 + 1, gu.z, gu.w);
+        }
+    } else {
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int64_t r = r0 + i;
-        const float2 gu =
-            moe_q8_gu_row<WT>(gb + r * p.gate_row, ub + r * p.up_row, nu, lane, xq, xd);
-        if (lane == 0)
-            hs[2 * warp + i] = moe_h(p, e, r, gu.x, gu.y);
+        for (int i = 0; i < 2; i++) {
+            const int64_t r = r0 + i;
+            const float2 gu =
+                moe_q8_gu_row<WT>(gb + r * p.gate_row, ub + r * p.up_row, nu, lane, xq, xd);
+            if (lane == 0)
+                hs[2 * warp + i] = moe_h(p, e, r, gu.x, gu.y);
+        }
     }
     __syncthreads();
     if (warp == 0)
@@ -1108,13 +1161,24 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_b8(
             const int64_t t = pr / p.k;
             const int8_t *xq = p.in_q8 + t * p.n_embd;
             const float2 *xd = p.in_q8_d + t * nu;
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const int64_t rl = 2 * warp + i;
-                const float2 gu =
-                    moe_q8_gu_row<WT>(sg + rl * p.gate_row, su + rl * p.up_row, nu, lane, xq, xd);
-                if (lane == 0)
+            if (moe_gu2_type(WT) && p.gu2) {
+                const int64_t rl = 2 * warp;
+                const float4 gu = moe_q8_gu_rows2<WT>(sg + rl * p.gate_row, su + rl * p.up_row,
+                                                      sg + (rl + 1) * p.gate_row,
+                                                      su + (rl + 1) * p.up_row, nu, lane, xq, xd);
+                if (lane == 0) {
                     hs[pi][rl] = moe_h(p, e, rb + rl, gu.x, gu.y);
+                    hs[pi][rl + 1] = moe_h(p, e, rb + rl + 1, gu.z, gu.w);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int64_t rl = 2 * warp + i;
+                    const float2 gu = moe_q8_gu_row<WT>(sg + rl * p.gate_row, su + rl * p.up_row,
+                                                        nu, lane, xq, xd);
+                    if (lane == 0)
+                        hs[pi][rl] = moe_h(p, e, rb + rl, gu.x, gu.y);
+                }
             }
         }
         __syncthreads();
@@ -2712,6 +2776,18 @@ static bool moe_bulk_dev_ok(void)
     return on == 1;
 }
 
+/* Whether the 8-bit gate/up kernels walk a warp's two rows at once: unless STRATA_MOE_GU2 is
+ * "0" in the environment. */
+static int moe_gu2(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *env = getenv("STRATA_MOE_GU2");
+        on = !(env && env[0] == '0');
+    }
+    return on;
+}
+
 /* Up to how many tokens the automatic choice takes the bulk path: CUDA_MOE_BULK8_MAX_TOK, or
  * the number STRATA_MOE_BULK gives in the environment (0: never; for comparisons). */
 static int moe_bulk_max_tok(void)
@@ -2897,6 +2973,7 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     p.up_b = a->up_b;
     p.down_b = a->down_b;
     p.oai = a->act_oai;
+    p.gu2 = moe_gu2();
     if (moe_q8_ok(a->gate_type, a->down_type, a->n_embd, a->n_ff)) {
         p.hq = (int8_t *)(sc + l.hq);
         p.hd = (float2 *)(sc + l.hd);
