@@ -12,7 +12,7 @@ gen_30b
 ABL=${ABL:-"none topk router rope combine attn qkv oproj norm moe topk,rope,combine"}
 for round in $(seq ${ROUNDS:-1}); do
     for a in $ABL; do
-        for g in "" --graph; do
+        for g in --no-graph --graph; do
             echo "### round $round STRATA_ABLATE=$a bench --device cuda $g"
             STRATA_ABLATE=$a "$B/strata" bench -m $M --device cuda $g -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^tg"
         done

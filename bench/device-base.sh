@@ -5,7 +5,7 @@
 . bench/device-env.sh
 (cd tests && timeout 300 $B/test_cuda_matmul > $OUT/mm.log 2>&1; echo "test_cuda_matmul rc=$?"; grep -E "top-k|FAIL|passed" $OUT/mm.log | head -14)
 gen_30b
-for i in 1 2; do for bin in .carry/base .carry/bin; do for g in "" --graph; do
+for i in 1 2; do for bin in .carry/base .carry/bin; do for g in --no-graph --graph; do
   echo "### $i $bin $g"; $bin/strata bench -m $M --device cuda $g -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)[0-9]"
 done; done; done
 for bin in .carry/base .carry/bin; do for g in "" --graph; do

@@ -21,7 +21,7 @@ ENVS=${ENVS:-"X=1 STRATA_MOE_BULK=0"}
 for round in $(seq ${ROUNDS:-1}); do
     for p in ${PS:-512}; do
         [ "$p" = 0 ] && continue # PS=0: no resident runs
-        gs='"" --graph'
+        gs='--no-graph --graph'
         [ "$p" -gt 512 ] && [ -n "${GRAPH_ONLY:-}" ] && gs=--graph
         for e in $ENVS; do
             for g in $gs; do

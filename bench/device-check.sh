@@ -21,7 +21,7 @@ done
 if [ -z "${SKIP_Q3N:-}" ]; then
     Q=/dev/shm/q3n-80b.gguf
     "$B/strata" gen --arch qwen3next --preset 80b-a3b --quant q4_k_m -q -o $Q 2>&1 | tail -1
-    for g in "" --graph; do
+    for g in --no-graph --graph; do
         echo "### strata bench -m q3n-80b.gguf --device cuda $g -p 512 -n 128" | tee -a "$R"
         timeout 150 "$B/strata" bench -m $Q --device cuda $g -p 512 -n 128 --bw-gib 1 \
             >"$L/bench-q3n$g.txt" 2>&1

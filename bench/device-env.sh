@@ -65,3 +65,17 @@ run_tests() {
         grep -E "FAIL|failed${2:+|$2}" "/tmp/$t.log" | head -20 | tee -a "$R"
     done
 }
+
+# llama.cpp's llama-bench (.carry/llama.tar.xz, made by bench/llama-build.sh) as $LB, with
+# cuBLAS and the CUDA runtime of the machine's toolkit (or of its PyTorch) on the library path.
+llama_setup() {
+    [ -f .carry/llama.tar.xz ] && tar -xJf .carry/llama.tar.xz -C .carry
+    LB=$PWD/.carry/llama/llama-bench
+    local libs rt
+    libs=$(find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /opt -name "libcublasLt.so.13*" 2>/dev/null |
+        head -1 | xargs -r dirname)
+    rt=$(find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /opt -name "libcudart.so.13*" 2>/dev/null |
+        head -1 | xargs -r dirname)
+    export LD_LIBRARY_PATH=$PWD/.carry/llama:$libs:$rt:${LD_LIBRARY_PATH:-}
+    echo "llama-bench libraries: cublas from $libs, cudart from $rt"
+}

@@ -18,7 +18,7 @@ gen_30b
 for round in $(seq ${ROUNDS:-2}); do
     for bin in ${BUILDS:-.carry/base .carry/bin}; do
         for e in ${ENVS:-X=1}; do # ENVS: environment settings to compare, e.g. STRATA_CUDA_PDL=0
-            for g in "" --graph; do
+            for g in --no-graph --graph; do
                 echo "### round $round $bin $e bench --device cuda $g"
                 env $e "$bin/strata" bench -m $M --device cuda $g -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)"
             done
@@ -38,7 +38,7 @@ fi
 if [ -n "${LOCKSTEP:-}" ]; then # aggregate lockstep decode, all resident
     for bin in ${BUILDS:-.carry/base .carry/bin}; do
         for e in ${ENVS:-X=1}; do
-            for g in "" --graph; do
+            for g in --no-graph --graph; do
                 for n in ${NS:-8 16}; do
                     echo "### $bin $e bench $g --streams $n"
                     env $e "$bin/strata" bench -m $M --device cuda $g -p 64 -n 64 --bw-gib 0.1 --streams $n --tg random 2>&1 | grep -E "^(tg|lockstep)"

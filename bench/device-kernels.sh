@@ -10,7 +10,7 @@ for t in ${TESTS:-test_cuda_ops test_cuda_moe test_cuda_matmul test_cuda_backend
     grep -E "FAIL|failed" "$OUT/$t.log" | head -5
 done
 gen_30b
-for g in "" --graph; do
+for g in --no-graph --graph; do
     echo "### bench --device cuda $g"
     "$B/strata" bench -m $M --device cuda $g -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg|floor)"
 done

@@ -29,7 +29,7 @@ done
 gen_30b
 for round in $(seq ${ROUNDS:-2}); do
     for e in $SETS; do
-        for g in "" --graph; do
+        for g in --no-graph --graph; do
             for n in ${NS:-8}; do
                 echo "### round $round $e --streams $n $g"
                 env ${e//,/ } timeout 90 "$B/strata" bench -m $M --device cuda $g -p 64 -n 64 \

@@ -58,7 +58,7 @@ G20=/dev/shm/oss-20b.gguf
 G120=/dev/shm/oss-120b.gguf
 if [ -n "${S20B:-}" ]; then
     gen $G20 --arch gpt-oss --preset 20b --quant q8_0
-    for g in "" --graph; do
+    for g in --no-graph --graph; do
         sb base "$BASE" $G20 --device cuda $g
         sb new "$B" $G20 --device cuda $g
     done
@@ -101,15 +101,7 @@ lb() { # $1: file, the rest: llama-bench flags
     echo "peak device memory $(sort -n "$L/mem.txt" | tail -1) MiB" | tee -a "$R"
 }
 if [ -n "${LLAMA:-}${LCPU:-}" ]; then
-    [ -f .carry/llama.tar.xz ] && tar -xJf .carry/llama.tar.xz -C .carry
-    LB=$PWD/.carry/llama/llama-bench
-    # cuBLAS and the CUDA runtime of the machine's toolkit or of its PyTorch
-    libs=$(find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /opt -name "libcublasLt.so.13*" 2>/dev/null |
-        head -1 | xargs -r dirname)
-    rt=$(find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /opt -name "libcudart.so.13*" 2>/dev/null |
-        head -1 | xargs -r dirname)
-    export LD_LIBRARY_PATH=$PWD/.carry/llama:$libs:$rt:${LD_LIBRARY_PATH:-}
-    echo "llama-bench libraries: cublas from $libs, cudart from $rt" | tee -a "$R"
+    llama_setup >>"$R"
 fi
 fl=(-fa on -p 512 -n 128 -r 2 -t 16)
 if [ -n "${LLAMA:-}" ]; then

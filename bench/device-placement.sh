@@ -8,7 +8,7 @@ set -u
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader
 lscpu | grep -E "^(CPU\(s\)|Thread|Core|Socket|Model name|NUMA node\(s\))"
 gen_30b
-for g in "" --graph; do
+for g in --no-graph --graph; do
     echo "### resident $g"
     "$B/strata" bench -m $M --device cuda $g -p 512 -n 128 --bw-gib 0.5 --tg random >"$OUT/res$g.txt" 2>&1
     grep -E "^(pp|tg)[0-9]" "$OUT/res$g.txt"

@@ -34,7 +34,7 @@ gen_30b
 for round in $(seq ${ROUNDS:-1}); do
     for r in $RUNS; do
         b=$(run_bin "$r")
-        for g in "" --graph; do
+        for g in --no-graph --graph; do
             echo "### round $round $r --device cuda $g -p ${PS:-512}"
             env $(run_env "$r") "$B/$b" bench -m $M --device cuda $g -p ${PS:-512} -n 128 --bw-gib 0.5 \
                 --tg random 2>&1 | grep -E "^(pp|tg)"

@@ -7,7 +7,7 @@ for t in test_cuda_residency test_cuda_backend test_cuda_batch test_cuda_spec; d
     (cd tests && timeout 200 "$B/$t" >"$OUT/$t.log" 2>&1); echo "$t rc=$?"; grep -E "FAIL" "$OUT/$t.log" | head -5
 done
 gen_30b
-for g in "" --graph; do echo "### resident $g"; "$B/strata" bench -m $M --device cuda $g -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)[0-9]"; done
+for g in --no-graph --graph; do echo "### resident $g"; "$B/strata" bench -m $M --device cuda $g -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)[0-9]"; done
 for b in 12G 8G; do for f in "--residency zerocopy --graph" "--residency copy" ""; do
     echo "### $b $f"; timeout 150 "$B/strata" bench -m $M --vram-budget $b $f -p 512 -n 128 --bw-gib 0.5 --tg random 2>&1 | grep -E "^(pp|tg)[0-9]|^cache|auto:"
 done; done

@@ -54,6 +54,7 @@ struct bench_opts {
     int cpu_moe_layers;   /* --placement */
     bool gather;          /* --streaming kernel */
     bool graph;           /* --graph */
+    bool no_graph;        /* --no-graph */
     bool hybrid;
     bool stream;        /* --placement stream */
     bool residency_set; /* --residency was given */
@@ -124,7 +125,10 @@ static void bench_usage(void)
            "                        the rest resident (static:N; static = the smallest N\n"
            "                        fitting the budget)\n"
            "      --graph           record a decode step as a CUDA graph once and replay it\n"
-           "                        (all resident, or --residency zerocopy|gpu)\n"
+           "                        (all resident, or --residency zerocopy|gpu; the default\n"
+           "                        with every weight resident and --placement auto, where\n"
+           "                        --graph adds the --streams steps)\n"
+           "      --no-graph        launch every decode step kernel by kernel\n"
            "      --streaming dma|kernel  misses copied by DMA per piece (default) or by one\n"
            "                        gather kernel per batch\n"
            "      --prefetch        stream the experts the next layer's router predicts\n"
@@ -233,6 +237,10 @@ static int bench_parse(int argc, char **argv, struct bench_opts *o)
         }
         if (!strcmp(a, "--graph")) {
             o->graph = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-graph")) {
+            o->no_graph = true;
             continue;
         }
         if (!v) {
@@ -444,9 +452,9 @@ static void bench_config(const struct bench_opts *o, struct strata_config *cfg)
     if (o->cpu_moe_layers)
         cfg->cpu_moe_layers = o->cpu_moe_layers;
     cfg->fill = (enum strata_fill)o->residency;
-    cfg->flags = (o->graph ? STRATA_FLAG_GRAPH : 0) | (o->prefetch ? STRATA_FLAG_PREFETCH : 0) |
-                 (o->gather ? STRATA_FLAG_GATHER : 0) | (o->no_mmap ? STRATA_FLAG_NO_MMAP : 0) |
-                 (o->no_mtp ? STRATA_FLAG_NO_MTP : 0) |
+    cfg->flags = (o->graph ? STRATA_FLAG_GRAPH : 0) | (o->no_graph ? STRATA_FLAG_NO_GRAPH : 0) |
+                 (o->prefetch ? STRATA_FLAG_PREFETCH : 0) | (o->gather ? STRATA_FLAG_GATHER : 0) |
+                 (o->no_mmap ? STRATA_FLAG_NO_MMAP : 0) | (o->no_mtp ? STRATA_FLAG_NO_MTP : 0) |
                  (o->profile_freeze ? STRATA_FLAG_PROFILE_FREEZE : 0) |
                  (o->profile_optional ? STRATA_FLAG_PROFILE_OPTIONAL : 0);
     cfg->profile = o->profile;

@@ -124,7 +124,9 @@ static void run_opts_usage(const char *cmd)
            "                          zerocopy (ignored with copy, zerocopy + --prefetch,\n"
            "                          hybrid or static, which sync per layer;\n"
            "                          --placement auto uses a graph for zero-copy and the\n"
-           "                          GPU's cache)\n"
+           "                          GPU's cache, and with every weight resident for one\n"
+           "                          stream's steps: --graph adds lockstep steps)\n"
+           "      --no-graph          launch every decode step kernel by kernel\n"
            "      --streaming dma|kernel  how misses are copied into slots: a DMA copy per\n"
            "                          piece (default), or one gather kernel per batch reading\n"
            "                          host memory itself (no faster than DMA on the GPUs in\n"
@@ -328,6 +330,8 @@ int run_opts_parse(struct run_opts *o, int argc, char **argv, const char *cmd)
             o->prefetch = true, used = 0;
         } else if (IS("--graph", NULL)) {
             o->graph = true, used = 0;
+        } else if (IS("--no-graph", NULL)) {
+            o->no_graph = true, used = 0;
         } else if (IS("--profile-freeze", NULL)) {
             o->profile_freeze = true, used = 0;
         } else if (IS("--profile-optional", NULL)) {
@@ -628,9 +632,10 @@ void run_opts_config(const struct run_opts *o, const char *path, struct strata_c
         cfg->cpu_moe_layers = o->cpu_moe_layers;
     run_opts_residency(o->residency, "run", &fill);
     cfg->fill = (enum strata_fill)fill;
-    cfg->flags = (o->graph ? STRATA_FLAG_GRAPH : 0) | (o->prefetch ? STRATA_FLAG_PREFETCH : 0) |
-                 (o->gather ? STRATA_FLAG_GATHER : 0) | (o->no_mmap ? STRATA_FLAG_NO_MMAP : 0) |
-                 (o->no_mtp ? STRATA_FLAG_NO_MTP : 0) | (o->bind ? STRATA_FLAG_BIND : 0) |
+    cfg->flags = (o->graph ? STRATA_FLAG_GRAPH : 0) | (o->no_graph ? STRATA_FLAG_NO_GRAPH : 0) |
+                 (o->prefetch ? STRATA_FLAG_PREFETCH : 0) | (o->gather ? STRATA_FLAG_GATHER : 0) |
+                 (o->no_mmap ? STRATA_FLAG_NO_MMAP : 0) | (o->no_mtp ? STRATA_FLAG_NO_MTP : 0) |
+                 (o->bind ? STRATA_FLAG_BIND : 0) |
                  (o->profile_freeze ? STRATA_FLAG_PROFILE_FREEZE : 0) |
                  (o->profile_optional ? STRATA_FLAG_PROFILE_OPTIONAL : 0) |
                  (o->host_io && !strcmp(o->host_io, "pread") ? STRATA_FLAG_NO_URING : 0) |

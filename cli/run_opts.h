@@ -43,6 +43,7 @@ struct run_opts {
     int prefetch_top;      /* --prefetch-top M (implies --prefetch), 0 = half of k */
     bool gather;           /* --streaming kernel */
     bool graph;            /* --graph */
+    bool no_graph;         /* --no-graph */
     int cpu_moe_layers;    /* --placement static[:N]: -1 auto, N, 0 = stream (the cache) */
     bool hybrid;           /* --placement hybrid */
     bool stream;           /* --placement stream */

@@ -64,7 +64,9 @@ enum strata_fill {
 
 enum strata_flags {
     STRATA_FLAG_GRAPH = 1 << 0,    /* replay one-token decode steps from a CUDA graph (all
-                                    * resident, or zerocopy without prefetch or a CPU lane) */
+                                    * resident, or zerocopy without prefetch or a CPU lane);
+                                    * with AUTO placement and every expert resident the
+                                    * default (STRATA_FLAG_NO_GRAPH: not) */
     STRATA_FLAG_PREFETCH = 1 << 1, /* copy path: predict the next layer's experts and stream
                                     * them while the current layer computes */
     STRATA_FLAG_GATHER = 1 << 2,   /* stream misses with one gather kernel per batch */
@@ -87,6 +89,8 @@ enum strata_flags {
                                             * unloaded (qwen3next, qwen35moe) */
     STRATA_FLAG_NO_HOST_TIER = 1 << 12,    /* host_budget 0 means the mapping even when the
                                             * experts do not fit in memory (below) */
+    STRATA_FLAG_NO_GRAPH = 1 << 13,        /* every decode step launched kernel by kernel, also
+                                            * where a graph is the default (STRATA_FLAG_GRAPH) */
 };
 
 /* What the router chose at one layer for a batch of tokens (statistics tools). */

@@ -250,6 +250,7 @@ struct backend_cuda_config {
                            * all resident, or under the cache with residency zerocopy (b) or
                            * gpu (c);
                            * ignored with the copy path, prefetch or a CPU lane (they sync) */
+    bool graph_resident;  /* the same where no expert cache was made (every weight resident) */
     bool gather_copies;   /* stream misses with one gather kernel per batch (reading mapped
                            * host memory) instead of a cudaMemcpyAsync per piece */
     bool prefetch;        /* copy path: predict layer l+1's experts with its router applied to

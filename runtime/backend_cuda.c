@@ -70,6 +70,7 @@ struct backend_cuda {
     struct disk_tier *tier;   /* static placement with host_budget: the CPU layers' experts */
     /* graph decode: one-token steps recorded once and replayed */
     bool graph;               /* wanted, and possible (moe_layer_graph_safe) */
+    bool rows_graph;          /* lockstep steps too: asked for (--graph) or auto under a cache */
     bool recording;           /* between step_begin and step_end of the recording */
     void *graph_exec;         /* the recorded step, or NULL */
     const struct stream *graph_stream; /* the stream whose buffers it writes */
@@ -847,7 +848,7 @@ static int cuda_rows_begin_op(struct backend *b, const void *batch, struct strea
         return backend_cuda_fail(rc, "lockstep rows");
     /* a graph only where every op reads the table: all resident (no cache, no CPU lane), and
      * attention in one launch (the row-by-row fallback takes positions from the host) */
-    if (!c->graph || n > CUDA_ROWS_GRAPHS || moe_layer_slots(c->moe) ||
+    if (!c->rows_graph || n > CUDA_ROWS_GRAPHS || moe_layer_slots(c->moe) ||
         moe_layer_cpu_layers(c->moe) ||
         !cuda_attention_rows_ok((int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim))
         return 0;
@@ -1595,8 +1596,12 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
     if (!rc && cfg->auto_place && !cfg->hybrid && !cfg->prefetch &&
         cfg->residency != BACKEND_RESIDENCY_GPU)
         auto_open(c);
-    /* graph decode needs a step without host syncs */
-    c->graph = (cfg->graph || c->auto_place) && !rc && moe_layer_graph_safe(c->moe);
+    /* graph decode needs a step without host syncs; all resident, auto placement replays
+     * one-token steps from a graph by default (the same bits as launching them one by one) */
+    const bool resident = !rc && moe_layer_slots(c->moe) == 0 && !cfg->cpu_moe_layers;
+    c->rows_graph = (cfg->graph || c->auto_place) && !rc && moe_layer_graph_safe(c->moe);
+    c->graph =
+        c->rows_graph || (cfg->graph_resident && resident && !rc && moe_layer_graph_safe(c->moe));
     if (!rc && (c->graph || c->auto_place)) {
         rc = cuda_host_alloc((void **)&c->step_pin, 2 * sizeof(int32_t), &c->step_pin_dev);
         rc = rc ? rc : cuda_malloc((void **)&c->step_dev, 2 * sizeof(int32_t));

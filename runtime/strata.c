@@ -285,6 +285,8 @@ static int strata_start_cuda(struct strata *s, bool auto_cuda)
                      : cfg->fill == STRATA_FILL_GPU    ? BACKEND_RESIDENCY_GPU
                                                        : BACKEND_RESIDENCY_COPY,
         .graph = cfg->flags & STRATA_FLAG_GRAPH,
+        .graph_resident =
+            cfg->placement == STRATA_PLACEMENT_AUTO && !(cfg->flags & STRATA_FLAG_NO_GRAPH),
         .gather_copies = cfg->flags & STRATA_FLAG_GATHER,
         .prefetch = cfg->flags & STRATA_FLAG_PREFETCH,
         .prefetch_depth = cfg->prefetch_depth,

@@ -1551,6 +1551,28 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
            N_STEPS);
     CHECK(g_graph_launches - launches == N_STEPS, "%d graph launches for %d decode steps",
           g_graph_launches - launches, N_STEPS);
+    /* the default of auto placement (graph_resident): the same replays all resident, none
+     * with a cache or CPU layers (those configurations' own rules), and none without it */
+    struct backend_cuda_config gd = {.device = 0, .graph_resident = true};
+    launches = g_graph_launches;
+    exact(path, "graph by default, all resident", &gd, 256, prompt, &ref);
+    CHECK(g_graph_launches - launches == N_STEPS, "graph by default: %d launches for %d steps",
+          g_graph_launches - launches, N_STEPS);
+    const struct backend_cuda_config nog[] = {
+        {.device = 0},
+        {.device = 0, .graph_resident = true, .expert_slots = 24},
+        {.device = 0, .graph_resident = true, .cpu_moe_layers = 1},
+    };
+    for (size_t i = 0; i < sizeof(nog) / sizeof(nog[0]); i++) {
+        struct model *m = NULL;
+        struct backend *b = NULL;
+        int rc = model_open(path, &m);
+        rc = rc ? rc : backend_cuda_open(m, &nog[i], &b);
+        CHECK(rc == 0 && !backend_cuda_graph(b),
+              "%s: configuration %zu: rc %d, a graph where none is the default", path, i, rc);
+        backend_close(b);
+        model_close(m);
+    }
     /* (b) with the whole step in one graph: tables refreshed and routing read back by the
      * replay, the cache updated between replays */
     struct backend_cuda_config zg = {.device = 0, .expert_slots = 24, .graph = true,
