@@ -756,6 +756,7 @@ __device__ __forceinline__ mmv_dst mmv_dst_of(const mmv_params &p, int64_t row)
  * reduction): the same bits. */
 template <typename F, int M, int KS, int R = 1>
 __global__ void __launch_bounds__(MMV_THREADS, M == 1 && KS == 1 && R == 1 ? mmv_min_blocks<F>
+                                               : M == 1 && R > 1           ? 6
                                                : R > 1                     ? 4
                                                        : 1) mmv_kernel(const mmv_params p)
 {
@@ -1509,14 +1510,31 @@ constexpr int mmv_r2 =
         ? 2
         : 1;
 
+/* Weight rows per warp, 1 or 2, the same bits either way: STRATA_MMV_ROWS in the environment
+ * for launches of 2 to 8 activation rows (default 2), STRATA_MMV_ROWS1 for one-row launches of
+ * the 32-element block types (default 2: a warp's two rows share each activation load and keep
+ * two dots in flight, six blocks of 128 threads per SM hold the q/k/v rows of the 30b-a3b
+ * preset in one wave; tg128 +2.8% with graphs, bench/cuda-resident.md). Decided once each. */
+static int mmv_env_rows(const char *name, int *cached, int dflt)
+{
+    if (*cached == 0) { /* a race writes the same value */
+        const char *env = getenv(name);
+        const int v = env && *env ? atoi(env) : dflt;
+        *cached = v == 1 || v == 2 ? v : dflt;
+    }
+    return *cached;
+}
+
 static int mmv_rows_per_warp(void)
 {
-    static int n = 0; /* a race writes the same value */
-    if (n == 0) {
-        const char *env = getenv("STRATA_MMV_ROWS");
-        n = env && *env && atoi(env) == 1 ? 1 : 2;
-    }
-    return n;
+    static int n = 0;
+    return mmv_env_rows("STRATA_MMV_ROWS", &n, 2);
+}
+
+static int mmv_one_rows_per_warp(void)
+{
+    static int n = 0;
+    return mmv_env_rows("STRATA_MMV_ROWS1", &n, 2);
 }
 
 template <typename F> void mmv_launch(const mmv_params &p, cudaStream_t st)
@@ -1544,7 +1562,13 @@ template <typename F> void mmv_launch(const mmv_params &p, cudaStream_t st)
         else
             ops_launch(mmv_kernel<F, MMV_MAX_M, MMV_WARPS>, g1, MMV_THREADS, 0, st, p);
     } else if (p.m == 1) {
-        ops_launch(mmv_kernel<F, 1, 1>, grid, MMV_THREADS, 0, st, p);
+        if (mmv_r2<F> == 2 && mmv_one_rows_per_warp() == 2) {
+            constexpr int R = mmv_r2<F>;
+            const dim3 g2((unsigned)((p.n_out + R * MMV_WARPS - 1) / (R * MMV_WARPS)));
+            ops_launch(mmv_kernel<F, 1, 1, R>, g2, MMV_THREADS, 0, st, p);
+        } else {
+            ops_launch(mmv_kernel<F, 1, 1>, grid, MMV_THREADS, 0, st, p);
+        }
     } else if (mmv_r2<F> == 2 && p.m <= 8 && mmv_rows_per_warp() == 2) {
         constexpr int R = mmv_r2<F>;
         const dim3 g2((unsigned)((p.n_out + R * MMV_WARPS - 1) / (R * MMV_WARPS)), grid.y);
