@@ -832,6 +832,46 @@ static __device__ __forceinline__ float4 moe_q8_gu_rows2(const uint8_t *g0, cons
     return make_float4(ops_warp_sum(a0), ops_warp_sum(b0), ops_warp_sum(a1), ops_warp_sum(b1));
 }
 
+/* Four rows' gate and up dots in one walk (k_moe_gate_up_b8 with four rows per warp): g[i],
+ * u[i] row i's gate and up rows; out[2 i], out[2 i + 1] its gate and up sums, each the sum
+ * moe_q8_gu_row gives (the same units in the same order per lane, the same warp reduction). */
+template <uint32_t WT>
+static __device__ __forceinline__ void
+moe_q8_gu_rows4(const uint8_t *const *g, const uint8_t *const *u, int64_t nu, int lane,
+                const int8_t *xq, const float2 *xd, float *out)
+{
+    float a[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        a[i] = 0.0f;
+    bool done = false;
+    if constexpr (moe_q8_unit<WT>::A16) {
+        uintptr_t al = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            al |= (uintptr_t)g[i] | (uintptr_t)u[i];
+        if ((al & 15) == 0) {
+            for (int64_t v = lane; v < nu; v += 32)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    a[2 * i] = moe_q8_unit<WT>::dot16(g[i], v, xq, xd, a[2 * i]);
+                    a[2 * i + 1] = moe_q8_unit<WT>::dot16(u[i], v, xq, xd, a[2 * i + 1]);
+                }
+            done = true;
+        }
+    }
+    if (!done)
+        for (int64_t v = lane; v < nu; v += 32)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                a[2 * i] = moe_q8_unit<WT>::dot(g[i], v, xq, xd, a[2 * i]);
+                a[2 * i + 1] = moe_q8_unit<WT>::dot(u[i], v, xq, xd, a[2 * i + 1]);
+            }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        out[i] = ops_warp_sum(a[i]);
+}
+
 /* A warp writes 32 values of h (lane i holding value i) as unit hu of codes, as
  * moe_q8_quantize does. */
 static __device__ __forceinline__ void moe_q8_h_unit(const struct moe_params &p, int64_t hu,
@@ -1087,9 +1127,11 @@ static __device__ __forceinline__ void moe_block_copy(uint8_t *dst, const uint8_
  * rows, then the 32 up rows, then MOE_B8_PAD bytes. Pairs are taken 32 at a time from this
  * block's pair on: those of expert e are computed (h per pair into hs), then warp i quantizes
  * pair i's 32 values as k_moe_gate_up_q8 does. */
-template <uint32_t WT>
-static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_b8(struct moe_params p)
+template <uint32_t WT, int RW = 2>
+static __global__ void __launch_bounds__(MOE_Q8_GU_ROWS / RW * 32, RW > 2 ? 2 : 1)
+    k_moe_gate_up_b8(struct moe_params p)
 {
+    constexpr int W = MOE_Q8_GU_ROWS / RW; /* warps: RW rows (gate and up) each */
     ops_pdl_begin();
     extern __shared__ __align__(128) uint8_t moe_smem[];
     __shared__ __align__(8) uint64_t bar[MOE_B8_GU_STAGES];
@@ -1153,7 +1195,7 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_b8(
         __syncthreads(); /* also: the block copy above has landed */
         const int nl = n_list;
         if (nl > 0 && !waited) {
-            moe_bar_wait(&bar[warp / (MOE_Q8_GU_WARPS / MOE_B8_GU_STAGES)]);
+            moe_bar_wait(&bar[warp / (W / MOE_B8_GU_STAGES)]);
             waited = true;
         }
         for (int pi = 0; pi < nl; pi++) { /* no pairs: straight to the barriers below */
@@ -1161,7 +1203,21 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_b8(
             const int64_t t = pr / p.k;
             const int8_t *xq = p.in_q8 + t * p.n_embd;
             const float2 *xd = p.in_q8_d + t * nu;
-            if (moe_gu2_type(WT) && p.gu2) {
+            if constexpr (RW == 4) {
+                const uint8_t *g[4], *u[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    g[i] = sg + (4 * warp + i) * p.gate_row;
+                    u[i] = su + (4 * warp + i) * p.up_row;
+                }
+                float gu[8];
+                moe_q8_gu_rows4<WT>(g, u, nu, lane, xq, xd, gu);
+                if (lane == 0)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        hs[pi][4 * warp + i] =
+                            moe_h(p, e, rb + 4 * warp + i, gu[2 * i], gu[2 * i + 1]);
+            } else if (moe_gu2_type(WT) && p.gu2) {
                 const int64_t rl = 2 * warp;
                 const float4 gu = moe_q8_gu_rows2<WT>(sg + rl * p.gate_row, su + rl * p.up_row,
                                                       sg + (rl + 1) * p.gate_row,
@@ -1182,7 +1238,7 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_WARPS * 32) k_moe_gate_up_b8(
             }
         }
         __syncthreads();
-        for (int pi = warp; pi < nl; pi += MOE_Q8_GU_WARPS)
+        for (int pi = warp; pi < nl; pi += W)
             moe_q8_h_unit(p, ((int64_t)list[pi] * p.n_ff + rb) / 32, hs[pi][lane], lane);
         __syncthreads(); /* list, n_list and hs are reused */
     }
@@ -2788,6 +2844,23 @@ static int moe_gu2(void)
     return on;
 }
 
+/* Whether the bulk gate/up kernel takes four rows per warp (eight warps of 512-thread blocks'
+ * sixteen: 75 registers let three blocks share an SM where two did not fit, and each unit is
+ * walked once for four rows' gate and up dots; the same bits) for a call of `tokens` tokens:
+ * Q4_K one-token calls (tg128 on the 30b-a3b preset +4.0% with graphs, +3.9% without;
+ * bench/cuda-resident.md), where lockstep steps kept two rows (8 streams 798.7 against 792.7
+ * tok/s with four, one run). STRATA_MOE_GU4=1 in the environment takes four for every call and
+ * type, 0 two (for comparisons). */
+static bool moe_gu4(uint32_t wt, int tokens)
+{
+    static int mode = -1;
+    if (mode < 0) {
+        const char *env = getenv("STRATA_MOE_GU4");
+        mode = env && *env ? (env[0] == '1' ? 1 : 0) : 2;
+    }
+    return mode == 1 || (mode == 2 && wt == QUANT_Q4_K && tokens == 1);
+}
+
 /* Up to how many tokens the automatic choice takes the bulk path: CUDA_MOE_BULK8_MAX_TOK, or
  * the number STRATA_MOE_BULK gives in the environment (0: never; for comparisons). */
 static int moe_bulk_max_tok(void)
@@ -2832,8 +2905,9 @@ static uint64_t moe_b8_dn_smem(const struct moe_params &p)
 template <uint32_t GT, uint32_t DT> static bool moe_b8_ready(const struct moe_params &p)
 {
     if constexpr (moe_q8_type(GT) && moe_q8_type(DT)) {
-        static uint64_t gu, dn;
+        static uint64_t gu, gu4, dn;
         return moe_smem_allow(k_moe_gate_up_b8<GT>, moe_b8_gu_smem(p), &gu) &&
+               moe_smem_allow(k_moe_gate_up_b8<GT, 4>, moe_b8_gu_smem(p), &gu4) &&
                moe_smem_allow(k_moe_down_b8<DT>, moe_b8_dn_smem(p), &dn);
     }
     return false;
@@ -2870,9 +2944,14 @@ static bool moe_b8_ready_any(uint32_t gt, uint32_t dt, const struct moe_params &
 template <uint32_t WT>
 static void moe_launch_gate_up_b8(const struct moe_params &p, unsigned items, cudaStream_t s)
 {
-    if constexpr (moe_q8_type(WT))
-        ops_launch(k_moe_gate_up_b8<WT>, dim3(items, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS)),
-                   MOE_Q8_GU_WARPS * 32, moe_b8_gu_smem(p), s, p);
+    if constexpr (moe_q8_type(WT)) {
+        const dim3 grid(items, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS));
+        if (moe_gu4(WT, p.n_tok))
+            ops_launch(k_moe_gate_up_b8<WT, 4>, grid, MOE_Q8_GU_ROWS / 4 * 32, moe_b8_gu_smem(p), s,
+                       p);
+        else
+            ops_launch(k_moe_gate_up_b8<WT>, grid, MOE_Q8_GU_WARPS * 32, moe_b8_gu_smem(p), s, p);
+    }
 }
 
 template <uint32_t WT>
