@@ -2845,12 +2845,13 @@ static int moe_gu2(void)
 }
 
 /* Whether the bulk gate/up kernel takes four rows per warp (eight warps of 512-thread blocks'
- * sixteen: 75 registers let three blocks share an SM where two did not fit, and each unit is
- * walked once for four rows' gate and up dots; the same bits) for a call of `tokens` tokens:
- * Q4_K one-token calls (tg128 on the 30b-a3b preset +4.0% with graphs, +3.9% without;
- * bench/cuda-resident.md), where lockstep steps kept two rows (8 streams 798.7 against 792.7
- * tok/s with four, one run). STRATA_MOE_GU4=1 in the environment takes four for every call and
- * type, 0 two (for comparisons). */
+ * sixteen: at 75-86 registers one sixteen-warp block fit an SM where the shared memory held two;
+ * each unit is walked once for four rows' gate and up dots; the same bits) for a call of
+ * `tokens` tokens: Q4_K and MXFP4 one-token calls (tg128 +4.0% with graphs, +3.9% without on the
+ * 30b-a3b preset, +2.7% / +3.1% on gpt-oss-20b's shapes; bench/cuda-resident.md,
+ * bench/gptoss.md), where lockstep steps kept two rows (8 streams 798.7 against 792.7 tok/s
+ * with four, one run); Q6_K (not measured) keeps two. STRATA_MOE_GU4=1 in the environment takes
+ * four for every call and type, 0 two (for comparisons). */
 static bool moe_gu4(uint32_t wt, int tokens)
 {
     static int mode = -1;
@@ -2858,7 +2859,7 @@ static bool moe_gu4(uint32_t wt, int tokens)
         const char *env = getenv("STRATA_MOE_GU4");
         mode = env && *env ? (env[0] == '1' ? 1 : 0) : 2;
     }
-    return mode == 1 || (mode == 2 && wt == QUANT_Q4_K && tokens == 1);
+    return mode == 1 || (mode == 2 && (wt == QUANT_Q4_K || wt == QUANT_MXFP4) && tokens == 1);
 }
 
 /* Up to how many tokens the automatic choice takes the bulk path: CUDA_MOE_BULK8_MAX_TOK, or
