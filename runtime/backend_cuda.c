@@ -25,6 +25,7 @@
 #include "errors.h"
 #include "moe_layer.h"
 #include "ops_cpu.h"
+#include "placement_rules.h"
 #include "quant_blocks.h"
 #include "strata.h"
 #include "stream.h"
@@ -1008,16 +1009,18 @@ static int cuda_read_op(struct backend *b, float *host, const float *src, size_t
  * known once the model runs. Leaving the GPU's cache, the device gives the slots back
  * (expert_cache_device_stop). So each is timed on a few decode steps (tune.h: 2 skipped, 8 timed,
  * the first mode timed again last on a close call) and the fastest stays; a miss rate that later
- * moves by more than half (and one miss per token) starts the trials again. The copy trial, first,
- * measures the misses per token, which rule out two trials that cannot win: hybrid below one miss
- * per token (nothing for the CPU lane, only its per-layer round trip), zero-copy when the misses'
- * copies alone take over AUTO_ZC_SHARE of a copy step (it reads misses at about half the DMA's
- * rate: 118-141 us per expert against 70-73 on the H200, bench/residency.md). */
+ * moves by more than half (and one miss per token) starts the trials again, unless it fell
+ * under zero-copy. The copy trial, first, measures the misses per token, which rule out trials
+ * that cannot win (placement_rules.h): hybrid below one miss per token (nothing for the CPU
+ * lane, only its per-layer round trip), zero-copy when the misses' copies alone take over
+ * PLACEMENT_ZC_SHARE of a copy step (it reads misses at about half the DMA's rate: 118-141 us
+ * per expert against 70-73 on the H200, bench/residency.md), and at or under that share the
+ * modes made for many misses, hybrid and the GPU's cache, whose trial also leaves the pool
+ * holding its own choices. */
 
 #define AUTO_SKIP 2   /* steps after a switch not timed (a graph is recorded in the first) */
 #define AUTO_WINDOW 8 /* steps timed per trial */
 #define AUTO_WATCH 64 /* steps per look at the miss rate once decided */
-#define AUTO_ZC_SHARE 0.1 /* zero-copy not tried above this share of copy time in transfers */
 
 static const char *auto_mode_name(enum moe_mode m, bool graph)
 {
@@ -1046,18 +1049,18 @@ static int auto_switch(struct backend_cuda *c, enum moe_mode m)
     return rc;
 }
 
-/* After the first trial (copies): the trials its miss rate rules out. */
+/* After the first trial (copies): the trials its miss rate rules out (placement_rules.h). */
 static void auto_prune(struct backend_cuda *c)
 {
     const struct tune *t = &c->tune;
     const double m = (double)(auto_misses(c) - c->trial_misses) / (AUTO_SKIP + AUTO_WINDOW);
     const double xfer = m * moe_layer_miss_seconds(c->moe), step = t->cost[t->first];
+    bool zc = false;
+    for (int i = 0; i < t->n; i++)
+        zc |= c->tune_mode[i] == MOE_MODE_ZEROCOPY && i != t->first &&
+              !placement_skip(MOE_MODE_ZEROCOPY, true, m, xfer, step);
     for (int i = 0; i < t->n; i++) {
-        const char *why = NULL;
-        if (c->tune_mode[i] == MOE_MODE_HYBRID && m < 1.0)
-            why = "fewer than one miss per step";
-        else if (c->tune_mode[i] == MOE_MODE_ZEROCOPY && xfer > AUTO_ZC_SHARE * step)
-            why = "the misses' copies take over a tenth of a copy step";
+        const char *why = placement_skip(c->tune_mode[i], zc, m, xfer, step);
         if (!why || i == t->first)
             continue;
         tune_drop(&c->tune, i);
@@ -1134,8 +1137,7 @@ static void auto_step(struct backend_cuda *c, bool rows, int n)
             c->watch_misses = m;
             if (c->watch_rate < 0) {
                 c->watch_rate = rate;
-            } else if (fabs(rate - c->watch_rate) > 1.0 &&
-                       fabs(rate - c->watch_rate) > 0.5 * c->watch_rate) {
+            } else if (placement_retime(moe_layer_mode(c->moe), rate, c->watch_rate)) {
                 if (c->log)
                     fprintf(c->log,
                             "strata: placement auto: %.1f missed experts per step, "

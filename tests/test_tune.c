@@ -1,10 +1,55 @@
 /* tune: the order of the trials, the skipped steps, the second measurement of the first
  * setting, the choice of the cheapest (ties to the lower index), dropped settings, restarts
- * and the one-setting case, on step times made up per setting (deterministic). */
+ * and the one-setting case, on step times made up per setting (deterministic); and the
+ * automatic placement's rules (placement_rules.h) on made-up copy-trial figures. */
 #include <string.h>
 
+#include "placement_rules.h"
 #include "testutil.h"
 #include "tune.h"
+
+/* The modes placement_skip keeps for a copy trial of `misses` per step, `xfer` ms of copies
+ * in a `step` ms step, zero-copy among the modes: a bit per mode kept. */
+static unsigned kept(double misses, double xfer, double step)
+{
+    const bool zc = !placement_skip(MOE_MODE_ZEROCOPY, true, misses, xfer, step);
+    unsigned k = 0;
+    for (int m = 0; m < MOE_MODES; m++)
+        k |= (unsigned)!placement_skip((enum moe_mode)m, zc, misses, xfer, step) << m;
+    return k;
+}
+
+static void placement_rules(void)
+{
+    const unsigned copy = 1u << MOE_MODE_COPY, zc = 1u << MOE_MODE_ZEROCOPY,
+                   hy = 1u << MOE_MODE_HYBRID, dev = 1u << MOE_MODE_DEVICE;
+    /* 12 GiB on the 30b-a3b preset: 1.4 misses, 0.07 of 3.99 ms: zero-copy alone is timed */
+    CHECK(kept(1.4, 0.07, 3.99) == (copy | zc), "few misses: kept %#x", kept(1.4, 0.07, 3.99));
+    /* under one miss per step: hybrid out on its own rule as well */
+    CHECK(kept(0.5, 0.02, 4.0) == (copy | zc), "under one miss: kept %#x", kept(0.5, 0.02, 4.0));
+    /* 8 GiB: 62.7 misses, 3.47 of 7.54 ms: no zero-copy; hybrid and the GPU's cache timed */
+    CHECK(kept(62.7, 3.47, 7.54) == (copy | hy | dev), "many misses: kept %#x",
+          kept(62.7, 3.47, 7.54));
+    /* the share's edge: exactly a tenth keeps zero-copy */
+    CHECK(kept(5.0, 0.4, 4.0) == (copy | zc), "at a tenth: kept %#x", kept(5.0, 0.4, 4.0));
+    CHECK(kept(5.0, 0.41, 4.0) == (copy | hy | dev), "past a tenth: kept %#x",
+          kept(5.0, 0.41, 4.0));
+    /* without zero-copy among the modes (no mapped memory) the others are timed at any rate */
+    CHECK(!placement_skip(MOE_MODE_DEVICE, false, 1.4, 0.07, 3.99) &&
+              !placement_skip(MOE_MODE_HYBRID, false, 1.4, 0.07, 3.99),
+          "modes dropped for a zero-copy that is not timed");
+    CHECK(placement_skip(MOE_MODE_HYBRID, false, 0.5, 0.02, 4.0) != NULL,
+          "hybrid timed under one miss per step");
+
+    /* timing again: a move of more than one miss and half the rate, either way, except a fall
+     * under zero-copy */
+    CHECK(placement_retime(MOE_MODE_COPY, 1.4, 6.6) && placement_retime(MOE_MODE_DEVICE, 12, 6),
+          "a move of over half not timed again");
+    CHECK(!placement_retime(MOE_MODE_ZEROCOPY, 1.4, 6.6), "a fall under zero-copy timed again");
+    CHECK(placement_retime(MOE_MODE_ZEROCOPY, 12.0, 6.0), "a rise under zero-copy ignored");
+    CHECK(!placement_retime(MOE_MODE_COPY, 1.8, 1.0) && !placement_retime(MOE_MODE_COPY, 7, 5),
+          "a small move timed again");
+}
 
 /* Runs steps of made-up costs until decided (at most max_steps): cost[s] per step of setting
  * s, plus `cold` on every step of the first trial and `switch_s` on the first step after each
@@ -116,5 +161,6 @@ int main(void)
         tune_init(&t, 9, 7, 0, 1);
         CHECK(t.n == TUNE_MAX && t.cur == 0, "clamped to %d settings from %d", t.n, t.cur);
     }
+    placement_rules();
     return test_finish("test_tune");
 }
