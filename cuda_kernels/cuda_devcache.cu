@@ -138,6 +138,17 @@ static __device__ void dc_retire_batch(const struct cuda_devcache_call &a)
         a.pend[a.jobs[j].slot] = 0;
 }
 
+/* Step 1's halving and step 2's counts of a real call by the block's threads (block 0, once
+ * no block reads the counts any more). */
+static __device__ void dc_count(const struct cuda_devcache_call &a, const uint8_t *used, uint32_t c)
+{
+    if (a.prefetch)
+        return;
+    const bool age = c % CUDA_DEVCACHE_AGE == 0;
+    for (int e = threadIdx.x; e < a.n_expert; e += DC_THREADS)
+        a.freq[e] = (age ? a.freq[e] >> 1 : a.freq[e]) + used[e];
+}
+
 /* A call whose experts all hit (the common case, and the one every decode step pays for):
  * block 0 alone stamps their slots and counts, reading only the hits' slots; slot_of, the
  * owners and the table stay as they are, so the other blocks, which read nothing else, need
@@ -167,6 +178,7 @@ static __device__ void dc_all_hit(const struct cuda_devcache_call &a, const uint
         atomicAdd(&s_hits, hits);
     if (pf_used)
         atomicAdd(&s_pf_used, pf_used);
+    dc_count(a, used, c);
     __syncthreads();
     if (tid == 0) {
         if (!a.prefetch) {
@@ -180,13 +192,21 @@ static __device__ void dc_all_hit(const struct cuda_devcache_call &a, const uint
     }
 }
 
-/* dynamic shared memory: the list's stamps (n_list), the misses (n_expert), the pending
- * hits' first jobs (n_expert), used flags (n_expert bytes) */
+/* The victim key of step 3 (f, stamp, i) in 64 bits: f (saturated at 2^22 - 1; use counts
+ * stay under 2 CUDA_DEVCACHE_AGE + 1) above the stamp above the list index (< 1024). */
+static __device__ __forceinline__ unsigned long long dc_key(uint32_t f, uint32_t stamp, int i)
+{
+    const unsigned long long fs = f < 0x3FFFFFu ? f : 0x3FFFFFu;
+    return fs << 42 | (unsigned long long)stamp << 10 | (unsigned)i;
+}
+
+/* dynamic shared memory: the list's stamps (n_list), their owners' f of step 3 (n_list), the
+ * misses (n_expert), the pending hits' first jobs (n_expert), used flags (n_expert bytes) */
 static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devcache_call a)
 {
     extern __shared__ uint32_t sm[];
-    uint32_t *st = sm;
-    int *miss = (int *)(st + a.n_list);
+    uint32_t *st = sm, *fk = sm + a.n_list;
+    int *miss = (int *)(fk + a.n_list);
     int *pj = miss + a.n_expert;
     uint8_t *used = (uint8_t *)(pj + a.n_expert);
     __shared__ int vic_slot[CUDA_DEVCACHE_MAX_EXPERT];
@@ -235,6 +255,7 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devc
     }
     /* the list's stamps, hits stamped as in use (pinned ones stay pinned) */
     unsigned long long hits = 0, pf_used = 0;
+    const bool age = !a.prefetch && c % CUDA_DEVCACHE_AGE == 0;
     for (int i = tid; i < a.n_list; i += DC_THREADS) {
         int s = a.list[i], o = a.owner[s];
         uint32_t t = a.stamp[s];
@@ -244,6 +265,8 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devc
             t = t == CUDA_DEVCACHE_PINNED ? t : c;
         }
         st[i] = t;
+        fk[i] = o >= 0 && !a.by_recency ? (age ? a.freq[o] >> 1 : a.freq[o]) + 1
+                                        : 0; /* o is not in use */
     }
     if (hits)
         atomicAdd(&s_hits, hits);
@@ -263,20 +286,20 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devc
             s_n_miss = n_miss;
     }
     __syncthreads();
-    if (tid < 32) { /* each miss's victim: least (stamp, index) below c, or none */
+    if (tid < 32) { /* each miss's victim: least (f, stamp, index) with stamp below c, or none */
         int n_copy = 0;
         for (int m = 0; m < s_n_miss; m++) {
             unsigned long long best = ~0ull;
             for (int i = lane; i < a.n_list; i += 32)
                 if (st[i] < c) {
-                    unsigned long long k = (unsigned long long)st[i] << 32 | (unsigned)i;
+                    const unsigned long long k = dc_key(fk[i], st[i], i);
                     best = k < best ? k : best;
                 }
             for (int o = 16; o > 0; o >>= 1) {
                 unsigned long long x = __shfl_xor_sync(0xffffffffu, best, o);
                 best = x < best ? x : best;
             }
-            int i = best == ~0ull ? -1 : (int)(best & 0xffffffffu);
+            int i = best == ~0ull ? -1 : (int)(best & 0x3FFu);
             if (lane == 0 && i >= 0) {
                 st[i] = c;
                 miss[n_copy] = miss[m]; /* the copied ones first, in order */
@@ -306,6 +329,7 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devc
         __syncthreads();
         for (int i = tid; i < a.n_list; i += DC_THREADS) /* stamps, then the misses' slots */
             a.stamp[a.list[i]] = st[i];
+        dc_count(a, used, c);
         for (int i = tid; i < a.n_list && !a.prefetch; i += DC_THREADS) {
             int s = a.list[i], o = a.owner[s];
             if (o >= 0 && used[o])
@@ -388,7 +412,9 @@ extern "C" int cuda_devcache_run(const struct cuda_devcache_call *a, int blocks,
         return -EINVAL;
     if (a->list_only && (!a->prefetch || !a->pend))
         return -EINVAL;
-    size_t smem = sizeof(uint32_t) * (size_t)a->n_list + 2 * sizeof(int) * (size_t)a->n_expert +
+    if (!a->freq)
+        return -EINVAL;
+    size_t smem = 2 * sizeof(uint32_t) * (size_t)a->n_list + 2 * sizeof(int) * (size_t)a->n_expert +
                   (size_t)a->n_expert;
     cudaError_t e = ops_launch(k_devcache, dim3(blocks ? blocks : dc_blocks()), dim3(DC_THREADS),
                                smem, (cudaStream_t)stream, *a);

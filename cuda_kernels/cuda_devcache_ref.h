@@ -42,6 +42,12 @@ static inline void devcache_ref_lookup(const struct cuda_devcache_call *a)
     for (int i = 0; i < a->n_pairs; i++)
         if (a->ids[i] >= 0 && a->ids[i] < a->n_expert)
             used[a->ids[i]] = 1;
+    if (!a->prefetch) {
+        for (int e = 0; e < a->n_expert && c % CUDA_DEVCACHE_AGE == 0; e++)
+            a->freq[e] >>= 1;
+        for (int e = 0; e < a->n_expert; e++)
+            a->freq[e] += used[e];
+    }
     if (a->pend && !a->prefetch) /* the batch's copies this call's hits need */
         for (int e = 0; e < a->n_expert; e++) {
             int s = a->slot_of[e];
@@ -73,10 +79,13 @@ static inline void devcache_ref_lookup(const struct cuda_devcache_call *a)
         if (!a->prefetch)
             st[DEVCACHE_MISSES]++;
         int best = -1;
+        uint64_t bk = 0;
         for (int i = 0; i < a->n_list; i++) {
-            uint32_t t = a->stamp[a->list[i]];
-            if (t < c && (best < 0 || t < a->stamp[a->list[best]]))
-                best = i;
+            const int s = a->list[i], o = a->owner[s];
+            const uint64_t f = o >= 0 && !a->by_recency ? a->freq[o] + 1 : 0;
+            const uint64_t k = f << 32 | a->stamp[s];
+            if (a->stamp[s] < c && (best < 0 || k < bk))
+                best = i, bk = k;
         }
         if (best < 0) {
             if (!a->prefetch)

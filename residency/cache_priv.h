@@ -157,6 +157,7 @@ struct expert_cache {
     uint32_t *d_stamp;                /* (n_slots) */
     int32_t *d_list;                  /* (n_slots) the layers' slot lists, one after the other */
     uint32_t *d_clock;                /* (n_layer) */
+    uint32_t *d_freq;                 /* (n_layer * n_expert) use counts, zero at take-over */
     uint8_t **d_slot_ptr;             /* (n_slots) */
     unsigned long long *d_stats;      /* (n_layer * DEVCACHE_NSTAT) */
     struct cuda_devcache_job *d_jobs; /* (3 n_expert) */

@@ -167,6 +167,8 @@ static int ec_dev_init(struct expert_cache *c)
     rc = rc ? rc : cuda_malloc((void **)&c->d_stamp, sizeof(uint32_t) * ns);
     rc = rc ? rc : cuda_malloc((void **)&c->d_list, sizeof(int32_t) * ns);
     rc = rc ? rc : cuda_malloc((void **)&c->d_clock, sizeof(uint32_t) * nl);
+    rc = rc ? rc : cuda_malloc((void **)&c->d_freq, sizeof(uint32_t) * nl * ne);
+    rc = rc ? rc : cuda_memset(c->d_freq, 0, sizeof(uint32_t) * nl * ne, c->compute);
     rc = rc ? rc : cuda_malloc((void **)&c->d_slot_ptr, sizeof(uint8_t *) * ns);
     rc = rc ? rc
             : cuda_malloc((void **)&c->d_stats, sizeof(unsigned long long) * nl * DEVCACHE_NSTAT);
@@ -216,6 +218,17 @@ static int ec_dev_init(struct expert_cache *c)
     return 0;
 }
 
+/* STRATA_DEVCACHE_LRU=1: victims by recency alone (cuda_devcache.h), for comparisons. */
+static int ec_dev_by_recency(void)
+{
+    static int v = -1; /* decided once; a race writes the same value */
+    if (v < 0) {
+        const char *e = getenv("STRATA_DEVCACHE_LRU");
+        v = e && !strcmp(e, "1");
+    }
+    return v;
+}
+
 /* The arguments of a layer's lookup: its slices of the state, its table, its counters. */
 static struct cuda_devcache_call ec_dev_call(struct expert_cache *c, int layer,
                                              const int32_t *ids_dev, int n_pairs)
@@ -232,6 +245,8 @@ static struct cuda_devcache_call ec_dev_call(struct expert_cache *c, int layer,
         .owner = c->d_owner,
         .stamp = c->d_stamp,
         .clock = c->d_clock + layer,
+        .freq = c->d_freq + (size_t)layer * ne,
+        .by_recency = ec_dev_by_recency(),
         .tab = c->tab_dev + (size_t)layer * P_N * ne,
         .slot_ptr = c->d_slot_ptr,
         .stats = c->d_stats + (size_t)layer * DEVCACHE_NSTAT,
@@ -433,10 +448,10 @@ int ec_dev_check(const struct expert_cache *c)
 
 void ec_dev_close(struct expert_cache *c)
 {
-    void *dev_mem[] = {c->d_slot_of,   c->d_owner,    c->d_stamp,    c->d_list,
-                       c->d_clock,     c->d_slot_ptr, c->d_stats,    c->d_jobs,
-                       c->d_n_jobs,    c->d_pf,       c->d_sync,     c->d_pf_jobs,
-                       c->d_pf_n_jobs, c->d_pend,     c->d_pf_claim, c->d_pf_done};
+    void *dev_mem[] = {c->d_slot_of,  c->d_owner,   c->d_stamp,     c->d_list,   c->d_clock,
+                       c->d_slot_ptr, c->d_stats,   c->d_jobs,      c->d_n_jobs, c->d_pf,
+                       c->d_sync,     c->d_pf_jobs, c->d_pf_n_jobs, c->d_pend,   c->d_pf_claim,
+                       c->d_pf_done,  c->d_freq};
     for (size_t i = 0; i < sizeof(dev_mem) / sizeof(dev_mem[0]); i++)
         cuda_free(dev_mem[i]);
     for (int l = 0; c->pf_done && l < c->n_layer; l++)
@@ -449,7 +464,7 @@ void ec_dev_close(struct expert_cache *c)
     free(c->dev_base);
     free(c->dev_stats_h);
     c->d_slot_of = c->d_owner = c->d_list = c->d_pend = NULL;
-    c->d_stamp = c->d_clock = c->d_n_jobs = c->d_sync = c->d_pf_n_jobs = NULL;
+    c->d_stamp = c->d_clock = c->d_n_jobs = c->d_sync = c->d_pf_n_jobs = c->d_freq = NULL;
     c->d_pf_claim = c->d_pf_done = NULL;
     c->d_slot_ptr = NULL;
     c->d_stats = NULL;

@@ -6,9 +6,9 @@
  * them); cuda_devcache_copy makes the batch at once or later, so that calls of the layer in
  * between find their prefetched experts still to copy and copy them themselves (a closing
  * round per layer makes sure of 12 such hits). After
- * every call the device's slot map, owners, stamps, clock, table, copy list, batches, pending
- * slots and counters equal the reference's, and the slots hold the bytes the copies brought.
- * Exits 77 without a GPU. */
+ * every call the device's slot map, owners, stamps, clock, use counts, table, copy list, batches,
+ * pending slots and counters equal the reference's, and the slots hold the bytes the copies
+ * brought. Exits 77 without a GPU. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,7 +30,7 @@ static const uint64_t stride[3] = {16 * 1500 + 16, 33000 + 5, 16 * 2100}; /* odd
 struct state {
     int32_t slot_of[NL * NE], owner[NS], list[NS];
     uint8_t pf[NS];
-    uint32_t stamp[NS], clock[NL];
+    uint32_t stamp[NS], clock[NL], freq[NL * NE];
     void *tab[NL * 3 * NE];
     unsigned long long stats[NL * DEVCACHE_NSTAT];
     struct cuda_devcache_job jobs[3 * NE];
@@ -94,7 +94,7 @@ int main(void)
     for (int i = 0; i < NL * NE; i++)
         h->slot_of[i] = -1;
     for (int l = 0; l < NL; l++) {
-        h->clock[l] = 1;
+        h->clock[l] = 40 + 3 * (uint32_t)l; /* use counts halve within the first calls */
         for (int e = 0; e < NE; e++)
             for (int p = 0; p < 3; p++)
                 h->tab[(l * 3 + p) * NE + e] = (void *)(lay_mapped[l][p] + (uint64_t)e * stride[p]);
@@ -192,6 +192,7 @@ int main(void)
             .prefetch = prefetch,
             .list_only = list_only,
             .slot_ptr = slot_ptr_d,
+            .by_recency = call % 7 == 3, /* now and then the comparisons' victim rule */
         };
         for (int p = 0; p < 3; p++) {
             a.mapped[p] = lay_mapped[l][p];
@@ -204,6 +205,7 @@ int main(void)
         memcpy(ref_slot_ptr, slot_ptr_h, sizeof(ref_slot_ptr));
         ah.ids = ids, ah.slot_of = h->slot_of + l * NE, ah.list = h->list + at[l];
         ah.owner = h->owner, ah.stamp = h->stamp, ah.clock = h->clock + l;
+        ah.freq = h->freq + l * NE;
         ah.tab = h->tab + l * 3 * NE, ah.slot_ptr = ref_slot_ptr;
         ah.stats = h->stats + l * DEVCACHE_NSTAT, ah.jobs = h->jobs, ah.n_jobs = h->n_jobs;
         ah.pf = h->pf;
@@ -218,6 +220,7 @@ int main(void)
         devcache_ref_lookup(&ah); /* its copies: the bytes are checked in the slots below */
         ad.ids = ids_d, ad.slot_of = d->slot_of + l * NE, ad.list = d->list + at[l];
         ad.owner = d->owner, ad.stamp = d->stamp, ad.clock = d->clock + l;
+        ad.freq = d->freq + l * NE;
         ad.tab = d->tab + l * 3 * NE;
         ad.stats = d->stats + l * DEVCACHE_NSTAT, ad.jobs = d->jobs, ad.n_jobs = d->n_jobs;
         ad.pf = d->pf, ad.sync = &d->sync;
@@ -245,6 +248,7 @@ int main(void)
                     !memcmp(back->pf, h->pf, sizeof(h->pf)) &&
                     !memcmp(back->stamp, h->stamp, sizeof(h->stamp)) &&
                     !memcmp(back->clock, h->clock, sizeof(h->clock)) &&
+                    !memcmp(back->freq, h->freq, sizeof(h->freq)) &&
                     !memcmp(back->tab, h->tab, sizeof(h->tab)) &&
                     !memcmp(back->stats, h->stats, sizeof(h->stats)) &&
                     !memcmp(back->n_jobs, h->n_jobs, sizeof(h->n_jobs)) &&

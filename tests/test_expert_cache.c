@@ -449,6 +449,70 @@ static void gpu_policy(const struct model *m, uint64_t seed)
     cuda_stream_destroy(compute);
 }
 
+/* The GPU's cache's victim rule on its reference alone: one layer of 8 experts, 3 slots
+ * holding experts 0, 1, 2 (0 the least recent); 0 used five times, 1 once, 2 three times: a
+ * miss takes 1's slot (the least used), not 0's (the least recent); a free slot goes before
+ * any; the counts halve when the clock reaches a multiple of CUDA_DEVCACHE_AGE, and a
+ * prediction counts nothing. */
+static void devcache_victims(void)
+{
+    enum { NE8 = 8 };
+    int32_t slot_of[NE8], owner[4], list[4] = {0, 1, 2, 3};
+    uint32_t stamp[4] = {1, 2, 3, 0}, clock = 3, freq[NE8] = {5, 1, 3, 0, 0, 0, 0, 0};
+    uint8_t pf[4] = {0}, bytes[4][64], host[NE8 * 48];
+    uint8_t *slot_ptr[4] = {bytes[0], bytes[1], bytes[2], bytes[3]};
+    void *tab[3 * NE8];
+    unsigned long long stats[DEVCACHE_NSTAT] = {0};
+    struct cuda_devcache_job jobs[3 * NE8];
+    uint32_t n_jobs[2];
+    int32_t ids[2] = {7, 7};
+    for (int e = 0; e < NE8; e++)
+        slot_of[e] = e < 3 ? e : -1;
+    for (int i = 0; i < 4; i++)
+        owner[i] = i < 3 ? i : -1;
+    struct cuda_devcache_call a = {.ids = ids,
+                                   .n_pairs = 2,
+                                   .n_expert = NE8,
+                                   .slot_of = slot_of,
+                                   .list = list,
+                                   .n_list = 3,
+                                   .pf = pf,
+                                   .owner = owner,
+                                   .stamp = stamp,
+                                   .clock = &clock,
+                                   .freq = freq,
+                                   .tab = tab,
+                                   .slot_ptr = slot_ptr,
+                                   .stats = stats,
+                                   .jobs = jobs,
+                                   .n_jobs = n_jobs};
+    for (int p = 0; p < 3; p++) {
+        a.mapped[p] = host + p * NE8 * 16;
+        a.stride[p] = 16;
+        a.off[p] = 16 * (uint64_t)p;
+    }
+    devcache_ref_run(&a);
+    CHECK(slot_of[7] == 1 && slot_of[1] == -1 && slot_of[0] == 0 && slot_of[2] == 2,
+          "expert 7 took slot %d (want 1, the least used), expert 1 at %d", slot_of[7], slot_of[1]);
+    CHECK(freq[7] == 1 && freq[0] == 5 && clock == 4, "counts %u %u, clock %u", freq[7], freq[0],
+          clock);
+    a.n_list = 4; /* slot 3 free: taken before any resident expert */
+    ids[0] = ids[1] = 6;
+    devcache_ref_run(&a);
+    CHECK(slot_of[6] == 3 && slot_of[7] == 1, "expert 6 took slot %d (want 3, the free one)",
+          slot_of[6]);
+    clock = CUDA_DEVCACHE_AGE - 1; /* the next call halves every count first */
+    ids[0] = ids[1] = 0;
+    devcache_ref_run(&a);
+    CHECK(freq[0] == 3 && freq[2] == 1 && freq[7] == 0 && freq[6] == 0,
+          "after the halving: %u %u %u %u (want 3 1 0 0)", freq[0], freq[2], freq[7], freq[6]);
+    a.prefetch = 1; /* a prediction: no count, no clock */
+    ids[0] = ids[1] = 5;
+    devcache_ref_run(&a);
+    CHECK(freq[5] == 0 && clock == CUDA_DEVCACHE_AGE && slot_of[5] >= 0,
+          "a prediction counted: %u, clock %u", freq[5], clock);
+}
+
 static void scenario(const struct model *m, const struct scenario_cfg *sc)
 {
     enum copy_mode mode = sc->mode;
@@ -641,6 +705,7 @@ int main(void)
     struct rng r;
     uint64_t seed = test_seed("test_expert_cache");
 
+    devcache_victims();
     rng_seed(&r, seed, 0);
     make_model(&m, layers, &r);
     static const int slots[] = {K + 1, 2 * K, 3 * K, N_LAYER * N_EXPERT};

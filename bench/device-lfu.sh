@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# GPU machine: the GPU's cache with victims by use count (cuda_devcache.h) against victims by
+# recency (STRATA_DEVCACHE_LRU=1) in one lease, and the automatic placement's pick, on the
+# 30b-a3b preset under BUDGETS (default "12G 8G 4G") and W1-real under W1_BUDGETS (default
+# "1G 2G"); every test binary in .carry/bin first (TESTS: a subset by name).
+set -u
+. bench/device-env.sh
+export STRATA_TEST_DATA=$PWD/tests/data
+R=$OUT/lfu.txt
+t0=$(date +%s)
+left() { [ $(($(date +%s) - t0)) -lt ${BUDGET_S:-500} ]; }
+run_tests "${TESTS:-$(cd "$B" && ls test_*)}" "test_cuda_devcache:"
+gen_30b
+keep="^(pp|tg)[0-9]|hit rate|placement auto|^placement"
+one() { # $1: label, $2: environment (X=1: none), the rest: strata bench flags
+    local lab=$1 e=$2
+    shift 2
+    left || return 0
+    echo "### [$lab] $e $*" | tee -a "$R"
+    env ${e//,/ } timeout 100 "$B/strata" bench --bw-gib 0.5 "$@" >"$OUT/b-$lab.txt" 2>&1
+    echo "rc=$?" | tee -a "$R"
+    grep -E "$keep" "$OUT/b-$lab.txt" | head -8 | tee -a "$R"
+}
+one resident X=1 -m $M --device cuda -p 512 -n 128 --tg random
+for b in ${BUDGETS:-12G 8G 4G}; do
+    one "$b-auto" X=1 -m $M --vram-budget $b -p 512 -n 128 --tg random
+    one "$b-gpu" X=1 -m $M --vram-budget $b --residency gpu --graph -p 512 -n 128 --tg random
+    one "$b-gpu-lru" STRATA_DEVCACHE_LRU=1 -m $M --vram-budget $b --residency gpu --graph -p 512 -n 128 --tg random
+    [ $b = 12G ] && one "$b-zc" X=1 -m $M --vram-budget $b --residency zerocopy --graph -p 512 -n 128 --tg random
+    [ $b = 12G ] || one "$b-hybrid" X=1 -m $M --vram-budget $b --placement hybrid -p 512 -n 128 --tg random
+done
+[ -n "${W1_BUDGETS-1G 2G}" ] || exit 0
+left && w1_setup
+for b in ${W1_BUDGETS-1G 2G}; do
+    one "w1-$b-gpu" X=1 -m $W1 -f /tmp/eval.txt --vram-budget $b --residency gpu --graph -p 512 -n 256 --tg greedy
+    one "w1-$b-gpu-lru" STRATA_DEVCACHE_LRU=1 -m $W1 -f /tmp/eval.txt --vram-budget $b --residency gpu --graph -p 512 -n 256 --tg greedy
+    one "w1-$b-copy" X=1 -m $W1 -f /tmp/eval.txt --vram-budget $b --placement stream -p 512 -n 256 --tg greedy
+done
