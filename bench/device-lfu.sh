@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU machine: the GPU's cache with victims by use count (cuda_devcache.h) against victims by
 # recency (STRATA_DEVCACHE_LRU=1) in one lease, and the automatic placement's pick, on the
-# 30b-a3b preset under BUDGETS (default "12G 8G 4G") and W1-real under W1_BUDGETS (default
-# "1G 2G"); every test binary in .carry/bin first (TESTS: a subset by name).
+# 30b-a3b preset under BUDGETS (default "12G 8G 4G"; MODES of auto gpu gpu-lru zc hybrid) and
+# W1-real under W1_BUDGETS (default "1G 2G"; W1_MODES of auto gpu gpu-lru zc copy, default
+# "gpu gpu-lru copy"); every test binary in .carry/bin first (TESTS: a subset by name).
 set -u
 . bench/device-env.sh
 export STRATA_TEST_DATA=$PWD/tests/data
@@ -24,16 +25,28 @@ one() { # $1: label, $2: environment (X=1: none), the rest: strata bench flags
 }
 one resident X=1 -m $M --device cuda -p 512 -n 128 --tg random
 for b in ${BUDGETS:-12G 8G 4G}; do
-    one "$b-auto" X=1 -m $M --vram-budget $b -p 512 -n 128 --tg random
-    one "$b-gpu" X=1 -m $M --vram-budget $b --residency gpu --graph -p 512 -n 128 --tg random
-    one "$b-gpu-lru" STRATA_DEVCACHE_LRU=1 -m $M --vram-budget $b --residency gpu --graph -p 512 -n 128 --tg random
-    [ $b = 12G ] && one "$b-zc" X=1 -m $M --vram-budget $b --residency zerocopy --graph -p 512 -n 128 --tg random
-    [ $b = 12G ] || one "$b-hybrid" X=1 -m $M --vram-budget $b --placement hybrid -p 512 -n 128 --tg random
+    F=(-m $M --vram-budget $b -p 512 -n 128 --tg random)
+    for mode in ${MODES:-auto gpu gpu-lru zc hybrid}; do
+        case $mode in
+        auto) one "$b-$mode" X=1 "${F[@]}" ;;
+        gpu) one "$b-$mode" X=1 "${F[@]}" --residency gpu --graph ;;
+        gpu-lru) one "$b-$mode" STRATA_DEVCACHE_LRU=1 "${F[@]}" --residency gpu --graph ;;
+        zc) [ $b = 12G ] && one "$b-$mode" X=1 "${F[@]}" --residency zerocopy --graph ;;
+        hybrid) [ $b = 12G ] || one "$b-$mode" X=1 "${F[@]}" --placement hybrid ;;
+        esac
+    done
 done
 [ -n "${W1_BUDGETS-1G 2G}" ] || exit 0
 left && w1_setup
 for b in ${W1_BUDGETS-1G 2G}; do
-    one "w1-$b-gpu" X=1 -m $W1 -f /tmp/eval.txt --vram-budget $b --residency gpu --graph -p 512 -n 256 --tg greedy
-    one "w1-$b-gpu-lru" STRATA_DEVCACHE_LRU=1 -m $W1 -f /tmp/eval.txt --vram-budget $b --residency gpu --graph -p 512 -n 256 --tg greedy
-    one "w1-$b-copy" X=1 -m $W1 -f /tmp/eval.txt --vram-budget $b --placement stream -p 512 -n 256 --tg greedy
+    F=(-m $W1 -f /tmp/eval.txt --vram-budget $b -p 512 -n 256 --tg greedy)
+    for mode in ${W1_MODES:-gpu gpu-lru copy}; do
+        case $mode in
+        auto) one "w1-$b-$mode" X=1 "${F[@]}" ;;
+        gpu) one "w1-$b-$mode" X=1 "${F[@]}" --residency gpu --graph ;;
+        gpu-lru) one "w1-$b-$mode" STRATA_DEVCACHE_LRU=1 "${F[@]}" --residency gpu --graph ;;
+        zc) one "w1-$b-$mode" X=1 "${F[@]}" --residency zerocopy --graph ;;
+        copy) one "w1-$b-$mode" X=1 "${F[@]}" --placement stream ;;
+        esac
+    done
 done

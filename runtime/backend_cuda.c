@@ -114,6 +114,7 @@ struct backend_cuda {
     uint64_t watch_misses; /* the cache's misses then */
     double watch_rate;     /* misses per token in the first watch after the decision; < 0: none */
     uint64_t trial_misses; /* the cache's misses when the first trial began */
+    bool zc_first;         /* the first trial is zero-copy's, not yet past its skipped steps */
     FILE *log;
 };
 
@@ -1010,8 +1011,10 @@ static int cuda_read_op(struct backend *b, float *host, const float *src, size_t
  * (expert_cache_device_stop). So each is timed on a few decode steps (tune.h: 2 skipped, 8 timed,
  * the first mode timed again last on a close call) and the fastest stays; a miss rate that later
  * moves by more than half (and one miss per token) starts the trials again, unless it fell
- * under zero-copy. The copy trial, first, measures the misses per token, which rule out trials
- * that cannot win (placement_rules.h): hybrid below one miss per token (nothing for the CPU
+ * under zero-copy. Zero-copy in a graph goes first where it can (auto_open, auto_probe_zc) and
+ * stays alone at a low miss rate; otherwise, and without a graph, the copy trial comes first
+ * and measures the misses per token, which rule out trials that cannot win
+ * (placement_rules.h): hybrid below one miss per token (nothing for the CPU
  * lane, only its per-layer round trip), zero-copy when the misses' copies alone take over
  * PLACEMENT_ZC_SHARE of a copy step (it reads misses at about half the DMA's rate: 118-141 us
  * per expert against 70-73 on the H200, bench/residency.md), and at or under that share the
@@ -1057,7 +1060,7 @@ static void auto_prune(struct backend_cuda *c)
     const double xfer = m * moe_layer_miss_seconds(c->moe), step = t->cost[t->first];
     bool zc = false;
     for (int i = 0; i < t->n; i++)
-        zc |= c->tune_mode[i] == MOE_MODE_ZEROCOPY && i != t->first &&
+        zc |= c->tune_mode[i] == MOE_MODE_ZEROCOPY && i != t->first && !t->dropped[i] &&
               !placement_skip(MOE_MODE_ZEROCOPY, true, m, xfer, step);
     for (int i = 0; i < t->n; i++) {
         const char *why = placement_skip(c->tune_mode[i], zc, m, xfer, step);
@@ -1070,6 +1073,41 @@ static void auto_prune(struct backend_cuda *c)
                     "step, %.2f ms of copies in %.2f ms: %s\n",
                     auto_mode_name(c->tune_mode[i], c->graph_ok), m, xfer * 1e3, step * 1e3, why);
     }
+}
+
+/* Zero-copy's first trial past its skipped steps, the last of which took `step` seconds: at a
+ * miss rate where it reads its misses in place for under PLACEMENT_ZC_SHARE of a step it stays
+ * and nothing else is timed (every other mode is for more misses, and copies, the next
+ * cheapest there, run without a graph); above it the trials start over from copies without
+ * it. */
+static void auto_probe_zc(struct backend_cuda *c, double step)
+{
+    struct tune *t = &c->tune;
+    const double m = (double)(auto_misses(c) - c->trial_misses) / AUTO_SKIP;
+    const double xfer = m * moe_layer_miss_seconds(c->moe);
+    const bool keep = !placement_skip(MOE_MODE_ZEROCOPY, true, m, xfer, step);
+    const int zc = t->cur;
+    c->zc_first = false;
+    if (c->log)
+        fprintf(c->log,
+                "strata: placement auto: %s: %.1f missed experts per step, %.2f ms of copies "
+                "in a %.2f ms step: %s\n",
+                auto_mode_name(MOE_MODE_ZEROCOPY, c->graph_ok), m, xfer * 1e3, step * 1e3,
+                keep ? "kept, the other modes not timed (they are for more misses)"
+                     : "over a tenth: timing the others from copies");
+    if (keep) {
+        for (int i = 0; i < t->n; i++)
+            if (i != t->first)
+                tune_drop(t, i);
+        return;
+    }
+    int copy = 0;
+    for (int i = 0; i < t->n; i++)
+        if (c->tune_mode[i] == MOE_MODE_COPY)
+            copy = i;
+    tune_init(t, t->n, copy, AUTO_SKIP, AUTO_WINDOW);
+    tune_drop(t, zc);
+    c->trial_misses = auto_misses(c);
 }
 
 /* A step is about to run: a stream's evaluation of n tokens (rows false) or a lockstep step of
@@ -1098,12 +1136,23 @@ static void auto_step(struct backend_cuda *c, bool rows, int n)
             c->tune_last = 0;
         }
     }
-    if (timed && c->tune_last == 0 && c->tune.trial == 0 && c->tune.seen == 0)
+    if (timed && c->tune_last == 0 && c->tune.trial == 0 && c->tune.seen == 0) {
+        /* the first trial's mode (zero-copy's: from the first decode step, not the prompt) */
+        if (moe_layer_mode(c->moe) != c->tune_mode[c->tune.cur] &&
+            auto_switch(c, c->tune_mode[c->tune.cur])) {
+            c->auto_place = false;
+            return;
+        }
         c->trial_misses = auto_misses(c);
+    }
     if (timed && c->tune_last > 0) {
         if (!tune_decided(&c->tune)) {
             const int prev = c->tune.cur, trial = c->tune.trial;
             int next = tune_observe(&c->tune, now - c->tune_last);
+            if (c->zc_first && c->tune.trial == 0 && c->tune.seen == AUTO_SKIP) {
+                auto_probe_zc(c, now - c->tune_last);
+                next = c->tune.cur;
+            }
             if (trial == 0 && c->tune.trial > 0 && !c->try_all) {
                 auto_prune(c);
                 next = c->tune.cur;
@@ -1119,7 +1168,7 @@ static void auto_step(struct backend_cuda *c, bool rows, int n)
                 c->watch_steps = 0;
                 c->watch_misses = auto_misses(c);
                 c->watch_rate = -1;
-                if (c->log) {
+                if (c->log && c->tune.cost[next] > 0) { /* (auto_probe_zc said why) */
                     fprintf(c->log, "strata: placement auto:");
                     for (int i = 0, k = 0; i < c->tune.n; i++)
                         if (c->tune.cost[i] > 0)
@@ -1155,26 +1204,34 @@ static void cuda_eval_begin(struct backend *b, int n)
     auto_step(cuda_of(b), false, n);
 }
 
-/* With cfg->auto_place: the modes the cache can take, copy first. */
+/* With cfg->auto_place: the modes the cache can take, copy first; but zero-copy in a graph
+ * first where it can run (not with auto_try_all), from the first decode step on: at a low miss
+ * rate it wins (bench/residency.md: 12 GiB on the 30b-a3b preset, 2.63 ms a step against 4.01
+ * for copies) and its two skipped steps measure the misses (auto_probe_zc), so the other
+ * trials cost nothing there; above it they cost two steps more. */
 static void auto_open(struct backend_cuda *c)
 {
     static const enum moe_mode order[] = {MOE_MODE_COPY, MOE_MODE_HYBRID, MOE_MODE_ZEROCOPY,
                                           MOE_MODE_DEVICE};
-    int n = 0, first = 0;
+    int n = 0, first = 0, zc = -1;
     for (int i = 0; i < (int)(sizeof(order) / sizeof(order[0])); i++)
         if (moe_layer_mode_ok(c->moe, order[i])) {
             if (order[i] == moe_layer_mode(c->moe))
                 first = n;
+            if (order[i] == MOE_MODE_ZEROCOPY)
+                zc = n;
             c->tune_mode[n++] = order[i];
         }
     c->auto_place = n > 1;
-    tune_init(&c->tune, n, first, AUTO_SKIP, AUTO_WINDOW);
+    c->zc_first = c->auto_place && !c->try_all && c->graph_ok && zc >= 0;
+    tune_init(&c->tune, n, c->zc_first ? zc : first, AUTO_SKIP, AUTO_WINDOW);
     if (c->auto_place && c->log) {
         fprintf(c->log, "strata: placement auto: timing");
         for (int i = 0; i < n; i++)
             fprintf(c->log, "%s %s", i ? (i + 1 < n ? "," : " and") : "",
                     auto_mode_name(c->tune_mode[i], c->graph_ok));
-        fprintf(c->log, " on the first decode steps (%d each)\n", AUTO_SKIP + AUTO_WINDOW);
+        fprintf(c->log, " on the first decode steps (%d each%s)\n", AUTO_SKIP + AUTO_WINDOW,
+                c->zc_first ? "; zero-copy first, alone at a low miss rate" : "");
     }
 }
 

@@ -1389,6 +1389,21 @@ static void close_enough(const char *path, const char *what,
     free(r.logits);
 }
 
+/* run() on a 256-token context with the backend's log kept: the log (to free), NULL if it
+ * could not be kept. */
+static char *run_logged(const char *path, struct backend_cuda_config *cc, const int32_t *prompt,
+                        const struct run *ref, struct run *r, const char *what)
+{
+    char *log = NULL;
+    size_t log_n = 0;
+    cc->log = open_memstream(&log, &log_n);
+    CHECK(cc->log != NULL, "open_memstream");
+    CHECK(run(path, cc, 256, prompt, ref->ids, r) == 0, "%s: %s failed", path, what);
+    if (cc->log)
+        fclose(cc->log);
+    return log;
+}
+
 /* The automatic placement: the trials run copy, hybrid, zero-copy in a graph and the GPU's own
  * cache in a graph (10 steps each, then copy again on a close call) within the first 51 of
  * N_STEPS steps; whichever stays, every row within the hybrid lane's tolerance of all resident,
@@ -1401,13 +1416,7 @@ static void auto_modes(const char *path, const int32_t *prompt, const struct run
         .device = 0, .expert_slots = 6, .auto_place = true, .auto_try_all = true};
     struct run r = {0};
     int nv = n_vocab_of(path);
-    char *log = NULL;
-    size_t log_n = 0;
-    cc.log = open_memstream(&log, &log_n);
-    CHECK(cc.log != NULL, "open_memstream");
-    CHECK(run(path, &cc, 256, prompt, ref->ids, &r) == 0, "%s: auto failed", path);
-    if (cc.log)
-        fclose(cc.log);
+    char *log = run_logged(path, &cc, prompt, ref, &r, "auto");
     /* the decision: "placement auto: copy 2.11 ms, ..., gpu cache graph 2.13 ms per step: X
      * from now on" */
     char *end = log ? strstr(log, " per step: ") : NULL, *line = end;
@@ -1434,6 +1443,39 @@ static void auto_modes(const char *path, const int32_t *prompt, const struct run
           "%s: auto did not run every mode", path);
     CHECK(gpu_timed && handed && (kept_gpu || back),
           "%s: auto did not time the GPU's cache, or kept the slots on the device", path);
+    free(r.logits);
+}
+
+/* The automatic placement as it runs by default (no auto_try_all): zero-copy in a graph
+ * first, from the first decode step; after its two skipped steps it stays alone or the trials
+ * go on from copies without it (which, depends on this machine's timing of the simulated
+ * steps against the copies' measured rate); either way it said which, it read misses in place,
+ * and every row is within the tolerance of all resident. */
+static void auto_default(const char *path, const int32_t *prompt, const struct run *ref,
+                         const struct tolerance *tol, int slots)
+{
+    struct backend_cuda_config cc = {.device = 0, .expert_slots = slots, .auto_place = true};
+    struct run r = {0};
+    int nv = n_vocab_of(path);
+    char *log = run_logged(path, &cc, prompt, ref, &r, "auto (default)");
+    const char *zc = log ? strstr(log, "placement auto: zero-copy graph: ") : NULL;
+    const bool kept = zc && strstr(zc, "kept, the other modes not timed") != NULL;
+    const bool left = zc && strstr(zc, "timing the others from copies") != NULL;
+    const bool copy_after = left && strstr(zc, "copy ") != NULL;
+    CHECK(kept != left, "%s: auto (default): no word on zero-copy first:\n%s", path,
+          log ? log : "");
+    CHECK(!left || copy_after, "%s: auto (default): zero-copy left but copies not timed", path);
+    free(log);
+    if (!r.logits)
+        return;
+    check_rows(path, slots == 6 ? "auto (default), 6 slots" : "auto (default), every slot",
+               r.logits, ref, nv, tol);
+    printf("%s: auto (default), %d slots: zero-copy first, %s; %.2f MB read in place, %.2f MB "
+           "copied\n",
+           path, slots, kept ? "kept alone" : "left for the other trials",
+           r.tot.bytes_zerocopy / 1e6, r.tot.bytes_copied / 1e6);
+    if (slots == 6)
+        CHECK(r.tot.bytes_zerocopy > 0, "%s: auto (default) read nothing in place", path);
     free(r.logits);
 }
 
@@ -1680,6 +1722,8 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     hy_na.hybrid_no_admit = true;
     close_enough(path, "hybrid, no admission, 6 slots", &hy_na, prompt, &ref, tol, 0, true);
     auto_modes(path, prompt, &ref, tol);
+    auto_default(path, prompt, &ref, tol, 6);
+    auto_default(path, prompt, &ref, tol, 1 << 20); /* every expert fits: none missed twice */
     static const int32_t hl[3] = {0, 1, 1}, he[3] = {4, 2, 7};
     struct restore hf = {.n = 3, .layer = hl, .expert = he, .pin = true};
     g_restore = &hf;
