@@ -1136,14 +1136,21 @@ static void auto_step(struct backend_cuda *c, bool rows, int n)
             c->tune_last = 0;
         }
     }
-    if (timed && c->tune_last == 0 && c->tune.trial == 0 && c->tune.seen == 0) {
-        /* the first trial's mode (zero-copy's: from the first decode step, not the prompt) */
-        if (moe_layer_mode(c->moe) != c->tune_mode[c->tune.cur] &&
-            auto_switch(c, c->tune_mode[c->tune.cur])) {
-            c->auto_place = false;
-            return;
-        }
+    if (timed && c->tune_last == 0 && c->tune.trial == 0 && c->tune.seen == 0)
         c->trial_misses = auto_misses(c);
+    if (timed && c->tune.trial == 0 && c->tune.seen == 0 &&
+        moe_layer_mode(c->moe) != c->tune_mode[c->tune.cur]) {
+        /* zero-copy's first trial (auto_open) from the second one-token step in a row: a
+         * lone one (a warm-up before a prompt) and the prompt stay on the copy path */
+        if (c->tune_last > 0) {
+            if (auto_switch(c, c->tune_mode[c->tune.cur])) {
+                c->auto_place = false;
+                return;
+            }
+            c->trial_misses = auto_misses(c);
+        }
+        c->tune_last = now; /* the step before the trial's first is not timed */
+        return;
     }
     if (timed && c->tune_last > 0) {
         if (!tune_decided(&c->tune)) {
@@ -1153,7 +1160,7 @@ static void auto_step(struct backend_cuda *c, bool rows, int n)
                 auto_probe_zc(c, now - c->tune_last);
                 next = c->tune.cur;
             }
-            if (trial == 0 && c->tune.trial > 0 && !c->try_all) {
+            if (trial == 0 && c->tune.trial > 0 && !c->try_all && !tune_decided(&c->tune)) {
                 auto_prune(c);
                 next = c->tune.cur;
             }
