@@ -1011,8 +1011,9 @@ static int cuda_read_op(struct backend *b, float *host, const float *src, size_t
  * (expert_cache_device_stop). So each is timed on a few decode steps (tune.h: 2 skipped, 8 timed,
  * the first mode timed again last on a close call) and the fastest stays; a miss rate that later
  * moves by more than half (and one miss per token) starts the trials again, unless it fell
- * under zero-copy. Zero-copy in a graph goes first where it can (auto_open, auto_probe_zc) and
- * stays alone at a low miss rate; otherwise, and without a graph, the copy trial comes first
+ * under zero-copy. Zero-copy in a graph goes first where it can and the first decode step's
+ * misses allow (auto_open, auto_gate_zc, auto_probe_zc) and stays alone at a low miss rate;
+ * otherwise, and without a graph, the copy trial comes first
  * and measures the misses per token, which rule out trials that cannot win
  * (placement_rules.h): hybrid below one miss per token (nothing for the CPU
  * lane, only its per-layer round trip), zero-copy when the misses' copies alone take over
@@ -1110,6 +1111,35 @@ static void auto_probe_zc(struct backend_cuda *c, double step)
     c->trial_misses = auto_misses(c);
 }
 
+/* Before zero-copy's first trial: the one decode step on copies that ran since trial_misses
+ * was taken, in `step` seconds. Where its misses' copies took over PLACEMENT_ZC_SHARE of it,
+ * zero-copy is not tried (its steps there take several copy steps: 14.6 ms against 5.3 at 8
+ * GiB on the 30b-a3b preset, 29.8 against 8.9 at 4 GiB) and the trials run from copies without
+ * it, this step's successor the copy trial's first; else true. */
+static bool auto_gate_zc(struct backend_cuda *c, double step)
+{
+    struct tune *t = &c->tune;
+    const double m = (double)(auto_misses(c) - c->trial_misses);
+    const double xfer = m * moe_layer_miss_seconds(c->moe);
+    if (!placement_skip(MOE_MODE_ZEROCOPY, true, m, xfer, step))
+        return true;
+    const int zc = t->cur;
+    int copy = 0;
+    for (int i = 0; i < t->n; i++)
+        if (c->tune_mode[i] == MOE_MODE_COPY)
+            copy = i;
+    c->zc_first = false;
+    tune_init(t, t->n, copy, AUTO_SKIP, AUTO_WINDOW);
+    tune_drop(t, zc);
+    c->trial_misses = auto_misses(c);
+    if (c->log)
+        fprintf(c->log,
+                "strata: placement auto: %s not tried: %.0f missed experts in the first decode "
+                "step, %.2f ms of copies in %.2f ms: over a tenth\n",
+                auto_mode_name(MOE_MODE_ZEROCOPY, c->graph_ok), m, xfer * 1e3, step * 1e3);
+    return false;
+}
+
 /* A step is about to run: a stream's evaluation of n tokens (rows false) or a lockstep step of
  * n rows (rows true). Decode steps are timed from one to the next of the same kind and size
  * (a one-token evaluation, or lockstep steps of n rows); anything else stops the clock. */
@@ -1141,8 +1171,13 @@ static void auto_step(struct backend_cuda *c, bool rows, int n)
     if (timed && c->tune.trial == 0 && c->tune.seen == 0 &&
         moe_layer_mode(c->moe) != c->tune_mode[c->tune.cur]) {
         /* zero-copy's first trial (auto_open) from the second one-token step in a row: a
-         * lone one (a warm-up before a prompt) and the prompt stay on the copy path */
+         * lone one (a warm-up before a prompt) and the prompt stay on the copy path, and the
+         * step before, on copies, says whether zero-copy is worth its two steps */
         if (c->tune_last > 0) {
+            if (!auto_gate_zc(c, now - c->tune_last)) {
+                c->tune_last = now; /* the copy trial from this step on */
+                return;
+            }
             if (auto_switch(c, c->tune_mode[c->tune.cur])) {
                 c->auto_place = false;
                 return;
