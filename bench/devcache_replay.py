@@ -17,6 +17,7 @@ Rules (a miss takes the victim the rule names among slots not used by the curren
   gate     lru's victim, but the miss is read in place when it is used less than the victim
   lfugate  lfu's victim with the same gate
   static   nothing admitted after the prompt
+  opt      Belady's: the victim is the expert used again last (knows the future; a bound)
 
     python3 bench/devcache_replay.py TRACE [PROMPT=512] [SHARES=0.37,0.59]
 Environment: SEED=0 starts the counts at zero instead of at the prompt's counts / 8.
@@ -37,6 +38,36 @@ def load(path):
     return n_layer, n_expert, ids
 
 
+def replay_opt(ids, layer, prompt, slot_of, slots):
+    """Belady's choice, which knows the future: the victim is the expert used again last (or
+    never); the bound no rule that admits every miss can beat."""
+    held = set(slot_of)
+    uses = {}
+    for t in range(len(ids) - 1, prompt - 1, -1):
+        for e in set(ids[t][layer]):
+            uses.setdefault(e, []).append(t)
+    hits = misses = 0
+    for t in range(prompt, len(ids)):
+        used = set(ids[t][layer])
+        for e in used:
+            uses[e].pop()
+        for e in used:
+            if e in held:
+                hits += 1
+                continue
+            misses += 1
+            if len(held) < slots:
+                held.add(e)
+                continue
+            cand = [o for o in held if o not in used]
+            if not cand:
+                continue
+            v = max(cand, key=lambda o: uses[o][-1] if uses.get(o) else 1 << 30)
+            held.discard(v)
+            held.add(e)
+    return hits, misses, 0
+
+
 def replay(n_expert, ids, layer, prompt, slots, rule, seeded):
     cnt = [0] * n_expert
     for t in range(prompt):
@@ -48,6 +79,8 @@ def replay(n_expert, ids, layer, prompt, slots, rule, seeded):
     slot_of = {e: i for i, e in enumerate(top)}
     freq = [c / 8 for c in cnt] if seeded else [0.0] * n_expert
     hits = misses = inplace = clock = 0
+    if rule == "opt":
+        return replay_opt(ids, layer, prompt, slot_of, slots)
     for t in range(prompt, len(ids)):
         clock += 1
         if clock % 64 == 0:
@@ -90,7 +123,7 @@ def main():
         sys.exit(f"{path}: {len(ids)} tokens, no decode calls after a prompt of {prompt}")
     for share in shares:
         slots = int(n_expert * share)
-        for rule in ("lru", "lfu", "gate", "lfugate", "static"):
+        for rule in ("lru", "lfu", "gate", "lfugate", "static", "opt"):
             h = m = ip = 0
             for layer in range(n_layer):
                 a, b, c = replay(n_expert, ids, layer, prompt, slots, rule, seeded)
