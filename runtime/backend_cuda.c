@@ -1076,6 +1076,22 @@ static void auto_prune(struct backend_cuda *c)
     }
 }
 
+/* The trials from copies on, zero-copy (the setting in use) dropped, the first one's misses
+ * counted from now: where zero-copy first did not pay. */
+static void auto_from_copies(struct backend_cuda *c)
+{
+    struct tune *t = &c->tune;
+    const int zc = t->cur;
+    int copy = 0;
+    for (int i = 0; i < t->n; i++)
+        if (c->tune_mode[i] == MOE_MODE_COPY)
+            copy = i;
+    c->zc_first = false;
+    tune_init(t, t->n, copy, AUTO_SKIP, AUTO_WINDOW);
+    tune_drop(t, zc);
+    c->trial_misses = auto_misses(c);
+}
+
 /* Zero-copy's first trial past its skipped steps, the last of which took `step` seconds: at a
  * miss rate where it reads its misses in place for under PLACEMENT_ZC_SHARE of a step it stays
  * and nothing else is timed (every other mode is for more misses, and copies, the next
@@ -1087,7 +1103,6 @@ static void auto_probe_zc(struct backend_cuda *c, double step)
     const double m = (double)(auto_misses(c) - c->trial_misses) / AUTO_SKIP;
     const double xfer = m * moe_layer_miss_seconds(c->moe);
     const bool keep = !placement_skip(MOE_MODE_ZEROCOPY, true, m, xfer, step);
-    const int zc = t->cur;
     c->zc_first = false;
     if (c->log)
         fprintf(c->log,
@@ -1102,13 +1117,7 @@ static void auto_probe_zc(struct backend_cuda *c, double step)
                 tune_drop(t, i);
         return;
     }
-    int copy = 0;
-    for (int i = 0; i < t->n; i++)
-        if (c->tune_mode[i] == MOE_MODE_COPY)
-            copy = i;
-    tune_init(t, t->n, copy, AUTO_SKIP, AUTO_WINDOW);
-    tune_drop(t, zc);
-    c->trial_misses = auto_misses(c);
+    auto_from_copies(c);
 }
 
 /* Before zero-copy's first trial: the one decode step on copies that ran since trial_misses
@@ -1118,20 +1127,11 @@ static void auto_probe_zc(struct backend_cuda *c, double step)
  * it, this step's successor the copy trial's first; else true. */
 static bool auto_gate_zc(struct backend_cuda *c, double step)
 {
-    struct tune *t = &c->tune;
     const double m = (double)(auto_misses(c) - c->trial_misses);
     const double xfer = m * moe_layer_miss_seconds(c->moe);
     if (!placement_skip(MOE_MODE_ZEROCOPY, true, m, xfer, step))
         return true;
-    const int zc = t->cur;
-    int copy = 0;
-    for (int i = 0; i < t->n; i++)
-        if (c->tune_mode[i] == MOE_MODE_COPY)
-            copy = i;
-    c->zc_first = false;
-    tune_init(t, t->n, copy, AUTO_SKIP, AUTO_WINDOW);
-    tune_drop(t, zc);
-    c->trial_misses = auto_misses(c);
+    auto_from_copies(c);
     if (c->log)
         fprintf(c->log,
                 "strata: placement auto: %s not tried: %.0f missed experts in the first decode "
