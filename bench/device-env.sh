@@ -79,3 +79,17 @@ llama_setup() {
     export LD_LIBRARY_PATH=$PWD/.carry/llama:$libs:$rt:${LD_LIBRARY_PATH:-}
     echo "llama-bench libraries: cublas from $libs, cudart from $rt"
 }
+
+# One `strata bench --bw-gib 0.5 "$@"` under a time budget: $1 a label, $2 environment settings
+# (commas between them; X=1: none). Skipped once `left` (the caller's) says the budget is spent;
+# the full output in $OUT/b-<label>.txt, the command, rc and the first KEEP_N (default 8) lines
+# matching $keep appended to $R.
+bench_one() {
+    local lab=$1 e=$2
+    shift 2
+    left || return 0
+    echo "### [$lab] $e $*" | tee -a "$R"
+    env ${e//,/ } timeout 100 "$B/strata" bench --bw-gib 0.5 "$@" >"$OUT/b-$lab.txt" 2>&1
+    echo "rc=$?" | tee -a "$R"
+    grep -E "$keep" "$OUT/b-$lab.txt" | head -"${KEEP_N:-8}" | tee -a "$R"
+}

@@ -14,25 +14,16 @@ left() { [ $(($(date +%s) - t0)) -lt ${BUDGET_S:-500} ]; }
 run_tests "${TESTS:-$(cd "$B" && ls test_*)}" "test_cuda_devcache:"
 gen_30b
 keep="^(pp|tg)[0-9]|hit rate|placement auto|^placement"
-one() { # $1: label, $2: environment (X=1: none), the rest: strata bench flags
-    local lab=$1 e=$2
-    shift 2
-    left || return 0
-    echo "### [$lab] $e $*" | tee -a "$R"
-    env ${e//,/ } timeout 100 "$B/strata" bench --bw-gib 0.5 "$@" >"$OUT/b-$lab.txt" 2>&1
-    echo "rc=$?" | tee -a "$R"
-    grep -E "$keep" "$OUT/b-$lab.txt" | head -8 | tee -a "$R"
-}
-one resident X=1 -m $M --device cuda -p 512 -n 128 --tg random
+bench_one resident X=1 -m $M --device cuda -p 512 -n 128 --tg random
 for b in ${BUDGETS:-12G 8G 4G}; do
     F=(-m $M --vram-budget $b -p 512 -n 128 --tg random)
     for mode in ${MODES:-auto gpu gpu-lru zc hybrid}; do
         case $mode in
-        auto) one "$b-$mode" X=1 "${F[@]}" ;;
-        gpu) one "$b-$mode" X=1 "${F[@]}" --residency gpu --graph ;;
-        gpu-lru) one "$b-$mode" STRATA_DEVCACHE_LRU=1 "${F[@]}" --residency gpu --graph ;;
-        zc) [ $b = 12G ] && one "$b-$mode" X=1 "${F[@]}" --residency zerocopy --graph ;;
-        hybrid) [ $b = 12G ] || one "$b-$mode" X=1 "${F[@]}" --placement hybrid ;;
+        auto) bench_one "$b-$mode" X=1 "${F[@]}" ;;
+        gpu) bench_one "$b-$mode" X=1 "${F[@]}" --residency gpu --graph ;;
+        gpu-lru) bench_one "$b-$mode" STRATA_DEVCACHE_LRU=1 "${F[@]}" --residency gpu --graph ;;
+        zc) [ $b = 12G ] && bench_one "$b-$mode" X=1 "${F[@]}" --residency zerocopy --graph ;;
+        hybrid) [ $b = 12G ] || bench_one "$b-$mode" X=1 "${F[@]}" --placement hybrid ;;
         esac
     done
 done
@@ -42,11 +33,11 @@ for b in ${W1_BUDGETS-1G 2G}; do
     F=(-m $W1 -f /tmp/eval.txt --vram-budget $b -p 512 -n 256 --tg greedy)
     for mode in ${W1_MODES:-gpu gpu-lru copy}; do
         case $mode in
-        auto) one "w1-$b-$mode" X=1 "${F[@]}" ;;
-        gpu) one "w1-$b-$mode" X=1 "${F[@]}" --residency gpu --graph ;;
-        gpu-lru) one "w1-$b-$mode" STRATA_DEVCACHE_LRU=1 "${F[@]}" --residency gpu --graph ;;
-        zc) one "w1-$b-$mode" X=1 "${F[@]}" --residency zerocopy --graph ;;
-        copy) one "w1-$b-$mode" X=1 "${F[@]}" --placement stream ;;
+        auto) bench_one "w1-$b-$mode" X=1 "${F[@]}" ;;
+        gpu) bench_one "w1-$b-$mode" X=1 "${F[@]}" --residency gpu --graph ;;
+        gpu-lru) bench_one "w1-$b-$mode" STRATA_DEVCACHE_LRU=1 "${F[@]}" --residency gpu --graph ;;
+        zc) bench_one "w1-$b-$mode" X=1 "${F[@]}" --residency zerocopy --graph ;;
+        copy) bench_one "w1-$b-$mode" X=1 "${F[@]}" --placement stream ;;
         esac
     done
 done

@@ -288,7 +288,7 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devc
     __syncthreads();
     if (tid < 32) { /* each miss's victim: least (f, stamp, index) with stamp below c, or none */
         int n_copy = 0;
-        for (int m = 0; m < s_n_miss; m++) {
+        for (int m = 0; m < s_n_miss && !a.no_admit; m++) {
             unsigned long long best = ~0ull;
             for (int i = lane; i < a.n_list; i += 32)
                 if (st[i] < c) {
@@ -300,6 +300,10 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devc
                 best = x < best ? x : best;
             }
             int i = best == ~0ull ? -1 : (int)(best & 0x3FFu);
+            if (i >= 0 && a.gate && a.prefetch) { /* used less than the victim's owner */
+                const uint32_t fb = (uint32_t)(best >> 42);
+                i = fb > 0 && a.freq[miss[m]] + 1 < fb ? -1 : i;
+            }
             if (lane == 0 && i >= 0) {
                 st[i] = c;
                 miss[n_copy] = miss[m]; /* the copied ones first, in order */
@@ -376,7 +380,8 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devc
                 stt[DEVCACHE_HITS] += s_hits;
                 stt[DEVCACHE_PF_USED] += s_pf_used;
                 stt[DEVCACHE_MISSES] += (unsigned long long)n_miss;
-                stt[DEVCACHE_BYTES_INPLACE] += (unsigned long long)(n_miss - n_copy) * bytes;
+                stt[DEVCACHE_BYTES_INPLACE] +=
+                    a.no_admit ? 0 : (unsigned long long)(n_miss - n_copy) * bytes;
             }
             stt[DEVCACHE_EVICTIONS] += n_ev;
             stt[a.prefetch ? DEVCACHE_PF_ADMITTED : DEVCACHE_ADMISSIONS] +=

@@ -19,6 +19,9 @@
  *      is evicted (slot_of[o] = -1, its entries back at host memory); owner = e, slot_of[e] =
  *      slot, stamp = c, e's entries at the slot, and a copy of each part queued. With no such
  *      slot left, e is read in place from host memory;
+ *      With no_admit, no miss takes a slot and none counts as read in place (the CPU lane
+ *      computes them, cuda_lane.h). A prefetch call with gate set admits e only where
+ *      freq[e] + 1 >= its victim's f, else leaves that victim to the next miss;
  *   4. stats: hits, misses, evictions, admissions, bytes copied, bytes read in place.
  * The victim by use counts that halve every CUDA_DEVCACHE_AGE calls instead of by recency
  * alone: a newly admitted expert used once goes first, not an expert of the layer's steady
@@ -95,6 +98,11 @@ struct cuda_devcache_call {
     uint32_t *freq;            /* (n_expert) the layer's use counts (step 1) */
     int by_recency;            /* 1: step 3 takes every f as 0 (least recent first), for
                                 * comparisons (STRATA_DEVCACHE_LRU=1) */
+    int no_admit;              /* 1: step 3 gives no miss a slot and reads none in place (the
+                                * CPU lane computes them: cuda_lane.h) */
+    int gate;                  /* a prefetch call: 1 admits a miss e into its victim only
+                                * when freq[e] + 1 >= the victim's f (used at least as often
+                                * as the slot's owner, or a free slot) */
     void **tab;                /* the layer's pointer table: [part * n_expert + expert] */
     uint8_t *const *slot_ptr;  /* (all slots) */
     const uint8_t *mapped[3];  /* expert 0 of each part in mapped host memory */

@@ -80,15 +80,20 @@ static inline void devcache_ref_lookup(const struct cuda_devcache_call *a)
             st[DEVCACHE_MISSES]++;
         int best = -1;
         uint64_t bk = 0;
-        for (int i = 0; i < a->n_list; i++) {
+        for (int i = 0; i < a->n_list && !a->no_admit; i++) {
             const int s = a->list[i], o = a->owner[s];
             const uint64_t f = o >= 0 && !a->by_recency ? a->freq[o] + 1 : 0;
             const uint64_t k = f << 32 | a->stamp[s];
             if (a->stamp[s] < c && (best < 0 || k < bk))
                 best = i, bk = k;
         }
+        if (best >= 0 && a->gate && a->prefetch) { /* used less than the victim's owner */
+            const int o = a->owner[a->list[best]];
+            const uint64_t f = o >= 0 && !a->by_recency ? a->freq[o] + 1 : 0;
+            best = f > 0 && (uint64_t)a->freq[e] + 1 < f ? -1 : best;
+        }
         if (best < 0) {
-            if (!a->prefetch)
+            if (!a->prefetch && !a->no_admit)
                 st[DEVCACHE_BYTES_INPLACE] += bytes;
             continue;
         }

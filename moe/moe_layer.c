@@ -8,6 +8,7 @@
 #include "budget.h"
 #include "clock.h"
 #include "cuda_devcache.h"
+#include "cuda_lane.h"
 #include "disk_tier.h"
 #include "errors.h"
 #include "expert_cache.h"
@@ -81,9 +82,26 @@ struct moe_layer {
     int32_t *ahead_ids;        /* (max_tok, k) the next layer's predicted routing */
     float *ahead_w;
     uint8_t *ahead_seen;       /* (n_expert) */
+    /* the CPU lane inside a decode graph (cfg.fill MOE_FILL_DEVICE with cfg.hybrid) */
+    bool lane;      /* open */
+    bool recording; /* a graph is being recorded */
+    bool lane_call; /* this layer call posted to the lane: join after the experts */
+    struct cuda_lane_msg *lane_msg, *lane_msg_d; /* (n_layer) host / device addresses */
+    float *lane_x, *lane_x_d;                    /* (n_layer, n_embd) the layers' input rows */
+    float *lane_y, *lane_y_d;                    /* (n_layer, n_embd) the CPU's sums */
+    int32_t *lane_list;                          /* (n_layer, k + 1) device scratch */
+    int32_t *lane_admit;  /* (n_layer, k) device: each call's experts admitted behind it */
+    int lane_n_admit;     /* misses of a call admitted behind it (0..k) */
+    float lane_cpu_share; /* of a call's misses, the CPU's share (cuda_lane_call) */
+    uint32_t *lane_err;   /* device */
+    uint8_t *lane_rec;    /* (n_layer) layers whose lane calls the recorded graph holds */
+    uint64_t lane_served; /* layer calls served, and experts computed in them */
+    uint64_t lane_experts;
 };
 
 /* ---- the CPU lane ------------------------------------------------------------------------- */
+
+static void *ml_alloc(struct moe_layer *ml, size_t bytes);
 
 static void *ml_host_alloc(struct moe_layer *ml, size_t bytes)
 {
@@ -387,6 +405,10 @@ static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const f
     if (ml->cfg.fill == MOE_FILL_DEVICE && nt > ml->device_max_tok)
         rc = expert_cache_device_stop(ml->cache);
     else if (ml->cfg.fill == MOE_FILL_DEVICE) { /* then the next layers' predicted experts */
+        /* in a recorded one-token step under the lane, misses take no slot: the CPU lane
+         * computes them (ml_lane_post, after the lookup) */
+        ml->lane_call = ml->lane && ml->recording && nt == 1;
+        expert_cache_device_admit(ml->cache, !ml->lane_call);
         rc = expert_cache_prepare_device(ml->cache, a->layer, ids, pairs, tab);
         if (!rc && pred) {
             rc = predict_device(&ml->pred, a->layer, in, nt, ahead);
@@ -405,6 +427,211 @@ static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const f
         return rc;
     return zc ? expert_cache_prepare_zerocopy(ml->cache, a->layer, ids, pairs, tab)
               : expert_cache_prepare_copy(ml->cache, a->layer, ids, pairs, tab);
+}
+
+/* ---- the CPU lane inside a decode graph (cuda_lane.h) ------------------------------------ */
+
+static int ml_lane_serve_cb(void *ctx, int layer);
+
+/* The layer's post (join false) or join in the graph being recorded. */
+static int ml_lane_call(struct moe_layer *ml, const struct moe_args *a, const int32_t *ids,
+                        const float *in, float *out, bool join)
+{
+    const struct model_hparams *hp = a->hp;
+    const int l = a->layer, k = (int)hp->n_expert_used;
+    struct expert_cache_lane_view v;
+    int rc = expert_cache_lane_view(ml->cache, l, &v);
+    if (rc)
+        return rc;
+    struct cuda_lane_call c = {
+        .ids = ids,
+        .w = ml->route_w,
+        .k = k,
+        .n_expert = (int)hp->n_expert,
+        .n_embd = (int)hp->n_embd,
+        .slot_of = v.slot_of,
+        .tab = v.tab,
+        .zero = v.zero,
+        .x = in,
+        .out = out,
+        .msg = ml->lane_msg_d + l,
+        .xh = ml->lane_x_d + (size_t)l * hp->n_embd,
+        .yh = ml->lane_y_d + (size_t)l * hp->n_embd,
+        .list = ml->lane_list + (size_t)l * (k + 1),
+        .err = ml->lane_err,
+        .cpu_share = ml->lane_cpu_share,
+        .admit = ml->lane_n_admit ? ml->lane_admit + (size_t)l * k : NULL,
+        .n_admit = ml->lane_n_admit,
+        .layer = l,
+    };
+    for (int p = 0; p < 3; p++) {
+        c.mapped[p] = v.mapped[p];
+        c.stride[p] = v.stride[p];
+    }
+    c.serve = ml_lane_serve_cb; /* called by a device that is host memory only */
+    c.serve_ctx = ml;
+    rc = ml->ops->lane(ml->dev, &c, join);
+    if (rc)
+        return err_set(rc, "layer %d: the CPU lane's %s in the graph", l, join ? "join" : "post");
+    ml->lane_rec[l] = 1;
+    /* after the join (which points the CPU's experts back at host memory): the first
+     * lane_n_admit of them admitted into slots for the layer's next calls and copied on the
+     * prefetch stream, beside the next layers' work */
+    if (join && c.admit)
+        rc = expert_cache_admit_device(ml->cache, l, c.admit, k);
+    return rc;
+}
+
+/* Layer l's message of step seq: its CPU experts computed into its y row, then done set. */
+static int ml_lane_serve_layer(struct moe_layer *ml, int l, uint32_t seq, bool compute)
+{
+    const struct model_hparams *hp = &ml->m->hp;
+    struct cuda_lane_msg *m = &ml->lane_msg[l];
+    const int k = (int)hp->n_expert_used;
+    const unsigned n_cpu = (unsigned)(__atomic_load_n(&m->tag, __ATOMIC_ACQUIRE) & 0xFF);
+    int rc = 0;
+    if (compute && n_cpu) {
+        moe_plan_build(&ml->plan, m->ids, m->w, 1);
+        for (int i = 0; i < ml->plan.n_active; i++) {
+            ml->plan.lane[i] = MOE_LANE_GPU;
+            for (int j = 0; j < k; j++)
+                if (m->cpu[j] && m->ids[j] == ml->plan.expert[i])
+                    ml->plan.lane[i] = MOE_LANE_CPU;
+        }
+        struct moe_args a = {.n_tok = 1, .layer = l, .lw = &ml->m->layers[l], .hp = hp};
+        double s0 = ml->cpu_s;
+        rc = ml_cpu_run(ml, &a, ml->lane_x + (size_t)l * hp->n_embd,
+                        ml->lane_y + (size_t)l * hp->n_embd);
+        if (!rc)
+            ml_learn_cpu(ml, &a, ml->cpu_s - s0);
+        ml->lane_served++;
+        ml->lane_experts += n_cpu;
+    }
+    __atomic_store_n(&m->done, seq, __ATOMIC_RELEASE);
+    return rc;
+}
+
+/* Waits for layer l's message of step seq: 0, or -ETIMEDOUT after 10 s. */
+static int ml_lane_wait(const struct cuda_lane_msg *m, uint32_t seq)
+{
+    double t0 = 0;
+    for (unsigned spin = 0; (uint32_t)(__atomic_load_n(&m->tag, __ATOMIC_ACQUIRE) >> 8) != seq;
+         spin++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        if ((spin & 0xFFFF) == 0xFFFF) {
+            double t = clock_now_s();
+            t0 = t0 > 0 ? t0 : t;
+            if (t - t0 > 10.0)
+                return -ETIMEDOUT;
+        }
+    }
+    return 0;
+}
+
+/* cuda_lane_call.serve of a device that is host memory: the join's wait, served in place */
+static int ml_lane_serve_cb(void *ctx, int layer)
+{
+    struct moe_layer *ml = ctx;
+    const struct cuda_lane_msg *m = &ml->lane_msg[layer];
+    return ml_lane_serve_layer(ml, layer, (uint32_t)(m->tag >> 8), true);
+}
+
+bool moe_layer_lane_on(const struct moe_layer *ml)
+{
+    return ml && ml->lane;
+}
+
+int moe_layer_lane_serve(struct moe_layer *ml, uint32_t seq)
+{
+    int rc = 0;
+    if (!ml || !ml->lane)
+        return 0;
+    for (int l = 0; l < (int)ml->m->hp.n_layer; l++) {
+        struct cuda_lane_msg *m = &ml->lane_msg[l];
+        if (!ml->lane_rec[l] || __atomic_load_n(&m->done, __ATOMIC_ACQUIRE) == seq)
+            continue;
+        int w = ml_lane_wait(m, seq);
+        if (w && !rc)
+            rc = err_set(w,
+                         "layer %d: the GPU did not post the CPU lane's experts of step %u "
+                         "within 10 s",
+                         l, seq);
+        int s = ml_lane_serve_layer(ml, l, seq, !rc);
+        rc = rc ? rc : s;
+    }
+    return rc;
+}
+
+/* Every miss of a layer call is a candidate for a slot behind the call (STRATA_LANE_ADMIT in
+ * the environment: at most that many, 0..k), admitted where it is used at least as often as
+ * its victim (cuda_devcache_call.gate) and copied on the prefetch stream while the next layers
+ * run. Of the misses the CPU computes ML_LANE_CPU_SHARE (STRATA_LANE_CPU_SHARE: (0, 1]), the
+ * expert kernels read the rest in place. */
+#define ML_LANE_CPU_SHARE 1.0f
+
+/* The lane's buffers: a message and two rows a layer in page-locked host memory the device
+ * maps, the experts' lists on the device. */
+static int ml_open_lane(struct moe_layer *ml)
+{
+    const struct model_hparams *hp = &ml->m->hp;
+    const struct layer_weights *lw0 = &ml->m->layers[0];
+    const size_t nl = hp->n_layer, ne = hp->n_embd, k = hp->n_expert_used;
+    void *d = NULL;
+    if (!ml->ops->lane || !ml->ops->mapped_alloc)
+        return err_set(-ENOTSUP, "this device has no CPU lane inside its decode graph");
+    if (ml->cfg.tier || ml->cfg.modes || ml->cfg.prefetch || k > CUDA_LANE_MAX_K)
+        return err_set(-ENOTSUP, "hybrid under the GPU's own cache (--residency gpu) runs "
+                                 "without a host tier, automatic placement or prediction");
+    if (hp->swiglu_oai || lw0->gate_exps_b.data || lw0->down_exps_b.data)
+        return err_set(-ENOTSUP, "hybrid under the GPU's own cache: experts with biases or "
+                                 "gpt-oss's activation are not computed from zero slots");
+    int rc = ml_open_cpu_lane(ml);
+    if (rc)
+        return rc;
+    /* the host's read bandwidth with the lane's threads: the ceiling of the rate --stats
+     * reports as the lane's calls run (ml_learn_cpu) */
+    ml->lanes_given = ml->cfg.lane_cpu_bps > 0;
+    ml->lanes.cpu_bps = ml->cpu_bps_open =
+        ml->lanes_given ? ml->cfg.lane_cpu_bps
+                        : membw_measure((size_t)256 << 20, omp_get_max_threads(), 3);
+    ml->lane_msg = ml->ops->mapped_alloc(ml->dev, sizeof(struct cuda_lane_msg) * nl, &d);
+    ml->lane_msg_d = d;
+    ml->lane_x = ml->ops->mapped_alloc(ml->dev, sizeof(float) * nl * ne, &d);
+    ml->lane_x_d = d;
+    ml->lane_y = ml->ops->mapped_alloc(ml->dev, sizeof(float) * nl * ne, &d);
+    ml->lane_y_d = d;
+    ml->lane_list = ml_alloc(ml, sizeof(int32_t) * nl * (k + 1));
+    ml->lane_err = ml_alloc(ml, sizeof(uint32_t));
+    ml->lane_admit = ml_alloc(ml, sizeof(int32_t) * nl * k);
+    const char *na = getenv("STRATA_LANE_ADMIT"), *cs = getenv("STRATA_LANE_CPU_SHARE");
+    ml->lane_n_admit = na && *na ? atoi(na) : (int)k;
+    ml->lane_cpu_share = cs && *cs ? (float)atof(cs) : ML_LANE_CPU_SHARE;
+    ml->lane_cpu_share =
+        ml->lane_cpu_share > 0 && ml->lane_cpu_share <= 1 ? ml->lane_cpu_share : 1.0f;
+    ml->lane_n_admit = ml->lane_n_admit < 0        ? 0
+                       : ml->lane_n_admit > (int)k ? (int)k
+                                                   : ml->lane_n_admit;
+    ml->lane_rec = calloc(nl, 1);
+    if (!ml->lane_msg || !ml->lane_x || !ml->lane_y || !ml->lane_list || !ml->lane_err ||
+        !ml->lane_rec || !ml->lane_admit)
+        return err_set(-ENOMEM, "the CPU lane inside the decode graph: out of memory");
+    memset(ml->lane_msg, 0, sizeof(struct cuda_lane_msg) * nl);
+    uint32_t zero = 0;
+    rc = ml->ops->to_device(ml->dev, ml->lane_err, &zero, sizeof(zero));
+    rc = rc ? rc : ml->ops->sync(ml->dev);
+    if (rc)
+        return err_set(rc, "the CPU lane inside the decode graph");
+    ml->lane = true;
+    if (ml->cfg.log)
+        fprintf(ml->cfg.log,
+                "strata: hybrid under the GPU's own cache: in graph decode steps the CPU lane "
+                "(%d threads) computes %.0f%% of the misses, the GPU reads the rest in place; "
+                "up to %d of each call's then copied into slots behind it where used at least "
+                "as often as their victims\n",
+                omp_get_max_threads(), 100.0 * ml->lane_cpu_share, ml->lane_n_admit);
+    return 0;
 }
 
 /* Whether a call of nt tokens at this layer leaves its routing in host memory: the host's own
@@ -549,7 +776,13 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
                 break;
             call.w = ml->w_gpu;
         }
+        const bool lane = ml->lane_call && !mtp;
+        ml->lane_call = false;
+        if (lane && (rc = ml_lane_call(ml, a, ids, in, out, false)))
+            break;
         rc = ml->ops->experts(ml->dev, &call);
+        if (!rc && lane)
+            rc = ml_lane_call(ml, a, ids, in, out, true);
         if (!rc && ml->pfw) /* the next layers' predicted experts, beside this layer's work */
             rc = pf_worker_kick(ml->pfw);
         if (!rc && ml->hybrid && !mtp) /* while the GPU computes its part */
@@ -705,9 +938,9 @@ static int ml_open_cache(struct moe_layer *ml)
     if (cfg->tier && cfg->fill == MOE_FILL_ZEROCOPY)
         return err_set(-ENOTSUP, "a host tier under the expert cache serves its copy path and "
                                  "the hybrid lane (not zero-copy misses)");
-    if (cfg->fill == MOE_FILL_DEVICE && (cfg->tier || cfg->hybrid || cfg->modes))
+    if (cfg->fill == MOE_FILL_DEVICE && (cfg->tier || cfg->modes))
         return err_set(-ENOTSUP, "the GPU's own expert cache (--residency gpu) runs without a "
-                                 "host tier, hybrid or automatic placement");
+                                 "host tier or automatic placement");
     if (cfg->vram_budget) {
         uint64_t trunk, slot;
         struct budget_plan plan;
@@ -729,7 +962,9 @@ static int ml_open_cache(struct moe_layer *ml)
                     ec.pool_bytes / 1073741824.0);
     }
     int rc = expert_cache_open(ml->m, &ec, cfg->stream, &ml->cache);
-    if (!rc && (cfg->hybrid || cfg->modes))
+    if (!rc && cfg->fill == MOE_FILL_DEVICE && cfg->hybrid)
+        rc = ml_open_lane(ml);
+    else if (!rc && (cfg->hybrid || cfg->modes))
         rc = ml_open_hybrid(ml);
     if (!rc && cfg->modes && !cfg->hybrid)
         rc = moe_layer_set_mode(ml,
@@ -857,6 +1092,16 @@ void moe_layer_close(struct moe_layer *ml)
     free(ml->ahead_ids);
     free(ml->ahead_w);
     free(ml->ahead_seen);
+    if (ml->lane_msg)
+        ml_host_free(ml, ml->lane_msg);
+    if (ml->lane_x)
+        ml_host_free(ml, ml->lane_x);
+    if (ml->lane_y)
+        ml_host_free(ml, ml->lane_y);
+    ml->ops->free(ml->dev, ml->lane_list);
+    ml->ops->free(ml->dev, ml->lane_err);
+    ml->ops->free(ml->dev, ml->lane_admit);
+    free(ml->lane_rec);
     free(ml);
 }
 
@@ -874,7 +1119,10 @@ int moe_layer_step_end(struct moe_layer *ml)
 
 int moe_layer_graph_ready(struct moe_layer *ml)
 {
-    return ml->cache && ml->cfg.fill == MOE_FILL_DEVICE ? expert_cache_device_start(ml->cache) : 0;
+    int rc =
+        ml->cache && ml->cfg.fill == MOE_FILL_DEVICE ? expert_cache_device_start(ml->cache) : 0;
+    struct expert_cache_lane_view v; /* the zero slot made before a recording needs it */
+    return rc || !ml->lane ? rc : expert_cache_lane_view(ml->cache, 0, &v);
 }
 
 uint32_t moe_layer_graph_epoch(const struct moe_layer *ml)
@@ -884,6 +1132,9 @@ uint32_t moe_layer_graph_epoch(const struct moe_layer *ml)
 
 void moe_layer_set_recording(struct moe_layer *ml, bool on)
 {
+    if (on && ml->lane) /* the layers of the new recording post to the lane */
+        memset(ml->lane_rec, 0, ml->m->hp.n_layer);
+    ml->recording = on;
     if (ml->cache)
         expert_cache_set_recording(ml->cache, on);
 }
@@ -1002,6 +1253,7 @@ int moe_layer_cache_totals(const struct moe_layer *ml, struct moe_cache_totals *
         t->prefetch_late += s->prefetch_late;
         t->prefetch_wasted += s->prefetch_wasted;
     }
+    t->cpu_computed += ml->lane_experts; /* the lane inside the graph: not the cache's count */
     t->slots = expert_cache_slots(ml->cache);
     t->predictions = ml->n_predictions;
     unsigned long long kicked, made;

@@ -28,6 +28,7 @@ struct model;
 struct model_hparams;
 struct weight;
 struct layer_weights;
+struct cuda_lane_call;
 
 /* One call of the grouped expert kernel: out (n_tok, n_embd) = sum over each token's k
  * experts of w * expert(in). Expert e's gate/up/down are read at gate[e]/up[e]/down[e] of the
@@ -77,6 +78,12 @@ struct moe_device_ops {
     void (*held)(void *dev, uint64_t *weights, uint64_t *other);
     /* Measured host-to-device bytes/s (the PCIe lane of hybrid). */
     double (*h2d_bandwidth)(void *dev);
+    /* Optional (NULL: no CPU lane inside a decode graph): page-locked host memory the device
+     * reads and writes in place, *dev_ptr its device address; and the lane's post (join
+     * false) or join on the device's stream, a->seq set to the step's number the backend
+     * keeps (cuda_lane.h). */
+    void *(*mapped_alloc)(void *dev, size_t bytes, void **dev_ptr);
+    int (*lane)(void *dev, struct cuda_lane_call *a, bool join);
 };
 
 enum moe_fill {
@@ -129,7 +136,10 @@ struct moe_layer_config {
     int prefetch_depth;   /* with prefetch: layers l + 1 .. l + depth (1..4; 0 = 1) */
     int prefetch_top;     /* with prefetch: each token's first M predicted experts only (largest
                            * router weight first); 0 = the first half of k */
-    bool hybrid;          /* each call's misses split between streaming and the CPU lane */
+    bool hybrid;          /* each call's misses split between streaming and the CPU lane;
+                           * with fill MOE_FILL_DEVICE: in recorded one-token steps no miss
+                           * takes a slot and the CPU lane computes every miss inside the
+                           * graph (cuda_lane.h) */
     bool modes;           /* with cache, without prefetch: the CPU lane opened as for hybrid,
                            * and moe_layer_set_mode switches between copy, zero-copy and hybrid
                            * (the automatic placement); the layer starts in `fill`, not
@@ -187,6 +197,12 @@ uint32_t moe_layer_graph_epoch(const struct moe_layer *ml);
 void moe_layer_set_recording(struct moe_layer *ml, bool on);
 /* A recorded step was replayed: every layer's routing was read back as recorded. */
 void moe_layer_replayed(struct moe_layer *ml);
+/* The CPU lane inside a decode graph (--residency gpu --placement hybrid): whether it is on,
+ * and, after each launch of a recorded one-token step numbered seq, the host's side of it:
+ * every recorded layer's CPU experts computed as the device posts them (returns when the last
+ * layer is served). 0 or -errno (the remaining layers are then released with nothing added). */
+bool moe_layer_lane_on(const struct moe_layer *ml);
+int moe_layer_lane_serve(struct moe_layer *ml, uint32_t seq);
 /* Whether a step runs without host syncs (so it may be recorded into a graph): no CPU lane,
  * and no cache or a zero-copy cache without prediction. */
 bool moe_layer_graph_safe(const struct moe_layer *ml);

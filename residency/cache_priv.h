@@ -180,6 +180,7 @@ struct expert_cache {
                                                 * slots back */
     unsigned long long *dev_stats_h;           /* (n_layer * DEVCACHE_NSTAT) host scratch */
 
+    bool dev_no_admit;  /* expert_cache_device_admit(false) */
     uint32_t dev_epoch; /* hand-overs to the device so far (expert_cache_device_epoch) */
     uint32_t *seen; /* (n_expert) stamp of the last call that saw the expert */
     uint32_t stamp;

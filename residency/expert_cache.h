@@ -231,6 +231,25 @@ int expert_cache_device_stop(struct expert_cache *c);
  * experts it uses only (fill_device.c). After the device took over. */
 int expert_cache_prefetch_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
                                  int n_pairs);
+/* (c) with the CPU lane inside the graph (cuda_lane.h): admit false makes the next lookups
+ * give no miss a slot (cuda_devcache_call.no_admit); true (the default) admits again. */
+void expert_cache_device_admit(struct expert_cache *c, bool admit);
+/* (c): what a layer's lane call needs of the device state, valid while the device holds the
+ * slots (after expert_cache_device_start, until a stop); the zero slot is made on the first
+ * call. 0 or -errno. */
+struct expert_cache_lane_view {
+    const int32_t *slot_of;   /* (n_expert) device */
+    void **tab;               /* (3 n_expert) device: the layer's table */
+    const uint8_t *zero;      /* device: a slot of zeros */
+    const uint8_t *mapped[3]; /* expert 0 of each part, mapped host memory */
+    uint64_t stride[3];
+};
+int expert_cache_lane_view(struct expert_cache *c, int layer, struct expert_cache_lane_view *v);
+/* (c): expert_cache_prefetch_device for the layer's own misses of the call just made (the CPU
+ * lane's, cuda_lane.h), each admitted only where used at least as often as its victim's owner
+ * (cuda_devcache_call.gate). 0 or -errno. */
+int expert_cache_admit_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
+                              int n_pairs);
 /* Whether (c) has taken the slots over. */
 bool expert_cache_on_device(const struct expert_cache *c);
 /* How many times (c) has taken the slots over: a recording of (c)'s calls holds the device

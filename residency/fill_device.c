@@ -247,6 +247,7 @@ static struct cuda_devcache_call ec_dev_call(struct expert_cache *c, int layer,
         .clock = c->d_clock + layer,
         .freq = c->d_freq + (size_t)layer * ne,
         .by_recency = ec_dev_by_recency(),
+        .no_admit = c->dev_no_admit,
         .tab = c->tab_dev + (size_t)layer * P_N * ne,
         .slot_ptr = c->d_slot_ptr,
         .stats = c->d_stats + (size_t)layer * DEVCACHE_NSTAT,
@@ -295,7 +296,9 @@ int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t
     else if (c->pf_live[layer])
         rc = ec_dev_join(c);
     c->pf_pending[layer] = 0;
-    rc = rc ? rc : cuda_devcache_run(&a, 0, c->compute);
+    /* without admissions or a batch to finish nothing is copied: one block does the
+     * bookkeeping */
+    rc = rc ? rc : cuda_devcache_run(&a, a.no_admit && !a.pend ? 1 : 0, c->compute);
     if (rc)
         return err_set(rc, "expert cache: layer %d: the GPU's lookup failed", layer);
     ec_tables(c, layer, t);
@@ -306,8 +309,23 @@ int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t
  * than 2 MB of reads in flight over PCIe */
 #define EC_PF_BLOCKS 22
 
+static int ec_dev_prefetch(struct expert_cache *c, int layer, const int32_t *ids_dev, int n_pairs,
+                           bool gate);
+
 int expert_cache_prefetch_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
                                  int n_pairs)
+{
+    return ec_dev_prefetch(c, layer, ids_dev, n_pairs, false);
+}
+
+int expert_cache_admit_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
+                              int n_pairs)
+{
+    return ec_dev_prefetch(c, layer, ids_dev, n_pairs, true);
+}
+
+static int ec_dev_prefetch(struct expert_cache *c, int layer, const int32_t *ids_dev, int n_pairs,
+                           bool gate)
 {
     int settled = ec_settle(c);
     if (settled)
@@ -322,6 +340,8 @@ int expert_cache_prefetch_device(struct expert_cache *c, int layer, const int32_
     struct cuda_devcache_call a = ec_dev_call(c, layer, ids_dev, n_pairs);
     a.prefetch = 1;
     a.list_only = 1;
+    a.no_admit = 0; /* a prediction is there to be admitted */
+    a.gate = gate;
     a.jobs = jobs;
     a.n_jobs = n_jobs;
     a.sync = c->d_sync + 1;
@@ -343,6 +363,35 @@ int expert_cache_prefetch_device(struct expert_cache *c, int layer, const int32_
     c->pf_last_set = true;
     c->pf_pending[layer] = 1;
     c->pf_live[layer] = 1;
+    return 0;
+}
+
+void expert_cache_device_admit(struct expert_cache *c, bool admit)
+{
+    c->dev_no_admit = !admit;
+}
+
+int expert_cache_lane_view(struct expert_cache *c, int layer, struct expert_cache_lane_view *v)
+{
+    if (!c->dev || layer < 0 || layer >= c->n_layer)
+        return err_set(-EINVAL, "expert cache: no GPU cache state for layer %d", layer);
+    if (!c->zero_slot) {
+        int rc = cuda_malloc(&c->zero_slot, c->slot_bytes);
+        rc = rc ? rc : cuda_memset(c->zero_slot, 0, c->slot_bytes, c->compute);
+        if (rc) {
+            cuda_free(c->zero_slot);
+            c->zero_slot = NULL;
+            return err_set(rc, "expert cache: no device memory for the zero slot");
+        }
+    }
+    const size_t ne = (size_t)c->n_expert;
+    v->slot_of = c->d_slot_of + (size_t)layer * ne;
+    v->tab = c->tab_dev + (size_t)layer * P_N * ne;
+    v->zero = c->zero_slot;
+    for (int p = 0; p < P_N; p++) {
+        v->mapped[p] = c->lay[layer].mapped[p];
+        v->stride[p] = c->lay[layer].stride[p];
+    }
     return 0;
 }
 

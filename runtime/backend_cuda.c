@@ -16,6 +16,7 @@
 #include "clock.h"
 #include "cuda_attention.h"
 #include "cuda_info.h"
+#include "cuda_lane.h"
 #include "cuda_matmul.h"
 #include "cuda_mem.h"
 #include "cuda_moe.h"
@@ -77,9 +78,11 @@ struct backend_cuda {
     const struct stream *graph_stream; /* the stream whose buffers it writes */
     uint32_t graph_epoch;              /* and the GPU cache's hand-over it reads the state of */
     const float *graph_bufs[4];        /* and those buffers (a new stream may reuse the address) */
-    int32_t *step_pin;        /* pinned host [0] token id, [1] position: read by the graph */
+    int32_t *step_pin; /* pinned host [0] token id, [1] position, [2] the step's number
+                        * (the CPU lane's, cuda_lane.h): read by the graph */
     void *step_pin_dev;
-    int32_t *step_dev;        /* (2) device copy of step_pin */
+    int32_t *step_dev;        /* (3) device copy of step_pin */
+    uint32_t lane_seq;        /* one-token graph launches so far */
     int32_t *argmax_dev;      /* (1) read_argmax's result */
     /* lockstep rows (rows_begin): per layer l, n K then n V cache pointers at rows_ptr[2nl],
      * then the n positions; a host copy and the device one, for up to rows_cap rows */
@@ -1333,15 +1336,17 @@ static int cuda_step_begin(struct backend *b, const struct stream *s, const int3
                        (unsigned long long)c->model->tok_embd.ne[1]);
     c->step_pin[0] = ids[0]; /* the previous replay is done: read synced the stream */
     c->step_pin[1] = pos;
+    c->step_pin[2] = (int32_t)++c->lane_seq;
     if (c->graph_exec) {
         rc = cuda_graph_launch(c->graph_exec, c->stream);
         if (rc)
             return backend_cuda_fail(rc, "replaying the decode graph");
         moe_layer_replayed(c->moe); /* every layer's routing was read back, as recorded */
-        return 1;
+        rc = moe_layer_lane_serve(c->moe, c->lane_seq);
+        return rc ? backend_cuda_fail(rc, "the CPU lane of the decode graph") : 1;
     }
     rc = cuda_graph_begin(c->stream);
-    rc = rc ? rc : cuda_h2d(c->step_dev, c->step_pin, 2 * sizeof(int32_t), c->stream);
+    rc = rc ? rc : cuda_h2d(c->step_dev, c->step_pin, 3 * sizeof(int32_t), c->stream);
     if (rc)
         return backend_cuda_fail(rc, "starting the decode graph");
     c->recording = true;
@@ -1391,7 +1396,10 @@ static int cuda_step_end(struct backend *b, int rc)
         return backend_cuda_fail(grc, "recording the decode graph");
     c->graph_exec = exec;
     grc = cuda_graph_launch(exec, c->stream);
-    return grc ? backend_cuda_fail(grc, "running the decode graph") : 0;
+    if (grc)
+        return backend_cuda_fail(grc, "running the decode graph");
+    grc = moe_layer_lane_serve(c->moe, c->lane_seq);
+    return grc ? backend_cuda_fail(grc, "the CPU lane of the decode graph") : 0;
 }
 
 static int cuda_read_argmax_op(struct backend *b, const float *x, int n, int32_t *out)
@@ -1701,11 +1709,13 @@ int backend_cuda_open(struct model *m, const struct backend_cuda_config *cfg,
      * one-token steps from a graph by default (the same bits as launching them one by one) */
     const bool resident = !rc && moe_layer_slots(c->moe) == 0 && !cfg->cpu_moe_layers;
     c->rows_graph = (cfg->graph || c->auto_place) && !rc && moe_layer_graph_safe(c->moe);
-    c->graph =
-        c->rows_graph || (cfg->graph_resident && resident && !rc && moe_layer_graph_safe(c->moe));
+    /* the CPU lane under the GPU's own cache is there for graph steps: it implies --graph */
+    c->graph = c->rows_graph ||
+               (cfg->graph_resident && resident && !rc && moe_layer_graph_safe(c->moe)) ||
+               (!rc && c->graph_ok && moe_layer_lane_on(c->moe));
     if (!rc && (c->graph || c->auto_place)) {
-        rc = cuda_host_alloc((void **)&c->step_pin, 2 * sizeof(int32_t), &c->step_pin_dev);
-        rc = rc ? rc : cuda_malloc((void **)&c->step_dev, 2 * sizeof(int32_t));
+        rc = cuda_host_alloc((void **)&c->step_pin, 3 * sizeof(int32_t), &c->step_pin_dev);
+        rc = rc ? rc : cuda_malloc((void **)&c->step_dev, 3 * sizeof(int32_t));
         if (rc)
             rc = err_set(rc, "cuda backend: the decode graph's buffers");
     }
@@ -1972,6 +1982,23 @@ static double cuda_moe_h2d_bandwidth(void *dev)
     return cuda_h2d_bandwidth(NULL, (size_t)64 << 20, 5);
 }
 
+static void *cuda_moe_mapped_alloc(void *dev, size_t bytes, void **dev_ptr)
+{
+    void *p = NULL;
+    (void)dev;
+    return cuda_host_alloc(&p, bytes, dev_ptr) ? NULL : p;
+}
+
+static int cuda_moe_lane(void *dev, struct cuda_lane_call *a, bool join)
+{
+    struct backend_cuda *c = dev;
+    if (!c->recording || !c->step_dev)
+        return err_set(-EINVAL, "the CPU lane runs inside a recorded decode step only");
+    a->seq = (const uint32_t *)(c->step_dev + 2);
+    int rc = join ? cuda_lane_join(a, c->stream) : cuda_lane_post(a, c->stream);
+    return rc ? backend_cuda_fail(rc, "the CPU lane's kernels") : 0;
+}
+
 static const struct moe_device_ops cuda_moe_ops = {
     .alloc = cuda_moe_alloc,
     .free = cuda_moe_free,
@@ -1987,4 +2014,6 @@ static const struct moe_device_ops cuda_moe_ops = {
     .upload = cuda_moe_upload,
     .held = cuda_moe_held,
     .h2d_bandwidth = cuda_moe_h2d_bandwidth,
+    .mapped_alloc = cuda_moe_mapped_alloc,
+    .lane = cuda_moe_lane,
 };

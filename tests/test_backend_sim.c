@@ -62,6 +62,7 @@
 #include "cuda_attention.h"
 #include "cuda_devcache_ref.h"
 #include "cuda_info.h"
+#include "cuda_lane.h"
 #include "cuda_matmul.h"
 #include "cuda_mem.h"
 #include "cuda_moe.h"
@@ -244,6 +245,73 @@ int cuda_devcache_copy(const struct cuda_devcache_job *jobs, const uint32_t *n_j
     (void)stream, (void)blocks;
     struct sim_devcache_copy a = {jobs, n_jobs, claim, done};
     return SIM_RUN(sim_devcache_copy_run, &a);
+}
+
+/* The CPU lane inside a graph (cuda_lane.h): post as the kernel does it; the join, which on a
+ * GPU waits for the host, serves the layer in place through a->serve */
+static int sim_lane_post(const struct cuda_lane_call *a)
+{
+    int miss[CUDA_LANE_MAX_K], n_miss = 0;
+    for (int i = 0; i < a->k; i++) {
+        const int e = a->ids[i];
+        bool ms = e >= 0 && e < a->n_expert && a->slot_of[e] < 0;
+        for (int j = 0; j < n_miss && ms; j++)
+            ms = miss[j] != e;
+        if (ms)
+            miss[n_miss++] = e;
+    }
+    int n = (int)ceilf((float)n_miss * a->cpu_share);
+    n = n_miss == 0 ? 0 : n < 1 ? 1 : n > n_miss ? n_miss : n;
+    for (int i = 0; i < a->k; i++) {
+        bool cpu = false;
+        for (int j = 0; j < n; j++)
+            cpu |= miss[j] == a->ids[i];
+        a->msg->ids[i] = a->ids[i];
+        a->msg->w[i] = a->w[i];
+        a->msg->cpu[i] = (uint8_t)cpu;
+    }
+    for (int j = 0; j < n; j++)
+        a->list[1 + j] = miss[j];
+    a->list[0] = n;
+    for (int i = 0; a->admit && i < a->k; i++)
+        a->admit[i] = i < n_miss && i < a->n_admit ? miss[i] : -1;
+    for (int i = 0; i < 3 * n; i++)
+        a->tab[(size_t)(i % 3) * a->n_expert + a->list[1 + i / 3]] = (void *)a->zero;
+    if (n)
+        memcpy(a->xh, a->x, sizeof(float) * (size_t)a->n_embd);
+    a->msg->tag = (uint64_t)*a->seq << 8 | (uint64_t)n;
+    return 0;
+}
+
+static int sim_lane_join(const struct cuda_lane_call *a)
+{
+    const int n = a->list[0];
+    if (n == 0)
+        return 0;
+    int rc = a->serve ? a->serve(a->serve_ctx, a->layer) : -EINVAL;
+    if (rc)
+        return rc;
+    if (a->msg->done != *a->seq)
+        return -EPROTO;
+    for (int i = 0; i < a->n_embd; i++)
+        a->out[i] += a->yh[i];
+    for (int i = 0; i < 3 * n; i++) {
+        const int e = a->list[1 + i / 3], p = i % 3;
+        a->tab[(size_t)p * a->n_expert + e] = (void *)(a->mapped[p] + (uint64_t)e * a->stride[p]);
+    }
+    return 0;
+}
+
+int cuda_lane_post(const struct cuda_lane_call *a, void *stream)
+{
+    (void)stream;
+    return SIM_RUN(sim_lane_post, a);
+}
+
+int cuda_lane_join(const struct cuda_lane_call *a, void *stream)
+{
+    (void)stream;
+    return SIM_RUN(sim_lane_join, a);
 }
 
 int cuda_gather_copy(const struct cuda_gather *g, void *stream)
@@ -1361,10 +1429,24 @@ static void check_rows(const char *path, const char *what, const float *logits,
           path, what, e.agree, N_STEPS, tol->agree_pct);
 }
 
+static void close_enough_run(const char *path, const char *what,
+                             const struct backend_cuda_config *cc, const int32_t *prompt,
+                             const struct run *ref, const struct tolerance *tol,
+                             int want_cpu_layers, bool want_cpu_lane, struct run *out);
+
 static void close_enough(const char *path, const char *what,
                          const struct backend_cuda_config *cc, const int32_t *prompt,
                          const struct run *ref, const struct tolerance *tol,
                          int want_cpu_layers, bool want_cpu_lane)
+{
+    close_enough_run(path, what, cc, prompt, ref, tol, want_cpu_layers, want_cpu_lane, NULL);
+}
+
+/* close_enough, the run's totals in *out when out is not NULL */
+static void close_enough_run(const char *path, const char *what,
+                             const struct backend_cuda_config *cc, const int32_t *prompt,
+                             const struct run *ref, const struct tolerance *tol,
+                             int want_cpu_layers, bool want_cpu_lane, struct run *out)
 {
     struct run r = {0};
     int nv = n_vocab_of(path);
@@ -1372,8 +1454,11 @@ static void close_enough(const char *path, const char *what,
     if (!r.logits)
         return;
     check_rows(path, what, r.logits, ref, nv, tol);
-    printf("%s: %-34s %d CPU layers, %llu CPU-lane experts\n", path, what, r.cpu_layers,
-           (unsigned long long)r.tot.cpu_computed);
+    printf("%s: %-34s %d CPU layers, %llu CPU-lane experts; %llu hits, %llu misses, %llu "
+           "prefetched, %llu used\n",
+           path, what, r.cpu_layers, (unsigned long long)r.tot.cpu_computed,
+           (unsigned long long)r.tot.hits, (unsigned long long)r.tot.misses,
+           (unsigned long long)r.tot.prefetched, (unsigned long long)r.tot.prefetch_used);
     CHECK(r.cpu_layers == want_cpu_layers, "%s: %d CPU layers, expected %d", what, r.cpu_layers,
           want_cpu_layers);
     CHECK(!want_cpu_lane || r.tot.cpu_computed > 0, "%s: the CPU lane computed nothing", what);
@@ -1387,6 +1472,9 @@ static void close_enough(const char *path, const char *what,
               "%s: the CPU lane's rate: learned %g B/s, measured at open %g", what, r.lane_cpu,
               r.lane_cpu_open);
     free(r.logits);
+    r.logits = NULL;
+    if (out)
+        *out = r;
 }
 
 /* run() on a 256-token context with the backend's log kept: the log (to free), NULL if it
@@ -1727,6 +1815,31 @@ static void model_checks(const char *path, const int32_t *prompt, const struct t
     struct backend_cuda_config hy_na = hy; /* CPU-lane misses never copied into a slot */
     hy_na.hybrid_no_admit = true;
     close_enough(path, "hybrid, no admission, 6 slots", &hy_na, prompt, &ref, tol, 0, true);
+    /* hybrid under the GPU's own cache: graph steps whose misses the CPU lane computes inside
+     * the graph (the join serves each layer in place here) */
+    struct backend_cuda_config hy_g = hy;
+    hy_g.residency = BACKEND_RESIDENCY_GPU;
+    launches = g_graph_launches;
+    struct run lr = {0};
+    close_enough_run(path, "hybrid in the GPU cache's graph", &hy_g, prompt, &ref, tol, 0, true,
+                     &lr);
+    CHECK(g_graph_launches - launches >= N_STEPS,
+          "%s: hybrid in the GPU cache's graph: %d graph "
+          "launches for %d steps",
+          path, g_graph_launches - launches, N_STEPS);
+    /* misses used as often as their victims are admitted behind their calls: some are hit */
+    CHECK(lr.tot.prefetched > 0 && lr.tot.prefetch_used > 0,
+          "%s: hybrid in the GPU cache's graph: %llu admitted behind their calls, %llu used", path,
+          (unsigned long long)lr.tot.prefetched, (unsigned long long)lr.tot.prefetch_used);
+    /* half of each call's misses read in place by the expert kernels, the rest on the CPU */
+    setenv("STRATA_LANE_CPU_SHARE", "0.5", 1);
+    struct run lh = {0};
+    close_enough_run(path, "hybrid in the GPU cache's graph, half", &hy_g, prompt, &ref, tol, 0,
+                     true, &lh);
+    unsetenv("STRATA_LANE_CPU_SHARE");
+    CHECK(lh.tot.cpu_computed < lr.tot.cpu_computed,
+          "%s: half of the misses on the CPU: %llu CPU-lane experts, all of them: %llu", path,
+          (unsigned long long)lh.tot.cpu_computed, (unsigned long long)lr.tot.cpu_computed);
     auto_modes(path, prompt, &ref, tol);
     auto_default(path, prompt, &ref, tol, 6);
     auto_default(path, prompt, &ref, tol, 1 << 20); /* every expert fits: none missed twice */

@@ -192,7 +192,8 @@ int main(void)
             .prefetch = prefetch,
             .list_only = list_only,
             .slot_ptr = slot_ptr_d,
-            .by_recency = call % 7 == 3, /* now and then the comparisons' victim rule */
+            .by_recency = call % 7 == 3,       /* now and then the comparisons' victim rule */
+            .gate = prefetch && call % 3 == 1, /* admissions by use count now and then */
         };
         for (int p = 0; p < 3; p++) {
             a.mapped[p] = lay_mapped[l][p];

@@ -293,6 +293,17 @@ static void cpu_lane(const char *path, const int32_t *prompt, double tol, int mi
                path, what, err, tol, agree, N_STEPS);
         if (getenv("STRATA_TEST_VERBOSE"))
             backend_cuda_print_stats(b, stdout);
+        if (cc->hybrid && cc->residency == BACKEND_RESIDENCY_GPU) {
+            /* the lane inside the graph computed the misses of every recorded step */
+            struct moe_cache_totals t;
+            backend_cuda_cache_totals(b, &t);
+            printf("%s: %s: %llu experts on the CPU lane, %llu hits, %llu misses; decode "
+                   "logits max rel err %.3g\n",
+                   path, what, (unsigned long long)t.cpu_computed, (unsigned long long)t.hits,
+                   (unsigned long long)t.misses, step_err);
+            CHECK(t.cpu_computed > 0, "%s: the CPU lane computed nothing", what);
+            CHECK(step_err <= tol * 10, "%s: decode logits off by %g", what, step_err);
+        }
         CHECK(rc == 0, "%s decoding: %s", what, err_msg());
         CHECK(err <= tol, "%s logits off by %g", what, err);
         CHECK(agree * 100 >= min_pct * N_STEPS, "%s agrees on only %d of %d", what, agree,
@@ -505,6 +516,10 @@ int main(void)
     cpu_lane(q4, prompt, 0.2, 85, "static:2", &st);
     cpu_lane(f32, prompt, 1e-3, 95, "hybrid, 6 slots", &hy);
     cpu_lane(q4, prompt, 0.2, 85, "hybrid, 6 slots", &hy);
+    struct backend_cuda_config hg = hy; /* the CPU lane inside the GPU's cache's graph */
+    hg.residency = BACKEND_RESIDENCY_GPU;
+    cpu_lane(f32, prompt, 1e-3, 95, "hybrid in the GPU cache's graph, 6 slots", &hg);
+    cpu_lane(q4, prompt, 0.2, 85, "hybrid in the GPU cache's graph, 6 slots", &hg);
     struct backend_cuda_config au = {
         .device = 0, .expert_slots = 6, .auto_place = true, .auto_try_all = true};
     cpu_lane(f32, prompt, 1e-3, 95, "auto, 6 slots", &au);
