@@ -3,7 +3,8 @@
 # cuda_lane.h) against the GPU's cache alone and host-driven hybrid, in one lease: the 30b-a3b
 # preset under BUDGETS (default "8G 4G") with MODES (default "gpu hybrid lane lane-s5": lane =
 # --residency gpu --placement hybrid, lane-sN with STRATA_LANE_CPU_SHARE=0.N, lane-aN with
-# STRATA_LANE_ADMIT=N), and W1-real under W1_BUDGETS (default none) with W1_MODES (default
+# STRATA_LANE_ADMIT=N, lane-tN with -t N, lane-spin and hybrid-spin with OMP_WAIT_POLICY=active,
+# auto: the default placement), and W1-real under W1_BUDGETS (default none) with W1_MODES (default
 # "copy gpu lane"); the test binaries
 # named in TESTS first (default test_cuda_residency test_cuda_devcache). Results in
 # $OUT/lane.txt and the full outputs in $OUT/lane-logs.tar.
@@ -15,8 +16,8 @@ trap 'cd "$OUT" && tar -cf lane-logs.tar b-*.txt /tmp/test_*.log 2>/dev/null && 
 t0=$(date +%s)
 left() { [ $(($(date +%s) - t0)) -lt ${BUDGET_S:-500} ]; }
 run_tests "${TESTS-test_cuda_residency test_cuda_devcache}" "GPU cache's graph|test_cuda_devcache:"
-keep="^(pp|tg)[0-9]|hit rate|^lanes|hybrid under|prefetch|rc="
-KEEP_N=12
+keep="^(pp|tg)[0-9]|hit rate|^lanes|hybrid under|prefetch|placement auto|rc="
+KEEP_N=16
 mode_flags() { # $1: mode -> environment and flags in M_ENV, M_F
     case $1 in
     gpu) M_ENV=X=1 M_F=(--residency gpu --graph) ;;
@@ -26,6 +27,9 @@ mode_flags() { # $1: mode -> environment and flags in M_ENV, M_F
     lane) M_ENV=X=1 M_F=(--residency gpu --placement hybrid) ;;
     lane-s*) M_ENV=STRATA_LANE_CPU_SHARE=0.${1#lane-s} M_F=(--residency gpu --placement hybrid) ;;
     lane-a*) M_ENV=STRATA_LANE_ADMIT=${1#lane-a} M_F=(--residency gpu --placement hybrid) ;;
+    lane-spin) M_ENV=OMP_WAIT_POLICY=active M_F=(--residency gpu --placement hybrid) ;;
+    lane-t*) M_ENV=X=1 M_F=(--residency gpu --placement hybrid -t ${1#lane-t}) ;;
+    hybrid-spin) M_ENV=OMP_WAIT_POLICY=active M_F=(--placement hybrid) ;;
     esac
 }
 if [ -n "${BUDGETS-8G 4G}" ]; then

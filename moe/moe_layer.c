@@ -83,7 +83,8 @@ struct moe_layer {
     float *ahead_w;
     uint8_t *ahead_seen;       /* (n_expert) */
     /* the CPU lane inside a decode graph (cfg.fill MOE_FILL_DEVICE with cfg.hybrid) */
-    bool lane;      /* open */
+    bool lane;       /* on */
+    bool lane_ready; /* its buffers open (also for the automatic placement) */
     bool recording; /* a graph is being recorded */
     bool lane_call; /* this layer call posted to the lane: join after the experts */
     struct cuda_lane_msg *lane_msg, *lane_msg_d; /* (n_layer) host / device addresses */
@@ -581,9 +582,13 @@ static int ml_open_lane(struct moe_layer *ml)
     void *d = NULL;
     if (!ml->ops->lane || !ml->ops->mapped_alloc)
         return err_set(-ENOTSUP, "this device has no CPU lane inside its decode graph");
-    if (ml->cfg.tier || ml->cfg.modes || ml->cfg.prefetch || k > CUDA_LANE_MAX_K)
-        return err_set(-ENOTSUP, "hybrid under the GPU's own cache (--residency gpu) runs "
-                                 "without a host tier, automatic placement or prediction");
+    if (ml->cfg.tier || ml->cfg.prefetch || k > CUDA_LANE_MAX_K ||
+        hp->n_expert > CUDA_DEVCACHE_MAX_EXPERT)
+        return err_set(-ENOTSUP,
+                       "hybrid under the GPU's own cache (--residency gpu) runs "
+                       "without a host tier or prediction, for at most %d of %d "
+                       "experts a token",
+                       CUDA_LANE_MAX_K, CUDA_DEVCACHE_MAX_EXPERT);
     if (hp->swiglu_oai || lw0->gate_exps_b.data || lw0->down_exps_b.data)
         return err_set(-ENOTSUP, "hybrid under the GPU's own cache: experts with biases or "
                                  "gpt-oss's activation are not computed from zero slots");
@@ -592,10 +597,12 @@ static int ml_open_lane(struct moe_layer *ml)
         return rc;
     /* the host's read bandwidth with the lane's threads: the ceiling of the rate --stats
      * reports as the lane's calls run (ml_learn_cpu) */
-    ml->lanes_given = ml->cfg.lane_cpu_bps > 0;
-    ml->lanes.cpu_bps = ml->cpu_bps_open =
-        ml->lanes_given ? ml->cfg.lane_cpu_bps
-                        : membw_measure((size_t)256 << 20, omp_get_max_threads(), 3);
+    if (!ml->hybrid && !ml->cfg.modes) { /* else ml_open_hybrid measured it */
+        ml->lanes_given = ml->cfg.lane_cpu_bps > 0;
+        ml->lanes.cpu_bps = ml->cpu_bps_open =
+            ml->lanes_given ? ml->cfg.lane_cpu_bps
+                            : membw_measure((size_t)256 << 20, omp_get_max_threads(), 3);
+    }
     ml->lane_msg = ml->ops->mapped_alloc(ml->dev, sizeof(struct cuda_lane_msg) * nl, &d);
     ml->lane_msg_d = d;
     ml->lane_x = ml->ops->mapped_alloc(ml->dev, sizeof(float) * nl * ne, &d);
@@ -623,8 +630,8 @@ static int ml_open_lane(struct moe_layer *ml)
     rc = rc ? rc : ml->ops->sync(ml->dev);
     if (rc)
         return err_set(rc, "the CPU lane inside the decode graph");
-    ml->lane = true;
-    if (ml->cfg.log)
+    ml->lane_ready = true;
+    if (ml->cfg.log && !ml->cfg.modes)
         fprintf(ml->cfg.log,
                 "strata: hybrid under the GPU's own cache: in graph decode steps the CPU lane "
                 "(%d threads) computes %.0f%% of the misses, the GPU reads the rest in place; "
@@ -962,10 +969,15 @@ static int ml_open_cache(struct moe_layer *ml)
                     ec.pool_bytes / 1073741824.0);
     }
     int rc = expert_cache_open(ml->m, &ec, cfg->stream, &ml->cache);
-    if (!rc && cfg->fill == MOE_FILL_DEVICE && cfg->hybrid)
+    if (!rc && cfg->fill == MOE_FILL_DEVICE && cfg->hybrid) {
         rc = ml_open_lane(ml);
-    else if (!rc && (cfg->hybrid || cfg->modes))
+        ml->lane = rc == 0;
+    } else if (!rc && (cfg->hybrid || cfg->modes)) {
         rc = ml_open_hybrid(ml);
+    }
+    /* the automatic placement may time the lane too, where this model and device allow it */
+    if (!rc && cfg->modes && ml_open_lane(ml))
+        err_clear();
     if (!rc && cfg->modes && !cfg->hybrid)
         rc = moe_layer_set_mode(ml,
                                 cfg->fill == MOE_FILL_ZEROCOPY ? MOE_MODE_ZEROCOPY : MOE_MODE_COPY);
@@ -1149,23 +1161,25 @@ bool moe_layer_mode_ok(const struct moe_layer *ml, enum moe_mode mode)
 {
     return ml->cache && ml->cfg.modes && !ml->prefetch && (unsigned)mode < MOE_MODES &&
            ((mode != MOE_MODE_ZEROCOPY && mode != MOE_MODE_DEVICE) || !ml->cfg.tier) &&
-           (mode != MOE_MODE_DEVICE || ml->m->hp.n_expert <= CUDA_DEVCACHE_MAX_EXPERT);
+           (mode != MOE_MODE_DEVICE || ml->m->hp.n_expert <= CUDA_DEVCACHE_MAX_EXPERT) &&
+           (mode != MOE_MODE_LANE || ml->lane_ready);
 }
 
 int moe_layer_set_mode(struct moe_layer *ml, enum moe_mode mode)
 {
     if (!moe_layer_mode_ok(ml, mode))
         return err_set(-ENOTSUP, "the expert cache cannot switch to mode %d", (int)mode);
-    if (mode != MOE_MODE_DEVICE) {
+    if (mode != MOE_MODE_DEVICE && mode != MOE_MODE_LANE) {
         int rc = expert_cache_device_stop(ml->cache);
         if (rc)
             return rc;
     }
     expert_cache_hybrid_pause(ml->cache, mode != MOE_MODE_HYBRID);
     ml->hybrid = mode == MOE_MODE_HYBRID;
-    ml->cfg.fill = mode == MOE_MODE_ZEROCOPY ? MOE_FILL_ZEROCOPY
-                   : mode == MOE_MODE_DEVICE ? MOE_FILL_DEVICE
-                                             : MOE_FILL_COPY;
+    ml->lane = mode == MOE_MODE_LANE;
+    ml->cfg.fill = mode == MOE_MODE_ZEROCOPY                          ? MOE_FILL_ZEROCOPY
+                   : mode == MOE_MODE_DEVICE || mode == MOE_MODE_LANE ? MOE_FILL_DEVICE
+                                                                      : MOE_FILL_COPY;
     return 0;
 }
 
@@ -1181,6 +1195,7 @@ double moe_layer_miss_seconds(const struct moe_layer *ml)
 enum moe_mode moe_layer_mode(const struct moe_layer *ml)
 {
     return ml->hybrid                          ? MOE_MODE_HYBRID
+           : ml->lane                          ? MOE_MODE_LANE
            : ml->cfg.fill == MOE_FILL_ZEROCOPY ? MOE_MODE_ZEROCOPY
            : ml->cfg.fill == MOE_FILL_DEVICE   ? MOE_MODE_DEVICE
                                                : MOE_MODE_COPY;

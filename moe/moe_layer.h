@@ -213,8 +213,10 @@ enum moe_mode {
     MOE_MODE_ZEROCOPY = 1, /* read in place, admitted between steps */
     MOE_MODE_HYBRID = 2,   /* split between copies and the CPU lane */
     MOE_MODE_DEVICE = 3,   /* the GPU's own cache: looked up and copied by the device */
+    MOE_MODE_LANE = 4,     /* the GPU's own cache, its misses computed by the CPU lane inside
+                            * the decode graph (cuda_lane.h) */
 };
-#define MOE_MODES 4
+#define MOE_MODES 5
 /* Between steps, the backend's stream synced: serve misses the new way from the next call on
  * (leaving MOE_MODE_DEVICE, the device gives the slots back first). 0, or -ENOTSUP (no cache,
  * opened without modes, or zero-copy or the GPU's cache with a host tier). */

@@ -1033,6 +1033,7 @@ static const char *auto_mode_name(enum moe_mode m, bool graph)
 {
     return m == MOE_MODE_HYBRID   ? "hybrid"
            : m == MOE_MODE_DEVICE ? (graph ? "gpu cache graph" : "gpu cache")
+           : m == MOE_MODE_LANE   ? "gpu cache + CPU lane graph"
            : m == MOE_MODE_COPY   ? "copy"
            : graph                ? "zero-copy graph"
                                   : "zero-copy";
@@ -1079,19 +1080,31 @@ static void auto_prune(struct backend_cuda *c)
     }
 }
 
-/* The trials from copies on, zero-copy (the setting in use) dropped, the first one's misses
- * counted from now: where zero-copy first did not pay. */
-static void auto_from_copies(struct backend_cuda *c)
+/* Where zero-copy first did not pay (more misses than a tenth of a step could copy): the trials
+ * for many misses, zero-copy (the setting in use) dropped, the first one's misses counted from
+ * now. They start with the GPU's cache with the CPU lane in its graph, then the GPU's cache
+ * alone and hybrid; copies are not timed where any of those can run: on the H200 they lost to
+ * each of them at every budget with many misses (30b-a3b preset, ms a step: 4 GiB copies
+ * 11.74, hybrid 8.35, the GPU's cache 8.82, with the lane 7.76; 8 GiB 7.55, 6.34, 5.43, 5.18),
+ * and their trial, the slowest, cost the default about a tenth of a 128-token run. */
+static void auto_many_misses(struct backend_cuda *c)
 {
+    static const enum moe_mode pref[] = {MOE_MODE_LANE, MOE_MODE_DEVICE, MOE_MODE_HYBRID};
     struct tune *t = &c->tune;
     const int zc = t->cur;
-    int copy = 0;
+    int copy = 0, first = -1;
     for (int i = 0; i < t->n; i++)
         if (c->tune_mode[i] == MOE_MODE_COPY)
             copy = i;
+    for (int p = 0; p < (int)(sizeof(pref) / sizeof(pref[0])) && first < 0; p++)
+        for (int i = 0; i < t->n; i++)
+            if (c->tune_mode[i] == pref[p])
+                first = i;
     c->zc_first = false;
-    tune_init(t, t->n, copy, AUTO_SKIP, AUTO_WINDOW);
+    tune_init(t, t->n, first >= 0 ? first : copy, AUTO_SKIP, AUTO_WINDOW);
     tune_drop(t, zc);
+    if (first >= 0)
+        tune_drop(t, copy);
     c->trial_misses = auto_misses(c);
 }
 
@@ -1113,14 +1126,14 @@ static void auto_probe_zc(struct backend_cuda *c, double step)
                 "in a %.2f ms step: %s\n",
                 auto_mode_name(MOE_MODE_ZEROCOPY, c->graph_ok), m, xfer * 1e3, step * 1e3,
                 keep ? "kept, the other modes not timed (they are for more misses)"
-                     : "over a tenth: timing the others from copies");
+                     : "over a tenth: timing the modes for many misses");
     if (keep) {
         for (int i = 0; i < t->n; i++)
             if (i != t->first)
                 tune_drop(t, i);
         return;
     }
-    auto_from_copies(c);
+    auto_many_misses(c);
 }
 
 /* Before zero-copy's first trial: the one decode step on copies that ran since trial_misses
@@ -1134,7 +1147,7 @@ static bool auto_gate_zc(struct backend_cuda *c, double step)
     const double xfer = m * moe_layer_miss_seconds(c->moe);
     if (!placement_skip(MOE_MODE_ZEROCOPY, true, m, xfer, step))
         return true;
-    auto_from_copies(c);
+    auto_many_misses(c);
     if (c->log)
         fprintf(c->log,
                 "strata: placement auto: %s not tried: %.0f missed experts in the first decode "
@@ -1177,8 +1190,14 @@ static void auto_step(struct backend_cuda *c, bool rows, int n)
          * lone one (a warm-up before a prompt) and the prompt stay on the copy path, and the
          * step before, on copies, says whether zero-copy is worth its two steps */
         if (c->tune_last > 0) {
-            if (!auto_gate_zc(c, now - c->tune_last)) {
-                c->tune_last = now; /* the copy trial from this step on */
+            if (!auto_gate_zc(c, now - c->tune_last)) { /* the first trial from this step on */
+                const enum moe_mode m = c->tune_mode[c->tune.cur];
+                if (m != moe_layer_mode(c->moe) && auto_switch(c, m)) {
+                    c->auto_place = false;
+                    return;
+                }
+                c->trial_misses = auto_misses(c);
+                c->tune_last = now;
                 return;
             }
             if (auto_switch(c, c->tune_mode[c->tune.cur])) {
@@ -1257,7 +1276,7 @@ static void cuda_eval_begin(struct backend *b, int n)
 static void auto_open(struct backend_cuda *c)
 {
     static const enum moe_mode order[] = {MOE_MODE_COPY, MOE_MODE_HYBRID, MOE_MODE_ZEROCOPY,
-                                          MOE_MODE_DEVICE};
+                                          MOE_MODE_DEVICE, MOE_MODE_LANE};
     int n = 0, first = 0, zc = -1;
     for (int i = 0; i < (int)(sizeof(order) / sizeof(order[0])); i++)
         if (moe_layer_mode_ok(c->moe, order[i])) {

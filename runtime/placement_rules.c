@@ -10,6 +10,7 @@ const char *placement_skip(enum moe_mode mode, bool zc_listed, double misses, do
     case MOE_MODE_ZEROCOPY:
         return few ? NULL : "the misses' copies take over a tenth of a copy step";
     case MOE_MODE_HYBRID:
+    case MOE_MODE_LANE:
         if (misses < 1.0)
             return "fewer than one miss per step";
         /* fall through */

@@ -14,7 +14,7 @@
 
 #include <stdbool.h>
 
-#define TUNE_MAX 4     /* settings at most */
+#define TUNE_MAX 5     /* settings at most */
 #define TUNE_CLEAR 0.1 /* a lead that needs no second trial of the first setting */
 
 struct tune {

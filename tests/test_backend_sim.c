@@ -1550,12 +1550,21 @@ static void auto_default(const char *path, const int32_t *prompt, const struct r
     const char *zc = log ? strstr(log, "placement auto: zero-copy graph: ") : NULL;
     const char *gate = log ? strstr(log, "placement auto: zero-copy graph not tried: ") : NULL;
     const bool kept = zc && strstr(zc, "kept, the other modes not timed") != NULL;
-    const bool left = zc && strstr(zc, "timing the others from copies") != NULL;
+    const bool left = zc && strstr(zc, "timing the modes for many misses") != NULL;
     const char *after = left ? zc : gate;
     CHECK(!zc != !gate && (gate || kept != left),
           "%s: auto (default): no word, or two, on zero-copy first:\n%s", path, log ? log : "");
-    CHECK(!after || strstr(after, "copy ") != NULL,
-          "%s: auto (default): zero-copy left or not tried, but copies not timed", path);
+    /* then the modes for many misses are timed, copies not among them (the lane's trial is
+     * possible here) */
+    const char *chose = after ? strstr(after, " per step: ") : NULL;
+    const char *line = chose;
+    while (line && line > after && line[-1] != '\n')
+        line--;
+    CHECK(!after || (chose && strstr(line, "gpu cache + CPU lane graph") < chose &&
+                     strstr(line, "gpu cache + CPU lane graph") && !strstr(line, "auto: copy ")),
+          "%s: auto (default): zero-copy left or not tried, but the modes for many misses not "
+          "timed:\n%s",
+          path, log ? log : "");
     free(log);
     if (!r.logits)
         return;

@@ -27,7 +27,7 @@
 #include "testutil.h"
 
 #define N_PROMPT 12
-#define N_STEPS 48
+#define N_STEPS 64
 
 static char tmpdir[] = "/tmp/strata-test-cuda-residency-XXXXXX";
 
@@ -251,7 +251,7 @@ static void cpu_lane(const char *path, const int32_t *prompt, double tol, int mi
     rc = rc ? rc : stream_open(b, 128, 32, &s);
     CHECK(rc == 0, "%s %s: %s", path, what, err_msg());
     if (!rc) {
-        int nv = (int)m->hp.n_vocab, agree = 0, seen[3] = {0};
+        int nv = (int)m->hp.n_vocab, agree = 0, seen[4] = {0};
         float *l = test_xmalloc(sizeof(float) * (size_t)nv);
         double err = 0, step_err = 0;
         rc = stream_eval(s, prompt, N_PROMPT, l);
@@ -264,20 +264,22 @@ static void cpu_lane(const char *path, const int32_t *prompt, double tol, int mi
             seen[0] += !strcmp(pl, "copy");
             seen[1] += !strcmp(pl, "hybrid");
             seen[2] += !strcmp(pl, "zero-copy graph");
+            seen[3] += !strcmp(pl, "gpu cache + CPU lane graph");
             double e = rc ? 0 : test_max_rel_err(l, ref.logits + (size_t)(i + 1) * nv, (size_t)nv);
             step_err = e > step_err ? e : step_err;
         }
         if (cc->auto_place) {
-            /* the trials (10 steps each: copy, hybrid, zero-copy graph, copy again on a close
+            /* the trials (10 steps each: copy, hybrid, zero-copy graph, the GPU's cache with
+             * and without the CPU lane in its graph, copy again on a close
              * call) fit in N_STEPS, then one of them stays; each step within the hybrid
              * tolerance */
             const char *end = backend_cuda_placement(b);
-            printf("%s: %s: steps in copy %d, hybrid %d, zero-copy graph %d; then %s; decode "
-                   "logits max rel err %.3g\n",
-                   path, what, seen[0], seen[1], seen[2], end, step_err);
-            CHECK(seen[0] >= 10 && seen[1] >= 10 && seen[2] >= 10,
-                  "%s: a mode was not tried (copy %d, hybrid %d, zero-copy %d steps)", what,
-                  seen[0], seen[1], seen[2]);
+            printf("%s: %s: steps in copy %d, hybrid %d, zero-copy graph %d, the CPU lane in the "
+                   "GPU cache's graph %d; then %s; decode logits max rel err %.3g\n",
+                   path, what, seen[0], seen[1], seen[2], seen[3], end, step_err);
+            CHECK(seen[0] >= 10 && seen[1] >= 10 && seen[2] >= 10 && seen[3] >= 10,
+                  "%s: a mode was not tried (copy %d, hybrid %d, zero-copy %d, lane %d steps)",
+                  what, seen[0], seen[1], seen[2], seen[3]);
             CHECK(!backend_cuda_auto_timing(b), "%s: undecided after %d steps (%s)", what, N_STEPS,
                   end);
             CHECK(step_err <= tol * 10, "%s: decode logits off by %g", what, step_err);

@@ -22,24 +22,27 @@ static unsigned kept(double misses, double xfer, double step)
 static void placement_rules(void)
 {
     const unsigned copy = 1u << MOE_MODE_COPY, zc = 1u << MOE_MODE_ZEROCOPY,
-                   hy = 1u << MOE_MODE_HYBRID, dev = 1u << MOE_MODE_DEVICE;
+                   hy = 1u << MOE_MODE_HYBRID, dev = 1u << MOE_MODE_DEVICE,
+                   ln = 1u << MOE_MODE_LANE;
     /* 12 GiB on the 30b-a3b preset: 1.4 misses, 0.07 of 3.99 ms: zero-copy alone is timed */
     CHECK(kept(1.4, 0.07, 3.99) == (copy | zc), "few misses: kept %#x", kept(1.4, 0.07, 3.99));
     /* under one miss per step: hybrid out on its own rule as well */
     CHECK(kept(0.5, 0.02, 4.0) == (copy | zc), "under one miss: kept %#x", kept(0.5, 0.02, 4.0));
-    /* 8 GiB: 62.7 misses, 3.47 of 7.54 ms: no zero-copy; hybrid and the GPU's cache timed */
-    CHECK(kept(62.7, 3.47, 7.54) == (copy | hy | dev), "many misses: kept %#x",
+    /* 8 GiB: 62.7 misses, 3.47 of 7.54 ms: no zero-copy; hybrid and the GPU's cache (with
+     * and without the CPU lane) timed */
+    CHECK(kept(62.7, 3.47, 7.54) == (copy | hy | dev | ln), "many misses: kept %#x",
           kept(62.7, 3.47, 7.54));
     /* the share's edge: exactly a tenth keeps zero-copy */
     CHECK(kept(5.0, 0.4, 4.0) == (copy | zc), "at a tenth: kept %#x", kept(5.0, 0.4, 4.0));
-    CHECK(kept(5.0, 0.41, 4.0) == (copy | hy | dev), "past a tenth: kept %#x",
+    CHECK(kept(5.0, 0.41, 4.0) == (copy | hy | dev | ln), "past a tenth: kept %#x",
           kept(5.0, 0.41, 4.0));
     /* without zero-copy among the modes (no mapped memory) the others are timed at any rate */
     CHECK(!placement_skip(MOE_MODE_DEVICE, false, 1.4, 0.07, 3.99) &&
               !placement_skip(MOE_MODE_HYBRID, false, 1.4, 0.07, 3.99),
           "modes dropped for a zero-copy that is not timed");
-    CHECK(placement_skip(MOE_MODE_HYBRID, false, 0.5, 0.02, 4.0) != NULL,
-          "hybrid timed under one miss per step");
+    CHECK(placement_skip(MOE_MODE_HYBRID, false, 0.5, 0.02, 4.0) != NULL &&
+              placement_skip(MOE_MODE_LANE, false, 0.5, 0.02, 4.0) != NULL,
+          "a CPU lane timed under one miss per step");
 
     /* timing again: a move of more than one miss and half the rate, either way, except a fall
      * under zero-copy */
