@@ -4,7 +4,7 @@
 # preset under BUDGETS (default "8G 4G") with MODES (default "gpu hybrid lane lane-s5": lane =
 # --residency gpu --placement hybrid, lane-sN with STRATA_LANE_CPU_SHARE=0.N, lane-aN with
 # STRATA_LANE_ADMIT=N, lane-tN with -t N, lane-spin and hybrid-spin with OMP_WAIT_POLICY=active,
-# auto: the default placement), and W1-real under W1_BUDGETS (default none) with W1_MODES (default
+# auto: the default placement, auto-nolane: without the lane's trial), and W1-real under W1_BUDGETS (default none) with W1_MODES (default
 # "copy gpu lane"); the test binaries
 # named in TESTS first (default test_cuda_residency test_cuda_devcache). Results in
 # $OUT/lane.txt and the full outputs in $OUT/lane-logs.tar.
@@ -24,6 +24,7 @@ mode_flags() { # $1: mode -> environment and flags in M_ENV, M_F
     hybrid) M_ENV=X=1 M_F=(--placement hybrid) ;;
     copy) M_ENV=X=1 M_F=(--placement stream) ;;
     auto) M_ENV=X=1 M_F=() ;;
+    auto-nolane) M_ENV=STRATA_AUTO_LANE=0 M_F=() ;;
     lane) M_ENV=X=1 M_F=(--residency gpu --placement hybrid) ;;
     lane-s*) M_ENV=STRATA_LANE_CPU_SHARE=0.${1#lane-s} M_F=(--residency gpu --placement hybrid) ;;
     lane-a*) M_ENV=STRATA_LANE_ADMIT=${1#lane-a} M_F=(--residency gpu --placement hybrid) ;;

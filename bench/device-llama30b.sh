@@ -4,7 +4,8 @@
 #   all resident: strata bench --no-graph and its default (graph decode); llama-bench -ngl 99;
 #   under each of BUDGETS (default "12G 8G 4G"): strata bench --vram-budget with each of MODES
 #   (default "auto hybrid zc gpu": the default placement, the hybrid CPU lane, zero-copy misses
-#   in a graph, the GPU's own cache in a graph), llama-bench with --n-cpu-moe NCMOE_<budget>
+#   in a graph, the GPU's own cache in a graph; lane: that cache with its misses computed by
+#   the CPU lane inside the graph), llama-bench with --n-cpu-moe NCMOE_<budget>
 #   (defaults 22, 33 and 44: the split that fits 12, 8 and 4 GiB), its peak device memory read
 #   by nvidia-smi every 0.2 s;
 #   with CPU=1, the CPU alone: strata with its default threads, llama-bench -ngl 0 -t 12,16
@@ -53,6 +54,7 @@ for b in ${BUDGETS:-12G 8G 4G}; do
         hybrid) f=(--placement hybrid) ;;
         zc) f=(--residency zerocopy --graph) ;;
         gpu) f=(--residency gpu --graph) ;;
+        lane) f=(--residency gpu --placement hybrid) ;;
         esac
         sb "$b-$mode" --vram-budget "$b" "${f[@]}"
     done

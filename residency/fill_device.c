@@ -272,6 +272,10 @@ int ec_dev_join(struct expert_cache *c)
     int rc = c->pf_last_set ? cuda_stream_wait(c->compute, c->pf_last) : 0;
     c->pf_last_set = false;
     memset(c->pf_live, 0, (size_t)c->n_layer);
+    /* every listing and copy so far is behind the compute stream now: no layer's next call
+     * waits for its batch (a batch the CPU lane's admissions listed for the next step would
+     * otherwise make a later recording wait on an event of an earlier one) */
+    memset(c->pf_pending, 0, (size_t)c->n_layer);
     return rc;
 }
 

@@ -1082,14 +1082,17 @@ static void auto_prune(struct backend_cuda *c)
 
 /* Where zero-copy first did not pay (more misses than a tenth of a step could copy): the trials
  * for many misses, zero-copy (the setting in use) dropped, the first one's misses counted from
- * now. They start with the GPU's cache with the CPU lane in its graph, then the GPU's cache
- * alone and hybrid; copies are not timed where any of those can run: on the H200 they lost to
+ * now. They start with the GPU's cache, whose admissions of every miss fill its slots with
+ * the text's experts within a few steps; the CPU lane in its graph follows on that state (its
+ * own first steps after the hand-over, admitting less, timed 7.10 and 10.88 ms against 5.0
+ * and 7.1 in steady decode at 8 and 4 GiB), then hybrid; copies are not timed where any of
+ * those can run: on the H200 they lost to
  * each of them at every budget with many misses (30b-a3b preset, ms a step: 4 GiB copies
  * 11.74, hybrid 8.35, the GPU's cache 8.82, with the lane 7.76; 8 GiB 7.55, 6.34, 5.43, 5.18),
  * and their trial, the slowest, cost the default about a tenth of a 128-token run. */
 static void auto_many_misses(struct backend_cuda *c)
 {
-    static const enum moe_mode pref[] = {MOE_MODE_LANE, MOE_MODE_DEVICE, MOE_MODE_HYBRID};
+    static const enum moe_mode pref[] = {MOE_MODE_DEVICE, MOE_MODE_LANE, MOE_MODE_HYBRID};
     struct tune *t = &c->tune;
     const int zc = t->cur;
     int copy = 0, first = -1;
@@ -1278,8 +1281,12 @@ static void auto_open(struct backend_cuda *c)
     static const enum moe_mode order[] = {MOE_MODE_COPY, MOE_MODE_HYBRID, MOE_MODE_ZEROCOPY,
                                           MOE_MODE_DEVICE, MOE_MODE_LANE};
     int n = 0, first = 0, zc = -1;
+    /* STRATA_AUTO_LANE=0 in the environment leaves the CPU lane in the GPU cache's graph out
+     * (for comparisons) */
+    const char *lane = getenv("STRATA_AUTO_LANE");
+    const bool no_lane = lane && !strcmp(lane, "0");
     for (int i = 0; i < (int)(sizeof(order) / sizeof(order[0])); i++)
-        if (moe_layer_mode_ok(c->moe, order[i])) {
+        if (moe_layer_mode_ok(c->moe, order[i]) && !(no_lane && order[i] == MOE_MODE_LANE)) {
             if (order[i] == moe_layer_mode(c->moe))
                 first = n;
             if (order[i] == MOE_MODE_ZEROCOPY)
