@@ -44,9 +44,11 @@ lb() { # $1: label, the rest: llama-bench flags
     echo "peak device memory $(sort -n "$OUT/mem.txt" | tail -1) MiB" | tee -a "$R"
 }
 fl=(-fa on -p 512 -n 128 -r 2 -t 16)
-sb resident --device cuda --no-graph
-sb resident-default --device cuda
-lb resident -ngl 99 "${fl[@]}"
+if [ -n "${RESIDENT-1}" ]; then # RESIDENT= leaves the all-resident runs out
+    sb resident --device cuda --no-graph
+    sb resident-default --device cuda
+    lb resident -ngl 99 "${fl[@]}"
+fi
 for b in ${BUDGETS:-12G 8G 4G}; do
     for mode in ${MODES:-auto hybrid zc gpu}; do
         case $mode in

@@ -1085,11 +1085,24 @@ static void auto_prune(struct backend_cuda *c)
  * now. They start with the GPU's cache, whose admissions of every miss fill its slots with
  * the text's experts within a few steps; the CPU lane in its graph follows on that state (its
  * own first steps after the hand-over, admitting less, timed 7.10 and 10.88 ms against 5.0
- * and 7.1 in steady decode at 8 and 4 GiB), then hybrid; copies are not timed where any of
- * those can run: on the H200 they lost to
+ * and 7.1 in steady decode at 8 and 4 GiB), then hybrid where the lane cannot run: it computes
+ * the same misses on the same CPU with a host round trip per layer, and lost to the lane in
+ * every trial where the lane followed the GPU's cache (three leases: 8.22-8.49 against
+ * 7.46-7.76 ms a step at 4 GiB, 5.71-6.45 against 5.09-6.27 at 8 GiB); run alone at 8 GiB
+ * the two changed places between leases (hybrid 185.0 and 169.4 tok/s, the lane 176.9 and
+ * 198.9), at 4 GiB the lane led (137.1 against 124.9; bench/lane.md). Copies are not timed
+ * where any of those can run: on the H200 they lost to
  * each of them at every budget with many misses (30b-a3b preset, ms a step: 4 GiB copies
  * 11.74, hybrid 8.35, the GPU's cache 8.82, with the lane 7.76; 8 GiB 7.55, 6.34, 5.43, 5.18),
  * and their trial, the slowest, cost the default about a tenth of a 128-token run. */
+static bool auto_has(const struct backend_cuda *c, enum moe_mode m)
+{
+    for (int i = 0; i < c->tune.n; i++)
+        if (c->tune_mode[i] == m)
+            return true;
+    return false;
+}
+
 static void auto_many_misses(struct backend_cuda *c)
 {
     static const enum moe_mode pref[] = {MOE_MODE_DEVICE, MOE_MODE_LANE, MOE_MODE_HYBRID};
@@ -1108,6 +1121,9 @@ static void auto_many_misses(struct backend_cuda *c)
     tune_drop(t, zc);
     if (first >= 0)
         tune_drop(t, copy);
+    for (int i = 0; i < t->n && auto_has(c, MOE_MODE_LANE); i++)
+        if (c->tune_mode[i] == MOE_MODE_HYBRID)
+            tune_drop(t, i);
     c->trial_misses = auto_misses(c);
 }
 

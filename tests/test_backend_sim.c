@@ -1554,14 +1554,14 @@ static void auto_default(const char *path, const int32_t *prompt, const struct r
     const char *after = left ? zc : gate;
     CHECK(!zc != !gate && (gate || kept != left),
           "%s: auto (default): no word, or two, on zero-copy first:\n%s", path, log ? log : "");
-    /* then the modes for many misses are timed, copies not among them (the lane's trial is
-     * possible here) */
+    /* then the modes for many misses are timed (the GPU's cache first), copies and hybrid (the
+     * lane can run here) not among them */
     const char *chose = after ? strstr(after, " per step: ") : NULL;
     const char *line = chose;
     while (line && line > after && line[-1] != '\n')
         line--;
-    CHECK(!after || (chose && strstr(line, "gpu cache + CPU lane graph") < chose &&
-                     strstr(line, "gpu cache + CPU lane graph") && !strstr(line, "auto: copy ")),
+    CHECK(!after || (chose && strstr(line, "auto: gpu cache graph ") &&
+                     !strstr(line, "auto: copy ") && !strstr(line, "hybrid ")),
           "%s: auto (default): zero-copy left or not tried, but the modes for many misses not "
           "timed:\n%s",
           path, log ? log : "");
