@@ -449,6 +449,54 @@ static void gpu_policy(const struct model *m, uint64_t seed)
     cuda_stream_destroy(compute);
 }
 
+/* The reference's state for a few hand-set calls: 8 experts, up to 4 slots of 48 bytes. */
+enum { DC_NE = 8, DC_SLOTS = 4 };
+struct dc_fixture {
+    int32_t slot_of[DC_NE], owner[DC_SLOTS], list[DC_SLOTS], ids[2];
+    uint32_t stamp[DC_SLOTS], clock, freq[DC_NE], n_jobs[2];
+    uint8_t pf[DC_SLOTS], bytes[DC_SLOTS][64], host[DC_NE * 48];
+    uint8_t *slot_ptr[DC_SLOTS];
+    void *tab[3 * DC_NE];
+    unsigned long long stats[DEVCACHE_NSTAT];
+    struct cuda_devcache_job jobs[3 * DC_NE];
+    struct cuda_devcache_call a;
+};
+
+/* Slots 0..n_held-1 hold experts 0..n_held-1, the others are free; the call lists n_list slots
+ * and looks up ids[0..1]. */
+static void dc_fixture_init(struct dc_fixture *f, int n_held, int n_list)
+{
+    memset(f, 0, sizeof(*f));
+    for (int e = 0; e < DC_NE; e++)
+        f->slot_of[e] = e < n_held ? e : -1;
+    for (int i = 0; i < DC_SLOTS; i++) {
+        f->owner[i] = i < n_held ? i : -1;
+        f->list[i] = i;
+        f->slot_ptr[i] = f->bytes[i];
+    }
+    f->a = (struct cuda_devcache_call){.ids = f->ids,
+                                       .n_pairs = 2,
+                                       .n_expert = DC_NE,
+                                       .slot_of = f->slot_of,
+                                       .list = f->list,
+                                       .n_list = n_list,
+                                       .pf = f->pf,
+                                       .owner = f->owner,
+                                       .stamp = f->stamp,
+                                       .clock = &f->clock,
+                                       .freq = f->freq,
+                                       .tab = f->tab,
+                                       .slot_ptr = f->slot_ptr,
+                                       .stats = f->stats,
+                                       .jobs = f->jobs,
+                                       .n_jobs = f->n_jobs};
+    for (int p = 0; p < 3; p++) {
+        f->a.mapped[p] = f->host + p * DC_NE * 16;
+        f->a.stride[p] = 16;
+        f->a.off[p] = 16 * (uint64_t)p;
+    }
+}
+
 /* The GPU's cache's victim rule on its reference alone: one layer of 8 experts, 3 slots
  * holding experts 0, 1, 2 (0 the least recent); 0 used five times, 1 once, 2 three times: a
  * miss takes 1's slot (the least used), not 0's (the least recent); a free slot goes before
@@ -456,61 +504,66 @@ static void gpu_policy(const struct model *m, uint64_t seed)
  * prediction counts nothing. */
 static void devcache_victims(void)
 {
-    enum { NE8 = 8 };
-    int32_t slot_of[NE8], owner[4], list[4] = {0, 1, 2, 3};
-    uint32_t stamp[4] = {1, 2, 3, 0}, clock = 3, freq[NE8] = {5, 1, 3, 0, 0, 0, 0, 0};
-    uint8_t pf[4] = {0}, bytes[4][64], host[NE8 * 48];
-    uint8_t *slot_ptr[4] = {bytes[0], bytes[1], bytes[2], bytes[3]};
-    void *tab[3 * NE8];
-    unsigned long long stats[DEVCACHE_NSTAT] = {0};
-    struct cuda_devcache_job jobs[3 * NE8];
-    uint32_t n_jobs[2];
-    int32_t ids[2] = {7, 7};
-    for (int e = 0; e < NE8; e++)
-        slot_of[e] = e < 3 ? e : -1;
-    for (int i = 0; i < 4; i++)
-        owner[i] = i < 3 ? i : -1;
-    struct cuda_devcache_call a = {.ids = ids,
-                                   .n_pairs = 2,
-                                   .n_expert = NE8,
-                                   .slot_of = slot_of,
-                                   .list = list,
-                                   .n_list = 3,
-                                   .pf = pf,
-                                   .owner = owner,
-                                   .stamp = stamp,
-                                   .clock = &clock,
-                                   .freq = freq,
-                                   .tab = tab,
-                                   .slot_ptr = slot_ptr,
-                                   .stats = stats,
-                                   .jobs = jobs,
-                                   .n_jobs = n_jobs};
-    for (int p = 0; p < 3; p++) {
-        a.mapped[p] = host + p * NE8 * 16;
-        a.stride[p] = 16;
-        a.off[p] = 16 * (uint64_t)p;
-    }
-    devcache_ref_run(&a);
-    CHECK(slot_of[7] == 1 && slot_of[1] == -1 && slot_of[0] == 0 && slot_of[2] == 2,
-          "expert 7 took slot %d (want 1, the least used), expert 1 at %d", slot_of[7], slot_of[1]);
-    CHECK(freq[7] == 1 && freq[0] == 5 && clock == 4, "counts %u %u, clock %u", freq[7], freq[0],
-          clock);
-    a.n_list = 4; /* slot 3 free: taken before any resident expert */
-    ids[0] = ids[1] = 6;
-    devcache_ref_run(&a);
-    CHECK(slot_of[6] == 3 && slot_of[7] == 1, "expert 6 took slot %d (want 3, the free one)",
-          slot_of[6]);
-    clock = CUDA_DEVCACHE_AGE - 1; /* the next call halves every count first */
-    ids[0] = ids[1] = 0;
-    devcache_ref_run(&a);
-    CHECK(freq[0] == 3 && freq[2] == 1 && freq[7] == 0 && freq[6] == 0,
-          "after the halving: %u %u %u %u (want 3 1 0 0)", freq[0], freq[2], freq[7], freq[6]);
-    a.prefetch = 1; /* a prediction: no count, no clock */
-    ids[0] = ids[1] = 5;
-    devcache_ref_run(&a);
-    CHECK(freq[5] == 0 && clock == CUDA_DEVCACHE_AGE && slot_of[5] >= 0,
-          "a prediction counted: %u, clock %u", freq[5], clock);
+    struct dc_fixture f;
+    dc_fixture_init(&f, 3, 3);
+    static const uint32_t stamp[DC_SLOTS] = {1, 2, 3, 0}, freq[DC_NE] = {5, 1, 3};
+    memcpy(f.stamp, stamp, sizeof(stamp));
+    memcpy(f.freq, freq, sizeof(freq));
+    f.clock = 3;
+    f.ids[0] = f.ids[1] = 7;
+    uint32_t *fr = f.freq;
+    int32_t *so = f.slot_of;
+    devcache_ref_run(&f.a);
+    CHECK(so[7] == 1 && so[1] == -1 && so[0] == 0 && so[2] == 2,
+          "expert 7 took slot %d (want 1, the least used), expert 1 at %d", so[7], so[1]);
+    CHECK(fr[7] == 1 && fr[0] == 5 && f.clock == 4, "counts %u %u, clock %u", fr[7], fr[0],
+          f.clock);
+    f.a.n_list = 4; /* slot 3 free: taken before any resident expert */
+    f.ids[0] = f.ids[1] = 6;
+    devcache_ref_run(&f.a);
+    CHECK(so[6] == 3 && so[7] == 1, "expert 6 took slot %d (want 3, the free one)", so[6]);
+    f.clock = CUDA_DEVCACHE_AGE - 1; /* the next call halves every count first */
+    f.ids[0] = f.ids[1] = 0;
+    devcache_ref_run(&f.a);
+    CHECK(fr[0] == 3 && fr[2] == 1 && fr[7] == 0 && fr[6] == 0,
+          "after the halving: %u %u %u %u (want 3 1 0 0)", fr[0], fr[2], fr[7], fr[6]);
+    f.a.prefetch = 1; /* a prediction: no count, no clock */
+    f.ids[0] = f.ids[1] = 5;
+    devcache_ref_run(&f.a);
+    CHECK(fr[5] == 0 && f.clock == CUDA_DEVCACHE_AGE && so[5] >= 0,
+          "a prediction counted: %u, clock %u", fr[5], f.clock);
+}
+
+/* The CPU lane's rules on the reference (cuda_devcache_ref.h): a no_admit call counts its miss
+ * and its use and gives it no slot, nor counts it as read in place; a gated prediction takes
+ * its victim only when used at least as often as the victim's owner. */
+static void devcache_lane_rules(void)
+{
+    struct dc_fixture f;
+    dc_fixture_init(&f, 2, 2);
+    f.stamp[0] = f.stamp[1] = 1;
+    f.clock = 3;
+    f.freq[0] = 4;
+    f.freq[1] = 2;
+    f.ids[0] = f.ids[1] = 3;
+    f.a.no_admit = 1;
+    const unsigned long long *st = f.stats;
+    int32_t *so = f.slot_of;
+    devcache_ref_run(&f.a);
+    CHECK(so[3] == -1 && so[0] == 0 && so[1] == 1 && st[DEVCACHE_MISSES] == 1 &&
+              st[DEVCACHE_BYTES_INPLACE] == 0 && st[DEVCACHE_EVICTIONS] == 0 && f.freq[3] == 1 &&
+              f.clock == 4,
+          "no_admit: expert 3 at slot %d, %llu misses, %llu bytes read in place, count %u", so[3],
+          st[DEVCACHE_MISSES], st[DEVCACHE_BYTES_INPLACE], f.freq[3]);
+    f.a.no_admit = 0;
+    f.a.prefetch = f.a.gate = 1; /* expert 1 (used twice) is the victim; 3 was used once */
+    devcache_ref_run(&f.a);
+    CHECK(so[3] == -1 && so[1] == 1 && st[DEVCACHE_PF_ADMITTED] == 0,
+          "gate: expert 3, used less than expert 1, took slot %d", so[3]);
+    f.freq[3] = 2; /* used as often as the victim: admitted */
+    devcache_ref_run(&f.a);
+    CHECK(so[3] == 1 && so[1] == -1 && st[DEVCACHE_PF_ADMITTED] == 1,
+          "gate: expert 3, used as often as expert 1, at slot %d (want 1)", so[3]);
 }
 
 static void scenario(const struct model *m, const struct scenario_cfg *sc)
@@ -706,6 +759,7 @@ int main(void)
     uint64_t seed = test_seed("test_expert_cache");
 
     devcache_victims();
+    devcache_lane_rules();
     rng_seed(&r, seed, 0);
     make_model(&m, layers, &r);
     static const int slots[] = {K + 1, 2 * K, 3 * K, N_LAYER * N_EXPERT};
