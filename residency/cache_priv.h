@@ -181,6 +181,9 @@ struct expert_cache {
     unsigned long long *dev_stats_h;           /* (n_layer * DEVCACHE_NSTAT) host scratch */
 
     bool dev_no_admit;  /* expert_cache_device_admit(false) */
+    uint32_t *use_cnt;  /* (n_layer * n_expert) pairs of the copy path's calls that chose the
+                         * expert since the device last took the slots: the layers' shares of
+                         * the next hand-over (ec_dev_shares) */
     uint32_t dev_epoch; /* hand-overs to the device so far (expert_cache_device_epoch) */
     uint32_t *seen; /* (n_expert) stamp of the last call that saw the expert */
     uint32_t stamp;

@@ -39,7 +39,9 @@ int expert_cache_open(const struct model *m, const struct expert_cache_config *c
     c->seen = calloc((size_t)c->n_expert, sizeof(*c->seen));
     c->stats = calloc((size_t)c->n_layer, sizeof(*c->stats));
     c->prefetched = calloc((size_t)c->n_layer * (size_t)c->n_expert, 1);
-    if (!c->lay || !c->dirty || !c->n_pending_ids || !c->seen || !c->stats || !c->prefetched) {
+    c->use_cnt = calloc((size_t)c->n_layer * (size_t)c->n_expert, sizeof(*c->use_cnt));
+    if (!c->lay || !c->dirty || !c->n_pending_ids || !c->seen || !c->stats || !c->prefetched ||
+        !c->use_cnt) {
         rc = err_set(-ENOMEM, "out of memory");
         goto fail;
     }
@@ -173,6 +175,7 @@ void expert_cache_close(struct expert_cache *c)
     free(c->pend);
     free(c->next);
     free(c->seen);
+    free(c->use_cnt);
     free(c->stats);
     free(c->prefetched);
     free(c);

@@ -250,6 +250,9 @@ int expert_cache_lane_view(struct expert_cache *c, int layer, struct expert_cach
  * (cuda_devcache_call.gate). 0 or -errno. */
 int expert_cache_admit_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
                               int n_pairs);
+/* (c): the slots of the layer's list on the device (its pinned ones and its share of the
+ * rest), -1 while the host holds the slots or for a bad layer. */
+int expert_cache_device_slots(const struct expert_cache *c, int layer);
 /* Whether (c) has taken the slots over. */
 bool expert_cache_on_device(const struct expert_cache *c);
 /* How many times (c) has taken the slots over: a recording of (c)'s calls holds the device

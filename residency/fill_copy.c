@@ -361,6 +361,9 @@ int expert_cache_prepare_copy(struct expert_cache *c, int layer, const int32_t *
     rc = rc ? rc : cuda_stream_sync(c->compute);
     if (rc)
         return err_set(rc, "expert cache: reading layer %d's routing back failed", layer);
+    for (int i = 0; i < n_pairs; i++) /* the layer's demand, for a hand-over to the device */
+        if (ids[i] >= 0 && ids[i] < c->n_expert)
+            c->use_cnt[(size_t)layer * c->n_expert + ids[i]] += 1;
     /* prefetched experts this call uses that are still copying make its experts wait (too
      * late): for the latest of them, which the prefetch stream copies last */
     int wait_slot = -1;

@@ -4,7 +4,8 @@
  * waits, so decode steps record into one CUDA graph.
  *
  * The first call takes the SLRU's state over (ec_dev_init): every slot goes to one layer's
- * list (its pinned experts, then an even share of the rest, never more than n_expert), the
+ * list (its pinned experts, then a share of the rest by the layer's demand as the copy path
+ * counted it, or an even one without counts; never more than n_expert), the
  * experts the SLRU held keep their slots where their layer's share allows, and from then on
  * the device state rules: the SLRU is not consulted again, preloading and shrinking are
  * refused, and statistics come from the device's counters.
@@ -33,14 +34,90 @@
 #include "errors.h"
 #include "slru.h"
 
-/* How many slots each layer's list gets: its pinned ones plus an even share of the others,
- * at most n_expert in all (the rest of the share goes round to layers with room). */
+/* STRATA_DEVCACHE_EVEN=1: every layer an even share of the slots (for comparisons). */
+static bool ec_dev_even(void)
+{
+    const char *e = getenv("STRATA_DEVCACHE_EVEN");
+    return e && !strcmp(e, "1");
+}
+
+/* Fewest unpinned slots a layer's list gets under demand-weighted shares: a call of one token
+ * needs k at once (no more can be hits), and a few beyond them keep a layer whose routing the
+ * host saw little of from thrashing. */
+#define EC_DEV_MIN_SHARE(k) ((k) + (k) / 2)
+
+/* Demand-weighted shares of the dyn unpinned slots: each layer first gets
+ * EC_DEV_MIN_SHARE(k) (at most its room), then slot by slot the layer whose next most used
+ * expert (by use_cnt, its pinned ones left out) was chosen most often: the slots go to the
+ * experts the copy path's calls chose most, over all layers. Layers differ a lot: on the
+ * 48-layer 30b-a3b preset the first layers choose all 128 experts in a 128-token window, the
+ * deepest 25-33, and even shares left the first ones thrashing while the deep ones held more
+ * slots than experts they use (bench/devcache_replay.py on tools/lockstep_sim's trace: 24.6
+ * misses a token at 37% of the experts with even shares, 6.0 with these; 11.0 and 0.4 at 59%;
+ * 83.2 and 81.6 at 13.5%). Returns false (want untouched) without counts to go by, or with
+ * fewer slots than the floor in every layer takes. */
+static bool ec_dev_demand(const struct expert_cache *c, const int *pinned, int dyn, int *want)
+{
+    const int nl = c->n_layer, ne = c->n_expert, k = (int)c->m->hp.n_expert_used;
+    if (dyn < nl * EC_DEV_MIN_SHARE(k)) /* too few slots for a floor in every layer */
+        return false;
+    uint64_t total = 0;
+    for (size_t i = 0; i < (size_t)nl * ne; i++)
+        total += c->use_cnt[i];
+    uint32_t *sorted = total ? malloc(sizeof(uint32_t) * (size_t)nl * ne) : NULL;
+    if (!sorted)
+        return false;
+    for (int l = 0; l < nl; l++) { /* each layer's counts, most used first, pinned ones out */
+        uint32_t *row = sorted + (size_t)l * ne;
+        int n = 0;
+        for (int e = 0; e < ne; e++) {
+            const int s = slru_peek(c->slru, l, e);
+            if (s < 0 || !slru_slot_pinned(c->slru, s))
+                row[n++] = c->use_cnt[(size_t)l * ne + e];
+        }
+        for (; n < ne; n++)
+            row[n] = 0;
+        for (int i = 1; i < ne; i++) /* insertion sort, descending: n_expert is small */
+            for (int j = i; j > 0 && row[j] > row[j - 1]; j--) {
+                uint32_t t = row[j];
+                row[j] = row[j - 1];
+                row[j - 1] = t;
+            }
+    }
+    int left = dyn;
+    for (int l = 0; l < nl; l++) {
+        const int room = ne - pinned[l], base = EC_DEV_MIN_SHARE(k);
+        want[l] = base < room ? base : room;
+        left -= want[l];
+    }
+    while (left > 0) { /* the next slot to the layer whose next expert is used most */
+        int best = -1;
+        for (int l = 0; l < nl; l++)
+            if (pinned[l] + want[l] < ne &&
+                (best < 0 ||
+                 sorted[(size_t)l * ne + want[l]] > sorted[(size_t)best * ne + want[best]]))
+                best = l;
+        if (best < 0)
+            break;
+        want[best]++;
+        left--;
+    }
+    free(sorted);
+    return true;
+}
+
+/* How many slots each layer's list gets: its pinned ones plus a share of the others, at most
+ * n_expert in all: by demand where the copy path counted the layers' choices since the last
+ * hand-over (ec_dev_demand), else an even share (the rest of it going round to layers with
+ * room). */
 static void ec_dev_shares(const struct expert_cache *c, const int *pinned, int live, int *want)
 {
     int n_pin = 0, left = 0;
     for (int l = 0; l < c->n_layer; l++)
         n_pin += pinned[l];
     int dyn = live - n_pin;
+    if (!ec_dev_even() && ec_dev_demand(c, pinned, dyn, want))
+        return;
     for (int l = 0; l < c->n_layer; l++) {
         int share = dyn / c->n_layer + (l < dyn % c->n_layer);
         int room = c->n_expert - pinned[l];
@@ -203,6 +280,7 @@ static int ec_dev_init(struct expert_cache *c)
     if (rc)
         return err_set(rc, "expert cache: handing the slots to the GPU failed");
     memset(c->dirty, 0, nl);
+    memset(c->use_cnt, 0, sizeof(*c->use_cnt) * nl * ne); /* the next hand-over's from now */
     for (size_t l = 0; l < nl; l++) /* what the SLRU counted until now */
         c->dev_base[l] = *expert_cache_stats(c, (int)l);
     c->dev = true;
@@ -405,6 +483,11 @@ int expert_cache_device_start(struct expert_cache *c)
     if (settled)
         return settled;
     return c->dev ? 0 : ec_dev_init(c);
+}
+
+int expert_cache_device_slots(const struct expert_cache *c, int layer)
+{
+    return c->dev && layer >= 0 && layer < c->n_layer ? c->dev_list_n[layer] : -1;
 }
 
 bool expert_cache_on_device(const struct expert_cache *c)

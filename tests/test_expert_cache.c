@@ -449,6 +449,50 @@ static void gpu_policy(const struct model *m, uint64_t seed)
     cuda_stream_destroy(compute);
 }
 
+/* The layers' shares when the GPU takes the slots over: by the copy path's counts of each
+ * layer's choices (layer 0 chose all 16 experts, the others 4): 40 slots go as 16 (all of
+ * layer 0's experts), then, the counts tied at 0, 12, 6, 6 (each layer at least k + k/2 = 6);
+ * with STRATA_DEVCACHE_EVEN=1, 10 each; without counts (no copy-path call), 10 each. */
+static void gpu_shares(const struct model *m, uint64_t seed)
+{
+    static const int want[3][N_LAYER] = {{16, 12, 6, 6}, {10, 10, 10, 10}, {10, 10, 10, 10}};
+    for (int run = 0; run < 3; run++) {
+        void *compute = NULL;
+        struct expert_cache *c = NULL;
+        int32_t *ids_dev = NULL, ids[16];
+        struct expert_tables t;
+        g_mode = COPY_RANDOM;
+        rng_seed(&g_rng, seed, 1);
+        CHECK(cuda_stream_create(&compute) == 0, "stream");
+        struct expert_cache_config cfg = {
+            .n_slots = 40, .max_pairs = MAX_TOK * K, .pin_chunk = 4096};
+        if (expert_cache_open((struct model *)m, &cfg, compute, &c)) {
+            CHECK(0, "open: %s", err_msg());
+            return;
+        }
+        CHECK(cuda_malloc((void **)&ids_dev, sizeof(ids)) == 0, "ids");
+        if (run == 1)
+            setenv("STRATA_DEVCACHE_EVEN", "1", 1);
+        for (int l = 0; l < N_LAYER && run < 2; l++) {
+            for (int i = 0; i < 16; i++)
+                ids[i] = l == 0 ? i : i % 4;
+            cuda_h2d(ids_dev, ids, sizeof(ids), compute);
+            CHECK(expert_cache_prepare_copy(c, l, ids_dev, 16, &t) == 0, "copy: %s", err_msg());
+            cuda_stream_sync(compute);
+        }
+        CHECK(expert_cache_device_start(c) == 0, "start: %s", err_msg());
+        unsetenv("STRATA_DEVCACHE_EVEN");
+        for (int l = 0; l < N_LAYER; l++)
+            CHECK(expert_cache_device_slots(c, l) == want[run][l],
+                  "shares, run %d: layer %d holds %d slots (want %d)", run, l,
+                  expert_cache_device_slots(c, l), want[run][l]);
+        CHECK(expert_cache_check(c) == 0, "the device state is inconsistent");
+        expert_cache_close(c);
+        cuda_free(ids_dev);
+        cuda_stream_destroy(compute);
+    }
+}
+
 /* The reference's state for a few hand-set calls: 8 experts, up to 4 slots of 48 bytes. */
 enum { DC_NE = 8, DC_SLOTS = 4 };
 struct dc_fixture {
@@ -837,6 +881,7 @@ int main(void)
                                                 .n_steps = 40,
                                                 .seed = seed + 90 + mode});
     gpu_policy(&m, seed + 80);
+    gpu_shares(&m, seed + 81);
     for (int l = 0; l < N_LAYER; l++) {
         free((void *)layers[l].gate_exps.data);
         free((void *)layers[l].up_exps.data);
