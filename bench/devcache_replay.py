@@ -20,7 +20,11 @@ Rules (a miss takes the victim the rule names among slots not used by the curren
   opt      Belady's: the victim is the expert used again last (knows the future; a bound)
 
     python3 bench/devcache_replay.py TRACE [PROMPT=512] [SHARES=0.37,0.59]
-Environment: SEED=0 starts the counts at zero instead of at the prompt's counts / 8.
+Environment: SEED=0 starts the counts at zero instead of at the prompt's counts / 8;
+DEMAND=1 sizes each layer's slots as the hand-over does with the copy path's counts
+(residency/fill_device.c, ec_dev_demand: k + k/2 a layer, then slot by slot the layer whose
+next most used expert of the prompt was chosen most often; even shares when the floor does
+not fit) instead of an even share.
 """
 import array
 import os
@@ -35,7 +39,34 @@ def load(path):
         a.frombytes(f.read(4 * n_tok * n_layer * k))
     ids = [[a[(t * n_layer + l) * k:(t * n_layer + l + 1) * k] for l in range(n_layer)]
            for t in range(n_tok)]
-    return n_layer, n_expert, ids
+    return n_layer, n_expert, k, ids
+
+
+def demand_shares(ids, n_layer, n_expert, k, prompt, total):
+    """Slots per layer as ec_dev_demand gives them from the prompt's counts."""
+    base = k + k // 2
+    if total < n_layer * base:
+        return [total // n_layer] * n_layer
+    rows = []
+    for layer in range(n_layer):
+        cnt = [0] * n_expert
+        for t in range(prompt):
+            for e in ids[t][layer]:
+                cnt[e] += 1
+        rows.append(sorted(cnt, reverse=True))
+    want = [min(base, n_expert)] * n_layer
+    left = total - sum(want)
+    while left > 0:
+        best = -1
+        for layer in range(n_layer):
+            if want[layer] < n_expert and (
+                    best < 0 or rows[layer][want[layer]] > rows[best][want[best]]):
+                best = layer
+        if best < 0:
+            break
+        want[best] += 1
+        left -= 1
+    return want
 
 
 def replay_opt(ids, layer, prompt, slot_of, slots):
@@ -117,18 +148,22 @@ def main():
     prompt = int(sys.argv[2]) if len(sys.argv) > 2 else 512
     shares = [float(x) for x in (sys.argv[3] if len(sys.argv) > 3 else "0.37,0.59").split(",")]
     seeded = os.environ.get("SEED", "1") != "0"
-    n_layer, n_expert, ids = load(path)
+    demand = os.environ.get("DEMAND", "0") == "1"
+    n_layer, n_expert, k, ids = load(path)
     steps = len(ids) - prompt
     if steps <= 0:
         sys.exit(f"{path}: {len(ids)} tokens, no decode calls after a prompt of {prompt}")
     for share in shares:
         slots = int(n_expert * share)
+        per = (demand_shares(ids, n_layer, n_expert, k, prompt, slots * n_layer) if demand
+               else [slots] * n_layer)
         for rule in ("lru", "lfu", "gate", "lfugate", "static", "opt"):
             h = m = ip = 0
             for layer in range(n_layer):
-                a, b, c = replay(n_expert, ids, layer, prompt, slots, rule, seeded)
+                a, b, c = replay(n_expert, ids, layer, prompt, per[layer], rule, seeded)
                 h, m, ip = h + a, m + b, ip + c
-            print(f"{share:.0%} ({slots} slots a layer) {rule:8s} hits {100 * h / (h + m):.1f}%, "
+            print(f"{share:.0%} ({slots} slots a layer{', by demand' if demand else ''}) "
+                  f"{rule:8s} hits {100 * h / (h + m):.1f}%, "
                   f"{m / steps:.1f} misses a token ({ip / steps:.1f} read in place)")
 
 

@@ -54,7 +54,7 @@ static bool ec_dev_even(void)
  * deepest 25-33, and even shares left the first ones thrashing while the deep ones held more
  * slots than experts they use (bench/devcache_replay.py on tools/lockstep_sim's trace: 24.6
  * misses a token at 37% of the experts with even shares, 6.0 with these; 11.0 and 0.4 at 59%;
- * 83.2 and 81.6 at 13.5%). Returns false (want untouched) without counts to go by, or with
+ * 83.2 and 81.8 at 13.5%). Returns false (want untouched) without counts to go by, or with
  * fewer slots than the floor in every layer takes. */
 static bool ec_dev_demand(const struct expert_cache *c, const int *pinned, int dyn, int *want)
 {
