@@ -80,8 +80,19 @@ llama_setup() {
     echo "llama-bench libraries: cublas from $libs, cudart from $rt"
 }
 
+# A script's results and time budget: R=$OUT/$1.txt, every b-*.txt (and the test logs) tarred
+# into $OUT/$1-logs.tar on exit, and left() true while fewer than BUDGET_S (default $2) seconds
+# have passed.
+bench_budget() {
+    R=$OUT/$1.txt
+    trap "cd \"\$OUT\" && { tar -cf $1-logs.tar b-*.txt /tmp/test_*.log 2>/dev/null; rm -f b-*.txt; }" EXIT
+    t0=$(date +%s)
+    BUDGET_DEFAULT=$2
+}
+left() { [ $(($(date +%s) - t0)) -lt ${BUDGET_S:-$BUDGET_DEFAULT} ]; }
+
 # One `strata bench --bw-gib 0.5 "$@"` under a time budget: $1 a label, $2 environment settings
-# (commas between them; X=1: none). Skipped once `left` (the caller's) says the budget is spent;
+# (commas between them; X=1: none). Skipped once `left` (bench_budget's) says the budget is spent;
 # the full output in $OUT/b-<label>.txt, the command, rc and the first KEEP_N (default 8) lines
 # matching $keep appended to $R.
 bench_one() {

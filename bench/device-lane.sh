@@ -11,10 +11,7 @@
 set -u
 . bench/device-env.sh
 export STRATA_TEST_DATA=$PWD/tests/data
-R=$OUT/lane.txt
-trap 'cd "$OUT" && tar -cf lane-logs.tar b-*.txt /tmp/test_*.log 2>/dev/null && rm -f b-*.txt' EXIT
-t0=$(date +%s)
-left() { [ $(($(date +%s) - t0)) -lt ${BUDGET_S:-500} ]; }
+bench_budget lane 500
 run_tests "${TESTS-test_cuda_residency test_cuda_devcache}" "GPU cache's graph|test_cuda_devcache:"
 keep="^(pp|tg)[0-9]|hit rate|^lanes|hybrid under|prefetch|placement auto|rc="
 KEEP_N=16

@@ -7,10 +7,7 @@
 set -u
 . bench/device-env.sh
 export STRATA_TEST_DATA=$PWD/tests/data
-R=$OUT/lfu.txt
-trap 'cd "$OUT" && tar -cf lfu-logs.tar b-*.txt /tmp/test_*.log 2>/dev/null && rm -f b-*.txt' EXIT
-t0=$(date +%s)
-left() { [ $(($(date +%s) - t0)) -lt ${BUDGET_S:-500} ]; }
+bench_budget lfu 500
 run_tests "${TESTS:-$(cd "$B" && ls test_*)}" "test_cuda_devcache:"
 gen_30b
 keep="^(pp|tg)[0-9]|hit rate|placement auto|^placement"

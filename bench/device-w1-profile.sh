@@ -8,10 +8,7 @@
 # Results in $OUT/w1.txt, the full outputs in $OUT/w1-logs.tar.
 set -u
 . bench/device-env.sh
-R=$OUT/w1.txt
-trap 'cd "$OUT" && tar -cf w1-logs.tar b-*.txt 2>/dev/null && rm -f b-*.txt' EXIT
-t0=$(date +%s)
-left() { [ $(($(date +%s) - t0)) -lt ${BUDGET_S:-300} ]; }
+bench_budget w1 300
 keep="^(pp|tg)[0-9]|hit rate|prefetch |profile|probe|rc="
 KEEP_N=10
 b=${BUDGET:-2G}
