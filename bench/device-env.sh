@@ -91,16 +91,16 @@ bench_budget() {
 }
 left() { [ $(($(date +%s) - t0)) -lt ${BUDGET_S:-$BUDGET_DEFAULT} ]; }
 
-# One `strata bench --bw-gib 0.5 "$@"` under a time budget: $1 a label, $2 environment settings
-# (commas between them; X=1: none). Skipped once `left` (bench_budget's) says the budget is spent;
-# the full output in $OUT/b-<label>.txt, the command, rc and the first KEEP_N (default 8) lines
-# matching $keep appended to $R.
+# One `strata bench --bw-gib 0.5 "$@"` by the binary $bin of .carry/bin (default strata) under a
+# time budget: $1 a label, $2 environment settings (commas between them; X=1: none). Skipped
+# once `left` (bench_budget's) says the budget is spent; the full output in $OUT/b-<label>.txt,
+# the command, rc and the first KEEP_N (default 8) lines matching $keep appended to $R.
 bench_one() {
     local lab=$1 e=$2
     shift 2
     left || return 0
     echo "### [$lab] $e $*" | tee -a "$R"
-    env ${e//,/ } timeout 100 "$B/strata" bench --bw-gib 0.5 "$@" >"$OUT/b-$lab.txt" 2>&1
+    env ${e//,/ } timeout 100 "$B/${bin:-strata}" bench --bw-gib 0.5 "$@" >"$OUT/b-$lab.txt" 2>&1
     echo "rc=$?" | tee -a "$R"
     grep -E "$keep" "$OUT/b-$lab.txt" | head -"${KEEP_N:-8}" | tee -a "$R"
 }

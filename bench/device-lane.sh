@@ -4,10 +4,11 @@
 # preset under BUDGETS (default "8G 4G") with MODES (default "gpu hybrid lane lane-s5": lane =
 # --residency gpu --placement hybrid, lane-sN with STRATA_LANE_CPU_SHARE=0.N, lane-aN with
 # STRATA_LANE_ADMIT=N, lane-tN with -t N, lane-spin and hybrid-spin with OMP_WAIT_POLICY=active,
-# auto: the default placement, auto-nolane: without the lane's trial), and W1-real under W1_BUDGETS (default none) with W1_MODES (default
-# "copy gpu lane"); the test binaries
-# named in TESTS first (default test_cuda_residency test_cuda_devcache). Results in
-# $OUT/lane.txt and the full outputs in $OUT/lane-logs.tar.
+# auto: the default placement, auto-nolane: without the lane's trial; gpu-even, lane-even and
+# auto-even with STRATA_DEVCACHE_EVEN=1: even slot shares at the hand-over), and W1-real under
+# W1_BUDGETS (default none) with W1_MODES (default "copy gpu lane"); the test binaries named in
+# TESTS first (default test_cuda_residency test_cuda_devcache). Results in $OUT/lane.txt and the
+# full outputs in $OUT/lane-logs.tar.
 set -u
 . bench/device-env.sh
 export STRATA_TEST_DATA=$PWD/tests/data
@@ -18,6 +19,9 @@ KEEP_N=16
 mode_flags() { # $1: mode -> environment and flags in M_ENV, M_F
     case $1 in
     gpu) M_ENV=X=1 M_F=(--residency gpu --graph) ;;
+    gpu-even) M_ENV=STRATA_DEVCACHE_EVEN=1 M_F=(--residency gpu --graph) ;;
+    lane-even) M_ENV=STRATA_DEVCACHE_EVEN=1 M_F=(--residency gpu --placement hybrid) ;;
+    auto-even) M_ENV=STRATA_DEVCACHE_EVEN=1 M_F=() ;;
     hybrid) M_ENV=X=1 M_F=(--placement hybrid) ;;
     copy) M_ENV=X=1 M_F=(--placement stream) ;;
     auto) M_ENV=X=1 M_F=() ;;

@@ -17,6 +17,9 @@
 #include <math.h>
 #include <omp.h>
 #include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
 
 #include "matmul.h"
 #include "vec_dot.h"
@@ -215,10 +218,7 @@ int expert_ffn_run(const struct expert_ffn_args *a)
     struct ffn_layout l;
     layout_get(a->w, &l);
     int64_t widest = a->w->n_ff > a->w->n_embd ? a->w->n_ff : a->w->n_embd;
-    int64_t units = (widest + 15) / 16;
-    int nt = a->n_threads > 0 ? a->n_threads : omp_get_max_threads();
-    if (nt > units)
-        nt = (int)units;
+    const int nt = matmul_team(a->n_threads, (widest + 15) / 16);
 
 #pragma omp parallel num_threads(nt)
     {
@@ -413,6 +413,68 @@ static void group_items(const struct expert_ffn_group_args *a, const struct grou
     }
 }
 
+/* STRATA_MOE_TRACE=1 (a diagnostic): each thread of a decode call (one pair per expert) stamps
+ * the ends of its phases; at exit the mean over calls of the earliest and latest thread at each
+ * stamp, in µs from the call's start, goes to stderr. */
+enum { TR_IN, TR_P1, TR_P2, TR_B2, TR_P3, TR_P4, TR_B4, TR_ADD, TR_N };
+static double tr_stamp[GROUP_MAX_THREADS][TR_N];
+static double tr_lo[TR_N + 1], tr_hi[TR_N + 1];
+static long tr_calls;
+static int tr_threads;
+
+static double tr_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
+
+static void tr_print(void)
+{
+    static const char *name[TR_N + 1] = {"entered",         "x converted", "gate/up done",
+                                         "gate/up barrier", "h converted", "down done",
+                                         "down barrier",    "added",       "returned"};
+    if (!tr_calls)
+        return;
+    fprintf(stderr,
+            "expert_ffn trace: %ld decode calls, %d threads; µs from the call's start, "
+            "earliest and latest thread:\n",
+            tr_calls, tr_threads);
+    for (int k = 0; k <= TR_N; k++)
+        fprintf(stderr, "  %-16s %8.1f %8.1f\n", name[k], tr_lo[k] / tr_calls, tr_hi[k] / tr_calls);
+}
+
+static int tr_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("STRATA_MOE_TRACE");
+        on = e && *e == '1';
+        if (on)
+            atexit(tr_print);
+    }
+    return on;
+}
+
+static void tr_add(double t0, int nth)
+{
+    double end = tr_now();
+    tr_threads = nth;
+    for (int k = 0; k < TR_N; k++) {
+        double lo = 1e30, hi = -1e30;
+        for (int i = 0; i < nth; i++) {
+            double v = tr_stamp[i][k] - t0;
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
+        tr_lo[k] += lo;
+        tr_hi[k] += hi;
+    }
+    tr_lo[TR_N] += end - t0;
+    tr_hi[TR_N] += end - t0;
+    tr_calls++;
+}
+
 int expert_ffn_group_run(const struct expert_ffn_group_args *a)
 {
     int rc = group_check(a);
@@ -436,11 +498,20 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
     vec_dot_quantize_fn q_gate = vec_dot_quantize_get(w0->gate_type, CPU_ISA_COUNT);
     vec_dot_quantize_fn q_up = vec_dot_quantize_get(w0->up_type, CPU_ISA_COUNT);
     vec_dot_quantize_fn q_down = vec_dot_quantize_get(w0->down_type, CPU_ISA_COUNT);
+    const bool trace = down_whole && tr_on();
+    const double t0 = trace ? tr_now() : 0;
+    int team = 0;
 
 #pragma omp parallel num_threads(nt)
     {
         int ith = omp_get_thread_num(), nth = omp_get_num_threads();
         float *ytmp = (float *)(s + l.ytmp) + (size_t)ith * BATCH * 16;
+        double *st = tr_stamp[ith];
+        if (trace) {
+            st[TR_IN] = tr_now();
+            if (ith == 0)
+                team = nth;
+        }
 
         /* 1. x of every pair, converted */
 #pragma omp for schedule(static)
@@ -450,20 +521,32 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
             if (!up_shares_act(w0))
                 q_up(xr, s + l.act_up + (size_t)p * l.up_stride, w0->n_embd);
         }
+        if (trace)
+            st[TR_P1] = tr_now();
         /* 2. gate, up, h over (expert, 16-row unit) items, handed out dynamically so a
          * preempted thread does not hold up the layer */
         group_items(a, &l, ff_units, w0->n_ff, one_each, nth, group_gate_up);
+        if (trace)
+            st[TR_P2] = tr_now();
 #pragma omp barrier
-        /* 3. h of every pair, converted */
+        if (trace)
+            st[TR_B2] = tr_now();
+            /* 3. h of every pair, converted */
 #pragma omp for schedule(static)
         for (int p = p_begin; p < p_end; p++)
             q_down((float *)(s + l.g) + (size_t)p * w0->n_ff, s + l.act_h + (size_t)p * l.h_stride,
                    w0->n_ff);
         if (down_whole) {
+            if (trace)
+                st[TR_P3] = tr_now();
             /* 4. down (decode): every expert's rows into y, then y added up per output unit
              * in expert order (the order of group_down) */
             group_items(a, &l, embd_units, w0->n_embd, true, nth, group_down_rows);
+            if (trace)
+                st[TR_P4] = tr_now();
 #pragma omp barrier
+            if (trace)
+                st[TR_B4] = tr_now();
 #pragma omp for schedule(static)
             for (int64_t u = 0; u < embd_units; u++) {
                 int64_t r0 = u * 16, r1 = (u + 1) * 16 < w0->n_embd ? (u + 1) * 16 : w0->n_embd;
@@ -476,6 +559,8 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
                         o[r] += wt * ffn_down(w, y[r], r);
                 }
             }
+            if (trace)
+                st[TR_ADD] = tr_now();
         } else {
             /* 4. down: 16-row units of n_embd, handed out dynamically */
 #pragma omp for schedule(dynamic, 1) nowait
@@ -485,5 +570,7 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
             }
         }
     }
+    if (trace)
+        tr_add(t0, team);
     return 0;
 }

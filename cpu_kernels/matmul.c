@@ -49,6 +49,11 @@ int matmul_check(const struct matmul_args *a)
     return 0;
 }
 
+int matmul_team(int n_threads, int64_t units)
+{
+    return units <= 1 ? 1 : n_threads > 0 ? n_threads : omp_get_max_threads();
+}
+
 void matmul_split(int64_t n_out, int ith, int nth, int64_t *r0, int64_t *r1)
 {
     int64_t units = (n_out + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
@@ -120,9 +125,7 @@ int matmul_run(const struct matmul_args *a)
     vec_dot_quantize_fn quantize = vec_dot_quantize_get(a->wtype, CPU_ISA_COUNT);
 
     int64_t units = (a->n_out + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
-    int nt = a->n_threads > 0 ? a->n_threads : omp_get_max_threads();
-    if (nt > units)
-        nt = (int)units;
+    const int nt = matmul_team(a->n_threads, units);
 
 #pragma omp parallel num_threads(nt)
     {

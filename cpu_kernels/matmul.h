@@ -48,6 +48,14 @@ int matmul_run(const struct matmul_args *a);
 
 /* ---- pieces for callers that run their own parallel region (expert_ffn) ---- */
 
+/* The OpenMP team for a call with `units` independent pieces of work: 1 when there is only
+ * one, else n_threads (> 0) or all of OpenMP's threads, never fewer because the work is small.
+ * libgomp ends the pool threads a smaller team leaves out and starts new ones for the next
+ * larger team; alternating a router's 8-thread team with 16-thread expert calls cost 0.3-0.9
+ * ms a layer in thread starts on the 16-vCPU guest (bench/cpu-decode.md). Threads without work
+ * wait at the region's end. */
+int matmul_team(int n_threads, int64_t units);
+
 /* Row range [*r0, *r1) of thread ith of nth: contiguous, in units of 16 rows (64 bytes of
  * float output) so that threads never share an output cache line. */
 void matmul_split(int64_t n_out, int ith, int nth, int64_t *r0, int64_t *r1);
