@@ -1,7 +1,34 @@
 #!/usr/bin/env bash
-# GPU machine, the check of a final commit: every GPU test (bench/device-check.sh without the
-# qwen3next bench and the server), then bench/device-placement.sh with auto beside copy,
-# zero-copy in a graph and hybrid at 12, 8 and 4 GiB, resident eager and --graph, and CPU
-# decode with the thread count timed (def) and fixed.
-SKIP_Q3N=1 SKIP_SERVE=1 bash bench/device-check.sh 2>&1 | grep -v "^$" | tail -40
-MODES="auto copy zc hybrid" THREADS="def 8 12 16" bash bench/device-placement.sh 2>&1
+# GPU machine, the check of a final commit in one lease: every test binary in .carry/bin
+# (results in $OUT/final.txt, logs in $OUT/final-logs.tar); CPU-only decode of the 30b-a3b
+# preset (`-p 64 -n 64`) by each binary of .carry/bin in BINS (default strata) with the
+# default (timed) thread count and with -t 16, ROUNDS rounds (default 2), interleaved, and
+# llama-bench's CPU decode (-ngl 0, the GPU hidden, -t 12,16); then bench/device-llama30b.sh (all
+# resident, and BUDGETS with MODES, default "12G 8G 4G" and "auto gpu lane", beside llama.cpp;
+# $OUT/side.txt, its outputs in $OUT/side-logs.tar).
+# Needs .carry/llama.tar.xz (bench/llama-build.sh). About 8 minutes.
+set -u
+. bench/device-env.sh
+export STRATA_TEST_DATA=$PWD/tests/data
+bench_budget final 540
+run_tests "$(cd "$B" && ls test_*)" ""
+gen_30b
+keep="^(pp|tg)[0-9]|^floor|^host read|^strata: threads"
+for round in $(seq ${ROUNDS:-2}); do
+    for bin in ${BINS:-strata}; do
+        for t in auto 16; do
+            tf=(-t $t)
+            [ $t = auto ] && tf=()
+            bin=$bin bench_one "cpu-$bin-t$t-r$round" X=1 -m $M --device cpu "${tf[@]}" -p 64 -n 64
+        done
+    done
+done
+llama_setup >>"$R"
+echo "### CUDA_VISIBLE_DEVICES= llama-bench -ngl 0 -p 64 -n 64 -r 2 -t 12,16" | tee -a "$R"
+CUDA_VISIBLE_DEVICES='' timeout 200 "$LB" -m $M -ngl 0 -p 64 -n 64 -r 2 -t 12,16 >"$OUT/lb-cpu.txt" 2>&1
+echo "rc=$?" | tee -a "$R"
+grep -E "^\|" "$OUT/lb-cpu.txt" | tee -a "$R"
+left && RESIDENT=1 BUDGETS="${BUDGETS:-12G 8G 4G}" MODES="${MODES:-auto gpu lane}" \
+    timeout $((${BUDGET_S:-540} - $(date +%s) + t0 + 30)) bash bench/device-llama30b.sh >/dev/null 2>&1
+echo "device-llama30b.sh rc=$?" | tee -a "$R"
+cd "$OUT" && tar -cf side-logs.tar sb-*.txt lb-*.txt 2>/dev/null && rm -f sb-*.txt lb-*.txt mem.txt

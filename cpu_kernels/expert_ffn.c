@@ -384,25 +384,19 @@ static void group_down_rows(const struct expert_ffn_group_args *a, const struct 
     matmul_rows(&md, s + l->act_h + (size_t)p * l->h_stride, l->h_stride, r0, r1);
 }
 
-/* Hands out items [0, n_items) of (expert, 16-row unit) in chunks, dynamically, and calls
- * run(a, l, expert, r0, r1) for each expert's run of rows in a chunk (rows capped at n_rows):
- * chunks of about a quarter of a thread's share when `contiguous` (decode: long reads of each
- * matrix), else single items (prefill: uneven token lists). Inside a parallel region; no
+/* Hands out items [0, n_items) of (expert, 16-row unit) from the shared counter *next by
+ * matmul_grab, shrinking chunks when `contiguous` (decode: long reads of each matrix), else
+ * single items (prefill: uneven token lists), and calls run(a, l, expert, r0, r1) for each
+ * expert's run of rows in a chunk (rows capped at n_rows). Inside a parallel region; no
  * barrier at the end. */
 static void group_items(const struct expert_ffn_group_args *a, const struct group_layout *l,
-                        int64_t units, int64_t n_rows, bool contiguous, int nth,
+                        int64_t units, int64_t n_rows, bool contiguous, int nth, atomic_llong *next,
                         void (*run)(const struct expert_ffn_group_args *,
                                     const struct group_layout *, int, int64_t, int64_t))
 {
     int64_t n_items = (int64_t)a->n_experts * units;
-    int64_t chunk = contiguous ? n_items / ((int64_t)nth * 4) : 1;
-    if (chunk < 1)
-        chunk = 1;
-    int64_t n_chunks = (n_items + chunk - 1) / chunk;
-#pragma omp for schedule(dynamic, 1) nowait
-    for (int64_t c = 0; c < n_chunks; c++) {
-        int64_t i1 = (c + 1) * chunk < n_items ? (c + 1) * chunk : n_items;
-        for (int64_t it = c * chunk; it < i1;) {
+    for (int64_t c, cn; (c = matmul_grab(next, n_items, nth, contiguous, &cn)), cn > 0;) {
+        for (int64_t it = c, i1 = c + cn; it < i1;) {
             int e = (int)(it / units);
             int64_t u0 = it % units, u1 = units;
             if (i1 - it < u1 - u0)
@@ -499,6 +493,7 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
     vec_dot_quantize_fn q_up = vec_dot_quantize_get(w0->up_type, CPU_ISA_COUNT);
     vec_dot_quantize_fn q_down = vec_dot_quantize_get(w0->down_type, CPU_ISA_COUNT);
     const bool trace = down_whole && tr_on();
+    atomic_llong next_gu = 0, next_down = 0;
     const double t0 = trace ? tr_now() : 0;
     int team = 0;
 
@@ -525,7 +520,7 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
             st[TR_P1] = tr_now();
         /* 2. gate, up, h over (expert, 16-row unit) items, handed out dynamically so a
          * preempted thread does not hold up the layer */
-        group_items(a, &l, ff_units, w0->n_ff, one_each, nth, group_gate_up);
+        group_items(a, &l, ff_units, w0->n_ff, one_each, nth, &next_gu, group_gate_up);
         if (trace)
             st[TR_P2] = tr_now();
 #pragma omp barrier
@@ -541,7 +536,7 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
                 st[TR_P3] = tr_now();
             /* 4. down (decode): every expert's rows into y, then y added up per output unit
              * in expert order (the order of group_down) */
-            group_items(a, &l, embd_units, w0->n_embd, true, nth, group_down_rows);
+            group_items(a, &l, embd_units, w0->n_embd, true, nth, &next_down, group_down_rows);
             if (trace)
                 st[TR_P4] = tr_now();
 #pragma omp barrier

@@ -103,48 +103,85 @@ void matmul_rows(const struct matmul_args *a, const void *act, size_t act_stride
     }
 }
 
+int64_t matmul_grab(atomic_llong *next, int64_t total, int nth, bool shrink, int64_t *n)
+{
+    long long cur = atomic_load_explicit(next, memory_order_relaxed);
+    for (;;) {
+        if (cur >= total) {
+            *n = 0;
+            return total;
+        }
+        int64_t take = shrink ? (total - cur) / (2 * (int64_t)nth) : 1;
+        if (take < 1)
+            take = 1;
+        if (atomic_compare_exchange_weak_explicit(next, &cur, cur + take, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *n = take;
+            return cur;
+        }
+    }
+}
+
 int matmul_run(const struct matmul_args *a)
 {
-    int rc = matmul_check(a);
-    if (rc)
-        return rc;
-    if (a->n_out == 0)
+    return matmul_run_n(1, a);
+}
+
+int matmul_run_n(int n, const struct matmul_args *a)
+{
+    if (n < 1 || n > MATMUL_MAX_N || !a)
+        return -EINVAL;
+    int64_t first[MATMUL_MAX_N + 1]; /* unit ranges of the calls in the shared range */
+    first[0] = 0;
+    for (int i = 0; i < n; i++) {
+        int rc = matmul_check(&a[i]);
+        if (rc)
+            return rc;
+        if (a[i].wtype != a[0].wtype || a[i].n_in != a[0].n_in || a[i].m != a[0].m ||
+            a[i].x != a[0].x || (a[0].m > 1 && a[i].x_stride != a[0].x_stride))
+            return -EINVAL;
+        first[i + 1] = first[i] + (a[i].n_out + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
+    }
+    const int64_t units = first[n];
+    if (units == 0)
         return 0;
 
-    const bool f32 = act_is_f32(a->wtype);
-    void *owned = NULL, *scratch = a->scratch;
+    const struct matmul_args *a0 = &a[0];
+    const bool f32 = act_is_f32(a0->wtype);
+    void *owned = NULL, *scratch = a0->scratch;
     if (!f32 && !scratch) {
-        owned = aligned_alloc(64, matmul_scratch_bytes(a->wtype, a->n_in, a->m));
+        owned = aligned_alloc(64, matmul_scratch_bytes(a0->wtype, a0->n_in, a0->m));
         if (!owned)
             return -ENOMEM;
         scratch = owned;
     }
-    const void *act = f32 ? (const void *)a->x : scratch;
+    const void *act = f32 ? (const void *)a0->x : scratch;
     const size_t act_stride =
-        f32 ? (size_t)a->x_stride * sizeof(float) : act_stride_bytes(a->wtype, a->n_in);
-    vec_dot_quantize_fn quantize = vec_dot_quantize_get(a->wtype, CPU_ISA_COUNT);
-
-    int64_t units = (a->n_out + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
-    const int nt = matmul_team(a->n_threads, units);
+        f32 ? (size_t)a0->x_stride * sizeof(float) : act_stride_bytes(a0->wtype, a0->n_in);
+    vec_dot_quantize_fn quantize = vec_dot_quantize_get(a0->wtype, CPU_ISA_COUNT);
+    const int nt = matmul_team(a0->n_threads, units);
+    atomic_llong next = 0;
 
 #pragma omp parallel num_threads(nt)
     {
         int ith = omp_get_thread_num(), nth = omp_get_num_threads();
         if (!f32) {
-            for (int j = ith; j < a->m; j += nth)
-                quantize(a->x + j * a->x_stride, (uint8_t *)scratch + j * act_stride, a->n_in);
+            for (int j = ith; j < a0->m; j += nth)
+                quantize(a0->x + j * a0->x_stride, (uint8_t *)scratch + j * act_stride, a0->n_in);
 #pragma omp barrier
         }
-        /* Rows go out in chunks of about a quarter of a thread's share, handed out
-         * dynamically: a thread the OS or hypervisor preempts does not hold up the rest. */
-        int64_t chunk = units / ((int64_t)nth * 4);
-        if (chunk < 1)
-            chunk = 1;
-        int64_t n_chunks = (units + chunk - 1) / chunk;
-#pragma omp for schedule(dynamic, 1) nowait
-        for (int64_t c = 0; c < n_chunks; c++) {
-            int64_t r0 = c * chunk * ROWS_PER_UNIT, r1 = (c + 1) * chunk * ROWS_PER_UNIT;
-            matmul_rows(a, act, act_stride, r0, r1 < a->n_out ? r1 : a->n_out);
+        /* 16-row units in shrinking chunks (matmul_grab); a chunk that crosses from one
+         * matrix into the next runs as one piece of each */
+        for (int64_t c, cn; (c = matmul_grab(&next, units, nth, true, &cn)), cn > 0;) {
+            for (int i = 0; i < n && cn > 0; i++) {
+                if (c >= first[i + 1])
+                    continue;
+                int64_t u1 = c + cn < first[i + 1] ? c + cn : first[i + 1];
+                int64_t r0 = (c - first[i]) * ROWS_PER_UNIT, r1 = (u1 - first[i]) * ROWS_PER_UNIT;
+                matmul_rows(&a[i], act, act_stride, r0, r1 < a[i].n_out ? r1 : a[i].n_out);
+                cn -= u1 - c;
+                c = u1;
+            }
         }
     }
     free(owned);

@@ -13,6 +13,8 @@
 #ifndef STRATA_MATMUL_H
 #define STRATA_MATMUL_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -46,6 +48,13 @@ int matmul_check(const struct matmul_args *a);
 /* y = W x. Returns 0, -EINVAL (see matmul_check) or -ENOMEM (scratch allocation). */
 int matmul_run(const struct matmul_args *a);
 
+/* y_i = W_i x for the n (1..MATMUL_MAX_N) calls a[i], which share wtype, n_in, m, x and
+ * x_stride (a layer's q, k and v): one parallel region, the activations converted once, the
+ * rows of all n matrices handed out as one range. Each output as matmul_run gives it. Returns
+ * 0, -EINVAL (matmul_check of any call, or calls that differ in what they share) or -ENOMEM. */
+#define MATMUL_MAX_N 4
+int matmul_run_n(int n, const struct matmul_args *a);
+
 /* ---- pieces for callers that run their own parallel region (expert_ffn) ---- */
 
 /* The OpenMP team for a call with `units` independent pieces of work: 1 when there is only
@@ -55,6 +64,14 @@ int matmul_run(const struct matmul_args *a);
  * ms a layer in thread starts on the 16-vCPU guest (bench/cpu-decode.md). Threads without work
  * wait at the region's end. */
 int matmul_team(int n_threads, int64_t units);
+
+/* Hands out items [0, total) in contiguous chunks from the shared counter *next (0 before the
+ * first call): a chunk of half a thread's share of what is left (at least one item) when
+ * `shrink`, else one item. Returns the chunk's first item and sets *n to its size, 0 once
+ * everything is taken. The chunks shrink towards the end, so the threads finish close together;
+ * and since any thread may take any chunk, one the OS or hypervisor preempts does not hold up
+ * the rest. */
+int64_t matmul_grab(atomic_llong *next, int64_t total, int nth, bool shrink, int64_t *n);
 
 /* Row range [*r0, *r1) of thread ith of nth: contiguous, in units of 16 rows (64 bytes of
  * float output) so that threads never share an output cache line. */

@@ -103,6 +103,45 @@ static int cpu_matmul(struct backend *b, float *out, const struct weight *w, con
     return 0;
 }
 
+/* q, k and v of a layer in one parallel region (matmul_run_n) where they share a type;
+ * otherwise one matmul each. */
+static int cpu_matmul_n(struct backend *b, int n, float *const *out, const struct weight *const *w,
+                        const float *in, int m)
+{
+    bool same = n >= 1 && n <= MATMUL_MAX_N;
+    for (int i = 1; same && i < n; i++)
+        same = w[i]->type == w[0]->type && w[i]->ne[0] == w[0]->ne[0];
+    if (!same) {
+        for (int i = 0; i < n; i++) {
+            int rc = cpu_matmul(b, out[i], w[i], in, m);
+            if (rc)
+                return rc;
+        }
+        return 0;
+    }
+    for (int r = 0; r < m; r += MATMUL_MAX_BATCH) {
+        int rows = m - r < MATMUL_MAX_BATCH ? m - r : MATMUL_MAX_BATCH;
+        struct matmul_args a[MATMUL_MAX_N];
+        for (int i = 0; i < n; i++)
+            a[i] = (struct matmul_args){
+                .wtype = w[i]->type,
+                .w = w[i]->data,
+                .w_stride = w[i]->row_bytes,
+                .n_in = (int64_t)w[i]->ne[0],
+                .n_out = (int64_t)w[i]->ne[1],
+                .m = rows,
+                .x = in + (size_t)r * w[i]->ne[0],
+                .x_stride = (int64_t)w[i]->ne[0],
+                .y = out[i] + (size_t)r * w[i]->ne[1],
+                .y_stride = (int64_t)w[i]->ne[1],
+            };
+        int rc = matmul_run_n(n, a);
+        if (rc)
+            return err_set(rc, "matmul over '%s' and %d more failed", w[0]->name, n - 1);
+    }
+    return 0;
+}
+
 static int cpu_rope(struct backend *b, float *x, int n_tok, int n_heads, int head_dim, int pos0,
                     float base)
 {
@@ -386,6 +425,7 @@ static const struct backend_ops cpu_ops = {
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
+    .matmul_n = cpu_matmul_n,
     .rope = cpu_rope,
     .rope_yarn = cpu_rope_yarn,
     .add_bias = cpu_add_bias,

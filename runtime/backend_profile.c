@@ -69,6 +69,12 @@ static int prof_matmul(struct backend *b, float *out, const struct weight *w, co
     PROF(P_MATMUL, in->ops->matmul(in, out, w, x, m));
 }
 
+static int prof_matmul_n(struct backend *b, int n, float *const *out, const struct weight *const *w,
+                         const float *x, int m)
+{
+    PROF(P_MATMUL, in->ops->matmul_n(in, n, out, w, x, m));
+}
+
 static int prof_rope(struct backend *b, float *x, int n_tok, int n_heads, int head_dim, int pos0,
                      float base)
 {
@@ -163,6 +169,7 @@ static const struct backend_ops prof_ops = {
     .embed = prof_embed,
     .rmsnorm = prof_rmsnorm,
     .matmul = prof_matmul,
+    .matmul_n = prof_matmul_n,
     .rope = prof_rope,
     .rope_yarn = prof_rope_yarn,
     .add_bias = prof_add_bias,
@@ -191,6 +198,8 @@ int backend_profile_open(struct backend *inner, struct backend **out)
         p->ops.rope_yarn = NULL;
     if (!inner->ops->add_bias)
         p->ops.add_bias = NULL;
+    if (!inner->ops->matmul_n)
+        p->ops.matmul_n = NULL;
     p->ops.attn_sinks_window = inner->ops->attn_sinks_window;
     if (!inner->ops->rope_partial || !inner->ops->split_halves || !inner->ops->mul_sigmoid ||
         !inner->ops->shared_expert || !inner->ops->gdn) {

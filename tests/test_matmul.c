@@ -422,6 +422,69 @@ static void test_batch_invariance(struct rng *r)
            (int)(sizeof(types) / sizeof(types[0])));
 }
 
+/* matmul_run_n against one matmul_run per matrix, bit for bit: three matrices of 37, 5 and 64
+ * rows (a chunk of the shared range crosses from one into the next), m = 1 and m = 3, 1 to 5
+ * threads; and its refusal of calls that do not share their input. */
+static void test_matmul_n(struct rng *r)
+{
+    const uint32_t ts[] = {QUANT_Q8_0, QUANT_Q4_K, QUANT_F32};
+    const int64_t rows[3] = {37, 5, 64};
+    int64_t compared = 0;
+    for (size_t t = 0; t < sizeof(ts) / sizeof(ts[0]); t++) {
+        const char *tn = quant_type_name(ts[t]);
+        const int64_t n = 2 * (vec_dot_block(ts[t]) == 1 ? 128 : vec_dot_block(ts[t]));
+        const size_t ws = vec_dot_row_bytes(ts[t], n);
+        float *x = test_xmalloc(sizeof(float) * (size_t)(3 * n));
+        fill_normal(x, (size_t)(3 * n), 1.0f, r);
+        uint8_t *w[3];
+        float *alone[3], *y[3];
+        struct matmul_args a[3],
+            one = {
+                .wtype = ts[t], .w_stride = ws, .n_in = n, .x = x, .x_stride = n, .n_threads = 1};
+        for (int i = 0; i < 3; i++) {
+            w[i] = test_xmalloc((size_t)rows[i] * ws);
+            fill_weights(ts[t], w[i], rows[i], n, ws, r);
+            alone[i] = test_xmalloc(sizeof(float) * (size_t)(3 * rows[i]));
+            y[i] = test_xmalloc(sizeof(float) * (size_t)(3 * rows[i]));
+        }
+        for (int m = 1; m <= 3; m += 2) {
+            for (int i = 0; i < 3; i++) {
+                a[i] = one;
+                a[i].w = w[i], a[i].n_out = rows[i], a[i].m = m;
+                a[i].y = alone[i], a[i].y_stride = rows[i];
+                CHECK(matmul_run(&a[i]) == 0, "%s: matmul_run of matrix %d failed", tn, i);
+            }
+            for (int nt = 1; nt <= 5; nt++) {
+                for (int i = 0; i < 3; i++) {
+                    a[i].y = y[i], a[i].n_threads = nt;
+                    test_poison_f32(y[i], (size_t)(m * rows[i]));
+                }
+                CHECK(matmul_run_n(3, a) == 0, "%s m %d: matmul_run_n on %d threads failed", tn, m,
+                      nt);
+                int differ = 0;
+                for (int i = 0; i < 3; i++)
+                    for (int64_t k = 0; k < m * rows[i]; k++, compared++)
+                        differ += memcmp(&y[i][k], &alone[i][k], sizeof(float)) != 0;
+                CHECK(differ == 0,
+                      "%s m %d, %d threads: %d outputs of matmul_run_n differ from "
+                      "matmul_run's",
+                      tn, m, nt, differ);
+            }
+        }
+        a[1].x = x + n; /* another input */
+        CHECK(matmul_run_n(3, a) == -EINVAL, "%s: matmul_run_n took calls with other inputs", tn);
+        a[1].x = x;
+        CHECK(matmul_run_n(0, a) == -EINVAL && matmul_run_n(MATMUL_MAX_N + 1, a) == -EINVAL,
+              "%s: matmul_run_n took a count out of range", tn);
+        for (int i = 0; i < 3; i++)
+            free(w[i]), free(alone[i]), free(y[i]);
+        free(x);
+    }
+    printf("  matmul_run_n: %lld outputs equal to one matmul_run per matrix (3 matrices, 1 to 5 "
+           "threads)\n",
+           (long long)compared);
+}
+
 static void test_matmul_args(void)
 {
     float x[256] = {0}, y[16];
@@ -630,6 +693,7 @@ int main(void)
     test_gemm(&r);
     test_matmul(&r);
     test_batch_invariance(&r);
+    test_matmul_n(&r);
     test_expert_ffn(&r);
     return test_finish("test_matmul");
 }
