@@ -156,6 +156,14 @@ static int prof_read(struct backend *b, float *host, const float *src, size_t n)
     PROF(P_READ, in->ops->read(in, host, src, n));
 }
 
+/* Not timed: the backend's own bookkeeping (the CPU backend times decode steps to pick its
+ * thread count). */
+static void prof_eval_begin(struct backend *b, int n)
+{
+    struct backend *in = prof_of(b)->inner;
+    in->ops->eval_begin(in, n);
+}
+
 static void prof_close(struct backend *b)
 {
     backend_close(prof_of(b)->inner);
@@ -185,6 +193,7 @@ static const struct backend_ops prof_ops = {
     .add = prof_add,
     .moe_ffn = prof_moe_ffn,
     .read = prof_read,
+    .eval_begin = prof_eval_begin,
     .close = prof_close,
 };
 
@@ -200,6 +209,8 @@ int backend_profile_open(struct backend *inner, struct backend **out)
         p->ops.add_bias = NULL;
     if (!inner->ops->matmul_n)
         p->ops.matmul_n = NULL;
+    if (!inner->ops->eval_begin)
+        p->ops.eval_begin = NULL;
     p->ops.attn_sinks_window = inner->ops->attn_sinks_window;
     if (!inner->ops->rope_partial || !inner->ops->split_halves || !inner->ops->mul_sigmoid ||
         !inner->ops->shared_expert || !inner->ops->gdn) {
