@@ -325,9 +325,11 @@ static int cpu_moe_ffn(struct backend *b, const struct moe_args *a)
     return rc;
 }
 
-/* Thread counts tried by the tuner: all processors, 3/4 and 1/2 of them (16 vCPUs of a KVM
- * guest decoded 45% slower with 16 threads than with 8 or 12: bench/cpu-decode.md). Fewer
- * than 6 processors, or OMP_NUM_THREADS set: none. */
+/* Thread counts tried by the tuner: all processors, 3/4 and 1/2 of them, for hosts where fewer
+ * threads decode faster (SMT siblings, a memory-bandwidth knee). On the 16-vCPU guest of
+ * bench/cpu-decode.md 16 threads decoded 45% slower than 12 while OpenMP teams changed size
+ * between calls; with one team size (matmul_team) 16 are the fastest there. Fewer than 6
+ * processors, or OMP_NUM_THREADS set: none. */
 static void cpu_tune_open(struct backend_cpu *c)
 {
     const int n = omp_get_max_threads();
