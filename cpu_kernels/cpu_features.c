@@ -88,6 +88,15 @@ static enum cpu_isa isa_from_features(const struct cpu_features *f)
     return f->avx512vnni ? CPU_ISA_AVX512VNNI : CPU_ISA_AVX512;
 }
 
+bool cpu_env_switch(int *state, const char *name)
+{
+    if (*state < 0) {
+        const char *e = getenv(name);
+        *state = !(e && *e == '0');
+    }
+    return *state;
+}
+
 /* Applies the STRATA_CPU_ISA cap; an unknown value is reported once and ignored. */
 static enum cpu_isa isa_apply_env_cap(enum cpu_isa isa)
 {

@@ -32,6 +32,10 @@ enum cpu_isa cpu_isa_best(void);
 /* "scalar", "avx2", "avx512", "avx512vnni". */
 const char *cpu_isa_name(enum cpu_isa isa);
 
+/* A kernel choice that is on unless the environment variable `name` is "0", for comparisons:
+ * *state < 0 reads it (once), else *state is what a test set. */
+bool cpu_env_switch(int *state, const char *name);
+
 #ifdef __cplusplus
 }
 #endif

@@ -16,11 +16,20 @@
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+#include "cpu_features.h"
 #include "matmul.h"
 #include "vec_dot.h"
 
@@ -304,10 +313,13 @@ static int group_check(const struct expert_ffn_group_args *a)
     return 0;
 }
 
+struct group_flow; /* decode's flow state, below */
+
 /* Phase 2 of the group: gate/up/h for rows [u0*16, u1*16) of expert i, all its pairs. */
 static void group_gate_up(const struct expert_ffn_group_args *a, const struct group_layout *l,
-                          int i, int64_t r0, int64_t r1)
+                          struct group_flow *flow, int i, int64_t r0, int64_t r1)
 {
+    (void)flow;
     const struct expert_ffn_weights *w = &a->w[i];
     uint8_t *s = a->scratch;
     int64_t nf = w->n_ff;
@@ -368,8 +380,9 @@ static void group_down(const struct expert_ffn_group_args *a, const struct group
 
 /* Decode's phase 4: rows [r0, r1) of expert i's down projection for its one pair, into y. */
 static void group_down_rows(const struct expert_ffn_group_args *a, const struct group_layout *l,
-                            int i, int64_t r0, int64_t r1)
+                            struct group_flow *flow, int i, int64_t r0, int64_t r1)
 {
+    (void)flow;
     const struct expert_ffn_weights *w = &a->w[i];
     uint8_t *s = a->scratch;
     int p = a->offset[i];
@@ -384,15 +397,26 @@ static void group_down_rows(const struct expert_ffn_group_args *a, const struct 
     matmul_rows(&md, s + l->act_h + (size_t)p * l->h_stride, l->h_stride, r0, r1);
 }
 
+/* The decode flow's shared state (expert_ffn_group_run): per expert, the gate/up units done and
+ * whether its h is converted; NULL outside the flow. */
+struct group_flow {
+    atomic_int units_done[GROUP_Y_PAIRS];
+    atomic_int h_ready[GROUP_Y_PAIRS];
+    int64_t ff_units;
+    vec_dot_quantize_fn q_down;
+};
+
+typedef void (*group_run_fn)(const struct expert_ffn_group_args *, const struct group_layout *,
+                             struct group_flow *, int, int64_t, int64_t);
+
 /* Hands out items [0, n_items) of (expert, 16-row unit) from the shared counter *next by
  * matmul_grab, shrinking chunks when `contiguous` (decode: long reads of each matrix), else
- * single items (prefill: uneven token lists), and calls run(a, l, expert, r0, r1) for each
+ * single items (prefill: uneven token lists), and calls run(a, l, flow, expert, r0, r1) for each
  * expert's run of rows in a chunk (rows capped at n_rows). Inside a parallel region; no
  * barrier at the end. */
 static void group_items(const struct expert_ffn_group_args *a, const struct group_layout *l,
-                        int64_t units, int64_t n_rows, bool contiguous, int nth, atomic_llong *next,
-                        void (*run)(const struct expert_ffn_group_args *,
-                                    const struct group_layout *, int, int64_t, int64_t))
+                        struct group_flow *flow, int64_t units, int64_t n_rows, bool contiguous,
+                        int nth, atomic_llong *next, group_run_fn run)
 {
     int64_t n_items = (int64_t)a->n_experts * units;
     for (int64_t c, cn; (c = matmul_grab(next, n_items, nth, contiguous, &cn)), cn > 0;) {
@@ -401,10 +425,60 @@ static void group_items(const struct expert_ffn_group_args *a, const struct grou
             int64_t u0 = it % units, u1 = units;
             if (i1 - it < u1 - u0)
                 u1 = u0 + (i1 - it);
-            run(a, l, e, u0 * 16, u1 * 16 < n_rows ? u1 * 16 : n_rows);
+            run(a, l, flow, e, u0 * 16, u1 * 16 < n_rows ? u1 * 16 : n_rows);
             it += u1 - u0;
         }
     }
+}
+
+/* Waits until *f is set (acquire): spins a while, then yields the processor. */
+static void flow_wait(atomic_int *f)
+{
+    for (int spins = 0; !atomic_load_explicit(f, memory_order_acquire); spins++) {
+        if (spins < 2048)
+            cpu_relax();
+        else
+            sched_yield();
+    }
+}
+
+/* The decode flow's phase 2: gate/up rows of expert i; the thread that completes the expert's
+ * last unit converts its h (phase 3 for its one pair) and marks it ready. */
+static void flow_gate_up(const struct expert_ffn_group_args *a, const struct group_layout *l,
+                         struct group_flow *flow, int i, int64_t r0, int64_t r1)
+{
+    group_gate_up(a, l, flow, i, r0, r1);
+    int n = (int)((r1 - r0 + 15) / 16);
+    if (atomic_fetch_add_explicit(&flow->units_done[i], n, memory_order_acq_rel) + n ==
+        flow->ff_units) {
+        const struct expert_ffn_weights *w = &a->w[i];
+        int p = a->offset[i];
+        flow->q_down((float *)((uint8_t *)a->scratch + l->g) + (size_t)p * w->n_ff,
+                     (uint8_t *)a->scratch + l->act_h + (size_t)p * l->h_stride, w->n_ff);
+        atomic_store_explicit(&flow->h_ready[i], 1, memory_order_release);
+    }
+}
+
+/* The decode flow's phase 4: down rows of expert i once its h is ready. */
+static void flow_down_rows(const struct expert_ffn_group_args *a, const struct group_layout *l,
+                           struct group_flow *flow, int i, int64_t r0, int64_t r1)
+{
+    flow_wait(&flow->h_ready[i]);
+    group_down_rows(a, l, flow, i, r0, r1);
+}
+
+/* STRATA_MOE_FLOW=0 in the environment (or expert_ffn_set_flow(0)): decode's down phase after
+ * a barrier behind every expert's gate/up rows, as the other paths run (for comparisons). */
+static int flow_on = -1;
+
+void expert_ffn_set_flow(int on)
+{
+    flow_on = on != 0;
+}
+
+static bool flow_enabled(void)
+{
+    return cpu_env_switch(&flow_on, "STRATA_MOE_FLOW");
 }
 
 /* STRATA_MOE_TRACE=1 (a diagnostic): each thread of a decode call (one pair per expert) stamps
@@ -493,6 +567,18 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
     vec_dot_quantize_fn q_up = vec_dot_quantize_get(w0->up_type, CPU_ISA_COUNT);
     vec_dot_quantize_fn q_down = vec_dot_quantize_get(w0->down_type, CPU_ISA_COUNT);
     const bool trace = down_whole && tr_on();
+    /* decode as a flow: an expert's down rows start as soon as its own h is converted, so the
+     * threads that finish gate/up first go on with down rows instead of waiting at a barrier */
+    const bool flow_run = down_whole && flow_enabled();
+    struct group_flow flow;
+    if (flow_run) {
+        for (int i = 0; i < a->n_experts; i++) {
+            atomic_init(&flow.units_done[i], 0);
+            atomic_init(&flow.h_ready[i], 0);
+        }
+        flow.ff_units = ff_units;
+        flow.q_down = q_down;
+    }
     atomic_llong next_gu = 0, next_down = 0;
     const double t0 = trace ? tr_now() : 0;
     int team = 0;
@@ -518,25 +604,38 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
         }
         if (trace)
             st[TR_P1] = tr_now();
-        /* 2. gate, up, h over (expert, 16-row unit) items, handed out dynamically so a
-         * preempted thread does not hold up the layer */
-        group_items(a, &l, ff_units, w0->n_ff, one_each, nth, &next_gu, group_gate_up);
-        if (trace)
-            st[TR_P2] = tr_now();
-#pragma omp barrier
-        if (trace)
-            st[TR_B2] = tr_now();
-            /* 3. h of every pair, converted */
-#pragma omp for schedule(static)
-        for (int p = p_begin; p < p_end; p++)
-            q_down((float *)(s + l.g) + (size_t)p * w0->n_ff, s + l.act_h + (size_t)p * l.h_stride,
-                   w0->n_ff);
-        if (down_whole) {
+        if (flow_run) {
+            /* 2 and 3. gate, up, h and its conversion per expert (flow_gate_up); 4. down rows
+             * of every expert once its h is ready, into y */
+            group_items(a, &l, &flow, ff_units, w0->n_ff, true, nth, &next_gu, flow_gate_up);
             if (trace)
-                st[TR_P3] = tr_now();
-            /* 4. down (decode): every expert's rows into y, then y added up per output unit
-             * in expert order (the order of group_down) */
-            group_items(a, &l, embd_units, w0->n_embd, true, nth, &next_down, group_down_rows);
+                st[TR_P2] = st[TR_B2] = st[TR_P3] = tr_now();
+            group_items(a, &l, &flow, embd_units, w0->n_embd, true, nth, &next_down,
+                        flow_down_rows);
+        } else {
+            /* 2. gate, up, h over (expert, 16-row unit) items, handed out dynamically so a
+             * preempted thread does not hold up the layer */
+            group_items(a, &l, NULL, ff_units, w0->n_ff, one_each, nth, &next_gu, group_gate_up);
+            if (trace)
+                st[TR_P2] = tr_now();
+#pragma omp barrier
+            if (trace)
+                st[TR_B2] = tr_now();
+                /* 3. h of every pair, converted */
+#pragma omp for schedule(static)
+            for (int p = p_begin; p < p_end; p++)
+                q_down((float *)(s + l.g) + (size_t)p * w0->n_ff,
+                       s + l.act_h + (size_t)p * l.h_stride, w0->n_ff);
+            if (down_whole) {
+                if (trace)
+                    st[TR_P3] = tr_now();
+                /* 4. down (decode): every expert's rows into y */
+                group_items(a, &l, NULL, embd_units, w0->n_embd, true, nth, &next_down,
+                            group_down_rows);
+            }
+        }
+        if (down_whole) {
+            /* then y added up per output unit in expert order (the order of group_down) */
             if (trace)
                 st[TR_P4] = tr_now();
 #pragma omp barrier

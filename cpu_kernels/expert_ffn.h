@@ -72,7 +72,8 @@ int expert_ffn_run(const struct expert_ffn_args *a);
  * convert h; down rows of n_embd for all experts, accumulated into out in expert order, then
  * pair order. With one pair per expert (decode), the down phase instead reads each expert's
  * matrix in long runs into a per-pair buffer (16-row slices of every expert in turn read
- * slower), and a fifth phase adds the buffers up in that same order. Every output element sees
+ * slower), each expert's as soon as its h is ready (expert_ffn_set_flow), and a fifth phase
+ * adds the buffers up in that same order. Every output element sees
  * the same operations in the same order as calling expert_ffn_run per expert in that order, so
  * the result is bit-identical to it and does not depend on the thread count.
  */
@@ -96,3 +97,9 @@ size_t expert_ffn_group_scratch_bytes(const struct expert_ffn_weights *w, int n_
 
 /* Runs the group. 0, or -EINVAL (types/shapes differ between experts, bad arguments). */
 int expert_ffn_group_run(const struct expert_ffn_group_args *a);
+
+/* Decode (one pair per expert) runs as a flow by default: an expert's down rows start as soon
+ * as its own gate/up rows are done and its h converted, with no barrier between the phases;
+ * the same operations on the same values, so the same bits. 0 puts the barrier back (as
+ * STRATA_MOE_FLOW=0 in the environment does), for comparisons and tests. */
+void expert_ffn_set_flow(int on);

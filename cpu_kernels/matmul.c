@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
+#include "cpu_features.h"
 #include "gemm.h"
 #include "vec_dot.h"
 
@@ -122,6 +123,20 @@ int64_t matmul_grab(atomic_llong *next, int64_t total, int nth, bool shrink, int
     }
 }
 
+/* STRATA_MATMUL_FINE=0 in the environment keeps 16-row units for every matrix (for
+ * comparisons); matmul_set_fine_units sets it for tests. */
+static int fine_units = -1;
+
+void matmul_set_fine_units(int on)
+{
+    fine_units = on != 0;
+}
+
+static bool matmul_fine_units(void)
+{
+    return cpu_env_switch(&fine_units, "STRATA_MATMUL_FINE");
+}
+
 int matmul_run(const struct matmul_args *a)
 {
     return matmul_run_n(1, a);
@@ -131,8 +146,7 @@ int matmul_run_n(int n, const struct matmul_args *a)
 {
     if (n < 1 || n > MATMUL_MAX_N || !a)
         return -EINVAL;
-    int64_t first[MATMUL_MAX_N + 1]; /* unit ranges of the calls in the shared range */
-    first[0] = 0;
+    int64_t rows = 0;
     for (int i = 0; i < n; i++) {
         int rc = matmul_check(&a[i]);
         if (rc)
@@ -140,11 +154,22 @@ int matmul_run_n(int n, const struct matmul_args *a)
         if (a[i].wtype != a[0].wtype || a[i].n_in != a[0].n_in || a[i].m != a[0].m ||
             a[i].x != a[0].x || (a[0].m > 1 && a[i].x_stride != a[0].x_stride))
             return -EINVAL;
-        first[i + 1] = first[i] + (a[i].n_out + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
+        rows += a[i].n_out;
     }
-    const int64_t units = first[n];
-    if (units == 0)
+    if (rows == 0)
         return 0;
+    const int nt = matmul_team(a[0].n_threads, (rows + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT);
+    /* one activation row and fewer 16-row units than two per thread (a MoE router's 128 rows):
+     * 4-row units, so that every thread has some (each row's dot is the same either way) */
+    const int64_t rpu = a[0].m == 1 && matmul_fine_units() &&
+                                (rows + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT < 2 * (int64_t)nt
+                            ? ROWS_PER_UNIT / 4
+                            : ROWS_PER_UNIT;
+    int64_t first[MATMUL_MAX_N + 1]; /* unit ranges of the calls in the shared range */
+    first[0] = 0;
+    for (int i = 0; i < n; i++)
+        first[i + 1] = first[i] + (a[i].n_out + rpu - 1) / rpu;
+    const int64_t units = first[n];
 
     const struct matmul_args *a0 = &a[0];
     const bool f32 = act_is_f32(a0->wtype);
@@ -159,7 +184,6 @@ int matmul_run_n(int n, const struct matmul_args *a)
     const size_t act_stride =
         f32 ? (size_t)a0->x_stride * sizeof(float) : act_stride_bytes(a0->wtype, a0->n_in);
     vec_dot_quantize_fn quantize = vec_dot_quantize_get(a0->wtype, CPU_ISA_COUNT);
-    const int nt = matmul_team(a0->n_threads, units);
     atomic_llong next = 0;
 
 #pragma omp parallel num_threads(nt)
@@ -170,14 +194,14 @@ int matmul_run_n(int n, const struct matmul_args *a)
                 quantize(a0->x + j * a0->x_stride, (uint8_t *)scratch + j * act_stride, a0->n_in);
 #pragma omp barrier
         }
-        /* 16-row units in shrinking chunks (matmul_grab); a chunk that crosses from one
-         * matrix into the next runs as one piece of each */
+        /* units of rpu rows in shrinking chunks (matmul_grab); a chunk that crosses from
+         * one matrix into the next runs as one piece of each */
         for (int64_t c, cn; (c = matmul_grab(&next, units, nth, true, &cn)), cn > 0;) {
             for (int i = 0; i < n && cn > 0; i++) {
                 if (c >= first[i + 1])
                     continue;
                 int64_t u1 = c + cn < first[i + 1] ? c + cn : first[i + 1];
-                int64_t r0 = (c - first[i]) * ROWS_PER_UNIT, r1 = (u1 - first[i]) * ROWS_PER_UNIT;
+                int64_t r0 = (c - first[i]) * rpu, r1 = (u1 - first[i]) * rpu;
                 matmul_rows(&a[i], act, act_stride, r0, r1 < a[i].n_out ? r1 : a[i].n_out);
                 cn -= u1 - c;
                 c = u1;

@@ -55,6 +55,12 @@ int matmul_run(const struct matmul_args *a);
 #define MATMUL_MAX_N 4
 int matmul_run_n(int n, const struct matmul_args *a);
 
+/* Rows go out in units of 16 (a cache line of outputs), or of 4 for one activation row where
+ * 16-row units would leave threads without work (fewer than two a thread: a MoE router's 128
+ * rows); either way each row's dot is the same. 0 keeps 16 for every matrix (as
+ * STRATA_MATMUL_FINE=0 in the environment does), for comparisons and tests. */
+void matmul_set_fine_units(int on);
+
 /* ---- pieces for callers that run their own parallel region (expert_ffn) ---- */
 
 /* The OpenMP team for a call with `units` independent pieces of work: 1 when there is only

@@ -184,9 +184,13 @@ void ops_attention(const struct ops_attn *a)
             }
         }
     }
-    if (n_chunks == 1 &&
-        a->n_tok * a->n_head_kv * ((group + hp - 1) / hp) < 2 * omp_get_max_threads())
+    const int n_threads = omp_get_max_threads();
+    if (n_chunks == 1 && a->n_tok * a->n_head_kv * ((group + hp - 1) / hp) < 2 * n_threads)
         hp = 1;
+    /* split decode: fewer heads per unit until every thread has a unit (4 KV heads of 8 query
+     * heads at 512 keys: 8 units of 8 heads, 16 of 4) */
+    while (hp > 1 && a->n_tok * a->n_head_kv * ((group + hp - 1) / hp) * n_chunks < n_threads)
+        hp = (hp + 1) / 2;
     const int per_kv = (group + hp - 1) / hp, n = a->n_tok * a->n_head_kv * per_kv * n_chunks;
     const size_t stride = (size_t)a->head_dim + 2;
     const attn_unit_fn unit = attn_unit_pick();

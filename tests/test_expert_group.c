@@ -105,8 +105,15 @@ static void one_case(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_
     serial_run(w, p.n_active, p.offset, p.tok, p.wt, x, n_embd, ref);
     size_t gb = expert_ffn_group_scratch_bytes(&w[0], p.offset[p.n_active]);
     void *gscratch = malloc(gb);
-    for (int t = 0; t < 2; t++) {
+    /* 1, 2, 3 and 5 threads; decode (one pair per expert) also without its flow */
+    static const int threads[] = {1, 2, 3, 5};
+    for (int c = 0; c < 8; c++) {
+        int t = threads[c % 4], flow = c < 4;
+        if (!flow && n_tok > 1)
+            break;
+        expert_ffn_set_flow(flow);
         test_poison_bytes(gscratch, gb);
+        memcpy(got[1], got[0], ob);
         struct expert_ffn_group_args g = {.n_experts = p.n_active,
                                           .w = w,
                                           .offset = p.offset,
@@ -114,18 +121,19 @@ static void one_case(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_
                                           .token_weights = p.wt,
                                           .x = x,
                                           .x_stride = n_embd,
-                                          .out = got[t],
+                                          .out = got[1],
                                           .out_stride = n_embd,
                                           .scratch = gscratch,
                                           .scratch_bytes = gb,
-                                          .n_threads = t + 1};
+                                          .n_threads = t};
         CHECK(expert_ffn_group_run(&g) == 0, "expert_ffn_group_run");
-        CHECK(memcmp(got[t], ref, ob) == 0,
-              "group (%d threads, %s/%s, %d tokens top-%d) differs from expert-by-expert: "
-              "max rel err %g",
-              t + 1, quant_type_name(gu_type), quant_type_name(down_type), n_tok, k,
-              test_max_rel_err(got[t], ref, (size_t)n_tok * n_embd));
+        CHECK(memcmp(got[1], ref, ob) == 0,
+              "group (%d threads, flow %d, %s/%s, %d tokens top-%d) differs from "
+              "expert-by-expert: max rel err %g",
+              t, flow, quant_type_name(gu_type), quant_type_name(down_type), n_tok, k,
+              test_max_rel_err(got[1], ref, (size_t)n_tok * n_embd));
     }
+    expert_ffn_set_flow(1);
     /* too little scratch and mismatched shapes are refused */
     struct expert_ffn_group_args bad = {.n_experts = p.n_active,
                                         .w = w,
@@ -218,6 +226,8 @@ int main(void)
     struct rng r;
     rng_seed(&r, test_seed("test_expert_group"), 4);
     one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 1, 4);  /* decode */
+    for (int i = 0; i < 16; i++)                 /* decode's flow, again and again */
+        one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 1, 8);
     one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 37, 4); /* prefill: uneven lists, > 16 per expert */
     one_case(&r, QUANT_Q8_0, QUANT_Q8_0, 5, 2);
     one_case(&r, QUANT_F32, QUANT_F32, 3, 3);

@@ -424,7 +424,8 @@ static void test_batch_invariance(struct rng *r)
 
 /* matmul_run_n against one matmul_run per matrix, bit for bit: three matrices of 37, 5 and 64
  * rows (a chunk of the shared range crosses from one into the next), m = 1 and m = 3, 1 to 5
- * threads; and its refusal of calls that do not share their input. */
+ * threads (at m = 1 from 4 threads in 4-row units, against references in 16-row units); and
+ * its refusal of calls that do not share their input. */
 static void test_matmul_n(struct rng *r)
 {
     const uint32_t ts[] = {QUANT_Q8_0, QUANT_Q4_K, QUANT_F32};
@@ -448,12 +449,14 @@ static void test_matmul_n(struct rng *r)
             y[i] = test_xmalloc(sizeof(float) * (size_t)(3 * rows[i]));
         }
         for (int m = 1; m <= 3; m += 2) {
+            matmul_set_fine_units(0); /* the references in 16-row units */
             for (int i = 0; i < 3; i++) {
                 a[i] = one;
                 a[i].w = w[i], a[i].n_out = rows[i], a[i].m = m;
                 a[i].y = alone[i], a[i].y_stride = rows[i];
                 CHECK(matmul_run(&a[i]) == 0, "%s: matmul_run of matrix %d failed", tn, i);
             }
+            matmul_set_fine_units(1); /* 4-row units from 4 threads at m = 1 (7 units) */
             for (int nt = 1; nt <= 5; nt++) {
                 for (int i = 0; i < 3; i++) {
                     a[i].y = y[i], a[i].n_threads = nt;

@@ -172,11 +172,13 @@ static void attention_case(struct rng *r, int kvh, int group, int hd, int pos0, 
           "attention heads %d/%d hd %d pos0 %d tok %d%s window %d%s: rel err %g "
           "(tolerance %g)",
           nh, kvh, hd, pos0, n_tok, sharp ? " sharp" : "", window, sinks ? " sinks" : "", e, tol);
-    /* one thread (whole heads per unit) and three (one head per unit where units are few):
-     * the same bytes as the default */
+    /* one thread (whole heads per unit), three (one head per unit where units are few) and
+     * sixteen (split decode: fewer heads per unit): the same bytes as the default */
     float *again = malloc(sizeof(float) * n_tok * nh * hd);
     int threads = omp_get_max_threads();
-    for (int nt = 1; nt <= 3; nt += 2) {
+    static const int counts[] = {1, 3, 16};
+    for (int c = 0; c < 3; c++) {
+        int nt = counts[c];
         omp_set_num_threads(nt);
         a.out = again;
         test_poison_f32(again, (size_t)n_tok * nh * hd);
