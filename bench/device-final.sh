@@ -3,10 +3,11 @@
 # (results in $OUT/final.txt, logs in $OUT/final-logs.tar); CPU-only decode of the 30b-a3b
 # preset (`-p 64 -n 64`) by each binary of .carry/bin in BINS (default strata) with the
 # default (timed) thread count and with -t 16, then by the last of them with each environment
-# of CPU_ENVS at -t 16 (default STRATA_MOE_FLOW=0,STRATA_MATMUL_FINE=0), ROUNDS rounds (default
-# 2), interleaved, and llama-bench's CPU decode (-ngl 0, the GPU hidden, -t 12,16); then
-# bench/device-llama30b.sh (all resident, and BUDGETS with MODES, default "12G 8G 4G" and
-# "auto gpu lane", beside llama.cpp; $OUT/side.txt, its outputs in $OUT/side-logs.tar).
+# of CPU_ENVS at -t 16 (default "STRATA_MOE_FLOW=0,STRATA_MATMUL_FINE=0 STRATA_ATTN_HEADS=8"),
+# ROUNDS rounds (default 2), interleaved, and llama-bench's CPU decode (-ngl 0, the GPU hidden,
+# -t 12,16); then bench/device-llama30b.sh (all resident, and BUDGETS with MODES, default
+# "12G 8G 4G" and "auto gpu lane", beside llama.cpp; $OUT/side.txt, its outputs in
+# $OUT/side-logs.tar).
 # Needs .carry/llama.tar.xz (bench/llama-build.sh). About 9 minutes.
 set -u
 . bench/device-env.sh
@@ -24,7 +25,7 @@ for round in $(seq ${ROUNDS:-2}); do
         done
     done
     # the last binary with each of CPU_ENVS at 16 threads (default: the CPU decode switches off)
-    for e in ${CPU_ENVS:-STRATA_MOE_FLOW=0,STRATA_MATMUL_FINE=0}; do
+    for e in ${CPU_ENVS:-STRATA_MOE_FLOW=0,STRATA_MATMUL_FINE=0 STRATA_ATTN_HEADS=8}; do
         bin=$bin bench_one "cpu-$bin-t16-${e//[=,]/_}-r$round" "$e" -m $M --device cpu -t 16 -p 64 -n 64
     done
 done

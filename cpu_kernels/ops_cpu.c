@@ -164,6 +164,20 @@ static void parts_key_make(void)
     pthread_key_create(&parts_key, free);
 }
 
+/* STRATA_ATTN_HEADS=N in the environment (a diagnostic, for comparisons): N query heads per
+ * unit (at most the group and ATTN_MAX_HEADS), whatever the shapes and threads; each head's
+ * result is the same. */
+static int attn_heads_env(void)
+{
+    static int n = -1;
+    if (n < 0) {
+        const char *e = getenv("STRATA_ATTN_HEADS");
+        n = e ? atoi(e) : 0;
+        n = n > 0 ? n : 0;
+    }
+    return n;
+}
+
 void ops_attention(const struct ops_attn *a)
 {
     const int group = a->n_head / a->n_head_kv, ctx = a->pos0 + a->n_tok;
@@ -191,6 +205,11 @@ void ops_attention(const struct ops_attn *a)
      * heads at 512 keys: 8 units of 8 heads, 16 of 4) */
     while (hp > 1 && a->n_tok * a->n_head_kv * ((group + hp - 1) / hp) * n_chunks < n_threads)
         hp = (hp + 1) / 2;
+    const int forced = attn_heads_env();
+    if (forced > 0) {
+        hp = forced < group ? forced : group;
+        hp = hp < ATTN_MAX_HEADS ? hp : ATTN_MAX_HEADS;
+    }
     const int per_kv = (group + hp - 1) / hp, n = a->n_tok * a->n_head_kv * per_kv * n_chunks;
     const size_t stride = (size_t)a->head_dim + 2;
     const attn_unit_fn unit = attn_unit_pick();
