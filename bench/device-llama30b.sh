@@ -4,10 +4,10 @@
 #   all resident: strata bench --no-graph and its default (graph decode); llama-bench -ngl 99;
 #   under each of BUDGETS (default "12G 8G 4G"): strata bench --vram-budget with each of MODES
 #   (default "auto hybrid zc gpu": the default placement, the hybrid CPU lane, zero-copy misses
-#   in a graph, the GPU's own cache in a graph; lane: that cache with its misses computed by
-#   the CPU lane inside the graph), llama-bench with --n-cpu-moe NCMOE_<budget>
-#   (defaults 22, 33 and 44: the split that fits 12, 8 and 4 GiB), its peak device memory read
-#   by nvidia-smi every 0.2 s;
+#   in a graph, the GPU's own cache in a graph; gpupf: the same with --prefetch; lane: that
+#   cache with its misses computed by the CPU lane inside the graph), llama-bench with
+#   --n-cpu-moe NCMOE_<budget> (defaults 22, 33 and 44: the split that fits 12, 8 and 4 GiB),
+#   its peak device memory read by nvidia-smi every 0.2 s;
 #   with CPU=1, the CPU alone: strata with its default threads, llama-bench -ngl 0 -t 12,16
 #   with the GPU hidden.
 # strata runs -p 512 -n 128 --tg random (--bw-gib 0.5); llama-bench -fa on -p 512 -n 128 -r 2
@@ -27,7 +27,8 @@ sb() { # $1: label, the rest: strata bench flags
     timeout 150 "$B/strata" bench -m $M "$@" -p 512 -n 128 --bw-gib 0.5 --tg random \
         >"$OUT/sb-$lab.txt" 2>&1
     echo "rc=$?" | tee -a "$R"
-    grep -E "^(pp|tg)[0-9]|hit rate|placement auto|^lanes" "$OUT/sb-$lab.txt" | head -12 | tee -a "$R"
+    grep -E "^(pp|tg)[0-9]|hit rate|placement auto|^lanes|^prefetch" "$OUT/sb-$lab.txt" | head -14 |
+        tee -a "$R"
 }
 lb() { # $1: label, the rest: llama-bench flags
     local lab=$1
@@ -56,6 +57,7 @@ for b in ${BUDGETS:-12G 8G 4G}; do
         hybrid) f=(--placement hybrid) ;;
         zc) f=(--residency zerocopy --graph) ;;
         gpu) f=(--residency gpu --graph) ;;
+        gpupf) f=(--residency gpu --graph --prefetch) ;;
         lane) f=(--residency gpu --placement hybrid) ;;
         esac
         sb "$b-$mode" --vram-budget "$b" "${f[@]}"
