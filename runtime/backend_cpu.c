@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "clock.h"
@@ -16,6 +17,7 @@
 #include "ops_cpu.h"
 #include "ops_ssm.h"
 #include "quant_ref.h"
+#include "topo.h"
 #include "tune.h"
 
 struct backend_cpu {
@@ -31,6 +33,7 @@ struct backend_cpu {
     int tune_threads[TUNE_MAX];
     double tune_last; /* when the last one-token evaluation began; 0: not the step before */
     bool tuning;
+    bool tune_smt; /* SMT or unknown: every thread count is timed */
 };
 
 #define CPU_MAX_TOK 512 /* tokens per moe_ffn call; larger batches are split */
@@ -325,11 +328,26 @@ static int cpu_moe_ffn(struct backend *b, const struct moe_args *a)
     return rc;
 }
 
+/* Whether some core runs two of the online processors (SMT), or that is unknown. */
+static bool cpu_smt(void)
+{
+    struct topo *t;
+    long procs = sysconf(_SC_NPROCESSORS_ONLN);
+    if (procs <= 0 || topo_open(&t))
+        return true;
+    int cores = topo_n_cores(t);
+    topo_close(t);
+    return cores <= 0 || cores < procs;
+}
+
 /* Thread counts tried by the tuner: all processors, 3/4 and 1/2 of them, for hosts where fewer
- * threads decode faster (SMT siblings, a memory-bandwidth knee). On the 16-vCPU guest of
- * bench/cpu-decode.md 16 threads decoded 45% slower than 12 while OpenMP teams changed size
- * between calls; with one team size (matmul_team) 16 are the fastest there. Fewer than 6
- * processors, or OMP_NUM_THREADS set: none. */
+ * threads decode faster (SMT siblings, a memory-bandwidth knee), all of them first. On the
+ * 16-vCPU guest of bench/cpu-decode.md 16 threads decoded 45% slower than 12 while OpenMP teams
+ * changed size between calls; with one team size (matmul_team) 16 are the fastest there, 12
+ * 15% and 8 30% slower. Without SMT, half the threads are not timed where 3/4 already lost to
+ * all of them by a clear margin (tune_drop_past_dearer): past the knee fewer threads only read
+ * memory slower, and each step they run is a slow one. Fewer than 6 processors, or
+ * OMP_NUM_THREADS set: none. */
 static void cpu_tune_open(struct backend_cpu *c)
 {
     const int n = omp_get_max_threads();
@@ -339,7 +357,8 @@ static void cpu_tune_open(struct backend_cpu *c)
     c->tune_threads[0] = n;
     c->tune_threads[1] = (3 * n + 2) / 4;
     c->tune_threads[2] = n / 2;
-    tune_init(&c->tune, 3, 1, 1, 3);
+    c->tune_smt = cpu_smt();
+    tune_init(&c->tune, 3, 0, 1, 3);
     omp_set_num_threads(c->tune_threads[c->tune.cur]);
     c->tuning = true;
 }
@@ -351,18 +370,32 @@ static void cpu_eval_begin(struct backend *b, int n)
         return;
     const double now = clock_now_s();
     if (n == 1 && c->tune_last > 0) {
-        const int prev = c->tune.cur, next = tune_observe(&c->tune, now - c->tune_last);
+        const int prev = c->tune.cur;
+        tune_observe(&c->tune, now - c->tune_last);
+        if (!c->tune_smt)
+            tune_drop_past_dearer(&c->tune);
+        const int next = c->tune.cur;
         if (next != prev)
             omp_set_num_threads(c->tune_threads[next]);
         if (tune_decided(&c->tune)) {
             c->tuning = false;
-            if (c->cfg.log)
+            if (c->cfg.log) {
+                char timed[160];
+                int len = 0;
+                for (int i = 0; i < 3; i++) {
+                    char *at = timed + len;
+                    size_t room = sizeof(timed) - (size_t)len;
+                    len += c->tune.cost[i] > 0
+                               ? snprintf(at, room, "%s%.1f ms with %d", i ? ", " : "",
+                                          c->tune.cost[i] * 1e3, c->tune_threads[i])
+                               : snprintf(at, room, "%s%d not timed", i ? ", " : "",
+                                          c->tune_threads[i]);
+                }
                 fprintf(c->cfg.log,
-                        "strata: threads: %d from now on (decode steps measured %.1f ms with "
-                        "%d, %.1f with %d, %.1f with %d; -t sets a count)\n",
-                        c->tune_threads[next], c->tune.cost[0] * 1e3, c->tune_threads[0],
-                        c->tune.cost[1] * 1e3, c->tune_threads[1], c->tune.cost[2] * 1e3,
-                        c->tune_threads[2]);
+                        "strata: threads: %d from now on (decode steps measured %s; -t sets a "
+                        "count)\n",
+                        c->tune_threads[next], timed);
+            }
         }
     }
     c->tune_last = n == 1 ? now : 0;

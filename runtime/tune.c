@@ -70,6 +70,21 @@ void tune_drop(struct tune *t, int i)
     }
 }
 
+void tune_drop_past_dearer(struct tune *t)
+{
+    const double base = t->cost[t->first];
+    if (tune_decided(t) || base <= 0)
+        return;
+    for (int i = t->first + 1; i < t->n; i++) {
+        if (t->cost[i] <= (1.0 + TUNE_CLEAR) * base)
+            continue;
+        for (int j = i + 1; j < t->n; j++)
+            if (t->cost[j] == 0)
+                tune_drop(t, j);
+        return;
+    }
+}
+
 int tune_observe(struct tune *t, double seconds)
 {
     if (tune_decided(t))

@@ -41,6 +41,12 @@ int tune_observe(struct tune *t, double seconds);
  * left, the cheapest measured stays at once. */
 void tune_drop(struct tune *t, int i);
 
+/* For settings whose cost moves one way along the index once it starts to rise (fewer
+ * threads past a memory-bandwidth knee): where a setting after the first measured dearer than
+ * the first by more than TUNE_CLEAR, the settings after it not yet timed are dropped
+ * (tune_drop). Call after tune_observe, then apply t->cur. */
+void tune_drop_past_dearer(struct tune *t);
+
 /* Whether every trial is done (the setting in use is the cheapest measured). */
 bool tune_decided(const struct tune *t);
 

@@ -157,6 +157,33 @@ int main(void)
         tune_drop(&t, 1);
         CHECK(t.cur == 1 && !t.dropped[1], "dropped a setting under trial");
     }
+    /* costs that rise along the index (fewer threads past a bandwidth knee): a second setting
+     * dearer than the first by more than TUNE_CLEAR rules out the third untimed; within it,
+     * or cheaper, every setting is timed */
+    {
+        const double knee[3] = {30.0, 34.5, 44.0}, close[3] = {30.0, 32.0, 28.0};
+        tune_init(&t, 3, 0, 1, 3);
+        int n = 0;
+        while (!tune_decided(&t) && n < 64) {
+            tune_observe(&t, knee[t.cur]);
+            tune_drop_past_dearer(&t);
+            used[t.cur]++, n++;
+        }
+        CHECK(tune_decided(&t) && t.cur == 0 && n == 8 && t.cost[2] == 0.0 && t.dropped[2],
+              "past the knee: %d steps, picked %d, third timed %g", n, t.cur, t.cost[2]);
+        tune_init(&t, 3, 0, 1, 3);
+        n = 0;
+        while (!tune_decided(&t) && n < 64) {
+            tune_observe(&t, close[t.cur]);
+            tune_drop_past_dearer(&t);
+            n++;
+        }
+        CHECK(tune_decided(&t) && t.cur == 2 && t.cost[2] == 28.0 && !t.dropped[2],
+              "within the margin: picked %d, third timed %g", t.cur, t.cost[2]);
+        tune_init(&t, 3, 0, 1, 3); /* before anything is timed: nothing dropped */
+        tune_drop_past_dearer(&t);
+        CHECK(!t.dropped[1] && !t.dropped[2], "dropped before any trial");
+    }
     /* one setting: decided at once; out-of-range arguments are clamped */
     {
         tune_init(&t, 1, 5, -1, 0);
