@@ -5,9 +5,25 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "attn_body.h"
 #include "cpu_features.h"
+
+/* sum of x[i]^2 in double: each square is exact, and eight running sums (combined in a fixed
+ * order) keep the adds from waiting on one another, as one chain of 2048 dependent double adds
+ * did (3 us of every decode norm, on one thread while the others wait) */
+static double sum_squares(const float *x, int n)
+{
+    double acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            acc[k] += (double)x[i + k] * x[i + k];
+    for (int k = 0; i < n; i++, k++)
+        acc[k] += (double)x[i] * x[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
 
 void ops_rmsnorm(float *out, const float *in, const float *w, int rows, int dim, float eps)
 {
@@ -15,9 +31,7 @@ void ops_rmsnorm(float *out, const float *in, const float *w, int rows, int dim,
     for (int r = 0; r < rows; r++) {
         const float *x = in + (size_t)r * dim;
         float *y = out + (size_t)r * dim;
-        double ss = 0;
-        for (int i = 0; i < dim; i++)
-            ss += (double)x[i] * x[i];
+        double ss = sum_squares(x, dim);
         float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
         for (int i = 0; i < dim; i++)
             y[i] = x[i] * inv * (w ? w[i] : 1.0f);
@@ -47,10 +61,50 @@ void ops_rope_neox_partial(float *x, int n_tok, int n_heads, int head_dim, int n
     ops_rope_neox_rot(x, n_tok, n_heads, head_dim, n_rot, pos0, freq, 1.0f);
 }
 
+/* One token's rotation angles as floats (cos, sin times mscale), kept per thread: decode
+ * rotates q and k of every layer at one position with the same frequencies, so the 2 x n_rot / 2
+ * double cos and sin calls run once a token instead of twice a layer. */
+struct rope_angles {
+    bool valid;
+    int pos, half;
+    float mscale;
+    double freq[OPS_MAX_HEAD_DIM / 2];
+    float c[OPS_MAX_HEAD_DIM / 2], s[OPS_MAX_HEAD_DIM / 2];
+};
+static _Thread_local struct rope_angles rope_last;
+
+static const struct rope_angles *rope_angles_at(int pos, int half, const double *freq, float mscale)
+{
+    struct rope_angles *r = &rope_last;
+    if (r->valid && r->pos == pos && r->half == half && r->mscale == mscale &&
+        !memcmp(r->freq, freq, sizeof(double) * (size_t)half))
+        return r;
+    for (int i = 0; i < half; i++) {
+        double theta = (double)pos * freq[i];
+        r->c[i] = (float)cos(theta) * mscale;
+        r->s[i] = (float)sin(theta) * mscale;
+    }
+    memcpy(r->freq, freq, sizeof(double) * (size_t)half);
+    r->pos = pos, r->half = half, r->mscale = mscale, r->valid = true;
+    return r;
+}
+
 void ops_rope_neox_rot(float *x, int n_tok, int n_heads, int head_dim, int n_rot, int pos0,
                        const double *freq, float mscale)
 {
     int half = n_rot / 2;
+    if (n_tok == 1) {
+        const struct rope_angles *r = rope_angles_at(pos0, half, freq, mscale);
+        for (int h = 0; h < n_heads; h++) { /* along each head's contiguous halves */
+            float *v = x + (size_t)h * head_dim, *w = v + half;
+            for (int i = 0; i < half; i++) {
+                float a = v[i], b = w[i];
+                v[i] = a * r->c[i] - b * r->s[i];
+                w[i] = a * r->s[i] + b * r->c[i];
+            }
+        }
+        return;
+    }
 
 #pragma omp parallel for schedule(static) if (n_tok > 4)
     for (int t = 0; t < n_tok; t++) {
