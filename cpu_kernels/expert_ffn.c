@@ -250,9 +250,9 @@ struct group_layout {
 };
 
 #define GROUP_MAX_THREADS 1024
-/* Groups of one pair per expert and at most this many pairs (decode) compute each expert's
- * down projection whole into y (pairs, n_embd), then add the pairs up: contiguous reads of
- * each expert's matrix instead of 16-row slices of every expert in turn. */
+/* Groups of at most this many pairs and experts (decode, lockstep steps, short prompts)
+ * compute each expert's down projection whole into y (pairs, n_embd), then add the pairs up:
+ * contiguous reads of each expert's matrix instead of 16-row slices of every expert in turn. */
 #define GROUP_Y_PAIRS 64
 
 static void group_layout_get(const struct expert_ffn_weights *w, int n_pairs,
@@ -313,7 +313,7 @@ static int group_check(const struct expert_ffn_group_args *a)
     return 0;
 }
 
-struct group_flow; /* decode's flow state, below */
+struct group_flow; /* a small group's flow state, below */
 
 /* Phase 2 of the group: gate/up/h for rows [u0*16, u1*16) of expert i, all its pairs. */
 static void group_gate_up(const struct expert_ffn_group_args *a, const struct group_layout *l,
@@ -378,26 +378,29 @@ static void group_down(const struct expert_ffn_group_args *a, const struct group
     }
 }
 
-/* Decode's phase 4: rows [r0, r1) of expert i's down projection for its one pair, into y. */
+/* Phase 4 of a small group: rows [r0, r1) of expert i's down projection for all its pairs,
+ * into y. */
 static void group_down_rows(const struct expert_ffn_group_args *a, const struct group_layout *l,
                             struct group_flow *flow, int i, int64_t r0, int64_t r1)
 {
     (void)flow;
     const struct expert_ffn_weights *w = &a->w[i];
     uint8_t *s = a->scratch;
-    int p = a->offset[i];
+    int p = a->offset[i], m = a->offset[i + 1] - p;
+    if (m == 0)
+        return;
     struct matmul_args md = {.wtype = w->down_type,
                              .w = w->down,
                              .w_stride = vec_dot_row_bytes(w->down_type, w->n_ff),
                              .n_in = w->n_ff,
                              .n_out = w->n_embd,
-                             .m = 1,
+                             .m = m,
                              .y = (float *)(s + l->y) + (size_t)(p - a->offset[0]) * w->n_embd,
                              .y_stride = w->n_embd};
     matmul_rows(&md, s + l->act_h + (size_t)p * l->h_stride, l->h_stride, r0, r1);
 }
 
-/* The decode flow's shared state (expert_ffn_group_run): per expert, the gate/up units done and
+/* A small group's flow state (expert_ffn_group_run): per expert, the gate/up units done and
  * whether its h is converted; NULL outside the flow. */
 struct group_flow {
     atomic_int units_done[GROUP_Y_PAIRS];
@@ -442,8 +445,8 @@ static void flow_wait(atomic_int *f)
     }
 }
 
-/* The decode flow's phase 2: gate/up rows of expert i; the thread that completes the expert's
- * last unit converts its h (phase 3 for its one pair) and marks it ready. */
+/* The flow's phase 2: gate/up rows of expert i; the thread that completes the expert's last
+ * unit converts its pairs' h (phase 3 for them) and marks it ready. */
 static void flow_gate_up(const struct expert_ffn_group_args *a, const struct group_layout *l,
                          struct group_flow *flow, int i, int64_t r0, int64_t r1)
 {
@@ -452,14 +455,14 @@ static void flow_gate_up(const struct expert_ffn_group_args *a, const struct gro
     if (atomic_fetch_add_explicit(&flow->units_done[i], n, memory_order_acq_rel) + n ==
         flow->ff_units) {
         const struct expert_ffn_weights *w = &a->w[i];
-        int p = a->offset[i];
-        flow->q_down((float *)((uint8_t *)a->scratch + l->g) + (size_t)p * w->n_ff,
-                     (uint8_t *)a->scratch + l->act_h + (size_t)p * l->h_stride, w->n_ff);
+        for (int p = a->offset[i]; p < a->offset[i + 1]; p++)
+            flow->q_down((float *)((uint8_t *)a->scratch + l->g) + (size_t)p * w->n_ff,
+                         (uint8_t *)a->scratch + l->act_h + (size_t)p * l->h_stride, w->n_ff);
         atomic_store_explicit(&flow->h_ready[i], 1, memory_order_release);
     }
 }
 
-/* The decode flow's phase 4: down rows of expert i once its h is ready. */
+/* The flow's phase 4: down rows of expert i once its h is ready. */
 static void flow_down_rows(const struct expert_ffn_group_args *a, const struct group_layout *l,
                            struct group_flow *flow, int i, int64_t r0, int64_t r1)
 {
@@ -467,8 +470,9 @@ static void flow_down_rows(const struct expert_ffn_group_args *a, const struct g
     group_down_rows(a, l, flow, i, r0, r1);
 }
 
-/* STRATA_MOE_FLOW=0 in the environment (or expert_ffn_set_flow(0)): decode's down phase after
- * a barrier behind every expert's gate/up rows, as the other paths run (for comparisons). */
+/* STRATA_MOE_FLOW=0 in the environment (or expert_ffn_set_flow(0)): a small group's down phase
+ * after a barrier behind every expert's gate/up rows, as the other paths run (for
+ * comparisons). */
 static int flow_on = -1;
 
 void expert_ffn_set_flow(int on)
@@ -558,7 +562,8 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
     bool one_each = true;
     for (int i = 0; i < a->n_experts; i++)
         one_each &= a->offset[i + 1] - a->offset[i] == 1;
-    const bool down_whole = one_each && p_end - p_begin <= GROUP_Y_PAIRS;
+    /* small groups (decode, lockstep steps): each expert's down rows whole, as a flow */
+    const bool down_whole = p_end - p_begin <= GROUP_Y_PAIRS && a->n_experts <= GROUP_Y_PAIRS;
     int nt = a->n_threads > 0 ? a->n_threads : omp_get_max_threads();
     if (nt > GROUP_MAX_THREADS)
         nt = GROUP_MAX_THREADS;
@@ -566,9 +571,15 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
     vec_dot_quantize_fn q_gate = vec_dot_quantize_get(w0->gate_type, CPU_ISA_COUNT);
     vec_dot_quantize_fn q_up = vec_dot_quantize_get(w0->up_type, CPU_ISA_COUNT);
     vec_dot_quantize_fn q_down = vec_dot_quantize_get(w0->down_type, CPU_ISA_COUNT);
-    const bool trace = down_whole && tr_on();
-    /* decode as a flow: an expert's down rows start as soon as its own h is converted, so the
-     * threads that finish gate/up first go on with down rows instead of waiting at a barrier */
+    const bool trace = one_each && down_whole && tr_on();
+    int pair_expert[GROUP_Y_PAIRS]; /* small groups: the expert of each pair */
+    if (down_whole)
+        for (int i = 0; i < a->n_experts; i++)
+            for (int p = a->offset[i]; p < a->offset[i + 1]; p++)
+                pair_expert[p - p_begin] = i;
+    /* small groups as a flow: an expert's down rows start as soon as its own h is converted, so
+     * the threads that finish gate/up first go on with down rows instead of waiting at a
+     * barrier */
     const bool flow_run = down_whole && flow_enabled();
     struct group_flow flow;
     if (flow_run) {
@@ -629,7 +640,7 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
             if (down_whole) {
                 if (trace)
                     st[TR_P3] = tr_now();
-                /* 4. down (decode): every expert's rows into y */
+                /* 4. down (small groups): every expert's rows into y */
                 group_items(a, &l, NULL, embd_units, w0->n_embd, true, nth, &next_down,
                             group_down_rows);
             }
@@ -648,7 +659,7 @@ int expert_ffn_group_run(const struct expert_ffn_group_args *a)
                     float *o = a->out + (int64_t)a->tokens[p] * a->out_stride;
                     const float *y = (const float *)(s + l.y) + (size_t)(p - p_begin) * w0->n_embd;
                     float wt = a->token_weights ? a->token_weights[p] : 1.0f;
-                    const struct expert_ffn_weights *w = &a->w[p - p_begin]; /* one pair each */
+                    const struct expert_ffn_weights *w = &a->w[pair_expert[p - p_begin]];
                     for (int64_t r = r0; r < r1; r++)
                         o[r] += wt * ffn_down(w, y[r], r);
                 }

@@ -1,9 +1,10 @@
 /* expert_ffn_group_run: one MoE layer's experts in one parallel region must give exactly the
  * bytes of calling expert_ffn_run expert by expert (same operations, same order), for decode
- * (one token) and prefill-like plans (uneven token lists, repeated tokens), for 1 and 2
- * threads, on fresh random Q4_K/Q6_K and Q8_0 experts, and as many pairs as experts but not one
- * each (which must not take the decode path). Also the CPU lane's per-pair cost
- * measurement (moe_cpu_pair_seconds) gives a sane figure. */
+ * (one token), lockstep-like steps (8 tokens, 64 pairs: the small-group flow with several pairs
+ * per expert) and prefill-like plans (uneven token lists, repeated tokens, more than 64
+ * pairs), for 1, 2, 3 and 5 threads, with and without the flow, on fresh random Q4_K/Q6_K and
+ * Q8_0 experts, and as many pairs as experts but not one each. Also the CPU lane's per-pair
+ * cost measurement (moe_cpu_pair_seconds) gives a sane figure. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,11 +106,11 @@ static void one_case(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_
     serial_run(w, p.n_active, p.offset, p.tok, p.wt, x, n_embd, ref);
     size_t gb = expert_ffn_group_scratch_bytes(&w[0], p.offset[p.n_active]);
     void *gscratch = malloc(gb);
-    /* 1, 2, 3 and 5 threads; decode (one pair per expert) also without its flow */
+    /* 1, 2, 3 and 5 threads; groups of at most 64 pairs also without their flow */
     static const int threads[] = {1, 2, 3, 5};
     for (int c = 0; c < 8; c++) {
         int t = threads[c % 4], flow = c < 4;
-        if (!flow && n_tok > 1)
+        if (!flow && p.offset[p.n_active] > 64)
             break;
         expert_ffn_set_flow(flow);
         test_poison_bytes(gscratch, gb);
@@ -151,8 +152,8 @@ static void one_case(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_
     moe_plan_free(&p);
 }
 
-/* As many pairs as experts, but not one each (2, 0, 1): the group must not take the decode
- * path, which assumes one pair per expert; the same bytes as expert by expert. */
+/* As many pairs as experts, but not one each (2, 0, 1: an expert without pairs, a token in
+ * two experts); the same bytes as expert by expert, with and without the flow. */
 static void uneven_one_token(struct rng *r)
 {
     const int n_embd = 512, n_ff = 256;
@@ -184,10 +185,18 @@ static void uneven_one_token(struct rng *r)
                                       .out_stride = n_embd,
                                       .scratch = gscratch,
                                       .scratch_bytes = gb};
-    CHECK(expert_ffn_group_run(&g) == 0, "expert_ffn_group_run");
-    CHECK(memcmp(got, ref, ob) == 0, "pairs 2/0/1: group differs from expert-by-expert (%g)",
-          test_max_rel_err(got, ref, 2 * (size_t)n_embd));
-    free(gate), free(up), free(down), free(x), free(ref), free(got), free(gscratch);
+    float *start = malloc(ob);
+    memcpy(start, got, ob);
+    for (int flow = 1; flow >= 0; flow--) {
+        expert_ffn_set_flow(flow);
+        memcpy(got, start, ob);
+        CHECK(expert_ffn_group_run(&g) == 0, "expert_ffn_group_run");
+        CHECK(memcmp(got, ref, ob) == 0,
+              "pairs 2/0/1, flow %d: group differs from expert-by-expert (%g)", flow,
+              test_max_rel_err(got, ref, 2 * (size_t)n_embd));
+    }
+    expert_ffn_set_flow(1);
+    free(start), free(gate), free(up), free(down), free(x), free(ref), free(got), free(gscratch);
 }
 
 /* moe_cpu_pair_seconds: the CPU lane's per-pair arithmetic, measured on random Q4_K/Q6_K
@@ -228,6 +237,8 @@ int main(void)
     one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 1, 4);  /* decode */
     for (int i = 0; i < 16; i++)                 /* decode's flow, again and again */
         one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 1, 8);
+    one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 8, 8);  /* lockstep: 64 pairs, several an expert */
+    one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 9, 8);  /* 72 pairs: the barrier path */
     one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 37, 4); /* prefill: uneven lists, > 16 per expert */
     one_case(&r, QUANT_Q8_0, QUANT_Q8_0, 5, 2);
     one_case(&r, QUANT_F32, QUANT_F32, 3, 3);
