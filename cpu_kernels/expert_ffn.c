@@ -253,7 +253,7 @@ struct group_layout {
 /* Groups of at most this many pairs and experts (decode, lockstep steps, short prompts)
  * compute each expert's down projection whole into y (pairs, n_embd), then add the pairs up:
  * contiguous reads of each expert's matrix instead of 16-row slices of every expert in turn. */
-#define GROUP_Y_PAIRS 64
+#define GROUP_Y_PAIRS 256
 
 static void group_layout_get(const struct expert_ffn_weights *w, int n_pairs,
                              struct group_layout *l)
@@ -386,18 +386,17 @@ static void group_down_rows(const struct expert_ffn_group_args *a, const struct 
     (void)flow;
     const struct expert_ffn_weights *w = &a->w[i];
     uint8_t *s = a->scratch;
-    int p = a->offset[i], m = a->offset[i + 1] - p;
-    if (m == 0)
-        return;
     struct matmul_args md = {.wtype = w->down_type,
                              .w = w->down,
                              .w_stride = vec_dot_row_bytes(w->down_type, w->n_ff),
                              .n_in = w->n_ff,
                              .n_out = w->n_embd,
-                             .m = m,
-                             .y = (float *)(s + l->y) + (size_t)(p - a->offset[0]) * w->n_embd,
                              .y_stride = w->n_embd};
-    matmul_rows(&md, s + l->act_h + (size_t)p * l->h_stride, l->h_stride, r0, r1);
+    for (int p0 = a->offset[i]; p0 < a->offset[i + 1]; p0 += BATCH) {
+        md.m = a->offset[i + 1] - p0 < BATCH ? a->offset[i + 1] - p0 : BATCH;
+        md.y = (float *)(s + l->y) + (size_t)(p0 - a->offset[0]) * w->n_embd;
+        matmul_rows(&md, s + l->act_h + (size_t)p0 * l->h_stride, l->h_stride, r0, r1);
+    }
 }
 
 /* A small group's flow state (expert_ffn_group_run): per expert, the gate/up units done and

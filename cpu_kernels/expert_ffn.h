@@ -70,7 +70,7 @@ int expert_ffn_run(const struct expert_ffn_args *a);
  * the types and shapes of w[0]. Four phases separated by barriers, each split over all threads
  * at once rather than expert by expert: convert x for every pair; gate/up rows of all experts;
  * convert h; down rows of n_embd for all experts, accumulated into out in expert order, then
- * pair order. Groups of at most 64 pairs (decode, lockstep steps, short prompts) instead read
+ * pair order. Groups of at most 256 pairs (decode, lockstep steps, short prompts) instead read
  * each expert's down matrix in long runs into per-pair buffers (16-row slices of every expert
  * in turn read slower), each expert's as soon as its h is ready (expert_ffn_set_flow), and a
  * fifth phase adds the buffers up in that same order. Every output element sees the same
@@ -98,7 +98,7 @@ size_t expert_ffn_group_scratch_bytes(const struct expert_ffn_weights *w, int n_
 /* Runs the group. 0, or -EINVAL (types/shapes differ between experts, bad arguments). */
 int expert_ffn_group_run(const struct expert_ffn_group_args *a);
 
-/* Groups of at most 64 pairs run as a flow by default: an expert's down rows start as soon as
+/* Groups of at most 256 pairs run as a flow by default: an expert's down rows start as soon as
  * its own gate/up rows are done and its pairs' h converted, with no barrier between the
  * phases; the same operations on the same values, so the same bits. 0 puts the barrier back
  * (as STRATA_MOE_FLOW=0 in the environment does), for comparisons and tests. */

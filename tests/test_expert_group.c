@@ -1,11 +1,12 @@
 /* expert_ffn_group_run: one MoE layer's experts in one parallel region must give exactly the
  * bytes of calling expert_ffn_run expert by expert (same operations, same order), for decode
  * (one token), lockstep-like steps (8 tokens, 64 pairs: the small-group flow with several pairs
- * per expert) and prefill-like plans (uneven token lists, repeated tokens, more than 64
- * pairs), for 1, 2, 3 and 5 threads, with and without the flow, on fresh random Q4_K/Q6_K and
- * Q8_0 experts, and as many pairs as experts but not one each. Also the CPU lane's per-pair
- * cost measurement (moe_cpu_pair_seconds) gives a sane figure. */
+ * per expert; 256, and 90 pairs on one expert) and prefill-like plans (uneven token lists,
+ * repeated tokens, more than 256 pairs), for 1, 2, 3 and 5 threads, with and without the flow, on
+ * fresh random Q4_K/Q6_K and Q8_0 experts, and as many pairs as experts but not one each. Also the
+ * CPU lane's per-pair cost measurement (moe_cpu_pair_seconds) gives a sane figure. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,7 +76,10 @@ static void serial_run(const struct expert_ffn_weights *w, int n, const int32_t 
     free(scratch);
 }
 
-static void one_case(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_tok, int k)
+/* n_tok tokens routed top-k over 16 random experts; with `hot`, expert 0 first for every token
+ * (more pairs than a matmul batch on one expert). */
+static void one_case(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_tok, int k,
+                     bool hot)
 {
     const int n_exp = 16, n_embd = 512, n_ff = 256;
     uint64_t gs, ds;
@@ -92,7 +96,7 @@ static void one_case(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_
     for (int i = 0; i < n_tok * n_embd; i++)
         x[i] = rng_normal(r);
     for (int i = 0; i < n_tok * n_exp; i++)
-        logits[i] = rng_normal(r);
+        logits[i] = rng_normal(r) + (hot && i % n_exp == 0 ? 100.0f : 0.0f);
     moe_route_softmax_topk(logits, n_tok, n_exp, k, ids, wt);
     moe_plan_init(&p, n_tok, k, n_exp);
     moe_plan_build(&p, ids, wt, n_tok);
@@ -106,11 +110,11 @@ static void one_case(struct rng *r, uint32_t gu_type, uint32_t down_type, int n_
     serial_run(w, p.n_active, p.offset, p.tok, p.wt, x, n_embd, ref);
     size_t gb = expert_ffn_group_scratch_bytes(&w[0], p.offset[p.n_active]);
     void *gscratch = malloc(gb);
-    /* 1, 2, 3 and 5 threads; groups of at most 64 pairs also without their flow */
+    /* 1, 2, 3 and 5 threads; groups of at most 256 pairs also without their flow */
     static const int threads[] = {1, 2, 3, 5};
     for (int c = 0; c < 8; c++) {
         int t = threads[c % 4], flow = c < 4;
-        if (!flow && p.offset[p.n_active] > 64)
+        if (!flow && p.offset[p.n_active] > 256)
             break;
         expert_ffn_set_flow(flow);
         test_poison_bytes(gscratch, gb);
@@ -234,14 +238,16 @@ int main(void)
 {
     struct rng r;
     rng_seed(&r, test_seed("test_expert_group"), 4);
-    one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 1, 4);  /* decode */
-    for (int i = 0; i < 16; i++)                 /* decode's flow, again and again */
-        one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 1, 8);
-    one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 8, 8);  /* lockstep: 64 pairs, several an expert */
-    one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 9, 8);  /* 72 pairs: the barrier path */
-    one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 37, 4); /* prefill: uneven lists, > 16 per expert */
-    one_case(&r, QUANT_Q8_0, QUANT_Q8_0, 5, 2);
-    one_case(&r, QUANT_F32, QUANT_F32, 3, 3);
+    one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 1, 4, false); /* decode */
+    for (int i = 0; i < 16; i++)                       /* decode's flow, again and again */
+        one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 1, 8, false);
+    one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 8, 8, false);  /* lockstep: several pairs an expert */
+    one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 32, 8, false); /* 256 pairs: the last small group */
+    one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 33, 8, false); /* 264: the barrier path */
+    one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 90, 2, true);  /* 90 pairs on expert 0 */
+    one_case(&r, QUANT_Q4_K, QUANT_Q6_K, 37, 4, false); /* uneven lists, > 16 per expert */
+    one_case(&r, QUANT_Q8_0, QUANT_Q8_0, 5, 2, false);
+    one_case(&r, QUANT_F32, QUANT_F32, 3, 3, false);
     uneven_one_token(&r);
     pair_seconds(&r);
     return test_finish("test_expert_group");
