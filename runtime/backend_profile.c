@@ -156,6 +156,11 @@ static int prof_read(struct backend *b, float *host, const float *src, size_t n)
     PROF(P_READ, in->ops->read(in, host, src, n));
 }
 
+static int prof_read_argmax(struct backend *b, const float *x, int n, int32_t *out)
+{
+    PROF(P_READ, in->ops->read_argmax(in, x, n, out));
+}
+
 /* Not timed: the backend's own bookkeeping (the CPU backend times decode steps to pick its
  * thread count). */
 static void prof_eval_begin(struct backend *b, int n)
@@ -193,6 +198,7 @@ static const struct backend_ops prof_ops = {
     .add = prof_add,
     .moe_ffn = prof_moe_ffn,
     .read = prof_read,
+    .read_argmax = prof_read_argmax,
     .eval_begin = prof_eval_begin,
     .close = prof_close,
 };
@@ -211,6 +217,8 @@ int backend_profile_open(struct backend *inner, struct backend **out)
         p->ops.matmul_n = NULL;
     if (!inner->ops->eval_begin)
         p->ops.eval_begin = NULL;
+    if (!inner->ops->read_argmax)
+        p->ops.read_argmax = NULL;
     p->ops.attn_sinks_window = inner->ops->attn_sinks_window;
     if (!inner->ops->rope_partial || !inner->ops->split_halves || !inner->ops->mul_sigmoid ||
         !inner->ops->shared_expert || !inner->ops->gdn) {

@@ -1,7 +1,7 @@
 /* backend_profile: the wrapper forwards the optional ops its backend has (q/k/v in one call,
- * the decode steps' clock that picks the CPU thread count) and leaves out the ones it lacks,
- * passes arguments and results through, counts q/k/v in one call as one matmul, and closes the
- * backend it wraps. A made-up backend records what reaches it. */
+ * the decode steps' clock that picks the CPU thread count, the argmax where the logits are) and
+ * leaves out the ones it lacks, passes arguments and results through, counts q/k/v in one call
+ * as one matmul, and closes the backend it wraps. A made-up backend records what reaches it. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +11,7 @@
 #include "testutil.h"
 
 static struct {
-    int matmul_n, n_last, eval_begin, eval_tokens, closed;
+    int matmul_n, n_last, eval_begin, eval_tokens, argmax, closed;
     const float *in;
 } seen;
 
@@ -37,6 +37,14 @@ static void fake_eval_begin(struct backend *b, int n)
     (void)b;
     seen.eval_begin++;
     seen.eval_tokens += n;
+}
+
+static int fake_read_argmax(struct backend *b, const float *x, int n, int32_t *out)
+{
+    (void)b, (void)x;
+    seen.argmax++;
+    *out = n - 1;
+    return 0;
 }
 
 static void fake_close(struct backend *b)
@@ -65,12 +73,14 @@ int main(void)
                                      .matmul = fake_matmul,
                                      .matmul_n = fake_matmul_n,
                                      .eval_begin = fake_eval_begin,
+                                     .read_argmax = fake_read_argmax,
                                      .close = fake_close};
     struct backend inner = {.ops = &full}, *p = NULL;
     CHECK(backend_profile_open(&inner, &p) == 0 && p, "wrapping failed");
 
-    CHECK(p->ops->matmul_n && p->ops->eval_begin, "the wrapper dropped an op its backend has");
-    if (!p->ops->matmul_n || !p->ops->eval_begin)
+    CHECK(p->ops->matmul_n && p->ops->eval_begin && p->ops->read_argmax,
+          "the wrapper dropped an op its backend has");
+    if (!p->ops->matmul_n || !p->ops->eval_begin || !p->ops->read_argmax)
         return test_finish("test_backend_profile");
     float x[4] = {0};
     float *out[3] = {x, x, x};
@@ -84,8 +94,11 @@ int main(void)
     CHECK(seen.eval_begin == 2 && seen.eval_tokens == 6,
           "eval_begin reached the backend %d times with %d tokens", seen.eval_begin,
           seen.eval_tokens);
+    int32_t id = -1;
+    CHECK(p->ops->read_argmax(p, x, 4, &id) == 0 && id == 3 && seen.argmax == 1,
+          "read_argmax: %d (calls %d)", id, seen.argmax);
     char *text = report(p);
-    CHECK(text && strstr(text, "matmul") && strstr(text, " 2 "),
+    CHECK(text && strstr(text, "matmul") && strstr(text, " 2 ") && strstr(text, "read"),
           "the report does not count the two matmul_n calls as matmul:\n%s", text ? text : "");
     free(text);
     backend_close(p);
@@ -96,9 +109,10 @@ int main(void)
     const struct backend_ops bare = {.name = "bare", .matmul = fake_matmul, .close = fake_close};
     struct backend inner2 = {.ops = &bare};
     CHECK(backend_profile_open(&inner2, &p) == 0 && p, "wrapping failed");
-    CHECK(!p->ops->matmul_n && !p->ops->eval_begin,
-          "the wrapper offers an op its backend lacks (matmul_n %p, eval_begin %p)",
-          (void *)p->ops->matmul_n, (void *)p->ops->eval_begin);
+    CHECK(!p->ops->matmul_n && !p->ops->eval_begin && !p->ops->read_argmax,
+          "the wrapper offers an op its backend lacks (matmul_n %p, eval_begin %p, "
+          "read_argmax %p)",
+          (void *)p->ops->matmul_n, (void *)p->ops->eval_begin, (void *)p->ops->read_argmax);
     backend_close(p);
     return test_finish("test_backend_profile");
 }
