@@ -387,8 +387,9 @@ static void cpu_eval_begin(struct backend *b, int n)
                     char *at = timed + len;
                     size_t room = sizeof(timed) - (size_t)len;
                     len += c->tune.cost[i] > 0
-                               ? snprintf(at, room, "%s%.1f ms with %d", i ? ", " : "",
-                                          c->tune.cost[i] * 1e3, c->tune_threads[i])
+                               ? snprintf(at, room, "%s%.1f ms with %d%s", i ? ", " : "",
+                                          c->tune.cost[i] * 1e3, c->tune_threads[i],
+                                          c->tune.cut[i] ? " (cut short)" : "")
                                : snprintf(at, room, "%s%d not timed", i ? ", " : "",
                                           c->tune_threads[i]);
                 }

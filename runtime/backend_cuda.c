@@ -1012,7 +1012,9 @@ static int cuda_read_op(struct backend *b, float *host, const float *src, size_t
  * W1-real at 2 GiB the GPU's cache 1865, copies 1483), and the hit rate that decides it is only
  * known once the model runs. Leaving the GPU's cache, the device gives the slots back
  * (expert_cache_device_stop). So each is timed on a few decode steps (tune.h: 2 skipped, 8 timed,
- * the first mode timed again last on a close call) and the fastest stays; a miss rate that later
+ * 4 for a mode already over a quarter slower than the best, such as the CPU lane's 5.85 ms
+ * against the GPU's cache's 3.85 at 8 GiB on the 30b-a3b preset; the first mode timed again
+ * last on a close call) and the fastest stays; a miss rate that later
  * moves by more than half (and one miss per token) starts the trials again, unless it fell
  * under zero-copy. Zero-copy in a graph goes first where it can and the first decode step's
  * misses allow (auto_open, auto_gate_zc, auto_probe_zc) and stays alone at a low miss rate;
@@ -1255,9 +1257,10 @@ static void auto_step(struct backend_cuda *c, bool rows, int n)
                     fprintf(c->log, "strata: placement auto:");
                     for (int i = 0, k = 0; i < c->tune.n; i++)
                         if (c->tune.cost[i] > 0)
-                            fprintf(c->log, "%s %s %.2f ms", k++ ? "," : "",
+                            fprintf(c->log, "%s %s %.2f ms%s", k++ ? "," : "",
                                     auto_mode_name(c->tune_mode[i], c->graph_ok),
-                                    c->tune.cost[i] * 1e3);
+                                    c->tune.cost[i] * 1e3,
+                                    c->tune.cut[i] ? " (trial cut short)" : "");
                     fprintf(c->log, " per step: %s from now on\n",
                             auto_mode_name(c->tune_mode[next], c->graph_ok));
                 }

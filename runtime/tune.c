@@ -85,15 +85,32 @@ void tune_drop_past_dearer(struct tune *t)
     }
 }
 
+/* Whether the trial in use, `timed` steps into its window, already measures dearer than the
+ * cheapest setting measured by more than TUNE_CUT: it cannot win, and its other steps would
+ * only cost. Never before half the window (its first steps may still be warming up). */
+static bool tune_losing(const struct tune *t, int timed)
+{
+    if (timed < (t->window + 1) / 2 || timed >= t->window)
+        return false;
+    double best = 0;
+    for (int i = 0; i < t->n; i++)
+        if (i != t->cur && !t->dropped[i] && t->cost[i] > 0 && (best == 0 || t->cost[i] < best))
+            best = t->cost[i];
+    return best > 0 && t->sum / timed > (1.0 + TUNE_CUT) * best;
+}
+
 int tune_observe(struct tune *t, double seconds)
 {
     if (tune_decided(t))
         return t->cur;
     if (++t->seen > t->skip)
         t->sum += seconds;
-    if (t->seen < t->skip + t->window)
+    const int timed = t->seen - t->skip;
+    const bool cut = tune_losing(t, timed);
+    if (!cut && t->seen < t->skip + t->window)
         return t->cur;
-    t->cost[t->cur] = t->sum / t->window;
+    t->cost[t->cur] = t->sum / timed;
+    t->cut[t->cur] = cut;
     t->seen = 0;
     t->sum = 0;
     /* the first one's second trial only on a close call: the best of the others ahead of it

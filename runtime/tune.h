@@ -7,8 +7,10 @@
  * settings are tried from `first` on in index order, wrapping, and `first` once more at the
  * end when another is ahead of it by less than TUNE_CLEAR: the first trial ran on the coldest
  * caches, so on a close call its second measurement replaces it. The caller may drop settings
- * not yet tried (what the first trial measured rules them out). Then the cheapest stays (ties
- * to the lower index) until tune_restart. */
+ * not yet tried (what the first trial measured rules them out). A trial whose timed steps
+ * measure dearer than the cheapest setting so far by more than TUNE_CUT ends after half its
+ * window: each of its further steps would cost that much, and it cannot win. Then the
+ * cheapest stays (ties to the lower index) until tune_restart. */
 #ifndef STRATA_TUNE_H
 #define STRATA_TUNE_H
 
@@ -16,6 +18,9 @@
 
 #define TUNE_MAX 5     /* settings at most */
 #define TUNE_CLEAR 0.1 /* a lead that needs no second trial of the first setting */
+#define TUNE_CUT                                                                                   \
+    0.25 /* a trial this much dearer than the best measured ends at half its window                \
+          */
 
 struct tune {
     int n, skip, window, first;
@@ -26,6 +31,7 @@ struct tune {
     double sum;             /* seconds of its timed steps */
     double cost[TUNE_MAX];  /* seconds per step measured for each setting (0: not yet) */
     bool dropped[TUNE_MAX]; /* ruled out by the caller */
+    bool cut[TUNE_MAX];     /* its trial ended early: it measured dearer than TUNE_CUT allows */
 };
 
 /* n settings (1..TUNE_MAX; one: nothing to try, decided at once), trials starting with

@@ -94,13 +94,51 @@ int main(void)
               t.cost[0], t.cost[1], t.cost[2]);
         CHECK(tune_observe(&t, 1e9) == 2 && t.cur == 2, "a decided tuner stays");
     }
-    /* a clear lead: no second trial of the first setting */
+    /* a clear lead: no second trial of the first setting; setting 0, dearer than 2 by more
+     * than TUNE_CUT, ends its trial after 2 of its 3 timed steps */
     {
         const double cost[3] = {5.0, 4.0, 3.0};
         tune_init(&t, 3, 1, 2, 3);
         int n = drive(&t, cost, 10.0, 100.0, used, 64);
-        CHECK(n == 15 && t.cur == 2 && t.cost[1] == 14.0, "clear lead: %d steps, picked %d", n,
+        CHECK(n == 14 && t.cur == 2 && t.cost[1] == 14.0, "clear lead: %d steps, picked %d", n,
               t.cur);
+        CHECK(t.cost[0] == 5.0 && t.cut[0] && !t.cut[1] && !t.cut[2], "cut: cost %g, cut %d%d%d",
+              t.cost[0], t.cut[0], t.cut[1], t.cut[2]);
+    }
+    /* trials cut at half their window (2 skipped + 8 timed: after 4 timed steps) when dearer
+     * than the best measured by more than TUNE_CUT, measured over the steps they ran; exactly
+     * TUNE_CUT dearer runs the whole window; the first trial has nothing to lose to */
+    {
+        const double cost[3] = {4.0, 5.0625, 5.0};
+        tune_init(&t, 3, 0, 2, 8);
+        int n = drive(&t, cost, 0.0, 0.0, used, 64);
+        CHECK(n == 10 + 6 + 10 && t.cur == 0 && tune_decided(&t), "cut: %d steps, picked %d", n,
+              t.cur);
+        CHECK(t.cut[1] && !t.cut[2] && !t.cut[0] && t.cost[1] == 5.0625 && t.cost[2] == 5.0,
+              "cut %d%d%d, costs %g %g", t.cut[0], t.cut[1], t.cut[2], t.cost[1], t.cost[2]);
+        /* a trial whose first timed steps are dear but whose mean at half the window is within
+         * TUNE_CUT runs on, and its whole window counts */
+        tune_init(&t, 2, 0, 0, 4);
+        for (int i = 0; i < 4; i++)
+            tune_observe(&t, 4.0);
+        const double slow_start[4] = {6.0, 4.0, 3.0, 3.0}; /* 5.0 after two: 1.25x */
+        for (int i = 0; i < 4; i++)
+            tune_observe(&t, slow_start[i]);
+        CHECK(!t.cut[1] && t.cost[1] == 4.0, "slow start: cut %d, cost %g", t.cut[1], t.cost[1]);
+        /* the first setting's second trial (a close call) is cut like any other */
+        const double close2[2] = {4.0, 3.75};
+        tune_init(&t, 2, 0, 0, 4);
+        n = drive(&t, close2, 0.0, 0.0, used, 64);
+        CHECK(n == 12 && t.cur == 1 && !t.cut[0], "close call: %d steps, picked %d", n, t.cur);
+        tune_init(&t, 2, 0, 0, 4);
+        for (int i = 0; i < 8; i++)
+            tune_observe(&t, i < 4 ? 4.0 : 3.75);
+        tune_observe(&t, 5.0);
+        CHECK(!tune_decided(&t), "cut after one timed step of four");
+        tune_observe(&t, 5.0);
+        CHECK(tune_decided(&t) && t.cut[0] && t.cost[0] == 5.0 && t.cur == 1,
+              "second trial: decided %d, cut %d, cost %g, picked %d", tune_decided(&t), t.cut[0],
+              t.cost[0], t.cur);
     }
     /* the cold first trial alone would have lost the close call: its second measurement wins */
     {
