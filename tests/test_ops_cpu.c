@@ -220,6 +220,10 @@ int main(void)
     check_yarn(&r);
     attention_case(&r, 1, 4, 64, 254, 5, false, 0, false);
     attention_case(&r, 2, 8, 128, 1000, 1, true, 0, false);
+    /* heads in eights and sixteens a KV head (30b-a3b, 235b-a22b): the key-by-key scores of
+     * attn_unit8, a short last block, three tokens */
+    attention_case(&r, 4, 16, 128, 700, 1, false, 0, false);
+    attention_case(&r, 4, 8, 128, 333, 3, true, 0, false);
     /* gpt-oss's shape: 64/8 heads x 64, a window of 128 at position 1000 (decode: the first
      * three chunks hold no visible key), and its full layers with sinks */
     attention_case(&r, 8, 8, 64, 1000, 1, false, 128, true);
