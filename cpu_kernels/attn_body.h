@@ -21,6 +21,8 @@
 
 #define ATTN_MAX_HEADS 16
 #define ATTN_KEYS 32
+#define ATTN_TOKENS 8           /* query tokens of a prompt per attn_tokens call at most */
+#define ATTN_TOKEN_FLOATS 16384 /* and their heads' sums: nt * nh * head_dim at most */
 
 /* Floats per vector: 16 (one AVX-512 register; the default), or 8 where the including file
  * defines ATTN_VEC 8 (one AVX2 register). Tiles of scores cover ATTN_TILE_H heads x 4 keys,
@@ -51,6 +53,9 @@ void ops_attn_unit_avx512(const struct ops_attn *a, int t, int h0, int nh, int j
                           float *part, size_t part_stride);
 void ops_attn_unit_avx2(const struct ops_attn *a, int t, int h0, int nh, int j_begin, int j_end,
                         float *part, size_t part_stride);
+/* The same builds of attn_tokens. */
+void ops_attn_tokens_avx512(const struct ops_attn *a, int t0, int nt, int h0, int nh);
+void ops_attn_tokens_avx2(const struct ops_attn *a, int t0, int nt, int h0, int nh);
 
 /* Unaligned moves between floats and a vector. */
 #define ATTN_LOAD(v, p) memcpy(&(v), (p), sizeof(attn_vf))
@@ -386,6 +391,45 @@ ATTN_INLINE void attn_softmax_wide(float *s, int nh, int nj, float *m, float *l,
     }
 }
 
+/* One block of nj keys from j0 for the query rows at q (heads h < nh of one token, KV head
+ * kvh): their scores into s, the online softmax's step on the running maxima m and sums l, the
+ * weighted values added into acc (hd floats a head). s holds ATTN_MAX_HEADS x ATTN_KEYS floats;
+ * its lanes past nj go through attn_exp unused. */
+ATTN_INLINE void attn_block(const struct ops_attn *a, const float *q, int kvh, int nh, int j0,
+                            int nj, float *s, float *m, float *l, float *acc)
+{
+    float c[ATTN_MAX_HEADS];
+    const int hd = a->head_dim, kvw = a->n_head_kv * hd;
+    const float *k0 = a->k_cache + (size_t)j0 * kvw + (size_t)kvh * hd;
+    const float *v0 = a->v_cache + (size_t)j0 * kvw + (size_t)kvh * hd;
+    /* scores key by key (attn_softmax_wide) where the heads come in eights, else head by head */
+    if (nh % 8 == 0) {
+        attn_block_scores(a, q, k0, nh, nj, s, 1, nh);
+        attn_softmax_wide(s, nh, nj, m, l, c);
+        for (int h = 0; h < nh; h += 8)
+            attn_accumulate8(acc + (size_t)h * hd, c + h, s + h, nh, v0, kvw, nj, hd);
+        return;
+    }
+    attn_block_scores(a, q, k0, nh, nj, s, ATTN_KEYS, 1);
+    for (int h = 0; h < nh; h++) {
+        float *sh = s + h * ATTN_KEYS, bm = m[h];
+        for (int j = 0; j < nj; j++)
+            bm = sh[j] > bm ? sh[j] : bm;
+        c[h] = bm > m[h] ? expf(m[h] - bm) : 1.0f;
+        l[h] *= c[h];
+        m[h] = bm;
+        for (int j = 0; j < ATTN_KEYS; j += ATTN_VEC) {
+            attn_vf v;
+            ATTN_LOAD(v, sh + j);
+            v = attn_exp(v - bm);
+            ATTN_STORE(sh + j, v);
+        }
+        for (int j = 0; j < nj; j++)
+            l[h] += sh[j];
+        attn_accumulate(acc + (size_t)h * hd, c[h], sh, v0, kvw, nj, hd);
+    }
+}
+
 /* Query token t, heads h0 .. h0+nh-1 (nh <= ATTN_MAX_HEADS, one KV head), keys
  * [j_begin, j_end) (j_end <= pos0 + t + 1). part NULL: the keys are all the token sees, and
  * the output goes to a->out (the sink's term added to the denominator). Else the unnormalised partial result goes to part: for head h,
@@ -396,51 +440,57 @@ static void attn_unit(const struct ops_attn *a, int t, int h0, int nh, int j_beg
 {
     float acc[ATTN_MAX_HEADS * OPS_MAX_HEAD_DIM];
     float s[ATTN_MAX_HEADS * ATTN_KEYS] __attribute__((aligned(64)));
-    float m[ATTN_MAX_HEADS], l[ATTN_MAX_HEADS], c[ATTN_MAX_HEADS];
-    const int hd = a->head_dim, kvw = a->n_head_kv * hd;
-    const int kvh = h0 / (a->n_head / a->n_head_kv);
+    float m[ATTN_MAX_HEADS], l[ATTN_MAX_HEADS];
+    const int hd = a->head_dim, kvh = h0 / (a->n_head / a->n_head_kv);
     const float *q = a->q + ((size_t)t * a->n_head + h0) * hd;
-    /* scores key by key (attn_softmax_wide) where the heads come in eights, else head by head */
-    const bool wide = nh % 8 == 0;
-    const int sh = wide ? 1 : ATTN_KEYS, sj = wide ? nh : 1;
 
     for (int h = 0; h < nh; h++) {
         m[h] = -INFINITY;
         l[h] = 0.0f;
     }
     memset(acc, 0, sizeof(float) * (size_t)nh * hd);
-    memset(s, 0, sizeof(s)); /* lanes past a short last block go through attn_exp unused */
+    memset(s, 0, sizeof(s));
     for (int j0 = j_begin; j0 < j_end; j0 += ATTN_KEYS) {
-        const int nj = j_end - j0 < ATTN_KEYS ? j_end - j0 : ATTN_KEYS;
-        const float *k0 = a->k_cache + (size_t)j0 * kvw + (size_t)kvh * hd;
-        const float *v0 = a->v_cache + (size_t)j0 * kvw + (size_t)kvh * hd;
         attn_prefetch_next(a, kvh, j0, j_end);
-        attn_block_scores(a, q, k0, nh, nj, s, sh, sj);
-        if (wide) {
-            attn_softmax_wide(s, nh, nj, m, l, c);
-            for (int h = 0; h < nh; h += 8)
-                attn_accumulate8(acc + (size_t)h * hd, c + h, s + h, nh, v0, kvw, nj, hd);
-            continue;
-        }
-        for (int h = 0; h < nh; h++) {
-            float *sh_ = s + h * ATTN_KEYS, bm = m[h];
-            for (int j = 0; j < nj; j++)
-                bm = sh_[j] > bm ? sh_[j] : bm;
-            c[h] = bm > m[h] ? expf(m[h] - bm) : 1.0f;
-            l[h] *= c[h];
-            m[h] = bm;
-            for (int j = 0; j < ATTN_KEYS; j += ATTN_VEC) {
-                attn_vf v;
-                ATTN_LOAD(v, sh_ + j);
-                v = attn_exp(v - bm);
-                ATTN_STORE(sh_ + j, v);
-            }
-            for (int j = 0; j < nj; j++)
-                l[h] += sh_[j];
-            attn_accumulate(acc + (size_t)h * hd, c[h], sh_, v0, kvw, nj, hd);
-        }
+        attn_block(a, q, kvh, nh, j0, j_end - j0 < ATTN_KEYS ? j_end - j0 : ATTN_KEYS, s, m, l,
+                   acc);
     }
     attn_unit_out(a, t, h0, nh, m, l, acc, part, part_stride);
+}
+
+/* attn_unit for nt consecutive query tokens t0 .. t0+nt-1 of a prompt without a window (each
+ * token's keys 0 .. pos0 + t), nt <= ATTN_TOKENS and nt * nh * head_dim <= ATTN_TOKEN_FLOATS:
+ * key block by key block, every token that sees the block takes its step while the block's
+ * rows are in cache, instead of each token reading every key and value row from L2 or L3
+ * again. Each token's blocks, and the operations in each, are attn_unit's: the same bits. */
+static void attn_tokens(const struct ops_attn *a, int t0, int nt, int h0, int nh)
+{
+    float acc[ATTN_TOKEN_FLOATS];
+    float s[ATTN_MAX_HEADS * ATTN_KEYS] __attribute__((aligned(64)));
+    float m[ATTN_TOKENS][ATTN_MAX_HEADS], l[ATTN_TOKENS][ATTN_MAX_HEADS];
+    const int hd = a->head_dim, kvh = h0 / (a->n_head / a->n_head_kv);
+    const int end = a->pos0 + t0 + nt; /* the last token's keys end here */
+
+    for (int i = 0; i < nt; i++)
+        for (int h = 0; h < nh; h++) {
+            m[i][h] = -INFINITY;
+            l[i][h] = 0.0f;
+        }
+    memset(acc, 0, sizeof(float) * (size_t)nt * nh * hd);
+    memset(s, 0, sizeof(s));
+    for (int j0 = 0; j0 < end; j0 += ATTN_KEYS) {
+        attn_prefetch_next(a, kvh, j0, end);
+        for (int i = 0; i < nt; i++) {
+            const int j_end = a->pos0 + t0 + i + 1;
+            if (j0 >= j_end)
+                continue;
+            attn_block(a, a->q + ((size_t)(t0 + i) * a->n_head + h0) * hd, kvh, nh, j0,
+                       j_end - j0 < ATTN_KEYS ? j_end - j0 : ATTN_KEYS, s, m[i], l[i],
+                       acc + (size_t)i * nh * hd);
+        }
+    }
+    for (int i = 0; i < nt; i++)
+        attn_unit_out(a, t0 + i, h0, nh, m[i], l[i], acc + (size_t)i * nh * hd, NULL, 0);
 }
 
 #endif

@@ -164,6 +164,8 @@ void ops_rope_yarn_freq(int head_dim, float base, float factor, uint32_t n_ctx_o
 typedef void (*attn_unit_fn)(const struct ops_attn *a, int t, int h0, int nh, int j_begin,
                              int j_end, float *part, size_t part_stride);
 
+typedef void (*attn_tokens_fn)(const struct ops_attn *a, int t0, int nt, int h0, int nh);
+
 /* The build of attn_unit for this CPU. */
 static attn_unit_fn attn_unit_pick(void)
 {
@@ -172,6 +174,16 @@ static attn_unit_fn attn_unit_pick(void)
     if (cpu_isa_best() >= CPU_ISA_AVX2)
         return ops_attn_unit_avx2;
     return attn_unit;
+}
+
+/* The build of attn_tokens for this CPU. */
+static attn_tokens_fn attn_tokens_pick(void)
+{
+    if (cpu_isa_best() >= CPU_ISA_AVX512)
+        return ops_attn_tokens_avx512;
+    if (cpu_isa_best() >= CPU_ISA_AVX2)
+        return ops_attn_tokens_avx2;
+    return attn_tokens;
 }
 
 /* out = the chunks' parts of (t, h) combined: sum of acc e^(m - M) over sum of l e^(m - M),
@@ -268,6 +280,27 @@ void ops_attention(const struct ops_attn *a)
     const size_t stride = (size_t)a->head_dim + 2;
     const attn_unit_fn unit = attn_unit_pick();
     float *const buf = parts; /* thread-local to this thread: the team uses the pointer */
+    /* a prompt's tokens in groups of nt (attn_tokens: each key block read once for the group),
+     * as many as the sums allow while every thread still has two units; without a window, the
+     * same blocks for every token */
+    int nt = 1;
+    if (n_chunks == 1 && a->window <= 0)
+        while (nt < ATTN_TOKENS && 2 * nt * hp * a->head_dim <= ATTN_TOKEN_FLOATS &&
+               (a->n_tok + 2 * nt - 1) / (2 * nt) * a->n_head_kv * per_kv >= 2 * n_threads)
+            nt *= 2;
+    if (nt > 1) {
+        const attn_tokens_fn tokens = attn_tokens_pick();
+        const int groups = (a->n_tok + nt - 1) / nt, ng = groups * a->n_head_kv * per_kv;
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int i = 0; i < ng; i++) {
+            int u = i / (a->n_head_kv * per_kv), g = i / per_kv % a->n_head_kv, c = i % per_kv;
+            int h0 = g * group + c * hp, nh = group - c * hp < hp ? group - c * hp : hp;
+            /* the last groups first: their tokens see the most keys */
+            int t0 = (groups - 1 - u) * nt;
+            tokens(a, t0, a->n_tok - t0 < nt ? a->n_tok - t0 : nt, h0, nh);
+        }
+        return;
+    }
 
 #pragma omp parallel
     {

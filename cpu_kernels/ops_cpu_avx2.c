@@ -8,3 +8,8 @@ void ops_attn_unit_avx2(const struct ops_attn *a, int t, int h0, int nh, int j_b
 {
     attn_unit(a, t, h0, nh, j_begin, j_end, part, part_stride);
 }
+
+void ops_attn_tokens_avx2(const struct ops_attn *a, int t0, int nt, int h0, int nh)
+{
+    attn_tokens(a, t0, nt, h0, nh);
+}

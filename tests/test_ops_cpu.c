@@ -224,6 +224,11 @@ int main(void)
      * attn_unit8, a short last block, three tokens */
     attention_case(&r, 4, 16, 128, 700, 1, false, 0, false);
     attention_case(&r, 4, 8, 128, 333, 3, true, 0, false);
+    /* prompts: tokens in groups that share each key block (attn_tokens; 1 thread groups 8,
+     * 16 threads none), a group past the end, and a window, which takes one token a unit */
+    attention_case(&r, 2, 8, 64, 40, 70, false, 0, false);
+    attention_case(&r, 1, 3, 32, 0, 45, false, 0, true);
+    attention_case(&r, 2, 8, 64, 100, 40, false, 50, true);
     /* gpt-oss's shape: 64/8 heads x 64, a window of 128 at position 1000 (decode: the first
      * three chunks hold no visible key), and its full layers with sinks */
     attention_case(&r, 8, 8, 64, 1000, 1, false, 128, true);
