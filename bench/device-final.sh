@@ -5,7 +5,9 @@
 # default (timed) thread count and with -t 16, and in lockstep (CPU_STREAMS streams, default 8,
 # -t 16, `-n 32`); then by the last of them with each environment of CPU_ENVS at -t 16
 # (default "STRATA_MOE_FLOW=0,STRATA_MATMUL_FINE=0 STRATA_ATTN_HEADS=8"); ROUNDS rounds
-# (default 2), interleaved; llama-bench's CPU decode (-ngl 0, the GPU hidden, -t 12,16); then
+# (default 2), interleaved; each binary once after a CPU_LONG-token prompt (default 2048, -t 16,
+# `-n 32`: prompt and decode attention over long contexts); llama-bench's CPU decode (-ngl 0,
+# the GPU hidden, -t 12,16); then
 # bench/device-llama30b.sh (all resident, and BUDGETS with MODES, default "12G 8G 4G" and
 # "auto gpu lane", beside llama.cpp; $OUT/side.txt, its outputs in $OUT/side-logs.tar) for
 # what is left of BUDGET_S (default 540 s).
@@ -35,6 +37,12 @@ for round in $(seq ${ROUNDS:-2}); do
         bin=$bin bench_one "cpu-$bin-t16-${e//[=,]/_}-r$round" "$e" -m $M --device cpu -t 16 -p 64 -n 64
     done
 done
+# long contexts (CPU_LONG tokens of prompt, default 2048; 0: none): each binary once at 16 threads
+if [ "${CPU_LONG:-2048}" -gt 0 ]; then
+    for bin in ${BINS:-strata}; do
+        bin=$bin bench_one "cpu-$bin-long-t16" X=1 -m $M --device cpu -t 16 -p ${CPU_LONG:-2048} -n 32
+    done
+fi
 llama_setup >>"$R"
 echo "### CUDA_VISIBLE_DEVICES= llama-bench -ngl 0 -p 64 -n 64 -r 2 -t 12,16" | tee -a "$R"
 CUDA_VISIBLE_DEVICES='' timeout 200 "$LB" -m $M -ngl 0 -p 64 -n 64 -r 2 -t 12,16 >"$OUT/lb-cpu.txt" 2>&1
