@@ -114,10 +114,12 @@ int tune_observe(struct tune *t, double seconds)
     t->seen = 0;
     t->sum = 0;
     /* the first one's second trial only on a close call: the best of the others ahead of it
-     * by less than TUNE_CLEAR (it is there for a first trial slowed by cold caches) */
+     * by less than TUNE_CLEAR (it is there for a first trial slowed by cold caches), or with
+     * recheck_first whenever another is ahead */
     if (t->trial + 2 == t->n_plan && t->plan[t->trial + 1] == t->first) {
         const int best = tune_best(t);
-        if (best == t->first || t->cost[best] < (1.0 - TUNE_CLEAR) * t->cost[t->first])
+        if (best == t->first ||
+            (!t->recheck_first && t->cost[best] < (1.0 - TUNE_CLEAR) * t->cost[t->first]))
             t->trial++;
     }
     if (++t->trial < t->n_plan)

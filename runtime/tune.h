@@ -32,6 +32,9 @@ struct tune {
     double cost[TUNE_MAX];  /* seconds per step measured for each setting (0: not yet) */
     bool dropped[TUNE_MAX]; /* ruled out by the caller */
     bool cut[TUNE_MAX];     /* its trial ended early: it measured dearer than TUNE_CUT allows */
+    bool recheck_first;     /* set by the caller after tune_init: the first setting's second
+                             * trial whenever another measured cheaper, not only on a close
+                             * call (its first trial paid for a cold start the others did not) */
 };
 
 /* n settings (1..TUNE_MAX; one: nothing to try, decided at once), trials starting with

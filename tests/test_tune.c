@@ -147,6 +147,24 @@ int main(void)
         drive(&t, cost, 0.5, 0.0, used, 64);
         CHECK(t.cur == 0 && t.cost[0] == 2.0, "picked %d (cost %g), want 0 at 2", t.cur, t.cost[0]);
     }
+    /* recheck_first: the first setting timed again whenever another led it, by any margin
+     * (its first trial paid for a cold start); not when it led */
+    {
+        const double cost[2] = {3.5, 4.5};
+        tune_init(&t, 2, 0, 0, 2);
+        t.recheck_first = true;
+        drive(&t, cost, 3.0, 0.0, used, 64); /* the cold first trial: 6.5 against 4.5 */
+        CHECK(t.cur == 0 && t.cost[0] == 3.5, "recheck: picked %d (cost %g), want 0 at 3.5", t.cur,
+              t.cost[0]);
+        tune_init(&t, 2, 0, 0, 2);
+        drive(&t, cost, 3.0, 0.0, used, 64); /* without it: a clear lead, no second trial */
+        CHECK(t.cur == 1 && t.cost[0] == 6.5, "no recheck: picked %d (cost %g)", t.cur, t.cost[0]);
+        tune_init(&t, 2, 0, 0, 2);
+        t.recheck_first = true;
+        /* the first leads: no second trial (the other's trial cut after 1 of 2 steps) */
+        int n = drive(&t, cost, 0.0, 0.0, used, 64);
+        CHECK(n == 3 && t.cur == 0, "recheck while leading: %d steps, picked %d", n, t.cur);
+    }
     /* ties go to the lower index */
     {
         const double cost[3] = {1.0, 1.0, 1.0};
