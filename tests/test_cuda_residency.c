@@ -269,15 +269,15 @@ static void cpu_lane(const char *path, const int32_t *prompt, double tol, int mi
             step_err = e > step_err ? e : step_err;
         }
         if (cc->auto_place) {
-            /* the trials (10 steps each: copy, hybrid, zero-copy graph, the GPU's cache with
-             * and without the CPU lane in its graph, copy again on a close
-             * call) fit in N_STEPS, then one of them stays; each step within the hybrid
-             * tolerance */
+            /* the trials (10 steps each, 6 for one cut short as over 25% slower than the best
+             * at half its window: copy, hybrid, zero-copy graph, the GPU's cache with and
+             * without the CPU lane in its graph, copy again on a close call) fit in N_STEPS,
+             * then one of them stays; each step within the hybrid tolerance */
             const char *end = backend_cuda_placement(b);
             printf("%s: %s: steps in copy %d, hybrid %d, zero-copy graph %d, the CPU lane in the "
                    "GPU cache's graph %d; then %s; decode logits max rel err %.3g\n",
                    path, what, seen[0], seen[1], seen[2], seen[3], end, step_err);
-            CHECK(seen[0] >= 10 && seen[1] >= 10 && seen[2] >= 10 && seen[3] >= 10,
+            CHECK(seen[0] >= 6 && seen[1] >= 6 && seen[2] >= 6 && seen[3] >= 6,
                   "%s: a mode was not tried (copy %d, hybrid %d, zero-copy %d, lane %d steps)",
                   what, seen[0], seen[1], seen[2], seen[3]);
             CHECK(!backend_cuda_auto_timing(b), "%s: undecided after %d steps (%s)", what, N_STEPS,
