@@ -1123,8 +1123,11 @@ static void auto_many_misses(struct backend_cuda *c)
     /* The GPU's cache is timed first, right after the hand-over, while its slots fill with the
      * text's experts: at 8 GiB on the 30b-a3b preset its trial took 6.40-6.55 ms a step and the
      * lane's, after it, 4.63-5.45, yet alone the GPU's cache decoded 265.7 tok/s (3.8 ms a
-     * step) against the lane's 243.7. So it is timed again last whenever another led it. */
-    t->recheck_first = first >= 0 && c->tune_mode[first] == MOE_MODE_DEVICE;
+     * step) against the lane's 243.7. So it is timed again last whenever another led it.
+     * STRATA_AUTO_RECHECK=0 in the environment leaves that out (for comparisons). */
+    const char *recheck = getenv("STRATA_AUTO_RECHECK");
+    t->recheck_first =
+        first >= 0 && c->tune_mode[first] == MOE_MODE_DEVICE && !(recheck && !strcmp(recheck, "0"));
     tune_drop(t, zc);
     if (first >= 0)
         tune_drop(t, copy);
