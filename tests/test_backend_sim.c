@@ -1513,9 +1513,14 @@ static void auto_modes(const char *path, const int32_t *prompt, const struct run
     if (end)
         *end = 0;
     bool gpu_timed = line && strstr(line, "gpu cache graph ") != NULL;
-    bool kept_gpu = end && !strncmp(end + 11, "gpu cache graph from now on", 27);
-    if (end)
+    /* the GPU's cache, alone or with the CPU lane in its graph, keeps the slots on the device */
+    bool kept_gpu = end && (!strncmp(end + 11, "gpu cache graph from now on", 27) ||
+                            !strncmp(end + 11, "gpu cache + CPU lane graph from now on", 38));
+    char kept[48] = "?";
+    if (end) {
         *end = ' ';
+        sscanf(end + 11, "%47[^\n]", kept);
+    }
     bool handed = log && strstr(log, "the GPU runs the expert cache") != NULL;
     bool back = log && strstr(log, "the GPU gave the expert cache back") != NULL;
     free(log);
@@ -1523,10 +1528,10 @@ static void auto_modes(const char *path, const int32_t *prompt, const struct run
         return;
     check_rows(path, "auto, 6 slots", r.logits, ref, nv, tol);
     printf("%s: auto, 6 slots: %.2f MB copied, %.2f MB read in place, %llu CPU-lane experts; "
-           "the GPU's cache timed %s, kept %s, slots given back %s\n",
+           "the GPU's cache timed %s, kept %s (%s), slots given back %s\n",
            path, r.tot.bytes_copied / 1e6, r.tot.bytes_zerocopy / 1e6,
            (unsigned long long)r.tot.cpu_computed, gpu_timed ? "yes" : "no",
-           kept_gpu ? "yes" : "no", back ? "yes" : "no");
+           kept_gpu ? "yes" : "no", kept, back ? "yes" : "no");
     CHECK(r.tot.bytes_copied > 0 && r.tot.bytes_zerocopy > 0 && r.tot.cpu_computed > 0,
           "%s: auto did not run every mode", path);
     CHECK(gpu_timed && handed && (kept_gpu || back),
