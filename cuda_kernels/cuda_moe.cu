@@ -15,6 +15,7 @@
 #include "cuda_check.h"
 #include "cuda_mem.h"
 #include "cuda_moe.h"
+#include "cuda_ops.h"
 #include "cuda_ops_quant.cuh"
 #include "cuda_ops_util.cuh"
 
@@ -51,6 +52,12 @@ struct moe_params {
     int64_t n_embd, n_ff;
     const int32_t *ids; /* (n_pairs) */
     const float *wts;   /* (n_pairs) */
+    /* NULL, or the router logits (n_expert) of a one-token bulk call that selects its experts
+     * in its kernels (moe_topk_select; cuda_moe_args.logits): ids and wts are then ids_w and
+     * wts_w, written by gate/up's first block */
+    const float *logits;
+    int32_t *ids_w;
+    float *wts_w;
     const uint8_t *gate, *up, *down;
     uint64_t gate_stride, up_stride, down_stride; /* bytes per expert */
     const void *const *gate_ptrs;
@@ -1127,6 +1134,55 @@ static __device__ __forceinline__ void moe_block_copy(uint8_t *dst, const uint8_
  * rows, then the 32 up rows, then MOE_B8_PAD bytes. Pairs are taken 32 at a time from this
  * block's pair on: those of expert e are computed (h per pair into hs), then warp i quantizes
  * pair i's 32 values as k_moe_gate_up_q8 does. */
+/* Experts a one-token bulk call selects inside its kernels: at most this many (the shared
+ * logits of k_moe_down_b8), k at most 32. */
+#define MOE_TOPK_FUSE_MAX 256
+
+/* The k experts of p.logits (one token), largest logit first, ties to the lower id (the order of
+ * k_softmax_topk), into sids[0 .. k) by the whole block: the thread of expert e counts the
+ * logits ranked before e's. lv: p.n_expert floats of shared memory, 16-byte aligned. With
+ * write, warp 0 also writes ids_w and the weights wts_w as k_softmax_topk computes them (the
+ * same operations in the same order: the same bits). Every thread leaves after a barrier that
+ * follows sids' stores; lv is read by warp 0 until it leaves. */
+static __device__ void moe_topk_select(const struct moe_params &p, float *lv, int *sids, bool write)
+{
+    const int n = p.n_expert;
+    for (int e = threadIdx.x; e < n; e += blockDim.x)
+        lv[e] = p.logits[e];
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        const float v = lv[e];
+        int rank = 0, j = 0;
+        for (; j + 4 <= n; j += 4) {
+            const float4 u = *(const float4 *)(lv + j);
+            rank += (u.x > v || (u.x == v && j < e)) + (u.y > v || (u.y == v && j + 1 < e)) +
+                    (u.z > v || (u.z == v && j + 2 < e)) + (u.w > v || (u.w == v && j + 3 < e));
+        }
+        for (; j < n; j++)
+            rank += lv[j] > v || (lv[j] == v && j < e);
+        if (rank < p.k)
+            sids[rank] = e;
+    }
+    __syncthreads();
+    if (write && threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int e = lane; e < n; e += 32)
+            mx = fmaxf(mx, lv[e]);
+        mx = ops_warp_max(mx);
+        for (int e = lane; e < n; e += 32)
+            sum += expf(lv[e] - mx);
+        sum = ops_warp_sum(sum);
+        float sel = 0.0f;
+        for (int r = 0; r < p.k; r++)
+            sel += expf(lv[sids[r]] - mx) / sum;
+        for (int r = lane; r < p.k; r += 32) {
+            p.ids_w[r] = sids[r];
+            p.wts_w[r] = expf(lv[sids[r]] - mx) / sum / sel;
+        }
+    }
+}
+
 template <uint32_t WT, int RW = 2>
 static __global__ void __launch_bounds__(MOE_Q8_GU_ROWS / RW * 32, RW > 2 ? 2 : 1)
     k_moe_gate_up_b8(struct moe_params p)
@@ -1135,11 +1191,14 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_ROWS / RW * 32, RW > 2 ? 2 : 
     ops_pdl_begin();
     extern __shared__ __align__(128) uint8_t moe_smem[];
     __shared__ __align__(8) uint64_t bar[MOE_B8_GU_STAGES];
-    __shared__ float hs[32][MOE_Q8_GU_ROWS];
-    __shared__ int list[32];
+    __shared__ __align__(16) float hs[32][MOE_Q8_GU_ROWS];
+    __shared__ int list[32], sids[32];
     __shared__ int n_list, bulk;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pair = blockIdx.x;
-    const int e = p.ids[pair];
+    if (p.logits) /* hs holds the logits until the first barrier of the loop below */
+        moe_topk_select(p, &hs[0][0], sids, blockIdx.x == 0 && blockIdx.y == 0);
+    const int32_t *ids = p.logits ? sids : p.ids;
+    const int e = ids[pair];
     const int64_t rb = (int64_t)blockIdx.y * MOE_Q8_GU_ROWS;
     if (e < 0 || e >= p.n_expert) { /* uniform over the block: as k_moe_gate_up_q8 */
         if (warp == 0) {
@@ -1153,7 +1212,7 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_ROWS / RW * 32, RW > 2 ? 2 : 
     /* the first pair of expert e does the work of all of e's pairs */
     int dup = 0;
     for (int q = threadIdx.x; q < pair; q += blockDim.x)
-        dup |= p.ids[q] == e;
+        dup |= ids[q] == e;
     const uint8_t *gb = moe_expert(p.gate, p.gate_stride, p.gate_ptrs, e) + rb * p.gate_row;
     const uint8_t *ub = moe_expert(p.up, p.up_stride, p.up_ptrs, e) + rb * p.up_row;
     constexpr int SR = MOE_Q8_GU_ROWS / MOE_B8_GU_STAGES; /* rows per stage */
@@ -1185,7 +1244,7 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_ROWS / RW * 32, RW > 2 ? 2 : 
     for (int q0 = pair; q0 < p.n_pairs; q0 += 32) {
         if (warp == 0) {
             const int q = q0 + lane;
-            const bool m = q < p.n_pairs && p.ids[q] == e;
+            const bool m = q < p.n_pairs && ids[q] == e;
             const unsigned b = __ballot_sync(0xffffffffu, m);
             if (m)
                 list[__popc(b & ((1u << lane) - 1u))] = q;
@@ -1254,17 +1313,23 @@ static __global__ void __launch_bounds__(MOE_B8_DN_THREADS, 2) k_moe_down_b8(str
     __shared__ __align__(8) uint64_t bar;
     __shared__ float part[MOE_B8_DN_ROWS * MOE_Q8_DN_SPLIT];
     __shared__ int badw[MOE_B8_DN_ROWS * MOE_Q8_DN_SPLIT];
-    __shared__ int bulk;
+    __shared__ int bulk, sids[32];
+    __shared__ __align__(16) float lv[MOE_TOPK_FUSE_MAX];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.x;
     const int sub = warp % MOE_Q8_DN_SPLIT, rl = warp / MOE_Q8_DN_SPLIT;
     const int64_t r0 = (int64_t)blockIdx.y * MOE_B8_DN_ROWS, r = r0 + rl;
     const uint64_t rows = MOE_B8_DN_ROWS * p.down_row; /* bytes per expert */
-    /* before the wait: ids are the router's (done before gate/up began), weights are weights */
+    /* before the wait: ids are the router's (done before gate/up began), weights are weights;
+     * a call that selects its experts selects them here from the router's logits, as gate/up's
+     * blocks did (after the wait, ids are gate/up's copy of the same) */
+    if (p.logits)
+        moe_topk_select(p, lv, sids, false);
+    const int32_t *ids = p.logits ? sids : p.ids;
     if (threadIdx.x == 0) {
         bool ok = true;
         uint32_t bytes = 0;
         for (int j = 0; j < p.k; j++) {
-            const int e = p.ids[(int64_t)t * p.k + j];
+            const int e = ids[(int64_t)t * p.k + j];
             if (e >= 0 && e < p.n_expert) {
                 ok = ok &&
                      moe_bulk_fits(
@@ -1277,7 +1342,7 @@ static __global__ void __launch_bounds__(MOE_B8_DN_THREADS, 2) k_moe_down_b8(str
             moe_bar_init(&bar);
             moe_bar_expect(&bar, bytes);
             for (int j = 0; j < p.k; j++) {
-                const int e = p.ids[(int64_t)t * p.k + j];
+                const int e = ids[(int64_t)t * p.k + j];
                 if (e >= 0 && e < p.n_expert)
                     moe_bulk_copy(moe_smem + j * rows,
                                   moe_expert(p.down, p.down_stride, p.down_ptrs, e) +
@@ -2862,6 +2927,20 @@ static bool moe_gu4(uint32_t wt, int tokens)
     return mode == 1 || (mode == 2 && (wt == QUANT_Q4_K || wt == QUANT_MXFP4) && tokens == 1);
 }
 
+/* Whether a one-token bulk call given its router's logits selects its experts inside its two
+ * kernels (moe_topk_select) rather than by a cuda_softmax_topk launch before them: the same ids
+ * and weights either way. STRATA_MOE_TOPK_FUSE=0 in the environment launches the top-k kernel
+ * (for comparisons). */
+static bool moe_topk_fuse(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *env = getenv("STRATA_MOE_TOPK_FUSE");
+        on = !(env && env[0] == '0');
+    }
+    return on;
+}
+
 /* Up to how many tokens the automatic choice takes the bulk path: CUDA_MOE_BULK8_MAX_TOK, or
  * the number STRATA_MOE_BULK gives in the environment (0: never; for comparisons). */
 static int moe_bulk_max_tok(void)
@@ -3012,7 +3091,9 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
         return 0;
     struct moe_layout l;
     moe_layout_make(a->n_tok, a->k, a->n_expert, a->n_embd, a->n_ff, &l);
-    if (!a->out || !a->in || !ops_aligned(a->in, 16) || !a->ids || !a->weights || !a->scratch ||
+    const int32_t *ids = a->logits ? a->ids_out : a->ids;
+    const float *weights = a->logits ? a->weights_out : a->weights;
+    if (!a->out || !a->in || !ops_aligned(a->in, 16) || !ids || !weights || !a->scratch ||
         !ops_aligned(a->scratch, 16) || a->scratch_bytes < l.total)
         return -EINVAL;
 
@@ -3034,8 +3115,8 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     p.tile = moe_tile_of(a->n_tok, a->k, a->n_expert);
     p.n_embd = a->n_embd;
     p.n_ff = a->n_ff;
-    p.ids = a->ids;
-    p.wts = a->weights;
+    p.ids = ids;
+    p.wts = weights;
     p.gate = (const uint8_t *)a->gate;
     p.up = (const uint8_t *)a->up;
     p.down = (const uint8_t *)a->down;
@@ -3091,6 +3172,27 @@ extern "C" int cuda_moe_ffn(const struct cuda_moe_args *a)
     bool grouped = a->path == CUDA_MOE_PATH_GROUPED || (autop && !mma) ||
                    (a->path == CUDA_MOE_PATH_GROUPED8 && !p.hq);
     cudaStream_t s = (cudaStream_t)a->stream;
+    if (a->logits) { /* the experts are still to be selected: in the bulk kernels, or first */
+        if (bulk8 && a->n_tok == 1 && a->n_expert <= MOE_TOPK_FUSE_MAX && a->k <= 32 &&
+            moe_topk_fuse()) {
+            p.logits = a->logits;
+            p.ids_w = a->ids_out;
+            p.wts_w = a->weights_out;
+        } else {
+            const struct cuda_topk_args tk = {
+                .logits = a->logits,
+                .n_tok = a->n_tok,
+                .n_expert = a->n_expert,
+                .k = a->k,
+                .ids = a->ids_out,
+                .w = a->weights_out,
+                .stream = a->stream,
+            };
+            const int rc = cuda_softmax_topk(&tk);
+            if (rc)
+                return rc;
+        }
+    }
     if (bulk8) {
         if (!p.in_q8) {
             ops_launch(k_moe_quant_x, a->n_tok, MOE_SORT_THREADS, 0, s, p);

@@ -121,6 +121,15 @@ struct cuda_moe_args {
     const float *gate_b, *up_b, *down_b;
     int act_oai;
     enum cuda_moe_path path;
+    /* Optional: the router's logits (n_tok rows of n_expert floats, device, finite) of a call
+     * whose experts are not yet selected. The call selects them as cuda_softmax_topk does (the
+     * same ids and weights, bit for bit) into ids_out and weights_out ((n_tok, k) device) and
+     * runs with those; ids and weights are then not read. A one-token call on the bulk path
+     * selects inside its two kernels (no top-k launch between the router and the experts);
+     * other calls launch cuda_softmax_topk first. */
+    const float *logits;
+    int32_t *ids_out;
+    float *weights_out;
     void *scratch; /* cuda_moe_scratch_bytes() bytes of device memory, 16-byte aligned */
     size_t scratch_bytes;
     void *stream; /* cudaStream_t */

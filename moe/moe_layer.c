@@ -743,8 +743,14 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
          * backend has one (route2): its routing lands after this layer's */
         const bool pred = !mtp && ml_may_predict(ml, a, nt);
         const int32_t *ahead = NULL;
-        if (pred && ml->route2 && !slice &&
-            (ml->cfg.fill == MOE_FILL_DEVICE || ml->pred.depth == 1)) {
+        /* all resident, nothing reading the routing before the experts: they select it */
+        const float *logits = NULL;
+        const bool late = ml->ops->route_logits && nt == 1 && !mtp && !ml->cache && !ml->hybrid &&
+                          !ml->cfg.observer && !ml->log && a->layer >= ml->cpu_layers;
+        if (late) {
+            rc = ml->ops->route_logits(ml->dev, a->lw, in, nt, &logits);
+        } else if (pred && ml->route2 && !slice &&
+                   (ml->cfg.fill == MOE_FILL_DEVICE || ml->pred.depth == 1)) {
             rc = ml->ops->route2(ml->dev, a->lw, &ml->m->layers[a->layer + 1], in, nt, ids,
                                  ml->route_w);
             ahead = ids + (size_t)nt * hp->n_expert_used;
@@ -773,6 +779,9 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
             .layer = a->layer,
             .ids = ids,
             .w = ml->route_w,
+            .logits = logits,
+            .select_ids = logits ? ids : NULL,
+            .select_w = logits ? ml->route_w : NULL,
             .lw = a->lw,
             .gate = tab.gate,
             .up = tab.up,

@@ -39,6 +39,12 @@ struct moe_expert_call {
     int n_tok, layer;
     const int32_t *ids;              /* (n_tok, k) device */
     const float *w;                  /* (n_tok, k) device */
+    /* NULL, or the router logits route_logits left: the call selects the experts from them as
+     * route would and writes them to select_ids / select_w ((n_tok, k) device), which ids and
+     * w then point to */
+    const float *logits;
+    int32_t *select_ids;
+    float *select_w;
     const struct layer_weights *lw;
     const void *const *gate, *const *up, *const *down; /* (n_expert) device tables, or NULL */
 };
@@ -55,6 +61,11 @@ struct moe_device_ops {
      * gpt-oss's softmax over the k selected logits */
     int (*route)(void *dev, const struct layer_weights *lw, const float *in, int n_tok,
                  int32_t *ids, float *w);
+    /* Optional (NULL: route): route's router product alone, *logits its output on the device;
+     * the experts call given them (moe_expert_call.logits) selects the experts and writes ids
+     * and w, fewer launches where it selects inside its own kernels. */
+    int (*route_logits)(void *dev, const struct layer_weights *lw, const float *in, int n_tok,
+                        const float **logits);
     /* Optional (NULL: route twice): route for lw and lw2 on the same input, ids, w (2 n_tok,
      * k), lw's rows first; each as route would make it, bit for bit, in fewer launches (the
      * next layer's experts predicted with this layer's routing). */

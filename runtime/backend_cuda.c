@@ -1883,6 +1883,17 @@ static int cuda_moe_route(void *dev, const struct layer_weights *lw, const float
     return rc ? backend_cuda_fail(rc, "router top-k") : 0;
 }
 
+/* cuda_moe_route's router product alone: the experts call selects from c->router_logits */
+static int cuda_moe_route_logits(void *dev, const struct layer_weights *lw, const float *in,
+                                 int n_tok, const float **logits)
+{
+    struct backend_cuda *c = dev;
+    int rc = cuda_matmul_run(&c->base, c->router_logits, &lw->router,
+                             lw->router_b.data ? &lw->router_b : NULL, in, n_tok);
+    *logits = rc ? NULL : c->router_logits;
+    return rc;
+}
+
 /* Both layers' F32 routers in one matmul launch (cuda_matmul's further matrices: the same bits
  * as a call each), other types one call each; then one top-k over the 2 n_tok rows of logits. */
 static int cuda_moe_route2(void *dev, const struct layer_weights *lw,
@@ -1954,17 +1965,39 @@ static int cuda_moe_experts(void *dev, const struct moe_expert_call *e)
     const struct layer_weights *lw = e->lw;
     uint64_t n = hp->n_expert;
     struct cuda_moe_args a = {
-        .out = e->out, .out_stride = hp->n_embd, .in = e->in, .in_stride = hp->n_embd,
-        .n_tok = e->n_tok, .k = (int)hp->n_expert_used, .n_expert = (int)n,
-        .n_embd = hp->n_embd, .n_ff = hp->n_ff_exp, .ids = e->ids, .weights = e->w,
-        .gate_type = lw->gate_exps.type, .up_type = lw->up_exps.type,
-        .down_type = lw->down_exps.type, .gate = lw->gate_exps.dev, .up = lw->up_exps.dev,
-        .down = lw->down_exps.dev, .gate_stride = lw->gate_exps.bytes / n,
-        .up_stride = lw->up_exps.bytes / n, .down_stride = lw->down_exps.bytes / n,
-        .gate_ptrs = e->gate, .up_ptrs = e->up, .down_ptrs = e->down,
-        .gate_b = lw->gate_exps_b.dev, .up_b = lw->up_exps_b.dev, .down_b = lw->down_exps_b.dev,
+        .out = e->out,
+        .out_stride = hp->n_embd,
+        .in = e->in,
+        .in_stride = hp->n_embd,
+        .n_tok = e->n_tok,
+        .k = (int)hp->n_expert_used,
+        .n_expert = (int)n,
+        .n_embd = hp->n_embd,
+        .n_ff = hp->n_ff_exp,
+        .ids = e->ids,
+        .weights = e->w,
+        .gate_type = lw->gate_exps.type,
+        .up_type = lw->up_exps.type,
+        .down_type = lw->down_exps.type,
+        .gate = lw->gate_exps.dev,
+        .up = lw->up_exps.dev,
+        .down = lw->down_exps.dev,
+        .gate_stride = lw->gate_exps.bytes / n,
+        .up_stride = lw->up_exps.bytes / n,
+        .down_stride = lw->down_exps.bytes / n,
+        .gate_ptrs = e->gate,
+        .up_ptrs = e->up,
+        .down_ptrs = e->down,
+        .gate_b = lw->gate_exps_b.dev,
+        .up_b = lw->up_exps_b.dev,
+        .down_b = lw->down_exps_b.dev,
         .act_oai = hp->swiglu_oai,
-        .scratch = c->moe_scratch, .scratch_bytes = c->moe_scratch_bytes, .stream = c->stream,
+        .logits = e->logits,
+        .ids_out = e->select_ids,
+        .weights_out = e->select_w,
+        .scratch = c->moe_scratch,
+        .scratch_bytes = c->moe_scratch_bytes,
+        .stream = c->stream,
     };
     if (c->moe_q8_in && e->in == c->moe_q8_in && e->n_tok == c->moe_q8_m &&
         c->mm_writes == c->moe_q8_mark) { /* the norm's 8-bit rows of in, still there */
@@ -2057,6 +2090,7 @@ static const struct moe_device_ops cuda_moe_ops = {
     .free = cuda_moe_free,
     .route = cuda_moe_route,
     .route2 = cuda_moe_route2,
+    .route_logits = cuda_moe_route_logits,
     .experts = cuda_moe_experts,
     .to_host = cuda_moe_to_host,
     .host_alloc = cuda_moe_host_alloc,

@@ -736,6 +736,11 @@ static int sim_moe_ffn(const struct cuda_moe_args *a)
         free(h);
         return -EINVAL; /* 8-bit rows before anything was quantized */
     }
+    /* a call given its router's logits selects its experts first (cuda_moe.h) */
+    const int32_t *ids = a->logits ? a->ids_out : a->ids;
+    const float *weights = a->logits ? a->weights_out : a->weights;
+    if (a->logits)
+        moe_route_softmax_topk(a->logits, a->n_tok, a->n_expert, a->k, a->ids_out, a->weights_out);
     for (int t = 0; t < a->n_tok; t++) {
         /* the 8-bit rows the backend says hold in: what was last quantized (a stale copy
          * shows in the logits) */
@@ -744,8 +749,8 @@ static int sim_moe_ffn(const struct cuda_moe_args *a)
         for (int64_t i = 0; i < E; i++)
             out[i] = 0;
         for (int j = 0; j < a->k; j++) {
-            int e = a->ids[t * a->k + j];
-            float w = a->weights[t * a->k + j];
+            int e = ids[t * a->k + j];
+            float w = weights[t * a->k + j];
             const uint8_t *g = moe_weight(a->gate, a->gate_stride, a->gate_ptrs, e);
             const uint8_t *u = moe_weight(a->up, a->up_stride, a->up_ptrs, e);
             const uint8_t *d = moe_weight(a->down, a->down_stride, a->down_ptrs, e);

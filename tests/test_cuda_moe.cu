@@ -20,6 +20,10 @@
  *   an expert id outside the table turns that token's row (only) into NaN;
  *   a router + experts step captured in a CUDA graph and replayed on new inputs equals the
  *     eager launches bit for bit (direct and grouped paths);
+ *   a call given the router's logits instead of ids (selecting inside the bulk kernels for one
+ *     token, by the top-k launch otherwise) writes the top-k launch's ids and weights and the
+ *     outputs of the call given them, bit for bit; half the cases with 32 or more experts draw
+ *     logits on a grid of 0.5, so that selected logits tie;
  *   gpt-oss's experts (per-expert biases and the clamped SwiGLU, MXFP4 and F32 weights, every
  *     path, the 8-bit ones included) by the same criteria, the references computing biases and
  *     activation as cpu_kernels/expert_ffn.h.
@@ -345,6 +349,9 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
     size_t nx = (size_t)c->n_tok * c->n_embd, nl = (size_t)c->n_tok * c->n_expert;
     size_t nk = (size_t)c->n_tok * c->k;
     float *x = test_rand_normal(r, nx, 1.0f), *logits = test_rand_normal(r, nl, 1.5f);
+    if (c->n_expert >= 32 && rng_below(r, 2)) /* ties among the selected and at the k-th */
+        for (size_t i = 0; i < nl; i++)
+            logits[i] = roundf(logits[i] * 2.0f) / 2.0f;
     int32_t *ids_ref = (int32_t *)test_xmalloc(sizeof(int32_t) * nk),
             *ids_got = (int32_t *)test_xmalloc(sizeof(int32_t) * nk);
     float *w_ref = (float *)test_xmalloc(sizeof(float) * nk),
@@ -489,6 +496,39 @@ static void run_case(struct rng *r, const struct moe_case *c, bool bad_id)
             CHECK(rci == 0 && nan_ok == (size_t)c->n_embd && same == nx - c->n_embd,
                   "invalid expert id not contained (path %d)", i);
         }
+    }
+
+    /* the call given the router's logits selects its experts (inside the bulk kernels for one
+     * token; by the top-k launch first otherwise): the same ids, weights and outputs, bit for
+     * bit, as the top-k launch and the call given its ids */
+    for (int si = 0; si < 2 && !bad_id; si++) {
+        const int pi = si == 0 ? 5 : auto_path;
+        int32_t *d_sid = (int32_t *)test_dev_alloc(sizeof(int32_t) * nk);
+        float *d_sw = (float *)test_dev_alloc(sizeof(float) * nk);
+        int32_t *sid = (int32_t *)test_xmalloc(sizeof(int32_t) * nk);
+        float *sw = (float *)test_xmalloc(sizeof(float) * nk);
+        test_dev_poison(d_sid, sizeof(int32_t) * nk);
+        test_dev_poison(d_sw, sizeof(float) * nk);
+        test_dev_poison(d_out, sizeof(float) * nx);
+        struct cuda_moe_args a =
+            layer_args(&L, d_out, d_x, NULL, NULL, d_scratch, sb,
+                       si == 0 ? CUDA_MOE_PATH_BULK8 : CUDA_MOE_PATH_AUTO, false);
+        a.logits = d_logits, a.ids_out = d_sid, a.weights_out = d_sw;
+        const int rcs = cuda_moe_ffn(&a);
+        test_dev_get(got[3], d_out, sizeof(float) * nx);
+        test_dev_get(sid, d_sid, sizeof(int32_t) * nk);
+        test_dev_get(sw, d_sw, sizeof(float) * nk);
+        const size_t dout = bits_differ(got[3], got[pi], nx);
+        const bool same =
+            !memcmp(sid, ids_got, sizeof(int32_t) * nk) && !memcmp(sw, w_got, sizeof(float) * nk);
+        printf("moe   selecting from the logits, %s path: ids and weights %s the top-k "
+               "launch's, %zu elements differ\n",
+               si == 0 ? "bulk8" : path_name[auto_path], same ? "equal" : "DIFFER FROM", dout);
+        CHECK(rcs == 0 && same && dout == 0,
+              "selecting from the logits (%s): rc %d, ids and weights %s, %zu elements differ",
+              si == 0 ? "bulk8" : "auto", rcs, same ? "equal" : "differ", dout);
+        cuda_free(d_sid), cuda_free(d_sw);
+        free(sid), free(sw);
     }
 
     struct cuda_moe_args small =
