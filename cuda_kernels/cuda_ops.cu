@@ -431,6 +431,89 @@ static __global__ void __launch_bounds__(ARGMAX_THREADS)
     }
 }
 
+/* One row over several blocks: block b walks elements [b len, (b + 1) len) as k_argmax walks its
+ * row (ascending per thread, the first of equal values kept), writes its best pair to the
+ * scratch, and the last block to finish reduces the blocks' pairs with ops_better (ties to the
+ * lower index): the index k_argmax gives, as long as the row holds no NaN. */
+
+#define ARGMAX_WIDE_THREADS 256
+#define ARGMAX_WIDE_BLOCKS 128 /* at most; CUDA_ARGMAX_SCRATCH holds their pairs */
+static_assert(ARGMAX_WIDE_BLOCKS * 8 + 16 <= CUDA_ARGMAX_SCRATCH, "argmax scratch");
+
+static __global__ void __launch_bounds__(ARGMAX_WIDE_THREADS)
+    k_argmax_wide(const float *x, int n, int len, int32_t *out, void *scratch)
+{
+    ops_pdl_begin();
+    __shared__ float sv[ARGMAX_WIDE_THREADS / 32];
+    __shared__ int si[ARGMAX_WIDE_THREADS / 32];
+    __shared__ bool last;
+    float *pv = (float *)scratch;
+    int *pi = (int *)(pv + ARGMAX_WIDE_BLOCKS);
+    unsigned *done = (unsigned *)(pi + ARGMAX_WIDE_BLOCKS);
+    const int lo = blockIdx.x * len, hi = min(n, lo + len);
+    float bv = -INFINITY;
+    int bi = -1;
+    int i0 = lo;
+    if (((uintptr_t)(x + lo) & 15) == 0) { /* len is a multiple of 4: x + lo aligned with x */
+        const float4 *r4 = (const float4 *)(x + lo);
+        const int n4 = (hi - lo) / 4;
+        for (int b = 0; b < n4; b += 4 * ARGMAX_WIDE_THREADS) {
+            float4 v[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int j = b + k * ARGMAX_WIDE_THREADS + threadIdx.x;
+                v[k] = j < n4 ? r4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int j = b + k * ARGMAX_WIDE_THREADS + threadIdx.x;
+                const float e[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    if (j < n4 && (bi < 0 || e[c] > bv))
+                        bv = e[c], bi = lo + 4 * j + c;
+            }
+        }
+        i0 = lo + 4 * n4;
+    }
+    for (int i = i0 + threadIdx.x; i < hi; i += ARGMAX_WIDE_THREADS) {
+        float v = x[i];
+        if (bi < 0 || v > bv)
+            bv = v, bi = i;
+    }
+    ops_warp_best(&bv, &bi);
+    if ((threadIdx.x & 31) == 0) {
+        sv[threadIdx.x >> 5] = bv;
+        si[threadIdx.x >> 5] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < ARGMAX_WIDE_THREADS / 32; w++)
+            if (ops_better(sv[w], si[w], bv, bi))
+                bv = sv[w], bi = si[w];
+        pv[blockIdx.x] = bv;
+        pi[blockIdx.x] = bi;
+        __threadfence();
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x >= 32)
+        return;
+    __threadfence();
+    bv = -INFINITY, bi = -1;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += 32) {
+        const float v = ((volatile float *)pv)[b];
+        const int i = ((volatile int *)pi)[b];
+        if (ops_better(v, i, bv, bi))
+            bv = v, bi = i;
+    }
+    ops_warp_best(&bv, &bi);
+    if (threadIdx.x == 0) {
+        *out = bi;
+        *done = 0;
+    }
+}
+
 /* ---- router: one warp per token; k rounds of a warp argmax over the untaken experts -------- */
 
 #define TOPK_WARPS 4
@@ -693,6 +776,20 @@ extern "C" int cuda_argmax(const float *x, int rows, int n, int32_t *out, void *
         return -EINVAL;
     ops_launch(k_argmax, rows, ARGMAX_THREADS, 0, (cudaStream_t)stream, x, n, out);
     return cuda_last_error("cuda_argmax");
+}
+
+extern "C" int cuda_argmax_wide(const float *x, int n, int32_t *out, void *scratch, void *stream)
+{
+    if (n < 1 || !x || !out || !scratch || !ops_aligned(scratch, 16))
+        return -EINVAL;
+    /* blocks of at least 4096 elements (16 per thread), at most ARGMAX_WIDE_BLOCKS */
+    int blocks = (int)ops_cdiv(n, 4096);
+    blocks = blocks < 1 ? 1 : blocks > ARGMAX_WIDE_BLOCKS ? ARGMAX_WIDE_BLOCKS : blocks;
+    const int len = (int)ops_cdiv(ops_cdiv(n, blocks), 4) * 4;
+    blocks = (int)ops_cdiv(n, len);
+    ops_launch(k_argmax_wide, blocks, ARGMAX_WIDE_THREADS, 0, (cudaStream_t)stream, x, n, len, out,
+               scratch);
+    return cuda_last_error("cuda_argmax_wide");
 }
 
 extern "C" int cuda_softmax_topk(const struct cuda_topk_args *a)

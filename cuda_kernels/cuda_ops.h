@@ -153,6 +153,12 @@ int cuda_add_bias(float *x, const float *bias, int rows, int dim, void *stream);
  * lowest index, as sampler_argmax (inputs without NaN). out (rows) int32 device. */
 int cuda_argmax(const float *x, int rows, int n, int32_t *out, void *stream);
 
+/* cuda_argmax of one row of n floats, over several blocks (a long row of logits: one block
+ * reads it at one SM's bandwidth): the same index. scratch: CUDA_ARGMAX_SCRATCH bytes of device
+ * memory, 16-byte aligned, zeroed before its first call (each call leaves it so). */
+#define CUDA_ARGMAX_SCRATCH 2048
+int cuda_argmax_wide(const float *x, int n, int32_t *out, void *scratch, void *stream);
+
 struct cuda_topk_args {
     const float *logits;    /* (n_tok, n_expert) device router logits, finite */
     int n_tok, n_expert, k; /* n_expert <= CUDA_TOPK_MAX_EXPERT, 1 <= k <= min(n_expert, 32) */

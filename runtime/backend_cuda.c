@@ -84,6 +84,7 @@ struct backend_cuda {
     int32_t *step_dev;        /* (3) device copy of step_pin */
     uint32_t lane_seq;        /* one-token graph launches so far */
     int32_t *argmax_dev;      /* (1) read_argmax's result */
+    void *argmax_scratch;     /* CUDA_ARGMAX_SCRATCH bytes: cuda_argmax_wide's */
     /* lockstep rows (rows_begin): per layer l, n K then n V cache pointers at rows_ptr[2nl],
      * then the n positions; a host copy and the device one, for up to rows_cap rows */
     int rows_n, rows_cap, rows_ctx; /* rows_ctx: above every row's position and cache row */
@@ -1459,7 +1460,13 @@ static int cuda_read_argmax_op(struct backend *b, const float *x, int n, int32_t
 {
     backend_cuda_forget_xq(cuda_of(b));
     struct backend_cuda *c = cuda_of(b);
-    int rc = cuda_argmax(x, 1, n, c->argmax_dev, c->stream);
+    static int wide = -1; /* STRATA_ARGMAX_WIDE=0: one block (for comparisons) */
+    if (wide < 0) {
+        const char *env = getenv("STRATA_ARGMAX_WIDE");
+        wide = !(env && env[0] == '0');
+    }
+    int rc = wide ? cuda_argmax_wide(x, n, c->argmax_dev, c->argmax_scratch, c->stream)
+                  : cuda_argmax(x, 1, n, c->argmax_dev, c->stream);
     rc = rc ? rc : cuda_d2h(out, c->argmax_dev, sizeof(int32_t), c->stream);
     rc = rc ? rc : cuda_stream_sync(c->stream);
     if (rc)
@@ -1493,6 +1500,7 @@ static void cuda_close_op(struct backend *b)
     cuda_host_free(c->step_pin);
     cuda_free(c->step_dev);
     cuda_free(c->argmax_dev);
+    cuda_free(c->argmax_scratch);
     cuda_rows_graphs_drop(c);
     cuda_free(c->rows_dev);
     cuda_free(c->rows_scratch);
@@ -1600,6 +1608,8 @@ static int cuda_buffers(struct backend_cuda *c)
     rc = rc ? rc : cuda_malloc((void **)&c->router_logits, sizeof(float) * 2 * t * hp->n_expert);
     rc = rc ? rc : cuda_malloc(&c->moe_scratch, c->moe_scratch_bytes);
     rc = rc ? rc : cuda_malloc((void **)&c->argmax_dev, sizeof(int32_t));
+    rc = rc ? rc : cuda_malloc(&c->argmax_scratch, CUDA_ARGMAX_SCRATCH);
+    rc = rc ? rc : cuda_memset(c->argmax_scratch, 0, CUDA_ARGMAX_SCRATCH, c->stream);
     const size_t shexp = hp->n_ff_shexp ? t * (2 * (size_t)hp->n_ff_shexp + hp->n_embd) : 0;
     if (shexp)
         rc = rc ? rc : cuda_malloc((void **)&c->shexp_scratch, sizeof(float) * shexp);

@@ -704,6 +704,12 @@ int cuda_argmax(const float *x, int rows, int n, int32_t *out, void *stream)
     return 0;
 }
 
+int cuda_argmax_wide(const float *x, int n, int32_t *out, void *scratch, void *stream)
+{
+    (void)scratch;
+    return cuda_argmax(x, 1, n, out, stream);
+}
+
 static int sim_softmax_topk(const struct cuda_topk_args *a)
 {
     moe_route_softmax_topk(a->logits, a->n_tok, a->n_expert, a->k, a->ids, a->w);

@@ -1211,8 +1211,23 @@ static void test_argmax(struct rng *r)
         int bad = 0;
         for (int row = 0; row < rows; row++)
             bad += got[row] != sampler_argmax(x + (size_t)row * n, n);
-        printf("argmax rows %d n %6d (with ties): rc %d, %d rows differ\n", rows, n, rc, bad);
-        CHECK(rc == 0 && bad == 0, "argmax n %d: rc %d, %d rows differ", n, rc, bad);
+        /* each row again over several blocks (twice: the scratch must be left zeroed) */
+        void *d_s = test_dev_alloc(CUDA_ARGMAX_SCRATCH);
+        cudaMemset(d_s, 0, CUDA_ARGMAX_SCRATCH);
+        int wbad = 0;
+        for (int row = 0; row < rows; row++)
+            for (int k = 0; k < 2; k++) {
+                int32_t g = -2;
+                rc |= cuda_argmax_wide(d_x + (size_t)row * n, n, d_out, d_s, NULL);
+                test_dev_get(&g, d_out, sizeof(g));
+                wbad += g != sampler_argmax(x + (size_t)row * n, n);
+            }
+        cuda_free(d_s);
+        printf("argmax rows %d n %6d (with ties): rc %d, %d rows differ, %d over several "
+               "blocks\n",
+               rows, n, rc, bad, wbad);
+        CHECK(rc == 0 && bad == 0 && wbad == 0, "argmax n %d: rc %d, %d rows differ, %d wide", n,
+              rc, bad, wbad);
         cuda_free(d_x), cuda_free(d_out);
         free(x), free(got);
     }
