@@ -213,8 +213,14 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devc
     __shared__ int s_n_miss, s_n_copy, s_np;
     __shared__ unsigned long long s_hits, s_pf_used;
     __shared__ uint32_t part_chunks[3];
+    __shared__ int sids[32];
+    __shared__ __align__(16) float slv[CUDA_DEVCACHE_SELECT_MAX];
     const int tid = threadIdx.x, lane = tid & 31;
     ops_pdl_begin();
+    if (a.logits) /* block 0 writes the selection for the kernels after the lookup */
+        ops_topk_select(a.logits, a.n_expert, a.n_pairs, slv, sids,
+                        blockIdx.x == 0 ? a.ids_w : nullptr, blockIdx.x == 0 ? a.w_w : nullptr);
+    const int32_t *ids = a.logits ? sids : a.ids;
     const uint32_t c = *a.clock + 1;
     for (int e = tid; e < a.n_expert; e += DC_THREADS)
         used[e] = 0;
@@ -226,7 +232,7 @@ static __global__ void __launch_bounds__(DC_THREADS) k_devcache(struct cuda_devc
     __syncthreads();
     int missed = 0;
     for (int i = tid; i < a.n_pairs; i += DC_THREADS) {
-        int e = a.ids[i];
+        int e = ids[i];
         if (e >= 0 && e < a.n_expert) {
             used[e] = 1; /* racing writers all store 1 */
             missed |= a.slot_of[e] < 0;
@@ -416,6 +422,9 @@ extern "C" int cuda_devcache_run(const struct cuda_devcache_call *a, int blocks,
         a->n_list < 0 || a->n_list > a->n_expert || blocks < 0)
         return -EINVAL;
     if (a->list_only && (!a->prefetch || !a->pend))
+        return -EINVAL;
+    if (a->logits && (a->n_expert > CUDA_DEVCACHE_SELECT_MAX || a->n_pairs < 1 || a->n_pairs > 32 ||
+                      a->n_pairs > a->n_expert || !a->ids_w || !a->w_w))
         return -EINVAL;
     if (!a->freq)
         return -EINVAL;

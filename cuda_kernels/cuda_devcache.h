@@ -61,6 +61,7 @@ extern "C" {
 #define CUDA_DEVCACHE_CHUNK 32768 /* bytes of a copy one block moves at a time */
 #define CUDA_DEVCACHE_MAX_EXPERT 1024
 #define CUDA_DEVCACHE_AGE 64 /* calls of a layer between halvings of its use counts */
+#define CUDA_DEVCACHE_SELECT_MAX 256 /* experts a call given logits selects from */
 
 enum {
     DEVCACHE_HITS = 0,
@@ -87,6 +88,13 @@ struct cuda_devcache_job {
 struct cuda_devcache_call {
     const int32_t *ids; /* (n_pairs) the call's routing */
     int n_pairs, n_expert;
+    /* NULL, or one token's router logits (n_expert <= CUDA_DEVCACHE_SELECT_MAX floats, finite):
+     * the call first selects its n_pairs (<= 32) experts from them as cuda_softmax_topk does
+     * (the same ids and weights, bit for bit), writes them to ids_w and w_w, and looks those
+     * up (ids is not read): no top-k launch between the router and the lookup */
+    const float *logits;
+    int32_t *ids_w;
+    float *w_w;
     int32_t *slot_of;    /* (n_expert) the layer's: slot of each expert, or -1 */
     const int32_t *list; /* (n_list) the layer's slots */
     int n_list;

@@ -1138,49 +1138,12 @@ static __device__ __forceinline__ void moe_block_copy(uint8_t *dst, const uint8_
  * logits of k_moe_down_b8), k at most 32. */
 #define MOE_TOPK_FUSE_MAX 256
 
-/* The k experts of p.logits (one token), largest logit first, ties to the lower id (the order of
- * k_softmax_topk), into sids[0 .. k) by the whole block: the thread of expert e counts the
- * logits ranked before e's. lv: p.n_expert floats of shared memory, 16-byte aligned. With
- * write, warp 0 also writes ids_w and the weights wts_w as k_softmax_topk computes them (the
- * same operations in the same order: the same bits). Every thread leaves after a barrier that
- * follows sids' stores; lv is read by warp 0 until it leaves. */
+/* The k experts of p.logits (ops_topk_select), the block's selection into sids; with write,
+ * gate/up's first block also writes ids_w and wts_w. */
 static __device__ void moe_topk_select(const struct moe_params &p, float *lv, int *sids, bool write)
 {
-    const int n = p.n_expert;
-    for (int e = threadIdx.x; e < n; e += blockDim.x)
-        lv[e] = p.logits[e];
-    __syncthreads();
-    for (int e = threadIdx.x; e < n; e += blockDim.x) {
-        const float v = lv[e];
-        int rank = 0, j = 0;
-        for (; j + 4 <= n; j += 4) {
-            const float4 u = *(const float4 *)(lv + j);
-            rank += (u.x > v || (u.x == v && j < e)) + (u.y > v || (u.y == v && j + 1 < e)) +
-                    (u.z > v || (u.z == v && j + 2 < e)) + (u.w > v || (u.w == v && j + 3 < e));
-        }
-        for (; j < n; j++)
-            rank += lv[j] > v || (lv[j] == v && j < e);
-        if (rank < p.k)
-            sids[rank] = e;
-    }
-    __syncthreads();
-    if (write && threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        float mx = -INFINITY, sum = 0.0f;
-        for (int e = lane; e < n; e += 32)
-            mx = fmaxf(mx, lv[e]);
-        mx = ops_warp_max(mx);
-        for (int e = lane; e < n; e += 32)
-            sum += expf(lv[e] - mx);
-        sum = ops_warp_sum(sum);
-        float sel = 0.0f;
-        for (int r = 0; r < p.k; r++)
-            sel += expf(lv[sids[r]] - mx) / sum;
-        for (int r = lane; r < p.k; r += 32) {
-            p.ids_w[r] = sids[r];
-            p.wts_w[r] = expf(lv[sids[r]] - mx) / sum / sel;
-        }
-    }
+    ops_topk_select(p.logits, p.n_expert, p.k, lv, sids, write ? p.ids_w : nullptr,
+                    write ? p.wts_w : nullptr);
 }
 
 template <uint32_t WT, int RW = 2>

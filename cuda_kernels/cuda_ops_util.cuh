@@ -68,6 +68,52 @@ static __device__ __forceinline__ float ops_warp_max(float s)
     return s;
 }
 
+/* The k (<= 32) experts of one token's router logits (n finite floats, device), largest first,
+ * ties to the lower id (cuda_softmax_topk's order), into sids[0 .. k) by the whole block: the
+ * thread of expert e counts the logits ranked before e's. lv: n floats of shared memory,
+ * 16-byte aligned. With ids_w and w_w (non-NULL), warp 0 also writes the ids and their weights
+ * as k_softmax_topk computes them (the same operations in the same order: the same bits). Every
+ * thread must call it; it returns after a barrier that follows sids' stores (lv is read by warp
+ * 0 until it returns). */
+static __device__ __forceinline__ void ops_topk_select(const float *logits, int n, int k, float *lv,
+                                                       int *sids, int32_t *ids_w, float *w_w)
+{
+    for (int e = threadIdx.x; e < n; e += blockDim.x)
+        lv[e] = logits[e];
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        const float v = lv[e];
+        int rank = 0, j = 0;
+        for (; j + 4 <= n; j += 4) {
+            const float4 u = *(const float4 *)(lv + j);
+            rank += (u.x > v || (u.x == v && j < e)) + (u.y > v || (u.y == v && j + 1 < e)) +
+                    (u.z > v || (u.z == v && j + 2 < e)) + (u.w > v || (u.w == v && j + 3 < e));
+        }
+        for (; j < n; j++)
+            rank += lv[j] > v || (lv[j] == v && j < e);
+        if (rank < k)
+            sids[rank] = e;
+    }
+    __syncthreads();
+    if (ids_w && w_w && threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int e = lane; e < n; e += 32)
+            mx = fmaxf(mx, lv[e]);
+        mx = ops_warp_max(mx);
+        for (int e = lane; e < n; e += 32)
+            sum += expf(lv[e] - mx);
+        sum = ops_warp_sum(sum);
+        float sel = 0.0f;
+        for (int r = 0; r < k; r++)
+            sel += expf(lv[sids[r]] - mx) / sum;
+        for (int r = lane; r < k; r += 32) {
+            ids_w[r] = sids[r];
+            w_w[r] = expf(lv[sids[r]] - mx) / sum / sel;
+        }
+    }
+}
+
 /* Element i of a row-major activation matrix (n_in a multiple of 32; the calling warp holds
  * elements i - i % 32 .. + 31, one per lane, in lane order) into the 8-bit copy cuda_matmul's
  * MMV path reads: code qs[i] and, per 32 elements, qd[i / 32] = (d, d * sum of the codes), with

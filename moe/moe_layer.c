@@ -357,6 +357,19 @@ static bool ml_predict_worth(struct moe_layer *ml, int t, int nt)
     return nt > 1 || ml->pf_quiet[t] < MOE_PREFETCH_QUIET;
 }
 
+/* Whether the GPU's own cache's lookup may select a one-token call's experts from the router's
+ * logits (ml_selects): STRATA_DEVCACHE_SELECT=0 in the environment keeps the top-k launch before
+ * it (for comparisons; the same bits). Decided once. */
+static bool ml_select_env(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("STRATA_DEVCACHE_SELECT");
+        on = !(v && v[0] == '0');
+    }
+    return on;
+}
+
 /* Whether a call of nt tokens at this layer serves its misses in place (b). */
 static bool ml_zerocopy(const struct moe_layer *ml, int nt)
 {
@@ -392,10 +405,25 @@ static bool ml_may_predict(const struct moe_layer *ml, const struct moe_args *a,
            a->layer >= ml->cpu_layers && !ml_zerocopy(ml, nt);
 }
 
+/* Whether a call of nt tokens routes by route_logits, the experts selected from the router's
+ * logits by the experts call (all resident) or by the GPU's own cache's lookup: one token, no
+ * prediction, nothing reading the routing before them. */
+static bool ml_selects(const struct moe_layer *ml, const struct moe_args *a, int nt)
+{
+    if (!ml->ops->route_logits || nt != 1 || a->layer >= (int)a->hp->n_layer || ml->hybrid ||
+        ml->cfg.observer || ml->log || a->layer < ml->cpu_layers)
+        return false;
+    if (!ml->cache)
+        return true;
+    return ml->cfg.fill == MOE_FILL_DEVICE && nt <= ml->device_max_tok &&
+           !ml_may_predict(ml, a, nt) && ml_select_env() &&
+           a->hp->n_expert <= CUDA_DEVCACHE_SELECT_MAX && a->hp->n_expert_used <= 32;
+}
+
 /* pred: ml_may_predict; ahead: NULL, or the next layer's routing of this call's tokens, made
  * with this layer's (route2) */
 static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const float *in, int nt,
-                         const int32_t *ids, bool pred, const int32_t *ahead,
+                         int32_t *ids, bool pred, const int32_t *ahead, const float *logits,
                          struct expert_tables *tab)
 {
     int pairs = nt * (int)a->hp->n_expert_used, rc = 0;
@@ -410,7 +438,9 @@ static int ml_run_cached(struct moe_layer *ml, const struct moe_args *a, const f
          * computes them (ml_lane_post, after the lookup) */
         ml->lane_call = ml->lane && ml->recording && nt == 1;
         expert_cache_device_admit(ml->cache, !ml->lane_call);
-        rc = expert_cache_prepare_device(ml->cache, a->layer, ids, pairs, tab);
+        rc = logits ? expert_cache_prepare_device_select(ml->cache, a->layer, logits, ids,
+                                                         ml->route_w, pairs, tab)
+                    : expert_cache_prepare_device(ml->cache, a->layer, ids, pairs, tab);
         if (!rc && pred) {
             rc = predict_device(&ml->pred, a->layer, in, nt, ahead);
             ml->n_predictions++;
@@ -743,11 +773,8 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
          * backend has one (route2): its routing lands after this layer's */
         const bool pred = !mtp && ml_may_predict(ml, a, nt);
         const int32_t *ahead = NULL;
-        /* all resident, nothing reading the routing before the experts: they select it */
         const float *logits = NULL;
-        const bool late = ml->ops->route_logits && nt == 1 && !mtp && !ml->cache && !ml->hybrid &&
-                          !ml->cfg.observer && !ml->log && a->layer >= ml->cpu_layers;
-        if (late) {
+        if (ml_selects(ml, a, nt)) {
             rc = ml->ops->route_logits(ml->dev, a->lw, in, nt, &logits);
         } else if (pred && ml->route2 && !slice &&
                    (ml->cfg.fill == MOE_FILL_DEVICE || ml->pred.depth == 1)) {
@@ -768,8 +795,11 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
             continue;
         }
         struct expert_tables tab = {0};
-        if (ml->cache && !mtp && (rc = ml_run_cached(ml, a, in, nt, ids, pred, ahead, &tab)))
+        if (ml->cache && !mtp &&
+            (rc = ml_run_cached(ml, a, in, nt, ids, pred, ahead, logits, &tab)))
             break;
+        if (ml->cache) /* the GPU's own lookup selected them */
+            logits = NULL;
         if (ml->log && !mtp && !ml->ops->host)
             ml_log(ml, a, t0, nt, ids);
         struct moe_expert_call call = {

@@ -216,6 +216,14 @@ int expert_cache_prepare_zerocopy(struct expert_cache *c, int layer, const int32
  * (syncs); later ones never sync. Not with a host tier. */
 int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
                                 int n_pairs, struct expert_tables *t);
+
+/* expert_cache_prepare_device for one token whose experts are not yet selected: the lookup
+ * kernel first selects n_pairs (<= 32) of them from the router's logits (device; at most
+ * CUDA_DEVCACHE_SELECT_MAX experts) as the router's top-k would, bit for bit, writing ids_dev
+ * and w_dev (n_pairs each, device) for the expert kernels, then looks them up. */
+int expert_cache_prepare_device_select(struct expert_cache *c, int layer, const float *logits,
+                                       int32_t *ids_dev, float *w_dev, int n_pairs,
+                                       struct expert_tables *t);
 /* (c): hands the slots to the device now (syncs), e.g. before recording a graph whose first
  * call would otherwise do it. 0 or -errno. */
 int expert_cache_device_start(struct expert_cache *c);

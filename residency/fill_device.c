@@ -357,8 +357,28 @@ int ec_dev_join(struct expert_cache *c)
     return rc;
 }
 
+static int ec_prepare_device(struct expert_cache *c, int layer, const int32_t *ids_dev, int n_pairs,
+                             const float *logits, float *w_dev, struct expert_tables *t);
+
 int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t *ids_dev,
                                 int n_pairs, struct expert_tables *t)
+{
+    return ec_prepare_device(c, layer, ids_dev, n_pairs, NULL, NULL, t);
+}
+
+int expert_cache_prepare_device_select(struct expert_cache *c, int layer, const float *logits,
+                                       int32_t *ids_dev, float *w_dev, int n_pairs,
+                                       struct expert_tables *t)
+{
+    if (!logits || !ids_dev || !w_dev || n_pairs < 1 || n_pairs > 32 ||
+        c->n_expert > CUDA_DEVCACHE_SELECT_MAX)
+        return err_set(-EINVAL, "expert cache: layer %d: no selection of %d of %d experts", layer,
+                       n_pairs, c->n_expert);
+    return ec_prepare_device(c, layer, ids_dev, n_pairs, logits, w_dev, t);
+}
+
+static int ec_prepare_device(struct expert_cache *c, int layer, const int32_t *ids_dev, int n_pairs,
+                             const float *logits, float *w_dev, struct expert_tables *t)
 {
     int settled = ec_settle(c);
     if (settled)
@@ -369,6 +389,11 @@ int expert_cache_prepare_device(struct expert_cache *c, int layer, const int32_t
     if (rc)
         return rc;
     struct cuda_devcache_call a = ec_dev_call(c, layer, ids_dev, n_pairs);
+    if (logits) { /* the lookup selects the experts first, into ids_dev and w_dev */
+        a.logits = logits;
+        a.ids_w = (int32_t *)ids_dev;
+        a.w_w = w_dev;
+    }
     /* the layer's prefetch decisions (its slots, its state) first; the lookup then copies
      * what it uses of their batch (none: no batch to look at) */
     if (!c->pf_pending[layer])

@@ -217,7 +217,16 @@ static int g_streams;
 /* The GPU's own expert cache: its scalar reference, run (or recorded) like a kernel */
 static int sim_devcache_run(const struct cuda_devcache_call *a)
 {
-    devcache_ref_run(a);
+    if (!a->logits) {
+        devcache_ref_run(a);
+        return 0;
+    }
+    /* a call given the router's logits selects first (cuda_devcache.h) */
+    moe_route_softmax_topk(a->logits, 1, a->n_expert, a->n_pairs, a->ids_w, a->w_w);
+    struct cuda_devcache_call b = *a;
+    b.ids = a->ids_w;
+    b.logits = NULL;
+    devcache_ref_run(&b);
     return 0;
 }
 

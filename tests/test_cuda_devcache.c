@@ -8,7 +8,9 @@
  * round per layer makes sure of 12 such hits). After
  * every call the device's slot map, owners, stamps, clock, use counts, table, copy list, batches,
  * pending slots and counters equal the reference's, and the slots hold the bytes the copies
- * brought. Exits 77 without a GPU. */
+ * brought. Every sixth call is a real one that selects its 1 to 8 experts from router logits
+ * (half of them on a grid, so that logits tie): the ids the kernel writes equal
+ * moe_route_softmax_topk's and its weights cuda_softmax_topk's bits. Exits 77 without a GPU. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +20,8 @@
 #define DEVCACHE_REF_COPY_BYTES(dst, src, n) ((void)(dst), (void)(src), (void)(n))
 #include "cuda_devcache_ref.h"
 #include "cuda_mem.h"
+#include "cuda_ops.h"
+#include "moe.h"
 #include "testutil.h"
 
 #define NL 3
@@ -61,9 +65,13 @@ int main(void)
     uint8_t *slots = NULL;
     struct state *h = calloc(1, sizeof(*h)), *d = NULL, *back = calloc(1, sizeof(*back));
     int32_t *ids_d = NULL, ids[64];
+    float logits[NE], sel_w[64], *logits_d = NULL, *w_d = NULL;
+    int n_select = 0;
     if (!h || !back || cuda_host_alloc(&host, host_bytes, &mapped) ||
         cuda_malloc((void **)&slots, (size_t)NS * slot_bytes) ||
-        cuda_malloc((void **)&d, sizeof(*d)) || cuda_malloc((void **)&ids_d, sizeof(ids))) {
+        cuda_malloc((void **)&d, sizeof(*d)) || cuda_malloc((void **)&ids_d, sizeof(ids)) ||
+        cuda_malloc((void **)&logits_d, sizeof(logits)) ||
+        cuda_malloc((void **)&w_d, sizeof(float) * 64)) {
         fprintf(stderr, "setup failed\n");
         return 1;
     }
@@ -142,6 +150,9 @@ int main(void)
         int l = (int)rng_below(&r, NL);
         int prefetch = rng_below(&r, 3) == 0; /* a prediction for the layer's next call */
         int list_only = prefetch && rng_below(&r, 2);
+        const bool select = closing < 0 && call % 6 == 1; /* selected from router logits */
+        if (select)
+            prefetch = list_only = 0;
         if (closing >= 0) {
             l = closing / 3;
             prefetch = list_only = step == 1;
@@ -151,7 +162,16 @@ int main(void)
         if (batch_pending[l] && (list_only || consumed[l]))
             RUN_BATCH(l);
         int n = 1 + (int)rng_below(&r, call % 10 == 0 ? 64 : 8);
-        if (closing >= 0 && step == 0) {
+        if (select) { /* 1 to 8 experts; half the time on a grid, so that logits tie */
+            n = 1 + (int)rng_below(&r, 8);
+            const bool grid = rng_below(&r, 2);
+            for (int e = 0; e < NE; e++) {
+                logits[e] = 2.0f * ((float)rng_below(&r, 1u << 20) / (float)(1u << 20)) - 1.0f +
+                            (e < 16 ? 1.0f : 0.0f); /* low ids more often */
+                logits[e] = grid ? roundf(logits[e] * 4.0f) / 4.0f : logits[e];
+            }
+            moe_route_softmax_topk(logits, 1, NE, n, ids, sel_w);
+        } else if (closing >= 0 && step == 0) {
             n = 1;
             ids[0] = -1;
         } else if (!prefetch && batch_pending[l] && !consumed[l] &&
@@ -229,7 +249,28 @@ int main(void)
         ad.pf_done = d->done[l];
         if (list_only)
             ad.jobs = d->bjobs[l], ad.n_jobs = d->bn_jobs[l];
+        if (select) { /* the kernel selects from the logits: ids_d is its output */
+            cuda_h2d(logits_d, logits, sizeof(logits), NULL);
+            test_dev_poison(ids_d, sizeof(ids));
+            ad.logits = logits_d, ad.ids_w = ids_d, ad.w_w = w_d;
+        }
         int rc = cuda_devcache_run(&ad, list_only ? 1 : prefetch ? 7 : 0, NULL);
+        if (select && rc == 0) { /* ids exactly the router's; weights the top-k kernel's bits */
+            int32_t got[64], want_ids[64];
+            float w_got[64], w_want[64];
+            struct cuda_topk_args tk = {logits_d, 1, NE, n, ids_d + 32, w_d + 32, NULL};
+            rc = cuda_softmax_topk(&tk);
+            rc = rc ? rc : cuda_d2h(got, ids_d, sizeof(int32_t) * (size_t)n, NULL);
+            rc = rc ? rc : cuda_d2h(w_got, w_d, sizeof(float) * (size_t)n, NULL);
+            rc = rc ? rc : cuda_d2h(want_ids, ids_d + 32, sizeof(int32_t) * (size_t)n, NULL);
+            rc = rc ? rc : cuda_d2h(w_want, w_d + 32, sizeof(float) * (size_t)n, NULL);
+            rc = rc ? rc : cuda_stream_sync(NULL);
+            const bool ok = !memcmp(got, ids, sizeof(int32_t) * (size_t)n) &&
+                            !memcmp(want_ids, ids, sizeof(int32_t) * (size_t)n) &&
+                            !memcmp(w_got, w_want, sizeof(float) * (size_t)n);
+            n_select++;
+            CHECK(rc == 0 && ok, "call %d: the selection from the logits differs", call);
+        }
         if (list_only) {
             n_listed++;
             batch_pending[l] = 1, consumed[l] = 0;
@@ -306,7 +347,11 @@ int main(void)
     printf("test_cuda_devcache: %d calls hit every expert; %d batches listed, %d hits on a "
            "batch's slot before its copy launch\n",
            all_hit, n_listed, n_late);
+    printf("test_cuda_devcache: %d calls selected their experts from router logits, ids and "
+           "weights equal to the router's\n",
+           n_select);
     CHECK(n_listed >= 10 && n_late >= 10, "the batches were not exercised");
+    CHECK(n_select == CALLS / 6, "%d calls selected from logits, not %d", n_select, CALLS / 6);
     CHECK(copies > 100 && inplace > 0, "the calls did not exercise eviction and in-place reads");
     CHECK(all_hit >= CALLS / 20, "only %d calls hit every expert", all_hit);
     CHECK(pf > 0 && pf_used > 0 && wasted > 0, "the predictions did not exercise every counter");
@@ -320,6 +365,8 @@ int main(void)
     cuda_free(d);
     cuda_free(slots);
     cuda_free(ids_d);
+    cuda_free(logits_d);
+    cuda_free(w_d);
     cuda_free(slot_ptr_d);
     cuda_host_free(host);
     return test_finish("test_cuda_devcache");

