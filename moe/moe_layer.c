@@ -357,14 +357,15 @@ static bool ml_predict_worth(struct moe_layer *ml, int t, int nt)
     return nt > 1 || ml->pf_quiet[t] < MOE_PREFETCH_QUIET;
 }
 
-/* Whether the GPU's own cache's lookup may select a one-token call's experts from the router's
- * logits (ml_selects): STRATA_DEVCACHE_SELECT=0 in the environment keeps the top-k launch before
- * it (for comparisons; the same bits). Decided once. */
+/* Whether a cached layer's one-token call may select its experts from the router's logits
+ * (ml_selects: in the GPU's own cache's lookup, or in the expert kernels of zero-copy misses):
+ * STRATA_CACHE_SELECT=0 in the environment keeps the top-k launch before them (for
+ * comparisons; the same bits). Decided once. */
 static bool ml_select_env(void)
 {
     static int on = -1;
     if (on < 0) {
-        const char *v = getenv("STRATA_DEVCACHE_SELECT");
+        const char *v = getenv("STRATA_CACHE_SELECT");
         on = !(v && v[0] == '0');
     }
     return on;
@@ -406,15 +407,18 @@ static bool ml_may_predict(const struct moe_layer *ml, const struct moe_args *a,
 }
 
 /* Whether a call of nt tokens routes by route_logits, the experts selected from the router's
- * logits by the experts call (all resident) or by the GPU's own cache's lookup: one token, no
+ * logits by the experts call (all resident, or zero-copy misses whose routing goes to the
+ * step's slice, read back after the step) or by the GPU's own cache's lookup: one token, no
  * prediction, nothing reading the routing before them. */
-static bool ml_selects(const struct moe_layer *ml, const struct moe_args *a, int nt)
+static bool ml_selects(const struct moe_layer *ml, const struct moe_args *a, int nt, bool slice)
 {
     if (!ml->ops->route_logits || nt != 1 || a->layer >= (int)a->hp->n_layer || ml->hybrid ||
         ml->cfg.observer || ml->log || a->layer < ml->cpu_layers)
         return false;
     if (!ml->cache)
         return true;
+    if (ml_zerocopy(ml, nt))
+        return slice && ml_select_env();
     return ml->cfg.fill == MOE_FILL_DEVICE && nt <= ml->device_max_tok &&
            !ml_may_predict(ml, a, nt) && ml_select_env() &&
            a->hp->n_expert <= CUDA_DEVCACHE_SELECT_MAX && a->hp->n_expert_used <= 32;
@@ -774,7 +778,7 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
         const bool pred = !mtp && ml_may_predict(ml, a, nt);
         const int32_t *ahead = NULL;
         const float *logits = NULL;
-        if (ml_selects(ml, a, nt)) {
+        if (ml_selects(ml, a, nt, slice != NULL)) {
             rc = ml->ops->route_logits(ml->dev, a->lw, in, nt, &logits);
         } else if (pred && ml->route2 && !slice &&
                    (ml->cfg.fill == MOE_FILL_DEVICE || ml->pred.depth == 1)) {
@@ -798,7 +802,7 @@ int moe_layer_run(struct moe_layer *ml, const struct moe_args *a)
         if (ml->cache && !mtp &&
             (rc = ml_run_cached(ml, a, in, nt, ids, pred, ahead, logits, &tab)))
             break;
-        if (ml->cache) /* the GPU's own lookup selected them */
+        if (ml->cache && !slice) /* the GPU's own lookup selected them */
             logits = NULL;
         if (ml->log && !mtp && !ml->ops->host)
             ml_log(ml, a, t0, nt, ids);
