@@ -57,6 +57,12 @@ int cuda_argmax(const float *x, int rows, int n, int32_t *out, void *stream)
     return -ENODEV;
 }
 
+int cuda_argmax_wide(const float *x, int n, int32_t *out, void *scratch, void *stream)
+{
+    (void)x, (void)n, (void)out, (void)scratch, (void)stream;
+    return -ENODEV;
+}
+
 int cuda_softmax_topk(const struct cuda_topk_args *a)
 {
     (void)a;
