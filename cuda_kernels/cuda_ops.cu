@@ -380,43 +380,55 @@ static __device__ __forceinline__ void ops_warp_best(float *v, int *i)
     }
 }
 
-static __global__ void __launch_bounds__(ARGMAX_THREADS)
-    k_argmax(const float *x, int n, int32_t *out)
+/* A thread's best (value, index) over row[lo, hi) of T threads: 16-byte groups t, t + T, ...
+ * (four loads in flight) where row + lo is aligned, then the elements past them one at a time;
+ * ascending per thread, the first of equal values kept. */
+template <int T>
+static __device__ __forceinline__ void argmax_walk(const float *row, int lo, int hi, float *pv,
+                                                   int *pi)
 {
-    ops_pdl_begin();
-    __shared__ float sv[ARGMAX_THREADS / 32];
-    __shared__ int si[ARGMAX_THREADS / 32];
-    const float *row = x + (int64_t)blockIdx.x * n;
     float bv = -INFINITY;
     int bi = -1;
-    int i0 = 0; /* elements before i0 were taken by the vector loop */
-    if (((uintptr_t)row & 15) == 0) {
-        const float4 *r4 = (const float4 *)row;
-        const int n4 = n / 4;
-        for (int b = 0; b < n4; b += 4 * ARGMAX_THREADS) {
+    int i0 = lo; /* elements before i0 were taken by the vector loop */
+    if (((uintptr_t)(row + lo) & 15) == 0) {
+        const float4 *r4 = (const float4 *)(row + lo);
+        const int n4 = (hi - lo) / 4;
+        for (int b = 0; b < n4; b += 4 * T) {
             float4 v[4];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const int j = b + k * ARGMAX_THREADS + threadIdx.x;
+                const int j = b + k * T + threadIdx.x;
                 v[k] = j < n4 ? r4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const int j = b + k * ARGMAX_THREADS + threadIdx.x;
+                const int j = b + k * T + threadIdx.x;
                 const float e[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
 #pragma unroll
                 for (int c = 0; c < 4; c++)
                     if (j < n4 && (bi < 0 || e[c] > bv)) /* ascending: the first equal stays */
-                        bv = e[c], bi = 4 * j + c;
+                        bv = e[c], bi = lo + 4 * j + c;
             }
         }
-        i0 = 4 * n4;
+        i0 = lo + 4 * n4;
     }
-    for (int i = i0 + threadIdx.x; i < n; i += ARGMAX_THREADS) {
+    for (int i = i0 + threadIdx.x; i < hi; i += T) {
         float v = row[i];
         if (bi < 0 || v > bv) /* ascending i: the first of equal values stays */
             bv = v, bi = i;
     }
+    *pv = bv;
+    *pi = bi;
+}
+
+/* The block's best pair of its T threads' (warp butterflies, then the warps in order), in
+ * thread 0's *pv, *pi. */
+template <int T> static __device__ __forceinline__ void argmax_block(float *pv, int *pi)
+{
+    __shared__ float sv[T / 32];
+    __shared__ int si[T / 32];
+    float bv = *pv;
+    int bi = *pi;
     ops_warp_best(&bv, &bi);
     if ((threadIdx.x & 31) == 0) {
         sv[threadIdx.x >> 5] = bv;
@@ -424,11 +436,24 @@ static __global__ void __launch_bounds__(ARGMAX_THREADS)
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < ARGMAX_THREADS / 32; w++)
+        for (int w = 1; w < T / 32; w++)
             if (ops_better(sv[w], si[w], bv, bi))
                 bv = sv[w], bi = si[w];
-        out[blockIdx.x] = bi;
+        *pv = bv;
+        *pi = bi;
     }
+}
+
+static __global__ void __launch_bounds__(ARGMAX_THREADS)
+    k_argmax(const float *x, int n, int32_t *out)
+{
+    ops_pdl_begin();
+    float bv;
+    int bi;
+    argmax_walk<ARGMAX_THREADS>(x + (int64_t)blockIdx.x * n, 0, n, &bv, &bi);
+    argmax_block<ARGMAX_THREADS>(&bv, &bi);
+    if (threadIdx.x == 0)
+        out[blockIdx.x] = bi;
 }
 
 /* One row over several blocks: block b walks elements [b len, (b + 1) len) as k_argmax walks its
@@ -444,53 +469,16 @@ static __global__ void __launch_bounds__(ARGMAX_WIDE_THREADS)
     k_argmax_wide(const float *x, int n, int len, int32_t *out, void *scratch)
 {
     ops_pdl_begin();
-    __shared__ float sv[ARGMAX_WIDE_THREADS / 32];
-    __shared__ int si[ARGMAX_WIDE_THREADS / 32];
     __shared__ bool last;
     float *pv = (float *)scratch;
     int *pi = (int *)(pv + ARGMAX_WIDE_BLOCKS);
     unsigned *done = (unsigned *)(pi + ARGMAX_WIDE_BLOCKS);
-    const int lo = blockIdx.x * len, hi = min(n, lo + len);
-    float bv = -INFINITY;
-    int bi = -1;
-    int i0 = lo;
-    if (((uintptr_t)(x + lo) & 15) == 0) { /* len is a multiple of 4: x + lo aligned with x */
-        const float4 *r4 = (const float4 *)(x + lo);
-        const int n4 = (hi - lo) / 4;
-        for (int b = 0; b < n4; b += 4 * ARGMAX_WIDE_THREADS) {
-            float4 v[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int j = b + k * ARGMAX_WIDE_THREADS + threadIdx.x;
-                v[k] = j < n4 ? r4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int j = b + k * ARGMAX_WIDE_THREADS + threadIdx.x;
-                const float e[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
-#pragma unroll
-                for (int c = 0; c < 4; c++)
-                    if (j < n4 && (bi < 0 || e[c] > bv))
-                        bv = e[c], bi = lo + 4 * j + c;
-            }
-        }
-        i0 = lo + 4 * n4;
-    }
-    for (int i = i0 + threadIdx.x; i < hi; i += ARGMAX_WIDE_THREADS) {
-        float v = x[i];
-        if (bi < 0 || v > bv)
-            bv = v, bi = i;
-    }
-    ops_warp_best(&bv, &bi);
-    if ((threadIdx.x & 31) == 0) {
-        sv[threadIdx.x >> 5] = bv;
-        si[threadIdx.x >> 5] = bi;
-    }
-    __syncthreads();
+    const int lo = blockIdx.x * len;
+    float bv;
+    int bi;
+    argmax_walk<ARGMAX_WIDE_THREADS>(x, lo, min(n, lo + len), &bv, &bi);
+    argmax_block<ARGMAX_WIDE_THREADS>(&bv, &bi);
     if (threadIdx.x == 0) {
-        for (int w = 1; w < ARGMAX_WIDE_THREADS / 32; w++)
-            if (ops_better(sv[w], si[w], bv, bi))
-                bv = sv[w], bi = si[w];
         pv[blockIdx.x] = bv;
         pi[blockIdx.x] = bi;
         __threadfence();
