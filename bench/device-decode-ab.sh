@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU machine: settings of one build against each other on all-resident decode, in one lease.
 # ENVS: the settings, spaces between them, commas between the variables of one (X=1: none).
-# Unless SKIP_TESTS=1, every test binary of .carry/bin first (bench/device-check.sh's way).
+# Unless SKIP_TESTS=1, every test binary of .carry/bin first (device-env.sh's run_tests).
 # Then under each setting the md5 of greedy logits on the 30b-a3b preset (settings that keep
 # the arithmetic must print the same sums), then ROUNDS rounds (default 2) of `strata bench
 # --device cuda -p 512 -n 128 --tg random` under each setting in turn (graph steps; with
@@ -10,15 +10,8 @@ set -u
 . bench/device-env.sh
 export STRATA_TEST_DATA=$PWD/tests/data
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader
-if [ -z "${SKIP_TESTS:-}" ]; then
-    for t in "$B"/test_*; do
-        n=$(basename "$t")
-        s=$(date +%s)
-        (cd tests && timeout 200 "$t" >"$OUT/$n.log" 2>&1)
-        echo "$n rc=$? ($(($(date +%s) - s)) s)"
-        grep -E "FAIL" "$OUT/$n.log" | head -20
-    done
-fi
+R=$OUT/decode-ab.txt
+run_tests "$(cd "$B" && ls test_*)" ""
 gen_30b
 for e in $ENVS; do
     env ${e//,/ } "$B/strata" logits -m $M --device cuda --ids 1,2,3,4,5,6,7 --greedy 40 \

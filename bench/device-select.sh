@@ -12,16 +12,9 @@ set -u
 export STRATA_TEST_DATA=$PWD/tests/data
 R=$OUT/select.txt
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader | tee -a "$R"
-if [ -z "${SKIP_TESTS:-}" ]; then
-    for t in "$B"/test_*; do
-        n=$(basename "$t")
-        (cd tests && timeout 200 "$t" >"$OUT/$n.log" 2>&1)
-        echo "$n rc=$?" | tee -a "$R"
-        grep -E "FAIL" "$OUT/$n.log" | head -10 | tee -a "$R"
-    done
-    grep -h "selected their experts\|selecting from the logits" "$OUT"/test_cuda_devcache.log \
-        "$OUT"/test_cuda_moe.log | sort | uniq -c | head -6 | tee -a "$R"
-fi
+run_tests "$(cd "$B" && ls test_*)" "selected their experts"
+grep -h "selecting from the logits" /tmp/test_cuda_moe.log 2>/dev/null | sort | uniq -c | head -6 |
+    tee -a "$R"
 gen_30b
 where() { case $1 in res) echo "--device cuda" ;; 8G) echo "--vram-budget 8G --residency gpu --graph" ;;
     12G) echo "--vram-budget 12G --residency zerocopy --graph" ;; esac; }
