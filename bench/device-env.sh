@@ -27,6 +27,34 @@ ncu_decode() {
     python3 bench/ncu-summary.py "$f"
 }
 
+# The placements the checks of one change run the preset in: all resident (res), 8 GiB on the
+# GPU's cache in a graph (8G), 12 GiB with zero-copy misses in a graph (12G).
+where_of() {
+    case $1 in
+    res) echo "--device cuda" ;;
+    8G) echo "--vram-budget 8G --residency gpu --graph" ;;
+    12G) echo "--vram-budget 12G --residency zerocopy --graph" ;;
+    esac
+}
+
+# The md5 of the preset's greedy logits (7 prompt ids, 40 greedy steps) in placement $1 under
+# the environment setting $2 (VAR=value), one line appended to $R.
+logits_md5() {
+    env $2 timeout 120 "$B/strata" logits -m $M $(where_of $1) --ids 1,2,3,4,5,6,7 --greedy 40 \
+        -o /tmp/l.bin >/dev/null 2>&1
+    echo "logits $1 $2 $(md5sum </tmp/l.bin | cut -c1-32)" | tee -a "$R"
+    rm -f /tmp/l.bin
+}
+
+# `strata bench -m $M "${@:2}" -p 512 -n 128 --tg random` as one line labelled $1 (pp512,
+# tg128, the placement's choice and the hit rate), appended to $R.
+tg_line() {
+    local l=$1
+    shift
+    echo "$l: $(timeout 150 "$B/strata" bench -m $M "$@" -p 512 -n 128 --tg random 2>&1 |
+        grep -E '^tg128|^pp512|placement auto|hit rate' | tr -s ' ' | tr '\n' ' ')" | tee -a "$R"
+}
+
 # W1-real (the shipped model inflated to the 30b-a3b shapes) in tmpfs, and bench/heldout.py's
 # held-out texts (/tmp/warm.txt: the even ones, /tmp/eval.txt: the odd ones), unless an earlier
 # run left them there.

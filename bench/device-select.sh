@@ -16,31 +16,20 @@ run_tests "$(cd "$B" && ls test_*)" "selected their experts"
 grep -h "selecting from the logits" /tmp/test_cuda_moe.log 2>/dev/null | sort | uniq -c | head -6 |
     tee -a "$R"
 gen_30b
-where() { case $1 in res) echo "--device cuda" ;; 8G) echo "--vram-budget 8G --residency gpu --graph" ;;
-    12G) echo "--vram-budget 12G --residency zerocopy --graph" ;; esac; }
 for w in res 8G 12G; do
     for s in 1 0; do
         [ $w = res ] && [ $s = 0 ] && continue
-        STRATA_CACHE_SELECT=$s timeout 120 "$B/strata" logits -m $M $(where $w) --ids 1,2,3,4,5,6,7 \
-            --greedy 40 -o /tmp/l.bin >/dev/null 2>&1
-        echo "logits $w select=$s $(md5sum </tmp/l.bin | cut -c1-32)" | tee -a "$R"
-        rm -f /tmp/l.bin
+        logits_md5 $w STRATA_CACHE_SELECT=$s
     done
 done
-tg() { # $1: label, the rest: strata bench flags
-    local l=$1
-    shift
-    echo "$l: $(timeout 150 "$B/strata" bench -m $M "$@" -p 512 -n 128 --tg random 2>&1 |
-        grep -E '^tg128|placement auto|hit rate' | tr -s ' ' | tr '\n' ' ')" | tee -a "$R"
-}
 for r in $(seq ${ROUNDS:-2}); do
-    tg "resident r$r" --device cuda
-    tg "12G auto r$r" --vram-budget 12G
-    tg "8G auto r$r" --vram-budget 8G
+    tg_line "resident r$r" --device cuda
+    tg_line "12G auto r$r" --vram-budget 12G
+    tg_line "8G auto r$r" --vram-budget 8G
 done
-tg "4G auto" --vram-budget 4G
+tg_line "4G auto" --vram-budget 4G
 for s in 1 0; do
-    STRATA_CACHE_SELECT=$s tg "8G gpu graph select=$s" $(where 8G)
-    STRATA_CACHE_SELECT=$s tg "12G zc graph select=$s" $(where 12G)
+    STRATA_CACHE_SELECT=$s tg_line "8G gpu graph select=$s" $(where_of 8G)
+    STRATA_CACHE_SELECT=$s tg_line "12G zc graph select=$s" $(where_of 12G)
 done
 exit 0

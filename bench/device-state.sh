@@ -9,16 +9,10 @@ set -u
 R=$OUT/state.txt
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader | tee -a "$R"
 gen_30b
-tg() { # $1: label, the rest: strata bench flags
-    local l=$1
-    shift
-    echo "$l: $(timeout 150 "$B/strata" bench -m $M "$@" -p 512 -n 128 --tg random 2>&1 |
-        grep -E '^tg128|^pp512|placement auto|hit rate|prefetch' | tr -s ' ' | tr '\n' ' ')" | tee -a "$R"
-}
-tg "resident" --device cuda
-for r in 1 2 3; do tg "8G auto r$r" --vram-budget 8G; done
-tg "8G gpu graph" --vram-budget 8G --residency gpu --graph
-tg "8G gpu graph --prefetch" --vram-budget 8G --residency gpu --graph --prefetch
+tg_line "resident" --device cuda
+for r in 1 2 3; do tg_line "8G auto r$r" --vram-budget 8G; done
+tg_line "8G gpu graph" --vram-budget 8G --residency gpu --graph
+tg_line "8G gpu graph --prefetch" --vram-budget 8G --residency gpu --graph --prefetch
 ls8() { # $1: label, the rest: flags
     local l=$1
     shift
