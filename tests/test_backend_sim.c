@@ -1354,7 +1354,10 @@ static void static_tier(const char *path, const struct backend_cuda_config *st,
                st->cpu_moe_layers, same ? "bit-identical" : "DIFFERS",
                (unsigned long long)r.tier_misses);
         CHECK(same, "%s: static with a host tier changed the logits", path);
-        CHECK(r.tier_misses >= (uint64_t)N_STEPS, "%s: the host tier read %llu times", path,
+        /* read through at all: how often depends on the drawn routing (a tier of one layer's
+         * experts can hold much of what the CPU layers use; 86 reads in 128 steps on the q8_0
+         * model under STRATA_TEST_SEED=4) */
+        CHECK(r.tier_misses > 0, "%s: the host tier read %llu times", path,
               (unsigned long long)r.tier_misses);
         CHECK(!ref.tier_misses, "%s: a host tier without host_budget", path);
     }
