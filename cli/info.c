@@ -5,14 +5,16 @@
 #include "cli.h"
 #include "cpu_features.h"
 #include "cuda_info.h"
+#include "gemm.h"
 #include "sysinfo.h"
 
 static void info_usage(void)
 {
     printf("usage: strata info\n\n"
-           "Prints the CPU model and SIMD level the kernels will use, the hwloc topology\n"
-           "(packages, physical cores, NUMA nodes, RAM), whether io_uring works, the jemalloc\n"
-           "version, and the CUDA devices this build can use.\n");
+           "Prints the CPU model and SIMD level the kernels will use, whether AMX tiles run\n"
+           "the batched ones (and if not, why), the hwloc topology (packages, physical\n"
+           "cores, NUMA nodes, RAM), whether io_uring works, the jemalloc version, and the\n"
+           "CUDA devices this build can use.\n");
 }
 
 static void info_cpu(void)
@@ -23,6 +25,8 @@ static void info_cpu(void)
            "amx-int8 %d)\n",
            cpu_isa_name(cpu_isa_best()), f->avx2, f->avx512f, f->avx512bw, f->avx512vnni,
            f->avx512bf16, f->amx_int8);
+    const char *why = gemm_amx_status();
+    printf("amx tiles:    %s\n", why ? why : "used for batches of 16 and more rows (gemm)");
 }
 
 static void info_cuda(void)

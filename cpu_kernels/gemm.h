@@ -48,12 +48,22 @@ typedef void (*gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t n_row
 
 /* The kernel for weights of this ggml type at the given ISA level (clamped to cpu_isa_best(),
  * which honors the STRATA_CPU_ISA cap), or NULL: AVX-512 VNNI covers Q8_0, Q4_K, Q5_K and
- * Q6_K; AVX2 (gemm_avx2.c, 8 rows per vector, no VNNI needed) the three K-quants. */
+ * Q6_K (by AMX tiles where the process can run them, STRATA_CPU_AMX=0 aside); AVX2
+ * (gemm_avx2.c, 8 rows per vector, no VNNI needed) the three K-quants. */
 gemm_fn gemm_get(uint32_t wtype, enum cpu_isa isa);
 
 /* For gemm.c only: the per-ISA tables (call only when the host has that level). */
 gemm_fn gemm_avx512_get(uint32_t wtype);
 gemm_fn gemm_avx2_get(uint32_t wtype);
+
+/* The AMX kernels (int8 tiles; gemm_avx512.c) for the types gemm_avx512_get covers, or NULL
+ * where this process cannot run them. Their outputs are the AVX-512 VNNI kernels' bits, so
+ * gemm_get hands them out at that level. */
+gemm_fn gemm_amx_get(uint32_t wtype);
+
+/* NULL where the AMX kernels run, else why not ("no AMX int8 (CPU or OS)", "off
+ * (STRATA_CPU_AMX=0)", ...). Asks Linux for the tile state on its first call. */
+const char *gemm_amx_status(void);
 
 #ifdef __cplusplus
 }

@@ -10,12 +10,32 @@
  * when the tile is stored.
  */
 #include <immintrin.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "gemm.h"
 #include "quant_blocks.h"
 #include "vec_dot.h"
+
+#ifdef GEMM_AMX_EMU
+/* The test build (tests/gemm_amx_emu.c) defines AMX_TILE_* in C and renames what this file
+ * exports. */
+#define GEMM_EXPORT(name) name##_emu
+#else
+#define GEMM_EXPORT(name) name
+#define AMX_TILE_CFG(cfg) _tile_loadconfig(cfg)
+#define AMX_TILE_RELEASE() _tile_release()
+#define AMX_TILE_ZERO(t) _tile_zero(t)
+#define AMX_TILE_LOAD(t, base, stride) _tile_loadd(t, base, stride)
+#define AMX_TILE_STORE(t, base, stride) _tile_stored(t, base, stride)
+#define AMX_TILE_DPBSUD(c, a, b) _tile_dpbsud(c, a, b) /* a: signed bytes, b: unsigned */
+#endif
 
 #define AI static inline __attribute__((always_inline))
 
@@ -206,8 +226,14 @@ _Static_assert(Q8_ACC == 4, "Q8_FINISH combines four accumulators");
     _mm512_add_ps(_mm512_add_ps(Q8_ACC_AT(p, 0), Q8_ACC_AT(p, 1)),                                 \
                   _mm512_add_ps(Q8_ACC_AT(p, 2), Q8_ACC_AT(p, 3)))
 
-static void gemm_q8_0(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
-                      size_t act_stride, int m, float *y, int64_t y_stride)
+/* q8_0_rows for 16 activation rows by another route (the AMX tiles below). */
+typedef void (*q8_0_rows16_fn)(const struct q8_0_pack *p, const uint8_t *act, size_t act_stride,
+                               int64_t n, int64_t b0, int nb, float *acc);
+
+/* Every tile and chunk of a Q8_0 matrix through q8_0_pack and q8_0_rows; with rows16, groups
+ * of 16 activation rows through it, the rest through q8_0_rows. */
+AI void q8_0_gemm(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
+                  size_t act_stride, int m, float *y, int64_t y_stride, q8_0_rows16_fn rows16)
 {
     struct q8_0_pack p __attribute__((aligned(64)));
     const uint8_t *x = act;
@@ -219,14 +245,265 @@ static void gemm_q8_0(int64_t n, const void *w, size_t w_stride, int64_t n_rows,
         for (int64_t b0 = 0; b0 < n_blk; b0 += Q8_BLOCKS) {
             int nb = n_blk - b0 < Q8_BLOCKS ? (int)(n_blk - b0) : Q8_BLOCKS;
             q8_0_pack(&t, b0, nb, &p);
-            for (int j = 0; j < mm; j += TOK)
+            int j = 0;
+            for (; rows16 && j + 16 <= mm; j += 16)
+                rows16(&p, x + (size_t)(j0 + j) * act_stride, act_stride, n, b0, nb,
+                       acc + Q8_ACC * 16 * j);
+            for (; j < mm; j += TOK)
                 FOR_NT(mm - j, Q80_ROWS);
         }
     })
 #undef Q80_ROWS
 }
 
-gemm_fn gemm_avx512_get(uint32_t wtype)
+static void gemm_q8_0(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
+                      size_t act_stride, int m, float *y, int64_t y_stride)
+{
+    q8_0_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, NULL);
+}
+
+gemm_fn GEMM_EXPORT(gemm_avx512_get)(uint32_t wtype)
 {
     return wtype == QUANT_Q8_0 ? gemm_q8_0 : kq_get(wtype);
+}
+
+/* ---- AMX: the integer sums by int8 tiles ----
+ *
+ * The same packs and the same float arithmetic as above, with each sub-block's integer dots
+ * (Q8_0: each block's) for 16 activation rows x 16 weight rows made by one tdpbsud: tile A
+ * holds the 16 activation rows' signed codes of the sub-block (read in place, act_stride
+ * apart), tile B the packed codes, which are already in the instruction's layout (row k4 =
+ * elements 4 k4 .. 4 k4 + 3 of the 16 weight rows), and tile C the 16 x 16 int32 dots, stored
+ * to memory and taken from there as the VNNI kernels take their registers. The integers are
+ * exact either way, so every output is the VNNI kernel's, bit for bit. Activation rows left
+ * over from groups of 16 go through the VNNI rows.
+ *
+ * Tiles: 0 and 1 C, 4 and 5 A, 6 and 7 B (two sub-blocks in flight). */
+
+struct amx_cfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* The tiles for sub-blocks of k4_sub 4-element steps (Q4_K, Q5_K, Q8_0: 8; Q6_K: 4). */
+static void amx_config(int k4_sub)
+{
+    struct amx_cfg c __attribute__((aligned(64)));
+    memset(&c, 0, sizeof(c));
+    c.palette = 1;
+    for (int t = 0; t < 2; t++) /* C: 16 activation rows x 16 int32 dots */
+        c.rows[t] = 16, c.colsb[t] = 64;
+    for (int t = 4; t < 6; t++) /* A: 16 activation rows x the sub-block's codes */
+        c.rows[t] = 16, c.colsb[t] = (uint16_t)(4 * k4_sub);
+    for (int t = 6; t < 8; t++) /* B: k4_sub steps x 16 weight rows x 4 codes */
+        c.rows[t] = (uint8_t)k4_sub, c.colsb[t] = 64;
+    AMX_TILE_CFG(&c);
+}
+
+/* Sub-blocks s and s + 1: c[s], c[s + 1] = the dots of 16 activation rows (a_at(s): the first
+ * row's codes of sub-block s, act_stride apart) with the 16 weight rows of codes b_at(s). */
+#define AMX_PAIR(c, s, a_at, b_at, act_stride)                                                     \
+    do {                                                                                           \
+        AMX_TILE_LOAD(4, a_at(s), (act_stride));                                                   \
+        AMX_TILE_LOAD(6, b_at(s), 64);                                                             \
+        AMX_TILE_LOAD(5, a_at((s) + 1), (act_stride));                                             \
+        AMX_TILE_LOAD(7, b_at((s) + 1), 64);                                                       \
+        AMX_TILE_ZERO(0);                                                                          \
+        AMX_TILE_ZERO(1);                                                                          \
+        AMX_TILE_DPBSUD(0, 4, 6);                                                                  \
+        AMX_TILE_DPBSUD(1, 5, 7);                                                                  \
+        AMX_TILE_STORE(0, (c)[s], 64);                                                             \
+        AMX_TILE_STORE(1, (c)[(s) + 1], 64);                                                       \
+    } while (0)
+
+#define AMX_ROWS 16 /* activation rows per tile product (the rows16 of the drivers) */
+
+/* kq_rows for 16 activation rows (act: the first, act_stride apart), block blk. */
+AI void kq_rows_amx(const struct kq_pack *p, int k4_sub, const uint8_t *act, size_t act_stride,
+                    int64_t blk, float *acc)
+{
+    const int nsb = K4 / k4_sub;
+    int32_t c[QK_K / 16][AMX_ROWS * LANES] __attribute__((aligned(64)));
+    const uint8_t *a0 =
+        act + (size_t)blk * sizeof(struct block_q8_k) + offsetof(struct block_q8_k, qs);
+#define KQ_A_AT(s) (a0 + 4 * k4_sub * (s))
+#define KQ_B_AT(s) ((const void *)&p->codes[k4_sub * (s)])
+    for (int s = 0; s < nsb; s += 2)
+        AMX_PAIR(c, s, KQ_A_AT, KQ_B_AT, act_stride);
+#undef KQ_A_AT
+#undef KQ_B_AT
+    for (int j = 0; j < AMX_ROWS; j++) {
+        const struct block_q8_k *a =
+            (const struct block_q8_k *)(act + (size_t)j * act_stride) + blk;
+        __m512i isum = _mm512_setzero_si512();
+        for (int s = 0; s < nsb; s++)
+            isum = SB_END(isum, _mm512_load_si512(c[s] + LANES * j), p->scale[s]);
+        kq_block_end(p, k4_sub == 8, a, isum, blk, acc + KQ_ACC * LANES * j);
+    }
+}
+
+/* q8_0_rows for 16 activation rows (act: the first, act_stride apart). */
+AI void q8_0_rows_amx(const struct q8_0_pack *p, const uint8_t *act, size_t act_stride, int64_t n,
+                      int64_t b0, int nb, float *acc)
+{
+    int32_t c[Q8_BLOCKS + 1][AMX_ROWS * LANES] __attribute__((aligned(64)));
+    const uint8_t *a0 =
+        act + (size_t)b0 * sizeof(struct block_q8_0) + offsetof(struct block_q8_0, qs);
+    /* an odd last block is paired with itself (its second product is not used) */
+#define Q8_A_AT(b) (a0 + (size_t)((b) < nb ? (b) : nb - 1) * sizeof(struct block_q8_0))
+#define Q8_B_AT(b) ((const void *)&p->codes[8 * ((b) < nb ? (b) : nb - 1)])
+    for (int b = 0; b < nb; b += 2)
+        AMX_PAIR(c, b, Q8_A_AT, Q8_B_AT, act_stride);
+#undef Q8_A_AT
+#undef Q8_B_AT
+    for (int k = 0; k < Q8_ACC && k < nb; k++)
+        for (int j = 0; j < AMX_ROWS; j++) {
+            const uint8_t *aj = act + (size_t)j * act_stride;
+            const struct vec_dot_q8_0_extra *pa = vec_dot_q8_0_extras((void *)aj, n) + b0;
+            float *accj = acc + 16 * (Q8_ACC * j + k);
+            __m512 sum = b0 ? _mm512_load_ps(accj) : _mm512_setzero_ps();
+            for (int b = k; b < nb; b += Q8_ACC) {
+                __m512i isum = _mm512_add_epi32(_mm512_set1_epi32(pa[b].off),
+                                                _mm512_load_si512(c[b] + LANES * j));
+                sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
+                                      _mm512_mul_ps(p->d[b], _mm512_set1_ps(pa[b].d)), sum);
+            }
+            _mm512_store_ps(accj, sum);
+        }
+}
+
+static void gemm_q8_0_amx(int64_t n, const void *w, size_t w_stride, int64_t n_rows,
+                          const void *act, size_t act_stride, int m, float *y, int64_t y_stride)
+{
+    amx_config(8);
+    q8_0_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, q8_0_rows_amx);
+    AMX_TILE_RELEASE();
+}
+
+/* The K-quant kernels: tiles shaped for sub-blocks of k4_sub steps around kq_gemm. */
+#define KQ_AMX_KERNEL(name, k4_sub, pack)                                                          \
+    static void name(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,   \
+                     size_t act_stride, int m, float *y, int64_t y_stride)                         \
+    {                                                                                              \
+        amx_config(k4_sub);                                                                        \
+        kq_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, k4_sub, pack,             \
+                kq_rows_amx);                                                                      \
+        AMX_TILE_RELEASE();                                                                        \
+    }
+KQ_AMX_KERNEL(gemm_q4_k_amx, 8, q4_k_pack)
+KQ_AMX_KERNEL(gemm_q5_k_amx, 8, q5_k_pack)
+KQ_AMX_KERNEL(gemm_q6_k_amx, 4, q6_k_pack_fn)
+#undef KQ_AMX_KERNEL
+
+#ifndef GEMM_AMX_EMU
+/* Whether this process may run the tile instructions: the CPU reports AMX int8 and the OS
+ * saves the tile state (cpu_features), Linux grants the process the tile data state
+ * (arch_prctl ARCH_REQ_XCOMP_PERM, which every process must ask for before its first tile
+ * instruction), and a 16 x 16 product of known codes, run with SIGILL caught, gives the sums
+ * computed here. NULL when usable, else why not. */
+#define AMX_ARCH_REQ_XCOMP_PERM 0x1023
+#define AMX_XFEATURE_XTILEDATA 18
+
+static const char *amx_why;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static sigjmp_buf amx_jmp;
+
+static void amx_trap(int sig)
+{
+    (void)sig;
+    siglongjmp(amx_jmp, 1);
+}
+
+static bool amx_probe(void)
+{
+    int8_t a[AMX_ROWS][32] __attribute__((aligned(64)));
+    uint8_t b[8][64] __attribute__((aligned(64)));
+    int32_t c[AMX_ROWS][LANES] __attribute__((aligned(64)));
+    for (int i = 0; i < AMX_ROWS; i++)
+        for (int k = 0; k < 32; k++)
+            a[i][k] = (int8_t)((i * 37 + k * 11) % 255 - 127);
+    for (int k = 0; k < 8; k++)
+        for (int l = 0; l < 64; l++)
+            b[k][l] = (uint8_t)((k * 53 + l * 29) % 256);
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = amx_trap;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGILL, &sa, &old))
+        return false;
+    volatile bool ran = false;
+    if (!sigsetjmp(amx_jmp, 1)) {
+        amx_config(8);
+        AMX_TILE_LOAD(4, a, 32);
+        AMX_TILE_LOAD(6, b, 64);
+        AMX_TILE_ZERO(0);
+        AMX_TILE_DPBSUD(0, 4, 6);
+        AMX_TILE_STORE(0, c, 64);
+        AMX_TILE_RELEASE();
+        ran = true;
+    }
+    sigaction(SIGILL, &old, NULL);
+    if (!ran)
+        return false;
+    for (int i = 0; i < AMX_ROWS; i++)
+        for (int r = 0; r < LANES; r++) {
+            int32_t want = 0;
+            for (int k = 0; k < 32; k++)
+                want += a[i][k] * b[k / 4][4 * r + k % 4];
+            if (c[i][r] != want)
+                return false;
+        }
+    return true;
+}
+
+static void amx_init(void)
+{
+    if (!cpu_features_get()->amx_int8)
+        amx_why = "no AMX int8 (CPU or OS)";
+    else if (syscall(SYS_arch_prctl, AMX_ARCH_REQ_XCOMP_PERM, AMX_XFEATURE_XTILEDATA))
+        amx_why = "the kernel did not grant the tile state";
+    else if (!amx_probe())
+        amx_why = "a test product faulted or came out wrong";
+}
+
+static const char *amx_ready(void)
+{
+    pthread_once(&amx_once, amx_init);
+    return amx_why;
+}
+#else
+static const char *amx_ready(void)
+{
+    return NULL; /* emulated tiles: always */
+}
+#endif
+
+static int amx_on = -1;
+
+const char *GEMM_EXPORT(gemm_amx_status)(void)
+{
+    if (cpu_isa_best() < CPU_ISA_AVX512VNNI)
+        return "below AVX-512 VNNI";
+    if (!cpu_env_switch(&amx_on, "STRATA_CPU_AMX"))
+        return "off (STRATA_CPU_AMX=0)";
+    return amx_ready();
+}
+
+gemm_fn GEMM_EXPORT(gemm_amx_get)(uint32_t wtype)
+{
+    if (GEMM_EXPORT(gemm_amx_status)())
+        return NULL;
+    switch (wtype) {
+    case QUANT_Q8_0:
+        return gemm_q8_0_amx;
+    case QUANT_Q4_K:
+        return gemm_q4_k_amx;
+    case QUANT_Q5_K:
+        return gemm_q5_k_amx;
+    case QUANT_Q6_K:
+        return gemm_q6_k_amx;
+    default:
+        return NULL;
+    }
 }

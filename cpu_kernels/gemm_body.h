@@ -140,6 +140,24 @@ AI void q6_k_pack(const struct tile *t, int64_t blk, struct kq_pack *p)
  * bsums), msum = mins . bsums; acc[0] += isum * (d * a_d), acc[1] += msum * (dmin * a_d), one
  * FMA each (Q6_K: acc[0] only). */
 #define KQ_ACC 2
+
+/* Block blk's integer sum isum (sum over sub-blocks of scale * codes . a) of one activation
+ * row a (its Q8_K block) into that row's accumulators acc, as above. */
+AI void kq_block_end(const struct kq_pack *p, bool mins, const struct block_q8_k *a, VI isum,
+                     int64_t blk, float *acc)
+{
+    VI off = V_SETZERO_I();
+    for (int i = 0; i < 8; i++)
+        off = PAIRS(off, p->pairs[i], bcast32(&a->bsums[2 * i]));
+    const VF ad = V_SET1_F(a->d);
+    if (!mins)
+        isum = V_SUB32(isum, V_SLLI32(off, 5));
+    V_STORE_F(acc, V_FMADD(V_CVT(isum), V_MUL(p->d, ad), blk ? V_LOAD_F(acc) : V_SETZERO_F()));
+    if (mins)
+        V_STORE_F(acc + LANES, V_FMADD(V_CVT(off), V_MUL(p->dmin, ad),
+                                       blk ? V_LOAD_F(acc + LANES) : V_SETZERO_F()));
+}
+
 AI void kq_rows(const struct kq_pack *p, int k4_sub, const uint8_t *act, size_t act_stride,
                 int64_t blk, float *acc, int nt)
 {
@@ -163,19 +181,8 @@ AI void kq_rows(const struct kq_pack *p, int k4_sub, const uint8_t *act, size_t 
         for (int j = 0; j < nt; j++)
             isum[j] = SB_END(isum[j], part[j], p->scale[sb]);
     }
-    for (int j = 0; j < nt; j++) {
-        VI off = V_SETZERO_I();
-        for (int i = 0; i < 8; i++)
-            off = PAIRS(off, p->pairs[i], bcast32(&a[j]->bsums[2 * i]));
-        const VF ad = V_SET1_F(a[j]->d);
-        float *aj = acc + KQ_ACC * LANES * j;
-        if (!mins)
-            isum[j] = V_SUB32(isum[j], V_SLLI32(off, 5));
-        V_STORE_F(aj, V_FMADD(V_CVT(isum[j]), V_MUL(p->d, ad), blk ? V_LOAD_F(aj) : V_SETZERO_F()));
-        if (mins)
-            V_STORE_F(aj + LANES, V_FMADD(V_CVT(off), V_MUL(p->dmin, ad),
-                                          blk ? V_LOAD_F(aj + LANES) : V_SETZERO_F()));
-    }
+    for (int j = 0; j < nt; j++)
+        kq_block_end(p, mins, a[j], isum[j], blk, acc + KQ_ACC * LANES * j);
 }
 
 /* Output row j of a K-quant tile from its accumulators: acc[0] - acc[1] (mins), acc[0]. */
@@ -238,10 +245,15 @@ AI VF kq_finish(const float *acc, bool mins)
         break;                                                                                     \
     }
 
-/* Every tile of LANES rows and block of a K-quant matrix through pack and kq_rows. */
+/* kq_rows for 16 activation rows by another route (gemm_avx512.c's AMX tiles). */
+typedef void (*kq_rows16_fn)(const struct kq_pack *p, int k4_sub, const uint8_t *act,
+                             size_t act_stride, int64_t blk, float *acc);
+
+/* Every tile of LANES rows and block of a K-quant matrix through pack and kq_rows; with
+ * rows16, groups of 16 activation rows through it, the rest through kq_rows. */
 AI void kq_gemm(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
                 size_t act_stride, int m, float *y, int64_t y_stride, int k4_sub,
-                void (*pack)(const struct tile *, int64_t, struct kq_pack *))
+                void (*pack)(const struct tile *, int64_t, struct kq_pack *), kq_rows16_fn rows16)
 {
     struct kq_pack p __attribute__((aligned(64)));
     const uint8_t *x = act;
@@ -252,7 +264,11 @@ AI void kq_gemm(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const
     GEMM_DRIVER(KQ_ACC, KQ_FINISH, {
         for (int64_t blk = 0; blk < n / QK_K; blk++) {
             pack(&t, blk, &p);
-            for (int j = 0; j < mm; j += TOK)
+            int j = 0;
+            for (; rows16 && j + 16 <= mm; j += 16)
+                rows16(&p, k4_sub, x + (size_t)(j0 + j) * act_stride, act_stride, blk,
+                       acc + KQ_ACC * LANES * j);
+            for (; j < mm; j += TOK)
                 FOR_NT(mm - j, KQ_ROWS);
         }
     })
@@ -278,19 +294,19 @@ static void q6_k_pack_fn(const struct tile *t, int64_t blk, struct kq_pack *p)
 static void gemm_q4_k(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
                       size_t act_stride, int m, float *y, int64_t y_stride)
 {
-    kq_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, 8, q4_k_pack);
+    kq_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, 8, q4_k_pack, NULL);
 }
 
 static void gemm_q5_k(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
                       size_t act_stride, int m, float *y, int64_t y_stride)
 {
-    kq_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, 8, q5_k_pack);
+    kq_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, 8, q5_k_pack, NULL);
 }
 
 static void gemm_q6_k(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
                       size_t act_stride, int m, float *y, int64_t y_stride)
 {
-    kq_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, 4, q6_k_pack_fn);
+    kq_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, 4, q6_k_pack_fn, NULL);
 }
 
 /* The K-quant kernels of this build, or NULL. */

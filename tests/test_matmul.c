@@ -5,7 +5,8 @@
  * bit for bit, the vec_dot of the same level on its row and activation row, and lies within
  * TOL_GEMM * sum |w a| of the scalar vec_dot (the integer sums are exact), over tiles cut
  * short, activation rows past a register tile and past a pass (MAX_M), and a Q8_0 row that
- * ends in an odd block.
+ * ends in an odd block. The AMX kernels are held to the same, on the host's tiles where it has
+ * them and with the tiles done in C (gemm_amx_emu.c) on any host with AVX-512 VNNI.
  * matmul: every output equals, bit for bit, the single-threaded best vec_dot of its weight row
  * with its activation row converted by the scalar quantizer, whatever the batch size; it
  * agrees with a double sum over weights decoded by quant_ref and the unconverted float
@@ -309,6 +310,28 @@ static double run_gemm_case(gemm_fn gemm, enum cpu_isa isa, uint32_t type, int64
     return worst;
 }
 
+/* The AMX kernels with the tile instructions done in C (gemm_amx_emu.c). */
+gemm_fn gemm_amx_get_emu(uint32_t wtype);
+
+/* gemm against its level's dot and the scalar dot over tiles cut short, register tiles and
+ * groups of 16 activation rows (AMX) left over, and a pass (MAX_M) crossed; one line printed. */
+static void gemm_cases(gemm_fn gemm, enum cpu_isa isa, uint32_t type, const char *label,
+                       struct rng *r)
+{
+    /* Q8_0: 37 blocks, so the last chunk has 5 (odd) blocks */
+    int64_t n = vec_dot_block(type) == QK_K ? 768 : 32 * 37;
+    const struct {
+        int64_t rows;
+        int m;
+    } cases[] = {{16, 1},  {1, 4},   {15, 8},  {17, 9}, {40, 16},
+                 {33, 70}, {16, 13}, {17, 32}, {1, 47}};
+    double worst = 0;
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
+        worst = fmax(worst, run_gemm_case(gemm, isa, type, n, cases[k].rows, cases[k].m, r));
+    printf("  gemm %-6s %-10s vs the scalar dot: worst |diff| / sum |w a| %.2e (tolerance %.0e)\n",
+           quant_type_name(type), label, worst, TOL_GEMM);
+}
+
 static void test_gemm(struct rng *r)
 {
     static const uint32_t gtypes[] = {QUANT_Q8_0, QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K};
@@ -316,22 +339,22 @@ static void test_gemm(struct rng *r)
         for (size_t t = 0; t < sizeof(gtypes) / sizeof(gtypes[0]); t++) {
             /* a level may pair the gemm of the level below with its own vec_dot */
             gemm_fn gemm = gemm_get(gtypes[t], (enum cpu_isa)isa);
-            if (!gemm)
-                continue;
-            /* Q8_0: 37 blocks, so the last chunk has 5 (odd) blocks */
-            int64_t n = vec_dot_block(gtypes[t]) == QK_K ? 768 : 32 * 37;
-            const struct {
-                int64_t rows;
-                int m;
-            } cases[] = {{16, 1}, {1, 4}, {15, 8}, {17, 9}, {40, 16}, {33, 70}, {16, 13}};
-            double worst = 0;
-            for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++)
-                worst = fmax(worst, run_gemm_case(gemm, (enum cpu_isa)isa, gtypes[t], n,
-                                                  cases[k].rows, cases[k].m, r));
-            printf("  gemm %-6s %-10s vs the scalar dot: worst |diff| / sum |w a| %.2e "
-                   "(tolerance %.0e)\n",
-                   quant_type_name(gtypes[t]), cpu_isa_name((enum cpu_isa)isa), worst, TOL_GEMM);
+            if (gemm)
+                gemm_cases(gemm, (enum cpu_isa)isa, gtypes[t], cpu_isa_name((enum cpu_isa)isa), r);
         }
+    /* the AMX kernels: groups of 16 activation rows by tiles, the rest by the VNNI rows, the
+     * VNNI kernel's bits either way; the host's tiles where it has them (gemm_get above at
+     * avx512vnni), and the tiles done in C on any host with AVX-512 VNNI */
+    const char *why = gemm_amx_status();
+    printf("  gemm amx on this host: %s\n", why ? why : "used at avx512vnni (above)");
+    if (cpu_isa_best() < CPU_ISA_AVX512VNNI)
+        return;
+    for (size_t t = 0; t < sizeof(gtypes) / sizeof(gtypes[0]); t++) {
+        gemm_fn gemm = gemm_amx_get_emu(gtypes[t]);
+        CHECK(gemm != NULL, "no emulated AMX kernel for %s", quant_type_name(gtypes[t]));
+        if (gemm)
+            gemm_cases(gemm, CPU_ISA_AVX512VNNI, gtypes[t], "amx (emulated tiles)", r);
+    }
 }
 
 static void test_matmul(struct rng *r)
