@@ -29,10 +29,22 @@
 #define GEMM_EXPORT(name) name##_emu
 #else
 #define GEMM_EXPORT(name) name
-#define AMX_TILE_CFG(cfg) _tile_loadconfig(cfg)
+/* The compiler's tileloadd and ldtilecfg do not declare the memory they read (ldtilecfg: the
+ * configuration's first 8 bytes only), so a compiler barrier before each makes the stores
+ * they depend on (the packs, the whole configuration) happen first. */
+#define AMX_BARRIER() __asm__ volatile("" ::: "memory")
+#define AMX_TILE_CFG(cfg)                                                                          \
+    do {                                                                                           \
+        AMX_BARRIER();                                                                             \
+        _tile_loadconfig(cfg);                                                                     \
+    } while (0)
 #define AMX_TILE_RELEASE() _tile_release()
 #define AMX_TILE_ZERO(t) _tile_zero(t)
-#define AMX_TILE_LOAD(t, base, stride) _tile_loadd(t, base, stride)
+#define AMX_TILE_LOAD(t, base, stride)                                                             \
+    do {                                                                                           \
+        AMX_BARRIER();                                                                             \
+        _tile_loadd(t, base, stride);                                                              \
+    } while (0)
 #define AMX_TILE_STORE(t, base, stride) _tile_stored(t, base, stride)
 #define AMX_TILE_DPBSUD(c, a, b) _tile_dpbsud(c, a, b) /* a: signed bytes, b: unsigned */
 #endif
