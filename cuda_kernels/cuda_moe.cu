@@ -19,8 +19,11 @@
 #include "cuda_ops_quant.cuh"
 #include "cuda_ops_util.cuh"
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <mma.h>
+
+namespace cg = cooperative_groups;
 
 #include <errno.h>
 #include <math.h>
@@ -1146,15 +1149,19 @@ static __device__ void moe_topk_select(const struct moe_params &p, float *lv, in
                     write ? p.wts_w : nullptr);
 }
 
-template <uint32_t WT, int RW = 2>
-static __global__ void __launch_bounds__(MOE_Q8_GU_ROWS / RW * 32, RW > 2 ? 2 : 1)
+template <uint32_t WT, int RW = 2, int TR = MOE_Q8_GU_ROWS>
+static __global__ void __launch_bounds__(TR / RW * 32, TR<MOE_Q8_GU_ROWS ? 4 : RW> 2 ? 2 : 1)
     k_moe_gate_up_b8(struct moe_params p)
 {
-    constexpr int W = MOE_Q8_GU_ROWS / RW; /* warps: RW rows (gate and up) each */
+    constexpr int W = TR / RW; /* warps: RW rows (gate and up) each */
+    /* TR = 16: the two blocks of a 32-row unit of h form a cluster (moe_gu16) */
+    constexpr bool HALF = TR < MOE_Q8_GU_ROWS;
+    static_assert(TR == MOE_Q8_GU_ROWS || 2 * TR == MOE_Q8_GU_ROWS, "a unit of h in 1 or 2 blocks");
+    static_assert(W % MOE_B8_GU_STAGES == 0, "whole stages per warp group");
     ops_pdl_begin();
     extern __shared__ __align__(128) uint8_t moe_smem[];
     __shared__ __align__(8) uint64_t bar[MOE_B8_GU_STAGES];
-    __shared__ __align__(16) float hs[32][MOE_Q8_GU_ROWS];
+    __shared__ __align__(16) float hs[32][TR];
     __shared__ int list[32], sids[32];
     __shared__ int n_list, bulk;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pair = blockIdx.x;
@@ -1162,10 +1169,11 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_ROWS / RW * 32, RW > 2 ? 2 : 
         moe_topk_select(p, &hs[0][0], sids, blockIdx.x == 0 && blockIdx.y == 0);
     const int32_t *ids = p.logits ? sids : p.ids;
     const int e = ids[pair];
-    const int64_t rb = (int64_t)blockIdx.y * MOE_Q8_GU_ROWS;
-    if (e < 0 || e >= p.n_expert) { /* uniform over the block: as k_moe_gate_up_q8 */
-        if (warp == 0) {
-            const int64_t hu = ((int64_t)pair * p.n_ff + rb) / 32;
+    const int64_t rb = (int64_t)blockIdx.y * TR;
+    const int64_t ub = rb / 32 * 32; /* the first row of rb's unit of h */
+    if (e < 0 || e >= p.n_expert) {  /* uniform over the block (and cluster): as k_moe_gate_up_q8 */
+        if (warp == 0 && rb == ub) {
+            const int64_t hu = ((int64_t)pair * p.n_ff + ub) / 32;
             p.hq[hu * 32 + lane] = 0;
             if (lane == 0)
                 p.hd[hu] = make_float2(NAN, NAN);
@@ -1177,12 +1185,12 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_ROWS / RW * 32, RW > 2 ? 2 : 
     for (int q = threadIdx.x; q < pair; q += blockDim.x)
         dup |= ids[q] == e;
     const uint8_t *gb = moe_expert(p.gate, p.gate_stride, p.gate_ptrs, e) + rb * p.gate_row;
-    const uint8_t *ub = moe_expert(p.up, p.up_stride, p.up_ptrs, e) + rb * p.up_row;
-    constexpr int SR = MOE_Q8_GU_ROWS / MOE_B8_GU_STAGES; /* rows per stage */
-    uint8_t *sg = moe_smem, *su = moe_smem + MOE_Q8_GU_ROWS * p.gate_row;
+    const uint8_t *upb = moe_expert(p.up, p.up_stride, p.up_ptrs, e) + rb * p.up_row;
+    constexpr int SR = TR / MOE_B8_GU_STAGES; /* rows per stage */
+    uint8_t *sg = moe_smem, *su = moe_smem + TR * p.gate_row;
     if (threadIdx.x == 0) {
         const uint64_t gs = SR * p.gate_row, us = SR * p.up_row;
-        bulk = moe_bulk_fits(gb, gs) && moe_bulk_fits(ub, us);
+        bulk = moe_bulk_fits(gb, gs) && moe_bulk_fits(upb, us);
         if (bulk)
             for (int s = 0; s < MOE_B8_GU_STAGES; s++)
                 moe_bar_init(&bar[s]);
@@ -1195,12 +1203,12 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_ROWS / RW * 32, RW > 2 ? 2 : 
             for (int s = 0; s < MOE_B8_GU_STAGES; s++) {
                 moe_bar_expect(&bar[s], (uint32_t)(gs + us));
                 moe_bulk_copy(sg + s * gs, gb + s * gs, (uint32_t)gs, &bar[s]);
-                moe_bulk_copy(su + s * us, ub + s * us, (uint32_t)us, &bar[s]);
+                moe_bulk_copy(su + s * us, upb + s * us, (uint32_t)us, &bar[s]);
             }
         }
     } else {
-        moe_block_copy(sg, gb, MOE_Q8_GU_ROWS * p.gate_row);
-        moe_block_copy(su, ub, MOE_Q8_GU_ROWS * p.up_row);
+        moe_block_copy(sg, gb, TR * p.gate_row);
+        moe_block_copy(su, upb, TR * p.up_row);
     }
     const int64_t nu = p.n_embd / 32;
     bool waited = !bulk;
@@ -1259,10 +1267,24 @@ static __global__ void __launch_bounds__(MOE_Q8_GU_ROWS / RW * 32, RW > 2 ? 2 : 
                 }
             }
         }
-        __syncthreads();
-        for (int pi = warp; pi < nl; pi += W)
-            moe_q8_h_unit(p, ((int64_t)list[pi] * p.n_ff + rb) / 32, hs[pi][lane], lane);
-        __syncthreads(); /* list, n_list and hs are reused */
+        if constexpr (HALF) {
+            /* the lower block of the cluster writes the unit: its 16 values, then the upper
+             * block's from that block's shared memory (both blocks have the same pairs) */
+            cg::cluster_group cl = cg::this_cluster();
+            cl.sync();
+            if (rb == ub) {
+                const float *up16 = cl.map_shared_rank(&hs[0][0], cl.block_rank() ^ 1u);
+                for (int pi = warp; pi < nl; pi += W)
+                    moe_q8_h_unit(p, ((int64_t)list[pi] * p.n_ff + ub) / 32,
+                                  lane < TR ? hs[pi][lane] : up16[pi * TR + lane - TR], lane);
+            }
+            cl.sync(); /* the upper block's hs read; list, n_list and hs are reused */
+        } else {
+            __syncthreads();
+            for (int pi = warp; pi < nl; pi += W)
+                moe_q8_h_unit(p, ((int64_t)list[pi] * p.n_ff + rb) / 32, hs[pi][lane], lane);
+            __syncthreads(); /* list, n_list and hs are reused */
+        }
     }
 }
 
@@ -2890,6 +2912,23 @@ static bool moe_gu4(uint32_t wt, int tokens)
     return mode == 1 || (mode == 2 && (wt == QUANT_Q4_K || wt == QUANT_MXFP4) && tokens == 1);
 }
 
+/* Whether the bulk gate/up kernel of a one-token call runs as blocks of 16 rows, two to a
+ * cluster that writes each 32-row unit of h together (the lower block quantizes the unit with
+ * the upper block's 16 values read from its shared memory; the same bits): twice the blocks of
+ * the 32-row kernel, 384 for the 30b-a3b preset's 8 x 768 rows where 192 blocks of two per SM
+ * left SMs idle (0.73 waves). Four rows per warp, as moe_gu4. Only with STRATA_MOE_GU16=1 in the
+ * environment, on devices with clusters (compute capability 9.0), for n_ff a multiple of 32: it
+ * is not yet measured. */
+static bool moe_gu16(uint32_t wt, const struct moe_params &p)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *env = getenv("STRATA_MOE_GU16");
+        on = env && env[0] == '1' && moe_bulk_dev_ok();
+    }
+    return on && moe_gu4(wt, p.n_tok) && p.n_tok == 1 && p.n_ff % MOE_Q8_GU_ROWS == 0;
+}
+
 /* Whether a one-token bulk call given its router's logits selects its experts inside its two
  * kernels (moe_topk_select) rather than by a cuda_softmax_topk launch before them: the same ids
  * and weights either way. STRATA_MOE_TOPK_FUSE=0 in the environment launches the top-k kernel
@@ -2933,9 +2972,10 @@ template <typename K> static bool moe_smem_allow(K *kernel, uint64_t bytes, uint
     return true;
 }
 
-static uint64_t moe_b8_gu_smem(const struct moe_params &p)
+/* A bulk gate/up block of rows rows (MOE_Q8_GU_ROWS, or half of it under moe_gu16). */
+static uint64_t moe_b8_gu_smem(const struct moe_params &p, int rows = MOE_Q8_GU_ROWS)
 {
-    return MOE_Q8_GU_ROWS * (p.gate_row + p.up_row) + MOE_B8_PAD;
+    return rows * (p.gate_row + p.up_row) + MOE_B8_PAD;
 }
 
 static uint64_t moe_b8_dn_smem(const struct moe_params &p)
@@ -2948,9 +2988,11 @@ static uint64_t moe_b8_dn_smem(const struct moe_params &p)
 template <uint32_t GT, uint32_t DT> static bool moe_b8_ready(const struct moe_params &p)
 {
     if constexpr (moe_q8_type(GT) && moe_q8_type(DT)) {
-        static uint64_t gu, gu4, dn;
+        static uint64_t gu, gu4, gu16, dn;
         return moe_smem_allow(k_moe_gate_up_b8<GT>, moe_b8_gu_smem(p), &gu) &&
                moe_smem_allow(k_moe_gate_up_b8<GT, 4>, moe_b8_gu_smem(p), &gu4) &&
+               moe_smem_allow(k_moe_gate_up_b8<GT, 4, MOE_Q8_GU_ROWS / 2>,
+                              moe_b8_gu_smem(p, MOE_Q8_GU_ROWS / 2), &gu16) &&
                moe_smem_allow(k_moe_down_b8<DT>, moe_b8_dn_smem(p), &dn);
     }
     return false;
@@ -2988,6 +3030,13 @@ template <uint32_t WT>
 static void moe_launch_gate_up_b8(const struct moe_params &p, unsigned items, cudaStream_t s)
 {
     if constexpr (moe_q8_type(WT)) {
+        if (moe_gu16(WT, p)) { /* clusters of two 16-row blocks per unit of h */
+            const dim3 grid(items, (unsigned)(p.n_ff / (MOE_Q8_GU_ROWS / 2)));
+            ops_launch_cluster(k_moe_gate_up_b8<WT, 4, MOE_Q8_GU_ROWS / 2>, grid,
+                               MOE_Q8_GU_ROWS / 2 / 4 * 32, moe_b8_gu_smem(p, MOE_Q8_GU_ROWS / 2),
+                               s, dim3(1, 2, 1), p);
+            return;
+        }
         const dim3 grid(items, (unsigned)moe_cdiv(p.n_ff, MOE_Q8_GU_ROWS));
         if (moe_gu4(WT, p.n_tok))
             ops_launch(k_moe_gate_up_b8<WT, 4>, grid, MOE_Q8_GU_ROWS / 4 * 32, moe_b8_gu_smem(p), s,

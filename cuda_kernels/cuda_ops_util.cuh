@@ -208,21 +208,34 @@ extern "C" int cuda_pdl_enabled(void);
 /* Launches kernel k like k<<<grid, block, smem, s>>>(args...), as a programmatic launch where
  * cuda_pdl_enabled(): its blocks may start while the kernel before it on s still runs, and
  * wait for it in ops_pdl_begin. A recorded graph keeps the edge programmatic. */
+/* ops_launch with the blocks in clusters of cluster (x, y, z) blocks (compute capability 9.0;
+ * the grid a multiple of it; (1, 1, 1): no clusters). */
 template <typename... P, typename... A>
-static inline cudaError_t ops_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem,
-                                     cudaStream_t s, A &&...args)
+static inline cudaError_t ops_launch_cluster(void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+                                             cudaStream_t s, dim3 cluster, A &&...args)
 {
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = cuda_pdl_enabled();
+    at[1].id = cudaLaunchAttributeClusterDimension;
+    at[1].val.clusterDim.x = cluster.x;
+    at[1].val.clusterDim.y = cluster.y;
+    at[1].val.clusterDim.z = cluster.z;
     cudaLaunchConfig_t c = {};
     c.gridDim = grid;
     c.blockDim = block;
     c.dynamicSmemBytes = smem;
     c.stream = s;
     c.attrs = at;
-    c.numAttrs = 1;
+    c.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 2 : 1;
     return cudaLaunchKernelEx(&c, k, std::forward<A>(args)...);
+}
+
+template <typename... P, typename... A>
+static inline cudaError_t ops_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+                                     cudaStream_t s, A &&...args)
+{
+    return ops_launch_cluster(k, grid, block, smem, s, dim3(1, 1, 1), std::forward<A>(args)...);
 }
 
 /* Asks the memory system to bring bytes [lo, hi) of global memory into L2 (sm_90 and later;
