@@ -12,11 +12,13 @@
 #include "args.h"
 #include "backend_profile.h"
 #include "budget.h"
-#include "clock.h"
 #include "cli.h"
+#include "clock.h"
+#include "cpu_features.h"
 #include "cuda_mem.h"
 #include "disk_tier.h"
 #include "errors.h"
+#include "gemm.h"
 #include "gguf.h"
 #include "membw.h"
 #include "model.h"
@@ -914,10 +916,11 @@ static void bench_print(const struct bench_opts *o, struct strata *st, const str
                    ? " (auto: each mode timed on the first decode steps)"
                    : "");
     else
-        printf("backend      cpu, %d threads%s\n", now.threads,
+        printf("backend      cpu, %d threads%s; %s kernels%s\n", now.threads,
                !o->cuda && now.threads != r->threads ? " at the end of decode (timed on the "
                                                        "first decode steps)"
-                                                     : "");
+                                                     : "",
+               cpu_isa_name(cpu_isa_best()), gemm_amx_status() ? "" : ", AMX tiles for batches");
     printf("host read    %.1f GB/s with %d threads, %.1f GB/s with %d; %.1f GB/s with %d after "
            "decode (%.1f GiB probe, median of 5); the floor uses the highest\n",
            r->bw_all / 1e9, r->procs, r->bw_run / 1e9, r->threads, r->bw_after / 1e9, r->procs,

@@ -25,6 +25,7 @@
 #include "cli.h"
 #include "cpu_features.h"
 #include "errors.h"
+#include "gemm.h"
 #include "matmul.h"
 #include "membw.h"
 #include "quant.h"
@@ -374,8 +375,10 @@ static void print_header(int argc, char **argv, const struct bench_opts *o)
     if (sysinfo_host_get(&h) == 0)
         printf("# machine: %s; %d package(s), %d cores, %d threads, %d NUMA node(s), %.1f GiB\n",
                h.cpu_model, h.packages, h.cores, h.pus, h.numa_nodes, h.ram_bytes / 1073741824.0);
-    printf("# kernels: %s; OpenMP threads: 1 and %d; %.1f s per measurement (median)\n",
-           cpu_isa_name(cpu_isa_best()), o->threads, o->seconds);
+    const char *amx = gemm_amx_status();
+    printf("# kernels: %s (AMX tiles for m >= 16: %s); OpenMP threads: 1 and %d; %.1f s per "
+           "measurement (median)\n",
+           cpu_isa_name(cpu_isa_best()), amx ? amx : "yes", o->threads, o->seconds);
 }
 
 int cmd_bench_kernels(int argc, char **argv)
