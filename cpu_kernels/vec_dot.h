@@ -11,9 +11,9 @@
  *
  * Every kernel has a scalar reference; AVX2 and AVX-512 (with VNNI where present) variants are
  * chosen at run time from cpu_isa_best(). Integer sums are exact in every variant. The SIMD
- * variants of the types gemm covers (gemm.h: Q4_K, Q5_K and Q6_K at AVX2 and AVX-512, Q8_0 at
- * AVX-512) also share one float arithmetic with gemm, operation for operation (those files are
- * built with -ffp-contract=off, so every FMA is one written as such), and so give a row the
+ * variants of the types gemm covers (gemm.h: Q4_K, Q5_K and Q6_K at AVX2 and AVX-512, Q8_0 and
+ * MXFP4 at AVX-512) also share one float arithmetic with gemm, operation for operation (those files
+ * are built with -ffp-contract=off, so every FMA is one written as such), and so give a row the
  * same bits alone, in vec_dot_rows and in a gemm batch. Per block, in order, with a_d the
  * activation block's scale, each product x * y below one float multiplication and each
  * accumulator starting at 0:
@@ -24,8 +24,10 @@
  *   Q8_0        block b's isum = sum of w * a; acc[b % VEC_DOT_Q8_0_ACC] =
  *               fma(isum, d_w * d_a, acc[b % VEC_DOT_Q8_0_ACC]); the dot is
  *               (acc[0] + acc[1]) + (acc[2] + acc[3])
- * Everything else (the other types, Q8_0 at AVX2, the scalar kernels) sums in orders of its
- * own.
+ *   MXFP4       as Q8_0 (AVX-512 only), w the doubled E2M1 values and d_w half the block scale
+ *               (vec_dot_e8m0_half)
+ * Everything else (the other types, Q8_0 and MXFP4 at AVX2, the scalar kernels) sums in orders
+ * of its own.
  * Activation quantization: d = max|x| / 127, q = round-half-even(x / d) computed as x * (1/d);
  * the SIMD quantizers produce the same codes and sums as the scalar one, bit for bit.
  */
@@ -177,6 +179,44 @@ static inline float vec_dot_e8m0_half(uint8_t e)
     {                                                                                              \
         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12                                    \
     }
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+/* Nibbles of two 16-byte code arrays (Q4_0, MXFP4 blocks) as one zmm in element order: [q0's
+ * elements 0-31, q1's 0-31], element j of a block the low nibble of byte j, element j + 16 its
+ * high nibble (matching two Q8_0 activation blocks loaded side by side). */
+static inline __m512i vec_dot_nibbles_pair(const uint8_t *q0, const uint8_t *q1)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256i x =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q0)),
+                                _mm_loadu_si128((const __m128i *)q1), 1);
+    __m256i lo = _mm256_and_si256(x, m4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+    /* qwords: lo 0,1 (q0 first half), hi 0,1 (q0 second half), lo 2,3, hi 2,3 */
+    return _mm512_permutex2var_epi64(_mm512_castsi256_si512(lo),
+                                     _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11),
+                                     _mm512_castsi256_si512(hi));
+}
+
+/* The doubled E2M1 values (VEC_DOT_MXFP4_VALUES) of 64 codes, one per byte. */
+static inline __m512i vec_dot_mxfp4_values(__m512i codes)
+{
+    static const int8_t values[16] = VEC_DOT_MXFP4_VALUES;
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)values)),
+                               codes);
+}
+
+/* vec_dot_e8m0_half of the low byte of each dword of g (the AVX-512 kernels: vec_dot and gemm
+ * take their MXFP4 scales from here, the same floats). */
+static inline __m512 vec_dot_e8m0_half16(__m512i g)
+{
+    __m512i e = _mm512_and_si512(g, _mm512_set1_epi32(0xff));
+    __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    __m512i denormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, denormal));
+}
+#endif
 
 #ifdef __cplusplus
 }

@@ -143,9 +143,9 @@ vec_dot_quantize_fn vec_dot_avx512_quantize_get(enum quant_type act_type)
 
 /* ---- 32-element blocks with Q8_0 activations ----
  * Blocks go in groups of 16: one gather each fetches the 16 weight and the 16 activation
- * scales (a vector conversion instead of 32 scalar ones). Q4_0 and MXFP4: pairs of blocks
- * fill a zmm and take their two scales from that vector with one permute; leftover blocks
- * (fewer than 16) use scalar scales. Q8_0 sums each block's dot first (vec_dot.h's order).
+ * scales (a vector conversion instead of 32 scalar ones). Q4_0: pairs of blocks fill a zmm and
+ * take their two scales from that vector with one permute; leftover blocks (fewer than 16) use
+ * scalar scales. Q8_0 and MXFP4 (one body) sum each block's dot first (vec_dot.h's order).
  * Each body is an always-inline function of `vnni`, instantiated twice. */
 
 #define GROUP 16
@@ -186,21 +186,6 @@ AI float hsum_256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* Nibbles of two blocks as one zmm in element order: [b0 0-31, b1 0-31], matching two Q8_0
- * activation blocks loaded side by side. */
-AI __m512i nibbles_pair(const uint8_t *q0, const uint8_t *q1)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256i x =
-        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q0)),
-                                _mm_loadu_si128((const __m128i *)q1), 1);
-    __m256i lo = _mm256_and_si256(x, m4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
-    /* qwords: lo 0,1 (b0 first half), hi 0,1 (b0 second half), lo 2,3, hi 2,3 */
-    return _mm512_permutex2var_epi64(_mm512_castsi256_si512(lo),
-                                     _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11),
-                                     _mm512_castsi256_si512(hi));
-}
-
 /* Signed weight bytes w times activation bytes a as |w| * (a * sign(w)): vpdpbusd takes its
  * first operand unsigned (|-128| = 128 read unsigned is right too) and the activation codes are
  * in [-127, 127], so negating them cannot overflow. |w| and the sign mask are the weight half,
@@ -226,12 +211,6 @@ AI __m128 act_scales4(const struct vec_dot_q8_0_extra *e, int64_t b, int64_t i2,
     __m128 x1 = _mm_castsi128_ps(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)&e[i2]),
                                                     _mm_loadl_epi64((const __m128i *)&e[i3])));
     return _mm_shuffle_ps(x0, x1, 0x88);
-}
-
-/* 4 f16 as floats, in lanes 0-3. */
-AI __m128 f16x4(uint16_t a, uint16_t b, uint16_t c, uint16_t d)
-{
-    return _mm_cvtph_ps(_mm_setr_epi16((short)a, (short)b, (short)c, (short)d, 0, 0, 0, 0));
 }
 
 /* The sum of the 8 lanes of x, in lane 0. */
@@ -266,8 +245,53 @@ AI __m128i quad_sums(__m512i p0, __m512i p1)
     return _mm_unpacklo_epi64(_mm512_castsi512_si128(q), _mm512_extracti32x4_epi32(q, 2));
 }
 
-/* The Q8_0 dot of one weight row with nr activation rows (act + r * act_stride), out[r], in
- * vec_dot.h's order: each row's arithmetic is the single dot's (nr = 1), so every out[r]
+/* Q8_0 and MXFP4 weights in one body: blocks of 32 signed values (MXFP4: the doubled E2M1
+ * values of its table, VEC_DOT_MXFP4_VALUES) with one float scale each (MXFP4: half the block
+ * scale, vec_dot_e8m0_half). mx selects MXFP4. */
+AI size_t q8w_size(bool mx)
+{
+    return mx ? sizeof(struct block_mxfp4) : sizeof(struct block_q8_0);
+}
+
+/* The values of blocks i and j, [i 0-31, j 0-31]. */
+AI __m512i q8w_pair(const uint8_t *w, int64_t i, int64_t j, bool mx)
+{
+    if (mx) {
+        const struct block_mxfp4 *m = (const struct block_mxfp4 *)w;
+        return vec_dot_mxfp4_values(vec_dot_nibbles_pair(m[i].qs, m[j].qs));
+    }
+    const struct block_q8_0 *q = (const struct block_q8_0 *)w;
+    return load_2x256(q[i].qs, q[j].qs);
+}
+
+/* The values of block i. */
+AI __m256i q8w_one(const uint8_t *w, int64_t i, bool mx)
+{
+    if (mx) {
+        const struct block_mxfp4 *m = (const struct block_mxfp4 *)w;
+        return _mm512_castsi512_si256(
+            vec_dot_mxfp4_values(_mm512_castsi256_si512(nibbles_32(m[i].qs))));
+    }
+    return _mm256_loadu_si256((const __m256i *)((const struct block_q8_0 *)w)[i].qs);
+}
+
+/* The scale of block i. */
+AI float q8w_scale(const uint8_t *w, int64_t i, bool mx)
+{
+    return mx ? vec_dot_e8m0_half(((const struct block_mxfp4 *)w)[i].e)
+              : f16_load(((const struct block_q8_0 *)w)[i].d);
+}
+
+/* The scales of the 16 blocks from b (offs: block_offsets of the type's size). */
+AI __m512 q8w_scales16(const uint8_t *w, int64_t b, __m512i offs, bool mx)
+{
+    const uint8_t *base = w + (size_t)b * q8w_size(mx);
+    return mx ? vec_dot_e8m0_half16(_mm512_i32gather_epi32(offs, base, 1))
+              : f16_scales16(base, offs);
+}
+
+/* The Q8_0 (or MXFP4: mx) dot of one weight row with nr activation rows (act + r * act_stride),
+ * out[r], in vec_dot.h's order: each row's arithmetic is the single dot's (nr = 1), so every out[r]
  * equals it bit for bit; the weights are loaded and prepared once for all rows.
  *
  * Groups of 16 blocks: one gather fetches the 16 weight scales (the activation scales are
@@ -277,13 +301,13 @@ AI __m128i quad_sums(__m512i p0, __m512i p1)
  * them to the 4 accumulators (lane k of an xmm: blocks b % 4 == k). The blocks after the last
  * group go 4 at a time the same way, with scalar weight scales (a block past the end reads the
  * last one again and is masked out); a lone last block takes a 256-bit dot. */
-AI void dot_q8_0_body(int64_t n, const void *w_row, const void *act, size_t act_stride, int nr,
-                      float *out, bool vnni)
+AI void dot_q8w_body(int64_t n, const void *w_row, const void *act, size_t act_stride, int nr,
+                     float *out, bool vnni, bool mx)
 {
-    const struct block_q8_0 *w = w_row;
+    const uint8_t *w = w_row;
     const struct block_q8_0 *a[VEC_DOT_ROWS];
     const struct vec_dot_q8_0_extra *e[VEC_DOT_ROWS];
-    const __m512i offs = block_offsets(sizeof(struct block_q8_0));
+    const __m512i offs = block_offsets((int)q8w_size(mx));
     __m128 acc[VEC_DOT_ROWS];
     for (int r = 0; r < nr; r++) {
         a[r] = (const struct block_q8_0 *)((const uint8_t *)act + r * act_stride);
@@ -293,8 +317,8 @@ AI void dot_q8_0_body(int64_t n, const void *w_row, const void *act, size_t act_
     _Static_assert(VEC_DOT_Q8_0_ACC == 4 && GROUP == 16, "one xmm of accumulators per row");
     int64_t nb = n / QK_32, b = 0;
     for (; b + GROUP <= nb; b += GROUP) {
-        VEC_DOT_PREFETCH(&w[b], GROUP * sizeof(*w));
-        __m512 dw = f16_scales16(&w[b], offs), d[VEC_DOT_ROWS];
+        VEC_DOT_PREFETCH(w + (size_t)b * q8w_size(mx), GROUP * q8w_size(mx));
+        __m512 dw = q8w_scales16(w, b, offs, mx), d[VEC_DOT_ROWS];
         for (int r = 0; r < nr; r++)
             d[r] = _mm512_mul_ps(dw, act_scales16(e[r] + b));
         __m512i q[VEC_DOT_ROWS][4];
@@ -302,8 +326,8 @@ AI void dot_q8_0_body(int64_t n, const void *w_row, const void *act, size_t act_
             /* blocks i, i + 4 and i + 1, i + 5: after pair_sums, 128-bit lanes 0-1 hold blocks
              * i, i + 1 and lanes 2-3 i + 4, i + 5 */
             const int64_t i = b + 8 * (k / 2) + 2 * (k % 2);
-            __m512i w0 = load_2x256(w[i].qs, w[i + 4].qs);
-            __m512i w1 = load_2x256(w[i + 1].qs, w[i + 5].qs);
+            __m512i w0 = q8w_pair(w, i, i + 4, mx);
+            __m512i w1 = q8w_pair(w, i + 1, i + 5, mx);
             __m512i wa0 = _mm512_abs_epi8(w0), wa1 = _mm512_abs_epi8(w1);
             __mmask64 wn0 = _mm512_movepi8_mask(w0), wn1 = _mm512_movepi8_mask(w1);
             for (int r = 0; r < nr; r++) {
@@ -330,10 +354,11 @@ AI void dot_q8_0_body(int64_t n, const void *w_row, const void *act, size_t act_
         const int cnt = nb - b < 4 ? (int)(nb - b) : 4; /* 2, 3 or 4 */
         const int64_t i1 = b + 1, i2 = cnt > 2 ? b + 2 : i1, i3 = b + cnt - 1;
         const __mmask8 live = (__mmask8)((1u << cnt) - 1);
-        __m512i w0 = load_2x256(w[b].qs, w[i2].qs), w1 = load_2x256(w[i1].qs, w[i3].qs);
+        __m512i w0 = q8w_pair(w, b, i2, mx), w1 = q8w_pair(w, i1, i3, mx);
         __m512i wa0 = _mm512_abs_epi8(w0), wa1 = _mm512_abs_epi8(w1);
         __mmask64 wn0 = _mm512_movepi8_mask(w0), wn1 = _mm512_movepi8_mask(w1);
-        __m128 dw = f16x4(w[b].d, w[i1].d, w[i2].d, w[i3].d);
+        __m128 dw = _mm_setr_ps(q8w_scale(w, b, mx), q8w_scale(w, i1, mx), q8w_scale(w, i2, mx),
+                                q8w_scale(w, i3, mx));
         for (int r = 0; r < nr; r++) {
             const struct block_q8_0 *ar = a[r];
             __m512i p0 = dot_s8_act(wa0, wn0, load_2x256(ar[b].qs, ar[i2].qs), vnni);
@@ -343,10 +368,10 @@ AI void dot_q8_0_body(int64_t n, const void *w_row, const void *act, size_t act_
         }
     }
     if (b < nb) { /* a lone last block, into accumulator 0 (b is a multiple of 4) */
-        __m256i w0 = _mm256_loadu_si256((const __m256i *)w[b].qs);
+        __m256i w0 = q8w_one(w, b, mx);
         for (int r = 0; r < nr; r++) {
             __m256i p = dot_s8_256(w0, _mm256_loadu_si256((const __m256i *)a[r][b].qs), vnni);
-            __m128 d = _mm_set_ss(f16_load(w[b].d) * e[r][b].d);
+            __m128 d = _mm_set_ss(q8w_scale(w, b, mx) * e[r][b].d);
             acc[r] = _mm_mask3_fmadd_ss(_mm_cvtepi32_ps(sum8_epi32(p)), d, acc[r], 1);
         }
     }
@@ -360,7 +385,7 @@ AI void dot_q8_0_body(int64_t n, const void *w_row, const void *act, size_t act_
 AI __m512i q4_0_pair(const struct block_q4_0 *w, const struct block_q8_0 *a, bool vnni)
 {
     __m512i y = load_2x256(a[0].qs, a[1].qs);
-    __m512i p = dpbusd(_mm512_setzero_si512(), nibbles_pair(w[0].qs, w[1].qs), y, vnni);
+    __m512i p = dpbusd(_mm512_setzero_si512(), vec_dot_nibbles_pair(w[0].qs, w[1].qs), y, vnni);
     return _mm512_sub_epi32(p, dpbusd(_mm512_setzero_si512(), _mm512_set1_epi8(8), y, vnni));
 }
 
@@ -393,61 +418,6 @@ AI float dot_q4_0_body(int64_t n, const void *w_row, const void *act, bool vnni)
         float d = f16_load(w[b].d) * f16_load(a[b].d);
         tail =
             _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(p, off)), tail);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + hsum_256(tail);
-}
-
-/* MXFP4: the doubled E2M1 values plus 12 (0..24) go in unsigned from a table; subtract
- * 12 * sum(a) per block; scaled by 2^(e-128). */
-AI __m512i mxfp4_pair(const struct block_mxfp4 *w, const struct block_q8_0 *a, bool vnni)
-{
-    const __m512i table = _mm512_broadcast_i32x4(
-        _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-    __m512i y = load_2x256(a[0].qs, a[1].qs);
-    __m512i q = _mm512_shuffle_epi8(table, nibbles_pair(w[0].qs, w[1].qs));
-    __m512i p = dpbusd(_mm512_setzero_si512(), q, y, vnni);
-    return _mm512_sub_epi32(p, dpbusd(_mm512_setzero_si512(), _mm512_set1_epi8(12), y, vnni));
-}
-
-/* 2^(e-128) for the E8M0 byte at the start of each of 16 blocks (vec_dot_e8m0_half). */
-AI __m512 e8m0_half16(const void *base, __m512i offs)
-{
-    __m512i e = _mm512_and_si512(_mm512_i32gather_epi32(offs, base, 1), _mm512_set1_epi32(0xff));
-    __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
-    __m512i denormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
-    __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
-    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, denormal));
-}
-
-AI float dot_mxfp4_body(int64_t n, const void *w_row, const void *act, bool vnni)
-{
-    const struct block_mxfp4 *w = w_row;
-    const struct block_q8_0 *a = act;
-    const __m512i woffs = block_offsets(sizeof(struct block_mxfp4));
-    const __m512i aoffs = block_offsets(sizeof(struct block_q8_0));
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int64_t nb = n / QK_32, b = 0;
-    for (; b + GROUP <= nb; b += GROUP) {
-        VEC_DOT_PREFETCH(&w[b], GROUP * sizeof(*w));
-        __m512 d = _mm512_mul_ps(e8m0_half16(&w[b], woffs), f16_scales16(&a[b], aoffs));
-        for (int k = 0; k < GROUP / 2; k += 2) {
-            const int64_t i = b + 2 * k;
-            __m512i p0 = mxfp4_pair(&w[i], &a[i], vnni);
-            __m512i p1 = mxfp4_pair(&w[i + 2], &a[i + 2], vnni);
-            acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(k), d), _mm512_cvtepi32_ps(p0),
-                                   acc0);
-            acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(k + 1), d),
-                                   _mm512_cvtepi32_ps(p1), acc1);
-        }
-    }
-    __m256 tail = _mm256_setzero_ps();
-    for (; b < nb; b++) {
-        static const int8_t values[16] = VEC_DOT_MXFP4_VALUES;
-        __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)values));
-        __m256i q = _mm256_shuffle_epi8(table, nibbles_32(w[b].qs));
-        __m256i p = dot_s8_256(q, _mm256_loadu_si256((const __m256i *)a[b].qs), vnni);
-        float d = vec_dot_e8m0_half(w[b].e) * f16_load(a[b].d);
-        tail = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), tail);
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + hsum_256(tail);
 }
@@ -754,21 +724,25 @@ AI float dot_float_body(int64_t n, const void *w_row, const void *act, int wsize
         body(n, w, a, stride, VEC_DOT_ROWS, out, true);                                            \
     }
 
-AI void dot_q4_k_rows_body(int64_t n, const void *w, const void *a, size_t stride, int nr,
-                           float *out, bool vnni)
-{
-    dot_k45_body(n, w, a, stride, nr, out, false, vnni);
-}
-
-AI void dot_q5_k_rows_body(int64_t n, const void *w, const void *a, size_t stride, int nr,
-                           float *out, bool vnni)
-{
-    dot_k45_body(n, w, a, stride, nr, out, true, vnni);
-}
+/* A multi-row body of the ROWS_INSTANCES form from one shared by two types (flag: which). */
+#define FLAG_BODY(name, shared, flag)                                                              \
+    AI void name(int64_t n, const void *w, const void *a, size_t stride, int nr, float *out,       \
+                 bool vnni)                                                                        \
+    {                                                                                              \
+        shared(n, w, a, stride, nr, out, vnni, flag);                                              \
+    }
+#define K45_BODY(n, w, a, stride, nr, out, vnni, five)                                             \
+    dot_k45_body(n, w, a, stride, nr, out, five, vnni)
+FLAG_BODY(dot_q4_k_rows_body, K45_BODY, false)
+FLAG_BODY(dot_q5_k_rows_body, K45_BODY, true)
+FLAG_BODY(dot_q8_0_body, dot_q8w_body, false)
+FLAG_BODY(dot_mxfp4_body, dot_q8w_body, true)
+#undef K45_BODY
+#undef FLAG_BODY
 
 INSTANCES(q4_0, dot_q4_0_body(n, w, a, vnni))
-INSTANCES(mxfp4, dot_mxfp4_body(n, w, a, vnni))
 ROWS_INSTANCES(q8_0, dot_q8_0_body)
+ROWS_INSTANCES(mxfp4, dot_mxfp4_body)
 ROWS_INSTANCES(q4_k, dot_q4_k_rows_body)
 ROWS_INSTANCES(q5_k, dot_q5_k_rows_body)
 ROWS_INSTANCES(q6_k, dot_q6_k_body)
@@ -821,6 +795,7 @@ vec_dot_rows_fn vec_dot_avx512_rows_get(uint32_t wtype, bool vnni)
         vec_dot_rows_fn fn[2]; /* without, with VNNI */
     } table[] = {
         {QUANT_Q8_0, {dot_q8_0_rows_avx512, dot_q8_0_rows_avx512vnni}},
+        {QUANT_MXFP4, {dot_mxfp4_rows_avx512, dot_mxfp4_rows_avx512vnni}},
         {QUANT_Q4_K, {dot_q4_k_rows_avx512, dot_q4_k_rows_avx512vnni}},
         {QUANT_Q5_K, {dot_q5_k_rows_avx512, dot_q5_k_rows_avx512vnni}},
         {QUANT_Q6_K, {dot_q6_k_rows_avx512, dot_q6_k_rows_avx512vnni}},
