@@ -8,8 +8,8 @@
  * (Q8_0 or Q8_K rows, quantized once per matmul); each block's sums stay integers, per lane:
  *
  *   Q8_0   codes w + 128; -128 * (sum of the activation block, kept with the activation
- *          row: vec_dot_q8_0_extra) starts each block's sum (MXFP4 alike: w its doubled E2M1
- *          values, the scale half the block's)
+ *          row: vec_dot_q8_0_extra) starts each block's sum (MXFP4 and Q4_0 alike: w the
+ *          doubled E2M1 values with half the block's scale, or the nibbles - 8)
  *   Q4_K   nibbles as they are (Q5_K: with the 5th bit); the sum of each 32 elements times
  *          its scale; the mins times the Q8_K bsums (vpdpwssd) kept apart
  *   Q6_K   6-bit codes (value + 32); the sum of each 16 elements times its scale; 32 * the
@@ -48,8 +48,8 @@ typedef void (*gemm_fn)(int64_t n, const void *w, size_t w_stride, int64_t n_row
 #define GEMM_MAX_STRIDE ((size_t)1 << 26)
 
 /* The kernel for weights of this ggml type at the given ISA level (clamped to cpu_isa_best(),
- * which honors the STRATA_CPU_ISA cap), or NULL: AVX-512 VNNI covers Q8_0, MXFP4, Q4_K, Q5_K
- * and Q6_K (by AMX tiles where the process can run them, STRATA_CPU_AMX=0 aside); AVX2
+ * which honors the STRATA_CPU_ISA cap), or NULL: AVX-512 VNNI covers Q8_0, MXFP4, Q4_0, Q4_K,
+ * Q5_K and Q6_K (by AMX tiles where the process can run them, STRATA_CPU_AMX=0 aside); AVX2
  * (gemm_avx2.c, 8 rows per vector, no VNNI needed) the three K-quants. */
 gemm_fn gemm_get(uint32_t wtype, enum cpu_isa isa);
 

@@ -171,31 +171,42 @@ struct q8_0_pack {
     __m512 d[Q8_BLOCKS];
 };
 
-/* Blocks [b0, b0 + nb) (nb <= Q8_BLOCKS) of Q8_0 weights, or with mx of MXFP4 weights (their
- * doubled E2M1 values and half their block scales, as vec_dot's MXFP4 kernel takes them),
- * packed; a missing odd partner block is loaded as a copy of the last one and never used. */
-AI void q8_0_pack(const struct tile *t, int64_t b0, int nb, struct q8_0_pack *p, bool mx)
+/* Blocks [b0, b0 + nb) (nb <= Q8_BLOCKS) of Q8_0, MXFP4 or Q4_0 weights (wt) as vec_dot's
+ * AVX-512 kernel of that type takes them (MXFP4: the doubled E2M1 values and half the block
+ * scales; Q4_0: the nibbles - 8), packed; a missing odd partner block is loaded as a copy of the
+ * last one and never used. */
+AI void q8_0_pack(const struct tile *t, int64_t b0, int nb, struct q8_0_pack *p, uint32_t wt)
 {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const size_t bs = mx ? sizeof(struct block_mxfp4) : sizeof(struct block_q8_0);
-    const size_t qs = mx ? offsetof(struct block_mxfp4, qs) : offsetof(struct block_q8_0, qs);
+    const size_t bs = wt == QUANT_MXFP4  ? sizeof(struct block_mxfp4)
+                      : wt == QUANT_Q4_0 ? sizeof(struct block_q4_0)
+                                         : sizeof(struct block_q8_0);
+    const size_t qs = wt == QUANT_MXFP4  ? offsetof(struct block_mxfp4, qs)
+                      : wt == QUANT_Q4_0 ? offsetof(struct block_q4_0, qs)
+                                         : offsetof(struct block_q8_0, qs);
     for (int b = 0; b < nb; b += 2) {
         size_t at0 = (size_t)(b0 + b) * bs + qs;
         size_t at1 = b + 1 < nb ? at0 + bs : at0;
         __m512i x[LANES];
-        for (int r = 0; r < LANES; r++)
-            x[r] =
-                mx ? vec_dot_mxfp4_values(vec_dot_nibbles_pair(t->row[r] + at0, t->row[r] + at1))
-                   : _mm512_inserti64x4(_mm512_castsi256_si512(
-                                            _mm256_loadu_si256((const __m256i *)(t->row[r] + at0))),
-                                        _mm256_loadu_si256((const __m256i *)(t->row[r] + at1)), 1);
+        for (int r = 0; r < LANES; r++) {
+            const uint8_t *q0 = t->row[r] + at0, *q1 = t->row[r] + at1;
+            if (wt == QUANT_MXFP4)
+                x[r] = vec_dot_mxfp4_values(vec_dot_nibbles_pair(q0, q1));
+            else if (wt == QUANT_Q4_0)
+                x[r] = _mm512_sub_epi8(vec_dot_nibbles_pair(q0, q1), _mm512_set1_epi8(8));
+            else
+                x[r] = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)q0)),
+                    _mm256_loadu_si256((const __m256i *)q1), 1);
+        }
         transpose16(x);
         for (int i = 0; i < LANES && b * 8 + i < nb * 8; i++)
             p->codes[b * 8 + i] = _mm512_xor_si512(x[i], flip);
     }
     for (int b = 0; b < nb; b++) {
         __m512i g = tile_gather(t, (size_t)(b0 + b) * bs);
-        p->d[b] = mx ? vec_dot_e8m0_half16(g) : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+        p->d[b] =
+            wt == QUANT_MXFP4 ? vec_dot_e8m0_half16(g) : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
     }
 }
 
@@ -251,7 +262,7 @@ typedef void (*q8_0_rows16_fn)(const struct q8_0_pack *p, const uint8_t *act, si
 /* Every tile and chunk of a Q8_0 matrix through q8_0_pack and q8_0_rows; with rows16, groups
  * of 16 activation rows through it, the rest through q8_0_rows. */
 AI void q8_0_gemm(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
-                  size_t act_stride, int m, float *y, int64_t y_stride, bool mx,
+                  size_t act_stride, int m, float *y, int64_t y_stride, uint32_t wt,
                   q8_0_rows16_fn rows16)
 {
     struct q8_0_pack p __attribute__((aligned(64)));
@@ -263,7 +274,7 @@ AI void q8_0_gemm(int64_t n, const void *w, size_t w_stride, int64_t n_rows, con
     GEMM_DRIVER(Q8_ACC, Q8_FINISH, {
         for (int64_t b0 = 0; b0 < n_blk; b0 += Q8_BLOCKS) {
             int nb = n_blk - b0 < Q8_BLOCKS ? (int)(n_blk - b0) : Q8_BLOCKS;
-            q8_0_pack(&t, b0, nb, &p, mx);
+            q8_0_pack(&t, b0, nb, &p, wt);
             int j = 0;
             for (; rows16 && j + 16 <= mm; j += 16)
                 rows16(&p, x + (size_t)(j0 + j) * act_stride, act_stride, n, b0, nb,
@@ -275,21 +286,25 @@ AI void q8_0_gemm(int64_t n, const void *w, size_t w_stride, int64_t n_rows, con
 #undef Q80_ROWS
 }
 
-static void gemm_q8_0(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
-                      size_t act_stride, int m, float *y, int64_t y_stride)
-{
-    q8_0_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, false, NULL);
-}
-
-static void gemm_mxfp4(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,
-                       size_t act_stride, int m, float *y, int64_t y_stride)
-{
-    q8_0_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, true, NULL);
-}
+/* The 32-element block kernels around q8_0_gemm (rows16: NULL, or the AMX rows). */
+#define Q8W_KERNEL(name, wt, rows16, cfg, release)                                                 \
+    static void name(int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *act,   \
+                     size_t act_stride, int m, float *y, int64_t y_stride)                         \
+    {                                                                                              \
+        cfg;                                                                                       \
+        q8_0_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, wt, rows16);            \
+        release;                                                                                   \
+    }
+Q8W_KERNEL(gemm_q8_0, QUANT_Q8_0, NULL, (void)0, (void)0)
+Q8W_KERNEL(gemm_mxfp4, QUANT_MXFP4, NULL, (void)0, (void)0)
+Q8W_KERNEL(gemm_q4_0, QUANT_Q4_0, NULL, (void)0, (void)0)
 
 gemm_fn GEMM_EXPORT(gemm_avx512_get)(uint32_t wtype)
 {
-    return wtype == QUANT_Q8_0 ? gemm_q8_0 : wtype == QUANT_MXFP4 ? gemm_mxfp4 : kq_get(wtype);
+    return wtype == QUANT_Q8_0    ? gemm_q8_0
+           : wtype == QUANT_MXFP4 ? gemm_mxfp4
+           : wtype == QUANT_Q4_0  ? gemm_q4_0
+                                  : kq_get(wtype);
 }
 
 /* ---- AMX: the integer sums by int8 tiles ----
@@ -398,21 +413,10 @@ AI void q8_0_rows_amx(const struct q8_0_pack *p, const uint8_t *act, size_t act_
         }
 }
 
-static void gemm_q8_0_amx(int64_t n, const void *w, size_t w_stride, int64_t n_rows,
-                          const void *act, size_t act_stride, int m, float *y, int64_t y_stride)
-{
-    amx_config(8);
-    q8_0_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, false, q8_0_rows_amx);
-    AMX_TILE_RELEASE();
-}
-
-static void gemm_mxfp4_amx(int64_t n, const void *w, size_t w_stride, int64_t n_rows,
-                           const void *act, size_t act_stride, int m, float *y, int64_t y_stride)
-{
-    amx_config(8);
-    q8_0_gemm(n, w, w_stride, n_rows, act, act_stride, m, y, y_stride, true, q8_0_rows_amx);
-    AMX_TILE_RELEASE();
-}
+Q8W_KERNEL(gemm_q8_0_amx, QUANT_Q8_0, q8_0_rows_amx, amx_config(8), AMX_TILE_RELEASE())
+Q8W_KERNEL(gemm_mxfp4_amx, QUANT_MXFP4, q8_0_rows_amx, amx_config(8), AMX_TILE_RELEASE())
+Q8W_KERNEL(gemm_q4_0_amx, QUANT_Q4_0, q8_0_rows_amx, amx_config(8), AMX_TILE_RELEASE())
+#undef Q8W_KERNEL
 
 /* The K-quant kernels: tiles shaped for sub-blocks of k4_sub steps around kq_gemm. */
 #define KQ_AMX_KERNEL(name, k4_sub, pack)                                                          \
@@ -532,6 +536,8 @@ gemm_fn GEMM_EXPORT(gemm_amx_get)(uint32_t wtype)
         return gemm_q8_0_amx;
     case QUANT_MXFP4:
         return gemm_mxfp4_amx;
+    case QUANT_Q4_0:
+        return gemm_q4_0_amx;
     case QUANT_Q4_K:
         return gemm_q4_k_amx;
     case QUANT_Q5_K:

@@ -11,10 +11,10 @@
  *
  * Every kernel has a scalar reference; AVX2 and AVX-512 (with VNNI where present) variants are
  * chosen at run time from cpu_isa_best(). Integer sums are exact in every variant. The SIMD
- * variants of the types gemm covers (gemm.h: Q4_K, Q5_K and Q6_K at AVX2 and AVX-512, Q8_0 and
- * MXFP4 at AVX-512) also share one float arithmetic with gemm, operation for operation (those files
- * are built with -ffp-contract=off, so every FMA is one written as such), and so give a row the
- * same bits alone, in vec_dot_rows and in a gemm batch. Per block, in order, with a_d the
+ * variants of the types gemm covers (gemm.h: Q4_K, Q5_K and Q6_K at AVX2 and AVX-512, Q8_0,
+ * MXFP4 and Q4_0 at AVX-512) also share one float arithmetic with gemm, operation for operation
+ * (those files are built with -ffp-contract=off, so every FMA is one written as such), and so give
+ * a row the same bits alone, in vec_dot_rows and in a gemm batch. Per block, in order, with a_d the
  * activation block's scale, each product x * y below one float multiplication and each
  * accumulator starting at 0:
  *   Q4_K, Q5_K  isum = sum of scale * code * a, msum = sum of min * (the sum of the sub-block's
@@ -24,10 +24,10 @@
  *   Q8_0        block b's isum = sum of w * a; acc[b % VEC_DOT_Q8_0_ACC] =
  *               fma(isum, d_w * d_a, acc[b % VEC_DOT_Q8_0_ACC]); the dot is
  *               (acc[0] + acc[1]) + (acc[2] + acc[3])
- *   MXFP4       as Q8_0 (AVX-512 only), w the doubled E2M1 values and d_w half the block scale
- *               (vec_dot_e8m0_half)
- * Everything else (the other types, Q8_0 and MXFP4 at AVX2, the scalar kernels) sums in orders
- * of its own.
+ *   MXFP4, Q4_0 as Q8_0 (AVX-512 only); MXFP4's w the doubled E2M1 values and d_w half
+ *               the block scale (vec_dot_e8m0_half), Q4_0's w the nibbles - 8
+ * Everything else (the other types, Q8_0, MXFP4 and Q4_0 at AVX2, the scalar kernels) sums in
+ * orders of its own.
  * Activation quantization: d = max|x| / 127, q = round-half-even(x / d) computed as x * (1/d);
  * the SIMD quantizers produce the same codes and sums as the scalar one, bit for bit.
  */

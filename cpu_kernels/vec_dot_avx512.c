@@ -143,9 +143,8 @@ vec_dot_quantize_fn vec_dot_avx512_quantize_get(enum quant_type act_type)
 
 /* ---- 32-element blocks with Q8_0 activations ----
  * Blocks go in groups of 16: one gather each fetches the 16 weight and the 16 activation
- * scales (a vector conversion instead of 32 scalar ones). Q4_0: pairs of blocks fill a zmm and
- * take their two scales from that vector with one permute; leftover blocks (fewer than 16) use
- * scalar scales. Q8_0 and MXFP4 (one body) sum each block's dot first (vec_dot.h's order).
+ * scales (a vector conversion instead of 32 scalar ones). Q8_0, MXFP4 and Q4_0 (one body) sum
+ * each block's dot first (vec_dot.h's order).
  * Each body is an always-inline function of `vnni`, instantiated twice. */
 
 #define GROUP 16
@@ -166,24 +165,9 @@ AI __m512 f16_scales16(const void *base, __m512i offs)
     return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
 }
 
-/* Permute indices giving lanes [s ... s (8 lanes), s+1 ... s+1 (8 lanes)] for s = 2k. */
-AI __m512i pair_index(int k)
-{
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(2 * k)),
-                              _mm256_set1_epi32(2 * k + 1), 1);
-}
-
 AI __m256i dot_s8_256(__m256i w, __m256i a, bool vnni)
 {
     return dpbusd_256(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w), vnni);
-}
-
-AI float hsum_256(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 /* Signed weight bytes w times activation bytes a as |w| * (a * sign(w)): vpdpbusd takes its
@@ -245,52 +229,64 @@ AI __m128i quad_sums(__m512i p0, __m512i p1)
     return _mm_unpacklo_epi64(_mm512_castsi512_si128(q), _mm512_extracti32x4_epi32(q, 2));
 }
 
-/* Q8_0 and MXFP4 weights in one body: blocks of 32 signed values (MXFP4: the doubled E2M1
- * values of its table, VEC_DOT_MXFP4_VALUES) with one float scale each (MXFP4: half the block
- * scale, vec_dot_e8m0_half). mx selects MXFP4. */
-AI size_t q8w_size(bool mx)
+/* Q8_0, MXFP4 and Q4_0 weights in one body (wt: which): blocks of 32 signed values (MXFP4: the
+ * doubled E2M1 values of its table, VEC_DOT_MXFP4_VALUES; Q4_0: the nibbles - 8) with one float
+ * scale each (MXFP4: half the block scale, vec_dot_e8m0_half). */
+AI size_t q8w_size(uint32_t wt)
 {
-    return mx ? sizeof(struct block_mxfp4) : sizeof(struct block_q8_0);
+    return wt == QUANT_MXFP4  ? sizeof(struct block_mxfp4)
+           : wt == QUANT_Q4_0 ? sizeof(struct block_q4_0)
+                              : sizeof(struct block_q8_0);
 }
 
 /* The values of blocks i and j, [i 0-31, j 0-31]. */
-AI __m512i q8w_pair(const uint8_t *w, int64_t i, int64_t j, bool mx)
+AI __m512i q8w_pair(const uint8_t *w, int64_t i, int64_t j, uint32_t wt)
 {
-    if (mx) {
+    if (wt == QUANT_MXFP4) {
         const struct block_mxfp4 *m = (const struct block_mxfp4 *)w;
         return vec_dot_mxfp4_values(vec_dot_nibbles_pair(m[i].qs, m[j].qs));
+    }
+    if (wt == QUANT_Q4_0) {
+        const struct block_q4_0 *q = (const struct block_q4_0 *)w;
+        return _mm512_sub_epi8(vec_dot_nibbles_pair(q[i].qs, q[j].qs), _mm512_set1_epi8(8));
     }
     const struct block_q8_0 *q = (const struct block_q8_0 *)w;
     return load_2x256(q[i].qs, q[j].qs);
 }
 
 /* The values of block i. */
-AI __m256i q8w_one(const uint8_t *w, int64_t i, bool mx)
+AI __m256i q8w_one(const uint8_t *w, int64_t i, uint32_t wt)
 {
-    if (mx) {
+    if (wt == QUANT_MXFP4) {
         const struct block_mxfp4 *m = (const struct block_mxfp4 *)w;
         return _mm512_castsi512_si256(
             vec_dot_mxfp4_values(_mm512_castsi256_si512(nibbles_32(m[i].qs))));
     }
+    if (wt == QUANT_Q4_0)
+        return _mm256_sub_epi8(nibbles_32(((const struct block_q4_0 *)w)[i].qs),
+                               _mm256_set1_epi8(8));
     return _mm256_loadu_si256((const __m256i *)((const struct block_q8_0 *)w)[i].qs);
 }
 
 /* The scale of block i. */
-AI float q8w_scale(const uint8_t *w, int64_t i, bool mx)
+AI float q8w_scale(const uint8_t *w, int64_t i, uint32_t wt)
 {
-    return mx ? vec_dot_e8m0_half(((const struct block_mxfp4 *)w)[i].e)
-              : f16_load(((const struct block_q8_0 *)w)[i].d);
+    if (wt == QUANT_MXFP4)
+        return vec_dot_e8m0_half(((const struct block_mxfp4 *)w)[i].e);
+    uint16_t d;
+    memcpy(&d, w + (size_t)i * q8w_size(wt), 2); /* Q8_0 and Q4_0 start with their f16 d */
+    return f16_load(d);
 }
 
 /* The scales of the 16 blocks from b (offs: block_offsets of the type's size). */
-AI __m512 q8w_scales16(const uint8_t *w, int64_t b, __m512i offs, bool mx)
+AI __m512 q8w_scales16(const uint8_t *w, int64_t b, __m512i offs, uint32_t wt)
 {
-    const uint8_t *base = w + (size_t)b * q8w_size(mx);
-    return mx ? vec_dot_e8m0_half16(_mm512_i32gather_epi32(offs, base, 1))
-              : f16_scales16(base, offs);
+    const uint8_t *base = w + (size_t)b * q8w_size(wt);
+    return wt == QUANT_MXFP4 ? vec_dot_e8m0_half16(_mm512_i32gather_epi32(offs, base, 1))
+                             : f16_scales16(base, offs);
 }
 
-/* The Q8_0 (or MXFP4: mx) dot of one weight row with nr activation rows (act + r * act_stride),
+/* The Q8_0 (MXFP4, Q4_0: wt) dot of one weight row with nr activation rows (act + r * act_stride),
  * out[r], in vec_dot.h's order: each row's arithmetic is the single dot's (nr = 1), so every out[r]
  * equals it bit for bit; the weights are loaded and prepared once for all rows.
  *
@@ -302,12 +298,12 @@ AI __m512 q8w_scales16(const uint8_t *w, int64_t b, __m512i offs, bool mx)
  * group go 4 at a time the same way, with scalar weight scales (a block past the end reads the
  * last one again and is masked out); a lone last block takes a 256-bit dot. */
 AI void dot_q8w_body(int64_t n, const void *w_row, const void *act, size_t act_stride, int nr,
-                     float *out, bool vnni, bool mx)
+                     float *out, bool vnni, uint32_t wt)
 {
     const uint8_t *w = w_row;
     const struct block_q8_0 *a[VEC_DOT_ROWS];
     const struct vec_dot_q8_0_extra *e[VEC_DOT_ROWS];
-    const __m512i offs = block_offsets((int)q8w_size(mx));
+    const __m512i offs = block_offsets((int)q8w_size(wt));
     __m128 acc[VEC_DOT_ROWS];
     for (int r = 0; r < nr; r++) {
         a[r] = (const struct block_q8_0 *)((const uint8_t *)act + r * act_stride);
@@ -317,8 +313,8 @@ AI void dot_q8w_body(int64_t n, const void *w_row, const void *act, size_t act_s
     _Static_assert(VEC_DOT_Q8_0_ACC == 4 && GROUP == 16, "one xmm of accumulators per row");
     int64_t nb = n / QK_32, b = 0;
     for (; b + GROUP <= nb; b += GROUP) {
-        VEC_DOT_PREFETCH(w + (size_t)b * q8w_size(mx), GROUP * q8w_size(mx));
-        __m512 dw = q8w_scales16(w, b, offs, mx), d[VEC_DOT_ROWS];
+        VEC_DOT_PREFETCH(w + (size_t)b * q8w_size(wt), GROUP * q8w_size(wt));
+        __m512 dw = q8w_scales16(w, b, offs, wt), d[VEC_DOT_ROWS];
         for (int r = 0; r < nr; r++)
             d[r] = _mm512_mul_ps(dw, act_scales16(e[r] + b));
         __m512i q[VEC_DOT_ROWS][4];
@@ -326,8 +322,8 @@ AI void dot_q8w_body(int64_t n, const void *w_row, const void *act, size_t act_s
             /* blocks i, i + 4 and i + 1, i + 5: after pair_sums, 128-bit lanes 0-1 hold blocks
              * i, i + 1 and lanes 2-3 i + 4, i + 5 */
             const int64_t i = b + 8 * (k / 2) + 2 * (k % 2);
-            __m512i w0 = q8w_pair(w, i, i + 4, mx);
-            __m512i w1 = q8w_pair(w, i + 1, i + 5, mx);
+            __m512i w0 = q8w_pair(w, i, i + 4, wt);
+            __m512i w1 = q8w_pair(w, i + 1, i + 5, wt);
             __m512i wa0 = _mm512_abs_epi8(w0), wa1 = _mm512_abs_epi8(w1);
             __mmask64 wn0 = _mm512_movepi8_mask(w0), wn1 = _mm512_movepi8_mask(w1);
             for (int r = 0; r < nr; r++) {
@@ -354,11 +350,11 @@ AI void dot_q8w_body(int64_t n, const void *w_row, const void *act, size_t act_s
         const int cnt = nb - b < 4 ? (int)(nb - b) : 4; /* 2, 3 or 4 */
         const int64_t i1 = b + 1, i2 = cnt > 2 ? b + 2 : i1, i3 = b + cnt - 1;
         const __mmask8 live = (__mmask8)((1u << cnt) - 1);
-        __m512i w0 = q8w_pair(w, b, i2, mx), w1 = q8w_pair(w, i1, i3, mx);
+        __m512i w0 = q8w_pair(w, b, i2, wt), w1 = q8w_pair(w, i1, i3, wt);
         __m512i wa0 = _mm512_abs_epi8(w0), wa1 = _mm512_abs_epi8(w1);
         __mmask64 wn0 = _mm512_movepi8_mask(w0), wn1 = _mm512_movepi8_mask(w1);
-        __m128 dw = _mm_setr_ps(q8w_scale(w, b, mx), q8w_scale(w, i1, mx), q8w_scale(w, i2, mx),
-                                q8w_scale(w, i3, mx));
+        __m128 dw = _mm_setr_ps(q8w_scale(w, b, wt), q8w_scale(w, i1, wt), q8w_scale(w, i2, wt),
+                                q8w_scale(w, i3, wt));
         for (int r = 0; r < nr; r++) {
             const struct block_q8_0 *ar = a[r];
             __m512i p0 = dot_s8_act(wa0, wn0, load_2x256(ar[b].qs, ar[i2].qs), vnni);
@@ -368,10 +364,10 @@ AI void dot_q8w_body(int64_t n, const void *w_row, const void *act, size_t act_s
         }
     }
     if (b < nb) { /* a lone last block, into accumulator 0 (b is a multiple of 4) */
-        __m256i w0 = q8w_one(w, b, mx);
+        __m256i w0 = q8w_one(w, b, wt);
         for (int r = 0; r < nr; r++) {
             __m256i p = dot_s8_256(w0, _mm256_loadu_si256((const __m256i *)a[r][b].qs), vnni);
-            __m128 d = _mm_set_ss(q8w_scale(w, b, mx) * e[r][b].d);
+            __m128 d = _mm_set_ss(q8w_scale(w, b, wt) * e[r][b].d);
             acc[r] = _mm_mask3_fmadd_ss(_mm_cvtepi32_ps(sum8_epi32(p)), d, acc[r], 1);
         }
     }
@@ -379,47 +375,6 @@ AI void dot_q8w_body(int64_t n, const void *w_row, const void *act, size_t act_s
         __m128 h = _mm_add_ps(acc[r], _mm_movehdup_ps(acc[r])); /* lanes 0, 2: acc 0+1, 2+3 */
         out[r] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehl_ps(h, h)));
     }
-}
-
-/* Q4_0: nibbles (0..15) go in unsigned; subtract 8 * sum(a) per block. */
-AI __m512i q4_0_pair(const struct block_q4_0 *w, const struct block_q8_0 *a, bool vnni)
-{
-    __m512i y = load_2x256(a[0].qs, a[1].qs);
-    __m512i p = dpbusd(_mm512_setzero_si512(), vec_dot_nibbles_pair(w[0].qs, w[1].qs), y, vnni);
-    return _mm512_sub_epi32(p, dpbusd(_mm512_setzero_si512(), _mm512_set1_epi8(8), y, vnni));
-}
-
-AI float dot_q4_0_body(int64_t n, const void *w_row, const void *act, bool vnni)
-{
-    const struct block_q4_0 *w = w_row;
-    const struct block_q8_0 *a = act;
-    const __m512i woffs = block_offsets(sizeof(struct block_q4_0));
-    const __m512i aoffs = block_offsets(sizeof(struct block_q8_0));
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int64_t nb = n / QK_32, b = 0;
-    for (; b + GROUP <= nb; b += GROUP) {
-        VEC_DOT_PREFETCH(&w[b], GROUP * sizeof(*w));
-        __m512 d = _mm512_mul_ps(f16_scales16(&w[b], woffs), f16_scales16(&a[b], aoffs));
-        for (int k = 0; k < GROUP / 2; k += 2) {
-            const int64_t i = b + 2 * k;
-            __m512i p0 = q4_0_pair(&w[i], &a[i], vnni);
-            __m512i p1 = q4_0_pair(&w[i + 2], &a[i + 2], vnni);
-            acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(k), d), _mm512_cvtepi32_ps(p0),
-                                   acc0);
-            acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(k + 1), d),
-                                   _mm512_cvtepi32_ps(p1), acc1);
-        }
-    }
-    __m256 tail = _mm256_setzero_ps();
-    for (; b < nb; b++) {
-        __m256i y = _mm256_loadu_si256((const __m256i *)a[b].qs);
-        __m256i p = dpbusd_256(_mm256_setzero_si256(), nibbles_32(w[b].qs), y, vnni);
-        __m256i off = dpbusd_256(_mm256_setzero_si256(), _mm256_set1_epi8(8), y, vnni);
-        float d = f16_load(w[b].d) * f16_load(a[b].d);
-        tail =
-            _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(p, off)), tail);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + hsum_256(tail);
 }
 
 /* ---- K-quants with Q8_K activations ---- */
@@ -735,14 +690,15 @@ AI float dot_float_body(int64_t n, const void *w_row, const void *act, int wsize
     dot_k45_body(n, w, a, stride, nr, out, five, vnni)
 FLAG_BODY(dot_q4_k_rows_body, K45_BODY, false)
 FLAG_BODY(dot_q5_k_rows_body, K45_BODY, true)
-FLAG_BODY(dot_q8_0_body, dot_q8w_body, false)
-FLAG_BODY(dot_mxfp4_body, dot_q8w_body, true)
+FLAG_BODY(dot_q8_0_body, dot_q8w_body, QUANT_Q8_0)
+FLAG_BODY(dot_mxfp4_body, dot_q8w_body, QUANT_MXFP4)
+FLAG_BODY(dot_q4_0_body, dot_q8w_body, QUANT_Q4_0)
 #undef K45_BODY
 #undef FLAG_BODY
 
-INSTANCES(q4_0, dot_q4_0_body(n, w, a, vnni))
 ROWS_INSTANCES(q8_0, dot_q8_0_body)
 ROWS_INSTANCES(mxfp4, dot_mxfp4_body)
+ROWS_INSTANCES(q4_0, dot_q4_0_body)
 ROWS_INSTANCES(q4_k, dot_q4_k_rows_body)
 ROWS_INSTANCES(q5_k, dot_q5_k_rows_body)
 ROWS_INSTANCES(q6_k, dot_q6_k_body)
@@ -796,6 +752,7 @@ vec_dot_rows_fn vec_dot_avx512_rows_get(uint32_t wtype, bool vnni)
     } table[] = {
         {QUANT_Q8_0, {dot_q8_0_rows_avx512, dot_q8_0_rows_avx512vnni}},
         {QUANT_MXFP4, {dot_mxfp4_rows_avx512, dot_mxfp4_rows_avx512vnni}},
+        {QUANT_Q4_0, {dot_q4_0_rows_avx512, dot_q4_0_rows_avx512vnni}},
         {QUANT_Q4_K, {dot_q4_k_rows_avx512, dot_q4_k_rows_avx512vnni}},
         {QUANT_Q5_K, {dot_q5_k_rows_avx512, dot_q5_k_rows_avx512vnni}},
         {QUANT_Q6_K, {dot_q6_k_rows_avx512, dot_q6_k_rows_avx512vnni}},

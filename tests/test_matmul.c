@@ -334,7 +334,8 @@ static void gemm_cases(gemm_fn gemm, enum cpu_isa isa, uint32_t type, const char
 
 static void test_gemm(struct rng *r)
 {
-    static const uint32_t gtypes[] = {QUANT_Q8_0, QUANT_MXFP4, QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K};
+    static const uint32_t gtypes[] = {QUANT_Q8_0, QUANT_MXFP4, QUANT_Q4_0,
+                                      QUANT_Q4_K, QUANT_Q5_K,  QUANT_Q6_K};
     for (int isa = CPU_ISA_AVX2; isa <= (int)cpu_isa_best(); isa++)
         for (size_t t = 0; t < sizeof(gtypes) / sizeof(gtypes[0]); t++) {
             /* a level may pair the gemm of the level below with its own vec_dot */
