@@ -248,15 +248,6 @@ static float dot_q2_k_scalar(int64_t n, const void *w_row, const void *act)
     return sum;
 }
 
-/* Q3_K's 16 6-bit scales: low 4 bits from the nibbles of bytes 0..7, high 2 bits from bytes
- * 8..11; stored with a bias of 32. */
-static int q3_k_scale(const uint8_t *s, int i)
-{
-    int lo = i < 8 ? s[i] & 0x0f : s[i - 8] >> 4;
-    int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
-    return (lo | hi << 4) - 32;
-}
-
 static float dot_q3_k_scalar(int64_t n, const void *w_row, const void *act)
 {
     const struct block_q3_k *w = w_row;
@@ -266,6 +257,8 @@ static float dot_q3_k_scalar(int64_t n, const void *w_row, const void *act)
         const uint8_t *q = w[b].qs;
         const uint8_t *hm = w[b].hmask;
         const int8_t *y = a[b].qs;
+        int16_t sc[16];
+        vec_dot_q3_k_scales(w[b].scales, sc);
         int isum = 0;
         /* element 128h + 32j + l: low 2 bits (qs[32h + l] >> 2j) & 3, high bit hmask[l] bit
          * 4h + j; the value is low - 4 when the high bit is clear */
@@ -274,7 +267,7 @@ static float dot_q3_k_scalar(int64_t n, const void *w_row, const void *act)
                 for (int l = 0; l < 32; l++) {
                     int e = 128 * h + 32 * j + l;
                     int v = ((q[32 * h + l] >> (2 * j)) & 3) - ((hm[l] >> (4 * h + j)) & 1 ? 0 : 4);
-                    isum += q3_k_scale(w[b].scales, e / 16) * v * y[e];
+                    isum += sc[e / 16] * v * y[e];
                 }
             }
         }

@@ -21,6 +21,7 @@
  *               activation codes), exact integers; acc_i = fma(isum, d * a_d, acc_i),
  *               acc_m = fma(msum, dmin * a_d, acc_m); the dot is acc_i - acc_m
  *   Q6_K        isum = sum of scale * (code - 32) * a; acc = fma(isum, d * a_d, acc)
+ *   Q2_K, Q3_K  (AVX-512; AVX2 takes the scalar kernels) as Q4_K and as Q6_K (code - 4)
  *   Q8_0        block b's isum = sum of w * a; acc[b % VEC_DOT_Q8_0_ACC] =
  *               fma(isum, d_w * d_a, acc[b % VEC_DOT_Q8_0_ACC]); the dot is
  *               (acc[0] + acc[1]) + (acc[2] + acc[3])
@@ -161,6 +162,17 @@ static inline void vec_dot_k4_scales(const uint8_t *s12, uint32_t out[4])
     out[1] = (u2 & 0x0f0f0f0fu) | ((u0 >> 6) & 0x03030303u) << 4;
     out[2] = u1 & 0x3f3f3f3fu;
     out[3] = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 6) & 0x03030303u) << 4;
+}
+
+/* Q3_K's 16 6-bit scales, stored with a bias of 32: the low 4 bits from the nibbles of bytes
+ * 0..7, the high 2 bits from bytes 8..11; out[i] = scale i (-32..31). */
+static inline void vec_dot_q3_k_scales(const uint8_t *s, int16_t out[16])
+{
+    for (int i = 0; i < 16; i++) {
+        int lo = i < 8 ? s[i] & 0x0f : s[i - 8] >> 4;
+        int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+        out[i] = (int16_t)((lo | hi << 4) - 32);
+    }
 }
 
 /* Half the MXFP4 block scale, 2^(e - 128): the E2M1 code table used by the kernels holds

@@ -600,6 +600,113 @@ AI void dot_q6_k_body(int64_t n, const void *w_row, const void *act, size_t act_
         out[r] = _mm_cvtss_f32(acc[r]);
 }
 
+/* Q2_K and Q3_K: per 64 elements (half h, quarter pair jj) one zmm of 2-bit codes (Q3_K: with
+ * the high bit, 0..7) in element order against 64 activation codes, the pair sums (vpmaddubsw)
+ * scaled per 16-element sub-block by vpdpwssd with the sub-block's scale repeated over its 8
+ * words (q6_k_consts' sidx). In vec_dot.h's K-quant order per block: Q2_K acc_i = fma(isum,
+ * d * a_d), acc_m = fma(msum, dmin * a_d), the dot acc_i - acc_m, where msum = mins . bsums;
+ * Q3_K acc = fma(isum, d * a_d), where isum takes 4 * scales . bsums off (its values are the
+ * codes - 4). */
+
+/* The 2-bit fields j (bits 2j, 2j + 1) of 32 bytes. */
+AI __m256i bits2(__m256i q, int j)
+{
+    return _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), _mm256_set1_epi8(3));
+}
+
+/* Codes j and j + 1 of 32 bytes (Q3_K: with the high bits from hm, bits 4h + j and 4h + j + 1
+ * of each byte) side by side: 64 elements in order. */
+AI __m512i low_pair(__m256i q, __m256i hm, int h, int j, bool high)
+{
+    __m256i c0 = bits2(q, j), c1 = bits2(q, j + 1);
+    if (high) {
+        const __m256i one = _mm256_set1_epi8(1);
+        c0 = _mm256_or_si256(
+            c0, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one), 2));
+        c1 = _mm256_or_si256(
+            c1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j + 1), one), 2));
+    }
+    return _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
+}
+
+/* isum += the 4 quarters' codes of half h times the activation codes, times the scales
+ * (sc: 16 words in the low 256 bits). */
+AI __m512i low_half(__m512i isum, __m256i q, __m256i hm, int h, const int8_t *y, __m512i sc,
+                    const struct q6_k_consts *c, bool high, bool vnni)
+{
+    for (int jj = 0; jj < 2; jj++) {
+        __m512i codes = low_pair(q, hm, h, 2 * jj, high);
+        __m512i p = _mm512_maddubs_epi16(codes, _mm512_loadu_si512(y + 128 * h + 64 * jj));
+        isum = dpwssd(isum, p, _mm512_permutexvar_epi16(c->sidx[2 * h + jj], sc), vnni);
+    }
+    return isum;
+}
+
+AI float dot_q2_k_body(int64_t n, const void *w_row, const void *act, bool vnni)
+{
+    const struct block_q2_k *w = w_row;
+    const struct block_q8_k *a = act;
+    struct q6_k_consts c;
+    q6_k_consts_init(&c);
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128 acc = _mm_setzero_ps(); /* lane 0: acc_i, lane 1: acc_m */
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        VEC_DOT_PREFETCH(&w[b], sizeof(*w));
+        __m128i s8 = _mm_loadu_si128((const __m128i *)w[b].scales);
+        __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(s8, m4)));
+        __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
+        __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)a[b].bsums));
+        __m512i isum = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++)
+            isum = low_half(isum, _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * h)),
+                            _mm256_setzero_si256(), h, a[b].qs, sc, &c, false, vnni);
+        __m128 f = _mm_mul_ps(k4_d_dmin(&w[b].d), _mm_set1_ps(a[b].d));
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum_msum(isum, msum)), f, acc);
+    }
+    return _mm_cvtss_f32(_mm_sub_ss(acc, _mm_movehdup_ps(acc)));
+}
+
+/* vec_dot_q3_k_scales as 16 words (s: a block's scales, after its qs). */
+AI __m256i q3_k_scales16(const uint8_t *s)
+{
+    /* the 16 bytes ending with the scales (qs before them: inside the block), shifted down */
+    __m128i x = _mm_srli_si128(_mm_loadu_si128((const __m128i *)(s - 4)), 4);
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4));
+    /* scale i's high bits: byte 8 + i % 4, shifted by 2 (i / 4): dword k shifted by 2k */
+    __m128i hb = _mm_shuffle_epi32(_mm_srli_si128(x, 8), 0);
+    __m128i hi = _mm_and_si128(_mm_srlv_epi32(hb, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    __m128i v = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+    return _mm256_cvtepi8_epi16(v);
+}
+
+AI float dot_q3_k_body(int64_t n, const void *w_row, const void *act, bool vnni)
+{
+    const struct block_q3_k *w = w_row;
+    const struct block_q8_k *a = act;
+    struct q6_k_consts c;
+    q6_k_consts_init(&c);
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        VEC_DOT_PREFETCH(&w[b], sizeof(*w));
+        __m256i sc16 = q3_k_scales16(w[b].scales);
+        /* the values are the codes - 4: -4 * scales . bsums to start */
+        __m512i isum =
+            dpwssd(_mm512_setzero_si512(),
+                   _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a[b].bsums)),
+                   _mm512_zextsi256_si512(
+                       _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 2))),
+                   vnni);
+        __m256i hm = _mm256_loadu_si256((const __m256i *)w[b].hmask);
+        for (int h = 0; h < 2; h++)
+            isum = low_half(isum, _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * h)), hm, h,
+                            a[b].qs, _mm512_castsi256_si512(sc16), &c, true, vnni);
+        acc = _mm_fmadd_ss(_mm_cvtepi32_ps(sum16_epi32(isum)),
+                           _mm_set_ss(f16_load(w[b].d) * a[b].d), acc);
+    }
+    return _mm_cvtss_f32(acc);
+}
+
 /* ---- float weights with F32 activations ---- */
 
 AI __m512 load_f32x16(const void *p, __mmask16 k)
@@ -696,6 +803,8 @@ FLAG_BODY(dot_q4_0_body, dot_q8w_body, QUANT_Q4_0)
 #undef K45_BODY
 #undef FLAG_BODY
 
+INSTANCES(q2_k, dot_q2_k_body(n, w, a, vnni))
+INSTANCES(q3_k, dot_q3_k_body(n, w, a, vnni))
 ROWS_INSTANCES(q8_0, dot_q8_0_body)
 ROWS_INSTANCES(mxfp4, dot_mxfp4_body)
 ROWS_INSTANCES(q4_0, dot_q4_0_body)
@@ -733,6 +842,10 @@ vec_dot_fn vec_dot_avx512_get(uint32_t wtype, bool vnni)
         return vnni ? dot_q4_0_avx512vnni : dot_q4_0_avx512;
     case QUANT_MXFP4:
         return vnni ? dot_mxfp4_avx512vnni : dot_mxfp4_avx512;
+    case QUANT_Q2_K:
+        return vnni ? dot_q2_k_avx512vnni : dot_q2_k_avx512;
+    case QUANT_Q3_K:
+        return vnni ? dot_q3_k_avx512vnni : dot_q3_k_avx512;
     case QUANT_Q4_K:
         return vnni ? dot_q4_k_avx512vnni : dot_q4_k_avx512;
     case QUANT_Q5_K:
