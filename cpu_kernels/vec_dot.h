@@ -21,7 +21,7 @@
  *               activation codes), exact integers; acc_i = fma(isum, d * a_d, acc_i),
  *               acc_m = fma(msum, dmin * a_d, acc_m); the dot is acc_i - acc_m
  *   Q6_K        isum = sum of scale * (code - 32) * a; acc = fma(isum, d * a_d, acc)
- *   Q2_K, Q3_K  (AVX-512; AVX2 takes the scalar kernels) as Q4_K and as Q6_K (code - 4)
+ *   Q2_K, Q3_K  as Q4_K and as Q6_K (values: code - 4)
  *   Q8_0        block b's isum = sum of w * a; acc[b % VEC_DOT_Q8_0_ACC] =
  *               fma(isum, d_w * d_a, acc[b % VEC_DOT_Q8_0_ACC]); the dot is
  *               (acc[0] + acc[1]) + (acc[2] + acc[3])
@@ -191,6 +191,22 @@ static inline float vec_dot_e8m0_half(uint8_t e)
     {                                                                                              \
         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12                                    \
     }
+
+#ifdef __AVX2__
+#include <immintrin.h>
+/* vec_dot_q3_k_scales as 16 signed bytes (s: a block's scales, which follow its qs: the 16
+ * bytes ending with them lie inside the block). */
+static inline __m128i vec_dot_q3_k_scales8(const uint8_t *s)
+{
+    __m128i x = _mm_srli_si128(_mm_loadu_si128((const __m128i *)(s - 4)), 4);
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4));
+    /* scale i's high bits: byte 8 + i % 4, shifted by 2 (i / 4): dword k shifted by 2k */
+    __m128i hb = _mm_shuffle_epi32(_mm_srli_si128(x, 8), 0);
+    __m128i hi = _mm_and_si128(_mm_srlv_epi32(hb, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+}
+#endif
 
 #ifdef __AVX512F__
 #include <immintrin.h>

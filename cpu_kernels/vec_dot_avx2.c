@@ -428,6 +428,78 @@ dot_q6_k_rows(int64_t n, const void *w_row, const void *act, size_t act_stride, 
         out[r] = _mm_cvtss_f32(acc[r]);
 }
 
+/* Q2_K and Q3_K: per 32 elements (half h, quarter j) the 2-bit codes (Q3_K: with the high bit
+ * of hmask, 0..7) against the activation codes by vpmaddubsw, then vpmaddwd with the two
+ * 16-element sub-blocks' scales (sc8: the 16 scales as signed bytes) over their 8 words each.
+ * Q2_K's mins and Q3_K's -4 come off through the bsums; per block the K-quant order of
+ * vec_dot.h. */
+static inline __attribute__((always_inline)) __m256i
+low_bits_isum(const uint8_t *qs, const uint8_t *hmask, const int8_t *y, __m128i sc8, bool high)
+{
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    __m256i hm = high ? _mm256_loadu_si256((const __m256i *)hmask) : _mm256_setzero_si256();
+    __m256i isum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+        for (int j = 0; j < 4; j++) {
+            __m256i c = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
+            if (high)
+                c = _mm256_or_si256(
+                    c,
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one), 2));
+            const char k = (char)(8 * h + 2 * j); /* the scales of words 0-7 and 8-15 */
+            __m256i scv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                sc8, _mm_setr_epi8(k, k, k, k, k, k, k, k, (char)(k + 1), (char)(k + 1),
+                                   (char)(k + 1), (char)(k + 1), (char)(k + 1), (char)(k + 1),
+                                   (char)(k + 1), (char)(k + 1))));
+            __m256i p = _mm256_maddubs_epi16(
+                c, _mm256_loadu_si256((const __m256i *)(y + 128 * h + 32 * j)));
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scv));
+        }
+    }
+    return isum;
+}
+
+static float dot_q2_k_avx2(int64_t n, const void *w_row, const void *act)
+{
+    const struct block_q2_k *w = w_row;
+    const struct block_q8_k *a = act;
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128 acc = _mm_setzero_ps(); /* lane 0: acc_i, lane 1: acc_m */
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        VEC_DOT_PREFETCH(&w[b], sizeof(*w));
+        __m128i s8 = _mm_loadu_si128((const __m128i *)w[b].scales);
+        __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
+        __m256i m8 = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)a[b].bsums));
+        __m128i msum = _mm_add_epi32(_mm256_castsi256_si128(m8), _mm256_extracti128_si256(m8, 1));
+        __m256i isum = low_bits_isum(w[b].qs, NULL, a[b].qs, _mm_and_si128(s8, m4), false);
+        uint32_t d_dmin; /* the f16 d and dmin, adjacent */
+        memcpy(&d_dmin, &w[b].d, 4);
+        __m128 f = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)d_dmin)), _mm_set1_ps(a[b].d));
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum_msum(isum, msum)), f, acc);
+    }
+    return _mm_cvtss_f32(_mm_sub_ss(acc, _mm_movehdup_ps(acc)));
+}
+
+static float dot_q3_k_avx2(int64_t n, const void *w_row, const void *act)
+{
+    const struct block_q3_k *w = w_row;
+    const struct block_q8_k *a = act;
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        VEC_DOT_PREFETCH(&w[b], sizeof(*w));
+        __m128i sc8 = vec_dot_q3_k_scales8(w[b].scales);
+        __m256i isum = low_bits_isum(w[b].qs, w[b].hmask, a[b].qs, sc8, true);
+        /* the values are the codes - 4 */
+        __m256i off = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[b].bsums),
+                                        _mm256_cvtepi8_epi16(sc8));
+        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(off, 2));
+        acc = _mm_fmadd_ss(_mm_cvtepi32_ps(sum_epi32(isum)), _mm_set_ss(f16_load(w[b].d) * a[b].d),
+                           acc);
+    }
+    return _mm_cvtss_f32(acc);
+}
+
 /* A single dot and a VEC_DOT_ROWS-row dot from one multi-row body. */
 #define ROWS_INSTANCES(name)                                                                       \
     static float dot_##name##_avx2(int64_t n, const void *w, const void *a)                        \
@@ -545,6 +617,10 @@ vec_dot_fn vec_dot_avx2_get(uint32_t wtype)
         return dot_q4_0_avx2;
     case QUANT_MXFP4:
         return dot_mxfp4_avx2;
+    case QUANT_Q2_K:
+        return dot_q2_k_avx2;
+    case QUANT_Q3_K:
+        return dot_q3_k_avx2;
     case QUANT_Q4_K:
         return dot_q4_k_avx2;
     case QUANT_Q5_K:

@@ -666,20 +666,6 @@ AI float dot_q2_k_body(int64_t n, const void *w_row, const void *act, bool vnni)
     return _mm_cvtss_f32(_mm_sub_ss(acc, _mm_movehdup_ps(acc)));
 }
 
-/* vec_dot_q3_k_scales as 16 words (s: a block's scales, after its qs). */
-AI __m256i q3_k_scales16(const uint8_t *s)
-{
-    /* the 16 bytes ending with the scales (qs before them: inside the block), shifted down */
-    __m128i x = _mm_srli_si128(_mm_loadu_si128((const __m128i *)(s - 4)), 4);
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4));
-    /* scale i's high bits: byte 8 + i % 4, shifted by 2 (i / 4): dword k shifted by 2k */
-    __m128i hb = _mm_shuffle_epi32(_mm_srli_si128(x, 8), 0);
-    __m128i hi = _mm_and_si128(_mm_srlv_epi32(hb, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
-    __m128i v = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
-    return _mm256_cvtepi8_epi16(v);
-}
-
 AI float dot_q3_k_body(int64_t n, const void *w_row, const void *act, bool vnni)
 {
     const struct block_q3_k *w = w_row;
@@ -689,7 +675,7 @@ AI float dot_q3_k_body(int64_t n, const void *w_row, const void *act, bool vnni)
     __m128 acc = _mm_setzero_ps();
     for (int64_t b = 0; b < n / QK_K; b++) {
         VEC_DOT_PREFETCH(&w[b], sizeof(*w));
-        __m256i sc16 = q3_k_scales16(w[b].scales);
+        __m256i sc16 = _mm256_cvtepi8_epi16(vec_dot_q3_k_scales8(w[b].scales));
         /* the values are the codes - 4: -4 * scales . bsums to start */
         __m512i isum =
             dpwssd(_mm512_setzero_si512(),
