@@ -629,68 +629,73 @@ AI __m512i low_pair(__m256i q, __m256i hm, int h, int j, bool high)
     return _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
 }
 
-/* isum += the 4 quarters' codes of half h times the activation codes, times the scales
- * (sc: 16 words in the low 256 bits). */
-AI __m512i low_half(__m512i isum, __m256i q, __m256i hm, int h, const int8_t *y, __m512i sc,
-                    const struct q6_k_consts *c, bool high, bool vnni)
+/* Q2_K (q3 false) or Q3_K (q3 true): one weight row against nr activation rows (act + r *
+ * act_stride), as in dot_q8w_body: the codes and scales are unpacked once per block, and each
+ * row's arithmetic is the single dot's (nr = 1). */
+AI void dot_lowk_body(int64_t n, const void *w_row, const void *act, size_t act_stride, int nr,
+                      float *out, bool vnni, bool q3)
 {
-    for (int jj = 0; jj < 2; jj++) {
-        __m512i codes = low_pair(q, hm, h, 2 * jj, high);
-        __m512i p = _mm512_maddubs_epi16(codes, _mm512_loadu_si512(y + 128 * h + 64 * jj));
-        isum = dpwssd(isum, p, _mm512_permutexvar_epi16(c->sidx[2 * h + jj], sc), vnni);
-    }
-    return isum;
-}
-
-AI float dot_q2_k_body(int64_t n, const void *w_row, const void *act, bool vnni)
-{
-    const struct block_q2_k *w = w_row;
-    const struct block_q8_k *a = act;
+    const struct block_q8_k *a[VEC_DOT_ROWS];
+    const size_t bsize = q3 ? sizeof(struct block_q3_k) : sizeof(struct block_q2_k);
     struct q6_k_consts c;
     q6_k_consts_init(&c);
     const __m128i m4 = _mm_set1_epi8(0x0f);
-    __m128 acc = _mm_setzero_ps(); /* lane 0: acc_i, lane 1: acc_m */
-    for (int64_t b = 0; b < n / QK_K; b++) {
-        VEC_DOT_PREFETCH(&w[b], sizeof(*w));
-        __m128i s8 = _mm_loadu_si128((const __m128i *)w[b].scales);
-        __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(s8, m4)));
-        __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
-        __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)a[b].bsums));
-        __m512i isum = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++)
-            isum = low_half(isum, _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * h)),
-                            _mm256_setzero_si256(), h, a[b].qs, sc, &c, false, vnni);
-        __m128 f = _mm_mul_ps(k4_d_dmin(&w[b].d), _mm_set1_ps(a[b].d));
-        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum_msum(isum, msum)), f, acc);
+    __m128 acc[VEC_DOT_ROWS]; /* Q2_K: lane 0 acc_i, lane 1 acc_m; Q3_K: lane 0 */
+    for (int r = 0; r < nr; r++) {
+        a[r] = (const struct block_q8_k *)((const uint8_t *)act + r * act_stride);
+        acc[r] = _mm_setzero_ps();
     }
-    return _mm_cvtss_f32(_mm_sub_ss(acc, _mm_movehdup_ps(acc)));
-}
-
-AI float dot_q3_k_body(int64_t n, const void *w_row, const void *act, bool vnni)
-{
-    const struct block_q3_k *w = w_row;
-    const struct block_q8_k *a = act;
-    struct q6_k_consts c;
-    q6_k_consts_init(&c);
-    __m128 acc = _mm_setzero_ps();
     for (int64_t b = 0; b < n / QK_K; b++) {
-        VEC_DOT_PREFETCH(&w[b], sizeof(*w));
-        __m256i sc16 = _mm256_cvtepi8_epi16(vec_dot_q3_k_scales8(w[b].scales));
-        /* the values are the codes - 4: -4 * scales . bsums to start */
-        __m512i isum =
-            dpwssd(_mm512_setzero_si512(),
-                   _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a[b].bsums)),
-                   _mm512_zextsi256_si512(
-                       _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 2))),
-                   vnni);
-        __m256i hm = _mm256_loadu_si256((const __m256i *)w[b].hmask);
-        for (int h = 0; h < 2; h++)
-            isum = low_half(isum, _mm256_loadu_si256((const __m256i *)(w[b].qs + 32 * h)), hm, h,
-                            a[b].qs, _mm512_castsi256_si512(sc16), &c, true, vnni);
-        acc = _mm_fmadd_ss(_mm_cvtepi32_ps(sum16_epi32(isum)),
-                           _mm_set_ss(f16_load(w[b].d) * a[b].d), acc);
+        const uint8_t *blk = (const uint8_t *)w_row + b * bsize;
+        const struct block_q2_k *w2 = (const struct block_q2_k *)blk;
+        const struct block_q3_k *w3 = (const struct block_q3_k *)blk;
+        VEC_DOT_PREFETCH(blk, bsize);
+        __m256i sc16, mins = _mm256_setzero_si256(), hm = _mm256_setzero_si256();
+        if (q3) {
+            sc16 = _mm256_cvtepi8_epi16(vec_dot_q3_k_scales8(w3->scales));
+            hm = _mm256_loadu_si256((const __m256i *)w3->hmask);
+        } else {
+            __m128i s8 = _mm_loadu_si128((const __m128i *)w2->scales);
+            sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, m4));
+            mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m4));
+        }
+        const __m512i sc = _mm512_castsi256_si512(sc16);
+        /* Q3_K's values are the codes - 4: -4 * scales . bsums to start */
+        const __m512i off4 = _mm512_zextsi256_si512(
+            _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 2)));
+        __m512i isum[VEC_DOT_ROWS];
+        for (int r = 0; r < nr; r++)
+            isum[r] = q3 ? dpwssd(_mm512_setzero_si512(),
+                                  _mm512_castsi256_si512(
+                                      _mm256_loadu_si256((const __m256i *)a[r][b].bsums)),
+                                  off4, vnni)
+                         : _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)((q3 ? w3->qs : w2->qs) + 32 * h));
+            for (int jj = 0; jj < 2; jj++) {
+                __m512i codes = low_pair(q, hm, h, 2 * jj, q3);
+                __m512i sv = _mm512_permutexvar_epi16(c.sidx[2 * h + jj], sc);
+                for (int r = 0; r < nr; r++) {
+                    __m512i p = _mm512_maddubs_epi16(
+                        codes, _mm512_loadu_si512(a[r][b].qs + 128 * h + 64 * jj));
+                    isum[r] = dpwssd(isum[r], p, sv, vnni);
+                }
+            }
+        }
+        for (int r = 0; r < nr; r++) {
+            if (q3) {
+                acc[r] = _mm_fmadd_ss(_mm_cvtepi32_ps(sum16_epi32(isum[r])),
+                                      _mm_set_ss(f16_load(w3->d) * a[r][b].d), acc[r]);
+            } else {
+                __m256i msum =
+                    _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)a[r][b].bsums));
+                __m128 f = _mm_mul_ps(k4_d_dmin(&w2->d), _mm_set1_ps(a[r][b].d));
+                acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum_msum(isum[r], msum)), f, acc[r]);
+            }
+        }
     }
-    return _mm_cvtss_f32(acc);
+    for (int r = 0; r < nr; r++)
+        out[r] = _mm_cvtss_f32(q3 ? acc[r] : _mm_sub_ss(acc[r], _mm_movehdup_ps(acc[r])));
 }
 
 /* ---- float weights with F32 activations ---- */
@@ -786,14 +791,16 @@ FLAG_BODY(dot_q5_k_rows_body, K45_BODY, true)
 FLAG_BODY(dot_q8_0_body, dot_q8w_body, QUANT_Q8_0)
 FLAG_BODY(dot_mxfp4_body, dot_q8w_body, QUANT_MXFP4)
 FLAG_BODY(dot_q4_0_body, dot_q8w_body, QUANT_Q4_0)
+FLAG_BODY(dot_q2_k_body, dot_lowk_body, false)
+FLAG_BODY(dot_q3_k_body, dot_lowk_body, true)
 #undef K45_BODY
 #undef FLAG_BODY
 
-INSTANCES(q2_k, dot_q2_k_body(n, w, a, vnni))
-INSTANCES(q3_k, dot_q3_k_body(n, w, a, vnni))
 ROWS_INSTANCES(q8_0, dot_q8_0_body)
 ROWS_INSTANCES(mxfp4, dot_mxfp4_body)
 ROWS_INSTANCES(q4_0, dot_q4_0_body)
+ROWS_INSTANCES(q2_k, dot_q2_k_body)
+ROWS_INSTANCES(q3_k, dot_q3_k_body)
 ROWS_INSTANCES(q4_k, dot_q4_k_rows_body)
 ROWS_INSTANCES(q5_k, dot_q5_k_rows_body)
 ROWS_INSTANCES(q6_k, dot_q6_k_body)
@@ -852,6 +859,8 @@ vec_dot_rows_fn vec_dot_avx512_rows_get(uint32_t wtype, bool vnni)
         {QUANT_Q8_0, {dot_q8_0_rows_avx512, dot_q8_0_rows_avx512vnni}},
         {QUANT_MXFP4, {dot_mxfp4_rows_avx512, dot_mxfp4_rows_avx512vnni}},
         {QUANT_Q4_0, {dot_q4_0_rows_avx512, dot_q4_0_rows_avx512vnni}},
+        {QUANT_Q2_K, {dot_q2_k_rows_avx512, dot_q2_k_rows_avx512vnni}},
+        {QUANT_Q3_K, {dot_q3_k_rows_avx512, dot_q3_k_rows_avx512vnni}},
         {QUANT_Q4_K, {dot_q4_k_rows_avx512, dot_q4_k_rows_avx512vnni}},
         {QUANT_Q5_K, {dot_q5_k_rows_avx512, dot_q5_k_rows_avx512vnni}},
         {QUANT_Q6_K, {dot_q6_k_rows_avx512, dot_q6_k_rows_avx512vnni}},

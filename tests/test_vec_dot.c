@@ -394,10 +394,10 @@ static void test_rows(struct rng *r)
            tested);
     const int best = (int)cpu_isa_best();
     const int want =
-        4 * (best >= CPU_ISA_AVX2) + 6 * (best >= CPU_ISA_AVX512 ? best - CPU_ISA_AVX512 + 1 : 0);
+        4 * (best >= CPU_ISA_AVX2) + 8 * (best >= CPU_ISA_AVX512 ? best - CPU_ISA_AVX512 + 1 : 0);
     CHECK(tested == want,
-          "AVX2 has multi-row Q8_0, Q4_K, Q5_K and Q6_K kernels, each AVX-512 level MXFP4 and Q4_0 "
-          "as well (found %d of %d)",
+          "AVX2 has multi-row Q8_0, Q4_K, Q5_K and Q6_K kernels, each AVX-512 level MXFP4, Q4_0, "
+          "Q2_K and Q3_K as well (found %d of %d)",
           tested, want);
 }
 
